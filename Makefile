@@ -1,0 +1,63 @@
+# sift — build, run, test. `make` builds ./sift (CPU path always; CUDA path when nvcc exists,
+# added by the CUDA backend). `make run` fetches the default model and answers a prompt.
+# `make test` runs every CPU test (C unit tests + Python reference tests in .venv).
+
+CC      ?= cc
+ARCH    ?= -march=x86-64-v3
+CFLAGS  ?= -O3 $(ARCH) -g
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fopenmp -MMD -MP \
+           -I/usr/include/x86_64-linux-gnu/openblas-pthread
+OPENBLAS_A ?= /usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.a
+PCRE2_A    ?= /usr/lib/x86_64-linux-gnu/libpcre2-8.a
+# Static: OpenBLAS, PCRE2, libgcc, libgfortran/quadmath (OpenBLAS' LAPACK). Dynamic: libc, libm,
+# libpthread, libgomp (OpenMP runtime).
+LDLIBS  += $(OPENBLAS_A) $(PCRE2_A) -Wl,-Bstatic -lgfortran -lquadmath -Wl,-Bdynamic \
+           -lm -lpthread -fopenmp -static-libgcc
+
+MODEL   ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+VERSION := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+CFLAGS  += -DSIFT_VERSION='"$(VERSION)"'
+
+LIB_SRC := $(wildcard weights/*.c tok/*.c model/*.c attn/*.c kv/*.c policies/*.c)
+LIB_OBJ := $(LIB_SRC:%.c=build/%.o)
+TEST_SRC := $(wildcard tests/test_*.c)
+TEST_BIN := $(TEST_SRC:tests/%.c=build/tests/%)
+
+.PHONY: all run test test-c model deps clean
+all: sift
+
+build/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+build/libsift.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+sift: build/main.o build/libsift.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+build/tests/%: build/tests/%.o build/libsift.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+# Prerequisites: Debian packages (when missing) and the Python reference venv.
+deps:
+	@bash tests/setup.sh
+
+model: $(MODEL)
+$(MODEL):
+	@bash weights/fetch_default.sh $(MODEL)
+
+run: deps sift $(MODEL)
+	./sift -m $(MODEL) --chat -p "What is the capital of France? Answer in one sentence." -n 48 --temp 0
+
+test-c: $(TEST_BIN)
+	@bash tests/run_c.sh $(TEST_BIN)
+
+test: deps sift $(TEST_BIN) $(MODEL)
+	@bash tests/run.sh
+
+clean:
+	rm -rf build sift
+
+-include $(LIB_OBJ:.o=.d) build/main.d $(TEST_BIN:%=%.d)

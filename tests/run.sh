@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# `make test`: the C unit tests, then the Python reference and end-to-end tests (pytest).
+set -u
+cd "$(dirname "$0")/.."
+rc=0
+bash tests/run_c.sh build/tests/test_* || rc=1
+SIFT_MODEL="${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}" .venv/bin/python -m pytest -q tests || rc=1
+exit $rc

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what building and testing need, only when missing: Debian packages (OpenBLAS, PCRE2,
+# stb) and the Python reference packages (numpy, gguf, tokenizers, pytest) into .venv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+need=()
+[ -f /usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.a ] || need+=(libopenblas-dev)
+[ -f /usr/lib/x86_64-linux-gnu/libpcre2-8.a ] || need+=(libpcre2-dev)
+[ -f /usr/include/stb/stb_ds.h ] || need+=(libstb-dev)
+command -v gfortran >/dev/null || need+=(gfortran)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+if [ ${#need[@]} -gt 0 ]; then
+    echo "setup: installing ${need[*]}" >&2
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >&2
+fi
+REQ=tests/requirements.txt
+if [ ! -x .venv/bin/python ] || ! cmp -s "$REQ" .venv/requirements.txt; then
+    echo "setup: creating .venv with $(tr '\n' ' ' < "$REQ")" >&2
+    python3 -m venv .venv
+    .venv/bin/pip install -q --disable-pip-version-check -r "$REQ" >&2
+    cp "$REQ" .venv/requirements.txt
+fi
