@@ -22,6 +22,9 @@ LIB_SRC := $(wildcard weights/*.c tok/*.c model/*.c attn/*.c kv/*.c policies/*.c
 LIB_OBJ := $(LIB_SRC:%.c=build/%.o)
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/%.c=build/tests/%)
+# tests/tool_*.c: small programs the Python tests drive (dequantise a buffer, tokenize, dump logits).
+TOOL_SRC := $(wildcard tests/tool_*.c)
+TOOL_BIN := $(TOOL_SRC:tests/%.c=build/tests/%)
 
 .PHONY: all run test test-c model deps clean
 all: sift
@@ -54,10 +57,10 @@ run: deps sift $(MODEL)
 test-c: $(TEST_BIN)
 	@bash tests/run_c.sh $(TEST_BIN)
 
-test: deps sift $(TEST_BIN) $(MODEL)
+test: deps sift $(TEST_BIN) $(TOOL_BIN) $(MODEL)
 	@bash tests/run.sh
 
 clean:
 	rm -rf build sift
 
--include $(LIB_OBJ:.o=.d) build/main.d $(TEST_BIN:%=%.d)
+-include $(LIB_OBJ:.o=.d) build/main.d $(TEST_BIN:%=%.d) $(TOOL_BIN:%=%.d)
