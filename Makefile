@@ -6,19 +6,19 @@ CC      ?= cc
 ARCH    ?= -march=x86-64-v3
 CFLAGS  ?= -O3 $(ARCH) -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fopenmp -MMD -MP \
-           -I/usr/include/x86_64-linux-gnu/openblas-pthread
-OPENBLAS_A ?= /usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.a
+           -I/usr/include/x86_64-linux-gnu/openblas-openmp
+OPENBLAS_A ?= /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.a
 PCRE2_A    ?= /usr/lib/x86_64-linux-gnu/libpcre2-8.a
-# Static: OpenBLAS, PCRE2, libgcc, libgfortran/quadmath (OpenBLAS' LAPACK). Dynamic: libc, libm,
-# libpthread, libgomp (OpenMP runtime).
-LDLIBS  += $(OPENBLAS_A) $(PCRE2_A) -Wl,-Bstatic -lgfortran -lquadmath -Wl,-Bdynamic \
+# Static: OpenBLAS (OpenMP build), PCRE2, libgcc. Dynamic: libc, libm, libpthread,
+# libgomp (the OpenMP runtime OpenBLAS and sift share).
+LDLIBS  += $(OPENBLAS_A) $(PCRE2_A) \
            -lm -lpthread -fopenmp -static-libgcc
 
 MODEL   ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
 CFLAGS  += -DSIFT_VERSION='"$(VERSION)"'
 
-LIB_SRC := $(wildcard weights/*.c tok/*.c model/*.c attn/*.c kv/*.c policies/*.c)
+LIB_SRC := $(wildcard util/*.c weights/*.c tok/*.c model/*.c attn/*.c kv/*.c policies/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=build/%.o)
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/%.c=build/tests/%)

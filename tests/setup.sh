@@ -4,10 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
-[ -f /usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.a ] || need+=(libopenblas-dev)
+[ -f /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.a ] || need+=(libopenblas-openmp-dev)
 [ -f /usr/lib/x86_64-linux-gnu/libpcre2-8.a ] || need+=(libpcre2-dev)
 [ -f /usr/include/stb/stb_ds.h ] || need+=(libstb-dev)
-command -v gfortran >/dev/null || need+=(gfortran)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
     echo "setup: installing ${need[*]}" >&2

@@ -1,0 +1,10 @@
+// attn/attn.h — attention kernels. CPU versions here (attn_cpu.c); CUDA twins beside them.
+#pragma once
+
+// Causal attention by position (fp32, CPU).
+// q (n, heads, hd) at qpos (n,); K, V (n_kv_head, cap, hd) with kpos (n_kv_head, cap), len used.
+// Key j of KV head g is visible to query i iff kpos[g][j] <= qpos[i]; head h reads KV head
+// h / (heads / n_kv_head). out (n, heads, hd) = softmax(q.k / sqrt(hd)) @ v over visible keys.
+void attn_causal_cpu(float *out, const float *q, const int *qpos, int n, int heads,
+                     const float *k, const float *v, const int *kpos, int len, int cap,
+                     int n_kv_head, int hd);

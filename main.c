@@ -1,0 +1,507 @@
+// main.c — the sift command line: flags -> load model -> for each prompt: tokenize -> run the
+// strategy -> print text (stdout) and timing (stderr), or one JSON line per prompt (--json).
+// Never interactive. Exit codes: 0 ok, 1 a prompt or the model failed, 2 bad usage.
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "policies/policy.h"
+#include "tok/tok.h"
+#include "util/check.h"
+
+#ifndef SIFT_VERSION
+#define SIFT_VERSION "unknown"
+#endif
+#define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+typedef struct {
+    const char *model, *prompt, *system, *strategy, *device, *batch_dir;
+    const char **files;    // -f (repeatable), then --batch entries
+    int n_files;
+    int n_predict, ctx, threads, chat, json, quiet;
+    long long seed;
+    sample_params sp;
+} options;
+
+typedef struct {
+    const char *label;     // file name, or "prompt"
+    char *text;
+    size_t len;
+} prompt_in;
+
+static void usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void usage_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "sift: error: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, " (see sift --help)\n");
+    va_end(ap);
+    exit(2);
+}
+
+static void print_help(void) {
+    printf(
+        "sift %s — run a prompt through a Llama-family model with a long-context strategy\n\n"
+        "usage: sift [options] (-p TEXT | -f FILE... | --batch DIR)\n\n"
+        "model and input\n"
+        "  -m, --model PATH        GGUF model (default: %s beside the binary)\n"
+        "  -p, --prompt TEXT       prompt text\n"
+        "  -f, --file PATH         prompt file ('-' = stdin); may be given several times\n"
+        "      --batch DIR         every .txt file in DIR, in name order\n"
+        "      --chat              wrap the prompt in the model's chat template\n"
+        "      --system TEXT       system message for --chat (implies --chat)\n"
+        "generation\n"
+        "  -n, --n-predict N       tokens to generate (default 128; -1 = until end of text)\n"
+        "  -c, --ctx-size N        context size (default 0 = the model's)\n"
+        "      --temp T            temperature (default 0.8; 0 = greedy)\n"
+        "      --top-k K           keep the K most likely tokens (default 40; 0 = off)\n"
+        "      --top-p P           nucleus sampling (default 0.95; 1 = off)\n"
+        "      --min-p P           drop tokens below P x the top probability (default 0.05)\n"
+        "  -s, --seed N            sampling seed (default -1 = random, reported)\n"
+        "strategy and device\n"
+        "      --strategy NAME     long-context strategy: %s (default full)\n"
+        "      --device D          auto | cpu | cuda (default auto)\n"
+        "  -t, --threads N         CPU threads (default: all cores)\n"
+        "output\n"
+        "      --json              one JSON object per prompt on stdout (JSON Lines)\n"
+        "  -q, --quiet             no progress or timing on stderr\n"
+        "  -h, --help              this help\n"
+        "      --version           version and backends\n\n"
+        "examples\n"
+        "  sift -p \"What is the capital of France?\" --chat -n 32 --temp 0\n"
+        "  sift -m model.gguf -f prompt.txt -n 128 --temp 0.7 --top-p 0.9 --seed 7 --json\n"
+        "  sift -f a.txt -f b.txt --json -q > results.jsonl\n"
+        "  sift --batch prompts/ --chat --temp 0 -n 64\n"
+        "  cat prompt.txt | sift -f - -n 64\n",
+        SIFT_VERSION, DEFAULT_MODEL, strategy_names());
+}
+
+static long long parse_int(const char *flag, const char *s, long long lo, long long hi) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end) usage_error("invalid integer '%s' for %s", s, flag);
+    if (v < lo || v > hi) usage_error("%s %s is out of range [%lld, %lld]", flag, s, lo, hi);
+    return v;
+}
+
+static float parse_float(const char *flag, const char *s, double lo, double hi) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v)) usage_error("invalid number '%s' for %s", s, flag);
+    if (v < lo || v > hi) usage_error("%s %s is out of range [%g, %g]", flag, s, lo, hi);
+    return (float)v;
+}
+
+static int is_flag(const char *a, const char *s, const char *l) {
+    return (s && strcmp(a, s) == 0) || strcmp(a, l) == 0;
+}
+
+static void add_file(options *o, const char *path) {
+    o->files = xrealloc(o->files, (size_t)(o->n_files + 1) * sizeof *o->files);
+    o->files[o->n_files++] = path;
+}
+
+static int by_name(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+// Adds every DIR/*.txt (sorted) to o->files.
+static void add_batch_dir(options *o, const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) usage_error("cannot open --batch directory '%s': %s", dir, strerror(errno));
+    int first = o->n_files;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        if (n < 5 || strcmp(e->d_name + n - 4, ".txt") != 0) continue;
+        char *path = xmalloc(strlen(dir) + n + 2);
+        sprintf(path, "%s/%s", dir, e->d_name);
+        add_file(o, path);
+    }
+    closedir(d);
+    if (o->n_files == first) usage_error("no .txt files in --batch directory '%s'", dir);
+    qsort(o->files + first, (size_t)(o->n_files - first), sizeof *o->files, by_name);
+}
+
+static void parse_args(int argc, char **argv, options *o) {
+    *o = (options){.strategy = "full", .device = "auto", .n_predict = 128, .seed = -1,
+                   .sp = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f}};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (is_flag(a, "-h", "--help")) {
+            print_help();
+            exit(0);
+        }
+        if (is_flag(a, NULL, "--version")) {
+            printf("sift %s (backends: cpu)\n", SIFT_VERSION);
+            exit(0);
+        }
+        if (is_flag(a, NULL, "--chat")) { o->chat = 1; continue; }
+        if (is_flag(a, NULL, "--json")) { o->json = 1; continue; }
+        if (is_flag(a, "-q", "--quiet")) { o->quiet = 1; continue; }
+        if (a[0] != '-' || !a[1]) usage_error("unexpected argument '%s'", a);
+        if (i + 1 >= argc) {
+            if (strncmp(a, "--", 2) == 0 || strlen(a) == 2) {
+                static const char *known[] = {"-m", "--model", "-p", "--prompt", "-f", "--file",
+                    "--batch", "--system", "-n", "--n-predict", "-c", "--ctx-size", "-t",
+                    "--threads", "--temp", "--top-k", "--top-p", "--min-p", "-s", "--seed",
+                    "--strategy", "--device"};
+                for (size_t k = 0; k < sizeof known / sizeof *known; k++)
+                    if (strcmp(a, known[k]) == 0) usage_error("%s needs a value", a);
+            }
+            usage_error("unknown flag '%s'", a);
+        }
+        const char *v = argv[i + 1];
+        if (is_flag(a, "-m", "--model")) o->model = v;
+        else if (is_flag(a, "-p", "--prompt")) o->prompt = v;
+        else if (is_flag(a, "-f", "--file")) add_file(o, v);
+        else if (is_flag(a, NULL, "--batch")) o->batch_dir = v;
+        else if (is_flag(a, NULL, "--system")) { o->system = v; o->chat = 1; }
+        else if (is_flag(a, "-n", "--n-predict")) o->n_predict = (int)parse_int(a, v, -1, INT_MAX);
+        else if (is_flag(a, "-c", "--ctx-size")) o->ctx = (int)parse_int(a, v, 0, 1 << 22);
+        else if (is_flag(a, "-t", "--threads")) o->threads = (int)parse_int(a, v, 1, 1024);
+        else if (is_flag(a, NULL, "--temp")) o->sp.temp = parse_float(a, v, 0, 100);
+        else if (is_flag(a, NULL, "--top-k")) o->sp.top_k = (int)parse_int(a, v, 0, INT_MAX);
+        else if (is_flag(a, NULL, "--top-p")) o->sp.top_p = parse_float(a, v, 1e-6, 1);
+        else if (is_flag(a, NULL, "--min-p")) o->sp.min_p = parse_float(a, v, 0, 1);
+        else if (is_flag(a, "-s", "--seed")) o->seed = parse_int(a, v, -1, UINT32_MAX);
+        else if (is_flag(a, NULL, "--strategy")) o->strategy = v;
+        else if (is_flag(a, NULL, "--device")) o->device = v;
+        else usage_error("unknown flag '%s'", a);
+        i++;
+    }
+    int sources = (o->prompt != NULL) + (o->n_files > 0) + (o->batch_dir != NULL);
+    if (sources == 0) usage_error("no prompt: give -p TEXT, -f FILE or --batch DIR");
+    if (o->prompt && sources > 1) usage_error("-p cannot be combined with -f or --batch");
+    if (o->n_predict == 0) usage_error("-n 0 generates nothing: use -1 or a positive count");
+    if (!strategy_find(o->strategy))
+        usage_error("unknown strategy '%s' (available: %s)", o->strategy, strategy_names());
+    if (strcmp(o->device, "auto") && strcmp(o->device, "cpu") && strcmp(o->device, "cuda"))
+        usage_error("unknown device '%s' (auto, cpu or cuda)", o->device);
+    if (o->batch_dir) add_batch_dir(o, o->batch_dir);
+    if (o->threads == 0) o->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+}
+
+// Reads a whole file ('-' = stdin). NULL + err on failure.
+static char *read_all(const char *path, size_t *len, char *err, size_t errlen) {
+    FILE *fp = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    if (!fp) {
+        snprintf(err, errlen, "cannot read prompt file '%s': %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = xmalloc(cap);
+    size_t got;
+    while ((got = fread(buf + n, 1, cap - n - 1, fp)) > 0) {
+        n += got;
+        if (cap - n - 1 == 0) buf = xrealloc(buf, cap *= 2);
+    }
+    int bad = ferror(fp);
+    if (fp != stdin) fclose(fp);
+    if (bad) {
+        snprintf(err, errlen, "cannot read prompt file '%s': read error", path);
+        free(buf);
+        return NULL;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+// The model path: -m, else $SIFT_MODEL, else models/... beside the binary.
+static char *default_model_path(void) {
+    const char *env = getenv("SIFT_MODEL");
+    if (env && *env) return strdup(env);
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return strdup(DEFAULT_MODEL);
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (slash) *slash = 0;
+    char *p = xmalloc(strlen(exe) + sizeof DEFAULT_MODEL + 1);
+    sprintf(p, "%s/%s", exe, DEFAULT_MODEL);
+    return p;
+}
+
+// ---- output ---------------------------------------------------------------------------------
+
+typedef struct {
+    char *buf;
+    size_t len, cap;
+} strbuf;
+
+static void sb_put(strbuf *b, const char *s, size_t n) {
+    if (b->len + n + 1 > b->cap) {
+        b->cap = (b->len + n + 1) * 2;
+        b->buf = xrealloc(b->buf, b->cap);
+    }
+    memcpy(b->buf + b->len, s, n);
+    b->len += n;
+    b->buf[b->len] = 0;
+}
+
+// JSON string body of s[0..n): escapes quotes, backslash and controls; invalid UTF-8 -> U+FFFD.
+static void json_str(FILE *out, const char *s, size_t n) {
+    fputc('"', out);
+    size_t i = 0;
+    while (i < n) {
+        long bad = tok_utf8_invalid_at(s + i, n - i);
+        size_t good = bad < 0 ? n - i : (size_t)bad;
+        for (size_t j = i; j < i + good; j++) {
+            unsigned char c = (unsigned char)s[j];
+            if (c == '"' || c == '\\') fprintf(out, "\\%c", c);
+            else if (c == '\n') fputs("\\n", out);
+            else if (c == '\t') fputs("\\t", out);
+            else if (c == '\r') fputs("\\r", out);
+            else if (c < 0x20) fprintf(out, "\\u%04x", c);
+            else fputc(c, out);
+        }
+        i += good;
+        if (bad >= 0) {
+            fputs("\\ufffd", out);
+            i++;
+        }
+    }
+    fputc('"', out);
+}
+
+typedef struct {
+    const tok *t;
+    strbuf text;
+    int stream;      // print pieces to stdout as they come
+    int hit_eog;
+} gen_ctx;
+
+static int on_token(void *ctx, int id) {
+    gen_ctx *g = ctx;
+    if (tok_is_eog(g->t, id)) {
+        g->hit_eog = 1;
+        return 1;
+    }
+    size_t n;
+    const char *p = tok_piece(g->t, id, 0, &n);
+    sb_put(&g->text, p, n);
+    if (g->stream) {
+        fwrite(p, 1, n, stdout);
+        fflush(stdout);
+    }
+    return 0;
+}
+
+static double per_sec(int n, double ms) { return ms > 0 ? n * 1e3 / ms : 0; }
+static double per_tok(int n, double ms) { return n > 0 ? ms / n : 0; }
+
+static void print_timing(const options *o, const run_stats *st, double load_ms, const char *dev) {
+    fprintf(stderr, "\nsift: strategy %s, device %s (%d threads), KV cache %.2f MiB\n",
+            o->strategy, dev, o->threads, st->kv_bytes / 1048576.0);
+    fprintf(stderr, "      load time = %10.2f ms\n", load_ms);
+    fprintf(stderr, "prompt eval time = %10.2f ms / %5d tokens (%8.2f ms per token, %8.2f tokens per second)\n",
+            st->prompt_ms, st->prompt_n, per_tok(st->prompt_n, st->prompt_ms), per_sec(st->prompt_n, st->prompt_ms));
+    fprintf(stderr, "       eval time = %10.2f ms / %5d runs   (%8.2f ms per token, %8.2f tokens per second)\n",
+            st->decode_ms, st->decode_runs, per_tok(st->decode_runs, st->decode_ms), per_sec(st->decode_runs, st->decode_ms));
+    fprintf(stderr, "      total time = %10.2f ms / %5d tokens\n", st->prompt_ms + st->decode_ms,
+            st->prompt_n + st->predicted_n);
+}
+
+static void print_json(const options *o, const char *label, const char *model_name,
+                       const gen_ctx *g, const run_stats *st, double load_ms, const char *dev,
+                       unsigned long long seed) {
+    printf("{\"file\":");
+    json_str(stdout, label, strlen(label));
+    printf(",\"text\":");
+    json_str(stdout, g->text.buf ? g->text.buf : "", g->text.len);
+    printf(",\"stop\":\"%s\",\"strategy\":\"%s\",\"device\":\"%s\",\"model\":", g->hit_eog ? "eos" : "limit",
+           o->strategy, dev);
+    json_str(stdout, model_name, strlen(model_name));
+    printf(",\"seed\":%llu,\"kv_bytes\":%zu,\"load_ms\":%.3f,\"timings\":{"
+           "\"prompt_n\":%d,\"prompt_ms\":%.3f,\"prompt_per_token_ms\":%.4f,\"prompt_per_second\":%.3f,"
+           "\"predicted_n\":%d,\"predicted_ms\":%.3f,\"predicted_per_token_ms\":%.4f,"
+           "\"predicted_per_second\":%.3f}}\n",
+           seed, st->kv_bytes, load_ms, st->prompt_n, st->prompt_ms,
+           per_tok(st->prompt_n, st->prompt_ms), per_sec(st->prompt_n, st->prompt_ms),
+           st->predicted_n, st->decode_ms, per_tok(st->decode_runs, st->decode_ms),
+           per_sec(st->decode_runs, st->decode_ms));
+    fflush(stdout);
+}
+
+static void print_json_error(const char *label, const char *err) {
+    printf("{\"file\":");
+    json_str(stdout, label, strlen(label));
+    printf(",\"error\":");
+    json_str(stdout, err, strlen(err));
+    printf("}\n");
+    fflush(stdout);
+}
+
+// ---- one prompt -----------------------------------------------------------------------------
+
+typedef struct {
+    const options *o;
+    model *m;
+    const tok *t;
+    const char *dev;
+    const char *model_name;
+    double load_ms;
+    int n_ctx;
+} session;
+
+// Tokenizes prompt text (chat-wrapped if asked) into *ids. Count, or -1 with err.
+static int prompt_ids(const session *s, const prompt_in *p, int **ids, char *err, size_t errlen) {
+    if (p->len == 0) {
+        snprintf(err, errlen, "prompt '%s' is empty", p->label);
+        return -1;
+    }
+    long bad = tok_utf8_invalid_at(p->text, p->len);
+    if (bad >= 0) {
+        snprintf(err, errlen, "prompt '%s' is not valid UTF-8 (byte offset %ld, 0x%02x)", p->label,
+                 bad, (unsigned char)p->text[bad]);
+        return -1;
+    }
+    char *text = p->text;
+    if (s->o->chat) {
+        text = tok_chat_apply(tok_chat_kind(s->t), s->o->system, p->text);
+        if (!text) {
+            snprintf(err, errlen, "--chat: the model has no chat template sift knows (ChatML, Llama-3)");
+            return -1;
+        }
+    }
+    int *body = NULL;
+    int n = tok_encode(s->t, text, strlen(text), 1, &body, err, errlen);
+    if (text != p->text) free(text);
+    if (n < 0) return -1;
+    int bos = tok_add_bos(s->t) && tok_bos(s->t) >= 0;
+    *ids = xmalloc((size_t)(n + bos + 1) * sizeof(int));
+    if (bos) (*ids)[0] = tok_bos(s->t);
+    memcpy(*ids + bos, body, (size_t)n * sizeof(int));
+    free(body);
+    return n + bos;
+}
+
+static int run_prompt(const session *s, const prompt_in *p, int show_header) {
+    const options *o = s->o;
+    char err[512];
+    int *ids = NULL;
+    int n = prompt_ids(s, p, &ids, err, sizeof err);
+    int n_gen = o->n_predict < 0 ? s->n_ctx - n : o->n_predict;
+    if (n >= 0 && (n_gen < 1 || (long)n + n_gen > s->n_ctx)) {
+        snprintf(err, sizeof err,
+                 "prompt '%s' has %d tokens; with %d to generate that exceeds the context size %d "
+                 "(raise -c or lower -n)", p->label, n, o->n_predict < 0 ? 1 : n_gen, s->n_ctx);
+        n = -1;
+    }
+    if (n < 0) {
+        if (o->json) print_json_error(p->label, err);
+        fprintf(stderr, "sift: error: %s\n", err);
+        free(ids);
+        return -1;
+    }
+    unsigned long long seed = o->seed >= 0 ? (unsigned long long)o->seed
+                                           : (unsigned long long)(now_ms() * 1000) & 0xffffffffULL;
+    sampler smp;
+    sample_params sp = o->sp;
+    sp.seed = seed;
+    sampler_init(&smp, &sp, s->m->cfg.vocab);
+    gen_ctx g = {.t = s->t, .stream = !o->json};
+    if (show_header && !o->json) printf("==> %s <==\n", p->label);
+    if (!o->quiet)
+        fprintf(stderr, "sift: %s: %d prompt tokens, up to %d new (strategy %s, seed %llu)\n",
+                p->label, n, n_gen, o->strategy, seed);
+    strategy_opts so = {.n_threads = o->threads};
+    run_stats st;
+    int rc = run_generate(strategy_find(o->strategy), s->m, &so, ids, n, n_gen, &smp, on_token, &g,
+                          &st, err, sizeof err);
+    if (rc != 0) {
+        if (o->json) print_json_error(p->label, err);
+        fprintf(stderr, "sift: error: %s\n", err);
+    } else if (o->json) {
+        print_json(o, p->label, s->model_name, &g, &st, s->load_ms, s->dev, seed);
+    } else {
+        printf("\n");
+        fflush(stdout);
+    }
+    if (rc == 0 && !o->quiet) print_timing(o, &st, s->load_ms, s->dev);
+    sampler_free(&smp);
+    free(g.text.buf);
+    free(ids);
+    return rc;
+}
+
+static const char *base_name(const char *path) {
+    const char *s = strrchr(path, '/');
+    return s ? s + 1 : path;
+}
+
+int main(int argc, char **argv) {
+    options o;
+    parse_args(argc, argv, &o);
+    if (strcmp(o.device, "cuda") == 0) {
+        fprintf(stderr, "sift: error: --device cuda: this sift was built without the CUDA backend\n");
+        return 2;
+    }
+    const char *dev = "cpu";
+    char *model_path = o.model ? strdup(o.model) : default_model_path();
+    struct stat sb;
+    if (!o.model && stat(model_path, &sb) != 0) {
+        fprintf(stderr, "sift: error: default model %s is not there; fetch it with `make model` "
+                        "(downloads from PyPI) or pass -m MODEL\n", model_path);
+        return 1;
+    }
+    double t0 = now_ms();
+    char err[512];
+    gguf_file *f = gguf_open(model_path, err, sizeof err);
+    if (!f) {
+        fprintf(stderr, "sift: error: %s\n", err);
+        return 1;
+    }
+    tok *t = tok_load_gguf(f, err, sizeof err);
+    backend *bk = backend_cpu_create(o.threads);
+    model *m = t ? model_load_gguf(f, bk, err, sizeof err) : NULL;
+    if (!m) {
+        fprintf(stderr, "sift: error: %s: %s\n", model_path, err);
+        return 1;
+    }
+    if (tok_n_vocab(t) > m->cfg.vocab) {
+        fprintf(stderr, "sift: error: %s: tokenizer has %d tokens but the embedding only %d rows\n",
+                model_path, tok_n_vocab(t), m->cfg.vocab);
+        return 1;
+    }
+    session s = {.o = &o, .m = m, .t = t, .dev = dev, .load_ms = now_ms() - t0,
+                 .n_ctx = o.ctx > 0 ? o.ctx : m->cfg.ctx_len,
+                 .model_name = m->name ? m->name : base_name(model_path)};
+    if (!o.quiet)
+        fprintf(stderr, "sift: loaded %s (%s, %d layers, %.0fM params) in %.0f ms on %s\n",
+                base_name(model_path), m->cfg.arch, m->cfg.n_layer, m->n_params / 1e6, s.load_ms, dev);
+    int failed = 0;
+    if (o.prompt) {
+        prompt_in p = {"prompt", (char *)o.prompt, strlen(o.prompt)};
+        failed += run_prompt(&s, &p, 0) != 0;
+    }
+    for (int i = 0; i < o.n_files; i++) {
+        prompt_in p = {o.files[i], NULL, 0};
+        p.text = read_all(o.files[i], &p.len, err, sizeof err);
+        if (!p.text) {
+            if (o.json) print_json_error(p.label, err);
+            fprintf(stderr, "sift: error: %s\n", err);
+            failed++;
+            continue;
+        }
+        failed += run_prompt(&s, &p, o.n_files > 1) != 0;
+        free(p.text);
+    }
+    model_free(m);
+    bk->destroy(bk);
+    tok_free(t);
+    gguf_close(f);
+    free(model_path);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,51 @@
+// model/backend.h — the backend interface the shared forward pass calls. A backend owns device
+// memory (activations, weights, KV) and implements a small list of ops on it. The CPU backend
+// (backend_cpu.c) is fp32 and is the reference; a CUDA backend implements the same list.
+// Activation buffers are opaque device pointers sized in elements; index arrays (positions,
+// row selections) are passed as host int arrays.
+#pragma once
+#include <stddef.h>
+
+enum rope_style { ROPE_NORM = 0, ROPE_NEOX = 1 };   // adjacent pairs (2j,2j+1) | halves (j, j+hd/2)
+
+typedef struct bk_weight bk_weight;   // a weight matrix or vector on the device
+typedef struct backend backend;
+typedef struct kv_layer kv_layer;
+
+struct backend {
+    const char *name;                  // "cpu" | "cuda"
+    void *impl;
+    size_t elem_bytes;                 // bytes per activation / KV element on this backend
+    void (*destroy)(backend *b);
+    // memory
+    void *(*alloc)(backend *b, size_t n_elems);   // NULL on failure
+    void (*free)(backend *b, void *p);
+    void (*to_host)(backend *b, float *dst, const void *src, size_t n);
+    bk_weight *(*weight)(backend *b, float *host, size_t rows, size_t cols); // takes `host`
+    void (*weight_free)(backend *b, bk_weight *w);
+    // ops (shapes in elements; rows are contiguous)
+    // out (n, d) = table[tokens[i]]
+    void (*embed)(backend *b, void *out, const bk_weight *table, const int *tokens, int n, int d);
+    // out (n, d) = x / rms(x) * w
+    void (*rmsnorm)(backend *b, void *out, const void *x, const bk_weight *w, int n, int d, float eps);
+    // out (n, o) = x (n, i) @ W (o, i)^T + bias (o,)   (bias may be NULL)
+    void (*matmul)(backend *b, void *out, const void *x, const bk_weight *w, const bk_weight *bias,
+                   int n, int i, int o);
+    // rotate x (n, heads, hd) in place at positions pos (n,)
+    void (*rope)(backend *b, void *x, const int *pos, int n, int heads, int hd, const float *inv_freq,
+                 enum rope_style style);
+    // out (n, f) = silu(gate) * up
+    void (*swiglu)(backend *b, void *out, const void *gate, const void *up, size_t n);
+    // x (n,) += y (n,)
+    void (*add)(backend *b, void *x, const void *y, size_t n);
+    // out (k, d) = x[idx[j]]  (out may not alias x)
+    void (*gather_rows)(backend *b, void *out, const void *x, const int *idx, int k, int d);
+    // append k, v (n, n_kv_head, hd) at positions pos (n,) to a KV layer (len += n)
+    void (*kv_append)(backend *b, kv_layer *L, const void *k, const void *v, const int *pos, int n);
+    // out (n, heads, hd) = causal attention of q (n, heads, hd) at positions qpos over L:
+    // key j of KV head g is visible to query i iff L->pos[g][j] <= qpos[i]; GQA groups heads.
+    void (*attention)(backend *b, void *out, const void *q, const int *qpos, int n, int heads,
+                      const kv_layer *L);
+};
+
+backend *backend_cpu_create(int n_threads);

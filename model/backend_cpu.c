@@ -1,0 +1,170 @@
+// model/backend_cpu.c — the CPU backend: fp32 weights and activations, OpenMP threads, OpenBLAS
+// sgemm for prefill matmuls and sgemv for decode. The reference every other backend is checked
+// against.
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../attn/attn.h"
+#include "../kv/kv.h"
+#include "../util/check.h"
+#include "backend.h"
+
+struct bk_weight {
+    float *data;
+    size_t rows, cols;
+};
+
+static void *cpu_alloc(backend *b, size_t n) {
+    (void)b;
+    return malloc(n ? n * sizeof(float) : 1);
+}
+
+static void cpu_free(backend *b, void *p) {
+    (void)b;
+    free(p);
+}
+
+static void cpu_to_host(backend *b, float *dst, const void *src, size_t n) {
+    (void)b;
+    memcpy(dst, src, n * sizeof(float));
+}
+
+static bk_weight *cpu_weight(backend *b, float *host, size_t rows, size_t cols) {
+    (void)b;
+    bk_weight *w = xmalloc(sizeof *w);
+    *w = (bk_weight){host, rows, cols};
+    return w;
+}
+
+static void cpu_weight_free(backend *b, bk_weight *w) {
+    (void)b;
+    if (w) free(w->data);
+    free(w);
+}
+
+// out (n, d) = table[tokens[i]]
+static void cpu_embed(backend *b, void *out, const bk_weight *table, const int *tokens, int n, int d) {
+    (void)b;
+    for (int i = 0; i < n; i++)
+        memcpy((float *)out + (size_t)i * d, table->data + (size_t)tokens[i] * d, d * sizeof(float));
+}
+
+// out (n, d) = x / sqrt(mean(x^2) + eps) * w
+static void cpu_rmsnorm(backend *b, void *out, const void *x, const bk_weight *w, int n, int d,
+                        float eps) {
+    (void)b;
+#pragma omp parallel for if (n > 16)
+    for (int i = 0; i < n; i++) {
+        const float *xi = (const float *)x + (size_t)i * d;
+        float *oi = (float *)out + (size_t)i * d;
+        double ss = 0;
+        for (int j = 0; j < d; j++) ss += (double)xi[j] * xi[j];
+        float r = (float)(1.0 / sqrt(ss / d + eps));
+        for (int j = 0; j < d; j++) oi[j] = xi[j] * r * w->data[j];
+    }
+}
+
+// out (n, o) = x (n, i) @ W (o, i)^T + bias
+static void cpu_matmul(backend *b, void *out, const void *x, const bk_weight *w,
+                       const bk_weight *bias, int n, int in, int o) {
+    (void)b;
+    float *y = out;
+    if (n == 1)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, o, in, 1.0f, w->data, in, x, 1, 0.0f, y, 1);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, o, in, 1.0f, x, in, w->data, in,
+                    0.0f, y, o);
+    if (!bias) return;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < o; j++) y[(size_t)i * o + j] += bias->data[j];
+}
+
+// rotate x (n, heads, hd) in place; pair (a, b) = (2j, 2j+1) for NORM, (j, j + hd/2) for NEOX
+static void cpu_rope(backend *b, void *x, const int *pos, int n, int heads, int hd,
+                     const float *inv_freq, enum rope_style style) {
+    (void)b;
+    int half = hd / 2;
+#pragma omp parallel for if (n > 16)
+    for (int i = 0; i < n; i++) {
+        float c[half], s[half];
+        for (int j = 0; j < half; j++) {
+            double theta = (double)pos[i] * inv_freq[j];
+            c[j] = (float)cos(theta);
+            s[j] = (float)sin(theta);
+        }
+        for (int h = 0; h < heads; h++) {
+            float *xh = (float *)x + ((size_t)i * heads + h) * hd;
+            for (int j = 0; j < half; j++) {
+                int ia = style == ROPE_NORM ? 2 * j : j, ib = style == ROPE_NORM ? 2 * j + 1 : j + half;
+                float a = xh[ia], bb = xh[ib];
+                xh[ia] = a * c[j] - bb * s[j];
+                xh[ib] = a * s[j] + bb * c[j];
+            }
+        }
+    }
+}
+
+// out = silu(gate) * up
+static void cpu_swiglu(backend *b, void *out, const void *gate, const void *up, size_t n) {
+    (void)b;
+    float *o = out;
+    const float *g = gate, *u = up;
+#pragma omp parallel for if (n > 65536)
+    for (size_t i = 0; i < n; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static void cpu_add(backend *b, void *x, const void *y, size_t n) {
+    (void)b;
+    float *a = x;
+    const float *c = y;
+    for (size_t i = 0; i < n; i++) a[i] += c[i];
+}
+
+// out (k, d) = x[idx[j]]
+static void cpu_gather_rows(backend *b, void *out, const void *x, const int *idx, int k, int d) {
+    (void)b;
+    for (int j = 0; j < k; j++)
+        memcpy((float *)out + (size_t)j * d, (const float *)x + (size_t)idx[j] * d, d * sizeof(float));
+}
+
+// append k, v (n, n_kv_head, hd) to L at L->len
+static void cpu_kv_append(backend *b, kv_layer *L, const void *k, const void *v, const int *pos, int n) {
+    (void)b;
+    CHECK_INTERNAL(L->len + n <= L->cap, "KV layer overflow: %d + %d > %d", L->len, n, L->cap);
+    int hd = L->head_dim;
+    for (int g = 0; g < L->n_kv_head; g++)
+        for (int i = 0; i < n; i++) {
+            size_t dst = ((size_t)g * L->cap + L->len + i) * hd;
+            size_t src = ((size_t)i * L->n_kv_head + g) * hd;
+            memcpy((float *)L->k + dst, (const float *)k + src, hd * sizeof(float));
+            memcpy((float *)L->v + dst, (const float *)v + src, hd * sizeof(float));
+            L->pos[(size_t)g * L->cap + L->len + i] = pos[i];
+        }
+    L->len += n;
+}
+
+static void cpu_attention(backend *b, void *out, const void *q, const int *qpos, int n, int heads,
+                          const kv_layer *L) {
+    (void)b;
+    attn_causal_cpu(out, q, qpos, n, heads, L->k, L->v, L->pos, L->len, L->cap, L->n_kv_head,
+                    L->head_dim);
+}
+
+static void cpu_destroy(backend *b) { free(b); }
+
+backend *backend_cpu_create(int n_threads) {
+    if (n_threads > 0) omp_set_num_threads(n_threads);
+    backend *b = xcalloc(1, sizeof *b);
+    *b = (backend){
+        .name = "cpu", .elem_bytes = sizeof(float), .destroy = cpu_destroy,
+        .alloc = cpu_alloc, .free = cpu_free, .to_host = cpu_to_host,
+        .weight = cpu_weight, .weight_free = cpu_weight_free,
+        .embed = cpu_embed, .rmsnorm = cpu_rmsnorm, .matmul = cpu_matmul, .rope = cpu_rope,
+        .swiglu = cpu_swiglu, .add = cpu_add, .gather_rows = cpu_gather_rows,
+        .kv_append = cpu_kv_append, .attention = cpu_attention,
+    };
+    return b;
+}

@@ -1,0 +1,139 @@
+// model/forward.c — the shared forward pass (see forward.h). Reads top to bottom like the model:
+// embed -> per layer: norm, QKV, RoPE, cache, attention, out-proj, residual, norm, SwiGLU MLP,
+// residual, hook -> final norm -> LM head.
+#include "forward.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "../util/check.h"
+
+typedef struct {
+    void *xb, *q, *k, *v, *att, *hb, *hb2;   // scratch activations sized for n rows
+} scratch;
+
+static scratch scratch_alloc(backend *bk, const model_config *c, int n) {
+    size_t qd = (size_t)c->n_head * c->head_dim, kvd = (size_t)c->n_kv_head * c->head_dim;
+    size_t d = (size_t)c->d_model, f = (size_t)c->d_ff;
+    scratch s = {
+        bk->alloc(bk, n * (d > qd ? d : qd)), bk->alloc(bk, n * qd), bk->alloc(bk, n * kvd),
+        bk->alloc(bk, n * kvd), bk->alloc(bk, n * qd), bk->alloc(bk, n * f), bk->alloc(bk, n * f),
+    };
+    CHECK_INTERNAL(s.xb && s.q && s.k && s.v && s.att && s.hb && s.hb2,
+                   "out of memory for activations of %d rows (try a shorter prompt)", n);
+    return s;
+}
+
+static void scratch_free(backend *bk, scratch *s) {
+    void *all[] = {s->xb, s->q, s->k, s->v, s->att, s->hb, s->hb2};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) bk->free(bk, all[i]);
+}
+
+// One transformer block on the alive rows: x += attn(norm(x)); x += mlp(norm(x)).
+static void layer_forward(fwd_state *st, scratch *s, int l) {
+    model *m = st->m;
+    backend *bk = m->bk;
+    const model_config *c = &m->cfg;
+    const layer_weights *w = &m->layers[l];
+    int n = st->n, d = c->d_model, hd = c->head_dim;
+    int qd = c->n_head * hd, kvd = c->n_kv_head * hd;
+
+    bk->rmsnorm(bk, s->xb, st->x, w->attn_norm, n, d, c->rms_eps);
+    bk->matmul(bk, s->q, s->xb, w->wq, w->bq, n, d, qd);   // q (n, qd)
+    bk->matmul(bk, s->k, s->xb, w->wk, w->bk, n, d, kvd);  // k (n, kvd)
+    bk->matmul(bk, s->v, s->xb, w->wv, w->bv, n, d, kvd);  // v (n, kvd)
+    bk->rope(bk, s->q, st->pos, n, c->n_head, hd, c->inv_freq, c->rope);
+    bk->rope(bk, s->k, st->pos, n, c->n_kv_head, hd, c->inv_freq, c->rope);
+    kv_layer *L = &st->kv->layers[l];
+    bk->kv_append(bk, L, s->k, s->v, st->pos, n);
+    bk->attention(bk, s->att, s->q, st->pos, n, c->n_head, L);  // att (n, qd)
+    bk->matmul(bk, s->xb, s->att, w->wo, NULL, n, qd, d);
+    bk->add(bk, st->x, s->xb, (size_t)n * d);
+
+    bk->rmsnorm(bk, s->xb, st->x, w->ffn_norm, n, d, c->rms_eps);
+    bk->matmul(bk, s->hb, s->xb, w->w_gate, NULL, n, d, c->d_ff);
+    bk->matmul(bk, s->hb2, s->xb, w->w_up, NULL, n, d, c->d_ff);
+    bk->swiglu(bk, s->hb, s->hb, s->hb2, (size_t)n * c->d_ff);
+    bk->matmul(bk, s->xb, s->hb, w->w_down, NULL, n, c->d_ff, d);
+    bk->add(bk, st->x, s->xb, (size_t)n * d);
+    st->rows_done += n;
+}
+
+// logits (rows, vocab) of the last `rows` alive rows
+static void lm_head(fwd_state *st, scratch *s, float *logits, int rows) {
+    model *m = st->m;
+    backend *bk = m->bk;
+    const model_config *c = &m->cfg;
+    size_t d = c->d_model;
+    void *last = (char *)st->x + (size_t)(st->n - rows) * d * bk->elem_bytes;
+    bk->rmsnorm(bk, s->xb, last, m->out_norm, rows, c->d_model, c->rms_eps);
+    void *out = bk->alloc(bk, (size_t)rows * c->vocab);
+    CHECK_INTERNAL(out, "out of memory for logits");
+    bk->matmul(bk, out, s->xb, m->lm_head, NULL, rows, c->d_model, c->vocab);
+    bk->to_host(bk, logits, out, (size_t)rows * c->vocab);
+    bk->free(bk, out);
+}
+
+long fwd_run(model *m, kv_cache *kv, const int *tokens, const int *pos, int n,
+             const fwd_hooks *hooks, float *logits, int all_rows) {
+    backend *bk = m->bk;
+    const model_config *c = &m->cfg;
+    fwd_state st = {.m = m, .kv = kv, .n = n};
+    st.pos = xmalloc((size_t)n * sizeof(int));
+    st.row_id = xmalloc((size_t)n * sizeof(int));
+    memcpy(st.pos, pos, (size_t)n * sizeof(int));
+    for (int i = 0; i < n; i++) st.row_id[i] = i;
+    st.x = bk->alloc(bk, (size_t)n * c->d_model);
+    CHECK_INTERNAL(st.x, "out of memory for %d rows", n);
+    scratch s = scratch_alloc(bk, c, n);
+
+    bk->embed(bk, st.x, m->tok_embd, tokens, n, c->d_model);
+    for (int l = 0; l < c->n_layer && st.n > 0; l++) {
+        layer_forward(&st, &s, l);
+        if (hooks && hooks->after_layer && hooks->after_layer(hooks->ctx, &st, l) != 0) break;
+    }
+    if (logits && st.n > 0) lm_head(&st, &s, logits, all_rows ? st.n : 1);
+
+    scratch_free(bk, &s);
+    bk->free(bk, st.x);
+    free(st.pos);
+    free(st.row_id);
+    return st.rows_done;
+}
+
+void fwd_keep_rows(fwd_state *s, const int *idx, int k) {
+    backend *bk = s->m->bk;
+    int d = s->m->cfg.d_model;
+    void *x = bk->alloc(bk, (size_t)(k > 0 ? k : 1) * d);
+    CHECK_INTERNAL(x, "out of memory selecting %d rows", k);
+    bk->gather_rows(bk, x, s->x, idx, k, d);
+    bk->free(bk, s->x);
+    s->x = x;
+    int *pos = xmalloc((size_t)(k > 0 ? k : 1) * sizeof(int)), *id = xmalloc((size_t)(k > 0 ? k : 1) * sizeof(int));
+    for (int j = 0; j < k; j++) {
+        CHECK_INTERNAL(idx[j] >= 0 && idx[j] < s->n, "row index %d outside [0, %d)", idx[j], s->n);
+        pos[j] = s->pos[idx[j]];
+        id[j] = s->row_id[idx[j]];
+    }
+    free(s->pos);
+    free(s->row_id);
+    s->pos = pos;
+    s->row_id = id;
+    s->n = k;
+}
+
+static void *kv_mem_alloc(void *ctx, size_t n) {
+    backend *bk = ctx;
+    return bk->alloc(bk, n);
+}
+
+static void kv_mem_free(void *ctx, void *p) {
+    backend *bk = ctx;
+    bk->free(bk, p);
+}
+
+kv_cache *fwd_kv_create(model *m, const int *caps, char *err, size_t errlen) {
+    const model_config *c = &m->cfg;
+    return kv_create(c->n_layer, c->n_kv_head, c->head_dim, caps, m->bk->elem_bytes, kv_mem_alloc,
+                     kv_mem_free, m->bk, err, errlen);
+}

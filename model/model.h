@@ -1,0 +1,45 @@
+// model/model.h — a Llama-family model in memory: the config read from GGUF metadata (architectures
+// `llama` and `qwen2`), the weights dequantised once and handed to a backend, and the tokenizer-free
+// facts the forward pass needs (RoPE style and frequencies, norms, tied embeddings, QKV bias).
+#pragma once
+#include <stddef.h>
+#include "backend.h"
+#include "../weights/gguf.h"
+
+// Limits that reject absurd metadata before anything is allocated from it.
+#define MODEL_MAX_LAYERS 512
+#define MODEL_MAX_DIM 65536
+#define MODEL_MAX_VOCAB 1048576
+#define MODEL_MAX_CTX (1 << 22)
+
+typedef struct {
+    char arch[16];          // "llama" | "qwen2"
+    int n_layer, d_model, n_head, n_kv_head, head_dim, d_ff, vocab, ctx_len;
+    float rms_eps;
+    enum rope_style rope;
+    float *inv_freq;        // [head_dim/2] RoPE inverse frequencies (rope_freqs already applied)
+    int qkv_bias;           // qwen2
+    int tied;               // output.weight absent: LM head = token embedding
+} model_config;
+
+typedef struct {
+    bk_weight *attn_norm, *wq, *wk, *wv, *bq, *bk, *bv, *wo;   // wq (n_head*hd, d) etc.
+    bk_weight *ffn_norm, *w_gate, *w_up, *w_down;              // w_gate (d_ff, d), w_down (d, d_ff)
+} layer_weights;
+
+typedef struct model {
+    model_config cfg;
+    backend *bk;
+    bk_weight *tok_embd;    // (vocab, d)
+    bk_weight *out_norm;    // (d,)
+    bk_weight *lm_head;     // (vocab, d); == tok_embd when tied
+    layer_weights *layers;  // [n_layer]
+    char *name;             // general.name or file base name
+    size_t n_params;
+} model;
+
+// Reads the config from GGUF metadata; 0 or -1 with a one-line reason.
+int model_config_from_gguf(const gguf_file *f, model_config *cfg, char *err, size_t errlen);
+// Loads config + weights onto the backend. NULL with a one-line reason on failure.
+model *model_load_gguf(const gguf_file *f, backend *bk, char *err, size_t errlen);
+void model_free(model *m);

@@ -1,0 +1,26 @@
+// model/sample.h — token sampling: greedy (temp <= 0), else top-k -> top-p -> min-p ->
+// temperature -> draw, with a seeded generator (same seed, same tokens).
+#pragma once
+#include <stdint.h>
+
+typedef struct {
+    float temp;     // <= 0: greedy
+    int top_k;      // <= 0: off
+    float top_p;    // >= 1: off
+    float min_p;    // <= 0: off
+    uint64_t seed;
+} sample_params;
+
+typedef struct {
+    sample_params p;
+    uint64_t state;  // PCG32 state
+    struct sample_cand { float logit; int id; } *cand;
+    int n_vocab;
+} sampler;
+
+void sampler_init(sampler *s, const sample_params *p, int n_vocab);
+void sampler_free(sampler *s);
+int sample_argmax(const float *logits, int n);
+int sample_next(sampler *s, const float *logits);
+// Uniform float in [0, 1) from the sampler's generator.
+float sample_uniform(sampler *s);

@@ -1,0 +1,68 @@
+// policies/policy.c — the strategy registry and the generation loop all strategies share:
+// prefill (strategy-specific) -> sample -> decode one token at a time at position n + t.
+#include "policy.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../util/check.h"
+
+extern const strategy strategy_full;
+
+static const strategy *const all_strategies[] = {&strategy_full};
+#define N_STRATEGIES (int)(sizeof all_strategies / sizeof *all_strategies)
+
+const strategy *strategy_find(const char *name) {
+    for (int i = 0; i < N_STRATEGIES; i++)
+        if (strcmp(all_strategies[i]->name, name) == 0) return all_strategies[i];
+    return NULL;
+}
+
+const char *strategy_names(void) {
+    static char buf[256];
+    if (!buf[0])
+        for (int i = 0; i < N_STRATEGIES; i++) {
+            if (i) strcat(buf, ", ");
+            strcat(buf, all_strategies[i]->name);
+        }
+    return buf;
+}
+
+double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+int run_generate(const strategy *s, model *m, const strategy_opts *o, const int *ids, int n,
+                 int n_predict, sampler *smp, run_token_fn on_token, void *ctx, run_stats *st,
+                 char *err, size_t errlen) {
+    memset(st, 0, sizeof *st);
+    st->prompt_n = n;
+    float *logits = xmalloc((size_t)m->cfg.vocab * sizeof(float));
+    double t0 = now_ms();
+    kv_cache *kv = s->prefill(m, ids, n, n_predict, o, logits, &st->rows_done, err, errlen);
+    if (!kv) {
+        free(logits);
+        return -1;
+    }
+    st->kv_bytes = kv_bytes(kv);
+    int tok = sample_next(smp, logits);
+    st->prompt_ms = now_ms() - t0;
+    st->predicted_n = 1;
+    int stop = on_token(ctx, tok);
+    double t1 = now_ms();
+    for (int t = 1; t < n_predict && !stop; t++) {
+        int pos = n + t - 1;
+        fwd_run(m, kv, &tok, &pos, 1, NULL, logits, 0);
+        tok = sample_next(smp, logits);
+        st->decode_runs++;
+        st->predicted_n++;
+        stop = on_token(ctx, tok);
+    }
+    st->decode_ms = now_ms() - t1;
+    kv_free(kv);
+    free(logits);
+    return 0;
+}

@@ -1,0 +1,30 @@
+// util/check.c — see check.h.
+#include "check.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+_Noreturn void check_fail(const char *file, int line, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "sift: internal error at %s:%d: ", file, line);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    exit(3);
+}
+
+static void *checked(void *p, size_t n, const char *file, int line) {
+    if (!p && n)
+        check_fail(file, line, "out of memory allocating %zu bytes (try a shorter prompt or -c)", n);
+    return p;
+}
+
+void *check_malloc(size_t n, const char *file, int line) { return checked(malloc(n), n, file, line); }
+void *check_calloc(size_t n, size_t s, const char *file, int line) {
+    return checked(calloc(n, s), n * s, file, line);
+}
+void *check_realloc(void *p, size_t n, const char *file, int line) {
+    return checked(realloc(p, n), n, file, line);
+}

@@ -1,0 +1,17 @@
+// util/check.h — checked wrappers: on failure print file:line, what failed and a hint, then exit
+// with a non-zero code. For internal failures only (out of memory, broken invariants); bad user
+// input is reported by the caller as a one-line error instead.
+#pragma once
+#include <stddef.h>
+
+#define xmalloc(n) check_malloc((n), __FILE__, __LINE__)
+#define xcalloc(n, s) check_calloc((n), (s), __FILE__, __LINE__)
+#define xrealloc(p, n) check_realloc((p), (n), __FILE__, __LINE__)
+#define CHECK_INTERNAL(cond, ...) \
+    do { if (!(cond)) check_fail(__FILE__, __LINE__, __VA_ARGS__); } while (0)
+
+void *check_malloc(size_t n, const char *file, int line);
+void *check_calloc(size_t n, size_t size, const char *file, int line);
+void *check_realloc(void *p, size_t n, const char *file, int line);
+_Noreturn void check_fail(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
