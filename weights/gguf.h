@@ -66,7 +66,7 @@ const gguf_kv *gguf_find_kv(const gguf_file *f, const char *key);          // NU
 const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name); // NULL if absent
 
 // Typed getters: 0 on success, -1 if absent or not convertible (ints of any width that fit,
-// f32/f64 for floats; bool accepted by get_u64/get_bool).
+// f32/f64 for floats, get_f64 also takes ints; bool accepted by get_u64/get_bool).
 int gguf_get_u64(const gguf_file *f, const char *key, uint64_t *out);
 int gguf_get_i64(const gguf_file *f, const char *key, int64_t *out);
 int gguf_get_f64(const gguf_file *f, const char *key, double *out);
