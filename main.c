@@ -50,7 +50,8 @@ static void usage_error(const char *fmt, ...) {
 static void print_help(void) {
     printf(
         "sift %s — run a prompt through a Llama-family model with a long-context strategy\n\n"
-        "usage: sift [options] (-p TEXT | -f FILE... | --batch DIR)\n\n"
+        "usage: sift [options] (-p TEXT | -f FILE... | --batch DIR)\n"
+        "       sift bench [-m MODEL] [-p 512,2048] [-n 128] [-r 3]   (see sift bench --help)\n\n"
         "model and input\n"
         "  -m, --model PATH        GGUF model (default: %s beside the binary)\n"
         "  -p, --prompt TEXT       prompt text\n"
@@ -441,7 +442,129 @@ static const char *base_name(const char *path) {
     return s ? s + 1 : path;
 }
 
+// ---- sift bench -----------------------------------------------------------------------------
+// llama-bench in spirit: for each prompt length P, prefill P seeded random tokens, then decode
+// N tokens at that depth (greedy, end-of-text ignored); repeat R times; report mean ± sd.
+
+typedef struct {
+    const char *model, *strategy, *format;
+    int lens[16], n_lens, n_gen, reps, threads;
+} bench_opts;
+
+static int bench_ignore(void *ctx, int id) {
+    (void)ctx;
+    (void)id;
+    return 0;
+}
+
+static void mean_sd(const double *x, int n, double *mean, double *sd) {
+    double s = 0, q = 0;
+    for (int i = 0; i < n; i++) s += x[i];
+    *mean = s / n;
+    for (int i = 0; i < n; i++) q += (x[i] - *mean) * (x[i] - *mean);
+    *sd = n > 1 ? sqrt(q / (n - 1)) : 0;
+}
+
+static void bench_parse(int argc, char **argv, bench_opts *b) {
+    *b = (bench_opts){.strategy = "full", .format = "md", .n_gen = 128, .reps = 3,
+                      .lens = {512}, .n_lens = 1};
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (is_flag(a, "-h", "--help")) {
+            printf("usage: sift bench [-m MODEL] [-p 512,2048] [-n 128] [-r 3] [-t N]\n"
+                   "                  [--strategy NAME] [-o md|jsonl]\n"
+                   "prefill P random tokens, then decode N at that depth; mean ± sd of R runs\n");
+            exit(0);
+        }
+        if (i + 1 >= argc) usage_error("bench: %s needs a value", a);
+        const char *v = argv[++i];
+        if (is_flag(a, "-m", "--model")) b->model = v;
+        else if (is_flag(a, "-n", "--n-gen")) b->n_gen = (int)parse_int(a, v, 1, 1 << 20);
+        else if (is_flag(a, "-r", "--reps")) b->reps = (int)parse_int(a, v, 1, 1000);
+        else if (is_flag(a, "-t", "--threads")) b->threads = (int)parse_int(a, v, 1, 1024);
+        else if (is_flag(a, NULL, "--strategy")) b->strategy = v;
+        else if (is_flag(a, "-o", "--output")) b->format = v;
+        else if (is_flag(a, "-p", "--n-prompt")) {
+            char *copy = strdup(v), *save = NULL;
+            b->n_lens = 0;
+            for (char *t = strtok_r(copy, ",", &save); t && b->n_lens < 16; t = strtok_r(NULL, ",", &save))
+                b->lens[b->n_lens++] = (int)parse_int(a, t, 1, 1 << 22);
+            free(copy);
+        } else usage_error("bench: unknown flag '%s'", a);
+    }
+    if (!strategy_find(b->strategy)) usage_error("unknown strategy '%s' (available: %s)", b->strategy, strategy_names());
+    if (strcmp(b->format, "md") && strcmp(b->format, "jsonl")) usage_error("bench: -o must be md or jsonl");
+    if (b->threads == 0) b->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+}
+
+static int bench_main(int argc, char **argv) {
+    bench_opts b;
+    bench_parse(argc, argv, &b);
+    char err[512], *path = b.model ? strdup(b.model) : default_model_path();
+    gguf_file *f = gguf_open(path, err, sizeof err);
+    backend *bk = backend_cpu_create(b.threads);
+    model *m = f ? model_load_gguf(f, bk, err, sizeof err) : NULL;
+    if (!m) {
+        fprintf(stderr, "sift: error: %s\n", err);
+        return 1;
+    }
+    const strategy *s = strategy_find(b.strategy);
+    if (strcmp(b.format, "md") == 0)
+        printf("| model | strategy | backend | threads | prompt | gen | pp t/s | tg t/s | TTFT ms | KV MiB |\n"
+               "|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    int rc = 0;
+    for (int li = 0; li < b.n_lens && rc == 0; li++) {
+        int P = b.lens[li];
+        if ((long)P + b.n_gen > m->cfg.ctx_len) {
+            fprintf(stderr, "sift: error: bench: %d + %d tokens exceed the context size %d\n", P, b.n_gen, m->cfg.ctx_len);
+            rc = 1;
+            break;
+        }
+        int *ids = xmalloc((size_t)P * sizeof(int));
+        double pp[1000], tg[1000], ttft[1000];
+        size_t kvb = 0;
+        for (int r = 0; r < b.reps && rc == 0; r++) {
+            sampler smp;
+            sampler_init(&smp, &(sample_params){.temp = 0, .seed = (uint64_t)r + 1}, m->cfg.vocab);
+            for (int i = 0; i < P; i++) ids[i] = (int)(sample_uniform(&smp) * m->cfg.vocab) % m->cfg.vocab;
+            run_stats st;
+            strategy_opts so = {.n_threads = b.threads};
+            fprintf(stderr, "bench: P=%d rep %d/%d\r", P, r + 1, b.reps);
+            rc = run_generate(s, m, &so, ids, P, b.n_gen, &smp, bench_ignore, NULL, &st, err, sizeof err);
+            if (rc) fprintf(stderr, "sift: error: %s\n", err);
+            pp[r] = per_sec(P, st.prompt_ms);
+            tg[r] = per_sec(st.decode_runs, st.decode_ms);
+            ttft[r] = st.prompt_ms;
+            kvb = st.kv_bytes;
+            sampler_free(&smp);
+        }
+        free(ids);
+        if (rc) break;
+        double ppm, pps, tgm, tgs, tm, ts;
+        mean_sd(pp, b.reps, &ppm, &pps);
+        mean_sd(tg, b.reps, &tgm, &tgs);
+        mean_sd(ttft, b.reps, &tm, &ts);
+        const char *name = m->name ? m->name : base_name(path);
+        if (strcmp(b.format, "md") == 0)
+            printf("| %s | %s | %s | %d | %d | %d | %.1f ± %.1f | %.2f ± %.2f | %.1f | %.2f |\n", name,
+                   s->name, bk->name, b.threads, P, b.n_gen, ppm, pps, tgm, tgs, tm, kvb / 1048576.0);
+        else
+            printf("{\"model\":\"%s\",\"strategy\":\"%s\",\"backend\":\"%s\",\"threads\":%d,"
+                   "\"n_prompt\":%d,\"n_gen\":%d,\"reps\":%d,\"pp_avg_ts\":%.3f,\"pp_stddev_ts\":%.3f,"
+                   "\"tg_avg_ts\":%.3f,\"tg_stddev_ts\":%.3f,\"ttft_ms\":%.3f,\"kv_bytes\":%zu}\n",
+                   name, s->name, bk->name, b.threads, P, b.n_gen, b.reps, ppm, pps, tgm, tgs, tm, kvb);
+        fflush(stdout);
+    }
+    fprintf(stderr, "%40s\r", "");
+    model_free(m);
+    bk->destroy(bk);
+    gguf_close(f);
+    free(path);
+    return rc;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "bench") == 0) return bench_main(argc, argv);
     options o;
     parse_args(argc, argv, &o);
     if (strcmp(o.device, "cuda") == 0) {

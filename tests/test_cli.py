@@ -1,0 +1,230 @@
+"""The sift command line on bad input (one clear line on stderr, non-zero exit, no crash), batch
+and JSON behaviour, and the end-to-end chat answer on the default model."""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+import gguf
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import tiny_gguf  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIFT = os.path.join(ROOT, "sift")
+MODEL = os.path.join(ROOT, os.environ.get("SIFT_MODEL", "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+need_model = pytest.mark.skipif(not os.path.exists(MODEL), reason="default model not fetched")
+
+
+def sift(*args, stdin=None, env=None, sift_bin=SIFT):
+    e = dict(os.environ)
+    e.pop("SIFT_MODEL", None)
+    e.update(env or {})
+    return subprocess.run([sift_bin, *args], capture_output=True, text=True, input=stdin,
+                          env=e, timeout=300)
+
+
+def assert_error(r, *needles, code=None):
+    """A clean failure: non-zero exit (not a signal), one error line naming the problem."""
+    assert r.returncode > 0, f"exit {r.returncode}\n{r.stderr}"
+    if code is not None:
+        assert r.returncode == code
+    errs = [l for l in r.stderr.splitlines() if "error" in l]
+    assert len(errs) >= 1, r.stderr
+    for n in needles:
+        assert n.lower() in r.stderr.lower(), f"{n!r} not in {r.stderr!r}"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return tiny_gguf.write(str(tmp_path_factory.mktemp("m") / "tiny.gguf"))
+
+
+# ---- bad model files --------------------------------------------------------------------------
+
+def test_missing_model(tmp_path):
+    assert_error(sift("-m", str(tmp_path / "nope.gguf"), "-p", "hi"), "cannot open", "nope.gguf")
+
+
+def test_model_is_directory(tmp_path):
+    assert_error(sift("-m", str(tmp_path), "-p", "hi"), str(tmp_path))
+
+
+def test_wrong_magic(tmp_path):
+    p = tmp_path / "bad.gguf"
+    p.write_bytes(b"GGML" + b"\0" * 100)
+    assert_error(sift("-m", str(p), "-p", "hi"), "magic")
+
+
+def test_truncated_model(tmp_path, tiny):
+    data = open(tiny, "rb").read()
+    for cut in (10, 200, len(data) // 2, len(data) - 7):
+        p = tmp_path / f"cut{cut}.gguf"
+        p.write_bytes(data[:cut])
+        r = sift("-m", str(p), "-p", "hi")
+        assert_error(r)
+        assert "truncated" in r.stderr or "outside the file" in r.stderr, r.stderr
+
+
+def test_tensor_offset_outside_file(tmp_path, tiny):
+    r = gguf.GGUFReader(tiny)
+    t = [t for t in r.tensors if t.name == "blk.1.ffn_down.weight"][0]
+    pos = int(t.field.offset + sum(p.nbytes for p in t.field.parts[:-1]))
+    data = bytearray(open(tiny, "rb").read())
+    assert struct.unpack_from("<Q", data, pos)[0] == int(t.field.parts[-1][0])
+    struct.pack_into("<Q", data, pos, 1 << 40)
+    p = tmp_path / "off.gguf"
+    p.write_bytes(bytes(data))
+    assert_error(sift("-m", str(p), "-p", "hi"), "blk.1.ffn_down.weight", "outside the file")
+
+
+def test_absurd_dimensions(tmp_path):
+    p = tiny_gguf.write(str(tmp_path / "huge.gguf"), meta={"block_count": 1 << 30})
+    assert_error(sift("-m", p, "-p", "hi"), "block_count")
+    p = tiny_gguf.write(str(tmp_path / "heads.gguf"), meta={"attention.head_count": 0})
+    assert_error(sift("-m", p, "-p", "hi"), "head_count")
+
+
+def test_unsupported_architecture(tmp_path):
+    p = str(tmp_path / "arch.gguf")
+    tiny_gguf.write(p)
+    data = open(p, "rb").read().replace(b"llama", b"gpt2x")
+    open(p, "wb").write(data)
+    assert_error(sift("-m", p, "-p", "hi"), "architecture", "gpt2x")
+
+
+def test_unsupported_tensor_type(tmp_path):
+    p = tiny_gguf.write(str(tmp_path / "q2k.gguf"), d=256, n_head=4, n_kv=2, ff=256,
+                        dtype=gguf.GGMLQuantizationType.Q2_K)
+    assert_error(sift("-m", p, "-p", "hi"), "Q2_K")
+
+
+def test_missing_tensor(tmp_path):
+    p = tiny_gguf.write(str(tmp_path / "miss.gguf"), drop="blk.1.attn_v.weight")
+    assert_error(sift("-m", p, "-p", "hi"), "missing tensor", "blk.1.attn_v.weight")
+
+
+def test_unknown_pretokenizer(tmp_path):
+    p = tiny_gguf.write(str(tmp_path / "pre.gguf"), pre="mystery")
+    assert_error(sift("-m", p, "-p", "hi"), "mystery")
+
+
+def test_default_model_missing(tmp_path):
+    lone = tmp_path / "sift"
+    shutil.copy(SIFT, lone)
+    assert_error(sift("-p", "hi", sift_bin=str(lone)), "make model")
+
+
+def test_fetch_without_network(tmp_path):
+    env = dict(os.environ, PIP_INDEX_URL="http://127.0.0.1:9/simple", PIP_RETRIES="0",
+               PIP_TIMEOUT="2", PIP_NO_CACHE_DIR="1")
+    r = subprocess.run(["bash", os.path.join(ROOT, "weights/fetch_default.sh"),
+                        str(tmp_path / "m.gguf")], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode != 0
+    assert "could not download" in r.stderr
+    assert not (tmp_path / "m.gguf").exists()
+
+
+# ---- bad prompts and flags ----------------------------------------------------------------------
+
+def test_missing_prompt_file(tiny, tmp_path):
+    assert_error(sift("-m", tiny, "-f", str(tmp_path / "none.txt")), "none.txt")
+
+
+def test_empty_prompt_file(tiny, tmp_path):
+    p = tmp_path / "empty.txt"
+    p.write_text("")
+    assert_error(sift("-m", tiny, "-f", str(p)), "empty")
+
+
+def test_invalid_utf8_names_offset(tiny, tmp_path):
+    p = tmp_path / "bad.txt"
+    p.write_bytes(b"hello \xc3\x28 world")
+    assert_error(sift("-m", tiny, "-f", str(p)), "UTF-8", "offset 6")
+
+
+def test_prompt_over_context(tiny):
+    r = sift("-m", tiny, "-p", "x" * 100, "-n", "200", "-c", "256")
+    assert_error(r, "100 tokens", "200", "256")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--bogus"], "unknown flag"),
+    (["-p", "hi", "--strategy", "nosuch"], "unknown strategy"),
+    (["-p", "hi", "-f", "x.txt"], "cannot be combined"),
+    (["-p", "hi", "-n", "abc"], "invalid integer"),
+    (["-p", "hi", "--temp", "-1"], "out of range"),
+    (["-p", "hi", "--top-p", "1.5"], "out of range"),
+    (["-p", "hi", "--device", "tpu"], "unknown device"),
+    (["-p"], "needs a value"),
+    ([], "no prompt"),
+])
+def test_usage_errors(tiny, args, needle):
+    assert_error(sift("-m", tiny, *args), needle, code=2)
+
+
+def test_help_and_version():
+    r = sift("--help")
+    assert r.returncode == 0 and "--strategy" in r.stdout and "examples" in r.stdout
+    r = sift("--version")
+    assert r.returncode == 0 and r.stdout.startswith("sift ")
+
+
+# ---- batch and JSON -----------------------------------------------------------------------------
+
+def test_batch_one_bad_file(tiny, tmp_path):
+    d = tmp_path / "batch"
+    d.mkdir()
+    (d / "a.txt").write_text("the cat")
+    (d / "b.txt").write_bytes(b"\xff\xfe")
+    (d / "c.txt").write_text("the dog")
+    (d / "skip.md").write_text("not a prompt")
+    r = sift("-m", tiny, "--batch", str(d), "--json", "-q", "-n", "4", "--temp", "0")
+    assert r.returncode == 1
+    lines = [json.loads(l) for l in r.stdout.splitlines()]
+    assert [os.path.basename(l["file"]) for l in lines] == ["a.txt", "b.txt", "c.txt"]
+    assert "error" in lines[1] and "UTF-8" in lines[1]["error"]
+    for l in (lines[0], lines[2]):
+        t = l["timings"]
+        assert t["prompt_n"] > 0 and 1 <= t["predicted_n"] <= 4
+        assert l["strategy"] == "full" and l["device"] == "cpu" and l["kv_bytes"] > 0
+        assert set(t) >= {"prompt_n", "prompt_ms", "prompt_per_second", "predicted_n",
+                          "predicted_ms", "predicted_per_second"}
+
+
+def test_stdin_and_seed_reproducible(tiny):
+    a = sift("-m", tiny, "-f", "-", "--json", "-q", "-n", "8", "--seed", "7", stdin="the cat")
+    b = sift("-m", tiny, "-f", "-", "--json", "-q", "-n", "8", "--seed", "7", stdin="the cat")
+    assert a.returncode == 0, a.stderr
+    ja, jb = json.loads(a.stdout), json.loads(b.stdout)
+    assert ja["text"] == jb["text"] and ja["seed"] == 7
+
+
+def test_kv_bytes_measured(tiny):
+    # tiny: 2 layers, 2 KV heads, head dim 16, fp32; capacity = prompt + n_predict
+    r = sift("-m", tiny, "-p", "the cat", "--json", "-q", "-n", "5", "--temp", "0")
+    j = json.loads(r.stdout)
+    cap = j["timings"]["prompt_n"] + 5
+    assert j["kv_bytes"] == 2 * 2 * 2 * 16 * cap * 4
+
+
+def test_timing_block(tiny):
+    r = sift("-m", tiny, "-p", "the cat", "-n", "4", "--temp", "0")
+    assert r.returncode == 0, r.stderr
+    for k in ("load time", "prompt eval time", "eval time", "total time", "KV cache",
+              "strategy full", "device cpu", "tokens per second"):
+        assert k in r.stderr, k
+
+
+# ---- end to end on the default model ------------------------------------------------------------
+
+@need_model
+def test_chat_answer_paris():
+    r = sift("-m", MODEL, "-p", "What is the capital of France?", "--chat", "-n", "32",
+             "--temp", "0", "-q")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout, r.stdout

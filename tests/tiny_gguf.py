@@ -1,0 +1,97 @@
+"""Writes tiny Llama-family GGUF models with the `gguf` package, for tests that need a model with
+a particular shape, architecture, tensor type or defect. Weights are seeded random, scaled so
+activations stay O(1). The vocabulary is the 256 byte tokens (GPT-2 byte-to-unicode) plus
+<|endoftext|>, <|im_start|>, <|im_end|>, and a few merges."""
+import numpy as np
+import gguf
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+          "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}")
+
+
+def byte_tokens():
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    extra = 0
+    mapping = {}
+    for b in range(256):
+        if b in keep:
+            mapping[b] = chr(b)
+        else:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return [mapping[b] for b in range(256)]
+
+
+def tokenizer_fields(w, pre):
+    toks = SPECIALS + byte_tokens()
+    merges = ["Ġ t", "h e", "Ġt he"]
+    toks += ["Ġt", "he", "Ġthe"]
+    types = [3] * len(SPECIALS) + [1] * (len(toks) - len(SPECIALS))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(toks)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHATML)
+    return len(toks)
+
+
+def write(path, arch="llama", n_layer=2, d=64, n_head=4, n_kv=2, ff=128, ctx=256,
+          dtype=gguf.GGMLQuantizationType.F32, rope_freqs=False, tied=True, drop=None,
+          meta=None, seed=0, pre=None):
+    """Writes a model; `drop` names a tensor to leave out, `meta` overrides metadata ints."""
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(path, arch)
+    meta = dict(meta or {})
+    ints = {"block_count": n_layer, "context_length": ctx, "embedding_length": d,
+            "feed_forward_length": ff, "attention.head_count": n_head,
+            "attention.head_count_kv": n_kv}
+    ints.update(meta)
+    for k, v in ints.items():
+        w.add_uint32(f"{arch}.{k}", v) if v >= 0 else w.add_int64(f"{arch}.{k}", v)
+    w.add_float32(f"{arch}.rope.freq_base", 10000.0)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    vocab = tokenizer_fields(w, pre or ("qwen2" if arch == "qwen2" else "smollm"))
+    hd = d // n_head
+
+    def mat(rows, cols, scale=None):
+        return (rng.standard_normal((rows, cols)) * (scale or 1 / np.sqrt(cols))).astype(np.float32)
+
+    def add(name, arr):
+        if name == drop:
+            return
+        if arr.ndim == 2 and dtype != gguf.GGMLQuantizationType.F32:
+            q = gguf.quants.quantize(arr, dtype)
+            w.add_tensor(name, q, raw_dtype=dtype)
+        else:
+            w.add_tensor(name, arr)
+
+    add("token_embd.weight", mat(vocab, d, 1.0))
+    add("output_norm.weight", (1 + 0.1 * rng.standard_normal(d)).astype(np.float32))
+    if not tied:
+        add("output.weight", mat(vocab, d))
+    if rope_freqs:
+        add("rope_freqs.weight", np.linspace(1.0, 8.0, hd // 2).astype(np.float32))
+    for l in range(n_layer):
+        p = f"blk.{l}."
+        add(p + "attn_norm.weight", (1 + 0.1 * rng.standard_normal(d)).astype(np.float32))
+        add(p + "attn_q.weight", mat(n_head * hd, d))
+        add(p + "attn_k.weight", mat(n_kv * hd, d))
+        add(p + "attn_v.weight", mat(n_kv * hd, d))
+        add(p + "attn_output.weight", mat(d, n_head * hd))
+        add(p + "ffn_norm.weight", (1 + 0.1 * rng.standard_normal(d)).astype(np.float32))
+        add(p + "ffn_gate.weight", mat(ff, d))
+        add(p + "ffn_up.weight", mat(ff, d))
+        add(p + "ffn_down.weight", mat(d, ff))
+        if arch == "qwen2":
+            for t, n in (("q", n_head), ("k", n_kv), ("v", n_kv)):
+                add(p + f"attn_{t}.bias", (0.1 * rng.standard_normal(n * hd)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
