@@ -370,7 +370,8 @@ static int prompt_ids(const session *s, const prompt_in *p, int **ids, char *err
     }
     char *text = p->text;
     if (s->o->chat) {
-        text = tok_chat_apply(tok_chat_kind(s->t), s->o->system, p->text);
+        const char *sys = s->o->system ? s->o->system : tok_chat_default_system(s->t);
+        text = tok_chat_apply(tok_chat_kind(s->t), sys, p->text);
         if (!text) {
             snprintf(err, errlen, "--chat: the model has no chat template sift knows (ChatML, Llama-3)");
             return -1;

@@ -20,21 +20,45 @@ int tok_bos(const tok *t);           // -1 if none
 int tok_eos(const tok *t);           // -1 if none
 int tok_add_bos(const tok *t);       // 1 if a BOS should be prepended to a prompt
 int tok_is_eog(const tok *t, int id); // end of generation: EOS, EOT, <|im_end|>, <|eot_id|>, ...
-const char *tok_pre_name(const tok *t);
+const char *tok_pre_name(const tok *t); // tokenizer.ggml.pre as the file names it
 enum tok_chat tok_chat_kind(const tok *t); // from tokenizer.chat_template, NONE if unrecognised
 
-// Encode UTF-8 text. parse_special: text like "<|im_start|>" that names a control/user-defined
-// token becomes that token. Does NOT add BOS. Returns the count, writes a malloc'd array to *ids;
-// -1 on failure (message in err).
+// Encode UTF-8 text (invalid UTF-8 is an error). parse_special: text like "<|im_start|>" that
+// names a control token becomes that token; user-defined tokens are always matched (as llama.cpp
+// and Hugging Face do); longest match first. Does NOT add BOS. Returns the count, writes a
+// malloc'd array to *ids; -1 on failure (message in err).
 int tok_encode(const tok *t, const char *text, size_t len, int parse_special, int **ids,
                char *err, size_t errlen);
 // The bytes of one token (control tokens decode to their text only if show_special).
-// Returns a pointer valid for the tokenizer's lifetime and its length in *len.
+// Returns a pointer valid for the tokenizer's lifetime and its length in *len (NULL, 0 for an
+// id out of range).
 const char *tok_piece(const tok *t, int id, int show_special, size_t *len);
 
 // Offset of the first invalid UTF-8 byte in s[0..len), or -1 if valid.
 long tok_utf8_invalid_at(const char *s, size_t len);
 
+// The system prompt the model's chat template inserts when the conversation has none (SmolLM2:
+// "You are a helpful AI assistant named SmolLM, trained by Hugging Face"), or NULL. Pass it as
+// tok_chat_apply's `system` when the user gives none, to reproduce the template exactly.
+const char *tok_chat_default_system(const tok *t);
+
 // Wrap a user message (and optional system text, may be NULL) in the chat template of `kind`,
 // ending with the assistant prefix. Returns malloc'd text or NULL if kind is NONE.
 char *tok_chat_apply(enum tok_chat kind, const char *system, const char *user);
+
+// Template text -> kind: ChatML (contains "<|im_start|>"), Llama-3 ("<|start_header_id|>").
+enum tok_chat tok_chat_detect(const char *tmpl);
+// The default system prompt a ChatML template text writes as a literal (see above); malloc'd or
+// NULL.
+char *tok_chat_find_default_system(const char *tmpl);
+
+// The pre-tokenizer alone: splits text into the pieces BPE merges within. Names: "smollm",
+// "llama3" = "llama-bpe" = "llama-v3", "qwen2" = "deepseek-r1-qwen". NULL + reason if unknown.
+typedef struct tok_pre tok_pre;
+tok_pre *tok_pre_new(const char *name, char *err, size_t errlen);
+void tok_pre_free(tok_pre *p);
+int tok_pre_ignore_merges(const tok_pre *p); // 1: a whole piece found in the vocabulary skips BPE
+// Writes a malloc'd array of piece end offsets to *ends (pieces are contiguous and cover the
+// text) and returns the count; -1 with a message on invalid UTF-8 or a regex failure.
+int tok_pre_split(const tok_pre *p, const char *text, size_t len, size_t **ends, char *err,
+                  size_t errlen);
