@@ -64,7 +64,13 @@ def write(path, arch="llama", n_layer=2, d=64, n_head=4, n_kv=2, ff=128, ctx=256
     def add(name, arr):
         if name == drop:
             return
-        if arr.ndim == 2 and dtype != gguf.GGMLQuantizationType.F32:
+        if arr.ndim == 2 and dtype in (gguf.GGMLQuantizationType.Q2_K,
+                                       gguf.GGMLQuantizationType.Q3_K):
+            # no quantiser in the gguf package: random blocks of the right size
+            block, size = gguf.GGML_QUANT_SIZES[dtype]
+            raw = rng.integers(0, 256, (arr.shape[0], arr.shape[1] // block * size), np.uint8)
+            w.add_tensor(name, raw, raw_dtype=dtype)
+        elif arr.ndim == 2 and dtype != gguf.GGMLQuantizationType.F32:
             q = gguf.quants.quantize(arr, dtype)
             w.add_tensor(name, q, raw_dtype=dtype)
         else:
