@@ -9,10 +9,10 @@ CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fopenmp -MMD -MP \
            -I/usr/include/x86_64-linux-gnu/openblas-openmp
 OPENBLAS_A ?= /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.a
 PCRE2_A    ?= /usr/lib/x86_64-linux-gnu/libpcre2-8.a
-# Static: OpenBLAS (OpenMP build), PCRE2, libgcc. Dynamic: libc, libm, libpthread,
-# libgomp (the OpenMP runtime OpenBLAS and sift share).
-LDLIBS  += $(OPENBLAS_A) $(PCRE2_A) \
-           -lm -lpthread -fopenmp -static-libgcc
+# Static: OpenBLAS (OpenMP build), PCRE2, libgomp (the OpenMP runtime OpenBLAS and sift share),
+# libgcc. Dynamic: glibc only (libc, libm, libpthread, libdl).
+LDLIBS  += $(OPENBLAS_A) $(PCRE2_A) -Wl,-Bstatic -lgomp -Wl,-Bdynamic -lm -lpthread -ldl \
+           -static-libgcc
 
 MODEL   ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
@@ -38,10 +38,10 @@ build/libsift.a: $(LIB_OBJ)
 	ar rcs $@ $^
 
 sift: build/main.o build/libsift.a
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 build/tests/%: build/tests/%.o build/libsift.a
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # Prerequisites: Debian packages (when missing) and the Python reference venv.
 deps:
@@ -51,13 +51,15 @@ model: $(MODEL)
 $(MODEL):
 	@bash weights/fetch_default.sh $(MODEL)
 
-run: deps sift $(MODEL)
+run: deps
+	@$(MAKE) --no-print-directory sift model
 	./sift -m $(MODEL) --chat -p "What is the capital of France? Answer in one sentence." -n 48 --temp 0
 
 test-c: $(TEST_BIN)
 	@bash tests/run_c.sh $(TEST_BIN)
 
-test: deps sift $(TEST_BIN) $(TOOL_BIN) $(MODEL)
+test: deps
+	@$(MAKE) --no-print-directory sift $(TEST_BIN) $(TOOL_BIN) model
 	@bash tests/run.sh
 
 clean:

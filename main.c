@@ -438,6 +438,13 @@ static int run_prompt(const session *s, const prompt_in *p, int show_header) {
     return rc;
 }
 
+// Prefill progress on an interactive stderr: "prefill: layer 12/30".
+static void show_layer(void *ctx, int layer, int n_layer, int rows) {
+    (void)ctx;
+    fprintf(stderr, "\rprefill: layer %d/%d (%d rows)   ", layer + 1, n_layer, rows);
+    if (layer + 1 == n_layer) fprintf(stderr, "\r%40s\r", "");
+}
+
 static const char *base_name(const char *path) {
     const char *s = strrchr(path, '/');
     return s ? s + 1 : path;
@@ -599,6 +606,7 @@ int main(int argc, char **argv) {
                 model_path, tok_n_vocab(t), m->cfg.vocab);
         return 1;
     }
+    if (!o.quiet && isatty(2)) m->on_layer = show_layer;
     session s = {.o = &o, .m = m, .t = t, .dev = dev, .load_ms = now_ms() - t0,
                  .n_ctx = o.ctx > 0 ? o.ctx : m->cfg.ctx_len,
                  .model_name = m->name ? m->name : base_name(model_path)};

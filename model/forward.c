@@ -91,6 +91,7 @@ long fwd_run(model *m, kv_cache *kv, const int *tokens, const int *pos, int n,
     for (int l = 0; l < c->n_layer && st.n > 0; l++) {
         layer_forward(&st, &s, l);
         if (hooks && hooks->after_layer && hooks->after_layer(hooks->ctx, &st, l) != 0) break;
+        if (m->on_layer && n > 1) m->on_layer(m->on_layer_ctx, l, c->n_layer, st.n);
     }
     if (logits && st.n > 0) lm_head(&st, &s, logits, all_rows ? st.n : 1);
 

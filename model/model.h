@@ -36,6 +36,9 @@ typedef struct model {
     layer_weights *layers;  // [n_layer]
     char *name;             // general.name or file base name
     size_t n_params;
+    // Optional: called after each layer of a multi-row pass (progress display).
+    void (*on_layer)(void *ctx, int layer, int n_layer, int rows);
+    void *on_layer_ctx;
 } model;
 
 // Reads the config from GGUF metadata; 0 or -1 with a one-line reason.
