@@ -3,6 +3,10 @@
 set -u
 cd "$(dirname "$0")/.."
 rc=0
-bash tests/run_c.sh build/tests/test_* || rc=1
+bins=()
+for t in build/tests/test_*; do
+    case "$t" in *.o | *.d) ;; *) bins+=("$t") ;; esac
+done
+bash tests/run_c.sh "${bins[@]}" || rc=1
 SIFT_MODEL="${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}" .venv/bin/python -m pytest -q tests || rc=1
 exit $rc
