@@ -4,22 +4,12 @@
 #include "model.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../util/check.h"
 #include "../weights/dequant.h"
-
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 // Reads "<arch>.<key>" as an int in [lo, hi]; def >= 0 is used when the key is absent.
 static int arch_int(const gguf_file *f, const char *arch, const char *key, long def, long lo,
@@ -28,11 +18,11 @@ static int arch_int(const gguf_file *f, const char *arch, const char *key, long 
     snprintf(name, sizeof name, "%s.%s", arch, key);
     int64_t v;
     if (gguf_get_i64(f, name, &v) != 0) {
-        if (def < 0) return fail(err, errlen, "missing or non-integer metadata '%s'", name);
+        if (def < 0) return err_printf(err, errlen, "missing or non-integer metadata '%s'", name);
         v = def;
     }
     if (v < lo || v > hi)
-        return fail(err, errlen, "metadata '%s' = %lld is out of range [%ld, %ld]", name,
+        return err_printf(err, errlen, "metadata '%s' = %lld is out of range [%ld, %ld]", name,
                     (long long)v, lo, hi);
     *out = (int)v;
     return 0;
@@ -52,10 +42,10 @@ static int rope_freqs(const gguf_file *f, model_config *c, float base, char *err
     const gguf_tensor *t = gguf_find_tensor(f, "rope_freqs.weight");
     if (!t) return 0;
     if (t->type != GGML_F32 || t->ne[0] != (uint64_t)half || t->ne[1] != 1)
-        return fail(err, errlen, "tensor 'rope_freqs.weight' must be F32 [%d]", half);
+        return err_printf(err, errlen, "tensor 'rope_freqs.weight' must be F32 [%d]", half);
     const float *factor = t->data;
     for (int j = 0; j < half; j++) {
-        if (!(factor[j] > 0)) return fail(err, errlen, "rope_freqs.weight[%d] is not positive", j);
+        if (!(factor[j] > 0)) return err_printf(err, errlen, "rope_freqs.weight[%d] is not positive", j);
         c->inv_freq[j] /= factor[j];
     }
     return 0;
@@ -64,11 +54,11 @@ static int rope_freqs(const gguf_file *f, model_config *c, float base, char *err
 int model_config_from_gguf(const gguf_file *f, model_config *c, char *err, size_t errlen) {
     memset(c, 0, sizeof *c);
     char *arch = gguf_get_str(f, "general.architecture");
-    if (!arch) return fail(err, errlen, "missing metadata 'general.architecture'");
+    if (!arch) return err_printf(err, errlen, "missing metadata 'general.architecture'");
     int ok = strcmp(arch, "llama") == 0 || strcmp(arch, "qwen2") == 0;
     snprintf(c->arch, sizeof c->arch, "%s", arch);
     if (!ok) {
-        fail(err, errlen, "unsupported architecture '%s' (supported: llama, qwen2)", arch);
+        err_printf(err, errlen, "unsupported architecture '%s' (supported: llama, qwen2)", arch);
         free(arch);
         return -1;
     }
@@ -83,7 +73,7 @@ int model_config_from_gguf(const gguf_file *f, model_config *c, char *err, size_
         arch_int(f, a, "context_length", 4096, 1, MODEL_MAX_CTX, &c->ctx_len, err, errlen))
         return -1;
     if (c->n_head % c->n_kv_head)
-        return fail(err, errlen, "head_count %d is not a multiple of head_count_kv %d", c->n_head,
+        return err_printf(err, errlen, "head_count %d is not a multiple of head_count_kv %d", c->n_head,
                     c->n_kv_head);
     int hd_def = c->d_model / c->n_head;
     if (arch_int(f, a, "attention.key_length", hd_def, 2, 1024, &c->head_dim, err, errlen))
@@ -92,15 +82,15 @@ int model_config_from_gguf(const gguf_file *f, model_config *c, char *err, size_
     if (arch_int(f, a, "rope.dimension_count", c->head_dim, 1, 1024, &rope_dim, err, errlen))
         return -1;
     if (rope_dim != c->head_dim || c->head_dim % 2)
-        return fail(err, errlen, "partial or odd RoPE (rope dim %d, head dim %d) is not supported",
+        return err_printf(err, errlen, "partial or odd RoPE (rope dim %d, head dim %d) is not supported",
                     rope_dim, c->head_dim);
     c->rms_eps = arch_float(f, a, "attention.layer_norm_rms_epsilon", 1e-5);
     c->rope = strcmp(a, "qwen2") == 0 ? ROPE_NEOX : ROPE_NORM;
     c->qkv_bias = strcmp(a, "qwen2") == 0;
     const gguf_tensor *emb = gguf_find_tensor(f, "token_embd.weight");
-    if (!emb) return fail(err, errlen, "missing tensor 'token_embd.weight'");
+    if (!emb) return err_printf(err, errlen, "missing tensor 'token_embd.weight'");
     if (emb->ne[1] < 1 || emb->ne[1] > MODEL_MAX_VOCAB)
-        return fail(err, errlen, "token_embd.weight has an absurd vocabulary of %llu rows",
+        return err_printf(err, errlen, "token_embd.weight has an absurd vocabulary of %llu rows",
                     (unsigned long long)emb->ne[1]);
     c->vocab = (int)emb->ne[1];
     c->tied = gguf_find_tensor(f, "output.weight") == NULL;
@@ -112,17 +102,17 @@ static bk_weight *load_tensor(const gguf_file *f, backend *bk, const char *name,
                               size_t cols, char *err, size_t errlen) {
     const gguf_tensor *t = gguf_find_tensor(f, name);
     if (!t) {
-        fail(err, errlen, "missing tensor '%s'", name);
+        err_printf(err, errlen, "missing tensor '%s'", name);
         return NULL;
     }
     size_t want_rows = rows ? rows : 1;
     if (t->ne[0] != cols || t->ne[1] * t->ne[2] * t->ne[3] != want_rows) {
-        fail(err, errlen, "tensor '%s' has shape [%llu, %llu], expected [%zu, %zu]", name,
+        err_printf(err, errlen, "tensor '%s' has shape [%llu, %llu], expected [%zu, %zu]", name,
              (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], cols, want_rows);
         return NULL;
     }
     if (!dq_supported(t->type)) {
-        fail(err, errlen, "tensor '%s' has unsupported type %s", name, gguf_type_name(t->type));
+        err_printf(err, errlen, "tensor '%s' has unsupported type %s", name, gguf_type_name(t->type));
         return NULL;
     }
     float *host = xmalloc(want_rows * cols * sizeof(float));

@@ -9,7 +9,6 @@
 // stb_ds spells GNU typeof as `typeof`, which -std=c11 only knows as __typeof__.
 #define typeof __typeof__
 #include <stb/stb_ds.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,16 +75,6 @@ static int get_utf8(const unsigned char *s, size_t n, int *cp) {
 
 // ---- loading -------------------------------------------------------------------------------
 
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 // Read-only look-ups. stb_ds' plain get macros write their result into the table's header,
 // which would make concurrent tok_encode calls race; the _ts forms keep it on the stack.
 static int lookup(const tok *t, const char *text) {
@@ -125,9 +114,9 @@ static const gguf_kv *find_str_array(const gguf_file *f, const char *key) {
 
 static int load_vocab(tok *t, const gguf_file *f, char *err, size_t errlen) {
     const gguf_kv *tokens = find_str_array(f, "tokenizer.ggml.tokens");
-    if (!tokens) return fail(err, errlen, "GGUF has no tokenizer.ggml.tokens string array");
+    if (!tokens) return err_printf(err, errlen, "GGUF has no tokenizer.ggml.tokens string array");
     if (tokens->v.arr.n == 0 || tokens->v.arr.n > 0x7FFFFFFF)
-        return fail(err, errlen, "tokenizer.ggml.tokens has a bad token count");
+        return err_printf(err, errlen, "tokenizer.ggml.tokens has a bad token count");
     int n = t->n_vocab = (int)tokens->v.arr.n;
     size_t total = 0;
     for (int i = 0; i < n; i++) total += tokens->v.arr.strs[i].len + 1;
@@ -138,7 +127,7 @@ static int load_vocab(tok *t, const gguf_file *f, char *err, size_t errlen) {
     size_t off = 0;
     for (int i = 0; i < n; i++) {
         gguf_str s = tokens->v.arr.strs[i];
-        if (s.len > 0xFFFFFFFFu) return fail(err, errlen, "token text too long");
+        if (s.len > 0xFFFFFFFFu) return err_printf(err, errlen, "token text too long");
         memcpy(t->text_arena + off, s.p, s.len);
         t->text_arena[off + s.len] = 0;
         t->text_off[i] = off;
@@ -149,11 +138,11 @@ static int load_vocab(tok *t, const gguf_file *f, char *err, size_t errlen) {
     }
     const gguf_kv *types = gguf_find_kv(f, "tokenizer.ggml.token_type");
     if (types && (types->type != GGUF_ARR || types->v.arr.n != (uint64_t)n))
-        return fail(err, errlen, "tokenizer.ggml.token_type is not an array of one type per token");
+        return err_printf(err, errlen, "tokenizer.ggml.token_type is not an array of one type per token");
     for (int i = 0; i < n; i++) {
         int64_t v = TT_NORMAL;
         if (types && arr_int(types, i, &v))
-            return fail(err, errlen, "tokenizer.ggml.token_type is not an integer array");
+            return err_printf(err, errlen, "tokenizer.ggml.token_type is not an integer array");
         t->type[i] = v >= TT_NORMAL && v <= TT_BYTE ? (uint8_t)v : TT_NORMAL;
     }
     return 0;
@@ -174,7 +163,7 @@ static void load_byte_ids(tok *t) {
 // the vocabulary can never apply and is skipped; of duplicates the first (lowest rank) counts.
 static int load_merges(tok *t, const gguf_file *f, char *err, size_t errlen) {
     const gguf_kv *kv = find_str_array(f, "tokenizer.ggml.merges");
-    if (!kv) return fail(err, errlen, "GGUF has no tokenizer.ggml.merges string array");
+    if (!kv) return err_printf(err, errlen, "GGUF has no tokenizer.ggml.merges string array");
     char *buf = NULL;  // stb_ds array: "A\0B\0" then "AB\0"
     for (uint64_t r = 0; r < kv->v.arr.n && r < 0x7FFFFFFF; r++) {
         gguf_str m = kv->v.arr.strs[r];
@@ -266,28 +255,28 @@ static int load_id(const gguf_file *f, const char *key, int n_vocab, int *out, c
     *out = -1;
     if (!gguf_find_kv(f, key)) return 0;
     if (gguf_get_i64(f, key, &v) || v < 0 || v >= n_vocab)
-        return fail(err, errlen, "%s is not a token id of this vocabulary", key);
+        return err_printf(err, errlen, "%s is not a token id of this vocabulary", key);
     *out = (int)v;
     return 0;
 }
 
 static int load_config(tok *t, const gguf_file *f, char *err, size_t errlen) {
     char *model = gguf_get_str(f, "tokenizer.ggml.model");
-    if (!model) return fail(err, errlen, "GGUF has no tokenizer.ggml.model (no tokenizer)");
+    if (!model) return err_printf(err, errlen, "GGUF has no tokenizer.ggml.model (no tokenizer)");
     int ok = strcmp(model, "gpt2") == 0;
     if (!ok)
-        fail(err, errlen, "unsupported tokenizer model '%s' (only byte-level BPE 'gpt2')", model);
+        err_printf(err, errlen, "unsupported tokenizer model '%s' (only byte-level BPE 'gpt2')", model);
     free(model);
     if (!ok) return -1;
     t->pre_name = gguf_get_str(f, "tokenizer.ggml.pre");
     if (!t->pre_name)
-        return fail(err, errlen, "GGUF has no tokenizer.ggml.pre: the pre-tokenizer is unknown "
+        return err_printf(err, errlen, "GGUF has no tokenizer.ggml.pre: the pre-tokenizer is unknown "
                                  "(supported: smollm, llama3 (llama-bpe), qwen2)");
     t->pre = tok_pre_new(t->pre_name, err, errlen);
     if (!t->pre) return -1;
     if (gguf_find_kv(f, "tokenizer.ggml.add_bos_token") &&
         gguf_get_bool(f, "tokenizer.ggml.add_bos_token", &t->add_bos))
-        return fail(err, errlen, "tokenizer.ggml.add_bos_token is not a bool");
+        return err_printf(err, errlen, "tokenizer.ggml.add_bos_token is not a bool");
     char *tmpl = gguf_get_str(f, "tokenizer.chat_template");
     t->chat = tok_chat_detect(tmpl);
     t->default_system = t->chat == TOK_CHAT_CHATML ? tok_chat_find_default_system(tmpl) : NULL;
@@ -303,7 +292,7 @@ tok *tok_load_gguf(const gguf_file *f, char *err, size_t errlen) {
     if (!rc) rc = load_id(f, "tokenizer.ggml.eos_token_id", t->n_vocab, &t->eos, err, errlen);
     if (!rc) rc = load_id(f, "tokenizer.ggml.eot_token_id", t->n_vocab, &t->eot, err, errlen);
     if (!rc && t->add_bos && t->bos < 0)
-        rc = fail(err, errlen, "tokenizer.ggml.add_bos_token is set but there is no BOS token");
+        rc = err_printf(err, errlen, "tokenizer.ggml.add_bos_token is set but there is no BOS token");
     if (!rc) load_byte_ids(t);
     if (!rc) rc = load_merges(t, f, err, errlen);
     if (rc) { tok_free(t); return NULL; }

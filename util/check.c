@@ -15,6 +15,14 @@ _Noreturn void check_fail(const char *file, int line, const char *fmt, ...) {
     exit(3);
 }
 
+int err_printf(char *err, size_t errlen, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    if (err && errlen) vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
 static void *checked(void *p, size_t n, const char *file, int line) {
     if (!p && n)
         check_fail(file, line, "out of memory allocating %zu bytes (try a shorter prompt or -c)", n);

@@ -10,6 +10,9 @@
 #define CHECK_INTERNAL(cond, ...) \
     do { if (!(cond)) check_fail(__FILE__, __LINE__, __VA_ARGS__); } while (0)
 
+// Writes a one-line message for bad input into err (errlen bytes); returns -1.
+int err_printf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 void *check_malloc(size_t n, const char *file, int line);
 void *check_calloc(size_t n, size_t size, const char *file, int line);
 void *check_realloc(void *p, size_t n, const char *file, int line);
