@@ -23,7 +23,7 @@
 
 typedef struct {
     const char *model, *prompt, *system, *strategy, *device, *batch_dir;
-    const char **files;    // -f (repeatable), then --batch entries
+    char **files;          // -f (repeatable), then --batch entries (owned copies)
     int n_files;
     int n_predict, ctx, threads, chat, json, quiet;
     long long seed;
@@ -109,7 +109,7 @@ static int is_flag(const char *a, const char *s, const char *l) {
 
 static void add_file(options *o, const char *path) {
     o->files = xrealloc(o->files, (size_t)(o->n_files + 1) * sizeof *o->files);
-    o->files[o->n_files++] = path;
+    o->files[o->n_files++] = strdup(path);
 }
 
 static int by_name(const void *a, const void *b) {
@@ -128,6 +128,7 @@ static void add_batch_dir(options *o, const char *dir) {
         char *path = xmalloc(strlen(dir) + n + 2);
         sprintf(path, "%s/%s", dir, e->d_name);
         add_file(o, path);
+        free(path);
     }
     closedir(d);
     if (o->n_files == first) usage_error("no .txt files in --batch directory '%s'", dir);
@@ -571,6 +572,30 @@ static int bench_main(int argc, char **argv) {
     return rc;
 }
 
+// Runs every prompt of o on the loaded model; the number that failed.
+static int run_all(const session *s) {
+    const options *o = s->o;
+    char err[512];
+    int failed = 0;
+    if (o->prompt) {
+        prompt_in p = {"prompt", (char *)o->prompt, strlen(o->prompt)};
+        failed += run_prompt(s, &p, 0) != 0;
+    }
+    for (int i = 0; i < o->n_files; i++) {
+        prompt_in p = {o->files[i], NULL, 0};
+        p.text = read_all(o->files[i], &p.len, err, sizeof err);
+        if (!p.text) {
+            if (o->json) print_json_error(p.label, err);
+            fprintf(stderr, "sift: error: %s\n", err);
+            failed++;
+            continue;
+        }
+        failed += run_prompt(s, &p, o->n_files > 1) != 0;
+        free(p.text);
+    }
+    return failed;
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "bench") == 0) return bench_main(argc, argv);
     options o;
@@ -580,60 +605,44 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *dev = "cpu";
-    char *model_path = o.model ? strdup(o.model) : default_model_path();
+    char err[512], *model_path = o.model ? strdup(o.model) : default_model_path();
     struct stat sb;
-    if (!o.model && stat(model_path, &sb) != 0) {
+    gguf_file *f = NULL;
+    tok *t = NULL;
+    backend *bk = backend_cpu_create(o.threads);
+    model *m = NULL;
+    int rc = 1;
+    double t0 = now_ms();
+    if (!o.model && stat(model_path, &sb) != 0)
         fprintf(stderr, "sift: error: default model %s is not there; fetch it with `make model` "
                         "(downloads from PyPI) or pass -m MODEL\n", model_path);
-        return 1;
-    }
-    double t0 = now_ms();
-    char err[512];
-    gguf_file *f = gguf_open(model_path, err, sizeof err);
-    if (!f) {
+    else if (!(f = gguf_open(model_path, err, sizeof err)))
         fprintf(stderr, "sift: error: %s\n", err);
-        return 1;
-    }
-    tok *t = tok_load_gguf(f, err, sizeof err);
-    backend *bk = backend_cpu_create(o.threads);
-    model *m = t ? model_load_gguf(f, bk, err, sizeof err) : NULL;
-    if (!m) {
+    else if (!(t = tok_load_gguf(f, err, sizeof err)) || !(m = model_load_gguf(f, bk, err, sizeof err)))
         fprintf(stderr, "sift: error: %s: %s\n", model_path, err);
-        return 1;
-    }
-    if (tok_n_vocab(t) > m->cfg.vocab) {
+    else if (tok_n_vocab(t) > m->cfg.vocab)
         fprintf(stderr, "sift: error: %s: tokenizer has %d tokens but the embedding only %d rows\n",
                 model_path, tok_n_vocab(t), m->cfg.vocab);
-        return 1;
-    }
-    if (!o.quiet && isatty(2)) m->on_layer = show_layer;
-    session s = {.o = &o, .m = m, .t = t, .dev = dev, .load_ms = now_ms() - t0,
-                 .n_ctx = o.ctx > 0 ? o.ctx : m->cfg.ctx_len,
-                 .model_name = m->name ? m->name : base_name(model_path)};
-    if (!o.quiet)
-        fprintf(stderr, "sift: loaded %s (%s, %d layers, %.0fM params) in %.0f ms on %s\n",
-                base_name(model_path), m->cfg.arch, m->cfg.n_layer, m->n_params / 1e6, s.load_ms, dev);
-    int failed = 0;
-    if (o.prompt) {
-        prompt_in p = {"prompt", (char *)o.prompt, strlen(o.prompt)};
-        failed += run_prompt(&s, &p, 0) != 0;
-    }
-    for (int i = 0; i < o.n_files; i++) {
-        prompt_in p = {o.files[i], NULL, 0};
-        p.text = read_all(o.files[i], &p.len, err, sizeof err);
-        if (!p.text) {
-            if (o.json) print_json_error(p.label, err);
-            fprintf(stderr, "sift: error: %s\n", err);
-            failed++;
-            continue;
-        }
-        failed += run_prompt(&s, &p, o.n_files > 1) != 0;
-        free(p.text);
+    else {
+        if (!o.quiet && isatty(2)) m->on_layer = show_layer;
+        session s = {.o = &o, .m = m, .t = t, .dev = dev, .load_ms = now_ms() - t0,
+                     .n_ctx = o.ctx > 0 ? o.ctx : m->cfg.ctx_len,
+                     .model_name = m->name ? m->name : base_name(model_path)};
+        if (!o.quiet)
+            fprintf(stderr, "sift: loaded %s (%s, %d layers, %.0fM params) in %.0f ms on %s\n",
+                    base_name(model_path), m->cfg.arch, m->cfg.n_layer, m->n_params / 1e6,
+                    s.load_ms, dev);
+        if (o.ctx > m->cfg.ctx_len && !o.quiet)
+            fprintf(stderr, "sift: warning: -c %d is beyond the model's trained context %d\n", o.ctx,
+                    m->cfg.ctx_len);
+        rc = run_all(&s) ? 1 : 0;
     }
     model_free(m);
     bk->destroy(bk);
     tok_free(t);
     gguf_close(f);
     free(model_path);
-    return failed ? 1 : 0;
+    for (int i = 0; i < o.n_files; i++) free(o.files[i]);
+    free(o.files);
+    return rc;
 }
