@@ -21,13 +21,18 @@
 #endif
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
+#define MAX_STRATEGIES 16
+
 typedef struct {
-    const char *model, *prompt, *system, *strategy, *device, *batch_dir;
+    const char *model, *prompt, *system, *device, *batch_dir, *draft_path;
     char **files;          // -f (repeatable), then --batch entries (owned copies)
     int n_files;
     int n_predict, ctx, threads, chat, json, quiet;
     long long seed;
     sample_params sp;
+    const strategy *strategies[MAX_STRATEGIES];   // --strategy a,b,c (A/B comparison)
+    int n_strategies;
+    strategy_opts so;
 } options;
 
 typedef struct {
@@ -107,6 +112,59 @@ static int is_flag(const char *a, const char *s, const char *l) {
     return (s && strcmp(a, s) == 0) || strcmp(a, l) == 0;
 }
 
+// --strategy NAME[,NAME...] or all
+static int parse_strategies(const char *v, const strategy **out) {
+    if (strcmp(v, "all") == 0) {
+        for (int i = 0; i < strategy_count() && i < MAX_STRATEGIES; i++) out[i] = strategy_at(i);
+        return strategy_count() < MAX_STRATEGIES ? strategy_count() : MAX_STRATEGIES;
+    }
+    char *copy = strdup(v), *save = NULL;
+    int n = 0;
+    for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        const strategy *s = strategy_find(t);
+        if (!s) usage_error("unknown strategy '%s' (available: %s, or all)", t, strategy_names());
+        for (int i = 0; i < n; i++)
+            if (out[i] == s) usage_error("strategy '%s' given twice", t);
+        if (n == MAX_STRATEGIES) usage_error("more than %d strategies", MAX_STRATEGIES);
+        out[n++] = s;
+    }
+    free(copy);
+    if (n == 0) usage_error("--strategy needs at least one name");
+    return n;
+}
+
+static const char *const STRATEGY_FLAGS[] = {"--speed-depth", "--anchor", "--tsp-layer",
+    "--tsp-rate", "--kv-rate", "--window", "--pool-kernel", "--keep", "--lookahead", "--chunk",
+    "--spec-pool", "--draft", "--draft-layers"};
+
+static int odd_kernel(const char *flag, const char *v) {
+    int k = (int)parse_int(flag, v, 1, 1025);
+    if (k % 2 == 0) usage_error("%s %d must be odd (a window centred on each token)", flag, k);
+    return k;
+}
+
+// A strategy parameter flag with value v: 1 if a is one, 0 otherwise.
+static int parse_strategy_flag(const char *a, const char *v, strategy_opts *so,
+                               const char **draft_path) {
+    if (is_flag(a, NULL, "--speed-depth")) so->speed_depth = (int)parse_int(a, v, 1, 4096);
+    else if (is_flag(a, NULL, "--anchor")) {
+        if (strcmp(v, "bos") && strcmp(v, "none")) usage_error("--anchor must be bos or none");
+        so->anchor = strcmp(v, "bos") == 0;
+    } else if (is_flag(a, NULL, "--tsp-layer")) so->tsp_layer = (int)parse_int(a, v, 0, 4096);
+    else if (is_flag(a, NULL, "--tsp-rate")) so->tsp_rate = parse_float(a, v, 1e-6, 1);
+    else if (is_flag(a, NULL, "--kv-rate")) so->kv_rate = parse_float(a, v, 1e-6, 1);
+    else if (is_flag(a, NULL, "--window")) so->window = (int)parse_int(a, v, 1, 1 << 20);
+    else if (is_flag(a, NULL, "--pool-kernel")) so->pool_kernel = odd_kernel(a, v);
+    else if (is_flag(a, NULL, "--keep")) so->keep = parse_float(a, v, 1e-6, 1);
+    else if (is_flag(a, NULL, "--lookahead")) so->lookahead = (int)parse_int(a, v, 1, 1024);
+    else if (is_flag(a, NULL, "--chunk")) so->chunk = (int)parse_int(a, v, 1, 1 << 20);
+    else if (is_flag(a, NULL, "--spec-pool")) so->spec_pool = odd_kernel(a, v);
+    else if (is_flag(a, NULL, "--draft")) *draft_path = v;
+    else if (is_flag(a, NULL, "--draft-layers")) so->draft_layers = (int)parse_int(a, v, 1, 4096);
+    else return 0;
+    return 1;
+}
+
 static void add_file(options *o, const char *path) {
     o->files = xrealloc(o->files, (size_t)(o->n_files + 1) * sizeof *o->files);
     o->files[o->n_files++] = strdup(path);
@@ -136,8 +194,10 @@ static void add_batch_dir(options *o, const char *dir) {
 }
 
 static void parse_args(int argc, char **argv, options *o) {
-    *o = (options){.strategy = "full", .device = "auto", .n_predict = 128, .seed = -1,
-                   .sp = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f}};
+    *o = (options){.device = "auto", .n_predict = 128, .seed = -1,
+                   .sp = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f},
+                   .strategies = {strategy_find("full")}, .n_strategies = 1,
+                   .so = strategy_opts_default()};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (is_flag(a, "-h", "--help")) {
@@ -160,6 +220,8 @@ static void parse_args(int argc, char **argv, options *o) {
                     "--strategy", "--device"};
                 for (size_t k = 0; k < sizeof known / sizeof *known; k++)
                     if (strcmp(a, known[k]) == 0) usage_error("%s needs a value", a);
+                for (size_t k = 0; k < sizeof STRATEGY_FLAGS / sizeof *STRATEGY_FLAGS; k++)
+                    if (strcmp(a, STRATEGY_FLAGS[k]) == 0) usage_error("%s needs a value", a);
             }
             usage_error("unknown flag '%s'", a);
         }
@@ -177,21 +239,23 @@ static void parse_args(int argc, char **argv, options *o) {
         else if (is_flag(a, NULL, "--top-p")) o->sp.top_p = parse_float(a, v, 1e-6, 1);
         else if (is_flag(a, NULL, "--min-p")) o->sp.min_p = parse_float(a, v, 0, 1);
         else if (is_flag(a, "-s", "--seed")) o->seed = parse_int(a, v, -1, UINT32_MAX);
-        else if (is_flag(a, NULL, "--strategy")) o->strategy = v;
+        else if (is_flag(a, NULL, "--strategy")) o->n_strategies = parse_strategies(v, o->strategies);
         else if (is_flag(a, NULL, "--device")) o->device = v;
-        else usage_error("unknown flag '%s'", a);
+        else if (!parse_strategy_flag(a, v, &o->so, &o->draft_path)) usage_error("unknown flag '%s'", a);
         i++;
     }
     int sources = (o->prompt != NULL) + (o->n_files > 0) + (o->batch_dir != NULL);
     if (sources == 0) usage_error("no prompt: give -p TEXT, -f FILE or --batch DIR");
     if (o->prompt && sources > 1) usage_error("-p cannot be combined with -f or --batch");
     if (o->n_predict == 0) usage_error("-n 0 generates nothing: use -1 or a positive count");
-    if (!strategy_find(o->strategy))
-        usage_error("unknown strategy '%s' (available: %s)", o->strategy, strategy_names());
+    if (o->draft_path && o->so.draft_layers)
+        usage_error("--draft and --draft-layers exclude each other (a draft model, or the main "
+                    "model's first layers)");
     if (strcmp(o->device, "auto") && strcmp(o->device, "cpu") && strcmp(o->device, "cuda"))
         usage_error("unknown device '%s' (auto, cpu or cuda)", o->device);
     if (o->batch_dir) add_batch_dir(o, o->batch_dir);
     if (o->threads == 0) o->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    o->so.n_threads = o->threads;
 }
 
 // Reads a whole file ('-' = stdin). NULL + err on failure.
@@ -280,12 +344,15 @@ static void json_str(FILE *out, const char *s, size_t n) {
 typedef struct {
     const tok *t;
     strbuf text;
-    int stream;      // print pieces to stdout as they come
+    int *ids, n_ids;  // every sampled token, end-of-generation included
+    int stream;       // print pieces to stdout as they come
     int hit_eog;
 } gen_ctx;
 
 static int on_token(void *ctx, int id) {
     gen_ctx *g = ctx;
+    g->ids = xrealloc(g->ids, (size_t)(g->n_ids + 1) * sizeof(int));
+    g->ids[g->n_ids++] = id;
     if (tok_is_eog(g->t, id)) {
         g->hit_eog = 1;
         return 1;
@@ -303,9 +370,39 @@ static int on_token(void *ctx, int id) {
 static double per_sec(int n, double ms) { return ms > 0 ? n * 1e3 / ms : 0; }
 static double per_tok(int n, double ms) { return n > 0 ? ms / n : 0; }
 
-static void print_timing(const options *o, const run_stats *st, double load_ms, const char *dev) {
+// One strategy's run on one prompt, and how it compares with `full` on the same prompt.
+typedef struct {
+    const strategy *s;
+    run_stats st;
+    gen_ctx g;
+    int rc;
+    char err[512];
+    double rows_pct;        // prompt rows processed over layers, % of full's n * L
+    int first_agree;        // first token equals full's (-1: full not run)
+    double greedy_agree;    // % of full's generated tokens matched at the same step (-1: n/a)
+} strat_run;
+
+static void compare_with_full(strat_run *r, int n_runs, int n_prompt, int n_layer) {
+    const strat_run *full = NULL;
+    for (int i = 0; i < n_runs; i++)
+        if (strcmp(r[i].s->name, "full") == 0 && r[i].rc == 0) full = &r[i];
+    for (int i = 0; i < n_runs; i++) {
+        r[i].rows_pct = 100.0 * r[i].st.rows_done / ((double)n_prompt * n_layer);
+        r[i].first_agree = -1;
+        r[i].greedy_agree = -1;
+        if (!full || r[i].rc || full->g.n_ids == 0) continue;
+        int same = 0;
+        for (int t = 0; t < full->g.n_ids && t < r[i].g.n_ids; t++) same += full->g.ids[t] == r[i].g.ids[t];
+        r[i].first_agree = r[i].g.n_ids > 0 && r[i].g.ids[0] == full->g.ids[0];
+        r[i].greedy_agree = 100.0 * same / full->g.n_ids;
+    }
+}
+
+static void print_timing(const options *o, const strat_run *r, double load_ms, const char *dev) {
+    const run_stats *st = &r->st;
     fprintf(stderr, "\nsift: strategy %s, device %s (%d threads), KV cache %.2f MiB\n",
-            o->strategy, dev, o->threads, st->kv_bytes / 1048576.0);
+            r->s->name, dev, o->threads, st->kv_bytes / 1048576.0);
+    if (st->note[0]) fprintf(stderr, "sift: %s: %s\n", r->s->name, st->note);
     fprintf(stderr, "      load time = %10.2f ms\n", load_ms);
     fprintf(stderr, "prompt eval time = %10.2f ms / %5d tokens (%8.2f ms per token, %8.2f tokens per second)\n",
             st->prompt_ms, st->prompt_n, per_tok(st->prompt_n, st->prompt_ms), per_sec(st->prompt_n, st->prompt_ms));
@@ -315,33 +412,64 @@ static void print_timing(const options *o, const run_stats *st, double load_ms, 
             st->prompt_n + st->predicted_n);
 }
 
-static void print_json(const options *o, const char *label, const char *model_name,
-                       const gen_ctx *g, const run_stats *st, double load_ms, const char *dev,
-                       unsigned long long seed) {
+static void print_json(const char *label, const char *model_name, const strat_run *r,
+                       double load_ms, const char *dev, unsigned long long seed) {
+    const run_stats *st = &r->st;
     printf("{\"file\":");
     json_str(stdout, label, strlen(label));
     printf(",\"text\":");
-    json_str(stdout, g->text.buf ? g->text.buf : "", g->text.len);
-    printf(",\"stop\":\"%s\",\"strategy\":\"%s\",\"device\":\"%s\",\"model\":", g->hit_eog ? "eos" : "limit",
-           o->strategy, dev);
+    json_str(stdout, r->g.text.buf ? r->g.text.buf : "", r->g.text.len);
+    printf(",\"stop\":\"%s\",\"strategy\":\"%s\",\"device\":\"%s\",\"model\":",
+           r->g.hit_eog ? "eos" : "limit", r->s->name, dev);
     json_str(stdout, model_name, strlen(model_name));
-    printf(",\"seed\":%llu,\"kv_bytes\":%zu,\"load_ms\":%.3f,\"timings\":{"
-           "\"prompt_n\":%d,\"prompt_ms\":%.3f,\"prompt_per_token_ms\":%.4f,\"prompt_per_second\":%.3f,"
-           "\"predicted_n\":%d,\"predicted_ms\":%.3f,\"predicted_per_token_ms\":%.4f,"
-           "\"predicted_per_second\":%.3f}}\n",
-           seed, st->kv_bytes, load_ms, st->prompt_n, st->prompt_ms,
-           per_tok(st->prompt_n, st->prompt_ms), per_sec(st->prompt_n, st->prompt_ms),
-           st->predicted_n, st->decode_ms, per_tok(st->decode_runs, st->decode_ms),
-           per_sec(st->decode_runs, st->decode_ms));
+    printf(",\"note\":");
+    json_str(stdout, st->note, strlen(st->note));
+    printf(",\"seed\":%llu,\"kv_bytes\":%zu,\"load_ms\":%.3f,\"rows_processed\":%ld,"
+           "\"rows_pct_of_full\":%.3f,", seed, st->kv_bytes, load_ms, st->rows_done, r->rows_pct);
+    if (r->first_agree < 0) printf("\"first_token_agree\":null,\"greedy_agree_pct\":null,");
+    else printf("\"first_token_agree\":%s,\"greedy_agree_pct\":%.2f,", r->first_agree ? "true" : "false", r->greedy_agree);
+    printf("\"timings\":{\"prompt_n\":%d,\"prompt_ms\":%.3f,\"prompt_per_token_ms\":%.4f,"
+           "\"prompt_per_second\":%.3f,\"predicted_n\":%d,\"predicted_ms\":%.3f,"
+           "\"predicted_per_token_ms\":%.4f,\"predicted_per_second\":%.3f}}\n",
+           st->prompt_n, st->prompt_ms, per_tok(st->prompt_n, st->prompt_ms),
+           per_sec(st->prompt_n, st->prompt_ms), st->predicted_n, st->decode_ms,
+           per_tok(st->decode_runs, st->decode_ms), per_sec(st->decode_runs, st->decode_ms));
     fflush(stdout);
 }
 
-static void print_json_error(const char *label, const char *err) {
+static void print_json_error(const char *label, const char *strategy_name, const char *err) {
     printf("{\"file\":");
     json_str(stdout, label, strlen(label));
+    if (strategy_name) printf(",\"strategy\":\"%s\"", strategy_name);
     printf(",\"error\":");
     json_str(stdout, err, strlen(err));
     printf("}\n");
+    fflush(stdout);
+}
+
+// The A/B table after the texts: one row per strategy.
+static void print_table(const strat_run *r, int n) {
+    printf("\n| strategy | rows %% of full | KV MiB | TTFT ms | prefill tok/s | TPOT ms | decode tok/s "
+           "| 1st token = full | greedy agree %% | first line |\n"
+           "|---|---:|---:|---:|---:|---:|---:|:---:|---:|---|\n");
+    for (int i = 0; i < n; i++) {
+        const run_stats *st = &r[i].st;
+        if (r[i].rc) {
+            printf("| %s | error: %s |||||||||\n", r[i].s->name, r[i].err);
+            continue;
+        }
+        const char *text = r[i].g.text.buf ? r[i].g.text.buf : "";
+        while (*text == '\n' || *text == ' ') text++;
+        int line = (int)strcspn(text, "\n|");
+        if (line > 60) line = 60;
+        printf("| %s | %.1f | %.2f | %.1f | %.1f | %.2f | %.2f | %s | ", r[i].s->name, r[i].rows_pct,
+               st->kv_bytes / 1048576.0, st->prompt_ms, per_sec(st->prompt_n, st->prompt_ms),
+               per_tok(st->decode_runs, st->decode_ms), per_sec(st->decode_runs, st->decode_ms),
+               r[i].first_agree < 0 ? "-" : r[i].first_agree ? "yes" : "no");
+        if (r[i].greedy_agree < 0) printf("- | ");
+        else printf("%.1f | ", r[i].greedy_agree);
+        printf("%.*s |\n", line, text);
+    }
     fflush(stdout);
 }
 
@@ -357,7 +485,6 @@ typedef struct {
     int n_ctx;
 } session;
 
-// Tokenizes prompt text (chat-wrapped if asked) into *ids. Count, or -1 with err.
 static int prompt_ids(const session *s, const prompt_in *p, int **ids, char *err, size_t errlen) {
     if (p->len == 0) {
         snprintf(err, errlen, "prompt '%s' is empty", p->label);
@@ -390,6 +517,19 @@ static int prompt_ids(const session *s, const prompt_in *p, int **ids, char *err
     return n + bos;
 }
 
+// Runs strategy r->s on ids with a fresh sampler seeded with `seed`.
+static void run_strategy(const session *s, strat_run *r, const int *ids, int n, int n_gen,
+                         unsigned long long seed, int stream) {
+    sampler smp;
+    sample_params sp = s->o->sp;
+    sp.seed = seed;
+    sampler_init(&smp, &sp, s->m->cfg.vocab);
+    r->g = (gen_ctx){.t = s->t, .stream = stream};
+    r->rc = run_generate(r->s, s->m, &s->o->so, ids, n, n_gen, &smp, on_token, &r->g, &r->st,
+                         r->err, sizeof r->err);
+    sampler_free(&smp);
+}
+
 static int run_prompt(const session *s, const prompt_in *p, int show_header) {
     const options *o = s->o;
     char err[512];
@@ -403,40 +543,47 @@ static int run_prompt(const session *s, const prompt_in *p, int show_header) {
         n = -1;
     }
     if (n < 0) {
-        if (o->json) print_json_error(p->label, err);
+        if (o->json) print_json_error(p->label, NULL, err);
         fprintf(stderr, "sift: error: %s\n", err);
         free(ids);
         return -1;
     }
     unsigned long long seed = o->seed >= 0 ? (unsigned long long)o->seed
                                            : (unsigned long long)(now_ms() * 1000) & 0xffffffffULL;
-    sampler smp;
-    sample_params sp = o->sp;
-    sp.seed = seed;
-    sampler_init(&smp, &sp, s->m->cfg.vocab);
-    gen_ctx g = {.t = s->t, .stream = !o->json};
-    if (show_header && !o->json) printf("==> %s <==\n", p->label);
+    int ns = o->n_strategies, failed = 0;
+    strat_run *runs = xcalloc((size_t)ns, sizeof *runs);
     if (!o->quiet)
-        fprintf(stderr, "sift: %s: %d prompt tokens, up to %d new (strategy %s, seed %llu)\n",
-                p->label, n, n_gen, o->strategy, seed);
-    strategy_opts so = {.n_threads = o->threads};
-    run_stats st;
-    int rc = run_generate(strategy_find(o->strategy), s->m, &so, ids, n, n_gen, &smp, on_token, &g,
-                          &st, err, sizeof err);
-    if (rc != 0) {
-        if (o->json) print_json_error(p->label, err);
-        fprintf(stderr, "sift: error: %s\n", err);
-    } else if (o->json) {
-        print_json(o, p->label, s->model_name, &g, &st, s->load_ms, s->dev, seed);
-    } else {
-        printf("\n");
-        fflush(stdout);
+        fprintf(stderr, "sift: %s: %d prompt tokens, up to %d new (seed %llu)\n", p->label, n, n_gen, seed);
+    for (int i = 0; i < ns; i++) {
+        strat_run *r = &runs[i];
+        r->s = o->strategies[i];
+        if (!o->json && (show_header || ns > 1)) {
+            if (ns > 1 && show_header) printf("==> %s [%s] <==\n", p->label, r->s->name);
+            else printf("==> %s <==\n", ns > 1 ? r->s->name : p->label);
+            fflush(stdout);
+        }
+        run_strategy(s, r, ids, n, n_gen, seed, !o->json);
+        if (r->rc) {
+            fprintf(stderr, "sift: error: %s: %s\n", r->s->name, r->err);
+            failed = 1;
+        } else {
+            if (!o->json) printf("\n");
+            if (!o->quiet) print_timing(o, r, s->load_ms, s->dev);
+        }
     }
-    if (rc == 0 && !o->quiet) print_timing(o, &st, s->load_ms, s->dev);
-    sampler_free(&smp);
-    free(g.text.buf);
+    compare_with_full(runs, ns, n, s->m->cfg.n_layer);
+    for (int i = 0; i < ns && o->json; i++) {
+        if (runs[i].rc) print_json_error(p->label, runs[i].s->name, runs[i].err);
+        else print_json(p->label, s->model_name, &runs[i], s->load_ms, s->dev, seed);
+    }
+    if (ns > 1 && !o->json) print_table(runs, ns);
+    for (int i = 0; i < ns; i++) {
+        free(runs[i].g.text.buf);
+        free(runs[i].g.ids);
+    }
+    free(runs);
     free(ids);
-    return rc;
+    return failed ? -1 : 0;
 }
 
 // Prefill progress on an interactive stderr: "prefill: layer 12/30".
@@ -572,6 +719,50 @@ static int bench_main(int argc, char **argv) {
     return rc;
 }
 
+static int eog_test(const void *ctx, int id) { return tok_is_eog(ctx, id); }
+
+// Loads --draft: a model with exactly the main model's vocabulary. NULL + err otherwise.
+static model *load_draft(const char *path, const tok *main_tok, backend *bk, gguf_file **df,
+                         tok **dt, char *err, size_t errlen) {
+    char why[400];
+    *df = gguf_open(path, why, sizeof why);
+    *dt = *df ? tok_load_gguf(*df, why, sizeof why) : NULL;
+    if (!*dt) {
+        snprintf(err, errlen, "--draft %s: %s", path, why);
+        return NULL;
+    }
+    if (tok_n_vocab(*dt) != tok_n_vocab(main_tok)) {
+        snprintf(err, errlen, "--draft %s: vocabulary of %d tokens, the main model has %d "
+                 "(a draft must share the tokenizer)", path, tok_n_vocab(*dt), tok_n_vocab(main_tok));
+        return NULL;
+    }
+    for (int id = 0; id < tok_n_vocab(main_tok); id++) {
+        size_t a, b;
+        const char *pa = tok_piece(main_tok, id, 1, &a), *pb = tok_piece(*dt, id, 1, &b);
+        if (a != b || memcmp(pa, pb, a) != 0) {
+            snprintf(err, errlen, "--draft %s: token %d differs from the main model's "
+                     "(a draft must share the tokenizer)", path, id);
+            return NULL;
+        }
+    }
+    model *d = model_load_gguf(*df, bk, why, sizeof why);
+    if (!d) snprintf(err, errlen, "--draft %s: %s", path, why);
+    return d;
+}
+
+// Every chosen strategy accepts the options for this model; 0 or -1 (message printed).
+static int check_strategies(const options *o, const model *m) {
+    char err[512];
+    for (int i = 0; i < o->n_strategies; i++) {
+        const strategy *s = o->strategies[i];
+        if (s->check && s->check(m, &o->so, err, sizeof err) != 0) {
+            fprintf(stderr, "sift: error: %s: %s\n", s->name, err);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 // Runs every prompt of o on the loaded model; the number that failed.
 static int run_all(const session *s) {
     const options *o = s->o;
@@ -585,7 +776,7 @@ static int run_all(const session *s) {
         prompt_in p = {o->files[i], NULL, 0};
         p.text = read_all(o->files[i], &p.len, err, sizeof err);
         if (!p.text) {
-            if (o->json) print_json_error(p.label, err);
+            if (o->json) print_json_error(p.label, NULL, err);
             fprintf(stderr, "sift: error: %s\n", err);
             failed++;
             continue;
@@ -610,7 +801,9 @@ int main(int argc, char **argv) {
     gguf_file *f = NULL;
     tok *t = NULL;
     backend *bk = backend_cpu_create(o.threads);
-    model *m = NULL;
+    model *m = NULL, *draft = NULL;
+    gguf_file *df = NULL;
+    tok *dt = NULL;
     int rc = 1;
     double t0 = now_ms();
     if (!o.model && stat(model_path, &sb) != 0)
@@ -623,6 +816,10 @@ int main(int argc, char **argv) {
     else if (tok_n_vocab(t) > m->cfg.vocab)
         fprintf(stderr, "sift: error: %s: tokenizer has %d tokens but the embedding only %d rows\n",
                 model_path, tok_n_vocab(t), m->cfg.vocab);
+    else if (o.draft_path && !(draft = load_draft(o.draft_path, t, bk, &df, &dt, err, sizeof err)))
+        fprintf(stderr, "sift: error: %s\n", err);
+    else if (o.so.draft = draft, o.so.is_eog = eog_test, o.so.eog_ctx = t, check_strategies(&o, m))
+        rc = 2;
     else {
         if (!o.quiet && isatty(2)) m->on_layer = show_layer;
         session s = {.o = &o, .m = m, .t = t, .dev = dev, .load_ms = now_ms() - t0,
@@ -638,9 +835,12 @@ int main(int argc, char **argv) {
         rc = run_all(&s) ? 1 : 0;
     }
     model_free(m);
+    model_free(draft);
     bk->destroy(bk);
     tok_free(t);
+    tok_free(dt);
     gguf_close(f);
+    gguf_close(df);
     free(model_path);
     for (int i = 0; i < o.n_files; i++) free(o.files[i]);
     free(o.files);

@@ -8,3 +8,10 @@
 void attn_causal_cpu(float *out, const float *q, const int *qpos, int n, int heads,
                      const float *k, const float *v, const int *kpos, int len, int cap,
                      int n_kv_head, int hd);
+
+// Attention probabilities (fp32, CPU), for token scoring.
+// probs (n, heads, m) = softmax_j(q_i,h . k_g,j / sqrt(hd)) over the first m keys of KV head
+// g = h / (heads / n_kv_head), restricted to keys visible to query i (kpos <= qpos[i]);
+// invisible keys get probability 0. K (n_kv_head, cap, hd), kpos (n_kv_head, cap).
+void attn_probs_cpu(float *probs, const float *q, const int *qpos, int n, int heads,
+                    const float *k, const int *kpos, int m, int cap, int n_kv_head, int hd);

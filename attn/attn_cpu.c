@@ -110,3 +110,21 @@ void attn_causal_cpu(float *out, const float *q, const int *qpos, int n, int hea
     }
     free(scratch);
 }
+
+void attn_probs_cpu(float *probs, const float *q, const int *qpos, int n, int heads,
+                    const float *k, const int *kpos, int m, int cap, int n_kv_head, int hd) {
+    int group = heads / n_kv_head;
+    float scale = 1.0f / sqrtf((float)hd);
+#pragma omp parallel for schedule(dynamic) if (n * heads > 1)
+    for (int t = 0; t < n * heads; t++) {
+        int i = t / heads, h = t % heads, g = h / group;
+        const float *qi = q + (size_t)t * hd, *kg = k + (size_t)g * cap * hd;
+        float *p = probs + (size_t)t * m;
+        for (int j = 0; j < m; j++) {
+            float dot = 0;
+            for (int c = 0; c < hd; c++) dot += qi[c] * kg[(size_t)j * hd + c];
+            p[j] = dot * scale;
+        }
+        masked_softmax(p, kpos + (size_t)g * cap, m, qpos[i]);
+    }
+}

@@ -46,6 +46,12 @@ struct backend {
     // key j of KV head g is visible to query i iff L->pos[g][j] <= qpos[i]; GQA groups heads.
     void (*attention)(backend *b, void *out, const void *q, const int *qpos, int n, int heads,
                       const kv_layer *L);
+    // probs (n, heads, m), host = softmax of q (n, heads, hd) against the first m entries of L,
+    // over the entries visible to each row (position <= qpos[i]); invisible entries get 0
+    void (*attn_probs)(backend *b, float *probs, const void *q, const int *qpos, int n, int heads,
+                       const kv_layer *L, int m);
+    // L keeps, per KV head g, entries idx[g*k + j] (ascending), in buffers of capacity new_cap
+    void (*kv_keep)(backend *b, kv_layer *L, const int *idx, int k, int new_cap);
 };
 
 backend *backend_cpu_create(int n_threads);

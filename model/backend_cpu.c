@@ -153,6 +153,36 @@ static void cpu_attention(backend *b, void *out, const void *q, const int *qpos,
                     L->head_dim);
 }
 
+static void cpu_attn_probs(backend *b, float *probs, const void *q, const int *qpos, int n,
+                           int heads, const kv_layer *L, int m) {
+    (void)b;
+    attn_probs_cpu(probs, q, qpos, n, heads, L->k, L->pos, m, L->cap, L->n_kv_head, L->head_dim);
+}
+
+// L keeps per KV head g the entries idx[g*k + j], moved into buffers of capacity new_cap
+static void cpu_kv_keep(backend *b, kv_layer *L, const int *idx, int k, int new_cap) {
+    (void)b;
+    int hd = L->head_dim, nh = L->n_kv_head;
+    size_t n = (size_t)nh * (new_cap > 0 ? new_cap : 1);
+    float *nk = xmalloc(n * hd * sizeof(float)), *nv = xmalloc(n * hd * sizeof(float));
+    int *np = xmalloc(n * sizeof(int));
+    for (int g = 0; g < nh; g++)
+        for (int j = 0; j < k; j++) {
+            size_t src = (size_t)g * L->cap + idx[g * k + j], dst = (size_t)g * new_cap + j;
+            memcpy(nk + dst * hd, (float *)L->k + src * hd, hd * sizeof(float));
+            memcpy(nv + dst * hd, (float *)L->v + src * hd, hd * sizeof(float));
+            np[dst] = L->pos[src];
+        }
+    free(L->k);
+    free(L->v);
+    free(L->pos);
+    L->k = nk;
+    L->v = nv;
+    L->pos = np;
+    L->cap = new_cap;
+    L->len = k;
+}
+
 static void cpu_destroy(backend *b) { free(b); }
 
 backend *backend_cpu_create(int n_threads) {
@@ -164,7 +194,8 @@ backend *backend_cpu_create(int n_threads) {
         .weight = cpu_weight, .weight_free = cpu_weight_free,
         .embed = cpu_embed, .rmsnorm = cpu_rmsnorm, .matmul = cpu_matmul, .rope = cpu_rope,
         .swiglu = cpu_swiglu, .add = cpu_add, .gather_rows = cpu_gather_rows,
-        .kv_append = cpu_kv_append, .attention = cpu_attention,
+        .kv_append = cpu_kv_append, .attention = cpu_attention, .attn_probs = cpu_attn_probs,
+        .kv_keep = cpu_kv_keep,
     };
     return b;
 }

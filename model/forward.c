@@ -30,7 +30,7 @@ static void scratch_free(backend *bk, scratch *s) {
 }
 
 // One transformer block on the alive rows: x += attn(norm(x)); x += mlp(norm(x)).
-static void layer_forward(fwd_state *st, scratch *s, int l) {
+static int layer_forward(fwd_state *st, scratch *s, int l, const fwd_hooks *hooks) {
     model *m = st->m;
     backend *bk = m->bk;
     const model_config *c = &m->cfg;
@@ -47,6 +47,8 @@ static void layer_forward(fwd_state *st, scratch *s, int l) {
     kv_layer *L = &st->kv->layers[l];
     bk->kv_append(bk, L, s->k, s->v, st->pos, n);
     bk->attention(bk, s->att, s->q, st->pos, n, c->n_head, L);  // att (n, qd)
+    if (hooks && hooks->after_attention && hooks->after_attention(hooks->ctx, st, l, s->q) != 0)
+        return -1;
     bk->matmul(bk, s->xb, s->att, w->wo, NULL, n, qd, d);
     bk->add(bk, st->x, s->xb, (size_t)n * d);
 
@@ -57,6 +59,7 @@ static void layer_forward(fwd_state *st, scratch *s, int l) {
     bk->matmul(bk, s->xb, s->hb, w->w_down, NULL, n, c->d_ff, d);
     bk->add(bk, st->x, s->xb, (size_t)n * d);
     st->rows_done += n;
+    return 0;
 }
 
 // logits (rows, vocab) of the last `rows` alive rows
@@ -88,18 +91,19 @@ long fwd_run(model *m, kv_cache *kv, const int *tokens, const int *pos, int n,
     scratch s = scratch_alloc(bk, c, n);
 
     bk->embed(bk, st.x, m->tok_embd, tokens, n, c->d_model);
-    for (int l = 0; l < c->n_layer && st.n > 0; l++) {
-        layer_forward(&st, &s, l);
-        if (hooks && hooks->after_layer && hooks->after_layer(hooks->ctx, &st, l) != 0) break;
+    int rc = 0;
+    for (int l = 0; l < c->n_layer && st.n > 0 && rc == 0; l++) {
+        rc = layer_forward(&st, &s, l, hooks);
+        if (rc == 0 && hooks && hooks->after_layer) rc = hooks->after_layer(hooks->ctx, &st, l);
         if (m->on_layer && n > 1) m->on_layer(m->on_layer_ctx, l, c->n_layer, st.n);
     }
-    if (logits && st.n > 0) lm_head(&st, &s, logits, all_rows ? st.n : 1);
+    if (rc >= 0 && logits && st.n > 0) lm_head(&st, &s, logits, all_rows ? st.n : 1);
 
     scratch_free(bk, &s);
     bk->free(bk, st.x);
     free(st.pos);
     free(st.row_id);
-    return st.rows_done;
+    return rc < 0 ? -1 : st.rows_done;
 }
 
 void fwd_keep_rows(fwd_state *s, const int *idx, int k) {
@@ -121,6 +125,28 @@ void fwd_keep_rows(fwd_state *s, const int *idx, int k) {
     s->pos = pos;
     s->row_id = id;
     s->n = k;
+}
+
+void fwd_attn_probs(fwd_state *s, int l, const void *q, int nq, int m, float *probs) {
+    backend *bk = s->m->bk;
+    const model_config *c = &s->m->cfg;
+    CHECK_INTERNAL(nq >= 1 && nq <= s->n && m >= 0 && m <= s->kv->layers[l].len,
+                   "attention probabilities of %d rows over %d entries", nq, m);
+    size_t off = (size_t)(s->n - nq) * c->n_head * c->head_dim * bk->elem_bytes;
+    bk->attn_probs(bk, probs, (const char *)q + off, s->pos + s->n - nq, nq, c->n_head,
+                   &s->kv->layers[l], m);
+}
+
+void fwd_kv_keep(fwd_state *s, int l, const int *idx, int k, int new_cap) {
+    kv_layer *L = &s->kv->layers[l];
+    CHECK_INTERNAL(k >= 0 && k <= L->len && new_cap >= k, "keep %d of %d entries, capacity %d", k,
+                   L->len, new_cap);
+    for (int g = 0; g < L->n_kv_head; g++)
+        for (int j = 0; j < k; j++)
+            CHECK_INTERNAL(idx[g * k + j] >= 0 && idx[g * k + j] < L->len &&
+                               (j == 0 || idx[g * k + j] > idx[g * k + j - 1]),
+                           "KV keep indices must be ascending and inside [0, %d)", L->len);
+    s->m->bk->kv_keep(s->m->bk, L, idx, k, new_cap);
 }
 
 static void *kv_mem_alloc(void *ctx, size_t n) {

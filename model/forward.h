@@ -18,10 +18,17 @@ typedef struct fwd_state {
 
 typedef struct fwd_hooks {
     void *ctx;
-    // After layer l's block. May shrink the row set with fwd_keep_rows or edit the cache.
-    // Returns 0, or -1 to abort the pass.
+    // After layer l's attention, once the alive rows' K/V are in layer l's cache; q is the rows'
+    // post-RoPE queries (n, heads, hd) in backend memory. May read attention probabilities
+    // (fwd_attn_probs) and edit layer l's cache (fwd_kv_keep). Returns 0 (or -1 to abort).
+    int (*after_attention)(void *ctx, fwd_state *s, int l, const void *q);
+    // After layer l's block. May shrink the row set (fwd_keep_rows) or edit caches.
+    // Returns 0 to go on, FWD_STOP to skip the remaining layers (the logits then come from the
+    // final norm + LM head on the alive rows: a shallow "draft" of the model), -1 to abort.
     int (*after_layer)(void *ctx, fwd_state *s, int l);
 } fwd_hooks;
+
+#define FWD_STOP 1
 
 // Runs tokens (n,) at positions pos (n,) through every layer of m, appending K/V to kv.
 // logits (host): the last alive row's logits (vocab,), or every row's (n, vocab) when all_rows
@@ -31,6 +38,15 @@ long fwd_run(model *m, kv_cache *kv, const int *tokens, const int *pos, int n,
 
 // Keep rows idx (k,) of the alive set, in that order (idx into the current alive rows).
 void fwd_keep_rows(fwd_state *s, const int *idx, int k);
+
+// probs (nq, heads, m), host: for each of the LAST nq alive rows and each query head, the
+// softmax of q.k / sqrt(hd) over the first m entries of layer l's cache, restricted to the keys
+// visible to that row (entry position <= row position; invisible entries get 0).
+void fwd_attn_probs(fwd_state *s, int l, const void *q, int nq, int m, float *probs);
+
+// Layer l's cache keeps, for each KV head g, the entries idx[g*k .. g*k+k) (indices into its
+// current entries, ascending), in a new buffer of capacity new_cap >= k (room for decode).
+void fwd_kv_keep(fwd_state *s, int l, const int *idx, int k, int new_cap);
 
 // A KV cache on m's backend with capacity caps[l] per layer (NULL + err if out of memory).
 kv_cache *fwd_kv_create(model *m, const int *caps, char *err, size_t errlen);

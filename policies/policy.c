@@ -19,6 +19,9 @@ const strategy *strategy_find(const char *name) {
     return NULL;
 }
 
+int strategy_count(void) { return N_STRATEGIES; }
+const strategy *strategy_at(int i) { return all_strategies[i]; }
+
 const char *strategy_names(void) {
     static char buf[256];
     if (!buf[0])
@@ -27,6 +30,12 @@ const char *strategy_names(void) {
             strcat(buf, all_strategies[i]->name);
         }
     return buf;
+}
+
+strategy_opts strategy_opts_default(void) {
+    return (strategy_opts){.anchor = 1, .tsp_layer = -1, .tsp_rate = 0.2f, .kv_rate = 0.1f,
+                           .window = 8, .pool_kernel = 7, .keep = 0.3f, .lookahead = 8,
+                           .chunk = 32, .spec_pool = 13};
 }
 
 double now_ms(void) {
@@ -42,11 +51,14 @@ int run_generate(const strategy *s, model *m, const strategy_opts *o, const int 
     st->prompt_n = n;
     float *logits = xmalloc((size_t)m->cfg.vocab * sizeof(float));
     double t0 = now_ms();
-    kv_cache *kv = s->prefill(m, ids, n, n_predict, o, logits, &st->rows_done, err, errlen);
+    prefill_info info = {0};
+    kv_cache *kv = s->prefill(m, ids, n, n_predict, o, logits, &info, err, errlen);
     if (!kv) {
         free(logits);
         return -1;
     }
+    st->rows_done = info.rows_done;
+    memcpy(st->note, info.note, sizeof st->note);
     st->kv_bytes = kv_bytes(kv);
     int tok = sample_next(smp, logits);
     st->prompt_ms = now_ms() - t0;

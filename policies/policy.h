@@ -5,21 +5,56 @@
 #include "../model/forward.h"
 #include "../model/sample.h"
 
+// Every strategy's parameters (flags of main.c). A value of 0 / -1 where noted means "the
+// strategy's default for this model", resolved by the strategy from the model's depth.
 typedef struct strategy_opts {
-    int n_threads;   // reserved for strategies that run helper passes
+    int n_threads;
+    // speed
+    int speed_depth;        // K layers that see the prompt; 0 = ceil(0.875 L)
+    int anchor;             // 1: the first prompt token is an anchor kept in every layer; 0: none
+    // fastkv, snapkv, streamingllm
+    int tsp_layer;          // -1 = L/2 - 1
+    float tsp_rate;         // 0.2
+    float kv_rate;          // 0.1
+    int window;             // 8
+    int pool_kernel;        // 7
+    // specprefill
+    float keep;             // 0.3
+    int lookahead;          // 8
+    int chunk;              // 32
+    int spec_pool;          // 13
+    model *draft;           // --draft: a separate model with the same vocabulary, or NULL
+    int draft_layers;       // --draft-layers N: the main model's first N layers; 0 = unset
+    // end-of-generation test for strategies that decode internally (specprefill lookahead)
+    int (*is_eog)(const void *ctx, int id);
+    const void *eog_ctx;
 } strategy_opts;
+
+// What a prefill reports besides the cache and logits.
+typedef struct prefill_info {
+    long rows_done;         // prompt rows processed summed over layers (full: n * L)
+    char note[200];         // set when the prompt ran a degenerate form ("too short: ran full")
+} prefill_info;
 
 typedef struct strategy {
     const char *name;
     const char *about;   // one line for --help
     // Prefill ids (n,) into a new KV cache with room for n_gen more tokens; write the last
-    // prompt row's logits (vocab,) and the rows processed summed over layers.
-    // NULL + one-line err on failure (bad parameters for this prompt, out of memory).
+    // prompt row's logits (vocab,). NULL + one-line err on failure (bad parameters for this
+    // prompt or model, out of memory).
     kv_cache *(*prefill)(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
-                         float *logits, long *rows_done, char *err, size_t errlen);
+                         float *logits, prefill_info *info, char *err, size_t errlen);
+    // Optional: reject options that cannot work with this model (layer out of range, draft
+    // with another vocabulary size, ...) before any prompt runs. 0 or -1 with err.
+    int (*check)(const model *m, const strategy_opts *o, char *err, size_t errlen);
 } strategy;
 
+// The defaults above, for a model of n_layer layers left to each strategy (0 / -1 fields).
+strategy_opts strategy_opts_default(void);
+
 const strategy *strategy_find(const char *name);   // NULL if unknown
+int strategy_count(void);
+const strategy *strategy_at(int i);                // registry order, i < strategy_count()
 // Names of all strategies, comma separated, for help and errors.
 const char *strategy_names(void);
 
@@ -31,6 +66,7 @@ typedef struct run_stats {
     double decode_ms;      // time of those passes and their sampling
     size_t kv_bytes;       // measured from the cache after prefill
     long rows_done;        // prefill rows processed summed over layers
+    char note[200];        // the strategy's remark on this prompt (degenerate form), or ""
 } run_stats;
 
 // Called with each generated token; return non-zero to stop after it.

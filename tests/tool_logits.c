@@ -57,7 +57,7 @@ int main(int argc, char **argv) {
         sampler smp;
         sampler_init(&smp, &(sample_params){.temp = 0}, vocab);
         run_stats st;
-        strategy_opts o = {0};
+        strategy_opts o = strategy_opts_default();
         if (run_generate(strategy_find("full"), m, &o, ids, n, greedy, &smp, collect, NULL, &st,
                          err, sizeof err) != 0) {
             fprintf(stderr, "%s\n", err);
