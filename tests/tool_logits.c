@@ -1,7 +1,11 @@
-// tests/tool_logits.c — drives sift's forward pass for tests/test_logits.py.
-// usage: tool_logits MODEL.gguf OUT.f32 [--greedy N] ID ID ...
-// Writes float32 logits (n_ids, vocab), row-major, of every prompt position (strategy full) to
-// OUT.f32; with --greedy N also prints the N greedily generated ids on one line.
+// tests/tool_logits.c — drives sift's forward pass for the Python tests.
+// usage: tool_logits MODEL.gguf OUT.f32 [--greedy N] [--strategy NAME] [--set KEY=VALUE]... ID...
+// Without --strategy: writes float32 logits (n_ids, vocab), row-major, of every prompt position
+// (plain full pass). With --strategy: writes the logits (vocab,) the strategy's prefill gives
+// for the first generated token. --greedy N also prints the N greedily generated ids (strategy
+// full unless --strategy) on one line. --set keys: the strategy_opts fields speed_depth, anchor,
+// tsp_layer, tsp_rate, kv_rate, window, pool_kernel, keep, lookahead, chunk, spec_pool,
+// draft_layers; --draft PATH loads a draft model.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,40 +19,97 @@ static int collect(void *ctx, int id) {
     return 0;
 }
 
+static int set_opt(strategy_opts *o, const char *kv) {
+    const char *eq = strchr(kv, '=');
+    if (!eq) return -1;
+    size_t n = (size_t)(eq - kv);
+    double v = atof(eq + 1);
+    struct { const char *key; int *i; float *f; } t[] = {
+        {"speed_depth", &o->speed_depth, NULL}, {"anchor", &o->anchor, NULL},
+        {"tsp_layer", &o->tsp_layer, NULL},     {"tsp_rate", NULL, &o->tsp_rate},
+        {"kv_rate", NULL, &o->kv_rate},         {"window", &o->window, NULL},
+        {"pool_kernel", &o->pool_kernel, NULL}, {"keep", NULL, &o->keep},
+        {"lookahead", &o->lookahead, NULL},     {"chunk", &o->chunk, NULL},
+        {"spec_pool", &o->spec_pool, NULL},     {"draft_layers", &o->draft_layers, NULL},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++)
+        if (strlen(t[i].key) == n && strncmp(kv, t[i].key, n) == 0) {
+            if (t[i].i) *t[i].i = (int)v;
+            else *t[i].f = (float)v;
+            return 0;
+        }
+    return -1;
+}
+
+static model *load(const char *path, backend *bk, gguf_file **f) {
+    char err[512];
+    *f = gguf_open(path, err, sizeof err);
+    model *m = *f ? model_load_gguf(*f, bk, err, sizeof err) : NULL;
+    if (!m) {
+        fprintf(stderr, "%s\n", err);
+        exit(1);
+    }
+    return m;
+}
+
 int main(int argc, char **argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: tool_logits MODEL OUT.f32 [--greedy N] ID...\n");
+        fprintf(stderr, "usage: tool_logits MODEL OUT.f32 [--greedy N] [--strategy S] "
+                        "[--set K=V]... [--draft PATH] ID...\n");
         return 2;
     }
     int a = 3, greedy = 0;
-    if (strcmp(argv[a], "--greedy") == 0 && a + 1 < argc) {
-        greedy = atoi(argv[a + 1]);
-        a += 2;
+    const char *sname = NULL, *draft_path = NULL;
+    strategy_opts o = strategy_opts_default();
+    for (; a + 1 < argc && argv[a][0] == '-'; a += 2) {
+        if (strcmp(argv[a], "--greedy") == 0) greedy = atoi(argv[a + 1]);
+        else if (strcmp(argv[a], "--strategy") == 0) sname = argv[a + 1];
+        else if (strcmp(argv[a], "--draft") == 0) draft_path = argv[a + 1];
+        else if (strcmp(argv[a], "--set") != 0 || set_opt(&o, argv[a + 1]) != 0) {
+            fprintf(stderr, "bad option %s %s\n", argv[a], argv[a + 1]);
+            return 2;
+        }
     }
     int n = argc - a;
-    int *ids = xmalloc((size_t)(n > 0 ? n : 1) * sizeof(int));
+    if (n < 1) {
+        fprintf(stderr, "no ids\n");
+        return 2;
+    }
+    int *ids = xmalloc((size_t)n * sizeof(int));
     for (int i = 0; i < n; i++) ids[i] = atoi(argv[a + i]);
-    char err[512];
-    gguf_file *f = gguf_open(argv[1], err, sizeof err);
-    if (!f) {
-        fprintf(stderr, "%s\n", err);
-        return 1;
-    }
     backend *bk = backend_cpu_create(0);
-    model *m = model_load_gguf(f, bk, err, sizeof err);
-    if (!m || n < 1) {
-        fprintf(stderr, "%s\n", m ? "no ids" : err);
+    gguf_file *f, *df = NULL;
+    model *m = load(argv[1], bk, &f), *draft = draft_path ? load(draft_path, bk, &df) : NULL;
+    o.draft = draft;
+    const strategy *s = strategy_find(sname ? sname : "full");
+    char err[512];
+    if (!s || (s->check && s->check(m, &o, err, sizeof err) != 0)) {
+        fprintf(stderr, "%s\n", s ? err : "unknown strategy");
         return 1;
     }
-    int vocab = m->cfg.vocab, *caps = xmalloc((size_t)m->cfg.n_layer * sizeof(int));
-    int *pos = xmalloc((size_t)n * sizeof(int));
-    for (int l = 0; l < m->cfg.n_layer; l++) caps[l] = n;
-    for (int i = 0; i < n; i++) pos[i] = i;
-    kv_cache *kv = fwd_kv_create(m, caps, err, sizeof err);
-    float *logits = xmalloc((size_t)n * vocab * sizeof(float));
-    fwd_run(m, kv, ids, pos, n, NULL, logits, 1);
+    int vocab = m->cfg.vocab, rows = sname ? 1 : n;
+    float *logits = xmalloc((size_t)rows * vocab * sizeof(float));
+    kv_cache *kv;
+    if (sname) {
+        prefill_info info = {0};
+        kv = s->prefill(m, ids, n, greedy > 0 ? greedy : 1, &o, logits, &info, err, sizeof err);
+        if (!kv) {
+            fprintf(stderr, "%s\n", err);
+            return 1;
+        }
+        if (info.note[0]) fprintf(stderr, "note: %s\n", info.note);
+    } else {
+        int *caps = xmalloc((size_t)m->cfg.n_layer * sizeof(int)), *pos = xmalloc((size_t)n * sizeof(int));
+        for (int l = 0; l < m->cfg.n_layer; l++) caps[l] = n;
+        for (int i = 0; i < n; i++) pos[i] = i;
+        kv = fwd_kv_create(m, caps, err, sizeof err);
+        fwd_run(m, kv, ids, pos, n, NULL, logits, 1);
+        free(caps);
+        free(pos);
+    }
+    kv_free(kv);
     FILE *out = fopen(argv[2], "wb");
-    if (!out || fwrite(logits, sizeof(float), (size_t)n * vocab, out) != (size_t)n * vocab) {
+    if (!out || fwrite(logits, sizeof(float), (size_t)rows * vocab, out) != (size_t)rows * vocab) {
         fprintf(stderr, "cannot write %s\n", argv[2]);
         return 1;
     }
@@ -57,22 +118,19 @@ int main(int argc, char **argv) {
         sampler smp;
         sampler_init(&smp, &(sample_params){.temp = 0}, vocab);
         run_stats st;
-        strategy_opts o = strategy_opts_default();
-        if (run_generate(strategy_find("full"), m, &o, ids, n, greedy, &smp, collect, NULL, &st,
-                         err, sizeof err) != 0) {
+        if (run_generate(s, m, &o, ids, n, greedy, &smp, collect, NULL, &st, err, sizeof err) != 0) {
             fprintf(stderr, "%s\n", err);
             return 1;
         }
         printf("\n");
         sampler_free(&smp);
     }
-    kv_free(kv);
     free(logits);
-    free(caps);
-    free(pos);
     free(ids);
     model_free(m);
+    model_free(draft);
     bk->destroy(bk);
     gguf_close(f);
+    gguf_close(df);
     return 0;
 }
