@@ -598,127 +598,6 @@ static const char *base_name(const char *path) {
     return s ? s + 1 : path;
 }
 
-// ---- sift bench -----------------------------------------------------------------------------
-// llama-bench in spirit: for each prompt length P, prefill P seeded random tokens, then decode
-// N tokens at that depth (greedy, end-of-text ignored); repeat R times; report mean ± sd.
-
-typedef struct {
-    const char *model, *strategy, *format;
-    int lens[16], n_lens, n_gen, reps, threads;
-} bench_opts;
-
-static int bench_ignore(void *ctx, int id) {
-    (void)ctx;
-    (void)id;
-    return 0;
-}
-
-static void mean_sd(const double *x, int n, double *mean, double *sd) {
-    double s = 0, q = 0;
-    for (int i = 0; i < n; i++) s += x[i];
-    *mean = s / n;
-    for (int i = 0; i < n; i++) q += (x[i] - *mean) * (x[i] - *mean);
-    *sd = n > 1 ? sqrt(q / (n - 1)) : 0;
-}
-
-static void bench_parse(int argc, char **argv, bench_opts *b) {
-    *b = (bench_opts){.strategy = "full", .format = "md", .n_gen = 128, .reps = 3,
-                      .lens = {512}, .n_lens = 1};
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        if (is_flag(a, "-h", "--help")) {
-            printf("usage: sift bench [-m MODEL] [-p 512,2048] [-n 128] [-r 3] [-t N]\n"
-                   "                  [--strategy NAME] [-o md|jsonl]\n"
-                   "prefill P random tokens, then decode N at that depth; mean ± sd of R runs\n");
-            exit(0);
-        }
-        if (i + 1 >= argc) usage_error("bench: %s needs a value", a);
-        const char *v = argv[++i];
-        if (is_flag(a, "-m", "--model")) b->model = v;
-        else if (is_flag(a, "-n", "--n-gen")) b->n_gen = (int)parse_int(a, v, 1, 1 << 20);
-        else if (is_flag(a, "-r", "--reps")) b->reps = (int)parse_int(a, v, 1, 1000);
-        else if (is_flag(a, "-t", "--threads")) b->threads = (int)parse_int(a, v, 1, 1024);
-        else if (is_flag(a, NULL, "--strategy")) b->strategy = v;
-        else if (is_flag(a, "-o", "--output")) b->format = v;
-        else if (is_flag(a, "-p", "--n-prompt")) {
-            char *copy = strdup(v), *save = NULL;
-            b->n_lens = 0;
-            for (char *t = strtok_r(copy, ",", &save); t && b->n_lens < 16; t = strtok_r(NULL, ",", &save))
-                b->lens[b->n_lens++] = (int)parse_int(a, t, 1, 1 << 22);
-            free(copy);
-        } else usage_error("bench: unknown flag '%s'", a);
-    }
-    if (!strategy_find(b->strategy)) usage_error("unknown strategy '%s' (available: %s)", b->strategy, strategy_names());
-    if (strcmp(b->format, "md") && strcmp(b->format, "jsonl")) usage_error("bench: -o must be md or jsonl");
-    if (b->threads == 0) b->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-}
-
-static int bench_main(int argc, char **argv) {
-    bench_opts b;
-    bench_parse(argc, argv, &b);
-    char err[512], *path = b.model ? strdup(b.model) : default_model_path();
-    gguf_file *f = gguf_open(path, err, sizeof err);
-    backend *bk = backend_cpu_create(b.threads);
-    model *m = f ? model_load_gguf(f, bk, err, sizeof err) : NULL;
-    if (!m) {
-        fprintf(stderr, "sift: error: %s\n", err);
-        return 1;
-    }
-    const strategy *s = strategy_find(b.strategy);
-    if (strcmp(b.format, "md") == 0)
-        printf("| model | strategy | backend | threads | prompt | gen | pp t/s | tg t/s | TTFT ms | KV MiB |\n"
-               "|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
-    int rc = 0;
-    for (int li = 0; li < b.n_lens && rc == 0; li++) {
-        int P = b.lens[li];
-        if ((long)P + b.n_gen > m->cfg.ctx_len) {
-            fprintf(stderr, "sift: error: bench: %d + %d tokens exceed the context size %d\n", P, b.n_gen, m->cfg.ctx_len);
-            rc = 1;
-            break;
-        }
-        int *ids = xmalloc((size_t)P * sizeof(int));
-        double pp[1000], tg[1000], ttft[1000];
-        size_t kvb = 0;
-        for (int r = 0; r < b.reps && rc == 0; r++) {
-            sampler smp;
-            sampler_init(&smp, &(sample_params){.temp = 0, .seed = (uint64_t)r + 1}, m->cfg.vocab);
-            for (int i = 0; i < P; i++) ids[i] = (int)(sample_uniform(&smp) * m->cfg.vocab) % m->cfg.vocab;
-            run_stats st;
-            strategy_opts so = {.n_threads = b.threads};
-            fprintf(stderr, "bench: P=%d rep %d/%d\r", P, r + 1, b.reps);
-            rc = run_generate(s, m, &so, ids, P, b.n_gen, &smp, bench_ignore, NULL, &st, err, sizeof err);
-            if (rc) fprintf(stderr, "sift: error: %s\n", err);
-            pp[r] = per_sec(P, st.prompt_ms);
-            tg[r] = per_sec(st.decode_runs, st.decode_ms);
-            ttft[r] = st.prompt_ms;
-            kvb = st.kv_bytes;
-            sampler_free(&smp);
-        }
-        free(ids);
-        if (rc) break;
-        double ppm, pps, tgm, tgs, tm, ts;
-        mean_sd(pp, b.reps, &ppm, &pps);
-        mean_sd(tg, b.reps, &tgm, &tgs);
-        mean_sd(ttft, b.reps, &tm, &ts);
-        const char *name = m->name ? m->name : base_name(path);
-        if (strcmp(b.format, "md") == 0)
-            printf("| %s | %s | %s | %d | %d | %d | %.1f ± %.1f | %.2f ± %.2f | %.1f | %.2f |\n", name,
-                   s->name, bk->name, b.threads, P, b.n_gen, ppm, pps, tgm, tgs, tm, kvb / 1048576.0);
-        else
-            printf("{\"model\":\"%s\",\"strategy\":\"%s\",\"backend\":\"%s\",\"threads\":%d,"
-                   "\"n_prompt\":%d,\"n_gen\":%d,\"reps\":%d,\"pp_avg_ts\":%.3f,\"pp_stddev_ts\":%.3f,"
-                   "\"tg_avg_ts\":%.3f,\"tg_stddev_ts\":%.3f,\"ttft_ms\":%.3f,\"kv_bytes\":%zu}\n",
-                   name, s->name, bk->name, b.threads, P, b.n_gen, b.reps, ppm, pps, tgm, tgs, tm, kvb);
-        fflush(stdout);
-    }
-    fprintf(stderr, "%40s\r", "");
-    model_free(m);
-    bk->destroy(bk);
-    gguf_close(f);
-    free(path);
-    return rc;
-}
-
 static int eog_test(const void *ctx, int id) { return tok_is_eog(ctx, id); }
 
 // Loads --draft: a model with exactly the main model's vocabulary. NULL + err otherwise.
@@ -750,12 +629,184 @@ static model *load_draft(const char *path, const tok *main_tok, backend *bk, ggu
     return d;
 }
 
+static int check_strategies(const strategy *const *list, int n, const strategy_opts *so,
+                            const model *m);
+
+// ---- sift bench -----------------------------------------------------------------------------
+// llama-bench in spirit: for each prompt length P, prefill P seeded random tokens, then decode
+// N tokens at that depth (greedy, end-of-text ignored); R repetitions, each running every chosen
+// strategy on the same tokens in turn, so the ratios against `full` come from the same run.
+
+typedef struct {
+    const char *model, *format, *draft_path;
+    int lens[16], n_lens, n_gen, reps, threads;
+    const strategy *strategies[MAX_STRATEGIES];
+    int n_strategies;
+    strategy_opts so;
+} bench_opts;
+
+typedef struct {
+    double pp[1000], tg[1000], ttft[1000];
+    size_t kv_bytes;
+    long rows_done;
+} bench_stats;
+
+static int bench_ignore(void *ctx, int id) {
+    (void)ctx;
+    (void)id;
+    return 0;
+}
+
+static void mean_sd(const double *x, int n, double *mean, double *sd) {
+    double s = 0, q = 0;
+    for (int i = 0; i < n; i++) s += x[i];
+    *mean = s / n;
+    for (int i = 0; i < n; i++) q += (x[i] - *mean) * (x[i] - *mean);
+    *sd = n > 1 ? sqrt(q / (n - 1)) : 0;
+}
+
+static void bench_parse(int argc, char **argv, bench_opts *b) {
+    *b = (bench_opts){.format = "md", .n_gen = 128, .reps = 3, .lens = {512}, .n_lens = 1,
+                      .strategies = {strategy_find("full")}, .n_strategies = 1,
+                      .so = strategy_opts_default()};
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (is_flag(a, "-h", "--help")) {
+            printf("usage: sift bench [-m MODEL] [-p 512,2048] [-n 128] [-r 3] [-t N]\n"
+                   "                  [--strategy NAME,...|all] [strategy flags] [-o md|jsonl]\n"
+                   "prefill P random tokens, then decode N at that depth; mean ± sd of R runs;\n"
+                   "'x full' columns are ratios of means against full in the same run\n");
+            exit(0);
+        }
+        if (i + 1 >= argc) usage_error("bench: %s needs a value", a);
+        const char *v = argv[++i];
+        if (is_flag(a, "-m", "--model")) b->model = v;
+        else if (is_flag(a, "-n", "--n-gen")) b->n_gen = (int)parse_int(a, v, 1, 1 << 20);
+        else if (is_flag(a, "-r", "--reps")) b->reps = (int)parse_int(a, v, 1, 1000);
+        else if (is_flag(a, "-t", "--threads")) b->threads = (int)parse_int(a, v, 1, 1024);
+        else if (is_flag(a, NULL, "--strategy")) b->n_strategies = parse_strategies(v, b->strategies);
+        else if (is_flag(a, "-o", "--output")) b->format = v;
+        else if (is_flag(a, "-p", "--n-prompt")) {
+            char *copy = strdup(v), *save = NULL;
+            b->n_lens = 0;
+            for (char *t = strtok_r(copy, ",", &save); t && b->n_lens < 16; t = strtok_r(NULL, ",", &save))
+                b->lens[b->n_lens++] = (int)parse_int(a, t, 1, 1 << 22);
+            free(copy);
+        } else if (!parse_strategy_flag(a, v, &b->so, &b->draft_path))
+            usage_error("bench: unknown flag '%s'", a);
+    }
+    if (strcmp(b->format, "md") && strcmp(b->format, "jsonl")) usage_error("bench: -o must be md or jsonl");
+    if (b->threads == 0) b->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    b->so.n_threads = b->threads;
+}
+
+// One rep of every strategy at prompt length P; 0 or -1.
+static int bench_rep(const bench_opts *b, model *m, int P, int rep, bench_stats *bs) {
+    int *ids = xmalloc((size_t)P * sizeof(int));
+    sampler smp;
+    sampler_init(&smp, &(sample_params){.temp = 0, .seed = (uint64_t)rep + 1}, m->cfg.vocab);
+    for (int i = 0; i < P; i++) ids[i] = (int)(sample_uniform(&smp) * m->cfg.vocab) % m->cfg.vocab;
+    int rc = 0;
+    for (int k = 0; k < b->n_strategies && rc == 0; k++) {
+        run_stats st;
+        char err[512];
+        fprintf(stderr, "bench: P=%d rep %d/%d %-14s\r", P, rep + 1, b->reps, b->strategies[k]->name);
+        rc = run_generate(b->strategies[k], m, &b->so, ids, P, b->n_gen, &smp, bench_ignore, NULL,
+                          &st, err, sizeof err);
+        if (rc) fprintf(stderr, "sift: error: %s: %s\n", b->strategies[k]->name, err);
+        bs[k].pp[rep] = per_sec(P, st.prompt_ms);
+        bs[k].tg[rep] = per_sec(st.decode_runs, st.decode_ms);
+        bs[k].ttft[rep] = st.prompt_ms;
+        bs[k].kv_bytes = st.kv_bytes;
+        bs[k].rows_done = st.rows_done;
+    }
+    sampler_free(&smp);
+    free(ids);
+    return rc;
+}
+
+static void bench_print(const bench_opts *b, const model *m, const char *name, int P,
+                        const bench_stats *bs) {
+    double full_pp = 0, full_tg = 0, sd;
+    for (int k = 0; k < b->n_strategies; k++)
+        if (strcmp(b->strategies[k]->name, "full") == 0) {
+            mean_sd(bs[k].pp, b->reps, &full_pp, &sd);
+            mean_sd(bs[k].tg, b->reps, &full_tg, &sd);
+        }
+    for (int k = 0; k < b->n_strategies; k++) {
+        double ppm, pps, tgm, tgs, tm, ts;
+        mean_sd(bs[k].pp, b->reps, &ppm, &pps);
+        mean_sd(bs[k].tg, b->reps, &tgm, &tgs);
+        mean_sd(bs[k].ttft, b->reps, &tm, &ts);
+        double rows = 100.0 * bs[k].rows_done / ((double)P * m->cfg.n_layer);
+        double ppx = full_pp > 0 ? ppm / full_pp : 0, tgx = full_tg > 0 ? tgm / full_tg : 0;
+        const char *sn = b->strategies[k]->name;
+        if (strcmp(b->format, "md") == 0)
+            printf("| %s | %s | cpu | %d | %d | %d | %.1f ± %.1f | %.2f ± %.2f | %.1f | %.2f | %.1f | %.2f | %.2f |\n",
+                   name, sn, b->threads, P, b->n_gen, ppm, pps, tgm, tgs, tm,
+                   bs[k].kv_bytes / 1048576.0, rows, ppx, tgx);
+        else
+            printf("{\"model\":\"%s\",\"strategy\":\"%s\",\"backend\":\"cpu\",\"threads\":%d,"
+                   "\"n_prompt\":%d,\"n_gen\":%d,\"reps\":%d,\"pp_avg_ts\":%.3f,\"pp_stddev_ts\":%.3f,"
+                   "\"tg_avg_ts\":%.3f,\"tg_stddev_ts\":%.3f,\"ttft_ms\":%.3f,\"kv_bytes\":%zu,"
+                   "\"rows_pct_of_full\":%.3f,\"pp_x_full\":%.4f,\"tg_x_full\":%.4f}\n",
+                   name, sn, b->threads, P, b->n_gen, b->reps, ppm, pps, tgm, tgs, tm,
+                   bs[k].kv_bytes, rows, ppx, tgx);
+    }
+    fflush(stdout);
+}
+
+static int bench_main(int argc, char **argv) {
+    bench_opts b;
+    bench_parse(argc, argv, &b);
+    char err[512], *path = b.model ? strdup(b.model) : default_model_path();
+    gguf_file *f = gguf_open(path, err, sizeof err), *df = NULL;
+    tok *t = f ? tok_load_gguf(f, err, sizeof err) : NULL, *dt = NULL;
+    backend *bk = backend_cpu_create(b.threads);
+    model *m = t ? model_load_gguf(f, bk, err, sizeof err) : NULL, *draft = NULL;
+    int rc = 1;
+    if (!m)
+        fprintf(stderr, "sift: error: %s: %s\n", path, err);
+    else if (b.draft_path && !(draft = load_draft(b.draft_path, t, bk, &df, &dt, err, sizeof err)))
+        fprintf(stderr, "sift: error: %s\n", err);
+    else if (b.so.draft = draft, b.so.is_eog = eog_test, b.so.eog_ctx = t,
+             check_strategies(b.strategies, b.n_strategies, &b.so, m) == 0)
+        rc = 0;
+    if (rc == 0 && strcmp(b.format, "md") == 0)
+        printf("| model | strategy | backend | threads | prompt | gen | pp t/s | tg t/s | TTFT ms "
+               "| KV MiB | rows %% | pp x full | tg x full |\n"
+               "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    bench_stats *bs = xcalloc(MAX_STRATEGIES, sizeof *bs);
+    for (int li = 0; li < b.n_lens && rc == 0; li++) {
+        int P = b.lens[li];
+        if ((long)P + b.n_gen > m->cfg.ctx_len) {
+            fprintf(stderr, "sift: error: bench: %d + %d tokens exceed the context size %d\n", P,
+                    b.n_gen, m->cfg.ctx_len);
+            rc = 1;
+        }
+        for (int r = 0; r < b.reps && rc == 0; r++) rc = bench_rep(&b, m, P, r, bs);
+        if (rc == 0) bench_print(&b, m, m->name ? m->name : base_name(path), P, bs);
+    }
+    fprintf(stderr, "%50s\r", "");
+    free(bs);
+    model_free(m);
+    model_free(draft);
+    bk->destroy(bk);
+    tok_free(t);
+    tok_free(dt);
+    gguf_close(f);
+    gguf_close(df);
+    free(path);
+    return rc;
+}
+
 // Every chosen strategy accepts the options for this model; 0 or -1 (message printed).
-static int check_strategies(const options *o, const model *m) {
+static int check_strategies(const strategy *const *list, int n, const strategy_opts *so,
+                            const model *m) {
     char err[512];
-    for (int i = 0; i < o->n_strategies; i++) {
-        const strategy *s = o->strategies[i];
-        if (s->check && s->check(m, &o->so, err, sizeof err) != 0) {
+    for (int i = 0; i < n; i++) {
+        const strategy *s = list[i];
+        if (s->check && s->check(m, so, err, sizeof err) != 0) {
             fprintf(stderr, "sift: error: %s: %s\n", s->name, err);
             return -1;
         }
@@ -818,7 +869,7 @@ int main(int argc, char **argv) {
                 model_path, tok_n_vocab(t), m->cfg.vocab);
     else if (o.draft_path && !(draft = load_draft(o.draft_path, t, bk, &df, &dt, err, sizeof err)))
         fprintf(stderr, "sift: error: %s\n", err);
-    else if (o.so.draft = draft, o.so.is_eog = eog_test, o.so.eog_ctx = t, check_strategies(&o, m))
+    else if (o.so.draft = draft, o.so.is_eog = eog_test, o.so.eog_ctx = t, check_strategies(o.strategies, o.n_strategies, &o.so, m))
         rc = 2;
     else {
         if (!o.quiet && isatty(2)) m->on_layer = show_layer;
