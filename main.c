@@ -73,11 +73,26 @@ static void print_help(void) {
         "      --min-p P           drop tokens below P x the top probability (default 0.05)\n"
         "  -s, --seed N            sampling seed (default -1 = random, reported)\n"
         "strategy and device\n"
-        "      --strategy NAME     long-context strategy: %s (default full)\n"
+        "      --strategy LIST     one strategy, or a comma list / all for an A/B comparison\n"
+        "                          on the same tokens: %s (default full)\n"
         "      --device D          auto | cpu | cuda (default auto)\n"
         "  -t, --threads N         CPU threads (default: all cores)\n"
+        "strategy parameters (defaults from each strategy's paper)\n"
+        "      --speed-depth K     speed: layers that see the prompt (default ceil(0.875 L))\n"
+        "      --anchor bos|none   speed: keep the first prompt token in upper layers (bos)\n"
+        "      --tsp-layer N       fastkv: token-selective propagation after layer N (L/2-1)\n"
+        "      --tsp-rate R        fastkv: share of rows propagated, (0,1] (0.2)\n"
+        "      --kv-rate R         fastkv, snapkv, streamingllm: KV kept per layer, (0,1] (0.1)\n"
+        "      --window W          fastkv, snapkv: observation window, always kept (8)\n"
+        "      --pool-kernel K     fastkv, snapkv: max-pool kernel, odd (7)\n"
+        "      --keep P            specprefill: share of prompt chunks kept, (0,1] (0.3)\n"
+        "      --lookahead N       specprefill: draft query rows incl. the last prompt token (8)\n"
+        "      --chunk C           specprefill: chunk size in tokens (32)\n"
+        "      --spec-pool K       specprefill: average-pool kernel, odd (13)\n"
+        "      --draft MODEL       specprefill: draft model with the same vocabulary\n"
+        "      --draft-layers N    specprefill: self-draft from the main model's first N layers\n"
         "output\n"
-        "      --json              one JSON object per prompt on stdout (JSON Lines)\n"
+        "      --json              one JSON object per prompt and strategy (JSON Lines)\n"
         "  -q, --quiet             no progress or timing on stderr\n"
         "  -h, --help              this help\n"
         "      --version           version and backends\n\n"
@@ -86,7 +101,8 @@ static void print_help(void) {
         "  sift -m model.gguf -f prompt.txt -n 128 --temp 0.7 --top-p 0.9 --seed 7 --json\n"
         "  sift -f a.txt -f b.txt --json -q > results.jsonl\n"
         "  sift --batch prompts/ --chat --temp 0 -n 64\n"
-        "  cat prompt.txt | sift -f - -n 64\n",
+        "  cat prompt.txt | sift -f - -n 64\n"
+        "  sift -f long.txt --strategy full,speed,fastkv,specprefill -n 64 --temp 0\n",
         SIFT_VERSION, DEFAULT_MODEL, strategy_names());
 }
 
