@@ -9,8 +9,15 @@
 #include "../util/check.h"
 
 extern const strategy strategy_full;
+extern const strategy strategy_speed;
+extern const strategy strategy_fastkv;
+extern const strategy strategy_snapkv;
+extern const strategy strategy_streamingllm;
+extern const strategy strategy_specprefill;
 
-static const strategy *const all_strategies[] = {&strategy_full};
+static const strategy *const all_strategies[] = {
+    &strategy_full, &strategy_speed, &strategy_fastkv, &strategy_snapkv, &strategy_streamingllm,
+    &strategy_specprefill};
 #define N_STRATEGIES (int)(sizeof all_strategies / sizeof *all_strategies)
 
 const strategy *strategy_find(const char *name) {

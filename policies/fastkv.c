@@ -1,0 +1,86 @@
+// policies/fastkv.c — `fastkv` (specs/fastkv.md, arXiv 2502.01068): Token-Selective Propagation
+// + GQA-aware KV compression. Every layer scores the prompt by the softmax attention of the last
+// w rows (window_score.h) and keeps, per KV head, the top (B_l - w) tokens plus the window.
+// Layers 0..L_TSP run on all N rows; after layer L_TSP only T = floor(N * R_TSP) rows go on (the
+// top T - w by the layer score plus the window, ascending, at their original positions).
+// Budgets: B_l = floor(n_l * R_KV) up to L_TSP, floor(T * R_KV / R_TSP) above: ~R_KV of N.
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../util/check.h"
+#include "policy.h"
+#include "window_score.h"
+
+typedef struct {
+    int tsp_layer, t, w, kernel, n_gen;   // t: rows propagated past the TSP layer
+    float kv_rate, kv_rate_up;            // rho_l at or below the TSP layer, and above it
+    float *s_tsp;                         // (N - w) the TSP layer's score over all heads
+} fastkv;
+
+static int tsp_layer(const model *m, const strategy_opts *o) {
+    int l = o->tsp_layer >= 0 ? o->tsp_layer : m->cfg.n_layer / 2 - 1;
+    return l > 0 ? l : 0;
+}
+
+// Scores layer l, compresses its cache to B_l and, at the TSP layer, keeps the layer score.
+static int fastkv_after_attention(void *ctx, fwd_state *s, int l, const void *q) {
+    fastkv *f = ctx;
+    int n = s->n, b = window_budget(n, l <= f->tsp_layer ? f->kv_rate : f->kv_rate_up);
+    int tsp = l == f->tsp_layer && f->t < n;
+    if (b >= n && !tsp) return 0;   // the budget holds every token
+    float *pooled = window_score_layer(s, l, q, f->w, f->kernel);
+    if (b < n) window_compress(s, l, pooled, f->w, b > f->w ? b : f->w, f->n_gen);
+    if (tsp) window_score_groups(pooled, s->m->cfg.n_head, 1, n - f->w, f->s_tsp);
+    free(pooled);
+    return 0;
+}
+
+// TSP: after layer L_TSP only the top (T - w) rows by S_tsp plus the window go on.
+static int fastkv_after_layer(void *ctx, fwd_state *s, int l) {
+    fastkv *f = ctx;
+    if (l != f->tsp_layer || f->t >= s->n) return 0;
+    int *idx = xmalloc((size_t)f->t * sizeof(int));
+    window_select(f->s_tsp, 1, s->n, f->w, f->t, idx);
+    fwd_keep_rows(s, idx, f->t);
+    free(idx);
+    return 0;
+}
+
+static kv_cache *fastkv_prefill(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
+                                float *logits, prefill_info *info, char *err, size_t errlen) {
+    int L = m->cfg.n_layer;
+    fastkv f = {.tsp_layer = tsp_layer(m, o), .t = window_budget(n, o->tsp_rate), .w = o->window,
+                .kernel = o->pool_kernel, .n_gen = n_gen, .kv_rate = o->kv_rate,
+                .kv_rate_up = o->kv_rate / o->tsp_rate};
+    int on = f.t > f.w && window_budget(n, o->kv_rate) > f.w;   // else too short: run it full
+    if (!on)
+        snprintf(info->note, sizeof info->note,
+                 "prompt of %d tokens is too short for fastkv (window %d): ran it without "
+                 "compression", n, f.w);
+    int *caps = xmalloc((size_t)L * sizeof(int)), *pos = xmalloc((size_t)n * sizeof(int));
+    for (int l = 0; l < L; l++) caps[l] = (on && l > f.tsp_layer && f.t < n ? f.t : n) + n_gen;
+    for (int i = 0; i < n; i++) pos[i] = i;
+    f.s_tsp = xmalloc((size_t)n * sizeof(float));
+    fwd_hooks hooks = {&f, fastkv_after_attention, fastkv_after_layer};
+    kv_cache *kv = fwd_kv_create(m, caps, err, errlen);
+    if (kv) info->rows_done = fwd_run(m, kv, ids, pos, n, on ? &hooks : NULL, logits, 0);
+    free(f.s_tsp);
+    free(caps);
+    free(pos);
+    return kv;
+}
+
+static int fastkv_check(const model *m, const strategy_opts *o, char *err, size_t errlen) {
+    int L = m->cfg.n_layer, l = tsp_layer(m, o);
+    if (l >= L)
+        return err_printf(err, errlen, "--tsp-layer %d is outside this model's %d layers (0..%d)",
+                          l, L, L - 1);
+    return 0;
+}
+
+const strategy strategy_fastkv = {
+    .name = "fastkv",
+    .about = "token-selective propagation after layer L/2-1 + per-KV-head KV compression (FastKV)",
+    .prefill = fastkv_prefill,
+    .check = fastkv_check,
+};

@@ -1,0 +1,48 @@
+// policies/snapkv.c — `snapkv` (the baseline of specs/fastkv.md): FastKV's scoring and KV
+// compression in every layer, no token-selective propagation. Every prompt row goes through every
+// layer; after each layer's attention its cache keeps, per KV head, the top (B - w) tokens by the
+// window score summed over that head's query group, plus the window. B = floor(N * R_KV).
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../util/check.h"
+#include "policy.h"
+#include "window_score.h"
+
+typedef struct {
+    int b, w, kernel, n_gen;
+} snapkv;
+
+static int snapkv_after_attention(void *ctx, fwd_state *s, int l, const void *q) {
+    snapkv *k = ctx;
+    float *pooled = window_score_layer(s, l, q, k->w, k->kernel);
+    window_compress(s, l, pooled, k->w, k->b, k->n_gen);
+    free(pooled);
+    return 0;
+}
+
+static kv_cache *snapkv_prefill(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
+                                float *logits, prefill_info *info, char *err, size_t errlen) {
+    int L = m->cfg.n_layer;
+    snapkv k = {window_budget(n, o->kv_rate), o->window, o->pool_kernel, n_gen};
+    if (k.b <= k.w)
+        snprintf(info->note, sizeof info->note,
+                 "prompt of %d tokens is too short for snapkv (window %d): ran it without "
+                 "compression", n, k.w);
+    int *caps = xmalloc((size_t)L * sizeof(int)), *pos = xmalloc((size_t)n * sizeof(int));
+    for (int l = 0; l < L; l++) caps[l] = n + n_gen;
+    for (int i = 0; i < n; i++) pos[i] = i;
+    fwd_hooks hooks = {.ctx = &k, .after_attention = snapkv_after_attention};
+    int on = k.b > k.w && k.b < n;   // b >= n: the budget holds every token
+    kv_cache *kv = fwd_kv_create(m, caps, err, errlen);
+    if (kv) info->rows_done = fwd_run(m, kv, ids, pos, n, on ? &hooks : NULL, logits, 0);
+    free(caps);
+    free(pos);
+    return kv;
+}
+
+const strategy strategy_snapkv = {
+    .name = "snapkv",
+    .about = "every layer keeps its KV per KV head by window attention, no propagation (SnapKV)",
+    .prefill = snapkv_prefill,
+};

@@ -1,0 +1,63 @@
+// policies/speed.c — `speed`: Shallow Prefill, dEEp Decode (specs/speed.md). Prompt tokens run
+// and are cached only in the first K layers; above K only the anchor (the first prompt token:
+// the BOS where a model adds one) and the last prompt token go on, the latter as the first "deep"
+// token. Decode tokens run every layer, so in layers >= K they see {anchor, last prompt token,
+// earlier decode tokens, themselves}. Positions are never renumbered.
+#include "../util/check.h"
+#include "policy.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef struct {
+    int depth;     // K: layers that see the whole prompt
+    int anchors;   // |A|: 1 (the first prompt token) or 0
+} speed_plan;
+
+static int speed_depth(const model *m, const strategy_opts *o) {
+    int L = m->cfg.n_layer;
+    return o->speed_depth > 0 ? o->speed_depth : (7 * L + 7) / 8;   // ceil(0.875 L)
+}
+
+// After layer K-1 the prompt stops: only the anchor row and the last row go deep.
+static int speed_after_layer(void *ctx, fwd_state *s, int l) {
+    const speed_plan *p = ctx;
+    if (l != p->depth - 1) return 0;
+    int rows[2], k = 0;
+    if (p->anchors) rows[k++] = 0;
+    rows[k++] = s->n - 1;
+    fwd_keep_rows(s, rows, k);
+    return 0;
+}
+
+static kv_cache *speed_prefill(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
+                               float *logits, prefill_info *info, char *err, size_t errlen) {
+    int L = m->cfg.n_layer;
+    // With a one-token prompt the anchor is the last prompt token itself.
+    speed_plan p = {.depth = speed_depth(m, o), .anchors = o->anchor && n > 1};
+    int *caps = xmalloc((size_t)L * sizeof(int)), *pos = xmalloc((size_t)n * sizeof(int));
+    for (int l = 0; l < L; l++) caps[l] = l < p.depth ? n + n_gen : p.anchors + 1 + n_gen;
+    for (int i = 0; i < n; i++) pos[i] = i;
+    kv_cache *kv = fwd_kv_create(m, caps, err, errlen);
+    fwd_hooks hooks = {.ctx = &p, .after_layer = speed_after_layer};
+    if (kv) info->rows_done = fwd_run(m, kv, ids, pos, n, &hooks, logits, 0);
+    free(caps);
+    free(pos);
+    return kv;
+}
+
+static int speed_check(const model *m, const strategy_opts *o, char *err, size_t errlen) {
+    if (speed_depth(m, o) > m->cfg.n_layer) {
+        snprintf(err, errlen, "--speed-depth %d is more than the model's %d layers",
+                 o->speed_depth, m->cfg.n_layer);
+        return -1;
+    }
+    return 0;
+}
+
+const strategy strategy_speed = {
+    .name = "speed",
+    .about = "prompt runs the first K layers only; upper layers see anchor + decode tokens",
+    .prefill = speed_prefill,
+    .check = speed_check,
+};

@@ -1,0 +1,168 @@
+// tests/test_select.c — token selection of fastkv / snapkv / streamingllm against hand-built
+// answers: pooling edge rules (max-pool padding ignored, avg-pool zero padding), the FastKV window
+// scores from hand-made probabilities, per-KV-group and all-head sums, top-k plus window (ties to
+// the lower index, ascending), the budget arithmetic, and one attention layer end to end: window
+// softmax scores vs a float64 reference and the per-KV-head cache it keeps.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../attn/score.h"
+#include "../model/forward.h"
+#include "../policies/window_score.h"
+#include "check.h"
+
+static void test_maxpool_edges(void) {
+    // kernel 7: a spike reaches 3 tokens each side, clipped at both ends
+    float s[10] = {5, 0, 0, 0, 0, 0, 0, 0, 0, 0}, out[10];
+    score_maxpool(s, 10, 7, out);
+    for (int j = 0; j < 10; j++)
+        CHECK(out[j] == (j <= 3 ? 5 : 0), "left spike, out[%d] = %g", j, out[j]);
+    memset(s, 0, sizeof s);
+    s[9] = 5;
+    score_maxpool(s, 10, 7, out);
+    for (int j = 0; j < 10; j++)
+        CHECK(out[j] == (j >= 6 ? 5 : 0), "right spike, out[%d] = %g", j, out[j]);
+    // padding is ignored, not zero: all-negative scores stay negative at the edges
+    float neg[4] = {-1, -2, -3, -4};
+    score_maxpool(neg, 4, 7, out);
+    for (int j = 0; j < 4; j++) CHECK(out[j] == -1, "negative, out[%d] = %g", j, out[j]);
+    score_maxpool(neg, 4, 3, out);
+    float want[4] = {-1, -1, -2, -3};
+    for (int j = 0; j < 4; j++) CHECK(out[j] == want[j], "kernel 3, out[%d] = %g", j, out[j]);
+}
+
+static void test_avgpool(void) {
+    // zero padding counted: edges divide by the full kernel
+    float s[3] = {3, 6, 9}, out[3], want[3] = {3, 6, 5};
+    score_avgpool(s, 3, 3, out);
+    for (int j = 0; j < 3; j++) CHECK_CLOSE(out[j], want[j], 1e-6);
+    float t[6] = {7, 0, 0, 0, 0, 14}, o5[6];
+    float w5[6] = {7.0 / 5, 7.0 / 5, 7.0 / 5, 14.0 / 5, 14.0 / 5, 14.0 / 5};
+    score_avgpool(t, 6, 5, o5);
+    for (int j = 0; j < 6; j++) CHECK_CLOSE(o5[j], w5[j], 1e-6);
+}
+
+static void test_window_scores(void) {
+    // w = 2 window rows, 2 heads, n = 6 keys -> c = 4 candidates; probs (w, heads, n)
+    float probs[2][2][6] = {
+        {{0.5f, 0.1f, 0.0f, 0.1f, 0.3f, 0.0f}, {0.0f, 0.0f, 0.6f, 0.0f, 0.4f, 0.0f}},
+        {{0.2f, 0.2f, 0.0f, 0.1f, 0.2f, 0.3f}, {0.1f, 0.0f, 0.1f, 0.0f, 0.4f, 0.4f}},
+    };
+    // s_0 = {0.7, 0.3, 0.0, 0.2}; s_1 = {0.1, 0.0, 0.7, 0.0} (keys 4, 5 are the window: excluded)
+    float pooled[2][4], p1[2][4] = {{0.7f, 0.3f, 0.0f, 0.2f}, {0.1f, 0.0f, 0.7f, 0.0f}};
+    window_score_heads(&probs[0][0][0], 2, 2, 6, 1, &pooled[0][0]);
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < 4; j++) CHECK_CLOSE(pooled[h][j], p1[h][j], 1e-6);
+    // kernel 3: max-pool per head BEFORE summing heads
+    float p3[2][4] = {{0.7f, 0.7f, 0.3f, 0.2f}, {0.1f, 0.7f, 0.7f, 0.7f}};
+    window_score_heads(&probs[0][0][0], 2, 2, 6, 3, &pooled[0][0]);
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < 4; j++) CHECK_CLOSE(pooled[h][j], p3[h][j], 1e-6);
+    float all[4], want[4] = {0.8f, 1.4f, 1.0f, 0.9f};
+    window_score_groups(&pooled[0][0], 2, 1, 4, all);
+    for (int j = 0; j < 4; j++) CHECK_CLOSE(all[j], want[j], 1e-6);
+    // 4 heads in 2 KV groups: group g sums heads 2g, 2g+1
+    float ph[4][3] = {{1, 2, 3}, {10, 20, 30}, {4, 0, 4}, {0, 4, 1}}, grp[2][3];
+    float wg[2][3] = {{11, 22, 33}, {4, 4, 5}};
+    window_score_groups(&ph[0][0], 4, 2, 3, &grp[0][0]);
+    for (int g = 0; g < 2; g++)
+        for (int j = 0; j < 3; j++)
+            CHECK(grp[g][j] == wg[g][j], "group %d, j %d: %g", g, j, grp[g][j]);
+}
+
+static void test_select_window(void) {
+    // per KV group: top (k - w) of the n - w candidates + the window, ascending, ties to lower
+    int n = 10, w = 3, k = 5;
+    float sc[2][7] = {{0, 9, 1, 9, 9, 0, 0}, {5, 0, 0, 0, 0, 0, 6}};
+    int idx[2][5], want[2][5] = {{1, 3, 7, 8, 9}, {0, 6, 7, 8, 9}};
+    window_select(&sc[0][0], 2, n, w, k, &idx[0][0]);
+    for (int g = 0; g < 2; g++)
+        for (int j = 0; j < k; j++)
+            CHECK(idx[g][j] == want[g][j], "g %d: idx[%d] = %d", g, j, idx[g][j]);
+    // TSP rows (one group): the window is kept even when the prefix scores are all higher; sorted
+    float ts[5] = {3, 1, 4, 1, 5};
+    int rows[4], wr[4] = {2, 4, 5, 6};
+    window_select(ts, 1, 7, 2, 4, rows);
+    for (int j = 0; j < 4; j++) CHECK(rows[j] == wr[j], "rows[%d] = %d", j, rows[j]);
+    // k == w: the window only
+    window_select(ts, 1, 7, 2, 2, rows);
+    CHECK(rows[0] == 5 && rows[1] == 6, "window only: %d %d", rows[0], rows[1]);
+}
+
+static void test_budget(void) {
+    CHECK(window_budget(100, 0.7f) == 70, "100 * 0.7 = %d", window_budget(100, 0.7f));
+    CHECK(window_budget(200, 0.1f) == 20, "200 * 0.1 = %d", window_budget(200, 0.1f));
+    CHECK(window_budget(1403, 0.2f) == 280, "1403 * 0.2 = %d", window_budget(1403, 0.2f));
+    CHECK(window_budget(7, 0.5f) == 3, "7 * 0.5 = %d", window_budget(7, 0.5f));
+    CHECK(window_budget(280, 0.1f / 0.2f) == 140, "280 * 0.1 / 0.2 = %d",
+          window_budget(280, 0.1f / 0.2f));
+    CHECK(window_budget(9, 1.0f) == 9, "9 * 1 = %d", window_budget(9, 1.0f));
+}
+
+// One attention layer: 4 query heads over 2 KV heads (hd 2), n = 12 keys at positions 0..11,
+// window w = 2, kernel 3. Every query is (1, 0); keys are 0 except KV head 0: key 2 = (4, 0),
+// key 7 = (2, 0); KV head 1: key 6 = (4, 0). Budget 4 keeps the top 2 + the window per KV head:
+// head 0 -> the pooled plateau of key 2 = {1, 2, 3} -> {1, 2} (ties to lower), + {10, 11};
+// head 1 -> {5, 6} + {10, 11}.
+static void test_layer(void) {
+    enum { N = 12, H = 4, HKV = 2, HD = 2, W = 2, NGEN = 3 };
+    model m = {.cfg = {.n_layer = 1, .n_head = H, .n_kv_head = HKV, .head_dim = HD}};
+    m.bk = backend_cpu_create(1);
+    char err[200];
+    int cap = N + NGEN, pos[N];
+    kv_cache *kv = fwd_kv_create(&m, &cap, err, sizeof err);
+    float k[N][HKV][HD] = {{{0}}}, v[N][HKV][HD], q[N][H][HD];
+    k[2][0][0] = 4, k[7][0][0] = 2, k[6][1][0] = 4;
+    for (int i = 0; i < N; i++) {
+        pos[i] = i;
+        for (int g = 0; g < HKV; g++) v[i][g][0] = (float)i, v[i][g][1] = (float)g;
+        for (int h = 0; h < H; h++) q[i][h][0] = 1, q[i][h][1] = 0;
+    }
+    m.bk->kv_append(m.bk, &kv->layers[0], k, v, pos, N);
+    fwd_state s = {.m = &m, .kv = kv, .n = N, .pos = pos};
+
+    // float64 reference: window rows r = 10, 11; softmax over keys j <= r
+    double ref[H][N - W] = {{0}};
+    for (int r = N - W; r < N; r++)
+        for (int h = 0; h < H; h++) {
+            int g = h / (H / HKV);
+            double e[N], sum = 0;
+            for (int j = 0; j <= r; j++) sum += e[j] = exp(k[j][g][0] / sqrt(HD));
+            for (int j = 0; j < N - W; j++) ref[h][j] += e[j] / sum;
+        }
+    float *pooled = window_score_layer(&s, 0, q, W, 3);
+    for (int h = 0; h < H; h++)
+        for (int j = 0; j < N - W; j++) {
+            double mx = ref[h][j];
+            if (j > 0 && ref[h][j - 1] > mx) mx = ref[h][j - 1];
+            if (j < N - W - 1 && ref[h][j + 1] > mx) mx = ref[h][j + 1];
+            CHECK_CLOSE(pooled[h * (N - W) + j], mx, 1e-6);
+        }
+
+    window_compress(&s, 0, pooled, W, 4, NGEN);
+    kv_layer *L = &kv->layers[0];
+    int want[HKV][4] = {{1, 2, 10, 11}, {5, 6, 10, 11}};
+    CHECK(L->len == 4 && L->cap == 4 + NGEN, "len %d cap %d", L->len, L->cap);
+    CHECK(kv_bytes(kv) == 2 * (size_t)HKV * (4 + NGEN) * HD * sizeof(float), "bytes %zu",
+          kv_bytes(kv));
+    for (int g = 0; g < HKV; g++)
+        for (int j = 0; j < 4; j++) {
+            int p = L->pos[g * L->cap + j];
+            CHECK(p == want[g][j], "KV head %d entry %d: position %d", g, j, p);
+            CHECK(((float *)L->v)[(g * L->cap + j) * HD] == (float)p, "V of entry %d moved", j);
+        }
+    free(pooled);
+    kv_free(kv);
+    m.bk->destroy(m.bk);
+}
+
+int main(void) {
+    test_maxpool_edges();
+    test_avgpool();
+    test_window_scores();
+    test_select_window();
+    test_budget();
+    test_layer();
+    return check_summary("test_select");
+}
