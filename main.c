@@ -91,6 +91,7 @@ static void print_help(void) {
         "      --spec-pool K       specprefill: average-pool kernel, odd (13)\n"
         "      --draft MODEL       specprefill: draft model with the same vocabulary\n"
         "      --draft-layers N    specprefill: self-draft from the main model's first N layers\n"
+        "                          (default without --draft: ceil(L/2))\n"
         "output\n"
         "      --json              one JSON object per prompt and strategy (JSON Lines)\n"
         "  -q, --quiet             no progress or timing on stderr\n"

@@ -270,11 +270,11 @@ def test_specprefill_kv_bytes_and_rows(tiny, ref, tmp_path, keep, chunk):
     assert j["note"] == ""
 
 
-def test_specprefill_default_draft_is_a_quarter_of_the_layers(tiny, ref, tmp_path):
+def test_specprefill_default_draft_is_half_of_the_layers(tiny, ref, tmp_path):
     ids = tiny_ids(100, seed=7)
     got, _ = tool(tiny, ids, "specprefill", ["keep=0.3", "chunk=4", "lookahead=1"], tmp=tmp_path)
-    kept = ref_specprefill(ref, ids, math.ceil(L_TINY / 4), 1, 13, 4, 0.3)
-    others = [ref_specprefill(ref, ids, d, 1, 13, 4, 0.3) for d in (1, 3)]
+    kept = ref_specprefill(ref, ids, math.ceil(L_TINY / 2), 1, 13, 4, 0.3)
+    others = [ref_specprefill(ref, ids, d, 1, 13, 4, 0.3) for d in (1, L_TINY)]
     assert kept not in others   # the check below can tell the depths apart
     want = ref_pass(ref, [ids[i] for i in kept], kept)[0][-1]
     assert rel_err(got, want) <= REF_TOL
