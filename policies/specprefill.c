@@ -1,6 +1,6 @@
 // policies/specprefill.c — `specprefill`: Speculative Prefill (specs/specprefill.md). A speculator
 // (a --draft model with the same tokenizer, or the main model's first --draft-layers layers, by
-// default L/4, + final norm + LM head) reads the whole prompt plus a few greedy lookahead tokens;
+// default L/2, + final norm + LM head) reads the whole prompt plus a few greedy lookahead tokens;
 // the attention of those query rows over the prompt, pooled and maxed over (layer, head) and
 // averaged over the rows, scores every prompt token. The main model then prefills only the top
 // chunks, each token at its original position; decoding goes on at positions M, M+1, ... over the
