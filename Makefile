@@ -26,7 +26,7 @@ TEST_BIN := $(TEST_SRC:tests/%.c=build/tests/%)
 TOOL_SRC := $(wildcard tests/tool_*.c)
 TOOL_BIN := $(TOOL_SRC:tests/%.c=build/tests/%)
 
-.PHONY: all run test test-c model deps clean
+.PHONY: all run test test-c fuzz model deps clean
 all: sift
 
 build/%.o: %.c
@@ -42,6 +42,21 @@ sift: build/main.o build/libsift.a
 
 build/tests/%: build/tests/%.o build/libsift.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# libFuzzer targets (clang): the GGUF reader, the tokenizer and chat templates.
+FUZZ_CC    ?= clang
+FUZZ_FLAGS := -g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined \
+              -fno-sanitize-recover=undefined
+FUZZ_SECONDS ?= 10
+build/fuzz/fuzz_gguf: fuzz/fuzz_gguf.c weights/gguf.c weights/dequant.c util/check.c $(wildcard weights/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) -o $@ -lm
+build/fuzz/fuzz_tok: fuzz/fuzz_tok.c $(wildcard tok/*.c tok/*.h) weights/gguf.c weights/dequant.c util/check.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) -o $@ $(PCRE2_A) -lm
+
+fuzz: build/fuzz/fuzz_gguf build/fuzz/fuzz_tok $(MODEL)
+	@bash fuzz/run.sh $(FUZZ_SECONDS)
 
 # Prerequisites: Debian packages (when missing) and the Python reference venv.
 deps:
@@ -59,7 +74,7 @@ test-c: $(TEST_BIN)
 	@bash tests/run_c.sh $(TEST_BIN)
 
 test: deps
-	@$(MAKE) --no-print-directory sift $(TEST_BIN) $(TOOL_BIN) model
+	@$(MAKE) --no-print-directory sift $(TEST_BIN) $(TOOL_BIN) build/fuzz/fuzz_gguf build/fuzz/fuzz_tok model
 	@bash tests/run.sh
 
 clean:

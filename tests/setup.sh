@@ -8,6 +8,8 @@ need=()
 [ -f /usr/lib/x86_64-linux-gnu/libpcre2-8.a ] || need+=(libpcre2-dev)
 [ -f /usr/include/stb/stb_ds.h ] || need+=(libstb-dev)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+command -v clang >/dev/null || need+=(clang)
+ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || need+=(libclang-rt-14-dev)
 if [ ${#need[@]} -gt 0 ]; then
     echo "setup: installing ${need[*]}" >&2
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
