@@ -276,10 +276,21 @@ static void parse_args(int argc, char **argv, options *o) {
 }
 
 // Reads a whole file ('-' = stdin). NULL + err on failure.
+// Prompts larger than this are refused with their size rather than read blindly: even the
+// longest contexts hold a few MB of text.
+#define MAX_PROMPT_BYTES ((size_t)256 << 20)
+
 static char *read_all(const char *path, size_t *len, char *err, size_t errlen) {
     FILE *fp = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    struct stat sb;
     if (!fp) {
         snprintf(err, errlen, "cannot read prompt file '%s': %s", path, strerror(errno));
+        return NULL;
+    }
+    if (fstat(fileno(fp), &sb) == 0 && S_ISREG(sb.st_mode) && (size_t)sb.st_size > MAX_PROMPT_BYTES) {
+        snprintf(err, errlen, "prompt file '%s' is %lld bytes; prompts over %zu MiB are refused",
+                 path, (long long)sb.st_size, MAX_PROMPT_BYTES >> 20);
+        if (fp != stdin) fclose(fp);
         return NULL;
     }
     size_t cap = 1 << 16, n = 0;
@@ -287,7 +298,14 @@ static char *read_all(const char *path, size_t *len, char *err, size_t errlen) {
     size_t got;
     while ((got = fread(buf + n, 1, cap - n - 1, fp)) > 0) {
         n += got;
+        if (n > MAX_PROMPT_BYTES) break;   // a pipe without a size
         if (cap - n - 1 == 0) buf = xrealloc(buf, cap *= 2);
+    }
+    if (n > MAX_PROMPT_BYTES) {
+        snprintf(err, errlen, "prompt '%s' is over %zu MiB; refused", path, MAX_PROMPT_BYTES >> 20);
+        if (fp != stdin) fclose(fp);
+        free(buf);
+        return NULL;
     }
     int bad = ferror(fp);
     if (fp != stdin) fclose(fp);

@@ -141,6 +141,13 @@ def test_empty_prompt_file(tiny, tmp_path):
     assert_error(sift("-m", tiny, "-f", str(p)), "empty")
 
 
+def test_huge_prompt_file_refused_with_its_size(tiny, tmp_path):
+    p = tmp_path / "huge.txt"
+    with open(p, "wb") as f:
+        f.truncate(300 << 20)   # sparse: no disk used
+    assert_error(sift("-m", tiny, "-f", str(p)), "huge.txt", str(300 << 20), "refused")
+
+
 def test_invalid_utf8_names_offset(tiny, tmp_path):
     p = tmp_path / "bad.txt"
     p.write_bytes(b"hello \xc3\x28 world")
