@@ -57,16 +57,13 @@ static kv_cache *fastkv_prefill(model *m, const int *ids, int n, int n_gen, cons
         snprintf(info->note, sizeof info->note,
                  "prompt of %d tokens is too short for fastkv (window %d): ran it without "
                  "compression", n, f.w);
-    int *caps = xmalloc((size_t)L * sizeof(int)), *pos = xmalloc((size_t)n * sizeof(int));
+    int *caps = xmalloc((size_t)L * sizeof(int));
     for (int l = 0; l < L; l++) caps[l] = (on && l > f.tsp_layer && f.t < n ? f.t : n) + n_gen;
-    for (int i = 0; i < n; i++) pos[i] = i;
     f.s_tsp = xmalloc((size_t)n * sizeof(float));
     fwd_hooks hooks = {&f, fastkv_after_attention, fastkv_after_layer};
-    kv_cache *kv = fwd_kv_create(m, caps, err, errlen);
-    if (kv) info->rows_done = fwd_run(m, kv, ids, pos, n, on ? &hooks : NULL, logits, 0);
+    kv_cache *kv = prefill_run(m, ids, n, n_gen, caps, on ? &hooks : NULL, logits, info, err, errlen);
     free(f.s_tsp);
     free(caps);
-    free(pos);
     return kv;
 }
 

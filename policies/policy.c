@@ -45,6 +45,20 @@ strategy_opts strategy_opts_default(void) {
                            .chunk = 32, .spec_pool = 13};
 }
 
+kv_cache *prefill_run(model *m, const int *ids, int n, int n_gen, const int *caps,
+                      const fwd_hooks *hooks, float *logits, prefill_info *info, char *err,
+                      size_t errlen) {
+    int L = m->cfg.n_layer;
+    int *all = xmalloc((size_t)L * sizeof(int)), *pos = xmalloc((size_t)n * sizeof(int));
+    for (int l = 0; l < L; l++) all[l] = caps ? caps[l] : n + n_gen;
+    for (int i = 0; i < n; i++) pos[i] = i;
+    kv_cache *kv = fwd_kv_create(m, all, err, errlen);
+    if (kv) info->rows_done = fwd_run(m, kv, ids, pos, n, hooks, logits, 0);
+    free(all);
+    free(pos);
+    return kv;
+}
+
 double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -49,6 +49,12 @@ typedef struct strategy {
     int (*check)(const model *m, const strategy_opts *o, char *err, size_t errlen);
 } strategy;
 
+// The common prefill: ids (n,) at positions 0..n-1 into a new cache of capacity caps[l] per
+// layer (caps NULL: n + n_gen everywhere), through hooks (may be NULL); sets info->rows_done.
+kv_cache *prefill_run(model *m, const int *ids, int n, int n_gen, const int *caps,
+                      const fwd_hooks *hooks, float *logits, prefill_info *info, char *err,
+                      size_t errlen);
+
 // The defaults above, for a model of n_layer layers left to each strategy (0 / -1 fields).
 strategy_opts strategy_opts_default(void);
 

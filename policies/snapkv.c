@@ -23,22 +23,14 @@ static int snapkv_after_attention(void *ctx, fwd_state *s, int l, const void *q)
 
 static kv_cache *snapkv_prefill(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
                                 float *logits, prefill_info *info, char *err, size_t errlen) {
-    int L = m->cfg.n_layer;
     snapkv k = {window_budget(n, o->kv_rate), o->window, o->pool_kernel, n_gen};
     if (k.b <= k.w)
         snprintf(info->note, sizeof info->note,
                  "prompt of %d tokens is too short for snapkv (window %d): ran it without "
                  "compression", n, k.w);
-    int *caps = xmalloc((size_t)L * sizeof(int)), *pos = xmalloc((size_t)n * sizeof(int));
-    for (int l = 0; l < L; l++) caps[l] = n + n_gen;
-    for (int i = 0; i < n; i++) pos[i] = i;
     fwd_hooks hooks = {.ctx = &k, .after_attention = snapkv_after_attention};
     int on = k.b > k.w && k.b < n;   // b >= n: the budget holds every token
-    kv_cache *kv = fwd_kv_create(m, caps, err, errlen);
-    if (kv) info->rows_done = fwd_run(m, kv, ids, pos, n, on ? &hooks : NULL, logits, 0);
-    free(caps);
-    free(pos);
-    return kv;
+    return prefill_run(m, ids, n, n_gen, NULL, on ? &hooks : NULL, logits, info, err, errlen);
 }
 
 const strategy strategy_snapkv = {

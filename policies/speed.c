@@ -35,14 +35,11 @@ static kv_cache *speed_prefill(model *m, const int *ids, int n, int n_gen, const
     int L = m->cfg.n_layer;
     // With a one-token prompt the anchor is the last prompt token itself.
     speed_plan p = {.depth = speed_depth(m, o), .anchors = o->anchor && n > 1};
-    int *caps = xmalloc((size_t)L * sizeof(int)), *pos = xmalloc((size_t)n * sizeof(int));
+    int *caps = xmalloc((size_t)L * sizeof(int));
     for (int l = 0; l < L; l++) caps[l] = l < p.depth ? n + n_gen : p.anchors + 1 + n_gen;
-    for (int i = 0; i < n; i++) pos[i] = i;
-    kv_cache *kv = fwd_kv_create(m, caps, err, errlen);
     fwd_hooks hooks = {.ctx = &p, .after_layer = speed_after_layer};
-    if (kv) info->rows_done = fwd_run(m, kv, ids, pos, n, &hooks, logits, 0);
+    kv_cache *kv = prefill_run(m, ids, n, n_gen, caps, &hooks, logits, info, err, errlen);
     free(caps);
-    free(pos);
     return kv;
 }
 
