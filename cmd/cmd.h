@@ -1,0 +1,56 @@
+// cmd/cmd.h — the sift subcommands and what they share. main.c runs prompts and dispatches
+// `sift bench` (cmd/bench.c) and the other subcommands; cmd/cli.c holds the pieces every command
+// needs: flag parsing that exits 2 with one line on bad usage, the strategy flags, prompt files,
+// JSON strings, and loading a model + tokenizer (+ draft) onto a backend.
+#pragma once
+#include <stddef.h>
+
+#include "../policies/policy.h"
+#include "../tok/tok.h"
+#include "../weights/gguf.h"
+
+#ifndef SIFT_VERSION
+#define SIFT_VERSION "unknown"
+#endif
+#define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#define MAX_STRATEGIES 16
+
+// ---- flags (each exits 2 with "sift: error: ... (see sift --help)" on bad input) ----
+void cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+long long cli_int(const char *flag, const char *s, long long lo, long long hi);
+float cli_float(const char *flag, const char *s, double lo, double hi);
+int cli_is_flag(const char *a, const char *short_name, const char *long_name);
+// --strategy NAME[,NAME...] | all -> out (up to MAX_STRATEGIES); the count.
+int cli_strategies(const char *v, const strategy **out);
+// A strategy parameter flag a with value v into so (or *draft_path): 1 if a is one, else 0.
+int cli_strategy_flag(const char *a, const char *v, strategy_opts *so, const char **draft_path);
+int cli_is_strategy_flag(const char *a);
+
+// ---- input and output ----
+// A whole prompt file ('-' = stdin), NUL-terminated; NULL + err (too big, unreadable).
+char *cli_read_all(const char *path, size_t *len, char *err, size_t errlen);
+// s[0..n) as a JSON string (quotes, escapes; invalid UTF-8 -> U+FFFD).
+void cli_json_str(FILE *out, const char *s, size_t n);
+double cli_per_sec(int n, double ms);
+double cli_per_tok(int n, double ms);
+const char *cli_base_name(const char *path);
+
+// ---- loading ----
+// The model, its tokenizer and an optional draft, on one backend.
+typedef struct loaded {
+    char *path;
+    gguf_file *f, *df;
+    tok *t, *dt;
+    backend *bk;
+    model *m, *draft;
+} loaded;
+
+// Loads path (NULL: $SIFT_MODEL or the default model beside the binary) and draft_path (may be
+// NULL), checks the strategies' options against the model, and fills so's draft and
+// end-of-generation test. 0, 1 (load failed) or 2 (bad options); the error is printed.
+int cli_load(loaded *L, const char *path, const char *draft_path, int threads,
+             const strategy *const *list, int n_list, strategy_opts *so);
+void cli_unload(loaded *L);
+
+// ---- subcommands: argv[1] is the command's name ----
+int cmd_bench(int argc, char **argv);
