@@ -14,6 +14,13 @@ PCRE2_A    ?= /usr/lib/x86_64-linux-gnu/libpcre2-8.a
 LDLIBS  += $(OPENBLAS_A) $(PCRE2_A) -Wl,-Bstatic -lgomp -Wl,-Bdynamic -lm -lpthread -ldl \
            -static-libgcc
 
+# ASAN=1: AddressSanitizer + UndefinedBehaviorSanitizer build (used by `make test-asan`).
+ifeq ($(ASAN),1)
+SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+CFLAGS  += $(SAN) -O1
+LDFLAGS += $(SAN)
+endif
+
 MODEL   ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
 CFLAGS  += -DSIFT_VERSION='"$(VERSION)"'
@@ -26,7 +33,7 @@ TEST_BIN := $(TEST_SRC:tests/%.c=build/tests/%)
 TOOL_SRC := $(wildcard tests/tool_*.c)
 TOOL_BIN := $(TOOL_SRC:tests/%.c=build/tests/%)
 
-.PHONY: all run test test-c fuzz model deps clean
+.PHONY: all run test test-c test-bins test-asan fuzz model deps clean
 all: sift
 
 build/%.o: %.c
@@ -55,7 +62,15 @@ build/fuzz/fuzz_tok: fuzz/fuzz_tok.c $(wildcard tok/*.c tok/*.h) weights/gguf.c 
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) -o $@ $(PCRE2_A) -lm
 
-fuzz: build/fuzz/fuzz_gguf build/fuzz/fuzz_tok $(MODEL)
+# The CLI parsers: main.c and cmd/*.c are included by the target; the rest of the library is linked.
+CLI_LIB_SRC := $(filter-out cmd/%,$(LIB_SRC))
+build/fuzz/fuzz_cli: fuzz/fuzz_cli.c main.c $(wildcard cmd/*.c cmd/*.h) $(CLI_LIB_SRC)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -Wno-unknown-pragmas -I/usr/include/x86_64-linux-gnu/openblas-openmp \
+	    fuzz/fuzz_cli.c $(CLI_LIB_SRC) -o $@ $(OPENBLAS_A) $(PCRE2_A) -lgomp -lm -lpthread
+FUZZ_BIN := build/fuzz/fuzz_gguf build/fuzz/fuzz_tok build/fuzz/fuzz_cli
+
+fuzz: $(FUZZ_BIN) $(MODEL)
 	@bash fuzz/run.sh $(FUZZ_SECONDS)
 
 # Prerequisites: Debian packages (when missing) and the Python reference venv.
@@ -73,9 +88,15 @@ run: deps
 test-c: $(TEST_BIN)
 	@bash tests/run_c.sh $(TEST_BIN)
 
+test-bins: $(TEST_BIN) $(TOOL_BIN)
+
 test: deps
-	@$(MAKE) --no-print-directory sift $(TEST_BIN) $(TOOL_BIN) build/fuzz/fuzz_gguf build/fuzz/fuzz_tok model
+	@$(MAKE) --no-print-directory sift test-bins $(FUZZ_BIN) model
 	@bash tests/run.sh
+
+# The whole CPU suite on sanitized binaries (built in build/asan/).
+test-asan: deps model
+	@bash tests/asan.sh
 
 clean:
 	rm -rf build sift

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-10}
 out=build/fuzz
-mkdir -p "$out"/seed_gguf "$out"/seed_tok "$out"/corpus_gguf "$out"/corpus_tok
+mkdir -p "$out"/seed_gguf "$out"/seed_tok "$out"/seed_cli "$out"/corpus_gguf "$out"/corpus_tok "$out"/corpus_cli
 .venv/bin/python - <<'PY'
 import json, sys
 sys.path.insert(0, "tests")
@@ -16,11 +16,25 @@ tiny_gguf.write("build/fuzz/seed_gguf/tiny.gguf", n_layer=1, d=32, n_head=2, n_k
 for i, line in enumerate(open("tests/data/tok_strings.jsonl")):
     if i % 10 == 0:
         open(f"build/fuzz/seed_tok/{i}.txt", "w").write(json.loads(line)["text"])
+# argument lists, NUL-separated, shaped like the README's examples
+for i, args in enumerate([
+        ["-p", "hi", "--chat", "-n", "32", "--temp", "0"],
+        ["-f", "a.txt", "-f", "b.txt", "--json", "-q", "--seed", "7", "--top-p", "0.9"],
+        ["-f", "x", "--strategy", "full,speed,fastkv,specprefill", "--kv-rate", "0.2",
+         "--pool-kernel", "7", "--keep", "0.3", "--draft-layers", "4", "--anchor", "none"],
+        ["-p", "x", "--strategy", "all", "--device", "cpu", "-t", "2", "-c", "4096", "--min-p", "0"],
+        ["bench", "-p", "512,2048", "-n", "16", "-r", "2", "--strategy", "full,fastkv", "-o", "jsonl"]]):
+    open(f"build/fuzz/seed_cli/{i}.args", "wb").write("\0".join(args).encode())
 PY
 export SIFT_FUZZ_MODEL="$(realpath "${SIFT_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}")"
-for target in gguf tok; do
+for target in gguf tok cli; do
     log="$out/fuzz_$target.log"
-    if ! (cd "$out" && "./fuzz_$target" -max_total_time="$secs" -max_len=70000 -print_final_stats=1 \
+    # the CLI target: a usage error's allocations are left behind on purpose (the process would
+    # exit), and the help and error text it prints is muted
+    flags="-detect_leaks=1" asan=""
+    [ "$target" = cli ] && flags="-detect_leaks=0 -close_fd_mask=3" asan="detect_leaks=0"
+    if ! (cd "$out" && ASAN_OPTIONS="$asan" "./fuzz_$target" -max_total_time="$secs" -max_len=70000 -print_final_stats=1 \
+            $flags \
             "corpus_$target" "seed_$target") > "$log" 2>&1; then
         tail -n 30 "$log" >&2
         echo "fuzz_$target: FAILED after $secs s (input in $out/crash-*)" >&2

@@ -37,6 +37,15 @@ kv_cache *kv_create(int n_layer, int n_kv_head, int head_dim, const int *caps, s
     return kv;
 }
 
+size_t kv_bytes_for(int n_layer, int n_kv_head, int head_dim, const int *caps, size_t elem_bytes) {
+    size_t b = 0;
+    for (int l = 0; l < n_layer; l++) {
+        size_t entries = (size_t)n_kv_head * (size_t)(caps[l] > 0 ? caps[l] : 1);
+        b += entries * (2 * (size_t)head_dim * elem_bytes + sizeof(int));
+    }
+    return b;
+}
+
 void kv_free(kv_cache *kv) {
     if (!kv) return;
     for (int l = 0; l < kv->n_layer; l++) {

@@ -28,6 +28,8 @@ typedef struct kv_cache {
 kv_cache *kv_create(int n_layer, int n_kv_head, int head_dim, const int *caps, size_t elem_bytes,
                     kv_alloc_fn alloc, kv_free_fn free, void *mem_ctx, char *err, size_t errlen);
 void kv_free(kv_cache *kv);
+// Bytes kv_create would take for these capacities: K and V (elem_bytes each) plus positions.
+size_t kv_bytes_for(int n_layer, int n_kv_head, int head_dim, const int *caps, size_t elem_bytes);
 // Bytes held by K and V buffers (capacity, all layers).
 size_t kv_bytes(const kv_cache *kv);
 // Entries currently held, summed over layers (per KV head).

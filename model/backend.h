@@ -57,6 +57,9 @@ struct backend {
     // offset + scale * synth_uniform(seed, tensor, i) (weights/synthetic.h), made where it lives.
     bk_weight *(*weight_synth)(backend *b, uint64_t seed, uint64_t tensor, size_t rows, size_t cols,
                                float scale, float offset);
+    // Optional: bytes the backend could still allocate now (CPU: MemAvailable; a GPU: free
+    // device memory), so large requests fail up front with the numbers. NULL = unknown.
+    size_t (*mem_available)(backend *b);
     // Optional: the ceilings measured now — a large GEMM in the backend's precision (TFLOP/s)
     // and a large on-device copy (GB/s, read + write). 0, or -1 when not measurable.
     int (*ceilings)(backend *b, double *tflops, double *gbps);

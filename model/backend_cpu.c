@@ -183,6 +183,18 @@ static void cpu_kv_keep(backend *b, kv_layer *L, const int *idx, int k, int new_
     L->len = k;
 }
 
+// MemAvailable from /proc/meminfo (what the kernel could give without swapping); 0 = unknown.
+static size_t cpu_mem_available(backend *b) {
+    (void)b;
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kib = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+    if (f) fclose(f);
+    return (size_t)kib * 1024;
+}
+
 static void cpu_destroy(backend *b) { free(b); }
 
 backend *backend_cpu_create(int n_threads) {
@@ -195,7 +207,7 @@ backend *backend_cpu_create(int n_threads) {
         .embed = cpu_embed, .rmsnorm = cpu_rmsnorm, .matmul = cpu_matmul, .rope = cpu_rope,
         .swiglu = cpu_swiglu, .add = cpu_add, .gather_rows = cpu_gather_rows,
         .kv_append = cpu_kv_append, .attention = cpu_attention, .attn_probs = cpu_attn_probs,
-        .kv_keep = cpu_kv_keep,
+        .kv_keep = cpu_kv_keep, .mem_available = cpu_mem_available,
     };
     return b;
 }

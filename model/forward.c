@@ -3,6 +3,7 @@
 // residual, hook -> final norm -> LM head.
 #include "forward.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -161,6 +162,16 @@ static void kv_mem_free(void *ctx, void *p) {
 
 kv_cache *fwd_kv_create(model *m, const int *caps, char *err, size_t errlen) {
     const model_config *c = &m->cfg;
+    size_t need = kv_bytes_for(c->n_layer, c->n_kv_head, c->head_dim, caps, m->bk->elem_bytes);
+    size_t avail = m->bk->mem_available ? m->bk->mem_available(m->bk) : 0;
+    if (avail > 0 && need > avail) {
+        long most = 0;
+        for (int l = 0; l < c->n_layer; l++) most = caps[l] > most ? caps[l] : most;
+        snprintf(err, errlen, "the KV cache for %ld tokens needs %.2f GiB but only %.2f GiB of %s "
+                 "memory is available (lower -c or -n)", most, need / 1073741824.0,
+                 avail / 1073741824.0, m->bk->name);
+        return NULL;
+    }
     return kv_create(c->n_layer, c->n_kv_head, c->head_dim, caps, m->bk->elem_bytes, kv_mem_alloc,
                      kv_mem_free, m->bk, err, errlen);
 }

@@ -235,3 +235,23 @@ def test_chat_answer_paris():
              "--temp", "0", "-q")
     assert r.returncode == 0, r.stderr
     assert "Paris" in r.stdout, r.stdout
+
+
+# ---- resource limits --------------------------------------------------------------------------
+
+def mem_available_gib():
+    for line in open("/proc/meminfo"):
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 2**20
+    return 0.0
+
+
+@need_model
+def test_kv_beyond_memory_fails_up_front():
+    # -n -1 at -c 4194304: room for 4194304 tokens in 30 layers x 3 KV heads, K and V of 64 fp32
+    # plus one int position per entry and head.
+    need = 30 * 3 * 4194304 * (2 * 64 * 4 + 4) / 2**30
+    if mem_available_gib() > need * 0.8:
+        pytest.skip("this machine could hold the cache")
+    r = sift("-m", MODEL, "-p", "hi", "-c", "4194304", "-n", "-1", "-q")
+    assert_error(r, f"{need:.2f} GiB", "4194304 tokens", "lower -c or -n", code=1)

@@ -1,0 +1,70 @@
+// fuzz/fuzz_cli.c — libFuzzer target: the command-line parsers of `sift` and `sift bench` on
+// arbitrary argument lists (the input split at NUL bytes, at most 32 arguments). A parser either
+// returns options inside their documented ranges or ends the process with exit code 2 (usage
+// error) or 0 (--help, --version). Here exit() is renamed (this translation unit only) to a
+// longjmp back into the harness, so every path through the parsers can be explored; no model is
+// loaded and no prompt file is read. Run with -close_fd_mask=3 (help and usage text are noise).
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static jmp_buf fuzz_back;
+static int fuzz_code;
+static void fuzz_exit(int code) __attribute__((noreturn));
+
+#define exit fuzz_exit
+#define main sift_main
+#include "../cmd/bench.c"
+#include "../cmd/cli.c"
+#include "../main.c"
+#undef main
+#undef exit
+
+static void fuzz_exit(int code) {
+    fuzz_code = code;
+    longjmp(fuzz_back, 1);
+}
+
+#define FUZZ_MAX_ARGS 32
+
+// The options main() would run with are inside the ranges the help documents.
+static void check_options(const options *o) {
+    if (o->n_strategies < 1 || o->n_strategies > MAX_STRATEGIES) abort();
+    for (int i = 0; i < o->n_strategies; i++)
+        if (!o->strategies[i]) abort();
+    if (o->n_predict == 0 || o->n_predict < -1) abort();
+    if (o->threads < 1 || o->so.n_threads != o->threads) abort();
+    if (!o->prompt && o->n_files == 0) abort();
+    if (o->sp.top_p <= 0 || o->sp.top_p > 1 || o->sp.temp < 0) abort();
+    if (o->so.kv_rate < 0 || o->so.kv_rate > 1 || o->so.keep < 0 || o->so.keep > 1) abort();
+    if (o->so.pool_kernel % 2 == 0 || o->so.spec_pool % 2 == 0) abort();
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    char *buf = malloc(size + 1), *argv[FUZZ_MAX_ARGS + 2] = {"sift"};
+    memcpy(buf, data, size);
+    buf[size] = 0;
+    int argc = 1;
+    for (size_t i = 0; i <= size && argc <= FUZZ_MAX_ARGS; i += strlen(buf + i) + 1) argv[argc++] = buf + i;
+    argv[argc] = NULL;
+    static options o;   // static: the longjmp must not lose what the parser allocated
+    memset(&o, 0, sizeof o);
+    if (setjmp(fuzz_back) == 0) {
+        if (argc > 1 && strcmp(argv[1], "bench") == 0) {
+            bench_opts b;
+            bench_parse(argc, argv, &b);
+            if (b.n_strategies < 1 || b.reps < 1 || b.n_gen < 1) abort();
+        } else {
+            parse_args(argc, argv, &o);
+            check_options(&o);
+        }
+    } else if (fuzz_code != 2 && fuzz_code != 0) {
+        abort();
+    }
+    for (int i = 0; i < o.n_files; i++) free(o.files[i]);
+    free(o.files);
+    free(buf);
+    return 0;
+}
