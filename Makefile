@@ -33,7 +33,7 @@ TEST_BIN := $(TEST_SRC:tests/%.c=build/tests/%)
 TOOL_SRC := $(wildcard tests/tool_*.c)
 TOOL_BIN := $(TOOL_SRC:tests/%.c=build/tests/%)
 
-.PHONY: all run test test-c test-bins test-asan fuzz model deps clean
+.PHONY: all run test test-c test-bins test-asan test-valgrind fuzz model deps clean
 all: sift
 
 build/%.o: %.c
@@ -93,6 +93,10 @@ test-bins: $(TEST_BIN) $(TOOL_BIN)
 test: deps
 	@$(MAKE) --no-print-directory sift test-bins $(FUZZ_BIN) model
 	@bash tests/run.sh
+
+# One end-to-end prompt per strategy under valgrind memcheck (minutes; not part of `make test`).
+test-valgrind: sift model
+	@bash tests/valgrind.sh
 
 # The whole CPU suite on sanitized binaries (built in build/asan/).
 test-asan: deps model
