@@ -36,7 +36,13 @@ LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart_static -lrt -Wl,-Bstatic -lstdc++ -Wl,-
 GPU_BIN := build/tests/gpu_check
 endif
 
-build/%.o: %.cu
+.DEFAULT_GOAL := all
+# Objects are rebuilt when the configuration changes (CUDA on or off, target architectures).
+FLAGS_STAMP := build/flags-$(if $(strip $(NVCC)),cuda,cpu)-$(shell echo '$(ARCH) $(CUARCH)' | md5sum | cut -c1-8)
+$(FLAGS_STAMP):
+	@mkdir -p build && rm -f build/flags-* && touch $@
+
+build/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
@@ -49,7 +55,7 @@ TOOL_BIN := $(TOOL_SRC:tests/%.c=build/tests/%)
 .PHONY: all run test test-c test-gpu test-gpu-sanitize fuzz model deps clean
 all: sift
 
-build/%.o: %.c
+build/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 

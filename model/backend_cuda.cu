@@ -150,10 +150,16 @@ static void *dev_alloc(size_t bytes, const char *what) {
     return p;
 }
 
-static void *dev_buf_reserve(dev_buf *b, size_t bytes, const char *what) {
+// Frees device memory once the work queued on the stream (which may read it) is done.
+static void dev_free_after(cudaStream_t st, void *p) {
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    CUDA_CHECK(cudaFree(p));
+}
+
+static void *dev_buf_reserve(cudaStream_t st, dev_buf *b, size_t bytes, const char *what) {
     if (bytes <= b->bytes) return b->p;
     size_t want = bytes > 2 * b->bytes ? bytes : 2 * b->bytes;
-    if (b->p) CUDA_CHECK(cudaFree(b->p));   // synchronises: no kernel still reads it
+    if (b->p) dev_free_after(st, b->p);
     b->p = dev_alloc(want, what);
     b->bytes = want;
     return b->p;
@@ -161,7 +167,7 @@ static void *dev_buf_reserve(dev_buf *b, size_t bytes, const char *what) {
 
 // Copies host[0..bytes) to the stage buffer `slot` (stream-ordered); the device pointer.
 static void *stage(cuda_impl *c, int slot, const void *host, size_t bytes) {
-    void *d = dev_buf_reserve(&c->stage[slot], bytes < 4096 ? 4096 : bytes, "index upload");
+    void *d = dev_buf_reserve(c->stream, &c->stage[slot], bytes < 4096 ? 4096 : bytes, "index upload");
     if (bytes) CUDA_CHECK(cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, c->stream));
     return d;
 }
@@ -182,7 +188,7 @@ static void *cuda_alloc(backend *b, size_t n) {
 static void mirror_drop(cuda_impl *c, const void *kbuf) {
     for (int i = 0; i < c->n_mirrors; i++)
         if (c->mirrors[i].kbuf == kbuf) {
-            CUDA_CHECK(cudaFree(c->mirrors[i].dpos));
+            dev_free_after(c->stream, c->mirrors[i].dpos);
             c->mirrors[i] = c->mirrors[--c->n_mirrors];
             return;
         }
@@ -191,7 +197,7 @@ static void mirror_drop(cuda_impl *c, const void *kbuf) {
 static void cuda_free(backend *b, void *p) {
     if (!p) return;
     mirror_drop(impl(b), p);
-    CUDA_CHECK(cudaFree(p));
+    dev_free_after(impl(b)->stream, p);
 }
 
 // bf16 (n,) -> fp32 (n,)
@@ -209,7 +215,7 @@ __global__ void f32_to_bf16_kernel(bf16 *dst, const float *src, size_t n) {
 static void cuda_to_host(backend *b, float *dst, const void *src, size_t n) {
     cuda_impl *c = impl(b);
     if (n == 0) return;
-    float *f = (float *)dev_buf_reserve(&c->f32, n * sizeof(float), "a copy to the host");
+    float *f = (float *)dev_buf_reserve(c->stream, &c->f32, n * sizeof(float), "a copy to the host");
     bf16_to_f32_kernel<<<cuda_blocks(n, THREADS), THREADS, 0, c->stream>>>(f, (const bf16 *)src, n);
     CUDA_LAUNCHED(bf16_to_f32_kernel);
     CUDA_CHECK(cudaMemcpyAsync(dst, f, n * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
@@ -245,9 +251,8 @@ static bk_weight *cuda_weight(backend *b, float *host, size_t rows, size_t cols)
 }
 
 static void cuda_weight_free(backend *b, bk_weight *w) {
-    (void)b;
     if (!w) return;
-    CUDA_CHECK(cudaFree(w->h));
+    dev_free_after(impl(b)->stream, w->h);
     if (w->f) CUDA_CHECK(cudaFree(w->f));
     free(w);
 }
@@ -569,7 +574,7 @@ static void cuda_kv_keep(backend *b, kv_layer *L, const int *idx, int k, int new
     for (int g = 0; g < nh; g++)
         for (int j = 0; j < k; j++)
             np[(size_t)g * new_cap + j] = L->pos[(size_t)g * L->cap + idx[g * k + j]];
-    cuda_free(b, L->k);   // synchronises, so the gather above has read it
+    cuda_free(b, L->k);   // after the gather above has read it
     cuda_free(b, L->v);
     free(L->pos);
     L->k = nk, L->v = nv, L->pos = np, L->cap = new_cap, L->len = k;
@@ -593,7 +598,7 @@ static void cuda_attention(backend *b, void *out, const void *q, const int *qpos
     if (n == 0) return;
     attn_cuda_args a = attn_args(c, q, qpos, n, heads, L);
     size_t wf = attn_cuda_work_floats(&a, c->n_sm);
-    float *work = (float *)dev_buf_reserve(&c->attn_work, wf * sizeof(float), "attention partials");
+    float *work = (float *)dev_buf_reserve(c->stream, &c->attn_work, wf * sizeof(float), "attention partials");
     attn_causal_cuda(out, &a, work, c->n_sm, c->stream);
 }
 
@@ -603,7 +608,7 @@ static void cuda_attn_probs(backend *b, float *probs, const void *q, const int *
     size_t total = (size_t)n * heads * m;
     if (total == 0) return;
     attn_cuda_args a = attn_args(c, q, qpos, n, heads, L);
-    float *d = (float *)dev_buf_reserve(&c->probs, total * sizeof(float), "attention probabilities");
+    float *d = (float *)dev_buf_reserve(c->stream, &c->probs, total * sizeof(float), "attention probabilities");
     attn_probs_cuda(d, &a, m, c->stream);
     CUDA_CHECK(cudaMemcpyAsync(probs, d, total * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
