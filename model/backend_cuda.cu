@@ -110,6 +110,13 @@ typedef struct pos_mirror {   // device copy of a KV layer's entry positions
 
 enum { STAGE_IDX, STAGE_AUX, STAGES };   // two host arrays per op at most
 
+#define SPARE_MAX 32   // freed buffers kept for reuse (a decode step frees and allocates the same)
+
+typedef struct dev_block {   // a buffer handed out by alloc, or kept after free
+    void *p;
+    size_t bytes;
+} dev_block;
+
 typedef struct cuda_impl {
     int n_sm;
     cudaStream_t stream;
@@ -121,6 +128,10 @@ typedef struct cuda_impl {
     dev_buf stage[STAGES], attn_work, probs, f32;
     pos_mirror *mirrors;
     int n_mirrors, cap_mirrors;
+    dev_block *live;                 // buffers alloc handed out (their sizes, for reuse)
+    int n_live, cap_live;
+    dev_block spare[SPARE_MAX];      // freed buffers, reused by an alloc of the same size
+    int n_spare;
 } cuda_impl;
 
 struct bk_weight {
@@ -140,48 +151,72 @@ static void report_oom(size_t bytes, const char *what) {
             free_b / 1048576.0, total / 1048576.0);
 }
 
-// cudaMalloc that exits with the OOM report (for memory the caller cannot do without).
-static void *dev_alloc(size_t bytes, const char *what) {
-    void *p = NULL;
-    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
-        report_oom(bytes, what);
-        exit(1);
-    }
-    return p;
-}
-
 // Frees device memory once the work queued on the stream (which may read it) is done.
 static void dev_free_after(cudaStream_t st, void *p) {
     CUDA_CHECK(cudaStreamSynchronize(st));
     CUDA_CHECK(cudaFree(p));
 }
 
-static void *dev_buf_reserve(cudaStream_t st, dev_buf *b, size_t bytes, const char *what) {
+// Gives the spare buffers back to CUDA (when an allocation did not fit).
+static void spare_release(cuda_impl *c) {
+    for (int i = 0; i < c->n_spare; i++) dev_free_after(c->stream, c->spare[i].p);
+    c->n_spare = 0;
+}
+
+// cudaMalloc, retried once without the spares; NULL with the OOM report when it does not fit.
+static void *dev_try_alloc(cuda_impl *c, size_t bytes, const char *what) {
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes ? bytes : 1) == cudaSuccess) return p;
+    cudaGetLastError();
+    spare_release(c);
+    if (cudaMalloc(&p, bytes ? bytes : 1) == cudaSuccess) return p;
+    report_oom(bytes, what);
+    return NULL;
+}
+
+// dev_try_alloc for memory the caller cannot do without: exits when it does not fit.
+static void *dev_alloc(cuda_impl *c, size_t bytes, const char *what) {
+    void *p = dev_try_alloc(c, bytes, what);
+    if (!p) exit(1);
+    return p;
+}
+
+static void *dev_buf_reserve(cuda_impl *c, dev_buf *b, size_t bytes, const char *what) {
     if (bytes <= b->bytes) return b->p;
     size_t want = bytes > 2 * b->bytes ? bytes : 2 * b->bytes;
-    if (b->p) dev_free_after(st, b->p);
-    b->p = dev_alloc(want, what);
+    if (b->p) dev_free_after(c->stream, b->p);
+    b->p = dev_alloc(c, want, what);
     b->bytes = want;
     return b->p;
 }
 
 // Copies host[0..bytes) to the stage buffer `slot` (stream-ordered); the device pointer.
 static void *stage(cuda_impl *c, int slot, const void *host, size_t bytes) {
-    void *d = dev_buf_reserve(c->stream, &c->stage[slot], bytes < 4096 ? 4096 : bytes, "index upload");
+    void *d = dev_buf_reserve(c, &c->stage[slot], bytes < 4096 ? 4096 : bytes, "index upload");
     if (bytes) CUDA_CHECK(cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, c->stream));
     return d;
 }
 
 // ---- memory and weights -----------------------------------------------------------------------
 
-static void *cuda_alloc(backend *b, size_t n) {
-    (void)b;
-    void *p = NULL;
-    size_t bytes = (n ? n : 1) * sizeof(bf16);
-    if (cudaMalloc(&p, bytes) != cudaSuccess) {
-        report_oom(bytes, "an activation or KV buffer");
-        return NULL;
+static void live_add(cuda_impl *c, void *p, size_t bytes) {
+    if (c->n_live == c->cap_live) {
+        c->cap_live = c->cap_live ? 2 * c->cap_live : 256;
+        c->live = (dev_block *)xrealloc(c->live, (size_t)c->cap_live * sizeof *c->live);
     }
+    c->live[c->n_live++] = (dev_block){p, bytes};
+}
+
+// A spare buffer of exactly `bytes` (reuse is stream-ordered: no wait), else a new one; NULL
+// with the OOM report when the GPU has no room even without the spares.
+static void *cuda_alloc(backend *b, size_t n) {
+    cuda_impl *c = impl(b);
+    size_t bytes = (n ? n : 1) * sizeof(bf16);
+    void *p = NULL;
+    for (int i = 0; i < c->n_spare && !p; i++)
+        if (c->spare[i].bytes == bytes) p = c->spare[i].p, c->spare[i] = c->spare[--c->n_spare];
+    if (!p && !(p = dev_try_alloc(c, bytes, "an activation or KV buffer"))) return NULL;
+    live_add(c, p, bytes);
     return p;
 }
 
@@ -194,10 +229,18 @@ static void mirror_drop(cuda_impl *c, const void *kbuf) {
         }
 }
 
+// Frees a buffer of alloc (or of kv_keep): kept as a spare while there is room.
 static void cuda_free(backend *b, void *p) {
+    cuda_impl *c = impl(b);
     if (!p) return;
-    mirror_drop(impl(b), p);
-    dev_free_after(impl(b)->stream, p);
+    mirror_drop(c, p);
+    int i = 0;
+    while (i < c->n_live && c->live[i].p != p) i++;
+    CHECK_INTERNAL(i < c->n_live, "freeing a buffer the CUDA backend did not hand out");
+    dev_block blk = c->live[i];
+    c->live[i] = c->live[--c->n_live];
+    if (c->n_spare == SPARE_MAX) dev_free_after(c->stream, c->spare[--c->n_spare].p);
+    c->spare[c->n_spare++] = blk;
 }
 
 // bf16 (n,) -> fp32 (n,)
@@ -215,26 +258,26 @@ __global__ void f32_to_bf16_kernel(bf16 *dst, const float *src, size_t n) {
 static void cuda_to_host(backend *b, float *dst, const void *src, size_t n) {
     cuda_impl *c = impl(b);
     if (n == 0) return;
-    float *f = (float *)dev_buf_reserve(c->stream, &c->f32, n * sizeof(float), "a copy to the host");
+    float *f = (float *)dev_buf_reserve(c, &c->f32, n * sizeof(float), "a copy to the host");
     bf16_to_f32_kernel<<<cuda_blocks(n, THREADS), THREADS, 0, c->stream>>>(f, (const bf16 *)src, n);
     CUDA_LAUNCHED(bf16_to_f32_kernel);
     CUDA_CHECK(cudaMemcpyAsync(dst, f, n * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }
 
-static bk_weight *weight_new(size_t rows, size_t cols) {
+static bk_weight *weight_new(cuda_impl *c, size_t rows, size_t cols) {
     bk_weight *w = (bk_weight *)xcalloc(1, sizeof *w);
     w->rows = rows ? rows : 1;
     w->cols = cols;
-    w->h = (bf16 *)dev_alloc(w->rows * cols * sizeof(bf16), "the model's weights");
-    if (w->rows == 1) w->f = (float *)dev_alloc(cols * sizeof(float), "the model's weights");
+    w->h = (bf16 *)dev_alloc(c, w->rows * cols * sizeof(bf16), "the model's weights");
+    if (w->rows == 1) w->f = (float *)dev_alloc(c, cols * sizeof(float), "the model's weights");
     return w;
 }
 
 // Takes host (rows, cols) fp32: uploaded in chunks, rounded to bf16 on the device.
 static bk_weight *cuda_weight(backend *b, float *host, size_t rows, size_t cols) {
     cuda_impl *c = impl(b);
-    bk_weight *w = weight_new(rows, cols);
+    bk_weight *w = weight_new(c, rows, cols);
     size_t n = w->rows * cols;
     for (size_t at = 0; at < n; at += WEIGHT_CHUNK) {
         size_t k = n - at < WEIGHT_CHUNK ? n - at : WEIGHT_CHUNK;
@@ -270,7 +313,7 @@ __global__ void synth_kernel(bf16 *h, float *f, uint64_t seed, uint64_t tensor, 
 static bk_weight *cuda_weight_synth(backend *b, uint64_t seed, uint64_t tensor, size_t rows,
                                     size_t cols, float scale, float offset) {
     cuda_impl *c = impl(b);
-    bk_weight *w = weight_new(rows, cols);
+    bk_weight *w = weight_new(c, rows, cols);
     size_t n = w->rows * cols;
     if (n) {
         synth_kernel<<<cuda_blocks(n, THREADS), THREADS, 0, c->stream>>>(w->h, w->f, seed, tensor,
@@ -510,7 +553,7 @@ static int *mirror_get(cuda_impl *c, const kv_layer *L) {
         c->mirrors = (pos_mirror *)xrealloc(c->mirrors, (size_t)c->cap_mirrors * sizeof *c->mirrors);
     }
     size_t n = (size_t)L->n_kv_head * (L->cap > 0 ? L->cap : 1);
-    int *dpos = (int *)dev_alloc(n * sizeof(int), "KV cache positions");
+    int *dpos = (int *)dev_alloc(c, n * sizeof(int), "KV cache positions");
     c->mirrors[c->n_mirrors++] = (pos_mirror){L->k, dpos};
     mirror_upload(c, dpos, L, 0, L->len);
     return dpos;
@@ -561,8 +604,8 @@ static void cuda_kv_keep(backend *b, kv_layer *L, const int *idx, int k, int new
     cuda_impl *c = impl(b);
     int hd = L->head_dim, nh = L->n_kv_head;
     size_t n = (size_t)nh * (new_cap > 0 ? new_cap : 1);
-    bf16 *nk = (bf16 *)dev_alloc(n * hd * sizeof(bf16), "the kept KV entries");
-    bf16 *nv = (bf16 *)dev_alloc(n * hd * sizeof(bf16), "the kept KV entries");
+    bf16 *nk = (bf16 *)cuda_alloc(b, n * hd), *nv = (bf16 *)cuda_alloc(b, n * hd);
+    CHECK_INTERNAL(nk && nv, "out of GPU memory keeping %d KV entries per head", k);
     size_t total = (size_t)nh * k * hd;
     if (total) {
         const int *ix = (const int *)stage(c, STAGE_IDX, idx, (size_t)nh * k * sizeof(int));
@@ -598,7 +641,7 @@ static void cuda_attention(backend *b, void *out, const void *q, const int *qpos
     if (n == 0) return;
     attn_cuda_args a = attn_args(c, q, qpos, n, heads, L);
     size_t wf = attn_cuda_work_floats(&a, c->n_sm);
-    float *work = (float *)dev_buf_reserve(c->stream, &c->attn_work, wf * sizeof(float), "attention partials");
+    float *work = (float *)dev_buf_reserve(c, &c->attn_work, wf * sizeof(float), "attention partials");
     attn_causal_cuda(out, &a, work, c->n_sm, c->stream);
 }
 
@@ -608,7 +651,7 @@ static void cuda_attn_probs(backend *b, float *probs, const void *q, const int *
     size_t total = (size_t)n * heads * m;
     if (total == 0) return;
     attn_cuda_args a = attn_args(c, q, qpos, n, heads, L);
-    float *d = (float *)dev_buf_reserve(c->stream, &c->probs, total * sizeof(float), "attention probabilities");
+    float *d = (float *)dev_buf_reserve(c, &c->probs, total * sizeof(float), "attention probabilities");
     attn_probs_cuda(d, &a, m, c->stream);
     CUDA_CHECK(cudaMemcpyAsync(probs, d, total * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
@@ -691,6 +734,9 @@ static void cuda_destroy(backend *b) {
         if (bufs[i]->p) CUDA_CHECK(cudaFree(bufs[i]->p));
     for (int i = 0; i < c->n_mirrors; i++) CUDA_CHECK(cudaFree(c->mirrors[i].dpos));
     free(c->mirrors);
+    spare_release(c);
+    for (int i = 0; i < c->n_live; i++) CUDA_CHECK(cudaFree(c->live[i].p));   // not freed by the user
+    free(c->live);
     CUDA_CHECK(cudaFree(c->lt_work));
     CUDA_CHECK(cudaStreamDestroy(c->stream));
     dlclose(c->lt.so);
@@ -726,7 +772,7 @@ backend *backend_cuda_create(char *msg, size_t len) {
     c->n_sm = prop.multiProcessorCount;
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     LT_CHECK(c, c->lt.create(&c->lt_handle));
-    c->lt_work = dev_alloc(LT_WORKSPACE, "the cuBLASLt workspace");
+    c->lt_work = dev_alloc(c, LT_WORKSPACE, "the cuBLASLt workspace");
     size_t free_b = 0, total = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
     snprintf(msg, len, "%s, %d SMs, %.1f GiB (%.1f GiB free), compute %d.%d", prop.name,
