@@ -46,7 +46,7 @@ __device__ static inline void online_fold(float &m, float &l, float *acc, float 
     m = mn;
 }
 
-// dot(q[0..hd), k[0..hd)) with q fp32 or bf16 (shared) and k bf16; hd even.
+// dot(q[0..hd), k[0..hd)), both bf16 rows in shared memory; hd even.
 __device__ static inline float dot_bf16(const bf16 *q, const bf16 *k, int hd) {
     float d = 0;
     for (int c = 0; c < hd; c += 2) {
@@ -57,8 +57,22 @@ __device__ static inline float dot_bf16(const bf16 *q, const bf16 *k, int hd) {
     return d;
 }
 
+// dot(q, k) with q fp32 (shared) and k a bf16 row of a K buffer; 16-byte loads when hd % 8 == 0
+// (rows are then 16-byte aligned: K buffers come from cudaMalloc).
 __device__ static inline float dot_f32_bf16(const float *q, const bf16 *k, int hd) {
     float d = 0;
+    if (hd % 8 == 0) {
+        for (int c = 0; c < hd; c += 8) {
+            uint4 u = *(const uint4 *)(k + c);
+            const __nv_bfloat162 *p = (const __nv_bfloat162 *)&u;
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                float2 b = __bfloat1622float2(p[t]);
+                d += q[c + 2 * t] * b.x + q[c + 2 * t + 1] * b.y;
+            }
+        }
+        return d;
+    }
     for (int c = 0; c < hd; c += 2) {
         float2 b = __bfloat1622float2(*(const __nv_bfloat162 *)(k + c));
         d += q[c] * b.x + q[c + 1] * b.y;

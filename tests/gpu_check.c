@@ -598,6 +598,8 @@ static void test_attention_cases(backend *bk[2]) {
         {"split GQA 8/2 hd64 kept", 8, 2, 64, 2000, 3, 700, 4, 3000, 1100},
         {"split hd32 tiny", 2, 1, 32, 5, 1, 0, 2, 1, 2},
         {"split 16 rows hd128", 4, 2, 128, 600, 1, 0, 16, 580, 2},
+        {"split hd36 (not 16-byte rows)", 4, 2, 36, 500, 1, 0, 2, 400, 50},
+        {"flash hd10 (not 16-byte rows)", 2, 1, 10, 90, 1, 0, 40, 0, 2},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) test_attention(bk, &cases[i]);
 }
