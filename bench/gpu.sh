@@ -22,7 +22,7 @@ if [ "${1:-}" = --pack ]; then   # plus a small GGUF (tokenizer included) for th
         strip -o "$PACK/$(basename $b)" $b && gzip -9 "$PACK/$(basename $b)" || exit 1
     done
     .venv/bin/python -c "import sys; sys.path.insert(0, 'tests'); import tiny_gguf, gguf; \
-tiny_gguf.write('$PACK/tiny-llama.gguf', n_layer=4, d=256, n_head=8, n_kv=2, ff=512, ctx=4096, \
+tiny_gguf.write('$PACK/tiny-llama.gguf', n_layer=4, d=256, n_head=4, n_kv=2, ff=512, ctx=4096, \
 dtype=gguf.GGMLQuantizationType.F16, seed=3)" || exit 1
     ls -l "$PACK"
     exit 0

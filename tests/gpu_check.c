@@ -535,7 +535,8 @@ static void test_model_pair(model *m[2], const char *name, int n, int n_gen) {
 }
 
 static void test_tiny_models(backend *bk[2]) {
-    tiny_shape shapes[] = {{"llama", 8, 256, 8, 2, 512, 1000}, {"qwen2", 6, 192, 6, 2, 384, 700}};
+    // head dims 64 (the tensor-core prefill kernel) and 32 (the CUDA-core one)
+    tiny_shape shapes[] = {{"llama", 8, 512, 8, 2, 1024, 1000}, {"qwen2", 6, 192, 6, 2, 384, 700}};
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         model *m[2];
         for (int b = 0; b < 2; b++) m[b] = tiny_model(bk[b], &shapes[i], 1000 + i);
