@@ -2,7 +2,8 @@
 // reference), on a machine with a GPU. Every op runs on both backends with the same fresh random
 // inputs (rounded to bf16 first, so both see identical values), CUDA outputs poisoned with NaN
 // before each run; pass = ||cuda - cpu|| / ||cpu|| <= 2e-2 and no NaN. Then every strategy's
-// last-prompt-row logits and greedy tokens on models made in memory (a tiny Llama and a tiny
+// last-prompt-row logits (<= 5e-2: the rounding of every layer's activations compounds) and greedy
+// tokens on models made in memory (a tiny Llama and a tiny
 // Qwen2, seeded random weights: nothing to carry) and on a GGUF file when one is given
 // (argv[1], $SIFT_MODEL, or the default model if present). One table row per check.
 // Exit: 0 all passed, 1 a check failed, 2 no usable GPU.
@@ -18,7 +19,8 @@
 #include "../util/check.h"
 #include "../weights/synthetic.h"
 
-#define TOL 2e-2
+#define TOL 2e-2         // one op in bf16
+#define TOL_MODEL 5e-2   // a model's logits: bf16 rounding of every activation compounds over layers
 enum { CPU, GPU };
 
 static int n_fail, n_pass;
@@ -515,7 +517,7 @@ static void test_strategy(model *m[2], const strategy *s, const int *ids, int n,
     }
     char check[64];
     snprintf(check, sizeof check, "%s logits", s->name);
-    report(check, label, lg[GPU], lg[CPU], (size_t)vocab, TOL);
+    report(check, label, lg[GPU], lg[CPU], (size_t)vocab, TOL_MODEL);
     // greedy: the first token must match unless the CPU's top two are closer than the bf16 noise
     int a = argmax(lg[CPU], vocab), g = argmax(lg[GPU], vocab), same = 0;
     double gap = lg[CPU][a] - lg[CPU][g];
