@@ -2,10 +2,10 @@
 // reference), on a machine with a GPU. Every op runs on both backends with the same fresh random
 // inputs (rounded to bf16 first, so both see identical values), CUDA outputs poisoned with NaN
 // before each run; pass = ||cuda - cpu|| / ||cpu|| <= 2e-2 and no NaN. Then every strategy's
-// last-prompt-row logits (<= 5e-2: the rounding of every layer's activations compounds) and greedy
-// tokens on models made in memory (a tiny Llama and a tiny
-// Qwen2, seeded random weights: nothing to carry) and on a GGUF file when one is given
-// (argv[1], $SIFT_MODEL, or the default model if present). One table row per check.
+// last-prompt-row logits (<= 5e-2: the rounding of every layer's activations compounds) and
+// greedy tokens on models made in memory (a tiny Llama and a tiny Qwen2, seeded random weights:
+// nothing to carry) and on a GGUF file when one is given (argv[1], $SIFT_MODEL, or the default
+// model if present). One table row per check.
 // Exit: 0 all passed, 1 a check failed, 2 no usable GPU.
 #include <math.h>
 #include <stdint.h>
