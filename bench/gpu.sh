@@ -50,6 +50,12 @@ step() {
     return $rc
 }
 
+# cuBLASLt 13: sift dlopens it; point SIFT_CUBLASLT at a copy when the loader cannot find one
+if ! ldconfig -p 2>/dev/null | grep -q 'libcublasLt.so.13' && [ ! -e /usr/local/cuda/lib64/libcublasLt.so.13 ]; then
+    export SIFT_CUBLASLT=$(find / -name 'libcublasLt.so.13*' -type f 2>/dev/null | head -n 1)
+    echo "gpu.sh: SIFT_CUBLASLT=$SIFT_CUBLASLT" | tee -a "$OUT/gpu.log"
+fi
+
 # GPU facts
 if ! nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv \
         >"$OUT/nvidia-smi.txt" 2>&1; then
