@@ -91,18 +91,22 @@ static float *download(backend *b, const void *p, size_t n) {
 static int report(const char *check, const char *shape, const float *got, const float *ref,
                   size_t n, double tol) {
     double num = 0, den = 0, worst = 0;
-    int nan = 0;
+    size_t nan = 0, at = 0;   // NaN count; index of the worst difference (or first NaN)
     for (size_t i = 0; i < n; i++) {
-        if (isnan(got[i]) || isnan(ref[i])) nan = 1;
         double d = (double)got[i] - ref[i];
+        if (isnan(d) && nan++ == 0) at = i;
+        if (isnan(d)) continue;
         num += d * d;
         den += (double)ref[i] * ref[i];
-        worst = fmax(worst, fabs(d));
+        if (fabs(d) > worst && !nan) worst = fabs(d), at = i;
     }
     double rel = den > 0 ? sqrt(num / den) : worst;
     int ok = !nan && rel <= tol;
     printf("| %-22s | %-44s | %9.2e | %9.2e | %s |\n", check, shape, nan ? NAN : rel, worst,
            ok ? "ok" : "FAIL");
+    if (!ok && n)   // where to look: the flat index (row-major in the op's output shape)
+        printf("|   worst at [%zu] of %zu: %.6g, reference %.6g; %zu NaN |||||\n", at, n,
+               got[at], ref[at], nan);
     fflush(stdout);
     ok ? n_pass++ : n_fail++;
     return ok;
