@@ -110,6 +110,7 @@ typedef struct pos_mirror {   // device copy of a KV layer's entry positions
 
 enum { STAGE_IDX, STAGE_AUX, STAGES };   // two host arrays per op at most
 
+#define STAGE_REUSE_MAX (1u << 20)   // uploads up to this size are skipped when unchanged
 #define SPARE_MAX 32   // freed buffers kept for reuse (a decode step frees and allocates the same)
 
 typedef struct dev_block {   // a buffer handed out by alloc, or kept after free
@@ -126,6 +127,8 @@ typedef struct cuda_impl {
     mm_plan plans[MM_PLANS];
     int n_plans, next_evict;
     dev_buf stage[STAGES], attn_work, probs, f32;
+    void *stage_last[STAGES];        // host copy of each stage buffer's last small upload
+    size_t stage_last_bytes[STAGES];
     pos_mirror *mirrors;
     int n_mirrors, cap_mirrors;
     dev_block *live;                 // buffers alloc handed out (their sizes, for reuse)
@@ -190,10 +193,22 @@ static void *dev_buf_reserve(cuda_impl *c, dev_buf *b, size_t bytes, const char 
     return b->p;
 }
 
-// Copies host[0..bytes) to the stage buffer `slot` (stream-ordered); the device pointer.
+// Copies host[0..bytes) to the stage buffer `slot` (stream-ordered); the device pointer. A small
+// upload equal to the slot's last one is skipped: the positions of a pass are the same for every
+// layer's RoPE and attention, and so are the RoPE frequencies.
 static void *stage(cuda_impl *c, int slot, const void *host, size_t bytes) {
+    size_t had = c->stage[slot].bytes;
     void *d = dev_buf_reserve(c, &c->stage[slot], bytes < 4096 ? 4096 : bytes, "index upload");
-    if (bytes) CUDA_CHECK(cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, c->stream));
+    if (bytes == 0) return d;
+    if (c->stage[slot].bytes == had && bytes == c->stage_last_bytes[slot] &&
+        memcmp(c->stage_last[slot], host, bytes) == 0)
+        return d;
+    CUDA_CHECK(cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, c->stream));
+    c->stage_last_bytes[slot] = bytes <= STAGE_REUSE_MAX ? bytes : 0;   // 0: nothing to reuse
+    if (bytes <= STAGE_REUSE_MAX) {
+        c->stage_last[slot] = xrealloc(c->stage_last[slot], bytes);
+        memcpy(c->stage_last[slot], host, bytes);
+    }
     return d;
 }
 
@@ -737,6 +752,7 @@ static void cuda_destroy(backend *b) {
     spare_release(c);
     for (int i = 0; i < c->n_live; i++) CUDA_CHECK(cudaFree(c->live[i].p));   // not freed by the user
     free(c->live);
+    for (int i = 0; i < STAGES; i++) free(c->stage_last[i]);
     CUDA_CHECK(cudaFree(c->lt_work));
     CUDA_CHECK(cudaStreamDestroy(c->stream));
     dlclose(c->lt.so);
