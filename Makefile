@@ -1,5 +1,5 @@
-# sift — build, run, test. `make` builds ./sift (CPU path always; CUDA path when nvcc exists,
-# added by the CUDA backend). `make run` fetches the default model and answers a prompt.
+# sift — build, run, test. `make` builds ./sift (CPU path always; CUDA path when nvcc exists;
+# `make NVCC=` builds CPU only). `make run` fetches the default model and answers a prompt.
 # `make test` runs every CPU test (C unit tests + Python reference tests in .venv).
 
 CC      ?= cc
@@ -27,16 +27,42 @@ CFLAGS  += -DSIFT_VERSION='"$(VERSION)"'
 
 LIB_SRC := $(wildcard cmd/*.c util/*.c weights/*.c tok/*.c model/*.c attn/*.c kv/*.c policies/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=build/%.o)
+# CUDA path: compiled when nvcc is found. cudart and libstdc++ link statically; cuBLASLt has no
+# static library in the toolkit and is opened at run time (dlopen), so the binary starts anywhere.
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+ifneq ($(strip $(NVCC)),)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUARCH  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+           -gencode arch=compute_90,code=compute_90
+NVFLAGS ?= -O3 -g -lineinfo
+NVFLAGS += -std=c++17 $(CUARCH) -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings -MMD -MP
+CU_SRC  := $(wildcard model/*.cu attn/*.cu)
+LIB_OBJ += $(CU_SRC:%.cu=build/%.o)
+CFLAGS  += -DSIFT_CUDA
+LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart_static -lrt -Wl,-Bstatic -lstdc++ -Wl,-Bdynamic
+GPU_BIN := build/tests/gpu_check
+endif
+
+.DEFAULT_GOAL := all
+# Objects are rebuilt when the configuration changes (CUDA on or off, target architectures).
+FLAGS_STAMP := build/flags-$(if $(strip $(NVCC)),cuda,cpu)-$(shell echo '$(ARCH) $(CUARCH)' | md5sum | cut -c1-8)
+$(FLAGS_STAMP):
+	@mkdir -p build && rm -f build/flags-* && touch $@
+
+build/%.o: %.cu $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/%.c=build/tests/%)
 # tests/tool_*.c: small programs the Python tests drive (dequantise a buffer, tokenize, dump logits).
 TOOL_SRC := $(wildcard tests/tool_*.c)
 TOOL_BIN := $(TOOL_SRC:tests/%.c=build/tests/%)
 
-.PHONY: all run test test-c test-bins test-asan test-valgrind fuzz model deps clean
+.PHONY: all run test test-c test-bins test-asan test-valgrind test-gpu test-gpu-sanitize fuzz model deps clean
 all: sift
 
-build/%.o: %.c
+build/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
@@ -102,7 +128,16 @@ test-valgrind: sift model
 test-asan: deps model
 	@bash tests/asan.sh
 
+# GPU tests (a machine with an NVIDIA GPU): every backend op and every strategy, CUDA vs CPU.
+test-gpu: $(GPU_BIN)
+	@test -n "$(GPU_BIN)" || { echo "test-gpu: this build has no CUDA path (nvcc not found)"; exit 1; }
+	$(GPU_BIN)
+
+test-gpu-sanitize: $(GPU_BIN)
+	@test -n "$(GPU_BIN)" || { echo "test-gpu: this build has no CUDA path (nvcc not found)"; exit 1; }
+	@bash tests/gpu_sanitize.sh $(GPU_BIN)
+
 clean:
 	rm -rf build sift
 
--include $(LIB_OBJ:.o=.d) build/main.d $(TEST_BIN:%=%.d) $(TOOL_BIN:%=%.d)
+-include $(LIB_OBJ:.o=.d) build/main.d $(TEST_BIN:%=%.d) $(TOOL_BIN:%=%.d) $(GPU_BIN:%=%.d)

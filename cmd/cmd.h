@@ -45,11 +45,20 @@ typedef struct loaded {
     model *m, *draft;
 } loaded;
 
+// The backend for --device auto|cpu|cuda: auto takes the GPU when one is usable and says on
+// stderr which it chose; NULL (error printed) when cuda was asked for and cannot be had.
+backend *cli_backend(const char *device, int threads);
 // Loads path (NULL: $SIFT_MODEL or the default model beside the binary) and draft_path (may be
-// NULL), checks the strategies' options against the model, and fills so's draft and
-// end-of-generation test. 0, 1 (load failed) or 2 (bad options); the error is printed.
-int cli_load(loaded *L, const char *path, const char *draft_path, int threads,
+// NULL) on the backend for `device`, checks the strategies' options against the model, and fills
+// so's draft and end-of-generation test. 0, 1 (load failed) or 2 (bad options); error printed.
+int cli_load(loaded *L, const char *path, const char *draft_path, const char *device, int threads,
              const strategy *const *list, int n_list, strategy_opts *so);
+// Backends compiled into this binary, e.g. "cpu, cuda".
+#ifdef SIFT_CUDA
+#define CLI_BACKENDS "cpu, cuda"
+#else
+#define CLI_BACKENDS "cpu"
+#endif
 void cli_unload(loaded *L);
 
 // ---- subcommands: argv[1] is the command's name ----

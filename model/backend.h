@@ -66,3 +66,7 @@ struct backend {
 };
 
 backend *backend_cpu_create(int n_threads);
+// The CUDA backend on GPU 0 (model/backend_cuda.cu; built when nvcc was found, SIFT_CUDA defined).
+// On success msg holds the device's description; NULL with the reason in msg when there is no
+// usable GPU, driver or cuBLASLt.
+backend *backend_cuda_create(char *msg, size_t len);

@@ -16,5 +16,5 @@ int err_printf(char *err, size_t errlen, const char *fmt, ...) __attribute__((fo
 void *check_malloc(size_t n, const char *file, int line);
 void *check_calloc(size_t n, size_t size, const char *file, int line);
 void *check_realloc(void *p, size_t n, const char *file, int line);
-_Noreturn void check_fail(const char *file, int line, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+void check_fail(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4), noreturn));   // attribute, not _Noreturn: C++ includes it

@@ -1,0 +1,461 @@
+// attn/attn_cuda.cu — attention on the GPU (see attn_cuda.h), fp32 softmax and accumulation over
+// bf16 q/K/V. Kernels:
+//  - wmma (head dim 64 and 128, many query rows): tensor-core flash attention, two passes (row
+//    max and sum, then P @ V) so that no tensor-core accumulator needs rescaling.
+//  - flash (other head dims): a block = QPB query rows of one head; K/V tiles of 32 keys staged in shared memory;
+//    lanes over keys for the scores, lanes over dims for P @ V, online softmax. No n x len matrix.
+//  - split: a block = one (query row, head, key chunk) (flash-decoding); warps stride over 32-key
+//    tiles; per-chunk partials (max, sum, unnormalised out) merged by the combine kernel.
+//  - probs: a block per (row, head) writes the masked softmax over the first m keys.
+#include <limits.h>
+#include <mma.h>
+
+#include "../model/cuda_util.cuh"
+#include "attn_cuda.h"
+
+#define TILE 32             // keys per tile = lanes per warp
+#define WARPS 4             // warps per block
+#define QPW 4               // flash: query rows per warp
+#define QPB (WARPS * QPW)   // flash: query rows per block
+#define SPLIT_MAX_ROWS 16   // up to this many query rows run split-K
+#define SPLIT_MIN_KEYS 256  // split-K: keys per chunk at least
+
+// Folds one tile of 32 keys into a warp's running softmax (m, l) and output acc (dims
+// lane + 32 t): s is this lane's key score (-inf when invisible), v(j, c) value c of key j.
+template <int DPL, typename ValueFn>
+__device__ static inline void online_fold(float &m, float &l, float *acc, float s, int hd,
+                                          ValueFn v) {
+    float mt = warp_max(s);
+    if (mt == -INFINITY) return;   // no visible key in this tile (warp-uniform)
+    float mn = fmaxf(m, mt);
+    float corr = expf(m - mn);     // m = -inf (nothing yet) -> 0
+    float p = expf(s - mn);        // invisible -> 0
+    l = l * corr + warp_sum(p);
+    int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int t = 0; t < DPL; t++) acc[t] *= corr;
+    for (int j = 0; j < TILE; j++) {
+        float pj = __shfl_sync(0xffffffffu, p, j);
+        if (pj == 0.0f) continue;  // same for the whole warp
+#pragma unroll
+        for (int t = 0; t < DPL; t++) {
+            int c = lane + 32 * t;
+            if (c < hd) acc[t] += pj * v(j, c);
+        }
+    }
+    m = mn;
+}
+
+// dot(q[0..hd), k[0..hd)), both bf16 rows in shared memory; hd even.
+__device__ static inline float dot_bf16(const bf16 *q, const bf16 *k, int hd) {
+    float d = 0;
+    for (int c = 0; c < hd; c += 2) {
+        float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)(q + c));
+        float2 b = __bfloat1622float2(*(const __nv_bfloat162 *)(k + c));
+        d += a.x * b.x + a.y * b.y;
+    }
+    return d;
+}
+
+// dot(q, k) with q fp32 (shared) and k a bf16 row of a K buffer; 16-byte loads when hd % 8 == 0
+// (rows are then 16-byte aligned: K buffers come from cudaMalloc).
+__device__ static inline float dot_f32_bf16(const float *q, const bf16 *k, int hd) {
+    float d = 0;
+    if (hd % 8 == 0) {
+        for (int c = 0; c < hd; c += 8) {
+            uint4 u = *(const uint4 *)(k + c);
+            const __nv_bfloat162 *p = (const __nv_bfloat162 *)&u;
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                float2 b = __bfloat1622float2(p[t]);
+                d += q[c + 2 * t] * b.x + q[c + 2 * t + 1] * b.y;
+            }
+        }
+        return d;
+    }
+    for (int c = 0; c < hd; c += 2) {
+        float2 b = __bfloat1622float2(*(const __nv_bfloat162 *)(k + c));
+        d += q[c] * b.x + q[c + 1] * b.y;
+    }
+    return d;
+}
+
+// q (n, heads, hd), K/V (n_kv_head, cap, hd) -> out (n, heads, hd); grid (ceil(n/QPB), heads).
+// DPL = dims per lane: hd <= 32 * DPL.
+template <int DPL>
+__global__ void __launch_bounds__(WARPS * 32)
+attn_flash_kernel(bf16 *out, attn_cuda_args a, float scale) {
+    __shared__ bf16 qs[QPB][DPL * 32];
+    __shared__ bf16 ks[TILE][DPL * 32 + 2];   // +2: rows one bank apart, conflict-free reads
+    __shared__ bf16 vs[TILE][DPL * 32];
+    __shared__ int kp[TILE];
+    __shared__ int qmax_s;
+    const int hd = a.hd, h = blockIdx.y, g = h / (a.heads / a.n_kv_head);
+    const int i0 = blockIdx.x * QPB, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const bf16 *q = (const bf16 *)a.q, *k = (const bf16 *)a.k, *v = (const bf16 *)a.v;
+    for (int e = threadIdx.x; e < QPB * hd; e += blockDim.x) {
+        int r = e / hd, c = e % hd, i = i0 + r;
+        qs[r][c] = i < a.n ? q[((size_t)i * a.heads + h) * hd + c] : __float2bfloat16(0.0f);
+    }
+    if (threadIdx.x == 0) {
+        int mx = INT_MIN;
+        for (int r = 0; r < QPB && i0 + r < a.n; r++) mx = max(mx, a.qpos[i0 + r]);
+        qmax_s = mx;
+    }
+    __syncthreads();
+    const int qmax = qmax_s;
+    float m[QPW], l[QPW], acc[QPW][DPL];
+    int qp[QPW];
+#pragma unroll
+    for (int r = 0; r < QPW; r++) {
+        int i = i0 + warp * QPW + r;
+        m[r] = -INFINITY, l[r] = 0, qp[r] = i < a.n ? a.qpos[i] : INT_MIN;
+#pragma unroll
+        for (int t = 0; t < DPL; t++) acc[r][t] = 0;
+    }
+    for (int t0 = 0; t0 < a.len; t0 += TILE) {
+        if (threadIdx.x < TILE) {
+            int j = t0 + threadIdx.x;
+            kp[threadIdx.x] = j < a.len ? a.kpos[(size_t)g * a.cap + j] : INT_MAX;
+        }
+        if (!__syncthreads_or(threadIdx.x < TILE && kp[threadIdx.x] <= qmax)) continue;
+        for (int e = threadIdx.x; e < TILE * hd; e += blockDim.x) {
+            int r = e / hd, c = e % hd, j = t0 + r;
+            bf16 kz = __float2bfloat16(0.0f), vz = kz;
+            if (j < a.len) {
+                size_t o = ((size_t)g * a.cap + j) * hd + c;
+                kz = k[o], vz = v[o];
+            }
+            ks[r][c] = kz, vs[r][c] = vz;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < QPW; r++) {
+            int qr = warp * QPW + r;
+            if (i0 + qr >= a.n) continue;   // warp-uniform
+            float s = kp[lane] <= qp[r] ? dot_bf16(qs[qr], ks[lane], hd) * scale : -INFINITY;
+            online_fold<DPL>(m[r], l[r], acc[r], s, hd,
+                             [&](int j, int c) { return __bfloat162float(vs[j][c]); });
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < QPW; r++) {
+        int i = i0 + warp * QPW + r;
+        if (i >= a.n) continue;
+        float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+#pragma unroll
+        for (int t = 0; t < DPL; t++) {
+            int c = lane + 32 * t;
+            if (c < hd) out[((size_t)i * a.heads + h) * hd + c] = __float2bfloat16(acc[r][t] * inv);
+        }
+    }
+}
+
+// ---- tensor-core flash (WMMA) for hd 64 and 128 -------------------------------------------------
+
+#define WQ 64   // query rows per block, 16 per warp
+#define WK 32   // keys per tile
+
+// Stages keys t0 .. t0 + WK of KV head g for the block: positions to kp (INT_MAX past len), K and
+// (when vs) V rows to shared memory (zeros past len). 0, staging no rows, when no key of the tile
+// is visible to the block's queries (positions up to qmax).
+template <int HD>
+__device__ static inline int stage_tile(bf16 (*ks)[HD], bf16 (*vs)[HD], int *kp,
+                                        const attn_cuda_args &a, int g, int t0, int qmax) {
+    if (threadIdx.x < WK) {
+        int j = t0 + threadIdx.x;
+        kp[threadIdx.x] = j < a.len ? a.kpos[(size_t)g * a.cap + j] : INT_MAX;
+    }
+    if (!__syncthreads_or(threadIdx.x < WK && kp[threadIdx.x] <= qmax)) return 0;
+    const uint4 zero = {0, 0, 0, 0};
+    for (int e = threadIdx.x; e < WK * HD / 8; e += blockDim.x) {   // 8 bf16 per 16-byte load
+        int r = e / (HD / 8), c = e % (HD / 8) * 8, j = t0 + r;
+        size_t o = ((size_t)g * a.cap + j) * HD + c;   // 16-byte aligned: HD % 8 == 0
+        *(uint4 *)&ks[r][c] = j < a.len ? *(const uint4 *)((const bf16 *)a.k + o) : zero;
+        if (vs) *(uint4 *)&vs[r][c] = j < a.len ? *(const uint4 *)((const bf16 *)a.v + o) : zero;
+    }
+    __syncthreads();
+    return 1;
+}
+
+// s (16, WK) fp32 = qw (16, HD) @ kt (WK, HD)^T, on the tensor cores
+template <int HD>
+__device__ static inline void tile_scores(float *s, const bf16 *qw, const bf16 *kt) {
+    using namespace nvcuda;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> qa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> kb;   // K^T: (c, j) at kt[j*HD + c]
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+#pragma unroll
+    for (int nn = 0; nn < WK / 16; nn++) {
+        wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            wmma::load_matrix_sync(qa, qw + kk * 16, HD);
+            wmma::load_matrix_sync(kb, kt + nn * 16 * HD + kk * 16, HD);
+            wmma::mma_sync(acc, qa, kb, acc);
+        }
+        wmma::store_matrix_sync(s + nn * 16, acc, WK, wmma::mem_row_major);
+    }
+}
+
+// q (n, heads, HD), K/V (n_kv_head, cap, HD) -> out (n, heads, HD); grid (ceil(n/WQ), heads).
+// Two passes over the keys, so no accumulator ever needs rescaling: pass 1 finds each row's
+// max m and softmax sum l (online, fp32); pass 2 adds (exp(s - m) / l) @ V on the tensor cores.
+// Lanes 2r and 2r + 1 of a warp own row r of its 16 (columns 0-15 and 16-31 of each tile).
+template <int HD>
+__global__ void __launch_bounds__(WARPS * 32)
+attn_wmma_kernel(bf16 *out, attn_cuda_args a, float scale) {
+    using namespace nvcuda;
+    __shared__ __align__(32) bf16 qs[WQ][HD];
+    __shared__ __align__(32) bf16 ks[WK][HD];
+    __shared__ __align__(32) bf16 vs[WK][HD];
+    __shared__ __align__(32) float sw[WARPS][16][WK];   // a warp's scores, then its output
+    __shared__ __align__(32) bf16 pw[WARPS][16][WK];    // a warp's probabilities
+    __shared__ int kp[WK];
+    __shared__ int qmax_s;
+    const int h = blockIdx.y, g = h / (a.heads / a.n_kv_head), i0 = blockIdx.x * WQ;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 2, c0 = lane % 2 * 16;
+    const bf16 *q = (const bf16 *)a.q;
+    for (int e = threadIdx.x; e < WQ * HD; e += blockDim.x) {
+        int rr = e / HD, c = e % HD, i = i0 + rr;
+        qs[rr][c] = i < a.n ? q[((size_t)i * a.heads + h) * HD + c] : __float2bfloat16(0.0f);
+    }
+    if (threadIdx.x == 0) {
+        int mx = INT_MIN;
+        for (int rr = 0; rr < WQ && i0 + rr < a.n; rr++) mx = max(mx, a.qpos[i0 + rr]);
+        qmax_s = mx;
+    }
+    __syncthreads();
+    const int qmax = qmax_s, row = i0 + warp * 16 + r;
+    const int qp = row < a.n ? a.qpos[row] : INT_MIN;
+    float *s = &sw[warp][0][0];
+    float m = -INFINITY, l = 0;
+    for (int t0 = 0; t0 < a.len; t0 += WK) {   // pass 1: row max and sum
+        if (!stage_tile<HD>(ks, nullptr, kp, a, g, t0, qmax)) continue;
+        tile_scores<HD>(s, qs[warp * 16], &ks[0][0]);
+        __syncwarp();
+        float x[16], tmax = -INFINITY;
+#pragma unroll
+        for (int c = 0; c < 16; c++) {
+            x[c] = kp[c0 + c] <= qp ? s[r * WK + c0 + c] * scale : -INFINITY;
+            tmax = fmaxf(tmax, x[c]);
+        }
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+        float mn = fmaxf(m, tmax), sum = 0;
+#pragma unroll
+        for (int c = 0; c < 16; c++) sum += x[c] == -INFINITY ? 0.0f : expf(x[c] - mn);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        l = mn == -INFINITY ? 0.0f : l * expf(m - mn) + sum;   // m = -inf: expf -> 0
+        m = mn;
+        __syncthreads();   // the tile is read; the next may overwrite it
+    }
+    const float inv_l = l > 0 ? 1.0f / l : 0.0f;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> o[HD / 16];
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> pa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> vb;
+#pragma unroll
+    for (int d = 0; d < HD / 16; d++) wmma::fill_fragment(o[d], 0.0f);
+    for (int t0 = 0; t0 < a.len; t0 += WK) {   // pass 2: out += P @ V
+        if (!stage_tile<HD>(ks, vs, kp, a, g, t0, qmax)) continue;
+        tile_scores<HD>(s, qs[warp * 16], &ks[0][0]);
+        __syncwarp();
+#pragma unroll
+        for (int c = 0; c < 16; c++) {
+            float p = kp[c0 + c] <= qp && l > 0 ? expf(s[r * WK + c0 + c] * scale - m) * inv_l : 0.0f;
+            pw[warp][r][c0 + c] = __float2bfloat16(p);
+        }
+        __syncwarp();
+#pragma unroll
+        for (int kk = 0; kk < WK / 16; kk++) {
+            wmma::load_matrix_sync(pa, &pw[warp][0][kk * 16], WK);
+#pragma unroll
+            for (int d = 0; d < HD / 16; d++) {
+                wmma::load_matrix_sync(vb, &vs[kk * 16][d * 16], HD);
+                wmma::mma_sync(o[d], pa, vb, o[d]);
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int d = 0; d < HD / 16; d++) {   // out, a 16x16 chunk at a time through sw
+        wmma::store_matrix_sync(s, o[d], WK, wmma::mem_row_major);
+        __syncwarp();
+        for (int e = lane; e < 256; e += 32) {
+            int rr = e / 16, cc = e % 16, i = i0 + warp * 16 + rr;
+            if (i < a.n) out[((size_t)i * a.heads + h) * HD + d * 16 + cc] = __float2bfloat16(s[rr * WK + cc]);
+        }
+        __syncwarp();
+    }
+}
+
+// Row i, head h, keys [s*chunk, (s+1)*chunk) -> partial work[((i*heads + h)*splits + s)*(hd+2)]
+// = (max, sum, unnormalised out (hd,)); grid (splits, heads, n).
+template <int DPL>
+__global__ void __launch_bounds__(WARPS * 32)
+attn_split_kernel(float *work, attn_cuda_args a, int chunk, float scale) {
+    __shared__ float qs[DPL * 32];
+    __shared__ float wm[WARPS], wl[WARPS];
+    __shared__ float wacc[WARPS][DPL * 32];
+    const int s = blockIdx.x, h = blockIdx.y, i = blockIdx.z, splits = gridDim.x, hd = a.hd;
+    const int g = h / (a.heads / a.n_kv_head), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const bf16 *q = (const bf16 *)a.q + ((size_t)i * a.heads + h) * hd;
+    const bf16 *kg = (const bf16 *)a.k + (size_t)g * a.cap * hd;
+    const bf16 *vg = (const bf16 *)a.v + (size_t)g * a.cap * hd;
+    const int *pg = a.kpos + (size_t)g * a.cap;
+    for (int c = threadIdx.x; c < hd; c += blockDim.x) qs[c] = __bfloat162float(q[c]);
+    __syncthreads();
+    const int qp = a.qpos[i], j0 = s * chunk, j1 = min(a.len, j0 + chunk);
+    float m = -INFINITY, l = 0, acc[DPL];
+#pragma unroll
+    for (int t = 0; t < DPL; t++) acc[t] = 0;
+    for (int t0 = j0 + warp * TILE; t0 < j1; t0 += WARPS * TILE) {
+        int j = t0 + lane;
+        float sc = j < j1 && pg[j] <= qp ? dot_f32_bf16(qs, kg + (size_t)j * hd, hd) * scale
+                                         : -INFINITY;
+        online_fold<DPL>(m, l, acc, sc, hd, [&](int jj, int c) {
+            return __bfloat162float(vg[(size_t)(t0 + jj) * hd + c]);
+        });
+    }
+    if (lane == 0) wm[warp] = m, wl[warp] = l;
+#pragma unroll
+    for (int t = 0; t < DPL; t++)
+        if (lane + 32 * t < hd) wacc[warp][lane + 32 * t] = acc[t];
+    __syncthreads();
+    float mx = -INFINITY;
+    for (int w = 0; w < WARPS; w++) mx = fmaxf(mx, wm[w]);
+    float *dst = work + (((size_t)i * a.heads + h) * splits + s) * (hd + 2);
+    for (int c = threadIdx.x; c < hd; c += blockDim.x) {
+        float o = 0;
+        for (int w = 0; w < WARPS; w++)
+            if (wm[w] != -INFINITY) o += wacc[w][c] * expf(wm[w] - mx);
+        dst[2 + c] = o;
+    }
+    if (threadIdx.x == 0) {
+        float sum = 0;
+        for (int w = 0; w < WARPS; w++)
+            if (wm[w] != -INFINITY) sum += wl[w] * expf(wm[w] - mx);
+        dst[0] = mx, dst[1] = sum;
+    }
+}
+
+// partials (n, heads, splits, hd + 2) -> out (n, heads, hd); grid (heads, n).
+__global__ void attn_combine_kernel(bf16 *out, const float *work, int heads, int splits, int hd) {
+    const int h = blockIdx.x, i = blockIdx.y, stride = hd + 2;
+    const float *p = work + ((size_t)i * heads + h) * splits * stride;
+    float mx = -INFINITY, sum = 0;
+    for (int s = 0; s < splits; s++) mx = fmaxf(mx, p[s * stride]);
+    for (int s = 0; s < splits; s++)
+        if (p[s * stride] != -INFINITY) sum += p[s * stride + 1] * expf(p[s * stride] - mx);
+    float inv = sum > 0 ? 1.0f / sum : 0.0f;
+    for (int c = threadIdx.x; c < hd; c += blockDim.x) {
+        float o = 0;
+        for (int s = 0; s < splits; s++)
+            if (p[s * stride] != -INFINITY) o += p[s * stride + 2 + c] * expf(p[s * stride] - mx);
+        out[((size_t)i * heads + h) * hd + c] = __float2bfloat16(o * inv);
+    }
+}
+
+// probs (n, heads, m) = masked softmax of scores; grid (heads, n), blockDim a multiple of 32.
+__global__ void attn_probs_kernel(float *probs, attn_cuda_args a, int m, float scale) {
+    __shared__ float qs[ATTN_CUDA_MAX_HD];
+    __shared__ float red[32];
+    const int h = blockIdx.x, i = blockIdx.y, hd = a.hd, g = h / (a.heads / a.n_kv_head);
+    const bf16 *q = (const bf16 *)a.q + ((size_t)i * a.heads + h) * hd;
+    const bf16 *kg = (const bf16 *)a.k + (size_t)g * a.cap * hd;
+    const int *pg = a.kpos + (size_t)g * a.cap, qp = a.qpos[i];
+    float *p = probs + ((size_t)i * a.heads + h) * m;
+    for (int c = threadIdx.x; c < hd; c += blockDim.x) qs[c] = __bfloat162float(q[c]);
+    __syncthreads();
+    float mx = -INFINITY;
+    for (int j = threadIdx.x; j < m; j += blockDim.x) {
+        float s = pg[j] <= qp ? dot_f32_bf16(qs, kg + (size_t)j * hd, hd) * scale : -INFINITY;
+        p[j] = s;
+        mx = fmaxf(mx, s);
+    }
+    mx = block_reduce(mx, red, 1);
+    float sum = 0;
+    for (int j = threadIdx.x; j < m; j += blockDim.x) {   // each thread rereads its own entries
+        float e = mx == -INFINITY ? 0.0f : expf(p[j] - mx);
+        p[j] = e;
+        sum += e;
+    }
+    sum = block_reduce(sum, red, 0);
+    float inv = sum > 0 ? 1.0f / sum : 0.0f;
+    for (int j = threadIdx.x; j < m; j += blockDim.x) p[j] *= inv;
+}
+
+// ---- host side ------------------------------------------------------------------------------
+
+static int split_count(const attn_cuda_args *a, int n_sm) {
+    int by_len = (a->len + SPLIT_MIN_KEYS - 1) / SPLIT_MIN_KEYS;
+    int rows = a->n * a->heads;
+    int to_fill = (4 * n_sm + rows - 1) / rows;   // about four blocks per multiprocessor
+    int s = by_len < to_fill ? by_len : to_fill;
+    return s < 1 ? 1 : s;
+}
+
+static int uses_split(const attn_cuda_args *a) { return a->n <= SPLIT_MAX_ROWS; }
+
+size_t attn_cuda_work_floats(const attn_cuda_args *a, int n_sm) {
+    if (!uses_split(a)) return 0;
+    return (size_t)a->n * a->heads * split_count(a, n_sm) * (a->hd + 2);
+}
+
+static void check_args(const attn_cuda_args *a) {
+    if (a->hd < 2 || a->hd > ATTN_CUDA_MAX_HD || a->hd % 2 || a->n_kv_head < 1 ||
+        a->heads % a->n_kv_head) {
+        fprintf(stderr, "sift: internal error at %s:%d: CUDA attention takes an even head "
+                "dimension in [2, %d] and heads a multiple of KV heads (got hd %d, %d/%d heads)\n",
+                __FILE__, __LINE__, ATTN_CUDA_MAX_HD, a->hd, a->heads, a->n_kv_head);
+        exit(3);
+    }
+}
+
+template <int DPL>
+static void launch_causal(bf16 *out, const attn_cuda_args *a, float *work, int n_sm,
+                          cudaStream_t st) {
+    float scale = 1.0f / sqrtf((float)a->hd);
+    if (!uses_split(a)) {
+        dim3 grid((unsigned)((a->n + QPB - 1) / QPB), (unsigned)a->heads);
+        attn_flash_kernel<DPL><<<grid, WARPS * 32, 0, st>>>(out, *a, scale);
+        CUDA_LAUNCHED(attn_flash_kernel);
+        return;
+    }
+    int splits = split_count(a, n_sm);
+    int chunk = (a->len + splits - 1) / splits;
+    if (chunk < 1) chunk = 1;
+    dim3 grid((unsigned)splits, (unsigned)a->heads, (unsigned)a->n);
+    attn_split_kernel<DPL><<<grid, WARPS * 32, 0, st>>>(work, *a, chunk, scale);
+    CUDA_LAUNCHED(attn_split_kernel);
+    attn_combine_kernel<<<dim3((unsigned)a->heads, (unsigned)a->n), 128, 0, st>>>(
+        out, work, a->heads, splits, a->hd);
+    CUDA_LAUNCHED(attn_combine_kernel);
+}
+
+template <int HD>
+static void launch_wmma(bf16 *out, const attn_cuda_args *a, cudaStream_t st) {
+    dim3 grid((unsigned)((a->n + WQ - 1) / WQ), (unsigned)a->heads);
+    attn_wmma_kernel<HD><<<grid, WARPS * 32, 0, st>>>(out, *a, 1.0f / sqrtf((float)HD));
+    CUDA_LAUNCHED(attn_wmma_kernel);
+}
+
+void attn_causal_cuda(void *out, const attn_cuda_args *a, float *work, int n_sm,
+                      cudaStream_t st) {
+    check_args(a);
+    if (a->n == 0) return;
+    bf16 *o = (bf16 *)out;
+    if (!uses_split(a) && a->hd == 64) launch_wmma<64>(o, a, st);
+    else if (!uses_split(a) && a->hd == 128) launch_wmma<128>(o, a, st);
+    else if (a->hd <= 64) launch_causal<2>(o, a, work, n_sm, st);
+    else if (a->hd <= 128) launch_causal<4>(o, a, work, n_sm, st);
+    else launch_causal<8>(o, a, work, n_sm, st);
+}
+
+void attn_probs_cuda(float *probs, const attn_cuda_args *a, int m, cudaStream_t st) {
+    check_args(a);
+    if (a->n == 0 || m == 0) return;
+    attn_probs_kernel<<<dim3((unsigned)a->heads, (unsigned)a->n), 256, 0, st>>>(
+        probs, *a, m, 1.0f / sqrtf((float)a->hd));
+    CUDA_LAUNCHED(attn_probs_kernel);
+}

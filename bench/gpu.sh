@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# bench/gpu.sh — everything a GPU machine session does, in one call of under 9 minutes, from the
+# repo root: GPU facts, the carried binaries (or a build there), make test-gpu's checks, the
+# compute-sanitizer runs, and `sift bench` on synthetic shapes. Logs go to $OUT (or bench/out);
+# a short table comes last.
+#
+# Build machine (nvcc, no GPU needed):   make -j2 sift build/tests/gpu_check && bench/gpu.sh --pack
+#   (--pack copies stripped binaries to .gpu/, git-ignored; carry it: the device tool's carry=[".gpu"])
+# GPU machine:                           bash bench/gpu.sh
+# Edit BENCH below to change what is benchmarked (flags of `sift bench`, see sift bench --help).
+set -u
+BENCH=(
+    "-m synthetic:llama-3.1-8b --strategy full,speed,fastkv,specprefill -p 4096 -n 64 -r 2"
+    "-m synthetic:llama-3.1-8b --strategy full -p 16384 -n 32 -r 1"
+)
+LIMIT_S=530            # stop starting new steps after this many seconds
+PACK=.gpu
+
+if [ "${1:-}" = --pack ]; then   # plus a small GGUF (tokenizer included) for the end-to-end runs
+    rm -rf "$PACK" && mkdir -p "$PACK"
+    for b in sift build/tests/gpu_check; do   # stripped and gzipped: ~8 MB each instead of 30
+        strip -o "$PACK/$(basename $b)" $b && gzip -9 "$PACK/$(basename $b)" || exit 1
+    done
+    .venv/bin/python -c "import sys; sys.path.insert(0, 'tests'); import tiny_gguf, gguf; \
+tiny_gguf.write('$PACK/tiny-llama.gguf', n_layer=4, d=256, n_head=4, n_kv=2, ff=512, ctx=4096, \
+dtype=gguf.GGMLQuantizationType.F16, seed=3)" || exit 1
+    ls -l "$PACK"
+    exit 0
+fi
+
+OUT=${OUT:-bench/out}
+mkdir -p "$OUT"
+declare -a ROWS
+row() { ROWS+=("| $1 | $2 | $3 |"); }
+left() { echo $((LIMIT_S - SECONDS)); }
+
+# step NAME SECONDS LOG CMD...: runs CMD under a time limit (cut to what is left), logs it.
+step() {
+    local name=$1 lim=$2 log=$3
+    shift 3
+    local l=$(left)
+    if [ "$l" -lt 20 ]; then row "$name" skipped "out of time"; return 1; fi
+    [ "$lim" -gt "$l" ] && lim=$l
+    echo "== $name (limit ${lim}s): $*" | tee -a "$OUT/gpu.log"
+    local t0=$SECONDS
+    timeout "$lim" "$@" >"$OUT/$log" 2>&1
+    local rc=$?
+    tail -n 40 "$OUT/$log" >>"$OUT/gpu.log"
+    row "$name" "$([ $rc = 0 ] && echo ok || echo "FAIL rc=$rc")" "$((SECONDS - t0)) s, $OUT/$log"
+    return $rc
+}
+
+# cuBLASLt 13: sift dlopens it; point SIFT_CUBLASLT at a copy when the loader cannot find one
+if ! ldconfig -p 2>/dev/null | grep -q 'libcublasLt.so.13' && [ ! -e /usr/local/cuda/lib64/libcublasLt.so.13 ]; then
+    export SIFT_CUBLASLT=$(find / -name 'libcublasLt.so.13*' -type f 2>/dev/null | head -n 1)
+    echo "gpu.sh: SIFT_CUBLASLT=$SIFT_CUBLASLT" | tee -a "$OUT/gpu.log"
+fi
+
+# GPU facts
+if ! nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv \
+        >"$OUT/nvidia-smi.txt" 2>&1; then
+    cat "$OUT/nvidia-smi.txt"
+    echo "gpu.sh: nvidia-smi failed: no GPU here" >&2
+    exit 1
+fi
+row nvidia-smi ok "$(tail -n 1 "$OUT/nvidia-smi.txt")"
+
+# binaries: the carried ones when they start here, else a build here (needs the static libs)
+BIN=/tmp/sift-gpu
+mkdir -p $BIN
+for b in sift gpu_check; do [ -f "$PACK/$b.gz" ] && gzip -dc "$PACK/$b.gz" >$BIN/$b && chmod +x $BIN/$b; done
+SIFT=$BIN/sift CHECK=$BIN/gpu_check
+if ! "$SIFT" --version >"$OUT/version.txt" 2>&1 || ! [ -x "$CHECK" ]; then
+    echo "gpu.sh: no carried binaries that run here; building" | tee -a "$OUT/gpu.log"
+    step build 240 build.log make -j16 sift build/tests/gpu_check CUARCH="-gencode arch=compute_90,code=sm_90"
+    SIFT=./sift CHECK=build/tests/gpu_check
+    "$SIFT" --version >"$OUT/version.txt" 2>&1
+fi
+row binaries "$(head -c 60 "$OUT/version.txt")" "$SIFT, $CHECK"
+
+TINY=$PACK/tiny-llama.gguf
+for dev in cpu cuda; do
+    step "sift --device $dev (tiny GGUF)" 60 "smoke_$dev.log" "$SIFT" -m "$TINY" --device $dev \
+        -p "the cat sat on the mat" -n 24 --temp 0 --strategy full,speed,fastkv,snapkv,streamingllm,specprefill
+done
+step "test-gpu (ops + strategies)" 200 test_gpu.log "$CHECK" "$TINY"
+step "compute-sanitizer memcheck+racecheck" 150 sanitize.log bash tests/gpu_sanitize.sh "$CHECK"
+i=0
+for b in "${BENCH[@]}"; do
+    i=$((i + 1))
+    # shellcheck disable=SC2086
+    step "sift bench $i" 120 "bench_$i.log" "$SIFT" bench $b
+done
+
+echo
+echo "## gpu.sh on $(tail -n 1 "$OUT/nvidia-smi.txt"), $(date -u +%F), $(head -c 40 "$OUT/version.txt")"
+grep -h "passed, .* failed" "$OUT"/test_gpu.log 2>/dev/null
+for dev in cpu cuda; do echo "$dev: $(grep -h "^| full\|^| speed" "$OUT/smoke_$dev.log" 2>/dev/null | cut -c1-150)"; done
+grep -h "FAIL" "$OUT"/test_gpu.log 2>/dev/null | head -n 20
+grep -h "ERROR SUMMARY\|failed" "$OUT"/sanitize.log 2>/dev/null | head -n 6
+for f in "$OUT"/bench_*.log; do [ -f "$f" ] && grep -h "^|" "$f" | grep -v "^|---"; done
+echo
+echo "| step | result | detail |"
+echo "|---|---|---|"
+printf '%s\n' "${ROWS[@]}"

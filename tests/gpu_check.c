@@ -1,0 +1,651 @@
+// tests/gpu_check.c — `make test-gpu`: the CUDA backend against the CPU backend (the fp32
+// reference), on a machine with a GPU. Every op runs on both backends with the same fresh random
+// inputs (rounded to bf16 first, so both see identical values), CUDA outputs poisoned with NaN
+// before each run; pass = ||cuda - cpu|| / ||cpu|| <= 2e-2 and no NaN. Then every strategy's
+// last-prompt-row logits (<= 5e-2: the rounding of every layer's activations compounds) and
+// greedy tokens on models made in memory (a tiny Llama and a tiny Qwen2, seeded random weights:
+// nothing to carry) and on a GGUF file when one is given (argv[1], $SIFT_MODEL, or the default
+// model if present). One table row per check.
+// Exit: 0 all passed, 1 a check failed, 2 no usable GPU.
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../model/backend.h"
+#include "../policies/policy.h"
+#include "../util/check.h"
+#include "../weights/synthetic.h"
+
+#define TOL 2e-2         // one op in bf16
+#define TOL_MODEL 5e-2   // a model's logits: bf16 rounding of every activation compounds over layers
+enum { CPU, GPU };
+
+static int n_fail, n_pass;
+
+// ---- inputs and comparison ---------------------------------------------------------------------
+
+static float bf16_round(float x) {   // round to nearest even at bf16 precision
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u = (u + 0x7fff + ((u >> 16) & 1)) & 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+static uint64_t rng_state = 1;
+static float urand(void) { return synth_uniform(0x5eed, 0, rng_state++); }
+
+// n fresh values in [-scale, scale), bf16-exact
+static float *rand_host(size_t n, float scale) {
+    float *x = xmalloc((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = bf16_round(urand() * scale);
+    return x;
+}
+
+static bk_weight *weight_copy(backend *b, const float *host, size_t rows, size_t cols) {
+    size_t n = rows * cols;
+    float *copy = xmalloc((n ? n : 1) * sizeof(float));
+    memcpy(copy, host, n * sizeof(float));
+    return b->weight(b, copy, rows, cols);
+}
+
+// out (rows, cols) in backend memory <- host, through the embed op (rows of a weight table)
+static void fill(backend *b, void *out, const float *host, int rows, int cols) {
+    bk_weight *w = weight_copy(b, host, rows, cols);
+    int *ids = xmalloc((size_t)(rows ? rows : 1) * sizeof(int));
+    for (int i = 0; i < rows; i++) ids[i] = i;
+    b->embed(b, out, w, ids, rows, cols);
+    b->weight_free(b, w);
+    free(ids);
+}
+
+static void *upload(backend *b, const float *host, int rows, int cols) {
+    void *p = b->alloc(b, (size_t)rows * cols);
+    CHECK_INTERNAL(p, "test buffer of %d x %d", rows, cols);
+    fill(b, p, host, rows, cols);
+    return p;
+}
+
+// every element of a (rows, cols) buffer = NaN
+static void poison(backend *b, void *p, int rows, int cols) {
+    float *nan_row = xmalloc((size_t)cols * sizeof(float));
+    for (int j = 0; j < cols; j++) nan_row[j] = NAN;
+    bk_weight *w = weight_copy(b, nan_row, 1, cols);
+    int *zeros = xcalloc((size_t)(rows ? rows : 1), sizeof(int));
+    b->embed(b, p, w, zeros, rows, cols);
+    b->weight_free(b, w);
+    free(zeros);
+    free(nan_row);
+}
+
+static float *download(backend *b, const void *p, size_t n) {
+    float *h = xmalloc((n ? n : 1) * sizeof(float));
+    b->to_host(b, h, p, n);
+    return h;
+}
+
+// One table row: relative L2 error of got vs ref; NaN fails. Returns 1 when it passed.
+static int report(const char *check, const char *shape, const float *got, const float *ref,
+                  size_t n, double tol) {
+    double num = 0, den = 0, worst = 0;
+    size_t nan = 0, at = 0;   // NaN count; index of the worst difference (or first NaN)
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)got[i] - ref[i];
+        if (isnan(d) && nan++ == 0) at = i;
+        if (isnan(d)) continue;
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+        if (fabs(d) > worst && !nan) worst = fabs(d), at = i;
+    }
+    double rel = den > 0 ? sqrt(num / den) : worst;
+    int ok = !nan && rel <= tol;
+    printf("| %-22s | %-44s | %9.2e | %9.2e | %s |\n", check, shape, nan ? NAN : rel, worst,
+           ok ? "ok" : "FAIL");
+    if (!ok && n)   // where to look: the flat index (row-major in the op's output shape)
+        printf("|   worst at [%zu] of %zu: %.6g, reference %.6g; %zu NaN |||||\n", at, n,
+               got[at], ref[at], nan);
+    fflush(stdout);
+    ok ? n_pass++ : n_fail++;
+    return ok;
+}
+
+// Runs a row-op on both backends: inputs uploaded, output poisoned, op run, output compared.
+typedef void (*op_fn)(backend *b, void *out, void *const *in, const void *ctx);
+
+static void check_op(backend *bk[2], const char *name, const char *shape, op_fn op,
+                     const void *ctx, float *const *in_host, const int (*in_shape)[2], int n_in,
+                     int out_rows, int out_cols) {
+    float *res[2];
+    for (int k = 0; k < 2; k++) {
+        backend *b = bk[k];
+        void *in[4] = {0};
+        for (int i = 0; i < n_in; i++) in[i] = upload(b, in_host[i], in_shape[i][0], in_shape[i][1]);
+        void *out = b->alloc(b, (size_t)out_rows * out_cols);
+        poison(b, out, out_rows, out_cols);
+        op(b, out, in, ctx);
+        res[k] = download(b, out, (size_t)out_rows * out_cols);
+        b->free(b, out);
+        for (int i = 0; i < n_in; i++) b->free(b, in[i]);
+    }
+    report(name, shape, res[GPU], res[CPU], (size_t)out_rows * out_cols, TOL);
+    free(res[0]);
+    free(res[1]);
+}
+
+// ---- row ops -----------------------------------------------------------------------------------
+
+typedef struct {
+    int n, d, i, o;
+    bk_weight *w[2], *bias[2];   // per backend
+    const int *idx, *pos;
+    const float *inv_freq;
+    enum rope_style style;
+} op_ctx;
+
+static int which(backend *b, const op_ctx *c) {
+    (void)c;
+    return strcmp(b->name, "cuda") == 0 ? GPU : CPU;
+}
+
+static void op_embed(backend *b, void *out, void *const *in, const void *v) {
+    const op_ctx *c = v;
+    (void)in;
+    b->embed(b, out, c->w[which(b, c)], c->idx, c->n, c->d);
+}
+static void op_rmsnorm(backend *b, void *out, void *const *in, const void *v) {
+    const op_ctx *c = v;
+    b->rmsnorm(b, out, in[0], c->w[which(b, c)], c->n, c->d, 1e-5f);
+}
+static void op_matmul(backend *b, void *out, void *const *in, const void *v) {
+    const op_ctx *c = v;
+    int k = which(b, c);
+    b->matmul(b, out, in[0], c->w[k], c->bias[k], c->n, c->i, c->o);
+}
+static void op_rope(backend *b, void *out, void *const *in, const void *v) {
+    const op_ctx *c = v;   // rotate in place, then copy out through gather
+    b->rope(b, in[0], c->pos, c->n, c->i, c->d, c->inv_freq, c->style);
+    b->gather_rows(b, out, in[0], c->idx, c->n, c->i * c->d);
+}
+static void op_swiglu(backend *b, void *out, void *const *in, const void *v) {
+    const op_ctx *c = v;
+    b->swiglu(b, out, in[0], in[1], (size_t)c->n * c->d);
+}
+static void op_add(backend *b, void *out, void *const *in, const void *v) {
+    const op_ctx *c = v;
+    b->add(b, in[0], in[1], (size_t)c->n * c->d);
+    b->gather_rows(b, out, in[0], c->idx, c->n, c->d);
+}
+static void op_gather(backend *b, void *out, void *const *in, const void *v) {
+    const op_ctx *c = v;
+    b->gather_rows(b, out, in[0], c->idx, c->n, c->d);
+}
+
+static int *iota(int n) {
+    int *p = xmalloc((size_t)(n ? n : 1) * sizeof(int));
+    for (int i = 0; i < n; i++) p[i] = i;
+    return p;
+}
+
+static void make_weights(backend *bk[2], op_ctx *c, int rows, int cols, float scale, int bias) {
+    float *w = rand_host((size_t)rows * cols, scale), *bv = rand_host((size_t)rows, 0.5f);
+    for (int k = 0; k < 2; k++) {
+        c->w[k] = weight_copy(bk[k], w, rows, cols);
+        c->bias[k] = bias ? weight_copy(bk[k], bv, 1, rows) : NULL;
+    }
+    free(w);
+    free(bv);
+}
+
+static void free_weights(backend *bk[2], op_ctx *c) {
+    for (int k = 0; k < 2; k++) {
+        bk[k]->weight_free(bk[k], c->w[k]);
+        if (c->bias[k]) bk[k]->weight_free(bk[k], c->bias[k]);
+    }
+}
+
+static void test_embed(backend *bk[2], int vocab, int n, int d) {
+    op_ctx c = {.n = n, .d = d};
+    make_weights(bk, &c, vocab, d, 1, 0);
+    int *ids = xmalloc((size_t)n * sizeof(int));
+    for (int i = 0; i < n; i++) ids[i] = (i * 7 + 3) % vocab;
+    c.idx = ids;
+    char shape[64];
+    snprintf(shape, sizeof shape, "vocab %d, n %d, d %d", vocab, n, d);
+    check_op(bk, "embed", shape, op_embed, &c, NULL, NULL, 0, n, d);
+    free_weights(bk, &c);
+    free(ids);
+}
+
+static void test_rmsnorm(backend *bk[2], int n, int d) {
+    op_ctx c = {.n = n, .d = d};
+    float *x = rand_host((size_t)n * d, 3), *w = rand_host((size_t)d, 1);
+    for (int j = 0; j < d; j++) w[j] = bf16_round(1 + w[j] * 0.5f);
+    for (int k = 0; k < 2; k++) c.w[k] = weight_copy(bk[k], w, 1, d);
+    char shape[64];
+    snprintf(shape, sizeof shape, "n %d, d %d", n, d);
+    check_op(bk, "rmsnorm", shape, op_rmsnorm, &c, &x, (const int[][2]){{n, d}}, 1, n, d);
+    free_weights(bk, &c);
+    free(x);
+    free(w);
+}
+
+static void test_matmul(backend *bk[2], int n, int in, int o, int bias) {
+    op_ctx c = {.n = n, .i = in, .o = o};
+    make_weights(bk, &c, o, in, 1.0f / sqrtf((float)in), bias);
+    float *x = rand_host((size_t)n * in, 1);
+    char shape[64];
+    snprintf(shape, sizeof shape, "(%d x %d) @ (%d x %d)^T%s", n, in, o, in, bias ? " + bias" : "");
+    check_op(bk, "matmul", shape, op_matmul, &c, &x, (const int[][2]){{n, in}}, 1, n, o);
+    free_weights(bk, &c);
+    free(x);
+}
+
+static void test_rope(backend *bk[2], int n, int heads, int hd, enum rope_style style, int pos0) {
+    int *pos = xmalloc((size_t)n * sizeof(int)), *idx = iota(n);
+    float *inv = xmalloc((size_t)hd / 2 * sizeof(float));
+    for (int i = 0; i < n; i++) pos[i] = pos0 + i * 37;
+    for (int j = 0; j < hd / 2; j++) inv[j] = powf(500000.0f, -2.0f * j / hd);
+    op_ctx c = {.n = n, .i = heads, .d = hd, .pos = pos, .idx = idx, .inv_freq = inv, .style = style};
+    float *x = rand_host((size_t)n * heads * hd, 2);
+    char shape[64];
+    snprintf(shape, sizeof shape, "%s n %d, %d heads, hd %d, pos %d+", style ? "NEOX" : "NORM", n,
+             heads, hd, pos0);
+    check_op(bk, "rope", shape, op_rope, &c, &x, (const int[][2]){{n, heads * hd}}, 1, n, heads * hd);
+    free(x), free(pos), free(idx), free(inv);
+}
+
+static void test_elementwise(backend *bk[2], int n, int d) {
+    int *idx = iota(n);
+    op_ctx c = {.n = n, .d = d, .idx = idx};
+    float *in[2] = {rand_host((size_t)n * d, 6), rand_host((size_t)n * d, 2)};
+    char shape[64];
+    snprintf(shape, sizeof shape, "%d x %d", n, d);
+    check_op(bk, "swiglu", shape, op_swiglu, &c, in, (const int[][2]){{n, d}, {n, d}}, 2, n, d);
+    check_op(bk, "add", shape, op_add, &c, in, (const int[][2]){{n, d}, {n, d}}, 2, n, d);
+    free(in[0]), free(in[1]), free(idx);
+}
+
+static void test_gather(backend *bk[2], int rows, int d, int k) {
+    int *idx = xmalloc((size_t)k * sizeof(int));
+    for (int j = 0; j < k; j++) idx[j] = (j * 5 + rows - 1) % rows;   // repeats, any order
+    op_ctx c = {.n = k, .d = d, .idx = idx};
+    float *x = rand_host((size_t)rows * d, 1);
+    char shape[64];
+    snprintf(shape, sizeof shape, "%d of %d rows, d %d", k, rows, d);
+    check_op(bk, "gather_rows", shape, op_gather, &c, &x, (const int[][2]){{rows, d}}, 1, k, d);
+    free(x), free(idx);
+}
+
+// ---- KV cache and attention --------------------------------------------------------------------
+
+typedef struct attn_case {
+    const char *label;
+    int heads, nkv, hd;
+    int len, gap;        // entries appended (two calls), at positions 0, gap, 2 gap, ...
+    int keep;            // > 0: then keep this many per KV head (different per head), append 2 more
+    int n, qpos0, qstep; // query rows at positions qpos0 + qstep * i
+} attn_case;
+
+static void *kv_mem_alloc(void *ctx, size_t n) {
+    backend *b = ctx;
+    return b->alloc(b, n);
+}
+
+static void kv_mem_free(void *ctx, void *p) {
+    backend *b = ctx;
+    b->free(b, p);
+}
+
+// The layer after appends (and keeps), and the host inputs that made it (same on both).
+static kv_cache *build_cache(backend *b, const attn_case *t, const float *k, const float *v,
+                             const int *keep_idx) {
+    char err[200];
+    int cap = t->len + 8, kvd = t->nkv * t->hd, first = t->len / 3;
+    kv_cache *kv = kv_create(1, t->nkv, t->hd, &cap, b->elem_bytes, kv_mem_alloc, kv_mem_free, b,
+                             err, sizeof err);
+    CHECK_INTERNAL(kv, "%s", err);
+    kv_layer *L = &kv->layers[0];
+    int *pos = xmalloc((size_t)(t->len + 2) * sizeof(int));
+    for (int j = 0; j < t->len + 2; j++) pos[j] = j * t->gap;
+    for (int part = 0; part < 2; part++) {   // two appends: the second lands at len > 0
+        int at = part ? first : 0, n = part ? t->len - first : first;
+        void *dk = upload(b, k + (size_t)at * kvd, n, kvd), *dv = upload(b, v + (size_t)at * kvd, n, kvd);
+        b->kv_append(b, L, dk, dv, pos + at, n);
+        b->free(b, dk), b->free(b, dv);
+    }
+    if (t->keep) {
+        b->kv_keep(b, L, keep_idx, t->keep, t->keep + 4);
+        pos[t->len] = t->len * t->gap + 1, pos[t->len + 1] = t->len * t->gap + 2;
+        void *dk = upload(b, k + (size_t)t->len * kvd, 2, kvd), *dv = upload(b, v + (size_t)t->len * kvd, 2, kvd);
+        b->kv_append(b, L, dk, dv, pos + t->len, 2);
+        b->free(b, dk), b->free(b, dv);
+    }
+    free(pos);
+    return kv;
+}
+
+// The first len entries of every KV head of buffer p (n_kv_head, cap, hd), host.
+static float *kv_rows(backend *b, const kv_layer *L, const void *p) {
+    size_t per = (size_t)L->len * L->head_dim, all = (size_t)L->n_kv_head * L->cap * L->head_dim;
+    float *full = download(b, p, all), *out = xmalloc((per ? per : 1) * L->n_kv_head * sizeof(float));
+    for (int g = 0; g < L->n_kv_head; g++)
+        memcpy(out + g * per, full + (size_t)g * L->cap * L->head_dim, per * sizeof(float));
+    free(full);
+    return out;
+}
+
+static void test_attention(backend *bk[2], const attn_case *t) {
+    int kvd = t->nkv * t->hd, qd = t->heads * t->hd, total = t->len + 2;
+    float *k = rand_host((size_t)total * kvd, 2), *v = rand_host((size_t)total * kvd, 1);
+    float *q = rand_host((size_t)t->n * qd, 2);
+    int *idx = xmalloc((size_t)(t->keep ? t->keep : 1) * t->nkv * sizeof(int));
+    for (int g = 0; g < t->nkv && t->keep; g++)
+        for (int j = 0; j < t->keep; j++) idx[g * t->keep + j] = g + j * ((t->len - g) / t->keep);
+    int *qpos = xmalloc((size_t)t->n * sizeof(int));
+    for (int i = 0; i < t->n; i++) qpos[i] = t->qpos0 + t->qstep * i;
+    float *kc[2], *vc[2], *out[2], *pr[2][2];
+    int len = 0, m[2], *posr[2];
+    for (int b = 0; b < 2; b++) {
+        backend *B = bk[b];
+        kv_cache *kv = build_cache(B, t, k, v, idx);
+        kv_layer *L = &kv->layers[0];
+        len = L->len;
+        kc[b] = kv_rows(B, L, L->k), vc[b] = kv_rows(B, L, L->v);
+        posr[b] = xmalloc((size_t)(len ? len : 1) * t->nkv * sizeof(int));
+        for (int g = 0; g < t->nkv; g++)
+            memcpy(posr[b] + (size_t)g * len, L->pos + (size_t)g * L->cap, (size_t)len * sizeof(int));
+        void *dq = upload(B, q, t->n, qd), *o = B->alloc(B, (size_t)t->n * qd);
+        poison(B, o, t->n, qd);
+        B->attention(B, o, dq, qpos, t->n, t->heads, L);
+        out[b] = download(B, o, (size_t)t->n * qd);
+        m[0] = len, m[1] = len / 2;
+        for (int w = 0; w < 2; w++) {
+            size_t np = (size_t)t->n * t->heads * m[w];
+            pr[b][w] = xmalloc((np ? np : 1) * sizeof(float));
+            for (size_t i = 0; i < np; i++) pr[b][w][i] = NAN;
+            B->attn_probs(B, pr[b][w], dq, qpos, t->n, t->heads, L, m[w]);
+        }
+        B->free(B, dq), B->free(B, o);
+        kv_free(kv);
+    }
+    const char *shape = t->label;
+    size_t kvn = (size_t)len * kvd;
+    float same = memcmp(posr[GPU], posr[CPU], (size_t)len * t->nkv * sizeof(int)) == 0, one = 1;
+    report("kv positions (host)", shape, &same, &one, 1, 0);
+    report(t->keep ? "kv_append+kv_keep K" : "kv_append K", shape, kc[GPU], kc[CPU], kvn, TOL);
+    report(t->keep ? "kv_append+kv_keep V" : "kv_append V", shape, vc[GPU], vc[CPU], kvn, TOL);
+    report("attention", shape, out[GPU], out[CPU], (size_t)t->n * qd, TOL);
+    for (int w = 0; w < 2; w++) {
+        char s2[120];
+        snprintf(s2, sizeof s2, "%s, m %d", t->label, m[w]);
+        report("attn_probs", s2, pr[GPU][w], pr[CPU][w], (size_t)t->n * t->heads * m[w], TOL);
+    }
+    for (int b = 0; b < 2; b++) free(kc[b]), free(vc[b]), free(out[b]), free(pr[b][0]), free(pr[b][1]), free(posr[b]);
+    free(k), free(v), free(q), free(idx), free(qpos);
+}
+
+// ---- optional ops ------------------------------------------------------------------------------
+
+// weight_synth on the GPU against synth_uniform on the host (and the CPU op when it exists).
+static void test_weight_synth(backend *bk[2], int rows, int cols) {
+    backend *g = bk[GPU];
+    size_t n = (size_t)rows * cols;
+    float *ref = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) ref[i] = 0.25f + 0.5f * synth_uniform(7, 11, i);
+    bk_weight *w = g->weight_synth(g, 7, 11, rows, cols, 0.5f, 0.25f);
+    int *ids = iota(rows);
+    void *o = g->alloc(g, n);
+    poison(g, o, rows, cols);
+    g->embed(g, o, w, ids, rows, cols);
+    float *got = download(g, o, n);
+    char shape[64];
+    snprintf(shape, sizeof shape, "%d x %d vs host synth_uniform", rows, cols);
+    report("weight_synth", shape, got, ref, n, 4e-3);   // bf16 rounding: <= 2^-9 relative
+    g->free(g, o);
+    g->weight_free(g, w);
+    free(ids), free(got), free(ref);
+}
+
+static void test_ceilings(backend *bk[2]) {
+    double tf = 0, gb = 0;
+    int rc = bk[GPU]->ceilings(bk[GPU], &tf, &gb);
+    int ok = rc == 0 && tf > 1 && gb > 10;
+    printf("| %-22s | %-44s | %9.1f | %9.1f | %s |\n", "ceilings TFLOP/s GB/s", "bf16 8192^3 GEMM, 1 GiB copy",
+           tf, gb, ok ? "ok" : "FAIL");
+    ok ? n_pass++ : n_fail++;
+}
+
+// ---- models and strategies ---------------------------------------------------------------------
+
+typedef struct tiny_shape {
+    const char *arch;
+    int n_layer, d, heads, nkv, ff, vocab;
+} tiny_shape;
+
+static bk_weight *rand_weight(backend *b, size_t rows, size_t cols, float scale, float offset) {
+    float *h = xmalloc(rows * cols * sizeof(float));
+    for (size_t i = 0; i < rows * cols; i++) h[i] = bf16_round(offset + scale * urand());
+    return b->weight(b, h, rows, cols);
+}
+
+// A model in memory with seeded random weights: the same values on every backend for one seed.
+static model *tiny_model(backend *b, const tiny_shape *t, uint64_t seed) {
+    rng_state = seed;
+    model *m = xcalloc(1, sizeof *m);
+    model_config *c = &m->cfg;
+    snprintf(c->arch, sizeof c->arch, "%s", t->arch);
+    int qwen = strcmp(t->arch, "qwen2") == 0, hd = t->d / t->heads;
+    *c = (model_config){.n_layer = t->n_layer, .d_model = t->d, .n_head = t->heads,
+                        .n_kv_head = t->nkv, .head_dim = hd, .d_ff = t->ff, .vocab = t->vocab,
+                        .ctx_len = 8192, .rms_eps = 1e-5f, .rope = qwen ? ROPE_NEOX : ROPE_NORM,
+                        .qkv_bias = qwen, .tied = 1};
+    snprintf(c->arch, sizeof c->arch, "%s", t->arch);
+    c->inv_freq = xmalloc((size_t)hd / 2 * sizeof(float));
+    for (int j = 0; j < hd / 2; j++) c->inv_freq[j] = powf(10000.0f, -2.0f * j / hd);
+    m->bk = b;
+    m->name = strdup(qwen ? "tiny-qwen2" : "tiny-llama");
+    m->tok_embd = rand_weight(b, t->vocab, t->d, 1, 0);
+    m->lm_head = m->tok_embd;
+    m->out_norm = rand_weight(b, 1, t->d, 0.1f, 1);
+    m->layers = xcalloc((size_t)t->n_layer, sizeof *m->layers);
+    size_t d = t->d, q = (size_t)t->heads * hd, kv = (size_t)t->nkv * hd, f = t->ff;
+    float sd = 1.7f / sqrtf((float)d);   // uniform(-1, 1) * 1.7 has about unit variance
+    for (int l = 0; l < t->n_layer; l++) {
+        layer_weights *w = &m->layers[l];
+        w->attn_norm = rand_weight(b, 1, d, 0.1f, 1);
+        w->wq = rand_weight(b, q, d, sd, 0), w->wk = rand_weight(b, kv, d, sd, 0);
+        w->wv = rand_weight(b, kv, d, sd, 0), w->wo = rand_weight(b, d, q, 1.7f / sqrtf((float)q), 0);
+        w->ffn_norm = rand_weight(b, 1, d, 0.1f, 1);
+        w->w_gate = rand_weight(b, f, d, sd, 0), w->w_up = rand_weight(b, f, d, sd, 0);
+        w->w_down = rand_weight(b, d, f, 1.7f / sqrtf((float)f), 0);
+        if (qwen)
+            w->bq = rand_weight(b, 1, q, 0.5f, 0), w->bk = rand_weight(b, 1, kv, 0.5f, 0),
+            w->bv = rand_weight(b, 1, kv, 0.5f, 0);
+    }
+    return m;
+}
+
+static int never_eog(const void *ctx, int id) {
+    (void)ctx, (void)id;
+    return 0;
+}
+
+typedef struct {
+    int ids[64], n;
+} token_log;
+
+static int log_token(void *ctx, int id) {
+    token_log *t = ctx;
+    if (t->n < 64) t->ids[t->n++] = id;
+    return 0;
+}
+
+static int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+// Strategy s on both models: last-row logits after prefill, then n_gen greedy tokens.
+static void test_strategy(model *m[2], const strategy *s, const int *ids, int n, int n_gen,
+                          const char *model_name) {
+    strategy_opts so = strategy_opts_default();
+    so.is_eog = never_eog;
+    char err[512], label[96];
+    snprintf(label, sizeof label, "%s, %d tokens", model_name, n);
+    if (s->check && s->check(m[CPU], &so, err, sizeof err)) {
+        printf("| %-22s | %-44s | %9s | %9s | skip: %s |\n", s->name, label, "-", "-", err);
+        return;
+    }
+    int vocab = m[CPU]->cfg.vocab;
+    float *lg[2];
+    token_log tl[2] = {{{0}, 0}, {{0}, 0}};
+    for (int b = 0; b < 2; b++) {
+        lg[b] = xmalloc((size_t)vocab * sizeof(float));
+        for (int i = 0; i < vocab; i++) lg[b][i] = NAN;
+        prefill_info info = {0};
+        kv_cache *kv = s->prefill(m[b], ids, n, n_gen, &so, lg[b], &info, err, sizeof err);
+        CHECK_INTERNAL(kv, "%s prefill: %s", s->name, err);
+        kv_free(kv);
+        sampler smp;
+        sampler_init(&smp, &(sample_params){.temp = 0}, vocab);
+        run_stats st;
+        int rc = run_generate(s, m[b], &so, ids, n, n_gen, &smp, log_token, &tl[b], &st, err,
+                              sizeof err);
+        CHECK_INTERNAL(rc == 0, "%s generate: %s", s->name, err);
+        sampler_free(&smp);
+    }
+    char check[64];
+    snprintf(check, sizeof check, "%s logits", s->name);
+    report(check, label, lg[GPU], lg[CPU], (size_t)vocab, TOL_MODEL);
+    // greedy: the first token must match unless the CPU's top two are closer than the bf16 noise
+    int a = argmax(lg[CPU], vocab), g = argmax(lg[GPU], vocab), same = 0;
+    double gap = lg[CPU][a] - lg[CPU][g];
+    while (same < tl[CPU].n && same < tl[GPU].n && tl[CPU].ids[same] == tl[GPU].ids[same]) same++;
+    int ok = tl[CPU].ids[0] == tl[GPU].ids[0] || gap < 0.05;
+    printf("| %-22s | %-44s | %6d/%-2d | %9.2e | %s |\n", "  greedy same prefix", label, same,
+           tl[CPU].n, gap, ok ? "ok" : "FAIL");
+    ok ? n_pass++ : n_fail++;
+    free(lg[0]), free(lg[1]);
+}
+
+static void test_model_pair(model *m[2], const char *name, int n, int n_gen) {
+    int vocab = m[CPU]->cfg.vocab, *ids = xmalloc((size_t)n * sizeof(int));
+    for (int i = 0; i < n; i++) ids[i] = (int)((i * 7919u + 13) % (unsigned)vocab);
+    for (int i = 0; i < strategy_count(); i++) test_strategy(m, strategy_at(i), ids, n, n_gen, name);
+    free(ids);
+}
+
+static void test_tiny_models(backend *bk[2]) {
+    // head dims 64 (the tensor-core prefill kernel) and 32 (the CUDA-core one)
+    tiny_shape shapes[] = {{"llama", 8, 512, 8, 2, 1024, 1000}, {"qwen2", 6, 192, 6, 2, 384, 700}};
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        model *m[2];
+        for (int b = 0; b < 2; b++) m[b] = tiny_model(bk[b], &shapes[i], 1000 + i);
+        test_model_pair(m, m[CPU]->name, 320, 8);
+        for (int b = 0; b < 2; b++) model_free(m[b]);
+    }
+}
+
+// The GGUF model at path on both backends (skipped when there is none).
+static void test_gguf_model(backend *bk[2], const char *path) {
+    struct stat sb;
+    if (!path || stat(path, &sb) != 0) {
+        printf("| %-22s | %-44s | %9s | %9s | skip: no model file |\n", "GGUF model", path ? path : "-", "-", "-");
+        return;
+    }
+    char err[512];
+    gguf_file *f = gguf_open(path, err, sizeof err);
+    CHECK_INTERNAL(f, "%s: %s", path, err);
+    model *m[2];
+    for (int b = 0; b < 2; b++) {
+        m[b] = model_load_gguf(f, bk[b], err, sizeof err);
+        CHECK_INTERNAL(m[b], "%s: %s", path, err);
+    }
+    const char *base = strrchr(path, '/');
+    test_model_pair(m, base ? base + 1 : path, 400, 8);
+    for (int b = 0; b < 2; b++) model_free(m[b]);
+    gguf_close(f);
+}
+
+// ---- main --------------------------------------------------------------------------------------
+
+static void test_ops(backend *bk[2]) {
+    test_embed(bk, 50, 13, 72);
+    test_rmsnorm(bk, 5, 576);
+    test_rmsnorm(bk, 1, 4096);
+    test_rmsnorm(bk, 3, 77);
+    test_matmul(bk, 1, 576, 1536, 0);
+    test_matmul(bk, 37, 96, 200, 1);
+    test_matmul(bk, 130, 1024, 512, 0);
+    test_rope(bk, 7, 4, 64, ROPE_NORM, 5);
+    test_rope(bk, 7, 4, 64, ROPE_NEOX, 5);
+    test_rope(bk, 3, 2, 128, ROPE_NORM, 100000);
+    test_rope(bk, 3, 2, 128, ROPE_NEOX, 100000);
+    test_elementwise(bk, 9, 111);
+    test_gather(bk, 20, 64, 9);
+    test_gather(bk, 7, 33, 0);
+}
+
+static void test_attention_cases(backend *bk[2]) {
+    static const attn_case cases[] = {
+        {"wmma GQA 6/2 hd64 causal", 6, 2, 64, 200, 1, 0, 200, 0, 1},
+        {"wmma GQA 32/8 hd128 causal", 32, 8, 128, 300, 1, 0, 300, 0, 1},
+        {"wmma hd128 kept, row w/o keys", 4, 2, 128, 300, 2, 120, 70, -5, 9},
+        {"wmma MHA hd64 len77 gap5", 4, 4, 64, 77, 5, 0, 130, 3, 3},
+        {"flash hd256 row w/o keys", 4, 1, 256, 70, 1, 0, 40, -3, 5},
+        {"flash MHA hd96 gap3 kept", 3, 3, 96, 150, 3, 60, 20, 10, 17},
+        {"split hd128 len5000 gap2", 8, 2, 128, 5000, 2, 0, 1, 20000, 1},
+        {"split hd128 masked rows", 8, 2, 128, 3000, 1, 0, 3, 1000, 700},
+        {"split GQA 8/2 hd64 kept", 8, 2, 64, 2000, 3, 700, 4, 3000, 1100},
+        {"split hd32 tiny", 2, 1, 32, 5, 1, 0, 2, 1, 2},
+        {"split 16 rows hd128", 4, 2, 128, 600, 1, 0, 16, 580, 2},
+        {"split hd36 (not 16-byte rows)", 4, 2, 36, 500, 1, 0, 2, 400, 50},
+        {"flash hd10 (not 16-byte rows)", 2, 1, 10, 90, 1, 0, 40, 0, 2},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) test_attention(bk, &cases[i]);
+}
+
+// gpu_check [--self] [--ops-only] [MODEL.gguf]; --self compares the CPU backend with itself
+// (checks this harness on a machine without a GPU); --ops-only skips the model checks and the
+// ceilings (what the sanitizers run).
+int main(int argc, char **argv) {
+    char msg[512] = "--self: CPU against CPU";
+    int self = 0, ops_only = 0;
+    for (; argc > 1 && strncmp(argv[1], "--", 2) == 0; argc--, argv++) {
+        if (strcmp(argv[1], "--self") == 0) self = 1;
+        else if (strcmp(argv[1], "--ops-only") == 0) ops_only = 1;
+        else {
+            fprintf(stderr, "usage: gpu_check [--self] [--ops-only] [MODEL.gguf]\n");
+            return 2;
+        }
+    }
+    backend *bk[2] = {backend_cpu_create(0), self ? backend_cpu_create(0)
+                                                   : backend_cuda_create(msg, sizeof msg)};
+    if (!bk[GPU]) {
+        fprintf(stderr, "gpu_check: %s\n", msg);
+        bk[CPU]->destroy(bk[CPU]);
+        return 2;
+    }
+    printf("gpu_check: %s\n\n| %-22s | %-44s | %9s | %9s | result |\n|---|---|---:|---:|---|\n", msg,
+           "check", "shape", "rel err", "max abs");
+    test_ops(bk);
+    test_attention_cases(bk);
+    if (bk[GPU]->weight_synth) test_weight_synth(bk, 33, 70);
+    if (bk[GPU]->ceilings && !ops_only) test_ceilings(bk);
+    const char *env = getenv("SIFT_MODEL");
+    const char *path = argc > 1 ? argv[1] : env && *env ? env : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    if (!ops_only) {
+        test_tiny_models(bk);
+        test_gguf_model(bk, path);
+    }
+    test_matmul(bk, 3, 90, 34, 1);   // rows not 16-byte aligned: last, should cuBLASLt refuse it
+    bk[GPU]->destroy(bk[GPU]);
+    bk[CPU]->destroy(bk[CPU]);
+    printf("\ngpu_check: %d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
