@@ -480,6 +480,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "sift: error: --device cuda: this sift was built without the CUDA backend\n");
         return 2;
     }
+    if (cli_is_synthetic(o.model)) {
+        fprintf(stderr, "sift: error: a synthetic model has no tokenizer, so it cannot take a "
+                        "prompt; measure it with `sift bench -m synthetic:NAME`\n");
+        return 2;
+    }
     const char *dev = "cpu";
     double t0 = now_ms();
     loaded L;
