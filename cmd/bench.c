@@ -114,8 +114,10 @@ static void put_row(bench_out *o, const bench_field *f, int n) {
             if (i) putchar(',');
             if (f[i].str) put_csv_str(f[i].str);
             else put_num(f[i].fmt, f[i].v, "");
-            if (f[i].sd_name) putchar(',');
-            if (f[i].sd_name) put_num(f[i].fmt, f[i].sd, "");
+            if (f[i].sd_name) {
+                putchar(',');
+                put_num(f[i].fmt, f[i].sd, "");
+            }
         }
     else {
         printf("%s{", o->fmt == OUT_JSON && o->n_rows ? ",\n " : "");
@@ -123,8 +125,10 @@ static void put_row(bench_out *o, const bench_field *f, int n) {
             printf("%s\"%s\":", i ? "," : "", f[i].name);
             if (f[i].str) cli_json_str(stdout, f[i].str, strlen(f[i].str));
             else put_num(f[i].fmt, f[i].v, "null");
-            if (f[i].sd_name) printf(",\"%s\":", f[i].sd_name);
-            if (f[i].sd_name) put_num(f[i].fmt, f[i].sd, "null");
+            if (f[i].sd_name) {
+                printf(",\"%s\":", f[i].sd_name);
+                put_num(f[i].fmt, f[i].sd, "null");
+            }
         }
         printf("}");
     }
@@ -221,7 +225,7 @@ static int max_ctx(const bench_opts *b) {
 static int bench_dry_run(const bench_opts *b, const model_config *c) {
     bench_out o = {out_format(b->format), 0};
     double avail = cli_mem_available(), e = b->elem_bytes;
-    const char *name = b->model ? b->model : "default";
+    const char *name = b->model ? b->model : "default model";
     for (int i = 0; i < b->n_ctx; i++) {
         long P = b->ctx[i];
         double kv_tok = cost_kv_token_bytes(c, (size_t)e);
@@ -418,7 +422,10 @@ static int bench_run(const bench_opts *b, loaded *L) {
     bench_env env = {m->name ? m->name : cli_base_name(L->path), NAN, NAN};
     int tty = isatty(2), rc = check_memory(b, m);
     progress pr = {""};
-    if (tty) m->on_layer = show_layer, m->on_layer_ctx = &pr;
+    if (tty) {
+        m->on_layer = show_layer;
+        m->on_layer_ctx = &pr;
+    }
     if (rc == 0) measure_ceilings(m->bk, &env);
     // warm-up, untimed: the first strategy on a short prompt
     if (rc == 0) {
