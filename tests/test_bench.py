@@ -120,6 +120,35 @@ def test_synth_uniform_is_uniform():
     assert abs(u.mean()) < 0.01 and abs(u.std() - 1 / np.sqrt(3)) < 0.01
 
 
+# ---- RoPE frequencies --------------------------------------------------------------------------
+
+def llama3_inv_freq(theta, hd, factor, low, high, orig):
+    """Hugging Face's "llama3" rope scaling, written from its description."""
+    inv = theta ** -(np.arange(0, hd, 2, dtype=np.float64) / hd)
+    if not factor:
+        return inv
+    wavelen = 2 * np.pi / inv
+    scaled = np.where(wavelen > orig / low, inv / factor, inv)
+    smooth = (orig / wavelen - low) / (high - low)
+    medium = (wavelen >= orig / high) & (wavelen <= orig / low)
+    return np.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+
+
+@pytest.mark.parametrize("name,theta,hd,factor", [
+    ("smollm2-135m", 1e5, 64, 0), ("llama-3.2-1b", 5e5, 64, 32), ("llama-3.2-3b", 5e5, 128, 32),
+    ("llama-3.1-8b", 5e5, 128, 8), ("qwen2.5-7b", 1e6, 128, 0)])
+def test_rope_freqs(name, theta, hd, factor):
+    r = run("freqs", f"synthetic:{name}", exe=TOOL)
+    assert r.returncode == 0, r.stderr
+    got = np.array([float(v) for v in r.stdout.split()])
+    want = llama3_inv_freq(theta, hd, factor, 1, 4, 8192)
+    assert len(got) == hd // 2
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    if factor:   # the lowest frequencies are divided by the factor, the highest kept
+        assert got[-1] == pytest.approx(theta ** -((hd - 2) / hd) / factor, rel=1e-6)
+        assert got[0] == 1
+
+
 # ---- activations through every layer ----------------------------------------------------------
 
 def test_synthetic_smollm2_activations_finite():

@@ -7,6 +7,8 @@
 //          steps, printing JSON lines: {"params":...}, per layer {"layer","rms","max_abs",
 //          "finite"} of the residual stream, per step {"step","token","finite","std","max"} of
 //          the logits.
+//        tool_synth freqs synthetic:NAME
+//          prints the config's RoPE inverse frequencies (head_dim/2), one per line (%.9g)
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,10 +109,26 @@ static int forward(char **argv) {
     return 0;
 }
 
+static int freqs(char **argv) {
+    char err[512];
+    synth_shape sh;
+    if (synth_parse(argv[2], &sh, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    model_config c;
+    model_config_synth(&sh, &c);
+    for (int j = 0; j < c.head_dim / 2; j++) printf("%.9g\n", c.inv_freq[j]);
+    free(c.inv_freq);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc == 8 && strcmp(argv[1], "values") == 0) return values(argv);
     if (argc == 5 && strcmp(argv[1], "forward") == 0) return forward(argv);
+    if (argc == 3 && strcmp(argv[1], "freqs") == 0) return freqs(argv);
     fprintf(stderr, "usage: tool_synth values SEED TENSOR ROWS COLS SCALE OFFSET\n"
-                    "       tool_synth forward synthetic:NAME[@SEED] N_PROMPT N_GEN\n");
+                    "       tool_synth forward synthetic:NAME[@SEED] N_PROMPT N_GEN\n"
+                    "       tool_synth freqs synthetic:NAME\n");
     return 2;
 }
