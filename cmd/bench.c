@@ -292,7 +292,8 @@ static int bench_one(const bench_opts *b, model *m, const strategy *s, const int
     run_stats st;
     char err[512];
     if (run_generate(s, m, &b->so, ids, P, n_gen, smp, bench_ignore, NULL, &st, err, sizeof err)) {
-        fprintf(stderr, "\nsift: error: bench: %s at ctx %d: %s\n", s->name, P, err);
+        fprintf(stderr, "%ssift: error: bench: %s at ctx %d: %s\n", isatty(2) ? "\n" : "",
+                s->name, P, err);
         return -1;
     }
     if (!cs) return 0;
