@@ -388,7 +388,8 @@ static int check_ctx(const bench_opts *b, const model_config *c) {
     long need = (long)max_ctx(b) + b->n_gen;
     if (need <= c->ctx_len) return 0;
     fprintf(stderr, "sift: error: bench: --ctx %d + -n %d = %ld tokens exceed the model's "
-                    "context of %d\n", max_ctx(b), b->n_gen, need, c->ctx_len);
+                    "context of %d (with -n %d the largest --ctx is %d)\n", max_ctx(b), b->n_gen,
+            need, c->ctx_len, b->n_gen, c->ctx_len - b->n_gen);
     return 2;
 }
 
@@ -468,7 +469,8 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "sift: error: %s\n", err);
         return 1;
     }
-    int rc = b.dry_run ? bench_dry_run(&b, &c) : check_ctx(&b, &c);
+    int rc = check_ctx(&b, &c);
+    if (rc == 0 && b.dry_run) rc = bench_dry_run(&b, &c);
     free(c.inv_freq);
     if (b.dry_run || rc) return rc;
     loaded L;

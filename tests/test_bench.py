@@ -289,7 +289,8 @@ def test_bad_flags(tiny, args, needle):
 
 def test_ctx_beyond_model(tiny):
     assert_error(run("bench", "-m", tiny, "--ctx", "16,250", "-n", "10"), "260", "context of 256",
-                 code=2)
+                 "largest --ctx is 246", code=2)
+    assert_error(run("bench", "-m", tiny, "--ctx", "250", "-n", "10", "--dry-run"), "256", code=2)
 
 
 def test_kv_beyond_memory(tmp_path):
