@@ -137,6 +137,7 @@ static void put_row(bench_out *o, const bench_field *f, int n) {
     fflush(stdout);
 }
 
+// Closes the JSON array (an empty one when no row came).
 static void put_end(const bench_out *o) {
     if (o->fmt == OUT_JSON) printf(o->n_rows ? "]\n" : "[]\n");
     fflush(stdout);
@@ -419,43 +420,51 @@ static void measure_ceilings(backend *bk, bench_env *env) {
     fprintf(stderr, "bench: ceilings on %s: %.3f TFLOP/s GEMM, %.1f GB/s copy\n", bk->name, tf, gb);
 }
 
+// Untimed: the first strategy on a short prompt (first-touch allocations, library start-up).
+static int bench_warmup(const bench_opts *b, model *m, progress *pr) {
+    sampler smp;
+    int P = b->ctx[0] < 32 ? b->ctx[0] : 32, *ids = random_ids(m, P, 0, &smp);
+    snprintf(pr->cell, sizeof pr->cell, "bench: warm-up");
+    int rc = bench_one(b, m, b->strategies[0], ids, P, 2, &smp, NULL, 0);
+    sampler_free(&smp);
+    free(ids);
+    return rc;
+}
+
+// Per strategy: its repetitions' slots in one block (freed by the caller through cs[0].ttft).
+static cell_stats *cells_alloc(int n_strategies, int reps) {
+    cell_stats *cs = xcalloc((size_t)n_strategies, sizeof *cs);
+    double *mem = xcalloc((size_t)n_strategies * 4 * reps, sizeof *mem);
+    for (int k = 0; k < n_strategies; k++) {
+        double *p = mem + (size_t)k * 4 * reps;
+        cs[k] = (cell_stats){p, p + reps, p + 2 * reps, p + 3 * reps, 0, 0};
+    }
+    return cs;
+}
+
 static int bench_run(const bench_opts *b, loaded *L) {
     model *m = L->m;
     bench_env env = {m->name ? m->name : cli_base_name(L->path), NAN, NAN};
-    int tty = isatty(2), rc = check_memory(b, m);
+    int tty = isatty(2), rc = check_memory(b, m), full = -1;
     progress pr = {""};
     if (tty) {
         m->on_layer = show_layer;
         m->on_layer_ctx = &pr;
     }
     if (rc == 0) measure_ceilings(m->bk, &env);
-    // warm-up, untimed: the first strategy on a short prompt
-    if (rc == 0) {
-        sampler smp;
-        int P = b->ctx[0] < 32 ? b->ctx[0] : 32, *ids = random_ids(m, P, 0, &smp);
-        snprintf(pr.cell, sizeof pr.cell, "bench: warm-up");
-        rc = bench_one(b, m, b->strategies[0], ids, P, 2, &smp, NULL, 0);
-        sampler_free(&smp);
-        free(ids);
-    }
-    bench_out o = {out_format(b->format), 0};
-    cell_stats *cs = xcalloc((size_t)b->n_strategies, sizeof *cs);
-    double *mem = xcalloc((size_t)b->n_strategies * 4 * b->reps, sizeof *mem);
-    for (int k = 0; k < b->n_strategies; k++) {
-        double *p = mem + (size_t)k * 4 * b->reps;
-        cs[k] = (cell_stats){p, p + b->reps, p + 2 * b->reps, p + 3 * b->reps, 0, 0};
-    }
-    int full = -1;
+    if (rc == 0) rc = bench_warmup(b, m, &pr);
     for (int k = 0; k < b->n_strategies; k++)
         if (strcmp(b->strategies[k]->name, "full") == 0) full = k;
+    bench_out o = {out_format(b->format), 0};
+    cell_stats *cs = cells_alloc(b->n_strategies, b->reps);
     for (int ci = 0; ci < b->n_ctx && rc == 0; ci++) {
         rc = bench_ctx(b, m, ci, cs, &pr, tty);
         if (tty) fprintf(stderr, "\r%90s\r", "");
         for (int k = 0; k < b->n_strategies && rc == 0; k++)
             print_cell(b, m, &env, b->ctx[ci], &cs[k], k, full >= 0 ? &cs[full] : NULL, &o);
     }
-    if (o.fmt == OUT_JSON) put_end(&o);
-    free(mem);
+    put_end(&o);
+    free(cs[0].ttft);
     free(cs);
     return rc ? 1 : 0;
 }
