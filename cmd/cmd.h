@@ -36,7 +36,7 @@ double cli_per_tok(int n, double ms);
 const char *cli_base_name(const char *path);
 
 // ---- loading ----
-// The model, its tokenizer and an optional draft, on one backend.
+// The model, its tokenizer (NULL for a synthetic model) and an optional draft, on one backend.
 typedef struct loaded {
     char *path;
     gguf_file *f, *df;
@@ -60,6 +60,14 @@ int cli_load(loaded *L, const char *path, const char *draft_path, const char *de
 #define CLI_BACKENDS "cpu"
 #endif
 void cli_unload(loaded *L);
+// path (NULL: the default) names a synthetic model: synthetic:NAME[@SEED]. It has no tokenizer
+// (L->t stays NULL), so only `sift bench` runs it.
+int cli_is_synthetic(const char *path);
+// The config of path (GGUF or synthetic:NAME) without loading weights; 0 or -1 with err. The
+// caller frees c->inv_freq.
+int cli_config(const char *path, model_config *c, char *err, size_t errlen);
+// MemAvailable from /proc/meminfo in bytes; -1 when unknown.
+double cli_mem_available(void);
 
 // ---- subcommands: argv[1] is the command's name ----
 int cmd_bench(int argc, char **argv);

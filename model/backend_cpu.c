@@ -10,6 +10,7 @@
 #include "../attn/attn.h"
 #include "../kv/kv.h"
 #include "../util/check.h"
+#include "../weights/synthetic.h"
 #include "backend.h"
 
 struct bk_weight {
@@ -195,6 +196,48 @@ static size_t cpu_mem_available(backend *b) {
     return (size_t)kib * 1024;
 }
 
+// The reference for every backend's weight_synth: element i = offset + scale * synth_uniform.
+static bk_weight *cpu_weight_synth(backend *b, uint64_t seed, uint64_t tensor, size_t rows,
+                                   size_t cols, float scale, float offset) {
+    float *host = malloc(rows * cols * sizeof(float));
+    if (!host) return NULL;
+    synth_fill(host, rows * cols, seed, tensor, scale, offset);
+    return cpu_weight(b, host, rows, cols);
+}
+
+// Ceilings measured now, best of 3: an sgemm (n = 2048, 2 n^3 FLOPs) and a threaded copy of
+// 256 MiB (bytes read + written).
+static int cpu_ceilings(backend *b, double *tflops, double *gbps) {
+    (void)b;
+    const int n = 2048;
+    const size_t copy_n = (size_t)64 << 20;   // floats
+    float *x = malloc(copy_n * sizeof(float)), *y = malloc(copy_n * sizeof(float));
+    if (!x || !y) {
+        free(x);
+        free(y);
+        return -1;
+    }
+    memset(x, 0, copy_n * sizeof(float));
+    memset(y, 0, copy_n * sizeof(float));
+    double best_mm = 1e30, best_cp = 1e30;
+    for (int rep = 0; rep < 3; rep++) {
+        double t0 = omp_get_wtime();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, x, n, x + (size_t)n * n,
+                    n, 0.0f, y, n);
+        double t1 = omp_get_wtime();
+#pragma omp parallel for schedule(static)
+        for (size_t c = 0; c < copy_n; c += 1 << 16) memcpy(y + c, x + c, (1 << 16) * sizeof(float));
+        double t2 = omp_get_wtime();
+        if (t1 - t0 < best_mm) best_mm = t1 - t0;
+        if (t2 - t1 < best_cp) best_cp = t2 - t1;
+    }
+    free(x);
+    free(y);
+    *tflops = 2.0 * n * n * n / best_mm / 1e12;
+    *gbps = 2.0 * copy_n * sizeof(float) / best_cp / 1e9;
+    return 0;
+}
+
 static void cpu_destroy(backend *b) { free(b); }
 
 backend *backend_cpu_create(int n_threads) {
@@ -208,6 +251,7 @@ backend *backend_cpu_create(int n_threads) {
         .swiglu = cpu_swiglu, .add = cpu_add, .gather_rows = cpu_gather_rows,
         .kv_append = cpu_kv_append, .attention = cpu_attention, .attn_probs = cpu_attn_probs,
         .kv_keep = cpu_kv_keep, .mem_available = cpu_mem_available,
+        .weight_synth = cpu_weight_synth, .ceilings = cpu_ceilings,
     };
     return b;
 }

@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include "backend.h"
 #include "../weights/gguf.h"
+#include "../weights/synthetic.h"
 
 // Limits that reject absurd metadata before anything is allocated from it.
 #define MODEL_MAX_LAYERS 512
@@ -46,3 +47,9 @@ int model_config_from_gguf(const gguf_file *f, model_config *cfg, char *err, siz
 // Loads config + weights onto the backend. NULL with a one-line reason on failure.
 model *model_load_gguf(const gguf_file *f, backend *bk, char *err, size_t errlen);
 void model_free(model *m);
+
+// Synthetic models (model_synth.c): shape s's config (NEOX rotation, llama3 RoPE scaling applied
+// to inv_freq), and the model with seeded weights made on the backend (weight_synth when it
+// offers it, else on the host). NULL with a one-line reason when out of memory.
+void model_config_synth(const synth_shape *s, model_config *c);
+model *model_load_synth(const synth_shape *s, backend *bk, char *err, size_t errlen);

@@ -24,3 +24,40 @@ SYNTH_FN float synth_uniform(uint64_t seed, uint64_t tensor, uint64_t i) {
     uint64_t h = synth_mix(synth_mix(seed ^ (tensor * 0xd1b54a32d192ed03ULL)) + i);
     return (float)(h >> 40) * (1.0f / 8388608.0f) - 1.0f;
 }
+
+// ---- named shapes and host-side generation (C linkage, usable from CUDA C++ too) ----
+#include <stddef.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SYNTH_PREFIX "synthetic:"   // -m synthetic:NAME[@SEED]
+
+// A published model's shape (the config.json numbers); weights are made up from `seed`.
+typedef struct synth_shape {
+    const char *name;
+    const char *arch;        // "llama" | "qwen2" (QKV bias)
+    int n_layer, d_model, n_head, n_kv_head, head_dim, d_ff, vocab, ctx_len;
+    int tied;                // LM head = token embedding
+    double rope_theta;
+    float rms_eps;
+    // "llama3" RoPE scaling; factor 0 = none
+    float rope_factor, rope_low, rope_high;
+    int rope_orig_ctx;
+    uint64_t seed;
+} synth_shape;
+
+// Tensor ids: token embedding 0, final norm 1, LM head 2; layer l's tensor k is
+// SYNTH_LAYER_BASE * (l + 1) + k, k in the order attn_norm q k v o ffn_norm gate up down bq bk bv.
+#define SYNTH_LAYER_BASE 16
+
+// Parses "synthetic:NAME" or "synthetic:NAME@SEED" into out; 0, or -1 with a one-line err that
+// lists the known names.
+int synth_parse(const char *spec, synth_shape *out, char *err, size_t errlen);
+// The known names, comma separated.
+const char *synth_names(void);
+// dst[i] = offset + scale * synth_uniform(seed, tensor, i) for i < n (OpenMP threads).
+void synth_fill(float *dst, size_t n, uint64_t seed, uint64_t tensor, float scale, float offset);
+#ifdef __cplusplus
+}
+#endif

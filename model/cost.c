@@ -1,0 +1,34 @@
+// model/cost.c — costs of a forward pass by formula (see cost.h).
+#include "cost.h"
+
+static double q_dim(const model_config *c) { return (double)c->n_head * c->head_dim; }
+static double kv_dim(const model_config *c) { return (double)c->n_kv_head * c->head_dim; }
+
+double cost_n_params(const model_config *c) {
+    double d = c->d_model, f = c->d_ff, q = q_dim(c), kv = kv_dim(c);
+    double layer = 2 * d + d * q + 2 * d * kv + q * d + 3 * d * f + (c->qkv_bias ? q + 2 * kv : 0);
+    return (double)c->vocab * d * (c->tied ? 1 : 2) + d + c->n_layer * layer;
+}
+
+double cost_prefill_flops(const model_config *c, long n) {
+    double d = c->d_model, f = c->d_ff, q = q_dim(c), kv = kv_dim(c), N = (double)n;
+    double linear = N * 2 * (d * q + 2 * d * kv + q * d + 3 * d * f);
+    double attention = 2.0 * 2.0 * c->n_head * c->head_dim * (N * (N + 1) / 2);
+    return c->n_layer * (linear + attention) + 2 * d * c->vocab;
+}
+
+double cost_decode_weight_bytes(const model_config *c, size_t elem) {
+    double embd = c->tied ? 0 : (double)c->vocab * c->d_model;
+    return (cost_n_params(c) - embd) * (double)elem;
+}
+
+double cost_kv_token_bytes(const model_config *c, size_t elem) {
+    return (double)c->n_layer * 2 * kv_dim(c) * (double)elem;
+}
+
+double cost_prefill_mem_bytes(const model_config *c, long n, long n_gen, size_t elem) {
+    double d = c->d_model, q = q_dim(c), kv = kv_dim(c);
+    double per_row = d + (d > q ? d : q) + q + 2 * kv + q + 2.0 * c->d_ff;
+    return (double)(n + n_gen) * cost_kv_token_bytes(c, elem) +
+           ((double)n * per_row + c->vocab) * (double)elem;
+}
