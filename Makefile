@@ -9,9 +9,10 @@ CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fopenmp -MMD -MP \
            -I/usr/include/x86_64-linux-gnu/openblas-openmp
 OPENBLAS_A ?= /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.a
 PCRE2_A    ?= /usr/lib/x86_64-linux-gnu/libpcre2-8.a
-# Static: OpenBLAS (OpenMP build), PCRE2, libgomp (the OpenMP runtime OpenBLAS and sift share),
+JANSSON_A  ?= /usr/lib/x86_64-linux-gnu/libjansson.a
+# Static: OpenBLAS (OpenMP build), PCRE2, jansson (JSON), libgomp (the OpenMP runtime OpenBLAS and sift share),
 # libgcc. Dynamic: glibc only (libc, libm, libpthread, libdl).
-LDLIBS  += $(OPENBLAS_A) $(PCRE2_A) -Wl,-Bstatic -lgomp -Wl,-Bdynamic -lm -lpthread -ldl \
+LDLIBS  += $(OPENBLAS_A) $(PCRE2_A) $(JANSSON_A) -Wl,-Bstatic -lgomp -Wl,-Bdynamic -lm -lpthread -ldl \
            -static-libgcc
 
 MODEL   ?= models/SmolLM2-135M-Instruct.Q4_1.gguf

