@@ -1,5 +1,5 @@
 // tests/tool_logits.c — drives sift's forward pass for the Python tests.
-// usage: tool_logits MODEL.gguf OUT.f32 [--greedy N] [--strategy NAME] [--set KEY=VALUE]... ID...
+// usage: tool_logits MODEL OUT.f32 (MODEL: a GGUF file or a Hugging Face directory) [--greedy N] [--strategy NAME] [--set KEY=VALUE]... ID...
 // Without --strategy: writes float32 logits (n_ids, vocab), row-major, of every prompt position
 // (plain full pass). With --strategy: writes the logits (vocab,) the strategy's prefill gives
 // for the first generated token. --greedy N also prints the N greedily generated ids (strategy
@@ -12,6 +12,7 @@
 
 #include "../policies/policy.h"
 #include "../util/check.h"
+#include "../weights/hf.h"
 
 static int collect(void *ctx, int id) {
     (void)ctx;
@@ -41,10 +42,14 @@ static int set_opt(strategy_opts *o, const char *kv) {
     return -1;
 }
 
-static model *load(const char *path, backend *bk, gguf_file **f) {
+// A GGUF file, or a Hugging Face directory (*h set, *f NULL).
+static model *load(const char *path, backend *bk, gguf_file **f, hf_dir **h) {
     char err[512];
-    *f = gguf_open(path, err, sizeof err);
-    model *m = *f ? model_load_gguf(*f, bk, err, sizeof err) : NULL;
+    *f = NULL;
+    *h = hf_is_dir(path) ? hf_open(path, err, sizeof err) : NULL;
+    if (!*h) *f = hf_is_dir(path) ? NULL : gguf_open(path, err, sizeof err);
+    model *m = *h ? model_load_hf(*h, bk, err, sizeof err)
+                  : *f ? model_load_gguf(*f, bk, err, sizeof err) : NULL;
     if (!m) {
         fprintf(stderr, "%s\n", err);
         exit(1);
@@ -79,7 +84,8 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n; i++) ids[i] = atoi(argv[a + i]);
     backend *bk = backend_cpu_create(0);
     gguf_file *f, *df = NULL;
-    model *m = load(argv[1], bk, &f), *draft = draft_path ? load(draft_path, bk, &df) : NULL;
+    hf_dir *h, *dh = NULL;
+    model *m = load(argv[1], bk, &f, &h), *draft = draft_path ? load(draft_path, bk, &df, &dh) : NULL;
     o.draft = draft;
     const strategy *s = strategy_find(sname ? sname : "full");
     char err[512];
@@ -132,5 +138,7 @@ int main(int argc, char **argv) {
     bk->destroy(bk);
     gguf_close(f);
     gguf_close(df);
+    hf_close(h);
+    hf_close(dh);
     return 0;
 }

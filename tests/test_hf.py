@@ -1,0 +1,208 @@
+"""Hugging Face model directories: the default GGUF converted to an HF directory by
+tests/hf_convert.py (gguf + numpy + safetensors; llama.cpp's Q/K permutation undone, two shards
+with an index, tokenizer.json from the GGUF vocabulary) must give sift
+  * the same logits at every prompt position (max |diff| <= 1e-5 of the row's largest logit)
+    and the same greedy tokens,
+  * the same token ids for every string of tests/data/tok_strings.jsonl as the GGUF vocabulary,
+    and the ids Hugging Face `tokenizers` gives for that tokenizer.json (except the two strings
+    where HF and llama.cpp disagree, see test_tokenizer.py),
+  * the same tokenizer facts (BOS/EOS, end-of-generation ids, chat template family),
+  * the same text from `sift -m DIR`.
+And malformed directories (truncated header, offsets past the end, a dtype/size mismatch, a
+missing shard, bad config.json, an unsupported dtype, no tokenizer.json) fail with one line
+"sift: error: ..." and exit code 1.
+"""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+import hf_convert  # noqa: E402
+
+MODEL = Path(os.environ.get("SIFT_MODEL", ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+if not MODEL.is_absolute():
+    MODEL = ROOT / MODEL
+LOGITS = ROOT / "build" / "tests" / "tool_logits"
+TOKENIZE = ROOT / "build" / "tests" / "tool_tokenize"
+SIFT = ROOT / "sift"
+ENV = dict(os.environ, OMP_WAIT_POLICY="passive")
+
+pytestmark = pytest.mark.skipif(not (MODEL.exists() and LOGITS.exists() and TOKENIZE.exists()),
+                                reason="needs the default model and build/tests tools")
+
+PROMPTS = {
+    "fox": [504, 2365, 6354, 16438, 27003, 690, 260, 23790, 2767, 30],
+    "chat_france": [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198],
+}
+# Where Hugging Face and llama.cpp disagree (test_tokenizer.py); sift follows llama.cpp.
+HF_DIFFERS = {"!!\u0004!!", "..\u001d.."}
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("hf") / "smollm2"
+    hf_convert.convert(str(MODEL), str(out), shards=2)
+    return out
+
+
+def logits(model, ids, tmp_path, greedy=0):
+    out = tmp_path / f"logits_{abs(hash(str(model))) % 10**8}.f32"
+    args = [str(LOGITS), str(model), str(out)] + (["--greedy", str(greedy)] if greedy else [])
+    res = subprocess.run(args + [str(i) for i in ids], capture_output=True, text=True, env=ENV,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr
+    return np.fromfile(out, dtype=np.float32).reshape(len(ids), -1), res.stdout.split()
+
+
+@pytest.mark.parametrize("name", list(PROMPTS))
+def test_logits_and_greedy_match_gguf(hf_dir, tmp_path, name):
+    ids = PROMPTS[name]
+    a, greedy_a = logits(MODEL, ids, tmp_path, greedy=8)
+    b, greedy_b = logits(hf_dir, ids, tmp_path, greedy=8)
+    assert a.shape == b.shape
+    assert np.isfinite(b).all()
+    # Per row, relative to the row's largest logit: both are fp32 passes over the same numbers,
+    # but half-split vs adjacent-pair rotation sums q.k in another order.
+    rel = np.abs(a - b).max(axis=1) / np.abs(a).max(axis=1)
+    assert rel.max() <= 1e-5
+    assert greedy_a == greedy_b
+
+
+def records(texts):
+    return b"".join(struct.pack("<I", len(s.encode())) + s.encode() for s in texts)
+
+
+def encode(model, texts, *flags):
+    res = subprocess.run([str(TOKENIZE), str(model), *flags], input=records(texts),
+                         capture_output=True, timeout=300)
+    assert res.returncode == 0, res.stderr.decode()
+    lines = res.stdout.decode().split("\n")[:-1]
+    assert len(lines) == len(texts) and not any(x.startswith("ERROR") for x in lines)
+    return [[int(x) for x in line.split()] for line in lines]
+
+
+@pytest.fixture(scope="module")
+def strings():
+    with open(ROOT / "tests" / "data" / "tok_strings.jsonl", encoding="ascii") as f:
+        return [json.loads(line)["text"] for line in f]
+
+
+def test_tokenizer_json_ids_match_gguf_and_hugging_face(hf_dir, strings):
+    from tokenizers import Tokenizer
+    from_dir = encode(hf_dir, strings)
+    assert from_dir == encode(MODEL, strings)
+    assert encode(hf_dir, strings, "--special") == encode(MODEL, strings, "--special")
+    # HF always matches added tokens in the text: compare with sift's special-token parsing.
+    ref = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
+    differ = {s for s, ids in zip(strings, encode(hf_dir, strings, "--special"))
+              if ids != ref.encode(s, add_special_tokens=False).ids}
+    assert differ == HF_DIFFERS
+    chat = ["<|im_start|>user\nhi<|im_end|>\n", "a<|im_end|>b<|endoftext|>"]
+    assert encode(hf_dir, chat, "--special") == encode(MODEL, chat, "--special")
+    assert encode(hf_dir, chat, "--special") == [ref.encode(s).ids for s in chat]
+
+
+def info(model):
+    res = subprocess.run([str(TOKENIZE), str(model), "--info"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    return dict(line.split("=", 1) for line in res.stdout.splitlines())
+
+
+def test_tokenizer_facts_match_gguf(hf_dir):
+    a, b = info(MODEL), info(hf_dir)
+    for key in ("n_vocab", "bos", "eos", "add_bos", "chat", "default_system", "eog"):
+        assert a[key] == b[key], key
+
+
+def run_sift(*args):
+    return subprocess.run([str(SIFT), *args], capture_output=True, text=True, env=ENV, timeout=600)
+
+
+@pytest.mark.skipif(not SIFT.exists(), reason="sift not built")
+def test_sift_cli_same_text(hf_dir):
+    args = ["--chat", "-p", "What is 2+2?", "-n", "8", "--temp", "0", "-q"]
+    a, b = run_sift("-m", str(MODEL), *args), run_sift("-m", str(hf_dir), *args)
+    assert a.returncode == 0 and b.returncode == 0, b.stderr
+    assert a.stdout == b.stdout and a.stdout.strip()
+
+
+# ---- malformed inputs ------------------------------------------------------------------------
+
+def st_bytes(header, data=b""):
+    h = json.dumps(header).encode()
+    return struct.pack("<Q", len(h)) + h + data
+
+
+def tiny_dir(path, weights, config=None, tokenizer_from=None):
+    path.mkdir()
+    cfg = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4, "intermediate_size": 8,
+           "num_hidden_layers": 1, "num_attention_heads": 1, "vocab_size": 8}
+    (path / "config.json").write_text(config if config is not None else json.dumps(cfg))
+    if weights is not None:
+        (path / "model.safetensors").write_bytes(weights)
+    if tokenizer_from is not None:
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(tokenizer_from / f, path / f)
+    return path
+
+
+F32_4 = np.arange(4, dtype=np.float32).tobytes()
+CASES = {
+    "truncated_header": (st_bytes({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}})[:20],
+                         None, "header length"),
+    "offsets_past_end": (st_bytes({"a": {"dtype": "F32", "shape": [8], "data_offsets": [0, 32]}}, F32_4),
+                         None, "past the end"),
+    "dtype_size_mismatch": (st_bytes({"a": {"dtype": "F16", "shape": [4], "data_offsets": [0, 16]}}, F32_4),
+                            None, "does not fit"),
+    "unknown_dtype": (st_bytes({"a": {"dtype": "Q4", "shape": [4], "data_offsets": [0, 16]}}, F32_4),
+                      None, "unknown dtype"),
+    "header_not_json": (struct.pack("<Q", 5) + b"{oops" + F32_4, None, "not a JSON object"),
+    "overflowing_shape": (st_bytes({"a": {"dtype": "F32", "shape": [2**62, 2**62],
+                                          "data_offsets": [0, 16]}}, F32_4), None, "overflowing"),
+    "bad_config": (st_bytes({}), "{\"hidden_size\": ", "config.json"),
+    "no_weights": (None, None, "neither model.safetensors"),
+}
+
+
+@pytest.mark.skipif(not SIFT.exists(), reason="sift not built")
+@pytest.mark.parametrize("case", list(CASES))
+def test_malformed_directory(tmp_path, case):
+    weights, config, message = CASES[case]
+    d = tiny_dir(tmp_path / case, weights, config)
+    res = run_sift("-m", str(d), "-p", "hi", "-n", "1")
+    assert res.returncode == 1
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sift: error:") and message in lines[0], res.stderr
+
+
+@pytest.mark.skipif(not SIFT.exists(), reason="sift not built")
+def test_missing_shard(tmp_path):
+    d = tiny_dir(tmp_path / "sharded", None)
+    (d / "model-00001-of-00002.safetensors").write_bytes(
+        st_bytes({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, F32_4))
+    index = {"weight_map": {"a": "model-00001-of-00002.safetensors",
+                            "b": "model-00002-of-00002.safetensors"}}
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    res = run_sift("-m", str(d), "-p", "hi", "-n", "1")
+    assert res.returncode == 1 and "missing shard" in res.stderr and res.stderr.count("\n") == 1
+
+
+@pytest.mark.skipif(not SIFT.exists(), reason="sift not built")
+def test_unsupported_dtype_and_missing_tokenizer(tmp_path, hf_dir):
+    i64 = np.zeros(32, dtype=np.int64).tobytes()
+    w = st_bytes({"model.embed_tokens.weight": {"dtype": "I64", "shape": [8, 4],
+                                                "data_offsets": [0, 256]}}, i64)
+    d = tiny_dir(tmp_path / "i64", w, tokenizer_from=hf_dir)
+    res = run_sift("-m", str(d), "-p", "hi", "-n", "1")
+    assert res.returncode == 1 and "dtype I64" in res.stderr and res.stderr.count("\n") == 1
+    d = tiny_dir(tmp_path / "notok", w)
+    res = run_sift("-m", str(d), "-p", "hi", "-n", "1")
+    assert res.returncode == 1 and "tokenizer.json" in res.stderr and res.stderr.count("\n") == 1
