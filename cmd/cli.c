@@ -69,7 +69,8 @@ int cli_strategies(const char *v, const strategy **out) {
 
 static const char *const STRATEGY_FLAGS[] = {"--speed-depth", "--anchor", "--tsp-layer",
     "--tsp-rate", "--kv-rate", "--window", "--pool-kernel", "--keep", "--lookahead", "--chunk",
-    "--spec-pool", "--draft", "--draft-layers"};
+    "--spec-pool", "--draft", "--draft-layers", "--swiftkv-layers", "--swiftkv-group",
+    "--swiftkv-norm"};
 
 static int odd_kernel(const char *flag, const char *v) {
     int k = (int)cli_int(flag, v, 1, 1025);
@@ -95,7 +96,12 @@ int cli_strategy_flag(const char *a, const char *v, strategy_opts *so,
     else if (cli_is_flag(a, NULL, "--spec-pool")) so->spec_pool = odd_kernel(a, v);
     else if (cli_is_flag(a, NULL, "--draft")) *draft_path = v;
     else if (cli_is_flag(a, NULL, "--draft-layers")) so->draft_layers = (int)cli_int(a, v, 1, 4096);
-    else return 0;
+    else if (cli_is_flag(a, NULL, "--swiftkv-layers")) so->swiftkv_layers = (int)cli_int(a, v, 1, 4096);
+    else if (cli_is_flag(a, NULL, "--swiftkv-group")) so->swiftkv_group = (int)cli_int(a, v, 1, 4096);
+    else if (cli_is_flag(a, NULL, "--swiftkv-norm")) {
+        if (strcmp(v, "own") && strcmp(v, "shared")) cli_usage_error("--swiftkv-norm must be own or shared");
+        so->swiftkv_fold = strcmp(v, "own") == 0;
+    } else return 0;
     return 1;
 }
 

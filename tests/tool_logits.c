@@ -1,11 +1,12 @@
 // tests/tool_logits.c — drives sift's forward pass for the Python tests.
-// usage: tool_logits MODEL OUT.f32 (MODEL: a GGUF file or a Hugging Face directory) [--greedy N] [--strategy NAME] [--set KEY=VALUE]... ID...
+// usage: tool_logits MODEL OUT.f32 [--greedy N] [--strategy NAME] [--set KEY=VALUE]... ID...
+// (MODEL: a GGUF file or a Hugging Face directory)
 // Without --strategy: writes float32 logits (n_ids, vocab), row-major, of every prompt position
 // (plain full pass). With --strategy: writes the logits (vocab,) the strategy's prefill gives
 // for the first generated token. --greedy N also prints the N greedily generated ids (strategy
 // full unless --strategy) on one line. --set keys: the strategy_opts fields speed_depth, anchor,
 // tsp_layer, tsp_rate, kv_rate, window, pool_kernel, keep, lookahead, chunk, spec_pool,
-// draft_layers; --draft PATH loads a draft model.
+// draft_layers, swiftkv_layers, swiftkv_group, swiftkv_fold; --draft PATH loads a draft model.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,8 @@ static int set_opt(strategy_opts *o, const char *kv) {
         {"pool_kernel", &o->pool_kernel, NULL}, {"keep", NULL, &o->keep},
         {"lookahead", &o->lookahead, NULL},     {"chunk", &o->chunk, NULL},
         {"spec_pool", &o->spec_pool, NULL},     {"draft_layers", &o->draft_layers, NULL},
+        {"swiftkv_layers", &o->swiftkv_layers, NULL}, {"swiftkv_group", &o->swiftkv_group, NULL},
+        {"swiftkv_fold", &o->swiftkv_fold, NULL},
     };
     for (size_t i = 0; i < sizeof t / sizeof *t; i++)
         if (strlen(t[i].key) == n && strncmp(kv, t[i].key, n) == 0) {
@@ -104,6 +107,7 @@ int main(int argc, char **argv) {
             return 1;
         }
         if (info.note[0]) fprintf(stderr, "note: %s\n", info.note);
+        if (info.decode_free) info.decode_free(info.decode.ctx);
     } else {
         int *caps = xmalloc((size_t)m->cfg.n_layer * sizeof(int)), *pos = xmalloc((size_t)n * sizeof(int));
         for (int l = 0; l < m->cfg.n_layer; l++) caps[l] = n;
