@@ -44,7 +44,7 @@ sift: build/main.o build/libsift.a
 build/tests/%: build/tests/%.o build/libsift.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-# libFuzzer targets (clang): the GGUF reader, the tokenizer and chat templates.
+# libFuzzer targets (clang): the GGUF reader, the tokenizer and chat templates, safetensors.
 FUZZ_CC    ?= clang
 FUZZ_FLAGS := -g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined \
               -fno-sanitize-recover=undefined
@@ -52,11 +52,15 @@ FUZZ_SECONDS ?= 10
 build/fuzz/fuzz_gguf: fuzz/fuzz_gguf.c weights/gguf.c weights/dequant.c util/check.c $(wildcard weights/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) -o $@ -lm
-build/fuzz/fuzz_tok: fuzz/fuzz_tok.c $(wildcard tok/*.c tok/*.h) weights/gguf.c weights/dequant.c util/check.c
+build/fuzz/fuzz_tok: fuzz/fuzz_tok.c $(wildcard tok/*.c tok/*.h) weights/gguf.c weights/dequant.c \
+                     weights/hf.c weights/safetensors.c util/check.c
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) -o $@ $(PCRE2_A) -lm
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) -o $@ $(PCRE2_A) $(JANSSON_A) -lm
+build/fuzz/fuzz_safetensors: fuzz/fuzz_safetensors.c weights/safetensors.c util/check.c $(wildcard weights/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) -o $@ $(JANSSON_A) -lm
 
-fuzz: build/fuzz/fuzz_gguf build/fuzz/fuzz_tok $(MODEL)
+fuzz: build/fuzz/fuzz_gguf build/fuzz/fuzz_tok build/fuzz/fuzz_safetensors $(MODEL)
 	@bash fuzz/run.sh $(FUZZ_SECONDS)
 
 # Prerequisites: Debian packages (when missing) and the Python reference venv.
@@ -75,7 +79,7 @@ test-c: $(TEST_BIN)
 	@bash tests/run_c.sh $(TEST_BIN)
 
 test: deps
-	@$(MAKE) --no-print-directory sift $(TEST_BIN) $(TOOL_BIN) build/fuzz/fuzz_gguf build/fuzz/fuzz_tok model
+	@$(MAKE) --no-print-directory sift $(TEST_BIN) $(TOOL_BIN) build/fuzz/fuzz_gguf build/fuzz/fuzz_tok build/fuzz/fuzz_safetensors model
 	@bash tests/run.sh
 
 clean:
