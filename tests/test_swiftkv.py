@@ -277,3 +277,21 @@ def test_bad_configurations(tmp_path):
                          capture_output=True,
                          text=True, env=ENV, timeout=300)
     assert one_error_line(res, "no q/k/v projections")
+
+
+@pytest.mark.skipif(not SIFT.exists(), reason="sift not built")
+def test_measured_kv_and_rows(tmp_path):
+    """KV bytes: layers l..L-1 keep one cache per group (AcrossKV saves (L-l)(1-1/G)/L); prefill
+    rows: n prompt rows through l layers, then only the last row through L - l."""
+    l, G, text = 2, 2, "twenty byte prompt!!"
+    d = write_model(tmp_path / "ckpt", random_weights(np.random.default_rng(5), swiftkv=(l, G)),
+                    swiftkv=(l, G))
+    res = subprocess.run([str(SIFT), "-m", str(d), "-p", text, "-n", "3", "--temp", "0", "--json",
+                          "-q", "--strategy", "full,swiftkv"], capture_output=True, text=True,
+                         errors="replace", env=ENV, timeout=300)
+    assert res.returncode == 0, res.stderr
+    runs = {j["strategy"]: j for j in map(json.loads, res.stdout.splitlines())}
+    n = runs["full"]["timings"]["prompt_n"]
+    assert n == len(text)
+    assert runs["swiftkv"]["kv_bytes"] * L == runs["full"]["kv_bytes"] * (L - (L - l) * (G - 1) // G)
+    assert runs["swiftkv"]["rows_pct_of_full"] == pytest.approx(100 * (n * l + L - l) / (n * L), abs=0.05)
