@@ -206,3 +206,40 @@ def test_unsupported_dtype_and_missing_tokenizer(tmp_path, hf_dir):
     d = tiny_dir(tmp_path / "notok", w)
     res = run_sift("-m", str(d), "-p", "hi", "-n", "1")
     assert res.returncode == 1 and "tokenizer.json" in res.stderr and res.stderr.count("\n") == 1
+
+
+# ---- small models: Qwen2 (QKV bias), untied LM head, llama3 rope scaling ----------------------
+
+def llama3_factors(hd, base, factor, lo, hi, orig):
+    """rope_freqs (divisors of the inverse frequencies) for HF's rope_scaling llama3."""
+    inv = base ** (-np.arange(0, hd, 2) / hd)
+    wavelen = 2 * np.pi / inv
+    scaled = np.where(wavelen > orig / lo, inv / factor, inv)
+    smooth = (orig / wavelen - lo) / (hi - lo)
+    mid = (wavelen <= orig / lo) & (wavelen >= orig / hi)
+    scaled = np.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+    return inv / scaled
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama_untied", "llama3_rope"])
+def test_small_models_match_gguf(tmp_path, kind):
+    import tiny_gguf
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64}
+    kw = {"qwen2": dict(arch="qwen2"), "llama_untied": dict(tied=False),
+          "llama3_rope": dict(rope_freqs=llama3_factors(16, 10000.0, 8.0, 1.0, 4.0, 64))}[kind]
+    gg = tiny_gguf.write(str(tmp_path / "m.gguf"), **kw)
+    d = tmp_path / "hf"
+    hf_convert.convert(gg, str(d))
+    if kind == "llama3_rope":
+        cfg = json.loads((d / "config.json").read_text())
+        cfg["rope_scaling"] = rope
+        (d / "config.json").write_text(json.dumps(cfg))
+    ids = [1, 40, 7, 200, 33, 95, 260, 12, 5, 77, 150, 3, 64, 201, 9, 18, 44, 120, 8, 2]
+    a, greedy_a = logits(gg, ids, tmp_path, greedy=6)
+    b, greedy_b = logits(d, ids, tmp_path, greedy=6)
+    rel = np.abs(a - b).max(axis=1) / np.abs(a).max(axis=1)
+    assert rel.max() <= 1e-5 and greedy_a == greedy_b
+    texts = ["Hello world 12345", "don't STOP 'til 2024!\n\n  x", "<|im_start|>user\nhi<|im_end|>"]
+    assert encode(d, texts) == encode(gg, texts)
+    assert encode(d, texts, "--special") == encode(gg, texts, "--special")
