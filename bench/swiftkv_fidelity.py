@@ -2,8 +2,8 @@
 
 For each prompt and setting, build/tests/tool_logits gives the first-token logits and a 16-token
 greedy continuation of `full` and of `swiftkv`; reported: first-token KL(full || swiftkv) in
-nats, whether the first token agrees, and the share of the 16 greedy tokens equal to full's at
-the same position.
+nats, whether the first token agrees, the share of the 16 greedy tokens equal to full's at the
+same position, and how many leading greedy tokens equal full's.
 
     .venv/bin/python bench/swiftkv_fidelity.py [MODEL]
 """
@@ -69,15 +69,18 @@ def main():
         for name, sets in settings:
             lg, g = run(ids, "swiftkv", sets)
             same = sum(a == b for a, b in zip(g, g_full)) / len(g_full)
-            rows[name].append((kl(full, lg), int(lg.argmax() == full.argmax()), same))
+            prefix = next((i for i, (a, b) in enumerate(zip(g, g_full)) if a != b), len(g_full))
+            rows[name].append((kl(full, lg), int(lg.argmax() == full.argmax()), same, prefix))
             print(f"{pname:13} {len(ids):4} tok  {name:18} KL {rows[name][-1][0]:7.3f}  "
-                  f"first {rows[name][-1][1]}  greedy {100 * same:5.1f}%", flush=True)
-    print("\n| setting | mean first-token KL (nats) | first token = full | greedy tokens = full |")
-    print("|---|---|---|---|")
+                  f"first {rows[name][-1][1]}  greedy {100 * same:5.1f}%  prefix {prefix:2d}",
+                  flush=True)
+    print(f"\n| setting | mean first-token KL (nats) | first token = full | greedy tokens = full "
+          f"(same position, of {N}) | mean leading tokens = full |")
+    print("|---|---|---|---|---|")
     for name, r in rows.items():
         a = np.array(r)
         print(f"| {name} | {a[:, 0].mean():.3f} | {int(a[:, 1].sum())}/{len(a)} | "
-              f"{100 * a[:, 2].mean():.1f} % |")
+              f"{100 * a[:, 2].mean():.1f} % | {a[:, 3].mean():.1f} |")
 
 
 if __name__ == "__main__":

@@ -237,9 +237,10 @@ static void read_specials(hf_tok *h) {
     if (json_is_array(tmpl)) {   // [{"name": "default", "template": ...}, ...]
         size_t k;
         json_t *e, *pick = NULL;
-        json_array_foreach(tmpl, k, e)
-            if (!pick || strcmp(json_string_value(json_object_get(e, "name")) ?: "", "default") == 0)
-                pick = e;
+        json_array_foreach(tmpl, k, e) {
+            const char *name = json_string_value(json_object_get(e, "name"));
+            if (!pick || (name && strcmp(name, "default") == 0)) pick = e;
+        }
         tmpl = json_object_get(pick, "template");
     }
     h->src.chat_template = json_string_value(tmpl);
