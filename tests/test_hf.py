@@ -243,3 +243,47 @@ def test_small_models_match_gguf(tmp_path, kind):
     texts = ["Hello world 12345", "don't STOP 'til 2024!\n\n  x", "<|im_start|>user\nhi<|im_end|>"]
     assert encode(d, texts) == encode(gg, texts)
     assert encode(d, texts, "--special") == encode(gg, texts, "--special")
+
+
+def test_llama3_style_tokenizer_json(tmp_path):
+    """Split regex + ByteLevel(use_regex false), merges as pairs, ignore_merges, BOS added by a
+    TemplateProcessing post-processor, chat_template as a list, eos ids from
+    generation_config.json — ids as Hugging Face `tokenizers` gives them."""
+    from tokenizers import Tokenizer
+    import test_swiftkv as sk
+    vocab = {sk.byte_char(b): b for b in range(256)}
+    merges = [["Ġ", "t"], ["h", "e"], ["Ġt", "he"], ["1", "2"]]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    specials = ["<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>"]
+    added = [{"id": len(vocab) + i, "content": s, "special": True, "single_word": False,
+              "lstrip": False, "rstrip": False, "normalized": False} for i, s in enumerate(specials)]
+    tok = {"version": "1.0", "added_tokens": added, "normalizer": None,
+           "pre_tokenizer": hf_convert.pre_tokenizer("llama-bpe"),
+           "post_processor": {"type": "Sequence", "processors": [
+               {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+               {"type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}},
+                           {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [{"Sequence": {"id": "A", "type_id": 0}}],
+                "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>",
+                                                         "ids": [added[0]["id"]],
+                                                         "tokens": ["<|begin_of_text|>"]}}}]},
+           "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                       "use_regex": True},
+           "model": {"type": "BPE", "dropout": None, "unk_token": None, "fuse_unk": False,
+                     "byte_fallback": False, "ignore_merges": True, "vocab": vocab, "merges": merges}}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tok))
+    tmpl = "{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>' }}"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
+         "chat_template": [{"name": "tool_use", "template": "x"}, {"name": "default", "template": tmpl}]}))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [added[1]["id"], 7]}))
+    facts = info(tmp_path)
+    assert facts["bos"] == str(added[0]["id"]) and facts["add_bos"] == "1"
+    assert facts["eos"] == str(added[1]["id"]) and facts["chat"] == "llama3"
+    assert facts["eog"].split() == sorted({str(added[1]["id"]), "7"}, key=int)
+    texts = ["the theme 12 123 1234", "Hello<|eot_id|>  the\n\n 12", "ÄÖÜ 12x the'S"]
+    ref = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    assert encode(tmp_path, texts, "--special") == [ref.encode(s, add_special_tokens=False).ids
+                                                    for s in texts]
