@@ -220,6 +220,9 @@ static kv_cache *swiftkv_prefill(model *m, const int *ids, int n, int n_gen, con
     }
     info->decode = hooks;
     info->decode_free = plan_free;
+    if (!is_checkpoint(m))
+        snprintf(info->note, sizeof info->note, "training-free init (l = %d, G = %d), experimental: "
+                 "no distilled checkpoint, fidelity in bench/EVAL.md", p->l, p->G);
     return kv;
 }
 
