@@ -7,6 +7,7 @@ same position, and how many leading greedy tokens equal full's.
 
     .venv/bin/python bench/swiftkv_fidelity.py [MODEL]
 """
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-TOOL = ROOT / "build" / "tests" / "tool_logits"
+TOOL = Path(os.environ.get("SIFT_TOOL_LOGITS", ROOT / "build" / "tests" / "tool_logits"))
 TOKENIZE = ROOT / "build" / "tests" / "tool_tokenize"
 MODEL = sys.argv[1] if len(sys.argv) > 1 else str(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")
 N = 16

@@ -128,14 +128,15 @@ static int plan_training_free(swiftkv_plan *p, int fold) {
     const model *m = p->m;
     int d = m->cfg.d_model;
     p->terms_per_group = p->G;
-    const bk_weight *gamma_l = m->layers[p->l].attn_norm;
-    const bk_weight *shared = fold ? NULL : own(p, fwd_vector_sum(p->m, &gamma_l, 1, d, 1.0f / p->G));
+    if (p->l == p->L) return 0;   // no SwiftKV layers
+    const bk_weight *gamma_l = m->layers[p->l].attn_norm, *shared = NULL;
+    if (!fold) shared = own(p, fwd_vector_sum(p->m, &gamma_l, 1, d, 1.0f / p->G));
     for (int j = p->l; j < p->L; j++) {
         const layer_weights *w = &m->layers[j];
+        const bk_weight *gamma_j = w->attn_norm;
         int first = j - (j - p->l) % p->G;
         fwd_kv_term *t = &p->terms[j - p->l];
-        t->norm = fold ? own(p, fwd_vector_sum(p->m, (const bk_weight *[]){w->attn_norm}, 1, d, 1.0f / p->G))
-                       : shared;
+        t->norm = fold ? own(p, fwd_vector_sum(p->m, &gamma_j, 1, d, 1.0f / p->G)) : shared;
         t->wk = w->wk;
         t->wv = w->wv;
         t->bk = j == first ? mean_bias(p, first, 0) : NULL;
