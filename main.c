@@ -77,7 +77,7 @@ static void print_help(void) {
         "      --swiftkv-layers l  swiftkv: layers the whole prompt runs (L/2; a checkpoint's own)\n"
         "      --swiftkv-group G   swiftkv: layers sharing one KV cache, divides L-l (1)\n"
         "      --swiftkv-norm N    swiftkv training-free init: own = each layer's input norm\n"
-        "                          folded into its K/V, shared = layer l's norm (own)\n"
+        "                          folded into its K/V, shared = layer l's norm (shared)\n"
         "                          (swiftkv without a distilled checkpoint is EXPERIMENTAL:\n"
         "                          measured fidelity in bench/EVAL.md)\n"
         "output\n"

@@ -29,7 +29,7 @@ typedef struct strategy_opts {
     int swiftkv_layers;     // l: layers the whole prompt runs; 0 = L/2 (or the checkpoint's)
     int swiftkv_group;      // G: layers sharing one KV cache; 0 = 1 (or the checkpoint's)
     int swiftkv_fold;       // training-free init: 1 = fold each layer's norm gamma into its
-                            // K/V, 0 = the layer-l norm as the paper's code; -1 = default
+                            // K/V, 0 = the layer-l norm as the paper's code; -1 = default (0)
     // end-of-generation test for strategies that decode internally (specprefill lookahead)
     int (*is_eog)(const void *ctx, int id);
     const void *eog_ctx;

@@ -8,8 +8,9 @@
 // key_value_group_size, tensors model.norm_swiftkv and *_proj_swiftkv), or, on any other model,
 // the training-free init (experimental): Q' = Q; a group's K'/V' = the mean of its layers'
 // K/V weights, applied as the sum of each layer's projection of x normed with gamma / G, where
-// gamma is layer l's input norm (the paper's code) or, folded, each layer's own input norm (so a
-// layer's K/V equal the original whenever its input equals layer l's).
+// gamma is layer l's input norm (the paper's code; the default: measured better at l = L/2, see
+// bench/EVAL.md) or, folded ("own"), each layer's own input norm (so a layer's K/V equal the
+// original whenever its input equals layer l's; measured better at l = 3L/4).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -171,7 +172,7 @@ static swiftkv_plan *plan_new(model *m, const strategy_opts *o, char *err, size_
     p->bq = xcalloc((size_t)p->L, sizeof *p->bq);
     p->owned = xcalloc((size_t)(3 * p->L + 1), sizeof *p->owned);
     int rc = is_checkpoint(m) ? plan_checkpoint(p, err, errlen)
-                              : plan_training_free(p, o->swiftkv_fold != 0);
+                              : plan_training_free(p, o->swiftkv_fold == 1);
     if (rc != 0) {
         plan_free(p);
         return NULL;
