@@ -144,8 +144,40 @@ def model_config(r, arch, tensors):
     }
 
 
-def save_weights(tensors, out, shards=1):
-    """model.safetensors, or `shards` files with model.safetensors.index.json."""
+def round_to(w, dtype):
+    """float32 w rounded to F16 or BF16 (round to nearest even), still as float32."""
+    if dtype == "F16":
+        return w.astype(np.float16).astype(np.float32)
+    if dtype == "BF16":
+        u = w.astype(np.float32).view(np.uint32).astype(np.uint64)
+        u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+        return u.astype(np.uint32).view(np.float32)
+    return w
+
+
+def save_bf16(tensors, path):
+    """safetensors with every tensor as BF16 (numpy has no bfloat16: written by hand)."""
+    header, blobs, off = {}, [], 0
+    for name in sorted(tensors):
+        raw = (round_to(tensors[name], "BF16").view(np.uint32) >> 16).astype("<u2").tobytes()
+        header[name] = {"dtype": "BF16", "shape": list(tensors[name].shape),
+                        "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(len(h).to_bytes(8, "little") + h + b"".join(blobs))
+
+
+def save_weights(tensors, out, shards=1, dtype="F32"):
+    """model.safetensors, or `shards` files with model.safetensors.index.json; dtype F32, F16
+    or BF16 (single file)."""
+    if dtype == "BF16":
+        save_bf16(tensors, os.path.join(out, "model.safetensors"))
+        return
+    if dtype == "F16":
+        tensors = {k: v.astype(np.float16) for k, v in tensors.items()}
     if shards == 1:
         save_file(tensors, os.path.join(out, "model.safetensors"))
         return
@@ -166,14 +198,17 @@ def write_json(out, name, obj):
         json.dump(obj, f, ensure_ascii=False, indent=1)
 
 
-def convert(gguf_path, out, shards=1):
+def convert(gguf_path, out, shards=1, dtype="F32", rounded_to=None):
+    """rounded_to: store values rounded to F16/BF16 (in the file's dtype), for comparisons."""
     r = gguf.GGUFReader(gguf_path)
     arch = field(r, "general.architecture")
     n_head = int(field(r, f"{arch}.attention.head_count"))
     n_kv = int(field(r, f"{arch}.attention.head_count_kv", n_head))
     os.makedirs(out, exist_ok=True)
     tensors = tensors_of(r, arch, n_head, n_kv)
-    save_weights(tensors, out, shards)
+    if rounded_to:
+        tensors = {k: round_to(v, rounded_to) for k, v in tensors.items()}
+    save_weights(tensors, out, shards, dtype)
     write_json(out, "config.json", model_config(r, arch, tensors))
     tok, cfg, gen = tokenizer_files(r)
     write_json(out, "tokenizer.json", tok)

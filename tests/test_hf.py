@@ -287,3 +287,18 @@ def test_llama3_style_tokenizer_json(tmp_path):
     ref = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
     assert encode(tmp_path, texts, "--special") == [ref.encode(s, add_special_tokens=False).ids
                                                     for s in texts]
+
+
+@pytest.mark.parametrize("dtype", ["F16", "BF16"])
+def test_half_precision_safetensors(tmp_path, dtype):
+    """F16 / BF16 files give exactly the logits of F32 files holding the same rounded values."""
+    import tiny_gguf
+    gg = tiny_gguf.write(str(tmp_path / "m.gguf"))
+    hf_convert.convert(gg, str(tmp_path / "half"), dtype=dtype)
+    hf_convert.convert(gg, str(tmp_path / "f32"), rounded_to=dtype)
+    ids = [1, 40, 7, 200, 33, 95, 260, 12]
+    a, ga = logits(tmp_path / "f32", ids, tmp_path, greedy=4)
+    b, gb = logits(tmp_path / "half", ids, tmp_path, greedy=4)
+    assert np.array_equal(a, b) and ga == gb
+    full, _ = logits(gg, ids, tmp_path)
+    assert np.abs(full - a).max() > 0   # the rounding is real
