@@ -18,7 +18,8 @@ static int cfg_int(const hf_dir *h, const char *key, long long def, long long lo
     long long v = def;
     int rc = hf_cfg_int(h, key, &v);
     if (rc < 0 || (rc == 1 && def < 0))
-        return err_printf(err, errlen, "config.json: '%s' is %s", key, rc < 0 ? "not an integer" : "missing");
+        return err_printf(err, errlen, "config.json: '%s' is %s", key,
+                          rc < 0 ? "not an integer" : "missing");
     if (v < lo || v > hi)
         return err_printf(err, errlen, "config.json: '%s' = %lld is out of range [%lld, %lld]", key,
                           v, lo, hi);
@@ -36,7 +37,8 @@ static int cfg_num(const hf_dir *h, const char *key, double def, double *out, ch
 
 static int cfg_bool(const hf_dir *h, const char *key, int def, int *out, char *err, size_t errlen) {
     *out = def;
-    if (hf_cfg_bool(h, key, out) < 0) return err_printf(err, errlen, "config.json: '%s' is not a bool", key);
+    if (hf_cfg_bool(h, key, out) < 0)
+        return err_printf(err, errlen, "config.json: '%s' is not a bool", key);
     return 0;
 }
 
@@ -51,11 +53,14 @@ static int rope_llama3(const hf_dir *h, model_config *c, char *err, size_t errle
         cfg_num(h, "rope_scaling.original_max_position_embeddings", NAN, &orig, err, errlen))
         return -1;
     if (!(factor > 0) || !(lo > 0) || !(hi > lo) || !(orig > 0))
-        return err_printf(err, errlen, "config.json: rope_scaling llama3 needs factor > 0, "
-                          "0 < low_freq_factor < high_freq_factor, original_max_position_embeddings > 0");
+        return err_printf(
+            err, errlen,
+            "config.json: rope_scaling llama3 needs factor > 0, "
+            "0 < low_freq_factor < high_freq_factor, original_max_position_embeddings > 0");
     for (int j = 0; j < c->head_dim / 2; j++) {
         double f = c->inv_freq[j], wavelen = 2 * M_PI / f;
-        if (wavelen > orig / lo) f /= factor;
+        if (wavelen > orig / lo)
+            f /= factor;
         else if (wavelen >= orig / hi) {
             double s = (orig / wavelen - lo) / (hi - lo);
             f = (1 - s) * f / factor + s * f;
@@ -68,7 +73,8 @@ static int rope_llama3(const hf_dir *h, model_config *c, char *err, size_t errle
 static int rope_config(const hf_dir *h, model_config *c, char *err, size_t errlen) {
     double theta;
     if (cfg_num(h, "rope_theta", 10000.0, &theta, err, errlen)) return -1;
-    if (!(theta > 1)) return err_printf(err, errlen, "config.json: rope_theta %g must be > 1", theta);
+    if (!(theta > 1))
+        return err_printf(err, errlen, "config.json: rope_theta %g must be > 1", theta);
     c->inv_freq = xmalloc((size_t)(c->head_dim / 2) * sizeof(float));
     for (int j = 0; j < c->head_dim / 2; j++)
         c->inv_freq[j] = (float)pow(theta, -2.0 * j / c->head_dim);
@@ -76,16 +82,18 @@ static int rope_config(const hf_dir *h, model_config *c, char *err, size_t errle
     if (!type) type = hf_cfg_str(h, "rope_scaling.type");
     if (!type || strcmp(type, "default") == 0) return 0;
     if (strcmp(type, "llama3") == 0) return rope_llama3(h, c, err, errlen);
-    return err_printf(err, errlen, "config.json: rope_scaling type '%s' is not supported (llama3 is)",
-                      type);
+    return err_printf(err, errlen,
+                      "config.json: rope_scaling type '%s' is not supported (llama3 is)", type);
 }
 
 static int config_from_hf(const hf_dir *h, model_config *c, char *err, size_t errlen) {
     memset(c, 0, sizeof *c);
     const char *fam = hf_arch_family(h), *act = hf_cfg_str(h, "hidden_act");
     if (!fam)
-        return err_printf(err, errlen, "config.json: architecture '%s' is not supported "
-                          "(LlamaForCausalLM, Qwen2ForCausalLM)", hf_cfg_arch(h) ? hf_cfg_arch(h) : "(none)");
+        return err_printf(err, errlen,
+                          "config.json: architecture '%s' is not supported "
+                          "(LlamaForCausalLM, Qwen2ForCausalLM)",
+                          hf_cfg_arch(h) ? hf_cfg_arch(h) : "(none)");
     snprintf(c->arch, sizeof c->arch, "%s", fam);
     if (act && strcmp(act, "silu") != 0)
         return err_printf(err, errlen, "config.json: hidden_act '%s' is not supported (silu)", act);
@@ -99,9 +107,10 @@ static int config_from_hf(const hf_dir *h, model_config *c, char *err, size_t er
         cfg_int(h, "max_position_embeddings", 4096, 1, MODEL_MAX_CTX, &c->ctx_len, err, errlen))
         return -1;
     if (c->n_head % c->n_kv_head || c->head_dim % 2)
-        return err_printf(err, errlen, "config.json: %d heads over %d KV heads of dim %d do not "
-                          "fit (heads a multiple of KV heads, even head dim)", c->n_head,
-                          c->n_kv_head, c->head_dim);
+        return err_printf(err, errlen,
+                          "config.json: %d heads over %d KV heads of dim %d do not "
+                          "fit (heads a multiple of KV heads, even head dim)",
+                          c->n_head, c->n_kv_head, c->head_dim);
     double eps;
     int attn_bias, mlp_bias;
     if (cfg_num(h, "rms_norm_eps", 1e-6, &eps, err, errlen) ||
@@ -110,7 +119,8 @@ static int config_from_hf(const hf_dir *h, model_config *c, char *err, size_t er
         cfg_bool(h, "mlp_bias", 0, &mlp_bias, err, errlen))
         return -1;
     if ((attn_bias && strcmp(fam, "llama") == 0) || mlp_bias)
-        return err_printf(err, errlen, "config.json: attention_bias/mlp_bias on a Llama model "
+        return err_printf(err, errlen,
+                          "config.json: attention_bias/mlp_bias on a Llama model "
                           "(biases on o_proj or the MLP) are not supported");
     c->rms_eps = (float)eps;
     c->rope = ROPE_NEOX;
@@ -135,7 +145,8 @@ static bk_weight *load_tensor(const hf_dir *h, backend *bk, const char *name, si
         return NULL;
     }
     if (t->ggml_type == UINT32_MAX) {
-        err_printf(err, errlen, "tensor '%s' has dtype %s (supported: F32, F16, BF16)", name, t->dtype);
+        err_printf(err, errlen, "tensor '%s' has dtype %s (supported: F32, F16, BF16)", name,
+                   t->dtype);
         return NULL;
     }
     size_t nr = rows ? rows : 1, row_bytes = cols * (t->nbytes / t->n_elems);
@@ -147,21 +158,26 @@ static bk_weight *load_tensor(const hf_dir *h, backend *bk, const char *name, si
 }
 
 static const char *const LAYER_TENSORS[] = {
-    "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+    "input_layernorm.weight",  "self_attn.q_proj.weight", "self_attn.k_proj.weight",
     "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
-    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
-    "self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias",
+    "mlp.gate_proj.weight",    "mlp.up_proj.weight",      "mlp.down_proj.weight",
+    "self_attn.q_proj.bias",   "self_attn.k_proj.bias",   "self_attn.v_proj.bias",
 };
 
 // q/k/v (and their biases) may be absent together; the rest is required.
 static int load_layer(const hf_dir *h, model *m, int l, char *err, size_t errlen) {
     const model_config *c = &m->cfg;
     layer_weights *w = &m->layers[l];
-    size_t d = c->d_model, q = (size_t)c->n_head * c->head_dim, kv = (size_t)c->n_kv_head * c->head_dim;
-    struct { bk_weight **dst; size_t rows, cols; } t[] = {
-        {&w->attn_norm, 0, d}, {&w->wq, q, d}, {&w->wk, kv, d}, {&w->wv, kv, d}, {&w->wo, d, q},
-        {&w->ffn_norm, 0, d}, {&w->w_gate, c->d_ff, d}, {&w->w_up, c->d_ff, d},
-        {&w->w_down, d, c->d_ff}, {&w->bq, 0, q}, {&w->bk, 0, kv}, {&w->bv, 0, kv},
+    size_t d = c->d_model, q = (size_t)c->n_head * c->head_dim,
+           kv = (size_t)c->n_kv_head * c->head_dim;
+    struct {
+        bk_weight **dst;
+        size_t rows, cols;
+    } t[] = {
+        {&w->attn_norm, 0, d},    {&w->wq, q, d},         {&w->wk, kv, d},
+        {&w->wv, kv, d},          {&w->wo, d, q},         {&w->ffn_norm, 0, d},
+        {&w->w_gate, c->d_ff, d}, {&w->w_up, c->d_ff, d}, {&w->w_down, d, c->d_ff},
+        {&w->bq, 0, q},           {&w->bk, 0, kv},        {&w->bv, 0, kv},
     };
     char name[128];
     snprintf(name, sizeof name, "model.layers.%d.self_attn.q_proj.weight", l);
@@ -195,7 +211,8 @@ static int load_extras(const hf_dir *h, model *m, char *err, size_t errlen) {
     for (int s = 0; s < h->n_shards; s++)
         for (size_t i = 0; i < h->shards[s]->n_tensors; i++) {
             const st_tensor *t = &h->shards[s]->tensors[i];
-            if (is_architecture_tensor(t->name) || t->n_dims < 1 || t->n_dims > 2 || t->n_elems == 0)
+            if (is_architecture_tensor(t->name) || t->n_dims < 1 || t->n_dims > 2 ||
+                t->n_elems == 0)
                 continue;
             size_t rows = t->n_dims == 2 ? t->shape[0] : 0, cols = t->shape[t->n_dims - 1];
             bk_weight *w = load_tensor(h, m->bk, t->name, rows, cols, 1, err, errlen);
@@ -209,11 +226,14 @@ static int load_extras(const hf_dir *h, model *m, char *err, size_t errlen) {
 static int load_globals(const hf_dir *h, model *m, char *err, size_t errlen) {
     const model_config *c = &m->cfg;
     backend *bk = m->bk;
-    m->tok_embd = load_tensor(h, bk, "model.embed_tokens.weight", c->vocab, c->d_model, 1, err, errlen);
-    m->out_norm = m->tok_embd ? load_tensor(h, bk, "model.norm.weight", 0, c->d_model, 1, err, errlen) : NULL;
+    m->tok_embd =
+        load_tensor(h, bk, "model.embed_tokens.weight", c->vocab, c->d_model, 1, err, errlen);
+    m->out_norm =
+        m->tok_embd ? load_tensor(h, bk, "model.norm.weight", 0, c->d_model, 1, err, errlen) : NULL;
     if (!m->out_norm) return -1;
-    m->lm_head = c->tied ? m->tok_embd
-                         : load_tensor(h, bk, "lm_head.weight", c->vocab, c->d_model, 1, err, errlen);
+    m->lm_head = c->tied
+                     ? m->tok_embd
+                     : load_tensor(h, bk, "lm_head.weight", c->vocab, c->d_model, 1, err, errlen);
     if (!m->lm_head) return -1;
     m->n_params += (size_t)c->vocab * c->d_model * (c->tied ? 1 : 2) + c->d_model;
     return 0;
@@ -230,7 +250,8 @@ model *model_load_hf(const hf_dir *h, backend *bk, char *err, size_t errlen) {
         m->layers = xcalloc((size_t)m->cfg.n_layer, sizeof *m->layers);
         rc = load_globals(h, m, err, errlen);
     }
-    for (int l = 0; rc == 0 && l < m->cfg.n_layer; l++) rc = load_layer(h, m, l, err, errlen);
+    for (int l = 0; rc == 0 && l < m->cfg.n_layer; l++)
+        rc = load_layer(h, m, l, err, errlen);
     if (rc == 0) rc = load_extras(h, m, err, errlen);
     if (rc != 0) {
         model_free(m);

@@ -23,10 +23,10 @@
 
 typedef struct {
     int l, G, L;
-    fwd_kv_term *terms;          // [(L - l)] : G terms per group, in group order
-    int terms_per_group;         // G (training-free) or 1 (checkpoint)
-    const bk_weight **wq, **bq;  // [L] query projections Q' of layers >= l
-    bk_weight **owned;           // derived vectors to free
+    fwd_kv_term *terms;         // [(L - l)] : G terms per group, in group order
+    int terms_per_group;        // G (training-free) or 1 (checkpoint)
+    const bk_weight **wq, **bq; // [L] query projections Q' of layers >= l
+    bk_weight **owned;          // derived vectors to free
     int n_owned;
     model *m;
 } swiftkv_plan;
@@ -47,20 +47,31 @@ static int swiftkv_shape(const model *m, const strategy_opts *o, int *l, int *G,
         long long cl = 0, cg = 1;
         if (hf_cfg_int(m->hf, "num_key_value_layers", &cl) != 0 ||
             hf_cfg_int(m->hf, "key_value_group_size", &cg) < 0)
-            return err_printf(err, errlen, CHECKPOINT_TYPE " config.json needs integer "
-                              "num_key_value_layers (and key_value_group_size)");
-        if ((o->swiftkv_layers && o->swiftkv_layers != cl) || (o->swiftkv_group && o->swiftkv_group != cg))
-            return err_printf(err, errlen, "the checkpoint was distilled for --swiftkv-layers %lld "
-                              "--swiftkv-group %lld; other values need a stock model", cl, cg);
+            return err_printf(err, errlen,
+                              CHECKPOINT_TYPE " config.json needs integer "
+                                              "num_key_value_layers (and key_value_group_size)");
+        if (cl < 1 || cl > L || cg < 1 || cg > L)
+            return err_printf(err, errlen,
+                              CHECKPOINT_TYPE " config.json: num_key_value_layers %lld "
+                                              "or key_value_group_size %lld is outside [1, %d]",
+                              cl, cg, L);
+        if ((o->swiftkv_layers && o->swiftkv_layers != cl) ||
+            (o->swiftkv_group && o->swiftkv_group != cg))
+            return err_printf(err, errlen,
+                              "the checkpoint was distilled for --swiftkv-layers %lld "
+                              "--swiftkv-group %lld; other values need a stock model",
+                              cl, cg);
         *l = (int)cl;
         *G = (int)cg;
     }
     if (*l < 1 || *l > L)
-        return err_printf(err, errlen, "--swiftkv-layers %d is outside [1, %d] (the model's layers)",
-                          *l, L);
+        return err_printf(err, errlen,
+                          "--swiftkv-layers %d is outside [1, %d] (the model's layers)", *l, L);
     if (*G < 1 || (L - *l) % *G)
-        return err_printf(err, errlen, "--swiftkv-group %d does not divide the %d SwiftKV layers "
-                          "(L - l = %d - %d)", *G, L - *l, L, *l);
+        return err_printf(err, errlen,
+                          "--swiftkv-group %d does not divide the %d SwiftKV layers "
+                          "(L - l = %d - %d)",
+                          *G, L - *l, L, *l);
     return 0;
 }
 
@@ -73,8 +84,9 @@ static const bk_weight *extra(const model *m, const char *name, int j, size_t ro
     const model_extra *e = model_find_extra(m, full);
     if (e && e->rows == rows && e->cols == cols) return e->w;
     if (e || required)
-        err_printf(err, errlen, CHECKPOINT_TYPE " checkpoint: tensor '%s' is %s (expected [%zu, %zu])",
-                   full, e ? "of another shape" : "missing", rows, cols);
+        err_printf(err, errlen,
+                   CHECKPOINT_TYPE " checkpoint: tensor '%s' is %s (expected [%zu, %zu])", full,
+                   e ? "of another shape" : "missing", rows, cols);
     return NULL;
 }
 
@@ -85,7 +97,8 @@ static int plan_checkpoint_layer(swiftkv_plan *p, int j, const bk_weight *norm, 
                                  size_t errlen) {
     const model *m = p->m;
     const model_config *c = &m->cfg;
-    size_t d = c->d_model, qd = (size_t)c->n_head * c->head_dim, kvd = (size_t)c->n_kv_head * c->head_dim;
+    size_t d = c->d_model, qd = (size_t)c->n_head * c->head_dim,
+           kvd = (size_t)c->n_kv_head * c->head_dim;
     if (!(p->wq[j] = extra(m, ATTN "q_proj_swiftkv.weight", j, qd, d, 1, err, errlen))) return -1;
     p->bq[j] = extra(m, ATTN "q_proj_swiftkv.bias", j, 0, qd, 0, err, errlen);
     if ((j - p->l) % p->G) return 0;
@@ -101,8 +114,8 @@ static int plan_checkpoint_layer(swiftkv_plan *p, int j, const bk_weight *norm, 
 }
 
 static int plan_checkpoint(swiftkv_plan *p, char *err, size_t errlen) {
-    const bk_weight *norm = extra(p->m, "model.norm_swiftkv.weight", 0, 0, p->m->cfg.d_model, 1,
-                                  err, errlen);
+    const bk_weight *norm =
+        extra(p->m, "model.norm_swiftkv.weight", 0, 0, p->m->cfg.d_model, 1, err, errlen);
     if (!norm) return -1;
     p->terms_per_group = 1;
     for (int j = p->l; j < p->L; j++)
@@ -129,7 +142,7 @@ static int plan_training_free(swiftkv_plan *p, int fold) {
     const model *m = p->m;
     int d = m->cfg.d_model;
     p->terms_per_group = p->G;
-    if (p->l == p->L) return 0;   // no SwiftKV layers
+    if (p->l == p->L) return 0; // no SwiftKV layers
     const bk_weight *gamma_l = m->layers[p->l].attn_norm, *shared = NULL;
     if (!fold) shared = own(p, fwd_vector_sum(p->m, &gamma_l, 1, d, 1.0f / p->G));
     for (int j = p->l; j < p->L; j++) {
@@ -151,7 +164,8 @@ static int plan_training_free(swiftkv_plan *p, int fold) {
 static void plan_free(void *ctx) {
     swiftkv_plan *p = ctx;
     if (!p) return;
-    for (int i = 0; i < p->n_owned; i++) fwd_weight_free(p->m, p->owned[i]);
+    for (int i = 0; i < p->n_owned; i++)
+        fwd_weight_free(p->m, p->owned[i]);
     free(p->owned);
     free(p->terms);
     free(p->wq);
@@ -187,7 +201,8 @@ static int swiftkv_after_layer(void *ctx, fwd_state *s, int l) {
     if (l != p->l - 1 || p->l == p->L) return 0;
     int n_groups = (p->L - p->l) / p->G;
     for (int g = 0; g < n_groups; g++)
-        fwd_kv_from_stream(s, p->l + g * p->G, &p->terms[g * p->terms_per_group], p->terms_per_group);
+        fwd_kv_from_stream(s, p->l + g * p->G, &p->terms[g * p->terms_per_group],
+                           p->terms_per_group);
     if (s->n > 1) {
         int last = s->n - 1;
         fwd_keep_rows(s, &last, 1);
@@ -212,8 +227,9 @@ static kv_cache *swiftkv_prefill(model *m, const int *ids, int n, int n_gen, con
     if (!p) return NULL;
     int *caps = xmalloc((size_t)p->L * sizeof(int));
     for (int j = 0; j < p->L; j++)
-        caps[j] = j < p->l || (j - p->l) % p->G == 0 ? n + n_gen : 0;   // non-leaders: none
-    fwd_hooks hooks = {.ctx = p, .after_layer = swiftkv_after_layer, .kv_source = swiftkv_kv_source};
+        caps[j] = j < p->l || (j - p->l) % p->G == 0 ? n + n_gen : 0; // non-leaders: none
+    fwd_hooks hooks = {
+        .ctx = p, .after_layer = swiftkv_after_layer, .kv_source = swiftkv_kv_source};
     kv_cache *kv = prefill_run(m, ids, n, n_gen, caps, &hooks, logits, info, err, errlen);
     free(caps);
     if (!kv) {
@@ -223,8 +239,10 @@ static kv_cache *swiftkv_prefill(model *m, const int *ids, int n, int n_gen, con
     info->decode = hooks;
     info->decode_free = plan_free;
     if (!is_checkpoint(m))
-        snprintf(info->note, sizeof info->note, "training-free init (l = %d, G = %d), experimental: "
-                 "no distilled checkpoint, fidelity in bench/EVAL.md", p->l, p->G);
+        snprintf(info->note, sizeof info->note,
+                 "training-free init (l = %d, G = %d), experimental: "
+                 "no distilled checkpoint, fidelity in bench/EVAL.md",
+                 p->l, p->G);
     return kv;
 }
 
@@ -238,8 +256,10 @@ static int swiftkv_check(const model *m, const strategy_opts *o, char *err, size
         return 0;
     }
     if (missing >= 0 && missing < l)
-        return err_printf(err, errlen, "layer %d < num_key_value_layers %d has no q/k/v "
-                          "projections", missing, l);
+        return err_printf(err, errlen,
+                          "layer %d < num_key_value_layers %d has no q/k/v "
+                          "projections",
+                          missing, l);
     // The checkpoint's own tensors, checked once before any prompt runs.
     swiftkv_plan *p = plan_new((model *)m, o, err, errlen);
     int ok = p != NULL;

@@ -14,20 +14,21 @@
 #include "../weights/hf.h"
 #include "tok.h"
 
-#define MAX_ID 0x1000000   // ids at or above this are refused as absurd
+#define MAX_ID 0x1000000 // ids at or above this are refused as absurd
 
 typedef struct {
     const char *dir;
-    json_t *tokj, *cfg, *gen;   // tokenizer.json, tokenizer_config.json, generation_config.json
+    json_t *tokj, *cfg, *gen; // tokenizer.json, tokenizer_config.json, generation_config.json
     tok_source src;
     tok_str *texts;
     uint8_t *types;
     tok_str *merges;
-    char **merge_bufs;          // merges given as [a, b] pairs, joined "a b"
+    char **merge_bufs; // merges given as [a, b] pairs, joined "a b"
     int *eog;
 } hf_tok;
 
-static json_t *load_json(const char *dir, const char *name, int required, char *err, size_t errlen) {
+static json_t *load_json(const char *dir, const char *name, int required, char *err,
+                         size_t errlen) {
     size_t len;
     char *text = hf_read_file(dir, name, required, &len, err, errlen);
     if (!text) return NULL;
@@ -64,8 +65,8 @@ static int read_vocab(hf_tok *h, char *err, size_t errlen) {
     size_t i;
     json_array_foreach(added, i, v) {
         json_t *id = json_object_get(v, "id");
-        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= MAX_ID ||
-            !json_is_string(json_object_get(v, "content")))
+        if (!json_is_integer(id) || json_integer_value(id) < 0 ||
+            json_integer_value(id) >= MAX_ID || !json_is_string(json_object_get(v, "content")))
             return bad(h, err, errlen, "an added token lacks an id in [0, 2^24) or its content");
         if (json_integer_value(id) >= n) n = (long)json_integer_value(id) + 1;
     }
@@ -105,7 +106,8 @@ static int read_merges(hf_tok *h, char *err, size_t errlen) {
             continue;
         }
         json_t *a = json_array_get(m, 0), *b = json_array_get(m, 1);
-        if (!json_is_array(m) || json_array_size(m) != 2 || !json_is_string(a) || !json_is_string(b))
+        if (!json_is_array(m) || json_array_size(m) != 2 || !json_is_string(a) ||
+            !json_is_string(b))
             return bad(h, err, errlen, "a merge is neither \"a b\" nor [\"a\", \"b\"]");
         size_t la = json_string_length(a), lb = json_string_length(b);
         char *s = h->merge_bufs[i] = xmalloc(la + lb + 2);
@@ -129,8 +131,10 @@ static int pre_stage(const hf_tok *h, const json_t *p, const char **re, int *n, 
     if (strcmp(type, "Split") == 0) {
         const char *rx = json_string_value(json_object_get(json_object_get(p, "pattern"), "Regex"));
         const char *beh = json_string_value(json_object_get(p, "behavior"));
-        if (!rx || !beh || strcmp(beh, "Isolated") != 0 || json_is_true(json_object_get(p, "invert")))
-            return bad(h, err, errlen, "only Split pre_tokenizers with a Regex pattern, behavior "
+        if (!rx || !beh || strcmp(beh, "Isolated") != 0 ||
+            json_is_true(json_object_get(p, "invert")))
+            return bad(h, err, errlen,
+                       "only Split pre_tokenizers with a Regex pattern, behavior "
                        "Isolated and no invert are supported");
         re[(*n)++] = rx;
     } else if (strcmp(type, "Digits") == 0) {
@@ -138,23 +142,28 @@ static int pre_stage(const hf_tok *h, const json_t *p, const char **re, int *n, 
     } else if (strcmp(type, "ByteLevel") == 0) {
         if (json_is_true(json_object_get(p, "add_prefix_space")))
             return bad(h, err, errlen, "ByteLevel with add_prefix_space is not supported");
-        if (!json_is_false(json_object_get(p, "use_regex"))) re[(*n)++] = tok_pre_byte_level_regex();
+        if (!json_is_false(json_object_get(p, "use_regex")))
+            re[(*n)++] = tok_pre_byte_level_regex();
         *byte_level = 1;
     } else {
-        snprintf(what, sizeof what, "pre_tokenizer type '%.40s' is not supported (Sequence, Split, "
-                 "Digits, ByteLevel)", type);
+        snprintf(what, sizeof what,
+                 "pre_tokenizer type '%.40s' is not supported (Sequence, Split, "
+                 "Digits, ByteLevel)",
+                 type);
         return bad(h, err, errlen, what);
     }
     return 0;
 }
 
 static int read_pre(hf_tok *h, char *err, size_t errlen) {
-    json_t *model = json_object_get(h->tokj, "model"), *pre = json_object_get(h->tokj, "pre_tokenizer");
+    json_t *model = json_object_get(h->tokj, "model"),
+           *pre = json_object_get(h->tokj, "pre_tokenizer");
     json_t *norm = json_object_get(h->tokj, "normalizer");
     const char *mtype = json_string_value(json_object_get(model, "type"));
     if (mtype && strcmp(mtype, "BPE") != 0) return bad(h, err, errlen, "model.type is not BPE");
     if (json_is_true(json_object_get(model, "byte_fallback")))
-        return bad(h, err, errlen, "byte_fallback BPE (sentencepiece style) is not supported; "
+        return bad(h, err, errlen,
+                   "byte_fallback BPE (sentencepiece style) is not supported; "
                    "byte-level BPE is");
     const char *ntype = json_string_value(json_object_get(norm, "type"));
     if (norm && !json_is_null(norm) && (!ntype || strcmp(ntype, "NFC") != 0))
@@ -165,14 +174,15 @@ static int read_pre(hf_tok *h, char *err, size_t errlen) {
     if (ptype && strcmp(ptype, "Sequence") == 0) {
         size_t i;
         json_t *p;
-        json_array_foreach(json_object_get(pre, "pretokenizers"), i, p)
-            if (!rc) rc = pre_stage(h, p, re, &n, &byte_level, err, errlen);
+        json_array_foreach(json_object_get(pre, "pretokenizers"), i, p) if (!rc) rc =
+            pre_stage(h, p, re, &n, &byte_level, err, errlen);
     } else if (ptype) {
         rc = pre_stage(h, pre, re, &n, &byte_level, err, errlen);
     }
     if (rc) return -1;
     if (!byte_level || n == 0)
-        return bad(h, err, errlen, "no ByteLevel pre_tokenizer with a splitting regex: not a "
+        return bad(h, err, errlen,
+                   "no ByteLevel pre_tokenizer with a splitting regex: not a "
                    "byte-level BPE tokenizer");
     h->src.pre = tok_pre_from_regex(re, n, json_is_true(json_object_get(model, "ignore_merges")),
                                     err, errlen);
@@ -210,7 +220,8 @@ static int template_bos(const hf_tok *h, const json_t *pp) {
     }
     if (!type || strcmp(type, "TemplateProcessing") != 0) return -1;
     json_t *first = json_array_get(json_object_get(pp, "single"), 0);
-    return id_of(h, json_string_value(json_object_get(json_object_get(first, "SpecialToken"), "id")));
+    return id_of(h,
+                 json_string_value(json_object_get(json_object_get(first, "SpecialToken"), "id")));
 }
 
 static void read_specials(hf_tok *h) {
@@ -234,7 +245,7 @@ static void read_specials(hf_tok *h) {
     }
     h->src.eog = h->eog;
     json_t *tmpl = json_object_get(h->cfg, "chat_template");
-    if (json_is_array(tmpl)) {   // [{"name": "default", "template": ...}, ...]
+    if (json_is_array(tmpl)) { // [{"name": "default", "template": ...}, ...]
         size_t k;
         json_t *e, *pick = NULL;
         json_array_foreach(tmpl, k, e) {
@@ -252,7 +263,8 @@ static void hf_tok_free(hf_tok *h) {
     json_decref(h->gen);
     free(h->texts);
     free(h->types);
-    for (long i = 0; h->merge_bufs && i < h->src.n_merges; i++) free(h->merge_bufs[i]);
+    for (long i = 0; h->merge_bufs && i < h->src.n_merges; i++)
+        free(h->merge_bufs[i]);
     free(h->merge_bufs);
     free(h->merges);
     free(h->eog);

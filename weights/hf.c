@@ -34,8 +34,10 @@ char *hf_read_file(const char *dir, const char *name, int required, size_t *len,
     if (!fp) {
         if (required || errno != ENOENT)
             err_printf(err, errlen, "%s: cannot read: %s", path, strerror(errno));
-    } else if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode) || (size_t)sb.st_size > HF_MAX_JSON) {
-        err_printf(err, errlen, "%s: not a regular file of at most %zu MiB", path, HF_MAX_JSON >> 20);
+    } else if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode) ||
+               (size_t)sb.st_size > HF_MAX_JSON) {
+        err_printf(err, errlen, "%s: not a regular file of at most %zu MiB", path,
+                   HF_MAX_JSON >> 20);
     } else {
         buf = xmalloc((size_t)sb.st_size + 1);
         *len = fread(buf, 1, (size_t)sb.st_size, fp);
@@ -52,7 +54,8 @@ char *hf_read_file(const char *dir, const char *name, int required, size_t *len,
 }
 
 // Parses dir/name as a JSON object. NULL + err (absent and !required: NULL, err empty).
-static json_t *read_json(const char *dir, const char *name, int required, char *err, size_t errlen) {
+static json_t *read_json(const char *dir, const char *name, int required, char *err,
+                         size_t errlen) {
     size_t len;
     char *text = hf_read_file(dir, name, required, &len, err, errlen);
     if (!text) return NULL;
@@ -72,8 +75,10 @@ static int add_shard(hf_dir *h, const char *file, char *err, size_t errlen) {
     for (int i = 0; i < h->n_shards; i++)
         if (strcmp(strrchr(h->shards[i]->path, '/') + 1, file) == 0) return 0;
     if (!*file || strchr(file, '/') || strcmp(file, "..") == 0 || strcmp(file, ".") == 0)
-        return err_printf(err, errlen, "%s/model.safetensors.index.json names shard '%s', which "
-                          "is not a file name in the directory", h->path, file);
+        return err_printf(err, errlen,
+                          "%s/model.safetensors.index.json names shard '%s', which "
+                          "is not a file name in the directory",
+                          h->path, file);
     char *path = join(h->path, file);
     struct stat sb;
     st_file *f = NULL;
@@ -98,8 +103,10 @@ static int open_index(hf_dir *h, json_t *index, char *err, size_t errlen) {
     json_t *file;
     json_object_foreach(map, name, file) {
         if (!json_is_string(file))
-            return err_printf(err, errlen, "%s/model.safetensors.index.json: weight_map['%s'] is "
-                              "not a file name", h->path, name);
+            return err_printf(err, errlen,
+                              "%s/model.safetensors.index.json: weight_map['%s'] is "
+                              "not a file name",
+                              h->path, name);
         if (add_shard(h, json_string_value(file), err, errlen)) return -1;
         const st_file *sh = NULL;
         for (int i = 0; i < h->n_shards; i++)
@@ -125,8 +132,10 @@ static int open_weights(hf_dir *h, char *err, size_t errlen) {
     int present = stat(single, &sb) == 0;
     free(single);
     if (!present)
-        return err_printf(err, errlen, "%s has neither model.safetensors nor "
-                          "model.safetensors.index.json", h->path);
+        return err_printf(err, errlen,
+                          "%s has neither model.safetensors nor "
+                          "model.safetensors.index.json",
+                          h->path);
     return add_shard(h, "model.safetensors", err, errlen);
 }
 
@@ -135,7 +144,8 @@ hf_dir *hf_open(const char *path, char *err, size_t errlen) {
     h->path = strdup(path);
     CHECK_INTERNAL(h->path, "out of memory");
     size_t n = strlen(h->path);
-    while (n > 1 && h->path[n - 1] == '/') h->path[--n] = 0;
+    while (n > 1 && h->path[n - 1] == '/')
+        h->path[--n] = 0;
     h->config = read_json(h->path, "config.json", 1, err, errlen);
     if (!h->config || open_weights(h, err, errlen) != 0) {
         hf_close(h);
@@ -146,7 +156,8 @@ hf_dir *hf_open(const char *path, char *err, size_t errlen) {
 
 void hf_close(hf_dir *h) {
     if (!h) return;
-    for (int i = 0; i < h->n_shards; i++) st_close(h->shards[i]);
+    for (int i = 0; i < h->n_shards; i++)
+        st_close(h->shards[i]);
     free(h->shards);
     json_decref(h->config);
     free(h->path);
@@ -212,7 +223,9 @@ const char *hf_cfg_arch(const hf_dir *h) {
 }
 
 const char *hf_arch_family(const hf_dir *h) {
-    static const struct { const char *arch, *family; } KNOWN[] = {
+    static const struct {
+        const char *arch, *family;
+    } KNOWN[] = {
         {"LlamaForCausalLM", "llama"},
         {"LlamaSwiftKVForCausalLM", "llama"},
         {"Qwen2ForCausalLM", "qwen2"},

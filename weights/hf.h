@@ -9,8 +9,8 @@
 #include "safetensors.h"
 
 typedef struct hf_dir {
-    char *path;             // the directory
-    void *config;           // json_t * of config.json
+    char *path;   // the directory
+    void *config; // json_t * of config.json
     st_file **shards;
     int n_shards;
 } hf_dir;
@@ -21,7 +21,7 @@ int hf_is_dir(const char *path);
 // malformed safetensors, an index entry whose tensor is not in its shard).
 hf_dir *hf_open(const char *path, char *err, size_t errlen);
 void hf_close(hf_dir *h);
-const st_tensor *hf_find_tensor(const hf_dir *h, const char *name);   // NULL if absent
+const st_tensor *hf_find_tensor(const hf_dir *h, const char *name); // NULL if absent
 
 // config.json look-ups by key; a dotted key ("rope_scaling.factor") goes into objects.
 // 0 on success; 1 if absent or null (out untouched); -1 if present with another type.

@@ -23,11 +23,14 @@
 
 typedef unsigned long long ull;
 
-static const struct { const char *name; uint32_t bytes, ggml; } DTYPES[] = {
-    {"F32", 4, GGML_F32},          {"F16", 2, GGML_F16},          {"BF16", 2, GGML_BF16},
-    {"F64", 8, UINT32_MAX},        {"I64", 8, UINT32_MAX},        {"I32", 4, UINT32_MAX},
-    {"I16", 2, UINT32_MAX},        {"I8", 1, UINT32_MAX},         {"U8", 1, UINT32_MAX},
-    {"BOOL", 1, UINT32_MAX},       {"F8_E4M3", 1, UINT32_MAX},    {"F8_E5M2", 1, UINT32_MAX},
+static const struct {
+    const char *name;
+    uint32_t bytes, ggml;
+} DTYPES[] = {
+    {"F32", 4, GGML_F32},    {"F16", 2, GGML_F16},       {"BF16", 2, GGML_BF16},
+    {"F64", 8, UINT32_MAX},  {"I64", 8, UINT32_MAX},     {"I32", 4, UINT32_MAX},
+    {"I16", 2, UINT32_MAX},  {"I8", 1, UINT32_MAX},      {"U8", 1, UINT32_MAX},
+    {"BOOL", 1, UINT32_MAX}, {"F8_E4M3", 1, UINT32_MAX}, {"F8_E5M2", 1, UINT32_MAX},
 };
 
 static int fail(char *err, size_t errlen, const char *path, const char *fmt, ...)
@@ -58,8 +61,8 @@ static int parse_tensor(st_file *f, st_tensor *t, const char *name, const json_t
     CHECK_INTERNAL(t->name, "out of memory");
     const json_t *dt = json_object_get(e, "dtype"), *shape = json_object_get(e, "shape"),
                  *offs = json_object_get(e, "data_offsets");
-    if (!json_is_object(e) || !json_is_string(dt) || !json_is_array(shape) || !json_is_array(offs) ||
-        json_array_size(offs) != 2)
+    if (!json_is_object(e) || !json_is_string(dt) || !json_is_array(shape) ||
+        !json_is_array(offs) || json_array_size(offs) != 2)
         return fail(err, errlen, p, "tensor '%s' needs dtype, shape and data_offsets [begin, end]",
                     name);
     uint32_t esize = 0;
@@ -69,8 +72,9 @@ static int parse_tensor(st_file *f, st_tensor *t, const char *name, const json_t
             t->ggml_type = DTYPES[i].ggml;
             snprintf(t->dtype, sizeof t->dtype, "%s", DTYPES[i].name);
         }
-    if (!esize) return fail(err, errlen, p, "tensor '%s' has unknown dtype '%.20s'", name,
-                            json_string_value(dt));
+    if (!esize)
+        return fail(err, errlen, p, "tensor '%s' has unknown dtype '%.20s'", name,
+                    json_string_value(dt));
     if (json_array_size(shape) > ST_MAX_DIMS)
         return fail(err, errlen, p, "tensor '%s' has %zu dimensions (at most %d)", name,
                     json_array_size(shape), ST_MAX_DIMS);
@@ -81,15 +85,20 @@ static int parse_tensor(st_file *f, st_tensor *t, const char *name, const json_t
             __builtin_mul_overflow(n, t->shape[d], &n))
             return fail(err, errlen, p, "tensor '%s' has a bad or overflowing shape", name);
     uint64_t beg, end;
-    if (json_u64(json_array_get(offs, 0), &beg) || json_u64(json_array_get(offs, 1), &end) || beg > end)
+    if (json_u64(json_array_get(offs, 0), &beg) || json_u64(json_array_get(offs, 1), &end) ||
+        beg > end)
         return fail(err, errlen, p, "tensor '%s' has bad data_offsets", name);
     if (end > data_size)
-        return fail(err, errlen, p, "tensor '%s' data [%llu, %llu) is past the end of the data "
-                    "(%llu bytes; truncated file?)", name, (ull)beg, (ull)end, (ull)data_size);
+        return fail(err, errlen, p,
+                    "tensor '%s' data [%llu, %llu) is past the end of the data "
+                    "(%llu bytes; truncated file?)",
+                    name, (ull)beg, (ull)end, (ull)data_size);
     uint64_t bytes;
     if (__builtin_mul_overflow(n, (uint64_t)esize, &bytes) || bytes != end - beg)
-        return fail(err, errlen, p, "tensor '%s': %s of %llu elements does not fit its %llu data "
-                    "bytes", name, t->dtype, (ull)n, (ull)(end - beg));
+        return fail(err, errlen, p,
+                    "tensor '%s': %s of %llu elements does not fit its %llu data "
+                    "bytes",
+                    name, t->dtype, (ull)n, (ull)(end - beg));
     t->n_elems = n;
     t->nbytes = bytes;
     t->data = data + beg;
@@ -98,11 +107,14 @@ static int parse_tensor(st_file *f, st_tensor *t, const char *name, const json_t
 
 static int parse_header(st_file *f, char *err, size_t errlen) {
     uint64_t hlen;
-    if (f->size < 8) return fail(err, errlen, f->path, "truncated (%zu bytes, no header length)", f->size);
+    if (f->size < 8)
+        return fail(err, errlen, f->path, "truncated (%zu bytes, no header length)", f->size);
     memcpy(&hlen, f->map, 8);
     if (hlen > f->size - 8 || hlen > ST_MAX_HEADER)
-        return fail(err, errlen, f->path, "header length %llu does not fit the file of %zu bytes "
-                    "(truncated or not safetensors)", (ull)hlen, f->size);
+        return fail(err, errlen, f->path,
+                    "header length %llu does not fit the file of %zu bytes "
+                    "(truncated or not safetensors)",
+                    (ull)hlen, f->size);
     json_error_t je;
     json_t *root = json_loadb((const char *)f->map + 8, hlen, JSON_REJECT_DUPLICATES, &je);
     if (!json_is_object(root)) {
@@ -158,14 +170,17 @@ st_file *st_open(const char *path, char *err, size_t errlen) {
         return NULL;
     }
     st_file *f = st_open_mem(map, (size_t)sb.st_size, path, err, errlen);
-    if (!f) munmap(map, (size_t)sb.st_size);
-    else f->mapped = 1;
+    if (!f)
+        munmap(map, (size_t)sb.st_size);
+    else
+        f->mapped = 1;
     return f;
 }
 
 void st_close(st_file *f) {
     if (!f) return;
-    for (size_t i = 0; i < f->n_tensors; i++) free(f->tensors[i].name);
+    for (size_t i = 0; i < f->n_tensors; i++)
+        free(f->tensors[i].name);
     free(f->tensors);
     if (f->mapped) munmap((void *)f->map, f->size);
     free(f->path);

@@ -11,13 +11,13 @@
 #define ST_MAX_DIMS 8
 
 typedef struct {
-    char *name;                 // NUL-terminated copy
-    char dtype[12];             // as written: "F32", "F16", "BF16", "I64", ...
-    uint32_t ggml_type;         // enum ggml_type for F32/F16/BF16, UINT32_MAX for other dtypes
+    char *name;         // NUL-terminated copy
+    char dtype[12];     // as written: "F32", "F16", "BF16", "I64", ...
+    uint32_t ggml_type; // enum ggml_type for F32/F16/BF16, UINT32_MAX for other dtypes
     int n_dims;
-    uint64_t shape[ST_MAX_DIMS];  // row-major (shape[n_dims-1] is contiguous)
+    uint64_t shape[ST_MAX_DIMS]; // row-major (shape[n_dims-1] is contiguous)
     uint64_t n_elems, nbytes;
-    const void *data;           // into the mapping
+    const void *data; // into the mapping
 } st_tensor;
 
 typedef struct st_file {
@@ -26,7 +26,7 @@ typedef struct st_file {
     size_t n_tensors;
     const uint8_t *map;
     size_t size;
-    int mapped;                 // 1: map is an mmap of the file (unmapped by st_close)
+    int mapped; // 1: map is an mmap of the file (unmapped by st_close)
 } st_file;
 
 // Open and validate. NULL + one-line "PATH: reason" in err on failure.
@@ -34,4 +34,4 @@ st_file *st_open(const char *path, char *err, size_t errlen);
 // The same checks on bytes in memory (not copied; must outlive the result). For tests/fuzzing.
 st_file *st_open_mem(const void *data, size_t size, const char *name, char *err, size_t errlen);
 void st_close(st_file *f);
-const st_tensor *st_find(const st_file *f, const char *name);   // NULL if absent
+const st_tensor *st_find(const st_file *f, const char *name); // NULL if absent
