@@ -3,13 +3,15 @@
 Small random Llama models are written here as Hugging Face directories (numpy + safetensors):
   * llama_swiftkv checkpoints with random *_swiftkv weights (not copies of the originals), with
     and without the original upper q/k/v projections, AcrossKV groups of 1 and 2;
-  * a plain Llama for the training-free init (both norm variants, groups of 1 and 2).
+  * a plain Llama for the training-free init (both norm variants, groups of 1, 2 and 3), and a
+    Qwen2 (q/k/v biases: a group's bias is the mean of its layers').
 The reference runs every token (prompt, then generated) by the spec's decode rule — layers < l
 normally, the group K/V from RMSNorm(x_l; norm_swiftkv), layers >= l with Q' over the group's
 cache — which is exactly what the spec's prefill computes for the last prompt token.
 Checked: sift's first-token logits (<= 1e-4 of the largest, relative) and every greedily chosen
 token (the reference, fed sift's tokens, must rank it within 1e-3 of its best logit). Plus:
-swiftkv with l = L equals full on the default model; bad configurations fail with one line.
+swiftkv with l = L equals full on the default model; measured KV bytes and prefill rows equal
+the spec's formulas; bad configurations fail with one line.
 """
 import json
 import os
@@ -36,8 +38,9 @@ N_GREEDY = 6
 
 # ---- writing small models --------------------------------------------------------------------
 
-def random_weights(rng, swiftkv=None, upper_qkv=True):
-    """HF-named float32 tensors. swiftkv = (l, G): add the checkpoint's extra tensors."""
+def random_weights(rng, swiftkv=None, upper_qkv=True, bias=False):
+    """HF-named float32 tensors. swiftkv = (l, G): add the checkpoint's extra tensors; bias: q/k/v
+    biases (Qwen2)."""
     def mat(o, i):
         return (rng.standard_normal((o, i)) / np.sqrt(i)).astype(np.float32)
 
@@ -54,6 +57,9 @@ def random_weights(rng, swiftkv=None, upper_qkv=True):
             w.update({p + "self_attn.q_proj.weight": mat(H * HD, D),
                       p + "self_attn.k_proj.weight": mat(HKV * HD, D),
                       p + "self_attn.v_proj.weight": mat(HKV * HD, D)})
+            if bias:
+                for t, n in (("q", H), ("k", HKV), ("v", HKV)):
+                    w[p + f"self_attn.{t}_proj.bias"] = (0.5 * rng.standard_normal(n * HD)).astype(np.float32)
     if swiftkv is not None:
         l, G = swiftkv
         w["model.norm_swiftkv.weight"] = gamma()
@@ -66,9 +72,9 @@ def random_weights(rng, swiftkv=None, upper_qkv=True):
     return w
 
 
-def write_model(path, weights, swiftkv=None):
+def write_model(path, weights, swiftkv=None, arch="LlamaForCausalLM"):
     path.mkdir(parents=True)
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": D,
+    cfg = {"architectures": [arch], "model_type": "llama", "hidden_size": D,
            "intermediate_size": FF, "num_hidden_layers": L, "num_attention_heads": H,
            "num_key_value_heads": HKV, "rms_norm_eps": EPS, "rope_theta": THETA,
            "vocab_size": VOCAB, "tie_word_embeddings": False, "hidden_act": "silu",
@@ -139,6 +145,12 @@ class Reference:
         self.l, self.G, self.q_upper, self.kv_upper = l, G, q_upper, kv_upper
         self.cache = {j: ([], []) for j in range(L)}
 
+    def bias(self, j, t):
+        return self.w.get(f"model.layers.{j}.self_attn.{t}_proj.bias", 0.0)
+
+    def proj(self, j, t, a):
+        return self.w[f"model.layers.{j}.self_attn.{t}_proj.weight"] @ a + self.bias(j, t)
+
     def step(self, tok, pos):
         w, x = self.w, self.w["model.embed_tokens.weight"][tok].copy()
         for j in range(L):
@@ -150,12 +162,12 @@ class Reference:
                     self.cache[lead][1].append(v.reshape(HKV, HD))
             a = rmsnorm(x, w[p + "input_layernorm.weight"])
             if j < self.l:
-                q = w[p + "self_attn.q_proj.weight"] @ a
-                self.cache[j][0].append(rope((w[p + "self_attn.k_proj.weight"] @ a).reshape(HKV, HD), pos))
-                self.cache[j][1].append((w[p + "self_attn.v_proj.weight"] @ a).reshape(HKV, HD))
+                q = self.proj(j, "q", a)
+                self.cache[j][0].append(rope(self.proj(j, "k", a).reshape(HKV, HD), pos))
+                self.cache[j][1].append(self.proj(j, "v", a).reshape(HKV, HD))
                 ks, vs = self.cache[j]
             else:
-                q = self.q_upper(j) @ a
+                q = self.q_upper(j) @ a + self.bias(j, "q")
                 ks, vs = self.cache[j - (j - self.l) % self.G]
             att = attend(rope(q.reshape(H, HD), pos), ks, vs)
             x = x + w[p + "self_attn.o_proj.weight"] @ att.reshape(-1)
@@ -176,19 +188,23 @@ def checkpoint_reference(w, l, G):
 
 
 def training_free_reference(w, l, G, own_norm):
-    """Q' = Q; K'/V' of a group = mean of its layers' K/V weights; norm = layer l's input norm,
-    or (own_norm) each layer's own input norm applied before its K/V weights (gamma folded)."""
+    """Q' = Q; K'/V' of a group = mean of its layers' K/V weights (and biases); norm = layer l's
+    input norm, or (own_norm) each layer's own input norm applied before its K/V weights (gamma
+    folded)."""
     W = {k: v.astype(np.float64) for k, v in w.items()}
     p = "model.layers.{}."
 
     def kv(lead, x):
-        ks, vs = [], []
+        ks, vs, kb, vb = [], [], [], []
         for j in range(lead, lead + G):
             g = W[p.format(j if own_norm else l) + "input_layernorm.weight"]
             ks.append(W[p.format(j) + "self_attn.k_proj.weight"] * g[None, :])
             vs.append(W[p.format(j) + "self_attn.v_proj.weight"] * g[None, :])
+            kb.append(W.get(p.format(j) + "self_attn.k_proj.bias", 0.0))
+            vb.append(W.get(p.format(j) + "self_attn.v_proj.bias", 0.0))
         xn = x / np.sqrt((x * x).mean() + EPS)
-        return np.mean(ks, axis=0) @ xn, np.mean(vs, axis=0) @ xn
+        return (np.mean(ks, axis=0) @ xn + np.mean(kb, axis=0),
+                np.mean(vs, axis=0) @ xn + np.mean(vb, axis=0))
     return Reference(w, l, G, lambda j: W[p.format(j) + "self_attn.q_proj.weight"], kv)
 
 
@@ -232,6 +248,15 @@ def test_training_free_matches_reference(tmp_path, l, G, own):
     sets = [f"swiftkv_layers={l}", f"swiftkv_group={G}", f"swiftkv_fold={own}"]
     logits, greedy = sift(d, tmp_path, sets)
     check_against(training_free_reference(w, l, G, own), logits, greedy)
+
+
+@pytest.mark.parametrize("own", [0, 1])
+def test_training_free_qwen2_biases(tmp_path, own):
+    """Qwen2 (q/k/v biases): a group's K/V bias is the mean of its layers' biases."""
+    w = random_weights(np.random.default_rng(11 + own), bias=True)
+    d = write_model(tmp_path / "qwen", w, arch="Qwen2ForCausalLM")
+    logits, greedy = sift(d, tmp_path, ["swiftkv_layers=2", "swiftkv_group=2", f"swiftkv_fold={own}"])
+    check_against(training_free_reference(w, 2, 2, own), logits, greedy)
 
 
 def test_all_layers_is_full(tmp_path):
