@@ -67,5 +67,10 @@ void model_free(model *m);
 model *model_load_hf(const struct hf_dir *h, backend *bk, char *err, size_t errlen);
 // The extra tensor `name` (NULL if absent).
 const model_extra *model_find_extra(const model *m, const char *name);
+// An HF model's config.json value at key (dotted keys go into objects): the string, or NULL
+// (absent, not a string, or a GGUF model); the integer: 0, 1 if absent (or GGUF), -1 if not
+// an integer.
+const char *model_config_str(const model *m, const char *key);
+int model_config_int(const model *m, const char *key, long long *out);
 // -1 if every layer has its q/k/v projections, else the first layer without them.
 int model_qkv_missing_from(const model *m);

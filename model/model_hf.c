@@ -266,6 +266,14 @@ const model_extra *model_find_extra(const model *m, const char *name) {
     return NULL;
 }
 
+const char *model_config_str(const model *m, const char *key) {
+    return m->hf ? hf_cfg_str(m->hf, key) : NULL;
+}
+
+int model_config_int(const model *m, const char *key, long long *out) {
+    return m->hf ? hf_cfg_int(m->hf, key, out) : 1;
+}
+
 int model_qkv_missing_from(const model *m) {
     for (int l = 0; l < m->cfg.n_layer; l++)
         if (!m->layers[l].wq) return l;

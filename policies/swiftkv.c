@@ -16,7 +16,6 @@
 #include <string.h>
 
 #include "../util/check.h"
-#include "../weights/hf.h"
 #include "policy.h"
 
 #define CHECKPOINT_TYPE "llama_swiftkv"
@@ -32,7 +31,7 @@ typedef struct {
 } swiftkv_plan;
 
 static int is_checkpoint(const model *m) {
-    const char *type = m->hf ? hf_cfg_str(m->hf, "model_type") : NULL;
+    const char *type = model_config_str(m, "model_type");
     return type && strcmp(type, CHECKPOINT_TYPE) == 0;
 }
 
@@ -45,8 +44,8 @@ static int swiftkv_shape(const model *m, const strategy_opts *o, int *l, int *G,
     *G = o->swiftkv_group ? o->swiftkv_group : 1;
     if (is_checkpoint(m)) {
         long long cl = 0, cg = 1;
-        if (hf_cfg_int(m->hf, "num_key_value_layers", &cl) != 0 ||
-            hf_cfg_int(m->hf, "key_value_group_size", &cg) < 0)
+        if (model_config_int(m, "num_key_value_layers", &cl) != 0 ||
+            model_config_int(m, "key_value_group_size", &cg) < 0)
             return err_printf(err, errlen,
                               CHECKPOINT_TYPE " config.json needs integer "
                                               "num_key_value_layers (and key_value_group_size)");
