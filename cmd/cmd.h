@@ -40,6 +40,7 @@ const char *cli_base_name(const char *path);
 typedef struct loaded {
     char *path;
     gguf_file *f, *df;
+    struct hf_dir *hf;      // when path is a Hugging Face directory (f is then NULL)
     tok *t, *dt;
     backend *bk;
     model *m, *draft;

@@ -7,12 +7,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-10}
 out=build/fuzz
-mkdir -p "$out"/seed_gguf "$out"/seed_tok "$out"/seed_cli "$out"/corpus_gguf "$out"/corpus_tok "$out"/corpus_cli
+mkdir -p "$out"/seed_gguf "$out"/seed_tok "$out"/seed_cli "$out"/corpus_gguf "$out"/corpus_tok \
+    "$out"/corpus_cli "$out"/seed_safetensors "$out"/corpus_safetensors
 .venv/bin/python - <<'PY'
 import json, sys
 sys.path.insert(0, "tests")
 import tiny_gguf
 tiny_gguf.write("build/fuzz/seed_gguf/tiny.gguf", n_layer=1, d=32, n_head=2, n_kv=1, ff=32)
+import numpy as np
+from safetensors.numpy import save_file
+save_file({"a": np.ones((2, 3), np.float32), "b": np.zeros(4, np.float16)},
+          "build/fuzz/seed_safetensors/tiny.safetensors", metadata={"format": "pt"})
 for i, line in enumerate(open("tests/data/tok_strings.jsonl")):
     if i % 10 == 0:
         open(f"build/fuzz/seed_tok/{i}.txt", "w").write(json.loads(line)["text"])
@@ -27,7 +32,7 @@ for i, args in enumerate([
     open(f"build/fuzz/seed_cli/{i}.args", "wb").write("\0".join(args).encode())
 PY
 export SIFT_FUZZ_MODEL="$(realpath "${SIFT_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}")"
-for target in gguf tok cli; do
+for target in gguf tok safetensors cli; do
     log="$out/fuzz_$target.log"
     # the CLI target: a usage error's allocations are left behind on purpose (the process would
     # exit), and the help and error text it prints is muted

@@ -39,14 +39,19 @@ static int layer_forward(fwd_state *st, scratch *s, int l, const fwd_hooks *hook
     int n = st->n, d = c->d_model, hd = c->head_dim;
     int qd = c->n_head * hd, kvd = c->n_kv_head * hd;
 
+    const bk_weight *wq = w->wq, *bq = w->bq;
+    int src = l, fed = hooks && hooks->kv_source && hooks->kv_source(hooks->ctx, l, &src, &wq, &bq);
+    CHECK_INTERNAL(wq && (fed || w->wk), "layer %d has no q/k/v projections", l);
     bk->rmsnorm(bk, s->xb, st->x, w->attn_norm, n, d, c->rms_eps);
-    bk->matmul(bk, s->q, s->xb, w->wq, w->bq, n, d, qd);   // q (n, qd)
-    bk->matmul(bk, s->k, s->xb, w->wk, w->bk, n, d, kvd);  // k (n, kvd)
-    bk->matmul(bk, s->v, s->xb, w->wv, w->bv, n, d, kvd);  // v (n, kvd)
+    bk->matmul(bk, s->q, s->xb, wq, bq, n, d, qd);   // q (n, qd)
     bk->rope(bk, s->q, st->pos, n, c->n_head, hd, c->inv_freq, c->rope);
-    bk->rope(bk, s->k, st->pos, n, c->n_kv_head, hd, c->inv_freq, c->rope);
-    kv_layer *L = &st->kv->layers[l];
-    bk->kv_append(bk, L, s->k, s->v, st->pos, n);
+    if (!fed) {
+        bk->matmul(bk, s->k, s->xb, w->wk, w->bk, n, d, kvd);  // k (n, kvd)
+        bk->matmul(bk, s->v, s->xb, w->wv, w->bv, n, d, kvd);  // v (n, kvd)
+        bk->rope(bk, s->k, st->pos, n, c->n_kv_head, hd, c->inv_freq, c->rope);
+        bk->kv_append(bk, &st->kv->layers[l], s->k, s->v, st->pos, n);
+    }
+    kv_layer *L = &st->kv->layers[src];
     bk->attention(bk, s->att, s->q, st->pos, n, c->n_head, L);  // att (n, qd)
     if (hooks && hooks->after_attention && hooks->after_attention(hooks->ctx, st, l, s->q) != 0)
         return -1;
@@ -149,6 +154,52 @@ void fwd_kv_keep(fwd_state *s, int l, const int *idx, int k, int new_cap) {
                            "KV keep indices must be ascending and inside [0, %d)", L->len);
     s->m->bk->kv_keep(s->m->bk, L, idx, k, new_cap);
 }
+
+void fwd_kv_from_stream(fwd_state *s, int dst, const fwd_kv_term *terms, int n_terms) {
+    backend *bk = s->m->bk;
+    const model_config *c = &s->m->cfg;
+    int n = s->n, d = c->d_model, kvd = c->n_kv_head * c->head_dim;
+    void *h = bk->alloc(bk, (size_t)n * d), *k = bk->alloc(bk, (size_t)n * kvd),
+         *v = bk->alloc(bk, (size_t)n * kvd), *t = bk->alloc(bk, (size_t)n * kvd);
+    CHECK_INTERNAL(h && k && v && t, "out of memory for K/V of %d rows", n);
+    for (int i = 0; i < n_terms; i++) {
+        const fwd_kv_term *e = &terms[i];
+        bk->rmsnorm(bk, h, s->x, e->norm, n, d, c->rms_eps);
+        bk->matmul(bk, i ? t : k, h, e->wk, e->bk, n, d, kvd);   // k (n, kvd)
+        if (i) bk->add(bk, k, t, (size_t)n * kvd);
+        bk->matmul(bk, i ? t : v, h, e->wv, e->bv, n, d, kvd);   // v (n, kvd)
+        if (i) bk->add(bk, v, t, (size_t)n * kvd);
+    }
+    bk->rope(bk, k, s->pos, n, c->n_kv_head, c->head_dim, c->inv_freq, c->rope);
+    bk->kv_append(bk, &s->kv->layers[dst], k, v, s->pos, n);
+    void *all[] = {h, k, v, t};
+    for (int i = 0; i < 4; i++) bk->free(bk, all[i]);
+}
+
+bk_weight *fwd_vector_sum(model *m, const bk_weight *const *ws, int k, int n, float scale) {
+    backend *bk = m->bk;
+    float *ones = xmalloc((size_t)n * sizeof(float)), *row = xmalloc((size_t)n * sizeof(float));
+    double *sum = xcalloc((size_t)n, sizeof(double));
+    for (int j = 0; j < n; j++) ones[j] = 1.0f;
+    bk_weight *table = bk->weight(bk, ones, 1, (size_t)n);   // takes `ones`
+    void *x = bk->alloc(bk, (size_t)n), *y = bk->alloc(bk, (size_t)n);
+    CHECK_INTERNAL(x && y, "out of memory");
+    int zero = 0;
+    bk->embed(bk, x, table, &zero, 1, n);                     // x (1, n) = ones
+    for (int i = 0; i < k; i++) {
+        bk->rmsnorm(bk, y, x, ws[i], 1, n, 0.0f);             // y = ones / rms(ones) * w = w
+        bk->to_host(bk, row, y, (size_t)n);
+        for (int j = 0; j < n; j++) sum[j] += row[j];
+    }
+    for (int j = 0; j < n; j++) row[j] = (float)(scale * sum[j]);
+    bk->free(bk, x);
+    bk->free(bk, y);
+    bk->weight_free(bk, table);
+    free(sum);
+    return bk->weight(bk, row, 1, (size_t)n);   // takes `row`
+}
+
+void fwd_weight_free(model *m, bk_weight *w) { m->bk->weight_free(m->bk, w); }
 
 static void *kv_mem_alloc(void *ctx, size_t n) {
     backend *bk = ctx;

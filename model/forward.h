@@ -26,6 +26,11 @@ typedef struct fwd_hooks {
     // Returns 0 to go on, FWD_STOP to skip the remaining layers (the logits then come from the
     // final norm + LM head on the alive rows: a shallow "draft" of the model), -1 to abort.
     int (*after_layer)(void *ctx, fwd_state *s, int l);
+    // Asked before layer l's block: return 1 if the layer's K/V come from elsewhere (already in
+    // cache layer *kv_layer, e.g. put there by fwd_kv_from_stream): the layer then computes and
+    // appends no K/V of its own and its queries attend to cache layer *kv_layer; it may also
+    // replace the query projection (*wq, *bq, preset to the layer's own). 0: the normal path.
+    int (*kv_source)(void *ctx, int l, int *kv_layer, const bk_weight **wq, const bk_weight **bq);
 } fwd_hooks;
 
 #define FWD_STOP 1
@@ -47,6 +52,21 @@ void fwd_attn_probs(fwd_state *s, int l, const void *q, int nq, int m, float *pr
 // Layer l's cache keeps, for each KV head g, the entries idx[g*k .. g*k+k) (indices into its
 // current entries, ascending), in a new buffer of capacity new_cap >= k (room for decode).
 void fwd_kv_keep(fwd_state *s, int l, const int *idx, int k, int new_cap);
+
+// One term of a K/V projection from the residual stream (fwd_kv_from_stream); biases may be NULL.
+typedef struct {
+    const bk_weight *norm, *wk, *bk, *wv, *bv;
+} fwd_kv_term;
+
+// Appends to cache layer dst the K/V of the alive rows computed from their residual stream x:
+//   k = RoPE(sum_t Wk_t . rmsnorm(x; norm_t) + bk_t, pos),  v = sum_t Wv_t . rmsnorm(x; norm_t) + bv_t
+void fwd_kv_from_stream(fwd_state *s, int dst, const fwd_kv_term *terms, int n_terms);
+
+// A new (1, n) vector weight scale * (ws[0] + ... + ws[k-1]), each ws[i] an (n,) vector weight
+// on m's backend (read back through the backend's own rmsnorm of a row of ones, eps 0, which is
+// the weight exactly). Free with fwd_weight_free.
+bk_weight *fwd_vector_sum(model *m, const bk_weight *const *ws, int k, int n, float scale);
+void fwd_weight_free(model *m, bk_weight *w);
 
 // A KV cache on m's backend with capacity caps[l] per layer (NULL + err if out of memory).
 kv_cache *fwd_kv_create(model *m, const int *caps, char *err, size_t errlen);

@@ -188,6 +188,11 @@ void model_free(model *m) {
             for (size_t i = 0; i < sizeof all / sizeof *all; i++)
                 if (all[i]) bk->weight_free(bk, all[i]);
         }
+    for (int i = 0; i < m->n_extra; i++) {
+        bk->weight_free(bk, m->extra[i].w);
+        free(m->extra[i].name);
+    }
+    free(m->extra);
     if (m->lm_head && m->lm_head != m->tok_embd) bk->weight_free(bk, m->lm_head);
     if (m->tok_embd) bk->weight_free(bk, m->tok_embd);
     if (m->out_norm) bk->weight_free(bk, m->out_norm);

@@ -23,10 +23,21 @@ typedef struct {
     int tied;               // output.weight absent: LM head = token embedding
 } model_config;
 
+// wq, wk, wv (and their biases) are NULL in an HF checkpoint that lacks them for a layer (see
+// model_qkv_complete): a pass through that layer needs a policy that supplies them.
 typedef struct {
     bk_weight *attn_norm, *wq, *wk, *wv, *bq, *bk, *bv, *wo;   // wq (n_head*hd, d) etc.
     bk_weight *ffn_norm, *w_gate, *w_up, *w_down;              // w_gate (d_ff, d), w_down (d, d_ff)
 } layer_weights;
+
+// A checkpoint tensor the architecture does not use, kept by its file name for a policy.
+typedef struct {
+    char *name;
+    bk_weight *w;
+    size_t rows, cols;      // rows 0: a vector of cols elements
+} model_extra;
+
+struct hf_dir;
 
 typedef struct model {
     model_config cfg;
@@ -37,6 +48,9 @@ typedef struct model {
     layer_weights *layers;  // [n_layer]
     char *name;             // general.name or file base name
     size_t n_params;
+    const struct hf_dir *hf;  // the HF directory it came from (config look-ups), or NULL (GGUF)
+    model_extra *extra;       // [n_extra] tensors of an HF checkpoint beyond the architecture's
+    int n_extra;
     // Optional: called after each layer of a multi-row pass (progress display).
     void (*on_layer)(void *ctx, int layer, int n_layer, int rows);
     void *on_layer_ctx;
@@ -53,3 +67,16 @@ void model_free(model *m);
 // offers it, else on the host). NULL with a one-line reason when out of memory.
 void model_config_synth(const synth_shape *s, model_config *c);
 model *model_load_synth(const synth_shape *s, backend *bk, char *err, size_t errlen);
+// model/model_hf.c: config from config.json (LlamaForCausalLM, Qwen2ForCausalLM and their
+// variants, rope_scaling llama3) and F32/F16/BF16 safetensors weights; HF rotation = ROPE_NEOX
+// on the unpermuted Q/K rows. Keeps h for config look-ups (h must outlive the model).
+model *model_load_hf(const struct hf_dir *h, backend *bk, char *err, size_t errlen);
+// The extra tensor `name` (NULL if absent).
+const model_extra *model_find_extra(const model *m, const char *name);
+// An HF model's config.json value at key (dotted keys go into objects): the string, or NULL
+// (absent, not a string, or a GGUF model); the integer: 0, 1 if absent (or GGUF), -1 if not
+// an integer.
+const char *model_config_str(const model *m, const char *key);
+int model_config_int(const model *m, const char *key, long long *out);
+// -1 if every layer has its q/k/v projections, else the first layer without them.
+int model_qkv_missing_from(const model *m);

@@ -14,10 +14,11 @@ extern const strategy strategy_fastkv;
 extern const strategy strategy_snapkv;
 extern const strategy strategy_streamingllm;
 extern const strategy strategy_specprefill;
+extern const strategy strategy_swiftkv;
 
 static const strategy *const all_strategies[] = {
     &strategy_full, &strategy_speed, &strategy_fastkv, &strategy_snapkv, &strategy_streamingllm,
-    &strategy_specprefill};
+    &strategy_specprefill, &strategy_swiftkv};
 #define N_STRATEGIES (int)(sizeof all_strategies / sizeof *all_strategies)
 
 const strategy *strategy_find(const char *name) {
@@ -42,7 +43,7 @@ const char *strategy_names(void) {
 strategy_opts strategy_opts_default(void) {
     return (strategy_opts){.anchor = 1, .tsp_layer = -1, .tsp_rate = 0.2f, .kv_rate = 0.1f,
                            .window = 8, .pool_kernel = 7, .keep = 0.3f, .lookahead = 8,
-                           .chunk = 32, .spec_pool = 13};
+                           .chunk = 32, .spec_pool = 13, .swiftkv_fold = -1};
 }
 
 kv_cache *prefill_run(model *m, const int *ids, int n, int n_gen, const int *caps,
@@ -88,13 +89,14 @@ int run_generate(const strategy *s, model *m, const strategy_opts *o, const int 
     double t1 = now_ms();
     for (int t = 1; t < n_predict && !stop; t++) {
         int pos = n + t - 1;
-        fwd_run(m, kv, &tok, &pos, 1, NULL, logits, 0);
+        fwd_run(m, kv, &tok, &pos, 1, &info.decode, logits, 0);
         tok = sample_next(smp, logits);
         st->decode_runs++;
         st->predicted_n++;
         stop = on_token(ctx, tok);
     }
     st->decode_ms = now_ms() - t1;
+    if (info.decode_free) info.decode_free(info.decode.ctx);
     kv_free(kv);
     free(logits);
     return 0;

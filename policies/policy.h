@@ -25,6 +25,11 @@ typedef struct strategy_opts {
     int spec_pool;          // 13
     model *draft;           // --draft: a separate model with the same vocabulary, or NULL
     int draft_layers;       // --draft-layers N: the main model's first N layers; 0 = unset
+    // swiftkv
+    int swiftkv_layers;     // l: layers the whole prompt runs; 0 = L/2 (or the checkpoint's)
+    int swiftkv_group;      // G: layers sharing one KV cache; 0 = 1 (or the checkpoint's)
+    int swiftkv_fold;       // training-free init: 1 = fold each layer's norm gamma into its
+                            // K/V, 0 = the layer-l norm as the paper's code; -1 = default (0)
     // end-of-generation test for strategies that decode internally (specprefill lookahead)
     int (*is_eog)(const void *ctx, int id);
     const void *eog_ctx;
@@ -34,6 +39,10 @@ typedef struct strategy_opts {
 typedef struct prefill_info {
     long rows_done;         // prompt rows processed summed over layers (full: n * L)
     char note[200];         // set when the prompt ran a degenerate form ("too short: ran full")
+    // Hooks every decode step must run with (zero: none), and how to free their ctx after the
+    // last step (may be NULL). Whoever decodes after prefill uses them (run_generate does).
+    fwd_hooks decode;
+    void (*decode_free)(void *ctx);
 } prefill_info;
 
 typedef struct strategy {
@@ -47,6 +56,9 @@ typedef struct strategy {
     // Optional: reject options that cannot work with this model (layer out of range, draft
     // with another vocabulary size, ...) before any prompt runs. 0 or -1 with err.
     int (*check)(const model *m, const strategy_opts *o, char *err, size_t errlen);
+    // 1: runs models some of whose layers lack q/k/v projections (it supplies their K/V and
+    // queries from other weights); every other strategy refuses them.
+    int supplies_qkv;
 } strategy;
 
 // The common prefill: ids (n,) at positions 0..n-1 into a new cache of capacity caps[l] per

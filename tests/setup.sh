@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs what building and testing need, only when missing: Debian packages (OpenBLAS, PCRE2,
-# stb) and the Python reference packages (numpy, gguf, tokenizers, pytest) into .venv.
+# stb, jansson) and the Python reference packages (numpy, gguf, tokenizers, pytest) into .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
 [ -f /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.a ] || need+=(libopenblas-openmp-dev)
 [ -f /usr/lib/x86_64-linux-gnu/libpcre2-8.a ] || need+=(libpcre2-dev)
 [ -f /usr/include/stb/stb_ds.h ] || need+=(libstb-dev)
+[ -f /usr/lib/x86_64-linux-gnu/libjansson.a ] || need+=(libjansson-dev)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 command -v clang >/dev/null || need+=(clang)
 ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || need+=(libclang-rt-14-dev)

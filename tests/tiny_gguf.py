@@ -80,8 +80,9 @@ def write(path, arch="llama", n_layer=2, d=64, n_head=4, n_kv=2, ff=128, ctx=256
     add("output_norm.weight", (1 + 0.1 * rng.standard_normal(d)).astype(np.float32))
     if not tied:
         add("output.weight", mat(vocab, d))
-    if rope_freqs:
-        add("rope_freqs.weight", np.linspace(1.0, 8.0, hd // 2).astype(np.float32))
+    if rope_freqs is not False and rope_freqs is not None:   # True: a made-up ramp; or the values
+        ramp = np.linspace(1.0, 8.0, hd // 2) if rope_freqs is True else rope_freqs
+        add("rope_freqs.weight", np.asarray(ramp, dtype=np.float32))
     for l in range(n_layer):
         p = f"blk.{l}."
         add(p + "attn_norm.weight", (1 + 0.1 * rng.standard_normal(d)).astype(np.float32))

@@ -1,17 +1,19 @@
 // tests/tool_logits.c — drives sift's forward pass for the Python tests.
-// usage: tool_logits MODEL.gguf OUT.f32 [--greedy N] [--strategy NAME] [--set KEY=VALUE]... ID...
+// usage: tool_logits MODEL OUT.f32 [--greedy N] [--strategy NAME] [--set KEY=VALUE]... ID...
+// (MODEL: a GGUF file or a Hugging Face directory)
 // Without --strategy: writes float32 logits (n_ids, vocab), row-major, of every prompt position
 // (plain full pass). With --strategy: writes the logits (vocab,) the strategy's prefill gives
 // for the first generated token. --greedy N also prints the N greedily generated ids (strategy
 // full unless --strategy) on one line. --set keys: the strategy_opts fields speed_depth, anchor,
 // tsp_layer, tsp_rate, kv_rate, window, pool_kernel, keep, lookahead, chunk, spec_pool,
-// draft_layers; --draft PATH loads a draft model.
+// draft_layers, swiftkv_layers, swiftkv_group, swiftkv_fold; --draft PATH loads a draft model.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../policies/policy.h"
 #include "../util/check.h"
+#include "../weights/hf.h"
 
 static int collect(void *ctx, int id) {
     (void)ctx;
@@ -31,6 +33,8 @@ static int set_opt(strategy_opts *o, const char *kv) {
         {"pool_kernel", &o->pool_kernel, NULL}, {"keep", NULL, &o->keep},
         {"lookahead", &o->lookahead, NULL},     {"chunk", &o->chunk, NULL},
         {"spec_pool", &o->spec_pool, NULL},     {"draft_layers", &o->draft_layers, NULL},
+        {"swiftkv_layers", &o->swiftkv_layers, NULL}, {"swiftkv_group", &o->swiftkv_group, NULL},
+        {"swiftkv_fold", &o->swiftkv_fold, NULL},
     };
     for (size_t i = 0; i < sizeof t / sizeof *t; i++)
         if (strlen(t[i].key) == n && strncmp(kv, t[i].key, n) == 0) {
@@ -41,10 +45,14 @@ static int set_opt(strategy_opts *o, const char *kv) {
     return -1;
 }
 
-static model *load(const char *path, backend *bk, gguf_file **f) {
+// A GGUF file, or a Hugging Face directory (*h set, *f NULL).
+static model *load(const char *path, backend *bk, gguf_file **f, hf_dir **h) {
     char err[512];
-    *f = gguf_open(path, err, sizeof err);
-    model *m = *f ? model_load_gguf(*f, bk, err, sizeof err) : NULL;
+    *f = NULL;
+    *h = hf_is_dir(path) ? hf_open(path, err, sizeof err) : NULL;
+    if (!*h) *f = hf_is_dir(path) ? NULL : gguf_open(path, err, sizeof err);
+    model *m = *h ? model_load_hf(*h, bk, err, sizeof err)
+                  : *f ? model_load_gguf(*f, bk, err, sizeof err) : NULL;
     if (!m) {
         fprintf(stderr, "%s\n", err);
         exit(1);
@@ -79,7 +87,8 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n; i++) ids[i] = atoi(argv[a + i]);
     backend *bk = backend_cpu_create(0);
     gguf_file *f, *df = NULL;
-    model *m = load(argv[1], bk, &f), *draft = draft_path ? load(draft_path, bk, &df) : NULL;
+    hf_dir *h, *dh = NULL;
+    model *m = load(argv[1], bk, &f, &h), *draft = draft_path ? load(draft_path, bk, &df, &dh) : NULL;
     o.draft = draft;
     const strategy *s = strategy_find(sname ? sname : "full");
     char err[512];
@@ -98,6 +107,7 @@ int main(int argc, char **argv) {
             return 1;
         }
         if (info.note[0]) fprintf(stderr, "note: %s\n", info.note);
+        if (info.decode_free) info.decode_free(info.decode.ctx);
     } else {
         int *caps = xmalloc((size_t)m->cfg.n_layer * sizeof(int)), *pos = xmalloc((size_t)n * sizeof(int));
         for (int l = 0; l < m->cfg.n_layer; l++) caps[l] = n;
@@ -132,5 +142,7 @@ int main(int argc, char **argv) {
     bk->destroy(bk);
     gguf_close(f);
     gguf_close(df);
+    hf_close(h);
+    hf_close(dh);
     return 0;
 }

@@ -1,6 +1,7 @@
 // tests/tool_tokenize.c — drives tok/ for tests/test_tokenizer.py.
 //   tool_tokenize MODEL.gguf [--special] [--roundtrip]
 //   tool_tokenize MODEL.gguf --info
+// MODEL may also be a Hugging Face directory (its tokenizer.json).
 // Input (stdin, binary-safe): a sequence of records, each a u32 little-endian byte count followed
 // by that many bytes of text. Output (stdout), one per record, in order:
 //   default      one line: the token ids, space-separated (an empty line for no tokens), or
@@ -16,6 +17,7 @@
 #include <string.h>
 
 #include "../tok/tok.h"
+#include "../weights/hf.h"
 
 // Reads one record into *buf (grown as needed). 1 on success, 0 at a clean end of input.
 static int read_record(char **buf, size_t *cap, uint32_t *len) {
@@ -87,10 +89,15 @@ int main(int argc, char **argv) {
         return 2;
     }
     char err[512];
-    gguf_file *f = gguf_open(argv[1], err, sizeof err);
-    if (!f) { fprintf(stderr, "tool_tokenize: %s\n", err); return 1; }
-    tok *t = tok_load_gguf(f, err, sizeof err);
-    gguf_close(f);
+    tok *t;
+    if (hf_is_dir(argv[1])) {
+        t = tok_load_hf(argv[1], err, sizeof err);
+    } else {
+        gguf_file *f = gguf_open(argv[1], err, sizeof err);
+        if (!f) { fprintf(stderr, "tool_tokenize: %s\n", err); return 1; }
+        t = tok_load_gguf(f, err, sizeof err);
+        gguf_close(f);
+    }
     if (!t) { fprintf(stderr, "tool_tokenize: %s\n", err); return 1; }
     if (info) print_info(t);
     char *buf = NULL;

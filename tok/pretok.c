@@ -20,7 +20,7 @@
     "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|" \
     DIGITS "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 
-#define MAX_STAGES 2
+#define MAX_STAGES TOK_PRE_MAX_STAGES
 
 static const struct pre_def {
     const char *name;
@@ -40,7 +40,7 @@ static const struct pre_def {
 struct tok_pre {
     int ignore_merges;
     int n_stages;
-    pcre2_code *stages[MAX_STAGES];
+    pcre2_code *stages[TOK_PRE_MAX_STAGES];
 };
 
 long tok_utf8_invalid_at(const char *str, size_t len) {
@@ -66,6 +66,44 @@ long tok_utf8_invalid_at(const char *str, size_t len) {
     return -1;
 }
 
+// Compiles one stage (UTF + UCP); NULL + reason if the pattern does not compile.
+static pcre2_code *compile_stage(const char *re_text, char *err, size_t errlen) {
+    int code;
+    PCRE2_SIZE at;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)re_text, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP,
+                                   &code, &at, NULL);
+    if (!re) {
+        PCRE2_UCHAR msg[128];
+        pcre2_get_error_message(code, msg, sizeof msg);
+        snprintf(err, errlen, "pre-tokenizer regex does not compile at offset %zu: %s", (size_t)at,
+                 (char *)msg);
+        return NULL;
+    }
+    // JIT is only a speed-up: without it (unsupported CPU, no executable memory) pcre2_match
+    // interprets the same pattern.
+    (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
+    return re;
+}
+
+tok_pre *tok_pre_from_regex(const char *const *stages, int n_stages, int ignore_merges, char *err,
+                            size_t errlen) {
+    if (n_stages < 1 || n_stages > TOK_PRE_MAX_STAGES) {
+        snprintf(err, errlen, "pre-tokenizer of %d regex stages (1 to %d supported)", n_stages,
+                 TOK_PRE_MAX_STAGES);
+        return NULL;
+    }
+    tok_pre *p = xcalloc(1, sizeof *p);
+    p->ignore_merges = ignore_merges;
+    for (; p->n_stages < n_stages; p->n_stages++)
+        if (!(p->stages[p->n_stages] = compile_stage(stages[p->n_stages], err, errlen))) {
+            tok_pre_free(p);
+            return NULL;
+        }
+    return p;
+}
+
+const char *tok_pre_byte_level_regex(void) { return RE_GPT2; }
+
 tok_pre *tok_pre_new(const char *name, char *err, size_t errlen) {
     const struct pre_def *def = NULL;
     for (size_t i = 0; i < sizeof PRE_DEFS / sizeof PRE_DEFS[0]; i++)
@@ -74,20 +112,10 @@ tok_pre *tok_pre_new(const char *name, char *err, size_t errlen) {
         snprintf(err, errlen, "unknown pre-tokenizer '%s' (supported: " PRE_SUPPORTED ")", name);
         return NULL;
     }
-    tok_pre *p = xcalloc(1, sizeof *p);
-    p->ignore_merges = def->ignore_merges;
-    for (; p->n_stages < MAX_STAGES && def->stages[p->n_stages]; p->n_stages++) {
-        int code;
-        PCRE2_SIZE at;
-        pcre2_code *re = pcre2_compile((PCRE2_SPTR)def->stages[p->n_stages], PCRE2_ZERO_TERMINATED,
-                                       PCRE2_UTF | PCRE2_UCP, &code, &at, NULL);
-        CHECK_INTERNAL(re, "pre-tokenizer '%s' regex %d does not compile (error %d at %zu)",
-                       name, p->n_stages, code, (size_t)at);
-        // JIT is only a speed-up: without it (unsupported CPU, no executable memory) pcre2_match
-        // interprets the same pattern.
-        (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
-        p->stages[p->n_stages] = re;
-    }
+    int n = 0;
+    while (n < MAX_STAGES && def->stages[n]) n++;
+    tok_pre *p = tok_pre_from_regex(def->stages, n, def->ignore_merges, err, errlen);
+    CHECK_INTERNAL(p, "built-in pre-tokenizer '%s': %s", name, err);
     return p;
 }
 

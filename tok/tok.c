@@ -16,7 +16,8 @@
 #include "../util/check.h"
 #include "tok.h"
 
-enum { TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER = 4, TT_UNUSED = 5, TT_BYTE = 6 };
+enum { TT_NORMAL = TOK_NORMAL, TT_UNKNOWN = TOK_UNKNOWN, TT_CONTROL = TOK_CONTROL, TT_USER = TOK_USER,
+       TT_UNUSED = TOK_UNUSED, TT_BYTE = TOK_BYTE };
 
 typedef struct { int rank, id; } merge_val;           // merging a pair gives token `id`
 typedef struct { uint64_t key; merge_val value; } merge_entry;  // key: left id << 32 | right id
@@ -93,57 +94,32 @@ static const merge_val *find_merge(const tok *t, int a, int b) {
 
 static const char *text_of(const tok *t, int id) { return t->text_arena + t->text_off[id]; }
 
-// Integer element i of a numeric GGUF array; 0 on success.
-static int arr_int(const gguf_kv *kv, uint64_t i, int64_t *out) {
-    const uint8_t *p = kv->v.arr.data;
-    switch (kv->v.arr.type) {
-    case GGUF_I8: *out = ((const int8_t *)p)[i]; return 0;
-    case GGUF_U8: *out = p[i]; return 0;
-    case GGUF_I16: { int16_t v; memcpy(&v, p + 2 * i, 2); *out = v; return 0; }
-    case GGUF_U16: { uint16_t v; memcpy(&v, p + 2 * i, 2); *out = v; return 0; }
-    case GGUF_I32: { int32_t v; memcpy(&v, p + 4 * i, 4); *out = v; return 0; }
-    case GGUF_U32: { uint32_t v; memcpy(&v, p + 4 * i, 4); *out = v; return 0; }
-    default: return -1;
-    }
-}
+// ---- building from a tok_source -------------------------------------------------------------
 
-static const gguf_kv *find_str_array(const gguf_file *f, const char *key) {
-    const gguf_kv *kv = gguf_find_kv(f, key);
-    return kv && kv->type == GGUF_ARR && kv->v.arr.type == GGUF_STR ? kv : NULL;
-}
-
-static int load_vocab(tok *t, const gguf_file *f, char *err, size_t errlen) {
-    const gguf_kv *tokens = find_str_array(f, "tokenizer.ggml.tokens");
-    if (!tokens) return err_printf(err, errlen, "GGUF has no tokenizer.ggml.tokens string array");
-    if (tokens->v.arr.n == 0 || tokens->v.arr.n > 0x7FFFFFFF)
-        return err_printf(err, errlen, "tokenizer.ggml.tokens has a bad token count");
-    int n = t->n_vocab = (int)tokens->v.arr.n;
+static int build_vocab(tok *t, const tok_source *src, char *err, size_t errlen) {
+    if (src->n_vocab <= 0) return err_printf(err, errlen, "the vocabulary is empty");
+    int n = t->n_vocab = src->n_vocab;
     size_t total = 0;
-    for (int i = 0; i < n; i++) total += tokens->v.arr.strs[i].len + 1;
+    for (int i = 0; i < n; i++) {
+        if (src->texts[i].len > 0xFFFFFFFFu) return err_printf(err, errlen, "token text too long");
+        total += src->texts[i].len + 1;
+    }
     t->text_arena = xmalloc(total);
     t->text_off = xmalloc(n * sizeof *t->text_off);
     t->text_len = xmalloc(n * sizeof *t->text_len);
     t->type = xmalloc(n);
     size_t off = 0;
     for (int i = 0; i < n; i++) {
-        gguf_str s = tokens->v.arr.strs[i];
-        if (s.len > 0xFFFFFFFFu) return err_printf(err, errlen, "token text too long");
-        memcpy(t->text_arena + off, s.p, s.len);
+        tok_str s = src->texts[i];
+        if (s.len) memcpy(t->text_arena + off, s.p, s.len);
         t->text_arena[off + s.len] = 0;
         t->text_off[i] = off;
         t->text_len[i] = (uint32_t)s.len;
         // Keys point into text_arena (no copy); of duplicate texts the last id wins.
-        if (!memchr(s.p, 0, s.len)) shput(t->by_text, t->text_arena + off, i);
+        if (!memchr(t->text_arena + off, 0, s.len)) shput(t->by_text, t->text_arena + off, i);
         off += s.len + 1;
-    }
-    const gguf_kv *types = gguf_find_kv(f, "tokenizer.ggml.token_type");
-    if (types && (types->type != GGUF_ARR || types->v.arr.n != (uint64_t)n))
-        return err_printf(err, errlen, "tokenizer.ggml.token_type is not an array of one type per token");
-    for (int i = 0; i < n; i++) {
-        int64_t v = TT_NORMAL;
-        if (types && arr_int(types, i, &v))
-            return err_printf(err, errlen, "tokenizer.ggml.token_type is not an integer array");
-        t->type[i] = v >= TT_NORMAL && v <= TT_BYTE ? (uint8_t)v : TT_NORMAL;
+        int ty = src->types ? src->types[i] : TOK_NORMAL;
+        t->type[i] = ty >= TOK_NORMAL && ty <= TOK_BYTE ? (uint8_t)ty : TOK_NORMAL;
     }
     return 0;
 }
@@ -161,12 +137,10 @@ static void load_byte_ids(tok *t) {
 
 // Merge strings "A B" -> (id A, id B) -> rank, id of AB. A merge whose parts or result are not in
 // the vocabulary can never apply and is skipped; of duplicates the first (lowest rank) counts.
-static int load_merges(tok *t, const gguf_file *f, char *err, size_t errlen) {
-    const gguf_kv *kv = find_str_array(f, "tokenizer.ggml.merges");
-    if (!kv) return err_printf(err, errlen, "GGUF has no tokenizer.ggml.merges string array");
+static void build_merges(tok *t, const tok_source *src) {
     char *buf = NULL;  // stb_ds array: "A\0B\0" then "AB\0"
-    for (uint64_t r = 0; r < kv->v.arr.n && r < 0x7FFFFFFF; r++) {
-        gguf_str m = kv->v.arr.strs[r];
+    for (long r = 0; r < src->n_merges && r < 0x7FFFFFFF; r++) {
+        tok_str m = src->merges[r];
         const char *sp = m.len > 1 ? memchr(m.p + 1, ' ', m.len - 1) : NULL;
         if (!sp || memchr(m.p, 0, m.len)) continue;
         size_t la = (size_t)(sp - m.p), lb = m.len - la - 1;
@@ -181,7 +155,6 @@ static int load_merges(tok *t, const gguf_file *f, char *err, size_t errlen) {
             hmput(t->merges, (uint64_t)a << 32 | (uint32_t)b, ((merge_val){(int)r, ab}));
     }
     arrfree(buf);
-    return 0;
 }
 
 // What a token decodes to: byte tokens "<0xAB>" their byte, normal tokens their text mapped back
@@ -230,7 +203,7 @@ static int by_len_desc(const void *pa, const void *pb) {
 
 // Control and user-defined tokens with non-empty valid UTF-8 text (so that splitting text at them
 // keeps every stretch valid UTF-8), longest first; and the end-of-generation set.
-static void load_specials(tok *t) {
+static void load_specials(tok *t, const tok_source *src) {
     static const char *eog_texts[] = {"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>",
                                       "<|endoftext|>", "<|end_of_text|>"};
     for (int i = 0; i < t->n_vocab; i++) {
@@ -246,6 +219,93 @@ static void load_specials(tok *t) {
     qsort(t->specials, arrlen(t->specials), sizeof *t->specials, by_len_desc);
     if (t->eos >= 0) arrput(t->eog, t->eos);
     if (t->eot >= 0) arrput(t->eog, t->eot);
+    for (int i = 0; i < src->n_eog; i++)
+        if (src->eog[i] >= 0 && src->eog[i] < t->n_vocab) arrput(t->eog, src->eog[i]);
+}
+
+tok *tok_build(tok_source *src, char *err, size_t errlen) {
+    tok *t = xcalloc(1, sizeof *t);
+    t->pre = src->pre;
+    t->pre_name = src->pre_name;
+    src->pre = NULL;
+    src->pre_name = NULL;
+    t->bos = src->bos;
+    t->eos = src->eos;
+    t->eot = src->eot;
+    t->add_bos = src->add_bos;
+    int rc = t->pre ? build_vocab(t, src, err, errlen) : err_printf(err, errlen, "no pre-tokenizer");
+    int ids[] = {t->bos, t->eos, t->eot};
+    for (int i = 0; i < 3 && rc == 0; i++)
+        if (ids[i] < -1 || ids[i] >= t->n_vocab)
+            rc = err_printf(err, errlen, "special token id %d is outside the vocabulary of %d", ids[i],
+                            t->n_vocab);
+    if (!rc && t->add_bos && t->bos < 0)
+        rc = err_printf(err, errlen, "the tokenizer adds a BOS token but has none");
+    if (rc) {
+        tok_free(t);
+        return NULL;
+    }
+    load_byte_ids(t);
+    build_merges(t, src);
+    t->chat = tok_chat_detect(src->chat_template);
+    t->default_system =
+        t->chat == TOK_CHAT_CHATML ? tok_chat_find_default_system(src->chat_template) : NULL;
+    load_pieces(t);
+    load_specials(t, src);
+    return t;
+}
+
+// ---- from GGUF metadata ---------------------------------------------------------------------
+
+// Integer element i of a numeric GGUF array; 0 on success.
+static int arr_int(const gguf_kv *kv, uint64_t i, int64_t *out) {
+    const uint8_t *p = kv->v.arr.data;
+    switch (kv->v.arr.type) {
+    case GGUF_I8: *out = ((const int8_t *)p)[i]; return 0;
+    case GGUF_U8: *out = p[i]; return 0;
+    case GGUF_I16: { int16_t v; memcpy(&v, p + 2 * i, 2); *out = v; return 0; }
+    case GGUF_U16: { uint16_t v; memcpy(&v, p + 2 * i, 2); *out = v; return 0; }
+    case GGUF_I32: { int32_t v; memcpy(&v, p + 4 * i, 4); *out = v; return 0; }
+    case GGUF_U32: { uint32_t v; memcpy(&v, p + 4 * i, 4); *out = v; return 0; }
+    default: return -1;
+    }
+}
+
+static const gguf_kv *find_str_array(const gguf_file *f, const char *key) {
+    const gguf_kv *kv = gguf_find_kv(f, key);
+    return kv && kv->type == GGUF_ARR && kv->v.arr.type == GGUF_STR ? kv : NULL;
+}
+
+// The GGUF string array as tok_strs (malloc'd).
+static tok_str *gguf_strs(const gguf_kv *kv) {
+    tok_str *s = xmalloc((kv->v.arr.n ? kv->v.arr.n : 1) * sizeof *s);
+    for (uint64_t i = 0; i < kv->v.arr.n; i++) s[i] = (tok_str){kv->v.arr.strs[i].p, kv->v.arr.strs[i].len};
+    return s;
+}
+
+static int gguf_vocab(const gguf_file *f, tok_source *src, char *err, size_t errlen) {
+    const gguf_kv *tokens = find_str_array(f, "tokenizer.ggml.tokens");
+    if (!tokens) return err_printf(err, errlen, "GGUF has no tokenizer.ggml.tokens string array");
+    if (tokens->v.arr.n == 0 || tokens->v.arr.n > 0x7FFFFFFF)
+        return err_printf(err, errlen, "tokenizer.ggml.tokens has a bad token count");
+    int n = src->n_vocab = (int)tokens->v.arr.n;
+    src->texts = gguf_strs(tokens);
+    const gguf_kv *types = gguf_find_kv(f, "tokenizer.ggml.token_type");
+    if (types && (types->type != GGUF_ARR || types->v.arr.n != (uint64_t)n))
+        return err_printf(err, errlen, "tokenizer.ggml.token_type is not an array of one type per token");
+    uint8_t *ty = xmalloc(n);
+    src->types = ty;
+    for (int i = 0; i < n; i++) {
+        int64_t v = TT_NORMAL;
+        if (types && arr_int(types, i, &v))
+            return err_printf(err, errlen, "tokenizer.ggml.token_type is not an integer array");
+        ty[i] = v >= TT_NORMAL && v <= TT_BYTE ? (uint8_t)v : TT_NORMAL;
+    }
+    const gguf_kv *merges = find_str_array(f, "tokenizer.ggml.merges");
+    if (!merges) return err_printf(err, errlen, "GGUF has no tokenizer.ggml.merges string array");
+    src->merges = gguf_strs(merges);
+    src->n_merges = (long)(merges->v.arr.n < 0x7FFFFFFF ? merges->v.arr.n : 0x7FFFFFFF);
+    return 0;
 }
 
 // Optional token id key: -1 if absent; error if present but out of range.
@@ -260,7 +320,7 @@ static int load_id(const gguf_file *f, const char *key, int n_vocab, int *out, c
     return 0;
 }
 
-static int load_config(tok *t, const gguf_file *f, char *err, size_t errlen) {
+static int gguf_config(const gguf_file *f, tok_source *src, char *err, size_t errlen) {
     char *model = gguf_get_str(f, "tokenizer.ggml.model");
     if (!model) return err_printf(err, errlen, "GGUF has no tokenizer.ggml.model (no tokenizer)");
     int ok = strcmp(model, "gpt2") == 0;
@@ -268,36 +328,34 @@ static int load_config(tok *t, const gguf_file *f, char *err, size_t errlen) {
         err_printf(err, errlen, "unsupported tokenizer model '%s' (only byte-level BPE 'gpt2')", model);
     free(model);
     if (!ok) return -1;
-    t->pre_name = gguf_get_str(f, "tokenizer.ggml.pre");
-    if (!t->pre_name)
+    src->pre_name = gguf_get_str(f, "tokenizer.ggml.pre");
+    if (!src->pre_name)
         return err_printf(err, errlen, "GGUF has no tokenizer.ggml.pre: the pre-tokenizer is unknown "
                                  "(supported: smollm, llama3 (llama-bpe), qwen2)");
-    t->pre = tok_pre_new(t->pre_name, err, errlen);
-    if (!t->pre) return -1;
+    src->pre = tok_pre_new(src->pre_name, err, errlen);
+    if (!src->pre) return -1;
     if (gguf_find_kv(f, "tokenizer.ggml.add_bos_token") &&
-        gguf_get_bool(f, "tokenizer.ggml.add_bos_token", &t->add_bos))
+        gguf_get_bool(f, "tokenizer.ggml.add_bos_token", &src->add_bos))
         return err_printf(err, errlen, "tokenizer.ggml.add_bos_token is not a bool");
-    char *tmpl = gguf_get_str(f, "tokenizer.chat_template");
-    t->chat = tok_chat_detect(tmpl);
-    t->default_system = t->chat == TOK_CHAT_CHATML ? tok_chat_find_default_system(tmpl) : NULL;
-    free(tmpl);
     return 0;
 }
 
 tok *tok_load_gguf(const gguf_file *f, char *err, size_t errlen) {
-    tok *t = xcalloc(1, sizeof *t);
-    int rc = load_config(t, f, err, errlen);
-    if (!rc) rc = load_vocab(t, f, err, errlen);
-    if (!rc) rc = load_id(f, "tokenizer.ggml.bos_token_id", t->n_vocab, &t->bos, err, errlen);
-    if (!rc) rc = load_id(f, "tokenizer.ggml.eos_token_id", t->n_vocab, &t->eos, err, errlen);
-    if (!rc) rc = load_id(f, "tokenizer.ggml.eot_token_id", t->n_vocab, &t->eot, err, errlen);
-    if (!rc && t->add_bos && t->bos < 0)
-        rc = err_printf(err, errlen, "tokenizer.ggml.add_bos_token is set but there is no BOS token");
-    if (!rc) load_byte_ids(t);
-    if (!rc) rc = load_merges(t, f, err, errlen);
-    if (rc) { tok_free(t); return NULL; }
-    load_pieces(t);
-    load_specials(t);
+    tok_source src = {.bos = -1, .eos = -1, .eot = -1};
+    int rc = gguf_config(f, &src, err, errlen);
+    if (!rc) rc = gguf_vocab(f, &src, err, errlen);
+    if (!rc) rc = load_id(f, "tokenizer.ggml.bos_token_id", src.n_vocab, &src.bos, err, errlen);
+    if (!rc) rc = load_id(f, "tokenizer.ggml.eos_token_id", src.n_vocab, &src.eos, err, errlen);
+    if (!rc) rc = load_id(f, "tokenizer.ggml.eot_token_id", src.n_vocab, &src.eot, err, errlen);
+    char *tmpl = rc ? NULL : gguf_get_str(f, "tokenizer.chat_template");
+    src.chat_template = tmpl;
+    tok *t = rc ? NULL : tok_build(&src, err, errlen);
+    free(tmpl);
+    free((void *)src.texts);
+    free((void *)src.types);
+    free((void *)src.merges);
+    tok_pre_free(src.pre);
+    free(src.pre_name);
     return t;
 }
 

@@ -1,4 +1,5 @@
-// tok/tok.h — byte-level BPE tokenizer (GPT-2 style) built from GGUF tokenizer metadata,
+// tok/tok.h — byte-level BPE tokenizer (GPT-2 style) built from GGUF tokenizer metadata or a
+// Hugging Face tokenizer.json (+ tokenizer_config.json, generation_config.json; tok_json.c),
 // pre-tokenizers `smollm`, `llama-bpe`/`llama3`, `qwen2` (PCRE2, UTF + UCP), special tokens,
 // decoding, UTF-8 validation, and built-in chat templates (ChatML, Llama-3).
 #pragma once
@@ -9,6 +10,33 @@
 typedef struct tok tok;
 
 enum tok_chat { TOK_CHAT_NONE = 0, TOK_CHAT_CHATML, TOK_CHAT_LLAMA3 };
+
+// Token types (GGUF's numbering).
+enum tok_type { TOK_NORMAL = 1, TOK_UNKNOWN, TOK_CONTROL, TOK_USER, TOK_UNUSED, TOK_BYTE };
+typedef struct { const char *p; size_t len; } tok_str;   // not NUL-terminated
+typedef struct tok_pre tok_pre;
+
+// A tokenizer's parts as a file format gives them, for tok_build.
+typedef struct tok_source {
+    int n_vocab;
+    const tok_str *texts;          // [n_vocab] token texts (byte-level code points)
+    const uint8_t *types;          // [n_vocab] enum tok_type, or NULL (all normal)
+    const tok_str *merges;         // [n_merges] "A B", rank = index
+    long n_merges;
+    int bos, eos, eot, add_bos;    // ids, -1 if none
+    const int *eog;                // [n_eog] more end-of-generation ids
+    int n_eog;
+    char *pre_name;                // malloc'd; tok_build takes it and pre (NULLs them)
+    tok_pre *pre;
+    const char *chat_template;     // the template text (only its family is used), or NULL
+} tok_source;
+
+// Builds a tokenizer from src. NULL + one-line reason on failure.
+tok *tok_build(tok_source *src, char *err, size_t errlen);
+// From a Hugging Face model directory: tokenizer.json (model BPE, byte-level, its
+// pre_tokenizer as regex stages, added tokens), tokenizer_config.json (bos/eos, add_bos_token,
+// chat_template), generation_config.json (eos ids). NULL + one-line reason on failure.
+tok *tok_load_hf(const char *dir, char *err, size_t errlen);
 
 // Build from tokenizer.ggml.* keys. NULL + one-line reason in err on failure
 // (missing keys, tokenizer.ggml.model other than "gpt2", unknown pre-tokenizer, ...).
@@ -54,9 +82,16 @@ char *tok_chat_find_default_system(const char *tmpl);
 
 // The pre-tokenizer alone: splits text into the pieces BPE merges within. Names: "smollm",
 // "llama3" = "llama-bpe" = "llama-v3", "qwen2" = "deepseek-r1-qwen". NULL + reason if unknown.
-typedef struct tok_pre tok_pre;
 tok_pre *tok_pre_new(const char *name, char *err, size_t errlen);
+// A pre-tokenizer from up to TOK_PRE_MAX_STAGES regex stages (tokenizer.json's Split patterns,
+// compiled by PCRE2 as written).
+// NULL + reason if a regex does not compile.
+#define TOK_PRE_MAX_STAGES 4
+tok_pre *tok_pre_from_regex(const char *const *stages, int n_stages, int ignore_merges, char *err,
+                            size_t errlen);
 void tok_pre_free(tok_pre *p);
+// GPT-2's splitting pattern (Hugging Face's ByteLevel pre-tokenizer with use_regex).
+const char *tok_pre_byte_level_regex(void);
 int tok_pre_ignore_merges(const tok_pre *p); // 1: a whole piece found in the vocabulary skips BPE
 // Writes a malloc'd array of piece end offsets to *ends (pieces are contiguous and cover the
 // text) and returns the count; -1 with a message on invalid UTF-8 or a regex failure.

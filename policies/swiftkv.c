@@ -1,0 +1,276 @@
+// policies/swiftkv.c — `swiftkv`: SingleInputKV + AcrossKV (specs/swiftkv.md). The residual
+// stream entering layer l gives, through one norm and one K/V projection per group of G layers,
+// the K/V of every layer l..L-1 (all layers of a group read the group leader's cache). Prompt
+// tokens stop after layer l-1 except the last, which goes on with the query projections Q'.
+// Decode tokens: layers < l normally, then their group K/V from that same stream, then Q' layers.
+//
+// Weights: a distilled checkpoint (HF config model_type "llama_swiftkv": num_key_value_layers,
+// key_value_group_size, tensors model.norm_swiftkv and *_proj_swiftkv), or, on any other model,
+// the training-free init (experimental): Q' = Q; a group's K'/V' = the mean of its layers'
+// K/V weights, applied as the sum of each layer's projection of x normed with gamma / G, where
+// gamma is layer l's input norm (the paper's code; the default: measured better at l = L/2, see
+// bench/EVAL.md) or, folded ("own"), each layer's own input norm (so a layer's K/V equal the
+// original whenever its input equals layer l's; measured better at l = 3L/4).
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../util/check.h"
+#include "policy.h"
+
+#define CHECKPOINT_TYPE "llama_swiftkv"
+
+typedef struct {
+    int l, G, L;
+    fwd_kv_term *terms;         // [(L - l)] : G terms per group, in group order
+    int terms_per_group;        // G (training-free) or 1 (checkpoint)
+    const bk_weight **wq, **bq; // [L] query projections Q' of layers >= l
+    bk_weight **owned;          // derived vectors to free
+    int n_owned;
+    model *m;
+} swiftkv_plan;
+
+static int is_checkpoint(const model *m) {
+    const char *type = model_config_str(m, "model_type");
+    return type && strcmp(type, CHECKPOINT_TYPE) == 0;
+}
+
+// l and G for this model: the checkpoint's (flags may only repeat them), else the flags or
+// L/2 and 1. 0 or -1 + err.
+static int swiftkv_shape(const model *m, const strategy_opts *o, int *l, int *G, char *err,
+                         size_t errlen) {
+    int L = m->cfg.n_layer;
+    *l = o->swiftkv_layers ? o->swiftkv_layers : L / 2;
+    *G = o->swiftkv_group ? o->swiftkv_group : 1;
+    if (is_checkpoint(m)) {
+        long long cl = 0, cg = 1;
+        if (model_config_int(m, "num_key_value_layers", &cl) != 0 ||
+            model_config_int(m, "key_value_group_size", &cg) < 0)
+            return err_printf(err, errlen,
+                              CHECKPOINT_TYPE " config.json needs integer "
+                                              "num_key_value_layers (and key_value_group_size)");
+        if (cl < 1 || cl > L || cg < 1 || cg > L)
+            return err_printf(err, errlen,
+                              CHECKPOINT_TYPE " config.json: num_key_value_layers %lld "
+                                              "or key_value_group_size %lld is outside [1, %d]",
+                              cl, cg, L);
+        if ((o->swiftkv_layers && o->swiftkv_layers != cl) ||
+            (o->swiftkv_group && o->swiftkv_group != cg))
+            return err_printf(err, errlen,
+                              "the checkpoint was distilled for --swiftkv-layers %lld "
+                              "--swiftkv-group %lld; other values need a stock model",
+                              cl, cg);
+        *l = (int)cl;
+        *G = (int)cg;
+    }
+    if (*l < 1 || *l > L)
+        return err_printf(err, errlen,
+                          "--swiftkv-layers %d is outside [1, %d] (the model's layers)", *l, L);
+    if (*G < 1 || (L - *l) % *G)
+        return err_printf(err, errlen,
+                          "--swiftkv-group %d does not divide the %d SwiftKV layers "
+                          "(L - l = %d - %d)",
+                          *G, L - *l, L, *l);
+    return 0;
+}
+
+// Checkpoint tensor `name` (a printf format of the layer j) of the expected shape (rows 0: a
+// vector), or NULL (+ err when required or of another shape).
+static const bk_weight *extra(const model *m, const char *name, int j, size_t rows, size_t cols,
+                              int required, char *err, size_t errlen) {
+    char full[128];
+    snprintf(full, sizeof full, name, j);
+    const model_extra *e = model_find_extra(m, full);
+    if (e && e->rows == rows && e->cols == cols) return e->w;
+    if (e || required)
+        err_printf(err, errlen,
+                   CHECKPOINT_TYPE " checkpoint: tensor '%s' is %s (expected [%zu, %zu])", full,
+                   e ? "of another shape" : "missing", rows, cols);
+    return NULL;
+}
+
+#define ATTN "model.layers.%d.self_attn."
+
+// Layer j >= l's Q' and, for a group leader, the group's K/V projection.
+static int plan_checkpoint_layer(swiftkv_plan *p, int j, const bk_weight *norm, char *err,
+                                 size_t errlen) {
+    const model *m = p->m;
+    const model_config *c = &m->cfg;
+    size_t d = c->d_model, qd = (size_t)c->n_head * c->head_dim,
+           kvd = (size_t)c->n_kv_head * c->head_dim;
+    if (!(p->wq[j] = extra(m, ATTN "q_proj_swiftkv.weight", j, qd, d, 1, err, errlen))) return -1;
+    p->bq[j] = extra(m, ATTN "q_proj_swiftkv.bias", j, 0, qd, 0, err, errlen);
+    if ((j - p->l) % p->G) return 0;
+    fwd_kv_term *t = &p->terms[(j - p->l) / p->G];
+    t->norm = norm;
+    t->wk = extra(m, ATTN "k_proj_swiftkv.weight", j, kvd, d, 1, err, errlen);
+    t->wv = t->wk ? extra(m, ATTN "v_proj_swiftkv.weight", j, kvd, d, 1, err, errlen) : NULL;
+    if (!t->wv) return -1;
+    if (!c->qkv_bias) return 0;
+    t->bk = extra(m, ATTN "k_proj_swiftkv.bias", j, 0, kvd, 1, err, errlen);
+    t->bv = t->bk ? extra(m, ATTN "v_proj_swiftkv.bias", j, 0, kvd, 1, err, errlen) : NULL;
+    return t->bv ? 0 : -1;
+}
+
+static int plan_checkpoint(swiftkv_plan *p, char *err, size_t errlen) {
+    const bk_weight *norm =
+        extra(p->m, "model.norm_swiftkv.weight", 0, 0, p->m->cfg.d_model, 1, err, errlen);
+    if (!norm) return -1;
+    p->terms_per_group = 1;
+    for (int j = p->l; j < p->L; j++)
+        if (plan_checkpoint_layer(p, j, norm, err, errlen) != 0) return -1;
+    return 0;
+}
+
+static bk_weight *own(swiftkv_plan *p, bk_weight *w) {
+    p->owned[p->n_owned++] = w;
+    return w;
+}
+
+// Group g's mean bias of kind `which` (bk or bv), or NULL when the model has none.
+static const bk_weight *mean_bias(swiftkv_plan *p, int first, int which) {
+    const model_config *c = &p->m->cfg;
+    if (!c->qkv_bias) return NULL;
+    const bk_weight *b[MODEL_MAX_LAYERS];
+    for (int i = 0; i < p->G; i++)
+        b[i] = which ? p->m->layers[first + i].bv : p->m->layers[first + i].bk;
+    return own(p, fwd_vector_sum(p->m, b, p->G, c->n_kv_head * c->head_dim, 1.0f / p->G));
+}
+
+static int plan_training_free(swiftkv_plan *p, int fold) {
+    const model *m = p->m;
+    int d = m->cfg.d_model;
+    p->terms_per_group = p->G;
+    if (p->l == p->L) return 0; // no SwiftKV layers
+    const bk_weight *gamma_l = m->layers[p->l].attn_norm, *shared = NULL;
+    if (!fold) shared = own(p, fwd_vector_sum(p->m, &gamma_l, 1, d, 1.0f / p->G));
+    for (int j = p->l; j < p->L; j++) {
+        const layer_weights *w = &m->layers[j];
+        const bk_weight *gamma_j = w->attn_norm;
+        int first = j - (j - p->l) % p->G;
+        fwd_kv_term *t = &p->terms[j - p->l];
+        t->norm = fold ? own(p, fwd_vector_sum(p->m, &gamma_j, 1, d, 1.0f / p->G)) : shared;
+        t->wk = w->wk;
+        t->wv = w->wv;
+        t->bk = j == first ? mean_bias(p, first, 0) : NULL;
+        t->bv = j == first ? mean_bias(p, first, 1) : NULL;
+        p->wq[j] = w->wq;
+        p->bq[j] = w->bq;
+    }
+    return 0;
+}
+
+static void plan_free(void *ctx) {
+    swiftkv_plan *p = ctx;
+    if (!p) return;
+    for (int i = 0; i < p->n_owned; i++)
+        fwd_weight_free(p->m, p->owned[i]);
+    free(p->owned);
+    free(p->terms);
+    free(p->wq);
+    free(p->bq);
+    free(p);
+}
+
+static swiftkv_plan *plan_new(model *m, const strategy_opts *o, char *err, size_t errlen) {
+    swiftkv_plan *p = xcalloc(1, sizeof *p);
+    p->m = m;
+    p->L = m->cfg.n_layer;
+    if (swiftkv_shape(m, o, &p->l, &p->G, err, errlen) != 0) {
+        free(p);
+        return NULL;
+    }
+    p->terms = xcalloc((size_t)(p->L - p->l + 1), sizeof *p->terms);
+    p->wq = xcalloc((size_t)p->L, sizeof *p->wq);
+    p->bq = xcalloc((size_t)p->L, sizeof *p->bq);
+    p->owned = xcalloc((size_t)(3 * p->L + 1), sizeof *p->owned);
+    int rc = is_checkpoint(m) ? plan_checkpoint(p, err, errlen)
+                              : plan_training_free(p, o->swiftkv_fold == 1);
+    if (rc != 0) {
+        plan_free(p);
+        return NULL;
+    }
+    return p;
+}
+
+// After layer l-1: every alive row's group K/V from the stream entering layer l; in prefill
+// only the last row goes on.
+static int swiftkv_after_layer(void *ctx, fwd_state *s, int l) {
+    const swiftkv_plan *p = ctx;
+    if (l != p->l - 1 || p->l == p->L) return 0;
+    int n_groups = (p->L - p->l) / p->G;
+    for (int g = 0; g < n_groups; g++)
+        fwd_kv_from_stream(s, p->l + g * p->G, &p->terms[g * p->terms_per_group],
+                           p->terms_per_group);
+    if (s->n > 1) {
+        int last = s->n - 1;
+        fwd_keep_rows(s, &last, 1);
+    }
+    return 0;
+}
+
+// Layers >= l read their group leader's cache with Q'.
+static int swiftkv_kv_source(void *ctx, int l, int *kv_layer, const bk_weight **wq,
+                             const bk_weight **bq) {
+    const swiftkv_plan *p = ctx;
+    if (l < p->l) return 0;
+    *kv_layer = l - (l - p->l) % p->G;
+    *wq = p->wq[l];
+    *bq = p->bq[l];
+    return 1;
+}
+
+static kv_cache *swiftkv_prefill(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
+                                 float *logits, prefill_info *info, char *err, size_t errlen) {
+    swiftkv_plan *p = plan_new(m, o, err, errlen);
+    if (!p) return NULL;
+    int *caps = xmalloc((size_t)p->L * sizeof(int));
+    for (int j = 0; j < p->L; j++)
+        caps[j] = j < p->l || (j - p->l) % p->G == 0 ? n + n_gen : 0; // non-leaders: none
+    fwd_hooks hooks = {
+        .ctx = p, .after_layer = swiftkv_after_layer, .kv_source = swiftkv_kv_source};
+    kv_cache *kv = prefill_run(m, ids, n, n_gen, caps, &hooks, logits, info, err, errlen);
+    free(caps);
+    if (!kv) {
+        plan_free(p);
+        return NULL;
+    }
+    info->decode = hooks;
+    info->decode_free = plan_free;
+    if (!is_checkpoint(m))
+        snprintf(info->note, sizeof info->note,
+                 "training-free init (l = %d, G = %d), experimental: "
+                 "no distilled checkpoint, fidelity in bench/EVAL.md",
+                 p->l, p->G);
+    return kv;
+}
+
+static int swiftkv_check(const model *m, const strategy_opts *o, char *err, size_t errlen) {
+    int l, G;
+    if (swiftkv_shape(m, o, &l, &G, err, errlen) != 0) return -1;
+    int missing = model_qkv_missing_from(m);
+    if (!is_checkpoint(m)) {
+        if (missing >= 0)
+            return err_printf(err, errlen, "layer %d has no q/k/v projections", missing);
+        return 0;
+    }
+    if (missing >= 0 && missing < l)
+        return err_printf(err, errlen,
+                          "layer %d < num_key_value_layers %d has no q/k/v "
+                          "projections",
+                          missing, l);
+    // The checkpoint's own tensors, checked once before any prompt runs.
+    swiftkv_plan *p = plan_new((model *)m, o, err, errlen);
+    int ok = p != NULL;
+    plan_free(p);
+    return ok ? 0 : -1;
+}
+
+const strategy strategy_swiftkv = {
+    .name = "swiftkv",
+    .about = "upper layers' prompt KV from one hidden state; the prompt skips them "
+             "(distilled checkpoint; training-free on other models is experimental)",
+    .prefill = swiftkv_prefill,
+    .check = swiftkv_check,
+    .supplies_qkv = 1,
+};
