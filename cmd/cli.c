@@ -219,7 +219,7 @@ backend *cli_backend(const char *device, int threads) {
         fprintf(stderr, "sift: error: --device cuda: %s\n", msg);
         return NULL;
     }
-    fprintf(stderr, "sift: device auto: cpu (%s)\n", msg);
+    // auto without a usable GPU: the CPU, quietly (the load line names it; --device cuda says why)
 #else
     if (strcmp(device, "cuda") == 0) {
         fprintf(stderr, "sift: error: --device cuda: this sift was built without the CUDA backend "
@@ -231,7 +231,6 @@ backend *cli_backend(const char *device, int threads) {
 }
 
 static int eog_test(const void *ctx, int id) { return tok_is_eog(ctx, id); }
-
 
 // Loads --draft: a model with exactly the main model's vocabulary. NULL + err otherwise.
 static model *load_draft(const char *path, const tok *main_tok, backend *bk, gguf_file **df,
