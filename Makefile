@@ -18,7 +18,7 @@ MODEL   ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
 CFLAGS  += -DSIFT_VERSION='"$(VERSION)"'
 
-LIB_SRC := $(wildcard cmd/*.c util/*.c weights/*.c tok/*.c model/*.c attn/*.c kv/*.c policies/*.c)
+LIB_SRC := $(wildcard cmd/*.c eval/*.c util/*.c weights/*.c tok/*.c model/*.c attn/*.c kv/*.c policies/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=build/%.o)
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/%.c=build/tests/%)

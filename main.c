@@ -474,6 +474,8 @@ static int run_all(const session *s) {
 
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "bench") == 0) return cmd_bench(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "eval") == 0) return cmd_eval(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "ppl") == 0) return cmd_ppl(argc, argv);
     options o;
     parse_args(argc, argv, &o);
     if (strcmp(o.device, "cuda") == 0) {
