@@ -18,8 +18,8 @@ static const struct {
     const char *name;
     int n_gen;
 } TASKS[EVAL_N_TASKS] = {
-    [EVAL_NIAH] = {"niah", 16},   [EVAL_MULTIKEY] = {"multikey", 16},
-    [EVAL_MULTIVALUE] = {"multivalue", 48}, [EVAL_VT] = {"vt", 40}, [EVAL_CWE] = {"cwe", 40}};
+    [EVAL_NIAH] = {"niah", 12},   [EVAL_MULTIKEY] = {"multikey", 12},
+    [EVAL_MULTIVALUE] = {"multivalue", 48}, [EVAL_VT] = {"vt", 32}, [EVAL_CWE] = {"cwe", 32}};
 
 const char *eval_task_name(eval_task t) { return TASKS[t].name; }
 int eval_task_n_gen(eval_task t) { return TASKS[t].n_gen; }
