@@ -37,7 +37,9 @@ static void print_help(void) {
     printf(
         "sift %s — run a prompt through a Llama-family model with a long-context strategy\n\n"
         "usage: sift [options] (-p TEXT | -f FILE... | --batch DIR)\n"
-        "       sift bench [-m MODEL] [-p 512,2048] [-n 128] [-r 3]   (see sift bench --help)\n\n"
+        "       sift bench [-m MODEL] [-p 512,2048] [-n 128] [-r 3]   (see sift bench --help)\n"
+        "       sift eval [-m MODEL] [--strategy all] [--ctx 1024,...]  (see sift eval --help)\n"
+        "       sift ppl [-m MODEL] -f TEXT [--ctx 512]                 (see sift ppl --help)\n\n"
         "model and input\n"
         "  -m, --model PATH        GGUF model (default: %s beside the binary)\n"
         "  -p, --prompt TEXT       prompt text\n"
