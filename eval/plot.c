@@ -65,7 +65,9 @@ static void panel(FILE *f, const eval_report *r, int x0, int ttft) {
             x0 + PANEL_W / 2, TOP + PANEL_H + 36);
     for (int s = 0; s < r->n_strategies; s++) {
         const char *col = COLORS[s % N_COLORS];
-        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"", col);
+        // earlier strategies (full first) drawn wider, so a line on top of another stays visible
+        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"%.1f\" points=\"", col,
+                2 + 1.5 * (r->n_strategies - 1 - s));
         for (int c = 0; c < r->n_ctxs; c++) {
             double v = cell_mean(r, r->strategies[s], r->ctxs[c], ttft);
             if (!isnan(v)) fprintf(f, "%.1f,%.1f ", x0 + 30 + c * dx, TOP + PANEL_H * (1 - v / ymax));
@@ -74,8 +76,9 @@ static void panel(FILE *f, const eval_report *r, int x0, int ttft) {
         for (int c = 0; c < r->n_ctxs; c++) {
             double v = cell_mean(r, r->strategies[s], r->ctxs[c], ttft);
             if (!isnan(v))
-                fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\"/>\n",
-                        x0 + 30 + c * dx, TOP + PANEL_H * (1 - v / ymax), col);
+                fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%.1f\" fill=\"%s\"/>\n",
+                        x0 + 30 + c * dx, TOP + PANEL_H * (1 - v / ymax),
+                        3 + 1.5 * (r->n_strategies - 1 - s), col);
         }
     }
 }
