@@ -219,7 +219,7 @@ def test_csv_and_svg(e2e):
 
 def test_every_registered_strategy_runs(tmp_path):
     """--strategy all iterates the registry; fidelity of full to itself is exact."""
-    r = sift("eval", "-m", MODEL, "--tasks", "niah", "--ctx", 512, "--samples", 1, "-t", 2,
+    r = sift("eval", "-m", MODEL, "--tasks", "niah", "--ctx", 256, "--samples", 1, "-t", 2,
              "-o", tmp_path / "r.json")
     assert r.returncode == 0, r.stderr
     res = json.loads((tmp_path / "r.json").read_text())
