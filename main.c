@@ -38,7 +38,9 @@ static void print_help(void) {
         "sift %s — run a prompt through a Llama-family model with a long-context strategy\n\n"
         "usage: sift [options] (-p TEXT | -f FILE... | --batch DIR)\n"
         "       sift bench [-m MODEL|synthetic:NAME] [--ctx 1024,8192] [-n 128] [-r 5]\n"
-        "                  (see sift bench --help)\n\n"
+        "                  (see sift bench --help)\n"
+        "       sift eval [-m MODEL] [--strategy all] [--ctx 1024,...]  (see sift eval --help)\n"
+        "       sift ppl [-m MODEL] -f TEXT [--ctx 512]                 (see sift ppl --help)\n\n"
         "model and input\n"
         "  -m, --model PATH        GGUF file or Hugging Face directory (config.json,\n"
         "                          safetensors, tokenizer.json) (default: %s beside the binary)\n"
@@ -483,6 +485,8 @@ static int run_all(const session *s) {
 
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "bench") == 0) return cmd_bench(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "eval") == 0) return cmd_eval(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "ppl") == 0) return cmd_ppl(argc, argv);
     options o;
     parse_args(argc, argv, &o);
     if (cli_is_synthetic(o.model)) {

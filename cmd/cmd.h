@@ -72,3 +72,5 @@ double cli_mem_available(void);
 
 // ---- subcommands: argv[1] is the command's name ----
 int cmd_bench(int argc, char **argv);
+int cmd_eval(int argc, char **argv);   // cmd/eval.c
+int cmd_ppl(int argc, char **argv);    // cmd/ppl.c

@@ -69,6 +69,13 @@ double now_ms(void) {
 int run_generate(const strategy *s, model *m, const strategy_opts *o, const int *ids, int n,
                  int n_predict, sampler *smp, run_token_fn on_token, void *ctx, run_stats *st,
                  char *err, size_t errlen) {
+    return run_generate_first(s, m, o, ids, n, n_predict, smp, on_token, ctx, st, NULL, err,
+                              errlen);
+}
+
+int run_generate_first(const strategy *s, model *m, const strategy_opts *o, const int *ids, int n,
+                       int n_predict, sampler *smp, run_token_fn on_token, void *ctx,
+                       run_stats *st, float *first_logits, char *err, size_t errlen) {
     memset(st, 0, sizeof *st);
     st->prompt_n = n;
     float *logits = xmalloc((size_t)m->cfg.vocab * sizeof(float));
@@ -82,6 +89,7 @@ int run_generate(const strategy *s, model *m, const strategy_opts *o, const int 
     st->rows_done = info.rows_done;
     memcpy(st->note, info.note, sizeof st->note);
     st->kv_bytes = kv_bytes(kv);
+    if (first_logits) memcpy(first_logits, logits, (size_t)m->cfg.vocab * sizeof(float));
     int tok = sample_next(smp, logits);
     st->prompt_ms = now_ms() - t0;
     st->predicted_n = 1;

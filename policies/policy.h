@@ -95,5 +95,10 @@ typedef int (*run_token_fn)(void *ctx, int id);
 int run_generate(const strategy *s, model *m, const strategy_opts *o, const int *ids, int n,
                  int n_predict, sampler *smp, run_token_fn on_token, void *ctx, run_stats *st,
                  char *err, size_t errlen);
+// run_generate that also copies the prefill's logits (vocab,) — the distribution of the first
+// generated token — into first_logits (NULL: not wanted).
+int run_generate_first(const strategy *s, model *m, const strategy_opts *o, const int *ids, int n,
+                       int n_predict, sampler *smp, run_token_fn on_token, void *ctx,
+                       run_stats *st, float *first_logits, char *err, size_t errlen);
 
 double now_ms(void);

@@ -1,0 +1,404 @@
+// cmd/eval.c — `sift eval`: for every context x task x sample, build the task's prompt, run every
+// chosen strategy (and `full`, the reference, first) greedily on the same tokens, score the answer
+// and measure the fidelity to full; then print the tables and write JSON / CSV / SVG.
+// Ctrl-C stops between prompts and reports what was measured (exit 130).
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "../eval/eval.h"
+#include "../util/check.h"
+#include "cmd.h"
+
+#define MAX_CTXS 16
+
+typedef struct {
+    const char *model, *haystack, *json_path, *csv_path, *plot_path, *draft_path;
+    const strategy *strategies[MAX_STRATEGIES];
+    int n_strategies;
+    int tasks[EVAL_N_TASKS], n_tasks;
+    int ctxs[MAX_CTXS], n_ctxs;
+    int samples, threads, dump, quiet;
+    unsigned long long seed;
+    strategy_opts so;
+} eval_opts;
+
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    interrupted = 1;
+    signal(SIGINT, SIG_DFL);   // a second Ctrl-C ends sift at once
+}
+
+static void print_help(void) {
+    printf("usage: sift eval [-m MODEL] [--strategy all|NAME,...] [--tasks niah,...]\n"
+           "                 [--ctx 1024,2048,4096] [--samples 5] [--seed 1] [--haystack FILE]\n"
+           "                 [-o results.json] [--csv results.csv] [--plot results.svg]\n"
+           "                 [-t N] [-q] [--dump-prompts] [strategy flags, see sift --help]\n\n"
+           "Long-context tasks in RULER's shapes, generated from --seed: niah (one needle at a\n"
+           "depth spread over the samples), multikey (asked needle among 3 others), multivalue\n"
+           "(4 values of one key), vt (variable chain of 5 names), cwe (5 most common words).\n"
+           "Each prompt fills --ctx tokens (prompt + answer) with the haystack (built-in filler,\n"
+           "or FILE's whole sentences, repeated when short), in the model's chat template.\n"
+           "Every strategy runs greedily on the same tokens; `full` always runs as the reference.\n"
+           "Reported per strategy x task x ctx: accuracy (share of expected strings in the\n"
+           "answer), first-token and greedy agreement with full, KL(full || strategy) of the\n"
+           "first token's distribution, TTFT, TPOT, KV MiB. --dump-prompts prints the prompts\n"
+           "(JSON Lines) without running any strategy. Ctrl-C reports what was measured.\n"
+           "tasks: %s\nstrategies: %s\n", eval_task_names(), strategy_names());
+}
+
+static int parse_list(const char *flag, const char *v, int *out, int max, int lo, int hi) {
+    char *copy = strdup(v), *save = NULL;
+    int n = 0;
+    for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (n == max) cli_usage_error("%s: more than %d values", flag, max);
+        out[n++] = (int)cli_int(flag, t, lo, hi);
+    }
+    free(copy);
+    if (n == 0) cli_usage_error("%s needs at least one value", flag);
+    return n;
+}
+
+static int parse_tasks(const char *v, int *out) {
+    char *copy = strdup(v), *save = NULL;
+    int n = 0;
+    for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int k = eval_task_find(t);
+        if (k < 0) cli_usage_error("unknown task '%s' (available: %s)", t, eval_task_names());
+        for (int i = 0; i < n; i++)
+            if (out[i] == k) cli_usage_error("task '%s' given twice", t);
+        out[n++] = k;
+    }
+    free(copy);
+    if (n == 0) cli_usage_error("--tasks needs at least one name");
+    return n;
+}
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcasecmp(s + a - b, suffix) == 0;
+}
+
+// `full` is the reference every fidelity number needs: make it run first.
+static void full_first(eval_opts *e) {
+    const strategy *full = strategy_find("full");
+    int at = -1;
+    for (int i = 0; i < e->n_strategies; i++)
+        if (e->strategies[i] == full) at = i;
+    if (at < 0 && e->n_strategies == MAX_STRATEGIES) cli_usage_error("more than %d strategies", MAX_STRATEGIES - 1);
+    if (at < 0) at = e->n_strategies++;
+    for (int i = at; i > 0; i--) e->strategies[i] = e->strategies[i - 1];
+    e->strategies[0] = full;
+}
+
+static void eval_parse(int argc, char **argv, eval_opts *e) {
+    *e = (eval_opts){.n_tasks = EVAL_N_TASKS, .ctxs = {1024, 2048, 4096}, .n_ctxs = 3,
+                     .samples = 5, .seed = 1, .so = strategy_opts_default()};
+    for (int i = 0; i < EVAL_N_TASKS; i++) e->tasks[i] = i;
+    e->n_strategies = cli_strategies("all", e->strategies);
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (cli_is_flag(a, "-h", "--help")) {
+            print_help();
+            exit(0);
+        }
+        if (cli_is_flag(a, NULL, "--dump-prompts")) { e->dump = 1; continue; }
+        if (cli_is_flag(a, "-q", "--quiet")) { e->quiet = 1; continue; }
+        if (a[0] != '-') cli_usage_error("eval: unexpected argument '%s'", a);
+        if (i + 1 >= argc) cli_usage_error("eval: %s needs a value (or is unknown)", a);
+        const char *v = argv[++i];
+        if (cli_is_flag(a, "-m", "--model")) e->model = v;
+        else if (cli_is_flag(a, NULL, "--strategy")) e->n_strategies = cli_strategies(v, e->strategies);
+        else if (cli_is_flag(a, NULL, "--tasks")) e->n_tasks = parse_tasks(v, e->tasks);
+        else if (cli_is_flag(a, NULL, "--ctx")) e->n_ctxs = parse_list(a, v, e->ctxs, MAX_CTXS, 64, 1 << 20);
+        else if (cli_is_flag(a, NULL, "--samples")) e->samples = (int)cli_int(a, v, 1, 100000);
+        else if (cli_is_flag(a, "-s", "--seed")) e->seed = (unsigned long long)cli_int(a, v, 0, UINT32_MAX);
+        else if (cli_is_flag(a, NULL, "--haystack")) e->haystack = v;
+        else if (cli_is_flag(a, "-o", "--output")) e->json_path = v;
+        else if (cli_is_flag(a, NULL, "--csv")) e->csv_path = v;
+        else if (cli_is_flag(a, NULL, "--plot")) e->plot_path = v;
+        else if (cli_is_flag(a, "-t", "--threads")) e->threads = (int)cli_int(a, v, 1, 1024);
+        else if (!cli_strategy_flag(a, v, &e->so, &e->draft_path))
+            cli_usage_error("eval: unknown flag '%s'", a);
+    }
+    if (e->plot_path && !ends_with(e->plot_path, ".svg"))
+        cli_usage_error("--plot %s: only SVG is written (name the file .svg; convert it to PNG "
+                        "with e.g. rsvg-convert)", e->plot_path);
+    if (e->draft_path && e->so.draft_layers)
+        cli_usage_error("--draft and --draft-layers exclude each other");
+    if (e->threads == 0) e->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    e->so.n_threads = e->threads;
+    full_first(e);
+}
+
+// ---- one strategy on one prompt ----
+
+typedef struct {
+    const tok *t;
+    int *ids, n_ids;
+    char *text;
+    size_t len;
+} answer;
+
+static int on_token(void *ctx, int id) {
+    answer *a = ctx;
+    a->ids = xrealloc(a->ids, (size_t)(a->n_ids + 1) * sizeof(int));
+    a->ids[a->n_ids++] = id;
+    if (tok_is_eog(a->t, id)) return 1;
+    size_t n;
+    const char *p = tok_piece(a->t, id, 0, &n);
+    a->text = xrealloc(a->text, a->len + n + 1);
+    memcpy(a->text + a->len, p, n);
+    a->len += n;
+    a->text[a->len] = 0;
+    return 0;
+}
+
+typedef struct {
+    const eval_opts *e;
+    loaded *L;
+    eval_haystack hay;
+    eval_record *recs;
+    int n_recs;
+    float *full_logits, *logits;
+    answer full_answer;
+} eval_run;
+
+// Runs strategy s on prompt p; fills rec (fidelity against the full run of the same prompt,
+// which comes first). 0 or -1 (error printed).
+static int run_one(eval_run *R, const strategy *s, const eval_spec *spec, const eval_prompt *p,
+                   eval_record *rec) {
+    model *m = R->L->m;
+    int is_full = strcmp(s->name, "full") == 0;
+    answer a = {.t = R->L->t};
+    sampler smp;
+    sampler_init(&smp, &(sample_params){.temp = 0}, m->cfg.vocab);
+    run_stats st;
+    char err[512];
+    int rc = run_generate_first(s, m, &R->e->so, p->ids, p->n_ids, eval_task_n_gen(spec->task),
+                                &smp, on_token, &a, &st, is_full ? R->full_logits : R->logits,
+                                err, sizeof err);
+    sampler_free(&smp);
+    if (rc) {
+        fprintf(stderr, "sift: error: eval: %s on %s at ctx %d, sample %d: %s\n", s->name,
+                eval_task_name(spec->task), spec->ctx, spec->sample, err);
+        free(a.ids);
+        free(a.text);
+        return -1;
+    }
+    *rec = (eval_record){.strategy = s->name, .task = spec->task, .ctx = spec->ctx,
+                         .sample = spec->sample, .seed = spec->seed, .depth = p->depth,
+                         .prompt_tokens = p->n_ids, .answer = a.text ? a.text : strdup(""),
+                         .ttft_ms = st.prompt_ms, .kv_mib = st.kv_bytes / 1048576.0,
+                         .tpot_ms = cli_per_tok(st.decode_runs, st.decode_ms)};
+    memcpy(rec->note, st.note, sizeof rec->note);
+    for (int i = 0; i < p->n_answers; i++) {
+        strcat(rec->expected, i ? "|" : "");
+        strcat(rec->expected, p->answers[i]);
+    }
+    rec->score = eval_score(p->answers, p->n_answers, rec->answer);
+    if (is_full) {
+        free(R->full_answer.ids);
+        R->full_answer = a;
+    }
+    const answer *f = &R->full_answer;
+    int same = 0;
+    for (int i = 0; i < f->n_ids && i < a.n_ids; i++) same += f->ids[i] == a.ids[i];
+    rec->first_agree = a.n_ids > 0 && f->n_ids > 0 && a.ids[0] == f->ids[0];
+    rec->greedy_agree = f->n_ids ? (double)same / f->n_ids : 0;
+    rec->kl = is_full ? 0 : eval_kl(R->full_logits, R->logits, m->cfg.vocab);
+    if (!is_full) free(a.ids);
+    return 0;
+}
+
+// ---- progress ----
+
+static void progress(const eval_opts *e, int done, int total, double t0, const eval_spec *spec,
+                     const eval_record *recs, int n_recs) {
+    if (e->quiet) return;
+    if (isatty(2)) {
+        double left = done ? (now_ms() - t0) / done * (total - done) / 1000 : 0;
+        int bar = 30 * done / total;
+        fprintf(stderr, "\reval [%.*s%.*s] %d/%d prompts, ETA %dm%02ds   ", bar,
+                "##############################", 30 - bar, "..............................", done,
+                total, (int)left / 60, (int)left % 60);
+        if (done == total) fprintf(stderr, "\n");
+        return;
+    }
+    if (spec->sample + 1 < e->samples) return;   // a plain line when a cell is complete
+    for (int k = 0; k < e->n_strategies; k++) {
+        double acc = 0, kl = 0, ttft = 0;
+        int n = 0;
+        for (int i = 0; i < n_recs; i++)
+            if (recs[i].ctx == spec->ctx && recs[i].task == spec->task &&
+                recs[i].strategy == e->strategies[k]->name) {
+                acc += recs[i].score, kl += recs[i].kl, ttft += recs[i].ttft_ms;
+                n++;
+            }
+        if (n)
+            fprintf(stderr, "eval: ctx %d %s %s: accuracy %.2f, KL %.4f, TTFT %.0f ms (%d/%d prompts)\n",
+                    spec->ctx, eval_task_name(spec->task), e->strategies[k]->name, acc / n, kl / n,
+                    ttft / n, done, total);
+    }
+}
+
+static void dump_prompt(const eval_spec *spec, const eval_prompt *p) {
+    printf("{\"task\":\"%s\",\"ctx\":%d,\"sample\":%d,\"seed\":%llu,\"depth\":%.4f,"
+           "\"prompt_tokens\":%d,\"n_gen\":%d,\"answers\":[",
+           eval_task_name(spec->task), spec->ctx, spec->sample, (unsigned long long)spec->seed,
+           p->depth, p->n_ids, eval_task_n_gen(spec->task));
+    for (int i = 0; i < p->n_answers; i++) {
+        printf(i ? "," : "");
+        cli_json_str(stdout, p->answers[i], strlen(p->answers[i]));
+    }
+    printf("],\"text\":");
+    cli_json_str(stdout, p->text, strlen(p->text));
+    printf("}\n");
+}
+
+// Every prompt in order; stops early on Ctrl-C or an error. 0, -1 (error) or 1 (interrupted).
+static int run_all(eval_run *R) {
+    const eval_opts *e = R->e;
+    int total = e->n_ctxs * e->n_tasks * e->samples, done = 0;
+    double t0 = now_ms();
+    for (int c = 0; c < e->n_ctxs; c++)
+        for (int k = 0; k < e->n_tasks; k++)
+            for (int s = 0; s < e->samples; s++) {
+                if (interrupted) return 1;
+                eval_spec spec = {.task = e->tasks[k], .ctx = e->ctxs[c], .seed = e->seed,
+                                  .sample = s, .n_samples = e->samples,
+                                  .chat = tok_chat_kind(R->L->t) != TOK_CHAT_NONE};
+                eval_prompt p;
+                char err[512];
+                if (eval_make_prompt(R->L->t, &R->hay, &spec, &p, err, sizeof err)) {
+                    fprintf(stderr, "sift: error: eval: %s\n", err);
+                    return -1;
+                }
+                if (e->dump) dump_prompt(&spec, &p);
+                for (int i = 0; i < e->n_strategies && !e->dump; i++) {
+                    R->recs = xrealloc(R->recs, (size_t)(R->n_recs + 1) * sizeof *R->recs);
+                    if (run_one(R, e->strategies[i], &spec, &p, &R->recs[R->n_recs])) {
+                        for (; i > 0; i--) free(R->recs[--R->n_recs].answer);   // whole prompts only
+                        eval_prompt_free(&p);
+                        return -1;
+                    }
+                    R->n_recs++;
+                }
+                eval_prompt_free(&p);
+                if (!e->dump) progress(e, ++done, total, t0, &spec, R->recs, R->n_recs);
+            }
+    return 0;
+}
+
+// ---- reports ----
+
+static int write_reports(const eval_opts *e, const eval_report *rep) {
+    int rc = 0;
+    char err[512];
+    const char *paths[2] = {e->json_path, e->csv_path};
+    for (int i = 0; i < 2; i++) {
+        if (!paths[i]) continue;
+        FILE *f = fopen(paths[i], "w");
+        if (!f) {
+            fprintf(stderr, "sift: error: cannot write %s\n", paths[i]);
+            rc = -1;
+            continue;
+        }
+        if (i == 0) eval_write_json(f, rep);
+        else eval_write_csv(f, rep);
+        if (fclose(f)) {
+            fprintf(stderr, "sift: error: writing %s failed\n", paths[i]);
+            rc = -1;
+        }
+    }
+    if (e->plot_path && eval_write_svg(e->plot_path, rep, err, sizeof err)) {
+        fprintf(stderr, "sift: error: --plot: %s\n", err);
+        rc = -1;
+    }
+    return rc;
+}
+
+// The tables on stdout and the files asked for; 0 or -1 (a file could not be written).
+static int report(const eval_opts *e, const eval_run *R, const char *model_name, int complete) {
+    const char *names[MAX_STRATEGIES];
+    for (int i = 0; i < e->n_strategies; i++) names[i] = e->strategies[i]->name;
+    eval_report rep = {.model = model_name, .seed = e->seed, .samples = e->samples,
+                       .strategies = names, .n_strategies = e->n_strategies, .tasks = e->tasks,
+                       .n_tasks = e->n_tasks, .ctxs = e->ctxs, .n_ctxs = e->n_ctxs,
+                       .recs = R->recs, .n_recs = R->n_recs, .complete = complete};
+    if (!complete)
+        fprintf(stderr, "sift: eval interrupted: reporting the %d prompts measured\n",
+                R->n_recs / e->n_strategies);
+    eval_print_tables(stdout, &rep);
+    return write_reports(e, &rep);
+}
+
+// Output files are opened before hours of measuring, so a bad path fails at once.
+static int check_outputs(const eval_opts *e) {
+    const char *paths[3] = {e->json_path, e->csv_path, e->plot_path};
+    for (int i = 0; i < 3; i++) {
+        FILE *f = paths[i] ? fopen(paths[i], "w") : NULL;
+        if (paths[i] && !f) {
+            fprintf(stderr, "sift: error: cannot write %s\n", paths[i]);
+            return -1;
+        }
+        if (f) fclose(f);
+    }
+    return 0;
+}
+
+static int load_haystack(const eval_opts *e, eval_haystack *h) {
+    *h = (eval_haystack){0};
+    if (!e->haystack) return 0;
+    char err[512], why[400];
+    size_t len;
+    char *text = cli_read_all(e->haystack, &len, err, sizeof err);
+    if (!text) {
+        fprintf(stderr, "sift: error: --haystack: %s\n", err);
+        return -1;
+    }
+    int rc = eval_haystack_from_text(h, text, len, why, sizeof why);
+    if (rc) fprintf(stderr, "sift: error: --haystack %s: %s\n", e->haystack, why);
+    free(text);
+    return rc;
+}
+
+int cmd_eval(int argc, char **argv) {
+    eval_opts e;
+    eval_parse(argc, argv, &e);
+    if (check_outputs(&e)) return 1;
+    eval_run R = {.e = &e};
+    if (load_haystack(&e, &R.hay)) return 1;
+    loaded L;
+    int rc = cli_load(&L, e.model, e.draft_path, e.threads, e.strategies, e.n_strategies, &e.so);
+    for (int i = 0; i < e.n_ctxs && rc == 0; i++)
+        if (e.ctxs[i] > L.m->cfg.ctx_len) {
+            fprintf(stderr, "sift: error: --ctx %d is beyond the model's context %d\n", e.ctxs[i],
+                    L.m->cfg.ctx_len);
+            rc = 2;
+        }
+    if (rc == 0) {
+        R.L = &L;
+        R.full_logits = xmalloc((size_t)L.m->cfg.vocab * sizeof(float));
+        R.logits = xmalloc((size_t)L.m->cfg.vocab * sizeof(float));
+        signal(SIGINT, on_sigint);
+        int run = run_all(&R);
+        signal(SIGINT, SIG_DFL);
+        int written = e.dump ? 0 : report(&e, &R, L.m->name ? L.m->name : cli_base_name(L.path), run != 1);
+        rc = run < 0 || written ? 1 : run == 1 ? 130 : 0;
+    }
+    for (int i = 0; i < R.n_recs; i++) free(R.recs[i].answer);
+    free(R.recs);
+    free(R.full_logits);
+    free(R.logits);
+    free(R.full_answer.ids);
+    eval_haystack_free(&R.hay);
+    cli_unload(&L);
+    return rc;
+}

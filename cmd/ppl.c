@@ -1,0 +1,173 @@
+// cmd/ppl.c — `sift ppl`: perplexity of a text, in llama.cpp's llama-perplexity convention so the
+// numbers compare: the text is tokenized whole (BOS first when the model adds one), cut into
+// chunks of --ctx tokens (a remainder shorter than --ctx is dropped), each chunk is run on its
+// own with its first token replaced by BOS, and only the second half is scored: the logits at
+// positions ctx/2 .. ctx-2 predict tokens ctx/2+1 .. ctx-1. PPL = exp(mean NLL), ± its standard
+// error (delta method). Only `full` gives every position's logits; other strategies are refused.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../util/check.h"
+#include "cmd.h"
+
+#define PPL_BATCH 256   // rows per forward pass (their logits: 256 x vocab floats)
+
+typedef struct {
+    const char *model, *file;
+    int ctx, threads, json, quiet;
+    const strategy *s;
+} ppl_opts;
+
+static void ppl_parse(int argc, char **argv, ppl_opts *p) {
+    *p = (ppl_opts){.ctx = 512, .s = strategy_find("full")};
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (cli_is_flag(a, "-h", "--help")) {
+            printf("usage: sift ppl [-m MODEL] -f TEXT [--ctx 512] [--strategy full] [-t N] [--json] [-q]\n"
+                   "perplexity in llama-perplexity's convention: chunks of --ctx tokens, BOS at each\n"
+                   "chunk's start, the second half of each chunk scored\n");
+            exit(0);
+        }
+        if (cli_is_flag(a, NULL, "--json")) { p->json = 1; continue; }
+        if (cli_is_flag(a, "-q", "--quiet")) { p->quiet = 1; continue; }
+        if (a[0] != '-') cli_usage_error("ppl: unexpected argument '%s'", a);
+        if (i + 1 >= argc) cli_usage_error("ppl: %s needs a value (or is unknown)", a);
+        const char *v = argv[++i];
+        if (cli_is_flag(a, "-m", "--model")) p->model = v;
+        else if (cli_is_flag(a, "-f", "--file")) p->file = v;
+        else if (cli_is_flag(a, "-c", "--ctx") || cli_is_flag(a, NULL, "--ctx-size"))
+            p->ctx = (int)cli_int(a, v, 4, 1 << 20);
+        else if (cli_is_flag(a, "-t", "--threads")) p->threads = (int)cli_int(a, v, 1, 1024);
+        else if (cli_is_flag(a, NULL, "--strategy")) {
+            p->s = strategy_find(v);
+            if (!p->s) cli_usage_error("unknown strategy '%s' (available: %s)", v, strategy_names());
+            if (strcmp(v, "full") != 0)
+                cli_usage_error("ppl: strategy '%s' changes the prompt's forward pass, so it has "
+                                "no logits at every position to score; ppl supports: full", v);
+        } else cli_usage_error("ppl: unknown flag '%s'", a);
+    }
+    if (!p->file) cli_usage_error("ppl: no text: give -f FILE");
+    if (p->threads == 0) p->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+}
+
+// -log softmax(logits)[target]
+static double nll(const float *logits, int vocab, int target) {
+    double mx = -INFINITY, s = 0;
+    for (int i = 0; i < vocab; i++) mx = logits[i] > mx ? logits[i] : mx;
+    for (int i = 0; i < vocab; i++) s += exp(logits[i] - mx);
+    return mx + log(s) - logits[target];
+}
+
+// NLL of one chunk ids (ctx,) added to *sum / *sum2, scored as in the header; -1 on OOM.
+static int score_chunk(model *m, const int *ids, int ctx, double *sum, double *sum2, char *err,
+                       size_t errlen) {
+    int vocab = m->cfg.vocab, first = ctx / 2;
+    int *caps = xmalloc((size_t)m->cfg.n_layer * sizeof(int)), *pos = xmalloc((size_t)ctx * sizeof(int));
+    for (int l = 0; l < m->cfg.n_layer; l++) caps[l] = ctx;
+    for (int i = 0; i < ctx; i++) pos[i] = i;
+    kv_cache *kv = fwd_kv_create(m, caps, err, errlen);
+    float *logits = kv ? xmalloc((size_t)PPL_BATCH * vocab * sizeof(float)) : NULL;
+    for (int b = 0; kv && b < ctx; b += PPL_BATCH) {
+        int nb = ctx - b < PPL_BATCH ? ctx - b : PPL_BATCH;
+        fwd_run(m, kv, ids + b, pos + b, nb, NULL, logits, 1);
+        for (int i = b; i < b + nb; i++)
+            if (i >= first && i + 1 < ctx) {   // row i predicts token i + 1
+                double x = nll(logits + (size_t)(i - b) * vocab, vocab, ids[i + 1]);
+                *sum += x, *sum2 += x * x;
+            }
+    }
+    int rc = kv ? 0 : -1;
+    if (kv) kv_free(kv);
+    free(logits);
+    free(caps);
+    free(pos);
+    return rc;
+}
+
+// Tokens of the whole text (BOS first when the model adds one) or -1 (error printed).
+static int text_ids(const ppl_opts *p, const tok *t, int **ids) {
+    char err[512];
+    size_t len;
+    char *text = cli_read_all(p->file, &len, err, sizeof err);
+    if (!text) {
+        fprintf(stderr, "sift: error: %s\n", err);
+        return -1;
+    }
+    long bad = tok_utf8_invalid_at(text, len);
+    int *body = NULL, n = -1;
+    if (bad >= 0) snprintf(err, sizeof err, "%s is not valid UTF-8 (byte offset %ld)", p->file, bad);
+    else n = tok_encode(t, text, len, 0, &body, err, sizeof err);
+    free(text);
+    if (n < 0) {
+        fprintf(stderr, "sift: error: %s\n", err);
+        return -1;
+    }
+    int bos = tok_add_bos(t) && tok_bos(t) >= 0;
+    *ids = xmalloc((size_t)(n + 1) * sizeof(int));
+    if (bos) (*ids)[0] = tok_bos(t);
+    memcpy(*ids + bos, body, (size_t)n * sizeof(int));
+    free(body);
+    return n + bos;
+}
+
+static int run_ppl(const ppl_opts *p, loaded *L) {
+    int *ids = NULL, n = text_ids(p, L->t, &ids);
+    if (n < 0) return 1;
+    int n_chunk = n / p->ctx, scored = p->ctx - 1 - p->ctx / 2;
+    if (n_chunk == 0 || p->ctx > L->m->cfg.ctx_len) {
+        if (n_chunk == 0)
+            fprintf(stderr, "sift: error: %s has %d tokens, fewer than one chunk of --ctx %d\n",
+                    p->file, n, p->ctx);
+        else
+            fprintf(stderr, "sift: error: --ctx %d is beyond the model's context %d\n", p->ctx,
+                    L->m->cfg.ctx_len);
+        free(ids);
+        return n_chunk == 0 ? 1 : 2;
+    }
+    if (!p->quiet)
+        fprintf(stderr, "sift: ppl: %d tokens, %d chunks of %d; scoring the second half of each "
+                        "chunk (%d tokens), BOS at each chunk's start (llama-perplexity's convention)\n",
+                n, n_chunk, p->ctx, scored);
+    double sum = 0, sum2 = 0, t0 = now_ms();
+    char err[512];
+    int bos = tok_bos(L->t);
+    for (int c = 0; c < n_chunk; c++) {
+        int *chunk = ids + (size_t)c * p->ctx;
+        if (tok_add_bos(L->t) && bos >= 0) chunk[0] = bos;
+        if (score_chunk(L->m, chunk, p->ctx, &sum, &sum2, err, sizeof err)) {
+            fprintf(stderr, "sift: error: %s\n", err);
+            free(ids);
+            return 1;
+        }
+        if (!p->quiet) fprintf(stderr, "[%d]%.4f%s", c + 1, exp(sum / ((c + 1.0) * scored)),
+                               c + 1 == n_chunk ? "\n" : ",");
+    }
+    double N = (double)n_chunk * scored, mean = sum / N, var = sum2 / N - mean * mean;
+    double ppl = exp(mean), sd = N > 1 && var > 0 ? ppl * sqrt(var / (N - 1)) : 0;
+    double ms = now_ms() - t0;
+    if (p->json)
+        printf("{\"file\":\"%s\",\"model\":\"%s\",\"strategy\":\"%s\",\"ctx\":%d,\"chunks\":%d,"
+               "\"tokens_scored\":%.0f,\"nll_mean\":%.6f,\"ppl\":%.6f,\"ppl_stderr\":%.6f,"
+               "\"ms\":%.1f,\"convention\":\"llama-perplexity: BOS per chunk, second half scored\"}\n",
+               cli_base_name(p->file), L->m->name ? L->m->name : cli_base_name(L->path),
+               p->s->name, p->ctx, n_chunk, N, mean, ppl, sd, ms);
+    else
+        printf("Final estimate: PPL = %.4f +/- %.5f (%s, ctx %d, %d chunks, %.0f tokens scored, "
+               "%.1f s)\n", ppl, sd, p->s->name, p->ctx, n_chunk, N, ms / 1000);
+    free(ids);
+    return 0;
+}
+
+int cmd_ppl(int argc, char **argv) {
+    ppl_opts p;
+    ppl_parse(argc, argv, &p);
+    loaded L;
+    strategy_opts so = strategy_opts_default();
+    int rc = cli_load(&L, p.model, NULL, p.threads, &p.s, 1, &so);
+    if (rc == 0) rc = run_ppl(&p, &L);
+    cli_unload(&L);
+    return rc;
+}

@@ -1,0 +1,105 @@
+// eval/plot.c — the SVG figure of `sift eval --plot`: two panels side by side, accuracy vs context
+// and TTFT vs context, one coloured line per strategy (contexts evenly spaced, in the order
+// given), a shared legend underneath.
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../util/check.h"
+#include "eval.h"
+
+enum { PANEL_W = 440, PANEL_H = 300, LEFT = 70, TOP = 40, GAP = 90, LEGEND_H = 60 };
+
+static const char *const COLORS[] = {"#222222", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
+                                     "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"};
+#define N_COLORS (int)(sizeof COLORS / sizeof *COLORS)
+
+// Mean of one field over (strategy, ctx) records; NaN when there are none.
+static double cell_mean(const eval_report *r, const char *strategy, int ctx, int ttft) {
+    double sum = 0;
+    int n = 0;
+    for (int i = 0; i < r->n_recs; i++)
+        if (strcmp(r->recs[i].strategy, strategy) == 0 && r->recs[i].ctx == ctx) {
+            sum += ttft ? r->recs[i].ttft_ms : r->recs[i].score;
+            n++;
+        }
+    return n ? sum / n : NAN;
+}
+
+// A "nice" axis top (1, 2 or 5 x 10^k) at or above v.
+static double nice_top(double v) {
+    if (!(v > 0)) return 1;
+    double p = pow(10, floor(log10(v))), steps[] = {1, 2, 5, 10};
+    for (int i = 0; i < 4; i++)
+        if (steps[i] * p >= v) return steps[i] * p;
+    return 10 * p;
+}
+
+static void panel(FILE *f, const eval_report *r, int x0, int ttft) {
+    double ymax = 1;
+    if (ttft) {
+        ymax = 0;
+        for (int s = 0; s < r->n_strategies; s++)
+            for (int c = 0; c < r->n_ctxs; c++) {
+                double v = cell_mean(r, r->strategies[s], r->ctxs[c], 1);
+                if (v > ymax) ymax = v;
+            }
+        ymax = nice_top(ymax);
+    }
+    fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" font-size=\"15\">%s</text>\n",
+            x0 + PANEL_W / 2, TOP - 15, ttft ? "time to first token (ms) vs context" : "accuracy vs context");
+    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#999\"/>\n",
+            x0, TOP, PANEL_W, PANEL_H);
+    for (int k = 0; k <= 4; k++) {   // y grid and labels
+        int y = TOP + PANEL_H - k * PANEL_H / 4;
+        fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#eee\"/>\n", x0, y,
+                x0 + PANEL_W, y);
+        fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\" font-size=\"12\">%g</text>\n",
+                x0 - 6, y + 4, ymax * k / 4);
+    }
+    double dx = r->n_ctxs > 1 ? (PANEL_W - 60.0) / (r->n_ctxs - 1) : 0;
+    for (int c = 0; c < r->n_ctxs; c++)
+        fprintf(f, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\" font-size=\"12\">%d</text>\n",
+                x0 + 30 + c * dx, TOP + PANEL_H + 18, r->ctxs[c]);
+    fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" font-size=\"12\">context (tokens)</text>\n",
+            x0 + PANEL_W / 2, TOP + PANEL_H + 36);
+    for (int s = 0; s < r->n_strategies; s++) {
+        const char *col = COLORS[s % N_COLORS];
+        // earlier strategies (full first) drawn wider, so a line on top of another stays visible
+        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"%.1f\" points=\"", col,
+                2 + 1.5 * (r->n_strategies - 1 - s));
+        for (int c = 0; c < r->n_ctxs; c++) {
+            double v = cell_mean(r, r->strategies[s], r->ctxs[c], ttft);
+            if (!isnan(v)) fprintf(f, "%.1f,%.1f ", x0 + 30 + c * dx, TOP + PANEL_H * (1 - v / ymax));
+        }
+        fputs("\"/>\n", f);
+        for (int c = 0; c < r->n_ctxs; c++) {
+            double v = cell_mean(r, r->strategies[s], r->ctxs[c], ttft);
+            if (!isnan(v))
+                fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%.1f\" fill=\"%s\"/>\n",
+                        x0 + 30 + c * dx, TOP + PANEL_H * (1 - v / ymax),
+                        3 + 1.5 * (r->n_strategies - 1 - s), col);
+        }
+    }
+}
+
+int eval_write_svg(const char *path, const eval_report *r, char *err, size_t errlen) {
+    FILE *f = fopen(path, "w");
+    if (!f) return err_printf(err, errlen, "cannot write %s", path);
+    int w = LEFT + 2 * PANEL_W + GAP + 20, h = TOP + PANEL_H + 50 + LEGEND_H;
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+               "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\">\n"
+               "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", w, h, w, h);
+    panel(f, r, LEFT, 0);
+    panel(f, r, LEFT + PANEL_W + GAP, 1);
+    int ly = TOP + PANEL_H + 62;
+    for (int s = 0; s < r->n_strategies; s++) {
+        int lx = LEFT + (s % 6) * 150, row = ly + (s / 6) * 20;
+        fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"%s\" stroke-width=\"3\"/>"
+                   "<text x=\"%d\" y=\"%d\" font-size=\"13\">%s</text>\n",
+                lx, row, lx + 24, row, COLORS[s % N_COLORS], lx + 30, row + 4, r->strategies[s]);
+    }
+    fputs("</svg>\n", f);
+    if (fclose(f)) return err_printf(err, errlen, "writing %s failed", path);
+    return 0;
+}
