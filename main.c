@@ -173,7 +173,7 @@ static void parse_args(int argc, char **argv, options *o) {
         else if (cli_is_flag(a, NULL, "--min-p")) o->sp.min_p = cli_float(a, v, 0, 1);
         else if (cli_is_flag(a, "-s", "--seed")) o->seed = cli_int(a, v, -1, UINT32_MAX);
         else if (cli_is_flag(a, NULL, "--strategy")) o->n_strategies = cli_strategies(v, o->strategies);
-        else if (cli_is_flag(a, NULL, "--device")) o->device = v;
+        else if (cli_is_flag(a, NULL, "--device")) o->device = cli_device(v);
         else if (!cli_strategy_flag(a, v, &o->so, &o->draft_path)) cli_usage_error("unknown flag '%s'", a);
         i++;
     }
@@ -184,8 +184,6 @@ static void parse_args(int argc, char **argv, options *o) {
     if (o->draft_path && o->so.draft_layers)
         cli_usage_error("--draft and --draft-layers exclude each other (a draft model, or the main "
                     "model's first layers)");
-    if (strcmp(o->device, "auto") && strcmp(o->device, "cpu") && strcmp(o->device, "cuda"))
-        cli_usage_error("unknown device '%s' (auto, cpu or cuda)", o->device);
     if (o->batch_dir) add_batch_dir(o, o->batch_dir);
     if (o->threads == 0) o->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     o->so.n_threads = o->threads;
@@ -489,11 +487,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "ppl") == 0) return cmd_ppl(argc, argv);
     options o;
     parse_args(argc, argv, &o);
-    if (cli_is_synthetic(o.model)) {
-        fprintf(stderr, "sift: error: a synthetic model has no tokenizer, so it cannot take a "
-                        "prompt; measure it with `sift bench -m synthetic:NAME`\n");
-        return 2;
-    }
+    if (cli_refuse_synthetic(o.model, "a prompt")) return 2;
     double t0 = now_ms();
     loaded L;
     int rc = cli_load(&L, o.model, o.draft_path, o.device, o.threads, o.strategies,

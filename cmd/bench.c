@@ -195,7 +195,7 @@ static void bench_parse(int argc, char **argv, bench_opts *b) {
         else if (cli_is_flag(a, "-t", "--threads")) b->threads = (int)cli_int(a, v, 1, 1024);
         else if (cli_is_flag(a, NULL, "--strategy")) b->n_strategies = cli_strategies(v, b->strategies);
         else if (cli_is_flag(a, "-o", "--output")) b->format = v;
-        else if (cli_is_flag(a, NULL, "--device")) b->device = v;
+        else if (cli_is_flag(a, NULL, "--device")) b->device = cli_device(v);
         else if (cli_is_flag(a, NULL, "--elem-bytes")) b->elem_bytes = (int)cli_int(a, v, 1, 8);
         else if (cli_is_flag(a, "-p", "--ctx") || cli_is_flag(a, NULL, "--n-prompt"))
             b->n_ctx = parse_ctx_list(a, v, b->ctx);
@@ -205,8 +205,6 @@ static void bench_parse(int argc, char **argv, bench_opts *b) {
     if (strcmp(b->format, "md") && strcmp(b->format, "json") && strcmp(b->format, "jsonl") &&
         strcmp(b->format, "csv"))
         cli_usage_error("bench: -o must be md, json, jsonl or csv, not '%s'", b->format);
-    if (strcmp(b->device, "auto") && strcmp(b->device, "cpu") && strcmp(b->device, "cuda"))
-        cli_usage_error("bench: unknown device '%s' (auto, cpu or cuda)", b->device);
     if (b->elem_bytes != 4 && !b->dry_run)
         cli_usage_error("bench: --elem-bytes only applies to --dry-run (a run uses the backend's)");
     if (b->threads == 0) b->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
@@ -276,14 +274,14 @@ static void mean_sd(const double *x, int n, double *mean, double *sd) {
 // Progress on stderr: the cell being measured, and the prefill layer when stderr is a terminal.
 typedef struct {
     char cell[160];
-} progress;
+} bench_progress;
 
 static void bench_show_layer(void *ctx, int layer, int n_layer, int rows) {
-    const progress *p = ctx;
+    const bench_progress *p = ctx;
     fprintf(stderr, "\r%s: prefill layer %d/%d (%d rows)   ", p->cell, layer + 1, n_layer, rows);
 }
 
-static void show_cell(progress *p, int tty, int P, int ci, int n_ctx, int rep, int reps,
+static void show_cell(bench_progress *p, int tty, int P, int ci, int n_ctx, int rep, int reps,
                       const char *strategy) {
     snprintf(p->cell, sizeof p->cell, "bench: ctx %d [%d/%d] rep %d/%d %s", P, ci + 1, n_ctx,
              rep + 1, reps, strategy);
@@ -319,7 +317,7 @@ static int *random_ids(const model *m, int P, int rep, sampler *smp) {
 }
 
 // Every strategy, every repetition at context P; 0 or -1.
-static int bench_ctx(const bench_opts *b, model *m, int ci, cell_stats *cs, progress *pr, int tty) {
+static int bench_ctx(const bench_opts *b, model *m, int ci, cell_stats *cs, bench_progress *pr, int tty) {
     int P = b->ctx[ci], rc = 0;
     for (int r = 0; r < b->reps && rc == 0; r++) {
         sampler smp;
@@ -424,7 +422,7 @@ static void measure_ceilings(backend *bk, bench_env *env) {
 }
 
 // Untimed: the first strategy on a short prompt (first-touch allocations, library start-up).
-static int bench_warmup(const bench_opts *b, model *m, progress *pr) {
+static int bench_warmup(const bench_opts *b, model *m, bench_progress *pr) {
     sampler smp;
     int P = b->ctx[0] < 32 ? b->ctx[0] : 32, *ids = random_ids(m, P, 0, &smp);
     snprintf(pr->cell, sizeof pr->cell, "bench: warm-up");
@@ -449,7 +447,7 @@ static int bench_run(const bench_opts *b, loaded *L) {
     model *m = L->m;
     bench_env env = {m->name ? m->name : cli_base_name(L->path), NAN, NAN};
     int tty = isatty(2), rc = check_memory(b, m), full = -1;
-    progress pr = {""};
+    bench_progress pr = {""};
     if (tty) {
         m->on_layer = bench_show_layer;
         m->on_layer_ctx = &pr;

@@ -206,6 +206,19 @@ const char *cli_base_name(const char *path) {
 
 
 // --device: cpu, cuda (an error when there is no usable GPU), or auto (cuda when usable).
+const char *cli_device(const char *v) {
+    if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "cuda"))
+        cli_usage_error("unknown device '%s' (auto, cpu or cuda)", v);
+    return v;
+}
+
+int cli_refuse_synthetic(const char *path, const char *cmd) {
+    if (!cli_is_synthetic(path)) return 0;
+    fprintf(stderr, "sift: error: %s: a synthetic model has no tokenizer, so it cannot take text; "
+                    "measure it with `sift bench -m synthetic:NAME`\n", cmd);
+    return 2;
+}
+
 backend *cli_backend(const char *device, int threads) {
     if (strcmp(device, "cpu") == 0) return backend_cpu_create(threads);
 #ifdef SIFT_CUDA

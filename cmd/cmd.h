@@ -25,6 +25,8 @@ int cli_strategies(const char *v, const strategy **out);
 // A strategy parameter flag a with value v into so (or *draft_path): 1 if a is one, else 0.
 int cli_strategy_flag(const char *a, const char *v, strategy_opts *so, const char **draft_path);
 int cli_is_strategy_flag(const char *a);
+// --device auto|cpu|cuda: v, or a usage error.
+const char *cli_device(const char *v);
 
 // ---- input and output ----
 // A whole prompt file ('-' = stdin), NUL-terminated; NULL + err (too big, unreadable).
@@ -64,6 +66,8 @@ void cli_unload(loaded *L);
 // path (NULL: the default) names a synthetic model: synthetic:NAME[@SEED]. It has no tokenizer
 // (L->t stays NULL), so only `sift bench` runs it.
 int cli_is_synthetic(const char *path);
+// 2 (error printed, naming cmd) when path is a synthetic model, which has no tokenizer; else 0.
+int cli_refuse_synthetic(const char *path, const char *cmd);
 // The config of path (GGUF or synthetic:NAME) without loading weights; 0 or -1 with err. The
 // caller frees c->inv_freq.
 int cli_config(const char *path, model_config *c, char *err, size_t errlen);

@@ -17,7 +17,7 @@
 #define MAX_CTXS 16
 
 typedef struct {
-    const char *model, *haystack, *json_path, *csv_path, *plot_path, *draft_path;
+    const char *model, *haystack, *json_path, *csv_path, *plot_path, *draft_path, *device;
     const strategy *strategies[MAX_STRATEGIES];
     int n_strategies;
     int tasks[EVAL_N_TASKS], n_tasks;
@@ -35,11 +35,11 @@ static void on_sigint(int sig) {
     signal(SIGINT, SIG_DFL);   // a second Ctrl-C ends sift at once
 }
 
-static void print_help(void) {
+static void eval_help(void) {
     printf("usage: sift eval [-m MODEL] [--strategy all|NAME,...] [--tasks niah,...]\n"
            "                 [--ctx 1024,2048,4096] [--samples 5] [--seed 1] [--haystack FILE]\n"
            "                 [-o results.json] [--csv results.csv] [--plot results.svg]\n"
-           "                 [-t N] [-q] [--dump-prompts] [strategy flags, see sift --help]\n\n"
+           "                 [-t N] [--device D] [-q] [--dump-prompts] [strategy flags, see sift --help]\n\n"
            "Long-context tasks in RULER's shapes, generated from --seed: niah (one needle at a\n"
            "depth spread over the samples), multikey (asked needle among 3 others), multivalue\n"
            "(4 values of one key), vt (variable chain of 5 names), cwe (5 most common words).\n"
@@ -98,14 +98,14 @@ static void full_first(eval_opts *e) {
 }
 
 static void eval_parse(int argc, char **argv, eval_opts *e) {
-    *e = (eval_opts){.n_tasks = EVAL_N_TASKS, .ctxs = {1024, 2048, 4096}, .n_ctxs = 3,
+    *e = (eval_opts){.device = "auto", .n_tasks = EVAL_N_TASKS, .ctxs = {1024, 2048, 4096}, .n_ctxs = 3,
                      .samples = 5, .seed = 1, .so = strategy_opts_default()};
     for (int i = 0; i < EVAL_N_TASKS; i++) e->tasks[i] = i;
     e->n_strategies = cli_strategies("all", e->strategies);
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (cli_is_flag(a, "-h", "--help")) {
-            print_help();
+            eval_help();
             exit(0);
         }
         if (cli_is_flag(a, NULL, "--dump-prompts")) { e->dump = 1; continue; }
@@ -124,6 +124,7 @@ static void eval_parse(int argc, char **argv, eval_opts *e) {
         else if (cli_is_flag(a, NULL, "--csv")) e->csv_path = v;
         else if (cli_is_flag(a, NULL, "--plot")) e->plot_path = v;
         else if (cli_is_flag(a, "-t", "--threads")) e->threads = (int)cli_int(a, v, 1, 1024);
+        else if (cli_is_flag(a, NULL, "--device")) e->device = cli_device(v);
         else if (!cli_strategy_flag(a, v, &e->so, &e->draft_path))
             cli_usage_error("eval: unknown flag '%s'", a);
     }
@@ -146,7 +147,7 @@ typedef struct {
     size_t len;
 } answer;
 
-static int on_token(void *ctx, int id) {
+static int eval_on_token(void *ctx, int id) {
     answer *a = ctx;
     a->ids = xrealloc(a->ids, (size_t)(a->n_ids + 1) * sizeof(int));
     a->ids[a->n_ids++] = id;
@@ -182,7 +183,7 @@ static int run_one(eval_run *R, const strategy *s, const eval_spec *spec, const 
     run_stats st;
     char err[512];
     int rc = run_generate_first(s, m, &R->e->so, p->ids, p->n_ids, eval_task_n_gen(spec->task),
-                                &smp, on_token, &a, &st, is_full ? R->full_logits : R->logits,
+                                &smp, eval_on_token, &a, &st, is_full ? R->full_logits : R->logits,
                                 err, sizeof err);
     sampler_free(&smp);
     if (rc) {
@@ -219,7 +220,7 @@ static int run_one(eval_run *R, const strategy *s, const eval_spec *spec, const 
 
 // ---- progress ----
 
-static void progress(const eval_opts *e, int done, int total, double t0, const eval_spec *spec,
+static void eval_progress(const eval_opts *e, int done, int total, double t0, const eval_spec *spec,
                      const eval_record *recs, int n_recs) {
     if (e->quiet) return;
     if (isatty(2)) {
@@ -263,7 +264,7 @@ static void dump_prompt(const eval_spec *spec, const eval_prompt *p) {
 }
 
 // Every prompt in order; stops early on Ctrl-C or an error. 0, -1 (error) or 1 (interrupted).
-static int run_all(eval_run *R) {
+static int eval_run_all(eval_run *R) {
     const eval_opts *e = R->e;
     int total = e->n_ctxs * e->n_tasks * e->samples, done = 0;
     double t0 = now_ms();
@@ -291,7 +292,7 @@ static int run_all(eval_run *R) {
                     R->n_recs++;
                 }
                 eval_prompt_free(&p);
-                if (!e->dump) progress(e, ++done, total, t0, &spec, R->recs, R->n_recs);
+                if (!e->dump) eval_progress(e, ++done, total, t0, &spec, R->recs, R->n_recs);
             }
     return 0;
 }
@@ -372,11 +373,13 @@ static int load_haystack(const eval_opts *e, eval_haystack *h) {
 int cmd_eval(int argc, char **argv) {
     eval_opts e;
     eval_parse(argc, argv, &e);
+    if (cli_refuse_synthetic(e.model, "eval")) return 2;
     if (check_outputs(&e)) return 1;
     eval_run R = {.e = &e};
     if (load_haystack(&e, &R.hay)) return 1;
     loaded L;
-    int rc = cli_load(&L, e.model, e.draft_path, e.threads, e.strategies, e.n_strategies, &e.so);
+    int rc = cli_load(&L, e.model, e.draft_path, e.device, e.threads, e.strategies, e.n_strategies,
+                      &e.so);
     for (int i = 0; i < e.n_ctxs && rc == 0; i++)
         if (e.ctxs[i] > L.m->cfg.ctx_len) {
             fprintf(stderr, "sift: error: --ctx %d is beyond the model's context %d\n", e.ctxs[i],
@@ -388,7 +391,7 @@ int cmd_eval(int argc, char **argv) {
         R.full_logits = xmalloc((size_t)L.m->cfg.vocab * sizeof(float));
         R.logits = xmalloc((size_t)L.m->cfg.vocab * sizeof(float));
         signal(SIGINT, on_sigint);
-        int run = run_all(&R);
+        int run = eval_run_all(&R);
         signal(SIGINT, SIG_DFL);
         int written = e.dump ? 0 : report(&e, &R, L.m->name ? L.m->name : cli_base_name(L.path), run != 1);
         rc = run < 0 || written ? 1 : run == 1 ? 130 : 0;

@@ -16,17 +16,17 @@
 #define PPL_BATCH 256   // rows per forward pass (their logits: 256 x vocab floats)
 
 typedef struct {
-    const char *model, *file;
+    const char *model, *file, *device;
     int ctx, threads, json, quiet;
     const strategy *s;
 } ppl_opts;
 
 static void ppl_parse(int argc, char **argv, ppl_opts *p) {
-    *p = (ppl_opts){.ctx = 512, .s = strategy_find("full")};
+    *p = (ppl_opts){.ctx = 512, .device = "auto", .s = strategy_find("full")};
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (cli_is_flag(a, "-h", "--help")) {
-            printf("usage: sift ppl [-m MODEL] -f TEXT [--ctx 512] [--strategy full] [-t N] [--json] [-q]\n"
+            printf("usage: sift ppl [-m MODEL] -f TEXT [--ctx 512] [--strategy full] [-t N] [--device D] [--json] [-q]\n"
                    "perplexity in llama-perplexity's convention: chunks of --ctx tokens, BOS at each\n"
                    "chunk's start, the second half of each chunk scored\n");
             exit(0);
@@ -41,6 +41,7 @@ static void ppl_parse(int argc, char **argv, ppl_opts *p) {
         else if (cli_is_flag(a, "-c", "--ctx") || cli_is_flag(a, NULL, "--ctx-size"))
             p->ctx = (int)cli_int(a, v, 4, 1 << 20);
         else if (cli_is_flag(a, "-t", "--threads")) p->threads = (int)cli_int(a, v, 1, 1024);
+        else if (cli_is_flag(a, NULL, "--device")) p->device = cli_device(v);
         else if (cli_is_flag(a, NULL, "--strategy")) {
             p->s = strategy_find(v);
             if (!p->s) cli_usage_error("unknown strategy '%s' (available: %s)", v, strategy_names());
@@ -164,9 +165,10 @@ static int run_ppl(const ppl_opts *p, loaded *L) {
 int cmd_ppl(int argc, char **argv) {
     ppl_opts p;
     ppl_parse(argc, argv, &p);
+    if (cli_refuse_synthetic(p.model, "ppl")) return 2;
     loaded L;
     strategy_opts so = strategy_opts_default();
-    int rc = cli_load(&L, p.model, NULL, p.threads, &p.s, 1, &so);
+    int rc = cli_load(&L, p.model, NULL, p.device, p.threads, &p.s, 1, &so);
     if (rc == 0) rc = run_ppl(&p, &L);
     cli_unload(&L);
     return rc;

@@ -1,5 +1,5 @@
-// fuzz/fuzz_cli.c — libFuzzer target: the command-line parsers of `sift` and `sift bench` on
-// arbitrary argument lists (the input split at NUL bytes, at most 32 arguments). A parser either
+// fuzz/fuzz_cli.c — libFuzzer target: the command-line parsers of `sift`, `sift bench`, `sift eval`
+// and `sift ppl` on arbitrary argument lists (the input split at NUL bytes, at most 32 arguments). A parser either
 // returns options inside their documented ranges or ends the process with exit code 2 (usage
 // error) or 0 (--help, --version). Here exit() is renamed (this translation unit only) to a
 // longjmp back into the harness, so every path through the parsers can be explored; no model is
@@ -18,6 +18,8 @@ static void fuzz_exit(int code) __attribute__((noreturn));
 #define main sift_main
 #include "../cmd/bench.c"
 #include "../cmd/cli.c"
+#include "../cmd/eval.c"
+#include "../cmd/ppl.c"
 #include "../main.c"
 #undef main
 #undef exit
@@ -56,6 +58,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             bench_opts b;
             bench_parse(argc, argv, &b);
             if (b.n_strategies < 1 || b.reps < 1 || b.n_gen < 1) abort();
+        } else if (argc > 1 && strcmp(argv[1], "eval") == 0) {
+            eval_opts e;
+            eval_parse(argc, argv, &e);
+            if (e.n_strategies < 1 || e.n_tasks < 1 || e.n_ctxs < 1 || e.samples < 1) abort();
+        } else if (argc > 1 && strcmp(argv[1], "ppl") == 0) {
+            ppl_opts p;
+            ppl_parse(argc, argv, &p);
+            if (!p.file || p.ctx < 2 || !p.s) abort();
         } else {
             parse_args(argc, argv, &o);
             check_options(&o);

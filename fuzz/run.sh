@@ -28,7 +28,10 @@ for i, args in enumerate([
         ["-f", "x", "--strategy", "full,speed,fastkv,specprefill", "--kv-rate", "0.2",
          "--pool-kernel", "7", "--keep", "0.3", "--draft-layers", "4", "--anchor", "none"],
         ["-p", "x", "--strategy", "all", "--device", "cpu", "-t", "2", "-c", "4096", "--min-p", "0"],
-        ["bench", "-p", "512,2048", "-n", "16", "-r", "2", "--strategy", "full,fastkv", "-o", "jsonl"]]):
+        ["bench", "-p", "512,2048", "-n", "16", "-r", "2", "--strategy", "full,fastkv", "-o", "jsonl"],
+        ["eval", "--strategy", "all", "--tasks", "niah,vt", "--ctx", "1024,2048", "--samples", "2",
+         "--seed", "1", "-o", "r.json", "--plot", "r.svg", "--device", "cpu"],
+        ["ppl", "-f", "wiki.txt", "--ctx", "512", "--json"]]):
     open(f"build/fuzz/seed_cli/{i}.args", "wb").write("\0".join(args).encode())
 PY
 export SIFT_FUZZ_MODEL="$(realpath "${SIFT_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}")"
