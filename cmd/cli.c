@@ -68,7 +68,7 @@ int cli_strategies(const char *v, const strategy **out) {
 
 static const char *const STRATEGY_FLAGS[] = {"--speed-depth", "--anchor", "--tsp-layer",
     "--tsp-rate", "--kv-rate", "--window", "--pool-kernel", "--keep", "--lookahead", "--chunk",
-    "--spec-pool", "--draft", "--draft-layers"};
+    "--spec-pool", "--draft", "--draft-layers", "--sink", "--tail", "--topk", "--budget", "--phi"};
 
 static int odd_kernel(const char *flag, const char *v) {
     int k = (int)cli_int(flag, v, 1, 1025);
@@ -94,6 +94,11 @@ int cli_strategy_flag(const char *a, const char *v, strategy_opts *so,
     else if (cli_is_flag(a, NULL, "--spec-pool")) so->spec_pool = odd_kernel(a, v);
     else if (cli_is_flag(a, NULL, "--draft")) *draft_path = v;
     else if (cli_is_flag(a, NULL, "--draft-layers")) so->draft_layers = (int)cli_int(a, v, 1, 4096);
+    else if (cli_is_flag(a, NULL, "--sink")) so->sink = (int)cli_int(a, v, 0, 1 << 20);
+    else if (cli_is_flag(a, NULL, "--tail")) so->tail = (int)cli_int(a, v, 0, 1 << 20);
+    else if (cli_is_flag(a, NULL, "--topk")) so->topk = (int)cli_int(a, v, 0, 1 << 22);
+    else if (cli_is_flag(a, NULL, "--budget")) so->budget = cli_float(a, v, 1e-6, 1);
+    else if (cli_is_flag(a, NULL, "--phi")) so->phi_path = v;
     else return 0;
     return 1;
 }

@@ -46,7 +46,10 @@ static int layer_forward(fwd_state *st, scratch *s, int l, const fwd_hooks *hook
     bk->rope(bk, s->k, st->pos, n, c->n_kv_head, hd, c->inv_freq, c->rope);
     kv_layer *L = &st->kv->layers[l];
     bk->kv_append(bk, L, s->k, s->v, st->pos, n);
-    bk->attention(bk, s->att, s->q, st->pos, n, c->n_head, L);  // att (n, qd)
+    if (hooks && hooks->attention) {
+        if (hooks->attention(hooks->ctx, st, l, s->q, s->att) != 0) return -1;
+    } else
+        bk->attention(bk, s->att, s->q, st->pos, n, c->n_head, L);  // att (n, qd)
     if (hooks && hooks->after_attention && hooks->after_attention(hooks->ctx, st, l, s->q) != 0)
         return -1;
     bk->matmul(bk, s->xb, s->att, w->wo, NULL, n, qd, d);
@@ -147,6 +150,27 @@ void fwd_kv_keep(fwd_state *s, int l, const int *idx, int k, int new_cap) {
                                (j == 0 || idx[g * k + j] > idx[g * k + j - 1]),
                            "KV keep indices must be ascending and inside [0, %d)", L->len);
     s->m->bk->kv_keep(s->m->bk, L, idx, k, new_cap);
+}
+
+int fwd_can_select(const model *m) { return m->bk->attn_select && m->bk->phi_summarize; }
+
+void fwd_attn_select(fwd_state *s, int l, const void *q, const int *sel, int n_sel, int n_sub,
+                     const phi_completion *comp, void *out) {
+    kv_layer *L = &s->kv->layers[l];
+    CHECK_INTERNAL(s->n == 1 && n_sel >= 0 && n_sub >= 0 && n_sub <= n_sel,
+                   "selected attention of %d rows over %d entries", s->n, n_sel);
+    int heads = s->m->cfg.n_head;
+    for (long i = 0; i < (long)heads * n_sel; i++)
+        CHECK_INTERNAL(sel[i] >= 0 && sel[i] < L->len, "selected entry %d outside [0, %d)", sel[i],
+                       L->len);
+    s->m->bk->attn_select(s->m->bk, out, q, heads, L, sel, n_sel, n_sub, comp);
+}
+
+void fwd_phi_summarize(model *m, kv_cache *kv, int l, const phi_maps *p, int lo, int hi,
+                       phi_summary *out) {
+    kv_layer *L = &kv->layers[l];
+    CHECK_INTERNAL(lo >= 0 && lo <= hi && hi <= L->len, "summary of [%d, %d) of %d", lo, hi, L->len);
+    m->bk->phi_summarize(m->bk, out, p, l, L, lo, hi);
 }
 
 static void *kv_mem_alloc(void *ctx, size_t n) {

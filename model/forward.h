@@ -26,6 +26,9 @@ typedef struct fwd_hooks {
     // Returns 0 to go on, FWD_STOP to skip the remaining layers (the logits then come from the
     // final norm + LM head on the alive rows: a shallow "draft" of the model), -1 to abort.
     int (*after_layer)(void *ctx, fwd_state *s, int l);
+    // Optional: replaces layer l's attention of the alive rows: out (n, heads, hd) from their
+    // post-RoPE queries q, once their K/V are in layer l's cache. Returns 0 (or -1 to abort).
+    int (*attention)(void *ctx, fwd_state *s, int l, const void *q, void *out);
 } fwd_hooks;
 
 #define FWD_STOP 1
@@ -47,6 +50,18 @@ void fwd_attn_probs(fwd_state *s, int l, const void *q, int nq, int m, float *pr
 // Layer l's cache keeps, for each KV head g, the entries idx[g*k .. g*k+k) (indices into its
 // current entries, ascending), in a new buffer of capacity new_cap >= k (room for decode).
 void fwd_kv_keep(fwd_state *s, int l, const int *idx, int k, int new_cap);
+
+// Whether m's backend offers decode attention over selected entries and phi summaries.
+int fwd_can_select(const model *m);
+
+// out (heads, hd) for the one alive row: attention over selected entries of layer l's cache,
+// optionally completed by summaries (backend op attn_select, see model/backend.h).
+void fwd_attn_select(fwd_state *s, int l, const void *q, const int *sel, int n_sel, int n_sub,
+                     const phi_completion *comp, void *out);
+
+// out (n_kv_head,) = summaries of entries [lo, hi) of layer l of kv under p (backend op).
+void fwd_phi_summarize(model *m, kv_cache *kv, int l, const phi_maps *p, int lo, int hi,
+                       phi_summary *out);
 
 // A KV cache on m's backend with capacity caps[l] per layer (NULL + err if out of memory).
 kv_cache *fwd_kv_create(model *m, const int *caps, char *err, size_t errlen);

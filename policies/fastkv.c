@@ -60,7 +60,8 @@ static kv_cache *fastkv_prefill(model *m, const int *ids, int n, int n_gen, cons
     int *caps = xmalloc((size_t)L * sizeof(int));
     for (int l = 0; l < L; l++) caps[l] = (on && l > f.tsp_layer && f.t < n ? f.t : n) + n_gen;
     f.s_tsp = xmalloc((size_t)n * sizeof(float));
-    fwd_hooks hooks = {&f, fastkv_after_attention, fastkv_after_layer};
+    fwd_hooks hooks = {.ctx = &f, .after_attention = fastkv_after_attention,
+                       .after_layer = fastkv_after_layer};
     kv_cache *kv = prefill_run(m, ids, n, n_gen, caps, on ? &hooks : NULL, logits, info, err, errlen);
     free(f.s_tsp);
     free(caps);

@@ -25,6 +25,11 @@ typedef struct strategy_opts {
     int spec_pool;          // 13
     model *draft;           // --draft: a separate model with the same vocabulary, or NULL
     int draft_layers;       // --draft-layers N: the main model's first N layers; 0 = unset
+    // topk+phi, topk
+    int sink, tail;         // anchors: first 4 and last 16 prompt tokens
+    int topk;               // retrieved entries per query head; -1 = from budget
+    float budget;           // 0.02 of the prompt (exact reads incl. anchors and the phi cache)
+    const char *phi_path;   // --phi FILE (fitted maps) or NULL: positive random features
     // end-of-generation test for strategies that decode internally (specprefill lookahead)
     int (*is_eog)(const void *ctx, int id);
     const void *eog_ctx;
@@ -34,6 +39,10 @@ typedef struct strategy_opts {
 typedef struct prefill_info {
     long rows_done;         // prompt rows processed summed over layers (full: n * L)
     char note[200];         // set when the prompt ran a degenerate form ("too short: ran full")
+    // Optional: hooks for the decode passes (their ctx lives in the cache's side data) and a
+    // report of decode work appended to the run's note at the end.
+    fwd_hooks decode;
+    void (*decode_report)(void *ctx, char *buf, size_t len);
 } prefill_info;
 
 typedef struct strategy {
