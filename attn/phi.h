@@ -79,3 +79,34 @@ int phi_maps_save(const phi_maps *p, const char *path, char *err, size_t errlen)
 phi_maps *phi_maps_load(const char *path, char *err, size_t errlen);
 // The same from memory (name for messages). NULL + one-line err on any malformed input.
 phi_maps *phi_maps_parse(const void *buf, size_t len, const char *name, char *err, size_t errlen);
+
+// ---- fitting the MLP maps (attn/phi_fit.c): distillation on logged queries and keys ----
+// One KV group's data: keys (n_keys, hd) post-RoPE from full attention; queries (n_q, hd) of the
+// group's heads (head[i] in [0, group)); query i's support (mid region) is keys [lo, end[i]).
+typedef struct phi_fit_set {
+    int hd, group, lo, n_keys, n_q;
+    const float *k, *q;
+    const int *head, *end;
+} phi_fit_set;
+
+// theta ((group + 1) * n_par): the group's q maps, then its k map (kind MLP, shape p).
+// The spec's loss 0.99 KL + 0.01 (top + 2 far + 4 Z) (tau = 1, Huber delta 1) averaged over
+// queries sel (nsel,); grad (same shape as theta, accumulated) if not NULL; *kl = mean KL.
+double phi_fit_loss(const phi_maps *p, float *theta, const phi_fit_set *d, const int *sel,
+                    int nsel, float *grad, double *kl);
+// Mean KL(softmax(r) || softmax(r^)) over queries sel of any maps (par_q per group head).
+double phi_fit_kl(const phi_maps *p, const float *const *par_q, const float *par_k,
+                  const phi_fit_set *d, const int *sel, int nsel);
+// Largest support end over sel (keys needed).
+int phi_fit_n_keys(const phi_fit_set *d, const int *sel, int nsel);
+// Seeded start: g0 = x / d^(1/4), wo = random features, bo = -log(d_phi)/2, alpha = 0.
+void phi_fit_init(const phi_maps *p, float *theta, int group, uint64_t seed);
+// One Adam step (beta 0.9, 0.999) at step t >= 1.
+void phi_fit_adam(float *theta, const float *grad, float *m, float *v, size_t n, int t, float lr);
+// A standard normal draw from a splitmix64 state.
+double phi_gauss(uint64_t *state);
+// Fits theta with Adam for `steps` minibatches of `batch` queries drawn (seeded) from train
+// (n_train,); on_step (may be NULL) sees each step's loss. Returns the last minibatch loss.
+double phi_fit_run(const phi_maps *p, float *theta, const phi_fit_set *d, const int *train,
+                   int n_train, int steps, int batch, float lr, uint64_t seed,
+                   void (*on_step)(void *ctx, int step, double loss), void *ctx);

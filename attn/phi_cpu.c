@@ -37,7 +37,7 @@ phi_maps *phi_maps_mlp(int n_layer, int n_head, int n_kv_head, int d_in, int d_e
                                  NULL, NULL});
 }
 
-static double gauss(uint64_t *state) {   // splitmix64 -> two uniforms -> Box-Muller
+double phi_gauss(uint64_t *state) {   // splitmix64 -> two uniforms -> Box-Muller
     double u[2];
     for (int i = 0; i < 2; i++) {
         uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
@@ -56,7 +56,7 @@ static void orthogonal_gaussian(float *w, int rows, int d, uint64_t *state) {
     for (int r0 = 0; r0 < rows; r0 += d) {
         for (int i = 0; i < d; i++) {
             double *bi = b + (size_t)i * d, nrm = 0;
-            for (int j = 0; j < d; j++) bi[j] = gauss(state);
+            for (int j = 0; j < d; j++) bi[j] = phi_gauss(state);
             for (int p = 0; p < i; p++) {
                 double dot = 0, *bp = b + (size_t)p * d;
                 for (int j = 0; j < d; j++) dot += bi[j] * bp[j];
@@ -68,7 +68,7 @@ static void orthogonal_gaussian(float *w, int rows, int d, uint64_t *state) {
         for (int i = 0; i < d && r0 + i < rows; i++) {
             double len = 0;
             for (int j = 0; j < d; j++) {
-                double g = gauss(state);
+                double g = phi_gauss(state);
                 len += g * g;
             }
             for (int j = 0; j < d; j++) w[(size_t)(r0 + i) * d + j] = (float)(b[(size_t)i * d + j] * sqrt(len));

@@ -225,3 +225,93 @@ def test_small_k_changes_decode_only(tmp_path, full_logits):
     got = decode_logits(tmp_path, "topk", "topk=2")
     assert rel_err(got[0], full_logits[0]) <= 1e-6
     assert rel_err(got[1:], full_logits[1:]) > 1e-3
+
+
+# ---- fitting the maps (attn/phi_fit.c) ----
+
+def read_phi(path):
+    """The .phi format parsed independently: header, then q and k parameter blocks."""
+    raw = Path(path).read_bytes()
+    assert raw[:8] == b"SIFTPHI\0"
+    version, kind, n_layer, n_head, n_kv, d, e, h, f, zero = np.frombuffer(raw[8:48], dtype="<u4")
+    assert version == 1 and zero == 0
+    npar = n_par(kind, d, e, h, f)
+    body = np.frombuffer(raw[48:], dtype="<f4")
+    assert len(body) == n_layer * (n_head + n_kv) * npar
+    nq = n_layer * n_head * npar
+    return int(kind), (int(d), int(e), int(h), int(f)), body[:nq].reshape(n_layer, n_head, npar), \
+        body[nq:].reshape(n_layer, n_kv, npar)
+
+
+def huber(x):
+    return np.where(np.abs(x) <= 1, 0.5 * x * x, np.abs(x) - 0.5)
+
+
+def spec_loss(r, rh):
+    """L = 0.99 KL + 0.01 (L_top + 2 L_fp + 4 L_Z), tau = 1, for one query (float64)."""
+    lp, lph = r - lse(r), rh - lse(rh)
+    kl = float(np.sum(np.exp(lp) * (lp - lph)))
+    top, far = r >= -8, r < -8
+    l_top = float(np.mean(huber(rh[top] - r[top]))) if top.any() else 0.0
+    l_fp = float(np.mean(huber(np.maximum(rh[far] + 8, 0)))) if far.any() else 0.0
+    l_z = float(huber(max(lse(rh) - lse(r), 0.0)))
+    return 0.99 * kl + 0.01 * (l_top + 2 * l_fp + 4 * l_z), kl
+
+
+def losses(kind, shape, pq, pk, Q, K, ends, lo, rows):
+    d = shape[0]
+    LK = np.stack([log_phi(kind, pk, k, *shape) for k in K])
+    out = []
+    for i in rows:
+        kk, lk = K[lo:ends[i]], LK[lo:ends[i]]
+        lq = log_phi(kind, pq, Q[i], *shape)
+        s = kk.astype(np.float64) @ Q[i].astype(np.float64) / math.sqrt(d)
+        t = lq[None, :] + lk
+        mx = t.max(axis=1)
+        sh = mx + np.log(np.exp(t - mx[:, None]).sum(axis=1))
+        b = s.max()
+        out.append(spec_loss(s - b, sh - b))
+    return np.array(out)   # (rows, 2): loss, KL
+
+
+def prf_params(rng, d, f):
+    """Positive random features with orthogonal Gaussian rows (numpy's own draw)."""
+    blocks = []
+    for _ in range(0, f, d):
+        qm, _ = np.linalg.qr(rng.standard_normal((d, d)))
+        blocks.append(qm.T * np.sqrt(rng.chisquare(d, size=d))[:, None])
+    return np.concatenate(blocks)[:f].reshape(-1)
+
+
+def test_fit_decreases_loss_and_beats_random_features(tmp_path):
+    rng = np.random.default_rng(5)
+    d, e, h, f = 16, 16, 32, 32
+    n_keys, n_q, n_train, lo = 256, 96, 64, 4
+    centres = rng.standard_normal((8, d)) * 1.5   # clustered keys: peaky, structured attention
+    K = (centres[rng.integers(0, 8, n_keys)] + 0.6 * rng.standard_normal((n_keys, d))).astype(np.float32)
+    Q = (centres[rng.integers(0, 8, n_q)] + 0.6 * rng.standard_normal((n_q, d))).astype(np.float32)
+    ends = rng.integers(n_keys // 2, n_keys + 1, n_q).astype(np.int32)
+    hdr = np.array([d, e, h, f, n_keys, n_q, n_train, 400, 9, lo], dtype=np.int32)
+    inp = tmp_path / "fit.bin"
+    inp.write_bytes(hdr.tobytes() + K.tobytes() + Q.tobytes() + ends.tobytes())
+    init, fitted = tmp_path / "init.phi", tmp_path / "fit.phi"
+    out = subprocess.run([str(TOOL), "fit", str(inp), str(init), str(fitted)], check=True,
+                         capture_output=True, text=True).stdout.split()
+    c_before, c_after, first, last = map(float, out)
+    train, held = range(n_train), range(n_train, n_q)
+
+    kind, shape, pq, pk = read_phi(init)
+    assert kind == MLP and shape == (d, e, h, f)
+    ref_before = losses(kind, shape, pq[0, 0], pk[0, 0], Q, K, ends, lo, train)[:, 0].mean()
+    assert abs(c_before - ref_before) <= 1e-4 * abs(ref_before), "sift's loss vs the spec's"
+    _, _, fq, fk = read_phi(fitted)
+    fit_train = losses(kind, shape, fq[0, 0], fk[0, 0], Q, K, ends, lo, train)[:, 0].mean()
+    assert abs(c_after - fit_train) <= 1e-4 * abs(fit_train)
+    assert fit_train < 0.5 * ref_before, f"loss {ref_before:.4f} -> {fit_train:.4f}"
+    assert last < first
+
+    kl_fit = losses(kind, shape, fq[0, 0], fk[0, 0], Q, K, ends, lo, held)[:, 1].mean()
+    kl_prf = np.mean([losses(PRF, (d, 0, 0, f), w, w, Q, K, ends, lo, held)[:, 1].mean()
+                      for w in (prf_params(np.random.default_rng(s), d, f) for s in range(3))])
+    print(f"held-out KL: fitted {kl_fit:.4f}, random features {kl_prf:.4f}")
+    assert kl_fit < 0.5 * kl_prf

@@ -5,6 +5,12 @@
 //     par_k (n_par), q (hd,), K (n, hd), V (n, hd); int32 sel (n_sel,).
 //     OUT float32: log phi_q(q) (d_phi,), summary of rows [lo, hi): m (d_phi,), u (d_phi,),
 //     T (d_phi, hd); y with completion (hd,); y selection only (hd,).
+//   tool_phi fit IN.bin INIT.phi FIT.phi
+//     IN: int32 hd, d_emb, d_hid, d_phi, n_keys, n_q, n_train, steps, seed, lo; float32
+//     K (n_keys, hd), Q (n_q, hd); int32 end (n_q,). One head fitted on queries [0, n_train)
+//     (support keys [lo, end[i])), minibatches of 16, lr 1e-2; writes the initial and fitted
+//     maps as .phi files (1 layer, 1 head) and prints the loss over the training queries before
+//     and after, and the first and last minibatch losses.
 //   tool_phi decode MODEL OUT.f32 [--strategy S] [--set KEY=VALUE]... [--cont ID]... ID...
 //     prefill ID... with strategy S (default full), then decode the forced continuation --cont
 //     ids; OUT = float32 logits (1 + n_cont, vocab): the prefill's, then each decode step's.
@@ -60,6 +66,46 @@ static int attend(const char *in, const char *outp) {
     phi_summary_free(&s);
     phi_maps_free(p);
     free(q), free(k), free(v), free(sel), free(lq), free(y);
+    return 0;
+}
+
+static void first_last(void *ctx, int step, double loss) {
+    double *fl = ctx;
+    if (step == 1) fl[0] = loss;
+    fl[1] = loss;
+}
+
+static int fit(const char *in, const char *init_path, const char *fit_path) {
+    FILE *fp = fopen(in, "rb");
+    if (!fp) return 1;
+    int h[10];
+    read_exact(fp, h, sizeof h);
+    int hd = h[0], nk = h[4], nq = h[5], n_train = h[6], steps = h[7];
+    phi_maps *p = phi_maps_mlp(1, 1, 1, hd, h[1], h[2], h[3]);
+    float *k = xmalloc((size_t)nk * hd * 4), *q = xmalloc((size_t)nq * hd * 4);
+    int *end = xmalloc((size_t)nq * sizeof(int)), *head = xcalloc((size_t)nq, sizeof(int));
+    int *train = xmalloc((size_t)n_train * sizeof(int));
+    read_exact(fp, k, (size_t)nk * hd * 4);
+    read_exact(fp, q, (size_t)nq * hd * 4);
+    read_exact(fp, end, (size_t)nq * sizeof(int));
+    fclose(fp);
+    for (int i = 0; i < n_train; i++) train[i] = i;
+    phi_fit_set d = {hd, 1, h[9], nk, nq, k, q, head, end};
+    float *theta = xmalloc(2 * (size_t)phi_n_par(p) * 4);
+    char err[256];
+    phi_fit_init(p, theta, 1, (uint64_t)h[8]);
+    memcpy(p->q, theta, (size_t)phi_n_par(p) * 4);
+    memcpy(p->k, theta + phi_n_par(p), (size_t)phi_n_par(p) * 4);
+    double before = phi_fit_loss(p, theta, &d, train, n_train, NULL, NULL), fl[2];
+    if (phi_maps_save(p, init_path, err, sizeof err)) return 1;
+    phi_fit_run(p, theta, &d, train, n_train, steps, 16, 1e-2f, (uint64_t)h[8], first_last, fl);
+    memcpy(p->q, theta, (size_t)phi_n_par(p) * 4);
+    memcpy(p->k, theta + phi_n_par(p), (size_t)phi_n_par(p) * 4);
+    double after = phi_fit_loss(p, theta, &d, train, n_train, NULL, NULL);
+    if (phi_maps_save(p, fit_path, err, sizeof err)) return 1;
+    printf("%.9g %.9g %.9g %.9g\n", before, after, fl[0], fl[1]);
+    phi_maps_free(p);
+    free(k), free(q), free(end), free(head), free(train), free(theta);
     return 0;
 }
 
@@ -128,7 +174,8 @@ static int decode(int argc, char **argv) {
 
 int main(int argc, char **argv) {
     if (argc == 4 && !strcmp(argv[1], "attend")) return attend(argv[2], argv[3]);
+    if (argc == 5 && !strcmp(argv[1], "fit")) return fit(argv[2], argv[3], argv[4]);
     if (argc >= 5 && !strcmp(argv[1], "decode")) return decode(argc, argv);
-    fprintf(stderr, "usage: tool_phi attend IN OUT | tool_phi decode MODEL OUT [opts] ID...\n");
+    fprintf(stderr, "usage: tool_phi attend IN OUT | fit IN INIT FIT | decode MODEL OUT [opts] ID...\n");
     return 2;
 }
