@@ -474,6 +474,7 @@ static int run_all(const session *s) {
 
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "bench") == 0) return cmd_bench(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "fit-phi") == 0) return cmd_fit_phi(argc, argv);
     options o;
     parse_args(argc, argv, &o);
     if (strcmp(o.device, "cuda") == 0) {

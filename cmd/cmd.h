@@ -54,3 +54,4 @@ void cli_unload(loaded *L);
 
 // ---- subcommands: argv[1] is the command's name ----
 int cmd_bench(int argc, char **argv);
+int cmd_fit_phi(int argc, char **argv);

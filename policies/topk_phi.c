@@ -78,7 +78,8 @@ static void ensure_scratch(topk_state *t, int heads, int len) {
     t->stamp = 0;
 }
 
-// Decode attention of layer l: E = top-K(M) U anchors U decode tokens, completed from M's summary.
+// Decode attention of layer l: E = top-K(M) U anchors U decode tokens (the prompt's last token
+// and the generated ones), completed from M's summary.
 static int topk_attention(void *ctx, fwd_state *s, int l, const void *q, void *out) {
     topk_state *t = ctx;
     int heads = s->m->cfg.n_head, len = s->kv->layers[l].len, n = t->n_prompt;
@@ -135,22 +136,25 @@ static kv_cache *topk_run(model *m, const int *ids, int n, int n_gen, const stra
                           float *logits, prefill_info *info, char *err, size_t errlen,
                           int with_phi) {
     const model_config *c = &m->cfg;
-    if (n <= o->sink + o->tail) {
+    if (n - 1 <= o->sink + o->tail) {
         snprintf(info->note, sizeof info->note, "prompt of %d tokens has no mid region (sink %d + "
-                 "tail %d): ran full", n, o->sink, o->tail);
+                 "tail %d + the last token): ran full", n, o->sink, o->tail);
         return prefill_run(m, ids, n, n_gen, NULL, NULL, logits, info, err, errlen);
     }
     phi_maps *maps = with_phi ? load_maps(m, o, err, errlen) : NULL;
     if (with_phi && !maps) return NULL;
-    kv_cache *kv = prefill_run(m, ids, n, n_gen, NULL, NULL, logits, info, err, errlen);
+    // The prompt's last token is the first query: it runs as a decode step, so the first
+    // generated token already sees the method. N = n - 1 prefilled tokens define the regions.
+    int np = n - 1, n_mid = np - o->sink - o->tail;
+    kv_cache *kv = prefill_run(m, ids, np, n_gen + 1, NULL, NULL, NULL, info, err, errlen);
     if (!kv) {
         phi_maps_free(maps);
         return NULL;
     }
     topk_state *t = xcalloc(1, sizeof *t);
-    int n_mid = n - o->sink - o->tail, d_phi = maps ? maps->d_phi : c->head_dim;
+    int d_phi = maps ? maps->d_phi : c->head_dim;
     int k = budget_k(o, n, d_phi, c->head_dim, with_phi);
-    *t = (topk_state){.n_prompt = n, .sink = o->sink, .tail = o->tail, .k = k < n_mid ? k : n_mid,
+    *t = (topk_state){.n_prompt = np, .sink = o->sink, .tail = o->tail, .k = k < n_mid ? k : n_mid,
                       .n_layer = c->n_layer, .n_kv_head = c->n_kv_head, .head_dim = c->head_dim,
                       .elem_bytes = kv->elem_bytes, .maps = maps};
     kv->side = t;
@@ -160,11 +164,13 @@ static kv_cache *topk_run(model *m, const int *ids, int n, int n_gen, const stra
         for (int i = 0; i < c->n_layer * c->n_kv_head; i++)
             t->sum[i] = phi_summary_alloc(maps->d_phi, c->head_dim);
         for (int l = 0; l < c->n_layer; l++)
-            fwd_phi_summarize(m, kv, l, maps, o->sink, n - o->tail, t->sum + (size_t)l * c->n_kv_head);
+            fwd_phi_summarize(m, kv, l, maps, o->sink, np - o->tail, t->sum + (size_t)l * c->n_kv_head);
         kv->side_bytes = (size_t)c->n_layer * c->n_kv_head * maps->d_phi * (c->head_dim + 2) * sizeof(float);
     }
     info->decode = (fwd_hooks){.ctx = t, .attention = topk_attention};
     info->decode_report = topk_report;
+    int last = np;
+    info->rows_done += fwd_run(m, kv, ids + np, &last, 1, &info->decode, logits, 0);
     snprintf(info->note, sizeof info->note, "sink %d + tail %d + top-%d of %d mid tokens%s",
              o->sink, o->tail, t->k, n_mid, !maps ? "" : o->phi_path ? "; phi: fitted maps (--phi)"
              : "; phi: positive random features (training-free fallback, no --phi)");
