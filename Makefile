@@ -55,7 +55,11 @@ build/fuzz/fuzz_tok: fuzz/fuzz_tok.c $(wildcard tok/*.c tok/*.h) weights/gguf.c 
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) -o $@ $(PCRE2_A) -lm
 
-fuzz: build/fuzz/fuzz_gguf build/fuzz/fuzz_tok $(MODEL)
+build/fuzz/fuzz_phi: fuzz/fuzz_phi.c attn/phi_file.c attn/phi_cpu.c util/check.c attn/phi.h
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) -o $@ -lm
+
+fuzz: build/fuzz/fuzz_gguf build/fuzz/fuzz_tok build/fuzz/fuzz_phi $(MODEL)
 	@bash fuzz/run.sh $(FUZZ_SECONDS)
 
 # Prerequisites: Debian packages (when missing) and the Python reference venv.
@@ -74,7 +78,7 @@ test-c: $(TEST_BIN)
 	@bash tests/run_c.sh $(TEST_BIN)
 
 test: deps
-	@$(MAKE) --no-print-directory sift $(TEST_BIN) $(TOOL_BIN) build/fuzz/fuzz_gguf build/fuzz/fuzz_tok model
+	@$(MAKE) --no-print-directory sift $(TEST_BIN) $(TOOL_BIN) build/fuzz/fuzz_gguf build/fuzz/fuzz_tok build/fuzz/fuzz_phi model
 	@bash tests/run.sh
 
 clean:
