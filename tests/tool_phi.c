@@ -14,7 +14,8 @@
 //   tool_phi decode MODEL OUT.f32 [--strategy S] [--set KEY=VALUE]... [--cont ID]... ID...
 //     prefill ID... with strategy S (default full), then decode the forced continuation --cont
 //     ids; OUT = float32 logits (1 + n_cont, vocab): the prefill's, then each decode step's.
-//     --set keys: sink, tail, topk, budget, phi (a path).
+//     --set keys: sink, tail, topk, budget, phi (a path). --greedy N instead of --cont: the
+//     continuation is N greedy tokens (argmax of the previous row).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,9 +127,10 @@ static int set_opt(strategy_opts *o, const char *kv) {
 static int decode(int argc, char **argv) {
     const char *sname = "full";
     strategy_opts o = strategy_opts_default();
-    int a = 4, *cont = xmalloc((size_t)argc * sizeof(int)), n_cont = 0;
+    int a = 4, *cont = xmalloc((size_t)(argc + 1024) * sizeof(int)), n_cont = 0, greedy = 0;
     for (; a + 1 < argc && argv[a][0] == '-'; a += 2) {
         if (!strcmp(argv[a], "--strategy")) sname = argv[a + 1];
+        else if (!strcmp(argv[a], "--greedy")) n_cont = greedy = atoi(argv[a + 1]) < 1024 ? atoi(argv[a + 1]) : 1024;
         else if (!strcmp(argv[a], "--cont")) cont[n_cont++] = atoi(argv[a + 1]);
         else if (strcmp(argv[a], "--set") || set_opt(&o, argv[a + 1])) {
             fprintf(stderr, "bad option %s %s\n", argv[a], argv[a + 1]);
@@ -156,6 +158,12 @@ static int decode(int argc, char **argv) {
     }
     for (int t = 0; t < n_cont; t++) {
         int pos = n + t;
+        if (greedy) {   // argmax of the previous row
+            const float *prev = logits + (size_t)t * vocab;
+            cont[t] = 0;
+            for (int j = 1; j < vocab; j++)
+                if (prev[j] > prev[cont[t]]) cont[t] = j;
+        }
         fwd_run(m, kv, &cont[t], &pos, 1, info.decode.attention ? &info.decode : NULL,
                 logits + (size_t)(1 + t) * vocab, 0);
     }
