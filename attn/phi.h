@@ -94,11 +94,17 @@ typedef struct phi_fit_set {
 // queries sel (nsel,); grad (same shape as theta, accumulated) if not NULL; *kl = mean KL.
 double phi_fit_loss(const phi_maps *p, float *theta, const phi_fit_set *d, const int *sel,
                     int nsel, float *grad, double *kl);
-// Mean KL(softmax(r) || softmax(r^)) over queries sel of any maps (par_q per group head).
+// Mean KL(softmax(r) || softmax(r^)) over queries sel of any maps (par_q per group head);
+// *mass_bias (may be NULL) = mean LSE(r^) - LSE(r), the log of estimated over true mass.
 double phi_fit_kl(const phi_maps *p, const float *const *par_q, const float *par_k,
-                  const phi_fit_set *d, const int *sel, int nsel);
+                  const phi_fit_set *d, const int *sel, int nsel, double *mass_bias);
 // Largest support end over sel (keys needed).
 int phi_fit_n_keys(const phi_fit_set *d, const int *sel, int nsel);
+// [D] After the fit: shift each query head's output bias so that its mean log-mass error
+// LSE(r^) - LSE(r) over queries sel is 0 (the KL term is blind to this per-query offset, and
+// the completion adds absolute mass).
+void phi_fit_calibrate(const phi_maps *p, float *theta, const phi_fit_set *d, const int *sel,
+                       int nsel);
 // Seeded start: g0 = x / d^(1/4), wo = random features, bo = -log(d_phi)/2, alpha = 0.
 void phi_fit_init(const phi_maps *p, float *theta, int group, uint64_t seed);
 // One Adam step (beta 0.9, 0.999) at step t >= 1.

@@ -95,8 +95,9 @@ static double huber(double x) { return fabs(x) <= 1 ? 0.5 * x * x : fabs(x) - 0.
 static double huber_grad(double x) { return x > 1 ? 1 : x < -1 ? -1 : x; }
 
 // One query: teacher r = s - b, student r^ = t - b (n,). Returns the spec's loss; g (n,) =
-// d loss / d r^; *kl = its KL term. tau = 1.
-static double query_loss(const double *r, const double *rh, int n, double *g, double *kl) {
+// d loss / d r^; *kl = its KL term; *mass = LSE(r^) - LSE(r) (log of estimated / true mass). tau = 1.
+static double query_loss(const double *r, const double *rh, int n, double *g, double *kl,
+                         double *mass) {
     double mr = -INFINITY, mh = -INFINITY, zr = 0, zh = 0;
     for (int j = 0; j < n; j++) mr = fmax(mr, r[j]), mh = fmax(mh, rh[j]);
     for (int j = 0; j < n; j++) zr += exp(r[j] - mr), zh += exp(rh[j] - mh);
@@ -119,6 +120,7 @@ static double query_loss(const double *r, const double *rh, int n, double *g, do
         if (g) g[j] = gj;
     }
     *kl = l_kl;
+    *mass = xz;
     return 0.99 * l_kl + 0.01 * (l_top + 2 * l_fp + 4 * l_z);
 }
 
@@ -157,8 +159,8 @@ double phi_fit_loss(const phi_maps *p, float *theta, const phi_fit_set *d, const
             rh[j] = mx + log(z);
         }
         for (int j = 0; j < n; j++) r[j] -= b, rh[j] -= b;
-        double kl;
-        loss += query_loss(r, rh, n, grad ? g : NULL, &kl) / nsel;
+        double kl, mass;
+        loss += query_loss(r, rh, n, grad ? g : NULL, &kl, &mass) / nsel;
         kl_sum += kl;
         if (!grad) continue;
         memset(dyq, 0, (size_t)f * 4);
@@ -178,16 +180,16 @@ double phi_fit_loss(const phi_maps *p, float *theta, const phi_fit_set *d, const
 }
 
 double phi_fit_kl(const phi_maps *p, const float *const *par_q, const float *par_k,
-                  const phi_fit_set *d, const int *sel, int nsel) {
+                  const phi_fit_set *d, const int *sel, int nsel, double *mass_bias) {
     int hd = d->hd, f = p->d_phi, nk = phi_fit_n_keys(d, sel, nsel);
     float *lk = xmalloc((size_t)nk * f * 4), lq[f];
-    double *r = xmalloc((size_t)nk * 8), *rh = xmalloc((size_t)nk * 8), total = 0;
+    double *r = xmalloc((size_t)nk * 8), *rh = xmalloc((size_t)nk * 8), total = 0, bias = 0;
     for (int j = d->lo; j < nk; j++) phi_log_features(p, par_k, d->k + (size_t)j * hd, lk + (size_t)j * f);
     for (int s = 0; s < nsel; s++) {
         int i = sel[s], n = d->end[i] - d->lo;
         const float *q = d->q + (size_t)i * hd;
         phi_log_features(p, par_q[d->head[i]], q, lq);
-        double b = -INFINITY, kl;
+        double b = -INFINITY, kl, mass;
         for (int j = 0; j < n; j++) {
             const float *kj = d->k + (size_t)(d->lo + j) * hd, *lkj = lk + (size_t)(d->lo + j) * f;
             double dot = 0, mx = -INFINITY, z = 0;
@@ -199,9 +201,11 @@ double phi_fit_kl(const phi_maps *p, const float *const *par_q, const float *par
             rh[j] = mx + log(z);
         }
         for (int j = 0; j < n; j++) r[j] -= b, rh[j] -= b;
-        query_loss(r, rh, n, NULL, &kl);
+        query_loss(r, rh, n, NULL, &kl, &mass);
         total += kl / nsel;
+        bias += mass / nsel;
     }
+    if (mass_bias) *mass_bias = bias;
     free(lk), free(r), free(rh);
     return total;
 }
@@ -256,4 +260,21 @@ double phi_fit_run(const phi_maps *p, float *theta, const phi_fit_set *d, const 
     }
     free(g), free(m), free(v), free(pool);
     return loss;
+}
+
+void phi_fit_calibrate(const phi_maps *p, float *theta, const phi_fit_set *d, const int *sel,
+                       int nsel) {
+    int np = phi_n_par(p), *mine = xmalloc((size_t)nsel * sizeof(int));
+    const float *pq[d->group];
+    for (int j = 0; j < d->group; j++) pq[j] = theta + (size_t)j * np;
+    for (int j = 0; j < d->group; j++) {
+        int n = 0;
+        for (int i = 0; i < nsel; i++)
+            if (d->head[sel[i]] == j) mine[n++] = sel[i];
+        double bias = 0;
+        if (n) phi_fit_kl(p, pq, theta + (size_t)d->group * np, d, mine, n, &bias);
+        float *bo = theta + (size_t)j * np + np - p->d_phi;   // log phi_q + c scales the mass by e^c
+        for (int f = 0; f < p->d_phi; f++) bo[f] -= (float)bias;
+    }
+    free(mine);
 }

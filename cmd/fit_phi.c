@@ -167,14 +167,15 @@ static void show_progress(void *ctx, int step, double loss) {
             bar, 100 * done, p->layer + 1, p->n_layer, p->group + 1, p->n_group, step, p->steps, loss);
 }
 
-// Fits layer l's maps into p; kl_fit / kl_prf: held-out KL of the fitted and random maps.
+// Fits layer l's maps into p; q[0..4): held-out KL and log-mass bias of the fitted maps, then
+// of the random features.
 static void fit_layer(phi_maps *p, const phi_maps *prf, const fit_log *g, int l, const fit_opts *o,
-                      double *kl_fit, double *kl_prf) {
+                      double *qual) {
     int hd = p->d_in, group = p->n_head / p->n_kv_head, nq = g->n_q * group, np = phi_n_par(p);
     float *q = xmalloc((size_t)nq * hd * sizeof(float)), *theta = xmalloc((size_t)(group + 1) * np * 4);
     int *head = xmalloc((size_t)nq * sizeof(int)), *end = xmalloc((size_t)nq * sizeof(int));
     int *train = xmalloc((size_t)nq * sizeof(int)), *held = xmalloc((size_t)nq * sizeof(int));
-    *kl_fit = *kl_prf = 0;
+    memset(qual, 0, 4 * sizeof *qual);
     for (int kvh = 0; kvh < p->n_kv_head; kvh++) {
         int n_train = 0, n_held = 0;
         for (int i = 0; i < g->n_q; i++)
@@ -191,14 +192,18 @@ static void fit_layer(phi_maps *p, const phi_maps *prf, const fit_log *g, int l,
         fit_progress pr = {l, p->n_layer, kvh, p->n_kv_head, o->steps, 0};
         phi_fit_init(p, theta, group, seed);
         phi_fit_run(p, theta, &d, train, n_train, o->steps, o->batch, o->lr, seed, show_progress, &pr);
+        phi_fit_calibrate(p, theta, &d, train, n_train);
         for (int j = 0; j <= group; j++)
             memcpy(j < group ? (float *)phi_par_q(p, l, kvh * group + j) : (float *)phi_par_k(p, l, kvh),
                    theta + (size_t)j * np, (size_t)np * 4);
         const float *pq[group], *rq[group];
         for (int j = 0; j < group; j++)
             pq[j] = phi_par_q(p, l, kvh * group + j), rq[j] = phi_par_q(prf, l, kvh * group + j);
-        *kl_fit += phi_fit_kl(p, pq, phi_par_k(p, l, kvh), &d, held, n_held) / p->n_kv_head;
-        *kl_prf += phi_fit_kl(prf, rq, phi_par_k(prf, l, kvh), &d, held, n_held) / p->n_kv_head;
+        double bf, bp;
+        qual[0] += phi_fit_kl(p, pq, phi_par_k(p, l, kvh), &d, held, n_held, &bf) / p->n_kv_head;
+        qual[2] += phi_fit_kl(prf, rq, phi_par_k(prf, l, kvh), &d, held, n_held, &bp) / p->n_kv_head;
+        qual[1] += bf / p->n_kv_head;
+        qual[3] += bp / p->n_kv_head;
     }
     free(q), free(theta), free(head), free(end), free(train), free(held);
 }
@@ -253,13 +258,13 @@ int cmd_fit_phi(int argc, char **argv) {
     if (!rc && (start = resume_point(prog, key, &o, &p)) > 0)
         fprintf(stderr, "fit-phi: resuming %s at layer %d (from %s)\n", o.out, start + 1, prog);
     fit_log g = {0};
-    double *kl = xcalloc(2 * (size_t)c->n_layer, sizeof(double));
+    double *kl = xcalloc(4 * (size_t)c->n_layer, sizeof(double));   // per layer: fit_layer's
     if (!rc) {
         fprintf(stderr, "fit-phi: logging queries and keys of %d tokens of %s (full prefill)\n", n, o.data);
         fit_collect(L.m, ids, n, &o, &g);
     }
     for (int l = start; l < c->n_layer && !rc; l++) {
-        fit_layer(p, prf, &g, l, &o, &kl[2 * l], &kl[2 * l + 1]);
+        fit_layer(p, prf, &g, l, &o, kl + 4 * l);
         FILE *fp = NULL;
         if (phi_maps_save(p, o.out, err, sizeof err) != 0 || !(fp = fopen(prog, "w"))) {
             fprintf(stderr, "\nsift: error: fit-phi: %s\n", fp ? err : strerror(errno));
@@ -273,14 +278,17 @@ int cmd_fit_phi(int argc, char **argv) {
         remove(prog);
         fprintf(stderr, "\n");
         printf("fit-phi: %s (%d layers, %d/%d heads, d_phi %d), %d tokens, %d queries x %d heads\n"
-               "| layer | held-out KL fitted | held-out KL random features |\n|---:|---:|---:|\n",
+               "held-out queries: KL(full || maps) and log-mass bias LSE(r^) - LSE(r)\n"
+               "| layer | KL fitted | KL random features | bias fitted | bias random |\n"
+               "|---:|---:|---:|---:|---:|\n",
                o.out, c->n_layer, c->n_head, c->n_kv_head, d_phi, n, g.n_q, c->n_head);
-        double sf = 0, sp = 0;
+        double mean[4] = {0};
         for (int l = start; l < c->n_layer; l++) {
-            printf("| %d | %.4f | %.4f |\n", l, kl[2 * l], kl[2 * l + 1]);
-            sf += kl[2 * l], sp += kl[2 * l + 1];
+            const double *q = kl + 4 * l;
+            printf("| %d | %.4f | %.4f | %+.3f | %+.3f |\n", l, q[0], q[2], q[1], q[3]);
+            for (int i = 0; i < 4; i++) mean[i] += q[i] / (c->n_layer - start);
         }
-        printf("| mean | %.4f | %.4f |\n", sf / (c->n_layer - start), sp / (c->n_layer - start));
+        printf("| mean | %.4f | %.4f | %+.3f | %+.3f |\n", mean[0], mean[2], mean[1], mean[3]);
     }
     for (int l = 0; g.q && l < c->n_layer; l++) free(g.q[l]), free(g.k[l]);
     free(g.q), free(g.k), free(g.qpos), free(kl), free(ids);

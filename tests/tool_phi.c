@@ -8,7 +8,7 @@
 //   tool_phi fit IN.bin INIT.phi FIT.phi
 //     IN: int32 hd, d_emb, d_hid, d_phi, n_keys, n_q, n_train, steps, seed, lo; float32
 //     K (n_keys, hd), Q (n_q, hd); int32 end (n_q,). One head fitted on queries [0, n_train)
-//     (support keys [lo, end[i])), minibatches of 16, lr 1e-2; writes the initial and fitted
+//     (support keys [lo, end[i])), minibatches of 16, lr 1e-2, mass calibration; writes the initial and fitted
 //     maps as .phi files (1 layer, 1 head) and prints the loss over the training queries before
 //     and after, and the first and last minibatch losses.
 //   tool_phi decode MODEL OUT.f32 [--strategy S] [--set KEY=VALUE]... [--cont ID]... ID...
@@ -100,6 +100,7 @@ static int fit(const char *in, const char *init_path, const char *fit_path) {
     double before = phi_fit_loss(p, theta, &d, train, n_train, NULL, NULL), fl[2];
     if (phi_maps_save(p, init_path, err, sizeof err)) return 1;
     phi_fit_run(p, theta, &d, train, n_train, steps, 16, 1e-2f, (uint64_t)h[8], first_last, fl);
+    phi_fit_calibrate(p, theta, &d, train, n_train);
     memcpy(p->q, theta, (size_t)phi_n_par(p) * 4);
     memcpy(p->k, theta + phi_n_par(p), (size_t)phi_n_par(p) * 4);
     double after = phi_fit_loss(p, theta, &d, train, n_train, NULL, NULL);
