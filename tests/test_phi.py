@@ -213,11 +213,31 @@ def full_logits(tmp_path_factory):
     return decode_logits(tmp_path_factory.mktemp("full"), "full")
 
 
-@pytest.mark.parametrize("strategy", ["topk+phi", "topk"])
+def random_phi_file(path, seed):
+    """Random MLP maps of SmolLM2's shape (30 layers, 9/3 heads, head dim 64), small inner sizes."""
+    d, e, h, f = 64, 8, 8, 16
+    body = np.random.default_rng(seed).standard_normal(30 * 12 * n_par(MLP, d, e, h, f)) * 0.2
+    hdr = np.array([1, MLP, 30, 9, 3, d, e, h, f, 0], dtype="<u4")
+    path.write_bytes(b"SIFTPHI\0" + hdr.tobytes() + body.astype("<f4").tobytes())
+    return path
+
+
+@pytest.mark.parametrize("strategy", ["topk+phi", "topk+phi random MLP", "topk"])
 def test_exact_when_k_covers_mid(tmp_path, full_logits, strategy):
-    got = decode_logits(tmp_path, strategy, "topk=100000")
+    sets = ["topk=100000"]
+    if strategy.endswith("random MLP"):
+        strategy = "topk+phi"
+        sets.append(f"phi={random_phi_file(tmp_path / 'r.phi', 1)}")
+    got = decode_logits(tmp_path, strategy, *sets)
     for r in range(len(got)):
         assert rel_err(got[r], full_logits[r]) <= 1e-5, f"row {r}"
+
+
+def test_completion_on_in_decode(tmp_path, full_logits):
+    """With K below the mid region, the phi completion changes topk's output."""
+    topk = decode_logits(tmp_path, "topk", "topk=8")
+    phi = decode_logits(tmp_path, "topk+phi", "topk=8", f"phi={random_phi_file(tmp_path / 'r.phi', 2)}")
+    assert rel_err(phi, topk) > 1e-3
 
 
 def test_small_k_changes_every_query(tmp_path, full_logits):
