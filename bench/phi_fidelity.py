@@ -8,7 +8,8 @@ prompts: mean KL(full || config) of the first generated token (the prompt's last
 method's first query), mean KL over all 9 rows, greedy agreement with full over the 9 rows, and
 whether the config's greedy tokens spell the passkey (under full's forced context). Results are cached in a JSON file (reruns skip done
 runs).
-usage: .venv/bin/python bench/phi_fidelity.py --phi FILE.phi [--len 4000] [--cache out.json]
+usage: .venv/bin/python bench/phi_fidelity.py --phi FILE.phi [--len WORDS] [--prompts 3]
+       [--skip SUBSTRING] [--cache out.json]     (--len 2900 gives ~4K-token prompts)
 """
 
 import argparse
@@ -77,6 +78,8 @@ def main():
     ap.add_argument("--phi", required=True)
     ap.add_argument("--len", type=int, default=4000)
     ap.add_argument("--cache", default=str(ROOT / "build" / "phi_fidelity.json"))
+    ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--skip", default="", help="skip configs whose name contains this")
     a = ap.parse_args()
     cache = json.loads(Path(a.cache).read_text()) if Path(a.cache).exists() else {}
     fillers = [(SEEDS / f).read_text() for f in sorted(os.listdir(SEEDS)) if f[:3] in ("003", "004")]
@@ -91,7 +94,9 @@ def main():
                     (f"topk+phi fitted K={k}", "topk+phi", (f"topk={k}", f"phi={a.phi}"))]
     configs += [("sink+tail only (topk K=0)", "topk", ("topk=0",))]
     rows = {}
-    for pi, (filler, key, depth) in enumerate(prompts):
+    if a.skip:
+        configs = [c for c in configs if a.skip not in c[0]]
+    for pi, (filler, key, depth) in enumerate(prompts[:a.prompts]):
         ids = make_prompt(filler, a.len, key, depth)
         ck = f"{pi}:{len(ids)}"
         if ck + ":full" not in cache:
