@@ -91,7 +91,8 @@ def main():
     configs += [("topk+phi random features @2%", "topk+phi", ("budget=0.02",))]
     for k in (21, 62):
         configs += [(f"topk K={k}", "topk", (f"topk={k}",)),
-                    (f"topk+phi fitted K={k}", "topk+phi", (f"topk={k}", f"phi={a.phi}"))]
+                    (f"topk+phi fitted K={k}", "topk+phi", (f"topk={k}", f"phi={a.phi}")),
+                    (f"topk+phi random features K={k}", "topk+phi", (f"topk={k}",))]
     configs += [("sink+tail only (topk K=0)", "topk", ("topk=0",))]
     rows = {}
     if a.skip:

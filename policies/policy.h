@@ -81,7 +81,7 @@ typedef struct run_stats {
     double decode_ms;      // time of those passes and their sampling
     size_t kv_bytes;       // measured from the cache after prefill
     long rows_done;        // prefill rows processed summed over layers
-    char note[200];        // the strategy's remark on this prompt (degenerate form), or ""
+    char note[400];        // the strategy's remark on this prompt (degenerate form) + decode report
 } run_stats;
 
 // Called with each generated token; return non-zero to stop after it.

@@ -109,9 +109,9 @@ static void topk_report(void *ctx, char *buf, size_t len) {
     int n = snprintf(buf, len, "decode read %.1f KiB of KV per step per layer exactly (full %.1f "
                      "KiB, %.1f%%)", read, full, 100 * read / full);
     if (t->maps && n >= 0 && (size_t)n < len)
-        n += snprintf(buf + n, len - n, " + the phi cache, %.1f KiB per layer once",
+        n += snprintf(buf + n, len - n, " + phi cache %.1f KiB/layer once",
                       (double)t->n_kv_head * t->maps->d_phi * (t->head_dim + 2) * 4 / 1024);
-    if (n >= 0 && (size_t)n < len) snprintf(buf + n, len - n, "; the top-K selector scored every key");
+    if (n >= 0 && (size_t)n < len) snprintf(buf + n, len - n, "; selector scored all keys");
 }
 
 // The feature maps topk+phi uses: --phi FILE, shapes checked against m, or random features.
@@ -173,7 +173,7 @@ static kv_cache *topk_run(model *m, const int *ids, int n, int n_gen, const stra
     info->rows_done += fwd_run(m, kv, ids + np, &last, 1, &info->decode, logits, 0);
     snprintf(info->note, sizeof info->note, "sink %d + tail %d + top-%d of %d mid tokens%s",
              o->sink, o->tail, t->k, n_mid, !maps ? "" : o->phi_path ? "; phi: fitted maps (--phi)"
-             : "; phi: positive random features (training-free fallback, no --phi)");
+             : "; phi: random features (training-free fallback, no --phi)");
     return kv;
 }
 
