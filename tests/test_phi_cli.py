@@ -109,7 +109,7 @@ def test_fit_phi_resume_is_identical_and_loads(prompt, tmp_path):
     a, b = tmp_path / "a.phi", tmp_path / "b.phi"
     r = sift("fit-phi", "--data", data, "--out", a, *FIT)
     assert r.returncode == 0, r.stderr
-    assert "| mean |" in r.stdout and "held-out KL" in r.stdout
+    assert "| mean |" in r.stdout and "held-out queries: KL" in r.stdout
     assert not Path(str(a) + ".progress").exists()
     # An interrupted run: b holds a's first 10 layers and a progress note saying so.
     b.write_bytes(a.read_bytes())
