@@ -93,13 +93,18 @@ build/fuzz/fuzz_safetensors: fuzz/fuzz_safetensors.c weights/safetensors.c util/
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) -o $@ $(JANSSON_A) -lm
 
+build/fuzz/fuzz_phi: fuzz/fuzz_phi.c attn/phi_file.c attn/phi_cpu.c util/check.c attn/phi.h
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) -o $@ -lm
+
 # The CLI parsers: main.c and cmd/*.c are included by the target; the rest of the library is linked.
 CLI_LIB_SRC := $(filter-out cmd/%,$(LIB_SRC))
 build/fuzz/fuzz_cli: fuzz/fuzz_cli.c main.c $(wildcard cmd/*.c cmd/*.h) $(CLI_LIB_SRC)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -Wno-unknown-pragmas -I/usr/include/x86_64-linux-gnu/openblas-openmp \
 	    fuzz/fuzz_cli.c $(CLI_LIB_SRC) -o $@ $(OPENBLAS_A) $(PCRE2_A) $(JANSSON_A) -lgomp -lm -lpthread
-FUZZ_BIN := build/fuzz/fuzz_gguf build/fuzz/fuzz_tok build/fuzz/fuzz_safetensors build/fuzz/fuzz_cli
+FUZZ_BIN := build/fuzz/fuzz_gguf build/fuzz/fuzz_tok build/fuzz/fuzz_safetensors build/fuzz/fuzz_phi \
+            build/fuzz/fuzz_cli
 
 fuzz: $(FUZZ_BIN) $(MODEL)
 	@bash fuzz/run.sh $(FUZZ_SECONDS)

@@ -40,7 +40,8 @@ static void print_help(void) {
         "       sift bench [-m MODEL|synthetic:NAME] [--ctx 1024,8192] [-n 128] [-r 5]\n"
         "                  (see sift bench --help)\n"
         "       sift eval [-m MODEL] [--strategy all] [--ctx 1024,...]  (see sift eval --help)\n"
-        "       sift ppl [-m MODEL] -f TEXT [--ctx 512]                 (see sift ppl --help)\n\n"
+        "       sift ppl [-m MODEL] -f TEXT [--ctx 512]                 (see sift ppl --help)\n"
+        "       sift fit-phi [-m MODEL] --data TEXT --out FILE.phi   (see sift fit-phi --help)\n\n"
         "model and input\n"
         "  -m, --model PATH        GGUF file or Hugging Face directory (config.json,\n"
         "                          safetensors, tokenizer.json) (default: %s beside the binary)\n"
@@ -84,6 +85,12 @@ static void print_help(void) {
         "                          folded into its K/V, shared = layer l's norm (shared)\n"
         "                          (swiftkv without a distilled checkpoint is EXPERIMENTAL:\n"
         "                          measured fidelity in bench/EVAL.md)\n"
+        "      --sink N, --tail N  topk+phi, topk: anchors read exactly at decode (4, 16)\n"
+        "      --topk K            topk+phi, topk: entries retrieved per query head; 0 = sink +\n"
+        "                          tail only (default: from --budget)\n"
+        "      --budget F          topk+phi, topk: exact reads as a share of the prompt, phi\n"
+        "                          cache included (0.02)\n"
+        "      --phi FILE          topk+phi: fitted maps (sift fit-phi); default: random features\n"
         "output\n"
         "      --json              one JSON object per prompt and strategy (JSON Lines)\n"
         "  -q, --quiet             no progress or timing on stderr\n"
@@ -485,6 +492,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "bench") == 0) return cmd_bench(argc, argv);
     if (argc > 1 && strcmp(argv[1], "eval") == 0) return cmd_eval(argc, argv);
     if (argc > 1 && strcmp(argv[1], "ppl") == 0) return cmd_ppl(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "fit-phi") == 0) return cmd_fit_phi(argc, argv);
     options o;
     parse_args(argc, argv, &o);
     if (cli_refuse_synthetic(o.model, "a prompt")) return 2;

@@ -2,6 +2,7 @@
 #include "score.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "../util/check.h"
 
@@ -26,27 +27,40 @@ void score_avgpool(const float *s, int n, int kernel, float *out) {
     }
 }
 
-typedef struct {
-    float v;
-    int i;
-} scored;
-
-static int by_score_desc(const void *a, const void *b) {
-    const scored *x = a, *y = b;
-    if (x->v != y->v) return x->v < y->v ? 1 : -1;
-    return x->i - y->i;
+// The k-th largest of v[0..n) (1 <= k <= n), by quickselect; v is reordered.
+static float kth_largest(float *v, int n, int k) {
+    int lo = 0, hi = n - 1, want = k - 1;
+    while (lo < hi) {
+        float pivot = v[lo + (hi - lo) / 2];
+        int i = lo, j = hi;
+        while (i <= j) {   // descending: left part >= pivot >= right part
+            while (v[i] > pivot) i++;
+            while (v[j] < pivot) j--;
+            if (i <= j) {
+                float t = v[i];
+                v[i++] = v[j];
+                v[j--] = t;
+            }
+        }
+        if (want <= j) hi = j;
+        else if (want >= i) lo = i;
+        else return v[want];
+    }
+    return v[want];
 }
 
-static int by_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
-
+// Everything above the k-th largest value, then the values equal to it in index order until k:
+// ties go to the lower index, and the indices come out ascending.
 int score_topk(const float *s, int n, int k, int *idx) {
     if (k > n) k = n;
     if (k <= 0) return 0;
-    scored *c = xmalloc((size_t)n * sizeof *c);
-    for (int j = 0; j < n; j++) c[j] = (scored){s[j], j};
-    qsort(c, (size_t)n, sizeof *c, by_score_desc);
-    for (int j = 0; j < k; j++) idx[j] = c[j].i;
-    qsort(idx, (size_t)k, sizeof *idx, by_int);
-    free(c);
-    return k;
+    float *v = xmalloc((size_t)n * sizeof *v);
+    memcpy(v, s, (size_t)n * sizeof *v);
+    float thr = kth_largest(v, n, k);
+    free(v);
+    int above = 0, m = 0;
+    for (int j = 0; j < n; j++) above += s[j] > thr;
+    for (int j = 0, ties = k - above; j < n; j++)
+        if (s[j] > thr || (s[j] == thr && ties-- > 0)) idx[m++] = j;
+    return m;
 }

@@ -71,7 +71,7 @@ int cli_strategies(const char *v, const strategy **out) {
 static const char *const STRATEGY_FLAGS[] = {"--speed-depth", "--anchor", "--tsp-layer",
     "--tsp-rate", "--kv-rate", "--window", "--pool-kernel", "--keep", "--lookahead", "--chunk",
     "--spec-pool", "--draft", "--draft-layers", "--swiftkv-layers", "--swiftkv-group",
-    "--swiftkv-norm"};
+    "--swiftkv-norm", "--sink", "--tail", "--topk", "--budget", "--phi"};
 
 static int odd_kernel(const char *flag, const char *v) {
     int k = (int)cli_int(flag, v, 1, 1025);
@@ -102,7 +102,12 @@ int cli_strategy_flag(const char *a, const char *v, strategy_opts *so,
     else if (cli_is_flag(a, NULL, "--swiftkv-norm")) {
         if (strcmp(v, "own") && strcmp(v, "shared")) cli_usage_error("--swiftkv-norm must be own or shared");
         so->swiftkv_fold = strcmp(v, "own") == 0;
-    } else return 0;
+    } else if (cli_is_flag(a, NULL, "--sink")) so->sink = (int)cli_int(a, v, 0, 1 << 20);
+    else if (cli_is_flag(a, NULL, "--tail")) so->tail = (int)cli_int(a, v, 0, 1 << 20);
+    else if (cli_is_flag(a, NULL, "--topk")) so->topk = (int)cli_int(a, v, 0, 1 << 22);
+    else if (cli_is_flag(a, NULL, "--budget")) so->budget = cli_float(a, v, 1e-6, 1);
+    else if (cli_is_flag(a, NULL, "--phi")) so->phi_path = v;
+    else return 0;
     return 1;
 }
 

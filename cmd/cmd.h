@@ -78,3 +78,4 @@ double cli_mem_available(void);
 int cmd_bench(int argc, char **argv);
 int cmd_eval(int argc, char **argv);   // cmd/eval.c
 int cmd_ppl(int argc, char **argv);    // cmd/ppl.c
+int cmd_fit_phi(int argc, char **argv);   // cmd/fit_phi.c

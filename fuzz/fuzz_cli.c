@@ -1,6 +1,6 @@
-// fuzz/fuzz_cli.c — libFuzzer target: the command-line parsers of `sift`, `sift bench`, `sift eval`
-// and `sift ppl` on arbitrary argument lists (the input split at NUL bytes, at most 32 arguments). A parser either
-// returns options inside their documented ranges or ends the process with exit code 2 (usage
+// fuzz/fuzz_cli.c — libFuzzer target: the command-line parsers of `sift`, `sift bench`, `sift eval`,
+// `sift ppl` and `sift fit-phi` on arbitrary argument lists (the input split at NUL bytes, at most
+// 32 arguments). A parser either returns options inside their documented ranges or ends the process with exit code 2 (usage
 // error) or 0 (--help, --version). Here exit() is renamed (this translation unit only) to a
 // longjmp back into the harness, so every path through the parsers can be explored; no model is
 // loaded and no prompt file is read. Run with -close_fd_mask=3 (help and usage text are noise).
@@ -20,6 +20,7 @@ static void fuzz_exit(int code) __attribute__((noreturn));
 #include "../cmd/cli.c"
 #include "../cmd/eval.c"
 #include "../cmd/ppl.c"
+#include "../cmd/fit_phi.c"
 #include "../main.c"
 #undef main
 #undef exit
@@ -62,6 +63,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             eval_opts e;
             eval_parse(argc, argv, &e);
             if (e.n_strategies < 1 || e.n_tasks < 1 || e.n_ctxs < 1 || e.samples < 1) abort();
+        } else if (argc > 1 && strcmp(argv[1], "fit-phi") == 0) {
+            fit_opts f;
+            fit_parse(argc, argv, &f);
+            if (!f.data || !f.out || f.ctx < 1 || f.steps < 1) abort();
         } else if (argc > 1 && strcmp(argv[1], "ppl") == 0) {
             ppl_opts p;
             ppl_parse(argc, argv, &p);

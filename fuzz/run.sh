@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 secs=${1:-10}
 out=build/fuzz
 mkdir -p "$out"/seed_gguf "$out"/seed_tok "$out"/seed_cli "$out"/corpus_gguf "$out"/corpus_tok \
-    "$out"/corpus_cli "$out"/seed_safetensors "$out"/corpus_safetensors
+    "$out"/corpus_cli "$out"/seed_safetensors "$out"/corpus_safetensors "$out"/seed_phi "$out"/corpus_phi
 .venv/bin/python - <<'PY'
 import json, sys
 sys.path.insert(0, "tests")
@@ -31,11 +31,18 @@ for i, args in enumerate([
         ["bench", "-p", "512,2048", "-n", "16", "-r", "2", "--strategy", "full,fastkv", "-o", "jsonl"],
         ["eval", "--strategy", "all", "--tasks", "niah,vt", "--ctx", "1024,2048", "--samples", "2",
          "--seed", "1", "-o", "r.json", "--plot", "r.svg", "--device", "cpu"],
-        ["ppl", "-f", "wiki.txt", "--ctx", "512", "--json"]]):
+        ["ppl", "-f", "wiki.txt", "--ctx", "512", "--json"],
+        ["fit-phi", "--data", "t.txt", "--ctx", "1024", "--out", "m.phi", "--seed", "3"],
+        ["-p", "x", "--strategy", "swiftkv,topk+phi", "--swiftkv-layers", "15", "--budget", "0.05",
+         "--sink", "4", "--tail", "16", "--phi", "m.phi"]]):
     open(f"build/fuzz/seed_cli/{i}.args", "wb").write("\0".join(args).encode())
+import struct  # a valid .phi file: 1 layer, 2/1 heads, MLP 4 -> 4 -> 8 -> 4
+npar = 4 * 4 + 4 + 8 * 4 + 8 + 4 * 8 + 4 + 1 + 4 * 4 + 4
+open("build/fuzz/seed_phi/tiny.phi", "wb").write(
+    b"SIFTPHI\0" + struct.pack("<10I", 1, 1, 1, 2, 1, 4, 4, 8, 4, 0) + bytes(4 * 3 * npar))
 PY
 export SIFT_FUZZ_MODEL="$(realpath "${SIFT_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}")"
-for target in gguf tok safetensors cli; do
+for target in gguf tok safetensors phi cli; do
     log="$out/fuzz_$target.log"
     # the CLI target: a usage error's allocations are left behind on purpose (the process would
     # exit), and the help and error text it prints is muted

@@ -48,6 +48,7 @@ size_t kv_bytes_for(int n_layer, int n_kv_head, int head_dim, const int *caps, s
 
 void kv_free(kv_cache *kv) {
     if (!kv) return;
+    if (kv->side_free) kv->side_free(kv->side);
     for (int l = 0; l < kv->n_layer; l++) {
         kv_layer *L = &kv->layers[l];
         if (L->k) kv->free(kv->mem_ctx, L->k);
@@ -64,7 +65,7 @@ size_t kv_bytes(const kv_cache *kv) {
         const kv_layer *L = &kv->layers[l];
         b += 2 * (size_t)L->n_kv_head * (size_t)L->cap * (size_t)L->head_dim * kv->elem_bytes;
     }
-    return b;
+    return b + kv->side_bytes;
 }
 
 long kv_entries(const kv_cache *kv) {

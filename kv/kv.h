@@ -22,6 +22,11 @@ typedef struct kv_cache {
     kv_alloc_fn alloc;
     kv_free_fn free;
     void *mem_ctx;
+    // Optional side data a strategy attaches (decode summaries): freed by kv_free with
+    // side_free, its side_bytes counted by kv_bytes.
+    void *side;
+    void (*side_free)(void *side);
+    size_t side_bytes;
 } kv_cache;
 
 // caps[l] = capacity of layer l in entries. NULL (and a message) when memory runs out.
@@ -30,7 +35,7 @@ kv_cache *kv_create(int n_layer, int n_kv_head, int head_dim, const int *caps, s
 void kv_free(kv_cache *kv);
 // Bytes kv_create would take for these capacities: K and V (elem_bytes each) plus positions.
 size_t kv_bytes_for(int n_layer, int n_kv_head, int head_dim, const int *caps, size_t elem_bytes);
-// Bytes held by K and V buffers (capacity, all layers).
+// Bytes held by K and V buffers (capacity, all layers) plus the side data's.
 size_t kv_bytes(const kv_cache *kv);
 // Entries currently held, summed over layers (per KV head).
 long kv_entries(const kv_cache *kv);

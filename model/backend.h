@@ -12,6 +12,9 @@ enum rope_style { ROPE_NORM = 0, ROPE_NEOX = 1 };   // adjacent pairs (2j,2j+1) 
 typedef struct bk_weight bk_weight;   // a weight matrix or vector on the device
 typedef struct backend backend;
 typedef struct kv_layer kv_layer;
+typedef struct phi_maps phi_maps;             // attn/phi.h
+typedef struct phi_summary phi_summary;
+typedef struct phi_completion phi_completion;
 
 struct backend {
     const char *name;                  // "cpu" | "cuda"
@@ -63,6 +66,16 @@ struct backend {
     // Optional: the ceilings measured now — a large GEMM in the backend's precision (TFLOP/s)
     // and a large on-device copy (GB/s, read + write). 0, or -1 when not measurable.
     int (*ceilings)(backend *b, double *tflops, double *gbps);
+    // Optional: decode attention of one row over selected entries. out (heads, hd): query head h
+    // attends exactly to entries sel[h*n_sel .. +n_sel) of its KV head in L; with comp, the first
+    // n_sub of them lie in the region comp->sum summarises and the rest of that region is
+    // estimated from the summary (attn/phi.h). comp NULL: softmax over the selection only.
+    void (*attn_select)(backend *b, void *out, const void *q, int heads, const kv_layer *L,
+                        const int *sel, int n_sel, int n_sub, const phi_completion *comp);
+    // Optional: out (n_kv_head,) = host summaries of entries [lo, hi) of L under p's key maps of
+    // `layer` (attn/phi.h; out allocated by the caller)
+    void (*phi_summarize)(backend *b, phi_summary *out, const phi_maps *p, int layer,
+                          const kv_layer *L, int lo, int hi);
 };
 
 backend *backend_cpu_create(int n_threads);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../attn/attn.h"
+#include "../attn/phi.h"
 #include "../kv/kv.h"
 #include "../util/check.h"
 #include "../weights/synthetic.h"
@@ -238,6 +239,35 @@ static int cpu_ceilings(backend *b, double *tflops, double *gbps) {
     return 0;
 }
 
+static void cpu_attn_select(backend *b, void *out, const void *q, int heads, const kv_layer *L,
+                            const int *sel, int n_sel, int n_sub, const phi_completion *comp) {
+    (void)b;
+    int hd = L->head_dim, group = heads / L->n_kv_head;
+#pragma omp parallel for if (heads > 1)
+    for (int h = 0; h < heads; h++) {
+        int g = h / group;
+        size_t off = (size_t)g * L->cap * hd;
+        const phi_maps *p = comp ? comp->maps : NULL;
+        phi_attend_head((float *)out + (size_t)h * hd, (const float *)q + (size_t)h * hd,
+                        (const float *)L->k + off, (const float *)L->v + off,
+                        sel + (size_t)h * n_sel, n_sel, hd, n_sub, p,
+                        p ? phi_par_q(p, comp->layer, h) : NULL,
+                        p ? phi_par_k(p, comp->layer, g) : NULL, comp ? &comp->sum[g] : NULL);
+    }
+}
+
+static void cpu_phi_summarize(backend *b, phi_summary *out, const phi_maps *p, int layer,
+                              const kv_layer *L, int lo, int hi) {
+    (void)b;
+    int hd = L->head_dim;
+#pragma omp parallel for
+    for (int g = 0; g < L->n_kv_head; g++) {
+        size_t off = ((size_t)g * L->cap + lo) * hd;
+        phi_summary_build(&out[g], p, phi_par_k(p, layer, g), (const float *)L->k + off,
+                          (const float *)L->v + off, hi - lo, hd, hd);
+    }
+}
+
 static void cpu_destroy(backend *b) { free(b); }
 
 backend *backend_cpu_create(int n_threads) {
@@ -251,7 +281,8 @@ backend *backend_cpu_create(int n_threads) {
         .swiglu = cpu_swiglu, .add = cpu_add, .gather_rows = cpu_gather_rows,
         .kv_append = cpu_kv_append, .attention = cpu_attention, .attn_probs = cpu_attn_probs,
         .kv_keep = cpu_kv_keep, .mem_available = cpu_mem_available,
-        .weight_synth = cpu_weight_synth, .ceilings = cpu_ceilings,
+        .weight_synth = cpu_weight_synth, .ceilings = cpu_ceilings, .attn_select = cpu_attn_select,
+        .phi_summarize = cpu_phi_summarize,
     };
     return b;
 }

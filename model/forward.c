@@ -52,7 +52,10 @@ static int layer_forward(fwd_state *st, scratch *s, int l, const fwd_hooks *hook
         bk->kv_append(bk, &st->kv->layers[l], s->k, s->v, st->pos, n);
     }
     kv_layer *L = &st->kv->layers[src];
-    bk->attention(bk, s->att, s->q, st->pos, n, c->n_head, L);  // att (n, qd)
+    if (hooks && hooks->attention) {
+        if (hooks->attention(hooks->ctx, st, src, s->q, s->att) != 0) return -1;
+    } else
+        bk->attention(bk, s->att, s->q, st->pos, n, c->n_head, L);  // att (n, qd)
     if (hooks && hooks->after_attention && hooks->after_attention(hooks->ctx, st, l, s->q) != 0)
         return -1;
     bk->matmul(bk, s->xb, s->att, w->wo, NULL, n, qd, d);
@@ -200,6 +203,27 @@ bk_weight *fwd_vector_sum(model *m, const bk_weight *const *ws, int k, int n, fl
 }
 
 void fwd_weight_free(model *m, bk_weight *w) { m->bk->weight_free(m->bk, w); }
+
+int fwd_can_select(const model *m) { return m->bk->attn_select && m->bk->phi_summarize; }
+
+void fwd_attn_select(fwd_state *s, int l, const void *q, const int *sel, int n_sel, int n_sub,
+                     const phi_completion *comp, void *out) {
+    kv_layer *L = &s->kv->layers[l];
+    CHECK_INTERNAL(s->n == 1 && n_sel >= 0 && n_sub >= 0 && n_sub <= n_sel,
+                   "selected attention of %d rows over %d entries", s->n, n_sel);
+    int heads = s->m->cfg.n_head;
+    for (long i = 0; i < (long)heads * n_sel; i++)
+        CHECK_INTERNAL(sel[i] >= 0 && sel[i] < L->len, "selected entry %d outside [0, %d)", sel[i],
+                       L->len);
+    s->m->bk->attn_select(s->m->bk, out, q, heads, L, sel, n_sel, n_sub, comp);
+}
+
+void fwd_phi_summarize(model *m, kv_cache *kv, int l, const phi_maps *p, int lo, int hi,
+                       phi_summary *out) {
+    kv_layer *L = &kv->layers[l];
+    CHECK_INTERNAL(lo >= 0 && lo <= hi && hi <= L->len, "summary of [%d, %d) of %d", lo, hi, L->len);
+    m->bk->phi_summarize(m->bk, out, p, l, L, lo, hi);
+}
 
 static void *kv_mem_alloc(void *ctx, size_t n) {
     backend *bk = ctx;

@@ -31,6 +31,9 @@ typedef struct fwd_hooks {
     // appends no K/V of its own and its queries attend to cache layer *kv_layer; it may also
     // replace the query projection (*wq, *bq, preset to the layer's own). 0: the normal path.
     int (*kv_source)(void *ctx, int l, int *kv_layer, const bk_weight **wq, const bk_weight **bq);
+    // Optional: replaces layer l's attention of the alive rows: out (n, heads, hd) from their
+    // post-RoPE queries q, once their K/V are in layer l's cache. Returns 0 (or -1 to abort).
+    int (*attention)(void *ctx, fwd_state *s, int l, const void *q, void *out);
 } fwd_hooks;
 
 #define FWD_STOP 1
@@ -67,6 +70,17 @@ void fwd_kv_from_stream(fwd_state *s, int dst, const fwd_kv_term *terms, int n_t
 // the weight exactly). Free with fwd_weight_free.
 bk_weight *fwd_vector_sum(model *m, const bk_weight *const *ws, int k, int n, float scale);
 void fwd_weight_free(model *m, bk_weight *w);
+// Whether m's backend offers decode attention over selected entries and phi summaries.
+int fwd_can_select(const model *m);
+
+// out (heads, hd) for the one alive row: attention over selected entries of layer l's cache,
+// optionally completed by summaries (backend op attn_select, see model/backend.h).
+void fwd_attn_select(fwd_state *s, int l, const void *q, const int *sel, int n_sel, int n_sub,
+                     const phi_completion *comp, void *out);
+
+// out (n_kv_head,) = summaries of entries [lo, hi) of layer l of kv under p (backend op).
+void fwd_phi_summarize(model *m, kv_cache *kv, int l, const phi_maps *p, int lo, int hi,
+                       phi_summary *out);
 
 // A KV cache on m's backend with capacity caps[l] per layer (NULL + err if out of memory).
 kv_cache *fwd_kv_create(model *m, const int *caps, char *err, size_t errlen);

@@ -2,6 +2,7 @@
 // prefill (strategy-specific) -> sample -> decode one token at a time at position n + t.
 #include "policy.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -15,10 +16,12 @@ extern const strategy strategy_snapkv;
 extern const strategy strategy_streamingllm;
 extern const strategy strategy_specprefill;
 extern const strategy strategy_swiftkv;
+extern const strategy strategy_topk_phi;
+extern const strategy strategy_topk;
 
 static const strategy *const all_strategies[] = {
     &strategy_full, &strategy_speed, &strategy_fastkv, &strategy_snapkv, &strategy_streamingllm,
-    &strategy_specprefill, &strategy_swiftkv};
+    &strategy_specprefill, &strategy_swiftkv, &strategy_topk_phi, &strategy_topk};
 #define N_STRATEGIES (int)(sizeof all_strategies / sizeof *all_strategies)
 
 const strategy *strategy_find(const char *name) {
@@ -43,7 +46,8 @@ const char *strategy_names(void) {
 strategy_opts strategy_opts_default(void) {
     return (strategy_opts){.anchor = 1, .tsp_layer = -1, .tsp_rate = 0.2f, .kv_rate = 0.1f,
                            .window = 8, .pool_kernel = 7, .keep = 0.3f, .lookahead = 8,
-                           .chunk = 32, .spec_pool = 13, .swiftkv_fold = -1};
+                           .chunk = 32, .spec_pool = 13, .swiftkv_fold = -1, .sink = 4,
+                           .tail = 16, .topk = -1, .budget = 0.02f};
 }
 
 kv_cache *prefill_run(model *m, const int *ids, int n, int n_gen, const int *caps,
@@ -87,7 +91,7 @@ int run_generate_first(const strategy *s, model *m, const strategy_opts *o, cons
         return -1;
     }
     st->rows_done = info.rows_done;
-    memcpy(st->note, info.note, sizeof st->note);
+    memcpy(st->note, info.note, sizeof info.note);
     st->kv_bytes = kv_bytes(kv);
     if (first_logits) memcpy(first_logits, logits, (size_t)m->cfg.vocab * sizeof(float));
     int tok = sample_next(smp, logits);
@@ -104,6 +108,11 @@ int run_generate_first(const strategy *s, model *m, const strategy_opts *o, cons
         stop = on_token(ctx, tok);
     }
     st->decode_ms = now_ms() - t1;
+    if (info.decode_report) {
+        size_t used = strlen(st->note);
+        if (used && used + 2 < sizeof st->note) used += (size_t)snprintf(st->note + used, 3, "; ");
+        info.decode_report(info.decode.ctx, st->note + used, sizeof st->note - used);
+    }
     if (info.decode_free) info.decode_free(info.decode.ctx);
     kv_free(kv);
     free(logits);

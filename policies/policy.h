@@ -30,6 +30,11 @@ typedef struct strategy_opts {
     int swiftkv_group;      // G: layers sharing one KV cache; 0 = 1 (or the checkpoint's)
     int swiftkv_fold;       // training-free init: 1 = fold each layer's norm gamma into its
                             // K/V, 0 = the layer-l norm as the paper's code; -1 = default (0)
+    // topk+phi, topk
+    int sink, tail;         // anchors: first 4 and last 16 prompt tokens
+    int topk;               // retrieved entries per query head; -1 = from budget
+    float budget;           // 0.02 of the prompt (exact reads incl. anchors and the phi cache)
+    const char *phi_path;   // --phi FILE (fitted maps) or NULL: positive random features
     // end-of-generation test for strategies that decode internally (specprefill lookahead)
     int (*is_eog)(const void *ctx, int id);
     const void *eog_ctx;
@@ -39,10 +44,13 @@ typedef struct strategy_opts {
 typedef struct prefill_info {
     long rows_done;         // prompt rows processed summed over layers (full: n * L)
     char note[200];         // set when the prompt ran a degenerate form ("too short: ran full")
-    // Hooks every decode step must run with (zero: none), and how to free their ctx after the
-    // last step (may be NULL). Whoever decodes after prefill uses them (run_generate does).
+    // Optional: hooks every decode step must run with (zero: none; their ctx may live in the
+    // cache's side data), how to free their ctx after the last step (may be NULL), and a report
+    // of decode work appended to the run's note at the end (may be NULL). Whoever decodes after
+    // prefill uses them (run_generate does).
     fwd_hooks decode;
     void (*decode_free)(void *ctx);
+    void (*decode_report)(void *ctx, char *buf, size_t len);
 } prefill_info;
 
 typedef struct strategy {
@@ -84,7 +92,7 @@ typedef struct run_stats {
     double decode_ms;      // time of those passes and their sampling
     size_t kv_bytes;       // measured from the cache after prefill
     long rows_done;        // prefill rows processed summed over layers
-    char note[200];        // the strategy's remark on this prompt (degenerate form), or ""
+    char note[400];        // the strategy's remark on this prompt (degenerate form) + decode report
 } run_stats;
 
 // Called with each generated token; return non-zero to stop after it.

@@ -1,0 +1,118 @@
+// attn/phi.h — linear-attention completion for decode attention over a subset of the cache.
+// Positive feature maps phi (R^hd -> R^d_phi, > 0, kept in the log domain) per query head and
+// per KV head of each layer: a one-block ReZero MLP (learned) or positive random features
+// (training-free). A summary of a region of keys/values under phi_k — m (max log feature),
+// u~ and T~ (shifted sums) — stands in for the softmax mass of the entries not read exactly.
+// CPU versions here (phi_cpu.c); a CUDA twin can sit beside them.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+enum phi_kind { PHI_MLP = 1, PHI_PRF = 2 };
+
+// Feature maps of a whole model. Per head one parameter block of phi_n_par() floats:
+//   MLP: ws (emb, in), bs (emb), w1 (hid, emb), b1 (hid), w2 (emb, hid), b2 (emb), alpha (1),
+//        wo (dphi, emb), bo (dphi);  log phi(x) = wo g1 + bo, g1 = g0 + alpha * (w2 gelu(w1 g0 + b1)
+//        + b2), g0 = ws x + bs.
+//   PRF: w (dphi, in);  log phi(x) = w x~ - |x~|^2 / 2 - log(dphi) / 2, x~ = x / in^(1/4).
+typedef struct phi_maps {
+    int kind, n_layer, n_head, n_kv_head, d_in, d_emb, d_hid, d_phi;
+    float *q;   // (n_layer, n_head, n_par)
+    float *k;   // (n_layer, n_kv_head, n_par)
+} phi_maps;
+
+// The summary of one KV head over a region of n entries.
+typedef struct phi_summary {
+    int n;          // entries summarised
+    float *m;       // (d_phi,) max log phi_k over the region
+    float *u;       // (d_phi,) sum exp(log phi_k - m)
+    float *t;       // (d_phi, hd) sum exp(log phi_k - m) v
+} phi_summary;
+
+// What decode attention needs to complete a selection: the maps and layer, and one summary per
+// KV head over a region that contains the first n_sub selected entries of every query head.
+typedef struct phi_completion {
+    const phi_maps *maps;
+    int layer;
+    const phi_summary *sum;   // (n_kv_head,)
+} phi_completion;
+
+#define PHI_EPS 1e-6f   // clamp of u~ after subtraction (units of the largest term, exp(0) = 1)
+
+int phi_n_par(const phi_maps *p);
+const float *phi_par_q(const phi_maps *p, int layer, int head);
+const float *phi_par_k(const phi_maps *p, int layer, int kv_head);
+// Training-free positive random features: per layer and KV head a Gaussian matrix with
+// orthogonal rows (blocks of d_in), seeded; each query head uses its KV head's matrix.
+phi_maps *phi_maps_prf(int n_layer, int n_head, int n_kv_head, int d_in, int d_phi, uint64_t seed);
+// Zero-initialised maps of the given kind and sizes (shape's q, k ignored).
+phi_maps *phi_maps_alloc(const phi_maps *shape);
+// Zero-initialised MLP maps (ReZero alpha = 0); parameters to be filled by a fit or a file.
+phi_maps *phi_maps_mlp(int n_layer, int n_head, int n_kv_head, int d_in, int d_emb, int d_hid,
+                       int d_phi);
+void phi_maps_free(phi_maps *p);
+
+// out (d_phi,) = log phi(x (d_in,)) with parameter block par
+void phi_log_features(const phi_maps *p, const float *par, const float *x, float *out);
+
+// Single-pass stable summary of keys k and values v (n, hd) with row stride `stride` floats:
+// running max per feature, earlier sums rescaled by exp(m_old - m_new) when it rises.
+void phi_summary_build(phi_summary *s, const phi_maps *p, const float *par, const float *k,
+                       const float *v, int n, int hd, int stride);
+phi_summary phi_summary_alloc(int d_phi, int hd);
+void phi_summary_free(phi_summary *s);
+
+// Decode attention of one query head (fp32). q (hd,) . K (n_sel rows idx[]) -> y (hd,):
+// the exact set E = rows idx[0..n_sel) of k, v (row stride hd); without completion
+// y = softmax over E @ v. With a summary s of a region R0 (and c's maps, q parameters par_q,
+// k parameters par_k) holding idx[0..n_sub): the rest R0 \ idx[0..n_sub) is estimated from s
+// minus the retrieved rows, and merged with E by one normalisation in the log domain.
+void phi_attend_head(float *y, const float *q, const float *k, const float *v, const int *idx,
+                     int n_sel, int hd, int n_sub, const phi_maps *p, const float *par_q,
+                     const float *par_k, const phi_summary *s);
+
+// ---- the .phi file (attn/phi_file.c): fitted maps next to the model ----
+// Little-endian: magic "SIFTPHI\0", u32 version (1), u32 kind, n_layer, n_head, n_kv_head, d_in,
+// d_emb, d_hid, d_phi; then float32 q parameters (n_layer, n_head, n_par) and k parameters
+// (n_layer, n_kv_head, n_par). Every size is checked against the length; values must be finite.
+int phi_maps_save(const phi_maps *p, const char *path, char *err, size_t errlen);
+phi_maps *phi_maps_load(const char *path, char *err, size_t errlen);
+// The same from memory (name for messages). NULL + one-line err on any malformed input.
+phi_maps *phi_maps_parse(const void *buf, size_t len, const char *name, char *err, size_t errlen);
+
+// ---- fitting the MLP maps (attn/phi_fit.c): distillation on logged queries and keys ----
+// One KV group's data: keys (n_keys, hd) post-RoPE from full attention; queries (n_q, hd) of the
+// group's heads (head[i] in [0, group)); query i's support (mid region) is keys [lo, end[i]).
+typedef struct phi_fit_set {
+    int hd, group, lo, n_keys, n_q;
+    const float *k, *q;
+    const int *head, *end;
+} phi_fit_set;
+
+// theta ((group + 1) * n_par): the group's q maps, then its k map (kind MLP, shape p).
+// The spec's loss 0.99 KL + 0.01 (top + 2 far + 4 Z) (tau = 1, Huber delta 1) averaged over
+// queries sel (nsel,); grad (same shape as theta, accumulated) if not NULL; *kl = mean KL.
+double phi_fit_loss(const phi_maps *p, float *theta, const phi_fit_set *d, const int *sel,
+                    int nsel, float *grad, double *kl);
+// Mean KL(softmax(r) || softmax(r^)) over queries sel of any maps (par_q per group head);
+// *mass_bias (may be NULL) = mean LSE(r^) - LSE(r), the log of estimated over true mass.
+double phi_fit_kl(const phi_maps *p, const float *const *par_q, const float *par_k,
+                  const phi_fit_set *d, const int *sel, int nsel, double *mass_bias);
+// Largest support end over sel (keys needed).
+int phi_fit_n_keys(const phi_fit_set *d, const int *sel, int nsel);
+// [D] After the fit: shift each query head's output bias so that its mean log-mass error
+// LSE(r^) - LSE(r) over queries sel is 0 (the KL term is blind to this per-query offset, and
+// the completion adds absolute mass).
+void phi_fit_calibrate(const phi_maps *p, float *theta, const phi_fit_set *d, const int *sel,
+                       int nsel);
+// Seeded start: g0 = x / d^(1/4), wo = random features, bo = -log(d_phi)/2, alpha = 0.
+void phi_fit_init(const phi_maps *p, float *theta, int group, uint64_t seed);
+// One Adam step (beta 0.9, 0.999) at step t >= 1.
+void phi_fit_adam(float *theta, const float *grad, float *m, float *v, size_t n, int t, float lr);
+// A standard normal draw from a splitmix64 state.
+double phi_gauss(uint64_t *state);
+// Fits theta with Adam for `steps` minibatches of `batch` queries drawn (seeded) from train
+// (n_train,); on_step (may be NULL) sees each step's loss. Returns the last minibatch loss.
+double phi_fit_run(const phi_maps *p, float *theta, const phi_fit_set *d, const int *train,
+                   int n_train, int steps, int batch, float lr, uint64_t seed,
+                   void (*on_step)(void *ctx, int step, double loss), void *ctx);

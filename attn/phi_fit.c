@@ -1,0 +1,280 @@
+// attn/phi_fit.c — distillation of the MLP feature maps (specs/topk-phi.md, "Training the
+// maps"): the spec's loss on logged queries/keys of one KV group, its gradient by hand-written
+// backpropagation through r^_j = LSE_f(log phi_q(q)_f + log phi_k(k_j)_f) - b and the two MLPs
+// (batched with sgemm), Adam, and the held-out KL used to report fit quality.
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../util/check.h"
+#include "phi.h"
+
+#define FAR_BAND (-8.0)
+
+typedef struct {   // views of one parameter block (layout in phi.h)
+    float *ws, *bs, *w1, *b1, *w2, *b2, *alpha, *wo, *bo;
+} mlp_view;
+
+static mlp_view view(const phi_maps *p, float *par) {
+    int d = p->d_in, e = p->d_emb, h = p->d_hid, f = p->d_phi;
+    mlp_view v;
+    v.ws = par, v.bs = v.ws + e * d, v.w1 = v.bs + e, v.b1 = v.w1 + h * e, v.w2 = v.b1 + h;
+    v.b2 = v.w2 + e * h, v.alpha = v.b2 + e, v.wo = v.alpha + 1, v.bo = v.wo + f * e;
+    return v;
+}
+
+typedef struct {   // activations of a batch of n inputs, kept for the backward pass
+    int n;
+    float *g0, *z, *a, *dd, *g1, *y;   // (n, e) (n, h) (n, h) (n, e) (n, e) (n, f)
+} mlp_acts;
+
+static mlp_acts acts_alloc(const phi_maps *p, int n) {
+    size_t e = p->d_emb, h = p->d_hid, f = p->d_phi;
+    return (mlp_acts){n, xmalloc(n * e * 4), xmalloc(n * h * 4), xmalloc(n * h * 4),
+                      xmalloc(n * e * 4), xmalloc(n * e * 4), xmalloc(n * f * 4)};
+}
+
+static void acts_free(mlp_acts *a) {
+    free(a->g0), free(a->z), free(a->a), free(a->dd), free(a->g1), free(a->y);
+}
+
+// out (n, o) = x (n, i) @ W (o, i)^T + b (o,)
+static void linear(float *out, const float *x, const float *w, const float *b, int n, int i, int o) {
+    for (int r = 0; r < n; r++) memcpy(out + (size_t)r * o, b, o * sizeof(float));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, o, i, 1.0f, x, i, w, i, 1.0f, out, o);
+}
+
+// dW (o, i) += dy (n, o)^T @ x (n, i);  db (o,) += sum_rows dy
+static void linear_grad(float *dw, float *db, const float *dy, const float *x, int n, int i, int o) {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o, i, n, 1.0f, dy, o, x, i, 1.0f, dw, i);
+    for (int r = 0; r < n; r++)
+        for (int j = 0; j < o; j++) db[j] += dy[(size_t)r * o + j];
+}
+
+// y = log phi(x) for x (n, d): g0 = Ws x + bs; g1 = g0 + alpha (W2 gelu(W1 g0 + b1) + b2); Wo g1 + bo
+static void mlp_forward(const phi_maps *p, float *par, const float *x, mlp_acts *a) {
+    int n = a->n, d = p->d_in, e = p->d_emb, h = p->d_hid, f = p->d_phi;
+    mlp_view w = view(p, par);
+    linear(a->g0, x, w.ws, w.bs, n, d, e);
+    linear(a->z, a->g0, w.w1, w.b1, n, e, h);
+    for (size_t i = 0; i < (size_t)n * h; i++) a->a[i] = 0.5f * a->z[i] * (1.0f + erff(a->z[i] * 0.70710678f));
+    linear(a->dd, a->a, w.w2, w.b2, n, h, e);
+    for (size_t i = 0; i < (size_t)n * e; i++) a->g1[i] = a->g0[i] + *w.alpha * a->dd[i];
+    linear(a->y, a->g1, w.wo, w.bo, n, e, f);
+}
+
+// grad (parameter block) += d loss / d par, given dy = d loss / d y (n, f)
+static void mlp_backward(const phi_maps *p, float *par, float *grad, const float *x,
+                         const mlp_acts *a, const float *dy) {
+    int n = a->n, d = p->d_in, e = p->d_emb, h = p->d_hid, f = p->d_phi;
+    mlp_view w = view(p, par), g = view(p, grad);
+    float *dg1 = xmalloc((size_t)n * e * 4), *dz = xmalloc((size_t)n * h * 4);
+    float *dd = xmalloc((size_t)n * e * 4);
+    linear_grad(g.wo, g.bo, dy, a->g1, n, e, f);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, e, f, 1.0f, dy, f, w.wo, e, 0.0f, dg1, e);
+    double dalpha = 0;
+    for (size_t i = 0; i < (size_t)n * e; i++) {
+        dalpha += (double)dg1[i] * a->dd[i];
+        dd[i] = *w.alpha * dg1[i];
+    }
+    *g.alpha += (float)dalpha;
+    linear_grad(g.w2, g.b2, dd, a->a, n, h, e);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, h, e, 1.0f, dd, e, w.w2, h, 0.0f, dz, h);
+    for (size_t i = 0; i < (size_t)n * h; i++) {   // gelu'(z) = Phi(z) + z phi(z)
+        float z = a->z[i];
+        dz[i] *= 0.5f * (1.0f + erff(z * 0.70710678f)) + z * 0.39894228f * expf(-0.5f * z * z);
+    }
+    linear_grad(g.w1, g.b1, dz, a->g0, n, e, h);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, e, h, 1.0f, dz, h, w.w1, e, 1.0f, dg1, e);
+    linear_grad(g.ws, g.bs, dg1, x, n, d, e);   // dg1 now holds d loss / d g0
+    free(dg1), free(dz), free(dd);
+}
+
+static double huber(double x) { return fabs(x) <= 1 ? 0.5 * x * x : fabs(x) - 0.5; }
+static double huber_grad(double x) { return x > 1 ? 1 : x < -1 ? -1 : x; }
+
+// One query: teacher r = s - b, student r^ = t - b (n,). Returns the spec's loss; g (n,) =
+// d loss / d r^; *kl = its KL term; *mass = LSE(r^) - LSE(r) (log of estimated / true mass). tau = 1.
+static double query_loss(const double *r, const double *rh, int n, double *g, double *kl,
+                         double *mass) {
+    double mr = -INFINITY, mh = -INFINITY, zr = 0, zh = 0;
+    for (int j = 0; j < n; j++) mr = fmax(mr, r[j]), mh = fmax(mh, rh[j]);
+    for (int j = 0; j < n; j++) zr += exp(r[j] - mr), zh += exp(rh[j] - mh);
+    double lse_r = mr + log(zr), lse_h = mh + log(zh);
+    int nb = 0, nf = 0;
+    for (int j = 0; j < n; j++) r[j] >= FAR_BAND ? nb++ : nf++;
+    double l_kl = 0, l_top = 0, l_fp = 0, xz = lse_h - lse_r;
+    double l_z = huber(fmax(xz, 0)), gz = xz > 0 ? huber_grad(xz) : 0;
+    for (int j = 0; j < n; j++) {
+        double pj = exp(r[j] - lse_r), ph = exp(rh[j] - lse_h);
+        l_kl += pj > 0 ? pj * ((r[j] - lse_r) - (rh[j] - lse_h)) : 0;
+        double gj = 0.99 * (ph - pj) + 0.01 * 4 * gz * ph;
+        if (r[j] >= FAR_BAND) {
+            l_top += huber(rh[j] - r[j]) / nb;
+            gj += 0.01 * huber_grad(rh[j] - r[j]) / nb;
+        } else if (rh[j] + 8 > 0) {
+            l_fp += huber(rh[j] + 8) / nf;
+            gj += 0.01 * 2 * huber_grad(rh[j] + 8) / nf;
+        }
+        if (g) g[j] = gj;
+    }
+    *kl = l_kl;
+    *mass = xz;
+    return 0.99 * l_kl + 0.01 * (l_top + 2 * l_fp + 4 * l_z);
+}
+
+int phi_fit_n_keys(const phi_fit_set *d, const int *sel, int nsel) {
+    int n = 0;
+    for (int i = 0; i < nsel; i++) n = d->end[sel[i]] > n ? d->end[sel[i]] : n;
+    return n;
+}
+
+double phi_fit_loss(const phi_maps *p, float *theta, const phi_fit_set *d, const int *sel,
+                    int nsel, float *grad, double *kl_mean) {
+    int hd = d->hd, f = p->d_phi, np = phi_n_par(p), nk = phi_fit_n_keys(d, sel, nsel);
+    float *par_k = theta + (size_t)d->group * np, *lq = xmalloc((size_t)f * 4);
+    mlp_acts ak = acts_alloc(p, nk), aq = acts_alloc(p, 1);
+    float *dyk = xcalloc((size_t)nk * f, 4), *dyq = xmalloc((size_t)f * 4);
+    double *r = xmalloc((size_t)nk * 8), *rh = xmalloc((size_t)nk * 8), *g = xmalloc((size_t)nk * 8);
+    double *w = xmalloc((size_t)nk * f * 8);
+    mlp_forward(p, par_k, d->k, &ak);
+    double loss = 0, kl_sum = 0;
+    for (int s = 0; s < nsel; s++) {
+        int i = sel[s], lo = d->lo, n = d->end[i] - lo;
+        const float *q = d->q + (size_t)i * hd;
+        float *par_q = theta + (size_t)d->head[i] * np;
+        mlp_forward(p, par_q, q, &aq);
+        memcpy(lq, aq.y, (size_t)f * 4);
+        double b = -INFINITY;
+        for (int j = 0; j < n; j++) {   // teacher s_j = q . k_j / sqrt(hd); student LSE_f(t_jf)
+            const float *kj = d->k + (size_t)(lo + j) * hd, *lk = ak.y + (size_t)(lo + j) * f;
+            double dot = 0, mx = -INFINITY, z = 0;
+            for (int c = 0; c < hd; c++) dot += (double)q[c] * kj[c];
+            r[j] = dot / sqrt((double)hd);
+            b = fmax(b, r[j]);
+            for (int c = 0; c < f; c++) mx = fmax(mx, (double)lq[c] + lk[c]);
+            for (int c = 0; c < f; c++) z += w[(size_t)j * f + c] = exp(lq[c] + lk[c] - mx);
+            for (int c = 0; c < f; c++) w[(size_t)j * f + c] /= z;   // softmax_f: d r^_j / d t_jf
+            rh[j] = mx + log(z);
+        }
+        for (int j = 0; j < n; j++) r[j] -= b, rh[j] -= b;
+        double kl, mass;
+        loss += query_loss(r, rh, n, grad ? g : NULL, &kl, &mass) / nsel;
+        kl_sum += kl;
+        if (!grad) continue;
+        memset(dyq, 0, (size_t)f * 4);
+        for (int j = 0; j < n; j++)
+            for (int c = 0; c < f; c++) {
+                float gw = (float)(g[j] * w[(size_t)j * f + c] / nsel);
+                dyq[c] += gw;
+                dyk[(size_t)(lo + j) * f + c] += gw;
+            }
+        mlp_backward(p, par_q, grad + (size_t)d->head[i] * np, q, &aq, dyq);
+    }
+    if (grad) mlp_backward(p, par_k, grad + (size_t)d->group * np, d->k, &ak, dyk);
+    if (kl_mean) *kl_mean = kl_sum / nsel;
+    acts_free(&ak), acts_free(&aq);
+    free(lq), free(dyk), free(dyq), free(r), free(rh), free(g), free(w);
+    return loss;
+}
+
+double phi_fit_kl(const phi_maps *p, const float *const *par_q, const float *par_k,
+                  const phi_fit_set *d, const int *sel, int nsel, double *mass_bias) {
+    int hd = d->hd, f = p->d_phi, nk = phi_fit_n_keys(d, sel, nsel);
+    float *lk = xmalloc((size_t)nk * f * 4), lq[f];
+    double *r = xmalloc((size_t)nk * 8), *rh = xmalloc((size_t)nk * 8), total = 0, bias = 0;
+    for (int j = d->lo; j < nk; j++) phi_log_features(p, par_k, d->k + (size_t)j * hd, lk + (size_t)j * f);
+    for (int s = 0; s < nsel; s++) {
+        int i = sel[s], n = d->end[i] - d->lo;
+        const float *q = d->q + (size_t)i * hd;
+        phi_log_features(p, par_q[d->head[i]], q, lq);
+        double b = -INFINITY, kl, mass;
+        for (int j = 0; j < n; j++) {
+            const float *kj = d->k + (size_t)(d->lo + j) * hd, *lkj = lk + (size_t)(d->lo + j) * f;
+            double dot = 0, mx = -INFINITY, z = 0;
+            for (int c = 0; c < hd; c++) dot += (double)q[c] * kj[c];
+            r[j] = dot / sqrt((double)hd);
+            b = fmax(b, r[j]);
+            for (int c = 0; c < f; c++) mx = fmax(mx, (double)lq[c] + lkj[c]);
+            for (int c = 0; c < f; c++) z += exp(lq[c] + lkj[c] - mx);
+            rh[j] = mx + log(z);
+        }
+        for (int j = 0; j < n; j++) r[j] -= b, rh[j] -= b;
+        query_loss(r, rh, n, NULL, &kl, &mass);
+        total += kl / nsel;
+        bias += mass / nsel;
+    }
+    if (mass_bias) *mass_bias = bias;
+    free(lk), free(r), free(rh);
+    return total;
+}
+
+void phi_fit_init(const phi_maps *p, float *theta, int group, uint64_t seed) {
+    int np = phi_n_par(p), d = p->d_in, e = p->d_emb, h = p->d_hid, f = p->d_phi;
+    phi_maps *prf = phi_maps_prf(1, 1, 1, e, f, seed);   // wo starts as random features of g0
+    uint64_t state = seed ^ 0xA5A5A5A5ull;
+    for (int b = 0; b <= group; b++) {
+        float *par = theta + (size_t)b * np;
+        mlp_view w = view(p, par);
+        memset(par, 0, (size_t)np * 4);
+        for (int i = 0; i < e && i < d; i++) w.ws[(size_t)i * d + i] = 1.0f / sqrtf(sqrtf((float)d));
+        for (int i = 0; i < h * e; i++) w.w1[i] = (float)(phi_gauss(&state) / sqrt((double)e));
+        for (int i = 0; i < e * h; i++) w.w2[i] = (float)(phi_gauss(&state) / sqrt((double)h));
+        memcpy(w.wo, prf->k, (size_t)f * e * 4);
+        for (int i = 0; i < f; i++) w.bo[i] = -0.5f * logf((float)f);
+    }
+    phi_maps_free(prf);
+}
+
+void phi_fit_adam(float *theta, const float *grad, float *m, float *v, size_t n, int t, float lr) {
+    const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
+    double c1 = 1 - pow(b1, t), c2 = 1 - pow(b2, t);
+    for (size_t i = 0; i < n; i++) {
+        m[i] = (float)(b1 * m[i] + (1 - b1) * grad[i]);
+        v[i] = (float)(b2 * v[i] + (1 - b2) * (double)grad[i] * grad[i]);
+        theta[i] -= (float)(lr * (m[i] / c1) / (sqrt(v[i] / c2) + eps));
+    }
+}
+
+double phi_fit_run(const phi_maps *p, float *theta, const phi_fit_set *d, const int *train,
+                   int n_train, int steps, int batch, float lr, uint64_t seed,
+                   void (*on_step)(void *ctx, int step, double loss), void *ctx) {
+    size_t n = (size_t)(d->group + 1) * phi_n_par(p);
+    float *g = xmalloc(n * 4), *m = xcalloc(n, 4), *v = xcalloc(n, 4);
+    int nb = batch < n_train ? batch : n_train, *pool = xmalloc((size_t)n_train * sizeof(int));
+    memcpy(pool, train, (size_t)n_train * sizeof(int));
+    uint64_t state = seed;
+    double loss = 0;
+    for (int t = 1; t <= steps; t++) {
+        for (int i = 0; i < nb; i++) {   // minibatch = pool[0..nb) after a partial shuffle
+            uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+            z = (z ^ (z >> 31)) * 0xBF58476D1CE4E5B9ull;
+            int j = i + (int)((z >> 33) % (uint64_t)(n_train - i)), tmp = pool[i];
+            pool[i] = pool[j], pool[j] = tmp;
+        }
+        memset(g, 0, n * 4);
+        loss = phi_fit_loss(p, theta, d, pool, nb, g, NULL);
+        phi_fit_adam(theta, g, m, v, n, t, lr);
+        if (on_step) on_step(ctx, t, loss);
+    }
+    free(g), free(m), free(v), free(pool);
+    return loss;
+}
+
+void phi_fit_calibrate(const phi_maps *p, float *theta, const phi_fit_set *d, const int *sel,
+                       int nsel) {
+    int np = phi_n_par(p), *mine = xmalloc((size_t)nsel * sizeof(int));
+    const float *pq[d->group];
+    for (int j = 0; j < d->group; j++) pq[j] = theta + (size_t)j * np;
+    for (int j = 0; j < d->group; j++) {
+        int n = 0;
+        for (int i = 0; i < nsel; i++)
+            if (d->head[sel[i]] == j) mine[n++] = sel[i];
+        double bias = 0;
+        if (n) phi_fit_kl(p, pq, theta + (size_t)d->group * np, d, mine, n, &bias);
+        float *bo = theta + (size_t)j * np + np - p->d_phi;   // log phi_q + c scales the mass by e^c
+        for (int f = 0; f < p->d_phi; f++) bo[f] -= (float)bias;
+    }
+    free(mine);
+}

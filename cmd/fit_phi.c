@@ -1,0 +1,301 @@
+// cmd/fit_phi.c — `sift fit-phi`: learns topk+phi's feature maps for a model by distillation
+// (specs/topk-phi.md, "Training the maps"). One full prefill of --ctx tokens of --data text logs,
+// per layer, the post-RoPE queries of sampled positions and every key; then per layer and KV
+// group the maps are fitted with Adam on the spec's loss (attn/phi_fit.c), support = each
+// query's mid region. The output file is rewritten after every layer with a FILE.progress
+// note, so an interrupted run resumes at the next layer (same flags, same result: every draw is
+// seeded from --seed, the layer and the group). Ends with per-layer held-out KL, fitted vs the
+// random-feature fallback.
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../attn/phi.h"
+#include "../util/check.h"
+#include "cmd.h"
+
+typedef struct {
+    const char *model, *data, *out;
+    int ctx, steps, queries, batch, d_phi, sink, tail, threads;
+    float lr;
+    uint64_t seed;
+} fit_opts;
+
+typedef struct {   // what the prefill logged
+    int n, n_q, *qpos;   // tokens, sampled query positions (n_q,) ascending
+    float **q;           // per layer (n_q, heads, hd)
+    float **k;           // per layer (n_kv_head, n, hd)
+} fit_log;
+
+static void fit_parse(int argc, char **argv, fit_opts *o) {
+    *o = (fit_opts){.ctx = 1024, .steps = 150, .queries = 48, .batch = 16, .sink = 4, .tail = 16,
+                    .lr = 3e-3f, .seed = 1};
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (cli_is_flag(a, "-h", "--help")) {
+            printf("usage: sift fit-phi [-m MODEL] --data TEXT --out FILE.phi [--ctx 1024]\n"
+                   "         [--steps 150] [--queries 48] [--batch 16] [--lr 0.003] [--seed 1]\n"
+                   "         [--d-phi HEAD_DIM] [--sink 4] [--tail 16] [-t N]\n"
+                   "learns topk+phi's feature maps on the first --ctx tokens of TEXT; use them with\n"
+                   "--strategy topk+phi --phi FILE.phi. Rerun the same command to resume.\n");
+            exit(0);
+        }
+        if (i + 1 >= argc) cli_usage_error("fit-phi: %s needs a value", a);
+        const char *v = argv[++i];
+        if (cli_is_flag(a, "-m", "--model")) o->model = v;
+        else if (cli_is_flag(a, NULL, "--data")) o->data = v;
+        else if (cli_is_flag(a, "-o", "--out")) o->out = v;
+        else if (cli_is_flag(a, "-c", "--ctx")) o->ctx = (int)cli_int(a, v, 64, 1 << 20);
+        else if (cli_is_flag(a, NULL, "--steps")) o->steps = (int)cli_int(a, v, 0, 1 << 20);
+        else if (cli_is_flag(a, NULL, "--queries")) o->queries = (int)cli_int(a, v, 4, 1 << 16);
+        else if (cli_is_flag(a, NULL, "--batch")) o->batch = (int)cli_int(a, v, 1, 1 << 16);
+        else if (cli_is_flag(a, NULL, "--lr")) o->lr = cli_float(a, v, 1e-7, 1);
+        else if (cli_is_flag(a, "-s", "--seed")) o->seed = (uint64_t)cli_int(a, v, 0, 1LL << 62);
+        else if (cli_is_flag(a, NULL, "--d-phi")) o->d_phi = (int)cli_int(a, v, 1, 4096);
+        else if (cli_is_flag(a, NULL, "--sink")) o->sink = (int)cli_int(a, v, 0, 1 << 20);
+        else if (cli_is_flag(a, NULL, "--tail")) o->tail = (int)cli_int(a, v, 0, 1 << 20);
+        else if (cli_is_flag(a, "-t", "--threads")) o->threads = (int)cli_int(a, v, 1, 1024);
+        else cli_usage_error("fit-phi: unknown flag '%s'", a);
+    }
+    if (!o->data || !o->out) cli_usage_error("fit-phi needs --data TEXT and --out FILE.phi");
+    if (o->threads == 0) o->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+}
+
+// The first ctx tokens of the data file (BOS first when the model wants one); -1 on error.
+static int fit_tokens(const fit_opts *o, const loaded *L, int **ids) {
+    char err[512];
+    size_t len;
+    char *text = cli_read_all(o->data, &len, err, sizeof err);
+    int *raw = NULL, n = text ? tok_encode(L->t, text, len, 0, &raw, err, sizeof err) : -1;
+    free(text);
+    if (n < 0) {
+        fprintf(stderr, "sift: error: fit-phi: %s\n", err);
+        return -1;
+    }
+    int bos = tok_add_bos(L->t) && tok_bos(L->t) >= 0, total = n + bos;
+    int need = o->sink + o->tail + 64, use = total < o->ctx ? total : o->ctx;
+    if (use < need || use > L->m->cfg.ctx_len) {
+        fprintf(stderr, "sift: error: fit-phi: %s gives %d tokens; need %d to %d (--ctx %d, the "
+                "model's context %d)\n", o->data, total, need, L->m->cfg.ctx_len, o->ctx,
+                L->m->cfg.ctx_len);
+        free(raw);
+        return -1;
+    }
+    *ids = xmalloc((size_t)use * sizeof(int));
+    if (bos) (*ids)[0] = tok_bos(L->t);
+    memcpy(*ids + bos, raw, (size_t)(use - bos) * sizeof(int));
+    free(raw);
+    return use;
+}
+
+static uint64_t mix(uint64_t x) {
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+// n_q distinct positions, ascending, in [lo, n) (as many as fit), seeded.
+static int sample_positions(int lo, int n, int n_q, uint64_t seed, int *pos) {
+    int span = n - lo, k = 0;
+    char *taken = xcalloc((size_t)span, 1);
+    if (n_q > span) n_q = span;
+    for (uint64_t t = 0; k < n_q; t++) {
+        int p = (int)(mix(seed + t) % (uint64_t)span);
+        if (!taken[p]) taken[p] = 1, k++;
+    }
+    for (int p = 0, j = 0; p < span; p++)
+        if (taken[p]) pos[j++] = lo + p;
+    free(taken);
+    return n_q;
+}
+
+static int log_queries(void *ctx, fwd_state *s, int l, const void *q) {
+    fit_log *g = ctx;
+    const model_config *c = &s->m->cfg;
+    size_t row = (size_t)c->n_head * c->head_dim;
+    float *all = xmalloc((size_t)s->n * row * sizeof(float));
+    s->m->bk->to_host(s->m->bk, all, q, (size_t)s->n * row);
+    g->q[l] = xmalloc((size_t)g->n_q * row * sizeof(float));
+    for (int i = 0; i < g->n_q; i++)
+        memcpy(g->q[l] + i * row, all + (size_t)g->qpos[i] * row, row * sizeof(float));
+    free(all);
+    return 0;
+}
+
+// Full prefill of ids, logging sampled queries and all keys per layer.
+static void fit_collect(model *m, const int *ids, int n, const fit_opts *o, fit_log *g) {
+    const model_config *c = &m->cfg;
+    int lo = o->sink + o->tail + 32 > n / 4 ? o->sink + o->tail + 32 : n / 4;
+    g->n = n;
+    g->qpos = xmalloc((size_t)o->queries * sizeof(int));
+    g->n_q = sample_positions(lo, n, o->queries, o->seed, g->qpos);
+    g->q = xcalloc((size_t)c->n_layer, sizeof(float *));
+    g->k = xcalloc((size_t)c->n_layer, sizeof(float *));
+    fwd_hooks hooks = {.ctx = g, .after_attention = log_queries};
+    prefill_info info = {0};
+    char err[512];
+    kv_cache *kv = prefill_run(m, ids, n, 0, NULL, &hooks, NULL, &info, err, sizeof err);
+    CHECK_INTERNAL(kv, "fit-phi prefill: %s", err);
+    for (int l = 0; l < c->n_layer; l++) {
+        const kv_layer *L = &kv->layers[l];
+        size_t per = (size_t)n * c->head_dim;
+        g->k[l] = xmalloc((size_t)c->n_kv_head * per * sizeof(float));
+        for (int h = 0; h < c->n_kv_head; h++)
+            m->bk->to_host(m->bk, g->k[l] + h * per,
+                           (const char *)L->k + (size_t)h * L->cap * c->head_dim * m->bk->elem_bytes, per);
+    }
+    kv_free(kv);
+}
+
+typedef struct {
+    int layer, n_layer, group, n_group, steps;
+    double loss;
+} fit_progress;
+
+static void show_progress(void *ctx, int step, double loss) {
+    fit_progress *p = ctx;
+    p->loss = loss;
+    if (step % 10 && step != p->steps) return;
+    double done = (p->layer + (p->group + (double)step / p->steps) / p->n_group) / p->n_layer;
+    char bar[31];
+    for (int i = 0; i < 30; i++) bar[i] = i < (int)(done * 30) ? '#' : '.';
+    bar[30] = 0;
+    fprintf(stderr, "\rfit-phi [%s] %5.1f%%  layer %d/%d  group %d/%d  step %d/%d  loss %.4f ",
+            bar, 100 * done, p->layer + 1, p->n_layer, p->group + 1, p->n_group, step, p->steps, loss);
+}
+
+// Fits layer l's maps into p; q[0..4): held-out KL and log-mass bias of the fitted maps, then
+// of the random features.
+static void fit_layer(phi_maps *p, const phi_maps *prf, const fit_log *g, int l, const fit_opts *o,
+                      double *qual) {
+    int hd = p->d_in, group = p->n_head / p->n_kv_head, nq = g->n_q * group, np = phi_n_par(p);
+    float *q = xmalloc((size_t)nq * hd * sizeof(float)), *theta = xmalloc((size_t)(group + 1) * np * 4);
+    int *head = xmalloc((size_t)nq * sizeof(int)), *end = xmalloc((size_t)nq * sizeof(int));
+    int *train = xmalloc((size_t)nq * sizeof(int)), *held = xmalloc((size_t)nq * sizeof(int));
+    memset(qual, 0, 4 * sizeof *qual);
+    for (int kvh = 0; kvh < p->n_kv_head; kvh++) {
+        int n_train = 0, n_held = 0;
+        for (int i = 0; i < g->n_q; i++)
+            for (int j = 0; j < group; j++) {
+                int r = i * group + j, h = kvh * group + j;
+                memcpy(q + (size_t)r * hd, g->q[l] + ((size_t)i * p->n_head + h) * hd, hd * sizeof(float));
+                head[r] = j;
+                end[r] = g->qpos[i] + 1 - o->tail;   // mid region of a prompt ending at qpos
+                if (i % 4 == 3) held[n_held++] = r;   // every 4th position is held out
+                else train[n_train++] = r;
+            }
+        phi_fit_set d = {hd, group, o->sink, g->n, nq, g->k[l] + (size_t)kvh * g->n * hd, q, head, end};
+        uint64_t seed = mix(o->seed * 1000003 + (uint64_t)l * 64 + kvh);
+        fit_progress pr = {l, p->n_layer, kvh, p->n_kv_head, o->steps, 0};
+        phi_fit_init(p, theta, group, seed);
+        phi_fit_run(p, theta, &d, train, n_train, o->steps, o->batch, o->lr, seed, show_progress, &pr);
+        phi_fit_calibrate(p, theta, &d, train, n_train);
+        for (int j = 0; j <= group; j++)
+            memcpy(j < group ? (float *)phi_par_q(p, l, kvh * group + j) : (float *)phi_par_k(p, l, kvh),
+                   theta + (size_t)j * np, (size_t)np * 4);
+        const float *pq[group], *rq[group];
+        for (int j = 0; j < group; j++)
+            pq[j] = phi_par_q(p, l, kvh * group + j), rq[j] = phi_par_q(prf, l, kvh * group + j);
+        double bf, bp;
+        qual[0] += phi_fit_kl(p, pq, phi_par_k(p, l, kvh), &d, held, n_held, &bf) / p->n_kv_head;
+        qual[2] += phi_fit_kl(prf, rq, phi_par_k(prf, l, kvh), &d, held, n_held, &bp) / p->n_kv_head;
+        qual[1] += bf / p->n_kv_head;
+        qual[3] += bp / p->n_kv_head;
+    }
+    free(q), free(theta), free(head), free(end), free(train), free(held);
+}
+
+// FILE.progress: "layers_done model ctx steps queries batch lr seed d_phi sink tail"
+static void progress_key(char *buf, size_t len, const fit_opts *o, const char *model, int d_phi) {
+    snprintf(buf, len, "%s %d %d %d %d %g %llu %d %d %d", cli_base_name(model), o->ctx, o->steps,
+             o->queries, o->batch, o->lr, (unsigned long long)o->seed, d_phi, o->sink, o->tail);
+}
+
+// Layers already fitted by an interrupted run with the same settings (0: start afresh).
+static int resume_point(const char *prog_path, const char *key, const fit_opts *o, phi_maps **p) {
+    FILE *fp = fopen(prog_path, "r");
+    char line[600], err[512];
+    int done = 0;
+    if (!fp) return 0;
+    if (fgets(line, sizeof line, fp) && sscanf(line, "%d", &done) == 1) {
+        const char *rest = strchr(line, ' ');
+        line[strcspn(line, "\n")] = 0;
+        phi_maps *old = rest && !strcmp(rest + 1, key) ? phi_maps_load(o->out, err, sizeof err) : NULL;
+        if (old && old->n_layer == (*p)->n_layer && old->d_phi == (*p)->d_phi && done > 0 &&
+            done < old->n_layer) {
+            phi_maps_free(*p);
+            *p = old;
+        } else {
+            phi_maps_free(old);
+            done = 0;
+        }
+    }
+    fclose(fp);
+    return done;
+}
+
+int cmd_fit_phi(int argc, char **argv) {
+    fit_opts o;
+    fit_parse(argc, argv, &o);
+    if (cli_refuse_synthetic(o.model, "fit-phi")) return 2;
+    loaded L;
+    strategy_opts so = strategy_opts_default();
+    // the fit runs on the CPU: it logs queries and keys from the fp32 reference
+    if (cli_load(&L, o.model, NULL, "cpu", o.threads, NULL, 0, &so) != 0) {
+        cli_unload(&L);
+        return 1;
+    }
+    const model_config *c = &L.m->cfg;
+    int *ids = NULL, n = fit_tokens(&o, &L, &ids), rc = n < 0;
+    int d_phi = o.d_phi ? o.d_phi : c->head_dim, start = 0;
+    phi_maps *p = phi_maps_mlp(c->n_layer, c->n_head, c->n_kv_head, c->head_dim, c->head_dim,
+                               2 * c->head_dim, d_phi);
+    phi_maps *prf = phi_maps_prf(c->n_layer, c->n_head, c->n_kv_head, c->head_dim, d_phi, 0x5EED);
+    char prog[4096], key[512], err[512];
+    snprintf(prog, sizeof prog, "%s.progress", o.out);
+    progress_key(key, sizeof key, &o, L.path, d_phi);
+    if (!rc && (start = resume_point(prog, key, &o, &p)) > 0)
+        fprintf(stderr, "fit-phi: resuming %s at layer %d (from %s)\n", o.out, start + 1, prog);
+    fit_log g = {0};
+    double *kl = xcalloc(4 * (size_t)c->n_layer, sizeof(double));   // per layer: fit_layer's
+    if (!rc) {
+        fprintf(stderr, "fit-phi: logging queries and keys of %d tokens of %s (full prefill)\n", n, o.data);
+        fit_collect(L.m, ids, n, &o, &g);
+    }
+    for (int l = start; l < c->n_layer && !rc; l++) {
+        fit_layer(p, prf, &g, l, &o, kl + 4 * l);
+        FILE *fp = NULL;
+        if (phi_maps_save(p, o.out, err, sizeof err) != 0 || !(fp = fopen(prog, "w"))) {
+            fprintf(stderr, "\nsift: error: fit-phi: %s\n", fp ? err : strerror(errno));
+            rc = 1;
+        } else {
+            fprintf(fp, "%d %s\n", l + 1, key);
+            fclose(fp);
+        }
+    }
+    if (!rc) {
+        remove(prog);
+        fprintf(stderr, "\n");
+        printf("fit-phi: %s (%d layers, %d/%d heads, d_phi %d), %d tokens, %d queries x %d heads\n"
+               "held-out queries: KL(full || maps) and log-mass bias LSE(r^) - LSE(r)\n"
+               "| layer | KL fitted | KL random features | bias fitted | bias random |\n"
+               "|---:|---:|---:|---:|---:|\n",
+               o.out, c->n_layer, c->n_head, c->n_kv_head, d_phi, n, g.n_q, c->n_head);
+        double mean[4] = {0};
+        for (int l = start; l < c->n_layer; l++) {
+            const double *q = kl + 4 * l;
+            printf("| %d | %.4f | %.4f | %+.3f | %+.3f |\n", l, q[0], q[2], q[1], q[3]);
+            for (int i = 0; i < 4; i++) mean[i] += q[i] / (c->n_layer - start);
+        }
+        printf("| mean | %.4f | %.4f | %+.3f | %+.3f |\n", mean[0], mean[2], mean[1], mean[3]);
+    }
+    for (int l = 0; g.q && l < c->n_layer; l++) free(g.q[l]), free(g.k[l]);
+    free(g.q), free(g.k), free(g.qpos), free(kl), free(ids);
+    phi_maps_free(p);
+    phi_maps_free(prf);
+    cli_unload(&L);
+    return rc;
+}

@@ -1,0 +1,219 @@
+// policies/topk_phi.c — `topk+phi` and `topk` (specs/topk-phi.md): a decode-time method. Prefill
+// is full attention; at its end each layer summarises, per KV head, the mid region
+// M = [sink, N - tail) under the key feature maps phi_k (m, u~, T~). Each decode step, per query
+// head: exhaustive scores over M, the top K of them read exactly together with the anchors
+// (first `sink`, last `tail` prompt tokens) and every decode token; the rest of M is estimated
+// from the summary minus the retrieved tokens, merged by one normalisation (attn/phi.h).
+// `topk` is the same selection renormalised without completion; --topk 0 is sink + tail only.
+// Maps: --phi FILE (fitted by `sift fit-phi`) or positive random features (training-free).
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../attn/phi.h"
+#include "../attn/score.h"
+#include "../util/check.h"
+#include "policy.h"
+
+#define PRF_SEED 0x5EEDull
+
+typedef struct {
+    int n_prompt, sink, tail, k;   // k: retrieved entries per query head (<= |M|)
+    int n_layer, n_kv_head, head_dim;
+    size_t elem_bytes;
+    phi_maps *maps;                // NULL: selection only (`topk`)
+    phi_summary *sum;              // (n_layer, n_kv_head) over M
+    int *sel, *mark;               // scratch: (heads, n_sel) selections, (len,) union stamps
+    float *probs;                  // scratch: (heads, len)
+    int cap, stamp;
+    double read_entries, full_entries;   // exact entries read / held, summed over steps, layers
+    long layer_steps;
+} topk_state;
+
+static void topk_state_free(void *ctx) {
+    topk_state *t = ctx;
+    if (t->sum)
+        for (int i = 0; i < t->n_layer * t->n_kv_head; i++) phi_summary_free(&t->sum[i]);
+    free(t->sum);
+    phi_maps_free(t->maps);
+    free(t->sel);
+    free(t->mark);
+    free(t->probs);
+    free(t);
+}
+
+// Spec budget: n = ceil(f N) exact reads; the phi cache costs R_phi = d_phi/2 + d_phi/d_h
+// token-equivalents, so topk+phi retrieves ceil(R_phi) fewer than topk at the same budget.
+static int budget_k(const strategy_opts *o, int n, int d_phi, int hd, int with_phi) {
+    if (o->topk >= 0) return o->topk;
+    int total = (int)ceil((double)o->budget * n);
+    int k = total - o->sink - o->tail - (with_phi ? (int)ceil(d_phi / 2.0 + (double)d_phi / hd) : 0);
+    return k > 0 ? k : 0;
+}
+
+// Per KV head: entries read exactly this step = the union of its query heads' selections.
+static void account(topk_state *t, int heads, int n_sel, int len) {
+    int group = heads / t->n_kv_head;
+    for (int g = 0; g < t->n_kv_head; g++) {
+        t->stamp++;
+        for (int h = g * group; h < (g + 1) * group; h++)
+            for (int j = 0; j < n_sel; j++) {
+                int e = t->sel[(size_t)h * n_sel + j];
+                if (t->mark[e] != t->stamp) t->read_entries++;
+                t->mark[e] = t->stamp;
+            }
+    }
+    t->full_entries += (double)len * t->n_kv_head;
+    t->layer_steps++;
+}
+
+static void ensure_scratch(topk_state *t, int heads, int len) {
+    if (len <= t->cap) return;
+    t->cap = len * 2;
+    t->sel = xrealloc(t->sel, (size_t)heads * t->cap * sizeof(int));
+    t->probs = xrealloc(t->probs, (size_t)heads * t->cap * sizeof(float));
+    free(t->mark);
+    t->mark = xcalloc((size_t)t->cap, sizeof(int));
+    t->stamp = 0;
+}
+
+// Decode attention of layer l: E = top-K(M) U anchors U decode tokens (the prompt's last token
+// and the generated ones), completed from M's summary.
+static int topk_attention(void *ctx, fwd_state *s, int l, const void *q, void *out) {
+    topk_state *t = ctx;
+    int heads = s->m->cfg.n_head, len = s->kv->layers[l].len, n = t->n_prompt;
+    int mid0 = t->sink, n_mid = n - t->tail - t->sink;
+    int n_sel = t->k + t->sink + t->tail + (len - n);
+    ensure_scratch(t, heads, len);
+    fwd_attn_probs(s, l, q, 1, len, t->probs);   // exhaustive scores (softmax keeps their order)
+    for (int h = 0; h < heads; h++) {
+        int *sel = t->sel + (size_t)h * n_sel;
+        int j = score_topk(t->probs + (size_t)h * len + mid0, n_mid, t->k, sel);
+        for (int i = 0; i < j; i++) sel[i] += mid0;
+        for (int i = 0; i < t->sink; i++) sel[j++] = i;
+        for (int i = n - t->tail; i < len; i++) sel[j++] = i;   // tail, then decode tokens
+    }
+    phi_completion comp = {t->maps, l, t->sum + (size_t)l * t->n_kv_head};
+    fwd_attn_select(s, l, q, t->sel, n_sel, t->k, t->maps ? &comp : NULL, out);
+    account(t, heads, n_sel, len);
+    return 0;
+}
+
+static void topk_report(void *ctx, char *buf, size_t len) {
+    topk_state *t = ctx;
+    if (t->layer_steps == 0) return;
+    double per_entry = 2.0 * t->head_dim * t->elem_bytes;
+    double read = t->read_entries / t->layer_steps * per_entry / 1024;
+    double full = t->full_entries / t->layer_steps * per_entry / 1024;
+    int n = snprintf(buf, len, "decode read %.1f KiB of KV per step per layer exactly (full %.1f "
+                     "KiB, %.1f%%)", read, full, 100 * read / full);
+    if (t->maps && n >= 0 && (size_t)n < len)
+        n += snprintf(buf + n, len - n, " + phi cache %.1f KiB/layer once",
+                      (double)t->n_kv_head * t->maps->d_phi * (t->head_dim + 2) * 4 / 1024);
+    if (n >= 0 && (size_t)n < len) snprintf(buf + n, len - n, "; selector scored all keys");
+}
+
+// The feature maps topk+phi uses: --phi FILE, shapes checked against m, or random features.
+static phi_maps *load_maps(const model *m, const strategy_opts *o, char *err, size_t errlen) {
+    const model_config *c = &m->cfg;
+    if (!o->phi_path) return phi_maps_prf(c->n_layer, c->n_head, c->n_kv_head, c->head_dim,
+                                          c->head_dim, PRF_SEED);
+    phi_maps *p = phi_maps_load(o->phi_path, err, errlen);
+    if (p && (p->n_layer != c->n_layer || p->n_head != c->n_head ||
+              p->n_kv_head != c->n_kv_head || p->d_in != c->head_dim)) {
+        err_printf(err, errlen, "phi file '%s' is for %d layers, %d/%d heads, head dim %d; the "
+                   "model has %d layers, %d/%d heads, head dim %d (fit it with sift fit-phi)",
+                   o->phi_path, p->n_layer, p->n_head, p->n_kv_head, p->d_in, c->n_layer,
+                   c->n_head, c->n_kv_head, c->head_dim);
+        phi_maps_free(p);
+        return NULL;
+    }
+    return p;
+}
+
+static kv_cache *topk_run(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
+                          float *logits, prefill_info *info, char *err, size_t errlen,
+                          int with_phi) {
+    const model_config *c = &m->cfg;
+    if (n - 1 <= o->sink + o->tail) {
+        snprintf(info->note, sizeof info->note, "prompt of %d tokens has no mid region (sink %d + "
+                 "tail %d + the last token): ran full", n, o->sink, o->tail);
+        return prefill_run(m, ids, n, n_gen, NULL, NULL, logits, info, err, errlen);
+    }
+    phi_maps *maps = with_phi ? load_maps(m, o, err, errlen) : NULL;
+    if (with_phi && !maps) return NULL;
+    // The prompt's last token is the first query: it runs as a decode step, so the first
+    // generated token already sees the method. N = n - 1 prefilled tokens define the regions.
+    int np = n - 1, n_mid = np - o->sink - o->tail;
+    kv_cache *kv = prefill_run(m, ids, np, n_gen + 1, NULL, NULL, NULL, info, err, errlen);
+    if (!kv) {
+        phi_maps_free(maps);
+        return NULL;
+    }
+    topk_state *t = xcalloc(1, sizeof *t);
+    int d_phi = maps ? maps->d_phi : c->head_dim;
+    int k = budget_k(o, n, d_phi, c->head_dim, with_phi);
+    *t = (topk_state){.n_prompt = np, .sink = o->sink, .tail = o->tail, .k = k < n_mid ? k : n_mid,
+                      .n_layer = c->n_layer, .n_kv_head = c->n_kv_head, .head_dim = c->head_dim,
+                      .elem_bytes = kv->elem_bytes, .maps = maps};
+    kv->side = t;
+    kv->side_free = topk_state_free;
+    if (maps) {   // the completion cache over M, fp32, one pass per layer and KV head
+        t->sum = xmalloc((size_t)c->n_layer * c->n_kv_head * sizeof *t->sum);
+        for (int i = 0; i < c->n_layer * c->n_kv_head; i++)
+            t->sum[i] = phi_summary_alloc(maps->d_phi, c->head_dim);
+        for (int l = 0; l < c->n_layer; l++)
+            fwd_phi_summarize(m, kv, l, maps, o->sink, np - o->tail, t->sum + (size_t)l * c->n_kv_head);
+        kv->side_bytes = (size_t)c->n_layer * c->n_kv_head * maps->d_phi * (c->head_dim + 2) * sizeof(float);
+    }
+    info->decode = (fwd_hooks){.ctx = t, .attention = topk_attention};
+    info->decode_report = topk_report;
+    int last = np;
+    info->rows_done += fwd_run(m, kv, ids + np, &last, 1, &info->decode, logits, 0);
+    snprintf(info->note, sizeof info->note, "sink %d + tail %d + top-%d of %d mid tokens%s",
+             o->sink, o->tail, t->k, n_mid, !maps ? "" : o->phi_path ? "; phi: fitted maps (--phi)"
+             : "; phi: random features (training-free fallback, no --phi)");
+    return kv;
+}
+
+static kv_cache *topk_phi_prefill(model *m, const int *ids, int n, int n_gen,
+                                  const strategy_opts *o, float *logits, prefill_info *info,
+                                  char *err, size_t errlen) {
+    return topk_run(m, ids, n, n_gen, o, logits, info, err, errlen, 1);
+}
+
+static kv_cache *topk_prefill(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
+                              float *logits, prefill_info *info, char *err, size_t errlen) {
+    return topk_run(m, ids, n, n_gen, o, logits, info, err, errlen, 0);
+}
+
+static int topk_check(const model *m, const strategy_opts *o, char *err, size_t errlen) {
+    if (!fwd_can_select(m))
+        return err_printf(err, errlen, "top-K decode attention is not available on the %s backend",
+                          m->bk->name);
+    if (o->sink < 0 || o->tail < 0) return err_printf(err, errlen, "--sink and --tail must be >= 0");
+    return 0;
+}
+
+static int topk_phi_check(const model *m, const strategy_opts *o, char *err, size_t errlen) {
+    if (topk_check(m, o, err, errlen) != 0) return -1;
+    if (!o->phi_path) return 0;
+    phi_maps *p = load_maps(m, o, err, errlen);   // validates the file against the model once
+    phi_maps_free(p);
+    return p ? 0 : -1;
+}
+
+const strategy strategy_topk_phi = {
+    .name = "topk+phi",
+    .about = "decode reads sink + tail + top-K KV exactly, the rest from a phi summary (--phi)",
+    .prefill = topk_phi_prefill,
+    .check = topk_phi_check,
+};
+
+const strategy strategy_topk = {
+    .name = "topk",
+    .about = "decode reads sink + tail + top-K KV exactly, renormalised (--topk 0: sink + tail)",
+    .prefill = topk_prefill,
+    .check = topk_check,
+};

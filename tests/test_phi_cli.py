@@ -1,0 +1,131 @@
+"""sift's topk+phi / topk / fit-phi on the command line: bad .phi files and bad fit-phi input give
+one `sift: error:` line and a non-zero exit; fit-phi's output loads; a resumed fit-phi equals an
+uninterrupted one byte for byte (seeded); the decode accounting line is printed."""
+
+import os
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SIFT = ROOT / "sift"
+MODEL = Path(os.environ.get("SIFT_MODEL", "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+if not MODEL.is_absolute():
+    MODEL = ROOT / MODEL
+ENV = {**os.environ, "OMP_NUM_THREADS": "2"}
+TEXT = ("The river carried stones from the mountains to the sea, and every stone remembered "
+        "a different winter. ") * 40
+
+pytestmark = pytest.mark.skipif(not MODEL.exists(), reason="default model missing (make model)")
+
+
+def sift(*args):
+    sub = [args[0]] if args and args[0] == "fit-phi" else []
+    return subprocess.run([str(SIFT), *sub, "-m", str(MODEL), *map(str, args[len(sub):])],
+                          capture_output=True, text=True, env=ENV, timeout=600)
+
+
+def one_error(r, *words):
+    assert r.returncode != 0
+    lines = [line for line in r.stderr.splitlines() if line.startswith("sift: error:")]
+    assert len(lines) == 1, r.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def phi_header(kind, n_layer, n_head, n_kv, d, e, h, f):
+    return b"SIFTPHI\0" + struct.pack("<10I", 1, kind, n_layer, n_head, n_kv, d, e, h, f, 0)
+
+
+def mlp_floats(n_layer, n_head, n_kv, d, e, h, f):
+    npar = e * d + e + h * e + h + e * h + e + 1 + f * e + f
+    return n_layer * (n_head + n_kv) * npar
+
+
+@pytest.fixture(scope="module")
+def prompt(tmp_path_factory):
+    p = tmp_path_factory.mktemp("p") / "prompt.txt"
+    p.write_text(TEXT + "Where did the river carry the stones?")
+    return p
+
+
+def run_phi(prompt, phi_path):
+    return sift("-f", prompt, "-n", 2, "--temp", 0, "--strategy", "topk+phi", "--phi", phi_path)
+
+
+def test_missing_phi_file(prompt, tmp_path):
+    one_error(run_phi(prompt, tmp_path / "none.phi"), "cannot open phi file")
+
+
+def test_not_a_phi_file(prompt, tmp_path):
+    p = tmp_path / "x.phi"
+    p.write_bytes(b"GGUF" + bytes(100))
+    one_error(run_phi(prompt, p), "not a phi file")
+
+
+def test_phi_for_another_model(prompt, tmp_path):
+    shape = (2, 4, 2, 16, 16, 32, 16)
+    p = tmp_path / "other.phi"
+    p.write_bytes(phi_header(1, *shape) + np.zeros(mlp_floats(*shape), "<f4").tobytes())
+    one_error(run_phi(prompt, p), "is for 2 layers", "the model has 30 layers")
+
+
+def test_truncated_phi_file(prompt, tmp_path):
+    shape = (30, 9, 3, 64, 64, 128, 64)
+    p = tmp_path / "short.phi"
+    p.write_bytes(phi_header(1, *shape) + np.zeros(1000, "<f4").tobytes())
+    one_error(run_phi(prompt, p), "bytes; its header says")
+
+
+def test_phi_bad_version_and_nan(prompt, tmp_path):
+    shape = (30, 9, 3, 64, 64, 128, 64)
+    body = np.zeros(mlp_floats(*shape), "<f4")
+    p = tmp_path / "v2.phi"
+    p.write_bytes(phi_header(1, *shape).replace(struct.pack("<I", 1), struct.pack("<I", 2), 1) + body.tobytes())
+    one_error(run_phi(prompt, p), "version 2")
+    body[12345] = np.nan
+    p.write_bytes(phi_header(1, *shape) + body.tobytes())
+    one_error(run_phi(prompt, p), "not finite")
+
+
+def test_fit_phi_bad_input(tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("too short")
+    one_error(sift("fit-phi", "--data", short, "--out", tmp_path / "o.phi"), "need")
+    one_error(sift("fit-phi", "--data", tmp_path / "none.txt", "--out", tmp_path / "o.phi"), "cannot read")
+    r = sift("fit-phi", "--out", tmp_path / "o.phi")
+    assert r.returncode == 2 and r.stderr.startswith("sift: error:")
+
+
+FIT = ["--ctx", 160, "--steps", 3, "--queries", 8, "--seed", 3]
+
+
+def test_fit_phi_resume_is_identical_and_loads(prompt, tmp_path):
+    data = tmp_path / "data.txt"
+    data.write_text(TEXT)
+    a, b = tmp_path / "a.phi", tmp_path / "b.phi"
+    r = sift("fit-phi", "--data", data, "--out", a, *FIT)
+    assert r.returncode == 0, r.stderr
+    assert "| mean |" in r.stdout and "held-out queries: KL" in r.stdout
+    assert not Path(str(a) + ".progress").exists()
+    # An interrupted run: b holds a's first 10 layers and a progress note saying so.
+    b.write_bytes(a.read_bytes())
+    key = f"{MODEL.name} 160 3 8 16 0.003 3 64 4 16"
+    Path(str(b) + ".progress").write_text(f"10 {key}\n")
+    r = sift("fit-phi", "--data", data, "--out", b, *FIT)
+    assert r.returncode == 0, r.stderr
+    assert "resuming" in r.stderr and "at layer 11" in r.stderr
+    assert a.read_bytes() == b.read_bytes()
+    r = run_phi(prompt, a)
+    assert r.returncode == 0, r.stderr
+    assert "phi: fitted maps" in r.stderr and "KiB of KV per step per layer" in r.stderr
+
+
+def test_accounting_and_fallback_label(prompt):
+    r = sift("-f", prompt, "-n", 3, "--temp", 0, "--strategy", "topk+phi,topk", "--topk", 8)
+    assert r.returncode == 0, r.stderr
+    assert "random features (training-free fallback" in r.stderr
+    assert r.stderr.count("KiB of KV per step per layer exactly") == 2
