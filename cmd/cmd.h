@@ -4,6 +4,7 @@
 // JSON strings, and loading a model + tokenizer (+ draft) onto a backend.
 #pragma once
 #include <stddef.h>
+#include <stdio.h>
 
 #include "../policies/policy.h"
 #include "../tok/tok.h"

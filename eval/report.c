@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "../cmd/cmd.h"
 #include "eval.h"
 
 // Means over the records matching (strategy, task, ctx); task / ctx < 0 match all.
@@ -83,28 +84,8 @@ void eval_print_tables(FILE *out, const eval_report *r) {
 
 // ---- JSON ----
 
-// s as a JSON string; control characters escaped, invalid UTF-8 bytes as U+FFFD.
-static void json_str(FILE *out, const char *s) {
-    fputc('"', out);
-    size_t len = strlen(s), i = 0;
-    while (i < len) {
-        long bad = tok_utf8_invalid_at(s + i, len - i);
-        size_t good = bad < 0 ? len - i : (size_t)bad;
-        for (size_t k = 0; k < good; k++) {
-            unsigned char c = (unsigned char)s[i + k];
-            if (c == '"' || c == '\\') fprintf(out, "\\%c", c);
-            else if (c == '\n') fputs("\\n", out);
-            else if (c < 0x20) fprintf(out, "\\u%04x", c);
-            else fputc(c, out);
-        }
-        i += good;
-        if (bad >= 0) {
-            fputs("\\ufffd", out);
-            i++;
-        }
-    }
-    fputc('"', out);
-}
+// s as a JSON string (cmd/cli.c: control characters escaped, invalid UTF-8 bytes as U+FFFD).
+static void json_str(FILE *out, const char *s) { cli_json_str(out, s, strlen(s)); }
 
 static void json_num(FILE *out, const char *fmt, double v) {
     if (isnan(v) || isinf(v)) fputs("null", out);

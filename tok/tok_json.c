@@ -27,23 +27,6 @@ typedef struct {
     int *eog;
 } hf_tok;
 
-static json_t *load_json(const char *dir, const char *name, int required, char *err,
-                         size_t errlen) {
-    size_t len;
-    char *text = hf_read_file(dir, name, required, &len, err, errlen);
-    if (!text) return NULL;
-    json_error_t je;
-    json_t *j = json_loadb(text, len, 0, &je);
-    free(text);
-    if (!json_is_object(j)) {
-        err_printf(err, errlen, "%s/%s: not a JSON object (line %d: %s)", dir, name, je.line,
-                   j ? "another JSON value" : je.text);
-        json_decref(j);
-        return NULL;
-    }
-    return j;
-}
-
 static int bad(const hf_tok *h, char *err, size_t errlen, const char *what) {
     return err_printf(err, errlen, "%s/tokenizer.json: %s", h->dir, what);
 }
@@ -275,10 +258,10 @@ static void hf_tok_free(hf_tok *h) {
 tok *tok_load_hf(const char *dir, char *err, size_t errlen) {
     hf_tok h = {.dir = dir};
     tok *t = NULL;
-    h.tokj = load_json(dir, "tokenizer.json", 1, err, errlen);
-    if (h.tokj) h.cfg = load_json(dir, "tokenizer_config.json", 0, err, errlen);
+    h.tokj = hf_read_json(dir, "tokenizer.json", 1, err, errlen);
+    if (h.tokj) h.cfg = hf_read_json(dir, "tokenizer_config.json", 0, err, errlen);
     if (h.tokj && !h.cfg && !err[0]) h.cfg = json_object();
-    if (h.cfg) h.gen = load_json(dir, "generation_config.json", 0, err, errlen);
+    if (h.cfg) h.gen = hf_read_json(dir, "generation_config.json", 0, err, errlen);
     if (h.cfg && !h.gen && !err[0]) h.gen = json_object();
     if (h.gen && read_vocab(&h, err, errlen) == 0 && read_merges(&h, err, errlen) == 0 &&
         read_pre(&h, err, errlen) == 0) {

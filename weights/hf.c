@@ -53,8 +53,7 @@ char *hf_read_file(const char *dir, const char *name, int required, size_t *len,
     return buf;
 }
 
-// Parses dir/name as a JSON object. NULL + err (absent and !required: NULL, err empty).
-static json_t *read_json(const char *dir, const char *name, int required, char *err,
+json_t *hf_read_json(const char *dir, const char *name, int required, char *err,
                          size_t errlen) {
     size_t len;
     char *text = hf_read_file(dir, name, required, &len, err, errlen);
@@ -120,7 +119,7 @@ static int open_index(hf_dir *h, json_t *index, char *err, size_t errlen) {
 }
 
 static int open_weights(hf_dir *h, char *err, size_t errlen) {
-    json_t *index = read_json(h->path, "model.safetensors.index.json", 0, err, errlen);
+    json_t *index = hf_read_json(h->path, "model.safetensors.index.json", 0, err, errlen);
     if (index) {
         int rc = open_index(h, index, err, errlen);
         json_decref(index);
@@ -146,7 +145,7 @@ hf_dir *hf_open(const char *path, char *err, size_t errlen) {
     size_t n = strlen(h->path);
     while (n > 1 && h->path[n - 1] == '/')
         h->path[--n] = 0;
-    h->config = read_json(h->path, "config.json", 1, err, errlen);
+    h->config = hf_read_json(h->path, "config.json", 1, err, errlen);
     if (!h->config || open_weights(h, err, errlen) != 0) {
         hf_close(h);
         return NULL;

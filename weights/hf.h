@@ -41,3 +41,6 @@ const char *hf_arch_family(const hf_dir *h);
 // cannot be read (err set) — or if absent and !required (err empty).
 char *hf_read_file(const char *dir, const char *name, int required, size_t *len, char *err,
                    size_t errlen);
+typedef struct json_t json_t;   // jansson's (C11 allows the repeated typedef)
+// Parses dir/name as a JSON object. NULL + err (absent and !required: NULL, err empty).
+json_t *hf_read_json(const char *dir, const char *name, int required, char *err, size_t errlen);
