@@ -154,6 +154,15 @@ static void report_oom(size_t bytes, const char *what) {
             free_b / 1048576.0, total / 1048576.0);
 }
 
+// Device memory free now, plus the spare buffers an allocation would give back first.
+static size_t cuda_mem_available(backend *b) {
+    cuda_impl *c = impl(b);
+    size_t free_b = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
+    for (int i = 0; i < c->n_spare; i++) free_b += c->spare[i].bytes;
+    return free_b;
+}
+
 // Frees device memory once the work queued on the stream (which may read it) is done.
 static void dev_free_after(cudaStream_t st, void *p) {
     CUDA_CHECK(cudaStreamSynchronize(st));
@@ -817,5 +826,6 @@ backend *backend_cuda_create(char *msg, size_t len) {
     b->kv_keep = cuda_kv_keep;
     b->weight_synth = cuda_weight_synth;
     b->ceilings = cuda_ceilings;
+    b->mem_available = cuda_mem_available;
     return b;
 }
