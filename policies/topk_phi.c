@@ -136,6 +136,11 @@ static kv_cache *topk_run(model *m, const int *ids, int n, int n_gen, const stra
                           float *logits, prefill_info *info, char *err, size_t errlen,
                           int with_phi) {
     const model_config *c = &m->cfg;
+    if (!fwd_can_select(m)) {
+        snprintf(err, errlen, "top-K decode attention is not available on the %s backend",
+                 m->bk->name);
+        return NULL;
+    }
     if (n - 1 <= o->sink + o->tail) {
         snprintf(info->note, sizeof info->note, "prompt of %d tokens has no mid region (sink %d + "
                  "tail %d + the last token): ran full", n, o->sink, o->tail);
