@@ -255,3 +255,32 @@ def test_kv_beyond_memory_fails_up_front():
         pytest.skip("this machine could hold the cache")
     r = sift("-m", MODEL, "-p", "hi", "-c", "4194304", "-n", "-1", "-q")
     assert_error(r, f"{need:.2f} GiB", "4194304 tokens", "lower -c or -n", code=1)
+
+
+# ---- usage errors of every subcommand (exit 2, one line, before any model is loaded) ----------
+
+@pytest.mark.parametrize("args, needle", [
+    (["-p", "x", "--pool-kernel", "4"], "must be odd"),
+    (["-p", "x", "--spec-pool", "2"], "must be odd"),
+    (["-p", "x", "--swiftkv-norm", "mine"], "--swiftkv-norm must be own or shared"),
+    (["-p", "x", "stray"], "unexpected argument 'stray'"),
+    (["--device", "tpu", "-p", "x"], "unknown device 'tpu'"),
+    (["bench", "--ctx", "1,,2"], "empty or overlong entry"),
+    (["bench", "-o", "yaml"], "-o must be md, json, jsonl or csv"),
+    (["bench", "--device", "tpu"], "unknown device 'tpu'"),
+    (["eval", "stray"], "eval: unexpected argument 'stray'"),
+    (["eval", "--tasks", "niah,niah"], "task 'niah' given twice"),
+    (["eval", "--tasks", "nope"], "unknown task 'nope'"),
+    (["eval", "--ctx", "0"], "--ctx 0 is out of range"),
+    (["eval", "--plot", "r.png"], "only SVG is written"),
+    (["eval", "--device", "tpu"], "unknown device 'tpu'"),
+    (["ppl"], "no text: give -f FILE"),
+    (["ppl", "-f", "a.txt", "stray"], "ppl: unexpected argument 'stray'"),
+    (["fit-phi", "--data", "a.txt"], "fit-phi needs --data TEXT and --out FILE.phi"),
+    (["fit-phi", "--out"], "fit-phi: --out needs a value"),
+    (["fit-phi", "--bogus", "1"], "fit-phi: unknown flag '--bogus'"),
+])
+def test_usage_errors(args, needle):
+    r = sift(*args)
+    assert_error(r, needle, code=2)
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
