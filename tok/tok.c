@@ -388,7 +388,7 @@ int tok_is_eog(const tok *t, int id) {
 }
 
 const char *tok_piece(const tok *t, int id, int show_special, size_t *len) {
-    if (id < 0 || id >= t->n_vocab) { *len = 0; return NULL; }
+    if (id < 0 || id >= t->n_vocab) { *len = 0; return ""; }   // e.g. padded embedding rows
     int hidden = (t->type[id] == TT_CONTROL || t->type[id] == TT_UNKNOWN) && !show_special;
     *len = hidden ? 0 : t->piece_len[id];
     return t->piece_arena + t->piece_off[id];

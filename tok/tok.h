@@ -58,8 +58,8 @@ enum tok_chat tok_chat_kind(const tok *t); // from tokenizer.chat_template, NONE
 int tok_encode(const tok *t, const char *text, size_t len, int parse_special, int **ids,
                char *err, size_t errlen);
 // The bytes of one token (control tokens decode to their text only if show_special).
-// Returns a pointer valid for the tokenizer's lifetime and its length in *len (NULL, 0 for an
-// id out of range).
+// Returns a pointer valid for the tokenizer's lifetime and its length in *len ("", 0 for an id
+// out of range: models may pad their embedding beyond the tokenizer's vocabulary).
 const char *tok_piece(const tok *t, int id, int show_special, size_t *len);
 
 // Offset of the first invalid UTF-8 byte in s[0..len), or -1 if valid.
