@@ -19,6 +19,7 @@ typedef struct phi_maps {
     int kind, n_layer, n_head, n_kv_head, d_in, d_emb, d_hid, d_phi;
     float *q;   // (n_layer, n_head, n_par)
     float *k;   // (n_layer, n_kv_head, n_par)
+    int n_ctx;  // fitted maps: tokens of the fit's prefill (positions it saw); 0 = unknown
 } phi_maps;
 
 // The summary of one KV head over a region of n entries.
@@ -73,7 +74,7 @@ void phi_attend_head(float *y, const float *q, const float *k, const float *v, c
 
 // ---- the .phi file (attn/phi_file.c): fitted maps next to the model ----
 // Little-endian: magic "SIFTPHI\0", u32 version (1), u32 kind, n_layer, n_head, n_kv_head, d_in,
-// d_emb, d_hid, d_phi; then float32 q parameters (n_layer, n_head, n_par) and k parameters
+// d_emb, d_hid, d_phi, n_ctx (0 = unknown; files before it had 0 there); then float32 q parameters (n_layer, n_head, n_par) and k parameters
 // (n_layer, n_kv_head, n_par). Every size is checked against the length; values must be finite.
 int phi_maps_save(const phi_maps *p, const char *path, char *err, size_t errlen);
 phi_maps *phi_maps_load(const char *path, char *err, size_t errlen);
@@ -100,11 +101,16 @@ double phi_fit_kl(const phi_maps *p, const float *const *par_q, const float *par
                   const phi_fit_set *d, const int *sel, int nsel, double *mass_bias);
 // Largest support end over sel (keys needed).
 int phi_fit_n_keys(const phi_fit_set *d, const int *sel, int nsel);
-// [D] After the fit: shift each query head's output bias so that its mean log-mass error
-// LSE(r^) - LSE(r) over queries sel is 0 (the KL term is blind to this per-query offset, and
-// the completion adds absolute mass).
+// [D] After the fit: shift each query head's output bias so that its mean log-mass error over
+// queries sel is 0 (the KL term is blind to this per-query offset, and the completion adds
+// absolute mass). The error is measured where decode uses the maps: over each query's support
+// minus its top ceil(frac * n) keys by true score (frac 0: the whole support).
 void phi_fit_calibrate(const phi_maps *p, float *theta, const phi_fit_set *d, const int *sel,
-                       int nsel);
+                       int nsel, double frac);
+// Mean log-mass error LSE(r^) - LSE(r) over the support minus each query's top ceil(frac * n)
+// keys (by true score), over queries sel; par_q per group head.
+double phi_fit_remainder_bias(const phi_maps *p, const float *const *par_q, const float *par_k,
+                              const phi_fit_set *d, const int *sel, int nsel, double frac);
 // Seeded start: g0 = x / d^(1/4), wo = random features, bo = -log(d_phi)/2, alpha = 0.
 void phi_fit_init(const phi_maps *p, float *theta, int group, uint64_t seed);
 // One Adam step (beta 0.9, 0.999) at step t >= 1.

@@ -11,10 +11,11 @@
 
 #define PHI_MAGIC "SIFTPHI"   // 8 bytes with its NUL
 #define PHI_VERSION 1
-#define PHI_N_FIELDS 10       // version, kind, n_layer, n_head, n_kv_head, d_in, d_emb, d_hid, d_phi, 0
+#define PHI_N_FIELDS 10       // version, kind, n_layer, n_head, n_kv_head, d_in, d_emb, d_hid, d_phi, n_ctx
 #define PHI_HEADER (8 + 4 * PHI_N_FIELDS)
 #define PHI_MAX_DIM 4096
 #define PHI_MAX_LAYERS 512
+#define PHI_MAX_CTX (1u << 26)
 
 static void put_u32(unsigned char *b, uint32_t v) {
     for (int i = 0; i < 4; i++) b[i] = (unsigned char)(v >> (8 * i));
@@ -33,7 +34,8 @@ int phi_maps_save(const phi_maps *p, const char *path, char *err, size_t errlen)
     memcpy(h, PHI_MAGIC, 8);
     uint32_t f[PHI_N_FIELDS] = {PHI_VERSION, (uint32_t)p->kind, (uint32_t)p->n_layer,
                                 (uint32_t)p->n_head, (uint32_t)p->n_kv_head, (uint32_t)p->d_in,
-                                (uint32_t)p->d_emb, (uint32_t)p->d_hid, (uint32_t)p->d_phi, 0};
+                                (uint32_t)p->d_emb, (uint32_t)p->d_hid, (uint32_t)p->d_phi,
+                                (uint32_t)p->n_ctx};
     for (int i = 0; i < PHI_N_FIELDS; i++) put_u32(h + 8 + 4 * i, f[i]);
     size_t nq = (size_t)p->n_layer * p->n_head * phi_n_par(p), nk = n_floats(p) - nq;
     FILE *fp = fopen(path, "wb");
@@ -77,12 +79,12 @@ phi_maps *phi_maps_parse(const void *buf, size_t len, const char *name, char *er
         return NULL;
     }
     for (int i = 1; i < PHI_N_FIELDS; i++)
-        if (f[i] > PHI_MAX_DIM || (i == PHI_N_FIELDS - 1 && f[i] != 0)) {
+        if (f[i] > (i == PHI_N_FIELDS - 1 ? PHI_MAX_CTX : PHI_MAX_DIM)) {
             err_printf(err, errlen, "phi file '%s': header field %d = %u out of range", name, i, f[i]);
             return NULL;
         }
     phi_maps s = {(int)f[1], (int)f[2], (int)f[3], (int)f[4], (int)f[5], (int)f[6], (int)f[7],
-                  (int)f[8], NULL, NULL};
+                  (int)f[8], NULL, NULL, 0};
     if (check_shape(&s, name, err, errlen) != 0) return NULL;
     size_t want = PHI_HEADER + 4 * n_floats(&s);
     if (len != want) {
@@ -90,6 +92,7 @@ phi_maps *phi_maps_parse(const void *buf, size_t len, const char *name, char *er
         return NULL;
     }
     phi_maps *p = phi_maps_alloc(&s);
+    p->n_ctx = (int)f[9];
     size_t nq = (size_t)s.n_layer * s.n_head * phi_n_par(&s);
     memcpy(p->q, b + PHI_HEADER, 4 * nq);
     memcpy(p->k, b + PHI_HEADER + 4 * nq, 4 * (n_floats(&s) - nq));

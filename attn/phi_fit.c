@@ -9,6 +9,7 @@
 
 #include "../util/check.h"
 #include "phi.h"
+#include "score.h"
 
 #define FAR_BAND (-8.0)
 
@@ -179,11 +180,26 @@ double phi_fit_loss(const phi_maps *p, float *theta, const phi_fit_set *d, const
     return loss;
 }
 
-double phi_fit_kl(const phi_maps *p, const float *const *par_q, const float *par_k,
-                  const phi_fit_set *d, const int *sel, int nsel, double *mass_bias) {
+// LSE over r (n,) except the entries marked in skip (NULL: none)
+static double lse_except(const double *r, int n, const char *skip) {
+    double mx = -INFINITY, z = 0;
+    for (int j = 0; j < n; j++)
+        if (!skip || !skip[j]) mx = fmax(mx, r[j]);
+    for (int j = 0; j < n; j++)
+        if (!skip || !skip[j]) z += exp(r[j] - mx);
+    return mx + log(z);
+}
+
+// Over queries sel: mean KL(softmax(r) || softmax(r^)) on the whole support, and mean log-mass
+// error LSE(r^) - LSE(r) over the support minus each query's top ceil(frac n) keys by r.
+static void eval_queries(const phi_maps *p, const float *const *par_q, const float *par_k,
+                         const phi_fit_set *d, const int *sel, int nsel, double frac,
+                         double *kl_mean, double *bias_mean) {
     int hd = d->hd, f = p->d_phi, nk = phi_fit_n_keys(d, sel, nsel);
-    float *lk = xmalloc((size_t)nk * f * 4), lq[f];
-    double *r = xmalloc((size_t)nk * 8), *rh = xmalloc((size_t)nk * 8), total = 0, bias = 0;
+    float *lk = xmalloc((size_t)nk * f * 4), lq[f], *rf = xmalloc((size_t)nk * 4);
+    double *r = xmalloc((size_t)nk * 8), *rh = xmalloc((size_t)nk * 8), kl_sum = 0, bias = 0;
+    int *top = xmalloc((size_t)nk * sizeof(int));
+    char *skip = xmalloc((size_t)nk);
     for (int j = d->lo; j < nk; j++) phi_log_features(p, par_k, d->k + (size_t)j * hd, lk + (size_t)j * f);
     for (int s = 0; s < nsel; s++) {
         int i = sel[s], n = d->end[i] - d->lo;
@@ -202,12 +218,33 @@ double phi_fit_kl(const phi_maps *p, const float *const *par_q, const float *par
         }
         for (int j = 0; j < n; j++) r[j] -= b, rh[j] -= b;
         query_loss(r, rh, n, NULL, &kl, &mass);
-        total += kl / nsel;
-        bias += mass / nsel;
+        int kk = (int)ceil(frac * n);
+        if (kk > 0 && kk < n) {   // the remainder a decode step with top-kk retrieval estimates
+            for (int j = 0; j < n; j++) rf[j] = (float)r[j], skip[j] = 0;
+            int got = score_topk(rf, n, kk, top);
+            for (int j = 0; j < got; j++) skip[top[j]] = 1;
+            mass = lse_except(rh, n, skip) - lse_except(r, n, skip);
+        }
+        kl_sum += kl;
+        bias += mass;
     }
-    if (mass_bias) *mass_bias = bias;
-    free(lk), free(r), free(rh);
-    return total;
+    if (kl_mean) *kl_mean = kl_sum / nsel;
+    if (bias_mean) *bias_mean = bias / nsel;
+    free(lk), free(rf), free(r), free(rh), free(top), free(skip);
+}
+
+double phi_fit_kl(const phi_maps *p, const float *const *par_q, const float *par_k,
+                  const phi_fit_set *d, const int *sel, int nsel, double *mass_bias) {
+    double kl;
+    eval_queries(p, par_q, par_k, d, sel, nsel, 0, &kl, mass_bias);
+    return kl;
+}
+
+double phi_fit_remainder_bias(const phi_maps *p, const float *const *par_q, const float *par_k,
+                              const phi_fit_set *d, const int *sel, int nsel, double frac) {
+    double bias;
+    eval_queries(p, par_q, par_k, d, sel, nsel, frac, NULL, &bias);
+    return bias;
 }
 
 void phi_fit_init(const phi_maps *p, float *theta, int group, uint64_t seed) {
@@ -263,7 +300,7 @@ double phi_fit_run(const phi_maps *p, float *theta, const phi_fit_set *d, const 
 }
 
 void phi_fit_calibrate(const phi_maps *p, float *theta, const phi_fit_set *d, const int *sel,
-                       int nsel) {
+                       int nsel, double frac) {
     int np = phi_n_par(p), *mine = xmalloc((size_t)nsel * sizeof(int));
     const float *pq[d->group];
     for (int j = 0; j < d->group; j++) pq[j] = theta + (size_t)j * np;
@@ -271,8 +308,8 @@ void phi_fit_calibrate(const phi_maps *p, float *theta, const phi_fit_set *d, co
         int n = 0;
         for (int i = 0; i < nsel; i++)
             if (d->head[sel[i]] == j) mine[n++] = sel[i];
-        double bias = 0;
-        if (n) phi_fit_kl(p, pq, theta + (size_t)d->group * np, d, mine, n, &bias);
+        double bias = n ? phi_fit_remainder_bias(p, pq, theta + (size_t)d->group * np, d, mine, n,
+                                                 frac) : 0;
         float *bo = theta + (size_t)j * np + np - p->d_phi;   // log phi_q + c scales the mass by e^c
         for (int f = 0; f < p->d_phi; f++) bo[f] -= (float)bias;
     }

@@ -20,7 +20,7 @@
 typedef struct {
     const char *model, *data, *out;
     int ctx, steps, queries, batch, d_phi, sink, tail, threads;
-    float lr;
+    float lr, cal;
     uint64_t seed;
 } fit_opts;
 
@@ -32,15 +32,19 @@ typedef struct {   // what the prefill logged
 
 static void fit_parse(int argc, char **argv, fit_opts *o) {
     *o = (fit_opts){.ctx = 1024, .steps = 150, .queries = 48, .batch = 16, .sink = 4, .tail = 16,
-                    .lr = 3e-3f, .seed = 1};
+                    .lr = 3e-3f, .cal = 0.02f, .seed = 1};
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (cli_is_flag(a, "-h", "--help")) {
             printf("usage: sift fit-phi [-m MODEL] --data TEXT --out FILE.phi [--ctx 1024]\n"
                    "         [--steps 150] [--queries 48] [--batch 16] [--lr 0.003] [--seed 1]\n"
-                   "         [--d-phi HEAD_DIM] [--sink 4] [--tail 16] [-t N]\n"
+                   "         [--d-phi HEAD_DIM] [--sink 4] [--tail 16] [--calibrate 0.02] [-t N]\n"
                    "learns topk+phi's feature maps on the first --ctx tokens of TEXT; use them with\n"
-                   "--strategy topk+phi --phi FILE.phi. Rerun the same command to resume.\n");
+                   "--strategy topk+phi --phi FILE.phi on prompts up to --ctx tokens (the maps see\n"
+                   "post-RoPE vectors: beyond the positions they were fitted on they extrapolate).\n"
+                   "--calibrate F: each query head's mass bias is zeroed on the mid region minus its\n"
+                   "top F share of keys (what decode estimates after top-K retrieval; 0: all of it).\n"
+                   "Rerun the same command to resume.\n");
             exit(0);
         }
         if (i + 1 >= argc) cli_usage_error("fit-phi: %s needs a value", a);
@@ -57,6 +61,7 @@ static void fit_parse(int argc, char **argv, fit_opts *o) {
         else if (cli_is_flag(a, NULL, "--d-phi")) o->d_phi = (int)cli_int(a, v, 1, 4096);
         else if (cli_is_flag(a, NULL, "--sink")) o->sink = (int)cli_int(a, v, 0, 1 << 20);
         else if (cli_is_flag(a, NULL, "--tail")) o->tail = (int)cli_int(a, v, 0, 1 << 20);
+        else if (cli_is_flag(a, NULL, "--calibrate")) o->cal = cli_float(a, v, 0, 0.5);
         else if (cli_is_flag(a, "-t", "--threads")) o->threads = (int)cli_int(a, v, 1, 1024);
         else cli_usage_error("fit-phi: unknown flag '%s'", a);
     }
@@ -167,15 +172,16 @@ static void show_progress(void *ctx, int step, double loss) {
             bar, 100 * done, p->layer + 1, p->n_layer, p->group + 1, p->n_group, step, p->steps, loss);
 }
 
-// Fits layer l's maps into p; q[0..4): held-out KL and log-mass bias of the fitted maps, then
-// of the random features.
+// Fits layer l's maps into p; qual[0..6): held-out KL, log-mass bias over the mid region and
+// over the remainder after top --calibrate retrieval: of the fitted maps (0, 1, 4), then of the
+// random features (2, 3, 5).
 static void fit_layer(phi_maps *p, const phi_maps *prf, const fit_log *g, int l, const fit_opts *o,
                       double *qual) {
     int hd = p->d_in, group = p->n_head / p->n_kv_head, nq = g->n_q * group, np = phi_n_par(p);
     float *q = xmalloc((size_t)nq * hd * sizeof(float)), *theta = xmalloc((size_t)(group + 1) * np * 4);
     int *head = xmalloc((size_t)nq * sizeof(int)), *end = xmalloc((size_t)nq * sizeof(int));
     int *train = xmalloc((size_t)nq * sizeof(int)), *held = xmalloc((size_t)nq * sizeof(int));
-    memset(qual, 0, 4 * sizeof *qual);
+    memset(qual, 0, 6 * sizeof *qual);
     for (int kvh = 0; kvh < p->n_kv_head; kvh++) {
         int n_train = 0, n_held = 0;
         for (int i = 0; i < g->n_q; i++)
@@ -192,7 +198,7 @@ static void fit_layer(phi_maps *p, const phi_maps *prf, const fit_log *g, int l,
         fit_progress pr = {l, p->n_layer, kvh, p->n_kv_head, o->steps, 0};
         phi_fit_init(p, theta, group, seed);
         phi_fit_run(p, theta, &d, train, n_train, o->steps, o->batch, o->lr, seed, show_progress, &pr);
-        phi_fit_calibrate(p, theta, &d, train, n_train);
+        phi_fit_calibrate(p, theta, &d, train, n_train, o->cal);
         for (int j = 0; j <= group; j++)
             memcpy(j < group ? (float *)phi_par_q(p, l, kvh * group + j) : (float *)phi_par_k(p, l, kvh),
                    theta + (size_t)j * np, (size_t)np * 4);
@@ -204,14 +210,17 @@ static void fit_layer(phi_maps *p, const phi_maps *prf, const fit_log *g, int l,
         qual[2] += phi_fit_kl(prf, rq, phi_par_k(prf, l, kvh), &d, held, n_held, &bp) / p->n_kv_head;
         qual[1] += bf / p->n_kv_head;
         qual[3] += bp / p->n_kv_head;
+        qual[4] += phi_fit_remainder_bias(p, pq, phi_par_k(p, l, kvh), &d, held, n_held, o->cal) / p->n_kv_head;
+        qual[5] += phi_fit_remainder_bias(prf, rq, phi_par_k(prf, l, kvh), &d, held, n_held, o->cal) / p->n_kv_head;
     }
     free(q), free(theta), free(head), free(end), free(train), free(held);
 }
 
-// FILE.progress: "layers_done model ctx steps queries batch lr seed d_phi sink tail"
+// FILE.progress: "layers_done model ctx steps queries batch lr seed d_phi sink tail calibrate"
 static void progress_key(char *buf, size_t len, const fit_opts *o, const char *model, int d_phi) {
-    snprintf(buf, len, "%s %d %d %d %d %g %llu %d %d %d", cli_base_name(model), o->ctx, o->steps,
-             o->queries, o->batch, o->lr, (unsigned long long)o->seed, d_phi, o->sink, o->tail);
+    snprintf(buf, len, "%s %d %d %d %d %g %llu %d %d %d %g", cli_base_name(model), o->ctx, o->steps,
+             o->queries, o->batch, o->lr, (unsigned long long)o->seed, d_phi, o->sink, o->tail,
+             o->cal);
 }
 
 // Layers already fitted by an interrupted run with the same settings (0: start afresh).
@@ -260,13 +269,14 @@ int cmd_fit_phi(int argc, char **argv) {
     if (!rc && (start = resume_point(prog, key, &o, &p)) > 0)
         fprintf(stderr, "fit-phi: resuming %s at layer %d (from %s)\n", o.out, start + 1, prog);
     fit_log g = {0};
-    double *kl = xcalloc(4 * (size_t)c->n_layer, sizeof(double));   // per layer: fit_layer's
+    double *kl = xcalloc(6 * (size_t)c->n_layer, sizeof(double));   // per layer: fit_layer's
     if (!rc) {
         fprintf(stderr, "fit-phi: logging queries and keys of %d tokens of %s (full prefill)\n", n, o.data);
         fit_collect(L.m, ids, n, &o, &g);
     }
     for (int l = start; l < c->n_layer && !rc; l++) {
-        fit_layer(p, prf, &g, l, &o, kl + 4 * l);
+        p->n_ctx = n;
+        fit_layer(p, prf, &g, l, &o, kl + 6 * l);
         FILE *fp = NULL;
         if (phi_maps_save(p, o.out, err, sizeof err) != 0 || !(fp = fopen(prog, "w"))) {
             fprintf(stderr, "\nsift: error: fit-phi: %s\n", fp ? err : strerror(errno));
@@ -280,17 +290,20 @@ int cmd_fit_phi(int argc, char **argv) {
         remove(prog);
         fprintf(stderr, "\n");
         printf("fit-phi: %s (%d layers, %d/%d heads, d_phi %d), %d tokens, %d queries x %d heads\n"
-               "held-out queries: KL(full || maps) and log-mass bias LSE(r^) - LSE(r)\n"
-               "| layer | KL fitted | KL random features | bias fitted | bias random |\n"
-               "|---:|---:|---:|---:|---:|\n",
-               o.out, c->n_layer, c->n_head, c->n_kv_head, d_phi, n, g.n_q, c->n_head);
-        double mean[4] = {0};
+               "held-out queries: KL(full || maps) over the mid region; log-mass bias LSE(r^) - LSE(r)\n"
+               "over the mid region, and over the remainder after the top %g of keys (decode's case)\n"
+               "| layer | KL fitted | KL random | bias fitted | bias random | remainder bias fitted "
+               "| remainder bias random |\n|---:|---:|---:|---:|---:|---:|---:|\n",
+               o.out, c->n_layer, c->n_head, c->n_kv_head, d_phi, n, g.n_q, c->n_head, o.cal);
+        double mean[6] = {0};
         for (int l = start; l < c->n_layer; l++) {
-            const double *q = kl + 4 * l;
-            printf("| %d | %.4f | %.4f | %+.3f | %+.3f |\n", l, q[0], q[2], q[1], q[3]);
-            for (int i = 0; i < 4; i++) mean[i] += q[i] / (c->n_layer - start);
+            const double *q = kl + 6 * l;
+            printf("| %d | %.4f | %.4f | %+.3f | %+.3f | %+.3f | %+.3f |\n", l, q[0], q[2], q[1],
+                   q[3], q[4], q[5]);
+            for (int i = 0; i < 6; i++) mean[i] += q[i] / (c->n_layer - start);
         }
-        printf("| mean | %.4f | %.4f | %+.3f | %+.3f |\n", mean[0], mean[2], mean[1], mean[3]);
+        printf("| mean | %.4f | %.4f | %+.3f | %+.3f | %+.3f | %+.3f |\n", mean[0], mean[2],
+               mean[1], mean[3], mean[4], mean[5]);
     }
     for (int l = 0; g.q && l < c->n_layer; l++) free(g.q[l]), free(g.k[l]);
     free(g.q), free(g.k), free(g.qpos), free(kl), free(ids);

@@ -294,6 +294,25 @@ def losses(kind, shape, pq, pk, Q, K, ends, lo, rows):
     return np.array(out)   # (rows, 2): loss, KL
 
 
+def remainder_bias(kind, shape, pq, pk, Q, K, ends, lo, rows, frac):
+    """Mean LSE(r^) - LSE(r) over each query's support minus its top ceil(frac n) keys by r."""
+    d = shape[0]
+    LK = np.stack([log_phi(kind, pk, k, *shape) for k in K])
+    out = []
+    for i in rows:
+        kk, lk = K[lo:ends[i]], LK[lo:ends[i]]
+        lq = log_phi(kind, pq, Q[i], *shape)
+        s = kk.astype(np.float64) @ Q[i].astype(np.float64) / math.sqrt(d)
+        t = lq[None, :] + lk
+        sh = np.array([lse(row) for row in t])
+        keep = np.ones(len(s), bool)
+        top = math.ceil(frac * len(s))
+        if 0 < top < len(s):
+            keep[np.argsort(-s, kind="stable")[:top]] = False
+        out.append(lse(sh[keep]) - lse(s[keep]))
+    return float(np.mean(out))
+
+
 def prf_params(rng, d, f):
     """Positive random features with orthogonal Gaussian rows (numpy's own draw)."""
     blocks = []
@@ -329,6 +348,20 @@ def test_fit_decreases_loss_and_beats_random_features(tmp_path):
     assert abs(c_after - fit_train) <= 1e-4 * abs(fit_train)
     assert fit_train < 0.5 * ref_before, f"loss {ref_before:.4f} -> {fit_train:.4f}"
     assert last < first
+
+    # Remainder calibration: the mass bias over each query's support minus its top share of
+    # keys (the part decode estimates) vs numpy, and zero after phi_fit_calibrate at that share.
+    for frac in (0.0, 0.05, 0.2):
+        cal = tmp_path / f"cal{frac}.phi"
+        out = subprocess.run([str(TOOL), "calibrate", str(inp), str(fitted), str(frac), str(cal)],
+                             check=True, capture_output=True, text=True).stdout.split()
+        before, after = map(float, out)
+        ref = remainder_bias(kind, shape, fq[0, 0], fk[0, 0], Q, K, ends, lo, train, frac)
+        assert abs(before - ref) <= 1e-4 * max(1.0, abs(ref)), (frac, before, ref)
+        _, _, cq, ck = read_phi(cal)
+        ref_after = remainder_bias(kind, shape, cq[0, 0], ck[0, 0], Q, K, ends, lo, train, frac)
+        assert abs(ref_after) <= 1e-4 and abs(after) <= 1e-4, (frac, ref_after, after)
+        assert np.array_equal(ck, fk), "calibration moves only the query map's output bias"
 
     kl_fit = losses(kind, shape, fq[0, 0], fk[0, 0], Q, K, ends, lo, held)[:, 1].mean()
     kl_prf = np.mean([losses(PRF, (d, 0, 0, f), w, w, Q, K, ends, lo, held)[:, 1].mean()

@@ -3,6 +3,7 @@ one `sift: error:` line and a non-zero exit; fit-phi's output loads; a resumed f
 uninterrupted one byte for byte (seeded); the decode accounting line is printed."""
 
 import os
+import re
 import struct
 import subprocess
 from pathlib import Path
@@ -113,7 +114,7 @@ def test_fit_phi_resume_is_identical_and_loads(prompt, tmp_path):
     assert not Path(str(a) + ".progress").exists()
     # An interrupted run: b holds a's first 10 layers and a progress note saying so.
     b.write_bytes(a.read_bytes())
-    key = f"{MODEL.name} 160 3 8 16 0.003 3 64 4 16"
+    key = f"{MODEL.name} 160 3 8 16 0.003 3 64 4 16 0.02"
     Path(str(b) + ".progress").write_text(f"10 {key}\n")
     r = sift("fit-phi", "--data", data, "--out", b, *FIT)
     assert r.returncode == 0, r.stderr
@@ -122,6 +123,10 @@ def test_fit_phi_resume_is_identical_and_loads(prompt, tmp_path):
     r = run_phi(prompt, a)
     assert r.returncode == 0, r.stderr
     assert "phi: fitted maps" in r.stderr and "KiB of KV per step per layer" in r.stderr
+    # The file records the fit's 160 tokens; a longer prompt is told it is beyond them.
+    assert struct.unpack("<I", a.read_bytes()[44:48])[0] == 160
+    n_prompt = int(re.search(r"(\d+) prompt tokens", r.stderr).group(1))
+    assert n_prompt > 160 and f"fitted on 160 tokens: prompt of {n_prompt} is beyond" in r.stderr
 
 
 def test_accounting_and_fallback_label(prompt):

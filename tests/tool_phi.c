@@ -11,6 +11,10 @@
 //     (support keys [lo, end[i])), minibatches of 16, lr 1e-2, mass calibration; writes the initial and fitted
 //     maps as .phi files (1 layer, 1 head) and prints the loss over the training queries before
 //     and after, and the first and last minibatch losses.
+//   tool_phi calibrate IN.bin FIT.phi FRAC CAL.phi
+//     IN as for fit; FIT.phi's head is calibrated on queries [0, n_train) with phi_fit_calibrate
+//     at FRAC and written to CAL.phi; prints the remainder bias at FRAC over those queries
+//     before and after.
 //   tool_phi decode MODEL OUT.f32 [--strategy S] [--set KEY=VALUE]... [--cont ID]... ID...
 //     prefill ID... with strategy S (default full), then decode the forced continuation --cont
 //     ids; OUT = float32 logits (1 + n_cont, vocab): the prefill's, then each decode step's.
@@ -37,7 +41,7 @@ static int attend(const char *in, const char *outp) {
     int h[10];
     read_exact(fp, h, sizeof h);
     int hd = h[1], n = h[5], n_sel = h[6], n_sub = h[7], lo = h[8], hi = h[9];
-    phi_maps *p = phi_maps_alloc(&(phi_maps){h[0], 1, 1, 1, hd, h[2], h[3], h[4], NULL, NULL});
+    phi_maps *p = phi_maps_alloc(&(phi_maps){h[0], 1, 1, 1, hd, h[2], h[3], h[4], NULL, NULL, 0});
     int np = phi_n_par(p), f = p->d_phi;
     float *q = xmalloc(hd * sizeof(float)), *k = xmalloc((size_t)n * hd * sizeof(float));
     float *v = xmalloc((size_t)n * hd * sizeof(float));
@@ -100,12 +104,44 @@ static int fit(const char *in, const char *init_path, const char *fit_path) {
     double before = phi_fit_loss(p, theta, &d, train, n_train, NULL, NULL), fl[2];
     if (phi_maps_save(p, init_path, err, sizeof err)) return 1;
     phi_fit_run(p, theta, &d, train, n_train, steps, 16, 1e-2f, (uint64_t)h[8], first_last, fl);
-    phi_fit_calibrate(p, theta, &d, train, n_train);
+    phi_fit_calibrate(p, theta, &d, train, n_train, 0);
     memcpy(p->q, theta, (size_t)phi_n_par(p) * 4);
     memcpy(p->k, theta + phi_n_par(p), (size_t)phi_n_par(p) * 4);
     double after = phi_fit_loss(p, theta, &d, train, n_train, NULL, NULL);
     if (phi_maps_save(p, fit_path, err, sizeof err)) return 1;
     printf("%.9g %.9g %.9g %.9g\n", before, after, fl[0], fl[1]);
+    phi_maps_free(p);
+    free(k), free(q), free(end), free(head), free(train), free(theta);
+    return 0;
+}
+
+static int calibrate(const char *in, const char *fit_path, double frac, const char *cal_path) {
+    FILE *fp = fopen(in, "rb");
+    char err[256];
+    phi_maps *p = phi_maps_load(fit_path, err, sizeof err);
+    if (!fp || !p) return 1;
+    int h[10];
+    read_exact(fp, h, sizeof h);
+    int hd = h[0], nk = h[4], nq = h[5], n_train = h[6], np = phi_n_par(p);
+    float *k = xmalloc((size_t)nk * hd * 4), *q = xmalloc((size_t)nq * hd * 4);
+    int *end = xmalloc((size_t)nq * sizeof(int)), *head = xcalloc((size_t)nq, sizeof(int));
+    int *train = xmalloc((size_t)n_train * sizeof(int));
+    read_exact(fp, k, (size_t)nk * hd * 4);
+    read_exact(fp, q, (size_t)nq * hd * 4);
+    read_exact(fp, end, (size_t)nq * sizeof(int));
+    fclose(fp);
+    for (int i = 0; i < n_train; i++) train[i] = i;
+    phi_fit_set d = {hd, 1, h[9], nk, nq, k, q, head, end};
+    float *theta = xmalloc(2 * (size_t)np * 4);
+    memcpy(theta, p->q, (size_t)np * 4);
+    memcpy(theta + np, p->k, (size_t)np * 4);
+    const float *pq[1] = {theta};
+    double before = phi_fit_remainder_bias(p, pq, theta + np, &d, train, n_train, frac);
+    phi_fit_calibrate(p, theta, &d, train, n_train, frac);
+    double after = phi_fit_remainder_bias(p, pq, theta + np, &d, train, n_train, frac);
+    memcpy(p->q, theta, (size_t)np * 4);
+    if (phi_maps_save(p, cal_path, err, sizeof err)) return 1;
+    printf("%.9g %.9g\n", before, after);
     phi_maps_free(p);
     free(k), free(q), free(end), free(head), free(train), free(theta);
     return 0;
@@ -185,6 +221,7 @@ int main(int argc, char **argv) {
     if (argc == 4 && !strcmp(argv[1], "attend")) return attend(argv[2], argv[3]);
     if (argc == 5 && !strcmp(argv[1], "fit")) return fit(argv[2], argv[3], argv[4]);
     if (argc >= 5 && !strcmp(argv[1], "decode")) return decode(argc, argv);
-    fprintf(stderr, "usage: tool_phi attend IN OUT | fit IN INIT FIT | decode MODEL OUT [opts] ID...\n");
+    if (argc == 6 && !strcmp(argv[1], "calibrate")) return calibrate(argv[2], argv[3], atof(argv[4]), argv[5]);
+    fprintf(stderr, "usage: tool_phi attend IN OUT | fit IN INIT FIT | calibrate IN FIT FRAC CAL | decode MODEL OUT [opts] ID...\n");
     return 2;
 }
