@@ -15,16 +15,25 @@
 //     IN as for fit; FIT.phi's head is calibrated on queries [0, n_train) with phi_fit_calibrate
 //     at FRAC and written to CAL.phi; prints the remainder bias at FRAC over those queries
 //     before and after.
+//   tool_phi remainder MODEL IDS.txt K PHI|prf
+//     full prefill of the ids (whitespace-separated) logging each layer's last query; then per
+//     layer, averaged over query heads, the decode step topk / topk+phi would make at that
+//     query (prompt regions as policies/topk_phi.c: N = n - 1, sink 4, tail 16): relative error
+//     of the topk and topk+phi outputs vs full attention, the true remainder's share of the
+//     softmax mass, log(estimated / true remainder mass), cosine of the estimated and true
+//     remainder value means, and the error with the true mass and the estimated mean.
 //   tool_phi decode MODEL OUT.f32 [--strategy S] [--set KEY=VALUE]... [--cont ID]... ID...
 //     prefill ID... with strategy S (default full), then decode the forced continuation --cont
 //     ids; OUT = float32 logits (1 + n_cont, vocab): the prefill's, then each decode step's.
 //     --set keys: sink, tail, topk, budget, phi (a path). --greedy N instead of --cont: the
 //     continuation is N greedy tokens (argmax of the previous row).
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../attn/phi.h"
+#include "../attn/score.h"
 #include "../policies/policy.h"
 #include "../util/check.h"
 
@@ -147,6 +156,136 @@ static int calibrate(const char *in, const char *fit_path, double frac, const ch
     return 0;
 }
 
+typedef struct {
+    float **q;   // per layer: the last position's queries (heads, hd)
+} last_q;
+
+static int log_last_q(void *ctx, fwd_state *s, int l, const void *q) {
+    last_q *g = ctx;
+    size_t row = (size_t)s->m->cfg.n_head * s->m->cfg.head_dim;
+    g->q[l] = xmalloc(row * sizeof(float));
+    memcpy(g->q[l], (const float *)q + (size_t)(s->n - 1) * row, row * sizeof(float));
+    return 0;
+}
+
+// One head's decode step at query q over keys/values k, v (n, hd); acc[0..6) += the metrics.
+static void remainder_head(double *acc, const float *q, const float *k, const float *v, int n,
+                           int hd, int K, const phi_maps *p, const float *pq, const float *pk) {
+    const int sink = 4, tail = 16, lo = sink, hi = n - 1 - tail, nf = p->d_phi;
+    double *s = xmalloc((size_t)n * 8), mx = -INFINITY, z = 0, zr = 0;
+    double *yf = xcalloc((size_t)hd, 8), *yr = xcalloc((size_t)hd, 8), *ye = xcalloc((size_t)hd, 8);
+    for (int i = 0; i < n; i++) {   // s = q . K / sqrt(hd)
+        double dot = 0;
+        for (int j = 0; j < hd; j++) dot += (double)q[j] * k[(size_t)i * hd + j];
+        s[i] = dot / sqrt((double)hd);
+        mx = fmax(mx, s[i]);
+    }
+    float *sm = xmalloc((size_t)(hi - lo) * sizeof(float));
+    int *idx = xmalloc((size_t)(K + n) * sizeof(int));
+    char *in = xcalloc((size_t)n, 1);
+    for (int i = lo; i < hi; i++) sm[i - lo] = (float)s[i];
+    int nsub = score_topk(sm, hi - lo, K, idx), ns = nsub;
+    for (int i = 0; i < nsub; i++) in[idx[i] += lo] = 1;
+    for (int i = 0; i < sink; i++) idx[ns++] = i;
+    for (int i = hi; i < n; i++) idx[ns++] = i;
+    for (int i = 0; i < n; i++) {   // full, and the true remainder M minus top-K
+        double w = exp(s[i] - mx);
+        z += w;
+        for (int j = 0; j < hd; j++) yf[j] += w * v[(size_t)i * hd + j];
+        if (i < lo || i >= hi || in[i]) continue;
+        zr += w;
+        for (int j = 0; j < hd; j++) yr[j] += w * v[(size_t)i * hd + j];
+    }
+    phi_summary sum = phi_summary_alloc(nf, hd);   // the estimate, as phi_attend_head makes it
+    phi_summary_build(&sum, p, pk, k + (size_t)lo * hd, v + (size_t)lo * hd, hi - lo, hd, hd);
+    float *lq = xmalloc((size_t)nf * 4), *lk = xmalloc((size_t)nf * 4);
+    double *u = xcalloc((size_t)nf, 8), *t = xcalloc((size_t)nf * hd, 8), *a = xmalloc((size_t)nf * 8);
+    for (int i = 0; i < nsub; i++) {
+        phi_log_features(p, pk, k + (size_t)idx[i] * hd, lk);
+        for (int f = 0; f < nf; f++) {
+            double w = exp(lk[f] - sum.m[f]);
+            u[f] += w;
+            for (int j = 0; j < hd; j++) t[(size_t)f * hd + j] += w * v[(size_t)idx[i] * hd + j];
+        }
+    }
+    phi_log_features(p, pq, q, lq);
+    double amax = -INFINITY, za = 0;
+    for (int f = 0; f < nf; f++) {
+        u[f] = fmax(sum.u[f] - u[f], PHI_EPS);
+        a[f] = lq[f] + sum.m[f] + log(u[f]);
+        amax = fmax(amax, a[f]);
+    }
+    for (int f = 0; f < nf; f++) {
+        double w = exp(a[f] - amax);
+        za += w;
+        for (int j = 0; j < hd; j++) ye[j] += w * (sum.t[(size_t)f * hd + j] - t[(size_t)f * hd + j]) / u[f];
+    }
+    float *yt = xmalloc((size_t)hd * 4), *yp = xmalloc((size_t)hd * 4);
+    phi_attend_head(yt, q, k, v, idx, ns, hd, nsub, NULL, NULL, NULL, NULL);
+    phi_attend_head(yp, q, k, v, idx, ns, hd, nsub, p, pq, pk, &sum);
+    double nf2 = 0, et = 0, ep = 0, eo = 0, dot = 0, n1 = 0, n2 = 0;
+    for (int j = 0; j < hd; j++) {
+        double f = yf[j] / z, e = ye[j] / za, rt = yr[j] / zr;
+        double yo = (yf[j] - yr[j] + zr * e) / z;   // exact part + true mass x estimated mean
+        nf2 += f * f, et += (yt[j] - f) * (yt[j] - f), ep += (yp[j] - f) * (yp[j] - f);
+        eo += (yo - f) * (yo - f), dot += e * rt, n1 += e * e, n2 += rt * rt;
+    }
+    acc[0] += sqrt(et / nf2), acc[1] += sqrt(ep / nf2), acc[2] += zr / z;
+    acc[3] += amax + log(za) - (mx + log(zr)), acc[4] += dot / sqrt(n1 * n2), acc[5] += sqrt(eo / nf2);
+    phi_summary_free(&sum);
+    free(s), free(yf), free(yr), free(ye), free(sm), free(idx), free(in), free(lq), free(lk);
+    free(u), free(t), free(a), free(yt), free(yp);
+}
+
+static int remainder_cmd(char **argv) {
+    char err[512];
+    backend *bk = backend_cpu_create(0);
+    gguf_file *f = gguf_open(argv[2], err, sizeof err);
+    model *m = f ? model_load_gguf(f, bk, err, sizeof err) : NULL;
+    FILE *fp = fopen(argv[3], "r");
+    if (!m || !fp) return 1;
+    const model_config *c = &m->cfg;
+    int cap = 1 << 20, n = 0, *ids = xmalloc((size_t)cap * sizeof(int)), K = atoi(argv[4]);
+    while (n < cap && fscanf(fp, "%d", &ids[n]) == 1) n++;
+    fclose(fp);
+    phi_maps *p = strcmp(argv[5], "prf") ? phi_maps_load(argv[5], err, sizeof err)
+                : phi_maps_prf(c->n_layer, c->n_head, c->n_kv_head, c->head_dim, c->head_dim, 0x5EED);
+    if (!p || n < 64) {
+        fprintf(stderr, "%s\n", p ? "need >= 64 ids" : err);
+        return 1;
+    }
+    last_q g = {xcalloc((size_t)c->n_layer, sizeof(float *))};
+    fwd_hooks hooks = {.ctx = &g, .after_attention = log_last_q};
+    prefill_info info = {0};
+    kv_cache *kv = prefill_run(m, ids, n, 0, NULL, &hooks, NULL, &info, err, sizeof err);
+    if (!kv) return 1;
+    int hd = c->head_dim, group = c->n_head / c->n_kv_head;
+    printf("n %d K %d maps %s\n| layer | err topk | err topk+phi | remainder share | log(est/true "
+           "mass) | cos(est, true mean) | err with true mass |\n|---:|---:|---:|---:|---:|---:|---:|\n",
+           n, K, argv[5]);
+    double mean[6] = {0};
+    for (int l = 0; l < c->n_layer; l++) {
+        const kv_layer *L = &kv->layers[l];
+        double acc[6] = {0};
+        for (int h = 0; h < c->n_head; h++) {
+            size_t off = (size_t)(h / group) * L->cap * hd;
+            remainder_head(acc, g.q[l] + (size_t)h * hd, (const float *)L->k + off,
+                           (const float *)L->v + off, n, hd, K, p, phi_par_q(p, l, h),
+                           phi_par_k(p, l, h / group));
+        }
+        printf("| %d |", l);
+        for (int i = 0; i < 6; i++) printf(" %.4f |", acc[i] / c->n_head), mean[i] += acc[i] / c->n_head / c->n_layer;
+        printf("\n");
+        free(g.q[l]);
+    }
+    printf("| mean |");
+    for (int i = 0; i < 6; i++) printf(" %.4f |", mean[i]);
+    printf("\n");
+    kv_free(kv), phi_maps_free(p), model_free(m), gguf_close(f), bk->destroy(bk);
+    free(g.q), free(ids);
+    return 0;
+}
+
 static int set_opt(strategy_opts *o, const char *kv) {
     const char *eq = strchr(kv, '=');
     if (!eq) return -1;
@@ -221,7 +360,9 @@ int main(int argc, char **argv) {
     if (argc == 4 && !strcmp(argv[1], "attend")) return attend(argv[2], argv[3]);
     if (argc == 5 && !strcmp(argv[1], "fit")) return fit(argv[2], argv[3], argv[4]);
     if (argc >= 5 && !strcmp(argv[1], "decode")) return decode(argc, argv);
+    if (argc == 6 && !strcmp(argv[1], "remainder")) return remainder_cmd(argv);
     if (argc == 6 && !strcmp(argv[1], "calibrate")) return calibrate(argv[2], argv[3], atof(argv[4]), argv[5]);
-    fprintf(stderr, "usage: tool_phi attend IN OUT | fit IN INIT FIT | calibrate IN FIT FRAC CAL | decode MODEL OUT [opts] ID...\n");
+    fprintf(stderr, "usage: tool_phi attend IN OUT | fit IN INIT FIT | calibrate IN FIT FRAC CAL |\n"
+                    "       remainder MODEL IDS K PHI | decode MODEL OUT [opts] ID...\n");
     return 2;
 }
