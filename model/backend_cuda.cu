@@ -11,8 +11,12 @@
 #include <string.h>
 
 #include "../attn/attn_cuda.h"
+#include "../attn/phi_cuda.h"
 #include "cuda_util.cuh"
 extern "C" {
+extern "C" {
+#include "../attn/phi.h"
+}
 #include "../kv/kv.h"
 #include "../util/check.h"
 #include "../weights/synthetic.h"
@@ -108,7 +112,7 @@ typedef struct pos_mirror {   // device copy of a KV layer's entry positions
     int *dpos;                // (n_kv_head, cap)
 } pos_mirror;
 
-enum { STAGE_IDX, STAGE_AUX, STAGES };   // two host arrays per op at most
+enum { STAGE_IDX, STAGE_AUX, STAGE_PAR, STAGE_ROWS, STAGE_OF, STAGE_SUM, STAGES };   // per op
 
 #define STAGE_REUSE_MAX (1u << 20)   // uploads up to this size are skipped when unchanged
 #define SPARE_MAX 32   // freed buffers kept for reuse (a decode step frees and allocates the same)
@@ -126,7 +130,7 @@ typedef struct cuda_impl {
     void *lt_work;
     mm_plan plans[MM_PLANS];
     int n_plans, next_evict;
-    dev_buf stage[STAGES], attn_work, probs, f32;
+    dev_buf stage[STAGES], attn_work, probs, f32, phi_f, phi_q, phi_sum;
     void *stage_last[STAGES];        // host copy of each stage buffer's last small upload
     size_t stage_last_bytes[STAGES];
     pos_mirror *mirrors;
@@ -681,6 +685,110 @@ static void cuda_attn_probs(backend *b, float *probs, const void *q, const int *
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }
 
+// ---- topk+phi: selected decode attention and the completion summary (attn/phi_cuda.cu) ------
+
+static phi_cuda_shape phi_shape(const phi_maps *p) {
+    phi_cuda_shape s = {p->kind, p->d_in, p->d_emb, p->d_hid, p->d_phi, phi_n_par(p)};
+    return s;
+}
+
+static void phi_dims_check(const phi_maps *p, int hd) {
+    int dims[] = {p->d_in, p->d_emb, p->d_hid, p->d_phi};
+    for (int i = 0; i < 4; i++)
+        CHECK_INTERNAL(dims[i] <= PHI_CUDA_MAX_DIM, "phi map dimension %d over the CUDA limit %d",
+                       dims[i], PHI_CUDA_MAX_DIM);
+    CHECK_INTERNAL(hd <= 256 && p->d_in == hd, "phi maps on head dim %d (CUDA: <= 256, = d_in %d)",
+                   hd, p->d_in);
+}
+
+// Device log features of n rows of x (row index rows[r], parameter block of[r] of par, host
+// arrays; par has n_blocks blocks): the phi_f buffer, (n, d_phi).
+static float *phi_features(cuda_impl *c, const phi_maps *p, const float *par, int n_blocks,
+                           const void *x, const int *rows, const int *of, int n) {
+    size_t np = (size_t)phi_n_par(p);
+    const float *dpar = (const float *)stage(c, STAGE_PAR, par, (size_t)n_blocks * np * sizeof(float));
+    const int *drows = (const int *)stage(c, STAGE_ROWS, rows, (size_t)n * sizeof(int));
+    const int *dof = (const int *)stage(c, STAGE_OF, of, (size_t)n * sizeof(int));
+    float *F = (float *)dev_buf_reserve(c, &c->phi_f, ((size_t)n * p->d_phi + 1) * sizeof(float),
+                                        "phi features");
+    phi_features_cuda(F, x, drows, dof, n, dpar, phi_shape(p), c->stream);
+    return F;
+}
+
+static void cuda_phi_summarize(backend *b, phi_summary *out, const phi_maps *p, int layer,
+                               const kv_layer *L, int lo, int hi) {
+    cuda_impl *c = impl(b);
+    int n = hi - lo, nkv = L->n_kv_head, hd = L->head_dim, f = p->d_phi;
+    phi_dims_check(p, hd);
+    if (n <= 0) return;
+    int *rows = (int *)xmalloc((size_t)nkv * n * sizeof(int)), *of = (int *)xmalloc((size_t)nkv * n * sizeof(int));
+    for (int g = 0; g < nkv; g++)
+        for (int i = 0; i < n; i++) rows[(size_t)g * n + i] = g * L->cap + lo + i, of[(size_t)g * n + i] = g;
+    float *F = phi_features(c, p, phi_par_k(p, layer, 0), nkv, L->k, rows, of, nkv * n);
+    size_t per = (size_t)f * (hd + 2);   // m, u, t of one KV head
+    float *d = (float *)dev_buf_reserve(c, &c->phi_sum, (size_t)nkv * per * sizeof(float), "phi summary");
+    float *dm = d, *du = d + (size_t)nkv * f, *dt = d + (size_t)2 * nkv * f;
+    phi_summary_cuda(dm, du, dt, F, L->v, nkv, n, L->cap, lo, hd, f, c->stream);
+    float *h = (float *)xmalloc((size_t)nkv * per * sizeof(float));
+    CUDA_CHECK(cudaMemcpyAsync(h, d, (size_t)nkv * per * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    for (int g = 0; g < nkv; g++) {   // merge into out[g] (empty: m = -inf, sums 0)
+        phi_summary *s = &out[g];
+        const float *m = h + (size_t)g * f, *u = h + (size_t)(nkv + g) * f;
+        const float *t = h + (size_t)2 * nkv * f + (size_t)g * f * hd;
+        for (int x = 0; x < f; x++) {
+            float mm = fmaxf(s->m[x], m[x]);
+            float r0 = s->m[x] == -INFINITY ? 0.0f : expf(s->m[x] - mm), r1 = expf(m[x] - mm);
+            s->u[x] = s->u[x] * r0 + u[x] * r1;
+            for (int j = 0; j < hd; j++)
+                s->t[(size_t)x * hd + j] = s->t[(size_t)x * hd + j] * r0 + t[(size_t)x * hd + j] * r1;
+            s->m[x] = mm;
+        }
+        s->n += n;
+    }
+    free(rows), free(of), free(h);
+}
+
+static void cuda_attn_select(backend *b, void *out, const void *q, int heads, const kv_layer *L,
+                             const int *sel, int n_sel, int n_sub, const phi_completion *comp) {
+    cuda_impl *c = impl(b);
+    int nkv = L->n_kv_head, hd = L->head_dim, group = heads / nkv;
+    CHECK_INTERNAL(hd <= 256, "selected attention on head dim %d (CUDA: <= 256)", hd);
+    const int *dsel = (const int *)stage(c, STAGE_IDX, sel, ((size_t)heads * n_sel + 1) * sizeof(int));
+    float *work = (float *)dev_buf_reserve(c, &c->attn_work, ((size_t)heads * n_sel + 1) * sizeof(float),
+                                           "selected attention scores");
+    const phi_maps *p = comp ? comp->maps : NULL;
+    if (!p || comp->sum[0].n <= n_sub) {   // nothing left to estimate: selection only
+        phi_select_cuda(out, q, L->k, L->v, L->cap, heads, nkv, hd, dsel, n_sel, 0, NULL, NULL,
+                        NULL, NULL, NULL, 0, work, c->stream);
+        return;
+    }
+    phi_dims_check(p, hd);
+    int f = p->d_phi, *rows = (int *)xmalloc(((size_t)heads * n_sub + heads) * sizeof(int));
+    int *of = (int *)xmalloc(((size_t)heads * n_sub + heads) * sizeof(int));
+    for (int h = 0; h < heads; h++) rows[h] = h, of[h] = h;   // log phi_q of each head's query
+    float *F = phi_features(c, p, phi_par_q(p, comp->layer, 0), heads, q, rows, of, heads);
+    float *lq = (float *)dev_buf_reserve(c, &c->phi_q, (size_t)heads * f * sizeof(float), "phi queries");
+    CUDA_CHECK(cudaMemcpyAsync(lq, F, (size_t)heads * f * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
+    for (int h = 0; h < heads; h++)   // log phi_k of each head's n_sub retrieved keys
+        for (int i = 0; i < n_sub; i++)
+            rows[(size_t)h * n_sub + i] = (h / group) * L->cap + sel[(size_t)h * n_sel + i],
+            of[(size_t)h * n_sub + i] = h / group;
+    float *fsel = phi_features(c, p, phi_par_k(p, comp->layer, 0), nkv, L->k, rows, of, heads * n_sub);
+    size_t per = (size_t)f * (hd + 2);
+    float *h = (float *)xmalloc((size_t)nkv * per * sizeof(float));
+    for (int g = 0; g < nkv; g++) {   // the summaries, laid out as phi_summary_cuda writes them
+        const phi_summary *s = &comp->sum[g];
+        memcpy(h + (size_t)g * f, s->m, (size_t)f * sizeof(float));
+        memcpy(h + (size_t)(nkv + g) * f, s->u, (size_t)f * sizeof(float));
+        memcpy(h + (size_t)2 * nkv * f + (size_t)g * f * hd, s->t, (size_t)f * hd * sizeof(float));
+    }
+    const float *d = (const float *)stage(c, STAGE_SUM, h, (size_t)nkv * per * sizeof(float));
+    phi_select_cuda(out, q, L->k, L->v, L->cap, heads, nkv, hd, dsel, n_sel, n_sub, lq, fsel, d,
+                    d + (size_t)nkv * f, d + (size_t)2 * nkv * f, f, work, c->stream);
+    free(rows), free(of), free(h);
+}
+
 // ---- ceilings ---------------------------------------------------------------------------------
 
 // Milliseconds per run of fn(c, ctx) on the stream: 2 warm-up runs, then the mean of `reps`.
@@ -753,9 +861,11 @@ static void cuda_destroy(backend *b) {
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     for (int i = 0; i < c->n_plans; i++) plan_destroy(c, &c->plans[i]);
     LT_CHECK(c, c->lt.destroy(c->lt_handle));
-    dev_buf *bufs[] = {&c->stage[0], &c->stage[1], &c->attn_work, &c->probs, &c->f32};
+    dev_buf *bufs[] = {&c->attn_work, &c->probs, &c->f32, &c->phi_f, &c->phi_q, &c->phi_sum};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]->p) CUDA_CHECK(cudaFree(bufs[i]->p));
+    for (int i = 0; i < STAGES; i++)
+        if (c->stage[i].p) CUDA_CHECK(cudaFree(c->stage[i].p));
     for (int i = 0; i < c->n_mirrors; i++) CUDA_CHECK(cudaFree(c->mirrors[i].dpos));
     free(c->mirrors);
     spare_release(c);
@@ -827,5 +937,7 @@ backend *backend_cuda_create(char *msg, size_t len) {
     b->weight_synth = cuda_weight_synth;
     b->ceilings = cuda_ceilings;
     b->mem_available = cuda_mem_available;
+    b->attn_select = cuda_attn_select;
+    b->phi_summarize = cuda_phi_summarize;
     return b;
 }

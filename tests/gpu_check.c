@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "../attn/phi.h"
 #include "../model/backend.h"
 #include "../policies/policy.h"
 #include "../util/check.h"
@@ -387,6 +388,78 @@ static void test_attention(backend *bk[2], const attn_case *t) {
     free(k), free(v), free(q), free(idx), free(qpos);
 }
 
+// ---- topk+phi: phi_summarize and attn_select -------------------------------------------------
+
+// Maps of one layer: random MLP blocks (weights ~ 1/sqrt(fan-in), ReZero alpha 0.5) or random
+// features.
+static phi_maps *test_maps(int kind, int heads, int nkv, int hd, int f) {
+    if (kind == PHI_PRF) return phi_maps_prf(1, heads, nkv, hd, f, 0xF00D);
+    phi_maps *p = phi_maps_mlp(1, heads, nkv, hd, hd, 2 * hd, f);
+    size_t np = (size_t)phi_n_par(p);
+    float *blocks[2] = {p->q, p->k};
+    int counts[2] = {heads, nkv};
+    for (int w = 0; w < 2; w++)
+        for (int b = 0; b < counts[w]; b++) {
+            float *par = blocks[w] + b * np;
+            for (size_t i = 0; i < np; i++) par[i] = urand() * 0.5f / sqrtf((float)hd);
+            par[5 * hd * hd + 4 * hd] = 0.5f;   // alpha: after ws, bs, w1, b1, w2, b2 (phi.h)
+        }
+    return p;
+}
+
+static void test_phi_select(backend *bk[2], int kind, int heads, int nkv, int hd, int f, int len,
+                            int n_sub, int n_extra) {
+    attn_case t = {"phi", heads, nkv, hd, len, 1, 0, 1, len, 1};
+    int kvd = nkv * hd, lo = 4, hi = len - 8, n_sel = n_sub + n_extra;
+    float *k = rand_host((size_t)(len + 2) * kvd, 2), *v = rand_host((size_t)(len + 2) * kvd, 1);
+    float *q = rand_host((size_t)heads * hd, 2);
+    phi_maps *p = test_maps(kind, heads, nkv, hd, f);
+    int *sel = xmalloc((size_t)heads * n_sel * sizeof(int)), step = (hi - lo) / (n_sub ? n_sub : 1);
+    for (int h = 0; h < heads; h++)   // n_sub distinct mid entries, then anchors outside [lo, hi)
+        for (int j = 0; j < n_sel; j++) {
+            int e = j - n_sub;
+            sel[h * n_sel + j] = e < 0 ? lo + (h * 31 + j * step) % (hi - lo) : e < lo ? e : hi + (e - lo);
+        }
+    float *sum[2], *y[2][2];
+    size_t per = (size_t)f * (hd + 2);
+    for (int b = 0; b < 2; b++) {
+        backend *B = bk[b];
+        kv_cache *kv = build_cache(B, &t, k, v, NULL);
+        kv_layer *L = &kv->layers[0];
+        phi_summary *s = xmalloc((size_t)nkv * sizeof *s);
+        for (int g = 0; g < nkv; g++) s[g] = phi_summary_alloc(f, hd);
+        B->phi_summarize(B, s, p, 0, L, lo, hi);
+        sum[b] = xmalloc((size_t)nkv * per * sizeof(float));
+        for (int g = 0; g < nkv; g++) {
+            memcpy(sum[b] + g * per, s[g].m, (size_t)f * sizeof(float));
+            memcpy(sum[b] + g * per + f, s[g].u, (size_t)f * sizeof(float));
+            memcpy(sum[b] + g * per + 2 * f, s[g].t, (size_t)f * hd * sizeof(float));
+        }
+        phi_completion comp = {p, 0, s};
+        void *dq = upload(B, q, 1, heads * hd);
+        for (int c = 0; c < 2; c++) {
+            void *o = B->alloc(B, (size_t)heads * hd);
+            poison(B, o, 1, heads * hd);
+            B->attn_select(B, o, dq, heads, L, sel, n_sel, n_sub, c ? &comp : NULL);
+            y[b][c] = download(B, o, (size_t)heads * hd);
+            B->free(B, o);
+        }
+        B->free(B, dq);
+        for (int g = 0; g < nkv; g++) phi_summary_free(&s[g]);
+        free(s);
+        kv_free(kv);
+    }
+    char shape[120];
+    snprintf(shape, sizeof shape, "%s %d/%d hd%d phi%d len%d K%d", kind == PHI_MLP ? "mlp" : "prf",
+             heads, nkv, hd, f, len, n_sub);
+    report("phi_summarize m,u,T", shape, sum[GPU], sum[CPU], (size_t)nkv * per, TOL);
+    report("attn_select", shape, y[GPU][0], y[CPU][0], (size_t)heads * hd, TOL);
+    report("attn_select + phi", shape, y[GPU][1], y[CPU][1], (size_t)heads * hd, TOL);
+    for (int b = 0; b < 2; b++) free(sum[b]), free(y[b][0]), free(y[b][1]);
+    phi_maps_free(p);
+    free(k), free(v), free(q), free(sel);
+}
+
 // ---- optional ops ------------------------------------------------------------------------------
 
 // weight_synth on the GPU against synth_uniform on the host (and the CPU op when it exists).
@@ -641,6 +714,12 @@ int main(int argc, char **argv) {
     test_ops(bk);
     test_attention_cases(bk);
     if (bk[GPU]->weight_synth) test_weight_synth(bk, 33, 70);
+    if (bk[GPU]->attn_select && bk[GPU]->phi_summarize) {
+        test_phi_select(bk, PHI_MLP, 9, 3, 64, 64, 300, 12, 12);
+        test_phi_select(bk, PHI_PRF, 9, 3, 64, 64, 300, 12, 12);
+        test_phi_select(bk, PHI_MLP, 8, 2, 128, 96, 1500, 40, 6);
+        test_phi_select(bk, PHI_PRF, 4, 4, 32, 48, 120, 0, 5);
+    }
     if (bk[GPU]->ceilings && !ops_only) test_ceilings(bk);
     const char *env = getenv("SIFT_MODEL");
     const char *path = argc > 1 ? argv[1] : env && *env ? env : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
