@@ -226,7 +226,7 @@ static int max_ctx(const bench_opts *b) {
 
 static int bench_dry_run(const bench_opts *b, const model_config *c) {
     bench_out o = {out_format(b->format), 0};
-    double avail = cli_mem_available(), e = b->elem_bytes;
+    double avail = (double)host_mem_available(), e = b->elem_bytes;
     const char *name = b->model ? b->model : "default model";
     for (int i = 0; i < b->n_ctx; i++) {
         long P = b->ctx[i];

@@ -299,16 +299,6 @@ static int check_strategies(const strategy *const *list, int n, const strategy_o
     return 0;
 }
 
-double cli_mem_available(void) {
-    FILE *fp = fopen("/proc/meminfo", "r");
-    char line[256];
-    double kib = -1;
-    while (fp && fgets(line, sizeof line, fp))
-        if (sscanf(line, "MemAvailable: %lf kB", &kib) == 1) break;
-    if (fp) fclose(fp);
-    return kib < 0 ? -1 : kib * 1024;
-}
-
 int cli_is_synthetic(const char *path) {
     if (!path) path = getenv("SIFT_MODEL");
     return path && strncmp(path, SYNTH_PREFIX, strlen(SYNTH_PREFIX)) == 0;

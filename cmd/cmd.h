@@ -72,8 +72,6 @@ int cli_refuse_synthetic(const char *path, const char *cmd);
 // The config of path (GGUF or synthetic:NAME) without loading weights; 0 or -1 with err. The
 // caller frees c->inv_freq.
 int cli_config(const char *path, model_config *c, char *err, size_t errlen);
-// MemAvailable from /proc/meminfo in bytes; -1 when unknown.
-double cli_mem_available(void);
 
 // ---- subcommands: argv[1] is the command's name ----
 int cmd_bench(int argc, char **argv);

@@ -188,13 +188,7 @@ static void cpu_kv_keep(backend *b, kv_layer *L, const int *idx, int k, int new_
 // MemAvailable from /proc/meminfo (what the kernel could give without swapping); 0 = unknown.
 static size_t cpu_mem_available(backend *b) {
     (void)b;
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    unsigned long long kib = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
-    if (f) fclose(f);
-    return (size_t)kib * 1024;
+    return host_mem_available();
 }
 
 // The reference for every backend's weight_synth: element i = offset + scale * synth_uniform.

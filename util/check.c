@@ -36,3 +36,13 @@ void *check_calloc(size_t n, size_t s, const char *file, int line) {
 void *check_realloc(void *p, size_t n, const char *file, int line) {
     return checked(realloc(p, n), n, file, line);
 }
+
+size_t host_mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kib = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+    if (f) fclose(f);
+    return (size_t)kib * 1024;
+}

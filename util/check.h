@@ -11,6 +11,9 @@
     do { if (!(cond)) check_fail(__FILE__, __LINE__, __VA_ARGS__); } while (0)
 
 // Writes a one-line message for bad input into err (errlen bytes); returns -1.
+// Bytes of host memory available now (/proc/meminfo MemAvailable); 0 when unknown.
+size_t host_mem_available(void);
+
 int err_printf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 void *check_malloc(size_t n, const char *file, int line);
