@@ -88,6 +88,11 @@ typedef struct phi_fit_set {
     int hd, group, lo, n_keys, n_q;
     const float *k, *q;
     const int *head, *end;
+    // [D] Position augmentation (shift_max > 0): each minibatch rotates every key and query as
+    // RoPE would for positions shifted by one seeded delta in [0, shift_max]. q.k is unchanged
+    // (RoPE is relative) while the maps see the absolute angles of later positions.
+    const float *inv_freq;   // (hd / 2,) the model's RoPE inverse frequencies
+    int rope_neox, shift_max;
 } phi_fit_set;
 
 // theta ((group + 1) * n_par): the group's q maps, then its k map (kind MLP, shape p).
@@ -117,6 +122,9 @@ void phi_fit_init(const phi_maps *p, float *theta, int group, uint64_t seed);
 void phi_fit_adam(float *theta, const float *grad, float *m, float *v, size_t n, int t, float lr);
 // A standard normal draw from a splitmix64 state.
 double phi_gauss(uint64_t *state);
+// k_out (n_keys, hd), q_out (n_q, hd) = d's keys and queries rotated by RoPE angles delta *
+// inv_freq (pairs (2j, 2j+1), or (j, j + hd/2) when rope_neox).
+void phi_fit_rotate(const phi_fit_set *d, double delta, float *k_out, float *q_out);
 // Fits theta with Adam for `steps` minibatches of `batch` queries drawn (seeded) from train
 // (n_train,); on_step (may be NULL) sees each step's loss. Returns the last minibatch loss.
 double phi_fit_run(const phi_maps *p, float *theta, const phi_fit_set *d, const int *train,

@@ -274,6 +274,29 @@ void phi_fit_adam(float *theta, const float *grad, float *m, float *v, size_t n,
     }
 }
 
+static void rotate_rows(float *out, const float *x, int n, int hd, double delta,
+                        const float *inv_freq, int neox) {
+    int half = hd / 2;
+    float c[half], s[half];
+    for (int j = 0; j < half; j++) c[j] = (float)cos(delta * inv_freq[j]), s[j] = (float)sin(delta * inv_freq[j]);
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * hd;
+        float *oi = out + (size_t)i * hd;
+        if (hd % 2) oi[hd - 1] = xi[hd - 1];
+        for (int j = 0; j < half; j++) {
+            int a = neox ? j : 2 * j, b = neox ? j + half : 2 * j + 1;
+            float xa = xi[a], xb = xi[b];
+            oi[a] = xa * c[j] - xb * s[j];
+            oi[b] = xa * s[j] + xb * c[j];
+        }
+    }
+}
+
+void phi_fit_rotate(const phi_fit_set *d, double delta, float *k_out, float *q_out) {
+    rotate_rows(k_out, d->k, d->n_keys, d->hd, delta, d->inv_freq, d->rope_neox);
+    rotate_rows(q_out, d->q, d->n_q, d->hd, delta, d->inv_freq, d->rope_neox);
+}
+
 double phi_fit_run(const phi_maps *p, float *theta, const phi_fit_set *d, const int *train,
                    int n_train, int steps, int batch, float lr, uint64_t seed,
                    void (*on_step)(void *ctx, int step, double loss), void *ctx) {
@@ -283,6 +306,11 @@ double phi_fit_run(const phi_maps *p, float *theta, const phi_fit_set *d, const 
     memcpy(pool, train, (size_t)n_train * sizeof(int));
     uint64_t state = seed;
     double loss = 0;
+    int shift = d->shift_max > 0 && d->inv_freq;
+    float *kr = shift ? xmalloc((size_t)d->n_keys * d->hd * 4) : NULL;
+    float *qr = shift ? xmalloc((size_t)d->n_q * d->hd * 4) : NULL;
+    phi_fit_set ds = *d;
+    if (shift) ds.k = kr, ds.q = qr;
     for (int t = 1; t <= steps; t++) {
         for (int i = 0; i < nb; i++) {   // minibatch = pool[0..nb) after a partial shuffle
             uint64_t z = (state += 0x9E3779B97F4A7C15ull);
@@ -290,17 +318,40 @@ double phi_fit_run(const phi_maps *p, float *theta, const phi_fit_set *d, const 
             int j = i + (int)((z >> 33) % (uint64_t)(n_train - i)), tmp = pool[i];
             pool[i] = pool[j], pool[j] = tmp;
         }
+        if (shift) {   // this step's positions: all shifted by delta in [0, shift_max]
+            uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+            z = (z ^ (z >> 31)) * 0xBF58476D1CE4E5B9ull;
+            phi_fit_rotate(d, (double)((z >> 33) % ((uint64_t)d->shift_max + 1)), kr, qr);
+        }
         memset(g, 0, n * 4);
-        loss = phi_fit_loss(p, theta, d, pool, nb, g, NULL);
+        loss = phi_fit_loss(p, theta, &ds, pool, nb, g, NULL);
         phi_fit_adam(theta, g, m, v, n, t, lr);
         if (on_step) on_step(ctx, t, loss);
     }
-    free(g), free(m), free(v), free(pool);
+    free(g), free(m), free(v), free(pool), free(kr), free(qr);
     return loss;
 }
 
 void phi_fit_calibrate(const phi_maps *p, float *theta, const phi_fit_set *d, const int *sel,
                        int nsel, double frac) {
+    int n_shift = d->shift_max > 0 && d->inv_freq ? 4 : 1;
+    if (n_shift > 1) {   // the mean bias over positions shifted by 0, 1/3, 2/3 and all of shift_max
+        float *kr = xmalloc((size_t)d->n_keys * d->hd * 4), *qr = xmalloc((size_t)d->n_q * d->hd * 4);
+        float *sum = xcalloc((size_t)d->group * p->d_phi, 4), *orig = xmalloc((size_t)d->group * p->d_phi * 4);
+        int np = phi_n_par(p);
+        phi_fit_set ds = *d;
+        ds.k = kr, ds.q = qr, ds.shift_max = 0;
+        for (int j = 0; j < d->group; j++) memcpy(orig + j * p->d_phi, theta + (size_t)(j + 1) * np - p->d_phi, p->d_phi * 4);
+        for (int s = 0; s < n_shift; s++) {   // each pass calibrates the original biases at one shift
+            phi_fit_rotate(d, (double)d->shift_max * s / (n_shift - 1), kr, qr);
+            for (int j = 0; j < d->group; j++) memcpy(theta + (size_t)(j + 1) * np - p->d_phi, orig + j * p->d_phi, p->d_phi * 4);
+            phi_fit_calibrate(p, theta, &ds, sel, nsel, frac);
+            for (int j = 0; j < d->group * p->d_phi; j++) sum[j] += theta[(size_t)(j / p->d_phi + 1) * np - p->d_phi + j % p->d_phi] / n_shift;
+        }
+        for (int j = 0; j < d->group; j++) memcpy(theta + (size_t)(j + 1) * np - p->d_phi, sum + j * p->d_phi, p->d_phi * 4);
+        free(kr), free(qr), free(sum), free(orig);
+        return;
+    }
     int np = phi_n_par(p), *mine = xmalloc((size_t)nsel * sizeof(int));
     const float *pq[d->group];
     for (int j = 0; j < d->group; j++) pq[j] = theta + (size_t)j * np;

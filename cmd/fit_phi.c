@@ -19,13 +19,15 @@
 
 typedef struct {
     const char *model, *data, *out;
-    int ctx, steps, queries, batch, d_phi, sink, tail, threads;
+    int ctx, steps, queries, batch, d_phi, sink, tail, threads, positions;
     float lr, cal;
     uint64_t seed;
 } fit_opts;
 
 typedef struct {   // what the prefill logged
     int n, n_q, *qpos;   // tokens, sampled query positions (n_q,) ascending
+    int shift_max, neox; // position augmentation up to --positions (phi_fit_set)
+    const float *inv_freq;
     float **q;           // per layer (n_q, heads, hd)
     float **k;           // per layer (n_kv_head, n, hd)
 } fit_log;
@@ -38,10 +40,12 @@ static void fit_parse(int argc, char **argv, fit_opts *o) {
         if (cli_is_flag(a, "-h", "--help")) {
             printf("usage: sift fit-phi [-m MODEL] --data TEXT --out FILE.phi [--ctx 1024]\n"
                    "         [--steps 150] [--queries 48] [--batch 16] [--lr 0.003] [--seed 1]\n"
-                   "         [--d-phi HEAD_DIM] [--sink 4] [--tail 16] [--calibrate 0.02] [-t N]\n"
+                   "         [--d-phi HEAD_DIM] [--sink 4] [--tail 16] [--calibrate 0.02]\n"
+                   "         [--positions N] [-t N]\n"
                    "learns topk+phi's feature maps on the first --ctx tokens of TEXT; use them with\n"
-                   "--strategy topk+phi --phi FILE.phi on prompts up to --ctx tokens (the maps see\n"
-                   "post-RoPE vectors: beyond the positions they were fitted on they extrapolate).\n"
+                   "--strategy topk+phi --phi FILE.phi. The maps read post-RoPE vectors, so each step\n"
+                   "also shows them the data at positions shifted by up to --positions - ctx (RoPE is\n"
+                   "relative: scores do not change); default the model's context length.\n"
                    "--calibrate F: each query head's mass bias is zeroed on the mid region minus its\n"
                    "top F share of keys (what decode estimates after top-K retrieval; 0: all of it).\n"
                    "Rerun the same command to resume.\n");
@@ -62,6 +66,7 @@ static void fit_parse(int argc, char **argv, fit_opts *o) {
         else if (cli_is_flag(a, NULL, "--sink")) o->sink = (int)cli_int(a, v, 0, 1 << 20);
         else if (cli_is_flag(a, NULL, "--tail")) o->tail = (int)cli_int(a, v, 0, 1 << 20);
         else if (cli_is_flag(a, NULL, "--calibrate")) o->cal = cli_float(a, v, 0, 0.5);
+        else if (cli_is_flag(a, NULL, "--positions")) o->positions = (int)cli_int(a, v, 64, 1 << 26);
         else if (cli_is_flag(a, "-t", "--threads")) o->threads = (int)cli_int(a, v, 1, 1024);
         else cli_usage_error("fit-phi: unknown flag '%s'", a);
     }
@@ -172,16 +177,31 @@ static void show_progress(void *ctx, int step, double loss) {
             bar, 100 * done, p->layer + 1, p->n_layer, p->group + 1, p->n_group, step, p->steps, loss);
 }
 
-// Fits layer l's maps into p; qual[0..6): held-out KL, log-mass bias over the mid region and
-// over the remainder after top --calibrate retrieval: of the fitted maps (0, 1, 4), then of the
-// random features (2, 3, 5).
+// q[0..4) += (held-out KL over the mid region, log-mass bias of the remainder after the top
+// --calibrate share) of KV group kvh of layer l under the fitted maps p, then the random
+// features prf, each divided by the number of KV heads.
+static void quality(const phi_maps *p, const phi_maps *prf, int l, int kvh, const phi_fit_set *d,
+                    const int *held, int n_held, double cal, double *q) {
+    const float *pq[d->group], *rq[d->group];
+    for (int j = 0; j < d->group; j++)
+        pq[j] = phi_par_q(p, l, kvh * d->group + j), rq[j] = phi_par_q(prf, l, kvh * d->group + j);
+    const float *pk = phi_par_k(p, l, kvh), *rk = phi_par_k(prf, l, kvh);
+    q[0] += phi_fit_kl(p, pq, pk, d, held, n_held, NULL) / p->n_kv_head;
+    q[1] += phi_fit_kl(prf, rq, rk, d, held, n_held, NULL) / p->n_kv_head;
+    q[2] += phi_fit_remainder_bias(p, pq, pk, d, held, n_held, cal) / p->n_kv_head;
+    q[3] += phi_fit_remainder_bias(prf, rq, rk, d, held, n_held, cal) / p->n_kv_head;
+}
+
+// Fits layer l's maps into p; qual[0..4): quality() at the logged positions, qual[4..8) at
+// positions shifted by the whole --positions augmentation (the farthest the maps serve).
 static void fit_layer(phi_maps *p, const phi_maps *prf, const fit_log *g, int l, const fit_opts *o,
                       double *qual) {
     int hd = p->d_in, group = p->n_head / p->n_kv_head, nq = g->n_q * group, np = phi_n_par(p);
     float *q = xmalloc((size_t)nq * hd * sizeof(float)), *theta = xmalloc((size_t)(group + 1) * np * 4);
     int *head = xmalloc((size_t)nq * sizeof(int)), *end = xmalloc((size_t)nq * sizeof(int));
     int *train = xmalloc((size_t)nq * sizeof(int)), *held = xmalloc((size_t)nq * sizeof(int));
-    memset(qual, 0, 6 * sizeof *qual);
+    memset(qual, 0, 8 * sizeof *qual);
+    float *kr = xmalloc((size_t)g->n * hd * 4), *qr = xmalloc((size_t)nq * hd * 4);
     for (int kvh = 0; kvh < p->n_kv_head; kvh++) {
         int n_train = 0, n_held = 0;
         for (int i = 0; i < g->n_q; i++)
@@ -193,7 +213,8 @@ static void fit_layer(phi_maps *p, const phi_maps *prf, const fit_log *g, int l,
                 if (i % 4 == 3) held[n_held++] = r;   // every 4th position is held out
                 else train[n_train++] = r;
             }
-        phi_fit_set d = {hd, group, o->sink, g->n, nq, g->k[l] + (size_t)kvh * g->n * hd, q, head, end};
+        phi_fit_set d = {hd, group, o->sink, g->n, nq, g->k[l] + (size_t)kvh * g->n * hd, q, head, end,
+                         g->inv_freq, g->neox, g->shift_max};
         uint64_t seed = mix(o->seed * 1000003 + (uint64_t)l * 64 + kvh);
         fit_progress pr = {l, p->n_layer, kvh, p->n_kv_head, o->steps, 0};
         phi_fit_init(p, theta, group, seed);
@@ -202,25 +223,22 @@ static void fit_layer(phi_maps *p, const phi_maps *prf, const fit_log *g, int l,
         for (int j = 0; j <= group; j++)
             memcpy(j < group ? (float *)phi_par_q(p, l, kvh * group + j) : (float *)phi_par_k(p, l, kvh),
                    theta + (size_t)j * np, (size_t)np * 4);
-        const float *pq[group], *rq[group];
-        for (int j = 0; j < group; j++)
-            pq[j] = phi_par_q(p, l, kvh * group + j), rq[j] = phi_par_q(prf, l, kvh * group + j);
-        double bf, bp;
-        qual[0] += phi_fit_kl(p, pq, phi_par_k(p, l, kvh), &d, held, n_held, &bf) / p->n_kv_head;
-        qual[2] += phi_fit_kl(prf, rq, phi_par_k(prf, l, kvh), &d, held, n_held, &bp) / p->n_kv_head;
-        qual[1] += bf / p->n_kv_head;
-        qual[3] += bp / p->n_kv_head;
-        qual[4] += phi_fit_remainder_bias(p, pq, phi_par_k(p, l, kvh), &d, held, n_held, o->cal) / p->n_kv_head;
-        qual[5] += phi_fit_remainder_bias(prf, rq, phi_par_k(prf, l, kvh), &d, held, n_held, o->cal) / p->n_kv_head;
+        quality(p, prf, l, kvh, &d, held, n_held, o->cal, qual);
+        phi_fit_set far = d;
+        phi_fit_rotate(&d, g->shift_max, kr, qr);
+        far.k = kr, far.q = qr;
+        quality(p, prf, l, kvh, &far, held, n_held, o->cal, qual + 4);
     }
+    free(kr), free(qr);
     free(q), free(theta), free(head), free(end), free(train), free(held);
 }
 
-// FILE.progress: "layers_done model ctx steps queries batch lr seed d_phi sink tail calibrate"
+// FILE.progress: "layers_done model ctx steps queries batch lr seed d_phi sink tail calibrate
+// positions"
 static void progress_key(char *buf, size_t len, const fit_opts *o, const char *model, int d_phi) {
-    snprintf(buf, len, "%s %d %d %d %d %g %llu %d %d %d %g", cli_base_name(model), o->ctx, o->steps,
-             o->queries, o->batch, o->lr, (unsigned long long)o->seed, d_phi, o->sink, o->tail,
-             o->cal);
+    snprintf(buf, len, "%s %d %d %d %d %g %llu %d %d %d %g %d", cli_base_name(model), o->ctx,
+             o->steps, o->queries, o->batch, o->lr, (unsigned long long)o->seed, d_phi, o->sink,
+             o->tail, o->cal, o->positions);
 }
 
 // Layers already fitted by an interrupted run with the same settings (0: start afresh).
@@ -268,15 +286,18 @@ int cmd_fit_phi(int argc, char **argv) {
     progress_key(key, sizeof key, &o, L.path, d_phi);
     if (!rc && (start = resume_point(prog, key, &o, &p)) > 0)
         fprintf(stderr, "fit-phi: resuming %s at layer %d (from %s)\n", o.out, start + 1, prog);
+    if (o.positions == 0) o.positions = c->ctx_len;   // default: every position the model takes
     fit_log g = {0};
-    double *kl = xcalloc(6 * (size_t)c->n_layer, sizeof(double));   // per layer: fit_layer's
+    g.inv_freq = c->inv_freq, g.neox = c->rope == ROPE_NEOX;
+    g.shift_max = o.positions > n ? o.positions - n : 0;
+    double *kl = xcalloc(8 * (size_t)c->n_layer, sizeof(double));   // per layer: fit_layer's
     if (!rc) {
         fprintf(stderr, "fit-phi: logging queries and keys of %d tokens of %s (full prefill)\n", n, o.data);
         fit_collect(L.m, ids, n, &o, &g);
     }
     for (int l = start; l < c->n_layer && !rc; l++) {
-        p->n_ctx = n;
-        fit_layer(p, prf, &g, l, &o, kl + 6 * l);
+        p->n_ctx = n + g.shift_max;   // the positions the maps were shown
+        fit_layer(p, prf, &g, l, &o, kl + 8 * l);
         FILE *fp = NULL;
         if (phi_maps_save(p, o.out, err, sizeof err) != 0 || !(fp = fopen(prog, "w"))) {
             fprintf(stderr, "\nsift: error: fit-phi: %s\n", fp ? err : strerror(errno));
@@ -289,21 +310,25 @@ int cmd_fit_phi(int argc, char **argv) {
     if (!rc) {
         remove(prog);
         fprintf(stderr, "\n");
-        printf("fit-phi: %s (%d layers, %d/%d heads, d_phi %d), %d tokens, %d queries x %d heads\n"
-               "held-out queries: KL(full || maps) over the mid region; log-mass bias LSE(r^) - LSE(r)\n"
-               "over the mid region, and over the remainder after the top %g of keys (decode's case)\n"
-               "| layer | KL fitted | KL random | bias fitted | bias random | remainder bias fitted "
-               "| remainder bias random |\n|---:|---:|---:|---:|---:|---:|---:|\n",
-               o.out, c->n_layer, c->n_head, c->n_kv_head, d_phi, n, g.n_q, c->n_head, o.cal);
-        double mean[6] = {0};
-        for (int l = start; l < c->n_layer; l++) {
-            const double *q = kl + 6 * l;
-            printf("| %d | %.4f | %.4f | %+.3f | %+.3f | %+.3f | %+.3f |\n", l, q[0], q[2], q[1],
-                   q[3], q[4], q[5]);
-            for (int i = 0; i < 6; i++) mean[i] += q[i] / (c->n_layer - start);
+        printf("fit-phi: %s (%d layers, %d/%d heads, d_phi %d), %d tokens, %d queries x %d heads,\n"
+               "positions shifted by up to %d in training\n"
+               "held-out queries: KL(full || maps) over the mid region, and the log-mass bias\n"
+               "LSE(r^) - LSE(r) of the remainder after the top %g of keys (what decode estimates);\n"
+               "at the logged positions and shifted by %d (far)\n"
+               "| layer | KL fitted | KL random | bias fitted | bias random | KL fitted far | "
+               "KL random far | bias fitted far | bias random far |\n"
+               "|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+               o.out, c->n_layer, c->n_head, c->n_kv_head, d_phi, n, g.n_q, c->n_head, g.shift_max,
+               o.cal, g.shift_max);
+        double mean[8] = {0};
+        for (int l = start; l <= c->n_layer; l++) {   // the last row: the mean
+            const double *q = l < c->n_layer ? kl + 8 * l : mean;
+            if (l < c->n_layer) printf("| %d ", l);
+            else printf("| mean ");
+            printf("| %.4f | %.4f | %+.3f | %+.3f | %.4f | %.4f | %+.3f | %+.3f |\n", q[0], q[1],
+                   q[2], q[3], q[4], q[5], q[6], q[7]);
+            for (int i = 0; i < 8 && l < c->n_layer; i++) mean[i] += q[i] / (c->n_layer - start);
         }
-        printf("| mean | %.4f | %.4f | %+.3f | %+.3f | %+.3f | %+.3f |\n", mean[0], mean[2],
-               mean[1], mean[3], mean[4], mean[5]);
     }
     for (int l = 0; g.q && l < c->n_layer; l++) free(g.q[l]), free(g.k[l]);
     free(g.q), free(g.k), free(g.qpos), free(kl), free(ids);

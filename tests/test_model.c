@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "../attn/attn.h"
+#include "../attn/phi.h"
 #include "../model/backend.h"
 #include "../model/sample.h"
 #include "../kv/kv.h"
@@ -109,6 +110,37 @@ static void test_rope(void) {
     b->destroy(b);
 }
 
+// fit-phi's position augmentation: rotating post-RoPE vectors (positions p) by delta equals RoPE
+// at p + delta (the backend's rope on the pre-RoPE vectors), for both pair layouts, and keeps
+// every q . k.
+static void test_phi_rotate(void) {
+    backend *b = backend_cpu_create(1);
+    enum { HD = 16, N = 5 };
+    float inv[HD / 2], pre[N * HD], at_p[N * HD], at_pd[N * HD], rot[N * HD], qrot[N * HD];
+    unsigned s = 11;
+    for (int j = 0; j < HD / 2; j++) inv[j] = powf(10000.0f, -2.0f * j / HD);
+    for (int style = ROPE_NORM; style <= ROPE_NEOX; style++) {
+        int pos[N], posd[N], head[N] = {0}, end[N] = {N, N, N, N, N}, delta = 1234;
+        for (int i = 0; i < N * HD; i++) pre[i] = (float)frand(&s);
+        for (int i = 0; i < N; i++) pos[i] = 3 + 17 * i, posd[i] = pos[i] + delta;
+        memcpy(at_p, pre, sizeof pre);
+        memcpy(at_pd, pre, sizeof pre);
+        b->rope(b, at_p, pos, N, 1, HD, inv, (enum rope_style)style);
+        b->rope(b, at_pd, posd, N, 1, HD, inv, (enum rope_style)style);
+        phi_fit_set d = {HD, 1, 0, N, N, at_p, at_p, head, end, inv, style == ROPE_NEOX, delta};
+        phi_fit_rotate(&d, delta, rot, qrot);
+        for (int i = 0; i < N * HD; i++) CHECK_CLOSE(rot[i], at_pd[i], 2e-4);
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < N; j++) {
+                double a = 0, c = 0;
+                for (int x = 0; x < HD; x++)
+                    a += (double)at_p[i * HD + x] * at_p[j * HD + x], c += (double)qrot[i * HD + x] * rot[j * HD + x];
+                CHECK_CLOSE(c, a, 1e-5);
+            }
+    }
+    b->destroy(b);
+}
+
 // draws n samples; counts[id]
 static void draw(const sample_params *p, const float *logits, int vocab, int n, int *counts) {
     sampler s;
@@ -175,6 +207,7 @@ int main(void) {
     test_attention_random(7, 30);     // one prefill block
     test_attention_random(300, 200);  // several blocks, masks by scattered positions
     test_rope();
+    test_phi_rotate();
     test_sampling();
     test_kv_bytes();
     return check_summary("test_model");

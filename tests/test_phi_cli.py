@@ -101,7 +101,7 @@ def test_fit_phi_bad_input(tmp_path):
     assert r.returncode == 2 and r.stderr.startswith("sift: error:")
 
 
-FIT = ["--ctx", 160, "--steps", 3, "--queries", 8, "--seed", 3]
+FIT = ["--ctx", 160, "--steps", 3, "--queries", 8, "--seed", 3, "--positions", 160]
 
 
 def test_fit_phi_resume_is_identical_and_loads(prompt, tmp_path):
@@ -114,7 +114,7 @@ def test_fit_phi_resume_is_identical_and_loads(prompt, tmp_path):
     assert not Path(str(a) + ".progress").exists()
     # An interrupted run: b holds a's first 10 layers and a progress note saying so.
     b.write_bytes(a.read_bytes())
-    key = f"{MODEL.name} 160 3 8 16 0.003 3 64 4 16 0.02"
+    key = f"{MODEL.name} 160 3 8 16 0.003 3 64 4 16 0.02 160"
     Path(str(b) + ".progress").write_text(f"10 {key}\n")
     r = sift("fit-phi", "--data", data, "--out", b, *FIT)
     assert r.returncode == 0, r.stderr

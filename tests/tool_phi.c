@@ -104,7 +104,7 @@ static int fit(const char *in, const char *init_path, const char *fit_path) {
     read_exact(fp, end, (size_t)nq * sizeof(int));
     fclose(fp);
     for (int i = 0; i < n_train; i++) train[i] = i;
-    phi_fit_set d = {hd, 1, h[9], nk, nq, k, q, head, end};
+    phi_fit_set d = {hd, 1, h[9], nk, nq, k, q, head, end, NULL, 0, 0};
     float *theta = xmalloc(2 * (size_t)phi_n_par(p) * 4);
     char err[256];
     phi_fit_init(p, theta, 1, (uint64_t)h[8]);
@@ -140,7 +140,7 @@ static int calibrate(const char *in, const char *fit_path, double frac, const ch
     read_exact(fp, end, (size_t)nq * sizeof(int));
     fclose(fp);
     for (int i = 0; i < n_train; i++) train[i] = i;
-    phi_fit_set d = {hd, 1, h[9], nk, nq, k, q, head, end};
+    phi_fit_set d = {hd, 1, h[9], nk, nq, k, q, head, end, NULL, 0, 0};
     float *theta = xmalloc(2 * (size_t)np * 4);
     memcpy(theta, p->q, (size_t)np * 4);
     memcpy(theta + np, p->k, (size_t)np * 4);
