@@ -278,33 +278,30 @@ def spec_loss(r, rh):
     return 0.99 * kl + 0.01 * (l_top + 2 * l_fp + 4 * l_z), kl
 
 
-def losses(kind, shape, pq, pk, Q, K, ends, lo, rows):
+def query_scores(kind, shape, pq, pk, Q, K, ends, lo, rows):
+    """Per query i in rows: (s, s^) over its support, the teacher q.k/sqrt(d) and the student
+    log <phi_q(q), phi_k(k)> (float64)."""
     d = shape[0]
     LK = np.stack([log_phi(kind, pk, k, *shape) for k in K])
-    out = []
     for i in rows:
         kk, lk = K[lo:ends[i]], LK[lo:ends[i]]
         lq = log_phi(kind, pq, Q[i], *shape)
-        s = kk.astype(np.float64) @ Q[i].astype(np.float64) / math.sqrt(d)
         t = lq[None, :] + lk
         mx = t.max(axis=1)
-        sh = mx + np.log(np.exp(t - mx[:, None]).sum(axis=1))
-        b = s.max()
-        out.append(spec_loss(s - b, sh - b))
+        yield (kk.astype(np.float64) @ Q[i].astype(np.float64) / math.sqrt(d),
+               mx + np.log(np.exp(t - mx[:, None]).sum(axis=1)))
+
+
+def losses(kind, shape, pq, pk, Q, K, ends, lo, rows):
+    out = [spec_loss(s - s.max(), sh - s.max())
+           for s, sh in query_scores(kind, shape, pq, pk, Q, K, ends, lo, rows)]
     return np.array(out)   # (rows, 2): loss, KL
 
 
 def remainder_bias(kind, shape, pq, pk, Q, K, ends, lo, rows, frac):
     """Mean LSE(r^) - LSE(r) over each query's support minus its top ceil(frac n) keys by r."""
-    d = shape[0]
-    LK = np.stack([log_phi(kind, pk, k, *shape) for k in K])
     out = []
-    for i in rows:
-        kk, lk = K[lo:ends[i]], LK[lo:ends[i]]
-        lq = log_phi(kind, pq, Q[i], *shape)
-        s = kk.astype(np.float64) @ Q[i].astype(np.float64) / math.sqrt(d)
-        t = lq[None, :] + lk
-        sh = np.array([lse(row) for row in t])
+    for s, sh in query_scores(kind, shape, pq, pk, Q, K, ends, lo, rows):
         keep = np.ones(len(s), bool)
         top = math.ceil(frac * len(s))
         if 0 < top < len(s):

@@ -89,22 +89,31 @@ static void first_last(void *ctx, int step, double loss) {
     fl[1] = loss;
 }
 
+// The fit / calibrate input (see the usage above) as a phi_fit_set of one head, support from
+// h[9]; arrays malloc'ed into *k, *q, *end, *head and *train = 0..n_train. h: the 10 header ints.
+static phi_fit_set read_fit_input(FILE *fp, int *h, float **k, float **q, int **end, int **head,
+                                  int **train) {
+    read_exact(fp, h, 10 * sizeof(int));
+    int hd = h[0], nk = h[4], nq = h[5], n_train = h[6];
+    *k = xmalloc((size_t)nk * hd * 4), *q = xmalloc((size_t)nq * hd * 4);
+    *end = xmalloc((size_t)nq * sizeof(int)), *head = xcalloc((size_t)nq, sizeof(int));
+    *train = xmalloc((size_t)(n_train ? n_train : 1) * sizeof(int));
+    read_exact(fp, *k, (size_t)nk * hd * 4);
+    read_exact(fp, *q, (size_t)nq * hd * 4);
+    read_exact(fp, *end, (size_t)nq * sizeof(int));
+    for (int i = 0; i < n_train; i++) (*train)[i] = i;
+    return (phi_fit_set){hd, 1, h[9], nk, nq, *k, *q, *head, *end, NULL, 0, 0};
+}
+
 static int fit(const char *in, const char *init_path, const char *fit_path) {
     FILE *fp = fopen(in, "rb");
     if (!fp) return 1;
-    int h[10];
-    read_exact(fp, h, sizeof h);
-    int hd = h[0], nk = h[4], nq = h[5], n_train = h[6], steps = h[7];
-    phi_maps *p = phi_maps_mlp(1, 1, 1, hd, h[1], h[2], h[3]);
-    float *k = xmalloc((size_t)nk * hd * 4), *q = xmalloc((size_t)nq * hd * 4);
-    int *end = xmalloc((size_t)nq * sizeof(int)), *head = xcalloc((size_t)nq, sizeof(int));
-    int *train = xmalloc((size_t)n_train * sizeof(int));
-    read_exact(fp, k, (size_t)nk * hd * 4);
-    read_exact(fp, q, (size_t)nq * hd * 4);
-    read_exact(fp, end, (size_t)nq * sizeof(int));
+    int h[10], *end, *head, *train;
+    float *k, *q;
+    phi_fit_set d = read_fit_input(fp, h, &k, &q, &end, &head, &train);
     fclose(fp);
-    for (int i = 0; i < n_train; i++) train[i] = i;
-    phi_fit_set d = {hd, 1, h[9], nk, nq, k, q, head, end, NULL, 0, 0};
+    int n_train = h[6], steps = h[7];
+    phi_maps *p = phi_maps_mlp(1, 1, 1, d.hd, h[1], h[2], h[3]);
     float *theta = xmalloc(2 * (size_t)phi_n_par(p) * 4);
     char err[256];
     phi_fit_init(p, theta, 1, (uint64_t)h[8]);
@@ -129,18 +138,11 @@ static int calibrate(const char *in, const char *fit_path, double frac, const ch
     char err[256];
     phi_maps *p = phi_maps_load(fit_path, err, sizeof err);
     if (!fp || !p) return 1;
-    int h[10];
-    read_exact(fp, h, sizeof h);
-    int hd = h[0], nk = h[4], nq = h[5], n_train = h[6], np = phi_n_par(p);
-    float *k = xmalloc((size_t)nk * hd * 4), *q = xmalloc((size_t)nq * hd * 4);
-    int *end = xmalloc((size_t)nq * sizeof(int)), *head = xcalloc((size_t)nq, sizeof(int));
-    int *train = xmalloc((size_t)n_train * sizeof(int));
-    read_exact(fp, k, (size_t)nk * hd * 4);
-    read_exact(fp, q, (size_t)nq * hd * 4);
-    read_exact(fp, end, (size_t)nq * sizeof(int));
+    int h[10], *end, *head, *train, np = phi_n_par(p);
+    float *k, *q;
+    phi_fit_set d = read_fit_input(fp, h, &k, &q, &end, &head, &train);
     fclose(fp);
-    for (int i = 0; i < n_train; i++) train[i] = i;
-    phi_fit_set d = {hd, 1, h[9], nk, nq, k, q, head, end, NULL, 0, 0};
+    int n_train = h[6];
     float *theta = xmalloc(2 * (size_t)np * 4);
     memcpy(theta, p->q, (size_t)np * 4);
     memcpy(theta + np, p->k, (size_t)np * 4);
