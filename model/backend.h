@@ -66,6 +66,12 @@ struct backend {
     // Optional: the ceilings measured now — a large GEMM in the backend's precision (TFLOP/s)
     // and a large on-device copy (GB/s, read + write). 0, or -1 when not measurable.
     int (*ceilings)(backend *b, double *tflops, double *gbps);
+    // Optional: idx (heads, k), host = for each query head of the one row q (position qpos), the
+    // k entries of [lo, lo + n) with the largest attention probability over the first m
+    // entries (attn_probs' softmax), ties to the lower index, ascending (score_topk's rule).
+    // NULL: fwd_attn_topk computes attn_probs on the host and selects there.
+    void (*attn_topk)(backend *b, int *idx, const void *q, int qpos, int heads, const kv_layer *L,
+                      int m, int lo, int n, int k);
     // Optional: decode attention of one row over selected entries. out (heads, hd): query head h
     // attends exactly to entries sel[h*n_sel .. +n_sel) of its KV head in L; with comp, the first
     // n_sub of them lie in the region comp->sum summarises and the rest of that region is

@@ -12,6 +12,7 @@
 
 #include "../attn/attn_cuda.h"
 #include "../attn/phi_cuda.h"
+#include "../attn/score_cuda.h"
 #include "cuda_util.cuh"
 extern "C" {
 extern "C" {
@@ -130,7 +131,7 @@ typedef struct cuda_impl {
     void *lt_work;
     mm_plan plans[MM_PLANS];
     int n_plans, next_evict;
-    dev_buf stage[STAGES], attn_work, probs, f32, phi_f, phi_q, phi_sum;
+    dev_buf stage[STAGES], attn_work, probs, f32, phi_f, phi_q, phi_sum, topk;
     void *stage_last[STAGES];        // host copy of each stage buffer's last small upload
     size_t stage_last_bytes[STAGES];
     pos_mirror *mirrors;
@@ -789,6 +790,22 @@ static void cuda_attn_select(backend *b, void *out, const void *q, int heads, co
     free(rows), free(of), free(h);
 }
 
+// Top K of one decode row's attention probabilities per head, selected on the device: only the
+// (heads, k) indices come back, not the (heads, m) probabilities.
+static void cuda_attn_topk(backend *b, int *idx, const void *q, int qpos, int heads,
+                           const kv_layer *L, int m, int lo, int n, int k) {
+    cuda_impl *c = impl(b);
+    if (k == 0) return;
+    attn_cuda_args a = attn_args(c, q, &qpos, 1, heads, L);
+    float *d = (float *)dev_buf_reserve(c, &c->probs, (size_t)heads * m * sizeof(float),
+                                        "attention probabilities");
+    attn_probs_cuda(d, &a, m, c->stream);
+    int *di = (int *)dev_buf_reserve(c, &c->topk, (size_t)heads * k * sizeof(int), "top-K indices");
+    score_topk_rows_cuda(di, d + lo, (size_t)m, heads, n, k, lo, c->stream);
+    CUDA_CHECK(cudaMemcpyAsync(idx, di, (size_t)heads * k * sizeof(int), cudaMemcpyDeviceToHost, c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}
+
 // ---- ceilings ---------------------------------------------------------------------------------
 
 // Milliseconds per run of fn(c, ctx) on the stream: 2 warm-up runs, then the mean of `reps`.
@@ -861,7 +878,7 @@ static void cuda_destroy(backend *b) {
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     for (int i = 0; i < c->n_plans; i++) plan_destroy(c, &c->plans[i]);
     LT_CHECK(c, c->lt.destroy(c->lt_handle));
-    dev_buf *bufs[] = {&c->attn_work, &c->probs, &c->f32, &c->phi_f, &c->phi_q, &c->phi_sum};
+    dev_buf *bufs[] = {&c->attn_work, &c->probs, &c->f32, &c->phi_f, &c->phi_q, &c->phi_sum, &c->topk};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]->p) CUDA_CHECK(cudaFree(bufs[i]->p));
     for (int i = 0; i < STAGES; i++)
@@ -938,6 +955,7 @@ backend *backend_cuda_create(char *msg, size_t len) {
     b->ceilings = cuda_ceilings;
     b->mem_available = cuda_mem_available;
     b->attn_select = cuda_attn_select;
+    b->attn_topk = cuda_attn_topk;
     b->phi_summarize = cuda_phi_summarize;
     return b;
 }

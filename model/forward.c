@@ -2,6 +2,7 @@
 // embed -> per layer: norm, QKV, RoPE, cache, attention, out-proj, residual, norm, SwiGLU MLP,
 // residual, hook -> final norm -> LM head.
 #include "forward.h"
+#include "../attn/score.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -203,6 +204,26 @@ bk_weight *fwd_vector_sum(model *m, const bk_weight *const *ws, int k, int n, fl
 }
 
 void fwd_weight_free(model *m, bk_weight *w) { m->bk->weight_free(m->bk, w); }
+
+void fwd_attn_topk(fwd_state *s, int l, const void *q, int m, int lo, int n, int k, int *idx) {
+    backend *bk = s->m->bk;
+    int heads = s->m->cfg.n_head;
+    CHECK_INTERNAL(s->n == 1 && lo >= 0 && n >= 0 && lo + n <= m && m <= s->kv->layers[l].len &&
+                       k >= 0 && k <= n, "top-%d of [%d, %d + %d) over %d entries", k, lo, lo, n, m);
+    if (k == 0) return;
+    if (bk->attn_topk) {
+        bk->attn_topk(bk, idx, q, s->pos[0], heads, &s->kv->layers[l], m, lo, n, k);
+        return;
+    }
+    float *probs = xmalloc((size_t)heads * m * sizeof(float));
+    fwd_attn_probs(s, l, q, 1, m, probs);   // softmax keeps the scores' order
+    for (int h = 0; h < heads; h++) {
+        int *out = idx + (size_t)h * k, got = score_topk(probs + (size_t)h * m + lo, n, k, out);
+        CHECK_INTERNAL(got == k, "top-%d of %d gave %d", k, n, got);
+        for (int i = 0; i < k; i++) out[i] += lo;
+    }
+    free(probs);
+}
 
 int fwd_can_select(const model *m) { return m->bk->attn_select && m->bk->phi_summarize; }
 

@@ -70,6 +70,10 @@ void fwd_kv_from_stream(fwd_state *s, int dst, const fwd_kv_term *terms, int n_t
 // the weight exactly). Free with fwd_weight_free.
 bk_weight *fwd_vector_sum(model *m, const bk_weight *const *ws, int k, int n, float scale);
 void fwd_weight_free(model *m, bk_weight *w);
+// idx (heads, k) for the one alive row: per query head the k entries of [lo, lo + n) of layer l
+// with the highest attention probability over the first m entries (fwd_attn_probs), ties to the
+// lower index, ascending (absolute entry indices). k <= n. On the device when the backend can.
+void fwd_attn_topk(fwd_state *s, int l, const void *q, int m, int lo, int n, int k, int *idx);
 // Whether m's backend offers decode attention over selected entries and phi summaries.
 int fwd_can_select(const model *m);
 

@@ -12,7 +12,6 @@
 #include <string.h>
 
 #include "../attn/phi.h"
-#include "../attn/score.h"
 #include "../util/check.h"
 #include "policy.h"
 
@@ -24,8 +23,8 @@ typedef struct {
     size_t elem_bytes;
     phi_maps *maps;                // NULL: selection only (`topk`)
     phi_summary *sum;              // (n_layer, n_kv_head) over M
-    int *sel, *mark;               // scratch: (heads, n_sel) selections, (len,) union stamps
-    float *probs;                  // scratch: (heads, len)
+    int *sel, *mark;               // scratch: (heads, n_sel) selections then (heads, k) top K,
+                                   // (len,) union stamps
     int cap, stamp;
     double read_entries, full_entries;   // exact entries read / held, summed over steps, layers
     long layer_steps;
@@ -39,7 +38,6 @@ static void topk_state_free(void *ctx) {
     phi_maps_free(t->maps);
     free(t->sel);
     free(t->mark);
-    free(t->probs);
     free(t);
 }
 
@@ -71,8 +69,7 @@ static void account(topk_state *t, int heads, int n_sel, int len) {
 static void ensure_scratch(topk_state *t, int heads, int len) {
     if (len <= t->cap) return;
     t->cap = len * 2;
-    t->sel = xrealloc(t->sel, (size_t)heads * t->cap * sizeof(int));
-    t->probs = xrealloc(t->probs, (size_t)heads * t->cap * sizeof(float));
+    t->sel = xrealloc(t->sel, (size_t)heads * 2 * t->cap * sizeof(int));   // selections + top K
     free(t->mark);
     t->mark = xcalloc((size_t)t->cap, sizeof(int));
     t->stamp = 0;
@@ -86,11 +83,11 @@ static int topk_attention(void *ctx, fwd_state *s, int l, const void *q, void *o
     int mid0 = t->sink, n_mid = n - t->tail - t->sink;
     int n_sel = t->k + t->sink + t->tail + (len - n);
     ensure_scratch(t, heads, len);
-    fwd_attn_probs(s, l, q, 1, len, t->probs);   // exhaustive scores (softmax keeps their order)
+    int *top = t->sel + (size_t)heads * n_sel;   // exhaustive scores, top K of M per query head
+    fwd_attn_topk(s, l, q, len, mid0, n_mid, t->k, top);
     for (int h = 0; h < heads; h++) {
-        int *sel = t->sel + (size_t)h * n_sel;
-        int j = score_topk(t->probs + (size_t)h * len + mid0, n_mid, t->k, sel);
-        for (int i = 0; i < j; i++) sel[i] += mid0;
+        int *sel = t->sel + (size_t)h * n_sel, j = t->k;
+        memcpy(sel, top + (size_t)h * t->k, (size_t)t->k * sizeof(int));
         for (int i = 0; i < t->sink; i++) sel[j++] = i;
         for (int i = n - t->tail; i < len; i++) sel[j++] = i;   // tail, then decode tokens
     }

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 
 #include "../attn/phi.h"
+#include "../attn/score.h"
 #include "../model/backend.h"
 #include "../policies/policy.h"
 #include "../util/check.h"
@@ -460,6 +461,69 @@ static void test_phi_select(backend *bk[2], int kind, int heads, int nkv, int hd
     free(k), free(v), free(q), free(sel);
 }
 
+// attn_topk on the GPU against attn_probs + score_topk on the CPU. levels > 0: the keys take only
+// that many distinct rows, so whole groups of entries tie exactly and the tie rule (lower index
+// first) decides; then the index sets must be equal. levels 0: random keys, near-ties can fall
+// either way in fp32, so >= 99 % of the indices must agree.
+static void test_attn_topk(backend *bk[2], int heads, int nkv, int hd, int len, int lo, int n,
+                           int k, int levels) {
+    attn_case t = {"topk", heads, nkv, hd, len, 1, 0, 1, len, 1};
+    int kvd = nkv * hd;
+    float *k_ = rand_host((size_t)(len + 2) * kvd, 2), *v = rand_host((size_t)(len + 2) * kvd, 1);
+    float *q = rand_host((size_t)heads * hd, 2);
+    for (int i = 0; levels && i < len + 2; i++)   // row i repeats row i % levels
+        memcpy(k_ + (size_t)i * kvd, k_ + (size_t)(i % levels) * kvd, (size_t)kvd * sizeof(float));
+    int *got = xmalloc((size_t)heads * k * sizeof(int)), *want = xmalloc((size_t)heads * k * sizeof(int));
+    float *probs = xmalloc((size_t)heads * len * sizeof(float));
+    int qpos = len;
+    for (int b = 0; b < 2; b++) {
+        kv_cache *kv = build_cache(bk[b], &t, k_, v, NULL);
+        void *dq = upload(bk[b], q, 1, heads * hd);
+        if (b == GPU) {
+            for (int i = 0; i < heads * k; i++) got[i] = -1;
+            bk[b]->attn_topk(bk[b], got, dq, qpos, heads, &kv->layers[0], len, lo, n, k);
+        } else {
+            bk[b]->attn_probs(bk[b], probs, dq, &qpos, 1, heads, &kv->layers[0], len);
+            for (int h = 0; h < heads; h++) {
+                score_topk(probs + (size_t)h * len + lo, n, k, want + (size_t)h * k);
+                for (int i = 0; i < k; i++) want[(size_t)h * k + i] += lo;
+            }
+        }
+        bk[b]->free(bk[b], dq);
+        kv_free(kv);
+    }
+    int same = 0, ascending = 1;   // sets compared by merging (both ascending)
+    for (int h = 0; h < heads; h++) {
+        const int *g = got + (size_t)h * k, *w = want + (size_t)h * k;
+        for (int i = 1; i < k; i++) ascending &= g[i] > g[i - 1];
+        for (int i = 0, j = 0; i < k && j < k;)
+            if (g[i] == w[j]) same++, i++, j++;
+            else if (g[i] < w[j]) i++;
+            else j++;
+    }
+    char shape[120];
+    snprintf(shape, sizeof shape, "%d/%d hd%d len%d [%d,+%d) k%d %s", heads, nkv, hd, len, lo, n, k,
+             levels ? "ties" : "random");
+    float agree = (float)same / (heads * k), need = levels ? 1.0f : 0.99f, one = 1;
+    float pass = ascending && agree >= need;
+    report("attn_topk (share agreeing)", shape, &pass, &one, 1, 0);
+    if (!pass) printf("|   %.4f of the indices agree (need %.2f), ascending %d |||||\n", agree, need, ascending);
+    free(k_), free(v), free(q), free(got), free(want), free(probs);
+}
+
+// --self: the CPU backend has no attn_topk (forward.c selects on the host); this stand-in, the
+// same host selection, lets the harness above run against itself.
+static void self_attn_topk(backend *b, int *idx, const void *q, int qpos, int heads,
+                           const kv_layer *L, int m, int lo, int n, int k) {
+    float *probs = xmalloc((size_t)heads * m * sizeof(float));
+    b->attn_probs(b, probs, q, &qpos, 1, heads, L, m);
+    for (int h = 0; h < heads; h++) {
+        score_topk(probs + (size_t)h * m + lo, n, k, idx + (size_t)h * k);
+        for (int i = 0; i < k; i++) idx[(size_t)h * k + i] += lo;
+    }
+    free(probs);
+}
+
 // ---- optional ops ------------------------------------------------------------------------------
 
 // weight_synth on the GPU against synth_uniform on the host (and the CPU op when it exists).
@@ -711,9 +775,16 @@ int main(int argc, char **argv) {
     }
     printf("gpu_check: %s\n\n| %-22s | %-44s | %9s | %9s | result |\n|---|---|---:|---:|---|\n", msg,
            "check", "shape", "rel err", "max abs");
+    if (self) bk[GPU]->attn_topk = self_attn_topk;
     test_ops(bk);
     test_attention_cases(bk);
     if (bk[GPU]->weight_synth) test_weight_synth(bk, 33, 70);
+    if (bk[GPU]->attn_topk) {
+        test_attn_topk(bk, 8, 2, 64, 3000, 4, 2980, 60, 0);
+        test_attn_topk(bk, 8, 2, 64, 3000, 4, 2980, 60, 7);
+        test_attn_topk(bk, 4, 4, 128, 70000, 4, 69980, 700, 0);
+        test_attn_topk(bk, 2, 1, 32, 50, 0, 50, 50, 3);
+    }
     if (bk[GPU]->attn_select && bk[GPU]->phi_summarize) {
         test_phi_select(bk, PHI_MLP, 9, 3, 64, 64, 300, 12, 12);
         test_phi_select(bk, PHI_PRF, 9, 3, 64, 64, 300, 12, 12);

@@ -1,6 +1,7 @@
 """Fidelity of the prefill strategies at their default settings on the real default model: passkey
 prompts of ~2K and ~6K tokens (a key hidden at a seeded depth in repetitive filler, then
-"The pass key is"). Wherever `full` returns the key, speed and fastkv must too, and specprefill
+"The pass key is"). Wherever `full` returns the key, speed, fastkv and topk (decode reads
+sink + tail + the top 2 % of the prompt per query head) must too, and specprefill
 on the 2K prompts; its miss on the 6K prompt is recorded as a strict xfail (it fails the run if
 it starts passing, so the record stays true). The baselines are reported, not required:
 streamingllm keeps only 4 sinks and the most recent tokens, so by construction it cannot see a
@@ -50,8 +51,9 @@ def digit_prompt(n_filler, seed):
 
 
 # The strategies this file asserts on, plus snapkv and streamingllm for the printed table
-# (swiftkv, topk and topk+phi have their own fidelity records in bench/EVAL.md).
-PREFILL_STRATEGIES = "full,speed,fastkv,snapkv,streamingllm,specprefill"
+# (swiftkv and topk+phi have their own fidelity records in bench/EVAL.md). topk is the
+# decode-time baseline: exact attention over sink + tail + the top 2 % of the prompt.
+STRATEGIES = "full,speed,fastkv,snapkv,streamingllm,specprefill,topk"
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +66,7 @@ def runs(tmp_path_factory):
     for name, (text, _) in PROMPTS.items():
         (tmp / f"{name}.txt").write_text(text)
         files += ["-f", str(tmp / f"{name}.txt")]
-    r = subprocess.run([SIFT, "-m", MODEL, *files, "--strategy", PREFILL_STRATEGIES, "--json",
+    r = subprocess.run([SIFT, "-m", MODEL, *files, "--strategy", STRATEGIES, "--json",
                         "-q", "-n", "8", "--temp", "0"], capture_output=True, text=True,
                        timeout=1500 * float(os.environ.get("SIFT_TIMEOUT_SCALE", "1")))
     assert r.returncode == 0, r.stderr + r.stdout
@@ -100,7 +102,7 @@ def misses(runs, strategy):
     return [n for n in solved_by_full(runs) if PROMPTS[n][1] not in runs[n][strategy]["text"]]
 
 
-@pytest.mark.parametrize("strategy", ["speed", "fastkv"])
+@pytest.mark.parametrize("strategy", ["speed", "fastkv", "topk"])
 def test_strategy_finds_the_key_whenever_full_does(runs, strategy):
     assert not misses(runs, strategy), f"{strategy} missed keys full found: {misses(runs, strategy)}"
 
