@@ -106,16 +106,20 @@ double phi_fit_kl(const phi_maps *p, const float *const *par_q, const float *par
                   const phi_fit_set *d, const int *sel, int nsel, double *mass_bias);
 // Largest support end over sel (keys needed).
 int phi_fit_n_keys(const phi_fit_set *d, const int *sel, int nsel);
-// [D] After the fit: shift each query head's output bias so that its mean log-mass error over
-// queries sel is 0 (the KL term is blind to this per-query offset, and the completion adds
-// absolute mass). The error is measured where decode uses the maps: over each query's support
-// minus its top ceil(frac * n) keys by true score (frac 0: the whole support).
+// [D] After the fit: shift each query head's output bias so that its log-mass error over
+// queries sel has mean -margin x its standard deviation (margin 0: unbiased; the KL term is
+// blind to this per-query offset, and the completion adds absolute mass; a margin makes
+// overestimates rare, as the spec's one-sided L_Z and L_fp terms intend). The error is measured
+// where decode uses the maps: over each query's support minus its top ceil(frac * n) keys by
+// true score (frac 0: the whole support).
 void phi_fit_calibrate(const phi_maps *p, float *theta, const phi_fit_set *d, const int *sel,
-                       int nsel, double frac);
+                       int nsel, double frac, double margin);
 // Mean log-mass error LSE(r^) - LSE(r) over the support minus each query's top ceil(frac * n)
-// keys (by true score), over queries sel; par_q per group head.
+// keys (by true score), over queries sel; par_q per group head; *spread (may be NULL) = its
+// standard deviation over the queries.
 double phi_fit_remainder_bias(const phi_maps *p, const float *const *par_q, const float *par_k,
-                              const phi_fit_set *d, const int *sel, int nsel, double frac);
+                              const phi_fit_set *d, const int *sel, int nsel, double frac,
+                              double *spread);
 // Seeded start: g0 = x / d^(1/4), wo = random features, bo = -log(d_phi)/2, alpha = 0.
 void phi_fit_init(const phi_maps *p, float *theta, int group, uint64_t seed);
 // One Adam step (beta 0.9, 0.999) at step t >= 1.

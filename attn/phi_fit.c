@@ -194,10 +194,10 @@ static double lse_except(const double *r, int n, const char *skip) {
 // error LSE(r^) - LSE(r) over the support minus each query's top ceil(frac n) keys by r.
 static void eval_queries(const phi_maps *p, const float *const *par_q, const float *par_k,
                          const phi_fit_set *d, const int *sel, int nsel, double frac,
-                         double *kl_mean, double *bias_mean) {
+                         double *kl_mean, double *bias_mean, double *bias_sd) {
     int hd = d->hd, f = p->d_phi, nk = phi_fit_n_keys(d, sel, nsel);
     float *lk = xmalloc((size_t)nk * f * 4), lq[f], *rf = xmalloc((size_t)nk * 4);
-    double *r = xmalloc((size_t)nk * 8), *rh = xmalloc((size_t)nk * 8), kl_sum = 0, bias = 0;
+    double *r = xmalloc((size_t)nk * 8), *rh = xmalloc((size_t)nk * 8), kl_sum = 0, bias = 0, sq = 0;
     int *top = xmalloc((size_t)nk * sizeof(int));
     char *skip = xmalloc((size_t)nk);
     for (int j = d->lo; j < nk; j++) phi_log_features(p, par_k, d->k + (size_t)j * hd, lk + (size_t)j * f);
@@ -227,23 +227,26 @@ static void eval_queries(const phi_maps *p, const float *const *par_q, const flo
         }
         kl_sum += kl;
         bias += mass;
+        sq += mass * mass;
     }
     if (kl_mean) *kl_mean = kl_sum / nsel;
     if (bias_mean) *bias_mean = bias / nsel;
+    if (bias_sd) *bias_sd = sqrt(fmax(sq / nsel - (bias / nsel) * (bias / nsel), 0));
     free(lk), free(rf), free(r), free(rh), free(top), free(skip);
 }
 
 double phi_fit_kl(const phi_maps *p, const float *const *par_q, const float *par_k,
                   const phi_fit_set *d, const int *sel, int nsel, double *mass_bias) {
     double kl;
-    eval_queries(p, par_q, par_k, d, sel, nsel, 0, &kl, mass_bias);
+    eval_queries(p, par_q, par_k, d, sel, nsel, 0, &kl, mass_bias, NULL);
     return kl;
 }
 
 double phi_fit_remainder_bias(const phi_maps *p, const float *const *par_q, const float *par_k,
-                              const phi_fit_set *d, const int *sel, int nsel, double frac) {
+                              const phi_fit_set *d, const int *sel, int nsel, double frac,
+                              double *spread) {
     double bias;
-    eval_queries(p, par_q, par_k, d, sel, nsel, frac, NULL, &bias);
+    eval_queries(p, par_q, par_k, d, sel, nsel, frac, NULL, &bias, spread);
     return bias;
 }
 
@@ -333,7 +336,7 @@ double phi_fit_run(const phi_maps *p, float *theta, const phi_fit_set *d, const 
 }
 
 void phi_fit_calibrate(const phi_maps *p, float *theta, const phi_fit_set *d, const int *sel,
-                       int nsel, double frac) {
+                       int nsel, double frac, double margin) {
     int n_shift = d->shift_max > 0 && d->inv_freq ? 4 : 1;
     if (n_shift > 1) {   // the mean bias over positions shifted by 0, 1/3, 2/3 and all of shift_max
         float *kr = xmalloc((size_t)d->n_keys * d->hd * 4), *qr = xmalloc((size_t)d->n_q * d->hd * 4);
@@ -345,7 +348,7 @@ void phi_fit_calibrate(const phi_maps *p, float *theta, const phi_fit_set *d, co
         for (int s = 0; s < n_shift; s++) {   // each pass calibrates the original biases at one shift
             phi_fit_rotate(d, (double)d->shift_max * s / (n_shift - 1), kr, qr);
             for (int j = 0; j < d->group; j++) memcpy(theta + (size_t)(j + 1) * np - p->d_phi, orig + j * p->d_phi, p->d_phi * 4);
-            phi_fit_calibrate(p, theta, &ds, sel, nsel, frac);
+            phi_fit_calibrate(p, theta, &ds, sel, nsel, frac, margin);
             for (int j = 0; j < d->group * p->d_phi; j++) sum[j] += theta[(size_t)(j / p->d_phi + 1) * np - p->d_phi + j % p->d_phi] / n_shift;
         }
         for (int j = 0; j < d->group; j++) memcpy(theta + (size_t)(j + 1) * np - p->d_phi, sum + j * p->d_phi, p->d_phi * 4);
@@ -359,8 +362,9 @@ void phi_fit_calibrate(const phi_maps *p, float *theta, const phi_fit_set *d, co
         int n = 0;
         for (int i = 0; i < nsel; i++)
             if (d->head[sel[i]] == j) mine[n++] = sel[i];
-        double bias = n ? phi_fit_remainder_bias(p, pq, theta + (size_t)d->group * np, d, mine, n,
-                                                 frac) : 0;
+        double sd = 0, bias = n ? phi_fit_remainder_bias(p, pq, theta + (size_t)d->group * np, d,
+                                                         mine, n, frac, &sd) : 0;
+        bias += margin * sd;
         float *bo = theta + (size_t)j * np + np - p->d_phi;   // log phi_q + c scales the mass by e^c
         for (int f = 0; f < p->d_phi; f++) bo[f] -= (float)bias;
     }

@@ -20,7 +20,8 @@
 typedef struct {
     const char *model, *data, *out;
     int ctx, steps, queries, batch, d_phi, sink, tail, threads, positions;
-    float lr, cal;
+    float lr, cal, margin;
+    int recal;   // --recalibrate: keep --out's maps, redo only the calibration
     uint64_t seed;
 } fit_opts;
 
@@ -34,22 +35,28 @@ typedef struct {   // what the prefill logged
 
 static void fit_parse(int argc, char **argv, fit_opts *o) {
     *o = (fit_opts){.ctx = 1024, .steps = 150, .queries = 48, .batch = 16, .sink = 4, .tail = 16,
-                    .lr = 3e-3f, .cal = 0.02f, .seed = 1};
+                    .lr = 3e-3f, .cal = 0.02f, .margin = 1.0f, .seed = 1};
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (cli_is_flag(a, "-h", "--help")) {
             printf("usage: sift fit-phi [-m MODEL] --data TEXT --out FILE.phi [--ctx 1024]\n"
                    "         [--steps 150] [--queries 48] [--batch 16] [--lr 0.003] [--seed 1]\n"
                    "         [--d-phi HEAD_DIM] [--sink 4] [--tail 16] [--calibrate 0.02]\n"
-                   "         [--positions N] [-t N]\n"
+                   "         [--margin 1] [--positions N] [--recalibrate] [-t N]\n"
                    "learns topk+phi's feature maps on the first --ctx tokens of TEXT; use them with\n"
                    "--strategy topk+phi --phi FILE.phi. The maps read post-RoPE vectors, so each step\n"
                    "also shows them the data at positions shifted by up to --positions - ctx (RoPE is\n"
                    "relative: scores do not change); default the model's context length.\n"
-                   "--calibrate F: each query head's mass bias is zeroed on the mid region minus its\n"
-                   "top F share of keys (what decode estimates after top-K retrieval; 0: all of it).\n"
+                   "--calibrate F, --margin M: each query head's log-mass error on the mid region\n"
+                   "minus its top F share of keys (what decode estimates after top-K retrieval; 0: all\n"
+                   "of it) is shifted to mean -M standard deviations, so overestimates are rare.\n"
+                   "--recalibrate: keep the maps in --out and redo only that calibration.\n"
                    "Rerun the same command to resume.\n");
             exit(0);
+        }
+        if (cli_is_flag(a, NULL, "--recalibrate")) {
+            o->recal = 1;
+            continue;
         }
         if (i + 1 >= argc) cli_usage_error("fit-phi: %s needs a value", a);
         const char *v = argv[++i];
@@ -66,6 +73,7 @@ static void fit_parse(int argc, char **argv, fit_opts *o) {
         else if (cli_is_flag(a, NULL, "--sink")) o->sink = (int)cli_int(a, v, 0, 1 << 20);
         else if (cli_is_flag(a, NULL, "--tail")) o->tail = (int)cli_int(a, v, 0, 1 << 20);
         else if (cli_is_flag(a, NULL, "--calibrate")) o->cal = cli_float(a, v, 0, 0.5);
+        else if (cli_is_flag(a, NULL, "--margin")) o->margin = cli_float(a, v, 0, 10);
         else if (cli_is_flag(a, NULL, "--positions")) o->positions = (int)cli_int(a, v, 64, 1 << 26);
         else if (cli_is_flag(a, "-t", "--threads")) o->threads = (int)cli_int(a, v, 1, 1024);
         else cli_usage_error("fit-phi: unknown flag '%s'", a);
@@ -188,8 +196,8 @@ static void quality(const phi_maps *p, const phi_maps *prf, int l, int kvh, cons
     const float *pk = phi_par_k(p, l, kvh), *rk = phi_par_k(prf, l, kvh);
     q[0] += phi_fit_kl(p, pq, pk, d, held, n_held, NULL) / p->n_kv_head;
     q[1] += phi_fit_kl(prf, rq, rk, d, held, n_held, NULL) / p->n_kv_head;
-    q[2] += phi_fit_remainder_bias(p, pq, pk, d, held, n_held, cal) / p->n_kv_head;
-    q[3] += phi_fit_remainder_bias(prf, rq, rk, d, held, n_held, cal) / p->n_kv_head;
+    q[2] += phi_fit_remainder_bias(p, pq, pk, d, held, n_held, cal, NULL) / p->n_kv_head;
+    q[3] += phi_fit_remainder_bias(prf, rq, rk, d, held, n_held, cal, NULL) / p->n_kv_head;
 }
 
 // Fits layer l's maps into p; qual[0..4): quality() at the logged positions, qual[4..8) at
@@ -217,9 +225,15 @@ static void fit_layer(phi_maps *p, const phi_maps *prf, const fit_log *g, int l,
                          g->inv_freq, g->neox, g->shift_max};
         uint64_t seed = mix(o->seed * 1000003 + (uint64_t)l * 64 + kvh);
         fit_progress pr = {l, p->n_layer, kvh, p->n_kv_head, o->steps, 0};
-        phi_fit_init(p, theta, group, seed);
-        phi_fit_run(p, theta, &d, train, n_train, o->steps, o->batch, o->lr, seed, show_progress, &pr);
-        phi_fit_calibrate(p, theta, &d, train, n_train, o->cal);
+        if (o->recal)   // the maps as they are in --out
+            for (int j = 0; j <= group; j++)
+                memcpy(theta + (size_t)j * np, j < group ? phi_par_q(p, l, kvh * group + j) : phi_par_k(p, l, kvh),
+                       (size_t)np * 4);
+        else {
+            phi_fit_init(p, theta, group, seed);
+            phi_fit_run(p, theta, &d, train, n_train, o->steps, o->batch, o->lr, seed, show_progress, &pr);
+        }
+        phi_fit_calibrate(p, theta, &d, train, n_train, o->cal, o->margin);
         for (int j = 0; j <= group; j++)
             memcpy(j < group ? (float *)phi_par_q(p, l, kvh * group + j) : (float *)phi_par_k(p, l, kvh),
                    theta + (size_t)j * np, (size_t)np * 4);
@@ -234,11 +248,11 @@ static void fit_layer(phi_maps *p, const phi_maps *prf, const fit_log *g, int l,
 }
 
 // FILE.progress: "layers_done model ctx steps queries batch lr seed d_phi sink tail calibrate
-// positions"
+// margin positions"
 static void progress_key(char *buf, size_t len, const fit_opts *o, const char *model, int d_phi) {
-    snprintf(buf, len, "%s %d %d %d %d %g %llu %d %d %d %g %d", cli_base_name(model), o->ctx,
+    snprintf(buf, len, "%s %d %d %d %d %g %llu %d %d %d %g %g %d", cli_base_name(model), o->ctx,
              o->steps, o->queries, o->batch, o->lr, (unsigned long long)o->seed, d_phi, o->sink,
-             o->tail, o->cal, o->positions);
+             o->tail, o->cal, o->margin, o->positions);
 }
 
 // Layers already fitted by an interrupted run with the same settings (0: start afresh).
@@ -284,7 +298,22 @@ int cmd_fit_phi(int argc, char **argv) {
     char prog[4096], key[512], err[512];
     snprintf(prog, sizeof prog, "%s.progress", o.out);
     progress_key(key, sizeof key, &o, L.path, d_phi);
-    if (!rc && (start = resume_point(prog, key, &o, &p)) > 0)
+    if (!rc && o.recal) {   // the maps to recalibrate, checked against the model
+        phi_maps *old = phi_maps_load(o.out, err, sizeof err);
+        if (old && (old->kind != PHI_MLP || old->n_layer != c->n_layer || old->n_head != c->n_head ||
+                    old->n_kv_head != c->n_kv_head || old->d_in != c->head_dim)) {
+            snprintf(err, sizeof err, "'%s' holds no fitted maps for this model", o.out);
+            phi_maps_free(old);
+            old = NULL;
+        }
+        if (!old) {
+            fprintf(stderr, "sift: error: fit-phi --recalibrate: %s\n", err);
+            rc = 1;
+        } else {
+            phi_maps_free(p);
+            p = old;
+        }
+    } else if (!rc && (start = resume_point(prog, key, &o, &p)) > 0)
         fprintf(stderr, "fit-phi: resuming %s at layer %d (from %s)\n", o.out, start + 1, prog);
     if (o.positions == 0) o.positions = c->ctx_len;   // default: every position the model takes
     fit_log g = {0};

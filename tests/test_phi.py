@@ -299,7 +299,8 @@ def losses(kind, shape, pq, pk, Q, K, ends, lo, rows):
 
 
 def remainder_bias(kind, shape, pq, pk, Q, K, ends, lo, rows, frac):
-    """Mean LSE(r^) - LSE(r) over each query's support minus its top ceil(frac n) keys by r."""
+    """Mean and standard deviation over queries of LSE(r^) - LSE(r) over each query's support
+    minus its top ceil(frac n) keys by r."""
     out = []
     for s, sh in query_scores(kind, shape, pq, pk, Q, K, ends, lo, rows):
         keep = np.ones(len(s), bool)
@@ -307,7 +308,7 @@ def remainder_bias(kind, shape, pq, pk, Q, K, ends, lo, rows, frac):
         if 0 < top < len(s):
             keep[np.argsort(-s, kind="stable")[:top]] = False
         out.append(lse(sh[keep]) - lse(s[keep]))
-    return float(np.mean(out))
+    return float(np.mean(out)), float(np.std(out))
 
 
 def prf_params(rng, d, f):
@@ -348,16 +349,19 @@ def test_fit_decreases_loss_and_beats_random_features(tmp_path):
 
     # Remainder calibration: the mass bias over each query's support minus its top share of
     # keys (the part decode estimates) vs numpy, and zero after phi_fit_calibrate at that share.
-    for frac in (0.0, 0.05, 0.2):
-        cal = tmp_path / f"cal{frac}.phi"
-        out = subprocess.run([str(TOOL), "calibrate", str(inp), str(fitted), str(frac), str(cal)],
-                             check=True, capture_output=True, text=True).stdout.split()
-        before, after = map(float, out)
-        ref = remainder_bias(kind, shape, fq[0, 0], fk[0, 0], Q, K, ends, lo, train, frac)
+    # With a margin the mean lands margin standard deviations below 0.
+    for frac, margin in ((0.0, 0.0), (0.05, 0.0), (0.2, 0.0), (0.05, 1.0)):
+        cal = tmp_path / f"cal{frac}_{margin}.phi"
+        out = subprocess.run([str(TOOL), "calibrate", str(inp), str(fitted), str(frac), str(margin),
+                              str(cal)], check=True, capture_output=True, text=True).stdout.split()
+        before, after, sd = map(float, out)
+        ref, ref_sd = remainder_bias(kind, shape, fq[0, 0], fk[0, 0], Q, K, ends, lo, train, frac)
         assert abs(before - ref) <= 1e-4 * max(1.0, abs(ref)), (frac, before, ref)
+        assert abs(sd - ref_sd) <= 1e-4 * max(1.0, ref_sd) and ref_sd > 0.01, (sd, ref_sd)
         _, _, cq, ck = read_phi(cal)
-        ref_after = remainder_bias(kind, shape, cq[0, 0], ck[0, 0], Q, K, ends, lo, train, frac)
-        assert abs(ref_after) <= 1e-4 and abs(after) <= 1e-4, (frac, ref_after, after)
+        ref_after, _ = remainder_bias(kind, shape, cq[0, 0], ck[0, 0], Q, K, ends, lo, train, frac)
+        assert abs(ref_after + margin * ref_sd) <= 1e-4 and abs(after - ref_after) <= 1e-4, \
+            (frac, margin, ref_after, after, ref_sd)
         assert np.array_equal(ck, fk), "calibration moves only the query map's output bias"
 
     kl_fit = losses(kind, shape, fq[0, 0], fk[0, 0], Q, K, ends, lo, held)[:, 1].mean()

@@ -114,7 +114,7 @@ def test_fit_phi_resume_is_identical_and_loads(prompt, tmp_path):
     assert not Path(str(a) + ".progress").exists()
     # An interrupted run: b holds a's first 10 layers and a progress note saying so.
     b.write_bytes(a.read_bytes())
-    key = f"{MODEL.name} 160 3 8 16 0.003 3 64 4 16 0.02 160"
+    key = f"{MODEL.name} 160 3 8 16 0.003 3 64 4 16 0.02 1 160"
     Path(str(b) + ".progress").write_text(f"10 {key}\n")
     r = sift("fit-phi", "--data", data, "--out", b, *FIT)
     assert r.returncode == 0, r.stderr
@@ -134,3 +134,26 @@ def test_accounting_and_fallback_label(prompt):
     assert r.returncode == 0, r.stderr
     assert "random features (training-free fallback" in r.stderr
     assert r.stderr.count("KiB of KV per step per layer exactly") == 2
+
+
+def test_fit_phi_recalibrate_moves_only_the_query_biases(tmp_path):
+    data = tmp_path / "data.txt"
+    data.write_text(TEXT)
+    a, b = tmp_path / "a.phi", tmp_path / "b.phi"
+    r = sift("fit-phi", "--data", data, "--out", a, *FIT)
+    assert r.returncode == 0, r.stderr
+    b.write_bytes(a.read_bytes())
+    r = sift("fit-phi", "--data", data, "--out", b, *FIT, "--recalibrate", "--margin", 3)
+    assert r.returncode == 0, r.stderr
+    shape = (30, 9, 3, 64, 64, 128, 64)
+    npar = mlp_floats(1, 1, 0, *shape[3:])   # one parameter block
+    pa = np.frombuffer(a.read_bytes()[48:], "<f4").reshape(-1, npar)
+    pb = np.frombuffer(b.read_bytes()[48:], "<f4").reshape(-1, npar)
+    nq = shape[0] * shape[1]
+    assert np.array_equal(pa[nq:], pb[nq:]), "key maps unchanged"
+    assert np.array_equal(pa[:nq, :-64], pb[:nq, :-64]), "query maps unchanged but for bo"
+    shift = pb[:nq, -64:] - pa[:nq, -64:]
+    assert np.all(shift < 0), "a margin of 3 standard deviations lowers every head's mass"
+    assert np.allclose(shift, shift[:, :1], atol=1e-5), "one shift per head"
+    one_error(sift("fit-phi", "--data", data, "--out", tmp_path / "none.phi", "--recalibrate"),
+              "recalibrate", "cannot open")

@@ -11,10 +11,10 @@
 //     (support keys [lo, end[i])), minibatches of 16, lr 1e-2, mass calibration; writes the initial and fitted
 //     maps as .phi files (1 layer, 1 head) and prints the loss over the training queries before
 //     and after, and the first and last minibatch losses.
-//   tool_phi calibrate IN.bin FIT.phi FRAC CAL.phi
+//   tool_phi calibrate IN.bin FIT.phi FRAC MARGIN CAL.phi
 //     IN as for fit; FIT.phi's head is calibrated on queries [0, n_train) with phi_fit_calibrate
-//     at FRAC and written to CAL.phi; prints the remainder bias at FRAC over those queries
-//     before and after.
+//     at FRAC and MARGIN and written to CAL.phi; prints the remainder bias at FRAC over those
+//     queries before and after, and its standard deviation before.
 //   tool_phi remainder MODEL IDS.txt K PHI|prf
 //     full prefill of the ids (whitespace-separated) logging each layer's last query; then per
 //     layer, averaged over query heads, the decode step topk / topk+phi would make at that
@@ -122,7 +122,7 @@ static int fit(const char *in, const char *init_path, const char *fit_path) {
     double before = phi_fit_loss(p, theta, &d, train, n_train, NULL, NULL), fl[2];
     if (phi_maps_save(p, init_path, err, sizeof err)) return 1;
     phi_fit_run(p, theta, &d, train, n_train, steps, 16, 1e-2f, (uint64_t)h[8], first_last, fl);
-    phi_fit_calibrate(p, theta, &d, train, n_train, 0);
+    phi_fit_calibrate(p, theta, &d, train, n_train, 0, 0);
     memcpy(p->q, theta, (size_t)phi_n_par(p) * 4);
     memcpy(p->k, theta + phi_n_par(p), (size_t)phi_n_par(p) * 4);
     double after = phi_fit_loss(p, theta, &d, train, n_train, NULL, NULL);
@@ -133,7 +133,8 @@ static int fit(const char *in, const char *init_path, const char *fit_path) {
     return 0;
 }
 
-static int calibrate(const char *in, const char *fit_path, double frac, const char *cal_path) {
+static int calibrate(const char *in, const char *fit_path, double frac, double margin,
+                     const char *cal_path) {
     FILE *fp = fopen(in, "rb");
     char err[256];
     phi_maps *p = phi_maps_load(fit_path, err, sizeof err);
@@ -147,12 +148,12 @@ static int calibrate(const char *in, const char *fit_path, double frac, const ch
     memcpy(theta, p->q, (size_t)np * 4);
     memcpy(theta + np, p->k, (size_t)np * 4);
     const float *pq[1] = {theta};
-    double before = phi_fit_remainder_bias(p, pq, theta + np, &d, train, n_train, frac);
-    phi_fit_calibrate(p, theta, &d, train, n_train, frac);
-    double after = phi_fit_remainder_bias(p, pq, theta + np, &d, train, n_train, frac);
+    double sd, before = phi_fit_remainder_bias(p, pq, theta + np, &d, train, n_train, frac, &sd);
+    phi_fit_calibrate(p, theta, &d, train, n_train, frac, margin);
+    double after = phi_fit_remainder_bias(p, pq, theta + np, &d, train, n_train, frac, NULL);
     memcpy(p->q, theta, (size_t)np * 4);
     if (phi_maps_save(p, cal_path, err, sizeof err)) return 1;
-    printf("%.9g %.9g\n", before, after);
+    printf("%.9g %.9g %.9g\n", before, after, sd);
     phi_maps_free(p);
     free(k), free(q), free(end), free(head), free(train), free(theta);
     return 0;
@@ -363,8 +364,9 @@ int main(int argc, char **argv) {
     if (argc == 5 && !strcmp(argv[1], "fit")) return fit(argv[2], argv[3], argv[4]);
     if (argc >= 5 && !strcmp(argv[1], "decode")) return decode(argc, argv);
     if (argc == 6 && !strcmp(argv[1], "remainder")) return remainder_cmd(argv);
-    if (argc == 6 && !strcmp(argv[1], "calibrate")) return calibrate(argv[2], argv[3], atof(argv[4]), argv[5]);
-    fprintf(stderr, "usage: tool_phi attend IN OUT | fit IN INIT FIT | calibrate IN FIT FRAC CAL |\n"
+    if (argc == 7 && !strcmp(argv[1], "calibrate"))
+        return calibrate(argv[2], argv[3], atof(argv[4]), atof(argv[5]), argv[6]);
+    fprintf(stderr, "usage: tool_phi attend IN OUT | fit IN INIT FIT | calibrate IN FIT FRAC MARGIN CAL |\n"
                     "       remainder MODEL IDS K PHI | decode MODEL OUT [opts] ID...\n");
     return 2;
 }
