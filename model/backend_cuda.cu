@@ -686,7 +686,7 @@ static void cuda_attn_probs(backend *b, float *probs, const void *q, const int *
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }
 
-// ---- topk+phi: selected decode attention and the completion summary (attn/phi_cuda.cu) ------
+// ---- selected decode attention and the phi completion summary (attn/phi_cuda.cu) ----------
 
 static phi_cuda_shape phi_shape(const phi_maps *p) {
     phi_cuda_shape s = {p->kind, p->d_in, p->d_emb, p->d_hid, p->d_phi, phi_n_par(p)};
