@@ -1,5 +1,5 @@
-// attn/phi_cuda.cu — selected decode attention completed by a phi summary, on the GPU; the CPU twins are in attn/phi_cpu.c and
-// read the same way (specs/topk-phi.md). One block per row (features), per (feature, KV head)
+// attn/phi_cuda.cu — selected decode attention completed by a phi summary, on the GPU; the CPU
+// twins are in attn/phi_cpu.c and read the same way (specs/topk-phi.md). One block per row (features), per (feature, KV head)
 // (summary) and per query head (selected attention). Correct first: fp32 throughout, simple
 // loops; a decode step's work here is small next to reading the weights.
 #include "../model/cuda_util.cuh"
