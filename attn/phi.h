@@ -28,6 +28,11 @@ typedef struct phi_summary {
     float *m;       // (d_phi,) max log phi_k over the region
     float *u;       // (d_phi,) sum exp(log phi_k - m)
     float *t;       // (d_phi, hd) sum exp(log phi_k - m) v
+    // [D] log phi_k of the keys decode has retrieved, memoised (CPU): keys and maps are fixed for
+    // the request, and a key stays in the top K for many steps and query heads. slot[i] = row of
+    // feat (d_phi floats each) holding cache entry i, -1 if not computed; n_slot entries covered.
+    int *slot, n_slot, n_feat, cap_feat;
+    float *feat;
 } phi_summary;
 
 // What decode attention needs to complete a selection: the maps and layer, and one summary per
@@ -35,7 +40,7 @@ typedef struct phi_summary {
 typedef struct phi_completion {
     const phi_maps *maps;
     int layer;
-    const phi_summary *sum;   // (n_kv_head,)
+    phi_summary *sum;   // (n_kv_head,); the CPU backend memoises retrieved keys' features in it
 } phi_completion;
 
 #define PHI_EPS 1e-6f   // clamp of u~ after subtraction (units of the largest term, exp(0) = 1)
@@ -53,14 +58,40 @@ phi_maps *phi_maps_mlp(int n_layer, int n_head, int n_kv_head, int d_in, int d_e
                        int d_phi);
 void phi_maps_free(phi_maps *p);
 
-// out (d_phi,) = log phi(x (d_in,)) with parameter block par
+// out (n, d_phi) = log phi of the rows of x (n, d_in; row stride `stride` floats), with
+// parameter block par: a few sgemms over the batch.
+void phi_log_features_rows(const phi_maps *p, const float *par, const float *x, int n, int stride,
+                           float *out);
+// out (d_phi,) = log phi(x (d_in,)): the same for one row
 void phi_log_features(const phi_maps *p, const float *par, const float *x, float *out);
+
+// The MLP map on a batch, with its activations kept (attn/phi_fit.c backpropagates through them).
+typedef struct phi_mlp_view {   // one parameter block's matrices (layout above)
+    float *ws, *bs, *w1, *b1, *w2, *b2, *alpha, *wo, *bo;
+} phi_mlp_view;
+typedef struct phi_mlp_acts {   // activations of n rows
+    int n;
+    float *g0, *z, *a, *dd, *g1, *y;   // (n, e) (n, h) (n, h) (n, e) (n, e) (n, d_phi)
+} phi_mlp_acts;
+phi_mlp_view phi_mlp_params(const phi_maps *p, const float *par);
+phi_mlp_acts phi_mlp_acts_alloc(const phi_maps *p, int n);
+void phi_mlp_acts_free(phi_mlp_acts *a);
+// a->y = log phi(x) for x (a->n, d_in; row stride `stride`): g0 = Ws x + bs; z = W1 g0 + b1;
+// a = gelu(z); dd = W2 a + b2; g1 = g0 + alpha dd; y = Wo g1 + bo
+void phi_mlp_forward(const phi_maps *p, const float *par, const float *x, int stride,
+                     phi_mlp_acts *a);
 
 // Single-pass stable summary of keys k and values v (n, hd) with row stride `stride` floats:
 // running max per feature, earlier sums rescaled by exp(m_old - m_new) when it rises.
 void phi_summary_build(phi_summary *s, const phi_maps *p, const float *par, const float *k,
                        const float *v, int n, int hd, int stride);
 phi_summary phi_summary_alloc(int d_phi, int hd);
+// Makes s hold log phi_k of rows idx[0..n) of k (row stride hd), computing the missing ones in
+// one batch. Not thread-safe per summary: one caller per KV head.
+void phi_summary_memo(phi_summary *s, const phi_maps *p, const float *par_k, const float *k,
+                      const int *idx, int n, int hd);
+// Bytes the memo holds.
+size_t phi_summary_memo_bytes(const phi_summary *s, int d_phi);
 void phi_summary_free(phi_summary *s);
 
 // Decode attention of one query head (fp32). q (hd,) . K (n_sel rows idx[]) -> y (hd,):

@@ -2,6 +2,7 @@
 // accumulations in double where a sum runs over the sequence). Reads like specs/topk-phi.md.
 #include "phi.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,40 +101,74 @@ void phi_maps_free(phi_maps *p) {
     free(p);
 }
 
-// y (o,) = W (o, i) x (i,) + b (o,)   (b may be NULL)
-static void affine(float *y, const float *w, const float *b, const float *x, int o, int i) {
-    for (int r = 0; r < o; r++) {
-        float acc = b ? b[r] : 0;
-        for (int j = 0; j < i; j++) acc += w[(size_t)r * i + j] * x[j];
-        y[r] = acc;
-    }
+phi_mlp_view phi_mlp_params(const phi_maps *p, const float *par) {
+    int d = p->d_in, e = p->d_emb, h = p->d_hid, f = p->d_phi;
+    phi_mlp_view v;
+    v.ws = (float *)par, v.bs = v.ws + e * d, v.w1 = v.bs + e, v.b1 = v.w1 + h * e, v.w2 = v.b1 + h;
+    v.b2 = v.w2 + e * h, v.alpha = v.b2 + e, v.wo = v.alpha + 1, v.bo = v.wo + f * e;
+    return v;
 }
 
-static float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678f)); }
+phi_mlp_acts phi_mlp_acts_alloc(const phi_maps *p, int n) {
+    size_t e = p->d_emb, h = p->d_hid, f = p->d_phi, r = n > 0 ? n : 1;
+    return (phi_mlp_acts){n, xmalloc(r * e * 4), xmalloc(r * h * 4), xmalloc(r * h * 4),
+                          xmalloc(r * e * 4), xmalloc(r * e * 4), xmalloc(r * f * 4)};
+}
 
-void phi_log_features(const phi_maps *p, const float *par, const float *x, float *out) {
-    int d = p->d_in, e = p->d_emb, h = p->d_hid, f = p->d_phi;
+void phi_mlp_acts_free(phi_mlp_acts *a) {
+    free(a->g0), free(a->z), free(a->a), free(a->dd), free(a->g1), free(a->y);
+}
+
+// out (n, o) = x (n, i; row stride ldx) @ W (o, i)^T + b (o,)
+static void linear(float *out, const float *x, int ldx, const float *w, const float *b, int n,
+                   int i, int o) {
+    for (int r = 0; r < n; r++) memcpy(out + (size_t)r * o, b, o * sizeof(float));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, o, i, 1.0f, x, ldx, w, i, 1.0f, out, o);
+}
+
+void phi_mlp_forward(const phi_maps *p, const float *par, const float *x, int stride,
+                     phi_mlp_acts *a) {
+    int n = a->n, d = p->d_in, e = p->d_emb, h = p->d_hid, f = p->d_phi;
+    if (n <= 0) return;
+    phi_mlp_view w = phi_mlp_params(p, par);
+    linear(a->g0, x, stride, w.ws, w.bs, n, d, e);   // g0 = Ws x + bs
+    linear(a->z, a->g0, e, w.w1, w.b1, n, e, h);
+    for (size_t i = 0; i < (size_t)n * h; i++) a->a[i] = 0.5f * a->z[i] * (1.0f + erff(a->z[i] * 0.70710678f));
+    linear(a->dd, a->a, h, w.w2, w.b2, n, h, e);     // D = W2 gelu(W1 g0 + b1) + b2
+    for (size_t i = 0; i < (size_t)n * e; i++) a->g1[i] = a->g0[i] + *w.alpha * a->dd[i];
+    linear(a->y, a->g1, e, w.wo, w.bo, n, e, f);     // log phi = Wo g1 + bo
+}
+
+void phi_log_features_rows(const phi_maps *p, const float *par, const float *x, int n, int stride,
+                           float *out) {
+    int d = p->d_in, f = p->d_phi;
+    if (n <= 0) return;
     if (p->kind == PHI_PRF) {   // x~ = x / d^(1/4): w x~ - |x~|^2 / 2 - log(f) / 2
-        float sc = 1.0f / sqrtf(sqrtf((float)d)), nrm = 0;
-        for (int j = 0; j < d; j++) nrm += (x[j] * sc) * (x[j] * sc);
-        affine(out, par, NULL, x, f, d);
-        for (int r = 0; r < f; r++) out[r] = out[r] * sc - 0.5f * nrm - 0.5f * logf((float)f);
+        float sc = 1.0f / sqrtf(sqrtf((float)d));
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, f, d, sc, x, stride, par, d, 0.0f,
+                    out, f);
+        for (int r = 0; r < n; r++) {
+            const float *xr = x + (size_t)r * stride;
+            float nrm = 0;
+            for (int j = 0; j < d; j++) nrm += (xr[j] * sc) * (xr[j] * sc);
+            for (int c = 0; c < f; c++) out[(size_t)r * f + c] -= 0.5f * nrm + 0.5f * logf((float)f);
+        }
         return;
     }
-    const float *ws = par, *bs = ws + e * d, *w1 = bs + e, *b1 = w1 + h * e, *w2 = b1 + h;
-    const float *b2 = w2 + e * h, *alpha = b2 + e, *wo = alpha + 1, *bo = wo + f * e;
-    float g0[e], a1[h], dd[e];
-    affine(g0, ws, bs, x, e, d);
-    affine(a1, w1, b1, g0, h, e);
-    for (int j = 0; j < h; j++) a1[j] = gelu(a1[j]);
-    affine(dd, w2, b2, a1, e, h);
-    for (int j = 0; j < e; j++) g0[j] += *alpha * dd[j];   // g1
-    affine(out, wo, bo, g0, f, e);
+    phi_mlp_acts a = phi_mlp_acts_alloc(p, n);
+    phi_mlp_forward(p, par, x, stride, &a);
+    memcpy(out, a.y, (size_t)n * f * sizeof(float));
+    phi_mlp_acts_free(&a);
+}
+
+void phi_log_features(const phi_maps *p, const float *par, const float *x, float *out) {
+    phi_log_features_rows(p, par, x, 1, p->d_in, out);
 }
 
 phi_summary phi_summary_alloc(int d_phi, int hd) {
-    phi_summary s = {0, xmalloc((size_t)d_phi * sizeof(float)), xcalloc((size_t)d_phi, sizeof(float)),
-                     xcalloc((size_t)d_phi * hd, sizeof(float))};
+    phi_summary s = {.m = xmalloc((size_t)d_phi * sizeof(float)),
+                     .u = xcalloc((size_t)d_phi, sizeof(float)),
+                     .t = xcalloc((size_t)d_phi * hd, sizeof(float))};
     for (int f = 0; f < d_phi; f++) s.m[f] = -INFINITY;
     return s;
 }
@@ -142,31 +177,71 @@ void phi_summary_free(phi_summary *s) {
     free(s->m);
     free(s->u);
     free(s->t);
+    free(s->slot);
+    free(s->feat);
 }
+
+#define PHI_ROWS 256   // keys per batch of feature maps
 
 // m, u~, T~ over rows 0..n: a running max per feature; when a key's log feature a exceeds m,
 // the sums so far are rescaled by exp(m - a) and the key enters with weight 1.
 void phi_summary_build(phi_summary *s, const phi_maps *p, const float *par, const float *k,
                        const float *v, int n, int hd, int stride) {
     int nf = p->d_phi;
-    float a[nf];
-    for (int i = 0; i < n; i++) {
-        const float *vi = v + (size_t)i * stride;
-        phi_log_features(p, par, k + (size_t)i * stride, a);
-        for (int f = 0; f < nf; f++) {
-            float *tf = s->t + (size_t)f * hd, w = 1.0f;
-            if (a[f] > s->m[f]) {
-                float r = s->m[f] == -INFINITY ? 0.0f : expf(s->m[f] - a[f]);
-                s->u[f] *= r;
-                for (int j = 0; j < hd; j++) tf[j] *= r;
-                s->m[f] = a[f];
-            } else
-                w = expf(a[f] - s->m[f]);
-            s->u[f] += w;
-            for (int j = 0; j < hd; j++) tf[j] += w * vi[j];
+    float *feats = xmalloc((size_t)PHI_ROWS * nf * sizeof(float));
+    for (int i0 = 0; i0 < n; i0 += PHI_ROWS) {
+        int nb = n - i0 < PHI_ROWS ? n - i0 : PHI_ROWS;
+        phi_log_features_rows(p, par, k + (size_t)i0 * stride, nb, stride, feats);
+        for (int i = 0; i < nb; i++) {
+            const float *vi = v + (size_t)(i0 + i) * stride, *a = feats + (size_t)i * nf;
+            for (int f = 0; f < nf; f++) {
+                float *tf = s->t + (size_t)f * hd, w = 1.0f;
+                if (a[f] > s->m[f]) {
+                    float r = s->m[f] == -INFINITY ? 0.0f : expf(s->m[f] - a[f]);
+                    s->u[f] *= r;
+                    for (int j = 0; j < hd; j++) tf[j] *= r;
+                    s->m[f] = a[f];
+                } else
+                    w = expf(a[f] - s->m[f]);
+                s->u[f] += w;
+                for (int j = 0; j < hd; j++) tf[j] += w * vi[j];
+            }
         }
     }
+    free(feats);
     s->n += n;
+}
+
+void phi_summary_memo(phi_summary *s, const phi_maps *p, const float *par_k, const float *k,
+                      const int *idx, int n, int hd) {
+    int nf = p->d_phi, n_new = 0, top = 0;
+    for (int i = 0; i < n; i++) top = idx[i] + 1 > top ? idx[i] + 1 : top;
+    if (top > s->n_slot) {   // cover entries up to the largest index
+        s->slot = xrealloc(s->slot, (size_t)top * sizeof(int));
+        for (int i = s->n_slot; i < top; i++) s->slot[i] = -1;
+        s->n_slot = top;
+    }
+    int *miss = xmalloc((size_t)(n > 0 ? n : 1) * sizeof(int));
+    for (int i = 0; i < n; i++)   // claim a row for each key not yet held (-2: claimed now)
+        if (s->slot[idx[i]] == -1) s->slot[idx[i]] = -2, miss[n_new++] = idx[i];
+    if (n_new > 0) {
+        if (s->n_feat + n_new > s->cap_feat) {
+            s->cap_feat = (s->n_feat + n_new) * 2;
+            s->feat = xrealloc(s->feat, (size_t)s->cap_feat * nf * sizeof(float));
+        }
+        float *rows = xmalloc((size_t)n_new * hd * sizeof(float));   // gathered keys (n_new, hd)
+        for (int i = 0; i < n_new; i++)
+            memcpy(rows + (size_t)i * hd, k + (size_t)miss[i] * hd, (size_t)hd * sizeof(float));
+        phi_log_features_rows(p, par_k, rows, n_new, hd, s->feat + (size_t)s->n_feat * nf);
+        for (int i = 0; i < n_new; i++) s->slot[miss[i]] = s->n_feat + i;
+        s->n_feat += n_new;
+        free(rows);
+    }
+    free(miss);
+}
+
+size_t phi_summary_memo_bytes(const phi_summary *s, int d_phi) {
+    return (size_t)s->n_slot * sizeof(int) + (size_t)s->cap_feat * d_phi * sizeof(float);
 }
 
 // log Z_E and y_E = softmax(s_E) @ v over the exact set
@@ -193,40 +268,50 @@ static float exact_part(float *y, const float *q, const float *k, const float *v
     return mx + (float)log(z);
 }
 
-// log Z^_R and y^_R from the summary minus the retrieved rows idx[0..n_sub)
+// log Z^_R and y^_R from the summary minus the retrieved rows idx[0..n_sub). With
+// w_if = exp(log phi_k(k_i)[f] - m[f]) and c_f = exp(a_f - max a) / u~_R[f]:
+//   Z^_R y^_R ~ sum_f c_f (T~_M[f] - sum_i w_if v_i) = sum_f c_f T~_M[f] - sum_i (sum_f c_f w_if) v_i,
+// the right-hand side costing n_sub (d_phi + hd) instead of n_sub d_phi hd.
 static float completion_part(float *y, const float *q, const float *k, const float *v,
                              const int *idx, int n_sub, int hd, const phi_maps *p,
                              const float *par_q, const float *par_k, const phi_summary *s) {
     int nf = p->d_phi;
-    float lq[nf], ak[nf], uk[nf], a[nf];
-    float *tk = xcalloc((size_t)nf * hd, sizeof(float));
-    memset(uk, 0, sizeof uk);
-    for (int i = 0; i < n_sub; i++) {   // u~_K, T~_K with the cache's shift m
-        const float *vi = v + (size_t)idx[i] * hd;
-        phi_log_features(p, par_k, k + (size_t)idx[i] * hd, ak);
-        for (int f = 0; f < nf; f++) {
-            float w = expf(ak[f] - s->m[f]);
-            uk[f] += w;
-            for (int j = 0; j < hd; j++) tk[(size_t)f * hd + j] += w * vi[j];
-        }
+    float lq[nf], ur[nf], a[nf], ak[nf];
+    double c[nf];
+    float *w = xmalloc((size_t)(n_sub > 0 ? n_sub : 1) * nf * sizeof(float));   // (n_sub, nf)
+    memset(ur, 0, sizeof ur);
+    for (int i = 0; i < n_sub; i++) {   // u~_K with the cache's shift m
+        int e = idx[i];
+        const float *lk = ak;
+        if (e < s->n_slot && s->slot[e] >= 0)
+            lk = s->feat + (size_t)s->slot[e] * nf;
+        else
+            phi_log_features(p, par_k, k + (size_t)e * hd, ak);
+        for (int f = 0; f < nf; f++) ur[f] += w[(size_t)i * nf + f] = expf(lk[f] - s->m[f]);
     }
     phi_log_features(p, par_q, q, lq);
     float amax = -INFINITY;
     for (int f = 0; f < nf; f++) {   // a_f = log phi_q + m + log u~_R
-        uk[f] = fmaxf(s->u[f] - uk[f], PHI_EPS);   // u~_R
-        a[f] = lq[f] + s->m[f] + logf(uk[f]);
+        ur[f] = fmaxf(s->u[f] - ur[f], PHI_EPS);   // u~_R
+        a[f] = lq[f] + s->m[f] + logf(ur[f]);
         amax = a[f] > amax ? a[f] : amax;
     }
     double z = 0, acc[hd];
     memset(acc, 0, sizeof acc);
-    for (int f = 0; f < nf; f++) {   // softmax_f(a) @ (T~_R / u~_R)
-        double w = exp(a[f] - amax);
-        z += w;
-        for (int j = 0; j < hd; j++)
-            acc[j] += w * (s->t[(size_t)f * hd + j] - tk[(size_t)f * hd + j]) / uk[f];
+    for (int f = 0; f < nf; f++) {   // softmax_f(a) @ (T~_R / u~_R), unnormalised: c_f T~_M[f]
+        double e = exp(a[f] - amax);
+        z += e;
+        c[f] = e / ur[f];
+        for (int j = 0; j < hd; j++) acc[j] += c[f] * s->t[(size_t)f * hd + j];
+    }
+    for (int i = 0; i < n_sub; i++) {   // minus (sum_f c_f w_if) v_i
+        const float *vi = v + (size_t)idx[i] * hd;
+        double ci = 0;
+        for (int f = 0; f < nf; f++) ci += c[f] * w[(size_t)i * nf + f];
+        for (int j = 0; j < hd; j++) acc[j] -= ci * vi[j];
     }
     for (int j = 0; j < hd; j++) y[j] = (float)(acc[j] / z);
-    free(tk);
+    free(w);
     return amax + (float)log(z);
 }
 

@@ -156,13 +156,21 @@ __global__ void phi_select_kernel(bf16 *out, const bf16 *q, const bf16 *k, const
     za = block_reduce(za, red, 0);
     float lzr = amax + logf(za), mxx = fmaxf(lze, lzr);
     float we = n_sel > 0 ? expf(lze - mxx) : 0.0f, wr = expf(lzr - mxx);
-    for (int j = threadIdx.x; j < hd; j += blockDim.x) {   // y^_R = softmax_f(a) @ (T~_R / u~_R)
+    // y^_R = softmax_f(a) @ (T~_R / u~_R) as completion_part reassociates it: with
+    // c_f = exp(a_f - amax) / u~_R[f] (into a) and d_i = sum_f c_f E_if (into sc, free since y_E),
+    // za y^_R = sum_f c_f T~_M[f] - sum_i d_i v_i
+    for (int f = threadIdx.x; f < d_phi; f += blockDim.x) a[f] = expf(a[f] - amax) / ur[f];
+    __syncthreads();
+    for (int i = threadIdx.x; i < n_sub; i += blockDim.x) {
+        float di = 0;
+        for (int f = 0; f < d_phi; f++) di += a[f] * E[(size_t)i * d_phi + f];
+        sc[i] = di;
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < hd; j += blockDim.x) {
         float acc = 0;
-        for (int f = 0; f < d_phi; f++) {
-            float tk = 0;
-            for (int i = 0; i < n_sub; i++) tk += E[(size_t)i * d_phi + f] * __bfloat162float(vg[(size_t)s[i] * hd + j]);
-            acc += expf(a[f] - amax) * (tg[(size_t)f * hd + j] - tk) / ur[f];
-        }
+        for (int f = 0; f < d_phi; f++) acc += a[f] * tg[(size_t)f * hd + j];
+        for (int i = 0; i < n_sub; i++) acc -= sc[i] * __bfloat162float(vg[(size_t)s[i] * hd + j]);
         out[(size_t)h * hd + j] = __float2bfloat16((we * ye[j] + wr * acc / za) / (we + wr));
     }
 }

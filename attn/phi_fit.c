@@ -13,39 +13,6 @@
 
 #define FAR_BAND (-8.0)
 
-typedef struct {   // views of one parameter block (layout in phi.h)
-    float *ws, *bs, *w1, *b1, *w2, *b2, *alpha, *wo, *bo;
-} mlp_view;
-
-static mlp_view view(const phi_maps *p, float *par) {
-    int d = p->d_in, e = p->d_emb, h = p->d_hid, f = p->d_phi;
-    mlp_view v;
-    v.ws = par, v.bs = v.ws + e * d, v.w1 = v.bs + e, v.b1 = v.w1 + h * e, v.w2 = v.b1 + h;
-    v.b2 = v.w2 + e * h, v.alpha = v.b2 + e, v.wo = v.alpha + 1, v.bo = v.wo + f * e;
-    return v;
-}
-
-typedef struct {   // activations of a batch of n inputs, kept for the backward pass
-    int n;
-    float *g0, *z, *a, *dd, *g1, *y;   // (n, e) (n, h) (n, h) (n, e) (n, e) (n, f)
-} mlp_acts;
-
-static mlp_acts acts_alloc(const phi_maps *p, int n) {
-    size_t e = p->d_emb, h = p->d_hid, f = p->d_phi;
-    return (mlp_acts){n, xmalloc(n * e * 4), xmalloc(n * h * 4), xmalloc(n * h * 4),
-                      xmalloc(n * e * 4), xmalloc(n * e * 4), xmalloc(n * f * 4)};
-}
-
-static void acts_free(mlp_acts *a) {
-    free(a->g0), free(a->z), free(a->a), free(a->dd), free(a->g1), free(a->y);
-}
-
-// out (n, o) = x (n, i) @ W (o, i)^T + b (o,)
-static void linear(float *out, const float *x, const float *w, const float *b, int n, int i, int o) {
-    for (int r = 0; r < n; r++) memcpy(out + (size_t)r * o, b, o * sizeof(float));
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, o, i, 1.0f, x, i, w, i, 1.0f, out, o);
-}
-
 // dW (o, i) += dy (n, o)^T @ x (n, i);  db (o,) += sum_rows dy
 static void linear_grad(float *dw, float *db, const float *dy, const float *x, int n, int i, int o) {
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o, i, n, 1.0f, dy, o, x, i, 1.0f, dw, i);
@@ -53,23 +20,11 @@ static void linear_grad(float *dw, float *db, const float *dy, const float *x, i
         for (int j = 0; j < o; j++) db[j] += dy[(size_t)r * o + j];
 }
 
-// y = log phi(x) for x (n, d): g0 = Ws x + bs; g1 = g0 + alpha (W2 gelu(W1 g0 + b1) + b2); Wo g1 + bo
-static void mlp_forward(const phi_maps *p, float *par, const float *x, mlp_acts *a) {
-    int n = a->n, d = p->d_in, e = p->d_emb, h = p->d_hid, f = p->d_phi;
-    mlp_view w = view(p, par);
-    linear(a->g0, x, w.ws, w.bs, n, d, e);
-    linear(a->z, a->g0, w.w1, w.b1, n, e, h);
-    for (size_t i = 0; i < (size_t)n * h; i++) a->a[i] = 0.5f * a->z[i] * (1.0f + erff(a->z[i] * 0.70710678f));
-    linear(a->dd, a->a, w.w2, w.b2, n, h, e);
-    for (size_t i = 0; i < (size_t)n * e; i++) a->g1[i] = a->g0[i] + *w.alpha * a->dd[i];
-    linear(a->y, a->g1, w.wo, w.bo, n, e, f);
-}
-
 // grad (parameter block) += d loss / d par, given dy = d loss / d y (n, f)
 static void mlp_backward(const phi_maps *p, float *par, float *grad, const float *x,
-                         const mlp_acts *a, const float *dy) {
+                         const phi_mlp_acts *a, const float *dy) {
     int n = a->n, d = p->d_in, e = p->d_emb, h = p->d_hid, f = p->d_phi;
-    mlp_view w = view(p, par), g = view(p, grad);
+    phi_mlp_view w = phi_mlp_params(p, par), g = phi_mlp_params(p, grad);
     float *dg1 = xmalloc((size_t)n * e * 4), *dz = xmalloc((size_t)n * h * 4);
     float *dd = xmalloc((size_t)n * e * 4);
     linear_grad(g.wo, g.bo, dy, a->g1, n, e, f);
@@ -135,17 +90,17 @@ double phi_fit_loss(const phi_maps *p, float *theta, const phi_fit_set *d, const
                     int nsel, float *grad, double *kl_mean) {
     int hd = d->hd, f = p->d_phi, np = phi_n_par(p), nk = phi_fit_n_keys(d, sel, nsel);
     float *par_k = theta + (size_t)d->group * np, *lq = xmalloc((size_t)f * 4);
-    mlp_acts ak = acts_alloc(p, nk), aq = acts_alloc(p, 1);
+    phi_mlp_acts ak = phi_mlp_acts_alloc(p, nk), aq = phi_mlp_acts_alloc(p, 1);
     float *dyk = xcalloc((size_t)nk * f, 4), *dyq = xmalloc((size_t)f * 4);
     double *r = xmalloc((size_t)nk * 8), *rh = xmalloc((size_t)nk * 8), *g = xmalloc((size_t)nk * 8);
     double *w = xmalloc((size_t)nk * f * 8);
-    mlp_forward(p, par_k, d->k, &ak);
+    phi_mlp_forward(p, par_k, d->k, hd, &ak);
     double loss = 0, kl_sum = 0;
     for (int s = 0; s < nsel; s++) {
         int i = sel[s], lo = d->lo, n = d->end[i] - lo;
         const float *q = d->q + (size_t)i * hd;
         float *par_q = theta + (size_t)d->head[i] * np;
-        mlp_forward(p, par_q, q, &aq);
+        phi_mlp_forward(p, par_q, q, hd, &aq);
         memcpy(lq, aq.y, (size_t)f * 4);
         double b = -INFINITY;
         for (int j = 0; j < n; j++) {   // teacher s_j = q . k_j / sqrt(hd); student LSE_f(t_jf)
@@ -175,7 +130,7 @@ double phi_fit_loss(const phi_maps *p, float *theta, const phi_fit_set *d, const
     }
     if (grad) mlp_backward(p, par_k, grad + (size_t)d->group * np, d->k, &ak, dyk);
     if (kl_mean) *kl_mean = kl_sum / nsel;
-    acts_free(&ak), acts_free(&aq);
+    phi_mlp_acts_free(&ak), phi_mlp_acts_free(&aq);
     free(lq), free(dyk), free(dyq), free(r), free(rh), free(g), free(w);
     return loss;
 }
@@ -200,7 +155,7 @@ static void eval_queries(const phi_maps *p, const float *const *par_q, const flo
     double *r = xmalloc((size_t)nk * 8), *rh = xmalloc((size_t)nk * 8), kl_sum = 0, bias = 0, sq = 0;
     int *top = xmalloc((size_t)nk * sizeof(int));
     char *skip = xmalloc((size_t)nk);
-    for (int j = d->lo; j < nk; j++) phi_log_features(p, par_k, d->k + (size_t)j * hd, lk + (size_t)j * f);
+    if (nk > d->lo) phi_log_features_rows(p, par_k, d->k + (size_t)d->lo * hd, nk - d->lo, hd, lk + (size_t)d->lo * f);
     for (int s = 0; s < nsel; s++) {
         int i = sel[s], n = d->end[i] - d->lo;
         const float *q = d->q + (size_t)i * hd;
@@ -256,7 +211,7 @@ void phi_fit_init(const phi_maps *p, float *theta, int group, uint64_t seed) {
     uint64_t state = seed ^ 0xA5A5A5A5ull;
     for (int b = 0; b <= group; b++) {
         float *par = theta + (size_t)b * np;
-        mlp_view w = view(p, par);
+        phi_mlp_view w = phi_mlp_params(p, par);
         memset(par, 0, (size_t)np * 4);
         for (int i = 0; i < e && i < d; i++) w.ws[(size_t)i * d + i] = 1.0f / sqrtf(sqrtf((float)d));
         for (int i = 0; i < h * e; i++) w.w1[i] = (float)(phi_gauss(&state) / sqrt((double)e));

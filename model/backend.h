@@ -79,7 +79,7 @@ struct backend {
     void (*attn_select)(backend *b, void *out, const void *q, int heads, const kv_layer *L,
                         const int *sel, int n_sel, int n_sub, const phi_completion *comp);
     // Optional: out (n_kv_head,) = host summaries of entries [lo, hi) of L under p's key maps of
-    // `layer` (attn/phi.h; out allocated by the caller)
+    // `layer` (attn/phi.h; out fresh from phi_summary_alloc, by the caller)
     void (*phi_summarize)(backend *b, phi_summary *out, const phi_maps *p, int layer,
                           const kv_layer *L, int lo, int hi);
 };

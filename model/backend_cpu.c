@@ -237,6 +237,15 @@ static void cpu_attn_select(backend *b, void *out, const void *q, int heads, con
                             const int *sel, int n_sel, int n_sub, const phi_completion *comp) {
     (void)b;
     int hd = L->head_dim, group = heads / L->n_kv_head;
+    if (comp && comp->maps) {   // log phi_k of the retrieved keys, once per key per request
+#pragma omp parallel for if (L->n_kv_head > 1)
+        for (int g = 0; g < L->n_kv_head; g++)
+            if (comp->sum[g].n > n_sub)
+                for (int h = g * group; h < (g + 1) * group; h++)
+                    phi_summary_memo(&comp->sum[g], comp->maps, phi_par_k(comp->maps, comp->layer, g),
+                                     (const float *)L->k + (size_t)g * L->cap * hd,
+                                     sel + (size_t)h * n_sel, n_sub, hd);
+    }
 #pragma omp parallel for if (heads > 1)
     for (int h = 0; h < heads; h++) {
         int g = h / group;

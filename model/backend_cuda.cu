@@ -733,19 +733,12 @@ static void cuda_phi_summarize(backend *b, phi_summary *out, const phi_maps *p, 
     float *h = (float *)xmalloc((size_t)nkv * per * sizeof(float));
     CUDA_CHECK(cudaMemcpyAsync(h, d, (size_t)nkv * per * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
-    for (int g = 0; g < nkv; g++) {   // merge into out[g] (empty: m = -inf, sums 0)
+    for (int g = 0; g < nkv; g++) {   // out[g] is fresh (fwd_phi_summarize checks): copy in
         phi_summary *s = &out[g];
-        const float *m = h + (size_t)g * f, *u = h + (size_t)(nkv + g) * f;
-        const float *t = h + (size_t)2 * nkv * f + (size_t)g * f * hd;
-        for (int x = 0; x < f; x++) {
-            float mm = fmaxf(s->m[x], m[x]);
-            float r0 = s->m[x] == -INFINITY ? 0.0f : expf(s->m[x] - mm), r1 = expf(m[x] - mm);
-            s->u[x] = s->u[x] * r0 + u[x] * r1;
-            for (int j = 0; j < hd; j++)
-                s->t[(size_t)x * hd + j] = s->t[(size_t)x * hd + j] * r0 + t[(size_t)x * hd + j] * r1;
-            s->m[x] = mm;
-        }
-        s->n += n;
+        memcpy(s->m, h + (size_t)g * f, (size_t)f * sizeof(float));
+        memcpy(s->u, h + (size_t)(nkv + g) * f, (size_t)f * sizeof(float));
+        memcpy(s->t, h + (size_t)2 * nkv * f + (size_t)g * f * hd, (size_t)f * hd * sizeof(float));
+        s->n = n;
     }
     free(rows), free(of), free(h);
 }

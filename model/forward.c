@@ -2,6 +2,7 @@
 // embed -> per layer: norm, QKV, RoPE, cache, attention, out-proj, residual, norm, SwiGLU MLP,
 // residual, hook -> final norm -> LM head.
 #include "forward.h"
+#include "../attn/phi.h"
 #include "../attn/score.h"
 
 #include <stdio.h>
@@ -243,6 +244,8 @@ void fwd_phi_summarize(model *m, kv_cache *kv, int l, const phi_maps *p, int lo,
                        phi_summary *out) {
     kv_layer *L = &kv->layers[l];
     CHECK_INTERNAL(lo >= 0 && lo <= hi && hi <= L->len, "summary of [%d, %d) of %d", lo, hi, L->len);
+    for (int g = 0; g < L->n_kv_head; g++)
+        CHECK_INTERNAL(out[g].n == 0, "phi summary %d is not fresh (%d entries)", g, out[g].n);
     m->bk->phi_summarize(m->bk, out, p, l, L, lo, hi);
 }
 

@@ -105,9 +105,16 @@ static void topk_report(void *ctx, char *buf, size_t len) {
     double full = t->full_entries / t->layer_steps * per_entry / 1024;
     int n = snprintf(buf, len, "decode read %.1f KiB of KV per step per layer exactly (full %.1f "
                      "KiB, %.1f%%)", read, full, 100 * read / full);
-    if (t->maps && n >= 0 && (size_t)n < len)
+    if (t->maps && n >= 0 && (size_t)n < len) {
+        size_t memo = 0;   // retrieved keys' features the CPU kept (0 on the GPU)
+        for (int i = 0; i < t->n_layer * t->n_kv_head; i++)
+            memo += phi_summary_memo_bytes(&t->sum[i], t->maps->d_phi);
         n += snprintf(buf + n, len - n, " + phi cache %.1f KiB/layer once",
                       (double)t->n_kv_head * t->maps->d_phi * (t->head_dim + 2) * 4 / 1024);
+        if (memo && n >= 0 && (size_t)n < len)
+            n += snprintf(buf + n, len - n, " (+ %.1f KiB/layer of memoised key features)",
+                          (double)memo / t->n_layer / 1024);
+    }
     if (n >= 0 && (size_t)n < len) snprintf(buf + n, len - n, "; selector scored all keys");
 }
 

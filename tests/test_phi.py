@@ -101,7 +101,7 @@ def run_tool(tmp_path, kind, shape, par_q, par_k, q, K, V, sel, n_sub, lo, hi):
     subprocess.run([str(TOOL), "attend", str(inp), str(out)], check=True)
     r = np.fromfile(out, dtype=np.float32)
     parts, o = {}, 0
-    for name, n in (("lq", f), ("m", f), ("u", f), ("T", f * d), ("y", d), ("y_topk", d)):
+    for name, n in (("lq", f), ("m", f), ("u", f), ("T", f * d), ("y", d), ("y_topk", d), ("y_memo", d)):
         parts[name] = r[o:o + n].astype(np.float64)
         o += n
     assert o == len(r)
@@ -145,6 +145,7 @@ def test_completion_matches_reference(tmp_path, kind, qscale):
     assert rel_err(got["u"], ref["u"]) <= 1e-5, "single-pass u~ vs two-pass"
     assert rel_err(got["T"], ref["T"]) <= 1e-5, "single-pass T~ vs two-pass"
     assert rel_err(got["y"], ref["y"]) <= 1e-4
+    assert rel_err(got["y_memo"], ref["y"]) <= 1e-4, "completion from memoised key features"
     assert rel_err(got["y_topk"], ref["y_topk"]) <= 1e-4
     if qscale == 1.0:   # with q x 8 a few exact scores dominate and the completion's share vanishes
         assert rel_err(ref["y"], ref["y_topk"]) > 1e-3, "the completion must change the output"
@@ -174,6 +175,7 @@ def test_subtraction_clamp(tmp_path):
     assert ref["clamped"] > 0, "the case must exercise the clamp"
     assert np.all(np.isfinite(got["y"]))
     assert rel_err(got["y"], ref["y"]) <= 1e-4
+    assert rel_err(got["y_memo"], ref["y"]) <= 1e-4
 
 
 def test_whole_region_retrieved_is_selection_only(tmp_path):

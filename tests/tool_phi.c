@@ -4,7 +4,8 @@
 //     IN: int32 kind, hd, d_emb, d_hid, d_phi, n, n_sel, n_sub, lo, hi; float32 par_q (n_par),
 //     par_k (n_par), q (hd,), K (n, hd), V (n, hd); int32 sel (n_sel,).
 //     OUT float32: log phi_q(q) (d_phi,), summary of rows [lo, hi): m (d_phi,), u (d_phi,),
-//     T (d_phi, hd); y with completion (hd,); y selection only (hd,).
+//     T (d_phi, hd); y with completion (hd,); y selection only (hd,); y with completion from
+//     memoised key features (phi_summary_memo) (hd,).
 //   tool_phi fit IN.bin INIT.phi FIT.phi
 //     IN: int32 hd, d_emb, d_hid, d_phi, n_keys, n_q, n_train, steps, seed, lo; float32
 //     K (n_keys, hd), Q (n_q, hd); int32 end (n_q,). One head fitted on queries [0, n_train)
@@ -63,19 +64,22 @@ static int attend(const char *in, const char *outp) {
     read_exact(fp, sel, (size_t)n_sel * sizeof(int));
     fclose(fp);
 
-    float *lq = xmalloc(f * sizeof(float)), *y = xmalloc(2 * hd * sizeof(float));
+    float *lq = xmalloc(f * sizeof(float)), *y = xmalloc(3 * hd * sizeof(float));
     phi_log_features(p, p->q, q, lq);
     phi_summary s = phi_summary_alloc(f, hd);
     phi_summary_build(&s, p, p->k, k + (size_t)lo * hd, v + (size_t)lo * hd, hi - lo, hd, hd);
     phi_attend_head(y, q, k, v, sel, n_sel, hd, n_sub, p, p->q, p->k, &s);
     phi_attend_head(y + hd, q, k, v, sel, n_sel, hd, n_sub, NULL, NULL, NULL, NULL);
+    phi_summary_memo(&s, p, p->k, k, sel, n_sub / 2, hd);   // in two batches, as decode steps do
+    phi_summary_memo(&s, p, p->k, k, sel, n_sub, hd);
+    phi_attend_head(y + 2 * hd, q, k, v, sel, n_sel, hd, n_sub, p, p->q, p->k, &s);
     FILE *out = fopen(outp, "wb");
     if (!out) return 1;
     fwrite(lq, sizeof(float), f, out);
     fwrite(s.m, sizeof(float), f, out);
     fwrite(s.u, sizeof(float), f, out);
     fwrite(s.t, sizeof(float), (size_t)f * hd, out);
-    fwrite(y, sizeof(float), 2 * (size_t)hd, out);
+    fwrite(y, sizeof(float), 3 * (size_t)hd, out);
     fclose(out);
     phi_summary_free(&s);
     phi_maps_free(p);
