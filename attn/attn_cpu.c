@@ -113,18 +113,20 @@ void attn_causal_cpu(float *out, const float *q, const int *qpos, int n, int hea
 
 void attn_probs_cpu(float *probs, const float *q, const int *qpos, int n, int heads,
                     const float *k, const int *kpos, int m, int cap, int n_kv_head, int hd) {
-    int group = heads / n_kv_head;
+    int group = heads / n_kv_head, decode = n == 1, tasks = decode ? n_kv_head : heads;
     float scale = 1.0f / sqrtf((float)hd);
-#pragma omp parallel for schedule(dynamic) if (n * heads > 1)
-    for (int t = 0; t < n * heads; t++) {
-        int i = t / heads, h = t % heads, g = h / group;
-        const float *qi = q + (size_t)t * hd, *kg = k + (size_t)g * cap * hd;
-        float *p = probs + (size_t)t * m;
-        for (int j = 0; j < m; j++) {
-            float dot = 0;
-            for (int c = 0; c < hd; c++) dot += qi[c] * kg[(size_t)j * hd + c];
-            p[j] = dot * scale;
-        }
-        masked_softmax(p, kpos + (size_t)g * cap, m, qpos[i]);
+    if (m <= 0) return;
+    // decode: a task per KV head, its `group` query heads consecutive rows (K read once);
+    // otherwise a task per query head over all n rows (row stride `heads` in q and probs)
+#pragma omp parallel for schedule(dynamic) if (tasks > 1)
+    for (int t = 0; t < tasks; t++) {
+        int g = decode ? t : t / group, h0 = decode ? t * group : t, rows = decode ? group : n;
+        int ld = decode ? hd : heads * hd, ldp = decode ? m : heads * m;
+        const int *pg = kpos + (size_t)g * cap;
+        float *p = probs + (size_t)h0 * m;
+        // P (rows, m) = scale * Q (rows, hd) @ K_g (m, hd)^T, then the masked softmax per row
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, m, hd, scale, q + (size_t)h0 * hd,
+                    ld, k + (size_t)g * cap * hd, hd, 0.0f, p, ldp);
+        for (int r = 0; r < rows; r++) masked_softmax(p + (size_t)r * ldp, pg, m, qpos[decode ? 0 : r]);
     }
 }
