@@ -18,7 +18,7 @@
 #include "cmd.h"
 
 typedef struct {
-    const char *model, *data, *out;
+    const char *model, *data, *out, *device;
     int ctx, steps, queries, batch, d_phi, sink, tail, threads, positions;
     float lr, cal, margin;
     int recal;   // --recalibrate: keep --out's maps, redo only the calibration
@@ -35,14 +35,14 @@ typedef struct {   // what the prefill logged
 
 static void fit_parse(int argc, char **argv, fit_opts *o) {
     *o = (fit_opts){.ctx = 1024, .steps = 150, .queries = 48, .batch = 16, .sink = 4, .tail = 16,
-                    .lr = 3e-3f, .cal = 0.02f, .margin = 1.0f, .seed = 1};
+                    .lr = 3e-3f, .cal = 0.02f, .margin = 1.0f, .seed = 1, .device = "cpu"};
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (cli_is_flag(a, "-h", "--help")) {
             printf("usage: sift fit-phi [-m MODEL] --data TEXT --out FILE.phi [--ctx 1024]\n"
                    "         [--steps 150] [--queries 48] [--batch 16] [--lr 0.003] [--seed 1]\n"
                    "         [--d-phi HEAD_DIM] [--sink 4] [--tail 16] [--calibrate 0.02]\n"
-                   "         [--margin 1] [--positions N] [--recalibrate] [-t N]\n"
+                   "         [--margin 1] [--positions N] [--recalibrate] [-t N] [--device D]\n"
                    "learns topk+phi's feature maps on the first --ctx tokens of TEXT; use them with\n"
                    "--strategy topk+phi --phi FILE.phi. The maps read post-RoPE vectors, so each step\n"
                    "also shows them the data at positions shifted by up to --positions - ctx (RoPE is\n"
@@ -51,7 +51,9 @@ static void fit_parse(int argc, char **argv, fit_opts *o) {
                    "minus its top F share of keys (what decode estimates after top-K retrieval; 0: all\n"
                    "of it) is shifted to mean -M standard deviations, so overestimates are rare.\n"
                    "--recalibrate: keep the maps in --out and redo only that calibration.\n"
-                   "Rerun the same command to resume.\n");
+                   "--device cpu|cuda|auto: where the logging prefill runs (default cpu: fp32 logs, the\n"
+                   "same maps on every machine; cuda: bf16 logs, for a long --ctx). The fit itself runs\n"
+                   "on the CPU with -t threads. Rerun the same command to resume.\n");
             exit(0);
         }
         if (cli_is_flag(a, NULL, "--recalibrate")) {
@@ -76,6 +78,7 @@ static void fit_parse(int argc, char **argv, fit_opts *o) {
         else if (cli_is_flag(a, NULL, "--margin")) o->margin = cli_float(a, v, 0, 10);
         else if (cli_is_flag(a, NULL, "--positions")) o->positions = (int)cli_int(a, v, 64, 1 << 26);
         else if (cli_is_flag(a, "-t", "--threads")) o->threads = (int)cli_int(a, v, 1, 1024);
+        else if (cli_is_flag(a, NULL, "--device")) o->device = cli_device(v);
         else cli_usage_error("fit-phi: unknown flag '%s'", a);
     }
     if (!o->data || !o->out) cli_usage_error("fit-phi needs --data TEXT and --out FILE.phi");
@@ -284,8 +287,9 @@ int cmd_fit_phi(int argc, char **argv) {
     if (cli_refuse_synthetic(o.model, "fit-phi")) return 2;
     loaded L;
     strategy_opts so = strategy_opts_default();
-    // the fit runs on the CPU: it logs queries and keys from the fp32 reference
-    if (cli_load(&L, o.model, NULL, "cpu", o.threads, NULL, 0, &so) != 0) {
+    // the prefill that logs queries and keys runs on --device (default the fp32 CPU reference);
+    // the fit runs on the CPU
+    if (cli_load(&L, o.model, NULL, o.device, o.threads, NULL, 0, &so) != 0) {
         cli_unload(&L);
         return 1;
     }

@@ -99,6 +99,8 @@ def test_fit_phi_bad_input(tmp_path):
     one_error(sift("fit-phi", "--data", tmp_path / "none.txt", "--out", tmp_path / "o.phi"), "cannot read")
     r = sift("fit-phi", "--out", tmp_path / "o.phi")
     assert r.returncode == 2 and r.stderr.startswith("sift: error:")
+    r = sift("fit-phi", "--data", short, "--out", tmp_path / "o.phi", "--device", "tpu")
+    assert r.returncode == 2 and "unknown device 'tpu'" in r.stderr
 
 
 FIT = ["--ctx", 160, "--steps", 3, "--queries", 8, "--seed", 3, "--positions", 160]
