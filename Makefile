@@ -95,7 +95,8 @@ build/fuzz/fuzz_safetensors: fuzz/fuzz_safetensors.c weights/safetensors.c util/
 
 build/fuzz/fuzz_phi: fuzz/fuzz_phi.c attn/phi_file.c attn/phi_cpu.c util/check.c attn/phi.h
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) -o $@ -lm
+	$(FUZZ_CC) $(FUZZ_FLAGS) -I/usr/include/x86_64-linux-gnu/openblas-openmp $(filter %.c,$^) -o $@ \
+	    $(OPENBLAS_A) -lgomp -lm -lpthread
 
 # The CLI parsers: main.c and cmd/*.c are included by the target; the rest of the library is linked.
 CLI_LIB_SRC := $(filter-out cmd/%,$(LIB_SRC))
