@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../util/check.h"
+#include "../util/fastexp.h"
 #include "phi.h"
 #include "score.h"
 
@@ -45,6 +46,30 @@ static void mlp_backward(const phi_maps *p, float *par, float *grad, const float
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, e, h, 1.0f, dz, h, w.w1, e, 1.0f, dg1, e);
     linear_grad(g.ws, g.bs, dg1, x, n, d, e);   // dg1 now holds d loss / d g0
     free(dg1), free(dz), free(dd);
+}
+
+// q . k / sqrt(hd), accumulated in double
+static double dot_scaled(const float *q, const float *k, int hd) {
+    double dot = 0;
+#pragma omp simd reduction(+ : dot)
+    for (int c = 0; c < hd; c++) dot += (double)q[c] * k[c];
+    return dot / sqrt((double)hd);
+}
+
+// log sum_c exp(a_c + b_c) over f features (the student's log kernel); e (may be NULL) =
+// softmax_c(a_c + b_c). In float so the loops vectorize.
+static double lse_sum(const float *a, const float *b, int f, float *e) {
+    float mx = -INFINITY, z = 0, t[f];
+#pragma omp simd reduction(max : mx)
+    for (int c = 0; c < f; c++) mx = a[c] + b[c] > mx ? a[c] + b[c] : mx;
+#pragma omp simd reduction(+ : z)
+    for (int c = 0; c < f; c++) {
+        t[c] = exp_nonpos(a[c] + b[c] - mx);
+        z += t[c];
+    }
+    if (e)
+        for (int c = 0; c < f; c++) e[c] = t[c] / z;
+    return mx + log((double)z);
 }
 
 static double huber(double x) { return fabs(x) <= 1 ? 0.5 * x * x : fabs(x) - 0.5; }
@@ -93,7 +118,7 @@ double phi_fit_loss(const phi_maps *p, float *theta, const phi_fit_set *d, const
     phi_mlp_acts ak = phi_mlp_acts_alloc(p, nk), aq = phi_mlp_acts_alloc(p, 1);
     float *dyk = xcalloc((size_t)nk * f, 4), *dyq = xmalloc((size_t)f * 4);
     double *r = xmalloc((size_t)nk * 8), *rh = xmalloc((size_t)nk * 8), *g = xmalloc((size_t)nk * 8);
-    double *w = xmalloc((size_t)nk * f * 8);
+    float *w = xmalloc((size_t)nk * f * sizeof(float));
     phi_mlp_forward(p, par_k, d->k, hd, &ak);
     double loss = 0, kl_sum = 0;
     for (int s = 0; s < nsel; s++) {
@@ -105,14 +130,10 @@ double phi_fit_loss(const phi_maps *p, float *theta, const phi_fit_set *d, const
         double b = -INFINITY;
         for (int j = 0; j < n; j++) {   // teacher s_j = q . k_j / sqrt(hd); student LSE_f(t_jf)
             const float *kj = d->k + (size_t)(lo + j) * hd, *lk = ak.y + (size_t)(lo + j) * f;
-            double dot = 0, mx = -INFINITY, z = 0;
-            for (int c = 0; c < hd; c++) dot += (double)q[c] * kj[c];
-            r[j] = dot / sqrt((double)hd);
-            b = fmax(b, r[j]);
-            for (int c = 0; c < f; c++) mx = fmax(mx, (double)lq[c] + lk[c]);
-            for (int c = 0; c < f; c++) z += w[(size_t)j * f + c] = exp(lq[c] + lk[c] - mx);
-            for (int c = 0; c < f; c++) w[(size_t)j * f + c] /= z;   // softmax_f: d r^_j / d t_jf
-            rh[j] = mx + log(z);
+            float *wj = w + (size_t)j * f;
+            r[j] = dot_scaled(q, kj, hd);
+            b = r[j] > b ? r[j] : b;
+            rh[j] = lse_sum(lq, lk, f, wj);   // wj = softmax_f: d r^_j / d t_jf
         }
         for (int j = 0; j < n; j++) r[j] -= b, rh[j] -= b;
         double kl, mass;
@@ -163,13 +184,9 @@ static void eval_queries(const phi_maps *p, const float *const *par_q, const flo
         double b = -INFINITY, kl, mass;
         for (int j = 0; j < n; j++) {
             const float *kj = d->k + (size_t)(d->lo + j) * hd, *lkj = lk + (size_t)(d->lo + j) * f;
-            double dot = 0, mx = -INFINITY, z = 0;
-            for (int c = 0; c < hd; c++) dot += (double)q[c] * kj[c];
-            r[j] = dot / sqrt((double)hd);
-            b = fmax(b, r[j]);
-            for (int c = 0; c < f; c++) mx = fmax(mx, (double)lq[c] + lkj[c]);
-            for (int c = 0; c < f; c++) z += exp(lq[c] + lkj[c] - mx);
-            rh[j] = mx + log(z);
+            r[j] = dot_scaled(q, kj, hd);
+            b = r[j] > b ? r[j] : b;
+            rh[j] = lse_sum(lq, lkj, f, NULL);
         }
         for (int j = 0; j < n; j++) r[j] -= b, rh[j] -= b;
         query_loss(r, rh, n, NULL, &kl, &mass);

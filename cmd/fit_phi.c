@@ -171,21 +171,31 @@ static void fit_collect(model *m, const int *ids, int n, const fit_opts *o, fit_
     kv_free(kv);
 }
 
-typedef struct {
-    int layer, n_layer, group, n_group, steps;
-    double loss;
+typedef struct {   // one layer's fit, its KV groups running in parallel
+    int layer, n_layer, total;   // total = steps x KV groups
+    long done;                   // steps done so far (all groups)
 } fit_progress;
 
+typedef struct {
+    fit_progress *all;
+    int group;
+} group_progress;
+
 static void show_progress(void *ctx, int step, double loss) {
-    fit_progress *p = ctx;
-    p->loss = loss;
-    if (step % 10 && step != p->steps) return;
-    double done = (p->layer + (p->group + (double)step / p->steps) / p->n_group) / p->n_layer;
+    group_progress *gp = ctx;
+    fit_progress *p = gp->all;
+    long done;
+    (void)step;
+#pragma omp atomic capture
+    done = ++p->done;
+    if (done % 10 && done != p->total) return;
+    double frac = (p->layer + (double)done / p->total) / p->n_layer;
     char bar[31];
-    for (int i = 0; i < 30; i++) bar[i] = i < (int)(done * 30) ? '#' : '.';
+    for (int i = 0; i < 30; i++) bar[i] = i < (int)(frac * 30) ? '#' : '.';
     bar[30] = 0;
-    fprintf(stderr, "\rfit-phi [%s] %5.1f%%  layer %d/%d  group %d/%d  step %d/%d  loss %.4f ",
-            bar, 100 * done, p->layer + 1, p->n_layer, p->group + 1, p->n_group, step, p->steps, loss);
+#pragma omp critical(fit_phi_progress)
+    fprintf(stderr, "\rfit-phi [%s] %5.1f%%  layer %d/%d  step %ld/%d  loss %.4f (group %d) ", bar,
+            100 * frac, p->layer + 1, p->n_layer, done, p->total, loss, gp->group + 1);
 }
 
 // q[0..4) += (held-out KL over the mid region, log-mass bias of the remainder after the top
@@ -203,51 +213,64 @@ static void quality(const phi_maps *p, const phi_maps *prf, int l, int kvh, cons
     q[3] += phi_fit_remainder_bias(prf, rq, rk, d, held, n_held, cal, NULL) / p->n_kv_head;
 }
 
-// Fits layer l's maps into p; qual[0..4): quality() at the logged positions, qual[4..8) at
-// positions shifted by the whole --positions augmentation (the farthest the maps serve).
-static void fit_layer(phi_maps *p, const phi_maps *prf, const fit_log *g, int l, const fit_opts *o,
-                      double *qual) {
+// Fits KV group kvh of layer l into p; qual[0..4): quality() at the logged positions,
+// qual[4..8) at positions shifted by the whole --positions augmentation (the farthest the maps
+// serve). Touches only its group's parameters in p, so groups can run at once.
+static void fit_group(phi_maps *p, const phi_maps *prf, const fit_log *g, int l, int kvh,
+                      const fit_opts *o, fit_progress *prog, double *qual) {
     int hd = p->d_in, group = p->n_head / p->n_kv_head, nq = g->n_q * group, np = phi_n_par(p);
     float *q = xmalloc((size_t)nq * hd * sizeof(float)), *theta = xmalloc((size_t)(group + 1) * np * 4);
     int *head = xmalloc((size_t)nq * sizeof(int)), *end = xmalloc((size_t)nq * sizeof(int));
     int *train = xmalloc((size_t)nq * sizeof(int)), *held = xmalloc((size_t)nq * sizeof(int));
-    memset(qual, 0, 8 * sizeof *qual);
     float *kr = xmalloc((size_t)g->n * hd * 4), *qr = xmalloc((size_t)nq * hd * 4);
-    for (int kvh = 0; kvh < p->n_kv_head; kvh++) {
-        int n_train = 0, n_held = 0;
-        for (int i = 0; i < g->n_q; i++)
-            for (int j = 0; j < group; j++) {
-                int r = i * group + j, h = kvh * group + j;
-                memcpy(q + (size_t)r * hd, g->q[l] + ((size_t)i * p->n_head + h) * hd, hd * sizeof(float));
-                head[r] = j;
-                end[r] = g->qpos[i] + 1 - o->tail;   // mid region of a prompt ending at qpos
-                if (i % 4 == 3) held[n_held++] = r;   // every 4th position is held out
-                else train[n_train++] = r;
-            }
-        phi_fit_set d = {hd, group, o->sink, g->n, nq, g->k[l] + (size_t)kvh * g->n * hd, q, head, end,
-                         g->inv_freq, g->neox, g->shift_max};
-        uint64_t seed = mix(o->seed * 1000003 + (uint64_t)l * 64 + kvh);
-        fit_progress pr = {l, p->n_layer, kvh, p->n_kv_head, o->steps, 0};
-        if (o->recal)   // the maps as they are in --out
-            for (int j = 0; j <= group; j++)
-                memcpy(theta + (size_t)j * np, j < group ? phi_par_q(p, l, kvh * group + j) : phi_par_k(p, l, kvh),
-                       (size_t)np * 4);
-        else {
-            phi_fit_init(p, theta, group, seed);
-            phi_fit_run(p, theta, &d, train, n_train, o->steps, o->batch, o->lr, seed, show_progress, &pr);
+    int n_train = 0, n_held = 0;
+    for (int i = 0; i < g->n_q; i++)
+        for (int j = 0; j < group; j++) {
+            int r = i * group + j, h = kvh * group + j;
+            memcpy(q + (size_t)r * hd, g->q[l] + ((size_t)i * p->n_head + h) * hd, hd * sizeof(float));
+            head[r] = j;
+            end[r] = g->qpos[i] + 1 - o->tail;   // mid region of a prompt ending at qpos
+            if (i % 4 == 3) held[n_held++] = r;   // every 4th position is held out
+            else train[n_train++] = r;
         }
-        phi_fit_calibrate(p, theta, &d, train, n_train, o->cal, o->margin);
+    phi_fit_set d = {hd, group, o->sink, g->n, nq, g->k[l] + (size_t)kvh * g->n * hd, q, head, end,
+                     g->inv_freq, g->neox, g->shift_max};
+    uint64_t seed = mix(o->seed * 1000003 + (uint64_t)l * 64 + kvh);
+    group_progress gp = {prog, kvh};
+    if (o->recal)   // the maps as they are in --out
         for (int j = 0; j <= group; j++)
-            memcpy(j < group ? (float *)phi_par_q(p, l, kvh * group + j) : (float *)phi_par_k(p, l, kvh),
-                   theta + (size_t)j * np, (size_t)np * 4);
-        quality(p, prf, l, kvh, &d, held, n_held, o->cal, qual);
-        phi_fit_set far = d;
-        phi_fit_rotate(&d, g->shift_max, kr, qr);
-        far.k = kr, far.q = qr;
-        quality(p, prf, l, kvh, &far, held, n_held, o->cal, qual + 4);
+            memcpy(theta + (size_t)j * np, j < group ? phi_par_q(p, l, kvh * group + j) : phi_par_k(p, l, kvh),
+                   (size_t)np * 4);
+    else {
+        phi_fit_init(p, theta, group, seed);
+        phi_fit_run(p, theta, &d, train, n_train, o->steps, o->batch, o->lr, seed, show_progress, &gp);
     }
+    phi_fit_calibrate(p, theta, &d, train, n_train, o->cal, o->margin);
+    for (int j = 0; j <= group; j++)
+        memcpy(j < group ? (float *)phi_par_q(p, l, kvh * group + j) : (float *)phi_par_k(p, l, kvh),
+               theta + (size_t)j * np, (size_t)np * 4);
+    quality(p, prf, l, kvh, &d, held, n_held, o->cal, qual);
+    phi_fit_set far = d;
+    phi_fit_rotate(&d, g->shift_max, kr, qr);
+    far.k = kr, far.q = qr;
+    quality(p, prf, l, kvh, &far, held, n_held, o->cal, qual + 4);
     free(kr), free(qr);
     free(q), free(theta), free(head), free(end), free(train), free(held);
+}
+
+// Fits layer l's maps into p, one KV group per thread (each seeded by its own index, so the
+// result does not depend on the thread count); qual (8,) = the groups' quality summed in order.
+static void fit_layer(phi_maps *p, const phi_maps *prf, const fit_log *g, int l, const fit_opts *o,
+                      double *qual) {
+    int nkv = p->n_kv_head;
+    double *part = xcalloc((size_t)nkv * 8, sizeof(double));
+    fit_progress prog = {l, p->n_layer, o->steps * nkv, 0};
+#pragma omp parallel for schedule(dynamic) if (nkv > 1)
+    for (int kvh = 0; kvh < nkv; kvh++) fit_group(p, prf, g, l, kvh, o, &prog, part + (size_t)kvh * 8);
+    memset(qual, 0, 8 * sizeof *qual);
+    for (int kvh = 0; kvh < nkv; kvh++)
+        for (int i = 0; i < 8; i++) qual[i] += part[(size_t)kvh * 8 + i];
+    free(part);
 }
 
 // FILE.progress: "layers_done model ctx steps queries batch lr seed d_phi sink tail calibrate
