@@ -92,12 +92,20 @@ for b in "${BENCH[@]}"; do
     step "sift bench $i" 120 "bench_$i.log" "$SIFT" bench $b
 done
 
+# fit-phi's logging prefill on each device (the fit itself is CPU): the two quality tables should
+# agree to about bf16's precision
+for dev in cpu cuda; do
+    step "fit-phi --device $dev (tiny GGUF)" 60 "fit_$dev.log" "$SIFT" fit-phi -m "$TINY" --data README.md \
+        --ctx 1024 --steps 10 --queries 16 --device $dev --out "$OUT/tiny_$dev.phi" -t 16
+done
+
 echo
 echo "## gpu.sh on $(tail -n 1 "$OUT/nvidia-smi.txt"), $(date -u +%F), $(head -c 40 "$OUT/version.txt")"
 grep -h "passed, .* failed" "$OUT"/test_gpu.log 2>/dev/null
 for dev in cpu cuda; do echo "$dev: $(grep -h "^| full\|^| speed" "$OUT/smoke_$dev.log" 2>/dev/null | cut -c1-150)"; done
 grep -h "FAIL" "$OUT"/test_gpu.log 2>/dev/null | head -n 20
 grep -h "ERROR SUMMARY\|failed" "$OUT"/sanitize.log 2>/dev/null | head -n 6
+for dev in cpu cuda; do echo "fit-phi $dev: $(grep -h "^| mean" "$OUT/fit_$dev.log" 2>/dev/null)"; done
 for f in "$OUT"/bench_*.log; do [ -f "$f" ] && grep -h "^|" "$f" | grep -v "^|---"; done
 echo
 echo "| step | result | detail |"
