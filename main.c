@@ -17,6 +17,7 @@
 
 typedef struct {
     const char *model, *prompt, *system, *device, *batch_dir, *draft_path;
+    enum bk_weights weights;   // --weights native|f32 (CPU)
     char **files;          // -f (repeatable), then --batch entries (owned copies)
     int n_files;
     int n_predict, ctx, threads, chat, json, quiet;
@@ -64,6 +65,8 @@ static void print_help(void) {
         "      --device D          auto | cpu | cuda (default auto: cuda when a GPU is usable;\n"
         "                          --device cuda says why one is not)\n"
         "  -t, --threads N         CPU threads (default: all cores)\n"
+        "      --weights W         CPU weights: native (as the file stores them, 8-bit\n"
+        "                          activation products; default) | f32 (dequantised, the reference)\n"
         "strategy parameters (defaults from each strategy's paper)\n"
         "      --speed-depth K     speed: layers that see the prompt (default ceil(0.875 L))\n"
         "      --anchor bos|none   speed: keep the first prompt token in upper layers (bos)\n"
@@ -158,7 +161,7 @@ static void parse_args(int argc, char **argv, options *o) {
                 static const char *known[] = {"-m", "--model", "-p", "--prompt", "-f", "--file",
                     "--batch", "--system", "-n", "--n-predict", "-c", "--ctx-size", "-t",
                     "--threads", "--temp", "--top-k", "--top-p", "--min-p", "-s", "--seed",
-                    "--strategy", "--device"};
+                    "--strategy", "--device", "--weights"};
                 for (size_t k = 0; k < sizeof known / sizeof *known; k++)
                     if (strcmp(a, known[k]) == 0) cli_usage_error("%s needs a value", a);
                 if (cli_is_strategy_flag(a)) cli_usage_error("%s needs a value", a);
@@ -181,6 +184,7 @@ static void parse_args(int argc, char **argv, options *o) {
         else if (cli_is_flag(a, "-s", "--seed")) o->seed = cli_int(a, v, -1, UINT32_MAX);
         else if (cli_is_flag(a, NULL, "--strategy")) o->n_strategies = cli_strategies(v, o->strategies);
         else if (cli_is_flag(a, NULL, "--device")) o->device = cli_device(v);
+        else if (cli_is_flag(a, NULL, "--weights")) o->weights = cli_weights(v);
         else if (!cli_strategy_flag(a, v, &o->so, &o->draft_path)) cli_usage_error("unknown flag '%s'", a);
         i++;
     }
@@ -498,7 +502,7 @@ int main(int argc, char **argv) {
     if (cli_refuse_synthetic(o.model, "a prompt")) return 2;
     double t0 = now_ms();
     loaded L;
-    int rc = cli_load(&L, o.model, o.draft_path, o.device, o.threads, o.strategies,
+    int rc = cli_load(&L, o.model, o.draft_path, o.device, o.threads, o.weights, o.strategies,
                       o.n_strategies, &o.so);
     if (rc == 0) {
         model *m = L.m;

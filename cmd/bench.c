@@ -29,6 +29,7 @@
 
 typedef struct {
     const char *model, *format, *draft_path, *device;
+    enum bk_weights weights;   // --weights native|f32 (CPU)
     int ctx[MAX_CTX], n_ctx, n_gen, reps, threads, dry_run, elem_bytes;
     const strategy *strategies[MAX_STRATEGIES];
     int n_strategies;
@@ -196,6 +197,7 @@ static void bench_parse(int argc, char **argv, bench_opts *b) {
         else if (cli_is_flag(a, NULL, "--strategy")) b->n_strategies = cli_strategies(v, b->strategies);
         else if (cli_is_flag(a, "-o", "--output")) b->format = v;
         else if (cli_is_flag(a, NULL, "--device")) b->device = cli_device(v);
+        else if (cli_is_flag(a, NULL, "--weights")) b->weights = cli_weights(v);
         else if (cli_is_flag(a, NULL, "--elem-bytes")) b->elem_bytes = (int)cli_int(a, v, 1, 8);
         else if (cli_is_flag(a, "-p", "--ctx") || cli_is_flag(a, NULL, "--n-prompt"))
             b->n_ctx = parse_ctx_list(a, v, b->ctx);
@@ -484,7 +486,7 @@ int cmd_bench(int argc, char **argv) {
     free(c.inv_freq);
     if (b.dry_run || rc) return rc;
     loaded L;
-    rc = cli_load(&L, b.model, b.draft_path, b.device, b.threads, b.strategies, b.n_strategies, &b.so);
+    rc = cli_load(&L, b.model, b.draft_path, b.device, b.threads, b.weights, b.strategies, b.n_strategies, &b.so);
     if (rc == 0) rc = bench_run(&b, &L);
     cli_unload(&L);
     return rc;

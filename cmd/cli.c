@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "../model/cost.h"
+#include "../model/qgemm.h"
 #include "../util/check.h"
 #include "../weights/hf.h"
 #include "cmd.h"
@@ -224,8 +225,20 @@ int cli_refuse_synthetic(const char *path, const char *cmd) {
     return 2;
 }
 
-backend *cli_backend(const char *device, int threads) {
-    if (strcmp(device, "cpu") == 0) return backend_cpu_create(threads);
+enum bk_weights cli_weights(const char *v) {
+    if (strcmp(v, "native") == 0) return BK_WEIGHTS_NATIVE;
+    if (strcmp(v, "f32") == 0) return BK_WEIGHTS_F32;
+    cli_usage_error("unknown --weights '%s' (native or f32)", v);
+}
+
+backend *cli_backend(const char *device, int threads, enum bk_weights weights) {
+    const char *bad;
+    q_isa_pick(&bad);
+    if (bad) {
+        fprintf(stderr, "sift: error: %s (it is '%s')\n", bad, getenv("SIFT_ISA"));
+        return NULL;
+    }
+    if (strcmp(device, "cpu") == 0) return backend_cpu_create(threads, weights);
 #ifdef SIFT_CUDA
     char msg[512];
     backend *bk = backend_cuda_create(msg, sizeof msg);
@@ -245,7 +258,7 @@ backend *cli_backend(const char *device, int threads) {
         return NULL;
     }
 #endif
-    return backend_cpu_create(threads);
+    return backend_cpu_create(threads, weights);
 }
 
 static int eog_test(const void *ctx, int id) { return tok_is_eog(ctx, id); }
@@ -374,11 +387,11 @@ static int load_model(loaded *L, char *err, size_t errlen) {
 // model, and fills so's draft and end-of-generation test. 0, 1 (load failed) or 2 (bad options);
 // the error is printed.
 int cli_load(loaded *L, const char *path, const char *draft_path, const char *device, int threads,
-             const strategy *const *list, int n_list, strategy_opts *so) {
+             enum bk_weights weights, const strategy *const *list, int n_list, strategy_opts *so) {
     char err[512];
     struct stat sb;
     *L = (loaded){.path = path ? strdup(path) : cli_default_model_path(),
-                  .bk = cli_backend(device, threads)};
+                  .bk = cli_backend(device, threads, weights)};
     if (!L->bk) return 1;
     if (cli_is_synthetic(L->path)) {
         if (draft_path) {

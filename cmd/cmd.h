@@ -28,6 +28,8 @@ int cli_strategy_flag(const char *a, const char *v, strategy_opts *so, const cha
 int cli_is_strategy_flag(const char *a);
 // --device auto|cpu|cuda: v, or a usage error.
 const char *cli_device(const char *v);
+// --weights native|f32 (how the CPU backend keeps weights): the mode, or a usage error.
+enum bk_weights cli_weights(const char *v);
 
 // ---- input and output ----
 // A whole prompt file ('-' = stdin), NUL-terminated; NULL + err (too big, unreadable).
@@ -51,12 +53,12 @@ typedef struct loaded {
 
 // The backend for --device auto|cpu|cuda: auto takes the GPU when one is usable and says on
 // stderr which it chose; NULL (error printed) when cuda was asked for and cannot be had.
-backend *cli_backend(const char *device, int threads);
+backend *cli_backend(const char *device, int threads, enum bk_weights weights);
 // Loads path (NULL: $SIFT_MODEL or the default model beside the binary) and draft_path (may be
 // NULL) on the backend for `device`, checks the strategies' options against the model, and fills
 // so's draft and end-of-generation test. 0, 1 (load failed) or 2 (bad options); error printed.
 int cli_load(loaded *L, const char *path, const char *draft_path, const char *device, int threads,
-             const strategy *const *list, int n_list, strategy_opts *so);
+             enum bk_weights weights, const strategy *const *list, int n_list, strategy_opts *so);
 // Backends compiled into this binary, e.g. "cpu, cuda".
 #ifdef SIFT_CUDA
 #define CLI_BACKENDS "cpu, cuda"

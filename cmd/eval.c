@@ -18,6 +18,7 @@
 
 typedef struct {
     const char *model, *haystack, *json_path, *csv_path, *plot_path, *draft_path, *device;
+    enum bk_weights weights;   // --weights native|f32 (CPU)
     const strategy *strategies[MAX_STRATEGIES];
     int n_strategies;
     int tasks[EVAL_N_TASKS], n_tasks;
@@ -125,6 +126,7 @@ static void eval_parse(int argc, char **argv, eval_opts *e) {
         else if (cli_is_flag(a, NULL, "--plot")) e->plot_path = v;
         else if (cli_is_flag(a, "-t", "--threads")) e->threads = (int)cli_int(a, v, 1, 1024);
         else if (cli_is_flag(a, NULL, "--device")) e->device = cli_device(v);
+        else if (cli_is_flag(a, NULL, "--weights")) e->weights = cli_weights(v);
         else if (!cli_strategy_flag(a, v, &e->so, &e->draft_path))
             cli_usage_error("eval: unknown flag '%s'", a);
     }
@@ -378,7 +380,7 @@ int cmd_eval(int argc, char **argv) {
     eval_run R = {.e = &e};
     if (load_haystack(&e, &R.hay)) return 1;
     loaded L;
-    int rc = cli_load(&L, e.model, e.draft_path, e.device, e.threads, e.strategies, e.n_strategies,
+    int rc = cli_load(&L, e.model, e.draft_path, e.device, e.threads, e.weights, e.strategies, e.n_strategies,
                       &e.so);
     for (int i = 0; i < e.n_ctxs && rc == 0; i++)
         if (e.ctxs[i] > L.m->cfg.ctx_len) {

@@ -19,6 +19,7 @@
 
 typedef struct {
     const char *model, *data, *out, *device;
+    enum bk_weights weights;   // --weights native|f32 (CPU)
     int ctx, steps, queries, batch, d_phi, sink, tail, threads, positions;
     float lr, cal, margin;
     int recal;   // --recalibrate: keep --out's maps, redo only the calibration
@@ -79,6 +80,7 @@ static void fit_parse(int argc, char **argv, fit_opts *o) {
         else if (cli_is_flag(a, NULL, "--positions")) o->positions = (int)cli_int(a, v, 64, 1 << 26);
         else if (cli_is_flag(a, "-t", "--threads")) o->threads = (int)cli_int(a, v, 1, 1024);
         else if (cli_is_flag(a, NULL, "--device")) o->device = cli_device(v);
+        else if (cli_is_flag(a, NULL, "--weights")) o->weights = cli_weights(v);
         else cli_usage_error("fit-phi: unknown flag '%s'", a);
     }
     if (!o->data || !o->out) cli_usage_error("fit-phi needs --data TEXT and --out FILE.phi");
@@ -312,7 +314,7 @@ int cmd_fit_phi(int argc, char **argv) {
     strategy_opts so = strategy_opts_default();
     // the prefill that logs queries and keys runs on --device (default the fp32 CPU reference);
     // the fit runs on the CPU
-    if (cli_load(&L, o.model, NULL, o.device, o.threads, NULL, 0, &so) != 0) {
+    if (cli_load(&L, o.model, NULL, o.device, o.threads, o.weights, NULL, 0, &so) != 0) {
         cli_unload(&L);
         return 1;
     }

@@ -17,6 +17,7 @@
 
 typedef struct {
     const char *model, *file, *device;
+    enum bk_weights weights;   // --weights native|f32 (CPU)
     int ctx, threads, json, quiet;
     const strategy *s;
 } ppl_opts;
@@ -42,6 +43,7 @@ static void ppl_parse(int argc, char **argv, ppl_opts *p) {
             p->ctx = (int)cli_int(a, v, 4, 1 << 20);
         else if (cli_is_flag(a, "-t", "--threads")) p->threads = (int)cli_int(a, v, 1, 1024);
         else if (cli_is_flag(a, NULL, "--device")) p->device = cli_device(v);
+        else if (cli_is_flag(a, NULL, "--weights")) p->weights = cli_weights(v);
         else if (cli_is_flag(a, NULL, "--strategy")) {
             p->s = strategy_find(v);
             if (!p->s) cli_usage_error("unknown strategy '%s' (available: %s)", v, strategy_names());
@@ -168,7 +170,7 @@ int cmd_ppl(int argc, char **argv) {
     if (cli_refuse_synthetic(p.model, "ppl")) return 2;
     loaded L;
     strategy_opts so = strategy_opts_default();
-    int rc = cli_load(&L, p.model, NULL, p.device, p.threads, &p.s, 1, &so);
+    int rc = cli_load(&L, p.model, NULL, p.device, p.threads, p.weights, &p.s, 1, &so);
     if (rc == 0) rc = run_ppl(&p, &L);
     cli_unload(&L);
     return rc;

@@ -1,11 +1,14 @@
 // model/backend.h — the backend interface the shared forward pass calls. A backend owns device
 // memory (activations, weights, KV) and implements a small list of ops on it. The CPU backend
-// (backend_cpu.c) is fp32 and is the reference; a CUDA backend implements the same list.
+// (backend_cpu.c) has fp32 activations and keeps weights in their file encoding (or fp32 with
+// --weights f32, the reference); a CUDA backend implements the same list.
 // Activation buffers are opaque device pointers sized in elements; index arrays (positions,
 // row selections) are passed as host int arrays.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
+
+#include "../weights/gguf.h"
 
 enum rope_style { ROPE_NORM = 0, ROPE_NEOX = 1 };   // adjacent pairs (2j,2j+1) | halves (j, j+hd/2)
 
@@ -16,16 +19,41 @@ typedef struct phi_maps phi_maps;             // attn/phi.h
 typedef struct phi_summary phi_summary;
 typedef struct phi_completion phi_completion;
 
+// A weight as a file stores it: rows x cols elements of ggml `type` (enum ggml_type; GGML_F32 for
+// plain floats), row-major, each row dq_bytes(type, cols) bytes (weights/dequant.h). Borrowed
+// unless `owned`: borrowed data (a file's mapping) must outlive the weight; owned data was
+// malloc'd and the backend takes it.
+typedef struct {
+    uint32_t type;
+    const void *data;
+    size_t rows, cols;      // rows 0: a vector of cols elements
+    int owned;
+} bk_tensor;
+
+// An fp32 host array the backend takes.
+static inline bk_tensor bk_f32(float *host, size_t rows, size_t cols) {
+    return (bk_tensor){GGML_F32, host, rows, cols, 1};
+}
+
+// How the CPU backend keeps weights: as stored (quantised products, qgemm.h) or dequantised to
+// fp32 at load (the reference the tests compare against).
+enum bk_weights { BK_WEIGHTS_NATIVE = 0, BK_WEIGHTS_F32 = 1 };
+
 struct backend {
     const char *name;                  // "cpu" | "cuda"
     void *impl;
     size_t elem_bytes;                 // bytes per activation / KV element on this backend
+    char info[96];                     // how it computes, for the load line and bench output
     void (*destroy)(backend *b);
     // memory
     void *(*alloc)(backend *b, size_t n_elems);   // NULL on failure
     void (*free)(backend *b, void *p);
     void (*to_host)(backend *b, float *dst, const void *src, size_t n);
-    bk_weight *(*weight)(backend *b, float *host, size_t rows, size_t cols); // takes `host`
+    // a weight from t (see bk_tensor; the backend converts it to its own form: the CPU keeps
+    // quantised blocks, CUDA uploads bf16); NULL when out of memory
+    bk_weight *(*weight)(backend *b, bk_tensor t);
+    // bytes the weight t will occupy on this backend beyond borrowed file data (memory planning)
+    size_t (*weight_bytes)(backend *b, bk_tensor t);
     void (*weight_free)(backend *b, bk_weight *w);
     // ops (shapes in elements; rows are contiguous)
     // out (n, d) = table[tokens[i]]
@@ -84,7 +112,9 @@ struct backend {
                           const kv_layer *L, int lo, int hi);
 };
 
-backend *backend_cpu_create(int n_threads);
+// n_threads 0: OpenMP's default. The ISA of the quantised products: the best the CPU has, or
+// SIFT_ISA=scalar|avx2|avx512 (model/qgemm.h; a malformed value is ignored here, cli refuses it).
+backend *backend_cpu_create(int n_threads, enum bk_weights weights);
 // The CUDA backend on GPU 0 (model/backend_cuda.cu; built when nvcc was found, SIFT_CUDA defined).
 // On success msg holds the device's description; NULL with the reason in msg when there is no
 // usable GPU, driver or cuBLASLt.

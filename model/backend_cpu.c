@@ -1,9 +1,10 @@
-// model/backend_cpu.c — the CPU backend: fp32 weights and activations, OpenMP threads, OpenBLAS
-// sgemm for prefill matmuls and sgemv for decode. The reference every other backend is checked
-// against.
+// model/backend_cpu.c — the CPU backend: fp32 activations; weights in their file encoding with
+// 8-bit-activation products (qgemm.h), or fp32 (--weights f32: sgemm / sgemv, the reference every
+// other path is checked against). OpenMP threads.
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,13 +12,31 @@
 #include "../attn/phi.h"
 #include "../kv/kv.h"
 #include "../util/check.h"
+#include "../weights/dequant.h"
 #include "../weights/synthetic.h"
 #include "backend.h"
+#include "qgemm.h"
+
+// Products with at least this many rows dequantise weight tiles and call sgemm; fewer take the
+// int8 path (SIFT_PREFILL=int8|sgemm forces one; measured in bench/RESULTS.md).
+#define SGEMM_MIN_ROWS 32
+
+typedef struct {
+    enum bk_weights mode;
+    enum q_isa isa;
+    int sgemm_min_rows;
+    q_scratch scratch;
+} cpu_impl;
 
 struct bk_weight {
-    float *data;
-    size_t rows, cols;
+    uint32_t type;        // GGML_F32: data is float; else blocks of that type
+    const void *data;     // rows * row_bytes
+    float *f;             // == data when F32
+    size_t rows, cols, row_bytes;
+    void *owned;          // freed with the weight; NULL: borrowed from the file's mapping
 };
+
+static cpu_impl *impl(backend *b) { return b->impl; }
 
 static void *cpu_alloc(backend *b, size_t n) {
     (void)b;
@@ -34,24 +53,54 @@ static void cpu_to_host(backend *b, float *dst, const void *src, size_t n) {
     memcpy(dst, src, n * sizeof(float));
 }
 
-static bk_weight *cpu_weight(backend *b, float *host, size_t rows, size_t cols) {
-    (void)b;
-    bk_weight *w = xmalloc(sizeof *w);
-    *w = (bk_weight){host, rows, cols};
+// Vectors, F32 tensors, types without a product here and everything under --weights f32 become
+// fp32; the rest stays as stored.
+static int keeps_blocks(backend *b, bk_tensor t) {
+    return impl(b)->mode == BK_WEIGHTS_NATIVE && t.rows > 1 && t.type != GGML_F32 &&
+           q_type_supported(t.type) && (t.type == GGML_F16 || t.type == GGML_BF16 || t.cols % 32 == 0);
+}
+
+static size_t cpu_weight_bytes(backend *b, bk_tensor t) {
+    size_t rows = t.rows ? t.rows : 1;
+    if (keeps_blocks(b, t) || (t.type == GGML_F32 && !t.owned)) return 0;   // borrowed
+    return rows * t.cols * sizeof(float);
+}
+
+static bk_weight *cpu_weight(backend *b, bk_tensor t) {
+    bk_weight *w = xcalloc(1, sizeof *w);
+    size_t rows = t.rows ? t.rows : 1;
+    *w = (bk_weight){.type = t.type, .data = t.data, .rows = rows, .cols = t.cols,
+                     .row_bytes = dq_bytes(t.type, t.cols), .owned = t.owned ? (void *)t.data : NULL};
+    if (t.type != GGML_F32 && !keeps_blocks(b, t)) {   // dequantise to fp32 once
+        float *f = malloc(rows * t.cols * sizeof(float));
+        if (!f) {
+            free(w->owned);
+            free(w);
+            return NULL;
+        }
+#pragma omp parallel for if (rows > 64)
+        for (size_t r = 0; r < rows; r++)
+            dq_to_f32(t.type, (const uint8_t *)t.data + r * w->row_bytes, f + r * t.cols, t.cols);
+        free(w->owned);
+        *w = (bk_weight){.type = GGML_F32, .data = f, .rows = rows, .cols = t.cols,
+                         .row_bytes = t.cols * sizeof(float), .owned = f};
+    }
+    if (w->type == GGML_F32) w->f = (float *)w->data;
     return w;
 }
 
 static void cpu_weight_free(backend *b, bk_weight *w) {
     (void)b;
-    if (w) free(w->data);
+    if (w) free(w->owned);
     free(w);
 }
 
-// out (n, d) = table[tokens[i]]
+// out (n, d) = table[tokens[i]] (rows of a quantised table dequantised)
 static void cpu_embed(backend *b, void *out, const bk_weight *table, const int *tokens, int n, int d) {
     (void)b;
     for (int i = 0; i < n; i++)
-        memcpy((float *)out + (size_t)i * d, table->data + (size_t)tokens[i] * d, d * sizeof(float));
+        dq_to_f32(table->type, (const uint8_t *)table->data + (size_t)tokens[i] * table->row_bytes,
+                  (float *)out + (size_t)i * d, (uint64_t)d);
 }
 
 // out (n, d) = x / sqrt(mean(x^2) + eps) * w
@@ -65,23 +114,30 @@ static void cpu_rmsnorm(backend *b, void *out, const void *x, const bk_weight *w
         double ss = 0;
         for (int j = 0; j < d; j++) ss += (double)xi[j] * xi[j];
         float r = (float)(1.0 / sqrt(ss / d + eps));
-        for (int j = 0; j < d; j++) oi[j] = xi[j] * r * w->data[j];
+        for (int j = 0; j < d; j++) oi[j] = xi[j] * r * w->f[j];
     }
 }
 
 // out (n, o) = x (n, i) @ W (o, i)^T + bias
 static void cpu_matmul(backend *b, void *out, const void *x, const bk_weight *w,
                        const bk_weight *bias, int n, int in, int o) {
-    (void)b;
+    cpu_impl *c = impl(b);
     float *y = out;
-    if (n == 1)
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, o, in, 1.0f, w->data, in, x, 1, 0.0f, y, 1);
+    if (w->type != GGML_F32) {
+        enum q_path path = n >= c->sgemm_min_rows ? Q_PATH_SGEMM : Q_PATH_INT8;
+        q_scratch local = {0};   // the shared arena is for the forward pass's own thread
+        int nested = omp_in_parallel();
+        q_matmul(c->isa, path, y, x, n, in, w->type, w->data, w->row_bytes, o,
+                 nested ? &local : &c->scratch);
+        q_scratch_free(&local);
+    } else if (n == 1)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, o, in, 1.0f, w->f, in, x, 1, 0.0f, y, 1);
     else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, o, in, 1.0f, x, in, w->data, in,
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, o, in, 1.0f, x, in, w->f, in,
                     0.0f, y, o);
     if (!bias) return;
     for (int i = 0; i < n; i++)
-        for (int j = 0; j < o; j++) y[(size_t)i * o + j] += bias->data[j];
+        for (int j = 0; j < o; j++) y[(size_t)i * o + j] += bias->f[j];
 }
 
 // rotate x (n, heads, hd) in place; pair (a, b) = (2j, 2j+1) for NORM, (j, j + hd/2) for NEOX
@@ -197,7 +253,7 @@ static bk_weight *cpu_weight_synth(backend *b, uint64_t seed, uint64_t tensor, s
     float *host = malloc(rows * cols * sizeof(float));
     if (!host) return NULL;
     synth_fill(host, rows * cols, seed, tensor, scale, offset);
-    return cpu_weight(b, host, rows, cols);
+    return cpu_weight(b, bk_f32(host, rows, cols));
 }
 
 // Ceilings measured now, best of 3: an sgemm (n = 2048, 2 n^3 FLOPs) and a threaded copy of
@@ -271,15 +327,26 @@ static void cpu_phi_summarize(backend *b, phi_summary *out, const phi_maps *p, i
     }
 }
 
-static void cpu_destroy(backend *b) { free(b); }
+static void cpu_destroy(backend *b) {
+    q_scratch_free(&impl(b)->scratch);
+    free(b->impl);
+    free(b);
+}
 
-backend *backend_cpu_create(int n_threads) {
+backend *backend_cpu_create(int n_threads, enum bk_weights weights) {
     if (n_threads > 0) omp_set_num_threads(n_threads);
     backend *b = xcalloc(1, sizeof *b);
+    cpu_impl *c = xcalloc(1, sizeof *c);
+    c->mode = weights;
+    c->isa = q_isa_pick(NULL);
+    const char *path = getenv("SIFT_PREFILL");
+    c->sgemm_min_rows = path && strcmp(path, "int8") == 0    ? 1 << 30
+                        : path && strcmp(path, "sgemm") == 0 ? 1
+                                                             : SGEMM_MIN_ROWS;
     *b = (backend){
-        .name = "cpu", .elem_bytes = sizeof(float), .destroy = cpu_destroy,
+        .name = "cpu", .impl = c, .elem_bytes = sizeof(float), .destroy = cpu_destroy,
         .alloc = cpu_alloc, .free = cpu_free, .to_host = cpu_to_host,
-        .weight = cpu_weight, .weight_free = cpu_weight_free,
+        .weight = cpu_weight, .weight_bytes = cpu_weight_bytes, .weight_free = cpu_weight_free,
         .embed = cpu_embed, .rmsnorm = cpu_rmsnorm, .matmul = cpu_matmul, .rope = cpu_rope,
         .swiglu = cpu_swiglu, .add = cpu_add, .gather_rows = cpu_gather_rows,
         .kv_append = cpu_kv_append, .attention = cpu_attention, .attn_probs = cpu_attn_probs,
@@ -287,5 +354,12 @@ backend *backend_cpu_create(int n_threads) {
         .weight_synth = cpu_weight_synth, .ceilings = cpu_ceilings, .attn_select = cpu_attn_select,
         .phi_summarize = cpu_phi_summarize,
     };
+    if (weights == BK_WEIGHTS_F32)
+        snprintf(b->info, sizeof b->info, "fp32 weights, sgemm");
+    else if (c->sgemm_min_rows >= 1 << 30)
+        snprintf(b->info, sizeof b->info, "native weights, %s products", q_isa_name(c->isa));
+    else
+        snprintf(b->info, sizeof b->info, "native weights, %s products, sgemm tiles from %d rows",
+                 q_isa_name(c->isa), c->sgemm_min_rows);
     return b;
 }

@@ -20,6 +20,7 @@ extern "C" {
 }
 #include "../kv/kv.h"
 #include "../util/check.h"
+#include "../weights/dequant.h"
 #include "../weights/synthetic.h"
 #include "backend.h"
 }
@@ -303,23 +304,45 @@ static bk_weight *weight_new(cuda_impl *c, size_t rows, size_t cols) {
     return w;
 }
 
-// Takes host (rows, cols) fp32: uploaded in chunks, rounded to bf16 on the device.
-static bk_weight *cuda_weight(backend *b, float *host, size_t rows, size_t cols) {
+// t in its file encoding: whole rows are dequantised on the host into one fp32 chunk of at most
+// WEIGHT_CHUNK elements (an F32 tensor is read in place), uploaded, rounded to bf16 on the
+// device; peak host memory is one chunk, not the tensor.
+static bk_weight *cuda_weight(backend *b, bk_tensor t) {
     cuda_impl *c = impl(b);
-    bk_weight *w = weight_new(c, rows, cols);
-    size_t n = w->rows * cols;
-    for (size_t at = 0; at < n; at += WEIGHT_CHUNK) {
-        size_t k = n - at < WEIGHT_CHUNK ? n - at : WEIGHT_CHUNK;
-        float *d = (float *)stage(c, STAGE_AUX, host + at, k * sizeof(float));
-        f32_to_bf16_kernel<<<cuda_blocks(k, THREADS), THREADS, 0, c->stream>>>(w->h + at, d, k);
+    bk_weight *w = weight_new(c, t.rows, t.cols);
+    size_t cols = t.cols, row_bytes = dq_bytes(t.type, cols);
+    size_t chunk_rows = cols >= WEIGHT_CHUNK ? 1 : WEIGHT_CHUNK / cols;
+    float *buf = t.type == GGML_F32 ? NULL
+                                    : (float *)xmalloc((chunk_rows < w->rows ? chunk_rows : w->rows) *
+                                                       cols * sizeof(float));
+    for (size_t r0 = 0; r0 < w->rows; r0 += chunk_rows) {
+        size_t nr = w->rows - r0 < chunk_rows ? w->rows - r0 : chunk_rows, k = nr * cols;
+        const float *src = (const float *)((const uint8_t *)t.data + r0 * row_bytes);
+        if (buf) {
+            for (size_t r = 0; r < nr; r++)
+                dq_to_f32(t.type, (const uint8_t *)t.data + (r0 + r) * row_bytes, buf + r * cols,
+                          cols);
+            src = buf;
+        }
+        float *d = (float *)stage(c, STAGE_AUX, src, k * sizeof(float));
+        f32_to_bf16_kernel<<<cuda_blocks(k, THREADS), THREADS, 0, c->stream>>>(w->h + r0 * cols,
+                                                                               d, k);
         CUDA_LAUNCHED(f32_to_bf16_kernel);
+        if (w->f && r0 == 0)   // a vector: its fp32 copy too
+            CUDA_CHECK(cudaMemcpyAsync(w->f, d, cols * sizeof(float), cudaMemcpyDeviceToDevice,
+                                       c->stream));
     }
-    if (w->f)
-        CUDA_CHECK(cudaMemcpyAsync(w->f, host, cols * sizeof(float), cudaMemcpyHostToDevice,
-                                   c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
-    free(host);
+    free(buf);
+    if (t.owned) free((void *)t.data);
     return w;
+}
+
+// bytes of device memory t takes as bf16 (+ the fp32 copy of a vector)
+static size_t cuda_weight_bytes(backend *b, bk_tensor t) {
+    (void)b;
+    size_t rows = t.rows ? t.rows : 1;
+    return rows * t.cols * sizeof(bf16) + (rows == 1 ? t.cols * sizeof(float) : 0);
 }
 
 static void cuda_weight_free(backend *b, bk_weight *w) {
@@ -932,6 +955,7 @@ backend *backend_cuda_create(char *msg, size_t len) {
     b->free = cuda_free;
     b->to_host = cuda_to_host;
     b->weight = cuda_weight;
+    b->weight_bytes = cuda_weight_bytes;
     b->weight_free = cuda_weight_free;
     b->embed = cuda_embed;
     b->rmsnorm = cuda_rmsnorm;

@@ -186,7 +186,7 @@ bk_weight *fwd_vector_sum(model *m, const bk_weight *const *ws, int k, int n, fl
     float *ones = xmalloc((size_t)n * sizeof(float)), *row = xmalloc((size_t)n * sizeof(float));
     double *sum = xcalloc((size_t)n, sizeof(double));
     for (int j = 0; j < n; j++) ones[j] = 1.0f;
-    bk_weight *table = bk->weight(bk, ones, 1, (size_t)n);   // takes `ones`
+    bk_weight *table = bk->weight(bk, bk_f32(ones, 1, (size_t)n));   // takes `ones`
     void *x = bk->alloc(bk, (size_t)n), *y = bk->alloc(bk, (size_t)n);
     CHECK_INTERNAL(x && y, "out of memory");
     int zero = 0;
@@ -201,7 +201,7 @@ bk_weight *fwd_vector_sum(model *m, const bk_weight *const *ws, int k, int n, fl
     bk->free(bk, y);
     bk->weight_free(bk, table);
     free(sum);
-    return bk->weight(bk, row, 1, (size_t)n);   // takes `row`
+    return bk->weight(bk, bk_f32(row, 1, (size_t)n));   // takes `row`
 }
 
 void fwd_weight_free(model *m, bk_weight *w) { m->bk->weight_free(m->bk, w); }

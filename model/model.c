@@ -1,4 +1,5 @@
-// model/model.c — config from GGUF metadata and weight loading (dequantise once, hand to backend).
+// model/model.c — config from GGUF metadata and weight loading (each tensor handed to the backend
+// as the file stores it, borrowed from the mapping).
 // GGUF `llama` stores Q/K rows permuted for adjacent-pair rotation, so it runs with ROPE_NORM and
 // the rows are used as stored; `qwen2` is not permuted and runs with ROPE_NEOX.
 #include "model.h"
@@ -97,7 +98,7 @@ int model_config_from_gguf(const gguf_file *f, model_config *c, char *err, size_
     return rope_freqs(f, c, arch_float(f, a, "rope.freq_base", 10000.0), err, errlen);
 }
 
-// Dequantises tensor `name` of shape (rows, cols) to fp32 and uploads it. NULL + err on failure.
+// Tensor `name` of shape (rows, cols) handed to the backend in its file encoding. NULL + err.
 static bk_weight *load_tensor(const gguf_file *f, backend *bk, const char *name, size_t rows,
                               size_t cols, char *err, size_t errlen) {
     const gguf_tensor *t = gguf_find_tensor(f, name);
@@ -115,12 +116,9 @@ static bk_weight *load_tensor(const gguf_file *f, backend *bk, const char *name,
         err_printf(err, errlen, "tensor '%s' has unsupported type %s", name, gguf_type_name(t->type));
         return NULL;
     }
-    float *host = xmalloc(want_rows * cols * sizeof(float));
-    uint64_t row_bytes = dq_bytes(t->type, cols);
-#pragma omp parallel for
-    for (size_t r = 0; r < want_rows; r++)
-        dq_to_f32(t->type, (const uint8_t *)t->data + r * row_bytes, host + r * cols, cols);
-    return bk->weight(bk, host, want_rows, cols);
+    bk_weight *w = bk->weight(bk, (bk_tensor){t->type, t->data, rows, cols, 0});
+    if (!w) err_printf(err, errlen, "out of %s memory for tensor '%s'", bk->name, name);
+    return w;
 }
 
 static int load_layer(const gguf_file *f, model *m, int l, char *err, size_t errlen) {

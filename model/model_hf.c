@@ -149,12 +149,9 @@ static bk_weight *load_tensor(const hf_dir *h, backend *bk, const char *name, si
                    t->dtype);
         return NULL;
     }
-    size_t nr = rows ? rows : 1, row_bytes = cols * (t->nbytes / t->n_elems);
-    float *host = xmalloc(nr * cols * sizeof(float));
-#pragma omp parallel for
-    for (size_t r = 0; r < nr; r++)
-        dq_to_f32(t->ggml_type, (const uint8_t *)t->data + r * row_bytes, host + r * cols, cols);
-    return bk->weight(bk, host, nr, cols);
+    bk_weight *w = bk->weight(bk, (bk_tensor){t->ggml_type, t->data, rows, cols, 0});
+    if (!w) err_printf(err, errlen, "out of %s memory for tensor '%s'", bk->name, name);
+    return w;
 }
 
 static const char *const LAYER_TENSORS[] = {

@@ -64,7 +64,7 @@ static bk_weight *synth_weight(model *m, uint64_t seed, uint64_t tensor, size_t 
         float *host = malloc(rows * cols * sizeof(float));
         if (host) {
             synth_fill(host, rows * cols, seed, tensor, scale, offset);
-            w = bk->weight(bk, host, rows, cols);
+            w = bk->weight(bk, bk_f32(host, rows, cols));
         }
     }
     if (!w) err_printf(err, errlen, "out of memory for synthetic tensor %llu (%zu x %zu) on %s",

@@ -51,7 +51,7 @@ static bk_weight *weight_copy(backend *b, const float *host, size_t rows, size_t
     size_t n = rows * cols;
     float *copy = xmalloc((n ? n : 1) * sizeof(float));
     memcpy(copy, host, n * sizeof(float));
-    return b->weight(b, copy, rows, cols);
+    return b->weight(b, bk_f32(copy, rows, cols));
 }
 
 // out (rows, cols) in backend memory <- host, through the embed op (rows of a weight table)
@@ -565,7 +565,7 @@ typedef struct tiny_shape {
 static bk_weight *rand_weight(backend *b, size_t rows, size_t cols, float scale, float offset) {
     float *h = xmalloc(rows * cols * sizeof(float));
     for (size_t i = 0; i < rows * cols; i++) h[i] = bf16_round(offset + scale * urand());
-    return b->weight(b, h, rows, cols);
+    return b->weight(b, bk_f32(h, rows, cols));
 }
 
 // A model in memory with seeded random weights: the same values on every backend for one seed.
@@ -766,7 +766,7 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    backend *bk[2] = {backend_cpu_create(0), self ? backend_cpu_create(0)
+    backend *bk[2] = {backend_cpu_create(0, BK_WEIGHTS_F32), self ? backend_cpu_create(0, BK_WEIGHTS_F32)
                                                    : backend_cuda_create(msg, sizeof msg)};
     if (!bk[GPU]) {
         fprintf(stderr, "gpu_check: %s\n", msg);

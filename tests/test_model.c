@@ -82,7 +82,7 @@ static void test_attention_random(int n, int len) {
 // RoPE: GGUF llama rows are permuted so that pairs (j, j+hd/2) sit at (2j, 2j+1); rotating the
 // permuted vector with NORM must equal rotating the original with NEOX, then permuting.
 static void test_rope(void) {
-    backend *b = backend_cpu_create(1);
+    backend *b = backend_cpu_create(1, BK_WEIGHTS_NATIVE);
     float x[2] = {1, 0}, inv1[1] = {1};
     int pos1[1] = {1};
     b->rope(b, x, pos1, 1, 1, 2, inv1, ROPE_NORM);
@@ -114,7 +114,7 @@ static void test_rope(void) {
 // at p + delta (the backend's rope on the pre-RoPE vectors), for both pair layouts, and keeps
 // every q . k.
 static void test_phi_rotate(void) {
-    backend *b = backend_cpu_create(1);
+    backend *b = backend_cpu_create(1, BK_WEIGHTS_NATIVE);
     enum { HD = 16, N = 5 };
     float inv[HD / 2], pre[N * HD], at_p[N * HD], at_pd[N * HD], rot[N * HD], qrot[N * HD];
     unsigned s = 11;

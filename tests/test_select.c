@@ -108,7 +108,7 @@ static void test_budget(void) {
 static void test_layer(void) {
     enum { N = 12, H = 4, HKV = 2, HD = 2, W = 2, NGEN = 3 };
     model m = {.cfg = {.n_layer = 1, .n_head = H, .n_kv_head = HKV, .head_dim = HD}};
-    m.bk = backend_cpu_create(1);
+    m.bk = backend_cpu_create(1, BK_WEIGHTS_NATIVE);
     char err[200];
     int cap = N + NGEN, pos[N];
     kv_cache *kv = fwd_kv_create(&m, &cap, err, sizeof err);

@@ -13,6 +13,7 @@
 
 #include "../policies/policy.h"
 #include "../util/check.h"
+#include "tool_weights.h"
 #include "../weights/hf.h"
 
 static int collect(void *ctx, int id) {
@@ -85,7 +86,7 @@ int main(int argc, char **argv) {
     }
     int *ids = xmalloc((size_t)n * sizeof(int));
     for (int i = 0; i < n; i++) ids[i] = atoi(argv[a + i]);
-    backend *bk = backend_cpu_create(0);
+    backend *bk = backend_cpu_create(0, tool_weights());
     gguf_file *f, *df = NULL;
     hf_dir *h, *dh = NULL;
     model *m = load(argv[1], bk, &f, &h), *draft = draft_path ? load(draft_path, bk, &df, &dh) : NULL;

@@ -37,6 +37,7 @@
 #include "../attn/score.h"
 #include "../policies/policy.h"
 #include "../util/check.h"
+#include "tool_weights.h"
 
 static void read_exact(FILE *fp, void *p, size_t bytes) {
     if (fread(p, 1, bytes, fp) != bytes) {
@@ -246,7 +247,7 @@ static void remainder_head(double *acc, const float *q, const float *k, const fl
 
 static int remainder_cmd(char **argv) {
     char err[512];
-    backend *bk = backend_cpu_create(0);
+    backend *bk = backend_cpu_create(0, tool_weights());
     gguf_file *f = gguf_open(argv[2], err, sizeof err);
     model *m = f ? model_load_gguf(f, bk, err, sizeof err) : NULL;
     FILE *fp = fopen(argv[3], "r");
@@ -323,7 +324,7 @@ static int decode(int argc, char **argv) {
     int n = argc - a, *ids = xmalloc((size_t)(n > 0 ? n : 1) * sizeof(int));
     for (int i = 0; i < n; i++) ids[i] = atoi(argv[a + i]);
     char err[512];
-    backend *bk = backend_cpu_create(0);
+    backend *bk = backend_cpu_create(0, tool_weights());
     gguf_file *f = gguf_open(argv[2], err, sizeof err);
     model *m = f ? model_load_gguf(f, bk, err, sizeof err) : NULL;
     const strategy *s = strategy_find(sname);

@@ -16,9 +16,10 @@
 
 #include "../policies/policy.h"
 #include "../util/check.h"
+#include "tool_weights.h"
 
 static int values(char **argv) {
-    backend *bk = backend_cpu_create(0);
+    backend *bk = backend_cpu_create(0, tool_weights());
     int rows = atoi(argv[4]), cols = atoi(argv[5]);
     bk_weight *w = bk->weight_synth(bk, strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
                                     (size_t)rows, (size_t)cols, (float)atof(argv[6]),
@@ -79,7 +80,7 @@ static int forward(char **argv) {
         fprintf(stderr, "%s\n", err);
         return 1;
     }
-    backend *bk = backend_cpu_create(0);
+    backend *bk = backend_cpu_create(0, tool_weights());
     model *m = model_load_synth(&sh, bk, err, sizeof err);
     CHECK_INTERNAL(m, "%s", err);
     int P = atoi(argv[3]), G = atoi(argv[4]), V = m->cfg.vocab;

@@ -1,0 +1,43 @@
+// model/qgemm.h — matrix products on weights kept in their GGUF block encoding (CPU backend).
+// Activations are quantised per row to 8-bit blocks of 32 (one fp32 scale each, round to
+// nearest); each weight row is unpacked to unsigned 8-bit values u with an fp32 scale s and
+// offset m per 16-element group, w = s*u + m, which represents every supported block type
+// exactly (Q4_0: u = q, m = -8s; Q8_0: u = q + 128, m = -128s; Q6_K: m = -32s; K-quants: s = d*sc,
+// m = -dmin*min). The int8 products u*q are summed in int32 per group (AVX-512 VNNI vpdpbusd,
+// AVX2 vpmaddwd, or scalar), then fp32:
+//   y = sum_g s_g d_g sum_{i in g} u_i q_i + sum_g m_g d_g sum_{i in g} q_i
+// where d_g is the scale of the activation block holding group g. The most used types (Q4_0, Q4_1,
+// Q8_0, Q4_K, Q6_K) have fused AVX-512 kernels that read the blocks directly. The only error against the fp32 product of the
+// dequantised weights is the activations' rounding: |y - y_f32| <= sum_i |w_i| d_blk(i) / 2 (plus
+// fp32 summation error), the bound tests/test_qgemm.c checks.
+// F16/BF16 rows are converted to fp32 on the fly (F16C / shifts) and dotted with fp32 activations.
+// Prefill-sized products (n rows >= q_sgemm_min_rows) may instead dequantise tiles of weight rows
+// to fp32 and call sgemm; q_matmul takes the path the caller names.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+enum q_isa { Q_ISA_SCALAR = 0, Q_ISA_AVX2 = 1, Q_ISA_AVX512 = 2 };
+enum q_path { Q_PATH_INT8 = 0, Q_PATH_SGEMM = 1 };
+
+// The best ISA this CPU runs (cpuid: AVX-512 F/BW/VL + VNNI, else AVX2 + FMA + F16C, else
+// scalar); the environment variable SIFT_ISA=scalar|avx2|avx512 lowers it (never raises it
+// beyond what the CPU has). Unknown values of SIFT_ISA: *err set, the detected ISA returned.
+enum q_isa q_isa_pick(const char **err);
+const char *q_isa_name(enum q_isa isa);   // "scalar" | "avx2" | "avx512-vnni"
+// 1 when `type` (enum ggml_type) has a product here: F32 is sgemm's, not this module's.
+int q_type_supported(uint32_t type);
+
+// A scratch arena a caller keeps across calls (grown as needed, freed with q_scratch_free).
+typedef struct { void *p; size_t n; } q_scratch;
+void q_scratch_free(q_scratch *s);
+
+// out (n, o) = x (n, in) @ W (o, in)^T, W = o rows of `type`, each `row_bytes` long (rows of
+// whole blocks). All OpenMP threads. path: Q_PATH_INT8 (int8 / fp16 dot products) or
+// Q_PATH_SGEMM (tiles dequantised to fp32, cblas_sgemm).
+void q_matmul(enum q_isa isa, enum q_path path, float *out, const float *x, int n, int in,
+              uint32_t type, const void *w, size_t row_bytes, int o, q_scratch *scratch);
+
+// The activations' 8-bit form, exposed for the tests: row x (cols,) -> q (cols,) = round(x / d),
+// d (cols/32,) = max |x| / 127 of each 32-block, a (cols/16,) = d * sum of q over each 16-group.
+void q_quantize_row(const float *x, int cols, int8_t *q, float *d, float *a);

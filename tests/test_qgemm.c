@@ -1,0 +1,150 @@
+// tests/test_qgemm.c — the quantised products (model/qgemm.h) against the fp32 product of the
+// dequantised weights (weights/dequant.c, itself checked bit-for-bit against the gguf package by
+// test_dequant.py), for every block type, on random blocks, odd row counts and column counts
+// with a last odd 32-block, every ISA path this CPU has and both prefill paths.
+// The bound is derived, not tuned: the int8 path's only approximation is rounding each activation
+// x_i to q_i d_b (d_b = max|x| / 127 of its 32-block), |x_i - q_i d_b| <= d_b / 2, so
+//   |y - y_ref| <= sum_i |w_i| d_b(i) / 2  +  fp32 summation error,
+// the latter bounded by 1e-5 sum_i |w_i x_i| (the kernels add at most a few thousand terms in
+// fp32 lanes; n u with u = 6e-8 and n < 200 terms per lane). F16/BF16 and sgemm tiles convert
+// the weights exactly, so only the summation term applies to them.
+// That worst case is loose (errors of random sign partly cancel), so a second, statistical check
+// has the teeth: the rounding errors are independent and uniform on [-d/2, d/2], variance
+// d^2/12, so the mean squared error over all outputs must stay near sum_i w_i^2 d_b(i)^2 / 12 —
+// at most 1.5x it. The outputs of one activation row share its rounding errors, so this check
+// runs on 64 independent rows (the mean's relative spread is then ~18 %, 1.5x is ~3 sigma); a
+// wrong scale or offset anywhere breaks it.
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../model/qgemm.h"
+#include "../weights/dequant.h"
+#include "../weights/gguf.h"
+#include "check.h"
+
+static uint32_t rng_state = 12345;
+static uint32_t rnd(void) {
+    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 17, rng_state ^= rng_state << 5;
+    return rng_state;
+}
+static float frnd(void) { return (float)(rnd() % 20001) / 10000.0f - 1.0f; }   // [-1, 1]
+
+static void put_f16(uint8_t *p, float v) {   // round to f16 via F16C
+    uint16_t h = (uint16_t)_cvtss_sh(v, 0);
+    memcpy(p, &h, 2);
+}
+
+// One random block of `type` with finite scales (random bytes for everything else).
+static void random_block(uint32_t type, uint8_t *b, size_t bytes) {
+    for (size_t i = 0; i < bytes; i++) b[i] = (uint8_t)rnd();
+    float d = 0.001f + 0.02f * (float)(rnd() % 1000) / 1000.0f;
+    switch (type) {
+    case GGML_F16: put_f16(b, frnd()); break;
+    case GGML_BF16: { float v = frnd(); uint32_t u; memcpy(&u, &v, 4); b[0] = (uint8_t)(u >> 16), b[1] = (uint8_t)(u >> 24); break; }
+    case GGML_Q4_0: case GGML_Q5_0: case GGML_Q8_0: put_f16(b, rnd() & 1 ? d : -d); break;
+    case GGML_Q4_1: case GGML_Q5_1: put_f16(b, d), put_f16(b + 2, -8 * d * frnd()); break;
+    case GGML_Q4_K: case GGML_Q5_K: put_f16(b, d / 8), put_f16(b + 2, d / 4); break;
+    case GGML_Q6_K: put_f16(b + 208, d / 16); break;
+    }
+}
+
+typedef struct { uint32_t type; const char *name; } type_case;
+static const type_case TYPES[] = {
+    {GGML_F16, "F16"},   {GGML_BF16, "BF16"}, {GGML_Q4_0, "Q4_0"}, {GGML_Q4_1, "Q4_1"},
+    {GGML_Q5_0, "Q5_0"}, {GGML_Q5_1, "Q5_1"}, {GGML_Q8_0, "Q8_0"}, {GGML_Q4_K, "Q4_K"},
+    {GGML_Q5_K, "Q5_K"}, {GGML_Q6_K, "Q6_K"},
+};
+
+// x (n, in) @ W (o, in)^T for one type / ISA / path against the double-precision product of the
+// dequantised rows, element by element with the derived bound.
+static void check_case(uint32_t type, const char *name, enum q_isa isa, enum q_path path, int n,
+                       int in, int o) {
+    size_t row_bytes = dq_bytes(type, (uint64_t)in), be = dq_block_elems(type),
+           bb = dq_block_bytes(type);
+    uint8_t *w = malloc(row_bytes * o);
+    for (size_t at = 0; at < row_bytes * o; at += bb) random_block(type, w + at, bb);
+    float *wf = malloc(sizeof(float) * in * o), *x = malloc(sizeof(float) * n * in),
+          *y = malloc(sizeof(float) * n * o);
+    for (int r = 0; r < o; r++) dq_to_f32(type, w + r * row_bytes, wf + (size_t)r * in, in);
+    for (int i = 0; i < n * in; i++) x[i] = frnd() * (i % 7 == 0 ? 4.0f : 1.0f);
+    for (int i = 0; i < n * o; i++) y[i] = NAN;
+    q_scratch sc = {0};
+    q_matmul(isa, path, y, x, n, in, type, w, row_bytes, o, &sc);
+    q_scratch_free(&sc);
+    int exact_w = path == Q_PATH_SGEMM || type == GGML_F16 || type == GGML_BF16;
+    int bad = 0;
+    double worst = 0, mean_bound = 0, mean_mag = 0, sq_err = 0, sq_pred = 0;
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * in;
+        float dblk[in / 32 + 1];
+        for (int b = 0; b * 32 < in; b++) {
+            float amax = 0;
+            for (int k = b * 32; k < b * 32 + 32 && k < in; k++) amax = fmaxf(amax, fabsf(xi[k]));
+            dblk[b] = amax / 127.0f;
+        }
+        for (int r = 0; r < o; r++) {
+            const float *wr = wf + (size_t)r * in;
+            double ref = 0, mag = 0, rounding = 0, var = 0;
+            for (int k = 0; k < in; k++) {
+                ref += (double)wr[k] * xi[k];
+                mag += fabs((double)wr[k] * xi[k]);
+                rounding += fabs((double)wr[k]) * dblk[k / 32] / 2;
+                var += (double)wr[k] * wr[k] * dblk[k / 32] * dblk[k / 32] / 12;
+            }
+            double bound = (exact_w ? 0 : rounding) + 1e-5 * mag;
+            double err = fabs((double)y[(size_t)i * o + r] - ref);
+            if (!(err <= bound)) bad++;
+            sq_err += err * err, sq_pred += exact_w ? 0 : var;
+            if (getenv("QGEMM_VERBOSE") && r == 0 && i == n - 1)
+                fprintf(stderr, "%s %s n=%d ratio so far %.3f\n", name, q_isa_name(isa), n, sq_err / sq_pred);
+            worst = fmax(worst, err / bound);
+            mean_bound += bound, mean_mag += mag;
+        }
+    }
+    CHECK(bad == 0, "%s %s path %d n=%d in=%d o=%d: %d of %d outputs beyond the bound "
+          "(worst err/bound %.3g)", name, q_isa_name(isa), path, n, in, o, bad, n * o, worst);
+    if (!exact_w && n >= 64)
+        CHECK(sq_err <= 1.5 * sq_pred, "%s %s n=%d: mean squared error %.3g is %.2fx the rounding "
+              "variance", name, q_isa_name(isa), n, sq_err / (n * o), sq_err / sq_pred);
+    // the bound must say something: far below the products' magnitude
+    CHECK(mean_bound < 0.02 * mean_mag, "%s: vacuous bound (%.3g vs magnitude %.3g)", name,
+          mean_bound, mean_mag);
+    (void)be;
+    free(w), free(wf), free(x), free(y);
+}
+
+// Rows of zero activations give exactly zero; the activation form itself on a hand case.
+static void test_quantize_row(void) {
+    float x[64];
+    for (int i = 0; i < 64; i++) x[i] = i < 32 ? (float)(i - 16) / 16.0f * 1.27f : 0.0f;
+    int8_t q[64];
+    float d[2], a[4];
+    q_quantize_row(x, 64, q, d, a);
+    CHECK_CLOSE(d[0], 1.27f / 127.0f * 16.0f / 16.0f, 1e-7);   // max |x| = 16/16 * 1.27
+    CHECK(q[0] == -127 && q[16] == 0 && q[31] == 119, "q %d %d %d", q[0], q[16], q[31]);
+    CHECK(d[1] == 0 && a[2] == 0 && a[3] == 0, "zero block: d %g", d[1]);
+    int s0 = 0;
+    for (int i = 0; i < 16; i++) s0 += q[i];
+    CHECK_CLOSE(a[0], d[0] * s0, 1e-6);
+}
+
+int main(void) {
+    test_quantize_row();
+    enum q_isa best = q_isa_pick(NULL);
+    printf("test_qgemm: ISA paths up to %s\n", q_isa_name(best));
+    for (size_t t = 0; t < sizeof TYPES / sizeof *TYPES; t++) {
+        uint32_t type = TYPES[t].type;
+        int be = (int)dq_block_elems(type), in_odd = be == 256 ? 768 : 96 + 64 * 3;   // 352: 11 32-blocks
+        if (be == 1) in_odd = 352;
+        for (int isa = Q_ISA_SCALAR; isa <= (int)best; isa++) {
+            check_case(type, TYPES[t].name, (enum q_isa)isa, Q_PATH_INT8, 1, in_odd, 37);
+            check_case(type, TYPES[t].name, (enum q_isa)isa, Q_PATH_INT8, 3, be == 256 ? 512 : 256, 19);
+            check_case(type, TYPES[t].name, (enum q_isa)isa, Q_PATH_INT8, 64, be == 256 ? 512 : 256, 24);
+        }
+        check_case(type, TYPES[t].name, best, Q_PATH_SGEMM, 33, in_odd, 70);
+    }
+    return check_summary("test_qgemm");
+}
