@@ -486,7 +486,7 @@ int cmd_bench(int argc, char **argv) {
     free(c.inv_freq);
     if (b.dry_run || rc) return rc;
     loaded L;
-    rc = cli_load(&L, b.model, b.draft_path, b.device, b.threads, b.weights, b.strategies, b.n_strategies, &b.so);
+    rc = cli_load(&L, b.model, b.draft_path, b.device, b.threads, b.weights, 0, b.strategies, b.n_strategies, &b.so);
     if (rc == 0) rc = bench_run(&b, &L);
     cli_unload(&L);
     return rc;

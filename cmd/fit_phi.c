@@ -314,7 +314,7 @@ int cmd_fit_phi(int argc, char **argv) {
     strategy_opts so = strategy_opts_default();
     // the prefill that logs queries and keys runs on --device (default the fp32 CPU reference);
     // the fit runs on the CPU
-    if (cli_load(&L, o.model, NULL, o.device, o.threads, o.weights, NULL, 0, &so) != 0) {
+    if (cli_load(&L, o.model, NULL, o.device, o.threads, o.weights, o.ctx, NULL, 0, &so) != 0) {
         cli_unload(&L);
         return 1;
     }

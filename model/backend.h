@@ -52,7 +52,8 @@ struct backend {
     // a weight from t (see bk_tensor; the backend converts it to its own form: the CPU keeps
     // quantised blocks, CUDA uploads bf16); NULL when out of memory
     bk_weight *(*weight)(backend *b, bk_tensor t);
-    // bytes the weight t will occupy on this backend beyond borrowed file data (memory planning)
+    // bytes of memory the weight t will keep resident on this backend, borrowed file pages
+    // included (the memory plan: cmd/cli.c)
     size_t (*weight_bytes)(backend *b, bk_tensor t);
     void (*weight_free)(backend *b, bk_weight *w);
     // ops (shapes in elements; rows are contiguous)

@@ -60,9 +60,11 @@ static int keeps_blocks(backend *b, bk_tensor t) {
            q_type_supported(t.type) && (t.type == GGML_F16 || t.type == GGML_BF16 || t.cols % 32 == 0);
 }
 
+// resident bytes: the blocks as stored (borrowed pages of the file count: they will be in RAM),
+// or fp32
 static size_t cpu_weight_bytes(backend *b, bk_tensor t) {
     size_t rows = t.rows ? t.rows : 1;
-    if (keeps_blocks(b, t) || (t.type == GGML_F32 && !t.owned)) return 0;   // borrowed
+    if (keeps_blocks(b, t)) return rows * dq_bytes(t.type, t.cols);
     return rows * t.cols * sizeof(float);
 }
 

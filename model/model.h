@@ -71,6 +71,8 @@ model *model_load_synth(const synth_shape *s, backend *bk, char *err, size_t err
 // variants, rope_scaling llama3) and F32/F16/BF16 safetensors weights; HF rotation = ROPE_NEOX
 // on the unpermuted Q/K rows. Keeps h for config look-ups (h must outlive the model).
 model *model_load_hf(const struct hf_dir *h, backend *bk, char *err, size_t errlen);
+// The config of an HF directory alone (config.json); 0 or -1 + err. The caller frees inv_freq.
+int model_config_from_hf(const struct hf_dir *h, model_config *c, char *err, size_t errlen);
 // The extra tensor `name` (NULL if absent).
 const model_extra *model_find_extra(const model *m, const char *name);
 // An HF model's config.json value at key (dotted keys go into objects): the string, or NULL

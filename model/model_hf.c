@@ -86,7 +86,7 @@ static int rope_config(const hf_dir *h, model_config *c, char *err, size_t errle
                       "config.json: rope_scaling type '%s' is not supported (llama3 is)", type);
 }
 
-static int config_from_hf(const hf_dir *h, model_config *c, char *err, size_t errlen) {
+int model_config_from_hf(const hf_dir *h, model_config *c, char *err, size_t errlen) {
     memset(c, 0, sizeof *c);
     const char *fam = hf_arch_family(h), *act = hf_cfg_str(h, "hidden_act");
     if (!fam)
@@ -240,7 +240,7 @@ model *model_load_hf(const hf_dir *h, backend *bk, char *err, size_t errlen) {
     model *m = xcalloc(1, sizeof *m);
     m->bk = bk;
     m->hf = h;
-    int rc = config_from_hf(h, &m->cfg, err, errlen);
+    int rc = model_config_from_hf(h, &m->cfg, err, errlen);
     if (rc == 0) {
         const char *base = strrchr(h->path, '/');
         m->name = strdup(base ? base + 1 : h->path);

@@ -1,18 +1,23 @@
 // model/qgemm.h — matrix products on weights kept in their GGUF block encoding (CPU backend).
-// Activations are quantised per row to 8-bit blocks of 32 (one fp32 scale each, round to
-// nearest); each weight row is unpacked to unsigned 8-bit values u with an fp32 scale s and
-// offset m per 16-element group, w = s*u + m, which represents every supported block type
-// exactly (Q4_0: u = q, m = -8s; Q8_0: u = q + 128, m = -128s; Q6_K: m = -32s; K-quants: s = d*sc,
-// m = -dmin*min). The int8 products u*q are summed in int32 per group (AVX-512 VNNI vpdpbusd,
-// AVX2 vpmaddwd, or scalar), then fp32:
-//   y = sum_g s_g d_g sum_{i in g} u_i q_i + sum_g m_g d_g sum_{i in g} q_i
-// where d_g is the scale of the activation block holding group g. The most used types (Q4_0, Q4_1,
-// Q8_0, Q4_K, Q6_K) have fused AVX-512 kernels that read the blocks directly. The only error against the fp32 product of the
-// dequantised weights is the activations' rounding: |y - y_f32| <= sum_i |w_i| d_blk(i) / 2 (plus
-// fp32 summation error), the bound tests/test_qgemm.c checks.
+// Activations are quantised per row in blocks of 32 to two 8-bit digits: with the block's step
+// d = max|x| / 127, q = round(x / d) and l = round((x - q d) 256 / d) (clamped to +-127), so
+// x ~ (256 q + l) d / 256 within d / 256 — 16-bit precision carried by int8 arithmetic. Each
+// weight row is unpacked to unsigned 8-bit values u with an fp32 scale s and offset m per
+// 16-element group, w = s*u + m, which represents every supported block type exactly (Q4_0:
+// u = q, m = -8s; Q8_0: u = q + 128, m = -128s; Q6_K: m = -32s; K-quants: s = d*sc,
+// m = -dmin*min). The products u*q and u*l are summed in int32 (AVX-512 VNNI vpdpbusd twice,
+// combined as 256 hi + lo, exact; AVX2 vpmaddwd on the 16-bit digits; or scalar), then fp32:
+//   y = sum_g s_g (d_g / 256) sum_{i in g} u_i (256 q_i + l_i) + sum_g m_g a_g
+// with a_g = (d_g / 256) sum_{i in g} (256 q_i + l_i). The only error against the fp32 product of
+// the dequantised weights is the activations' rounding: |y - y_f32| <= sum_i |w_i| d_blk(i) / 256
+// (plus fp32 summation error), the bound tests/test_qgemm.c checks. (One 8-bit digit, as
+// llama.cpp's Q8 activations, flipped near-tied greedy tokens of the default model; the second
+// digit costs nothing measurable at decode, which is bound by reading the weights.)
+// The most used types (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) have fused AVX-512 kernels that read the
+// blocks directly; the others unpack a row to (u, s, m) first.
 // F16/BF16 rows are converted to fp32 on the fly (F16C / shifts) and dotted with fp32 activations.
-// Prefill-sized products (n rows >= q_sgemm_min_rows) may instead dequantise tiles of weight rows
-// to fp32 and call sgemm; q_matmul takes the path the caller names.
+// Prefill-sized products (many rows) may instead dequantise tiles of weight rows to fp32 and
+// call sgemm (exact weights); q_matmul takes the path the caller names.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -38,6 +43,7 @@ void q_scratch_free(q_scratch *s);
 void q_matmul(enum q_isa isa, enum q_path path, float *out, const float *x, int n, int in,
               uint32_t type, const void *w, size_t row_bytes, int o, q_scratch *scratch);
 
-// The activations' 8-bit form, exposed for the tests: row x (cols,) -> q (cols,) = round(x / d),
-// d (cols/32,) = max |x| / 127 of each 32-block, a (cols/16,) = d * sum of q over each 16-group.
+// The activations' two-digit form, exposed for the tests: row x (cols,) -> q (2 cols,): the high
+// digits, then the low ones; d (cols/32,) = max |x| / 127 / 256 of each 32-block (the unit of
+// 256 q + l); a (cols/16,) = d * sum of (256 q + l) over each 16-group.
 void q_quantize_row(const float *x, int cols, int8_t *q, float *d, float *a);

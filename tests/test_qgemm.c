@@ -3,14 +3,16 @@
 // test_dequant.py), for every block type, on random blocks, odd row counts and column counts
 // with a last odd 32-block, every ISA path this CPU has and both prefill paths.
 // The bound is derived, not tuned: the int8 path's only approximation is rounding each activation
-// x_i to q_i d_b (d_b = max|x| / 127 of its 32-block), |x_i - q_i d_b| <= d_b / 2, so
-//   |y - y_ref| <= sum_i |w_i| d_b(i) / 2  +  fp32 summation error,
+// to two 8-bit digits, x_i ~ (q_i + l_i / 256) d_b (d_b = max|x| / 127 of its 32-block; l_i the
+// rounded remainder, clamped to +-127), so |x_i - x^_i| <= d_b / 256 and
+//   |y - y_ref| <= sum_i |w_i| d_b(i) / 256  +  fp32 summation error,
 // the latter bounded by 1e-5 sum_i |w_i x_i| (the kernels add at most a few thousand terms in
 // fp32 lanes; n u with u = 6e-8 and n < 200 terms per lane). F16/BF16 and sgemm tiles convert
 // the weights exactly, so only the summation term applies to them.
 // That worst case is loose (errors of random sign partly cancel), so a second, statistical check
-// has the teeth: the rounding errors are independent and uniform on [-d/2, d/2], variance
-// d^2/12, so the mean squared error over all outputs must stay near sum_i w_i^2 d_b(i)^2 / 12 —
+// has the teeth: the rounding errors are independent and uniform on [-d/512, d/512], variance
+// (d/256)^2/12, so the mean squared error over all outputs must stay near
+// sum_i w_i^2 (d_b(i)/256)^2 / 12 —
 // at most 1.5x it. The outputs of one activation row share its rounding errors, so this check
 // runs on 64 independent rows (the mean's relative spread is then ~18 %, 1.5x is ~3 sigma); a
 // wrong scale or offset anywhere breaks it.
@@ -91,8 +93,9 @@ static void check_case(uint32_t type, const char *name, enum q_isa isa, enum q_p
             for (int k = 0; k < in; k++) {
                 ref += (double)wr[k] * xi[k];
                 mag += fabs((double)wr[k] * xi[k]);
-                rounding += fabs((double)wr[k]) * dblk[k / 32] / 2;
-                var += (double)wr[k] * wr[k] * dblk[k / 32] * dblk[k / 32] / 12;
+                double step = dblk[k / 32] / 256;
+                rounding += fabs((double)wr[k]) * step;
+                var += (double)wr[k] * wr[k] * step * step / 12;
             }
             double bound = (exact_w ? 0 : rounding) + 1e-5 * mag;
             double err = fabs((double)y[(size_t)i * o + r] - ref);
@@ -116,19 +119,26 @@ static void check_case(uint32_t type, const char *name, enum q_isa isa, enum q_p
     free(w), free(wf), free(x), free(y);
 }
 
-// Rows of zero activations give exactly zero; the activation form itself on a hand case.
+// The activation form on a hand case: x = (i - 16) / 16 * 1.27 in the first block (max |x| =
+// 1.27, step 0.01), zeros in the second.
 static void test_quantize_row(void) {
     float x[64];
     for (int i = 0; i < 64; i++) x[i] = i < 32 ? (float)(i - 16) / 16.0f * 1.27f : 0.0f;
-    int8_t q[64];
+    int8_t q[128];
     float d[2], a[4];
     q_quantize_row(x, 64, q, d, a);
-    CHECK_CLOSE(d[0], 1.27f / 127.0f * 16.0f / 16.0f, 1e-7);   // max |x| = 16/16 * 1.27
-    CHECK(q[0] == -127 && q[16] == 0 && q[31] == 119, "q %d %d %d", q[0], q[16], q[31]);
+    const int8_t *lo = q + 64;
+    CHECK_CLOSE(d[0], 0.01f / 256.0f, 1e-7);
+    // x[31] = 15/16 * 1.27 = 1.190625 = 119 steps + 0.0625 steps: digits 119, 16. x[24] = 63.5
+    // steps: 64 (ties to even), remainder -0.5 step = -128 clamped to -127: the d/256 worst case
+    CHECK(q[0] == -127 && q[16] == 0 && q[31] == 119 && lo[31] == 16, "q %d %d %d lo %d", q[0],
+          q[16], q[31], lo[31]);
     CHECK(d[1] == 0 && a[2] == 0 && a[3] == 0, "zero block: d %g", d[1]);
     int s0 = 0;
-    for (int i = 0; i < 16; i++) s0 += q[i];
+    for (int i = 0; i < 16; i++) s0 += 256 * q[i] + lo[i];
     CHECK_CLOSE(a[0], d[0] * s0, 1e-6);
+    for (int i = 0; i < 32; i++)
+        CHECK(fabsf((256.0f * q[i] + lo[i]) * d[0] - x[i]) <= 0.01f / 256 + 1e-7f, "x[%d]", i);
 }
 
 int main(void) {
