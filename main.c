@@ -502,7 +502,8 @@ int main(int argc, char **argv) {
     if (cli_refuse_synthetic(o.model, "a prompt")) return 2;
     double t0 = now_ms();
     loaded L;
-    int rc = cli_load(&L, o.model, o.draft_path, o.device, o.threads, o.weights, o.ctx, o.strategies,
+    cli_hw hw = {o.device, o.threads, o.weights, o.ctx, GGML_F32};
+    int rc = cli_load(&L, o.model, o.draft_path, &hw, o.strategies,
                       o.n_strategies, &o.so);
     if (rc == 0) {
         model *m = L.m;

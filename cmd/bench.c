@@ -30,6 +30,7 @@
 typedef struct {
     const char *model, *format, *draft_path, *device;
     enum bk_weights weights;   // --weights native|f32 (CPU)
+    uint32_t wtype;            // --wtype: a synthetic model's weight type (GGML_F32 default)
     int ctx[MAX_CTX], n_ctx, n_gen, reps, threads, dry_run, elem_bytes;
     const strategy *strategies[MAX_STRATEGIES];
     int n_strategies;
@@ -150,11 +151,14 @@ static void bench_help(void) {
     printf("usage: sift bench [-m MODEL|synthetic:NAME[@SEED]] [--ctx 1024,8192] [-n 128] [-r 5]\n"
            "                  [-t N] [--device auto|cpu|cuda] [--strategy NAME,...|all] [strategy flags]\n"
            "                  [-o md|json|csv|jsonl] [--dry-run [--elem-bytes 4|2]]\n"
+           "                  [--weights native|f32] [--wtype f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k]\n"
            "prefill P seeded random tokens per --ctx P (-p is an alias), then decode N at that\n"
            "depth; mean ± sd of R runs. 'x full' columns are ratios of means against full in the\n"
            "same run. MFU uses full-equivalent prefill FLOPs; MBU the weights + KV a decode step\n"
            "reads; both against ceilings the backend measures at start (see README).\n"
            "--dry-run prints parameters, FLOPs and bytes by formula without loading weights.\n"
+           "--wtype: a synthetic model's matrices as random blocks of that type (default f32\n"
+           "values), so quantised speed is measured at real shapes without a file.\n"
            "synthetic models: %s\n", synth_names());
     exit(0);
 }
@@ -198,12 +202,15 @@ static void bench_parse(int argc, char **argv, bench_opts *b) {
         else if (cli_is_flag(a, "-o", "--output")) b->format = v;
         else if (cli_is_flag(a, NULL, "--device")) b->device = cli_device(v);
         else if (cli_is_flag(a, NULL, "--weights")) b->weights = cli_weights(v);
+        else if (cli_is_flag(a, NULL, "--wtype")) b->wtype = cli_wtype(v);
         else if (cli_is_flag(a, NULL, "--elem-bytes")) b->elem_bytes = (int)cli_int(a, v, 1, 8);
         else if (cli_is_flag(a, "-p", "--ctx") || cli_is_flag(a, NULL, "--n-prompt"))
             b->n_ctx = parse_ctx_list(a, v, b->ctx);
         else if (!cli_strategy_flag(a, v, &b->so, &b->draft_path))
             cli_usage_error("bench: unknown flag '%s'", a);
     }
+    if (b->wtype != GGML_F32 && !cli_is_synthetic(b->model))
+        cli_usage_error("bench: --wtype applies to synthetic models (a file has its own types)");
     if (strcmp(b->format, "md") && strcmp(b->format, "json") && strcmp(b->format, "jsonl") &&
         strcmp(b->format, "csv"))
         cli_usage_error("bench: -o must be md, json, jsonl or csv, not '%s'", b->format);
@@ -353,7 +360,8 @@ static void print_cell(const bench_opts *b, const model *m, const bench_env *env
     double flops = cost_prefill_flops(c, P), tflops = flops / (ttft * 1e-3) / 1e12;
     double kv_tok = cost_kv_token_bytes(c, m->bk->elem_bytes);
     double kv_read = fmax(0, (double)cs->kv_bytes - b->n_gen / 2.0 * kv_tok);
-    double dec_bytes = cost_decode_weight_bytes(c, m->bk->elem_bytes) + kv_read;
+    // the weights as loaded (a quantised file reads its blocks), the untied embedding one row
+    double dec_bytes = m->weight_bytes - (c->tied ? 0 : m->embd_bytes) + kv_read;
     double gbs = dec_bytes / (tpot * 1e-3) / 1e9;
     bench_field f[] = {
         {"model", "model", env->model_name, 0, 0, NULL, NULL},
@@ -486,7 +494,8 @@ int cmd_bench(int argc, char **argv) {
     free(c.inv_freq);
     if (b.dry_run || rc) return rc;
     loaded L;
-    rc = cli_load(&L, b.model, b.draft_path, b.device, b.threads, b.weights, 0, b.strategies, b.n_strategies, &b.so);
+    cli_hw hw = {b.device, b.threads, b.weights, 0, b.wtype};
+    rc = cli_load(&L, b.model, b.draft_path, &hw, b.strategies, b.n_strategies, &b.so);
     if (rc == 0) rc = bench_run(&b, &L);
     cli_unload(&L);
     return rc;

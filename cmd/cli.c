@@ -340,24 +340,31 @@ int cli_config(const char *path, model_config *c, char *err, size_t errlen) {
 
 // Makes synthetic:NAME[@SEED] on L->bk, refusing up front weights that would not fit in the
 // memory the backend says is available; 0 or -1 (message printed).
-static int load_synthetic(loaded *L) {
+static int load_synthetic(loaded *L, uint32_t wtype) {
     char err[512];
     synth_shape s;
     if (synth_parse(L->path, &s, err, sizeof err) != 0) {
         fprintf(stderr, "sift: error: %s\n", err);
         return -1;
     }
+    s.wtype = wtype;
     model_config c;
     model_config_synth(&s, &c);
+    // bytes as the backend keeps them: one (rows, d) matrix of the type stands for all
     double params = cost_n_params(&c), bytes = params * (double)L->bk->elem_bytes;
+    if (wtype != GGML_F32 && L->bk->weight_bytes) {
+        bk_tensor probe = {wtype, NULL, 256, (size_t)c.d_model, 0};
+        bytes = params * (double)L->bk->weight_bytes(L->bk, probe) / (256.0 * c.d_model);
+    }
     double avail = L->bk->mem_available ? (double)L->bk->mem_available(L->bk) : -1;
     free(c.inv_freq);
-    fprintf(stderr, "sift: synthetic %s (seed %llu): %.1fM params, %.2f GiB of weights on %s\n",
-            s.name, (unsigned long long)s.seed, params / 1e6, bytes / 1073741824.0, L->bk->name);
+    fprintf(stderr, "sift: synthetic %s (seed %llu, %s): %.1fM params, %.2f GiB of weights on %s\n",
+            s.name, (unsigned long long)s.seed, gguf_type_name(wtype), params / 1e6,
+            bytes / 1073741824.0, L->bk->name);
     if (avail > 0 && bytes > avail) {
-        fprintf(stderr, "sift: error: %s needs %.2f GiB for its weights on %s (%zu bytes per "
-                "element) but only %.2f GiB of memory is available\n", L->path,
-                bytes / 1073741824.0, L->bk->name, L->bk->elem_bytes, avail / 1073741824.0);
+        fprintf(stderr, "sift: error: %s needs %.2f GiB for its weights on %s (%s) but only %.2f "
+                "GiB of memory is available\n", L->path, bytes / 1073741824.0, L->bk->name,
+                gguf_type_name(wtype), avail / 1073741824.0);
         return -1;
     }
     if (!(L->m = model_load_synth(&s, L->bk, err, sizeof err))) {
@@ -464,13 +471,22 @@ static int load_model(loaded *L, int ctx, char *err, size_t errlen) {
 // Loads path (NULL: the default model) and --draft, checks the strategies' options against the
 // model, and fills so's draft and end-of-generation test. 0, 1 (load failed) or 2 (bad options);
 // the error is printed.
-int cli_load(loaded *L, const char *path, const char *draft_path, const char *device, int threads,
-             enum bk_weights weights, int plan_ctx, const strategy *const *list, int n_list,
-             strategy_opts *so) {
+uint32_t cli_wtype(const char *v) {
+    static const uint32_t types[] = {GGML_F32,  GGML_F16,  GGML_BF16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_1,
+                                     GGML_Q5_0, GGML_Q5_1, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K};
+    for (size_t i = 0; i < sizeof types / sizeof *types; i++)
+        if (strcasecmp(v, gguf_type_name(types[i])) == 0) return types[i];
+    cli_usage_error("unknown --wtype '%s' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, "
+                    "q5_k, q6_k)", v);
+}
+
+int cli_load(loaded *L, const char *path, const char *draft_path, const cli_hw *hw,
+             const strategy *const *list, int n_list, strategy_opts *so) {
     char err[512];
     struct stat sb;
+    int plan_ctx = hw->plan_ctx;
     *L = (loaded){.path = path ? strdup(path) : cli_default_model_path(),
-                  .bk = cli_backend(device, threads, weights)};
+                  .bk = cli_backend(hw->device, hw->threads, hw->weights)};
     if (!L->bk) return 1;
     if (cli_is_synthetic(L->path)) {
         if (draft_path) {
@@ -478,7 +494,7 @@ int cli_load(loaded *L, const char *path, const char *draft_path, const char *de
                             "has none (use --draft-layers)\n");
             return 2;
         }
-        if (load_synthetic(L) != 0) return 1;
+        if (load_synthetic(L, hw->synth_wtype) != 0) return 1;
         return check_strategies(list, n_list, so, L->m) ? 2 : 0;
     }
     if (!path && stat(L->path, &sb) != 0)

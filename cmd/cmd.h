@@ -54,15 +54,28 @@ typedef struct loaded {
 // The backend for --device auto|cpu|cuda: auto takes the GPU when one is usable and says on
 // stderr which it chose; NULL (error printed) when cuda was asked for and cannot be had.
 backend *cli_backend(const char *device, int threads, enum bk_weights weights);
+// Where and how a model runs: --device, -t (0: all cores), --weights; plan_ctx: the tokens of KV
+// cache and activations the memory plan reserves besides the weights (-c; 0: none, each prompt
+// checks its own); synth_wtype: a synthetic model's weight type (`sift bench --wtype`).
+typedef struct {
+    const char *device;
+    int threads;
+    enum bk_weights weights;
+    int plan_ctx;
+    uint32_t synth_wtype;
+} cli_hw;
+
 // Loads path (NULL: $SIFT_MODEL or the default model beside the binary) and draft_path (may be
-// NULL) on the backend for `device`, checks the strategies' options against the model, and fills
-// so's draft and end-of-generation test. Before any weight is allocated, a memory plan: the
-// weights as the backend keeps them plus, when plan_ctx > 0, the KV cache and activations of a
-// prefill of plan_ctx tokens (-c); refused with the numbers and what would fit. 0, 1 (load
-// failed or does not fit) or 2 (bad options); error printed.
-int cli_load(loaded *L, const char *path, const char *draft_path, const char *device, int threads,
-             enum bk_weights weights, int plan_ctx, const strategy *const *list, int n_list,
-             strategy_opts *so);
+// NULL) on the backend for hw, checks the strategies' options against the model, and fills so's
+// draft and end-of-generation test. Before any weight is allocated, a memory plan: the weights as
+// the backend keeps them plus the KV cache and activations of a prefill of hw->plan_ctx tokens;
+// refused with the numbers and what would fit. 0, 1 (load failed or does not fit) or 2 (bad
+// options); error printed.
+int cli_load(loaded *L, const char *path, const char *draft_path, const cli_hw *hw,
+             const strategy *const *list, int n_list, strategy_opts *so);
+// --wtype NAME (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k): the ggml type, or
+// a usage error.
+uint32_t cli_wtype(const char *v);
 // Backends compiled into this binary, e.g. "cpu, cuda".
 #ifdef SIFT_CUDA
 #define CLI_BACKENDS "cpu, cuda"

@@ -380,7 +380,8 @@ int cmd_eval(int argc, char **argv) {
     eval_run R = {.e = &e};
     if (load_haystack(&e, &R.hay)) return 1;
     loaded L;
-    int rc = cli_load(&L, e.model, e.draft_path, e.device, e.threads, e.weights, 0, e.strategies, e.n_strategies,
+    cli_hw hw = {e.device, e.threads, e.weights, 0, GGML_F32};
+    int rc = cli_load(&L, e.model, e.draft_path, &hw, e.strategies, e.n_strategies,
                       &e.so);
     for (int i = 0; i < e.n_ctxs && rc == 0; i++)
         if (e.ctxs[i] > L.m->cfg.ctx_len) {

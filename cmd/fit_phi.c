@@ -314,7 +314,8 @@ int cmd_fit_phi(int argc, char **argv) {
     strategy_opts so = strategy_opts_default();
     // the prefill that logs queries and keys runs on --device (default the fp32 CPU reference);
     // the fit runs on the CPU
-    if (cli_load(&L, o.model, NULL, o.device, o.threads, o.weights, o.ctx, NULL, 0, &so) != 0) {
+    cli_hw hw = {o.device, o.threads, o.weights, o.ctx, GGML_F32};
+    if (cli_load(&L, o.model, NULL, &hw, NULL, 0, &so) != 0) {
         cli_unload(&L);
         return 1;
     }

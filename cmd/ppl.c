@@ -170,7 +170,8 @@ int cmd_ppl(int argc, char **argv) {
     if (cli_refuse_synthetic(p.model, "ppl")) return 2;
     loaded L;
     strategy_opts so = strategy_opts_default();
-    int rc = cli_load(&L, p.model, NULL, p.device, p.threads, p.weights, p.ctx, &p.s, 1, &so);
+    cli_hw hw = {p.device, p.threads, p.weights, p.ctx, GGML_F32};
+    int rc = cli_load(&L, p.model, NULL, &hw, &p.s, 1, &so);
     if (rc == 0) rc = run_ppl(&p, &L);
     cli_unload(&L);
     return rc;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "../attn/attn.h"
 #include "../attn/phi.h"
@@ -88,6 +89,10 @@ static bk_weight *cpu_weight(backend *b, bk_tensor t) {
                          .row_bytes = t.cols * sizeof(float), .owned = f};
     }
     if (w->type == GGML_F32) w->f = (float *)w->data;
+    if (!w->owned) {   // borrowed pages of the mapping: start reading them in now, not at first use
+        uintptr_t at = (uintptr_t)w->data & ~(uintptr_t)4095;
+        madvise((void *)at, (uintptr_t)w->data + rows * w->row_bytes - at, MADV_WILLNEED);
+    }
     return w;
 }
 

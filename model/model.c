@@ -98,9 +98,19 @@ int model_config_from_gguf(const gguf_file *f, model_config *c, char *err, size_
     return rope_freqs(f, c, arch_float(f, a, "rope.freq_base", 10000.0), err, errlen);
 }
 
+bk_weight *model_weight(model *m, bk_tensor t) {
+    backend *bk = m->bk;
+    double bytes = bk->weight_bytes ? (double)bk->weight_bytes(bk, t)
+                                    : (double)(t.rows ? t.rows : 1) * t.cols * bk->elem_bytes;
+    bk_weight *w = bk->weight(bk, t);
+    if (w) m->weight_bytes += bytes;
+    return w;
+}
+
 // Tensor `name` of shape (rows, cols) handed to the backend in its file encoding. NULL + err.
-static bk_weight *load_tensor(const gguf_file *f, backend *bk, const char *name, size_t rows,
+static bk_weight *load_tensor(const gguf_file *f, model *m, const char *name, size_t rows,
                               size_t cols, char *err, size_t errlen) {
+    backend *bk = m->bk;
     const gguf_tensor *t = gguf_find_tensor(f, name);
     if (!t) {
         err_printf(err, errlen, "missing tensor '%s'", name);
@@ -116,7 +126,7 @@ static bk_weight *load_tensor(const gguf_file *f, backend *bk, const char *name,
         err_printf(err, errlen, "tensor '%s' has unsupported type %s", name, gguf_type_name(t->type));
         return NULL;
     }
-    bk_weight *w = bk->weight(bk, (bk_tensor){t->type, t->data, rows, cols, 0});
+    bk_weight *w = model_weight(m, (bk_tensor){t->type, t->data, rows, cols, 0});
     if (!w) err_printf(err, errlen, "out of %s memory for tensor '%s'", bk->name, name);
     return w;
 }
@@ -137,7 +147,7 @@ static int load_layer(const gguf_file *f, model *m, int l, char *err, size_t err
     for (int i = 0; i < n; i++) {
         char name[96];
         snprintf(name, sizeof name, "blk.%d.%s", l, t[i].name);
-        *t[i].dst = load_tensor(f, m->bk, name, t[i].rows, t[i].cols, err, errlen);
+        *t[i].dst = load_tensor(f, m, name, t[i].rows, t[i].cols, err, errlen);
         if (!*t[i].dst) return -1;
         m->n_params += (t[i].rows ? t[i].rows : 1) * t[i].cols;
     }
@@ -154,14 +164,15 @@ model *model_load_gguf(const gguf_file *f, backend *bk, char *err, size_t errlen
     const model_config *c = &m->cfg;
     m->layers = xcalloc((size_t)c->n_layer, sizeof *m->layers);
     m->name = gguf_get_str(f, "general.name");
-    m->tok_embd = load_tensor(f, bk, "token_embd.weight", c->vocab, c->d_model, err, errlen);
-    m->out_norm = m->tok_embd ? load_tensor(f, bk, "output_norm.weight", 0, c->d_model, err, errlen) : NULL;
+    m->tok_embd = load_tensor(f, m, "token_embd.weight", c->vocab, c->d_model, err, errlen);
+    m->embd_bytes = m->weight_bytes;
+    m->out_norm = m->tok_embd ? load_tensor(f, m, "output_norm.weight", 0, c->d_model, err, errlen) : NULL;
     if (!m->out_norm) {
         model_free(m);
         return NULL;
     }
     m->lm_head = c->tied ? m->tok_embd
-                         : load_tensor(f, bk, "output.weight", c->vocab, c->d_model, err, errlen);
+                         : load_tensor(f, m, "output.weight", c->vocab, c->d_model, err, errlen);
     if (!m->lm_head) {
         model_free(m);
         return NULL;

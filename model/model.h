@@ -48,6 +48,8 @@ typedef struct model {
     layer_weights *layers;  // [n_layer]
     char *name;             // general.name or file base name
     size_t n_params;
+    double weight_bytes;    // resident bytes of all weights on the backend (model_weight)
+    double embd_bytes;      // of which the token embedding
     const struct hf_dir *hf;  // the HF directory it came from (config look-ups), or NULL (GGUF)
     model_extra *extra;       // [n_extra] tensors of an HF checkpoint beyond the architecture's
     int n_extra;
@@ -55,6 +57,10 @@ typedef struct model {
     void (*on_layer)(void *ctx, int layer, int n_layer, int rows);
     void *on_layer_ctx;
 } model;
+
+// t handed to m's backend (bk->weight), its resident bytes added to m->weight_bytes. NULL when
+// out of memory.
+bk_weight *model_weight(model *m, bk_tensor t);
 
 // Reads the config from GGUF metadata; 0 or -1 with a one-line reason.
 int model_config_from_gguf(const gguf_file *f, model_config *cfg, char *err, size_t errlen);

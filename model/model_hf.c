@@ -130,7 +130,7 @@ int model_config_from_hf(const hf_dir *h, model_config *c, char *err, size_t err
 
 // Tensor `name` of shape (rows, cols) (rows 0: a vector) as fp32 on the backend. NULL + err when
 // absent (if required), of another shape, or not F32/F16/BF16.
-static bk_weight *load_tensor(const hf_dir *h, backend *bk, const char *name, size_t rows,
+static bk_weight *load_tensor(const hf_dir *h, model *m, const char *name, size_t rows,
                               size_t cols, int required, char *err, size_t errlen) {
     const st_tensor *t = hf_find_tensor(h, name);
     if (!t) {
@@ -149,8 +149,8 @@ static bk_weight *load_tensor(const hf_dir *h, backend *bk, const char *name, si
                    t->dtype);
         return NULL;
     }
-    bk_weight *w = bk->weight(bk, (bk_tensor){t->ggml_type, t->data, rows, cols, 0});
-    if (!w) err_printf(err, errlen, "out of %s memory for tensor '%s'", bk->name, name);
+    bk_weight *w = model_weight(m, (bk_tensor){t->ggml_type, t->data, rows, cols, 0});
+    if (!w) err_printf(err, errlen, "out of %s memory for tensor '%s'", m->bk->name, name);
     return w;
 }
 
@@ -184,7 +184,7 @@ static int load_layer(const hf_dir *h, model *m, int l, char *err, size_t errlen
         int is_qkv = (i >= 1 && i <= 3) || i >= 9;
         if (is_qkv && !has_qkv) continue;
         snprintf(name, sizeof name, "model.layers.%d.%s", l, LAYER_TENSORS[i]);
-        *t[i].dst = load_tensor(h, m->bk, name, t[i].rows, t[i].cols, 1, err, errlen);
+        *t[i].dst = load_tensor(h, m, name, t[i].rows, t[i].cols, 1, err, errlen);
         if (!*t[i].dst) return -1;
         m->n_params += (t[i].rows ? t[i].rows : 1) * t[i].cols;
     }
@@ -212,7 +212,7 @@ static int load_extras(const hf_dir *h, model *m, char *err, size_t errlen) {
                 t->n_elems == 0)
                 continue;
             size_t rows = t->n_dims == 2 ? t->shape[0] : 0, cols = t->shape[t->n_dims - 1];
-            bk_weight *w = load_tensor(h, m->bk, t->name, rows, cols, 1, err, errlen);
+            bk_weight *w = load_tensor(h, m, t->name, rows, cols, 1, err, errlen);
             if (!w) return -1;
             m->extra = xrealloc(m->extra, (size_t)(m->n_extra + 1) * sizeof *m->extra);
             m->extra[m->n_extra++] = (model_extra){strdup(t->name), w, rows, cols};
@@ -222,15 +222,15 @@ static int load_extras(const hf_dir *h, model *m, char *err, size_t errlen) {
 
 static int load_globals(const hf_dir *h, model *m, char *err, size_t errlen) {
     const model_config *c = &m->cfg;
-    backend *bk = m->bk;
     m->tok_embd =
-        load_tensor(h, bk, "model.embed_tokens.weight", c->vocab, c->d_model, 1, err, errlen);
+        load_tensor(h, m, "model.embed_tokens.weight", c->vocab, c->d_model, 1, err, errlen);
+    m->embd_bytes = m->weight_bytes;
     m->out_norm =
-        m->tok_embd ? load_tensor(h, bk, "model.norm.weight", 0, c->d_model, 1, err, errlen) : NULL;
+        m->tok_embd ? load_tensor(h, m, "model.norm.weight", 0, c->d_model, 1, err, errlen) : NULL;
     if (!m->out_norm) return -1;
     m->lm_head = c->tied
                      ? m->tok_embd
-                     : load_tensor(h, bk, "lm_head.weight", c->vocab, c->d_model, 1, err, errlen);
+                     : load_tensor(h, m, "lm_head.weight", c->vocab, c->d_model, 1, err, errlen);
     if (!m->lm_head) return -1;
     m->n_params += (size_t)c->vocab * c->d_model * (c->tied ? 1 : 2) + c->d_model;
     return 0;

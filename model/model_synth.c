@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "../util/check.h"
+#include "../weights/dequant.h"
 #include "model.h"
 
 // inv_freq[j] = theta^(-2j/hd), with Llama 3's "llama3" scaling when s->rope_factor > 0:
@@ -53,18 +54,31 @@ void model_config_synth(const synth_shape *s, model_config *c) {
     synth_rope_freqs(s, c);
 }
 
-// One synthetic (rows, cols) tensor made by the backend (weight_synth) or on the host; counted
-// in m->n_params. NULL + err when out of memory.
-static bk_weight *synth_weight(model *m, uint64_t seed, uint64_t tensor, size_t rows, size_t cols,
-                               float scale, float offset, char *err, size_t errlen) {
+// One synthetic (rows, cols) tensor: with s->wtype, a matrix of random blocks of that type (std
+// scale / sqrt(3), as the fp32 values); else made by the backend (weight_synth) or on the host.
+// Counted in m->n_params. NULL + err when out of memory.
+static bk_weight *synth_weight(model *m, const synth_shape *sh, uint64_t tensor, size_t rows,
+                               size_t cols, float scale, float offset, char *err, size_t errlen) {
     backend *bk = m->bk;
     bk_weight *w = NULL;
-    if (bk->weight_synth) w = bk->weight_synth(bk, seed, tensor, rows, cols, scale, offset);
+    uint64_t seed = sh->seed;
+    if (sh->wtype != GGML_F32 && rows > 1) {
+        size_t bytes = rows * dq_bytes(sh->wtype, cols);
+        void *host = bytes ? malloc(bytes) : NULL;
+        if (host && synth_blocks(sh->wtype, host, rows, cols, seed, tensor, scale / sqrtf(3.0f)) == 0)
+            w = model_weight(m, (bk_tensor){sh->wtype, host, rows, cols, 1});
+        else free(host);
+    } else if (bk->weight_synth) {
+        w = bk->weight_synth(bk, seed, tensor, rows, cols, scale, offset);
+        bk_tensor as = {GGML_F32, NULL, rows, cols, 1};
+        if (w) m->weight_bytes += bk->weight_bytes ? (double)bk->weight_bytes(bk, as)
+                                                   : (double)rows * cols * bk->elem_bytes;
+    }
     else {
         float *host = malloc(rows * cols * sizeof(float));
         if (host) {
             synth_fill(host, rows * cols, seed, tensor, scale, offset);
-            w = bk->weight(bk, bk_f32(host, rows, cols));
+            w = model_weight(m, bk_f32(host, rows, cols));
         }
     }
     if (!w) err_printf(err, errlen, "out of memory for synthetic tensor %llu (%zu x %zu) on %s",
@@ -73,7 +87,7 @@ static bk_weight *synth_weight(model *m, uint64_t seed, uint64_t tensor, size_t 
     return w;
 }
 
-static int synth_layer(model *m, uint64_t seed, int l, char *err, size_t errlen) {
+static int synth_layer(model *m, const synth_shape *sh, int l, char *err, size_t errlen) {
     const model_config *c = &m->cfg;
     layer_weights *w = &m->layers[l];
     size_t d = c->d_model, f = c->d_ff, q = (size_t)c->n_head * c->head_dim,
@@ -89,7 +103,7 @@ static int synth_layer(model *m, uint64_t seed, int l, char *err, size_t errlen)
     int n = c->qkv_bias ? 12 : 9;
     for (int i = 0; i < n; i++) {
         uint64_t id = (uint64_t)SYNTH_LAYER_BASE * (uint64_t)(l + 1) + (uint64_t)i;
-        *t[i].dst = synth_weight(m, seed, id, t[i].rows, t[i].cols, t[i].scale, t[i].offset, err,
+        *t[i].dst = synth_weight(m, sh, id, t[i].rows, t[i].cols, t[i].scale, t[i].offset, err,
                                  errlen);
         if (!*t[i].dst) return -1;
     }
@@ -107,11 +121,12 @@ model *model_load_synth(const synth_shape *s, backend *bk, char *err, size_t err
     m->name = strdup(name);
     size_t d = c->d_model, V = c->vocab;
     float se = sqrtf(3.0f / d);
-    int ok = (m->tok_embd = synth_weight(m, s->seed, 0, V, d, se, 0, err, errlen)) &&
-             (m->out_norm = synth_weight(m, s->seed, 1, 1, d, 0.1f, 1, err, errlen)) &&
+    int ok = (m->tok_embd = synth_weight(m, s, 0, V, d, se, 0, err, errlen)) &&
+             (m->embd_bytes = m->weight_bytes) >= 0 &&
+             (m->out_norm = synth_weight(m, s, 1, 1, d, 0.1f, 1, err, errlen)) &&
              (m->lm_head = c->tied ? m->tok_embd
-                                   : synth_weight(m, s->seed, 2, V, d, se, 0, err, errlen));
-    for (int l = 0; ok && l < c->n_layer; l++) ok = synth_layer(m, s->seed, l, err, errlen) == 0;
+                                   : synth_weight(m, s, 2, V, d, se, 0, err, errlen));
+    for (int l = 0; ok && l < c->n_layer; l++) ok = synth_layer(m, s, l, err, errlen) == 0;
     if (!ok) {
         model_free(m);
         return NULL;

@@ -33,7 +33,8 @@ if not MODEL.is_absolute():
 LOGITS = ROOT / "build" / "tests" / "tool_logits"
 TOKENIZE = ROOT / "build" / "tests" / "tool_tokenize"
 SIFT = ROOT / "sift"
-ENV = dict(os.environ, OMP_WAIT_POLICY="passive")
+# the HF and GGUF loaders are compared exactly, on the fp32 reference path of the test tools
+ENV = dict(os.environ, OMP_WAIT_POLICY="passive", SIFT_WEIGHTS="f32")
 
 pytestmark = pytest.mark.skipif(not (MODEL.exists() and LOGITS.exists() and TOKENIZE.exists()),
                                 reason="needs the default model and build/tests tools")

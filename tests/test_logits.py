@@ -24,6 +24,14 @@ from pathlib import Path
 
 import pytest
 
+
+@pytest.fixture(scope="module", autouse=True)
+def _f32_weights():
+    """the 1e-4 tolerance is the fp32 path's (native weights: test_native.py)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SIFT_WEIGHTS", "f32")
+        yield
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ref_llama  # noqa: E402  (sets numpy's BLAS to one thread before heavy use)
 import numpy as np  # noqa: E402

@@ -19,6 +19,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+
+@pytest.fixture(scope="module", autouse=True)
+def _f32_weights():
+    """exactness checks across different row counts hold on the fp32 path."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SIFT_WEIGHTS", "f32")
+        yield
+
 ROOT = Path(__file__).resolve().parent.parent
 TOOL = ROOT / "build" / "tests" / "tool_phi"
 MODEL = Path(os.environ.get("SIFT_MODEL", "models/SmolLM2-135M-Instruct.Q4_1.gguf"))

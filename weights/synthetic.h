@@ -45,6 +45,8 @@ typedef struct synth_shape {
     float rope_factor, rope_low, rope_high;
     int rope_orig_ctx;
     uint64_t seed;
+    uint32_t wtype;          // enum ggml_type of the 2-D weights (GGML_F32 = fp32 values; else
+                             // random blocks of that type, `sift bench --wtype`)
 } synth_shape;
 
 // Tensor ids: token embedding 0, final norm 1, LM head 2; layer l's tensor k is
@@ -58,6 +60,13 @@ int synth_parse(const char *spec, synth_shape *out, char *err, size_t errlen);
 const char *synth_names(void);
 // dst[i] = offset + scale * synth_uniform(seed, tensor, i) for i < n (OpenMP threads).
 void synth_fill(float *dst, size_t n, uint64_t seed, uint64_t tensor, float scale, float offset);
+// rows x cols elements of block type `type` (F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+// Q6_K) into dst (rows * dq_bytes(type, cols) bytes): every byte from the hash of (seed, tensor,
+// byte index), then each block's scale fields set so the values have mean ~0 and standard
+// deviation ~std (uniform digits; the formulas are in synthetic.c). Real-shape speed tests only:
+// not the fp32 values synth_fill makes. 0, or -1 for a type it does not make.
+int synth_blocks(uint32_t type, void *dst, size_t rows, size_t cols, uint64_t seed, uint64_t tensor,
+                 float std);
 #ifdef __cplusplus
 }
 #endif
