@@ -240,7 +240,7 @@ dot_f16_avx2(const uint16_t *w, int bf16, const float *x, int cols) {
     return hsum256(acc) + tail;
 }
 
-#define PREFETCH 4096   // bytes ahead in the weight stream (measured: +30 % decode on Zen 5)
+#define PREFETCH 4096   // bytes ahead in the weight stream (bench/RESULTS.md: 2048-8192 within noise)
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,fma")))
 
 // u (64 x u8) . (256 q + ql) per 4-byte lane, exact in int32 (|256 q + ql| <= 32639)
@@ -300,11 +300,6 @@ dot_f16_avx512(const uint16_t *w, int bf16, const float *x, int cols) {
 // ---- fused AVX-512 kernels: blocks read directly, 64 elements per vpdpbusd --------------------
 
 
-// 8 lanes of a, then 8 lanes of b
-AVX512 static inline __m512 two_scales(float a, float b) {
-    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(a)), _mm256_set1_ps(b), 1);
-}
-
 // 32 bytes of nibbles -> 64 u8: the low nibbles (elements 0..31), then the high ones (32..63)
 AVX512 static inline __m512i nibbles64(__m256i v) {
     const __m256i lo4 = _mm256_set1_epi8(0x0F);
@@ -319,78 +314,96 @@ AVX512 static inline __m256i nibbles32_v(const uint8_t *qs) {
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), lo4), _mm_and_si128(v, lo4));
 }
 
-AVX512 static float finish(__m512 acc, float extra) { return _mm512_reduce_add_ps(acc) + extra; }
+// a32 (8,) = a[2j] + a[2j+1] for the 16 group sums a (16,) of 256 elements
+AVX512 static inline __m256 pair_sums(const float *a) {
+    const __m512i swap = _mm512_set_epi32(14, 15, 12, 13, 10, 11, 8, 9, 6, 7, 4, 5, 2, 3, 0, 1);
+    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    __m512 v = _mm512_loadu_ps(a);
+    __m512 s = _mm512_add_ps(v, _mm512_permutexvar_ps(swap, v));
+    return _mm512_castps512_ps256(_mm512_permutexvar_ps(even, s));
+}
 
-// Q4_0 / Q4_1 / Q8_0: two 32-blocks per step; m_b * a_b added per block (a32 = a16 pair)
+// lane picks: 8 lanes of scale 2p, then 8 of scale 2p+1 (p = 0..3)
+#define PICK_PAIRS                                                                     \
+    {_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),                 \
+     _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2),                 \
+     _mm512_set_epi32(5, 5, 5, 5, 5, 5, 5, 5, 4, 4, 4, 4, 4, 4, 4, 4),                 \
+     _mm512_set_epi32(7, 7, 7, 7, 7, 7, 7, 7, 6, 6, 6, 6, 6, 6, 6, 6)}
+
+static inline uint16_t ld16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return h;
+}
+
+// 8 f16 fields at p, p + stride, ... -> 8 floats
+AVX512 static inline __m256 f16x8(const uint8_t *p, int stride) {
+    return _mm256_cvtph_ps(_mm_set_epi16((short)ld16(p + 7 * stride), (short)ld16(p + 6 * stride),
+                                         (short)ld16(p + 5 * stride), (short)ld16(p + 4 * stride),
+                                         (short)ld16(p + 3 * stride), (short)ld16(p + 2 * stride),
+                                         (short)ld16(p + stride), (short)ld16(p)));
+}
+
+// The 32 u8 of one 32-element block of Q4_0 / Q4_1 / Q8_0 at b.
+AVX512 static inline __m256i block32_u(uint32_t type, const uint8_t *b) {
+    if (type == GGML_Q4_0) return nibbles32_v(b + 2);
+    if (type == GGML_Q4_1) return nibbles32_v(b + 4);
+    return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)), _mm256_set1_epi8((char)0x80));
+}
+
+// Q4_0 / Q4_1 / Q8_0 (w = d u + m, m = -8 d | the block's m | -128 d): eight 32-blocks per step,
+// their d as one vector, lanes scaled per block; the m terms as a vector FMA with the activation's
+// 32-block sums; single blocks at the end.
+AVX512 static inline __attribute__((always_inline)) float
+dot_blk32_avx512(uint32_t type, const uint8_t *b, const int8_t *q, const int8_t *ql,
+                 const float *d, const float *a, int cols) {
+    const int bb = type == GGML_Q4_0 ? 18 : type == GGML_Q4_1 ? 20 : 34;
+    const __m512i pick[4] = PICK_PAIRS;
+    const __m256 moff = _mm256_set1_ps(type == GGML_Q4_0 ? -8.0f : -128.0f);
+    __m512 acc = _mm512_setzero_ps();
+    __m256 accm = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 256 <= cols; i += 256, b += 8 * bb) {
+        _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + PREFETCH + 128, _MM_HINT_T0);
+        if (bb > 20) _mm_prefetch((const char *)b + PREFETCH + 192, _MM_HINT_T0);
+        __m256 dw = f16x8(b, bb);
+        __m256 mw = type == GGML_Q4_1 ? f16x8(b + 2, bb) : _mm256_mul_ps(dw, moff);
+        accm = _mm256_fmadd_ps(mw, pair_sums(a + i / G), accm);
+        __m512 ws = _mm512_castps256_ps512(_mm256_mul_ps(dw, _mm256_loadu_ps(d + i / 32)));
+        for (int p = 0; p < 4; p++) {
+            const uint8_t *b0 = b + 2 * p * bb;
+            __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(block32_u(type, b0)),
+                                           block32_u(type, b0 + bb), 1);
+            __m512i s = dot2(u, q + i + 64 * p, ql + i + 64 * p);
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_permutexvar_ps(pick[p], ws), acc);
+        }
+    }
+    float tail = 0;
+    for (; i < cols; i += 32, b += bb) {
+        __m256i s = dot2_256(block32_u(type, b), q + i, ql + i);
+        float d0 = f16(b), m0 = type == GGML_Q4_1 ? f16(b + 2) : type == GGML_Q4_0 ? -8 * d0 : -128 * d0;
+        acc = _mm512_add_ps(acc, _mm512_castps256_ps512(_mm256_mul_ps(
+                                     _mm256_cvtepi32_ps(s), _mm256_set1_ps(d0 * d[i / 32]))));
+        tail += m0 * (a[i / G] + a[i / G + 1]);
+    }
+    return _mm512_reduce_add_ps(acc) + hsum256(accm) + tail;
+}
+
 AVX512 static float dot_q4_0_avx512(const uint8_t *b, const int8_t *q, const int8_t *ql,
                                     const float *d, const float *a, int cols) {
-    __m512 acc = _mm512_setzero_ps();
-    float mins = 0;
-    int i = 0;
-    for (; i + 64 <= cols; i += 64, b += 36) {
-        __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(nibbles32_v(b + 2)),
-                                       nibbles32_v(b + 20), 1);
-        __m512i p = dot2(u, q + i, ql + i);
-        float d0 = f16(b), d1 = f16(b + 18);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), two_scales(d0 * d[i / 32], d1 * d[i / 32 + 1]), acc);
-        mins -= 8 * (d0 * (a[i / G] + a[i / G + 1]) + d1 * (a[i / G + 2] + a[i / G + 3]));
-    }
-    if (i < cols) {   // a last single block
-        __m256i p = dot2_256(nibbles32_v(b + 2), q + i, ql + i);
-        float d0 = f16(b);
-        acc = _mm512_add_ps(acc, _mm512_castps256_ps512(_mm256_mul_ps(
-                                     _mm256_cvtepi32_ps(p), _mm256_set1_ps(d0 * d[i / 32]))));
-        mins -= 8 * d0 * (a[i / G] + a[i / G + 1]);
-    }
-    return finish(acc, mins);
+    return dot_blk32_avx512(GGML_Q4_0, b, q, ql, d, a, cols);
 }
 
 AVX512 static float dot_q4_1_avx512(const uint8_t *b, const int8_t *q, const int8_t *ql,
                                     const float *d, const float *a, int cols) {
-    __m512 acc = _mm512_setzero_ps();
-    float mins = 0;
-    int i = 0;
-    for (; i + 64 <= cols; i += 64, b += 40) {
-        __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(nibbles32_v(b + 4)),
-                                       nibbles32_v(b + 24), 1);
-        __m512i p = dot2(u, q + i, ql + i);
-        float d0 = f16(b), d1 = f16(b + 20);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), two_scales(d0 * d[i / 32], d1 * d[i / 32 + 1]), acc);
-        mins += f16(b + 2) * (a[i / G] + a[i / G + 1]) + f16(b + 22) * (a[i / G + 2] + a[i / G + 3]);
-    }
-    if (i < cols) {
-        __m256i p = dot2_256(nibbles32_v(b + 4), q + i, ql + i);
-        acc = _mm512_add_ps(acc, _mm512_castps256_ps512(_mm256_mul_ps(
-                                     _mm256_cvtepi32_ps(p), _mm256_set1_ps(f16(b) * d[i / 32]))));
-        mins += f16(b + 2) * (a[i / G] + a[i / G + 1]);
-    }
-    return finish(acc, mins);
+    return dot_blk32_avx512(GGML_Q4_1, b, q, ql, d, a, cols);
 }
 
 AVX512 static float dot_q8_0_avx512(const uint8_t *b, const int8_t *q, const int8_t *ql,
                                     const float *d, const float *a, int cols) {
-    const __m256i flip = _mm256_set1_epi8((char)0x80);   // u = q + 128
-    __m512 acc = _mm512_setzero_ps();
-    float mins = 0;
-    int i = 0;
-    for (; i + 64 <= cols; i += 64, b += 68) {
-        __m256i u0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)), flip);
-        __m256i u1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 36)), flip);
-        __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(u0), u1, 1);
-        __m512i p = dot2(u, q + i, ql + i);
-        float d0 = f16(b), d1 = f16(b + 34);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), two_scales(d0 * d[i / 32], d1 * d[i / 32 + 1]), acc);
-        mins -= 128 * (d0 * (a[i / G] + a[i / G + 1]) + d1 * (a[i / G + 2] + a[i / G + 3]));
-    }
-    if (i < cols) {
-        __m256i u0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)), flip);
-        __m256i p = dot2_256(u0, q + i, ql + i);
-        float d0 = f16(b);
-        acc = _mm512_add_ps(acc, _mm512_castps256_ps512(_mm256_mul_ps(
-                                     _mm256_cvtepi32_ps(p), _mm256_set1_ps(d0 * d[i / 32]))));
-        mins -= 128 * d0 * (a[i / G] + a[i / G + 1]);
-    }
-    return finish(acc, mins);
+    return dot_blk32_avx512(GGML_Q8_0, b, q, ql, d, a, cols);
 }
 
 // The 6-bit scales and mins of a Q4_K / Q5_K super-block as two 8-byte vectors (k_scale_min's
@@ -414,12 +427,7 @@ AVX512 static inline __m256 u8x8_to_ps(uint64_t v) {
 // Sub-block scales d*sc_j*d_act_j for all 8 at once; mins as a vector term.
 AVX512 static float dot_q4_k_avx512(const uint8_t *b, const int8_t *q, const int8_t *ql,
                                     const float *d, const float *a, int cols) {
-    const __m512i pick[4] = {
-        _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
-        _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2),
-        _mm512_set_epi32(5, 5, 5, 5, 5, 5, 5, 5, 4, 4, 4, 4, 4, 4, 4, 4),
-        _mm512_set_epi32(7, 7, 7, 7, 7, 7, 7, 7, 6, 6, 6, 6, 6, 6, 6, 6)};
-    const __m512i pair_idx = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i pick[4] = PICK_PAIRS;
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();
     for (int i = 0; i < cols; i += 256, b += 144, q += 256, ql += 256, d += 8, a += 16) {
@@ -431,11 +439,7 @@ AVX512 static float dot_q4_k_avx512(const uint8_t *b, const int8_t *q, const int
         k_scales8(b + 4, &sc, &mn);
         __m256 ws = _mm256_mul_ps(_mm256_mul_ps(u8x8_to_ps(sc), _mm256_set1_ps(dd)), _mm256_loadu_ps(d));
         __m512 ws16 = _mm512_castps256_ps512(ws);
-        // a32_j = a[2j] + a[2j+1]
-        __m512 a16 = _mm512_loadu_ps(a);
-        __m512 a_sw = _mm512_permutexvar_ps(_mm512_set_epi32(14, 15, 12, 13, 10, 11, 8, 9, 6, 7, 4, 5, 2, 3, 0, 1), a16);
-        __m256 a32 = _mm512_castps512_ps256(_mm512_permutexvar_ps(pair_idx, _mm512_add_ps(a16, a_sw)));
-        accm = _mm256_fmadd_ps(_mm256_mul_ps(u8x8_to_ps(mn), _mm256_set1_ps(-dmin)), a32, accm);
+        accm = _mm256_fmadd_ps(_mm256_mul_ps(u8x8_to_ps(mn), _mm256_set1_ps(-dmin)), pair_sums(a), accm);
         for (int p = 0; p < 4; p++) {
             __m512i u = nibbles64(_mm256_loadu_si256((const __m256i *)(b + 16 + 32 * p)));
             __m512i s = dot2(u, q + 64 * p, ql + 64 * p);
