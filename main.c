@@ -513,9 +513,10 @@ int main(int argc, char **argv) {
                      .n_ctx = o.ctx > 0 ? o.ctx : m->cfg.ctx_len,
                      .model_name = m->name ? m->name : cli_base_name(L.path)};
         if (!o.quiet)
-            fprintf(stderr, "sift: loaded %s (%s, %d layers, %.0fM params) in %.0f ms on %s\n",
-                    cli_base_name(L.path), m->cfg.arch, m->cfg.n_layer, m->n_params / 1e6,
-                    s.load_ms, dev);
+            fprintf(stderr, "sift: loaded %s (%s, %d layers, %.0fM params, %.2f GiB) in %.0f ms on "
+                    "%s%s%s%s\n", cli_base_name(L.path), m->cfg.arch, m->cfg.n_layer,
+                    m->n_params / 1e6, m->weight_bytes / 1073741824.0, s.load_ms, dev,
+                    L.bk->info[0] ? " (" : "", L.bk->info, L.bk->info[0] ? ")" : "");
         if (o.ctx > m->cfg.ctx_len && !o.quiet)
             fprintf(stderr, "sift: warning: -c %d is beyond the model's trained context %d\n", o.ctx,
                     m->cfg.ctx_len);

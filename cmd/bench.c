@@ -235,7 +235,15 @@ static int max_ctx(const bench_opts *b) {
 
 static int bench_dry_run(const bench_opts *b, const model_config *c) {
     bench_out o = {out_format(b->format), 0};
-    double avail = (double)host_mem_available(), e = b->elem_bytes;
+    double avail = (double)host_mem_available(), e = b->elem_bytes, weights;
+    char err[512];
+    // the memory plan: weights as the CPU backend keeps them (--weights, --wtype), or every
+    // parameter at --elem-bytes when that is given (a bf16 device)
+    if (e != 4) weights = cost_n_params(c) * e;
+    else if (cli_cpu_weight_bytes(b->model, b->weights, b->wtype, &weights, err, sizeof err) != 0) {
+        fprintf(stderr, "sift: error: %s\n", err);
+        return 1;
+    }
     const char *name = b->model ? b->model : "default model";
     for (int i = 0; i < b->n_ctx; i++) {
         long P = b->ctx[i];
@@ -247,12 +255,16 @@ static int bench_dry_run(const bench_opts *b, const model_config *c) {
             {"n_prompt", "ctx", NULL, (double)P, 0, "%.0f", NULL},
             {"n_gen", "gen", NULL, b->n_gen, 0, "%.0f", NULL},
             {"prefill_flops", "prefill FLOPs", NULL, cost_prefill_flops(c, P), 0, "%.6e", NULL},
-            {"decode_weight_bytes", "weight bytes/token", NULL, cost_decode_weight_bytes(c, (size_t)e),
-             0, "%.0f", NULL},
+            // the share of the parameters a decode step reads, at the weights' bytes per parameter
+            {"decode_weight_bytes", "weight bytes/token", NULL,
+             cost_decode_weight_bytes(c, 1) * (weights / cost_n_params(c)), 0, "%.0f", NULL},
             {"kv_token_bytes", "KV bytes/token", NULL, kv_tok, 0, "%.0f", NULL},
             {"kv_bytes", "KV bytes", NULL, (P + b->n_gen) * kv_tok, 0, "%.0f", NULL},
             {"prefill_mem_bytes", "prefill memory", NULL,
              cost_prefill_mem_bytes(c, P, b->n_gen, (size_t)e), 0, "%.0f", NULL},
+            {"weight_bytes", "weights", NULL, weights, 0, "%.0f", NULL},
+            {"plan_bytes", "plan (weights + prefill)", NULL,
+             weights + cost_prefill_mem_bytes(c, P, b->n_gen, (size_t)e), 0, "%.0f", NULL},
             {"mem_available_bytes", "available", NULL, avail > 0 ? avail : NAN, 0, "%.0f", NULL},
         };
         put_row(&o, f, sizeof f / sizeof *f);
@@ -423,6 +435,7 @@ static int check_memory(const bench_opts *b, const model *m) {
 static void measure_ceilings(backend *bk, bench_env *env) {
     env->peak_tflops = env->peak_gbs = NAN;
     if (!bk->ceilings) return;
+    if (bk->info[0]) fprintf(stderr, "bench: %s: %s\n", bk->name, bk->info);
     fprintf(stderr, "bench: measuring the %s ceilings (GEMM, copy)...\n", bk->name);
     double tf, gb;
     if (bk->ceilings(bk, &tf, &gb) != 0) return;
@@ -475,6 +488,7 @@ static int bench_run(const bench_opts *b, loaded *L) {
             print_cell(b, m, &env, b->ctx[ci], &cs[k], k, full >= 0 ? &cs[full] : NULL, &o);
     }
     put_end(&o);
+    if (m->bk->report) m->bk->report(m->bk, stderr);   // choices the backend made by timing
     free(cs[0].ttft);
     free(cs);
     return rc ? 1 : 0;

@@ -12,6 +12,7 @@
 
 #include "../model/cost.h"
 #include "../model/qgemm.h"
+#include "../weights/dequant.h"
 #include "../util/check.h"
 #include "../weights/hf.h"
 #include "cmd.h"
@@ -338,6 +339,32 @@ int cli_config(const char *path, model_config *c, char *err, size_t errlen) {
     return rc;
 }
 
+// Every matrix of c has whole blocks of wtype along its rows; 0, or -1 + err.
+static int synth_wtype_check(const model_config *c, uint32_t wtype, char *err, size_t errlen) {
+    int widths[] = {c->d_model, c->n_head * c->head_dim, c->d_ff};
+    for (int i = 0; i < 3; i++)
+        if (dq_bytes(wtype, (uint64_t)widths[i]) == 0)
+            return err_printf(err, errlen, "--wtype %s needs rows that are whole blocks of %llu "
+                              "elements; this shape has rows of %d", gguf_type_name(wtype),
+                              (unsigned long long)dq_block_elems(wtype), widths[i]);
+    return 0;
+}
+
+// Resident bytes of a synthetic model's weights on bk: the matrices as `wtype` blocks (or fp32
+// values), the vectors (norms, biases) fp32.
+static double synth_weight_bytes(backend *bk, const model_config *c, uint32_t wtype) {
+    double vec = (2.0 * c->n_layer + 1) * c->d_model +
+                 (c->qkv_bias ? (double)c->n_layer * (c->n_head + 2 * c->n_kv_head) * c->head_dim : 0);
+    double mat = cost_n_params(c) - vec;
+    bk_tensor probe = {wtype, NULL, 256, (size_t)c->d_model, 0};
+    double per = bk->weight_bytes ? (double)bk->weight_bytes(bk, probe) / (256.0 * c->d_model)
+                                  : (double)bk->elem_bytes;
+    bk_tensor vprobe = {GGML_F32, NULL, 0, (size_t)c->d_model, 0};
+    double per_vec = bk->weight_bytes ? (double)bk->weight_bytes(bk, vprobe) / c->d_model
+                                      : (double)bk->elem_bytes;
+    return mat * per + vec * per_vec;
+}
+
 // Makes synthetic:NAME[@SEED] on L->bk, refusing up front weights that would not fit in the
 // memory the backend says is available; 0 or -1 (message printed).
 static int load_synthetic(loaded *L, uint32_t wtype) {
@@ -350,12 +377,12 @@ static int load_synthetic(loaded *L, uint32_t wtype) {
     s.wtype = wtype;
     model_config c;
     model_config_synth(&s, &c);
-    // bytes as the backend keeps them: one (rows, d) matrix of the type stands for all
-    double params = cost_n_params(&c), bytes = params * (double)L->bk->elem_bytes;
-    if (wtype != GGML_F32 && L->bk->weight_bytes) {
-        bk_tensor probe = {wtype, NULL, 256, (size_t)c.d_model, 0};
-        bytes = params * (double)L->bk->weight_bytes(L->bk, probe) / (256.0 * c.d_model);
+    if (synth_wtype_check(&c, wtype, err, sizeof err) != 0) {
+        fprintf(stderr, "sift: error: %s: %s\n", L->path, err);
+        free(c.inv_freq);
+        return -1;
     }
+    double params = cost_n_params(&c), bytes = synth_weight_bytes(L->bk, &c, wtype);
     double avail = L->bk->mem_available ? (double)L->bk->mem_available(L->bk) : -1;
     free(c.inv_freq);
     fprintf(stderr, "sift: synthetic %s (seed %llu, %s): %.1fM params, %.2f GiB of weights on %s\n",
@@ -403,6 +430,35 @@ static void hf_weight_bytes(const hf_dir *h, backend *bk, double *on_bk, double 
 }
 
 #define GIB(x) ((x) / 1073741824.0)
+
+int cli_cpu_weight_bytes(const char *path, enum bk_weights w, uint32_t wtype, double *bytes,
+                         char *err, size_t errlen) {
+    char *p = path ? strdup(path) : cli_default_model_path();
+    backend *bk = backend_cpu_create(0, w);
+    double stored;
+    int rc = -1;
+    if (cli_is_synthetic(p)) {
+        synth_shape s;
+        model_config c;
+        if (synth_parse(p, &s, err, errlen) == 0) {
+            model_config_synth(&s, &c);
+            *bytes = synth_weight_bytes(bk, &c, wtype);
+            rc = synth_wtype_check(&c, wtype, err, errlen);
+            free(c.inv_freq);
+        }
+    } else if (hf_is_dir(p)) {
+        hf_dir *h = hf_open(p, err, errlen);
+        if (h) hf_weight_bytes(h, bk, bytes, &stored), rc = 0;
+        hf_close(h);
+    } else {
+        gguf_file *f = gguf_open(p, err, errlen);
+        if (f) gguf_weight_bytes(f, bk, bytes, &stored), rc = 0;
+        gguf_close(f);
+    }
+    bk->destroy(bk);
+    free(p);
+    return rc;
+}
 
 // The memory plan, before any weight is allocated: the weights as bk keeps them, plus with
 // ctx > 0 the KV cache and activations of a prefill of ctx tokens (model/cost.h), against what

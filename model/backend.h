@@ -7,6 +7,7 @@
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "../weights/gguf.h"
 
@@ -89,6 +90,9 @@ struct backend {
     // offset + scale * synth_uniform(seed, tensor, i) (weights/synthetic.h), made where it lives.
     bk_weight *(*weight_synth)(backend *b, uint64_t seed, uint64_t tensor, size_t rows, size_t cols,
                                float scale, float offset);
+    // Optional: one line per choice the backend made by measuring (the CPU: which product path
+    // each quantised shape took, with both timings), to out; nothing when none was made.
+    void (*report)(backend *b, FILE *out);
     // Optional: bytes the backend could still allocate now (CPU: MemAvailable; a GPU: free
     // device memory), so large requests fail up front with the numbers. NULL = unknown.
     size_t (*mem_available)(backend *b);

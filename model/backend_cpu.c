@@ -18,14 +18,32 @@
 #include "backend.h"
 #include "qgemm.h"
 
-// Products with at least this many rows dequantise weight tiles and call sgemm; fewer take the
-// int8 path (SIFT_PREFILL=int8|sgemm forces one; measured in bench/RESULTS.md).
-#define SGEMM_MIN_ROWS 32
+// Which path a quantised product of n rows takes. Decode (n = 1) and short products: int8. The
+// crossover to sgemm tiles depends on the shape — measured here (bench/RESULTS.md): int8 wins up
+// to 32-63 rows of Llama-3.2-1B's 2048-wide matrices, sgemm tiles from 32 rows of SmolLM2's
+// 576-wide ones, and sgemm tiles everywhere from 64 rows — so by default products of
+// SGEMM_MIN_ROWS rows or more take sgemm tiles: a fixed rule, so the same command computes the
+// same numbers every run. SIFT_PREFILL=int8|sgemm forces one path; SIFT_PREFILL=tune times both
+// on the first product of each (type, in, out, rows rounded down to a power of two) — on a slice
+// of the weight rows (an eighth, at least 128: each path's cost is linear in them), then the
+// winner on all rows — keeps the faster for that shape, and `sift bench` lists the choices.
+#define SGEMM_MIN_ROWS 64
+#define TUNE_MIN_ROWS 8
+#define TUNE_MAX 256
+
+typedef struct {
+    uint32_t type;
+    int in, out, bucket;         // bucket: floor(log2(rows))
+    enum q_path path;
+    double ms[2];                // the timed first run of each path
+} tune_entry;
 
 typedef struct {
     enum bk_weights mode;
     enum q_isa isa;
-    int sgemm_min_rows;
+    int forced;                  // enum q_path SIFT_PREFILL names; -1: the row rule; -2: tune
+    tune_entry tune[TUNE_MAX];
+    int n_tune;
     q_scratch scratch;
 } cpu_impl;
 
@@ -126,16 +144,53 @@ static void cpu_rmsnorm(backend *b, void *out, const void *x, const bk_weight *w
 }
 
 // out (n, o) = x (n, i) @ W (o, i)^T + bias
+static int floor_log2(int n) {
+    int k = 0;
+    while (n >>= 1) k++;
+    return k;
+}
+
+// The path for a quantised product of n rows (see TUNE_MIN_ROWS); NULL *e: decided, else the
+// entry to fill by timing both.
+static enum q_path pick_path(cpu_impl *c, const bk_weight *w, int n, int in, int o, tune_entry **e) {
+    *e = NULL;
+    if (c->forced >= 0) return c->forced == Q_PATH_SGEMM && n >= 2 ? Q_PATH_SGEMM : Q_PATH_INT8;
+    if (c->forced == -1) return n >= SGEMM_MIN_ROWS ? Q_PATH_SGEMM : Q_PATH_INT8;
+    if (n < TUNE_MIN_ROWS) return Q_PATH_INT8;
+    int bucket = floor_log2(n);
+    for (int i = 0; i < c->n_tune; i++) {
+        tune_entry *t = &c->tune[i];
+        if (t->type == w->type && t->in == in && t->out == o && t->bucket == bucket) return t->path;
+    }
+    if (c->n_tune == TUNE_MAX || omp_in_parallel())
+        return n >= SGEMM_MIN_ROWS ? Q_PATH_SGEMM : Q_PATH_INT8;
+    *e = &c->tune[c->n_tune++];
+    **e = (tune_entry){w->type, in, o, bucket, Q_PATH_INT8, {0, 0}};
+    return Q_PATH_INT8;
+}
+
 static void cpu_matmul(backend *b, void *out, const void *x, const bk_weight *w,
                        const bk_weight *bias, int n, int in, int o) {
     cpu_impl *c = impl(b);
     float *y = out;
     if (w->type != GGML_F32) {
-        enum q_path path = n >= c->sgemm_min_rows ? Q_PATH_SGEMM : Q_PATH_INT8;
+        tune_entry *t;
+        enum q_path path = pick_path(c, w, n, in, o, &t);
         q_scratch local = {0};   // the shared arena is for the forward pass's own thread
-        int nested = omp_in_parallel();
-        q_matmul(c->isa, path, y, x, n, in, w->type, w->data, w->row_bytes, o,
-                 nested ? &local : &c->scratch);
+        q_scratch *sc = omp_in_parallel() ? &local : &c->scratch;
+        if (t) {   // a new shape: both paths timed on a slice of W's rows, into a scratch output
+            int rows = o / 8 > 128 ? o / 8 : o < 128 ? o : 128;
+            float *tmp = xmalloc((size_t)n * rows * sizeof(float));
+            for (int p = Q_PATH_INT8; p <= Q_PATH_SGEMM; p++) {
+                double t0 = omp_get_wtime();
+                q_matmul(c->isa, (enum q_path)p, tmp, x, n, in, w->type, w->data, w->row_bytes,
+                         rows, sc);
+                t->ms[p] = (omp_get_wtime() - t0) * 1e3 * o / rows;   // scaled to all rows
+            }
+            free(tmp);
+            path = t->path = t->ms[Q_PATH_SGEMM] <= t->ms[Q_PATH_INT8] ? Q_PATH_SGEMM : Q_PATH_INT8;
+        }
+        q_matmul(c->isa, path, y, x, n, in, w->type, w->data, w->row_bytes, o, sc);
         q_scratch_free(&local);
     } else if (n == 1)
         cblas_sgemv(CblasRowMajor, CblasNoTrans, o, in, 1.0f, w->f, in, x, 1, 0.0f, y, 1);
@@ -334,6 +389,19 @@ static void cpu_phi_summarize(backend *b, phi_summary *out, const phi_maps *p, i
     }
 }
 
+static void cpu_report(backend *b, FILE *out) {
+    cpu_impl *c = impl(b);
+    if (c->n_tune) fprintf(out, "sift: cpu product paths timed per shape (SIFT_PREFILL=tune):\n");
+    for (int i = 0; i < c->n_tune; i++) {
+        const tune_entry *t = &c->tune[i];
+        fprintf(out, "  %s %d -> %d, %d..%d rows: %s (timed on a slice, as ms for all: int8 %.2f, "
+                "sgemm tiles %.2f)\n",
+                gguf_type_name(t->type), t->in, t->out, 1 << t->bucket, (2 << t->bucket) - 1,
+                t->path == Q_PATH_SGEMM ? "sgemm tiles" : "int8", t->ms[Q_PATH_INT8],
+                t->ms[Q_PATH_SGEMM]);
+    }
+}
+
 static void cpu_destroy(backend *b) {
     q_scratch_free(&impl(b)->scratch);
     free(b->impl);
@@ -347,13 +415,15 @@ backend *backend_cpu_create(int n_threads, enum bk_weights weights) {
     c->mode = weights;
     c->isa = q_isa_pick(NULL);
     const char *path = getenv("SIFT_PREFILL");
-    c->sgemm_min_rows = path && strcmp(path, "int8") == 0    ? 1 << 30
-                        : path && strcmp(path, "sgemm") == 0 ? 1
-                                                             : SGEMM_MIN_ROWS;
+    c->forced = path && strcmp(path, "int8") == 0    ? Q_PATH_INT8
+                : path && strcmp(path, "sgemm") == 0 ? Q_PATH_SGEMM
+                : path && strcmp(path, "tune") == 0  ? -2
+                                                     : -1;
     *b = (backend){
         .name = "cpu", .impl = c, .elem_bytes = sizeof(float), .destroy = cpu_destroy,
         .alloc = cpu_alloc, .free = cpu_free, .to_host = cpu_to_host,
         .weight = cpu_weight, .weight_bytes = cpu_weight_bytes, .weight_free = cpu_weight_free,
+        .report = cpu_report,
         .embed = cpu_embed, .rmsnorm = cpu_rmsnorm, .matmul = cpu_matmul, .rope = cpu_rope,
         .swiglu = cpu_swiglu, .add = cpu_add, .gather_rows = cpu_gather_rows,
         .kv_append = cpu_kv_append, .attention = cpu_attention, .attn_probs = cpu_attn_probs,
@@ -363,10 +433,11 @@ backend *backend_cpu_create(int n_threads, enum bk_weights weights) {
     };
     if (weights == BK_WEIGHTS_F32)
         snprintf(b->info, sizeof b->info, "fp32 weights, sgemm");
-    else if (c->sgemm_min_rows >= 1 << 30)
-        snprintf(b->info, sizeof b->info, "native weights, %s products", q_isa_name(c->isa));
     else
-        snprintf(b->info, sizeof b->info, "native weights, %s products, sgemm tiles from %d rows",
-                 q_isa_name(c->isa), c->sgemm_min_rows);
+        snprintf(b->info, sizeof b->info, "native weights, %s products, prefill path %s",
+                 q_isa_name(c->isa), c->forced == Q_PATH_INT8    ? "int8 (SIFT_PREFILL)"
+                                     : c->forced == Q_PATH_SGEMM ? "sgemm (SIFT_PREFILL)"
+                                     : c->forced == -2           ? "timed per shape (SIFT_PREFILL)"
+                                                                 : "sgemm tiles from 64 rows");
     return b;
 }

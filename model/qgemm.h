@@ -25,7 +25,7 @@
 enum q_isa { Q_ISA_SCALAR = 0, Q_ISA_AVX2 = 1, Q_ISA_AVX512 = 2 };
 enum q_path { Q_PATH_INT8 = 0, Q_PATH_SGEMM = 1 };
 
-// The best ISA this CPU runs (cpuid: AVX-512 F/BW/VL + VNNI, else AVX2 + FMA + F16C, else
+// The best ISA this CPU runs (cpuid: AVX-512 F/BW/VL/DQ + VNNI, else AVX2 + FMA + F16C, else
 // scalar); the environment variable SIFT_ISA=scalar|avx2|avx512 lowers it (never raises it
 // beyond what the CPU has). Unknown values of SIFT_ISA: *err set, the detected ISA returned.
 enum q_isa q_isa_pick(const char **err);
@@ -46,4 +46,5 @@ void q_matmul(enum q_isa isa, enum q_path path, float *out, const float *x, int 
 // The activations' two-digit form, exposed for the tests: row x (cols,) -> q (2 cols,): the high
 // digits, then the low ones; d (cols/32,) = max |x| / 127 / 256 of each 32-block (the unit of
 // 256 q + l); a (cols/16,) = d * sum of (256 q + l) over each 16-group.
-void q_quantize_row(const float *x, int cols, int8_t *q, float *d, float *a);
+// isa Q_ISA_AVX512 runs a vector version with the same fp32 operations (bit-identical output).
+void q_quantize_row(enum q_isa isa, const float *x, int cols, int8_t *q, float *d, float *a);

@@ -203,6 +203,35 @@ def test_dry_run_bf16_bytes():
     assert row["prefill_flops"] == pytest.approx(want, rel=1e-6)
 
 
+def test_dry_run_quantised_synthetic_bytes():
+    # --wtype q4_k: the matrices as Q4_K blocks (144 bytes per 256 weights), the 2*16 + 1 norm
+    # vectors of d = 2048 as fp32; Llama-3.2-1B is tied, so a decode step reads them all
+    r = run("bench", "-m", "synthetic:llama-3.2-1b", "--wtype", "q4_k", "--ctx", "1024", "-n",
+            "128", "--dry-run", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    row = json.loads(r.stdout)[0]
+    vec = 33 * 2048
+    want = (1_235_814_400 - vec) * 144 // 256 + vec * 4
+    assert row["weight_bytes"] == want and row["decode_weight_bytes"] == want
+    assert row["plan_bytes"] == want + row["prefill_mem_bytes"]
+
+
+def test_wtype_errors():
+    assert_error(run("bench", "-m", "synthetic:smollm2-135m", "--wtype", "q4_k", "--ctx", "16",
+                     "--dry-run"), "whole blocks of 256", "576", code=1)
+    assert_error(run("bench", "-m", "synthetic:smollm2-135m", "--wtype", "q9_9", "--ctx", "16"),
+                 "unknown --wtype 'q9_9'", code=2)
+
+
+def test_quantised_synthetic_runs():
+    r = run("bench", "-m", "synthetic:smollm2-135m", "--wtype", "q8_0", "--ctx", "16", "-n", "4",
+            "-r", "1", "-t", "2", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    row = json.loads(r.stdout)[0]
+    assert row["tg_avg_ts"] > 0 and row["pp_avg_ts"] > 0
+    assert "Q8_0" in r.stderr
+
+
 # ---- output formats ---------------------------------------------------------------------------
 
 FIELDS = ["model", "strategy", "backend", "threads", "n_prompt", "n_gen", "reps", "ttft_ms",

@@ -105,3 +105,60 @@ def test_bad_isa_is_refused():
     assert r.returncode != 0
     assert "SIFT_ISA must be scalar, avx2 or avx512" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_model_larger_than_memory_is_refused_up_front(tmp_path):
+    """A GGUF whose weights exceed MemAvailable (a sparse file: tensor data never written) is
+    refused by the memory plan with its numbers, exit 1, before any weight is touched."""
+    import time
+
+    import gguf
+
+    avail = next(int(line.split()[1]) * 1024 for line in open("/proc/meminfo")
+                 if line.startswith("MemAvailable:"))
+    d, dff, n_layer = 4096, 14336, 1
+    per_layer = (4 * d * d + 3 * d * dff) * 4
+    while n_layer * per_layer < 1.5 * avail:
+        n_layer *= 2
+    path = tmp_path / "huge.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, v in (("block_count", n_layer), ("embedding_length", d), ("feed_forward_length", dff),
+                   ("attention.head_count", 32), ("attention.head_count_kv", 32),
+                   ("context_length", 4096)):
+        w.add_uint32(f"llama.{key}", v)
+    src = gguf.GGUFReader(str(MODEL))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    f = src.fields["tokenizer.ggml.tokens"]
+    w.add_token_list([bytes(f.parts[i]) for i in f.data])
+    f = src.fields["tokenizer.ggml.merges"]
+    w.add_token_merges([bytes(f.parts[i]) for i in f.data])
+    shapes = [("token_embd.weight", (49152, d)), ("output_norm.weight", (d,))]
+    for l in range(n_layer):
+        for name, shape in (("attn_norm", (d,)), ("attn_q", (d, d)), ("attn_k", (d, d)),
+                            ("attn_v", (d, d)), ("attn_output", (d, d)), ("ffn_norm", (d,)),
+                            ("ffn_gate", (dff, d)), ("ffn_up", (dff, d)), ("ffn_down", (d, dff))):
+            shapes.append((f"blk.{l}.{name}.weight", shape))
+    total = 0
+    for name, shape in shapes:
+        nbytes = int(np.prod(shape)) * 4
+        w.add_tensor_info(name, shape, np.dtype(np.float32), nbytes)
+        total += nbytes
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    fout = w.fout[0]
+    fout.flush()
+    end = fout.tell()
+    fout.truncate(end + (-end) % 32 + total)   # sparse: the data section is a hole
+    fout.close()
+    t0 = time.monotonic()
+    r = run(["-m", str(path), "-p", "hi", "-n", "4"])
+    took = time.monotonic() - t0
+    print(f"refused in {took:.3f} s: {r.stderr.strip()}")
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sift: error: ")
+    want = f"weights {total / 2**30:.2f} GiB"
+    assert want in lines[0] and "GiB is available" in lines[0], (want, lines[0])
+    assert took < 30   # it read no weights (a load would take minutes and be killed)

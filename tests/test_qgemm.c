@@ -126,7 +126,7 @@ static void test_quantize_row(void) {
     for (int i = 0; i < 64; i++) x[i] = i < 32 ? (float)(i - 16) / 16.0f * 1.27f : 0.0f;
     int8_t q[128];
     float d[2], a[4];
-    q_quantize_row(x, 64, q, d, a);
+    q_quantize_row(Q_ISA_SCALAR, x, 64, q, d, a);
     const int8_t *lo = q + 64;
     CHECK_CLOSE(d[0], 0.01f / 256.0f, 1e-7);
     // x[31] = 15/16 * 1.27 = 1.190625 = 119 steps + 0.0625 steps: digits 119, 16. x[24] = 63.5
@@ -141,10 +141,26 @@ static void test_quantize_row(void) {
         CHECK(fabsf((256.0f * q[i] + lo[i]) * d[0] - x[i]) <= 0.01f / 256 + 1e-7f, "x[%d]", i);
 }
 
+// Every ISA's activation quantiser gives the scalar one's bytes and scales exactly.
+static void test_quantize_isas(enum q_isa best) {
+    enum { C = 352 };
+    float x[C];
+    int8_t q0[2 * C], q1[2 * C];
+    float d0[C / 32], d1[C / 32], a0[C / 16], a1[C / 16];
+    for (int i = 0; i < C; i++) x[i] = frnd() * (i % 13 == 0 ? 50.0f : 1.0f) * (i >= 64 && i < 96 ? 0 : 1);
+    q_quantize_row(Q_ISA_SCALAR, x, C, q0, d0, a0);
+    for (int isa = Q_ISA_AVX2; isa <= (int)best; isa++) {
+        q_quantize_row((enum q_isa)isa, x, C, q1, d1, a1);
+        CHECK(memcmp(q0, q1, sizeof q0) == 0 && memcmp(d0, d1, sizeof d0) == 0 &&
+              memcmp(a0, a1, sizeof a0) == 0, "quantiser %s differs from scalar", q_isa_name(isa));
+    }
+}
+
 int main(void) {
     test_quantize_row();
     enum q_isa best = q_isa_pick(NULL);
     printf("test_qgemm: ISA paths up to %s\n", q_isa_name(best));
+    test_quantize_isas(best);
     for (size_t t = 0; t < sizeof TYPES / sizeof *TYPES; t++) {
         uint32_t type = TYPES[t].type;
         int be = (int)dq_block_elems(type), in_odd = be == 256 ? 768 : 96 + 64 * 3;   // 352: 11 32-blocks
