@@ -490,36 +490,31 @@ static int plan_memory(const loaded *L, const model_config *c, double weights, d
 // The model and its tokenizer at L->path: a Hugging Face directory or a GGUF file, after the
 // memory plan (ctx: see plan_memory). 0 or -1 + err.
 static int load_model(loaded *L, int ctx, char *err, size_t errlen) {
-    char why[400];
+    char why[400] = "";
     model_config c;
-    double on_bk, stored;
+    double on_bk = 0, stored = 0;
+    int have_cfg;
     if (hf_is_dir(L->path)) {
         if (!(L->hf = hf_open(L->path, err, errlen))) return -1;
         if ((L->t = tok_load_hf(L->path, err, errlen)) == NULL) return -1;
-        if (model_config_from_hf(L->hf, &c, why, sizeof why) == 0) {
+        if ((have_cfg = model_config_from_hf(L->hf, &c, why, sizeof why) == 0))
             hf_weight_bytes(L->hf, L->bk, &on_bk, &stored);
-            int rc = plan_memory(L, &c, on_bk, stored, ctx, why, sizeof why);
-            free(c.inv_freq);
-            if (rc) {
-                snprintf(err, errlen, "%s: %s", L->path, why);
-                return -1;
-            }
-        }
-        L->m = model_load_hf(L->hf, L->bk, why, sizeof why);
     } else {
         if (!(L->f = gguf_open(L->path, err, errlen))) return -1;
         L->t = tok_load_gguf(L->f, why, sizeof why);
-        if (L->t && model_config_from_gguf(L->f, &c, why, sizeof why) == 0) {
+        if ((have_cfg = L->t && model_config_from_gguf(L->f, &c, why, sizeof why) == 0))
             gguf_weight_bytes(L->f, L->bk, &on_bk, &stored);
-            int rc = plan_memory(L, &c, on_bk, stored, ctx, why, sizeof why);
-            free(c.inv_freq);
-            if (rc) {
-                snprintf(err, errlen, "%s: %s", L->path, why);
-                return -1;
-            }
-        }
-        L->m = L->t ? model_load_gguf(L->f, L->bk, why, sizeof why) : NULL;
     }
+    if (have_cfg) {   // a config that does not parse is reported by the load below
+        int rc = plan_memory(L, &c, on_bk, stored, ctx, why, sizeof why);
+        free(c.inv_freq);
+        if (rc) {
+            snprintf(err, errlen, "%s: %s", L->path, why);
+            return -1;
+        }
+    }
+    if (L->hf) L->m = model_load_hf(L->hf, L->bk, why, sizeof why);
+    else L->m = L->t ? model_load_gguf(L->f, L->bk, why, sizeof why) : NULL;
     if (!L->m) snprintf(err, errlen, "%s: %s", L->path, why);
     return L->m ? 0 : -1;
 }
