@@ -65,6 +65,11 @@ struct backend {
     // out (n, o) = x (n, i) @ W (o, i)^T + bias (o,)   (bias may be NULL)
     void (*matmul)(backend *b, void *out, const void *x, const bk_weight *w, const bk_weight *bias,
                    int n, int i, int o);
+    // Optional: k <= 4 products sharing one input, out[j] (n, o[j]) = x (n, i) @ W[j]^T + bias[j]
+    // (bias[j] may be NULL). NULL: the forward pass calls matmul k times.
+    void (*matmul_multi)(backend *b, int k, void *const *out, const void *x,
+                         const bk_weight *const *w, const bk_weight *const *bias, int n, int i,
+                         const int *o);
     // rotate x (n, heads, hd) in place at positions pos (n,)
     void (*rope)(backend *b, void *x, const int *pos, int n, int heads, int hd, const float *inv_freq,
                  enum rope_style style);

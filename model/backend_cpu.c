@@ -202,6 +202,32 @@ static void cpu_matmul(backend *b, void *out, const void *x, const bk_weight *w,
         for (int j = 0; j < o; j++) y[(size_t)i * o + j] += bias->f[j];
 }
 
+// k products of one x: one quantisation and one parallel region on the int8 path (decode);
+// otherwise one cpu_matmul each
+static void cpu_matmul_multi(backend *b, int k, void *const *out, const void *x,
+                             const bk_weight *const *w, const bk_weight *const *bias, int n, int in,
+                             const int *o) {
+    cpu_impl *c = impl(b);
+    int int8 = k <= Q_MULTI_MAX && !omp_in_parallel();
+    for (int j = 0; j < k && int8; j++) {
+        tune_entry *t;
+        int8 = w[j]->type != GGML_F32 && pick_path(c, w[j], n, in, o[j], &t) == Q_PATH_INT8 && !t;
+    }
+    if (!int8) {
+        for (int j = 0; j < k; j++) cpu_matmul(b, out[j], x, w[j], bias[j], n, in, o[j]);
+        return;
+    }
+    uint32_t type[Q_MULTI_MAX];
+    const void *data[Q_MULTI_MAX];
+    size_t rb[Q_MULTI_MAX];
+    for (int j = 0; j < k; j++) type[j] = w[j]->type, data[j] = w[j]->data, rb[j] = w[j]->row_bytes;
+    q_matmul_multi(c->isa, k, (float *const *)out, x, n, in, type, data, rb, o, &c->scratch);
+    for (int j = 0; j < k; j++)
+        if (bias[j])
+            for (int i = 0; i < n; i++)
+                for (int r = 0; r < o[j]; r++) ((float *)out[j])[(size_t)i * o[j] + r] += bias[j]->f[r];
+}
+
 // rotate x (n, heads, hd) in place; pair (a, b) = (2j, 2j+1) for NORM, (j, j + hd/2) for NEOX
 static void cpu_rope(backend *b, void *x, const int *pos, int n, int heads, int hd,
                      const float *inv_freq, enum rope_style style) {
@@ -423,7 +449,7 @@ backend *backend_cpu_create(int n_threads, enum bk_weights weights) {
         .name = "cpu", .impl = c, .elem_bytes = sizeof(float), .destroy = cpu_destroy,
         .alloc = cpu_alloc, .free = cpu_free, .to_host = cpu_to_host,
         .weight = cpu_weight, .weight_bytes = cpu_weight_bytes, .weight_free = cpu_weight_free,
-        .report = cpu_report,
+        .report = cpu_report, .matmul_multi = cpu_matmul_multi,
         .embed = cpu_embed, .rmsnorm = cpu_rmsnorm, .matmul = cpu_matmul, .rope = cpu_rope,
         .swiglu = cpu_swiglu, .add = cpu_add, .gather_rows = cpu_gather_rows,
         .kv_append = cpu_kv_append, .attention = cpu_attention, .attn_probs = cpu_attn_probs,

@@ -32,6 +32,14 @@ static void scratch_free(backend *bk, scratch *s) {
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) bk->free(bk, all[i]);
 }
 
+// out[j] (n, o[j]) = x (n, in) @ w[j]^T + bias[j], j < k: one backend call when it offers it
+static void matmuls(backend *bk, int k, void *const *out, const void *x, const bk_weight *const *w,
+                    const bk_weight *const *bias, int n, int in, const int *o) {
+    if (bk->matmul_multi) bk->matmul_multi(bk, k, out, x, w, bias, n, in, o);
+    else
+        for (int j = 0; j < k; j++) bk->matmul(bk, out[j], x, w[j], bias[j], n, in, o[j]);
+}
+
 // One transformer block on the alive rows: x += attn(norm(x)); x += mlp(norm(x)).
 static int layer_forward(fwd_state *st, scratch *s, int l, const fwd_hooks *hooks) {
     model *m = st->m;
@@ -45,11 +53,12 @@ static int layer_forward(fwd_state *st, scratch *s, int l, const fwd_hooks *hook
     int src = l, fed = hooks && hooks->kv_source && hooks->kv_source(hooks->ctx, l, &src, &wq, &bq);
     CHECK_INTERNAL(wq && (fed || w->wk), "layer %d has no q/k/v projections", l);
     bk->rmsnorm(bk, s->xb, st->x, w->attn_norm, n, d, c->rms_eps);
-    bk->matmul(bk, s->q, s->xb, wq, bq, n, d, qd);   // q (n, qd)
+    // q (n, qd), and unless a hook feeds this layer's KV: k, v (n, kvd)
+    void *qkv[] = {s->q, s->k, s->v};
+    const bk_weight *wqkv[] = {wq, w->wk, w->wv}, *bqkv[] = {bq, w->bk, w->bv};
+    matmuls(bk, fed ? 1 : 3, qkv, s->xb, wqkv, bqkv, n, d, (const int[]){qd, kvd, kvd});
     bk->rope(bk, s->q, st->pos, n, c->n_head, hd, c->inv_freq, c->rope);
     if (!fed) {
-        bk->matmul(bk, s->k, s->xb, w->wk, w->bk, n, d, kvd);  // k (n, kvd)
-        bk->matmul(bk, s->v, s->xb, w->wv, w->bv, n, d, kvd);  // v (n, kvd)
         bk->rope(bk, s->k, st->pos, n, c->n_kv_head, hd, c->inv_freq, c->rope);
         bk->kv_append(bk, &st->kv->layers[l], s->k, s->v, st->pos, n);
     }
@@ -64,8 +73,9 @@ static int layer_forward(fwd_state *st, scratch *s, int l, const fwd_hooks *hook
     bk->add(bk, st->x, s->xb, (size_t)n * d);
 
     bk->rmsnorm(bk, s->xb, st->x, w->ffn_norm, n, d, c->rms_eps);
-    bk->matmul(bk, s->hb, s->xb, w->w_gate, NULL, n, d, c->d_ff);
-    bk->matmul(bk, s->hb2, s->xb, w->w_up, NULL, n, d, c->d_ff);
+    void *gu[] = {s->hb, s->hb2};   // gate, up (n, d_ff)
+    const bk_weight *wgu[] = {w->w_gate, w->w_up}, *nob[] = {NULL, NULL};
+    matmuls(bk, 2, gu, s->xb, wgu, nob, n, d, (const int[]){c->d_ff, c->d_ff});
     bk->swiglu(bk, s->hb, s->hb, s->hb2, (size_t)n * c->d_ff);
     bk->matmul(bk, s->xb, s->hb, w->w_down, NULL, n, c->d_ff, d);
     bk->add(bk, st->x, s->xb, (size_t)n * d);

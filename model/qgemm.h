@@ -43,6 +43,14 @@ void q_scratch_free(q_scratch *s);
 void q_matmul(enum q_isa isa, enum q_path path, float *out, const float *x, int n, int in,
               uint32_t type, const void *w, size_t row_bytes, int o, q_scratch *scratch);
 
+// k <= Q_MULTI_MAX int8 products sharing x: out[j] (n, o[j]) = x (n, in) @ W_j (o[j], in)^T, W_j
+// of type[j]. With fused kernels for every type: x quantised once and all rows in one parallel
+// region (decode's Q/K/V and gate/up: fewer barriers); else k q_matmul calls.
+#define Q_MULTI_MAX 4
+void q_matmul_multi(enum q_isa isa, int k, float *const *out, const float *x, int n, int in,
+                    const uint32_t *type, const void *const *w, const size_t *row_bytes,
+                    const int *o, q_scratch *scratch);
+
 // The activations' two-digit form, exposed for the tests: row x (cols,) -> q (2 cols,): the high
 // digits, then the low ones; d (cols/32,) = max |x| / 127 / 256 of each 32-block (the unit of
 // 256 q + l); a (cols/16,) = d * sum of (256 q + l) over each 16-group.

@@ -559,22 +559,69 @@ static void *scratch_get(q_scratch *s, size_t n) {
 
 // int8 path: quantise x once, then each thread unpacks blocks of ROW_BLOCK weight rows and
 // dots them with all n activation rows.
+// x (n, in) quantised into the front of the scratch arena (plus `extra` bytes after it): per
+// row 2 in digits (xq), in/32 steps (xd, stride in/16) and in/16 group sums (xa).
+typedef struct { int8_t *xq; float *xd, *xa; uint8_t *extra; size_t ng; } q_act;
+
+static q_act quantize_act(enum q_isa isa, const float *x, int n, int in, size_t extra,
+                          q_scratch *sc) {
+    size_t ng = (size_t)in / G, act = (size_t)n * (2 * in + 2 * ng * sizeof(float));
+    uint8_t *buf = scratch_get(sc, act + extra + 64);
+    q_act a = {NULL, (float *)buf, (float *)buf + (size_t)n * ng, buf + act, ng};
+    a.xq = (int8_t *)(a.xa + (size_t)n * ng);
+#pragma omp parallel for if (n > 1)
+    for (int i = 0; i < n; i++)
+        q_quantize_row(isa, x + (size_t)i * in, in, a.xq + (size_t)i * 2 * in, a.xd + i * ng / 2,
+                       a.xa + i * ng);
+    return a;
+}
+
+// one output of a fused kernel: W row `row` . activation row i
+static inline float fused_one(dot_blk_fn fused, const uint8_t *row, const q_act *a, int i, int in) {
+    const int8_t *q = a->xq + (size_t)i * 2 * in;
+    return fused(row, q, q + in, a->xd + i * a->ng / 2, a->xa + i * a->ng, in);
+}
+
+void q_matmul_multi(enum q_isa isa, int k, float *const *out, const float *x, int n, int in,
+                    const uint32_t *type, const void *const *w, const size_t *row_bytes,
+                    const int *o, q_scratch *sc) {
+    dot_blk_fn fused[Q_MULTI_MAX];
+    int all = k <= Q_MULTI_MAX, total = 0, start[Q_MULTI_MAX + 1];
+    for (int j = 0; all && j < k; j++) all = (fused[j] = fused_dot(isa, type[j])) != NULL;
+    if (!all) {
+        for (int j = 0; j < k; j++)
+            q_matmul(isa, Q_PATH_INT8, out[j], x, n, in, type[j], w[j], row_bytes[j], o[j], sc);
+        return;
+    }
+    for (int j = 0; j < k; j++) start[j] = total, total += o[j];
+    start[k] = total;
+    q_act a = quantize_act(isa, x, n, in, 0, sc);
+    int n_blocks = (total + ROW_BLOCK - 1) / ROW_BLOCK;
+    // one static split of all the products' rows: one barrier, contiguous streams per thread
+#pragma omp parallel for schedule(static)
+    for (int rb = 0; rb < n_blocks; rb++) {
+        int g1 = (rb + 1) * ROW_BLOCK < total ? (rb + 1) * ROW_BLOCK : total, j = 0;
+        for (int g = rb * ROW_BLOCK; g < g1; g++) {
+            while (g >= start[j + 1]) j++;
+            int r = g - start[j];
+            for (int i = 0; i < n; i++)
+                out[j][(size_t)i * o[j] + r] =
+                    fused_one(fused[j], (const uint8_t *)w[j] + (size_t)r * row_bytes[j], &a, i, in);
+        }
+    }
+}
+
 static void matmul_int8(enum q_isa isa, float *out, const float *x, int n, int in, uint32_t type,
                         const uint8_t *w, size_t row_bytes, int o, q_scratch *sc) {
     dot_q8_fn dot = isa == Q_ISA_AVX512 ? dot_q8_avx512 : isa == Q_ISA_AVX2 ? dot_q8_avx2
                                                                               : dot_q8_scalar;
     dot_blk_fn fused = fused_dot(isa, type);
-    size_t ng = (size_t)in / G, act = (size_t)n * (2 * in + 2 * ng * sizeof(float));
-    size_t unpacked = (size_t)in + 2 * ng * sizeof(float);
+    size_t ng = (size_t)in / G, unpacked = (size_t)in + 2 * ng * sizeof(float);
     int nt = omp_get_max_threads();
-    uint8_t *buf = scratch_get(sc, act + (size_t)nt * ROW_BLOCK * unpacked + 64);
-    float *xd = (float *)buf, *xa = xd + (size_t)n * ng;   // xd: n * ng/2 used
-    int8_t *xq = (int8_t *)(xa + (size_t)n * ng);
-    uint8_t *rows = buf + act;
-#pragma omp parallel for if (n > 1)
-    for (int i = 0; i < n; i++)
-        q_quantize_row(isa, x + (size_t)i * in, in, xq + (size_t)i * 2 * in, xd + i * ng / 2,
-                       xa + i * ng);
+    q_act a = quantize_act(isa, x, n, in, (size_t)nt * ROW_BLOCK * unpacked, sc);
+    int8_t *xq = a.xq;
+    float *xd = a.xd, *xa = a.xa;
+    uint8_t *rows = a.extra;
     int n_blocks = (o + ROW_BLOCK - 1) / ROW_BLOCK;
     if (fused) {   // static: each thread streams one contiguous range of rows (prefetch-friendly)
 #pragma omp parallel for schedule(static)
@@ -582,9 +629,7 @@ static void matmul_int8(enum q_isa isa, float *out, const float *x, int n, int i
             int r0 = rb * ROW_BLOCK, nr = o - r0 < ROW_BLOCK ? o - r0 : ROW_BLOCK;
             for (int i = 0; i < n; i++)
                 for (int r = r0; r < r0 + nr; r++)
-                    out[(size_t)i * o + r] = fused(w + (size_t)r * row_bytes, xq + (size_t)i * 2 * in,
-                                                   xq + (size_t)i * 2 * in + in, xd + i * ng / 2,
-                                                   xa + i * ng, in);
+                    out[(size_t)i * o + r] = fused_one(fused, w + (size_t)r * row_bytes, &a, i, in);
         }
         return;
     }

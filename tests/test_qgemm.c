@@ -156,11 +156,43 @@ static void test_quantize_isas(enum q_isa best) {
     }
 }
 
+// Several products of one x (Q4_K, Q6_K, Q4_1 mixed, odd row counts) give exactly what each
+// q_matmul gives alone: the same kernels on the same quantised x, only scheduled together.
+static void test_multi(enum q_isa isa) {
+    enum { N = 3, IN = 512 };
+    const uint32_t types[3] = {GGML_Q4_K, GGML_Q6_K, GGML_Q4_1};
+    const int o[3] = {37, 5, 70};
+    uint8_t *w[3];
+    size_t rb[3];
+    float x[N * IN], *sep[3], *multi[3];
+    for (int i = 0; i < N * IN; i++) x[i] = frnd();
+    for (int j = 0; j < 3; j++) {
+        rb[j] = dq_bytes(types[j], IN);
+        w[j] = malloc(rb[j] * o[j]);
+        size_t bb = dq_block_bytes(types[j]);
+        for (size_t at = 0; at < rb[j] * o[j]; at += bb) random_block(types[j], w[j] + at, bb);
+        sep[j] = malloc(sizeof(float) * N * o[j]);
+        multi[j] = malloc(sizeof(float) * N * o[j]);
+        q_scratch sc = {0};
+        q_matmul(isa, Q_PATH_INT8, sep[j], x, N, IN, types[j], w[j], rb[j], o[j], &sc);
+        q_scratch_free(&sc);
+    }
+    q_scratch sc = {0};
+    q_matmul_multi(isa, 3, multi, x, N, IN, types, (const void *const *)w, rb, o, &sc);
+    q_scratch_free(&sc);
+    for (int j = 0; j < 3; j++) {
+        CHECK(memcmp(sep[j], multi[j], sizeof(float) * N * o[j]) == 0, "multi %s product %d",
+              q_isa_name(isa), j);
+        free(w[j]), free(sep[j]), free(multi[j]);
+    }
+}
+
 int main(void) {
     test_quantize_row();
     enum q_isa best = q_isa_pick(NULL);
     printf("test_qgemm: ISA paths up to %s\n", q_isa_name(best));
     test_quantize_isas(best);
+    for (int isa = Q_ISA_SCALAR; isa <= (int)best; isa++) test_multi((enum q_isa)isa);
     for (size_t t = 0; t < sizeof TYPES / sizeof *TYPES; t++) {
         uint32_t type = TYPES[t].type;
         int be = (int)dq_block_elems(type), in_odd = be == 256 ? 768 : 96 + 64 * 3;   // 352: 11 32-blocks
