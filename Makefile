@@ -79,7 +79,7 @@ build/tests/%: build/tests/%.o build/libsift.a
 
 # libFuzzer targets (clang): the GGUF reader, the tokenizer and chat templates, safetensors.
 FUZZ_CC    ?= clang
-FUZZ_FLAGS := -g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined \
+FUZZ_FLAGS := -g -O1 -std=c11 -D_GNU_SOURCE $(ARCH) -fsanitize=fuzzer,address,undefined \
               -fno-sanitize-recover=undefined
 FUZZ_SECONDS ?= 10
 build/fuzz/fuzz_gguf: fuzz/fuzz_gguf.c weights/gguf.c weights/dequant.c util/check.c $(wildcard weights/*.h)

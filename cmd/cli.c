@@ -429,7 +429,7 @@ static void hf_weight_bytes(const hf_dir *h, backend *bk, double *on_bk, double 
         }
 }
 
-#define GIB(x) ((x) / 1073741824.0)
+#define TO_GIB(x) ((x) / 1073741824.0)
 
 int cli_cpu_weight_bytes(const char *path, enum bk_weights w, uint32_t wtype, double *bytes,
                          char *err, size_t errlen) {
@@ -469,21 +469,21 @@ static int plan_memory(const loaded *L, const model_config *c, double weights, d
     double rest = ctx > 0 ? cost_prefill_mem_bytes(c, ctx, 0, L->bk->elem_bytes) : 0;
     if (avail <= 0 || weights + rest <= avail) return 0;
     char parts[160], hint[160];
-    snprintf(parts, sizeof parts, "weights %.2f GiB", GIB(weights));
+    snprintf(parts, sizeof parts, "weights %.2f GiB", TO_GIB(weights));
     if (ctx > 0)
         snprintf(parts + strlen(parts), sizeof parts - strlen(parts),
-                 " + KV cache and activations for -c %d: %.2f GiB", ctx, GIB(rest));
+                 " + KV cache and activations for -c %d: %.2f GiB", ctx, TO_GIB(rest));
     double fixed = (double)c->vocab * L->bk->elem_bytes,
            per_tok = cost_prefill_mem_bytes(c, 1, 0, L->bk->elem_bytes) - fixed;
     if (weights + fixed < avail && ctx > 0)
         snprintf(hint, sizeof hint, "; -c %ld would fit", (long)((avail - weights - fixed) / per_tok));
     else if (as_stored + rest < avail && as_stored < weights && strcmp(L->bk->name, "cpu") == 0)
-        snprintf(hint, sizeof hint, "; --weights native (%.2f GiB) would fit", GIB(as_stored));
+        snprintf(hint, sizeof hint, "; --weights native (%.2f GiB) would fit", TO_GIB(as_stored));
     else
         snprintf(hint, sizeof hint, "; the weights alone do not fit (a smaller quantisation%s)",
                  strcmp(L->bk->name, "cpu") ? "" : " or a GPU");
     snprintf(err, errlen, "needs %.2f GiB on %s (%s) but %.2f GiB is available%s",
-             GIB(weights + rest), L->bk->name, parts, GIB(avail), hint);
+             TO_GIB(weights + rest), L->bk->name, parts, TO_GIB(avail), hint);
     return -1;
 }
 

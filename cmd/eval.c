@@ -40,7 +40,7 @@ static void eval_help(void) {
     printf("usage: sift eval [-m MODEL] [--strategy all|NAME,...] [--tasks niah,...]\n"
            "                 [--ctx 1024,2048,4096] [--samples 5] [--seed 1] [--haystack FILE]\n"
            "                 [-o results.json] [--csv results.csv] [--plot results.svg]\n"
-           "                 [-t N] [--device D] [-q] [--dump-prompts] [strategy flags, see sift --help]\n\n"
+           "                 [-t N] [--device D] [--weights native|f32] [-q] [--dump-prompts] [strategy flags, see sift --help]\n\n"
            "Long-context tasks in RULER's shapes, generated from --seed: niah (one needle at a\n"
            "depth spread over the samples), multikey (asked needle among 3 others), multivalue\n"
            "(4 values of one key), vt (variable chain of 5 names), cwe (5 most common words).\n"

@@ -43,7 +43,7 @@ static void fit_parse(int argc, char **argv, fit_opts *o) {
             printf("usage: sift fit-phi [-m MODEL] --data TEXT --out FILE.phi [--ctx 1024]\n"
                    "         [--steps 150] [--queries 48] [--batch 16] [--lr 0.003] [--seed 1]\n"
                    "         [--d-phi HEAD_DIM] [--sink 4] [--tail 16] [--calibrate 0.02]\n"
-                   "         [--margin 1] [--positions N] [--recalibrate] [-t N] [--device D]\n"
+                   "         [--margin 1] [--positions N] [--recalibrate] [-t N] [--device D] [--weights native|f32]\n"
                    "learns topk+phi's feature maps on the first --ctx tokens of TEXT; use them with\n"
                    "--strategy topk+phi --phi FILE.phi. The maps read post-RoPE vectors, so each step\n"
                    "also shows them the data at positions shifted by up to --positions - ctx (RoPE is\n"

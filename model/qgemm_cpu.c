@@ -4,6 +4,7 @@
 #include "qgemm.h"
 
 #include <cblas.h>
+#include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -17,16 +18,25 @@
 
 // ---- ISA choice ---------------------------------------------------------------------------------
 
+// cpuid feature bits and the OS's saved register state (xgetbv): the AVX (YMM) and AVX-512
+// (opmask, ZMM) states must be enabled, not only the instructions present.
+static enum q_isa cpu_best_isa(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return Q_ISA_SCALAR;
+    int fma = c >> 12 & 1, osxsave = c >> 27 & 1, f16c = c >> 29 & 1;
+    if (!osxsave) return Q_ISA_SCALAR;
+    unsigned xlo, xhi;
+    __asm__("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    if ((xlo & 0x6) != 0x6 || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return Q_ISA_SCALAR;
+    int avx2 = b >> 5 & 1;
+    if (!(avx2 && fma && f16c)) return Q_ISA_SCALAR;
+    int f = b >> 16 & 1, dq = b >> 17 & 1, bw = b >> 30 & 1, vl = b >> 31 & 1, vnni = c >> 11 & 1;
+    if ((xlo & 0xe6) == 0xe6 && f && dq && bw && vl && vnni) return Q_ISA_AVX512;
+    return Q_ISA_AVX2;
+}
+
 enum q_isa q_isa_pick(const char **err) {
-    __builtin_cpu_init();
-    enum q_isa best = Q_ISA_SCALAR;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
-        best = Q_ISA_AVX2;
-    if (best == Q_ISA_AVX2 && __builtin_cpu_supports("avx512f") &&
-        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni"))
-        best = Q_ISA_AVX512;
+    enum q_isa best = cpu_best_isa();
     const char *env = getenv("SIFT_ISA");
     if (err) *err = NULL;
     if (!env || !*env) return best;
