@@ -19,6 +19,7 @@
 #include "../model/backend.h"
 #include "../policies/policy.h"
 #include "../util/check.h"
+#include "../weights/dequant.h"
 #include "../weights/synthetic.h"
 
 #define TOL 2e-2         // one op in bf16
@@ -716,6 +717,38 @@ static void test_gguf_model(backend *bk[2], const char *path) {
 
 // ---- main --------------------------------------------------------------------------------------
 
+// A weight handed over in a GGUF block encoding (random blocks, weights/synthetic.c): each backend
+// converts it its own way (the CPU reference dequantises to fp32; CUDA dequantises per chunk of
+// rows on the host and rounds to bf16 on the device). One row per type: embed (the rows as
+// uploaded) and a matmul against them.
+static void test_weight_type(backend *bk[2], uint32_t type, int rows, int cols) {
+    size_t bytes = rows * dq_bytes(type, cols);
+    uint8_t *blocks = xmalloc(bytes);
+    CHECK_INTERNAL(synth_blocks(type, blocks, rows, cols, 7, type, 1.0f / sqrtf((float)cols)) == 0,
+                   "synth_blocks %s", gguf_type_name(type));
+    op_ctx c = {.n = 5, .d = cols, .i = cols, .o = rows};
+    for (int k = 0; k < 2; k++) c.w[k] = bk[k]->weight(bk[k], (bk_tensor){type, blocks, rows, cols, 0});
+    int ids[5] = {0, 3, rows - 1, 7 % rows, rows / 2};
+    c.idx = ids;
+    char name[40], shape[64];
+    snprintf(name, sizeof name, "weight %s: embed", gguf_type_name(type));
+    snprintf(shape, sizeof shape, "%d x %d, rows 0 3 %d 7 %d", rows, cols, rows - 1, rows / 2);
+    check_op(bk, name, shape, op_embed, &c, NULL, NULL, 0, 5, cols);
+    float *x = rand_host((size_t)5 * cols, 1);
+    snprintf(name, sizeof name, "weight %s: matmul", gguf_type_name(type));
+    snprintf(shape, sizeof shape, "(5 x %d) @ (%d x %d)^T", cols, rows, cols);
+    check_op(bk, name, shape, op_matmul, &c, &x, (const int[][2]){{5, cols}}, 1, 5, rows);
+    free_weights(bk, &c);
+    free(x);
+    free(blocks);
+}
+
+static void test_weight_types(backend *bk[2]) {
+    static const uint32_t types[] = {GGML_F16,  GGML_BF16, GGML_Q4_0, GGML_Q4_1, GGML_Q5_0,
+                                     GGML_Q5_1, GGML_Q8_0, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K};
+    for (size_t i = 0; i < sizeof types / sizeof *types; i++) test_weight_type(bk, types[i], 37, 512);
+}
+
 static void test_ops(backend *bk[2]) {
     test_embed(bk, 50, 13, 72);
     test_rmsnorm(bk, 5, 576);
@@ -731,6 +764,7 @@ static void test_ops(backend *bk[2]) {
     test_elementwise(bk, 9, 111);
     test_gather(bk, 20, 64, 9);
     test_gather(bk, 7, 33, 0);
+    test_weight_types(bk);
 }
 
 static void test_attention_cases(backend *bk[2]) {
