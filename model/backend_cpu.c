@@ -19,10 +19,9 @@
 #include "qgemm.h"
 
 // Which path a quantised product of n rows takes. Decode (n = 1) and short products: int8. The
-// crossover to sgemm tiles depends on the shape — measured here (bench/RESULTS.md): int8 wins up
-// to 32-63 rows of Llama-3.2-1B's 2048-wide matrices, sgemm tiles from 32 rows of SmolLM2's
-// 576-wide ones, and sgemm tiles everywhere from 64 rows — so by default products of
-// SGEMM_MIN_ROWS rows or more take sgemm tiles: a fixed rule, so the same command computes the
+// crossover to sgemm tiles depends on the shape (bench/RESULTS.md has the timings: below 64 rows
+// either may win, from 64 rows sgemm tiles won on every shape measured), so by default products
+// of SGEMM_MIN_ROWS rows or more take sgemm tiles: a fixed rule, so the same command computes the
 // same numbers every run. SIFT_PREFILL=int8|sgemm forces one path; SIFT_PREFILL=tune times both
 // on the first product of each (type, in, out, rows rounded down to a power of two) — on a slice
 // of the weight rows (an eighth, at least 128: each path's cost is linear in them), then the

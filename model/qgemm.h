@@ -10,9 +10,9 @@
 //   y = sum_g s_g (d_g / 256) sum_{i in g} u_i (256 q_i + l_i) + sum_g m_g a_g
 // with a_g = (d_g / 256) sum_{i in g} (256 q_i + l_i). The only error against the fp32 product of
 // the dequantised weights is the activations' rounding: |y - y_f32| <= sum_i |w_i| d_blk(i) / 256
-// (plus fp32 summation error), the bound tests/test_qgemm.c checks. (One 8-bit digit, as
-// llama.cpp's Q8 activations, flipped near-tied greedy tokens of the default model; the second
-// digit costs nothing measurable at decode, which is bound by reading the weights.)
+// (plus fp32 summation error), the bound tests/test_qgemm.c checks. Why two digits, not one as
+// llama.cpp's Q8 activations: bench/RESULTS.md (one digit moved perplexity and flipped greedy
+// answers of the default model; the second costs little at decode, which reads weights).
 // The most used types (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) have fused AVX-512 kernels that read the
 // blocks directly; the others unpack a row to (u, s, m) first.
 // F16/BF16 rows are converted to fp32 on the fly (F16C / shifts) and dotted with fp32 activations.

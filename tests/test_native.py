@@ -65,9 +65,9 @@ def test_perplexity_native_within_half_percent(text):
         assert rel <= 0.005, f"native ppl {got['ppl']} vs f32 {ref['ppl']} ({env})"
 
 
-def logits(ids, weights, out, env_extra=None):
+def logits(ids, weights, out, env_extra=None, model=MODEL):
     env = dict(os.environ, SIFT_WEIGHTS=weights, **(env_extra or {}))
-    p = subprocess.run([str(TOOL), str(MODEL), str(out)] + [str(i) for i in ids],
+    p = subprocess.run([str(TOOL), str(model), str(out)] + [str(i) for i in ids],
                        capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
     assert p.returncode == 0, p.stderr
     return np.fromfile(out, dtype=np.float32).reshape(len(ids), -1).astype(np.float64)
@@ -165,3 +165,32 @@ def test_model_larger_than_memory_is_refused_up_front(tmp_path):
     want = f"weights {total / 2**30:.2f} GiB"
     assert want in lines[0] and "GiB is available" in lines[0], (want, lines[0])
     assert took < 30   # it read no weights (a load would take minutes and be killed)
+
+
+@pytest.mark.parametrize("dtype", ["F16", "BF16"])
+def test_half_precision_hf_stays_16_bit(tmp_path, dtype):
+    """An HF directory of F16 / BF16 safetensors runs natively with its weights kept 16-bit (half
+    the fp32 bytes on the load line) and gives the logits of the fp32 reference path on the same
+    files: the 16-bit values convert exactly, only the order of the fp32 sums differs (1e-4 of the
+    row's largest logit, the fp32 path's tolerance in test_logits.py)."""
+    import sys
+    sys.path.insert(0, str(ROOT / "tests"))
+    import hf_convert
+    import tiny_gguf
+
+    gg = tiny_gguf.write(str(tmp_path / "m.gguf"))
+    hf = tmp_path / "half"
+    hf_convert.convert(gg, str(hf), dtype=dtype)
+    ids = [1, 40, 7, 200, 33, 95, 260, 12]
+    f32 = logits(ids, "f32", tmp_path / "f.f32", model=hf)
+    nat = logits(ids, "native", tmp_path / "n.f32", model=hf)
+    rel = np.abs(nat - f32).max(axis=1) / np.abs(f32).max(axis=1)
+    assert rel.max() <= 1e-4, rel
+    planned = {}
+    for w in ("f32", "native"):   # the memory plan's weight bytes
+        r = run(["bench", "-m", str(hf), "--ctx", "8", "--dry-run", "-o", "json", "--weights", w])
+        assert r.returncode == 0, r.stderr
+        planned[w] = json.loads(r.stdout)[0]["weight_bytes"]
+    params = json.loads(r.stdout)[0]["n_params"]
+    assert planned["f32"] == 4 * params
+    assert 2 * params < planned["native"] < 2.1 * params, planned   # vectors stay fp32
