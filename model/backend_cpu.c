@@ -207,11 +207,11 @@ static void cpu_matmul_multi(backend *b, int k, void *const *out, const void *x,
                              const bk_weight *const *w, const bk_weight *const *bias, int n, int in,
                              const int *o) {
     cpu_impl *c = impl(b);
-    int int8 = k <= Q_MULTI_MAX && !omp_in_parallel();
-    for (int j = 0; j < k && int8; j++) {
-        tune_entry *t;
-        int8 = w[j]->type != GGML_F32 && pick_path(c, w[j], n, in, o[j], &t) == Q_PATH_INT8 && !t;
-    }
+    // int8 for sure, without a lookup or a timing (pick_path's rules for few rows)
+    int few = c->forced == Q_PATH_INT8 ? 1 : c->forced == Q_PATH_SGEMM ? n < 2
+            : c->forced == -1 ? n < SGEMM_MIN_ROWS : n < TUNE_MIN_ROWS;
+    int int8 = k <= Q_MULTI_MAX && few && !omp_in_parallel();
+    for (int j = 0; j < k && int8; j++) int8 = w[j]->type != GGML_F32;
     if (!int8) {
         for (int j = 0; j < k; j++) cpu_matmul(b, out[j], x, w[j], bias[j], n, in, o[j]);
         return;

@@ -194,3 +194,14 @@ def test_half_precision_hf_stays_16_bit(tmp_path, dtype):
     params = json.loads(r.stdout)[0]["n_params"]
     assert planned["f32"] == 4 * params
     assert 2 * params < planned["native"] < 2.1 * params, planned   # vectors stay fp32
+
+
+def test_tuned_paths_are_listed(text):
+    """SIFT_PREFILL=tune times both product paths per shape and sift bench lists every choice."""
+    r = run(["bench", "-m", str(MODEL), "--ctx", "40", "-n", "2", "-r", "1", "-o", "json"],
+            {"SIFT_PREFILL": "tune"})
+    assert r.returncode == 0, r.stderr
+    rows = [l for l in r.stderr.splitlines() if " rows: " in l]
+    # SmolLM2's four matrix shapes at 32..63 rows (the 40-token prompt); Q4_1
+    assert len(rows) >= 4 and all("Q4_1" in l for l in rows), r.stderr
+    assert all(("int8" in l.split(":")[1]) or ("sgemm tiles" in l.split(":")[1]) for l in rows)
