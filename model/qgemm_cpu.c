@@ -217,7 +217,8 @@ static void unpack_row(uint32_t type, const uint8_t *b, int cols, uint8_t *u, fl
 // sum_g s_g d_g (u . q)_g + sum_g m_g a_g   (a = the activation's scaled group sums)
 typedef float (*dot_q8_fn)(const uint8_t *u, const float *s, const float *m, const int8_t *q,
                            const int8_t *ql, const float *d, const float *a, int cols);
-// the same straight from a row of blocks (the fused kernels of one type)
+// the same straight from a row of blocks (the fused kernels of one type); a: the activation row's
+// cols/16 group sums followed by its cols/32 block sums
 typedef float (*dot_blk_fn)(const uint8_t *row, const int8_t *q, const int8_t *ql, const float *d,
                             const float *a, int cols);
 // w (cols,) of F16 or BF16 . x (cols,) fp32
@@ -357,15 +358,6 @@ AVX512 static inline __m256i nibbles32_v(const uint8_t *qs) {
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), lo4), _mm_and_si128(v, lo4));
 }
 
-// a32 (8,) = a[2j] + a[2j+1] for the 16 group sums a (16,) of 256 elements
-AVX512 static inline __m256 pair_sums(const float *a) {
-    const __m512i swap = _mm512_set_epi32(14, 15, 12, 13, 10, 11, 8, 9, 6, 7, 4, 5, 2, 3, 0, 1);
-    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-    __m512 v = _mm512_loadu_ps(a);
-    __m512 s = _mm512_add_ps(v, _mm512_permutexvar_ps(swap, v));
-    return _mm512_castps512_ps256(_mm512_permutexvar_ps(even, s));
-}
-
 // lane picks: 8 lanes of scale 2p, then 8 of scale 2p+1 (p = 0..3)
 #define PICK_PAIRS                                                                     \
     {_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),                 \
@@ -401,6 +393,7 @@ AVX512 static inline __attribute__((always_inline)) float
 dot_blk32_avx512(uint32_t type, const uint8_t *b, const int8_t *q, const int8_t *ql,
                  const float *d, const float *a, int cols) {
     const int bb = type == GGML_Q4_0 ? 18 : type == GGML_Q4_1 ? 20 : 34;
+    const float *a32 = a + cols / G;   // the 32-block sums after the row's group sums
     const __m512i pick[4] = PICK_PAIRS;
     const __m256 moff = _mm256_set1_ps(type == GGML_Q4_0 ? -8.0f : -128.0f);
     __m512 acc = _mm512_setzero_ps();
@@ -413,7 +406,7 @@ dot_blk32_avx512(uint32_t type, const uint8_t *b, const int8_t *q, const int8_t 
         if (bb > 20) _mm_prefetch((const char *)b + PREFETCH + 192, _MM_HINT_T0);
         __m256 dw = f16x8(b, bb);
         __m256 mw = type == GGML_Q4_1 ? f16x8(b + 2, bb) : _mm256_mul_ps(dw, moff);
-        accm = _mm256_fmadd_ps(mw, pair_sums(a + i / G), accm);
+        accm = _mm256_fmadd_ps(mw, _mm256_loadu_ps(a32 + i / 32), accm);
         __m512 ws = _mm512_castps256_ps512(_mm256_mul_ps(dw, _mm256_loadu_ps(d + i / 32)));
         for (int p = 0; p < 4; p++) {
             const uint8_t *b0 = b + 2 * p * bb;
@@ -429,7 +422,7 @@ dot_blk32_avx512(uint32_t type, const uint8_t *b, const int8_t *q, const int8_t 
         float d0 = f16(b), m0 = type == GGML_Q4_1 ? f16(b + 2) : type == GGML_Q4_0 ? -8 * d0 : -128 * d0;
         acc = _mm512_add_ps(acc, _mm512_castps256_ps512(_mm256_mul_ps(
                                      _mm256_cvtepi32_ps(s), _mm256_set1_ps(d0 * d[i / 32]))));
-        tail += m0 * (a[i / G] + a[i / G + 1]);
+        tail += m0 * a32[i / 32];
     }
     return _mm512_reduce_add_ps(acc) + hsum256(accm) + tail;
 }
@@ -471,9 +464,10 @@ AVX512 static inline __m256 u8x8_to_ps(uint64_t v) {
 AVX512 static float dot_q4_k_avx512(const uint8_t *b, const int8_t *q, const int8_t *ql,
                                     const float *d, const float *a, int cols) {
     const __m512i pick[4] = PICK_PAIRS;
+    const float *a32 = a + cols / G;   // the 32-block sums after the row's group sums
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();
-    for (int i = 0; i < cols; i += 256, b += 144, q += 256, ql += 256, d += 8, a += 16) {
+    for (int i = 0; i < cols; i += 256, b += 144, q += 256, ql += 256, d += 8) {
         _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);
         _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);
         _mm_prefetch((const char *)b + PREFETCH + 128, _MM_HINT_T0);
@@ -482,7 +476,8 @@ AVX512 static float dot_q4_k_avx512(const uint8_t *b, const int8_t *q, const int
         k_scales8(b + 4, &sc, &mn);
         __m256 ws = _mm256_mul_ps(_mm256_mul_ps(u8x8_to_ps(sc), _mm256_set1_ps(dd)), _mm256_loadu_ps(d));
         __m512 ws16 = _mm512_castps256_ps512(ws);
-        accm = _mm256_fmadd_ps(_mm256_mul_ps(u8x8_to_ps(mn), _mm256_set1_ps(-dmin)), pair_sums(a), accm);
+        accm = _mm256_fmadd_ps(_mm256_mul_ps(u8x8_to_ps(mn), _mm256_set1_ps(-dmin)),
+                               _mm256_loadu_ps(a32 + i / 32), accm);
         for (int p = 0; p < 4; p++) {
             __m512i u = nibbles64(_mm256_loadu_si256((const __m256i *)(b + 16 + 32 * p)));
             __m512i s = dot2(u, q + 64 * p, ql + 64 * p);
@@ -570,26 +565,32 @@ static void *scratch_get(q_scratch *s, size_t n) {
 // int8 path: quantise x once, then each thread unpacks blocks of ROW_BLOCK weight rows and
 // dots them with all n activation rows.
 // x (n, in) quantised into the front of the scratch arena (plus `extra` bytes after it): per
-// row 2 in digits (xq), in/32 steps (xd, stride in/16) and in/16 group sums (xa).
-typedef struct { int8_t *xq; float *xd, *xa; uint8_t *extra; size_t ng; } q_act;
+// row 2 in digits (xq), in/32 steps (xd) and the sums (xa, stride xs = 3 in/32): in/16 group
+// sums, then in/32 block sums (a32: what the 32-block kernels' offsets multiply, added once here
+// instead of in every weight row's kernel).
+typedef struct { int8_t *xq; float *xd, *xa; uint8_t *extra; size_t ng, xs; } q_act;
 
 static q_act quantize_act(enum q_isa isa, const float *x, int n, int in, size_t extra,
                           q_scratch *sc) {
-    size_t ng = (size_t)in / G, act = (size_t)n * (2 * in + 2 * ng * sizeof(float));
+    size_t ng = (size_t)in / G, xs = ng + ng / 2;
+    size_t act = (size_t)n * (2 * in + (ng / 2 + xs) * sizeof(float));
     uint8_t *buf = scratch_get(sc, act + extra + 64);
-    q_act a = {NULL, (float *)buf, (float *)buf + (size_t)n * ng, buf + act, ng};
-    a.xq = (int8_t *)(a.xa + (size_t)n * ng);
+    q_act a = {NULL, (float *)buf, (float *)buf + (size_t)n * ng / 2, buf + act, ng, xs};
+    a.xq = (int8_t *)(a.xa + (size_t)n * xs);
 #pragma omp parallel for if (n > 1)
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
+        float *sums = a.xa + i * xs;
         q_quantize_row(isa, x + (size_t)i * in, in, a.xq + (size_t)i * 2 * in, a.xd + i * ng / 2,
-                       a.xa + i * ng);
+                       sums);
+        for (size_t j = 0; j < ng / 2; j++) sums[ng + j] = sums[2 * j] + sums[2 * j + 1];
+    }
     return a;
 }
 
-// one output of a fused kernel: W row `row` . activation row i
+// one output of a fused kernel: W row `row` . activation row i (its a32 follows its a16)
 static inline float fused_one(dot_blk_fn fused, const uint8_t *row, const q_act *a, int i, int in) {
     const int8_t *q = a->xq + (size_t)i * 2 * in;
-    return fused(row, q, q + in, a->xd + i * a->ng / 2, a->xa + i * a->ng, in);
+    return fused(row, q, q + in, a->xd + i * a->ng / 2, a->xa + i * a->xs, in);
 }
 
 void q_matmul_multi(enum q_isa isa, int k, float *const *out, const float *x, int n, int in,
@@ -660,7 +661,7 @@ static void matmul_int8(enum q_isa isa, float *out, const float *x, int n, int i
                     float *s = (float *)(u + in), *m = s + ng;
                     out[(size_t)i * o + r0 + r] = dot(u, s, m, xq + (size_t)i * 2 * in,
                                                       xq + (size_t)i * 2 * in + in,
-                                                      xd + i * ng / 2, xa + i * ng, in);
+                                                      xd + i * ng / 2, xa + i * a.xs, in);
                 }
         }
     }

@@ -216,7 +216,8 @@ static void load_specials(tok *t, const tok_source *src) {
         for (size_t k = 0; k < sizeof eog_texts / sizeof *eog_texts; k++)
             if (t->type[i] == TT_CONTROL && strcmp(s, eog_texts[k]) == 0) arrput(t->eog, i);
     }
-    qsort(t->specials, arrlen(t->specials), sizeof *t->specials, by_len_desc);
+    if (arrlen(t->specials) > 1)   // none: the array is NULL, which qsort may not take
+        qsort(t->specials, arrlen(t->specials), sizeof *t->specials, by_len_desc);
     if (t->eos >= 0) arrput(t->eog, t->eos);
     if (t->eot >= 0) arrput(t->eog, t->eot);
     for (int i = 0; i < src->n_eog; i++)
