@@ -143,6 +143,12 @@ static void cpu_rmsnorm(backend *b, void *out, const void *x, const bk_weight *w
 }
 
 // out (n, o) = x (n, i) @ W (o, i)^T + bias
+// y (n, o) += bias (o,)
+static void add_bias(float *y, const bk_weight *bias, int n, int o) {
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < o; j++) y[(size_t)i * o + j] += bias->f[j];
+}
+
 static int floor_log2(int n) {
     int k = 0;
     while (n >>= 1) k++;
@@ -196,9 +202,7 @@ static void cpu_matmul(backend *b, void *out, const void *x, const bk_weight *w,
     else
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, o, in, 1.0f, x, in, w->f, in,
                     0.0f, y, o);
-    if (!bias) return;
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < o; j++) y[(size_t)i * o + j] += bias->f[j];
+    if (bias) add_bias(y, bias, n, o);
 }
 
 // k products of one x: one quantisation and one parallel region on the int8 path (decode);
@@ -222,9 +226,7 @@ static void cpu_matmul_multi(backend *b, int k, void *const *out, const void *x,
     for (int j = 0; j < k; j++) type[j] = w[j]->type, data[j] = w[j]->data, rb[j] = w[j]->row_bytes;
     q_matmul_multi(c->isa, k, (float *const *)out, x, n, in, type, data, rb, o, &c->scratch);
     for (int j = 0; j < k; j++)
-        if (bias[j])
-            for (int i = 0; i < n; i++)
-                for (int r = 0; r < o[j]; r++) ((float *)out[j])[(size_t)i * o[j] + r] += bias[j]->f[r];
+        if (bias[j]) add_bias(out[j], bias[j], n, o[j]);
 }
 
 // rotate x (n, heads, hd) in place; pair (a, b) = (2j, 2j+1) for NORM, (j, j + hd/2) for NEOX

@@ -121,8 +121,9 @@ model *model_load_synth(const synth_shape *s, backend *bk, char *err, size_t err
     m->name = strdup(name);
     size_t d = c->d_model, V = c->vocab;
     float se = sqrtf(3.0f / d);
-    int ok = (m->tok_embd = synth_weight(m, s, 0, V, d, se, 0, err, errlen)) &&
-             (m->embd_bytes = m->weight_bytes) >= 0 &&
+    m->tok_embd = synth_weight(m, s, 0, V, d, se, 0, err, errlen);
+    m->embd_bytes = m->weight_bytes;
+    int ok = m->tok_embd &&
              (m->out_norm = synth_weight(m, s, 1, 1, d, 0.1f, 1, err, errlen)) &&
              (m->lm_head = c->tied ? m->tok_embd
                                    : synth_weight(m, s, 2, V, d, se, 0, err, errlen));

@@ -139,16 +139,6 @@ static void nibbles32(const uint8_t *qs, const uint8_t *qh4, uint8_t *u) {
     }
 }
 
-static void k_scale_min(const uint8_t *sc, int j, int *s, int *m) {   // as dequant.c's k4_scale_min
-    if (j < 4) {
-        *s = sc[j] & 63;
-        *m = sc[j + 4] & 63;
-    } else {
-        *s = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4);
-        *m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
-    }
-}
-
 // One row of `cols` elements of a quantised type -> u (cols,), s and m (cols/16,).
 static void unpack_row(uint32_t type, const uint8_t *b, int cols, uint8_t *u, float *s, float *m) {
     switch (type) {
@@ -175,7 +165,7 @@ static void unpack_row(uint32_t type, const uint8_t *b, int cols, uint8_t *u, fl
             const uint8_t *qs = b + (type == GGML_Q5_K ? 48 : 16);
             for (int j = 0; j < 8; j++, u += 32, s += 2, m += 2) {
                 int a, mn;
-                k_scale_min(sc, j, &a, &mn);
+                dq_k4_scale_min(sc, j, &a, &mn);
                 const uint8_t *q = qs + 32 * (j / 2);
                 const int shift = 4 * (j % 2);
                 for (int l = 0; l < 32; l++)
@@ -442,7 +432,7 @@ AVX512 static float dot_q8_0_avx512(const uint8_t *b, const int8_t *q, const int
     return dot_blk32_avx512(GGML_Q8_0, b, q, ql, d, a, cols);
 }
 
-// The 6-bit scales and mins of a Q4_K / Q5_K super-block as two 8-byte vectors (k_scale_min's
+// The 6-bit scales and mins of a Q4_K / Q5_K super-block as two 8-byte vectors (dq_k4_scale_min's
 // rule on 32-bit words: bytes 0-3 hold sc0-3 and the top bits of sc4-7, 4-7 m0-3 and the top
 // bits of m4-7, 8-11 the low nibbles of sc4-7 | m4-7).
 static inline void k_scales8(const uint8_t *s, uint64_t *sc, uint64_t *mn) {

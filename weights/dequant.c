@@ -131,7 +131,7 @@ static void dq_q5_1(const uint8_t *b, float *y, uint64_t nb) {
 }
 
 // 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes of Q4_K / Q5_K.
-static void k4_scale_min(const uint8_t *s, int j, int *sc, int *m) {
+void dq_k4_scale_min(const uint8_t *s, int j, int *sc, int *m) {
     if (j < 4) {
         *sc = s[j] & 63;
         *m = s[j + 4] & 63;
@@ -148,7 +148,7 @@ static void dq_q4_k(const uint8_t *b, float *y, uint64_t nb) {
         const uint8_t *scales = b + 4, *qs = b + 16;
         for (int j = 0; j < 8; j++, y += 32) {
             int sc, m;
-            k4_scale_min(scales, j, &sc, &m);
+            dq_k4_scale_min(scales, j, &sc, &m);
             const float d1 = d * sc, m1 = dmin * m;
             const uint8_t *q = qs + 32 * (j / 2);
             const int shift = 4 * (j % 2);
@@ -164,7 +164,7 @@ static void dq_q5_k(const uint8_t *b, float *y, uint64_t nb) {
         const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + 48;
         for (int j = 0; j < 8; j++, y += 32) {
             int sc, m;
-            k4_scale_min(scales, j, &sc, &m);
+            dq_k4_scale_min(scales, j, &sc, &m);
             const float d1 = d * sc, m1 = dmin * m;
             const uint8_t *q = qs + 32 * (j / 2);
             const int shift = 4 * (j % 2);

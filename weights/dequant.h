@@ -12,4 +12,7 @@ uint64_t dq_bytes(uint32_t type, uint64_t n);
 // Dequantise n elements (multiple of block size) of `type` from src into dst. Returns 0 or -1.
 int dq_to_f32(uint32_t type, const void *src, float *dst, uint64_t n);
 float dq_f16_to_f32(uint16_t h);
+// The 6-bit scale and min of sub-block j (0..7) from the 12 packed scale bytes of a Q4_K / Q5_K
+// super-block.
+void dq_k4_scale_min(const uint8_t *scales, int j, int *sc, int *m);
 float dq_bf16_to_f32(uint16_t h);
