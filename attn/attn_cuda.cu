@@ -1,5 +1,6 @@
 // attn/attn_cuda.cu — attention on the GPU (see attn_cuda.h), fp32 softmax and accumulation over
-// bf16 q/K/V. Kernels:
+// bf16 q/K/V: the kernel choice (attn_causal_cuda), the first-generation kernels (kept selectable
+// beside the new ones in attn_prefill_cuda.cu and attn_decode_cuda.cu) and the probabilities. Kernels:
 //  - wmma (head dim 64 and 128, many query rows): tensor-core flash attention, two passes (row
 //    max and sum, then P @ V) so that no tensor-core accumulator needs rescaling.
 //  - flash (other head dims): a block = QPB query rows of one head; K/V tiles of 32 keys staged in shared memory;
@@ -9,6 +10,7 @@
 //  - probs: a block per (row, head) writes the masked softmax over the first m keys.
 #include <limits.h>
 #include <mma.h>
+#include <string.h>
 
 #include "../model/cuda_util.cuh"
 #include "attn_cuda.h"
@@ -395,11 +397,45 @@ static int split_count(const attn_cuda_args *a, int n_sm) {
     return s < 1 ? 1 : s;
 }
 
-static int uses_split(const attn_cuda_args *a) { return a->n <= SPLIT_MAX_ROWS; }
+enum kernel { K_FA2, K_WMMA, K_FLASH, K_GROUP, K_SPLIT };
+static const char *kernel_names[] = {"fa2", "wmma", "flash", "group", "split"};
+
+// $name when set to one of the choices, else the first choice; an unknown value is an error.
+static int env_choice(const char *name, const char *const *choices, int n) {
+    const char *e = getenv(name);
+    if (!e || !*e) return 0;
+    for (int i = 0; i < n; i++)
+        if (strcmp(e, choices[i]) == 0) return i;
+    fprintf(stderr, "sift: %s=%s: expected one of", name, e);
+    for (int i = 0; i < n; i++) fprintf(stderr, " %s", choices[i]);
+    fprintf(stderr, "\n");
+    exit(2);
+}
+
+// The kernel for a (see attn_cuda.h): decode rows by SIFT_ATTN_DECODE, prefill by
+// SIFT_ATTN_PREFILL, each falling back where the head dimension is not taken.
+static enum kernel pick(const attn_cuda_args *a) {
+    if (a->n <= SPLIT_MAX_ROWS) {
+        static const char *const dec[] = {"group", "split"};
+        int k = env_choice("SIFT_ATTN_DECODE", dec, 2);
+        return k == 0 && attn_group_takes(a) ? K_GROUP : K_SPLIT;
+    }
+    static const char *const pre[] = {"fa2", "wmma", "flash"};
+    int k = env_choice("SIFT_ATTN_PREFILL", pre, 3), tc = a->hd == 64 || a->hd == 128;
+    if (k == 0 && attn_fa2_takes(a)) return K_FA2;
+    if (k <= 1 && tc) return K_WMMA;
+    return K_FLASH;
+}
+
+const char *attn_cuda_kernel(const attn_cuda_args *a) { return kernel_names[pick(a)]; }
 
 size_t attn_cuda_work_floats(const attn_cuda_args *a, int n_sm) {
-    if (!uses_split(a)) return 0;
-    return (size_t)a->n * a->heads * split_count(a, n_sm) * (a->hd + 2);
+    switch (pick(a)) {
+    case K_FA2: return attn_fa2_work_floats(a);
+    case K_GROUP: return (size_t)a->n * a->heads * attn_group_splits(a, n_sm) * (a->hd + 2);
+    case K_SPLIT: return (size_t)a->n * a->heads * split_count(a, n_sm) * (a->hd + 2);
+    default: return 0;
+    }
 }
 
 static void check_args(const attn_cuda_args *a) {
@@ -412,11 +448,18 @@ static void check_args(const attn_cuda_args *a) {
     }
 }
 
+static void launch_combine(bf16 *out, const attn_cuda_args *a, const float *work, int splits,
+                           cudaStream_t st) {
+    attn_combine_kernel<<<dim3((unsigned)a->heads, (unsigned)a->n), 128, 0, st>>>(
+        out, work, a->heads, splits, a->hd);
+    CUDA_LAUNCHED(attn_combine_kernel);
+}
+
 template <int DPL>
 static void launch_causal(bf16 *out, const attn_cuda_args *a, float *work, int n_sm,
-                          cudaStream_t st) {
+                          int split, cudaStream_t st) {
     float scale = 1.0f / sqrtf((float)a->hd);
-    if (!uses_split(a)) {
+    if (!split) {
         dim3 grid((unsigned)((a->n + QPB - 1) / QPB), (unsigned)a->heads);
         attn_flash_kernel<DPL><<<grid, WARPS * 32, 0, st>>>(out, *a, scale);
         CUDA_LAUNCHED(attn_flash_kernel);
@@ -428,9 +471,7 @@ static void launch_causal(bf16 *out, const attn_cuda_args *a, float *work, int n
     dim3 grid((unsigned)splits, (unsigned)a->heads, (unsigned)a->n);
     attn_split_kernel<DPL><<<grid, WARPS * 32, 0, st>>>(work, *a, chunk, scale);
     CUDA_LAUNCHED(attn_split_kernel);
-    attn_combine_kernel<<<dim3((unsigned)a->heads, (unsigned)a->n), 128, 0, st>>>(
-        out, work, a->heads, splits, a->hd);
-    CUDA_LAUNCHED(attn_combine_kernel);
+    launch_combine(out, a, work, splits, st);
 }
 
 template <int HD>
@@ -445,11 +486,18 @@ void attn_causal_cuda(void *out, const attn_cuda_args *a, float *work, int n_sm,
     check_args(a);
     if (a->n == 0) return;
     bf16 *o = (bf16 *)out;
-    if (!uses_split(a) && a->hd == 64) launch_wmma<64>(o, a, st);
-    else if (!uses_split(a) && a->hd == 128) launch_wmma<128>(o, a, st);
-    else if (a->hd <= 64) launch_causal<2>(o, a, work, n_sm, st);
-    else if (a->hd <= 128) launch_causal<4>(o, a, work, n_sm, st);
-    else launch_causal<8>(o, a, work, n_sm, st);
+    enum kernel k = pick(a);
+    int split = k == K_SPLIT;
+    if (k == K_FA2) attn_fa2_cuda(o, a, work, st);
+    else if (k == K_GROUP) {
+        int splits = attn_group_splits(a, n_sm);
+        attn_group_cuda(work, a, splits, st);
+        launch_combine(o, a, work, splits, st);
+    } else if (k == K_WMMA && a->hd == 64) launch_wmma<64>(o, a, st);
+    else if (k == K_WMMA) launch_wmma<128>(o, a, st);
+    else if (a->hd <= 64) launch_causal<2>(o, a, work, n_sm, split, st);
+    else if (a->hd <= 128) launch_causal<4>(o, a, work, n_sm, split, st);
+    else launch_causal<8>(o, a, work, n_sm, split, st);
 }
 
 void attn_probs_cuda(float *probs, const attn_cuda_args *a, int m, cudaStream_t st) {

@@ -22,10 +22,29 @@ typedef struct attn_cuda_args {
 // fp32 scratch (elements) attn_causal_cuda needs for a; n_sm = the device's multiprocessors.
 size_t attn_cuda_work_floats(const attn_cuda_args *a, int n_sm);
 
-// out (n, heads, hd) bf16 = causal attention (see above). Few query rows run split-K
-// (flash-decoding) through `work`; many run the tiled flash kernel (no n x len matrix).
+// out (n, heads, hd) bf16 = causal attention (see above). Few query rows (decode, <= 16) run
+// flash-decoding through `work`; many (prefill) run a tiled flash kernel (no n x len matrix).
+// The kernel for each case is picked per call; environment variables select the older ones
+// (kept beside the new, so a kernel that fails on a device does not stop the rest of a run):
+//   SIFT_ATTN_PREFILL=fa2 (default; head dims 64, 128) | wmma (64, 128) | flash (any)
+//   SIFT_ATTN_DECODE=group (default; head dims 64, 128, 256) | split (any)
+// A head dimension the chosen kernel does not take runs `flash` or `split`.
 void attn_causal_cuda(void *out, const attn_cuda_args *a, float *work, int n_sm,
                       cudaStream_t stream);
+
+// The kernel attn_causal_cuda runs for a: "fa2", "wmma", "flash", "group" or "split".
+const char *attn_cuda_kernel(const attn_cuda_args *a);
+
+// -- the kernels' own files (called through attn_causal_cuda) --
+// attn_prefill_cuda.cu: FlashAttention-2 form, mma.sync tiles; work: attn_fa2_work_floats.
+int attn_fa2_takes(const attn_cuda_args *a);
+size_t attn_fa2_work_floats(const attn_cuda_args *a);
+void attn_fa2_cuda(void *out, const attn_cuda_args *a, float *work, cudaStream_t stream);
+// attn_decode_cuda.cu: a block per (key chunk, KV head) over every query head of the group;
+// writes `splits` partials per (row, head) in the layout attn_combine_kernel merges.
+int attn_group_takes(const attn_cuda_args *a);
+int attn_group_splits(const attn_cuda_args *a, int n_sm);
+void attn_group_cuda(float *work, const attn_cuda_args *a, int splits, cudaStream_t stream);
 
 // probs (n, heads, m) fp32 = softmax of q.k / sqrt(hd) over the first m keys, restricted to the
 // visible ones (invisible keys get 0; a row with none visible is all 0).

@@ -90,29 +90,68 @@ static float *download(backend *b, const void *p, size_t n) {
     return h;
 }
 
-// One table row: relative L2 error of got vs ref; NaN fails. Returns 1 when it passed.
-static int report(const char *check, const char *shape, const float *got, const float *ref,
-                  size_t n, double tol) {
-    double num = 0, den = 0, worst = 0;
-    size_t nan = 0, at = 0;   // NaN count; index of the worst difference (or first NaN)
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)got[i] - ref[i];
-        if (isnan(d) && nan++ == 0) at = i;
-        if (isnan(d)) continue;
-        num += d * d;
-        den += (double)ref[i] * ref[i];
-        if (fabs(d) > worst && !nan) worst = fabs(d), at = i;
+// Errors of got vs ref, an output of `rows` rows of n / rows values each.
+typedef struct cmp_stats {
+    double rel;          // relative L2 error of the whole output
+    double row_rel;      // the worst row's relative L2 error (absolute where the row is all zero)
+    size_t worst_row;
+    double max_abs;      // largest |got - ref|
+    double ulps;         // largest |got - ref| in bf16 ulps of its row's largest |ref|
+    size_t at, nan;      // index of the largest difference (or the first NaN); NaN count
+} cmp_stats;
+
+static double bf16_ulp(double x) {   // spacing of bf16 values at |x| (8 significant bits)
+    if (!(x > 0)) return ldexp(1.0, -133);
+    int e;
+    frexp(x, &e);
+    return ldexp(1.0, e - 8);
+}
+
+static cmp_stats compare(const float *got, const float *ref, size_t n, size_t rows) {
+    cmp_stats st = {0};
+    double num = 0, den = 0;
+    size_t cols = rows && n % rows == 0 ? n / rows : n;
+    for (size_t r = 0; r * cols < n; r++) {
+        double rn = 0, rd = 0, rmax = 0;
+        for (size_t i = r * cols; i < (r + 1) * cols; i++) rmax = fmax(rmax, fabs(ref[i]));
+        for (size_t i = r * cols; i < (r + 1) * cols; i++) {
+            double d = (double)got[i] - ref[i];
+            if (isnan(d)) {
+                if (st.nan++ == 0) st.at = i;
+                continue;
+            }
+            rn += d * d, rd += (double)ref[i] * ref[i];
+            if (fabs(d) > st.max_abs && !st.nan) st.max_abs = fabs(d), st.at = i;
+            st.ulps = fmax(st.ulps, fabs(d) / bf16_ulp(rmax));
+        }
+        double rr = rd > 0 ? sqrt(rn / rd) : sqrt(rn);
+        if (rr > st.row_rel) st.row_rel = rr, st.worst_row = r;
+        num += rn, den += rd;
     }
-    double rel = den > 0 ? sqrt(num / den) : worst;
-    int ok = !nan && rel <= tol;
-    printf("| %-22s | %-44s | %9.2e | %9.2e | %s |\n", check, shape, nan ? NAN : rel, worst,
-           ok ? "ok" : "FAIL");
+    st.rel = den > 0 ? sqrt(num / den) : st.max_abs;
+    return st;
+}
+
+// One table row: got vs ref as `rows` rows (1: one vector); passes when nothing is NaN and the
+// whole output's and every row's relative L2 error are <= tol (one wrong row of many fails).
+// Columns: relative error, worst row's, max abs, max abs in bf16 ulps of the row's scale.
+static int report_rows(const char *check, const char *shape, const float *got, const float *ref,
+                       size_t n, size_t rows, double tol) {
+    cmp_stats st = compare(got, ref, n, rows);
+    int ok = !st.nan && st.rel <= tol && st.row_rel <= tol;
+    printf("| %-22s | %-44s | %9.2e | %9.2e | %9.2e | %7.1f | %s |\n", check, shape,
+           st.nan ? NAN : st.rel, st.row_rel, st.max_abs, st.ulps, ok ? "ok" : "FAIL");
     if (!ok && n)   // where to look: the flat index (row-major in the op's output shape)
-        printf("|   worst at [%zu] of %zu: %.6g, reference %.6g; %zu NaN |||||\n", at, n,
-               got[at], ref[at], nan);
+        printf("|   worst row %zu of %zu; worst at [%zu] of %zu: %.6g, reference %.6g; %zu NaN |||||||\n",
+               st.worst_row, rows ? rows : 1, st.at, n, got[st.at], ref[st.at], st.nan);
     fflush(stdout);
     ok ? n_pass++ : n_fail++;
     return ok;
+}
+
+static int report(const char *check, const char *shape, const float *got, const float *ref,
+                  size_t n, double tol) {
+    return report_rows(check, shape, got, ref, n, 1, tol);
 }
 
 // Runs a row-op on both backends: inputs uploaded, output poisoned, op run, output compared.
@@ -133,7 +172,7 @@ static void check_op(backend *bk[2], const char *name, const char *shape, op_fn 
         b->free(b, out);
         for (int i = 0; i < n_in; i++) b->free(b, in[i]);
     }
-    report(name, shape, res[GPU], res[CPU], (size_t)out_rows * out_cols, TOL);
+    report_rows(name, shape, res[GPU], res[CPU], (size_t)out_rows * out_cols, (size_t)out_rows, TOL);
     free(res[0]);
     free(res[1]);
 }
@@ -290,6 +329,8 @@ typedef struct attn_case {
     int len, gap;        // entries appended (two calls), at positions 0, gap, 2 gap, ...
     int keep;            // > 0: then keep this many per KV head (different per head), append 2 more
     int n, qpos0, qstep; // query rows at positions qpos0 + qstep * i
+    int trap;            // 1: keys some query must not see get 8x the magnitude (scores that
+                         // would dominate that query's softmax if a kernel let them through)
 } attn_case;
 
 static void *kv_mem_alloc(void *ctx, size_t n) {
@@ -340,6 +381,11 @@ static float *kv_rows(backend *b, const kv_layer *L, const void *p) {
     return out;
 }
 
+// The kernels the CUDA backend can run for a case (attn_cuda.h), picked by environment variable.
+static const char *const prefill_kernels[] = {"fa2", "wmma", "flash"};
+static const char *const decode_kernels[] = {"group", "split"};
+#define SPLIT_MAX_ROWS 16   // attn_cuda.cu: up to this many query rows run a decode kernel
+
 static void test_attention(backend *bk[2], const attn_case *t) {
     int kvd = t->nkv * t->hd, qd = t->heads * t->hd, total = t->len + 2;
     float *k = rand_host((size_t)total * kvd, 2), *v = rand_host((size_t)total * kvd, 1);
@@ -347,9 +393,17 @@ static void test_attention(backend *bk[2], const attn_case *t) {
     int *idx = xmalloc((size_t)(t->keep ? t->keep : 1) * t->nkv * sizeof(int));
     for (int g = 0; g < t->nkv && t->keep; g++)
         for (int j = 0; j < t->keep; j++) idx[g * t->keep + j] = g + j * ((t->len - g) / t->keep);
-    int *qpos = xmalloc((size_t)t->n * sizeof(int));
-    for (int i = 0; i < t->n; i++) qpos[i] = t->qpos0 + t->qstep * i;
-    float *kc[2], *vc[2], *out[2], *pr[2][2];
+    int *qpos = xmalloc((size_t)t->n * sizeof(int)), qmin = t->qpos0;
+    for (int i = 0; i < t->n; i++) qpos[i] = t->qpos0 + t->qstep * i, qmin = qpos[i] < qmin ? qpos[i] : qmin;
+    for (int j = 0; t->trap && j < total; j++) {   // positions as build_cache gives them
+        int p = j < t->len ? j * t->gap : t->len * t->gap + 1 + (j - t->len);
+        for (int c = 0; p > qmin && c < kvd; c++)
+            k[(size_t)j * kvd + c] *= 8, v[(size_t)j * kvd + c] *= 8;
+    }
+    int decode = t->n <= SPLIT_MAX_ROWS, n_var = decode ? 2 : 3;
+    const char *const *vars = decode ? decode_kernels : prefill_kernels;
+    const char *env = decode ? "SIFT_ATTN_DECODE" : "SIFT_ATTN_PREFILL";
+    float *kc[2], *vc[2], *out[2][3], *pr[2][2];
     int len = 0, m[2], *posr[2];
     for (int b = 0; b < 2; b++) {
         backend *B = bk[b];
@@ -361,9 +415,13 @@ static void test_attention(backend *bk[2], const attn_case *t) {
         for (int g = 0; g < t->nkv; g++)
             memcpy(posr[b] + (size_t)g * len, L->pos + (size_t)g * L->cap, (size_t)len * sizeof(int));
         void *dq = upload(B, q, t->n, qd), *o = B->alloc(B, (size_t)t->n * qd);
-        poison(B, o, t->n, qd);
-        B->attention(B, o, dq, qpos, t->n, t->heads, L);
-        out[b] = download(B, o, (size_t)t->n * qd);
+        for (int w = 0; w < (b == GPU ? n_var : 1); w++) {   // the CPU twin once, each GPU kernel
+            setenv(env, vars[w], 1);
+            poison(B, o, t->n, qd);
+            B->attention(B, o, dq, qpos, t->n, t->heads, L);
+            out[b][w] = download(B, o, (size_t)t->n * qd);
+        }
+        unsetenv(env);
         m[0] = len, m[1] = len / 2;
         for (int w = 0; w < 2; w++) {
             size_t np = (size_t)t->n * t->heads * m[w];
@@ -375,18 +433,25 @@ static void test_attention(backend *bk[2], const attn_case *t) {
         kv_free(kv);
     }
     const char *shape = t->label;
-    size_t kvn = (size_t)len * kvd;
+    size_t kvn = (size_t)len * kvd, rows = (size_t)t->n * t->heads;
     float same = memcmp(posr[GPU], posr[CPU], (size_t)len * t->nkv * sizeof(int)) == 0, one = 1;
     report("kv positions (host)", shape, &same, &one, 1, 0);
-    report(t->keep ? "kv_append+kv_keep K" : "kv_append K", shape, kc[GPU], kc[CPU], kvn, TOL);
-    report(t->keep ? "kv_append+kv_keep V" : "kv_append V", shape, vc[GPU], vc[CPU], kvn, TOL);
-    report("attention", shape, out[GPU], out[CPU], (size_t)t->n * qd, TOL);
+    report_rows(t->keep ? "kv_append+kv_keep K" : "kv_append K", shape, kc[GPU], kc[CPU], kvn, len * t->nkv, TOL);
+    report_rows(t->keep ? "kv_append+kv_keep V" : "kv_append V", shape, vc[GPU], vc[CPU], kvn, len * t->nkv, TOL);
+    for (int w = 0; w < n_var; w++) {
+        char name[40];
+        snprintf(name, sizeof name, "attention [%s]", vars[w]);
+        report_rows(name, shape, out[GPU][w], out[CPU][0], rows * t->hd, rows, TOL);
+    }
     for (int w = 0; w < 2; w++) {
         char s2[120];
         snprintf(s2, sizeof s2, "%s, m %d", t->label, m[w]);
-        report("attn_probs", s2, pr[GPU][w], pr[CPU][w], (size_t)t->n * t->heads * m[w], TOL);
+        report_rows("attn_probs", s2, pr[GPU][w], pr[CPU][w], rows * m[w], rows, TOL);
     }
-    for (int b = 0; b < 2; b++) free(kc[b]), free(vc[b]), free(out[b]), free(pr[b][0]), free(pr[b][1]), free(posr[b]);
+    for (int b = 0; b < 2; b++) {
+        for (int w = 0; w < (b == GPU ? n_var : 1); w++) free(out[b][w]);
+        free(kc[b]), free(vc[b]), free(pr[b][0]), free(pr[b][1]), free(posr[b]);
+    }
     free(k), free(v), free(q), free(idx), free(qpos);
 }
 
@@ -411,7 +476,7 @@ static phi_maps *test_maps(int kind, int heads, int nkv, int hd, int f) {
 
 static void test_phi_select(backend *bk[2], int kind, int heads, int nkv, int hd, int f, int len,
                             int n_sub, int n_extra) {
-    attn_case t = {"phi", heads, nkv, hd, len, 1, 0, 1, len, 1};
+    attn_case t = {"phi", heads, nkv, hd, len, 1, 0, 1, len, 1, 0};
     int kvd = nkv * hd, lo = 4, hi = len - 8, n_sel = n_sub + n_extra;
     float *k = rand_host((size_t)(len + 2) * kvd, 2), *v = rand_host((size_t)(len + 2) * kvd, 1);
     float *q = rand_host((size_t)heads * hd, 2);
@@ -468,7 +533,7 @@ static void test_phi_select(backend *bk[2], int kind, int heads, int nkv, int hd
 // either way in fp32, so >= 99 % of the indices must agree.
 static void test_attn_topk(backend *bk[2], int heads, int nkv, int hd, int len, int lo, int n,
                            int k, int levels) {
-    attn_case t = {"topk", heads, nkv, hd, len, 1, 0, 1, len, 1};
+    attn_case t = {"topk", heads, nkv, hd, len, 1, 0, 1, len, 1, 0};
     int kvd = nkv * hd;
     float *k_ = rand_host((size_t)(len + 2) * kvd, 2), *v = rand_host((size_t)(len + 2) * kvd, 1);
     float *q = rand_host((size_t)heads * hd, 2);
@@ -551,8 +616,8 @@ static void test_ceilings(backend *bk[2]) {
     double tf = 0, gb = 0;
     int rc = bk[GPU]->ceilings(bk[GPU], &tf, &gb);
     int ok = rc == 0 && tf > 1 && gb > 10;
-    printf("| %-22s | %-44s | %9.1f | %9.1f | %s |\n", "ceilings TFLOP/s GB/s", "bf16 8192^3 GEMM, 1 GiB copy",
-           tf, gb, ok ? "ok" : "FAIL");
+    printf("| %-22s | %-44s | %9.1f | %9.1f | %9s | %7s | %s |\n", "ceilings TFLOP/s GB/s",
+           "bf16 8192^3 GEMM, 1 GiB copy", tf, gb, "-", "-", ok ? "ok" : "FAIL");
     ok ? n_pass++ : n_fail++;
 }
 
@@ -628,7 +693,29 @@ static int argmax(const float *x, int n) {
     return best;
 }
 
-// Strategy s on both models: last-row logits after prefill, then n_gen greedy tokens.
+// Share of the CPU cache's kept positions (per layer and KV head, the first len entries) that
+// the GPU cache keeps too: the selection strategies' choices, apart from their logits.
+static double kept_agreement(const kv_cache *cpu, const kv_cache *gpu) {
+    long same = 0, all = 0;
+    for (int l = 0; l < cpu->n_layer && l < gpu->n_layer; l++) {
+        const kv_layer *a = &cpu->layers[l], *b = &gpu->layers[l];
+        for (int g = 0; g < a->n_kv_head; g++) {
+            const int *pa = a->pos + (size_t)g * a->cap, *pb = b->pos + (size_t)g * b->cap;
+            all += a->len;
+            for (int i = 0; i < a->len; i++)   // small caches: a scan is enough
+                for (int j = 0; j < b->len; j++)
+                    if (pb[j] == pa[i]) {
+                        same++;
+                        break;
+                    }
+        }
+    }
+    return all ? (double)same / all : 1.0;
+}
+
+// Strategy s on both models: the last prompt row's logits after prefill; the cache each
+// prefill kept; then n_gen - 1 decode steps fed the CPU's greedy tokens on both backends, every
+// step's logits compared (the worst step reported); then each backend's own greedy generation.
 static void test_strategy(model *m[2], const strategy *s, const int *ids, int n, int n_gen,
                           const char *model_name) {
     strategy_opts so = strategy_opts_default();
@@ -636,24 +723,62 @@ static void test_strategy(model *m[2], const strategy *s, const int *ids, int n,
     char err[512], label[96];
     snprintf(label, sizeof label, "%s, %d tokens", model_name, n);
     if (s->check && s->check(m[CPU], &so, err, sizeof err)) {
-        printf("| %-22s | %-44s | %9s | %9s | skip: %s |\n", s->name, label, "-", "-", err);
+        printf("| %-22s | %-44s | %9s | %9s | %9s | %7s | skip: %s |\n", s->name, label, "-", "-", "-", "-", err);
         return;
     }
     if (s->check && s->check(m[GPU], &so, err, sizeof err)) {   // runs on the CPU, not here
-        printf("| %-22s | %-44s | %9s | %9s | FAIL: %s |\n", s->name, label, "-", "-", err);
+        printf("| %-22s | %-44s | %9s | %9s | %9s | %7s | FAIL: %s |\n", s->name, label, "-", "-", "-", "-", err);
         n_fail++;
         return;
     }
     int vocab = m[CPU]->cfg.vocab;
-    float *lg[2];
-    token_log tl[2] = {{{0}, 0}, {{0}, 0}};
+    float *lg[2], *step[2][64];
+    kv_cache *kv[2];
+    prefill_info info[2] = {{0}, {0}};
     for (int b = 0; b < 2; b++) {
         lg[b] = xmalloc((size_t)vocab * sizeof(float));
         for (int i = 0; i < vocab; i++) lg[b][i] = NAN;
-        prefill_info info = {0};
-        kv_cache *kv = s->prefill(m[b], ids, n, n_gen, &so, lg[b], &info, err, sizeof err);
-        CHECK_INTERNAL(kv, "%s prefill: %s", s->name, err);
-        kv_free(kv);
+        kv[b] = s->prefill(m[b], ids, n, n_gen, &so, lg[b], &info[b], err, sizeof err);
+        CHECK_INTERNAL(kv[b], "%s prefill: %s", s->name, err);
+    }
+    char check[64];
+    snprintf(check, sizeof check, "%s logits", s->name);
+    report(check, label, lg[GPU], lg[CPU], (size_t)vocab, TOL_MODEL);
+    double agree = kept_agreement(kv[CPU], kv[GPU]);
+    int agree_ok = agree >= 0.9;   // selections on bf16 scores: near-ties may fall either way
+    printf("| %-22s | %-44s | %9.4f | %9s | %9s | %7s | %s |\n", "  kept positions agree", label,
+           agree, "-", "-", "-", agree_ok ? "ok" : "FAIL");
+    agree_ok ? n_pass++ : n_fail++;
+    int steps = n_gen - 1 < 64 ? n_gen - 1 : 64, tok = argmax(lg[CPU], vocab);
+    for (int t = 0; t < steps; t++) {   // the same token into both: the CPU's greedy choice
+        int pos = n + t;
+        for (int b = 0; b < 2; b++) {
+            step[b][t] = xmalloc((size_t)vocab * sizeof(float));
+            for (int i = 0; i < vocab; i++) step[b][t][i] = NAN;
+            fwd_run(m[b], kv[b], &tok, &pos, 1, &info[b].decode, step[b][t], 0);
+        }
+        tok = argmax(step[CPU][t], vocab);
+    }
+    if (steps > 0) {
+        int worst = 0;
+        double wr = -1;
+        for (int t = 0; t < steps; t++) {
+            cmp_stats st = compare(step[GPU][t], step[CPU][t], (size_t)vocab, 1);
+            double r = st.nan ? INFINITY : st.rel;
+            if (r > wr) wr = r, worst = t;
+        }
+        char l2[160];
+        snprintf(l2, sizeof l2, "%s, worst of %d steps: %d", label, steps, worst + 1);
+        snprintf(check, sizeof check, "  decode step logits");
+        report(check, l2, step[GPU][worst], step[CPU][worst], (size_t)vocab, TOL_MODEL);
+    }
+    for (int b = 0; b < 2; b++) {
+        for (int t = 0; t < steps; t++) free(step[b][t]);
+        if (info[b].decode_free) info[b].decode_free(info[b].decode.ctx);
+        kv_free(kv[b]);
+    }
+    token_log tl[2] = {{{0}, 0}, {{0}, 0}};
+    for (int b = 0; b < 2; b++) {
         sampler smp;
         sampler_init(&smp, &(sample_params){.temp = 0}, vocab);
         run_stats st;
@@ -662,16 +787,13 @@ static void test_strategy(model *m[2], const strategy *s, const int *ids, int n,
         CHECK_INTERNAL(rc == 0, "%s generate: %s", s->name, err);
         sampler_free(&smp);
     }
-    char check[64];
-    snprintf(check, sizeof check, "%s logits", s->name);
-    report(check, label, lg[GPU], lg[CPU], (size_t)vocab, TOL_MODEL);
     // greedy: the first token must match unless the CPU's top two are closer than the bf16 noise
     int a = argmax(lg[CPU], vocab), g = argmax(lg[GPU], vocab), same = 0;
     double gap = lg[CPU][a] - lg[CPU][g];
     while (same < tl[CPU].n && same < tl[GPU].n && tl[CPU].ids[same] == tl[GPU].ids[same]) same++;
     int ok = tl[CPU].ids[0] == tl[GPU].ids[0] || gap < 0.05;
-    printf("| %-22s | %-44s | %6d/%-2d | %9.2e | %s |\n", "  greedy same prefix", label, same,
-           tl[CPU].n, gap, ok ? "ok" : "FAIL");
+    printf("| %-22s | %-44s | %6d/%-2d | %9.2e | %9s | %7s | %s |\n", "  greedy same prefix", label,
+           same, tl[CPU].n, gap, "-", "-", ok ? "ok" : "FAIL");
     ok ? n_pass++ : n_fail++;
     free(lg[0]), free(lg[1]);
 }
@@ -698,7 +820,8 @@ static void test_tiny_models(backend *bk[2]) {
 static void test_gguf_model(backend *bk[2], const char *path) {
     struct stat sb;
     if (!path || stat(path, &sb) != 0) {
-        printf("| %-22s | %-44s | %9s | %9s | skip: no model file |\n", "GGUF model", path ? path : "-", "-", "-");
+        printf("| %-22s | %-44s | %9s | %9s | %9s | %7s | skip: no model file |\n", "GGUF model",
+               path ? path : "-", "-", "-", "-", "-");
         return;
     }
     char err[512];
@@ -767,21 +890,29 @@ static void test_ops(backend *bk[2]) {
     test_weight_types(bk);
 }
 
+// Prefill cases (more than 16 query rows) run every prefill kernel, decode cases every decode
+// kernel (see test_attention).
 static void test_attention_cases(backend *bk[2]) {
     static const attn_case cases[] = {
-        {"wmma GQA 6/2 hd64 causal", 6, 2, 64, 200, 1, 0, 200, 0, 1},
-        {"wmma GQA 32/8 hd128 causal", 32, 8, 128, 300, 1, 0, 300, 0, 1},
-        {"wmma hd128 kept, row w/o keys", 4, 2, 128, 300, 2, 120, 70, -5, 9},
-        {"wmma MHA hd64 len77 gap5", 4, 4, 64, 77, 5, 0, 130, 3, 3},
-        {"flash hd256 row w/o keys", 4, 1, 256, 70, 1, 0, 40, -3, 5},
-        {"flash MHA hd96 gap3 kept", 3, 3, 96, 150, 3, 60, 20, 10, 17},
-        {"split hd128 len5000 gap2", 8, 2, 128, 5000, 2, 0, 1, 20000, 1},
-        {"split hd128 masked rows", 8, 2, 128, 3000, 1, 0, 3, 1000, 700},
-        {"split GQA 8/2 hd64 kept", 8, 2, 64, 2000, 3, 700, 4, 3000, 1100},
-        {"split hd32 tiny", 2, 1, 32, 5, 1, 0, 2, 1, 2},
-        {"split 16 rows hd128", 4, 2, 128, 600, 1, 0, 16, 580, 2},
-        {"split hd36 (not 16-byte rows)", 4, 2, 36, 500, 1, 0, 2, 400, 50},
-        {"flash hd10 (not 16-byte rows)", 2, 1, 10, 90, 1, 0, 40, 0, 2},
+        {"prefill GQA 6/2 hd64 causal", 6, 2, 64, 200, 1, 0, 200, 0, 1, 0},
+        {"prefill GQA 32/8 hd128 causal", 32, 8, 128, 300, 1, 0, 300, 0, 1, 0},
+        {"prefill hd128 kept, row w/o keys", 4, 2, 128, 300, 2, 120, 70, -5, 9, 0},
+        {"prefill MHA hd64 len77 gap5", 4, 4, 64, 77, 5, 0, 130, 3, 3, 0},
+        {"prefill GQA 8/2 hd128 1100 trap", 8, 2, 128, 1100, 1, 0, 1100, 0, 1, 1},
+        {"prefill GQA 4/2 hd64 17 rows trap", 4, 2, 64, 700, 1, 0, 17, 683, 1, 1},
+        {"prefill hd64 kept trap, 2 chunks", 4, 1, 64, 900, 2, 300, 130, 500, 3, 1},
+        {"prefill hd256 row w/o keys", 4, 1, 256, 70, 1, 0, 40, -3, 5, 0},
+        {"prefill MHA hd96 gap3 kept", 3, 3, 96, 150, 3, 60, 20, 10, 17, 0},
+        {"prefill hd10 (not 16-byte rows)", 2, 1, 10, 90, 1, 0, 40, 0, 2, 0},
+        {"decode hd128 len5000 gap2", 8, 2, 128, 5000, 1, 0, 1, 20000, 1, 0},
+        {"decode hd128 masked rows", 8, 2, 128, 3000, 1, 0, 3, 1000, 700, 0},
+        {"decode GQA 8/2 hd64 kept", 8, 2, 64, 2000, 3, 700, 4, 3000, 1100, 0},
+        {"decode hd32 tiny", 2, 1, 32, 5, 1, 0, 2, 1, 2, 0},
+        {"decode 16 rows hd128", 4, 2, 128, 600, 1, 0, 16, 580, 2, 0},
+        {"decode 16 rows GQA 32/8 trap", 32, 8, 128, 2000, 1, 0, 16, 1990, 1, 1},
+        {"decode hd256 len3000 trap", 8, 2, 256, 3000, 1, 0, 2, 2990, 5, 1},
+        {"decode GQA 8/2 hd128 len70000", 8, 2, 128, 70000, 1, 0, 1, 70000, 1, 0},
+        {"decode hd36 (not 16-byte rows)", 4, 2, 36, 500, 1, 0, 2, 400, 50, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) test_attention(bk, &cases[i]);
 }
@@ -807,8 +938,9 @@ int main(int argc, char **argv) {
         bk[CPU]->destroy(bk[CPU]);
         return 2;
     }
-    printf("gpu_check: %s\n\n| %-22s | %-44s | %9s | %9s | result |\n|---|---|---:|---:|---|\n", msg,
-           "check", "shape", "rel err", "max abs");
+    printf("gpu_check: %s\n\n| %-22s | %-44s | %9s | %9s | %9s | %7s | result |\n"
+           "|---|---|---:|---:|---:|---:|---|\n", msg, "check", "shape", "rel err", "worst row",
+           "max abs", "ulps");
     if (self) bk[GPU]->attn_topk = self_attn_topk;
     test_ops(bk);
     test_attention_cases(bk);
