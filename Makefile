@@ -125,7 +125,7 @@ run: deps
 test-c: $(TEST_BIN)
 	@bash tests/run_c.sh $(TEST_BIN)
 
-test-bins: $(TEST_BIN) $(TOOL_BIN)
+test-bins: $(TEST_BIN) $(TOOL_BIN) $(GPU_BIN)
 
 test: deps
 	@$(MAKE) --no-print-directory sift test-bins $(FUZZ_BIN) model

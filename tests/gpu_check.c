@@ -329,8 +329,10 @@ typedef struct attn_case {
     int len, gap;        // entries appended (two calls), at positions 0, gap, 2 gap, ...
     int keep;            // > 0: then keep this many per KV head (different per head), append 2 more
     int n, qpos0, qstep; // query rows at positions qpos0 + qstep * i
-    int trap;            // 1: keys some query must not see get 8x the magnitude (scores that
-                         // would dominate that query's softmax if a kernel let them through)
+    int trap;            // 1: keys some query must not see get values 64x as large: even at an
+                         // average softmax weight (1/len) one such key let through moves that
+                         // query's output (an average of ~len random values, norm ~1/sqrt(len))
+                         // far past the tolerance
 } attn_case;
 
 static void *kv_mem_alloc(void *ctx, size_t n) {
@@ -398,7 +400,7 @@ static void test_attention(backend *bk[2], const attn_case *t) {
     for (int j = 0; t->trap && j < total; j++) {   // positions as build_cache gives them
         int p = j < t->len ? j * t->gap : t->len * t->gap + 1 + (j - t->len);
         for (int c = 0; p > qmin && c < kvd; c++)
-            k[(size_t)j * kvd + c] *= 8, v[(size_t)j * kvd + c] *= 8;
+            v[(size_t)j * kvd + c] *= 64;
     }
     int decode = t->n <= SPLIT_MAX_ROWS, n_var = decode ? 2 : 3;
     const char *const *vars = decode ? decode_kernels : prefill_kernels;
@@ -588,6 +590,17 @@ static void self_attn_topk(backend *b, int *idx, const void *q, int qpos, int he
         for (int i = 0; i < k; i++) idx[(size_t)h * k + i] += lo;
     }
     free(probs);
+}
+
+// --self-fault: the second CPU backend's attention lets each query see one position too far
+// (an off-by-one mask), so the harness shows that it catches the bug class it exists for.
+static void (*cpu_attention)(backend *, void *, const void *, const int *, int, int, const kv_layer *);
+static void off_by_one_attention(backend *b, void *out, const void *q, const int *qpos, int n,
+                                 int heads, const kv_layer *L) {
+    int *p = xmalloc((size_t)(n ? n : 1) * sizeof(int));
+    for (int i = 0; i < n; i++) p[i] = qpos[i] + 1;
+    cpu_attention(b, out, q, p, n, heads, L);
+    free(p);
 }
 
 // ---- optional ops ------------------------------------------------------------------------------
@@ -906,7 +919,7 @@ static void test_attention_cases(backend *bk[2]) {
         {"prefill hd10 (not 16-byte rows)", 2, 1, 10, 90, 1, 0, 40, 0, 2, 0},
         {"decode hd128 len5000 gap2", 8, 2, 128, 5000, 1, 0, 1, 20000, 1, 0},
         {"decode hd128 masked rows", 8, 2, 128, 3000, 1, 0, 3, 1000, 700, 0},
-        {"decode GQA 8/2 hd64 kept", 8, 2, 64, 2000, 3, 700, 4, 3000, 1100, 0},
+        {"decode GQA 8/2 hd64 kept trap", 8, 2, 64, 2000, 3, 700, 4, 3000, 1100, 1},
         {"decode hd32 tiny", 2, 1, 32, 5, 1, 0, 2, 1, 2, 0},
         {"decode 16 rows hd128", 4, 2, 128, 600, 1, 0, 16, 580, 2, 0},
         {"decode 16 rows GQA 32/8 trap", 32, 8, 128, 2000, 1, 0, 16, 1990, 1, 1},
@@ -917,17 +930,19 @@ static void test_attention_cases(backend *bk[2]) {
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) test_attention(bk, &cases[i]);
 }
 
-// gpu_check [--self] [--ops-only] [MODEL.gguf]; --self compares the CPU backend with itself
-// (checks this harness on a machine without a GPU; no ceilings); --ops-only skips the model
-// checks and the ceilings (what the sanitizers run).
+// gpu_check [--self | --self-fault] [--ops-only] [MODEL.gguf]; --self compares the CPU backend
+// with itself (checks this harness on a machine without a GPU; no ceilings); --self-fault does
+// so with an off-by-one attention mask on the second backend (the trap cases must fail);
+// --ops-only skips the model checks and the ceilings (what the sanitizers run).
 int main(int argc, char **argv) {
     char msg[512] = "--self: CPU against CPU";
-    int self = 0, ops_only = 0;
+    int self = 0, ops_only = 0, fault = 0;
     for (; argc > 1 && strncmp(argv[1], "--", 2) == 0; argc--, argv++) {
         if (strcmp(argv[1], "--self") == 0) self = 1;
+        else if (strcmp(argv[1], "--self-fault") == 0) self = fault = 1;
         else if (strcmp(argv[1], "--ops-only") == 0) ops_only = 1;
         else {
-            fprintf(stderr, "usage: gpu_check [--self] [--ops-only] [MODEL.gguf]\n");
+            fprintf(stderr, "usage: gpu_check [--self | --self-fault] [--ops-only] [MODEL.gguf]\n");
             return 2;
         }
     }
@@ -942,6 +957,7 @@ int main(int argc, char **argv) {
            "|---|---|---:|---:|---:|---:|---|\n", msg, "check", "shape", "rel err", "worst row",
            "max abs", "ulps");
     if (self) bk[GPU]->attn_topk = self_attn_topk;
+    if (fault) cpu_attention = bk[GPU]->attention, bk[GPU]->attention = off_by_one_attention;
     test_ops(bk);
     test_attention_cases(bk);
     if (bk[GPU]->weight_synth) test_weight_synth(bk, 33, 70);
