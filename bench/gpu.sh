@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/gpu.sh — everything a GPU machine session does, in one call of under 9 minutes, from the
-# repo root: GPU facts, the carried binaries (or a build there), make test-gpu's checks, the
-# compute-sanitizer runs, and `sift bench` on synthetic shapes. Logs go to $OUT (or bench/out);
+# repo root: GPU facts, the carried binaries (or a build there), make test-gpu's checks (with the
+# attention kernels timed alone), the compute-sanitizer runs, `sift bench` on synthetic shapes and
+# the PyTorch peer (bench/torch_peer.py) on the first bench's shape. Logs go to $OUT (or bench/out);
 # a short table comes last.
 #
 # Build machine (nvcc, no GPU needed):   make -j2 sift build/tests/gpu_check && bench/gpu.sh --pack
@@ -91,6 +92,10 @@ for b in "${BENCH[@]}"; do
     i=$((i + 1))
     # shellcheck disable=SC2086
     step "sift bench $i" 120 "bench_$i.log" "$SIFT" bench $b
+    if [ $i = 1 ]; then   # the PyTorch peer on bench 1's shape and contexts, in the same call
+        step "pytorch peer (bench/torch_peer.py)" 150 torch.log python3 bench/torch_peer.py \
+            --shape llama-3.1-8b --ctx 8192,32768 -n 64
+    fi
 done
 
 # fit-phi's logging prefill on each device (the fit itself is CPU): the two quality tables should
@@ -107,7 +112,8 @@ for dev in cpu cuda; do echo "$dev: $(grep -h "^| full\|^| speed" "$OUT/smoke_$d
 grep -h "FAIL" "$OUT"/test_gpu.log 2>/dev/null | head -n 20
 grep -h "ERROR SUMMARY\|failed" "$OUT"/sanitize.log 2>/dev/null | head -n 6
 for dev in cpu cuda; do echo "fit-phi $dev: $(grep -h "^| mean" "$OUT/fit_$dev.log" 2>/dev/null)"; done
-for f in "$OUT"/bench_*.log; do [ -f "$f" ] && grep -h "^|" "$f" | grep -v "^|---"; done
+grep -h "^| attn \(prefill\|decode\)\|^| ceilings" "$OUT"/test_gpu.log 2>/dev/null
+for f in "$OUT"/bench_*.log "$OUT"/torch.log; do [ -f "$f" ] && grep -h "^|" "$f" | grep -v "^|---"; done
 echo
 echo "| step | result | detail |"
 echo "|---|---|---|"

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "../attn/phi.h"
 #include "../attn/score.h"
@@ -625,13 +626,85 @@ static void test_weight_synth(backend *bk[2], int rows, int cols) {
     free(ids), free(got), free(ref);
 }
 
+static double ceil_tflops, ceil_gbps;   // measured by test_ceilings
+
 static void test_ceilings(backend *bk[2]) {
     double tf = 0, gb = 0;
     int rc = bk[GPU]->ceilings(bk[GPU], &tf, &gb);
+    ceil_tflops = tf, ceil_gbps = gb;
     int ok = rc == 0 && tf > 1 && gb > 10;
     printf("| %-22s | %-44s | %9.1f | %9.1f | %9s | %7s | %s |\n", "ceilings TFLOP/s GB/s",
            "bf16 8192^3 GEMM, 1 GiB copy", tf, gb, "-", "-", ok ? "ok" : "FAIL");
     ok ? n_pass++ : n_fail++;
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+// Seconds per call of attention (n rows at positions qpos over layer L) with kernel `kind` of
+// `env`; the stream is drained by a one-element download.
+static double time_attention(backend *g, const char *env, const char *kind, void *o, const void *q,
+                             const int *qpos, int n, int heads, const kv_layer *L, int reps) {
+    setenv(env, kind, 1);
+    float one;
+    g->attention(g, o, q, qpos, n, heads, L);   // warm-up (plans, shared-memory opt-in)
+    g->to_host(g, &one, o, 1);
+    double t0 = now_s();
+    for (int r = 0; r < reps; r++) g->attention(g, o, q, qpos, n, heads, L);
+    g->to_host(g, &one, o, 1);
+    unsetenv(env);
+    return (now_s() - t0) / reps;
+}
+
+// Attention alone on one layer of the Llama-3.1-8B shape (32 query heads, 8 KV heads, hd 128)
+// over a cache of N keys: the prefill kernels on N causal rows (TFLOP/s: 4 heads hd N^2 / 2,
+// and the share of the GEMM ceiling) and the decode kernels on one row (GB/s of K and V read,
+// and the share of the copy ceiling). Informational rows (bench/RESULTS.md records them).
+static void test_attn_speed(backend *bk[2], int N) {
+    backend *g = bk[GPU];
+    int heads = 32, nkv = 8, hd = 128, kvd = nkv * hd, qd = heads * hd, cap = N;
+    char err[200], shape[64];
+    kv_cache *kv = kv_create(1, nkv, hd, &cap, g->elem_bytes, kv_mem_alloc, kv_mem_free, g, err,
+                             sizeof err);
+    snprintf(shape, sizeof shape, "8B layer, %d keys", N);
+    if (!kv) {
+        printf("| %-22s | %-44s | %9s | %9s | %9s | %7s | skip: %s |\n", "attention speed", shape, "-", "-", "-", "-", err);
+        return;
+    }
+    kv_layer *L = &kv->layers[0];
+    float *kh = rand_host((size_t)N * kvd, 2), *vh = rand_host((size_t)N * kvd, 1);
+    float *qh = rand_host((size_t)N * qd, 2);
+    int *pos = iota(N), last = N;
+    void *dk = upload(g, kh, N, kvd), *dv = upload(g, vh, N, kvd), *dq = upload(g, qh, N, qd);
+    void *o = g->alloc(g, (size_t)N * qd);
+    g->kv_append(g, L, dk, dv, pos, N);
+    for (int w = 0; w < 2; w++) {   // fa2, wmma (the CUDA-core flash kernel is far slower)
+        double sec = time_attention(g, "SIFT_ATTN_PREFILL", prefill_kernels[w], o, dq, pos, N, heads, L, 3);
+        double tf = 4.0 * heads * hd * (double)N * N / 2 / sec / 1e12;
+        char name[40], v1[16], v2[16];
+        snprintf(name, sizeof name, "attn prefill [%s]", prefill_kernels[w]);
+        snprintf(v1, sizeof v1, "%.1f TF/s", tf);
+        snprintf(v2, sizeof v2, "%.0f %%", ceil_tflops > 0 ? 100 * tf / ceil_tflops : 0.0);
+        printf("| %-22s | %-44s | %9s | %9s | %7.2f ms | %7s | info: TFLOP/s, %% of GEMM ceiling |\n",
+               name, shape, v1, v2, sec * 1e3, "-");
+    }
+    for (int w = 0; w < 2; w++) {   // group, split
+        double sec = time_attention(g, "SIFT_ATTN_DECODE", decode_kernels[w], o, dq, &last, 1, heads, L, 20);
+        double gb = 2.0 * N * kvd * g->elem_bytes / sec / 1e9;
+        char name[40], v1[16], v2[16];
+        snprintf(name, sizeof name, "attn decode [%s]", decode_kernels[w]);
+        snprintf(v1, sizeof v1, "%.0f GB/s", gb);
+        snprintf(v2, sizeof v2, "%.0f %%", ceil_gbps > 0 ? 100 * gb / ceil_gbps : 0.0);
+        printf("| %-22s | %-44s | %9s | %9s | %7.3f ms | %7s | info: GB/s of K+V, %% of copy ceiling |\n",
+               name, shape, v1, v2, sec * 1e3, "-");
+    }
+    fflush(stdout);
+    g->free(g, dk), g->free(g, dv), g->free(g, dq), g->free(g, o);
+    kv_free(kv);
+    free(kh), free(vh), free(qh), free(pos);
 }
 
 // ---- models and strategies ---------------------------------------------------------------------
@@ -974,7 +1047,11 @@ int main(int argc, char **argv) {
         test_phi_select(bk, PHI_MLP, 8, 2, 128, 96, 1500, 40, 6);
         test_phi_select(bk, PHI_PRF, 4, 4, 32, 48, 120, 0, 5);
     }
-    if (bk[GPU]->ceilings && !ops_only && !self) test_ceilings(bk);   // GPU-scale thresholds
+    if (bk[GPU]->ceilings && !ops_only && !self) {   // GPU-scale measurements
+        test_ceilings(bk);
+        test_attn_speed(bk, 8192);
+        test_attn_speed(bk, 32768);
+    }
     const char *env = getenv("SIFT_MODEL");
     const char *path = argc > 1 ? argv[1] : env && *env ? env : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
     if (!ops_only) {
