@@ -644,6 +644,13 @@ static int *mirror_get(cuda_impl *c, const kv_layer *L) {
     return dpos;
 }
 
+// dpos (n_kv_head, cap) entries len .. len + n of every KV head = pos (n,), device to device
+__global__ void kv_pos_kernel(int *dpos, const int *pos, int n, int n_kv_head, int cap, int len) {
+    int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n * n_kv_head) return;
+    dpos[(size_t)(e / n) * cap + len + e % n] = pos[e % n];
+}
+
 // k, v (n, n_kv_head, hd) -> dk, dv (n_kv_head, cap, hd) at entries len .. len + n
 __global__ void kv_append_kernel(bf16 *dk, bf16 *dv, const bf16 *k, const bf16 *v, int n,
                                  int n_kv_head, int hd, int cap, int len) {
@@ -669,7 +676,11 @@ static void cuda_kv_append(backend *b, kv_layer *L, const void *k, const void *v
     CUDA_LAUNCHED(kv_append_kernel);
     for (int g = 0; g < L->n_kv_head; g++)
         for (int i = 0; i < n; i++) L->pos[(size_t)g * L->cap + L->len + i] = pos[i];
-    mirror_upload(c, dpos, L, L->len, n);
+    // the device copy from the pass's positions already staged for RoPE (no upload per layer)
+    const int *dp = (const int *)stage(c, STAGE_IDX, pos, (size_t)n * sizeof(int));
+    kv_pos_kernel<<<cuda_blocks((size_t)n * L->n_kv_head, THREADS), THREADS, 0, c->stream>>>(
+        dpos, dp, n, L->n_kv_head, L->cap, L->len);
+    CUDA_LAUNCHED(kv_pos_kernel);
     L->len += n;
 }
 
