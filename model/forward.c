@@ -40,35 +40,74 @@ static void matmuls(backend *bk, int k, void *const *out, const void *x, const b
         for (int j = 0; j < k; j++) bk->matmul(bk, out[j], x, w[j], bias[j], n, in, o[j]);
 }
 
-// One transformer block on the alive rows: x += attn(norm(x)); x += mlp(norm(x)).
-static int layer_forward(fwd_state *st, scratch *s, int l, const fwd_hooks *hooks) {
+// A pass: the rows of B sequences, concatenated (B = 1: one sequence, as fwd_run gives it).
+// all is the whole pass; view[b] is sequence b as its hooks see it (its cache, rows, positions;
+// x = its rows of all->x). With B = 1, view[0] IS all, so hooks may drop rows (fwd_keep_rows);
+// with B > 1 they may not (decode hooks never do).
+typedef struct {
+    int B;
+    fwd_state *all, *view;
+    const fwd_hooks *const *hooks;   // (B,), entries may be NULL
+    int *off;                        // (B,) first row of each sequence in the pass
+} pass;
+
+static void *row_ptr(const backend *bk, const void *p, long row, long width) {
+    return (char *)p + (size_t)row * width * bk->elem_bytes;
+}
+
+// One transformer block on the alive rows: x += attn(norm(x)); x += mlp(norm(x)). The
+// projections and the MLP run once over every row of the pass; the cache append, attention
+// and hooks run per sequence.
+static int layer_forward(pass *ps, scratch *s, int l) {
+    fwd_state *st = ps->all;
     model *m = st->m;
     backend *bk = m->bk;
     const model_config *c = &m->cfg;
     const layer_weights *w = &m->layers[l];
-    int n = st->n, d = c->d_model, hd = c->head_dim;
+    int n = st->n, d = c->d_model, hd = c->head_dim, B = ps->B;
     int qd = c->n_head * hd, kvd = c->n_kv_head * hd;
 
-    const bk_weight *wq = w->wq, *bq = w->bq;
-    int src = l, fed = hooks && hooks->kv_source && hooks->kv_source(hooks->ctx, l, &src, &wq, &bq);
-    CHECK_INTERNAL(wq && (fed || w->wk), "layer %d has no q/k/v projections", l);
-    bk->rmsnorm(bk, s->xb, st->x, w->attn_norm, n, d, c->rms_eps);
-    // q (n, qd), and unless a hook feeds this layer's KV: k, v (n, kvd)
-    void *qkv[] = {s->q, s->k, s->v};
-    const bk_weight *wqkv[] = {wq, w->wk, w->wv}, *bqkv[] = {bq, w->bk, w->bv};
-    matmuls(bk, fed ? 1 : 3, qkv, s->xb, wqkv, bqkv, n, d, (const int[]){qd, kvd, kvd});
-    bk->rope(bk, s->q, st->pos, n, c->n_head, hd, c->inv_freq, c->rope);
-    if (!fed) {
-        bk->rope(bk, s->k, st->pos, n, c->n_kv_head, hd, c->inv_freq, c->rope);
-        bk->kv_append(bk, &st->kv->layers[l], s->k, s->v, st->pos, n);
+    // per sequence: where this layer's K/V come from (a hook may feed them), which q projection
+    int src[FWD_MAX_BATCH], fed[FWD_MAX_BATCH], uniform = 1;
+    const bk_weight *wq[FWD_MAX_BATCH], *bq[FWD_MAX_BATCH];
+    for (int b = 0; b < B; b++) {
+        const fwd_hooks *h = ps->hooks[b];
+        src[b] = l, wq[b] = w->wq, bq[b] = w->bq;
+        fed[b] = h && h->kv_source && h->kv_source(h->ctx, l, &src[b], &wq[b], &bq[b]);
+        CHECK_INTERNAL(wq[b] && (fed[b] || w->wk), "layer %d has no q/k/v projections", l);
+        uniform &= fed[b] == fed[0] && wq[b] == wq[0] && bq[b] == bq[0];
     }
-    kv_layer *L = &st->kv->layers[src];
-    if (hooks && hooks->attention) {
-        if (hooks->attention(hooks->ctx, st, src, s->q, s->att) != 0) return -1;
-    } else
-        bk->attention(bk, s->att, s->q, st->pos, n, c->n_head, L);  // att (n, qd)
-    if (hooks && hooks->after_attention && hooks->after_attention(hooks->ctx, st, l, s->q) != 0)
-        return -1;
+    bk->rmsnorm(bk, s->xb, st->x, w->attn_norm, n, d, c->rms_eps);
+    // q (n, qd), and unless a hook feeds this layer's KV: k, v (n, kvd); one product over the
+    // pass when every sequence takes the same, else one per sequence
+    for (int b = 0; b < (uniform ? 1 : B); b++) {
+        int r0 = uniform ? 0 : ps->off[b], nr = uniform ? n : ps->view[b].n;
+        void *qkv[] = {row_ptr(bk, s->q, r0, qd), row_ptr(bk, s->k, r0, kvd), row_ptr(bk, s->v, r0, kvd)};
+        const bk_weight *wqkv[] = {wq[b], w->wk, w->wv}, *bqkv[] = {bq[b], w->bk, w->bv};
+        matmuls(bk, fed[b] ? 1 : 3, qkv, row_ptr(bk, s->xb, r0, d), wqkv, bqkv, nr, d,
+                (const int[]){qd, kvd, kvd});
+    }
+    bk->rope(bk, s->q, st->pos, n, c->n_head, hd, c->inv_freq, c->rope);
+    if (uniform && !fed[0]) bk->rope(bk, s->k, st->pos, n, c->n_kv_head, hd, c->inv_freq, c->rope);
+    for (int b = 0; b < B; b++) {
+        fwd_state *v = &ps->view[b];
+        const fwd_hooks *h = ps->hooks[b];
+        int r0 = ps->off[b], nv = v->n;
+        void *q = row_ptr(bk, s->q, r0, qd), *att = row_ptr(bk, s->att, r0, qd);
+        if (!fed[b]) {
+            void *k = row_ptr(bk, s->k, r0, kvd);
+            if (!uniform) bk->rope(bk, k, v->pos, nv, c->n_kv_head, hd, c->inv_freq, c->rope);
+            bk->kv_append(bk, &v->kv->layers[l], k, row_ptr(bk, s->v, r0, kvd), v->pos, nv);
+        }
+        if (h && h->attention) {
+            if (h->attention(h->ctx, v, src[b], q, att) != 0) return -1;
+        } else
+            bk->attention(bk, att, q, v->pos, nv, c->n_head, &v->kv->layers[src[b]]);  // att (nv, qd)
+        if (h && h->after_attention && h->after_attention(h->ctx, v, l, q) != 0) return -1;
+        CHECK_INTERNAL(B == 1 || (v->n == nv && v->x == row_ptr(bk, st->x, r0, d)),
+                       "a hook dropped rows inside a batched pass");
+    }
+    n = st->n;   // B = 1: an after_attention hook may have dropped rows
     bk->matmul(bk, s->xb, s->att, w->wo, NULL, n, qd, d);
     bk->add(bk, st->x, s->xb, (size_t)n * d);
 
@@ -79,7 +118,8 @@ static int layer_forward(fwd_state *st, scratch *s, int l, const fwd_hooks *hook
     bk->swiglu(bk, s->hb, s->hb, s->hb2, (size_t)n * c->d_ff);
     bk->matmul(bk, s->xb, s->hb, w->w_down, NULL, n, c->d_ff, d);
     bk->add(bk, st->x, s->xb, (size_t)n * d);
-    st->rows_done += n;
+    for (int b = 0; b < B; b++) ps->view[b].rows_done += ps->view[b].n;
+    if (B > 1) st->rows_done += n;
     return 0;
 }
 
@@ -98,34 +138,89 @@ static void lm_head(fwd_state *st, scratch *s, float *logits, int rows) {
     bk->free(bk, out);
 }
 
-long fwd_run(model *m, kv_cache *kv, const int *tokens, const int *pos, int n,
-             const fwd_hooks *hooks, float *logits, int all_rows) {
+// logits[b] (vocab,) = the last row of each sequence of a batched pass, one LM-head product
+static void lm_head_batch(pass *ps, scratch *s, fwd_seq *seqs) {
+    fwd_state *st = ps->all;
+    backend *bk = st->m->bk;
+    const model_config *c = &st->m->cfg;
+    int B = ps->B, last[FWD_MAX_BATCH], k = 0;
+    for (int b = 0; b < B; b++)
+        if (seqs[b].logits) last[k++] = ps->off[b] + ps->view[b].n - 1;
+    if (k == 0) return;
+    void *x = bk->alloc(bk, (size_t)k * c->d_model), *out = bk->alloc(bk, (size_t)k * c->vocab);
+    CHECK_INTERNAL(x && out, "out of memory for logits");
+    bk->gather_rows(bk, x, st->x, last, k, c->d_model);
+    bk->rmsnorm(bk, s->xb, x, st->m->out_norm, k, c->d_model, c->rms_eps);
+    bk->matmul(bk, out, s->xb, st->m->lm_head, NULL, k, c->d_model, c->vocab);
+    float *host = xmalloc((size_t)k * c->vocab * sizeof(float));
+    bk->to_host(bk, host, out, (size_t)k * c->vocab);
+    for (int b = 0, j = 0; b < B; b++)
+        if (seqs[b].logits)
+            memcpy(seqs[b].logits, host + (size_t)j++ * c->vocab, (size_t)c->vocab * sizeof(float));
+    free(host);
+    bk->free(bk, x);
+    bk->free(bk, out);
+}
+
+// The pass over B sequences (B = 1: all_rows may ask for every row's logits).
+static int run_pass(model *m, fwd_seq *seqs, int B, int all_rows) {
     backend *bk = m->bk;
     const model_config *c = &m->cfg;
-    fwd_state st = {.m = m, .kv = kv, .n = n};
+    CHECK_INTERNAL(B >= 1 && B <= FWD_MAX_BATCH, "a pass of %d sequences (1 .. %d)", B, FWD_MAX_BATCH);
+    int n = 0, off[FWD_MAX_BATCH];
+    const fwd_hooks *hooks[FWD_MAX_BATCH];
+    for (int b = 0; b < B; b++) off[b] = n, n += seqs[b].n, hooks[b] = seqs[b].hooks;
+    fwd_state st = {.m = m, .kv = seqs[0].kv, .n = n};
     st.pos = xmalloc((size_t)n * sizeof(int));
     st.row_id = xmalloc((size_t)n * sizeof(int));
-    memcpy(st.pos, pos, (size_t)n * sizeof(int));
+    int *tokens = xmalloc((size_t)n * sizeof(int));
+    for (int b = 0; b < B; b++) {
+        memcpy(st.pos + off[b], seqs[b].pos, (size_t)seqs[b].n * sizeof(int));
+        memcpy(tokens + off[b], seqs[b].tokens, (size_t)seqs[b].n * sizeof(int));
+    }
     for (int i = 0; i < n; i++) st.row_id[i] = i;
     st.x = bk->alloc(bk, (size_t)n * c->d_model);
     CHECK_INTERNAL(st.x, "out of memory for %d rows", n);
     scratch s = scratch_alloc(bk, c, n);
+    fwd_state views[FWD_MAX_BATCH];
+    for (int b = 0; b < B && B > 1; b++)
+        views[b] = (fwd_state){.m = m, .kv = seqs[b].kv, .n = seqs[b].n, .pos = st.pos + off[b],
+                               .row_id = st.row_id + off[b],
+                               .x = row_ptr(bk, st.x, off[b], c->d_model)};
+    pass ps = {B, &st, B > 1 ? views : &st, hooks, off};
 
     bk->embed(bk, st.x, m->tok_embd, tokens, n, c->d_model);
     int rc = 0;
     for (int l = 0; l < c->n_layer && st.n > 0 && rc == 0; l++) {
-        rc = layer_forward(&st, &s, l, hooks);
-        if (rc == 0 && hooks && hooks->after_layer) rc = hooks->after_layer(hooks->ctx, &st, l);
+        rc = layer_forward(&ps, &s, l);
+        for (int b = 0; b < B && rc == 0; b++)
+            if (hooks[b] && hooks[b]->after_layer) {
+                rc = hooks[b]->after_layer(hooks[b]->ctx, &ps.view[b], l);
+                CHECK_INTERNAL(B == 1 || rc != FWD_STOP, "a hook stopped a batched pass early");
+            }
         if (m->on_layer && n > 1) m->on_layer(m->on_layer_ctx, l, c->n_layer, st.n);
     }
-    if (rc >= 0 && logits && st.n > 0) lm_head(&st, &s, logits, all_rows ? st.n : 1);
+    if (B == 1 && rc >= 0 && seqs[0].logits && st.n > 0)
+        lm_head(&st, &s, seqs[0].logits, all_rows ? st.n : 1);
+    else if (B > 1 && rc >= 0)
+        lm_head_batch(&ps, &s, seqs);
+    for (int b = 0; b < B; b++) seqs[b].rows_done = ps.view[b].rows_done;
 
     scratch_free(bk, &s);
     bk->free(bk, st.x);
     free(st.pos);
     free(st.row_id);
-    return rc < 0 ? -1 : st.rows_done;
+    free(tokens);
+    return rc < 0 ? -1 : 0;
 }
+
+long fwd_run(model *m, kv_cache *kv, const int *tokens, const int *pos, int n,
+             const fwd_hooks *hooks, float *logits, int all_rows) {
+    fwd_seq one = {kv, tokens, pos, n, hooks, logits, 0};
+    return run_pass(m, &one, 1, all_rows) < 0 ? -1 : one.rows_done;
+}
+
+int fwd_run_batch(model *m, fwd_seq *seqs, int B) { return run_pass(m, seqs, B, 0); }
 
 void fwd_keep_rows(fwd_state *s, const int *idx, int k) {
     backend *bk = s->m->bk;

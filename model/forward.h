@@ -44,6 +44,26 @@ typedef struct fwd_hooks {
 long fwd_run(model *m, kv_cache *kv, const int *tokens, const int *pos, int n,
              const fwd_hooks *hooks, float *logits, int all_rows);
 
+// One sequence of a batched pass: its tokens (n,) at positions pos (n,) appended to its own
+// cache through its own hooks (may be NULL: none that drop rows or stop early); logits (host,
+// may be NULL) receives its last row's logits (vocab,); rows_done is set (rows over layers).
+typedef struct fwd_seq {
+    kv_cache *kv;
+    const int *tokens, *pos;
+    int n;
+    const fwd_hooks *hooks;
+    float *logits;
+    long rows_done;
+} fwd_seq;
+
+#define FWD_MAX_BATCH 256   // sequences in one pass
+
+// fwd_run over B sequences at once: the norms, projections, MLP and LM head run once over
+// every sequence's rows; the cache append, attention and hooks per sequence. Each sequence's
+// logits equal what fwd_run gives it alone, up to the backend's rounding of a product over more
+// rows. 0, or -1 when a hook aborted.
+int fwd_run_batch(model *m, fwd_seq *seqs, int B);
+
 // Keep rows idx (k,) of the alive set, in that order (idx into the current alive rows).
 void fwd_keep_rows(fwd_state *s, const int *idx, int k);
 

@@ -80,41 +80,76 @@ int run_generate(const strategy *s, model *m, const strategy_opts *o, const int 
 int run_generate_first(const strategy *s, model *m, const strategy_opts *o, const int *ids, int n,
                        int n_predict, sampler *smp, run_token_fn on_token, void *ctx,
                        run_stats *st, float *first_logits, char *err, size_t errlen) {
-    memset(st, 0, sizeof *st);
-    st->prompt_n = n;
-    float *logits = xmalloc((size_t)m->cfg.vocab * sizeof(float));
+    gen_seq g;
+    if (gen_begin(&g, s, m, o, ids, n, n_predict, smp, on_token, ctx, first_logits, err, errlen))
+        return -1;
+    gen_seq *one = &g;
+    while (!g.done) gen_step(&one, 1);
+    gen_end(&g);
+    *st = g.st;
+    return 0;
+}
+
+int gen_begin(gen_seq *g, const strategy *s, model *m, const strategy_opts *o, const int *ids,
+              int n, int n_predict, sampler *smp, run_token_fn on_token, void *ctx,
+              float *first_logits, char *err, size_t errlen) {
+    memset(g, 0, sizeof *g);
+    *g = (gen_seq){.m = m, .smp = smp, .on_token = on_token, .ctx = ctx, .n_prompt = n,
+                   .n_predict = n_predict};
+    g->st.prompt_n = n;
+    g->logits = xmalloc((size_t)m->cfg.vocab * sizeof(float));
     double t0 = now_ms();
-    prefill_info info = {0};
-    kv_cache *kv = s->prefill(m, ids, n, n_predict, o, logits, &info, err, errlen);
-    if (!kv) {
-        free(logits);
+    g->kv = s->prefill(m, ids, n, n_predict, o, g->logits, &g->info, err, errlen);
+    if (!g->kv) {
+        free(g->logits);
         return -1;
     }
-    st->rows_done = info.rows_done;
-    memcpy(st->note, info.note, sizeof info.note);
-    st->kv_bytes = kv_bytes(kv);
-    if (first_logits) memcpy(first_logits, logits, (size_t)m->cfg.vocab * sizeof(float));
-    int tok = sample_next(smp, logits);
-    st->prompt_ms = now_ms() - t0;
-    st->predicted_n = 1;
-    int stop = on_token(ctx, tok);
-    double t1 = now_ms();
-    for (int t = 1; t < n_predict && !stop; t++) {
-        int pos = n + t - 1;
-        fwd_run(m, kv, &tok, &pos, 1, &info.decode, logits, 0);
-        tok = sample_next(smp, logits);
-        st->decode_runs++;
-        st->predicted_n++;
-        stop = on_token(ctx, tok);
+    g->st.rows_done = g->info.rows_done;
+    memcpy(g->st.note, g->info.note, sizeof g->info.note);
+    g->st.kv_bytes = kv_bytes(g->kv);
+    if (first_logits) memcpy(first_logits, g->logits, (size_t)m->cfg.vocab * sizeof(float));
+    g->tok = sample_next(smp, g->logits);
+    g->st.prompt_ms = now_ms() - t0;
+    g->st.predicted_n = 1;
+    g->done = on_token(ctx, g->tok) || n_predict <= 1;
+    return 0;
+}
+
+void gen_step(gen_seq *const *g, int k) {
+    fwd_seq seqs[FWD_MAX_BATCH];
+    gen_seq *live[FWD_MAX_BATCH];
+    int pos[FWD_MAX_BATCH], b = 0;
+    for (int i = 0; i < k; i++) {
+        if (g[i]->done) continue;
+        CHECK_INTERNAL(b < FWD_MAX_BATCH && g[i]->m == g[0]->m, "a decode step of %d sequences", k);
+        live[b] = g[i];
+        pos[b] = g[i]->n_prompt + g[i]->st.predicted_n - 1;   // the last sampled token's position
+        seqs[b] = (fwd_seq){g[i]->kv, &g[i]->tok, &pos[b], 1, &g[i]->info.decode, g[i]->logits, 0};
+        b++;
     }
-    st->decode_ms = now_ms() - t1;
-    if (info.decode_report) {
+    if (b == 0) return;
+    double t0 = now_ms();
+    fwd_run_batch(live[0]->m, seqs, b);
+    for (int i = 0; i < b; i++) {
+        gen_seq *s = live[i];
+        s->tok = sample_next(s->smp, s->logits);
+        s->st.decode_runs++;
+        s->st.predicted_n++;
+        s->done = s->on_token(s->ctx, s->tok) || s->st.predicted_n >= s->n_predict;
+    }
+    double dt = now_ms() - t0;   // a shared step: each sequence waited all of it
+    for (int i = 0; i < b; i++) live[i]->st.decode_ms += dt;
+}
+
+void gen_end(gen_seq *g) {
+    run_stats *st = &g->st;
+    if (g->info.decode_report) {
         size_t used = strlen(st->note);
         if (used && used + 2 < sizeof st->note) used += (size_t)snprintf(st->note + used, 3, "; ");
-        info.decode_report(info.decode.ctx, st->note + used, sizeof st->note - used);
+        g->info.decode_report(g->info.decode.ctx, st->note + used, sizeof st->note - used);
     }
-    if (info.decode_free) info.decode_free(info.decode.ctx);
-    kv_free(kv);
-    free(logits);
-    return 0;
+    if (g->info.decode_free) g->info.decode_free(g->info.decode.ctx);
+    kv_free(g->kv);
+    free(g->logits);
+    g->kv = NULL, g->logits = NULL;
 }

@@ -109,4 +109,29 @@ int run_generate_first(const strategy *s, model *m, const strategy_opts *o, cons
                        int n_predict, sampler *smp, run_token_fn on_token, void *ctx,
                        run_stats *st, float *first_logits, char *err, size_t errlen);
 
+// One sequence's generation in steps, so that many sequences share their decode passes
+// (run_generate is gen_begin, gen_step until done, gen_end):
+typedef struct gen_seq {
+    model *m;
+    sampler *smp;
+    run_token_fn on_token;
+    void *ctx;
+    kv_cache *kv;
+    prefill_info info;
+    float *logits;        // (vocab,) the last pass's
+    int n_prompt, n_predict;
+    int tok;              // the last sampled token (the next step's input)
+    int done;             // on_token asked to stop, or n_predict tokens are out
+    run_stats st;         // decode_ms: the sum of the (shared) steps it took part in
+} gen_seq;
+
+// Prefill with s, sample the first token, call on_token. 0, or -1 with err (nothing to free).
+int gen_begin(gen_seq *g, const strategy *s, model *m, const strategy_opts *o, const int *ids,
+              int n, int n_predict, sampler *smp, run_token_fn on_token, void *ctx,
+              float *first_logits, char *err, size_t errlen);
+// One decode step of every unfinished sequence among g[0..k) (one model), as one forward pass.
+void gen_step(gen_seq *const *g, int k);
+// The decode report into st.note; frees the cache and the strategy's decode state.
+void gen_end(gen_seq *g);
+
 double now_ms(void);

@@ -1,0 +1,139 @@
+// tests/tool_batch.c — batched decode (gen_step over many sequences, one forward pass per step)
+// against each sequence run alone (gen_step over one), for the Python tests.
+// usage: tool_batch MODEL.gguf STRATEGY[,STRATEGY...] [N_PROMPTS]
+// Prompts: N_PROMPTS (default 5) id sequences of different lengths (40 + 37 i tokens, ids from a
+// fixed hash) with different n_predict (6 + 3 i), so they finish at different steps; greedy.
+// When a list of strategies is given, prompt i runs strategy i % count (a mixed batch, as the
+// A/B mode makes). Prints one line per prompt: `prompt STRATEGY ALONE_TOKENS | BATCH_TOKENS |
+// max_abs max_rel` where max_* compare every step's logits (batched vs alone), then
+// `batch steps S` (the shared passes the batch took).
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../policies/policy.h"
+#include "../util/check.h"
+#include "tool_weights.h"
+
+#define MAX_STEPS 64
+
+typedef struct {
+    gen_seq *g;
+    float *log;   // (MAX_STEPS, vocab): the logits each step sampled from (step 0: prefill's)
+    int *ids, n;
+    int vocab;
+} rec;
+
+static int on_tok(void *ctx, int id) {
+    rec *r = ctx;
+    if (r->n < MAX_STEPS) {
+        memcpy(r->log + (size_t)r->n * r->vocab, r->g->logits, (size_t)r->vocab * sizeof(float));
+        r->ids[r->n] = id;
+    }
+    r->n++;
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: tool_batch MODEL.gguf STRATEGY[,STRATEGY...] [N_PROMPTS]\n");
+        return 2;
+    }
+    int np = argc > 3 ? atoi(argv[3]) : 5;
+    const strategy *ss[16];
+    int ns = 0;
+    char *list = strdup(argv[2]);
+    for (char *t = strtok(list, ","); t && ns < 16; t = strtok(NULL, ",")) {
+        if (!(ss[ns++] = strategy_find(t))) {
+            fprintf(stderr, "unknown strategy %s\n", t);
+            return 2;
+        }
+    }
+    char err[512];
+    gguf_file *f = gguf_open(argv[1], err, sizeof err);
+    backend *bk = f ? backend_cpu_create(0, tool_weights()) : NULL;
+    model *m = f ? model_load_gguf(f, bk, err, sizeof err) : NULL;
+    if (!m) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    strategy_opts o = strategy_opts_default();
+    int vocab = m->cfg.vocab;
+    int **ids = xcalloc((size_t)np, sizeof *ids), *len = xcalloc((size_t)np, sizeof *len);
+    int *npred = xcalloc((size_t)np, sizeof *npred);
+    for (int i = 0; i < np; i++) {
+        len[i] = 40 + 37 * i, npred[i] = 6 + 3 * i;
+        ids[i] = xmalloc((size_t)len[i] * sizeof(int));
+        for (int j = 0; j < len[i]; j++) ids[i][j] = (int)((j * 7919u + i * 104729u + 13) % (unsigned)vocab);
+    }
+    rec *alone = xcalloc((size_t)np, sizeof *alone), *batch = xcalloc((size_t)np, sizeof *batch);
+    gen_seq *ga = xcalloc((size_t)np, sizeof *ga), *gb = xcalloc((size_t)np, sizeof *gb);
+    sampler *sa = xcalloc((size_t)np, sizeof *sa), *sb = xcalloc((size_t)np, sizeof *sb);
+    for (int i = 0; i < np; i++) {
+        const strategy *s = ss[i % ns];
+        rec *r[2] = {&alone[i], &batch[i]};
+        gen_seq *g[2] = {&ga[i], &gb[i]};
+        sampler *sm[2] = {&sa[i], &sb[i]};
+        for (int k = 0; k < 2; k++) {
+            *r[k] = (rec){g[k], xmalloc((size_t)MAX_STEPS * vocab * sizeof(float)),
+                          xmalloc(MAX_STEPS * sizeof(int)), 0, vocab};
+            sampler_init(sm[k], &(sample_params){.temp = 0}, vocab);
+        }
+        // alone: begin, step until done, end — before any batched sequence exists
+        if (gen_begin(g[0], s, m, &o, ids[i], len[i], npred[i], sm[0], on_tok, r[0], NULL, err,
+                      sizeof err)) {
+            fprintf(stderr, "%s: %s\n", s->name, err);
+            return 1;
+        }
+        while (!g[0]->done) gen_step(&g[0], 1);
+        gen_end(g[0]);
+    }
+    // batched: every prompt begun, then shared steps until all are done (they finish apart)
+    gen_seq **all = xmalloc((size_t)np * sizeof *all);
+    for (int i = 0; i < np; i++) {
+        all[i] = &gb[i];
+        if (gen_begin(&gb[i], ss[i % ns], m, &o, ids[i], len[i], npred[i], &sb[i], on_tok,
+                      &batch[i], NULL, err, sizeof err)) {
+            fprintf(stderr, "%s: %s\n", ss[i % ns]->name, err);
+            return 1;
+        }
+    }
+    int steps = 0, left = np;
+    while (left > 0) {
+        gen_step(all, np);
+        steps++;
+        left = 0;
+        for (int i = 0; i < np; i++) left += !gb[i].done;
+    }
+    for (int i = 0; i < np; i++) {
+        gen_end(&gb[i]);
+        double max_abs = 0, max_rel = 0;
+        int n = alone[i].n < batch[i].n ? alone[i].n : batch[i].n;
+        for (int t = 0; t < n && t < MAX_STEPS; t++) {
+            const float *a = alone[i].log + (size_t)t * vocab, *b = batch[i].log + (size_t)t * vocab;
+            double scale = 0;
+            for (int v = 0; v < vocab; v++) scale = fmax(scale, fabs(a[v]));
+            for (int v = 0; v < vocab; v++) {
+                double d = fabs((double)a[v] - b[v]);
+                max_abs = fmax(max_abs, d);
+                max_rel = fmax(max_rel, d / (scale > 0 ? scale : 1));
+            }
+        }
+        printf("prompt %s", ss[i % ns]->name);
+        for (int t = 0; t < alone[i].n && t < MAX_STEPS; t++) printf(" %d", alone[i].ids[t]);
+        printf(" |");
+        for (int t = 0; t < batch[i].n && t < MAX_STEPS; t++) printf(" %d", batch[i].ids[t]);
+        printf(" | %.3g %.3g\n", max_abs, max_rel);
+        free(alone[i].log), free(alone[i].ids), free(batch[i].log), free(batch[i].ids);
+        sampler_free(&sa[i]), sampler_free(&sb[i]);
+        free(ids[i]);
+    }
+    printf("batch steps %d\n", steps);
+    free(all), free(ga), free(gb), free(sa), free(sb), free(alone), free(batch);
+    free(ids), free(len), free(npred), free(list);
+    model_free(m);
+    bk->destroy(bk);
+    gguf_close(f);
+    return 0;
+}
