@@ -96,6 +96,29 @@ int cli_refuse_synthetic(const char *path, const char *cmd);
 // err. The caller frees c->inv_freq.
 int cli_config(const char *path, model_config *c, char *err, size_t errlen);
 
+// ---- running prompts (cmd/run.c) ----
+typedef struct run_opts {
+    const char *prompt, *system;   // -p, --system
+    char **files;                  // -f (repeatable), then --batch DIR's .txt files
+    int n_files;
+    const char *prompts_path;      // --prompts FILE.jsonl ('-' = stdin)
+    const char *output;            // --output FILE (JSON records), or NULL: stdout
+    int resume, unordered;         // --resume, --unordered
+    int shard_k, shard_n;          // --shard K/N (0-based K; n 0: no sharding)
+    int parallel;                  // --parallel N: sequences in flight
+    int n_predict, chat, json, quiet, threads;
+    long long seed;
+    sample_params sp;
+    const strategy *strategies[MAX_STRATEGIES];   // --strategy a,b,c (A/B comparison)
+    int n_strategies;
+    strategy_opts *so;
+} run_opts;
+
+// Runs every request of o (this shard, less what --resume finds done) on the loaded model;
+// the exit code: 0, 1 (a request failed), or 128 + the signal that interrupted the run.
+int run_prompts(const run_opts *o, model *m, const tok *t, const char *dev,
+                const char *model_name, double load_ms, int n_ctx);
+
 // ---- subcommands: argv[1] is the command's name ----
 int cmd_bench(int argc, char **argv);
 int cmd_eval(int argc, char **argv);   // cmd/eval.c

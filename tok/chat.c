@@ -58,33 +58,28 @@ static const char *trim(const char *s, int *len) {
     return s;
 }
 
-static char *chatml(const char *system, const char *user) {
-    size_t n = strlen(user) + (system ? strlen(system) : 0) + 128;
-    char *out = xmalloc(n), *o = out;
-    if (system) o += sprintf(o, "<|im_start|>system\n%s<|im_end|>\n", system);
-    sprintf(o, "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n", user);
-    return out;
+// One turn in the template of kind, appended at o (room checked by the caller).
+static char *turn(enum tok_chat kind, char *o, const char *role, const char *content) {
+    if (kind == TOK_CHAT_CHATML) return o + sprintf(o, "<|im_start|>%s\n%s<|im_end|>\n", role, content);
+    int len;
+    const char *s = trim(content, &len);
+    return o + sprintf(o, "<|start_header_id|>%s<|end_header_id|>\n\n%.*s<|eot_id|>", role, len, s);
 }
 
-static char *llama3(const char *system, const char *user) {
-    size_t n = strlen(user) + (system ? strlen(system) : 0) + 192;
-    char *out = xmalloc(n), *o = out;
-    int len;
-    const char *s;
-    if (system) {
-        s = trim(system, &len);
-        o += sprintf(o, "<|start_header_id|>system<|end_header_id|>\n\n%.*s<|eot_id|>", len, s);
-    }
-    s = trim(user, &len);
-    sprintf(o, "<|start_header_id|>user<|end_header_id|>\n\n%.*s<|eot_id|>"
-               "<|start_header_id|>assistant<|end_header_id|>\n\n", len, s);
+char *tok_chat_apply_turns(enum tok_chat kind, const char *system, const char *const *roles,
+                           const char *const *contents, int n) {
+    if (kind != TOK_CHAT_CHATML && kind != TOK_CHAT_LLAMA3) return NULL;
+    size_t need = (system ? strlen(system) : 0) + 128;
+    for (int i = 0; i < n; i++) need += strlen(roles[i]) + strlen(contents[i]) + 96;
+    char *out = xmalloc(need), *o = out;
+    if (system) o = turn(kind, o, "system", system);
+    for (int i = 0; i < n; i++) o = turn(kind, o, roles[i], contents[i]);
+    if (kind == TOK_CHAT_CHATML) sprintf(o, "<|im_start|>assistant\n");
+    else sprintf(o, "<|start_header_id|>assistant<|end_header_id|>\n\n");
     return out;
 }
 
 char *tok_chat_apply(enum tok_chat kind, const char *system, const char *user) {
-    switch (kind) {
-    case TOK_CHAT_CHATML: return chatml(system, user);
-    case TOK_CHAT_LLAMA3: return llama3(system, user);
-    default: return NULL;
-    }
+    const char *role = "user";
+    return tok_chat_apply_turns(kind, system, &role, &user, 1);
 }

@@ -73,6 +73,11 @@ const char *tok_chat_default_system(const tok *t);
 // Wrap a user message (and optional system text, may be NULL) in the chat template of `kind`,
 // ending with the assistant prefix. Returns malloc'd text or NULL if kind is NONE.
 char *tok_chat_apply(enum tok_chat kind, const char *system, const char *user);
+// The same for a conversation: turns (roles[i], contents[i]), roles "user" or "assistant" (or
+// "system"), after the optional system text; ends with the assistant's header. NULL if kind is
+// none.
+char *tok_chat_apply_turns(enum tok_chat kind, const char *system, const char *const *roles,
+                           const char *const *contents, int n);
 
 // Template text -> kind: ChatML (contains "<|im_start|>"), Llama-3 ("<|start_header_id|>").
 enum tok_chat tok_chat_detect(const char *tmpl);
