@@ -1,0 +1,228 @@
+"""Batch jobs through the sift command line (cmd/run.c): --parallel, --prompts JSONL (sift's
+fields and the OpenAI Batch API request shape), per-line errors, --output + --resume after a
+kill, --shard, --unordered, and the summary record. The references are runs of the same
+requests one at a time (--parallel 1) and without interruption or sharding; greedy decoding, so
+the texts must be equal."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import tiny_gguf  # noqa: E402
+from test_cli import MODEL, SIFT, assert_error, need_model, sift  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return tiny_gguf.write(str(tmp_path_factory.mktemp("m") / "tiny.gguf"), ctx=4096)
+
+
+WORDS = "river stone cloud amber quiet lantern meadow copper violet harbor".split()
+
+
+def requests(n, lo=6):
+    """n sift-shaped requests of different lengths and n_predict (they finish apart)."""
+    out = []
+    for i in range(n):
+        text = " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(5 + 4 * i))
+        out.append({"id": f"r{i}", "prompt": text, "n_predict": lo + 3 * (i % 5)})
+    return out
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return str(path)
+
+
+def records(text):
+    rows = [json.loads(l) for l in text.splitlines() if l.strip()]
+    return [r for r in rows if "summary" not in r], [r["summary"] for r in rows if "summary" in r]
+
+
+def texts(recs):
+    return {(r["id"], r.get("strategy")): r.get("text", r.get("error")) for r in recs}
+
+
+def test_parallel_equals_one_at_a_time(tiny, tmp_path):
+    p = write_jsonl(tmp_path / "r.jsonl", requests(10))
+    base = ["-m", tiny, "--prompts", p, "--temp", "0", "--json", "-q"]
+    one = sift(*base, "--parallel", "1")
+    four = sift(*base, "--parallel", "4")
+    assert one.returncode == 0 and four.returncode == 0, four.stderr
+    r1, s1 = records(one.stdout)
+    r4, s4 = records(four.stdout)
+    assert [r["id"] for r in r4] == [f"r{i}" for i in range(10)]   # input order
+    assert texts(r1) == texts(r4)
+    assert [r["timings"]["predicted_n"] for r in r4] == [6 + 3 * (i % 5) for i in range(10)]
+    assert s4[0]["parallel"] == 4 and s4[0]["prompts"] == 10 and s4[0]["failed"] == 0
+    assert s4[0]["decode_tokens"] == sum(3 * (i % 5) + 5 for i in range(10))
+
+
+def test_every_strategy_in_a_batch(tiny, tmp_path):
+    reqs = requests(9, lo=5)
+    names = "full speed fastkv snapkv streamingllm specprefill swiftkv topk+phi topk".split()
+    for r, s in zip(reqs, names):
+        r["strategy"] = s
+        r["prompt"] = (r["prompt"] + " ") * 6   # long enough for every strategy to select
+    p = write_jsonl(tmp_path / "r.jsonl", reqs)
+    base = ["-m", tiny, "--prompts", p, "--temp", "0", "--json", "-q"]
+    one, nine = sift(*base), sift(*base, "--parallel", "9")
+    assert one.returncode == 0 and nine.returncode == 0, nine.stderr
+    r1, _ = records(one.stdout)
+    r9, _ = records(nine.stdout)
+    assert [r["strategy"] for r in r9] == names
+    assert texts(r1) == texts(r9)
+
+
+def test_ab_mode_batched_equals_sequential(tiny, tmp_path):
+    f = tmp_path / "p.txt"
+    f.write_text(" ".join(WORDS * 8))
+    base = ["-m", tiny, "-f", str(f), "--strategy", "full,fastkv,topk", "-n", "12", "--temp", "0",
+            "--json", "-q"]
+    seq, bat = sift(*base), sift(*base, "--parallel", "3")
+    assert seq.returncode == 0 and bat.returncode == 0
+    assert texts(records(seq.stdout)[0]) == texts(records(bat.stdout)[0])
+
+
+def test_bad_lines_are_error_records(tiny, tmp_path):
+    rows = [
+        {"id": "ok1", "prompt": "river stone", "n_predict": 3},
+        '{"id": "broken", "prompt": ',                       # malformed JSON
+        {"id": "t", "prompt": "x", "n_predict": "ten"},       # a field of the wrong type
+        {"id": "u", "prompt": "x", "colour": "red"},          # an unknown field
+        {"id": "e", "prompt": ""},                            # an empty prompt
+        {"id": "ok1", "prompt": "again"},                     # a duplicate id
+        {"id": "s", "prompt": "x", "strategy": "nope"},       # an unknown strategy
+        {"id": "n", "n_predict": 3},                          # no prompt
+        {"id": "ok2", "prompt": "cloud amber", "n_predict": 3},
+    ]
+    p = write_jsonl(tmp_path / "r.jsonl", rows)
+    r = sift("-m", tiny, "--prompts", p, "--temp", "0", "--json", "-q", "--parallel", "3")
+    assert r.returncode == 1
+    recs, summ = records(r.stdout)
+    assert [x["id"] for x in recs] == ["ok1", "line-2", "t", "u", "e", "ok1", "s", "n", "ok2"]
+    assert [x["line"] for x in recs] == list(range(1, 10))
+    want = {2: "invalid JSON", 3: "'n_predict' must be an integer", 4: "unknown field 'colour'",
+            5: "is empty", 6: "duplicate id 'ok1' (first at line 1)", 7: "'strategy' must name",
+            8: "no prompt"}
+    for x in recs:
+        if x["line"] in want:
+            assert want[x["line"]] in x["error"] and f"line {x['line']}" in x["error"], x
+        else:
+            assert "text" in x and "error" not in x
+    assert summ[0]["failed"] == 7
+    assert all("line" in l for l in r.stderr.splitlines() if l.startswith("sift: error"))
+
+
+@need_model
+def test_openai_batch_shape(tmp_path):
+    rows = [{"custom_id": "req-1", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"model": "gpt-4o-mini", "max_tokens": 8, "temperature": 0,
+                      "messages": [{"role": "system", "content": "Answer in one word."},
+                                   {"role": "user", "content": "What is the capital of France?"}]}}]
+    p = write_jsonl(tmp_path / "r.jsonl", rows)
+    r = sift("-m", MODEL, "--prompts", p, "--json", "-q")
+    assert r.returncode == 0, r.stderr
+    (rec,), _ = records(r.stdout)
+    assert rec["id"] == "req-1" and "Paris" in rec["text"]
+    # the same request in sift's own fields gives the same answer
+    own = write_jsonl(tmp_path / "o.jsonl", [{"id": "x", "system": "Answer in one word.", "temp": 0,
+                                             "prompt": "What is the capital of France?",
+                                             "n_predict": 8}])
+    (rec2,), _ = records(sift("-m", MODEL, "--prompts", own, "--json", "-q").stdout)
+    assert rec2["text"] == rec["text"]
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """A slower random model (4 layers, d 256): a job of 40 requests takes seconds, so a signal
+    sent after the first records lands mid-run."""
+    return tiny_gguf.write(str(tmp_path_factory.mktemp("s") / "small.gguf"), n_layer=4, d=256,
+                           n_head=4, n_kv=2, ff=512, ctx=4096)
+
+
+def start_and_signal(args, out, sig, after=2):
+    """Runs sift args writing to out; sends sig once out holds `after` records."""
+    e = dict(os.environ)
+    e.pop("SIFT_MODEL", None)
+    proc = subprocess.Popen([SIFT, *args], env=e, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    t0 = time.time()
+    while time.time() - t0 < 120 and (not out.exists() or out.read_text().count("\n") < after):
+        time.sleep(0.01)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err
+
+
+def test_resume_after_kill(small, tmp_path):
+    p = write_jsonl(tmp_path / "r.jsonl", requests(40, lo=60))
+    whole = tmp_path / "whole.jsonl"
+    base = ["-m", small, "--prompts", p, "--temp", "0", "-q", "--parallel", "3"]
+    assert sift(*base, "--output", str(whole)).returncode == 0
+    out = tmp_path / "out.jsonl"
+    rc, _ = start_and_signal([*base, "--output", str(out)], out, signal.SIGTERM)
+    assert rc == 128 + signal.SIGTERM   # SIGTERM drops the sequences in flight at once
+    partial, _ = records(out.read_text())   # every line whole
+    assert 2 <= len(partial) < 40
+    with open(out, "a") as f:   # a record cut short by a harder kill: --resume drops it
+        f.write('{"id": "r39", "text": "cut sh')
+    again = sift(*base, "--output", str(out), "--resume")
+    assert again.returncode == 0, again.stderr
+    merged, summaries = records(out.read_text())
+    assert len(merged) == 40 and len({r["id"] for r in merged}) == 40
+    assert texts(merged) == texts(records(whole.read_text())[0])
+    assert [s["interrupted"] for s in summaries] == [True, False]
+    # resuming a complete file runs nothing and adds no record
+    r = sift(*base, "--output", str(out), "--resume")
+    assert r.returncode == 0 and records(out.read_text())[0] == merged
+
+
+def test_ctrl_c_finishes_in_flight(small, tmp_path):
+    p = write_jsonl(tmp_path / "r.jsonl", requests(40, lo=60))
+    out = tmp_path / "out.jsonl"
+    rc, err = start_and_signal(["-m", small, "--prompts", p, "--temp", "0", "--parallel", "3",
+                                "--output", str(out)], out, signal.SIGINT)
+    assert rc == 128 + signal.SIGINT and "finishing" in err
+    recs, summ = records(out.read_text())
+    assert summ[0]["interrupted"] and 2 <= len(recs) < 40
+    assert all("text" in r for r in recs)   # the ones in flight ran to their end
+
+
+def test_shards_together_equal_one_run(tiny, tmp_path):
+    p = write_jsonl(tmp_path / "r.jsonl", requests(11))
+    base = ["-m", tiny, "--prompts", p, "--temp", "0", "--json", "-q", "--parallel", "2"]
+    whole, _ = records(sift(*base).stdout)
+    parts = []
+    for k in range(3):
+        r = sift(*base, "--shard", f"{k}/3")
+        assert r.returncode == 0
+        parts += records(r.stdout)[0]
+    assert [r["id"] for r in parts] == [r["id"] for r in whole]   # concatenation = input order
+    assert texts(parts) == texts(whole)
+
+
+def test_unordered_has_every_record(tiny, tmp_path):
+    p = write_jsonl(tmp_path / "r.jsonl", requests(8))
+    r = sift("-m", tiny, "--prompts", p, "--temp", "0", "--json", "-q", "--parallel", "4",
+             "--unordered")
+    recs, _ = records(r.stdout)
+    assert sorted(x["id"] for x in recs) == sorted(f"r{i}" for i in range(8))
+
+
+def test_job_flag_errors(tiny, tmp_path):
+    p = write_jsonl(tmp_path / "r.jsonl", requests(2))
+    out = tmp_path / "o.jsonl"
+    out.write_text("")
+    assert_error(sift("-m", tiny, "--prompts", p, "--output", str(out)), "exists", "--resume", code=2)
+    assert_error(sift("-m", tiny, "--prompts", p, "--resume"), "--output", code=2)
+    for bad in ("3/3", "1", "a/b", "-1/2", "0/0"):
+        assert_error(sift("-m", tiny, "--prompts", p, "--shard", bad), "--shard", code=2)
+    assert_error(sift("-m", tiny, "--prompts", p, "--parallel", "0"), "--parallel", code=2)
+    assert_error(sift("-m", tiny, "--prompts", str(tmp_path / "none.jsonl")), "none.jsonl")
+    assert_error(sift("-m", tiny, "-p", "x", "--prompts", p), "-p", code=2)
