@@ -32,6 +32,7 @@ typedef struct {
     enum bk_weights weights;   // --weights native|f32 (CPU)
     uint32_t wtype;            // --wtype: a synthetic model's weight type (GGML_F32 default)
     int ctx[MAX_CTX], n_ctx, n_gen, reps, threads, dry_run, elem_bytes;
+    int par[MAX_CTX], n_par;   // --parallel: sequences decoded together (1 = run_generate alone)
     const strategy *strategies[MAX_STRATEGIES];
     int n_strategies;
     strategy_opts so;
@@ -39,7 +40,8 @@ typedef struct {
 
 // One strategy at one context length over the repetitions.
 typedef struct {
-    double *ttft, *pp, *tpot, *tg;   // [reps]
+    double *ttft, *pp, *tpot, *tg;   // [reps]; with --parallel B: per sequence (mean TTFT)
+    double *agg;                     // [reps] aggregate decode tok/s of the B sequences
     size_t kv_bytes;
     long rows_done;
 } cell_stats;
@@ -150,13 +152,15 @@ static void put_end(const bench_out *o) {
 static void bench_help(void) {
     printf("usage: sift bench [-m MODEL|synthetic:NAME[@SEED]] [--ctx 1024,8192] [-n 128] [-r 5]\n"
            "                  [-t N] [--device auto|cpu|cuda] [--strategy NAME,...|all] [strategy flags]\n"
-           "                  [-o md|json|csv|jsonl] [--dry-run [--elem-bytes 4|2]]\n"
+           "                  [-o md|json|csv|jsonl] [--dry-run [--elem-bytes 4|2]] [--parallel 1,4,16]\n"
            "                  [--weights native|f32] [--wtype f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k]\n"
            "prefill P seeded random tokens per --ctx P (-p is an alias), then decode N at that\n"
            "depth; mean ± sd of R runs. 'x full' columns are ratios of means against full in the\n"
            "same run. MFU uses full-equivalent prefill FLOPs; MBU the weights + KV a decode step\n"
            "reads; both against ceilings the backend measures at start (see README).\n"
            "--dry-run prints parameters, FLOPs and bytes by formula without loading weights.\n"
+           "--parallel B,...: B sequences of the same length decoded together, each step one\n"
+           "forward pass over all of them; 'agg tg t/s' is their aggregate decode rate.\n"
            "--wtype: a synthetic model's matrices as random blocks of that type (default f32\n"
            "values), so quantised speed is measured at real shapes without a file.\n"
            "synthetic models: %s\n", synth_names());
@@ -183,6 +187,7 @@ static int parse_ctx_list(const char *flag, const char *v, int *out) {
 
 static void bench_parse(int argc, char **argv, bench_opts *b) {
     *b = (bench_opts){.format = "md", .device = "auto", .n_gen = 128, .reps = 5, .ctx = {1024}, .n_ctx = 1,
+                      .par = {1}, .n_par = 1,
                       .elem_bytes = 4, .strategies = {strategy_find("full")}, .n_strategies = 1,
                       .so = strategy_opts_default()};
     for (int i = 2; i < argc; i++) {
@@ -206,6 +211,11 @@ static void bench_parse(int argc, char **argv, bench_opts *b) {
         else if (cli_is_flag(a, NULL, "--elem-bytes")) b->elem_bytes = (int)cli_int(a, v, 1, 8);
         else if (cli_is_flag(a, "-p", "--ctx") || cli_is_flag(a, NULL, "--n-prompt"))
             b->n_ctx = parse_ctx_list(a, v, b->ctx);
+        else if (cli_is_flag(a, NULL, "--parallel")) {
+            b->n_par = parse_ctx_list(a, v, b->par);
+            for (int k = 0; k < b->n_par; k++)
+                if (b->par[k] > FWD_MAX_BATCH) cli_usage_error("bench: --parallel %d: at most %d", b->par[k], FWD_MAX_BATCH);
+        }
         else if (!cli_strategy_flag(a, v, &b->so, &b->draft_path))
             cli_usage_error("bench: unknown flag '%s'", a);
     }
@@ -254,6 +264,7 @@ static int bench_dry_run(const bench_opts *b, const model_config *c) {
             {"elem_bytes", "elem bytes", NULL, e, 0, "%.0f", NULL},
             {"n_prompt", "ctx", NULL, (double)P, 0, "%.0f", NULL},
             {"n_gen", "gen", NULL, b->n_gen, 0, "%.0f", NULL},
+            {"parallel", "par", NULL, 1, 0, "%.0f", NULL},
             {"prefill_flops", "prefill FLOPs", NULL, cost_prefill_flops(c, P), 0, "%.6e", NULL},
             // the share of the parameters a decode step reads, at the weights' bytes per parameter
             {"decode_weight_bytes", "weight bytes/token", NULL,
@@ -337,18 +348,73 @@ static int *random_ids(const model *m, int P, int rep, sampler *smp) {
     return ids;
 }
 
-// Every strategy, every repetition at context P; 0 or -1.
+// B sequences of P tokens (ids: B rows) decoded together with s: gen_begin each, then shared
+// gen_steps; per-sequence means into slot rep, and the aggregate decode rate. 0 or -1.
+static int bench_batch(const bench_opts *b, model *m, const strategy *s, int *const *ids, int P,
+                       int B, cell_stats *cs, int rep) {
+    gen_seq *g = xcalloc((size_t)B, sizeof *g), **gp = xcalloc((size_t)B, sizeof *gp);
+    sampler *smp = xcalloc((size_t)B, sizeof *smp);
+    char err[512];
+    int rc = 0, started = 0;
+    double ttft = 0;
+    for (; started < B && rc == 0; started++) {
+        sampler_init(&smp[started], &(sample_params){.temp = 0}, m->cfg.vocab);
+        gp[started] = &g[started];
+        rc = gen_begin(&g[started], s, m, &b->so, ids[started], P, b->n_gen, &smp[started],
+                       bench_ignore, NULL, NULL, err, sizeof err);
+        if (rc) {
+            fprintf(stderr, "%ssift: error: bench: %s at ctx %d, parallel %d: %s\n", isatty(2) ? "\n" : "",
+                    s->name, P, B, err);
+            sampler_free(&smp[started]);
+        } else
+            ttft += g[started].st.prompt_ms;
+    }
+    if (rc == 0) {
+        double t0 = now_ms();
+        int steps = 0;
+        for (int live = B; live > 0; steps++) {
+            gen_step(gp, B);
+            live = 0;
+            for (int i = 0; i < B; i++) live += !g[i].done;
+        }
+        double ms = now_ms() - t0;
+        cs->ttft[rep] = ttft / B;
+        cs->pp[rep] = cli_per_sec(P, ttft / B);
+        cs->tpot[rep] = steps ? ms / steps : NAN;
+        cs->tg[rep] = steps ? cli_per_sec(steps, ms) : NAN;
+        cs->agg[rep] = steps ? cli_per_sec(steps * B, ms) : NAN;
+        cs->kv_bytes = g[0].st.kv_bytes;
+        cs->rows_done = g[0].st.rows_done;
+    }
+    for (int i = 0; i < B && i < started - (rc != 0); i++) {
+        gen_end(&g[i]);
+        sampler_free(&smp[i]);
+    }
+    free(g), free(gp), free(smp);
+    return rc;
+}
+
+// Every parallel width, strategy and repetition at context P; cells [pi * n_strategies + k].
+// 0 or -1.
 static int bench_ctx(const bench_opts *b, model *m, int ci, cell_stats *cs, bench_progress *pr, int tty) {
     int P = b->ctx[ci], rc = 0;
-    for (int r = 0; r < b->reps && rc == 0; r++) {
-        sampler smp;
-        int *ids = random_ids(m, P, r, &smp);
-        for (int k = 0; k < b->n_strategies && rc == 0; k++) {
-            show_cell(pr, tty, P, ci, b->n_ctx, r, b->reps, b->strategies[k]->name);
-            rc = bench_one(b, m, b->strategies[k], ids, P, b->n_gen, &smp, &cs[k], r);
+    for (int pi = 0; pi < b->n_par && rc == 0; pi++) {
+        int B = b->par[pi];
+        for (int r = 0; r < b->reps && rc == 0; r++) {
+            sampler smp[FWD_MAX_BATCH];
+            int *ids[FWD_MAX_BATCH];
+            for (int j = 0; j < B; j++) ids[j] = random_ids(m, P, r + 1000 * j, &smp[j]);
+            for (int k = 0; k < b->n_strategies && rc == 0; k++) {
+                cell_stats *c = &cs[pi * b->n_strategies + k];
+                show_cell(pr, tty, P, ci, b->n_ctx, r, b->reps, b->strategies[k]->name);
+                if (B == 1) {
+                    rc = bench_one(b, m, b->strategies[k], ids[0], P, b->n_gen, &smp[0], c, r);
+                    if (rc == 0) c->agg[r] = c->tg[r];
+                } else
+                    rc = bench_batch(b, m, b->strategies[k], ids, P, B, c, r);
+            }
+            for (int j = 0; j < B; j++) sampler_free(&smp[j]), free(ids[j]);
         }
-        sampler_free(&smp);
-        free(ids);
     }
     return rc;
 }
@@ -358,8 +424,9 @@ typedef struct {
     double peak_tflops, peak_gbs;   // NaN when the backend offers no ceilings
 } bench_env;
 
-static void print_cell(const bench_opts *b, const model *m, const bench_env *env, int P,
-                       const cell_stats *cs, int k, const cell_stats *full, bench_out *o) {
+static void print_cell(const bench_opts *b, const model *m, const bench_env *env, int P, int B,
+                       const cell_stats *cs, int k, const cell_stats *full, const cell_stats *par1,
+                       bench_out *o) {
     const model_config *c = &m->cfg;
     int R = b->reps;
     double ttft, ttft_sd, pp, pp_sd, tpot, tpot_sd, tg, tg_sd, fpp = NAN, ftg = NAN, sd;
@@ -369,6 +436,9 @@ static void print_cell(const bench_opts *b, const model *m, const bench_env *env
     mean_sd(cs->tg, R, &tg, &tg_sd);
     if (full) mean_sd(full->pp, R, &fpp, &sd);
     if (full) mean_sd(full->tg, R, &ftg, &sd);
+    double agg, agg_sd, agg1 = NAN;
+    mean_sd(cs->agg, R, &agg, &agg_sd);
+    if (par1) mean_sd(par1->agg, R, &agg1, &sd);
     double flops = cost_prefill_flops(c, P), tflops = flops / (ttft * 1e-3) / 1e12;
     double kv_tok = cost_kv_token_bytes(c, m->bk->elem_bytes);
     double kv_read = fmax(0, (double)cs->kv_bytes - b->n_gen / 2.0 * kv_tok);
@@ -382,11 +452,14 @@ static void print_cell(const bench_opts *b, const model *m, const bench_env *env
         {"threads", "threads", NULL, b->threads, 0, "%.0f", NULL},
         {"n_prompt", "ctx", NULL, P, 0, "%.0f", NULL},
         {"n_gen", "gen", NULL, b->n_gen, 0, "%.0f", NULL},
+        {"parallel", "par", NULL, B, 0, "%.0f", NULL},
         {"reps", NULL, NULL, R, 0, "%.0f", NULL},
         {"ttft_ms", "TTFT ms", NULL, ttft, ttft_sd, "%.1f", "ttft_stddev_ms"},
         {"pp_avg_ts", "pp t/s", NULL, pp, pp_sd, "%.1f", "pp_stddev_ts"},
         {"tpot_ms", "TPOT ms", NULL, tpot, tpot_sd, "%.4g", "tpot_stddev_ms"},
         {"tg_avg_ts", "tg t/s", NULL, tg, tg_sd, "%.2f", "tg_stddev_ts"},
+        {"agg_tg_ts", "agg tg t/s", NULL, agg, agg_sd, "%.1f", "agg_tg_stddev_ts"},
+        {"agg_x_par1", "agg x par1", NULL, agg / agg1, 0, "%.2f", NULL},
         {"kv_bytes", NULL, NULL, (double)cs->kv_bytes, 0, "%.0f", NULL},
         {"kv_gib", "KV GiB", NULL, cs->kv_bytes / GIB, 0, "%.4f", NULL},
         {"rows_pct_of_full", "rows %", NULL, 100.0 * cs->rows_done / ((double)P * c->n_layer), 0,
@@ -423,8 +496,10 @@ static int check_memory(const bench_opts *b, const model *m) {
     double avail = m->bk->mem_available ? (double)m->bk->mem_available(m->bk) : -1;
     if (avail <= 0) return 0;
     int P = max_ctx(b);
-    double need = cost_prefill_mem_bytes(&m->cfg, P, b->n_gen, m->bk->elem_bytes);
-    double kv = (P + b->n_gen) * cost_kv_token_bytes(&m->cfg, m->bk->elem_bytes);
+    int B = 1;   // --parallel: that many caches at once
+    for (int k = 0; k < b->n_par; k++) B = b->par[k] > B ? b->par[k] : B;
+    double kv = (double)B * (P + b->n_gen) * cost_kv_token_bytes(&m->cfg, m->bk->elem_bytes);
+    double need = cost_prefill_mem_bytes(&m->cfg, P, b->n_gen, m->bk->elem_bytes) + kv / B * (B - 1);
     if (need <= avail) return 0;
     fprintf(stderr, "sift: error: bench: ctx %d needs %.2f GiB (KV cache %.2f GiB + activations "
                     "%.2f GiB) but only %.2f GiB of memory is available after loading the model\n",
@@ -456,12 +531,12 @@ static int bench_warmup(const bench_opts *b, model *m, bench_progress *pr) {
 }
 
 // Per strategy: its repetitions' slots in one block (freed by the caller through cs[0].ttft).
-static cell_stats *cells_alloc(int n_strategies, int reps) {
-    cell_stats *cs = xcalloc((size_t)n_strategies, sizeof *cs);
-    double *mem = xcalloc((size_t)n_strategies * 4 * reps, sizeof *mem);
-    for (int k = 0; k < n_strategies; k++) {
-        double *p = mem + (size_t)k * 4 * reps;
-        cs[k] = (cell_stats){p, p + reps, p + 2 * reps, p + 3 * reps, 0, 0};
+static cell_stats *cells_alloc(int n_cells, int reps) {
+    cell_stats *cs = xcalloc((size_t)n_cells, sizeof *cs);
+    double *mem = xcalloc((size_t)n_cells * 5 * reps, sizeof *mem);
+    for (int k = 0; k < n_cells; k++) {
+        double *p = mem + (size_t)k * 5 * reps;
+        cs[k] = (cell_stats){p, p + reps, p + 2 * reps, p + 3 * reps, p + 4 * reps, 0, 0};
     }
     return cs;
 }
@@ -480,12 +555,17 @@ static int bench_run(const bench_opts *b, loaded *L) {
     for (int k = 0; k < b->n_strategies; k++)
         if (strcmp(b->strategies[k]->name, "full") == 0) full = k;
     bench_out o = {out_format(b->format), 0};
-    cell_stats *cs = cells_alloc(b->n_strategies, b->reps);
+    int ns = b->n_strategies, p1 = -1;
+    for (int pi = 0; pi < b->n_par; pi++)
+        if (b->par[pi] == 1 && p1 < 0) p1 = pi;
+    cell_stats *cs = cells_alloc(ns * b->n_par, b->reps);
     for (int ci = 0; ci < b->n_ctx && rc == 0; ci++) {
         rc = bench_ctx(b, m, ci, cs, &pr, tty);
         if (tty) fprintf(stderr, "\r%90s\r", "");
-        for (int k = 0; k < b->n_strategies && rc == 0; k++)
-            print_cell(b, m, &env, b->ctx[ci], &cs[k], k, full >= 0 ? &cs[full] : NULL, &o);
+        for (int pi = 0; pi < b->n_par && rc == 0; pi++)
+            for (int k = 0; k < ns && rc == 0; k++)
+                print_cell(b, m, &env, b->ctx[ci], b->par[pi], &cs[pi * ns + k], k,
+                           full >= 0 ? &cs[pi * ns + full] : NULL, p1 >= 0 ? &cs[p1 * ns + k] : NULL, &o);
     }
     put_end(&o);
     if (m->bk->report) m->bk->report(m->bk, stderr);   // choices the backend made by timing

@@ -234,9 +234,9 @@ def test_quantised_synthetic_runs():
 
 # ---- output formats ---------------------------------------------------------------------------
 
-FIELDS = ["model", "strategy", "backend", "threads", "n_prompt", "n_gen", "reps", "ttft_ms",
+FIELDS = ["model", "strategy", "backend", "threads", "n_prompt", "n_gen", "parallel", "reps", "ttft_ms",
           "ttft_stddev_ms", "pp_avg_ts", "pp_stddev_ts", "tpot_ms", "tpot_stddev_ms", "tg_avg_ts",
-          "tg_stddev_ts", "kv_bytes", "kv_gib", "rows_pct_of_full", "pp_x_full", "tg_x_full",
+          "tg_stddev_ts", "agg_tg_ts", "agg_tg_stddev_ts", "agg_x_par1", "kv_bytes", "kv_gib", "rows_pct_of_full", "pp_x_full", "tg_x_full",
           "prefill_flops_full_eq", "prefill_tflops_full_eq", "peak_tflops", "mfu_pct_full_eq",
           "decode_bytes_per_token", "decode_gbs", "peak_gbs", "mbu_pct"]
 BENCH = ["--ctx", "16,24", "-n", "4", "-r", "2", "--strategy", "full,streamingllm"]
@@ -289,10 +289,27 @@ def test_markdown_table(tiny):
     r = run("bench", "-m", tiny, "-p", "16", "-n", "2", "-r", "1")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0].startswith("| model | strategy | backend | threads | ctx | gen | TTFT ms |")
+    assert lines[0].startswith("| model | strategy | backend | threads | ctx | gen | par | TTFT ms |")
     assert "MFU % (full-eq)" in lines[0] and "MBU %" in lines[0]
     assert set(lines[1]) <= set("|-:") and len(lines) == 3
     assert lines[2].count("|") == lines[0].count("|")
+
+
+def test_parallel_rows(tiny):
+    # --parallel 1,3: per strategy a row for 1 sequence and one for 3 decoded together; the
+    # aggregate rate is the 3 sequences' tokens over the shared steps' time
+    r = run("bench", "-m", tiny, "--ctx", "16", "-n", "6", "-r", "1", "--parallel", "1,3",
+            "--strategy", "full,topk", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [(x["parallel"], x["strategy"]) for x in rows] == [
+        (1, "full"), (1, "topk"), (3, "full"), (3, "topk")]
+    for x in rows:
+        assert x["agg_tg_ts"] == pytest.approx(x["parallel"] * x["tg_avg_ts"], rel=1e-3)   # as printed
+    assert rows[0]["agg_x_par1"] == 1
+    assert rows[2]["agg_x_par1"] == pytest.approx(rows[2]["agg_tg_ts"] / rows[0]["agg_tg_ts"], rel=1e-3)
+    assert rows[3]["tg_x_full"] == pytest.approx(rows[3]["tg_avg_ts"] / rows[2]["tg_avg_ts"], rel=1e-3)
+    assert_error(run("bench", "-m", tiny, "--parallel", "0"), "--parallel", code=2)
 
 
 def test_no_decode_gives_nulls(tiny):
