@@ -60,33 +60,10 @@ static void print_help(void) {
         "  -t, --threads N         CPU threads (default: all cores)\n"
         "      --weights W         CPU weights: native (as the file stores them, 8-bit\n"
         "                          activation products; default) | f32 (dequantised, the reference)\n"
-        "strategy parameters (defaults from each strategy's paper)\n"
-        "      --speed-depth K     speed: layers that see the prompt (default ceil(0.875 L))\n"
-        "      --anchor bos|none   speed: keep the first prompt token in upper layers (bos)\n"
-        "      --tsp-layer N       fastkv: token-selective propagation after layer N (L/2-1)\n"
-        "      --tsp-rate R        fastkv: share of rows propagated, (0,1] (0.2)\n"
-        "      --kv-rate R         fastkv, snapkv, streamingllm: KV kept per layer, (0,1] (0.1)\n"
-        "      --window W          fastkv, snapkv: observation window, always kept (8)\n"
-        "      --pool-kernel K     fastkv, snapkv: max-pool kernel, odd (7)\n"
-        "      --keep P            specprefill: share of prompt chunks kept, (0,1] (0.3)\n"
-        "      --lookahead N       specprefill: draft query rows incl. the last prompt token (8)\n"
-        "      --chunk C           specprefill: chunk size in tokens (32)\n"
-        "      --spec-pool K       specprefill: average-pool kernel, odd (13)\n"
-        "      --draft MODEL       specprefill: draft model with the same vocabulary\n"
-        "      --draft-layers N    specprefill: self-draft from the main model's first N layers\n"
-        "                          (default without --draft: ceil(L/2))\n"
-        "      --swiftkv-layers l  swiftkv: layers the whole prompt runs (L/2; a checkpoint's own)\n"
-        "      --swiftkv-group G   swiftkv: layers sharing one KV cache, divides L-l (1)\n"
-        "      --swiftkv-norm N    swiftkv training-free init: own = each layer's input norm\n"
-        "                          folded into its K/V, shared = layer l's norm (shared)\n"
-        "                          (swiftkv without a distilled checkpoint is EXPERIMENTAL:\n"
-        "                          measured fidelity in bench/EVAL.md)\n"
-        "      --sink N, --tail N  topk+phi, topk: anchors read exactly at decode (4, 16)\n"
-        "      --topk K            topk+phi, topk: entries retrieved per query head; 0 = sink +\n"
-        "                          tail only (default: from --budget)\n"
-        "      --budget F          topk+phi, topk: exact reads as a share of the prompt, phi\n"
-        "                          cache included (0.02)\n"
-        "      --phi FILE          topk+phi: fitted maps (sift fit-phi); default: random features\n"
+        "strategy parameters (defaults from each strategy's paper)\n",
+        SIFT_VERSION, DEFAULT_MODEL, strategy_names());
+    cli_strategy_help(stdout);
+    printf(
         "batch jobs\n"
         "      --parallel N        up to N prompts in flight; each decode step is one forward\n"
         "                          pass over all of them (default 1)\n"
@@ -108,8 +85,7 @@ static void print_help(void) {
         "  sift --batch prompts/ --chat --temp 0 -n 64\n"
         "  sift --prompts requests.jsonl --parallel 16 --output results.jsonl --resume\n"
         "  cat prompt.txt | sift -f - -n 64\n"
-        "  sift -f long.txt --strategy full,speed,fastkv,specprefill -n 64 --temp 0\n",
-        SIFT_VERSION, DEFAULT_MODEL, strategy_names());
+        "  sift -f long.txt --strategy full,speed,fastkv,specprefill -n 64 --temp 0\n");
 }
 
 static void add_file(run_opts *o, const char *path) {

@@ -70,53 +70,58 @@ int cli_strategies(const char *v, const strategy **out) {
     return n;
 }
 
-static const char *const STRATEGY_FLAGS[] = {"--speed-depth", "--anchor", "--tsp-layer",
-    "--tsp-rate", "--kv-rate", "--window", "--pool-kernel", "--keep", "--lookahead", "--chunk",
-    "--spec-pool", "--draft", "--draft-layers", "--swiftkv-layers", "--swiftkv-group",
-    "--swiftkv-norm", "--sink", "--tail", "--topk", "--budget", "--phi"};
-
-static int odd_kernel(const char *flag, const char *v) {
-    int k = (int)cli_int(flag, v, 1, 1025);
-    if (k % 2 == 0) cli_usage_error("%s %d must be odd (a window centred on each token)", flag, k);
-    return k;
-}
-
-// A strategy parameter flag with value v: 1 if a is one, 0 otherwise.
-int cli_strategy_flag(const char *a, const char *v, strategy_opts *so,
-                               const char **draft_path) {
-    if (cli_is_flag(a, NULL, "--speed-depth")) so->speed_depth = (int)cli_int(a, v, 1, 4096);
-    else if (cli_is_flag(a, NULL, "--anchor")) {
-        if (strcmp(v, "bos") && strcmp(v, "none")) cli_usage_error("--anchor must be bos or none");
-        so->anchor = strcmp(v, "bos") == 0;
-    } else if (cli_is_flag(a, NULL, "--tsp-layer")) so->tsp_layer = (int)cli_int(a, v, 0, 4096);
-    else if (cli_is_flag(a, NULL, "--tsp-rate")) so->tsp_rate = cli_float(a, v, 1e-6, 1);
-    else if (cli_is_flag(a, NULL, "--kv-rate")) so->kv_rate = cli_float(a, v, 1e-6, 1);
-    else if (cli_is_flag(a, NULL, "--window")) so->window = (int)cli_int(a, v, 1, 1 << 20);
-    else if (cli_is_flag(a, NULL, "--pool-kernel")) so->pool_kernel = odd_kernel(a, v);
-    else if (cli_is_flag(a, NULL, "--keep")) so->keep = cli_float(a, v, 1e-6, 1);
-    else if (cli_is_flag(a, NULL, "--lookahead")) so->lookahead = (int)cli_int(a, v, 1, 1024);
-    else if (cli_is_flag(a, NULL, "--chunk")) so->chunk = (int)cli_int(a, v, 1, 1 << 20);
-    else if (cli_is_flag(a, NULL, "--spec-pool")) so->spec_pool = odd_kernel(a, v);
-    else if (cli_is_flag(a, NULL, "--draft")) *draft_path = v;
-    else if (cli_is_flag(a, NULL, "--draft-layers")) so->draft_layers = (int)cli_int(a, v, 1, 4096);
-    else if (cli_is_flag(a, NULL, "--swiftkv-layers")) so->swiftkv_layers = (int)cli_int(a, v, 1, 4096);
-    else if (cli_is_flag(a, NULL, "--swiftkv-group")) so->swiftkv_group = (int)cli_int(a, v, 1, 4096);
-    else if (cli_is_flag(a, NULL, "--swiftkv-norm")) {
-        if (strcmp(v, "own") && strcmp(v, "shared")) cli_usage_error("--swiftkv-norm must be own or shared");
-        so->swiftkv_fold = strcmp(v, "own") == 0;
-    } else if (cli_is_flag(a, NULL, "--sink")) so->sink = (int)cli_int(a, v, 0, 1 << 20);
-    else if (cli_is_flag(a, NULL, "--tail")) so->tail = (int)cli_int(a, v, 0, 1 << 20);
-    else if (cli_is_flag(a, NULL, "--topk")) so->topk = (int)cli_int(a, v, 0, 1 << 22);
-    else if (cli_is_flag(a, NULL, "--budget")) so->budget = cli_float(a, v, 1e-6, 1);
-    else if (cli_is_flag(a, NULL, "--phi")) so->phi_path = v;
-    else return 0;
+// A strategy parameter flag with value v (policies/policy.c's table): 1 if a is one, 0 otherwise.
+int cli_strategy_flag(const char *a, const char *v, strategy_opts *so, const char **draft_path) {
+    const opt_def *d = strategy_opt_find(a);
+    if (!d) return 0;
+    char err[256];
+    if (strategy_opt_set(so, d, v, err, sizeof err)) cli_usage_error("%s", err);
+    if (draft_path) *draft_path = so->draft_path;
     return 1;
 }
 
-int cli_is_strategy_flag(const char *a) {
-    for (size_t k = 0; k < sizeof STRATEGY_FLAGS / sizeof *STRATEGY_FLAGS; k++)
-        if (strcmp(a, STRATEGY_FLAGS[k]) == 0) return 1;
-    return 0;
+int cli_is_strategy_flag(const char *a) { return strategy_opt_find(a) != NULL; }
+
+void cli_strategy_help(FILE *out) {
+    int n;
+    const opt_def *t = strategy_opts_table(&n);
+    for (int i = 0; i < n; i++) {
+        char head[48], def[64];
+        snprintf(head, sizeof head, "%s %s", t[i].flag, t[i].metavar);
+        if (t[i].def_text) snprintf(def, sizeof def, "%s", t[i].def_text);
+        else if (t[i].type == OPT_CHOICE) snprintf(def, sizeof def, "%.*s", (int)strcspn(t[i].choices, "="), t[i].choices);
+        else snprintf(def, sizeof def, "%g", t[i].def);
+        char text[512];
+        snprintf(text, sizeof text, "%s: %s (default %s)", t[i].used_by, t[i].help, def);
+        // "      HEAD  text", wrapped at 96 columns with the text column at 26
+        int col = fprintf(out, "      %-19s", head);
+        if (col > 26) col = fprintf(out, "\n%25s", "") - 1;
+        for (const char *w = text; *w;) {
+            int len = (int)strcspn(w, " ");
+            if (col + 1 + len > 96 && col > 26) col = fprintf(out, "\n%25s", "") - 1;
+            col += fprintf(out, " %.*s", len, w);
+            w += len;
+            while (*w == ' ') w++;
+        }
+        fputc('\n', out);
+    }
+}
+
+void cli_strategy_settings_json(FILE *out, const strategy_opts *so, const char *strategy_name) {
+    int n, first = 1;
+    const opt_def *t = strategy_opts_table(&n);
+    fputc('{', out);
+    for (int i = 0; i < n; i++) {
+        if (!strategy_opt_used_by(&t[i], strategy_name)) continue;
+        char v[600], key[40];
+        strategy_opt_json(so, &t[i], v, sizeof v);
+        size_t k = 0;
+        for (const char *p = t[i].flag + 2; *p && k + 1 < sizeof key; p++) key[k++] = *p == '-' ? '_' : *p;
+        key[k] = 0;
+        fprintf(out, "%s\"%s\":%s", first ? "" : ",", key, v);
+        first = 0;
+    }
+    fputc('}', out);
 }
 
 // Reads a whole file ('-' = stdin). NULL + err on failure.

@@ -26,6 +26,10 @@ int cli_strategies(const char *v, const strategy **out);
 // A strategy parameter flag a with value v into so (or *draft_path): 1 if a is one, else 0.
 int cli_strategy_flag(const char *a, const char *v, strategy_opts *so, const char **draft_path);
 int cli_is_strategy_flag(const char *a);
+// The strategy parameters' lines of --help, from the table (policies/policy.h).
+void cli_strategy_help(FILE *out);
+// The parameters strategy_name reads, as one JSON object {"kv_rate":0.1,...}.
+void cli_strategy_settings_json(FILE *out, const strategy_opts *so, const char *strategy_name);
 // --device auto|cpu|cuda: v, or a usage error.
 const char *cli_device(const char *v);
 // --weights native|f32 (how the CPU backend keeps weights): the mode, or a usage error.

@@ -522,6 +522,8 @@ static void json_unit(FILE *f, const runner *R, const unit *u) {
     cli_json_str(f, R->model_name, strlen(R->model_name));
     fprintf(f, ",\"note\":");
     cli_json_str(f, st->note, strlen(st->note));
+    fprintf(f, ",\"settings\":");
+    cli_strategy_settings_json(f, R->o->so, u->s->name);
     fprintf(f, ",\"seed\":%llu,\"kv_bytes\":%zu,\"load_ms\":%.3f,\"rows_processed\":%ld,"
             "\"rows_pct_of_full\":%.3f,", u->seed, st->kv_bytes, R->load_ms, st->rows_done, u->rows_pct);
     if (u->first_agree < 0) fprintf(f, "\"first_token_agree\":null,\"greedy_agree_pct\":null,");

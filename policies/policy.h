@@ -23,6 +23,7 @@ typedef struct strategy_opts {
     int lookahead;          // 8
     int chunk;              // 32
     int spec_pool;          // 13
+    const char *draft_path; // --draft MODEL (loaded into `draft` by the command line), or NULL
     model *draft;           // --draft: a separate model with the same vocabulary, or NULL
     int draft_layers;       // --draft-layers N: the main model's first N layers; 0 = unset
     // swiftkv
@@ -75,7 +76,43 @@ kv_cache *prefill_run(model *m, const int *ids, int n, int n_gen, const int *cap
                       const fwd_hooks *hooks, float *logits, prefill_info *info, char *err,
                       size_t errlen);
 
-// The defaults above, for a model of n_layer layers left to each strategy (0 / -1 fields).
+// Every strategy parameter's one home (policy.c's table): its flag, where it lives in
+// strategy_opts, its type, range and default, the strategies that read it, and its help line.
+// The command-line parser, --help, the range errors, strategy_opts_default and the settings
+// echoed in JSON records are all made from the table; adding a parameter is a field above
+// and a row there.
+enum opt_type {
+    OPT_INT,      // int in [lo, hi]
+    OPT_ODD,      // odd int in [lo, hi] (a window centred on each token)
+    OPT_FLOAT,    // float in [lo, hi]
+    OPT_CHOICE,   // int set by name: choices "name=value|name=value"
+    OPT_PATH,     // const char * (a file)
+};
+
+typedef struct opt_def {
+    const char *flag;      // "--kv-rate"
+    const char *metavar;   // "R" (shown in --help)
+    enum opt_type type;
+    size_t offset;         // of the field in strategy_opts
+    double lo, hi;         // OPT_INT, OPT_ODD, OPT_FLOAT
+    const char *choices;   // OPT_CHOICE
+    double def;            // the default (OPT_PATH: none)
+    const char *def_text;  // the default as --help says it when it depends on the model, or NULL
+    const char *used_by;   // "fastkv, snapkv" (the strategies that read it)
+    const char *help;
+} opt_def;
+
+// The table, n entries; one by flag name (NULL if none).
+const opt_def *strategy_opts_table(int *n);
+const opt_def *strategy_opt_find(const char *flag);
+// Sets o's field of d from text v: 0, or -1 with a one-line err naming the flag and the range.
+int strategy_opt_set(strategy_opts *o, const opt_def *d, const char *v, char *err, size_t errlen);
+// Whether strategy `name` reads d.
+int strategy_opt_used_by(const opt_def *d, const char *name);
+// d's value in o as JSON (a number, a string or null) into buf.
+void strategy_opt_json(const strategy_opts *o, const opt_def *d, char *buf, size_t len);
+
+// The table's defaults (0 / -1 where a strategy resolves the value from the model).
 strategy_opts strategy_opts_default(void);
 
 const strategy *strategy_find(const char *name);   // NULL if unknown
