@@ -21,6 +21,7 @@ static void fuzz_exit(int code) __attribute__((noreturn));
 #include "../cmd/eval.c"
 #include "../cmd/ppl.c"
 #include "../cmd/fit_phi.c"
+#include "../cmd/run.c"
 #include "../main.c"
 #undef main
 #undef exit
@@ -34,13 +35,17 @@ static void fuzz_exit(int code) {
 
 // The options main() would run with are inside the ranges the help documents.
 static void check_options(const options *o) {
-    if (o->n_strategies < 1 || o->n_strategies > MAX_STRATEGIES) abort();
-    for (int i = 0; i < o->n_strategies; i++)
-        if (!o->strategies[i]) abort();
-    if (o->n_predict == 0 || o->n_predict < -1) abort();
-    if (o->threads < 1 || o->so.n_threads != o->threads) abort();
-    if (!o->prompt && o->n_files == 0) abort();
-    if (o->sp.top_p <= 0 || o->sp.top_p > 1 || o->sp.temp < 0) abort();
+    const run_opts *r = &o->r;
+    if (r->n_strategies < 1 || r->n_strategies > MAX_STRATEGIES) abort();
+    for (int i = 0; i < r->n_strategies; i++)
+        if (!r->strategies[i]) abort();
+    if (r->n_predict == 0 || r->n_predict < -1) abort();
+    if (r->threads < 1 || o->so.n_threads != r->threads || r->so != &o->so) abort();
+    if (!r->prompt && r->n_files == 0 && !r->prompts_path) abort();
+    if (r->parallel < 1 || r->parallel > FWD_MAX_BATCH) abort();
+    if (r->shard_n < 0 || (r->shard_n > 0 && (r->shard_k < 0 || r->shard_k >= r->shard_n))) abort();
+    if (r->resume && !r->output) abort();
+    if (r->sp.top_p <= 0 || r->sp.top_p > 1 || r->sp.temp < 0) abort();
     if (o->so.kv_rate < 0 || o->so.kv_rate > 1 || o->so.keep < 0 || o->so.keep > 1) abort();
     if (o->so.pool_kernel % 2 == 0 || o->so.spec_pool % 2 == 0) abort();
 }
@@ -78,8 +83,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     } else if (fuzz_code != 2 && fuzz_code != 0) {
         abort();
     }
-    for (int i = 0; i < o.n_files; i++) free(o.files[i]);
-    free(o.files);
+    for (int i = 0; i < o.r.n_files; i++) free(o.r.files[i]);
+    free(o.r.files);
     free(buf);
     return 0;
 }

@@ -28,6 +28,8 @@ for i, args in enumerate([
         ["-f", "x", "--strategy", "full,speed,fastkv,specprefill", "--kv-rate", "0.2",
          "--pool-kernel", "7", "--keep", "0.3", "--draft-layers", "4", "--anchor", "none"],
         ["-p", "x", "--strategy", "all", "--device", "cpu", "-t", "2", "-c", "4096", "--min-p", "0"],
+        ["--prompts", "r.jsonl", "--parallel", "4", "--output", "o.jsonl", "--resume",
+         "--shard", "1/3", "--unordered", "--swiftkv-norm", "own"],
         ["bench", "-p", "512,2048", "-n", "16", "-r", "2", "--strategy", "full,fastkv", "-o", "jsonl"],
         ["eval", "--strategy", "all", "--tasks", "niah,vt", "--ctx", "1024,2048", "--samples", "2",
          "--seed", "1", "-o", "r.json", "--plot", "r.svg", "--device", "cpu"],
