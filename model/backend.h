@@ -85,6 +85,11 @@ struct backend {
     // key j of KV head g is visible to query i iff L->pos[g][j] <= qpos[i]; GQA groups heads.
     void (*attention)(backend *b, void *out, const void *q, const int *qpos, int n, int heads,
                       const kv_layer *L);
+    // Optional: `attention` of k independent sequences in one call (a batched decode step):
+    // out[i], q[i] (n[i], heads, hd) at qpos[i] over cache L[i]. NULL: one call per sequence.
+    void (*attention_multi)(backend *b, int k, void *const *out, const void *const *q,
+                            const int *const *qpos, const int *n, int heads,
+                            const kv_layer *const *L);
     // probs (n, heads, m), host = softmax of q (n, heads, hd) against the first m entries of L,
     // over the entries visible to each row (position <= qpos[i]); invisible entries get 0
     void (*attn_probs)(backend *b, float *probs, const void *q, const int *qpos, int n, int heads,

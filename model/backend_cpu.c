@@ -300,6 +300,15 @@ static void cpu_attention(backend *b, void *out, const void *q, const int *qpos,
                     L->head_dim);
 }
 
+// The sequences spread over the threads (each one's attention then runs on one thread: the
+// nested parallel region inside is serial), instead of a parallel region per sequence.
+static void cpu_attention_multi(backend *b, int k, void *const *out, const void *const *q,
+                                const int *const *qpos, const int *n, int heads,
+                                const kv_layer *const *L) {
+#pragma omp parallel for schedule(dynamic)
+    for (int i = 0; i < k; i++) cpu_attention(b, out[i], q[i], qpos[i], n[i], heads, L[i]);
+}
+
 static void cpu_attn_probs(backend *b, float *probs, const void *q, const int *qpos, int n,
                            int heads, const kv_layer *L, int m) {
     (void)b;
@@ -453,7 +462,8 @@ backend *backend_cpu_create(int n_threads, enum bk_weights weights) {
         .report = cpu_report, .matmul_multi = cpu_matmul_multi,
         .embed = cpu_embed, .rmsnorm = cpu_rmsnorm, .matmul = cpu_matmul, .rope = cpu_rope,
         .swiglu = cpu_swiglu, .add = cpu_add, .gather_rows = cpu_gather_rows,
-        .kv_append = cpu_kv_append, .attention = cpu_attention, .attn_probs = cpu_attn_probs,
+        .kv_append = cpu_kv_append, .attention = cpu_attention,
+        .attention_multi = cpu_attention_multi, .attn_probs = cpu_attn_probs,
         .kv_keep = cpu_kv_keep, .mem_available = cpu_mem_available,
         .weight_synth = cpu_weight_synth, .ceilings = cpu_ceilings, .attn_select = cpu_attn_select,
         .phi_summarize = cpu_phi_summarize,

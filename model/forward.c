@@ -89,22 +89,42 @@ static int layer_forward(pass *ps, scratch *s, int l) {
     }
     bk->rope(bk, s->q, st->pos, n, c->n_head, hd, c->inv_freq, c->rope);
     if (uniform && !fed[0]) bk->rope(bk, s->k, st->pos, n, c->n_kv_head, hd, c->inv_freq, c->rope);
+    for (int b = 0; b < B; b++) {   // each sequence's K/V into its own cache
+        fwd_state *v = &ps->view[b];
+        if (fed[b]) continue;
+        void *k = row_ptr(bk, s->k, ps->off[b], kvd);
+        if (!uniform) bk->rope(bk, k, v->pos, v->n, c->n_kv_head, hd, c->inv_freq, c->rope);
+        bk->kv_append(bk, &v->kv->layers[l], k, row_ptr(bk, s->v, ps->off[b], kvd), v->pos, v->n);
+    }
+    // attention, att (n, qd): a hook's own, else the backend's (sequences without a hook in one
+    // call when the backend takes several)
+    void *m_out[FWD_MAX_BATCH];
+    const void *m_q[FWD_MAX_BATCH];
+    const int *m_pos[FWD_MAX_BATCH], *m_n = NULL;
+    int m_rows[FWD_MAX_BATCH], k = 0;
+    const kv_layer *m_L[FWD_MAX_BATCH];
     for (int b = 0; b < B; b++) {
         fwd_state *v = &ps->view[b];
         const fwd_hooks *h = ps->hooks[b];
-        int r0 = ps->off[b], nv = v->n;
-        void *q = row_ptr(bk, s->q, r0, qd), *att = row_ptr(bk, s->att, r0, qd);
-        if (!fed[b]) {
-            void *k = row_ptr(bk, s->k, r0, kvd);
-            if (!uniform) bk->rope(bk, k, v->pos, nv, c->n_kv_head, hd, c->inv_freq, c->rope);
-            bk->kv_append(bk, &v->kv->layers[l], k, row_ptr(bk, s->v, r0, kvd), v->pos, nv);
-        }
+        void *q = row_ptr(bk, s->q, ps->off[b], qd), *att = row_ptr(bk, s->att, ps->off[b], qd);
         if (h && h->attention) {
             if (h->attention(h->ctx, v, src[b], q, att) != 0) return -1;
+        } else if (B > 1 && bk->attention_multi) {
+            m_out[k] = att, m_q[k] = q, m_pos[k] = v->pos, m_rows[k] = v->n;
+            m_L[k++] = &v->kv->layers[src[b]];
         } else
-            bk->attention(bk, att, q, v->pos, nv, c->n_head, &v->kv->layers[src[b]]);  // att (nv, qd)
-        if (h && h->after_attention && h->after_attention(h->ctx, v, l, q) != 0) return -1;
-        CHECK_INTERNAL(B == 1 || (v->n == nv && v->x == row_ptr(bk, st->x, r0, d)),
+            bk->attention(bk, att, q, v->pos, v->n, c->n_head, &v->kv->layers[src[b]]);
+    }
+    m_n = m_rows;
+    if (k) bk->attention_multi(bk, k, m_out, m_q, m_pos, m_n, c->n_head, m_L);
+    for (int b = 0; b < B; b++) {
+        fwd_state *v = &ps->view[b];
+        const fwd_hooks *h = ps->hooks[b];
+        int nv = v->n;
+        if (h && h->after_attention &&
+            h->after_attention(h->ctx, v, l, row_ptr(bk, s->q, ps->off[b], qd)) != 0)
+            return -1;
+        CHECK_INTERNAL(B == 1 || (v->n == nv && v->x == row_ptr(bk, st->x, ps->off[b], d)),
                        "a hook dropped rows inside a batched pass");
     }
     n = st->n;   // B = 1: an after_attention hook may have dropped rows

@@ -129,7 +129,14 @@ int strategy_opt_set(strategy_opts *o, const opt_def *d, const char *v, char *er
     }
     if (d->type == OPT_CHOICE) {
         if (choice_value(d->choices, v, (int *)field) == 0) return 0;
-        return err_printf(err, errlen, "%s must be %s, not '%s'", d->flag, d->metavar, v);
+        char names[128];   // "a=1|b=0" -> "a or b"
+        size_t j = 0;
+        for (const char *p = d->choices; *p && j + 5 < sizeof names; p++)
+            if (*p == '|') j += (size_t)snprintf(names + j, sizeof names - j, " or ");
+            else if (*p == '=') p += strcspn(p, "|") - 1;
+            else names[j++] = *p;
+        names[j] = 0;
+        return err_printf(err, errlen, "%s must be %s, not '%s'", d->flag, names, v);
     }
     errno = 0;
     double x = d->type == OPT_FLOAT ? strtod(v, &end) : (double)strtoll(v, &end, 10);
