@@ -15,6 +15,7 @@
 #include "../util/fastexp.h"
 
 #define ATTN_QB 128
+#define ATTN_SMALL 8   // up to this many query rows per call: loops, not sgemm
 
 // softmax of s[0..m) in place over entries whose key is visible (kpos <= qp); others become 0.
 static void masked_softmax(float *s, const int *kpos, int m, int qp) {
@@ -60,11 +61,35 @@ static void attn_rows(float *out, const float *q, int ld, const int *qpos, int q
         return;
     }
     float scale = 1.0f / sqrtf((float)hd);
-    // S (nb, m) = scale * Q (nb, hd) @ K (m, hd)^T
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, m, hd, scale, q, ld, k, hd, 0.0f, s, m);
-    for (int i = 0; i < nb; i++) masked_softmax(s + (size_t)i * m, kpos, m, qpos[i * qstride]);
-    // O (nb, hd) = P (nb, m) @ V (m, hd)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, hd, m, 1.0f, s, m, v, hd, 0.0f, out, ld);
+    if (nb > ATTN_SMALL) {
+        // S (nb, m) = scale * Q (nb, hd) @ K (m, hd)^T
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, m, hd, scale, q, ld, k, hd, 0.0f, s, m);
+        for (int i = 0; i < nb; i++) masked_softmax(s + (size_t)i * m, kpos, m, qpos[i * qstride]);
+        // O (nb, hd) = P (nb, m) @ V (m, hd)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, hd, m, 1.0f, s, m, v, hd, 0.0f, out, ld);
+        return;
+    }
+    // a decode step's few rows: plain loops (sgemm's packing costs more than the product here)
+    for (int i = 0; i < nb; i++) {
+        const float *qi = q + (size_t)i * ld;
+        float *si = s + (size_t)i * m;
+        for (int j = 0; j < m; j++) {
+            const float *kj = k + (size_t)j * hd;
+            float d = 0;
+#pragma omp simd reduction(+ : d)
+            for (int c = 0; c < hd; c++) d += qi[c] * kj[c];
+            si[j] = d * scale;
+        }
+        masked_softmax(si, kpos, m, qpos[i * qstride]);
+        float *oi = out + (size_t)i * ld;
+        memset(oi, 0, (size_t)hd * sizeof(float));
+        for (int j = 0; j < m; j++) {
+            const float p = si[j], *vj = v + (size_t)j * hd;
+            if (p == 0) continue;   // invisible
+#pragma omp simd
+            for (int c = 0; c < hd; c++) oi[c] += p * vj[c];
+        }
+    }
 }
 
 void attn_causal_cpu(float *out, const float *q, const int *qpos, int n, int heads,
