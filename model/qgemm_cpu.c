@@ -417,6 +417,73 @@ dot_blk32_avx512(uint32_t type, const uint8_t *b, const int8_t *q, const int8_t 
     return _mm512_reduce_add_ps(acc) + hsum256(accm) + tail;
 }
 
+// dot_blk32_avx512 for FOUR activation rows at once (a batched decode step): the weight blocks
+// are read, their scales converted and their nibbles unpacked once, then dotted with each row.
+// Every row's arithmetic is dot_blk32_avx512's, in the same order, so each out[r] is bit-identical
+// to the one-row kernel's result.
+typedef struct {
+    const int8_t *q, *ql;
+    const float *d, *a;
+} act_row;
+
+AVX512 static inline __attribute__((always_inline)) void
+dot4_blk32_avx512(uint32_t type, const uint8_t *b, const act_row *x, int cols, float *out) {
+    const int bb = type == GGML_Q4_0 ? 18 : type == GGML_Q4_1 ? 20 : 34;
+    const __m512i pick[4] = PICK_PAIRS;
+    const __m256 moff = _mm256_set1_ps(type == GGML_Q4_0 ? -8.0f : -128.0f);
+    __m512 acc[4];
+    __m256 accm[4];
+    for (int r = 0; r < 4; r++) acc[r] = _mm512_setzero_ps(), accm[r] = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 256 <= cols; i += 256, b += 8 * bb) {
+        _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + PREFETCH + 128, _MM_HINT_T0);
+        if (bb > 20) _mm_prefetch((const char *)b + PREFETCH + 192, _MM_HINT_T0);
+        __m256 dw = f16x8(b, bb);
+        __m256 mw = type == GGML_Q4_1 ? f16x8(b + 2, bb) : _mm256_mul_ps(dw, moff);
+        __m512 ws[4];
+        for (int r = 0; r < 4; r++) {
+            const float *a32 = x[r].a + cols / G;
+            accm[r] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(a32 + i / 32), accm[r]);
+            ws[r] = _mm512_castps256_ps512(_mm256_mul_ps(dw, _mm256_loadu_ps(x[r].d + i / 32)));
+        }
+        for (int p = 0; p < 4; p++) {
+            const uint8_t *b0 = b + 2 * p * bb;
+            __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(block32_u(type, b0)),
+                                           block32_u(type, b0 + bb), 1);
+            for (int r = 0; r < 4; r++) {
+                __m512i sv = dot2(u, x[r].q + i + 64 * p, x[r].ql + i + 64 * p);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sv), _mm512_permutexvar_ps(pick[p], ws[r]), acc[r]);
+            }
+        }
+    }
+    float tail[4] = {0, 0, 0, 0};
+    for (; i < cols; i += 32, b += bb) {
+        __m256i u = block32_u(type, b);
+        float d0 = f16(b), m0 = type == GGML_Q4_1 ? f16(b + 2) : type == GGML_Q4_0 ? -8 * d0 : -128 * d0;
+        for (int r = 0; r < 4; r++) {
+            __m256i sv = dot2_256(u, x[r].q + i, x[r].ql + i);
+            acc[r] = _mm512_add_ps(acc[r], _mm512_castps256_ps512(_mm256_mul_ps(
+                                           _mm256_cvtepi32_ps(sv), _mm256_set1_ps(d0 * x[r].d[i / 32]))));
+            tail[r] += m0 * (x[r].a + cols / G)[i / 32];
+        }
+    }
+    for (int r = 0; r < 4; r++) out[r] = _mm512_reduce_add_ps(acc[r]) + hsum256(accm[r]) + tail[r];
+}
+
+typedef void (*dot4_fn)(const uint8_t *row, const act_row *x, int cols, float *out);
+
+AVX512 static void dot4_q4_0_avx512(const uint8_t *b, const act_row *x, int cols, float *out) {
+    dot4_blk32_avx512(GGML_Q4_0, b, x, cols, out);
+}
+AVX512 static void dot4_q4_1_avx512(const uint8_t *b, const act_row *x, int cols, float *out) {
+    dot4_blk32_avx512(GGML_Q4_1, b, x, cols, out);
+}
+AVX512 static void dot4_q8_0_avx512(const uint8_t *b, const act_row *x, int cols, float *out) {
+    dot4_blk32_avx512(GGML_Q8_0, b, x, cols, out);
+}
+
 AVX512 static float dot_q4_0_avx512(const uint8_t *b, const int8_t *q, const int8_t *ql,
                                     const float *d, const float *a, int cols) {
     return dot_blk32_avx512(GGML_Q4_0, b, q, ql, d, a, cols);
@@ -534,6 +601,17 @@ static dot_blk_fn fused_dot(enum q_isa isa, uint32_t type) {
     }
 }
 
+// The four-row kernel of a type (AVX-512 32-block types), or NULL: rows go one at a time.
+static dot4_fn fused_dot4(enum q_isa isa, uint32_t type) {
+    if (isa != Q_ISA_AVX512) return NULL;
+    switch (type) {
+    case GGML_Q4_0: return dot4_q4_0_avx512;
+    case GGML_Q4_1: return dot4_q4_1_avx512;
+    case GGML_Q8_0: return dot4_q8_0_avx512;
+    default: return NULL;
+    }
+}
+
 // ---- drivers ------------------------------------------------------------------------------------
 
 void q_scratch_free(q_scratch *s) {
@@ -583,12 +661,32 @@ static inline float fused_one(dot_blk_fn fused, const uint8_t *row, const q_act 
     return fused(row, q, q + in, a->xd + i * a->ng / 2, a->xa + i * a->xs, in);
 }
 
+// W row `row` . every activation row: out[i * stride] for i < n; four rows at a time where the
+// type has a four-row kernel (the same bits as one at a time)
+static inline void fused_rows(dot_blk_fn fused, dot4_fn fused4, const uint8_t *row, const q_act *a,
+                              int n, int in, float *out, size_t stride) {
+    int i = 0;
+    for (; fused4 && i + 4 <= n; i += 4) {
+        act_row x[4];
+        float r4[4];
+        for (int r = 0; r < 4; r++) {
+            const int8_t *q = a->xq + (size_t)(i + r) * 2 * in;
+            x[r] = (act_row){q, q + in, a->xd + (i + r) * a->ng / 2, a->xa + (i + r) * a->xs};
+        }
+        fused4(row, x, in, r4);
+        for (int r = 0; r < 4; r++) out[(size_t)(i + r) * stride] = r4[r];
+    }
+    for (; i < n; i++) out[(size_t)i * stride] = fused_one(fused, row, a, i, in);
+}
+
 void q_matmul_multi(enum q_isa isa, int k, float *const *out, const float *x, int n, int in,
                     const uint32_t *type, const void *const *w, const size_t *row_bytes,
                     const int *o, q_scratch *sc) {
     dot_blk_fn fused[Q_MULTI_MAX];
+    dot4_fn fused4[Q_MULTI_MAX];
     int all = k <= Q_MULTI_MAX, total = 0, start[Q_MULTI_MAX + 1];
     for (int j = 0; all && j < k; j++) all = (fused[j] = fused_dot(isa, type[j])) != NULL;
+    for (int j = 0; all && j < k; j++) fused4[j] = fused_dot4(isa, type[j]);
     if (!all) {
         for (int j = 0; j < k; j++)
             q_matmul(isa, Q_PATH_INT8, out[j], x, n, in, type[j], w[j], row_bytes[j], o[j], sc);
@@ -605,9 +703,8 @@ void q_matmul_multi(enum q_isa isa, int k, float *const *out, const float *x, in
         for (int g = rb * ROW_BLOCK; g < g1; g++) {
             while (g >= start[j + 1]) j++;
             int r = g - start[j];
-            for (int i = 0; i < n; i++)
-                out[j][(size_t)i * o[j] + r] =
-                    fused_one(fused[j], (const uint8_t *)w[j] + (size_t)r * row_bytes[j], &a, i, in);
+            fused_rows(fused[j], fused4[j], (const uint8_t *)w[j] + (size_t)r * row_bytes[j], &a, n,
+                       in, out[j] + r, (size_t)o[j]);
         }
     }
 }
@@ -617,6 +714,7 @@ static void matmul_int8(enum q_isa isa, float *out, const float *x, int n, int i
     dot_q8_fn dot = isa == Q_ISA_AVX512 ? dot_q8_avx512 : isa == Q_ISA_AVX2 ? dot_q8_avx2
                                                                               : dot_q8_scalar;
     dot_blk_fn fused = fused_dot(isa, type);
+    dot4_fn fused4 = fused_dot4(isa, type);
     size_t ng = (size_t)in / G, unpacked = (size_t)in + 2 * ng * sizeof(float);
     int nt = omp_get_max_threads();
     q_act a = quantize_act(isa, x, n, in, (size_t)nt * ROW_BLOCK * unpacked, sc);
@@ -628,9 +726,8 @@ static void matmul_int8(enum q_isa isa, float *out, const float *x, int n, int i
 #pragma omp parallel for schedule(static)
         for (int rb = 0; rb < n_blocks; rb++) {
             int r0 = rb * ROW_BLOCK, nr = o - r0 < ROW_BLOCK ? o - r0 : ROW_BLOCK;
-            for (int i = 0; i < n; i++)
-                for (int r = r0; r < r0 + nr; r++)
-                    out[(size_t)i * o + r] = fused_one(fused, w + (size_t)r * row_bytes, &a, i, in);
+            for (int r = r0; r < r0 + nr; r++)
+                fused_rows(fused, fused4, w + (size_t)r * row_bytes, &a, n, in, out + r, (size_t)o);
         }
         return;
     }
