@@ -544,6 +544,38 @@ AVX512 static float dot_q4_k_avx512(const uint8_t *b, const int8_t *q, const int
     return _mm512_reduce_add_ps(acc) + hsum256(accm);
 }
 
+// dot_q4_k_avx512 for four activation rows: super-block scales and nibbles decoded once; each
+// row's arithmetic (and so its result, bit for bit) as the one-row kernel's.
+AVX512 static void dot4_q4_k_avx512(const uint8_t *b, const act_row *x, int cols, float *out) {
+    const __m512i pick[4] = PICK_PAIRS;
+    __m512 acc[4];
+    __m256 accm[4];
+    for (int r = 0; r < 4; r++) acc[r] = _mm512_setzero_ps(), accm[r] = _mm256_setzero_ps();
+    for (int i = 0; i < cols; i += 256, b += 144) {
+        _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + PREFETCH + 128, _MM_HINT_T0);
+        const float dd = _cvtsh_ss(*(const uint16_t *)b), dmin = _cvtsh_ss(*(const uint16_t *)(b + 2));
+        uint64_t sc, mn;
+        k_scales8(b + 4, &sc, &mn);
+        __m256 scd = _mm256_mul_ps(u8x8_to_ps(sc), _mm256_set1_ps(dd));
+        __m256 mnd = _mm256_mul_ps(u8x8_to_ps(mn), _mm256_set1_ps(-dmin));
+        __m512 ws16[4];
+        for (int r = 0; r < 4; r++) {
+            ws16[r] = _mm512_castps256_ps512(_mm256_mul_ps(scd, _mm256_loadu_ps(x[r].d + i / 32)));
+            accm[r] = _mm256_fmadd_ps(mnd, _mm256_loadu_ps(x[r].a + cols / G + i / 32), accm[r]);
+        }
+        for (int p = 0; p < 4; p++) {
+            __m512i u = nibbles64(_mm256_loadu_si256((const __m256i *)(b + 16 + 32 * p)));
+            for (int r = 0; r < 4; r++) {
+                __m512i sv = dot2(u, x[r].q + i + 64 * p, x[r].ql + i + 64 * p);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sv), _mm512_permutexvar_ps(pick[p], ws16[r]), acc[r]);
+            }
+        }
+    }
+    for (int r = 0; r < 4; r++) out[r] = _mm512_reduce_add_ps(acc[r]) + hsum256(accm[r]);
+}
+
 // Q6_K: per half of 128, ql[0..32) / ql[32..64) low/high nibbles and qh's 2-bit fields give
 // elements 32k..32k+31 (k = 0..3); scales per 16 (all 16 as one vector), mins -32 * scale.
 AVX512 static float dot_q6_k_avx512(const uint8_t *b, const int8_t *q, const int8_t *ql,
@@ -589,6 +621,55 @@ AVX512 static float dot_q6_k_avx512(const uint8_t *b, const int8_t *q, const int
     return _mm512_reduce_add_ps(acc) - 32 * _mm512_reduce_add_ps(accm);
 }
 
+// dot_q6_k_avx512 for four activation rows (each row's arithmetic as the one-row kernel's).
+AVX512 static void dot4_q6_k_avx512(const uint8_t *b, const act_row *x, int cols, float *out) {
+    const __m512i pick[4] = {
+        _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+        _mm512_set_epi32(7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4),
+        _mm512_set_epi32(11, 11, 11, 11, 10, 10, 10, 10, 9, 9, 9, 9, 8, 8, 8, 8),
+        _mm512_set_epi32(15, 15, 15, 15, 14, 14, 14, 14, 13, 13, 13, 13, 12, 12, 12, 12)};
+    const __m512i d_of_group = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), lo2 = _mm256_set1_epi8(0x03);
+    __m512 acc[4], accm[4];
+    for (int r = 0; r < 4; r++) acc[r] = _mm512_setzero_ps(), accm[r] = _mm512_setzero_ps();
+    for (int i = 0; i < cols; i += 256, b += 210) {
+        for (int k = 0; k < 4; k++) _mm_prefetch((const char *)b + PREFETCH + 64 * k, _MM_HINT_T0);
+        const float dd = _cvtsh_ss(*(const uint16_t *)(b + 208));
+        __m512 sc = _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 192)))),
+            _mm512_set1_ps(dd));
+        __m512 ws[4];
+        for (int r = 0; r < 4; r++) {
+            ws[r] = _mm512_mul_ps(sc, _mm512_permutexvar_ps(
+                                          d_of_group, _mm512_castps256_ps512(_mm256_loadu_ps(x[r].d + i / 32))));
+            accm[r] = _mm512_fmadd_ps(sc, _mm512_loadu_ps(x[r].a + i / 16), accm[r]);
+        }
+        for (int half = 0; half < 2; half++) {
+            const uint8_t *lq = b + 64 * half, *qh = b + 128 + 32 * half;
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)lq);
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(lq + 32));
+            __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+            __m256i k0 = _mm256_or_si256(_mm256_and_si256(l0, lo4),
+                                         _mm256_slli_epi16(_mm256_and_si256(h, lo2), 4));
+            __m256i k1 = _mm256_or_si256(_mm256_and_si256(l1, lo4),
+                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), lo2), 4));
+            __m256i k2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), lo4),
+                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), lo2), 4));
+            __m256i k3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4),
+                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), lo2), 4));
+            __m512i u01 = _mm512_inserti64x4(_mm512_castsi256_si512(k0), k1, 1);
+            __m512i u23 = _mm512_inserti64x4(_mm512_castsi256_si512(k2), k3, 1);
+            for (int r = 0; r < 4; r++) {
+                const int8_t *qq = x[r].q + i + 128 * half, *qql = x[r].ql + i + 128 * half;
+                __m512i p01 = dot2(u01, qq, qql), p23 = dot2(u23, qq + 64, qql + 64);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p01), _mm512_permutexvar_ps(pick[2 * half], ws[r]), acc[r]);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p23), _mm512_permutexvar_ps(pick[2 * half + 1], ws[r]), acc[r]);
+            }
+        }
+    }
+    for (int r = 0; r < 4; r++) out[r] = _mm512_reduce_add_ps(acc[r]) - 32 * _mm512_reduce_add_ps(accm[r]);
+}
+
 static dot_blk_fn fused_dot(enum q_isa isa, uint32_t type) {
     if (isa != Q_ISA_AVX512) return NULL;
     switch (type) {
@@ -601,13 +682,16 @@ static dot_blk_fn fused_dot(enum q_isa isa, uint32_t type) {
     }
 }
 
-// The four-row kernel of a type (AVX-512 32-block types), or NULL: rows go one at a time.
+// The four-row kernel of a type (AVX-512: every type with a fused kernel), or NULL: rows go one
+// at a time.
 static dot4_fn fused_dot4(enum q_isa isa, uint32_t type) {
     if (isa != Q_ISA_AVX512) return NULL;
     switch (type) {
     case GGML_Q4_0: return dot4_q4_0_avx512;
     case GGML_Q4_1: return dot4_q4_1_avx512;
     case GGML_Q8_0: return dot4_q8_0_avx512;
+    case GGML_Q4_K: return dot4_q4_k_avx512;
+    case GGML_Q6_K: return dot4_q6_k_avx512;
     default: return NULL;
     }
 }

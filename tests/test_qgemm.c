@@ -187,12 +187,40 @@ static void test_multi(enum q_isa isa) {
     }
 }
 
+// A batch of rows gives each row exactly what that row gives alone: the four-row kernels
+// (AVX-512: Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) must do each row's arithmetic as the one-row kernel does,
+// so that a batched decode step's tokens equal each sequence's alone (9 rows: two groups of four
+// and one left over).
+static void test_rows_alone(enum q_isa isa) {
+    enum { N = 9, O = 13 };
+    for (size_t t = 0; t < sizeof TYPES / sizeof *TYPES; t++) {
+        uint32_t type = TYPES[t].type;
+        int in = dq_block_elems(type) == 256 ? 768 : 352;
+        size_t rb = dq_bytes(type, in), bb = dq_block_bytes(type);
+        uint8_t *w = malloc(rb * O);
+        for (size_t at = 0; at < rb * O; at += bb) random_block(type, w + at, bb);
+        float *x = malloc(sizeof(float) * N * in), all[N * O], one[O];
+        for (int i = 0; i < N * in; i++) x[i] = frnd();
+        q_scratch sc = {0};
+        q_matmul(isa, Q_PATH_INT8, all, x, N, in, type, w, rb, O, &sc);
+        int same = 1;
+        for (int i = 0; i < N; i++) {
+            q_matmul(isa, Q_PATH_INT8, one, x + (size_t)i * in, 1, in, type, w, rb, O, &sc);
+            same &= memcmp(one, all + (size_t)i * O, sizeof one) == 0;
+        }
+        q_scratch_free(&sc);
+        CHECK(same, "%s %s: a row of a batch differs from the row alone", TYPES[t].name, q_isa_name(isa));
+        free(w), free(x);
+    }
+}
+
 int main(void) {
     test_quantize_row();
     enum q_isa best = q_isa_pick(NULL);
     printf("test_qgemm: ISA paths up to %s\n", q_isa_name(best));
     test_quantize_isas(best);
     for (int isa = Q_ISA_SCALAR; isa <= (int)best; isa++) test_multi((enum q_isa)isa);
+    for (int isa = Q_ISA_SCALAR; isa <= (int)best; isa++) test_rows_alone((enum q_isa)isa);
     for (size_t t = 0; t < sizeof TYPES / sizeof *TYPES; t++) {
         uint32_t type = TYPES[t].type;
         int be = (int)dq_block_elems(type), in_odd = be == 256 ? 768 : 96 + 64 * 3;   // 352: 11 32-blocks
