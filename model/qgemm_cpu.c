@@ -576,17 +576,38 @@ AVX512 static void dot4_q4_k_avx512(const uint8_t *b, const act_row *x, int cols
     for (int r = 0; r < 4; r++) out[r] = _mm512_reduce_add_ps(acc[r]) + hsum256(accm[r]);
 }
 
+// lane picks: 4 lanes of scale k (k = 0..15), four at a time
+#define PICK_QUADS                                                                             \
+    {_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),                         \
+     _mm512_set_epi32(7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4),                         \
+     _mm512_set_epi32(11, 11, 11, 11, 10, 10, 10, 10, 9, 9, 9, 9, 8, 8, 8, 8),                 \
+     _mm512_set_epi32(15, 15, 15, 15, 14, 14, 14, 14, 13, 13, 13, 13, 12, 12, 12, 12)}
+
+// The 128 u6 of half `half` of a Q6_K super-block at b: elements 0..63 (u01) and 64..127 (u23).
+AVX512 static inline void q6k_half(const uint8_t *b, int half, __m512i *u01, __m512i *u23) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), lo2 = _mm256_set1_epi8(0x03);
+    const uint8_t *lq = b + 64 * half, *qh = b + 128 + 32 * half;
+    __m256i l0 = _mm256_loadu_si256((const __m256i *)lq);
+    __m256i l1 = _mm256_loadu_si256((const __m256i *)(lq + 32));
+    __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+    __m256i k0 = _mm256_or_si256(_mm256_and_si256(l0, lo4),
+                                 _mm256_slli_epi16(_mm256_and_si256(h, lo2), 4));
+    __m256i k1 = _mm256_or_si256(_mm256_and_si256(l1, lo4),
+                                 _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), lo2), 4));
+    __m256i k2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), lo4),
+                                 _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), lo2), 4));
+    __m256i k3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4),
+                                 _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), lo2), 4));
+    *u01 = _mm512_inserti64x4(_mm512_castsi256_si512(k0), k1, 1);
+    *u23 = _mm512_inserti64x4(_mm512_castsi256_si512(k2), k3, 1);
+}
+
 // Q6_K: per half of 128, ql[0..32) / ql[32..64) low/high nibbles and qh's 2-bit fields give
 // elements 32k..32k+31 (k = 0..3); scales per 16 (all 16 as one vector), mins -32 * scale.
 AVX512 static float dot_q6_k_avx512(const uint8_t *b, const int8_t *q, const int8_t *ql,
                                     const float *d, const float *a, int cols) {
-    const __m512i pick[4] = {
-        _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
-        _mm512_set_epi32(7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4),
-        _mm512_set_epi32(11, 11, 11, 11, 10, 10, 10, 10, 9, 9, 9, 9, 8, 8, 8, 8),
-        _mm512_set_epi32(15, 15, 15, 15, 14, 14, 14, 14, 13, 13, 13, 13, 12, 12, 12, 12)};
+    const __m512i pick[4] = PICK_QUADS;
     const __m512i d_of_group = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-    const __m256i lo4 = _mm256_set1_epi8(0x0F), lo2 = _mm256_set1_epi8(0x03);
     __m512 acc = _mm512_setzero_ps(), accm = _mm512_setzero_ps();
     for (int i = 0; i < cols; i += 256, b += 210, q += 256, ql += 256, d += 8, a += 16) {
         for (int k = 0; k < 4; k++) _mm_prefetch((const char *)b + PREFETCH + 64 * k, _MM_HINT_T0);
@@ -598,20 +619,8 @@ AVX512 static float dot_q6_k_avx512(const uint8_t *b, const int8_t *q, const int
                                                             _mm512_castps256_ps512(_mm256_loadu_ps(d))));
         accm = _mm512_fmadd_ps(sc, _mm512_loadu_ps(a), accm);
         for (int half = 0; half < 2; half++) {
-            const uint8_t *lq = b + 64 * half, *qh = b + 128 + 32 * half;
-            __m256i l0 = _mm256_loadu_si256((const __m256i *)lq);
-            __m256i l1 = _mm256_loadu_si256((const __m256i *)(lq + 32));
-            __m256i h = _mm256_loadu_si256((const __m256i *)qh);
-            __m256i k0 = _mm256_or_si256(_mm256_and_si256(l0, lo4),
-                                         _mm256_slli_epi16(_mm256_and_si256(h, lo2), 4));
-            __m256i k1 = _mm256_or_si256(_mm256_and_si256(l1, lo4),
-                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), lo2), 4));
-            __m256i k2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), lo4),
-                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), lo2), 4));
-            __m256i k3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4),
-                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), lo2), 4));
-            __m512i u01 = _mm512_inserti64x4(_mm512_castsi256_si512(k0), k1, 1);
-            __m512i u23 = _mm512_inserti64x4(_mm512_castsi256_si512(k2), k3, 1);
+            __m512i u01, u23;
+            q6k_half(b, half, &u01, &u23);
             const int8_t *qq = q + 128 * half, *qql = ql + 128 * half;
             __m512i p01 = dot2(u01, qq, qql), p23 = dot2(u23, qq + 64, qql + 64);
             acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p01), _mm512_permutexvar_ps(pick[2 * half], ws), acc);
@@ -623,13 +632,8 @@ AVX512 static float dot_q6_k_avx512(const uint8_t *b, const int8_t *q, const int
 
 // dot_q6_k_avx512 for four activation rows (each row's arithmetic as the one-row kernel's).
 AVX512 static void dot4_q6_k_avx512(const uint8_t *b, const act_row *x, int cols, float *out) {
-    const __m512i pick[4] = {
-        _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
-        _mm512_set_epi32(7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4),
-        _mm512_set_epi32(11, 11, 11, 11, 10, 10, 10, 10, 9, 9, 9, 9, 8, 8, 8, 8),
-        _mm512_set_epi32(15, 15, 15, 15, 14, 14, 14, 14, 13, 13, 13, 13, 12, 12, 12, 12)};
+    const __m512i pick[4] = PICK_QUADS;
     const __m512i d_of_group = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-    const __m256i lo4 = _mm256_set1_epi8(0x0F), lo2 = _mm256_set1_epi8(0x03);
     __m512 acc[4], accm[4];
     for (int r = 0; r < 4; r++) acc[r] = _mm512_setzero_ps(), accm[r] = _mm512_setzero_ps();
     for (int i = 0; i < cols; i += 256, b += 210) {
@@ -645,20 +649,8 @@ AVX512 static void dot4_q6_k_avx512(const uint8_t *b, const act_row *x, int cols
             accm[r] = _mm512_fmadd_ps(sc, _mm512_loadu_ps(x[r].a + i / 16), accm[r]);
         }
         for (int half = 0; half < 2; half++) {
-            const uint8_t *lq = b + 64 * half, *qh = b + 128 + 32 * half;
-            __m256i l0 = _mm256_loadu_si256((const __m256i *)lq);
-            __m256i l1 = _mm256_loadu_si256((const __m256i *)(lq + 32));
-            __m256i h = _mm256_loadu_si256((const __m256i *)qh);
-            __m256i k0 = _mm256_or_si256(_mm256_and_si256(l0, lo4),
-                                         _mm256_slli_epi16(_mm256_and_si256(h, lo2), 4));
-            __m256i k1 = _mm256_or_si256(_mm256_and_si256(l1, lo4),
-                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), lo2), 4));
-            __m256i k2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), lo4),
-                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), lo2), 4));
-            __m256i k3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4),
-                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), lo2), 4));
-            __m512i u01 = _mm512_inserti64x4(_mm512_castsi256_si512(k0), k1, 1);
-            __m512i u23 = _mm512_inserti64x4(_mm512_castsi256_si512(k2), k3, 1);
+            __m512i u01, u23;
+            q6k_half(b, half, &u01, &u23);
             for (int r = 0; r < 4; r++) {
                 const int8_t *qq = x[r].q + i + 128 * half, *qql = x[r].ql + i + 128 * half;
                 __m512i p01 = dot2(u01, qq, qql), p23 = dot2(u23, qq + 64, qql + 64);

@@ -681,25 +681,24 @@ static void test_attn_speed(backend *bk[2], int N) {
     void *dk = upload(g, kh, N, kvd), *dv = upload(g, vh, N, kvd), *dq = upload(g, qh, N, qd);
     void *o = g->alloc(g, (size_t)N * qd);
     g->kv_append(g, L, dk, dv, pos, N);
-    for (int w = 0; w < 2; w++) {   // fa2, wmma (the CUDA-core flash kernel is far slower)
-        double sec = time_attention(g, "SIFT_ATTN_PREFILL", prefill_kernels[w], o, dq, pos, N, heads, L, 3);
-        double tf = 4.0 * heads * hd * (double)N * N / 2 / sec / 1e12;
+    // fa2 and wmma on N causal rows (the CUDA-core flash kernel is far slower), group and split
+    // on one row
+    struct { const char *env, *kind; int prefill; } runs[] = {
+        {"SIFT_ATTN_PREFILL", prefill_kernels[0], 1}, {"SIFT_ATTN_PREFILL", prefill_kernels[1], 1},
+        {"SIFT_ATTN_DECODE", decode_kernels[0], 0}, {"SIFT_ATTN_DECODE", decode_kernels[1], 0}};
+    for (size_t w = 0; w < sizeof runs / sizeof *runs; w++) {
+        int pf = runs[w].prefill;
+        double sec = time_attention(g, runs[w].env, runs[w].kind, o, dq, pf ? pos : &last,
+                                    pf ? N : 1, heads, L, pf ? 3 : 20);
+        double rate = pf ? 4.0 * heads * hd * (double)N * N / 2 / sec / 1e12
+                         : 2.0 * N * kvd * g->elem_bytes / sec / 1e9;
+        double ceil = pf ? ceil_tflops : ceil_gbps;
         char name[40], v1[16], v2[16];
-        snprintf(name, sizeof name, "attn prefill [%s]", prefill_kernels[w]);
-        snprintf(v1, sizeof v1, "%.1f TF/s", tf);
-        snprintf(v2, sizeof v2, "%.0f %%", ceil_tflops > 0 ? 100 * tf / ceil_tflops : 0.0);
-        printf("| %-22s | %-44s | %9s | %9s | %7.2f ms | %7s | info: TFLOP/s, %% of GEMM ceiling |\n",
-               name, shape, v1, v2, sec * 1e3, "-");
-    }
-    for (int w = 0; w < 2; w++) {   // group, split
-        double sec = time_attention(g, "SIFT_ATTN_DECODE", decode_kernels[w], o, dq, &last, 1, heads, L, 20);
-        double gb = 2.0 * N * kvd * g->elem_bytes / sec / 1e9;
-        char name[40], v1[16], v2[16];
-        snprintf(name, sizeof name, "attn decode [%s]", decode_kernels[w]);
-        snprintf(v1, sizeof v1, "%.0f GB/s", gb);
-        snprintf(v2, sizeof v2, "%.0f %%", ceil_gbps > 0 ? 100 * gb / ceil_gbps : 0.0);
-        printf("| %-22s | %-44s | %9s | %9s | %7.3f ms | %7s | info: GB/s of K+V, %% of copy ceiling |\n",
-               name, shape, v1, v2, sec * 1e3, "-");
+        snprintf(name, sizeof name, "attn %s [%s]", pf ? "prefill" : "decode", runs[w].kind);
+        snprintf(v1, sizeof v1, pf ? "%.1f TF/s" : "%.0f GB/s", rate);
+        snprintf(v2, sizeof v2, "%.0f %%", ceil > 0 ? 100 * rate / ceil : 0.0);
+        printf("| %-22s | %-44s | %9s | %9s | %7.3f ms | %7s | info: %s |\n", name, shape, v1, v2,
+               sec * 1e3, "-", pf ? "TFLOP/s, % of the GEMM ceiling" : "GB/s of K+V, % of the copy ceiling");
     }
     fflush(stdout);
     g->free(g, dk), g->free(g, dv), g->free(g, dq), g->free(g, o);
