@@ -2,6 +2,7 @@
 // strategy -> print text (stdout) and timing (stderr), or one JSON line per prompt (--json).
 // Never interactive. Exit codes: 0 ok, 1 a prompt or the model failed, 2 bad usage.
 #include <dirent.h>
+#include <stddef.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -22,71 +23,6 @@ typedef struct {
     run_opts r;                // what runs: prompts, sampling, strategies, output
     strategy_opts so;
 } options;
-
-static void print_help(void) {
-    printf(
-        "sift %s — run a prompt through a Llama-family model with a long-context strategy\n\n"
-        "usage: sift [options] (-p TEXT | -f FILE... | --batch DIR | --prompts FILE.jsonl)\n"
-        "       sift bench [-m MODEL|synthetic:NAME] [--ctx 1024,8192] [-n 128] [-r 5]\n"
-        "                  (see sift bench --help)\n"
-        "       sift eval [-m MODEL] [--strategy all] [--ctx 1024,...]  (see sift eval --help)\n"
-        "       sift ppl [-m MODEL] -f TEXT [--ctx 512]                 (see sift ppl --help)\n"
-        "       sift fit-phi [-m MODEL] --data TEXT --out FILE.phi   (see sift fit-phi --help)\n\n"
-        "model and input\n"
-        "  -m, --model PATH        GGUF file or Hugging Face directory (config.json,\n"
-        "                          safetensors, tokenizer.json) (default: %s beside the binary)\n"
-        "  -p, --prompt TEXT       prompt text\n"
-        "  -f, --file PATH         prompt file ('-' = stdin); may be given several times\n"
-        "      --batch DIR         every .txt file in DIR, in name order\n"
-        "      --prompts FILE      JSON Lines, one request per line ('-' = stdin): sift's fields\n"
-        "                          id, prompt | messages, system, n_predict, temp, seed,\n"
-        "                          strategy; or the OpenAI Batch API shape (custom_id,\n"
-        "                          body.messages, body.max_tokens, body.temperature, ...)\n"
-        "      --chat              wrap the prompt in the model's chat template\n"
-        "      --system TEXT       system message for --chat (implies --chat)\n"
-        "generation\n"
-        "  -n, --n-predict N       tokens to generate (default 128; -1 = until end of text)\n"
-        "  -c, --ctx-size N        context size (default 0 = the model's)\n"
-        "      --temp T            temperature (default 0.8; 0 = greedy)\n"
-        "      --top-k K           keep the K most likely tokens (default 40; 0 = off)\n"
-        "      --top-p P           nucleus sampling (default 0.95; 1 = off)\n"
-        "      --min-p P           drop tokens below P x the top probability (default 0.05)\n"
-        "  -s, --seed N            sampling seed (default -1 = random, reported)\n"
-        "strategy and device\n"
-        "      --strategy LIST     one strategy, or a comma list / all for an A/B comparison\n"
-        "                          on the same tokens: %s (default full)\n"
-        "      --device D          auto | cpu | cuda (default auto: cuda when a GPU is usable;\n"
-        "                          --device cuda says why one is not)\n"
-        "  -t, --threads N         CPU threads (default: all cores)\n"
-        "      --weights W         CPU weights: native (as the file stores them, 8-bit\n"
-        "                          activation products; default) | f32 (dequantised, the reference)\n"
-        "strategy parameters (defaults from each strategy's paper)\n",
-        SIFT_VERSION, DEFAULT_MODEL, strategy_names());
-    cli_strategy_help(stdout);
-    printf(
-        "batch jobs\n"
-        "      --parallel N        up to N prompts in flight; each decode step is one forward\n"
-        "                          pass over all of them (default 1)\n"
-        "      --output FILE       write the JSON records to FILE (refuses an existing FILE\n"
-        "                          unless --resume)\n"
-        "      --resume            skip the requests FILE already has, append the rest\n"
-        "      --shard K/N         run the K-th (0-based) of N contiguous slices of the input\n"
-        "      --unordered         write each record when it finishes, not in input order\n"
-        "output\n"
-        "      --json              one JSON object per prompt and strategy (JSON Lines), then a\n"
-        "                          summary record when there are several\n"
-        "  -q, --quiet             no progress or timing on stderr\n"
-        "  -h, --help              this help\n"
-        "      --version           version and backends\n\n"
-        "examples\n"
-        "  sift -p \"What is the capital of France?\" --chat -n 32 --temp 0\n"
-        "  sift -m model.gguf -f prompt.txt -n 128 --temp 0.7 --top-p 0.9 --seed 7 --json\n"
-        "  sift -f a.txt -f b.txt --json -q > results.jsonl\n"
-        "  sift --batch prompts/ --chat --temp 0 -n 64\n"
-        "  sift --prompts requests.jsonl --parallel 16 --output results.jsonl --resume\n"
-        "  cat prompt.txt | sift -f - -n 64\n"
-        "  sift -f long.txt --strategy full,speed,fastkv,specprefill -n 64 --temp 0\n");
-}
 
 static void add_file(run_opts *o, const char *path) {
     o->files = xrealloc(o->files, (size_t)(o->n_files + 1) * sizeof *o->files);
@@ -125,64 +61,188 @@ static void parse_shard(const char *v, run_opts *r) {
     r->shard_k = (int)k, r->shard_n = (int)n;
 }
 
+// ---- the flags: one table (type, field, range, default, help) for the parser and --help; the
+// strategy parameters have theirs in policies/policy.c ----
+
+typedef enum { F_SWITCH, F_STR, F_INT, F_LLONG, F_FLOAT, F_CALL } flag_type;
+
+typedef struct flag_row {
+    const char *section;              // starts a --help section when set
+    const char *s, *l, *metavar;      // -n, --n-predict, N
+    flag_type type;
+    size_t off;                       // of the field in options
+    double lo, hi;                    // F_INT, F_LLONG, F_FLOAT
+    double def;                       // F_INT, F_LLONG, F_FLOAT, F_SWITCH (set before parsing)
+    void (*call)(options *o, const char *v);   // F_CALL: parses v (or NULL: a switch)
+    const char *help;                 // may hold %s: the default model / the strategy names
+} flag_row;
+
+#define O(f) offsetof(options, f)
+static void set_file(options *o, const char *v) { add_file(&o->r, v); }
+static void set_system(options *o, const char *v) { o->r.system = v, o->r.chat = 1; }
+static void set_strategy(options *o, const char *v) { o->r.n_strategies = cli_strategies(v, o->r.strategies); }
+static void set_device(options *o, const char *v) { o->device = cli_device(v); }
+static void set_weights(options *o, const char *v) { o->weights = cli_weights(v); }
+static void set_shard(options *o, const char *v) { parse_shard(v, &o->r); }
+static void show_help(options *o, const char *v);
+static void show_version(options *o, const char *v) {
+    (void)o, (void)v;
+    printf("sift %s (backends: %s)\n", SIFT_VERSION, CLI_BACKENDS);
+    exit(0);
+}
+
+static const flag_row FLAGS[] = {
+    {"model and input", "-m", "--model", "PATH", F_STR, O(model), 0, 0, 0, NULL,
+     "GGUF file or Hugging Face directory (config.json, safetensors, tokenizer.json) (default: "
+     "%s beside the binary, or $SIFT_MODEL)"},
+    {NULL, "-p", "--prompt", "TEXT", F_STR, O(r.prompt), 0, 0, 0, NULL, "prompt text"},
+    {NULL, "-f", "--file", "PATH", F_CALL, 0, 0, 0, 0, set_file,
+     "prompt file ('-' = stdin); may be given several times"},
+    {NULL, NULL, "--batch", "DIR", F_STR, O(batch_dir), 0, 0, 0, NULL,
+     "every .txt file in DIR, in name order"},
+    {NULL, NULL, "--prompts", "FILE", F_STR, O(r.prompts_path), 0, 0, 0, NULL,
+     "JSON Lines, one request per line ('-' = stdin): sift's fields id, prompt | messages, "
+     "system, n_predict, temp, seed, strategy; or the OpenAI Batch API shape (custom_id, "
+     "body.messages, body.max_tokens, body.temperature, ...)"},
+    {NULL, NULL, "--chat", NULL, F_SWITCH, O(r.chat), 0, 0, 0, NULL,
+     "wrap the prompt in the model's chat template"},
+    {NULL, NULL, "--system", "TEXT", F_CALL, 0, 0, 0, 0, set_system,
+     "system message for --chat (implies --chat)"},
+    {"generation", "-n", "--n-predict", "N", F_INT, O(r.n_predict), -1, INT_MAX, 128, NULL,
+     "tokens to generate (default 128; -1 = until end of text)"},
+    {NULL, "-c", "--ctx-size", "N", F_INT, O(ctx), 0, 1 << 22, 0, NULL,
+     "context size (default 0 = the model's)"},
+    {NULL, NULL, "--temp", "T", F_FLOAT, O(r.sp.temp), 0, 100, 0.8, NULL,
+     "temperature (default 0.8; 0 = greedy)"},
+    {NULL, NULL, "--top-k", "K", F_INT, O(r.sp.top_k), 0, INT_MAX, 40, NULL,
+     "keep the K most likely tokens (default 40; 0 = off)"},
+    {NULL, NULL, "--top-p", "P", F_FLOAT, O(r.sp.top_p), 1e-6, 1, 0.95, NULL,
+     "nucleus sampling (default 0.95; 1 = off)"},
+    {NULL, NULL, "--min-p", "P", F_FLOAT, O(r.sp.min_p), 0, 1, 0.05, NULL,
+     "drop tokens below P x the top probability (default 0.05)"},
+    {NULL, "-s", "--seed", "N", F_LLONG, O(r.seed), -1, UINT32_MAX, -1, NULL,
+     "sampling seed (default -1 = random, reported)"},
+    {"strategy and device", NULL, "--strategy", "LIST", F_CALL, 0, 0, 0, 0, set_strategy,
+     "one strategy, or a comma list / all for an A/B comparison on the same tokens: %s "
+     "(default full)"},
+    {NULL, NULL, "--device", "D", F_CALL, 0, 0, 0, 0, set_device,
+     "auto | cpu | cuda (default auto: cuda when a GPU is usable; --device cuda says why one "
+     "is not)"},
+    {NULL, "-t", "--threads", "N", F_INT, O(r.threads), 1, 1024, 0, NULL,
+     "CPU threads (default: all cores)"},
+    {NULL, NULL, "--weights", "W", F_CALL, 0, 0, 0, 0, set_weights,
+     "CPU weights: native (as the file stores them, 8-bit activation products; default) | f32 "
+     "(dequantised, the reference)"},
+    {"batch jobs", NULL, "--parallel", "N", F_INT, O(r.parallel), 1, FWD_MAX_BATCH - MAX_STRATEGIES, 1,
+     NULL, "up to N prompts in flight; each decode step is one forward pass over all of them "
+     "(default 1)"},
+    {NULL, NULL, "--output", "FILE", F_STR, O(r.output), 0, 0, 0, NULL,
+     "write the JSON records to FILE (refuses an existing FILE unless --resume)"},
+    {NULL, NULL, "--resume", NULL, F_SWITCH, O(r.resume), 0, 0, 0, NULL,
+     "skip the requests FILE already has, append the rest"},
+    {NULL, NULL, "--shard", "K/N", F_CALL, 0, 0, 0, 0, set_shard,
+     "run the K-th (0-based) of N contiguous slices of the input"},
+    {NULL, NULL, "--unordered", NULL, F_SWITCH, O(r.unordered), 0, 0, 0, NULL,
+     "write each record when it finishes, not in input order"},
+    {"output", NULL, "--json", NULL, F_SWITCH, O(r.json), 0, 0, 0, NULL,
+     "one JSON object per prompt and strategy (JSON Lines), then a summary record when there "
+     "are several"},
+    {NULL, "-q", "--quiet", NULL, F_SWITCH, O(r.quiet), 0, 0, 0, NULL,
+     "no progress or timing on stderr"},
+    {NULL, "-h", "--help", NULL, F_SWITCH, 0, 0, 0, 0, show_help, "this help"},
+    {NULL, NULL, "--version", NULL, F_SWITCH, 0, 0, 0, 0, show_version, "version and backends"},
+};
+#define N_FLAGS (int)(sizeof FLAGS / sizeof *FLAGS)
+
+// "  -n, --n-predict N        text", the text wrapped at 96 columns from column 26 (as the
+// strategy parameters' lines)
+static void help_line(const flag_row *f) {
+    char head[64], text[600];
+    snprintf(head, sizeof head, "%s%s%s%s%s", f->s ? f->s : "", f->s ? ", " : "    ", f->l,
+             f->metavar ? " " : "", f->metavar ? f->metavar : "");
+    snprintf(text, sizeof text, f->help, strstr(f->help, "%s") == NULL ? "" :
+             strcmp(f->l, "--model") == 0 ? DEFAULT_MODEL : strategy_names());
+    int col = printf("  %-23s", head);
+    if (col > 25) col = printf("\n%25s", "") - 1;
+    for (const char *w = text; *w;) {
+        int len = (int)strcspn(w, " ");
+        if (col + 1 + len > 96 && col > 25) col = printf("\n%25s", "") - 1;
+        col += printf(" %.*s", len, w);
+        w += len;
+        while (*w == ' ') w++;
+    }
+    printf("\n");
+}
+
+static void show_help(options *o, const char *v) {
+    (void)o, (void)v;
+    printf("sift %s — run a prompt through a Llama-family model with a long-context strategy\n\n"
+           "usage: sift [options] (-p TEXT | -f FILE... | --batch DIR | --prompts FILE.jsonl)\n"
+           "       sift bench [-m MODEL|synthetic:NAME] [--ctx 1024,8192] [-n 128] [-r 5]\n"
+           "                  (see sift bench --help)\n"
+           "       sift eval [-m MODEL] [--strategy all] [--ctx 1024,...]  (see sift eval --help)\n"
+           "       sift ppl [-m MODEL] -f TEXT [--ctx 512]                 (see sift ppl --help)\n"
+           "       sift fit-phi [-m MODEL] --data TEXT --out FILE.phi   (see sift fit-phi --help)\n",
+           SIFT_VERSION);
+    for (int i = 0; i < N_FLAGS; i++) {
+        if (FLAGS[i].section) {
+            if (strcmp(FLAGS[i].section, "batch jobs") == 0) {   // the strategy table before it
+                printf("strategy parameters (defaults from each strategy's paper)\n");
+                cli_strategy_help(stdout);
+            }
+            printf("%s%s\n", i ? "" : "\n", FLAGS[i].section);
+        }
+        help_line(&FLAGS[i]);
+    }
+    printf("\nexamples\n"
+           "  sift -p \"What is the capital of France?\" --chat -n 32 --temp 0\n"
+           "  sift -m model.gguf -f prompt.txt -n 128 --temp 0.7 --top-p 0.9 --seed 7 --json\n"
+           "  sift -f a.txt -f b.txt --json -q > results.jsonl\n"
+           "  sift --batch prompts/ --chat --temp 0 -n 64\n"
+           "  sift --prompts requests.jsonl --parallel 16 --output results.jsonl --resume\n"
+           "  cat prompt.txt | sift -f - -n 64\n"
+           "  sift -f long.txt --strategy full,speed,fastkv,specprefill -n 64 --temp 0\n");
+    exit(0);
+}
+
 static void parse_args(int argc, char **argv, options *o) {
     *o = (options){.device = "auto", .so = strategy_opts_default()};
     run_opts *r = &o->r;
-    *r = (run_opts){.n_predict = 128, .seed = -1, .parallel = 1,
-                    .sp = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f},
-                    .strategies = {strategy_find("full")}, .n_strategies = 1, .so = &o->so};
+    *r = (run_opts){.strategies = {strategy_find("full")}, .n_strategies = 1, .so = &o->so};
+    for (int k = 0; k < N_FLAGS; k++) {   // the table's defaults
+        char *field = (char *)o + FLAGS[k].off;
+        if (FLAGS[k].type == F_INT) *(int *)field = (int)FLAGS[k].def;
+        else if (FLAGS[k].type == F_LLONG) *(long long *)field = (long long)FLAGS[k].def;
+        else if (FLAGS[k].type == F_FLOAT) *(float *)field = (float)FLAGS[k].def;
+    }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (cli_is_flag(a, "-h", "--help")) {
-            print_help();
-            exit(0);
+        const flag_row *f = NULL;
+        for (int k = 0; k < N_FLAGS && !f; k++)
+            if (cli_is_flag(a, FLAGS[k].s, FLAGS[k].l)) f = &FLAGS[k];
+        if (f && f->type == F_SWITCH) {
+            if (f->call) f->call(o, NULL);
+            else *(int *)((char *)o + f->off) = 1;
+            continue;
         }
-        if (cli_is_flag(a, NULL, "--version")) {
-            printf("sift %s (backends: %s)\n", SIFT_VERSION, CLI_BACKENDS);
-            exit(0);
-        }
-        if (cli_is_flag(a, NULL, "--chat")) { r->chat = 1; continue; }
-        if (cli_is_flag(a, NULL, "--json")) { r->json = 1; continue; }
-        if (cli_is_flag(a, "-q", "--quiet")) { r->quiet = 1; continue; }
-        if (cli_is_flag(a, NULL, "--resume")) { r->resume = 1; continue; }
-        if (cli_is_flag(a, NULL, "--unordered")) { r->unordered = 1; continue; }
         if (a[0] != '-' || !a[1]) cli_usage_error("unexpected argument '%s'", a);
         if (i + 1 >= argc) {
-            if (strncmp(a, "--", 2) == 0 || strlen(a) == 2) {
-                static const char *known[] = {"-m", "--model", "-p", "--prompt", "-f", "--file",
-                    "--batch", "--system", "-n", "--n-predict", "-c", "--ctx-size", "-t",
-                    "--threads", "--temp", "--top-k", "--top-p", "--min-p", "-s", "--seed",
-                    "--strategy", "--device", "--weights", "--prompts", "--parallel", "--output",
-                    "--shard"};
-                for (size_t k = 0; k < sizeof known / sizeof *known; k++)
-                    if (strcmp(a, known[k]) == 0) cli_usage_error("%s needs a value", a);
-                if (cli_is_strategy_flag(a)) cli_usage_error("%s needs a value", a);
-            }
+            if (f || cli_is_strategy_flag(a)) cli_usage_error("%s needs a value", a);
             cli_usage_error("unknown flag '%s'", a);
         }
-        const char *v = argv[i + 1];
-        if (cli_is_flag(a, "-m", "--model")) o->model = v;
-        else if (cli_is_flag(a, "-p", "--prompt")) r->prompt = v;
-        else if (cli_is_flag(a, "-f", "--file")) add_file(r, v);
-        else if (cli_is_flag(a, NULL, "--batch")) o->batch_dir = v;
-        else if (cli_is_flag(a, NULL, "--prompts")) r->prompts_path = v;
-        else if (cli_is_flag(a, NULL, "--system")) { r->system = v; r->chat = 1; }
-        else if (cli_is_flag(a, "-n", "--n-predict")) r->n_predict = (int)cli_int(a, v, -1, INT_MAX);
-        else if (cli_is_flag(a, "-c", "--ctx-size")) o->ctx = (int)cli_int(a, v, 0, 1 << 22);
-        else if (cli_is_flag(a, "-t", "--threads")) r->threads = (int)cli_int(a, v, 1, 1024);
-        else if (cli_is_flag(a, NULL, "--temp")) r->sp.temp = cli_float(a, v, 0, 100);
-        else if (cli_is_flag(a, NULL, "--top-k")) r->sp.top_k = (int)cli_int(a, v, 0, INT_MAX);
-        else if (cli_is_flag(a, NULL, "--top-p")) r->sp.top_p = cli_float(a, v, 1e-6, 1);
-        else if (cli_is_flag(a, NULL, "--min-p")) r->sp.min_p = cli_float(a, v, 0, 1);
-        else if (cli_is_flag(a, "-s", "--seed")) r->seed = cli_int(a, v, -1, UINT32_MAX);
-        else if (cli_is_flag(a, NULL, "--strategy")) r->n_strategies = cli_strategies(v, r->strategies);
-        else if (cli_is_flag(a, NULL, "--device")) o->device = cli_device(v);
-        else if (cli_is_flag(a, NULL, "--weights")) o->weights = cli_weights(v);
-        else if (cli_is_flag(a, NULL, "--parallel")) r->parallel = (int)cli_int(a, v, 1, FWD_MAX_BATCH - MAX_STRATEGIES);
-        else if (cli_is_flag(a, NULL, "--output")) r->output = v;
-        else if (cli_is_flag(a, NULL, "--shard")) parse_shard(v, r);
-        else if (!cli_strategy_flag(a, v, &o->so, &o->draft_path)) cli_usage_error("unknown flag '%s'", a);
-        i++;
+        const char *v = argv[++i];
+        if (!f) {
+            if (!cli_strategy_flag(a, v, &o->so, &o->draft_path)) cli_usage_error("unknown flag '%s'", a);
+            continue;
+        }
+        char *field = (char *)o + f->off;
+        switch (f->type) {
+        case F_STR: *(const char **)field = v; break;
+        case F_INT: *(int *)field = (int)cli_int(a, v, (long long)f->lo, (long long)f->hi); break;
+        case F_LLONG: *(long long *)field = cli_int(a, v, (long long)f->lo, (long long)f->hi); break;
+        case F_FLOAT: *(float *)field = cli_float(a, v, f->lo, f->hi); break;
+        default: f->call(o, v); break;
+        }
     }
     int sources = (r->prompt != NULL) + (r->n_files > 0) + (o->batch_dir != NULL) + (r->prompts_path != NULL);
     if (sources == 0) cli_usage_error("no prompt: give -p TEXT, -f FILE, --batch DIR or --prompts FILE.jsonl");
