@@ -307,6 +307,7 @@ static void sb_put(strbuf *b, const char *s, size_t n) {
 
 typedef struct unit {
     request *rq;
+    int job;                 // its job's index
     const strategy *s;
     int state;               // 0 waiting, 1 running, 2 done
     int rc;                  // 0, or -1 with err
@@ -623,6 +624,10 @@ static void emit_job(runner *R, job *J) {
     if (J->n_units > 1 && !json) print_table(J->u, J->n_units);
     R->n_done++;
     J->written = 1;
+    for (int i = 0; i < J->n_units; i++) {   // written: only the figures above are kept
+        unit_free(&J->u[i]);
+        J->u[i].ids = NULL, J->u[i].text = (strbuf){0}, J->u[i].out = NULL;
+    }
 }
 
 // An error record for a request that cannot run (a bad --prompts line, a duplicate id).
@@ -700,7 +705,7 @@ int run_prompts(const run_opts *o, model *m, const tok *t, const char *dev, cons
         for (int s = 0; s < ns; s++) {
             const strategy *st = q->strategy ? q->strategy : o->strategies[s];
             char *k = unit_key(q->id, st->name);
-            if (!done_has(&done, k)) J->u[J->n_units++] = (unit){.rq = q, .s = st};
+            if (!done_has(&done, k)) J->u[J->n_units++] = (unit){.rq = q, .s = st, .job = n_jobs};
             free(k);
         }
         if (J->n_units == 0) {
@@ -777,13 +782,13 @@ int run_prompts(const run_opts *o, model *m, const tok *t, const char *dev, cons
                 }
                 unit_finish(u);
                 if (u->stream) printf("\n");
-                for (int j = 0; j < n_jobs; j++)   // its job (few jobs in flight: a scan is fine)
-                    if (jobs[j].rq == u->rq) jobs[j].n_left--;
+                jobs[u->job].n_left--;
                 active[i] = active[--n_active];
             }
         }
-        // write what is complete: in input order, or anything done with --unordered
-        for (int j = o->unordered ? 0 : next_write; j < n_jobs; j++) {
+        // write what is complete: in input order, or anything done with --unordered (only jobs
+        // admitted so far can be)
+        for (int j = next_write; j < next_job && j < n_jobs; j++) {
             job *J = &jobs[j];
             if (J->written) {
                 if (j == next_write) next_write++;
