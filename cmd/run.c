@@ -203,6 +203,12 @@ static int read_prompts(request_list *l, const char *path, int chat, char *err, 
     return 0;
 }
 
+static int by_id(const void *a, const void *b) {
+    const request *x = *(const request *const *)a, *y = *(const request *const *)b;
+    int c = strcmp(x->id, y->id);
+    return c ? c : (x->index > y->index) - (x->index < y->index);
+}
+
 // Every request of the run, in input order; duplicate ids become error records.
 static request_list collect(const run_opts *o) {
     request_list l = {0};
@@ -219,14 +225,23 @@ static request_list collect(const run_opts *o) {
         request *q = req_new(&l);
         q->id = strdup(o->prompts_path), q->error = strdup(err);
     }
-    for (int i = 1; i < l.n; i++)   // quadratic only in the count of requests sharing a hash
-        for (int j = 0; j < i && !l.r[i].error; j++)
-            if (!l.r[j].error && strcmp(l.r[i].id, l.r[j].id) == 0) {
-                l.r[i].error = l.r[i].line ? fmt("%s line %d: duplicate id '%s' (first at line %d)",
-                                                 o->prompts_path, l.r[i].line, l.r[i].id, l.r[j].line)
-                                           : fmt("duplicate prompt '%s'", l.r[i].id);
-                break;
-            }
+    // duplicates: the requests (not already errors) sorted by id, then input order; a run of
+    // equal ids keeps its first
+    request **by = xmalloc((size_t)(l.n ? l.n : 1) * sizeof *by);
+    int nb = 0;
+    for (int i = 0; i < l.n; i++)
+        if (!l.r[i].error) by[nb++] = &l.r[i];
+    qsort(by, (size_t)nb, sizeof *by, by_id);
+    for (int i = 1, first = 0; i < nb; i++) {
+        if (strcmp(by[i]->id, by[first]->id) != 0) {
+            first = i;
+            continue;
+        }
+        by[i]->error = by[i]->line ? fmt("%s line %d: duplicate id '%s' (first at line %d)",
+                                         o->prompts_path, by[i]->line, by[i]->id, by[first]->line)
+                                   : fmt("duplicate prompt '%s'", by[i]->id);
+    }
+    free(by);
     return l;
 }
 
@@ -264,8 +279,9 @@ static int read_done(done_set *d, const char *path, int quiet, char *err, size_t
         if (!o) break;   // damaged: everything from here is dropped
         if (json_is_string(id)) {
             if (d->n == cap_keys) d->keys = xrealloc(d->keys, (size_t)(cap_keys = cap_keys ? 2 * cap_keys : 256) * sizeof *d->keys);
-            d->keys[d->n++] = unit_key(json_string_value(id), json_object_get(o, "error") ? NULL
-                                       : json_is_string(s) ? json_string_value(s) : "");
+            // a run of a strategy (its text or its error): "id\tstrategy"; a request that could
+            // not run at all (a bad line): "id\t"
+            d->keys[d->n++] = unit_key(json_string_value(id), json_is_string(s) ? json_string_value(s) : NULL);
         }
         json_decref(o);
         good = ftell(fp);
@@ -431,9 +447,10 @@ static int unit_start(runner *R, unit *u, int stream) {
     sample_params sp = o->sp;
     if (q->temp >= 0) sp.temp = q->temp;
     if (q->top_p >= 0) sp.top_p = q->top_p;
-    u->seed = q->seed >= 0 ? (unsigned long long)q->seed
-            : o->seed >= 0 ? (unsigned long long)o->seed
-                           : ((unsigned long long)(now_ms() * 1000) + (unsigned)q->index * 7919u) & 0xffffffffULL;
+    if (q->seed < 0 && o->seed >= 0) q->seed = o->seed;
+    if (q->seed < 0)   // one random seed per request: an A/B run's strategies sample alike
+        q->seed = (long long)(((unsigned long long)(now_ms() * 1000) + (unsigned)q->index * 7919u) & 0xffffffffULL);
+    u->seed = (unsigned long long)q->seed;
     sp.seed = u->seed;
     sampler_init(&u->smp, &sp, R->m->cfg.vocab);
     if (!o->quiet && R->o->parallel == 1)
@@ -723,6 +740,7 @@ int run_prompts(const run_opts *o, model *m, const tok *t, const char *dev, cons
 
     struct sigaction sa = {0}, old_int, old_term;
     sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART;   // a write to a slow pipe resumes instead of failing
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
 
@@ -786,9 +804,10 @@ int run_prompts(const run_opts *o, model *m, const tok *t, const char *dev, cons
                 active[i] = active[--n_active];
             }
         }
-        // write what is complete: in input order, or anything done with --unordered (only jobs
-        // admitted so far can be)
-        for (int j = next_write; j < next_job && j < n_jobs; j++) {
+        // write what is complete: in input order (the scan stops at the first job not done), or
+        // with --unordered anything done (only jobs admitted so far can be)
+        int lim = o->unordered && next_job + 1 < n_jobs ? next_job + 1 : n_jobs;
+        for (int j = next_write; j < lim; j++) {
             job *J = &jobs[j];
             if (J->written) {
                 if (j == next_write) next_write++;

@@ -410,7 +410,7 @@ dot_blk32_avx512(uint32_t type, const uint8_t *b, const int8_t *q, const int8_t 
     for (; i < cols; i += 32, b += bb) {
         __m256i s = dot2_256(block32_u(type, b), q + i, ql + i);
         float d0 = f16(b), m0 = type == GGML_Q4_1 ? f16(b + 2) : type == GGML_Q4_0 ? -8 * d0 : -128 * d0;
-        acc = _mm512_add_ps(acc, _mm512_castps256_ps512(_mm256_mul_ps(
+        acc = _mm512_add_ps(acc, _mm512_zextps256_ps512(_mm256_mul_ps(
                                      _mm256_cvtepi32_ps(s), _mm256_set1_ps(d0 * d[i / 32]))));
         tail += m0 * a32[i / 32];
     }
@@ -464,7 +464,7 @@ dot4_blk32_avx512(uint32_t type, const uint8_t *b, const act_row *x, int cols, f
         float d0 = f16(b), m0 = type == GGML_Q4_1 ? f16(b + 2) : type == GGML_Q4_0 ? -8 * d0 : -128 * d0;
         for (int r = 0; r < 4; r++) {
             __m256i sv = dot2_256(u, x[r].q + i, x[r].ql + i);
-            acc[r] = _mm512_add_ps(acc[r], _mm512_castps256_ps512(_mm256_mul_ps(
+            acc[r] = _mm512_add_ps(acc[r], _mm512_zextps256_ps512(_mm256_mul_ps(
                                            _mm256_cvtepi32_ps(sv), _mm256_set1_ps(d0 * x[r].d[i / 32]))));
             tail[r] += m0 * (x[r].a + cols / G)[i / 32];
         }

@@ -226,3 +226,25 @@ def test_job_flag_errors(tiny, tmp_path):
     assert_error(sift("-m", tiny, "--prompts", p, "--parallel", "0"), "--parallel", code=2)
     assert_error(sift("-m", tiny, "--prompts", str(tmp_path / "none.jsonl")), "none.jsonl")
     assert_error(sift("-m", tiny, "-p", "x", "--prompts", p), "-p", code=2)
+
+
+def test_ab_strategies_share_one_seed(tiny, tmp_path):
+    # no -s: one random seed per request, the same for each strategy of an A/B run
+    f = tmp_path / "p.txt"
+    f.write_text(" ".join(WORDS * 3))
+    r = sift("-m", tiny, "-f", str(f), "--strategy", "full,streamingllm", "-n", "4", "--json", "-q")
+    recs, _ = records(r.stdout)
+    assert len(recs) == 2 and recs[0]["seed"] == recs[1]["seed"]
+
+
+def test_resume_keeps_failed_runs(tiny, tmp_path):
+    # a strategy run that failed (prompt beyond -c) is a record: --resume does not redo it
+    rows = [{"id": "long", "prompt": " ".join(WORDS * 20)}, {"id": "ok", "prompt": "river", "n_predict": 2}]
+    p = write_jsonl(tmp_path / "r.jsonl", rows)
+    out = tmp_path / "o.jsonl"
+    base = ["-m", tiny, "--prompts", p, "--temp", "0", "-q", "-c", "64", "-n", "4", "--output", str(out)]
+    assert sift(*base).returncode == 1
+    first, _ = records(out.read_text())
+    assert [(r["id"], "error" in r) for r in first] == [("long", True), ("ok", False)]
+    assert sift(*base, "--resume").returncode == 0
+    assert records(out.read_text())[0] == first
