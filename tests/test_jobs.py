@@ -248,3 +248,15 @@ def test_resume_keeps_failed_runs(tiny, tmp_path):
     assert [(r["id"], "error" in r) for r in first] == [("long", True), ("ok", False)]
     assert sift(*base, "--resume").returncode == 0
     assert records(out.read_text())[0] == first
+
+
+def test_seeded_sampling_is_batch_independent(tiny, tmp_path):
+    # temperature 0.9 with a seed per request: each sequence keeps its own sampler, so a batch
+    # samples the tokens each request samples alone
+    reqs = requests(6, lo=10)
+    for i, r in enumerate(reqs):
+        r.update(temp=0.9, seed=100 + i)
+    p = write_jsonl(tmp_path / "r.jsonl", reqs)
+    base = ["-m", tiny, "--prompts", p, "--json", "-q"]
+    one, four = records(sift(*base).stdout)[0], records(sift(*base, "--parallel", "4").stdout)[0]
+    assert texts(one) == texts(four) and [r["seed"] for r in four] == [100 + i for i in range(6)]
