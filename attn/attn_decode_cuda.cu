@@ -21,14 +21,6 @@
 #define NW 4         // warps per block
 #define MIN_CHUNK 128   // keys per split at least
 
-__device__ static inline uint32_t smem_addr(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-__device__ static inline void cp16(void *dst, const void *src, bool valid) {   // zero-fill if !valid
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(valid ? 16 : 0));
-}
-
 // n consecutive bf16 from shared memory (n = 2, 4 or 8: one 4-, 8- or 16-byte load) to fp32
 template <int N>
 __device__ static inline void load_dims(float *f, const bf16 *p) {
@@ -99,13 +91,13 @@ attn_group_kernel(float *work, attn_cuda_args a, int chunk, float scale) {
         for (int e = tid; e < KT * CH; e += NW * 32) {
             int r = e / CH, c = e % CH * 8, j = t0 + r;
             size_t o = (size_t)(j < j1 ? j : j0) * HD + c;
-            cp16(&sm.k[b][r * LD + c], kg + o, j < j1);
-            cp16(&sm.v[b][r * LD + c], vg + o, j < j1);
+            cp_async16(&sm.k[b][r * LD + c], kg + o, j < j1);
+            cp_async16(&sm.v[b][r * LD + c], vg + o, j < j1);
         }
         if (tid < KT) sm.kp[b][tid] = t0 + tid < j1 ? pg[t0 + tid] : INT_MAX;
     };
     if (j0 < j1) load_tile(j0, 0);
-    asm volatile("cp.async.commit_group;\n" ::);
+    cp_async_commit();
 
     // the block's query vectors, fp32 (zeros past the last)
     for (int e = tid; e < NW * QVW * HD; e += NW * 32) {
@@ -132,8 +124,8 @@ attn_group_kernel(float *work, attn_cuda_args a, int chunk, float scale) {
     int b = 0;
     for (int t0 = j0; t0 < j1; t0 += KT, b ^= 1) {
         if (t0 + KT < j1) load_tile(t0 + KT, b ^ 1);
-        asm volatile("cp.async.commit_group;\n" ::);
-        asm volatile("cp.async.wait_group 1;\n" ::);
+        cp_async_commit();
+        cp_async_wait<1>();
         __syncthreads();
         const bf16 *ks = sm.k[b], *vs = sm.v[b];
         const int kpl = sm.kp[b][lane];
@@ -160,7 +152,7 @@ attn_group_kernel(float *work, attn_cuda_args a, int chunk, float scale) {
         }
         __syncthreads();   // buffer b is read; the next prefetch overwrites it
     }
-    asm volatile("cp.async.wait_group 0;\n" ::);
+    cp_async_wait<0>();
 
 #pragma unroll
     for (int k = 0; k < QVW; k++) {

@@ -28,19 +28,6 @@
 
 // ---- PTX wrappers -----------------------------------------------------------------------------
 
-__device__ static inline uint32_t smem_u32(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-// 16 bytes global -> shared, asynchronously; zero-filled when !valid (src must still be mapped)
-__device__ static inline void cp_async16(void *dst, const void *src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-                 "r"(valid ? 16 : 0));
-}
-__device__ static inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ static inline void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
 // four 8x8 bf16 matrices; lanes 8m .. 8m+7 give the row addresses of matrix m
 __device__ static inline void ldsm_x4(uint32_t *r, const void *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

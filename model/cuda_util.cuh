@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -36,6 +37,21 @@ __device__ static inline float warp_sum(float x) {
     for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
     return x;
 }
+
+// ---- cp.async (sm_80+): 16-byte global -> shared copies that run while the block computes ----
+
+__device__ static inline uint32_t smem_u32(const void *p) {   // a shared-memory address for PTX
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+// 16 bytes global -> shared, asynchronously; zero-filled when !valid (src must still be mapped)
+__device__ static inline void cp_async16(void *dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+__device__ static inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// waits until at most N committed groups are still in flight
+template <int N>
+__device__ static inline void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // The max (is_max) or sum of x over the block (blockDim.x a multiple of 32, at most 1024);
 // every thread gets the result. red: 32 floats of shared memory.

@@ -100,7 +100,7 @@ static int layer_forward(pass *ps, scratch *s, int l) {
     // call when the backend takes several)
     void *m_out[FWD_MAX_BATCH];
     const void *m_q[FWD_MAX_BATCH];
-    const int *m_pos[FWD_MAX_BATCH], *m_n = NULL;
+    const int *m_pos[FWD_MAX_BATCH];
     int m_rows[FWD_MAX_BATCH], k = 0;
     const kv_layer *m_L[FWD_MAX_BATCH];
     for (int b = 0; b < B; b++) {
@@ -115,8 +115,7 @@ static int layer_forward(pass *ps, scratch *s, int l) {
         } else
             bk->attention(bk, att, q, v->pos, v->n, c->n_head, &v->kv->layers[src[b]]);
     }
-    m_n = m_rows;
-    if (k) bk->attention_multi(bk, k, m_out, m_q, m_pos, m_n, c->n_head, m_L);
+    if (k) bk->attention_multi(bk, k, m_out, m_q, m_pos, m_rows, c->n_head, m_L);
     for (int b = 0; b < B; b++) {
         fwd_state *v = &ps->view[b];
         const fwd_hooks *h = ps->hooks[b];
