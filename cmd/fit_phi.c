@@ -67,7 +67,7 @@ static void fit_parse(int argc, char **argv, fit_opts *o) {
         else if (cli_is_flag(a, NULL, "--data")) o->data = v;
         else if (cli_is_flag(a, "-o", "--out")) o->out = v;
         else if (cli_is_flag(a, "-c", "--ctx")) o->ctx = (int)cli_int(a, v, 64, 1 << 20);
-        else if (cli_is_flag(a, NULL, "--steps")) o->steps = (int)cli_int(a, v, 0, 1 << 20);
+        else if (cli_is_flag(a, NULL, "--steps")) o->steps = (int)cli_int(a, v, 1, 1 << 20);
         else if (cli_is_flag(a, NULL, "--queries")) o->queries = (int)cli_int(a, v, 4, 1 << 16);
         else if (cli_is_flag(a, NULL, "--batch")) o->batch = (int)cli_int(a, v, 1, 1 << 16);
         else if (cli_is_flag(a, NULL, "--lr")) o->lr = cli_float(a, v, 1e-7, 1);

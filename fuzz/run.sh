@@ -35,6 +35,8 @@ for i, args in enumerate([
          "--seed", "1", "-o", "r.json", "--plot", "r.svg", "--device", "cpu"],
         ["ppl", "-f", "wiki.txt", "--ctx", "512", "--json"],
         ["fit-phi", "--data", "t.txt", "--ctx", "1024", "--out", "m.phi", "--seed", "3"],
+        # regressions: inputs a fuzz run once failed on
+        ["fit-phi", "--data", "4", "--seed", "0", "-o", "r", "--ctx", "5504", "--steps", "0", "-o", "enc"],
         ["-p", "x", "--strategy", "swiftkv,topk+phi", "--swiftkv-layers", "15", "--budget", "0.05",
          "--sink", "4", "--tail", "16", "--phi", "m.phi"]]):
     open(f"build/fuzz/seed_cli/{i}.args", "wb").write("\0".join(args).encode())
