@@ -57,6 +57,9 @@ phi_maps *phi_maps_alloc(const phi_maps *shape);
 phi_maps *phi_maps_mlp(int n_layer, int n_head, int n_kv_head, int d_in, int d_emb, int d_hid,
                        int d_phi);
 void phi_maps_free(phi_maps *p);
+// [D] Adds delta to log phi_q of every query head (the MLP's output bias bo): every estimate
+// of the completion's mass is multiplied by e^delta. Fitted (MLP) maps only.
+void phi_maps_shift_q(phi_maps *p, float delta);
 
 // out (n, d_phi) = log phi of the rows of x (n, d_in; row stride `stride` floats), with
 // parameter block par: a few sgemms over the batch.

@@ -101,6 +101,14 @@ void phi_maps_free(phi_maps *p) {
     free(p);
 }
 
+void phi_maps_shift_q(phi_maps *p, float delta) {
+    CHECK_INTERNAL(p->kind == PHI_MLP, "phi_maps_shift_q: only fitted (MLP) maps have an output bias");
+    for (int i = 0; i < p->n_layer * p->n_head; i++) {
+        phi_mlp_view w = phi_mlp_params(p, p->q + (size_t)i * phi_n_par(p));
+        for (int f = 0; f < p->d_phi; f++) w.bo[f] += delta;
+    }
+}
+
 phi_mlp_view phi_mlp_params(const phi_maps *p, const float *par) {
     int d = p->d_in, e = p->d_emb, h = p->d_hid, f = p->d_phi;
     phi_mlp_view v;

@@ -14,6 +14,7 @@
 #include "../attn/phi.h"
 #include "../util/check.h"
 #include "policy.h"
+#include "topk_phi.h"
 
 #define PRF_SEED 0x5EEDull
 
@@ -22,6 +23,7 @@ typedef struct {
     int n_layer, n_kv_head, head_dim;
     size_t elem_bytes;
     phi_maps *maps;                // NULL: selection only (`topk`)
+    int own_maps;                  // 1: freed with the state
     phi_summary *sum;              // (n_layer, n_kv_head) over M
     int *sel, *mark;               // scratch: (heads, n_sel) selections then (heads, k) top K,
                                    // (len,) union stamps
@@ -35,7 +37,7 @@ static void topk_state_free(void *ctx) {
     if (t->sum)
         for (int i = 0; i < t->n_layer * t->n_kv_head; i++) phi_summary_free(&t->sum[i]);
     free(t->sum);
-    phi_maps_free(t->maps);
+    if (t->own_maps) phi_maps_free(t->maps);
     free(t->sel);
     free(t->mark);
     free(t);
@@ -136,6 +138,30 @@ static phi_maps *load_maps(const model *m, const strategy_opts *o, char *err, si
     return p;
 }
 
+// Decode state over kv, which holds a full prefill of np prompt tokens: regions, K (clamped to
+// the mid region) and, with maps, the completion cache over M (fp32, one pass per layer and KV
+// head). Attached to kv as its side data (freed with it); maps freed with it if own_maps.
+static topk_state *topk_attach(model *m, kv_cache *kv, int np, int sink, int tail, int k,
+                               phi_maps *maps, int own_maps) {
+    const model_config *c = &m->cfg;
+    int n_mid = np - sink - tail;
+    topk_state *t = xcalloc(1, sizeof *t);
+    *t = (topk_state){.n_prompt = np, .sink = sink, .tail = tail, .k = k < n_mid ? k : n_mid,
+                      .n_layer = c->n_layer, .n_kv_head = c->n_kv_head, .head_dim = c->head_dim,
+                      .elem_bytes = kv->elem_bytes, .maps = maps, .own_maps = own_maps};
+    kv->side = t;
+    kv->side_free = topk_state_free;
+    if (maps) {
+        t->sum = xmalloc((size_t)c->n_layer * c->n_kv_head * sizeof *t->sum);
+        for (int i = 0; i < c->n_layer * c->n_kv_head; i++)
+            t->sum[i] = phi_summary_alloc(maps->d_phi, c->head_dim);
+        for (int l = 0; l < c->n_layer; l++)
+            fwd_phi_summarize(m, kv, l, maps, sink, np - tail, t->sum + (size_t)l * c->n_kv_head);
+        kv->side_bytes = (size_t)c->n_layer * c->n_kv_head * maps->d_phi * (c->head_dim + 2) * sizeof(float);
+    }
+    return t;
+}
+
 static kv_cache *topk_run(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
                           float *logits, prefill_info *info, char *err, size_t errlen,
                           int with_phi) {
@@ -160,22 +186,9 @@ static kv_cache *topk_run(model *m, const int *ids, int n, int n_gen, const stra
         phi_maps_free(maps);
         return NULL;
     }
-    topk_state *t = xcalloc(1, sizeof *t);
     int d_phi = maps ? maps->d_phi : c->head_dim;
-    int k = budget_k(o, n, d_phi, c->head_dim, with_phi);
-    *t = (topk_state){.n_prompt = np, .sink = o->sink, .tail = o->tail, .k = k < n_mid ? k : n_mid,
-                      .n_layer = c->n_layer, .n_kv_head = c->n_kv_head, .head_dim = c->head_dim,
-                      .elem_bytes = kv->elem_bytes, .maps = maps};
-    kv->side = t;
-    kv->side_free = topk_state_free;
-    if (maps) {   // the completion cache over M, fp32, one pass per layer and KV head
-        t->sum = xmalloc((size_t)c->n_layer * c->n_kv_head * sizeof *t->sum);
-        for (int i = 0; i < c->n_layer * c->n_kv_head; i++)
-            t->sum[i] = phi_summary_alloc(maps->d_phi, c->head_dim);
-        for (int l = 0; l < c->n_layer; l++)
-            fwd_phi_summarize(m, kv, l, maps, o->sink, np - o->tail, t->sum + (size_t)l * c->n_kv_head);
-        kv->side_bytes = (size_t)c->n_layer * c->n_kv_head * maps->d_phi * (c->head_dim + 2) * sizeof(float);
-    }
+    topk_state *t = topk_attach(m, kv, np, o->sink, o->tail, budget_k(o, n, d_phi, c->head_dim, with_phi),
+                                maps, 1);
     info->decode = (fwd_hooks){.ctx = t, .attention = topk_attention};
     info->decode_report = topk_report;
     int last = np;
@@ -231,3 +244,88 @@ const strategy strategy_topk = {
     .prefill = topk_prefill,
     .check = topk_check,
 };
+
+static int argmax_row(const float *x, int n) {
+    int b = 0;
+    for (int j = 1; j < n; j++)
+        if (x[j] > x[b]) b = j;
+    return b;
+}
+
+// KL(softmax(p) || softmax(q)) of two logit rows, in double.
+static double kl_logits(const float *p, const float *q, int n) {
+    double mp = p[argmax_row(p, n)], mq = q[argmax_row(q, n)], zp = 0, zq = 0, s = 0;
+    for (int j = 0; j < n; j++) zp += exp(p[j] - mp), zq += exp(q[j] - mq);
+    double lzp = mp + log(zp), lzq = mq + log(zq);
+    for (int j = 0; j < n; j++) {
+        double lp = p[j] - lzp;
+        s += exp(lp) * (lp - (q[j] - lzq));
+    }
+    return s > 0 ? s : 0;
+}
+
+// Decodes `steps` tokens from kv (np prefilled) through hooks: the first is ids_np, then
+// forced[i - 1] (forced non-NULL) or the previous row's argmax; rows (steps, vocab); toks
+// (steps,) the argmax of each row. Rewinds kv to np entries afterwards.
+static void decode_from(model *m, kv_cache *kv, int np, int pos0, int id_np, const int *forced,
+                        int steps, const fwd_hooks *hooks, float *rows, int *toks) {
+    int vocab = m->cfg.vocab, id = id_np;
+    for (int t = 0; t < steps; t++) {
+        int pos = pos0 + np + t;
+        float *row = rows + (size_t)t * vocab;
+        fwd_run(m, kv, &id, &pos, 1, hooks, row, 0);
+        toks[t] = argmax_row(row, vocab);
+        id = forced ? forced[t] : toks[t];
+    }
+    for (int l = 0; l < kv->n_layer; l++) kv->layers[l].len = np;
+}
+
+int topk_compare(model *m, const int *ids, int n, int pos0, int sink, int tail, int rows,
+                 const topk_variant *v, int n_v, double *kl, double *agree, int *full_tok,
+                 int n_free, int *free_tok, char *err, size_t errlen) {
+    int np = n - 1, vocab = m->cfg.vocab, steps = rows > n_free ? rows : n_free;
+    if (!fwd_can_select(m))
+        return err_printf(err, errlen, "top-K decode attention is not available on the %s backend",
+                          m->bk->name);
+    if (np - sink - tail < 1 || rows < 1)
+        return err_printf(err, errlen, "prompt of %d tokens has no mid region (sink %d + tail %d)",
+                          n, sink, tail);
+    int L = m->cfg.n_layer, *caps = xmalloc((size_t)L * sizeof(int)), *pos = xmalloc((size_t)n * sizeof(int));
+    for (int l = 0; l < L; l++) caps[l] = n + steps;
+    for (int i = 0; i < np; i++) pos[i] = pos0 + i;
+    kv_cache *kv = fwd_kv_create(m, caps, err, errlen);
+    free(caps);
+    if (!kv) {
+        free(pos);
+        return -1;
+    }
+    float *ref = xmalloc((size_t)rows * vocab * sizeof(float));
+    float *got = xmalloc((size_t)steps * vocab * sizeof(float));
+    int *toks = xmalloc((size_t)steps * sizeof(int));
+    fwd_run(m, kv, ids, pos, np, NULL, NULL, 0);
+    free(pos);
+    decode_from(m, kv, np, pos0, ids[np], NULL, rows, NULL, ref, full_tok);
+    if (n_free > 0) {
+        decode_from(m, kv, np, pos0, ids[np], NULL, n_free, NULL, got, toks);
+        memcpy(free_tok, toks, (size_t)n_free * sizeof(int));
+    }
+    for (int i = 0; i < n_v; i++) {
+        topk_state *t = topk_attach(m, kv, np, sink, tail, v[i].k, (phi_maps *)v[i].maps, 0);
+        fwd_hooks h = {.ctx = t, .attention = topk_attention};
+        decode_from(m, kv, np, pos0, ids[np], full_tok, rows, &h, got, toks);
+        agree[i] = 0;
+        for (int r = 0; r < rows; r++) {
+            kl[(size_t)i * rows + r] = kl_logits(ref + (size_t)r * vocab, got + (size_t)r * vocab, vocab);
+            agree[i] += (toks[r] == full_tok[r]) / (double)rows;
+        }
+        if (n_free > 0) {
+            decode_from(m, kv, np, pos0, ids[np], NULL, n_free, &h, got, toks);
+            memcpy(free_tok + (size_t)(i + 1) * n_free, toks, (size_t)n_free * sizeof(int));
+        }
+        kv->side_free(kv->side);
+        kv->side = NULL, kv->side_free = NULL, kv->side_bytes = 0;
+    }
+    kv_free(kv);
+    free(ref), free(got), free(toks);
+    return 0;
+}

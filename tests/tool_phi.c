@@ -28,6 +28,11 @@
 //     ids; OUT = float32 logits (1 + n_cont, vocab): the prefill's, then each decode step's.
 //     --set keys: sink, tail, topk, budget, phi (a path). --greedy N instead of --cont: the
 //     continuation is N greedy tokens (argmax of the previous row).
+//   tool_phi compare MODEL ROWS NFREE POS0 VARIANT... -- ID...
+//     topk_compare (policies/topk_phi.h) on the ids at positions POS0..; VARIANT = topk:K,
+//     prf:K (random features) or PHI_FILE:K:DELTA (fitted maps, log phi_q shifted by DELTA).
+//     Prints one JSON object: full's forced tokens and free tokens, and per variant its KL per
+//     row, greedy agreement and free tokens.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +41,7 @@
 #include "../attn/phi.h"
 #include "../attn/score.h"
 #include "../policies/policy.h"
+#include "../policies/topk_phi.h"
 #include "../util/check.h"
 #include "tool_weights.h"
 
@@ -364,7 +370,69 @@ static int decode(int argc, char **argv) {
     return 0;
 }
 
+static int compare_cmd(int argc, char **argv) {
+    int rows = atoi(argv[3]), n_free = atoi(argv[4]), pos0 = atoi(argv[5]), a = 6, n_v = 0;
+    topk_variant v[32];
+    phi_maps *own[32] = {0};
+    char err[512];
+    backend *bk = backend_cpu_create(0, tool_weights());
+    gguf_file *f = gguf_open(argv[2], err, sizeof err);
+    model *m = f ? model_load_gguf(f, bk, err, sizeof err) : NULL;
+    if (!m) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    const model_config *c = &m->cfg;
+    for (; a < argc && strcmp(argv[a], "--") && n_v < 32; a++, n_v++) {
+        char path[1024];
+        float delta = 0;
+        int k = 0;
+        if (sscanf(argv[a], "topk:%d", &k) == 1) v[n_v] = (topk_variant){NULL, k};
+        else if (sscanf(argv[a], "prf:%d", &k) == 1) {
+            own[n_v] = phi_maps_prf(c->n_layer, c->n_head, c->n_kv_head, c->head_dim, c->head_dim, 0x5EED);
+            v[n_v] = (topk_variant){own[n_v], k};
+        } else if (sscanf(argv[a], "%1023[^:]:%d:%f", path, &k, &delta) == 3) {
+            own[n_v] = phi_maps_load(path, err, sizeof err);
+            if (!own[n_v]) {
+                fprintf(stderr, "%s\n", err);
+                return 1;
+            }
+            if (delta != 0) phi_maps_shift_q(own[n_v], delta);
+            v[n_v] = (topk_variant){own[n_v], k};
+        } else {
+            fprintf(stderr, "bad variant %s\n", argv[a]);
+            return 2;
+        }
+    }
+    int n = argc - a - 1, *ids = xmalloc((size_t)(n > 0 ? n : 1) * sizeof(int));
+    for (int i = 0; i < n; i++) ids[i] = atoi(argv[a + 1 + i]);
+    double *kl = xmalloc((size_t)(n_v ? n_v : 1) * rows * sizeof(double)), agree[32];
+    int *full = xmalloc((size_t)rows * sizeof(int)), *fr = xmalloc((size_t)(n_v + 1) * (n_free + 1) * sizeof(int));
+    if (topk_compare(m, ids, n, pos0, 4, 16, rows, v, n_v, kl, agree, full, n_free, fr, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    printf("{\"full_tok\": [");
+    for (int r = 0; r < rows; r++) printf("%s%d", r ? ", " : "", full[r]);
+    printf("], \"full_free\": [");
+    for (int r = 0; r < n_free; r++) printf("%s%d", r ? ", " : "", fr[r]);
+    printf("], \"variants\": [");
+    for (int i = 0; i < n_v; i++) {
+        printf("%s{\"spec\": \"%s\", \"agree\": %.6f, \"kl\": [", i ? ", " : "", argv[6 + i], agree[i]);
+        for (int r = 0; r < rows; r++) printf("%s%.6g", r ? ", " : "", kl[(size_t)i * rows + r]);
+        printf("], \"free\": [");
+        for (int r = 0; r < n_free; r++) printf("%s%d", r ? ", " : "", fr[(size_t)(i + 1) * n_free + r]);
+        printf("]}");
+    }
+    printf("]}\n");
+    for (int i = 0; i < n_v; i++) phi_maps_free(own[i]);
+    model_free(m), gguf_close(f), bk->destroy(bk);
+    free(ids), free(kl), free(full), free(fr);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc >= 8 && !strcmp(argv[1], "compare")) return compare_cmd(argc, argv);
     if (argc == 4 && !strcmp(argv[1], "attend")) return attend(argv[2], argv[3]);
     if (argc == 5 && !strcmp(argv[1], "fit")) return fit(argv[2], argv[3], argv[4]);
     if (argc >= 5 && !strcmp(argv[1], "decode")) return decode(argc, argv);
