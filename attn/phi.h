@@ -20,6 +20,7 @@ typedef struct phi_maps {
     float *q;   // (n_layer, n_head, n_par)
     float *k;   // (n_layer, n_kv_head, n_par)
     int n_ctx;  // fitted maps: tokens of the fit's prefill (positions it saw); 0 = unknown
+    char verdict[320];   // fit-phi's end-to-end check, one line ("" = none recorded)
 } phi_maps;
 
 // The summary of one KV head over a region of n entries.
@@ -109,7 +110,8 @@ void phi_attend_head(float *y, const float *q, const float *k, const float *v, c
 // ---- the .phi file (attn/phi_file.c): fitted maps next to the model ----
 // Little-endian: magic "SIFTPHI\0", u32 version (1), u32 kind, n_layer, n_head, n_kv_head, d_in,
 // d_emb, d_hid, d_phi, n_ctx (0 = unknown; files before it had 0 there); then float32 q parameters (n_layer, n_head, n_par) and k parameters
-// (n_layer, n_kv_head, n_par). Every size is checked against the length; values must be finite.
+// (n_layer, n_kv_head, n_par); then optionally fit-phi's verdict: u32 length (1..319) and that
+// many printable ASCII bytes. Every size is checked against the length; values must be finite.
 int phi_maps_save(const phi_maps *p, const char *path, char *err, size_t errlen);
 phi_maps *phi_maps_load(const char *path, char *err, size_t errlen);
 // The same from memory (name for messages). NULL + one-line err on any malformed input.
@@ -148,6 +150,18 @@ int phi_fit_n_keys(const phi_fit_set *d, const int *sel, int nsel);
 // true score (frac 0: the whole support).
 void phi_fit_calibrate(const phi_maps *p, float *theta, const phi_fit_set *d, const int *sel,
                        int nsel, double frac, double margin);
+// [D] The gate: per query head, the log-mass offset of PHI_GATE_DELTAS (PHI_GATE_OFF: the
+// completion off, decode as topk) whose decode step is closest to full attention over queries
+// sel: exact = the sink [0, lo), the tail [end, end + tail) and the top ceil(frac * n) of the
+// support by true score, the rest estimated as decode does (the student kernel summed over it,
+// times e^offset); error = |y - y_full|^2 / |y_full|^2 summed over the queries and over positions
+// shifted by 0, 1/3, 2/3 and all of shift_max. v (n_keys, hd): the values. Adds each head's
+// offset to its output bias; chosen (group,) (may be NULL) receives them.
+#define PHI_N_GATE 9
+#define PHI_GATE_OFF (-60.0f)
+extern const float PHI_GATE_DELTAS[PHI_N_GATE];
+void phi_fit_gate(const phi_maps *p, float *theta, const phi_fit_set *d, const float *v, int tail,
+                  const int *sel, int nsel, double frac, float *chosen);
 // Mean log-mass error LSE(r^) - LSE(r) over the support minus each query's top ceil(frac * n)
 // keys (by true score), over queries sel; par_q per group head; *spread (may be NULL) = its
 // standard deviation over the queries.

@@ -35,7 +35,7 @@ phi_maps *phi_maps_alloc(const phi_maps *shape) {
 phi_maps *phi_maps_mlp(int n_layer, int n_head, int n_kv_head, int d_in, int d_emb, int d_hid,
                        int d_phi) {
     return phi_maps_alloc(&(phi_maps){PHI_MLP, n_layer, n_head, n_kv_head, d_in, d_emb, d_hid, d_phi,
-                                 NULL, NULL, 0});
+                                 NULL, NULL, 0, ""});
 }
 
 double phi_gauss(uint64_t *state) {   // splitmix64 -> two uniforms -> Box-Muller
@@ -80,7 +80,7 @@ static void orthogonal_gaussian(float *w, int rows, int d, uint64_t *state) {
 
 phi_maps *phi_maps_prf(int n_layer, int n_head, int n_kv_head, int d_in, int d_phi, uint64_t seed) {
     phi_maps *p = phi_maps_alloc(&(phi_maps){PHI_PRF, n_layer, n_head, n_kv_head, d_in, 0, 0, d_phi,
-                                        NULL, NULL, 0});
+                                        NULL, NULL, 0, ""});
     size_t n = (size_t)phi_n_par(p);
     int group = n_head / n_kv_head;
     uint64_t state = seed;

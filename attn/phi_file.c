@@ -39,8 +39,12 @@ int phi_maps_save(const phi_maps *p, const char *path, char *err, size_t errlen)
     for (int i = 0; i < PHI_N_FIELDS; i++) put_u32(h + 8 + 4 * i, f[i]);
     size_t nq = (size_t)p->n_layer * p->n_head * phi_n_par(p), nk = n_floats(p) - nq;
     FILE *fp = fopen(path, "wb");
+    size_t vlen = strnlen(p->verdict, sizeof p->verdict - 1);
+    unsigned char vh[4];
+    put_u32(vh, (uint32_t)vlen);
     int ok = fp && fwrite(h, 1, sizeof h, fp) == sizeof h && fwrite(p->q, 4, nq, fp) == nq &&
-             fwrite(p->k, 4, nk, fp) == nk;
+             fwrite(p->k, 4, nk, fp) == nk &&
+             (vlen == 0 || (fwrite(vh, 1, 4, fp) == 4 && fwrite(p->verdict, 1, vlen, fp) == vlen));
     if (fp && fclose(fp) != 0) ok = 0;
     if (!ok) return err_printf(err, errlen, "cannot write phi file '%s': %s", path, strerror(errno));
     return 0;
@@ -84,15 +88,27 @@ phi_maps *phi_maps_parse(const void *buf, size_t len, const char *name, char *er
             return NULL;
         }
     phi_maps s = {(int)f[1], (int)f[2], (int)f[3], (int)f[4], (int)f[5], (int)f[6], (int)f[7],
-                  (int)f[8], NULL, NULL, 0};
+                  (int)f[8], NULL, NULL, 0, ""};
     if (check_shape(&s, name, err, errlen) != 0) return NULL;
-    size_t want = PHI_HEADER + 4 * n_floats(&s);
-    if (len != want) {
+    size_t want = PHI_HEADER + 4 * n_floats(&s), vlen = 0;
+    if (len >= want + 4) {   // the optional verdict: u32 length, printable ASCII
+        vlen = get_u32(b + want);
+        if (vlen < 1 || vlen >= sizeof ((phi_maps *)0)->verdict || len != want + 4 + vlen) {
+            err_printf(err, errlen, "phi file '%s': bad verdict record after the parameters", name);
+            return NULL;
+        }
+        for (size_t i = 0; i < vlen; i++)
+            if (b[want + 4 + i] < 0x20 || b[want + 4 + i] > 0x7e) {
+                err_printf(err, errlen, "phi file '%s': verdict is not printable text", name);
+                return NULL;
+            }
+    } else if (len != want) {
         err_printf(err, errlen, "phi file '%s' is %zu bytes; its header says %zu", name, len, want);
         return NULL;
     }
     phi_maps *p = phi_maps_alloc(&s);
     p->n_ctx = (int)f[9];
+    if (vlen) memcpy(p->verdict, b + want + 4, vlen);
     size_t nq = (size_t)s.n_layer * s.n_head * phi_n_par(&s);
     memcpy(p->q, b + PHI_HEADER, 4 * nq);
     memcpy(p->k, b + PHI_HEADER + 4 * nq, 4 * (n_floats(&s) - nq));

@@ -342,3 +342,70 @@ void phi_fit_calibrate(const phi_maps *p, float *theta, const phi_fit_set *d, co
     }
     free(mine);
 }
+
+const float PHI_GATE_DELTAS[PHI_N_GATE] = {1, 0, -1, -2, -3, -4, -6, -8, PHI_GATE_OFF};
+
+void phi_fit_gate(const phi_maps *p, float *theta, const phi_fit_set *d, const float *v, int tail,
+                  const int *sel, int nsel, double frac, float *chosen) {
+    int hd = d->hd, f = p->d_phi, np = phi_n_par(p), group = d->group;
+    int nk = phi_fit_n_keys(d, sel, nsel) + tail, n_shift = d->shift_max > 0 && d->inv_freq ? 4 : 1;
+    if (nk > d->n_keys) nk = d->n_keys;
+    float *kr = xmalloc((size_t)d->n_keys * hd * 4), *qr = xmalloc((size_t)d->n_q * hd * 4);
+    float *lk = xmalloc((size_t)nk * f * 4), lq[f], *sf = xmalloc((size_t)nk * 4);
+    double *s = xmalloc((size_t)nk * 8), *err = xcalloc((size_t)group * PHI_N_GATE, 8);
+    double ne[hd], nr[hd], nh[hd];
+    int *top = xmalloc((size_t)nk * sizeof(int));
+    char *exact = xmalloc((size_t)nk);
+    for (int sh = 0; sh < n_shift; sh++) {
+        if (n_shift > 1) phi_fit_rotate(d, (double)d->shift_max * sh / (n_shift - 1), kr, qr);
+        const float *K = n_shift > 1 ? kr : d->k, *Q = n_shift > 1 ? qr : d->q;
+        if (nk > d->lo) phi_log_features_rows(p, theta + (size_t)group * np, K + (size_t)d->lo * hd, nk - d->lo, hd, lk + (size_t)d->lo * f);
+        for (int t = 0; t < nsel; t++) {
+            int i = sel[t], h = d->head[i], end = d->end[i], last = end + tail < nk ? end + tail : nk;
+            int n_mid = end - d->lo, kk = (int)ceil(frac * n_mid);
+            const float *q = Q + (size_t)i * hd;
+            if (n_mid < 2 || kk >= n_mid) continue;
+            phi_log_features(p, theta + (size_t)h * np, q, lq);
+            double b = -INFINITY;
+            for (int x = 0; x < last; x++) s[x] = dot_scaled(q, K + (size_t)x * hd, hd), b = fmax(b, s[x]);
+            for (int x = 0; x < last; x++) exact[x] = x < d->lo || x >= end, sf[x] = (float)s[x];
+            int got = score_topk(sf + d->lo, n_mid, kk, top);
+            for (int j = 0; j < got; j++) exact[d->lo + top[j]] = 1;
+            // exact set E, true remainder R, and the maps' estimate of R (the student kernel
+            // summed over R: what the summary minus the retrieved keys gives), all scaled by e^-b
+            double ze = 0, zr = 0, zh = 0;
+            memset(ne, 0, sizeof ne), memset(nr, 0, sizeof nr), memset(nh, 0, sizeof nh);
+            for (int x = 0; x < last; x++) {
+                const float *vx = v + (size_t)x * hd;
+                double w = exp(s[x] - b);
+                if (exact[x]) {
+                    ze += w;
+                    for (int c = 0; c < hd; c++) ne[c] += w * vx[c];
+                    continue;
+                }
+                double wh = exp(fmin(lse_sum(lq, lk + (size_t)x * f, f, NULL) - b, 600));
+                zr += w, zh += wh;
+                for (int c = 0; c < hd; c++) nr[c] += w * vx[c], nh[c] += wh * vx[c];
+            }
+            double yt[hd], norm = 0;
+            for (int c = 0; c < hd; c++) yt[c] = (ne[c] + nr[c]) / (ze + zr), norm += yt[c] * yt[c];
+            for (int g = 0; g < PHI_N_GATE; g++) {
+                double m = exp(PHI_GATE_DELTAS[g]), e2 = 0;
+                for (int c = 0; c < hd; c++) {
+                    double y = (ne[c] + m * nh[c]) / (ze + m * zh) - yt[c];
+                    e2 += y * y;
+                }
+                err[h * PHI_N_GATE + g] += e2 / fmax(norm, 1e-30);
+            }
+        }
+    }
+    for (int h = 0; h < group; h++) {
+        int best = 0;
+        for (int g = 1; g < PHI_N_GATE; g++)
+            if (err[h * PHI_N_GATE + g] < err[h * PHI_N_GATE + best]) best = g;
+        float *bo = theta + (size_t)h * np + np - f;   // log phi_q + c scales the mass by e^c
+        for (int c = 0; c < f; c++) bo[c] += PHI_GATE_DELTAS[best];
+        if (chosen) chosen[h] = PHI_GATE_DELTAS[best];
+    }
+    free(kr), free(qr), free(lk), free(sf), free(s), free(err), free(top), free(exact);
+}

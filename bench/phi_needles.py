@@ -2,7 +2,8 @@
 
 Not a test: a measurement. Prompts: ChatML (SmolLM2's default system prompt, as `sift --chat`
 writes it), filler from licence texts (/usr/share/common-licenses, never the fit's data), a
-5-digit code in a sentence at depth 0.3-0.6, the question at the end; lengths 4K-8K tokens.
+5-digit "special magic number" (RULER's wording; "code" reads as source code in a licence,
+and full answered with section names) at depth 0.3-0.6, the question at the end; lengths 4K-8K tokens.
 Per prompt one full prefill (build/tests/tool_phi compare): full decodes --rows greedy tokens,
 every variant decodes the same tokens (forced; KL to full per row, greedy agreement), then its
 own greedy tokens (free; "found" = the code's digits appear in them). Variants at the default 2 %
@@ -51,9 +52,9 @@ def fillers(exclude):
 def make_prompt(words, start, n_words, code, depth):
     body = " ".join(words[start:start + n_words])
     cut = body.find(" ", int(len(body) * depth))
-    body = body[:cut] + f" Important: the code to remember is {code}." + body[cut:]
+    body = body[:cut] + f" The special magic number is {code}." + body[cut:]
     text = (f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{body}\n\n"
-            "What is the code to remember?<|im_end|>\n<|im_start|>assistant\n")
+            "What is the special magic number mentioned in the text?<|im_end|>\n<|im_start|>assistant\n")
     return tokenize(text)
 
 

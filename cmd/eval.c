@@ -200,7 +200,8 @@ static int run_one(eval_run *R, const strategy *s, const eval_spec *spec, const 
                          .prompt_tokens = p->n_ids, .answer = a.text ? a.text : strdup(""),
                          .ttft_ms = st.prompt_ms, .kv_mib = st.kv_bytes / 1048576.0,
                          .tpot_ms = cli_per_tok(st.decode_runs, st.decode_ms)};
-    memcpy(rec->note, st.note, sizeof rec->note);
+    memcpy(rec->note, st.note, sizeof rec->note - 1);   // truncated, always terminated
+    rec->note[sizeof rec->note - 1] = 0;
     for (int i = 0; i < p->n_answers; i++) {
         strcat(rec->expected, i ? "|" : "");
         strcat(rec->expected, p->answers[i]);

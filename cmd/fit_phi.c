@@ -5,7 +5,9 @@
 // query's mid region. The output file is rewritten after every layer with a FILE.progress
 // note, so an interrupted run resumes at the next layer (same flags, same result: every draw is
 // seeded from --seed, the layer and the group). Ends with per-layer held-out KL, fitted vs the
-// random-feature fallback.
+// random-feature fallback, and an end-to-end check on the text after the fit's tokens: decode
+// steps with the maps vs the fallback vs topk at the same budget, against full (fit_check); the
+// check picks the maps' log-mass offset and records its verdict in the file.
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -14,6 +16,7 @@
 #include <unistd.h>
 
 #include "../attn/phi.h"
+#include "../policies/topk_phi.h"
 #include "../util/check.h"
 #include "cmd.h"
 
@@ -21,8 +24,10 @@ typedef struct {
     const char *model, *data, *out, *device;
     enum bk_weights weights;   // --weights native|f32 (CPU)
     int ctx, steps, queries, batch, d_phi, sink, tail, threads, positions;
+    int check;   // --check N: held-out tokens of the end-to-end check (0: none)
     float lr, cal, margin;
     int recal;   // --recalibrate: keep --out's maps, redo only the calibration
+    int verify;  // --verify: keep --out's maps as they are, run only the end-to-end check
     uint64_t seed;
 } fit_opts;
 
@@ -31,19 +36,20 @@ typedef struct {   // what the prefill logged
     int shift_max, neox; // position augmentation up to --positions (phi_fit_set)
     const float *inv_freq;
     float **q;           // per layer (n_q, heads, hd)
-    float **k;           // per layer (n_kv_head, n, hd)
+    float **k, **v;      // per layer (n_kv_head, n, hd): keys, values
 } fit_log;
 
 static void fit_parse(int argc, char **argv, fit_opts *o) {
     *o = (fit_opts){.ctx = 1024, .steps = 150, .queries = 48, .batch = 16, .sink = 4, .tail = 16,
-                    .lr = 3e-3f, .cal = 0.02f, .margin = 1.0f, .seed = 1, .device = "cpu"};
+                    .lr = 3e-3f, .cal = 0.02f, .margin = 1.0f, .seed = 1, .device = "cpu", .check = 4096};
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (cli_is_flag(a, "-h", "--help")) {
             printf("usage: sift fit-phi [-m MODEL] --data TEXT --out FILE.phi [--ctx 1024]\n"
                    "         [--steps 150] [--queries 48] [--batch 16] [--lr 0.003] [--seed 1]\n"
                    "         [--d-phi HEAD_DIM] [--sink 4] [--tail 16] [--calibrate 0.02]\n"
-                   "         [--margin 1] [--positions N] [--recalibrate] [-t N] [--device D] [--weights native|f32]\n"
+                   "         [--margin 1] [--positions N] [--check 4096] [--recalibrate] [-t N] [--device D]\n"
+                   "         [--weights native|f32]\n"
                    "learns topk+phi's feature maps on the first --ctx tokens of TEXT; use them with\n"
                    "--strategy topk+phi --phi FILE.phi. The maps read post-RoPE vectors, so each step\n"
                    "also shows them the data at positions shifted by up to --positions - ctx (RoPE is\n"
@@ -51,7 +57,13 @@ static void fit_parse(int argc, char **argv, fit_opts *o) {
                    "--calibrate F, --margin M: each query head's log-mass error on the mid region\n"
                    "minus its top F share of keys (what decode estimates after top-K retrieval; 0: all\n"
                    "of it) is shifted to mean -M standard deviations, so overestimates are rare.\n"
-                   "--recalibrate: keep the maps in --out and redo only that calibration.\n"
+                   "--check N: then decode up to N tokens of TEXT after the fit's (held out) with the\n"
+                   "maps vs random features vs topk at the same budget, against full; keeps the maps'\n"
+                   "log-mass offset that does best and records the verdict in the file (topk+phi prints\n"
+                   "it); 0: no check. Give TEXT at least --ctx + 512 tokens.\n"
+                   "--recalibrate: keep the maps in --out and redo only that calibration (and the check).\n"
+                   "--verify: keep the maps in --out as they are (any .phi file) and run only the check\n"
+                   "on TEXT after its first --ctx tokens; records its verdict in the file.\n"
                    "--device cpu|cuda|auto: where the logging prefill runs (default cpu: fp32 logs, the\n"
                    "same maps on every machine; cuda: bf16 logs, for a long --ctx). The fit itself runs\n"
                    "on the CPU with -t threads. Rerun the same command to resume.\n");
@@ -59,6 +71,10 @@ static void fit_parse(int argc, char **argv, fit_opts *o) {
         }
         if (cli_is_flag(a, NULL, "--recalibrate")) {
             o->recal = 1;
+            continue;
+        }
+        if (cli_is_flag(a, NULL, "--verify")) {
+            o->verify = 1;
             continue;
         }
         if (i + 1 >= argc) cli_usage_error("fit-phi: %s needs a value", a);
@@ -78,17 +94,21 @@ static void fit_parse(int argc, char **argv, fit_opts *o) {
         else if (cli_is_flag(a, NULL, "--calibrate")) o->cal = cli_float(a, v, 0, 0.5);
         else if (cli_is_flag(a, NULL, "--margin")) o->margin = cli_float(a, v, 0, 10);
         else if (cli_is_flag(a, NULL, "--positions")) o->positions = (int)cli_int(a, v, 64, 1 << 26);
+        else if (cli_is_flag(a, NULL, "--check")) o->check = (int)cli_int(a, v, 0, 1 << 20);
         else if (cli_is_flag(a, "-t", "--threads")) o->threads = (int)cli_int(a, v, 1, 1024);
         else if (cli_is_flag(a, NULL, "--device")) o->device = cli_device(v);
         else if (cli_is_flag(a, NULL, "--weights")) o->weights = cli_weights(v);
         else cli_usage_error("fit-phi: unknown flag '%s'", a);
     }
     if (!o->data || !o->out) cli_usage_error("fit-phi needs --data TEXT and --out FILE.phi");
+    if (o->verify && o->recal) cli_usage_error("fit-phi: --verify and --recalibrate exclude each other");
+    if (o->verify && o->check == 0) cli_usage_error("fit-phi: --verify runs the check: --check must be > 0");
     if (o->threads == 0) o->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
 }
 
-// The first ctx tokens of the data file (BOS first when the model wants one); -1 on error.
-static int fit_tokens(const fit_opts *o, const loaded *L, int **ids) {
+// The data file's tokens (BOS first when the model wants one) into ids (*total of them); returns
+// how many the fit uses (the first --ctx), -1 on error.
+static int fit_tokens(const fit_opts *o, const loaded *L, int **ids, int *total_out) {
     char err[512];
     size_t len;
     char *text = cli_read_all(o->data, &len, err, sizeof err);
@@ -107,10 +127,11 @@ static int fit_tokens(const fit_opts *o, const loaded *L, int **ids) {
         free(raw);
         return -1;
     }
-    *ids = xmalloc((size_t)use * sizeof(int));
+    *ids = xmalloc((size_t)total * sizeof(int));
     if (bos) (*ids)[0] = tok_bos(L->t);
-    memcpy(*ids + bos, raw, (size_t)(use - bos) * sizeof(int));
+    memcpy(*ids + bos, raw, (size_t)n * sizeof(int));
     free(raw);
+    *total_out = total;
     return use;
 }
 
@@ -157,6 +178,7 @@ static void fit_collect(model *m, const int *ids, int n, const fit_opts *o, fit_
     g->n_q = sample_positions(lo, n, o->queries, o->seed, g->qpos);
     g->q = xcalloc((size_t)c->n_layer, sizeof(float *));
     g->k = xcalloc((size_t)c->n_layer, sizeof(float *));
+    g->v = xcalloc((size_t)c->n_layer, sizeof(float *));
     fwd_hooks hooks = {.ctx = g, .after_attention = log_queries};
     prefill_info info = {0};
     char err[512];
@@ -166,9 +188,12 @@ static void fit_collect(model *m, const int *ids, int n, const fit_opts *o, fit_
         const kv_layer *L = &kv->layers[l];
         size_t per = (size_t)n * c->head_dim;
         g->k[l] = xmalloc((size_t)c->n_kv_head * per * sizeof(float));
-        for (int h = 0; h < c->n_kv_head; h++)
-            m->bk->to_host(m->bk, g->k[l] + h * per,
-                           (const char *)L->k + (size_t)h * L->cap * c->head_dim * m->bk->elem_bytes, per);
+        g->v[l] = xmalloc((size_t)c->n_kv_head * per * sizeof(float));
+        for (int h = 0; h < c->n_kv_head; h++) {
+            size_t off = (size_t)h * L->cap * c->head_dim * m->bk->elem_bytes;
+            m->bk->to_host(m->bk, g->k[l] + h * per, (const char *)L->k + off, per);
+            m->bk->to_host(m->bk, g->v[l] + h * per, (const char *)L->v + off, per);
+        }
     }
     kv_free(kv);
 }
@@ -176,6 +201,7 @@ static void fit_collect(model *m, const int *ids, int n, const fit_opts *o, fit_
 typedef struct {   // one layer's fit, its KV groups running in parallel
     int layer, n_layer, total;   // total = steps x KV groups
     long done;                   // steps done so far (all groups)
+    int tty;                     // stderr is a terminal: a bar; else one line per layer
 } fit_progress;
 
 typedef struct {
@@ -190,7 +216,7 @@ static void show_progress(void *ctx, int step, double loss) {
     (void)step;
 #pragma omp atomic capture
     done = ++p->done;
-    if (done % 10 && done != p->total) return;
+    if (!p->tty || (done % 10 && done != p->total)) return;
     double frac = (p->layer + (double)done / p->total) / p->n_layer;
     char bar[31];
     for (int i = 0; i < 30; i++) bar[i] = i < (int)(frac * 30) ? '#' : '.';
@@ -215,9 +241,11 @@ static void quality(const phi_maps *p, const phi_maps *prf, int l, int kvh, cons
     q[3] += phi_fit_remainder_bias(prf, rq, rk, d, held, n_held, cal, NULL) / p->n_kv_head;
 }
 
+#define FIT_NQ 9   // per layer: quality() near, far, and the query heads the gate turned off
+
 // Fits KV group kvh of layer l into p; qual[0..4): quality() at the logged positions,
 // qual[4..8) at positions shifted by the whole --positions augmentation (the farthest the maps
-// serve). Touches only its group's parameters in p, so groups can run at once.
+// serve), qual[8] += its query heads whose completion the gate turned off. Touches only its group's parameters in p, so groups can run at once.
 static void fit_group(phi_maps *p, const phi_maps *prf, const fit_log *g, int l, int kvh,
                       const fit_opts *o, fit_progress *prog, double *qual) {
     int hd = p->d_in, group = p->n_head / p->n_kv_head, nq = g->n_q * group, np = phi_n_par(p);
@@ -256,23 +284,34 @@ static void fit_group(phi_maps *p, const phi_maps *prf, const fit_log *g, int l,
     phi_fit_rotate(&d, g->shift_max, kr, qr);
     far.k = kr, far.q = qr;
     quality(p, prf, l, kvh, &far, held, n_held, o->cal, qual + 4);
+    // the gate last (quality() reported the calibrated maps): its offsets go into p too
+    float chosen[group];
+    phi_fit_gate(p, theta, &d, g->v[l] + (size_t)kvh * g->n * hd, o->tail, train, n_train, o->cal, chosen);
+    for (int j = 0; j < group; j++) {
+        qual[8] += chosen[j] == PHI_GATE_OFF;
+        memcpy((float *)phi_par_q(p, l, kvh * group + j), theta + (size_t)j * np, (size_t)np * 4);
+    }
     free(kr), free(qr);
     free(q), free(theta), free(head), free(end), free(train), free(held);
 }
 
 // Fits layer l's maps into p, one KV group per thread (each seeded by its own index, so the
-// result does not depend on the thread count); qual (8,) = the groups' quality summed in order.
+// result does not depend on the thread count); qual (FIT_NQ,) = the groups' summed in order.
 static void fit_layer(phi_maps *p, const phi_maps *prf, const fit_log *g, int l, const fit_opts *o,
                       double *qual) {
     int nkv = p->n_kv_head;
-    double *part = xcalloc((size_t)nkv * 8, sizeof(double));
-    fit_progress prog = {l, p->n_layer, o->steps * nkv, 0};
+    double *part = xcalloc((size_t)nkv * FIT_NQ, sizeof(double));
+    fit_progress prog = {l, p->n_layer, o->steps * nkv, 0, isatty(2)};
 #pragma omp parallel for schedule(dynamic) if (nkv > 1)
-    for (int kvh = 0; kvh < nkv; kvh++) fit_group(p, prf, g, l, kvh, o, &prog, part + (size_t)kvh * 8);
-    memset(qual, 0, 8 * sizeof *qual);
+    for (int kvh = 0; kvh < nkv; kvh++) fit_group(p, prf, g, l, kvh, o, &prog, part + (size_t)kvh * FIT_NQ);
+    memset(qual, 0, FIT_NQ * sizeof *qual);
     for (int kvh = 0; kvh < nkv; kvh++)
-        for (int i = 0; i < 8; i++) qual[i] += part[(size_t)kvh * 8 + i];
+        for (int i = 0; i < FIT_NQ; i++) qual[i] += part[(size_t)kvh * FIT_NQ + i];
     free(part);
+    if (!prog.tty)   // a log gets one line per layer, not a bar's carriage returns
+        fprintf(stderr, "fit-phi: layer %d/%d %s (held-out KL %.4f, random features %.4f; completion "
+                "off in %.0f of %d query heads)\n", l + 1, p->n_layer, o->recal ? "recalibrated" : "fitted",
+                qual[0], qual[1], qual[8], p->n_head);
 }
 
 // FILE.progress: "layers_done model ctx steps queries batch lr seed d_phi sink tail calibrate
@@ -294,7 +333,7 @@ static int resume_point(const char *prog_path, const char *key, const fit_opts *
         line[strcspn(line, "\n")] = 0;
         phi_maps *old = rest && !strcmp(rest + 1, key) ? phi_maps_load(o->out, err, sizeof err) : NULL;
         if (old && old->n_layer == (*p)->n_layer && old->d_phi == (*p)->d_phi && done > 0 &&
-            done < old->n_layer) {
+            done <= old->n_layer) {   // n_layer: every layer fitted, the check still to run
             phi_maps_free(*p);
             *p = old;
         } else {
@@ -304,6 +343,116 @@ static int resume_point(const char *prog_path, const char *key, const fit_opts *
     }
     fclose(fp);
     return done;
+}
+
+// [D] The end-to-end check. The fit's own held-out KL did not predict decode (a map that won
+// on it lost every needle prompt: bench/EVAL.md), so fit-phi decodes too: n held-out tokens
+// (the data after the fit's), CHECK_ROWS steps of full's greedy tokens forced, KL(full || x)
+// per step for x = topk, random features and the fitted maps at each log-mass offset of
+// CHECK_DELTAS (log phi_q + delta: every remainder estimate times e^delta; large negative
+// offsets approach topk with fewer tokens), at the same budget: ceil(2 % of n) exact reads
+// (at least sink + tail + phi cache + 16), topk spending the phi cache's share on more
+// tokens. It runs at the text's own positions and again shifted to end at the last position
+// the maps were fitted for (RoPE is relative: full is unchanged, the maps see far angles).
+// The offset with the lowest mean KL stays in the maps; the verdict names the winner.
+static const float CHECK_DELTAS[] = {1, 0, -1, -2, -4, PHI_GATE_OFF};
+#define N_DELTAS ((int)(sizeof CHECK_DELTAS / sizeof *CHECK_DELTAS))
+#define CHECK_MIN 512   // held-out tokens below which the check is skipped (with a warning)
+#define CHECK_ROWS 16
+
+static int phi_cache_tokens(const phi_maps *p) {   // R_phi, rounded up (spec: budgets)
+    return (int)ceil(p->d_phi / 2.0 + (double)p->d_phi / p->d_in);
+}
+
+// Returns 1 when the fitted maps lose to random features or topk, 0 otherwise (also skipped).
+// select 0 (--verify): the maps as they are, no offset chosen.
+static int fit_check(model *m, phi_maps *p, const int *held, int n_held, int n_fit, const fit_opts *o,
+                     int select) {
+    const model_config *c = &m->cfg;
+    if (n_held < CHECK_MIN) {
+        snprintf(p->verdict, sizeof p->verdict, "unchecked: %d held-out tokens after the fit's %d "
+                 "(the check needs %d)", n_held, n_fit, CHECK_MIN);
+        fprintf(stderr, "fit-phi: warning: %s has %d tokens after the %d the fit used; the "
+                "end-to-end check needs %d: give more text (%d tokens or more) or a smaller --ctx\n",
+                o->data, n_held, n_fit, CHECK_MIN, n_fit + CHECK_MIN);
+        return 0;
+    }
+    int n = n_held < o->check ? n_held : o->check, r_fit = phi_cache_tokens(p);
+    phi_maps *prf = phi_maps_prf(c->n_layer, c->n_head, c->n_kv_head, c->head_dim, c->head_dim, 0x5EED);
+    int r_prf = phi_cache_tokens(prf), r_max = r_fit > r_prf ? r_fit : r_prf;
+    int budget = (int)ceil(0.02 * (n - 1)), floor_b = o->sink + o->tail + r_max + 16;
+    if (budget < floor_b) budget = floor_b;
+    int k_topk = budget - o->sink - o->tail, n_pos = p->n_ctx > n ? 2 : 1;
+    int n_d = select ? N_DELTAS : 1;   // --verify: offset 0 only
+    static const float as_is[1] = {0};
+    const float *deltas = select ? CHECK_DELTAS : as_is;
+    double kl[2 + N_DELTAS] = {0}, agree[2 + N_DELTAS] = {0}, row[CHECK_ROWS], a;
+    float cur = 0;
+    char err[512];
+    for (int si = 0; si < n_pos; si++) {
+        int pos0 = si ? p->n_ctx - n : 0;
+        fprintf(stderr, "fit-phi: end-to-end check %d/%d: %d held-out tokens at positions %d-%d\n",
+                si + 1, n_pos, n, pos0, pos0 + n - 1);
+        topk_cmp *cmp = topk_cmp_begin(m, held, n, pos0, o->sink, o->tail, CHECK_ROWS, 0, err, sizeof err);
+        if (!cmp) {
+            fprintf(stderr, "fit-phi: warning: the end-to-end check did not run: %s\n", err);
+            snprintf(p->verdict, sizeof p->verdict, "unchecked: %.280s", err);
+            if (cur != 0) phi_maps_shift_q(p, -cur);
+            phi_maps_free(prf);
+            return 0;
+        }
+        for (int v = 0; v < 2 + n_d; v++) {
+            if (v >= 2 && deltas[v - 2] != cur) phi_maps_shift_q(p, deltas[v - 2] - cur), cur = deltas[v - 2];
+            const phi_maps *maps = v == 0 ? NULL : v == 1 ? prf : p;
+            int k = k_topk - (v == 0 ? 0 : v == 1 ? r_prf : r_fit);
+            topk_cmp_run(cmp, maps, k, row, &a, NULL);
+            for (int r = 0; r < CHECK_ROWS; r++) kl[v] += row[r] / CHECK_ROWS / n_pos;
+            agree[v] += a / n_pos;
+        }
+        topk_cmp_end(cmp);
+    }
+    int best = 0;
+    for (int d = 1; d < n_d; d++)
+        if (kl[2 + d] < kl[2 + best]) best = d;
+    if (deltas[best] != cur) phi_maps_shift_q(p, deltas[best] - cur);
+    double f = kl[2 + best];
+    int loses = f > kl[1] || f > kl[0];
+    printf("\nend-to-end check: %d held-out tokens of %s (after the fit's %d), %d decode steps of full's\n"
+           "greedy tokens forced, at positions from 0%s; budget %d exact reads: topk K = %d, topk+phi\n"
+           "K = %d (fitted) / %d (random features)\n"
+           "| decode | mean KL to full | greedy agreement |\n|---|---:|---:|\n"
+           "| topk | %.4f | %.0f %% |\n| topk+phi, random features (no --phi) | %.4f | %.0f %% |\n",
+           n, o->data, n_fit, CHECK_ROWS, n_pos > 1 ? " and shifted to end at the fit's last position" : "",
+           budget, k_topk, k_topk - r_fit, k_topk - r_prf, kl[0], 100 * agree[0], kl[1], 100 * agree[1]);
+    for (int d = 0; d < n_d; d++)
+        if (deltas[d] == PHI_GATE_OFF)
+            printf("| topk+phi, fitted, completion off (topk at K = %d)%s | %.4f | %.0f %% |\n",
+                   k_topk - r_fit, d == best ? " (kept)" : "", kl[2 + d], 100 * agree[2 + d]);
+        else if (!select)
+            printf("| topk+phi, the maps in %s | %.4f | %.0f %% |\n", o->out, kl[2], 100 * agree[2]);
+        else
+            printf("| topk+phi, fitted, log-mass offset %+g%s | %.4f | %.0f %% |\n", deltas[d],
+                   d == best ? " (kept)" : "", kl[2 + d], 100 * agree[2 + d]);
+    const char *who = !loses ? "the fitted maps win" : f > kl[1] && f > kl[0] ? "the fitted maps lose to both"
+                      : f > kl[1] ? "the fitted maps lose to random features" : "the fitted maps lose to topk";
+    char kept[48];
+    if (!select) snprintf(kept, sizeof kept, "as in the file");
+    else if (deltas[best] == PHI_GATE_OFF) snprintf(kept, sizeof kept, "completion off");
+    else snprintf(kept, sizeof kept, "offset %+g", deltas[best]);
+    snprintf(p->verdict, sizeof p->verdict, "%s (fit-phi check on %d held-out tokens: mean KL to full "
+             "%.4f fitted, %s; %.4f random features; %.4f topk at the same budget)", who, n, f, kept,
+             kl[1], kl[0]);
+    printf("verdict: %s\n", p->verdict);
+    if (f > kl[1])   // worse than no map at all
+        fprintf(stderr, "fit-phi: warning: the maps in %s lose to random features on held-out text: use "
+                "--strategy topk+phi without --phi, or fit on more text (--data with several thousand "
+                "tokens after the first --ctx, --ctx 2048, --steps 300)\n", o->out);
+    else if (f > kl[0])
+        fprintf(stderr, "fit-phi: note: topk at the same budget did better on this text (K %d vs %d: the phi "
+                "cache's %d token-equivalents buy more as retrieved tokens at %d tokens)\n", k_topk,
+                k_topk - r_fit, r_fit, n);
+    phi_maps_free(prf);
+    return loses;
 }
 
 int cmd_fit_phi(int argc, char **argv) {
@@ -320,7 +469,7 @@ int cmd_fit_phi(int argc, char **argv) {
         return 1;
     }
     const model_config *c = &L.m->cfg;
-    int *ids = NULL, n = fit_tokens(&o, &L, &ids), rc = n < 0;
+    int *ids = NULL, total = 0, n = fit_tokens(&o, &L, &ids, &total), rc = n < 0;
     int d_phi = o.d_phi ? o.d_phi : c->head_dim, start = 0;
     phi_maps *p = phi_maps_mlp(c->n_layer, c->n_head, c->n_kv_head, c->head_dim, c->head_dim,
                                2 * c->head_dim, d_phi);
@@ -328,69 +477,89 @@ int cmd_fit_phi(int argc, char **argv) {
     char prog[4096], key[512], err[512];
     snprintf(prog, sizeof prog, "%s.progress", o.out);
     progress_key(key, sizeof key, &o, L.path, d_phi);
-    if (!rc && o.recal) {   // the maps to recalibrate, checked against the model
+    if (!rc && (o.recal || o.verify)) {   // the maps to recalibrate or verify, checked against the model
         phi_maps *old = phi_maps_load(o.out, err, sizeof err);
-        if (old && (old->kind != PHI_MLP || old->n_layer != c->n_layer || old->n_head != c->n_head ||
-                    old->n_kv_head != c->n_kv_head || old->d_in != c->head_dim)) {
+        if (old && ((o.recal && old->kind != PHI_MLP) || old->n_layer != c->n_layer ||
+                    old->n_head != c->n_head || old->n_kv_head != c->n_kv_head || old->d_in != c->head_dim)) {
             snprintf(err, sizeof err, "'%s' holds no fitted maps for this model", o.out);
             phi_maps_free(old);
             old = NULL;
         }
         if (!old) {
-            fprintf(stderr, "sift: error: fit-phi --recalibrate: %s\n", err);
+            fprintf(stderr, "sift: error: fit-phi %s: %s\n", o.recal ? "--recalibrate" : "--verify", err);
             rc = 1;
         } else {
             phi_maps_free(p);
             p = old;
+            if (o.verify) start = c->n_layer;   // nothing to fit
         }
-    } else if (!rc && (start = resume_point(prog, key, &o, &p)) > 0)
-        fprintf(stderr, "fit-phi: resuming %s at layer %d (from %s)\n", o.out, start + 1, prog);
+    } else if (!rc && (start = resume_point(prog, key, &o, &p)) > 0) {
+        if (start < c->n_layer)
+            fprintf(stderr, "fit-phi: resuming %s at layer %d (from %s)\n", o.out, start + 1, prog);
+        else
+            fprintf(stderr, "fit-phi: resuming %s: every layer is fitted, the check is left (%s)\n",
+                    o.out, prog);
+    }
     if (o.positions == 0) o.positions = c->ctx_len;   // default: every position the model takes
     fit_log g = {0};
     g.inv_freq = c->inv_freq, g.neox = c->rope == ROPE_NEOX;
     g.shift_max = o.positions > n ? o.positions - n : 0;
-    double *kl = xcalloc(8 * (size_t)c->n_layer, sizeof(double));   // per layer: fit_layer's
-    if (!rc) {
+    double *kl = xcalloc(FIT_NQ * (size_t)c->n_layer, sizeof(double));   // per layer: fit_layer's
+    if (!rc && start < c->n_layer) {
         fprintf(stderr, "fit-phi: logging queries and keys of %d tokens of %s (full prefill)\n", n, o.data);
         fit_collect(L.m, ids, n, &o, &g);
     }
     for (int l = start; l < c->n_layer && !rc; l++) {
         p->n_ctx = n + g.shift_max;   // the positions the maps were shown
-        fit_layer(p, prf, &g, l, &o, kl + 8 * l);
+        fit_layer(p, prf, &g, l, &o, kl + FIT_NQ * l);
         FILE *fp = NULL;
         if (phi_maps_save(p, o.out, err, sizeof err) != 0 || !(fp = fopen(prog, "w"))) {
-            fprintf(stderr, "\nsift: error: fit-phi: %s\n", fp ? err : strerror(errno));
+            fprintf(stderr, "%ssift: error: fit-phi: %s\n", isatty(2) ? "\n" : "", fp ? err : strerror(errno));
             rc = 1;
         } else {
             fprintf(fp, "%d %s\n", l + 1, key);
             fclose(fp);
         }
     }
-    if (!rc) {
-        remove(prog);
-        fprintf(stderr, "\n");
+    if (!rc && start < c->n_layer) {
+        if (isatty(2)) fprintf(stderr, "\n");   // ends the bar's line
         printf("fit-phi: %s (%d layers, %d/%d heads, d_phi %d), %d tokens, %d queries x %d heads,\n"
                "positions shifted by up to %d in training\n"
                "held-out queries: KL(full || maps) over the mid region, and the log-mass bias\n"
                "LSE(r^) - LSE(r) of the remainder after the top %g of keys (what decode estimates);\n"
-               "at the logged positions and shifted by %d (far)\n"
+               "at the logged positions and shifted by %d (far); then the gate's count of query heads\n"
+               "whose completion it turned off (their decode step was closer to full without it)\n"
                "| layer | KL fitted | KL random | bias fitted | bias random | KL fitted far | "
-               "KL random far | bias fitted far | bias random far |\n"
-               "|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+               "KL random far | bias fitted far | bias random far | heads off |\n"
+               "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
                o.out, c->n_layer, c->n_head, c->n_kv_head, d_phi, n, g.n_q, c->n_head, g.shift_max,
                o.cal, g.shift_max);
-        double mean[8] = {0};
+        double mean[FIT_NQ] = {0};
         for (int l = start; l <= c->n_layer; l++) {   // the last row: the mean
-            const double *q = l < c->n_layer ? kl + 8 * l : mean;
+            const double *q = l < c->n_layer ? kl + FIT_NQ * l : mean;
             if (l < c->n_layer) printf("| %d ", l);
             else printf("| mean ");
-            printf("| %.4f | %.4f | %+.3f | %+.3f | %.4f | %.4f | %+.3f | %+.3f |\n", q[0], q[1],
-                   q[2], q[3], q[4], q[5], q[6], q[7]);
-            for (int i = 0; i < 8 && l < c->n_layer; i++) mean[i] += q[i] / (c->n_layer - start);
+            printf("| %.4f | %.4f | %+.3f | %+.3f | %.4f | %.4f | %+.3f | %+.3f | %.*f |\n", q[0], q[1],
+                   q[2], q[3], q[4], q[5], q[6], q[7], l < c->n_layer ? 0 : 2, q[8]);
+            for (int i = 0; i < FIT_NQ && l < c->n_layer; i++) mean[i] += q[i] / (c->n_layer - start);
         }
     }
-    for (int l = 0; g.q && l < c->n_layer; l++) free(g.q[l]), free(g.k[l]);
-    free(g.q), free(g.k), free(g.qpos), free(kl), free(ids);
+    for (int l = 0; g.q && l < c->n_layer; l++) free(g.q[l]), free(g.k[l]), free(g.v[l]);
+    free(g.q), free(g.k), free(g.v), free(g.qpos), free(kl);
+    if (!rc && o.check > 0) {   // held out: the tokens after the fit's, BOS first when the model wants one
+        int bos = tok_add_bos(L.t) && tok_bos(L.t) >= 0, n_held = total - n + bos;
+        int *held = xmalloc((size_t)n_held * sizeof(int));
+        if (bos) held[0] = tok_bos(L.t);
+        memcpy(held + bos, ids + n, (size_t)(total - n) * sizeof(int));
+        fit_check(L.m, p, held, n_held, n, &o, !o.verify);
+        free(held);
+        if (phi_maps_save(p, o.out, err, sizeof err) != 0) {
+            fprintf(stderr, "sift: error: fit-phi: %s\n", err);
+            rc = 1;
+        }
+    }
+    if (!rc && !o.verify) remove(prog);   // only now: an interrupted check resumes after the last layer
+    free(ids);
     phi_maps_free(p);
     phi_maps_free(prf);
     cli_unload(&L);

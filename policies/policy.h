@@ -44,7 +44,7 @@ typedef struct strategy_opts {
 // What a prefill reports besides the cache and logits.
 typedef struct prefill_info {
     long rows_done;         // prompt rows processed summed over layers (full: n * L)
-    char note[200];         // set when the prompt ran a degenerate form ("too short: ran full")
+    char note[400];         // set when the prompt ran a degenerate form ("too short: ran full")
     // Optional: hooks every decode step must run with (zero: none; their ctx may live in the
     // cache's side data), how to free their ctx after the last step (may be NULL), and a report
     // of decode work appended to the run's note at the end (may be NULL). Whoever decodes after
@@ -129,7 +129,7 @@ typedef struct run_stats {
     double decode_ms;      // time of those passes and their sampling
     size_t kv_bytes;       // measured from the cache after prefill
     long rows_done;        // prefill rows processed summed over layers
-    char note[400];        // the strategy's remark on this prompt (degenerate form) + decode report
+    char note[800];        // the strategy's remark on this prompt (degenerate form) + decode report
 } run_stats;
 
 // Called with each generated token; return non-zero to stop after it.

@@ -199,8 +199,11 @@ static kv_cache *topk_run(model *m, const int *ids, int n, int n_gen, const stra
     // The maps see post-RoPE vectors: past the positions of their fit they extrapolate
     // (bench/EVAL.md measures the remainder mass overestimated e^5 at 2x, e^11 at 4x).
     if (maps && maps->n_ctx > 0 && n > maps->n_ctx && w > 0 && (size_t)w < sizeof info->note)
-        snprintf(info->note + w, sizeof info->note - w, ", fitted on %d tokens: prompt of %d is "
-                 "beyond them", maps->n_ctx, n);
+        w += snprintf(info->note + w, sizeof info->note - w, ", fitted on %d tokens: prompt of %d is "
+                      "beyond them", maps->n_ctx, n);
+    if (maps && o->phi_path && w > 0 && (size_t)w < sizeof info->note)   // fit-phi's recorded check
+        snprintf(info->note + w, sizeof info->note - w, "; %s", maps->verdict[0] ? maps->verdict
+                 : "no fit-phi verdict in the file (fitted before the end-to-end check)");
     return kv;
 }
 
@@ -280,16 +283,26 @@ static void decode_from(model *m, kv_cache *kv, int np, int pos0, int id_np, con
     for (int l = 0; l < kv->n_layer; l++) kv->layers[l].len = np;
 }
 
-int topk_compare(model *m, const int *ids, int n, int pos0, int sink, int tail, int rows,
-                 const topk_variant *v, int n_v, double *kl, double *agree, int *full_tok,
-                 int n_free, int *free_tok, char *err, size_t errlen) {
+struct topk_cmp {
+    model *m;
+    kv_cache *kv;
+    const int *ids;
+    int np, pos0, sink, tail, rows, n_free;
+    float *ref, *got;   // (rows, vocab) full's rows; (steps, vocab) scratch
+    int *full_tok, *full_free, *toks;
+};
+
+topk_cmp *topk_cmp_begin(model *m, const int *ids, int n, int pos0, int sink, int tail, int rows,
+                         int n_free, char *err, size_t errlen) {
     int np = n - 1, vocab = m->cfg.vocab, steps = rows > n_free ? rows : n_free;
-    if (!fwd_can_select(m))
-        return err_printf(err, errlen, "top-K decode attention is not available on the %s backend",
-                          m->bk->name);
-    if (np - sink - tail < 1 || rows < 1)
-        return err_printf(err, errlen, "prompt of %d tokens has no mid region (sink %d + tail %d)",
-                          n, sink, tail);
+    if (!fwd_can_select(m)) {
+        err_printf(err, errlen, "top-K decode attention is not available on the %s backend", m->bk->name);
+        return NULL;
+    }
+    if (np - sink - tail < 1 || rows < 1) {
+        err_printf(err, errlen, "prompt of %d tokens has no mid region (sink %d + tail %d)", n, sink, tail);
+        return NULL;
+    }
     int L = m->cfg.n_layer, *caps = xmalloc((size_t)L * sizeof(int)), *pos = xmalloc((size_t)n * sizeof(int));
     for (int l = 0; l < L; l++) caps[l] = n + steps;
     for (int i = 0; i < np; i++) pos[i] = pos0 + i;
@@ -297,35 +310,44 @@ int topk_compare(model *m, const int *ids, int n, int pos0, int sink, int tail, 
     free(caps);
     if (!kv) {
         free(pos);
-        return -1;
+        return NULL;
     }
-    float *ref = xmalloc((size_t)rows * vocab * sizeof(float));
-    float *got = xmalloc((size_t)steps * vocab * sizeof(float));
-    int *toks = xmalloc((size_t)steps * sizeof(int));
+    topk_cmp *c = xcalloc(1, sizeof *c);
+    *c = (topk_cmp){m, kv, ids, np, pos0, sink, tail, rows, n_free,
+                    xmalloc((size_t)rows * vocab * sizeof(float)), xmalloc((size_t)steps * vocab * sizeof(float)),
+                    xmalloc((size_t)rows * sizeof(int)), xcalloc((size_t)n_free + 1, sizeof(int)),
+                    xmalloc((size_t)steps * sizeof(int))};
     fwd_run(m, kv, ids, pos, np, NULL, NULL, 0);
     free(pos);
-    decode_from(m, kv, np, pos0, ids[np], NULL, rows, NULL, ref, full_tok);
-    if (n_free > 0) {
-        decode_from(m, kv, np, pos0, ids[np], NULL, n_free, NULL, got, toks);
-        memcpy(free_tok, toks, (size_t)n_free * sizeof(int));
+    decode_from(m, kv, np, pos0, ids[np], NULL, rows, NULL, c->ref, c->full_tok);
+    if (n_free > 0) decode_from(m, kv, np, pos0, ids[np], NULL, n_free, NULL, c->got, c->full_free);
+    return c;
+}
+
+const int *topk_cmp_full(const topk_cmp *c, int free_run) { return free_run ? c->full_free : c->full_tok; }
+
+void topk_cmp_run(topk_cmp *c, const phi_maps *maps, int k, double *kl, double *agree, int *free_tok) {
+    int vocab = c->m->cfg.vocab;
+    kv_cache *kv = c->kv;
+    topk_state *t = topk_attach(c->m, kv, c->np, c->sink, c->tail, k, (phi_maps *)maps, 0);
+    fwd_hooks h = {.ctx = t, .attention = topk_attention};
+    decode_from(c->m, kv, c->np, c->pos0, c->ids[c->np], c->full_tok, c->rows, &h, c->got, c->toks);
+    *agree = 0;
+    for (int r = 0; r < c->rows; r++) {
+        kl[r] = kl_logits(c->ref + (size_t)r * vocab, c->got + (size_t)r * vocab, vocab);
+        *agree += (c->toks[r] == c->full_tok[r]) / (double)c->rows;
     }
-    for (int i = 0; i < n_v; i++) {
-        topk_state *t = topk_attach(m, kv, np, sink, tail, v[i].k, (phi_maps *)v[i].maps, 0);
-        fwd_hooks h = {.ctx = t, .attention = topk_attention};
-        decode_from(m, kv, np, pos0, ids[np], full_tok, rows, &h, got, toks);
-        agree[i] = 0;
-        for (int r = 0; r < rows; r++) {
-            kl[(size_t)i * rows + r] = kl_logits(ref + (size_t)r * vocab, got + (size_t)r * vocab, vocab);
-            agree[i] += (toks[r] == full_tok[r]) / (double)rows;
-        }
-        if (n_free > 0) {
-            decode_from(m, kv, np, pos0, ids[np], NULL, n_free, &h, got, toks);
-            memcpy(free_tok + (size_t)(i + 1) * n_free, toks, (size_t)n_free * sizeof(int));
-        }
-        kv->side_free(kv->side);
-        kv->side = NULL, kv->side_free = NULL, kv->side_bytes = 0;
+    if (c->n_free > 0 && free_tok) {
+        decode_from(c->m, kv, c->np, c->pos0, c->ids[c->np], NULL, c->n_free, &h, c->got, c->toks);
+        memcpy(free_tok, c->toks, (size_t)c->n_free * sizeof(int));
     }
-    kv_free(kv);
-    free(ref), free(got), free(toks);
-    return 0;
+    kv->side_free(kv->side);
+    kv->side = NULL, kv->side_free = NULL, kv->side_bytes = 0;
+}
+
+void topk_cmp_end(topk_cmp *c) {
+    if (!c) return;
+    kv_free(c->kv);
+    free(c->ref), free(c->got), free(c->full_tok), free(c->full_free), free(c->toks);
+    free(c);
 }

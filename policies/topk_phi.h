@@ -4,18 +4,19 @@
 #include "../attn/phi.h"
 #include "../model/forward.h"
 
-typedef struct topk_variant {
-    const phi_maps *maps;   // NULL: `topk` (selection only); borrowed
-    int k;                  // retrieved mid entries per query head
-} topk_variant;
-
 // One prefill of ids[0..n-1) at positions pos0.. (RoPE is relative: a shift changes no score,
-// only the angles the maps see), then decode from it, rewinding the cache between runs:
-// full attention runs `rows` steps (the prompt's last token, then its own greedy tokens,
-// full_tok (rows,)); every variant runs the same tokens (forced), kl (n_v, rows) =
-// KL(full || variant) per row, agree (n_v,) = share of rows whose argmax is full's. With
-// n_free > 0, free_tok ((n_v + 1), n_free): full's and then each variant's own greedy tokens.
-// Regions as topk+phi's (sink, tail of the n - 1 prefilled tokens). 0, or -1 with err.
-int topk_compare(model *m, const int *ids, int n, int pos0, int sink, int tail, int rows,
-                 const topk_variant *v, int n_v, double *kl, double *agree, int *full_tok,
-                 int n_free, int *free_tok, char *err, size_t errlen);
+// only the angles the maps see); then full attention decodes `rows` steps (the prompt's last
+// token, then its own greedy tokens) and, with n_free > 0, n_free free greedy steps. Regions as
+// topk+phi's (sink, tail of the n - 1 prefilled tokens). NULL + err when it cannot run.
+typedef struct topk_cmp topk_cmp;
+topk_cmp *topk_cmp_begin(model *m, const int *ids, int n, int pos0, int sink, int tail, int rows,
+                         int n_free, char *err, size_t errlen);
+// Full's greedy tokens: the forced ones (rows,), or (free_run) its free ones (n_free,).
+const int *topk_cmp_full(const topk_cmp *c, int free_run);
+// Decodes from the shared prefill with top-k retrieval (k mid entries per query head) and,
+// with maps (borrowed; NULL: `topk`), their completion: full's tokens forced, kl (rows,) =
+// KL(full || this) per row, *agree = share of rows whose argmax is full's; free_tok (n_free,)
+// (may be NULL) = its own greedy tokens. The cache is rewound after each run, so maps may be
+// changed between runs.
+void topk_cmp_run(topk_cmp *c, const phi_maps *maps, int k, double *kl, double *agree, int *free_tok);
+void topk_cmp_end(topk_cmp *c);

@@ -29,7 +29,7 @@
 //     --set keys: sink, tail, topk, budget, phi (a path). --greedy N instead of --cont: the
 //     continuation is N greedy tokens (argmax of the previous row).
 //   tool_phi compare MODEL ROWS NFREE POS0 VARIANT... -- ID...
-//     topk_compare (policies/topk_phi.h) on the ids at positions POS0..; VARIANT = topk:K,
+//     topk_cmp (policies/topk_phi.h) on the ids at positions POS0..; VARIANT = topk:K,
 //     prf:K (random features) or PHI_FILE:K:DELTA (fitted maps, log phi_q shifted by DELTA).
 //     Prints one JSON object: full's forced tokens and free tokens, and per variant its KL per
 //     row, greedy agreement and free tokens.
@@ -58,7 +58,7 @@ static int attend(const char *in, const char *outp) {
     int h[10];
     read_exact(fp, h, sizeof h);
     int hd = h[1], n = h[5], n_sel = h[6], n_sub = h[7], lo = h[8], hi = h[9];
-    phi_maps *p = phi_maps_alloc(&(phi_maps){h[0], 1, 1, 1, hd, h[2], h[3], h[4], NULL, NULL, 0});
+    phi_maps *p = phi_maps_alloc(&(phi_maps){h[0], 1, 1, 1, hd, h[2], h[3], h[4], NULL, NULL, 0, ""});
     int np = phi_n_par(p), f = p->d_phi;
     float *q = xmalloc(hd * sizeof(float)), *k = xmalloc((size_t)n * hd * sizeof(float));
     float *v = xmalloc((size_t)n * hd * sizeof(float));
@@ -372,7 +372,10 @@ static int decode(int argc, char **argv) {
 
 static int compare_cmd(int argc, char **argv) {
     int rows = atoi(argv[3]), n_free = atoi(argv[4]), pos0 = atoi(argv[5]), a = 6, n_v = 0;
-    topk_variant v[32];
+    struct {
+        const phi_maps *maps;
+        int k;
+    } v[32];
     phi_maps *own[32] = {0};
     char err[512];
     backend *bk = backend_cpu_create(0, tool_weights());
@@ -387,10 +390,10 @@ static int compare_cmd(int argc, char **argv) {
         char path[1024];
         float delta = 0;
         int k = 0;
-        if (sscanf(argv[a], "topk:%d", &k) == 1) v[n_v] = (topk_variant){NULL, k};
+        if (sscanf(argv[a], "topk:%d", &k) == 1) v[n_v] = (__typeof__(v[0])){NULL, k};
         else if (sscanf(argv[a], "prf:%d", &k) == 1) {
             own[n_v] = phi_maps_prf(c->n_layer, c->n_head, c->n_kv_head, c->head_dim, c->head_dim, 0x5EED);
-            v[n_v] = (topk_variant){own[n_v], k};
+            v[n_v] = (__typeof__(v[0])){own[n_v], k};
         } else if (sscanf(argv[a], "%1023[^:]:%d:%f", path, &k, &delta) == 3) {
             own[n_v] = phi_maps_load(path, err, sizeof err);
             if (!own[n_v]) {
@@ -398,7 +401,7 @@ static int compare_cmd(int argc, char **argv) {
                 return 1;
             }
             if (delta != 0) phi_maps_shift_q(own[n_v], delta);
-            v[n_v] = (topk_variant){own[n_v], k};
+            v[n_v] = (__typeof__(v[0])){own[n_v], k};
         } else {
             fprintf(stderr, "bad variant %s\n", argv[a]);
             return 2;
@@ -408,10 +411,16 @@ static int compare_cmd(int argc, char **argv) {
     for (int i = 0; i < n; i++) ids[i] = atoi(argv[a + 1 + i]);
     double *kl = xmalloc((size_t)(n_v ? n_v : 1) * rows * sizeof(double)), agree[32];
     int *full = xmalloc((size_t)rows * sizeof(int)), *fr = xmalloc((size_t)(n_v + 1) * (n_free + 1) * sizeof(int));
-    if (topk_compare(m, ids, n, pos0, 4, 16, rows, v, n_v, kl, agree, full, n_free, fr, err, sizeof err)) {
+    topk_cmp *cmp = topk_cmp_begin(m, ids, n, pos0, 4, 16, rows, n_free, err, sizeof err);
+    if (!cmp) {
         fprintf(stderr, "%s\n", err);
         return 1;
     }
+    memcpy(full, topk_cmp_full(cmp, 0), (size_t)rows * sizeof(int));
+    memcpy(fr, topk_cmp_full(cmp, 1), (size_t)n_free * sizeof(int));
+    for (int i = 0; i < n_v; i++)
+        topk_cmp_run(cmp, v[i].maps, v[i].k, kl + (size_t)i * rows, &agree[i], fr + (size_t)(i + 1) * n_free);
+    topk_cmp_end(cmp);
     printf("{\"full_tok\": [");
     for (int r = 0; r < rows; r++) printf("%s%d", r ? ", " : "", full[r]);
     printf("], \"full_free\": [");
