@@ -101,8 +101,10 @@ void phi_summary_free(phi_summary *s);
 // Decode attention of one query head (fp32). q (hd,) . K (n_sel rows idx[]) -> y (hd,):
 // the exact set E = rows idx[0..n_sel) of k, v (row stride hd); without completion
 // y = softmax over E @ v. With a summary s of a region R0 (and c's maps, q parameters par_q,
-// k parameters par_k) holding idx[0..n_sub): the rest R0 \ idx[0..n_sub) is estimated from s
-// minus the retrieved rows, and merged with E by one normalisation in the log domain.
+// k parameters par_k) holding idx[0..n_sub), R0's top n_sub by score: the rest R0 \ idx[0..n_sub)
+// is estimated from s minus the retrieved rows, its mass clamped to the top-K bound
+// (s->n - n_sub) exp(lowest retrieved score) [D], and merged with E by one normalisation in the
+// log domain.
 void phi_attend_head(float *y, const float *q, const float *k, const float *v, const int *idx,
                      int n_sel, int hd, int n_sub, const phi_maps *p, const float *par_q,
                      const float *par_k, const phi_summary *s);
@@ -154,7 +156,7 @@ void phi_fit_calibrate(const phi_maps *p, float *theta, const phi_fit_set *d, co
 // completion off, decode as topk) whose decode step is closest to full attention over queries
 // sel: exact = the sink [0, lo), the tail [end, end + tail) and the top ceil(frac * n) of the
 // support by true score, the rest estimated as decode does (the student kernel summed over it,
-// times e^offset); error = |y - y_full|^2 / |y_full|^2 summed over the queries and over positions
+// times e^offset, clamped to the top-K bound); error = |y - y_full|^2 / |y_full|^2 summed over the queries and over positions
 // shifted by 0, 1/3, 2/3 and all of shift_max. v (n_keys, hd): the values. Adds each head's
 // offset to its output bias; chosen (group,) (may be NULL) receives them.
 #define PHI_N_GATE 9

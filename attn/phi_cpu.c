@@ -253,8 +253,9 @@ size_t phi_summary_memo_bytes(const phi_summary *s, int d_phi) {
 }
 
 // log Z_E and y_E = softmax(s_E) @ v over the exact set
+// Returns log Z_E; *smin (may be NULL) = the lowest score among the first n_sub entries.
 static float exact_part(float *y, const float *q, const float *k, const float *v, const int *idx,
-                        int n, int hd) {
+                        int n, int hd, int n_sub, float *smin) {
     float sc[n], mx = -INFINITY, scale = 1.0f / sqrtf((float)hd);
     for (int i = 0; i < n; i++) {   // q (hd,) . K (n, hd) -> s (n,)
         const float *ki = k + (size_t)idx[i] * hd;
@@ -262,6 +263,10 @@ static float exact_part(float *y, const float *q, const float *k, const float *v
         for (int j = 0; j < hd; j++) dot += q[j] * ki[j];
         sc[i] = dot * scale;
         mx = sc[i] > mx ? sc[i] : mx;
+    }
+    if (smin) {
+        *smin = INFINITY;
+        for (int i = 0; i < n_sub && i < n; i++) *smin = sc[i] < *smin ? sc[i] : *smin;
     }
     double z = 0;
     double acc[hd];
@@ -326,13 +331,17 @@ static float completion_part(float *y, const float *q, const float *k, const flo
 void phi_attend_head(float *y, const float *q, const float *k, const float *v, const int *idx,
                      int n_sel, int hd, int n_sub, const phi_maps *p, const float *par_q,
                      const float *par_k, const phi_summary *s) {
-    float ye[hd], yr[hd];
-    float lze = n_sel > 0 ? exact_part(ye, q, k, v, idx, n_sel, hd) : -INFINITY;
+    float ye[hd], yr[hd], smin = INFINITY;
+    float lze = n_sel > 0 ? exact_part(ye, q, k, v, idx, n_sel, hd, n_sub, &smin) : -INFINITY;
     if (!s || s->n <= n_sub) {   // nothing left to estimate: selection only, renormalised
         for (int j = 0; j < hd; j++) y[j] = n_sel > 0 ? ye[j] : 0.0f;
         return;
     }
     float lzr = completion_part(yr, q, k, v, idx, n_sub, hd, p, par_q, par_k, s);
+    // [D] The top-K bound: the first n_sub entries are the region's top K by exact score, so each
+    // of the s->n - n_sub left has a score <= the lowest of them: Z_R <= (n - n_sub) e^smin. An
+    // estimate above that bound is wrong by construction; it is clamped to it.
+    if (n_sub > 0) lzr = fminf(lzr, logf((float)(s->n - n_sub)) + smin);
     float mx = lze > lzr ? lze : lzr;   // (N_E + N^_R) / (Z_E + Z^_R), weights exp(log Z - M*)
     float we = n_sel > 0 ? expf(lze - mx) : 0.0f, wr = expf(lzr - mx);
     for (int j = 0; j < hd; j++) y[j] = (we * (n_sel > 0 ? ye[j] : 0.0f) + wr * yr[j]) / (we + wr);

@@ -109,7 +109,7 @@ void phi_summary_cuda(float *m, float *u, float *t, const float *F, const void *
 __global__ void phi_select_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int cap,
                                   int heads, int n_kv, int hd, const int *sel, int n_sel, int n_sub,
                                   const float *lq, float *fsel, const float *m, const float *u,
-                                  const float *t, int d_phi, float *work) {
+                                  const float *t, int d_phi, int n_region, float *work) {
     __shared__ float red[32];
     extern __shared__ float sh[];
     int h = blockIdx.x, g = h / (heads / n_kv);
@@ -118,15 +118,17 @@ __global__ void phi_select_kernel(bf16 *out, const bf16 *q, const bf16 *k, const
     float *sc = work + (size_t)h * n_sel, *qs = sh, *ye = qs + hd, *ur = ye + hd, *a = ur + d_phi;
     for (int j = threadIdx.x; j < hd; j += blockDim.x) qs[j] = __bfloat162float(q[(size_t)h * hd + j]);
     __syncthreads();
-    float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY, z = 0;
+    float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY, z = 0, mn = INFINITY;
     for (int i = threadIdx.x; i < n_sel; i += blockDim.x) {   // q (hd,) . K (n_sel rows) -> sc
         const bf16 *ki = kg + (size_t)s[i] * hd;
         float dot = 0;
         for (int j = 0; j < hd; j++) dot += qs[j] * __bfloat162float(ki[j]);
         sc[i] = dot * scale;
         mx = fmaxf(mx, sc[i]);
+        if (i < n_sub) mn = fminf(mn, sc[i]);   // the lowest retrieved score (the top-K bound)
     }
     mx = block_reduce(mx, red, 1);
+    mn = -block_reduce(-mn, red, 1);
     for (int i = threadIdx.x; i < n_sel; i += blockDim.x) z += (sc[i] = expf(sc[i] - mx));
     z = block_reduce(z, red, 0);   // its barrier also publishes sc to the block
     for (int j = threadIdx.x; j < hd; j += blockDim.x) {   // softmax (n_sel,) @ V -> y_E
@@ -154,7 +156,9 @@ __global__ void phi_select_kernel(bf16 *out, const bf16 *q, const bf16 *k, const
     amax = block_reduce(amax, red, 1);
     for (int f = threadIdx.x; f < d_phi; f += blockDim.x) za += expf(a[f] - amax);
     za = block_reduce(za, red, 0);
-    float lzr = amax + logf(za), mxx = fmaxf(lze, lzr);
+    float lzr = amax + logf(za);
+    if (n_sub > 0) lzr = fminf(lzr, logf((float)(n_region - n_sub)) + mn);   // Z_R <= (n - K) e^smin
+    float mxx = fmaxf(lze, lzr);
     float we = n_sel > 0 ? expf(lze - mxx) : 0.0f, wr = expf(lzr - mxx);
     // y^_R = softmax_f(a) @ (T~_R / u~_R) as completion_part reassociates it: with
     // c_f = exp(a_f - amax) / u~_R[f] (into a) and d_i = sum_f c_f E_if (into sc, free since y_E),
@@ -178,10 +182,10 @@ __global__ void phi_select_kernel(bf16 *out, const bf16 *q, const bf16 *k, const
 void phi_select_cuda(void *out, const void *q, const void *k, const void *v, int cap, int heads,
                      int n_kv, int hd, const int *sel, int n_sel, int n_sub, const float *lq,
                      float *fsel, const float *m, const float *u, const float *t, int d_phi,
-                     float *work, cudaStream_t stream) {
+                     int n_region, float *work, cudaStream_t stream) {
     size_t shared = (size_t)(2 * hd + 2 * (lq ? d_phi : 0)) * sizeof(float);
     phi_select_kernel<<<heads, PHI_THREADS, shared, stream>>>(
         (bf16 *)out, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, cap, heads, n_kv, hd, sel,
-        n_sel, n_sub, lq, fsel, m, u, t, d_phi, work);
+        n_sel, n_sub, lq, fsel, m, u, t, d_phi, n_region, work);
     CUDA_LAUNCHED(phi_select_kernel);
 }

@@ -28,8 +28,9 @@ void phi_summary_cuda(float *m, float *u, float *t, const float *F, const void *
 // sel[h * n_sel .. + n_sel) of its KV head in k, v (n_kv, cap, hd) bf16. Completion when lq is
 // not NULL: lq (heads, d_phi) = log phi_q(q); fsel (heads, n_sub, d_phi) = log phi_k of each
 // head's first n_sub selected keys (overwritten); m, u, t the KV heads' summaries of a region
-// holding those n_sub entries. work: heads * n_sel floats.
+// of n_region entries holding those n_sub entries, its top n_sub by score (phi_attend_head's
+// top-K bound clamps the estimate). work: heads * n_sel floats.
 void phi_select_cuda(void *out, const void *q, const void *k, const void *v, int cap, int heads,
                      int n_kv, int hd, const int *sel, int n_sel, int n_sub, const float *lq,
                      float *fsel, const float *m, const float *u, const float *t, int d_phi,
-                     float *work, cudaStream_t stream);
+                     int n_region, float *work, cudaStream_t stream);

@@ -370,7 +370,9 @@ void phi_fit_gate(const phi_maps *p, float *theta, const phi_fit_set *d, const f
             for (int x = 0; x < last; x++) s[x] = dot_scaled(q, K + (size_t)x * hd, hd), b = fmax(b, s[x]);
             for (int x = 0; x < last; x++) exact[x] = x < d->lo || x >= end, sf[x] = (float)s[x];
             int got = score_topk(sf + d->lo, n_mid, kk, top);
-            for (int j = 0; j < got; j++) exact[d->lo + top[j]] = 1;
+            double smin = INFINITY;   // decode's top-K bound: Z_R <= (n_mid - K) e^smin
+            for (int j = 0; j < got; j++) exact[d->lo + top[j]] = 1, smin = fmin(smin, s[d->lo + top[j]]);
+            double bound = (n_mid - got) * exp(smin - b);
             // exact set E, true remainder R, and the maps' estimate of R (the student kernel
             // summed over R: what the summary minus the retrieved keys gives), all scaled by e^-b
             double ze = 0, zr = 0, zh = 0;
@@ -389,8 +391,8 @@ void phi_fit_gate(const phi_maps *p, float *theta, const phi_fit_set *d, const f
             }
             double yt[hd], norm = 0;
             for (int c = 0; c < hd; c++) yt[c] = (ne[c] + nr[c]) / (ze + zr), norm += yt[c] * yt[c];
-            for (int g = 0; g < PHI_N_GATE; g++) {
-                double m = exp(PHI_GATE_DELTAS[g]), e2 = 0;
+            for (int g = 0; g < PHI_N_GATE; g++) {   // estimate e^delta zh, clamped to the bound
+                double zg = fmin(exp(PHI_GATE_DELTAS[g]) * zh, bound), m = zh > 0 ? zg / zh : 0, e2 = 0;
                 for (int c = 0; c < hd; c++) {
                     double y = (ne[c] + m * nh[c]) / (ze + m * zh) - yt[c];
                     e2 += y * y;

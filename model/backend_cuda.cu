@@ -821,7 +821,7 @@ static void cuda_attn_select(backend *b, void *out, const void *q, int heads, co
     const phi_maps *p = comp ? comp->maps : NULL;
     if (!p || comp->sum[0].n <= n_sub) {   // nothing left to estimate: selection only
         phi_select_cuda(out, q, L->k, L->v, L->cap, heads, nkv, hd, dsel, n_sel, 0, NULL, NULL,
-                        NULL, NULL, NULL, 0, work, c->stream);
+                        NULL, NULL, NULL, 0, 0, work, c->stream);
         return;
     }
     phi_dims_check(p, hd);
@@ -846,7 +846,7 @@ static void cuda_attn_select(backend *b, void *out, const void *q, int heads, co
     }
     const float *d = (const float *)stage(c, STAGE_SUM, h, (size_t)nkv * per * sizeof(float));
     phi_select_cuda(out, q, L->k, L->v, L->cap, heads, nkv, hd, dsel, n_sel, n_sub, lq, fsel, d,
-                    d + (size_t)nkv * f, d + (size_t)2 * nkv * f, f, work, c->stream);
+                    d + (size_t)nkv * f, d + (size_t)2 * nkv * f, f, comp->sum[0].n, work, c->stream);
     free(rows), free(of), free(h);
 }
 

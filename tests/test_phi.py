@@ -92,10 +92,16 @@ def reference(kind, shape, par_q, par_k, q, K, V, sel, n_sub, lo, hi):
     a = lq + m + np.log(u_r)
     log_zr = lse(a)
     y_r = np.exp(a - log_zr) @ (T_r / u_r[:, None])                                  # N^_R / Z^_R
+    # the retrieved entries are R0's top n_sub by score, so the rest sum to at most
+    # (|R0| - n_sub) exp(lowest retrieved score)
+    bound = math.log(hi - lo - n_sub) + s[:n_sub].min() if n_sub and hi - lo > n_sub else math.inf
+    bounded = log_zr > bound
+    log_zr = min(log_zr, bound)
     mstar = max(log_ze, log_zr)
     we, wr = math.exp(log_ze - mstar), math.exp(log_zr - mstar)
     y = (we * y_e + wr * y_r) / (we + wr)
-    return dict(lq=lq, m=m, u=u, T=T, y=y, y_topk=y_e, clamped=int((u_r_raw < EPS).sum()))
+    return dict(lq=lq, m=m, u=u, T=T, y=y, y_topk=y_e, clamped=int((u_r_raw < EPS).sum()),
+                bounded=bounded)
 
 
 def run_tool(tmp_path, kind, shape, par_q, par_k, q, K, V, sel, n_sub, lo, hi):
@@ -136,9 +142,15 @@ def random_case(rng, kind, n=160, d=16, e=16, h=32, f=24, lo=4, tail=12, n_sub=1
     K = rng.standard_normal((n, d))
     V = rng.standard_normal((n, d))
     hi = n - tail
-    ret = rng.choice(np.arange(lo, hi), size=n_sub, replace=False)
+    ret = top_of_region(q, K, lo, hi, n_sub)
     sel = np.concatenate([ret, np.arange(lo), np.arange(hi, n)]).astype(np.int32)
     return shape, par_q, par_k, q, K, V, sel, n_sub, lo, hi
+
+
+def top_of_region(q, K, lo, hi, k):
+    """The k entries of [lo, hi) with the largest scores (what decode retrieves)."""
+    s = K[lo:hi].astype(np.float64) @ q.astype(np.float64)
+    return lo + np.argsort(-s, kind="stable")[:k]
 
 
 @pytest.mark.parametrize("kind", [MLP, PRF])
@@ -159,6 +171,22 @@ def test_completion_matches_reference(tmp_path, kind, qscale):
         assert rel_err(ref["y"], ref["y_topk"]) > 1e-3, "the completion must change the output"
 
 
+def test_top_k_bound_clamps_an_overestimate(tmp_path):
+    """A map whose mass estimate is e^40 too large: the remainder's mass is clamped to the bound
+    (|R0| - K) exp(lowest retrieved score), so the output stays between the exact part and the
+    estimated mean instead of collapsing onto the estimate."""
+    rng = np.random.default_rng(21)
+    shape, par_q, par_k, q, K, V, sel, n_sub, lo, hi = random_case(rng, MLP)
+    d, e, h, f = shape
+    par_q = par_q.copy()
+    par_q[-f:] += 40.0   # bo: log phi_q + 40
+    case = (shape, par_q, par_k, q, K, V, sel, n_sub, lo, hi)
+    ref, got = reference(MLP, *case), run_tool(tmp_path, MLP, *case)
+    assert ref["bounded"], "the case must exercise the bound"
+    assert rel_err(got["y"], ref["y"]) <= 1e-4
+    assert rel_err(got["y_memo"], ref["y"]) <= 1e-4
+
+
 def test_single_pass_with_rising_maxima(tmp_path):
     """Keys ordered by growing norm: the running max rises at almost every row (many rescales)."""
     rng = np.random.default_rng(7)
@@ -175,8 +203,11 @@ def test_subtraction_clamp(tmp_path):
     """Retrieving all of R0 but one negligible key drives u~_R below eps for some features."""
     rng = np.random.default_rng(11)
     shape, par_q, par_k, q, K, V, sel, n_sub, lo, hi = random_case(rng, PRF, n=40, lo=4, tail=4)
-    K[lo] *= 12.0   # |x~|^2 / 2 makes this key's features tiny
+    # a long key against q: |x~|^2 / 2 makes its features tiny and its score the region's
+    # lowest, so retrieving every other key is the top K
+    K[lo] = -q / np.linalg.norm(q) * 12.0 * np.linalg.norm(K[lo])
     ret = np.arange(lo + 1, hi)
+    assert set(ret) == set(top_of_region(q, K, lo, hi, len(ret)))
     sel = np.concatenate([ret, np.arange(lo), np.arange(hi, len(K))]).astype(np.int32)
     case = (shape, par_q, par_k, q, K, V, sel, len(ret), lo, hi)
     ref, got = reference(PRF, *case), run_tool(tmp_path, PRF, *case)

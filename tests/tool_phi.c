@@ -28,6 +28,8 @@
 //     ids; OUT = float32 logits (1 + n_cont, vocab): the prefill's, then each decode step's.
 //     --set keys: sink, tail, topk, budget, phi (a path). --greedy N instead of --cont: the
 //     continuation is N greedy tokens (argmax of the previous row).
+//   tool_phi prf MODEL OUT.phi
+//     the random features topk+phi falls back to (seed 0x5EED, d_phi = head dim) as a .phi file.
 //   tool_phi compare MODEL ROWS NFREE POS0 VARIANT... -- ID...
 //     topk_cmp (policies/topk_phi.h) on the ids at positions POS0..; VARIANT = topk:K,
 //     prf:K (random features) or PHI_FILE:K:DELTA (fitted maps, log phi_q shifted by DELTA).
@@ -440,8 +442,31 @@ static int compare_cmd(int argc, char **argv) {
     return 0;
 }
 
+// tool_phi prf MODEL OUT.phi: the random features topk+phi falls back to, as a .phi file.
+static int prf_cmd(const char *model_path, const char *out) {
+    char err[512];
+    gguf_file *f = gguf_open(model_path, err, sizeof err);
+    if (!f) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    backend *bk = backend_cpu_create(0, tool_weights());
+    model *m = model_load_gguf(f, bk, err, sizeof err);
+    if (!m) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    const model_config *c = &m->cfg;
+    phi_maps *p = phi_maps_prf(c->n_layer, c->n_head, c->n_kv_head, c->head_dim, c->head_dim, 0x5EED);
+    int rc = phi_maps_save(p, out, err, sizeof err);
+    if (rc) fprintf(stderr, "%s\n", err);
+    phi_maps_free(p), model_free(m), gguf_close(f), bk->destroy(bk);
+    return rc ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
     if (argc >= 8 && !strcmp(argv[1], "compare")) return compare_cmd(argc, argv);
+    if (argc == 4 && !strcmp(argv[1], "prf")) return prf_cmd(argv[2], argv[3]);
     if (argc == 4 && !strcmp(argv[1], "attend")) return attend(argv[2], argv[3]);
     if (argc == 5 && !strcmp(argv[1], "fit")) return fit(argv[2], argv[3], argv[4]);
     if (argc >= 5 && !strcmp(argv[1], "decode")) return decode(argc, argv);
