@@ -127,8 +127,11 @@ typedef struct phi_fit_set {
     const float *k, *q;
     const int *head, *end;
     // [D] Position augmentation (shift_max > 0): each minibatch rotates every key and query as
-    // RoPE would for positions shifted by one seeded delta in [0, shift_max]. q.k is unchanged
-    // (RoPE is relative) while the maps see the absolute angles of later positions.
+    // RoPE would for positions shifted by one seeded delta in [0, shift_max] (q.k is unchanged:
+    // RoPE is relative; the maps see the absolute angles of later positions), and every other
+    // minibatch the queries by a further seeded amount up to shift_max - delta (the same keys
+    // seen from farther away: the teacher's scores change, the relative distances of a longer
+    // prompt than the logged one).
     const float *inv_freq;   // (hd / 2,) the model's RoPE inverse frequencies
     int rope_neox, shift_max;
 } phi_fit_set;
@@ -149,15 +152,17 @@ int phi_fit_n_keys(const phi_fit_set *d, const int *sel, int nsel);
 // blind to this per-query offset, and the completion adds absolute mass; a margin makes
 // overestimates rare, as the spec's one-sided L_Z and L_fp terms intend). The error is measured
 // where decode uses the maps: over each query's support minus its top ceil(frac * n) keys by
-// true score (frac 0: the whole support).
+// true score (frac 0: the whole support). With d->shift_max > 0: the mean of the biases set at
+// six shifts (keys and queries together by 0, 1/3, 2/3, all of shift_max; queries alone by half
+// and all of it: the distances of a longer prompt).
 void phi_fit_calibrate(const phi_maps *p, float *theta, const phi_fit_set *d, const int *sel,
                        int nsel, double frac, double margin);
 // [D] The gate: per query head, the log-mass offset of PHI_GATE_DELTAS (PHI_GATE_OFF: the
 // completion off, decode as topk) whose decode step is closest to full attention over queries
 // sel: exact = the sink [0, lo), the tail [end, end + tail) and the top ceil(frac * n) of the
 // support by true score, the rest estimated as decode does (the student kernel summed over it,
-// times e^offset, clamped to the top-K bound); error = |y - y_full|^2 / |y_full|^2 summed over the queries and over positions
-// shifted by 0, 1/3, 2/3 and all of shift_max. v (n_keys, hd): the values. Adds each head's
+// times e^offset, clamped to the top-K bound); error = |y - y_full|^2 / |y_full|^2 summed over
+// the queries and the shifts phi_fit_calibrate averages over. v (n_keys, hd): the values. Adds each head's
 // offset to its output bias; chosen (group,) (may be NULL) receives them.
 #define PHI_N_GATE 9
 #define PHI_GATE_OFF (-60.0f)
@@ -179,6 +184,9 @@ double phi_gauss(uint64_t *state);
 // k_out (n_keys, hd), q_out (n_q, hd) = d's keys and queries rotated by RoPE angles delta *
 // inv_freq (pairs (2j, 2j+1), or (j, j + hd/2) when rope_neox).
 void phi_fit_rotate(const phi_fit_set *d, double delta, float *k_out, float *q_out);
+// The same with the keys rotated by dk and the queries by dq (dq > dk: the queries as if
+// dq - dk positions farther from the keys; the scores q.k change accordingly).
+void phi_fit_rotate_pair(const phi_fit_set *d, double dk, double dq, float *k_out, float *q_out);
 // Fits theta with Adam for `steps` minibatches of `batch` queries drawn (seeded) from train
 // (n_train,); on_step (may be NULL) sees each step's loss. Returns the last minibatch loss.
 double phi_fit_run(const phi_maps *p, float *theta, const phi_fit_set *d, const int *train,

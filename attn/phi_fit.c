@@ -268,9 +268,21 @@ static void rotate_rows(float *out, const float *x, int n, int hd, double delta,
 }
 
 void phi_fit_rotate(const phi_fit_set *d, double delta, float *k_out, float *q_out) {
-    rotate_rows(k_out, d->k, d->n_keys, d->hd, delta, d->inv_freq, d->rope_neox);
-    rotate_rows(q_out, d->q, d->n_q, d->hd, delta, d->inv_freq, d->rope_neox);
+    phi_fit_rotate_pair(d, delta, delta, k_out, q_out);
 }
+
+void phi_fit_rotate_pair(const phi_fit_set *d, double dk, double dq, float *k_out, float *q_out) {
+    rotate_rows(k_out, d->k, d->n_keys, d->hd, dk, d->inv_freq, d->rope_neox);
+    rotate_rows(q_out, d->q, d->n_q, d->hd, dq, d->inv_freq, d->rope_neox);
+}
+
+// [D] The shifts the calibration and the gate average over, as fractions of shift_max: keys
+// and queries together (the absolute angles of later positions), and queries alone (the same
+// keys seen from up to shift_max further away: the relative distances of a long prompt, which
+// a fit on --ctx tokens never shows).
+static const double EVAL_SHIFTS[][2] = {{0, 0}, {1 / 3.0, 1 / 3.0}, {2 / 3.0, 2 / 3.0}, {1, 1},
+                                        {0, 0.5}, {0, 1}};
+#define N_EVAL_SHIFTS ((int)(sizeof EVAL_SHIFTS / sizeof *EVAL_SHIFTS))
 
 double phi_fit_run(const phi_maps *p, float *theta, const phi_fit_set *d, const int *train,
                    int n_train, int steps, int batch, float lr, uint64_t seed,
@@ -293,10 +305,15 @@ double phi_fit_run(const phi_maps *p, float *theta, const phi_fit_set *d, const 
             int j = i + (int)((z >> 33) % (uint64_t)(n_train - i)), tmp = pool[i];
             pool[i] = pool[j], pool[j] = tmp;
         }
-        if (shift) {   // this step's positions: all shifted by delta in [0, shift_max]
+        if (shift) {   // this step's positions: all shifted by delta in [0, shift_max], and every
+                       // other step the queries by up to the rest (farther from the keys)
             uint64_t z = (state += 0x9E3779B97F4A7C15ull);
             z = (z ^ (z >> 31)) * 0xBF58476D1CE4E5B9ull;
-            phi_fit_rotate(d, (double)((z >> 33) % ((uint64_t)d->shift_max + 1)), kr, qr);
+            uint64_t delta = (z >> 33) % ((uint64_t)d->shift_max + 1);
+            z = (state += 0x9E3779B97F4A7C15ull);
+            z = (z ^ (z >> 31)) * 0xBF58476D1CE4E5B9ull;
+            uint64_t far = (z & 1) ? (z >> 33) % ((uint64_t)d->shift_max - delta + 1) : 0;
+            phi_fit_rotate_pair(d, (double)delta, (double)(delta + far), kr, qr);
         }
         memset(g, 0, n * 4);
         loss = phi_fit_loss(p, theta, &ds, pool, nb, g, NULL);
@@ -309,8 +326,8 @@ double phi_fit_run(const phi_maps *p, float *theta, const phi_fit_set *d, const 
 
 void phi_fit_calibrate(const phi_maps *p, float *theta, const phi_fit_set *d, const int *sel,
                        int nsel, double frac, double margin) {
-    int n_shift = d->shift_max > 0 && d->inv_freq ? 4 : 1;
-    if (n_shift > 1) {   // the mean bias over positions shifted by 0, 1/3, 2/3 and all of shift_max
+    int n_shift = d->shift_max > 0 && d->inv_freq ? N_EVAL_SHIFTS : 1;
+    if (n_shift > 1) {   // the mean bias over the positions of EVAL_SHIFTS
         float *kr = xmalloc((size_t)d->n_keys * d->hd * 4), *qr = xmalloc((size_t)d->n_q * d->hd * 4);
         float *sum = xcalloc((size_t)d->group * p->d_phi, 4), *orig = xmalloc((size_t)d->group * p->d_phi * 4);
         int np = phi_n_par(p);
@@ -318,7 +335,7 @@ void phi_fit_calibrate(const phi_maps *p, float *theta, const phi_fit_set *d, co
         ds.k = kr, ds.q = qr, ds.shift_max = 0;
         for (int j = 0; j < d->group; j++) memcpy(orig + j * p->d_phi, theta + (size_t)(j + 1) * np - p->d_phi, p->d_phi * 4);
         for (int s = 0; s < n_shift; s++) {   // each pass calibrates the original biases at one shift
-            phi_fit_rotate(d, (double)d->shift_max * s / (n_shift - 1), kr, qr);
+            phi_fit_rotate_pair(d, d->shift_max * EVAL_SHIFTS[s][0], d->shift_max * EVAL_SHIFTS[s][1], kr, qr);
             for (int j = 0; j < d->group; j++) memcpy(theta + (size_t)(j + 1) * np - p->d_phi, orig + j * p->d_phi, p->d_phi * 4);
             phi_fit_calibrate(p, theta, &ds, sel, nsel, frac, margin);
             for (int j = 0; j < d->group * p->d_phi; j++) sum[j] += theta[(size_t)(j / p->d_phi + 1) * np - p->d_phi + j % p->d_phi] / n_shift;
@@ -348,7 +365,7 @@ const float PHI_GATE_DELTAS[PHI_N_GATE] = {1, 0, -1, -2, -3, -4, -6, -8, PHI_GAT
 void phi_fit_gate(const phi_maps *p, float *theta, const phi_fit_set *d, const float *v, int tail,
                   const int *sel, int nsel, double frac, float *chosen) {
     int hd = d->hd, f = p->d_phi, np = phi_n_par(p), group = d->group;
-    int nk = phi_fit_n_keys(d, sel, nsel) + tail, n_shift = d->shift_max > 0 && d->inv_freq ? 4 : 1;
+    int nk = phi_fit_n_keys(d, sel, nsel) + tail, n_shift = d->shift_max > 0 && d->inv_freq ? N_EVAL_SHIFTS : 1;
     if (nk > d->n_keys) nk = d->n_keys;
     float *kr = xmalloc((size_t)d->n_keys * hd * 4), *qr = xmalloc((size_t)d->n_q * hd * 4);
     float *lk = xmalloc((size_t)nk * f * 4), lq[f], *sf = xmalloc((size_t)nk * 4);
@@ -357,7 +374,8 @@ void phi_fit_gate(const phi_maps *p, float *theta, const phi_fit_set *d, const f
     int *top = xmalloc((size_t)nk * sizeof(int));
     char *exact = xmalloc((size_t)nk);
     for (int sh = 0; sh < n_shift; sh++) {
-        if (n_shift > 1) phi_fit_rotate(d, (double)d->shift_max * sh / (n_shift - 1), kr, qr);
+        if (n_shift > 1)
+            phi_fit_rotate_pair(d, d->shift_max * EVAL_SHIFTS[sh][0], d->shift_max * EVAL_SHIFTS[sh][1], kr, qr);
         const float *K = n_shift > 1 ? kr : d->k, *Q = n_shift > 1 ? qr : d->q;
         if (nk > d->lo) phi_log_features_rows(p, theta + (size_t)group * np, K + (size_t)d->lo * hd, nk - d->lo, hd, lk + (size_t)d->lo * f);
         for (int t = 0; t < nsel; t++) {
