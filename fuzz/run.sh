@@ -42,8 +42,10 @@ for i, args in enumerate([
     open(f"build/fuzz/seed_cli/{i}.args", "wb").write("\0".join(args).encode())
 import struct  # a valid .phi file: 1 layer, 2/1 heads, MLP 4 -> 4 -> 8 -> 4
 npar = 4 * 4 + 4 + 8 * 4 + 8 + 4 * 8 + 4 + 1 + 4 * 4 + 4
-open("build/fuzz/seed_phi/tiny.phi", "wb").write(
-    b"SIFTPHI\0" + struct.pack("<10I", 1, 1, 1, 2, 1, 4, 4, 8, 4, 0) + bytes(4 * 3 * npar))
+tiny = b"SIFTPHI\0" + struct.pack("<10I", 1, 1, 1, 2, 1, 4, 4, 8, 4, 0) + bytes(4 * 3 * npar)
+open("build/fuzz/seed_phi/tiny.phi", "wb").write(tiny)
+verdict = b"the fitted maps win (fit-phi check)"   # with the optional verdict record
+open("build/fuzz/seed_phi/verdict.phi", "wb").write(tiny + struct.pack("<I", len(verdict)) + verdict)
 PY
 export SIFT_FUZZ_MODEL="$(realpath "${SIFT_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}")"
 for target in gguf tok safetensors phi cli; do
