@@ -248,7 +248,9 @@ int gen_begin(gen_seq *g, const strategy *s, model *m, const strategy_opts *o, c
         return -1;
     }
     g->st.rows_done = g->info.rows_done;
+    g->st.draft_rows = g->info.draft_rows;
     memcpy(g->st.note, g->info.note, sizeof g->info.note);
+    memcpy(g->st.label, g->info.label, sizeof g->info.label);
     g->st.kv_bytes = kv_bytes(g->kv);
     if (first_logits) memcpy(first_logits, g->logits, (size_t)m->cfg.vocab * sizeof(float));
     g->tok = sample_next(smp, g->logits);
@@ -271,6 +273,16 @@ void gen_step(gen_seq *const *g, int k) {
         b++;
     }
     if (b == 0) return;
+    for (int i = 0; i < b; i++)   // a plain decode step reads every cached entry + its own
+        if (!live[i]->info.decode_read_bytes) {
+            const kv_cache *kv = live[i]->kv;
+            double e = 0;
+            for (int l = 0; l < kv->n_layer; l++) {
+                const kv_layer *y = &kv->layers[l];
+                e += (double)(y->len + (y->cap > y->len)) * y->n_kv_head * 2 * y->head_dim;
+            }
+            live[i]->read_sum += e * kv->elem_bytes;
+        }
     double t0 = now_ms();
     fwd_run_batch(live[0]->m, seqs, b);
     for (int i = 0; i < b; i++) {
@@ -286,6 +298,8 @@ void gen_step(gen_seq *const *g, int k) {
 
 void gen_end(gen_seq *g) {
     run_stats *st = &g->st;
+    if (g->info.decode_read_bytes) st->kv_read_per_step = g->info.decode_read_bytes(g->info.decode.ctx);
+    else if (st->decode_runs) st->kv_read_per_step = g->read_sum / st->decode_runs;
     if (g->info.decode_report) {
         size_t used = strlen(st->note);
         if (used && used + 2 < sizeof st->note) used += (size_t)snprintf(st->note + used, 3, "; ");

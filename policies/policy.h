@@ -45,6 +45,9 @@ typedef struct strategy_opts {
 typedef struct prefill_info {
     long rows_done;         // prompt rows processed summed over layers (full: n * L)
     char note[400];         // set when the prompt ran a degenerate form ("too short: ran full")
+    char label[96];         // the variant that ran, where the name alone does not say it
+                            // ("self-draft: first 15 of 30 layers"); shown beside the name
+    long draft_rows;        // a draft's work in main-model layer rows (counted in rows_done too)
     // Optional: hooks every decode step must run with (zero: none; their ctx may live in the
     // cache's side data), how to free their ctx after the last step (may be NULL), and a report
     // of decode work appended to the run's note at the end (may be NULL). Whoever decodes after
@@ -52,6 +55,9 @@ typedef struct prefill_info {
     fwd_hooks decode;
     void (*decode_free)(void *ctx);
     void (*decode_report)(void *ctx, char *buf, size_t len);
+    // Optional: mean bytes of KV the decode steps so far read exactly per step, all layers
+    // (NULL: every cached entry is read, which gen_step counts itself).
+    double (*decode_read_bytes)(void *ctx);
 } prefill_info;
 
 typedef struct strategy {
@@ -128,7 +134,10 @@ typedef struct run_stats {
     int decode_runs;       // forward passes after the first token
     double decode_ms;      // time of those passes and their sampling
     size_t kv_bytes;       // measured from the cache after prefill
-    long rows_done;        // prefill rows processed summed over layers
+    long rows_done;        // prefill rows processed summed over layers (a draft's included)
+    long draft_rows;       // of which a draft's (main-model layer-row equivalents)
+    double kv_read_per_step;   // mean bytes of KV read per decode step, all layers (0: no step)
+    char label[96];        // prefill_info.label
     char note[800];        // the strategy's remark on this prompt (degenerate form) + decode report
 } run_stats;
 
@@ -160,6 +169,7 @@ typedef struct gen_seq {
     int tok;              // the last sampled token (the next step's input)
     int done;             // on_token asked to stop, or n_predict tokens are out
     run_stats st;         // decode_ms: the sum of the (shared) steps it took part in
+    double read_sum;      // bytes of KV the plain decode steps read
 } gen_seq;
 
 // Prefill with s, sample the first token, call on_token. 0, or -1 with err (nothing to free).
