@@ -59,7 +59,9 @@ int cli_strategies(const char *v, const strategy **out) {
     int n = 0;
     for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         const strategy *s = strategy_find(t);
-        if (!s) cli_usage_error("unknown strategy '%s' (available: %s, or all)", t, strategy_names());
+        if (!s && strategy_refusal(t)) cli_usage_error("strategy %s", strategy_refusal(t));
+        if (!s) cli_usage_error("unknown strategy '%s' (available: %s, or all; or PREFILL+DECODE, "
+                                "e.g. fastkv+topk)", t, strategy_names());
         for (int i = 0; i < n; i++)
             if (out[i] == s) cli_usage_error("strategy '%s' given twice", t);
         if (n == MAX_STRATEGIES) cli_usage_error("more than %d strategies", MAX_STRATEGIES);
@@ -310,7 +312,7 @@ static int check_strategies(const strategy *const *list, int n, const strategy_o
                             "(a checkpoint made for another strategy)\n", s->name, no_qkv);
             return -1;
         }
-        if (s->check && s->check(m, so, err, sizeof err) != 0) {
+        if (strategy_check(s, m, so, err, sizeof err) != 0) {
             fprintf(stderr, "sift: error: %s: %s\n", s->name, err);
             return -1;
         }

@@ -143,7 +143,9 @@ static char *parse_line(request *q, json_t *o, int chat_flag) {
             q->seed = ll;
         } else if (!strcmp(key, "strategy")) {
             if (!json_is_string(v) || !(q->strategy = strategy_find(json_string_value(v))))
-                e = fmt("'strategy' must name one of: %s", strategy_names());
+                e = json_is_string(v) && strategy_refusal(json_string_value(v))
+                        ? fmt("'strategy' %s", strategy_refusal(json_string_value(v)))
+                        : fmt("'strategy' must name one of: %s (or PREFILL+DECODE)", strategy_names());
         } else if (!strcmp(key, "body")) body = v;
         else if (!strcmp(key, "method") || !strcmp(key, "url")) continue;   // OpenAI's envelope
         else e = fmt("unknown field '%s'", key);

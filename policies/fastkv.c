@@ -81,4 +81,5 @@ const strategy strategy_fastkv = {
     .about = "token-selective propagation after layer L/2-1 + per-KV-head KV compression (FastKV)",
     .prefill = fastkv_prefill,
     .check = fastkv_check,
+    .phase = PHASE_PREFILL,
 };

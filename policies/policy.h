@@ -74,7 +74,28 @@ typedef struct strategy {
     // 1: runs models some of whose layers lack q/k/v projections (it supplies their K/V and
     // queries from other weights); every other strategy refuses them.
     int supplies_qkv;
+    // What the strategy changes, for composition (policies/compose.c): PHASE_NONE (full),
+    // PHASE_PREFILL (the prompt's processing and the cache it leaves) or PHASE_DECODE (only the
+    // decode steps' attention; its prefill is full attention).
+    enum { PHASE_NONE, PHASE_PREFILL, PHASE_DECODE } phase;
+    // PHASE_DECODE: install the decode hooks (info->decode, decode_free, decode_report,
+    // decode_read_bytes) over kv, which holds whatever some prefill of the prompt (n tokens)
+    // kept, per layer and KV head; every entry there now is a prompt entry. Appends its remark
+    // to info->note. The caller then runs the decode steps (the prompt's last token first when
+    // it is not in kv yet). 0, or -1 with err (kv untouched).
+    int (*attach)(model *m, kv_cache *kv, int n, const strategy_opts *o, prefill_info *info,
+                  char *err, size_t errlen);
+    // A composed strategy PREFILL+DECODE (strategy_find makes them): its two parts; NULL else.
+    const struct strategy *prefill_part, *decode_part;
 } strategy;
+
+// s's prefill (a composed strategy's: its parts', policies/compose.c), as strategy.prefill.
+kv_cache *strategy_prefill(const strategy *s, model *m, const int *ids, int n, int n_gen,
+                           const strategy_opts *o, float *logits, prefill_info *info, char *err,
+                           size_t errlen);
+// s's option check (both parts' for a composed strategy): 0, or -1 with err.
+int strategy_check(const strategy *s, const model *m, const strategy_opts *o, char *err,
+                   size_t errlen);
 
 // The common prefill: ids (n,) at positions 0..n-1 into a new cache of capacity caps[l] per
 // layer (caps NULL: n + n_gen everywhere), through hooks (may be NULL); sets info->rows_done.
@@ -121,7 +142,12 @@ void strategy_opt_json(const strategy_opts *o, const opt_def *d, char *buf, size
 // The table's defaults (0 / -1 where a strategy resolves the value from the model).
 strategy_opts strategy_opts_default(void);
 
-const strategy *strategy_find(const char *name);   // NULL if unknown
+// By name: a registered strategy, or a composition PREFILL+DECODE of a prefill strategy (or
+// full) and a decode strategy ("fastkv+topk", "specprefill+topk+phi"). NULL if neither.
+const strategy *strategy_find(const char *name);
+// Why name is not a strategy, when it reads like a composition that is refused ("two prefill
+// strategies do not compose ..."); NULL otherwise.
+const char *strategy_refusal(const char *name);
 int strategy_count(void);
 const strategy *strategy_at(int i);                // registry order, i < strategy_count()
 // Names of all strategies, comma separated, for help and errors.

@@ -37,4 +37,5 @@ const strategy strategy_snapkv = {
     .name = "snapkv",
     .about = "every layer keeps its KV per KV head by window attention, no propagation (SnapKV)",
     .prefill = snapkv_prefill,
+    .phase = PHASE_PREFILL,
 };

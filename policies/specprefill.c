@@ -185,4 +185,5 @@ const strategy strategy_specprefill = {
     .about = "a draft (--draft, --draft-layers; L/4 layers) picks the prompt chunks to prefill",
     .prefill = specprefill_prefill,
     .check = specprefill_check,
+    .phase = PHASE_PREFILL,
 };

@@ -57,4 +57,5 @@ const strategy strategy_speed = {
     .about = "prompt runs the first K layers only; upper layers see anchor + decode tokens",
     .prefill = speed_prefill,
     .check = speed_check,
+    .phase = PHASE_PREFILL,
 };

@@ -43,4 +43,5 @@ const strategy strategy_streamingllm = {
     .name = "streamingllm",
     .about = "every layer keeps 4 sink tokens + the most recent KV, no scoring (StreamingLLM)",
     .prefill = streaming_prefill,
+    .phase = PHASE_PREFILL,
 };

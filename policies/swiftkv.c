@@ -273,4 +273,5 @@ const strategy strategy_swiftkv = {
     .prefill = swiftkv_prefill,
     .check = swiftkv_check,
     .supplies_qkv = 1,
+    .phase = PHASE_PREFILL,
 };

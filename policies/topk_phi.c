@@ -18,13 +18,21 @@
 
 #define PRF_SEED 0x5EEDull
 
+// Per cache layer, the regions over the prompt entries some prefill left there (per KV head
+// the same count, maybe different tokens): sink = the first `sink` entries, tail = the last
+// `tail`, mid = the rest; entries from np on are decode tokens.
 typedef struct {
-    int n_prompt, sink, tail, k;   // k: retrieved entries per query head (<= |M|)
+    int np, n_mid, k;              // prompt entries, mid entries [sink, sink + n_mid), retrieved
+    int sink, tail;
+} topk_layer;
+
+typedef struct {
     int n_layer, n_kv_head, head_dim;
     size_t elem_bytes;
+    topk_layer *ly;                // (n_layer,)
     phi_maps *maps;                // NULL: selection only (`topk`)
     int own_maps;                  // 1: freed with the state
-    phi_summary *sum;              // (n_layer, n_kv_head) over M
+    phi_summary *sum;              // (n_layer, n_kv_head) over each layer's mid region
     int *sel, *mark;               // scratch: (heads, n_sel) selections then (heads, k) top K,
                                    // (len,) union stamps
     int cap, stamp;
@@ -38,17 +46,23 @@ static void topk_state_free(void *ctx) {
         for (int i = 0; i < t->n_layer * t->n_kv_head; i++) phi_summary_free(&t->sum[i]);
     free(t->sum);
     if (t->own_maps) phi_maps_free(t->maps);
+    free(t->ly);
     free(t->sel);
     free(t->mark);
     free(t);
 }
 
-// Spec budget: n = ceil(f N) exact reads; the phi cache costs R_phi = d_phi/2 + d_phi/d_h
-// token-equivalents, so topk+phi retrieves ceil(R_phi) fewer than topk at the same budget.
+// R_phi = d_phi/2 + d_phi/d_h token-equivalents: what reading the phi cache once costs.
+int topk_phi_cache_tokens(int d_phi, int head_dim) {
+    return (int)ceil(d_phi / 2.0 + (double)d_phi / head_dim);
+}
+
+// Spec budget: n = ceil(f N) exact reads; the phi cache costs R_phi token-equivalents, so
+// topk+phi retrieves ceil(R_phi) fewer than topk at the same budget.
 static int budget_k(const strategy_opts *o, int n, int d_phi, int hd, int with_phi) {
     if (o->topk >= 0) return o->topk;
     int total = (int)ceil((double)o->budget * n);
-    int k = total - o->sink - o->tail - (with_phi ? (int)ceil(d_phi / 2.0 + (double)d_phi / hd) : 0);
+    int k = total - o->sink - o->tail - (with_phi ? topk_phi_cache_tokens(d_phi, hd) : 0);
     return k > 0 ? k : 0;
 }
 
@@ -77,26 +91,33 @@ static void ensure_scratch(topk_state *t, int heads, int len) {
     t->stamp = 0;
 }
 
-// Decode attention of layer l: E = top-K(M) U anchors U decode tokens (the prompt's last token
-// and the generated ones), completed from M's summary.
-static int topk_attention(void *ctx, fwd_state *s, int l, const void *q, void *out) {
+// Decode attention of query layer l over cache layer kl (its own, or a shared one): E = top-K(M)
+// U anchors U decode tokens, completed from M's summary. A layer without mid entries reads
+// every entry exactly.
+static int topk_attention(void *ctx, fwd_state *s, int kl, const void *q, void *out) {
     topk_state *t = ctx;
-    int heads = s->m->cfg.n_head, len = s->kv->layers[l].len, n = t->n_prompt;
-    int mid0 = t->sink, n_mid = n - t->tail - t->sink;
-    int n_sel = t->k + t->sink + t->tail + (len - n);
+    const topk_layer *y = &t->ly[kl];
+    int heads = s->m->cfg.n_head, len = s->kv->layers[kl].len;
+    int n_sel = y->k + y->sink + (len - (y->np - y->tail));
     ensure_scratch(t, heads, len);
     int *top = t->sel + (size_t)heads * n_sel;   // exhaustive scores, top K of M per query head
-    fwd_attn_topk(s, l, q, len, mid0, n_mid, t->k, top);
+    if (y->k > 0) fwd_attn_topk(s, kl, q, len, y->sink, y->n_mid, y->k, top);
     for (int h = 0; h < heads; h++) {
-        int *sel = t->sel + (size_t)h * n_sel, j = t->k;
-        memcpy(sel, top + (size_t)h * t->k, (size_t)t->k * sizeof(int));
-        for (int i = 0; i < t->sink; i++) sel[j++] = i;
-        for (int i = n - t->tail; i < len; i++) sel[j++] = i;   // tail, then decode tokens
+        int *sel = t->sel + (size_t)h * n_sel, j = y->k;
+        memcpy(sel, top + (size_t)h * y->k, (size_t)y->k * sizeof(int));
+        for (int i = 0; i < y->sink; i++) sel[j++] = i;
+        for (int i = y->np - y->tail; i < len; i++) sel[j++] = i;   // tail, then decode tokens
     }
-    phi_completion comp = {t->maps, l, t->sum + (size_t)l * t->n_kv_head};
-    fwd_attn_select(s, l, q, t->sel, n_sel, t->k, t->maps ? &comp : NULL, out);
+    phi_completion comp = {t->maps, kl, t->sum + (size_t)kl * t->n_kv_head};
+    fwd_attn_select(s, kl, q, t->sel, n_sel, y->k, t->maps && y->n_mid > 0 ? &comp : NULL, out);
     account(t, heads, n_sel, len);
     return 0;
+}
+
+static double topk_read_bytes(void *ctx) {   // mean per decode step, all layers
+    topk_state *t = ctx;
+    double steps = (double)t->layer_steps / t->n_layer;
+    return steps > 0 ? t->read_entries * 2.0 * t->head_dim * t->elem_bytes / steps : 0;
 }
 
 static void topk_report(void *ctx, char *buf, size_t len) {
@@ -105,8 +126,8 @@ static void topk_report(void *ctx, char *buf, size_t len) {
     double per_entry = 2.0 * t->head_dim * t->elem_bytes;
     double read = t->read_entries / t->layer_steps * per_entry / 1024;
     double full = t->full_entries / t->layer_steps * per_entry / 1024;
-    int n = snprintf(buf, len, "decode read %.1f KiB of KV per step per layer exactly (full %.1f "
-                     "KiB, %.1f%%)", read, full, 100 * read / full);
+    int n = snprintf(buf, len, "decode read %.1f KiB of KV per step per layer exactly (cached "
+                     "%.1f KiB, %.1f%%)", read, full, 100 * read / full);
     if (t->maps && n >= 0 && (size_t)n < len) {
         size_t memo = 0;   // retrieved keys' features the CPU kept (0 on the GPU)
         for (int i = 0; i < t->n_layer * t->n_kv_head; i++)
@@ -138,34 +159,100 @@ static phi_maps *load_maps(const model *m, const strategy_opts *o, char *err, si
     return p;
 }
 
-// Decode state over kv, which holds a full prefill of np prompt tokens: regions, K (clamped to
-// the mid region) and, with maps, the completion cache over M (fp32, one pass per layer and KV
-// head). Attached to kv as its side data (freed with it); maps freed with it if own_maps.
-static topk_state *topk_attach(model *m, kv_cache *kv, int np, int sink, int tail, int k,
-                               phi_maps *maps, int own_maps) {
+// Decode state over kv, whose entries now are all prompt entries (a full prefill, or whatever a
+// prefill strategy kept): per layer the regions, K (clamped to its mid region) and, with maps,
+// the completion cache over the mid region (fp32, one pass per layer and KV head). Attached to
+// kv as its side data (freed with it); maps freed with it if own_maps.
+static topk_state *topk_attach(model *m, kv_cache *kv, int sink, int tail, int k, phi_maps *maps,
+                               int own_maps) {
     const model_config *c = &m->cfg;
-    int n_mid = np - sink - tail;
     topk_state *t = xcalloc(1, sizeof *t);
-    *t = (topk_state){.n_prompt = np, .sink = sink, .tail = tail, .k = k < n_mid ? k : n_mid,
-                      .n_layer = c->n_layer, .n_kv_head = c->n_kv_head, .head_dim = c->head_dim,
-                      .elem_bytes = kv->elem_bytes, .maps = maps, .own_maps = own_maps};
+    *t = (topk_state){.n_layer = kv->n_layer, .n_kv_head = c->n_kv_head, .head_dim = c->head_dim,
+                      .elem_bytes = kv->elem_bytes, .maps = maps, .own_maps = own_maps,
+                      .ly = xcalloc((size_t)kv->n_layer, sizeof(topk_layer))};
+    for (int l = 0; l < kv->n_layer; l++) {
+        topk_layer *y = &t->ly[l];
+        y->np = kv->layers[l].len;
+        y->sink = sink < y->np ? sink : y->np;
+        y->tail = tail < y->np - y->sink ? tail : y->np - y->sink;
+        y->n_mid = y->np - y->sink - y->tail;
+        y->k = k < y->n_mid ? k : y->n_mid;
+    }
     kv->side = t;
     kv->side_free = topk_state_free;
     if (maps) {
-        t->sum = xmalloc((size_t)c->n_layer * c->n_kv_head * sizeof *t->sum);
-        for (int i = 0; i < c->n_layer * c->n_kv_head; i++)
+        t->sum = xmalloc((size_t)kv->n_layer * c->n_kv_head * sizeof *t->sum);
+        for (int i = 0; i < kv->n_layer * c->n_kv_head; i++)
             t->sum[i] = phi_summary_alloc(maps->d_phi, c->head_dim);
-        for (int l = 0; l < c->n_layer; l++)
-            fwd_phi_summarize(m, kv, l, maps, sink, np - tail, t->sum + (size_t)l * c->n_kv_head);
-        kv->side_bytes = (size_t)c->n_layer * c->n_kv_head * maps->d_phi * (c->head_dim + 2) * sizeof(float);
+        for (int l = 0; l < kv->n_layer; l++)
+            if (t->ly[l].n_mid > 0)
+                fwd_phi_summarize(m, kv, l, maps, t->ly[l].sink, t->ly[l].sink + t->ly[l].n_mid,
+                                  t->sum + (size_t)l * c->n_kv_head);
+        kv->side_bytes = (size_t)kv->n_layer * c->n_kv_head * maps->d_phi * (c->head_dim + 2) * sizeof(float);
     }
     return t;
 }
 
+// attach (policy.h) for topk and topk+phi: n is the prompt's length (for --budget).
+static int topk_attach_run(model *m, kv_cache *kv, int n, const strategy_opts *o,
+                           prefill_info *info, char *err, size_t errlen, int with_phi) {
+    const model_config *c = &m->cfg;
+    if (!fwd_can_select(m))
+        return err_printf(err, errlen, "top-K decode attention is not available on the %s backend",
+                          m->bk->name);
+    if (kv->side)
+        return err_printf(err, errlen, "the cache already carries another strategy's decode state");
+    phi_maps *maps = with_phi ? load_maps(m, o, err, errlen) : NULL;
+    if (with_phi && !maps) return -1;
+    int d_phi = maps ? maps->d_phi : c->head_dim;
+    topk_state *t = topk_attach(m, kv, o->sink, o->tail, budget_k(o, n, d_phi, c->head_dim, with_phi),
+                                maps, 1);
+    info->decode = (fwd_hooks){.ctx = t, .attention = topk_attention};
+    info->decode_report = topk_report;
+    info->decode_read_bytes = topk_read_bytes;
+    // The remark: the regions of the first layer, and the range of mid sizes over layers when a
+    // prefill strategy left different ones.
+    int lo = 1 << 30, hi = 0, kmax = 0;
+    for (int l = 0; l < kv->n_layer; l++) {
+        lo = t->ly[l].n_mid < lo ? t->ly[l].n_mid : lo;
+        hi = t->ly[l].n_mid > hi ? t->ly[l].n_mid : hi;
+        kmax = t->ly[l].k > kmax ? t->ly[l].k : kmax;
+    }
+    size_t w = strlen(info->note);
+    if (w && w + 2 < sizeof info->note) w += (size_t)snprintf(info->note + w, sizeof info->note - w, "; ");
+    char mid[48];
+    if (lo == hi) snprintf(mid, sizeof mid, "%d", hi);
+    else snprintf(mid, sizeof mid, "%d..%d (per layer)", lo, hi);
+    w += (size_t)snprintf(info->note + w, sizeof info->note - w, "sink %d + tail %d + top-%d of %s mid "
+                          "entries%s", o->sink, o->tail, kmax, mid, !maps ? "" : o->phi_path ?
+                          "; phi: fitted maps (--phi)" : "; phi: random features (training-free "
+                          "fallback, no --phi)");
+    // The maps see post-RoPE vectors: past the positions of their fit they extrapolate
+    // (bench/EVAL.md measures the remainder mass overestimated e^5 at 2x, e^11 at 4x).
+    if (maps && maps->n_ctx > 0 && n > maps->n_ctx && w < sizeof info->note)
+        w += (size_t)snprintf(info->note + w, sizeof info->note - w, ", fitted on %d tokens: prompt "
+                              "of %d is beyond them", maps->n_ctx, n);
+    if (maps && o->phi_path && w < sizeof info->note)   // fit-phi's recorded check
+        snprintf(info->note + w, sizeof info->note - w, "; %s", maps->verdict[0] ? maps->verdict
+                 : "no fit-phi verdict in the file (fitted before the end-to-end check)");
+    return 0;
+}
+
+static int topk_phi_attach(model *m, kv_cache *kv, int n, const strategy_opts *o,
+                           prefill_info *info, char *err, size_t errlen) {
+    return topk_attach_run(m, kv, n, o, info, err, errlen, 1);
+}
+
+static int topk_only_attach(model *m, kv_cache *kv, int n, const strategy_opts *o,
+                            prefill_info *info, char *err, size_t errlen) {
+    return topk_attach_run(m, kv, n, o, info, err, errlen, 0);
+}
+
+// Alone: a full prefill of the prompt but its last token, which is the first query — so the
+// first generated token already sees the method. N = n - 1 prefilled tokens define the regions.
 static kv_cache *topk_run(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
                           float *logits, prefill_info *info, char *err, size_t errlen,
                           int with_phi) {
-    const model_config *c = &m->cfg;
     if (!fwd_can_select(m)) {
         snprintf(err, errlen, "top-K decode attention is not available on the %s backend",
                  m->bk->name);
@@ -176,34 +263,14 @@ static kv_cache *topk_run(model *m, const int *ids, int n, int n_gen, const stra
                  "tail %d + the last token): ran full", n, o->sink, o->tail);
         return prefill_run(m, ids, n, n_gen, NULL, NULL, logits, info, err, errlen);
     }
-    phi_maps *maps = with_phi ? load_maps(m, o, err, errlen) : NULL;
-    if (with_phi && !maps) return NULL;
-    // The prompt's last token is the first query: it runs as a decode step, so the first
-    // generated token already sees the method. N = n - 1 prefilled tokens define the regions.
-    int np = n - 1, n_mid = np - o->sink - o->tail;
+    int np = n - 1;
     kv_cache *kv = prefill_run(m, ids, np, n_gen + 1, NULL, NULL, NULL, info, err, errlen);
-    if (!kv) {
-        phi_maps_free(maps);
+    if (!kv) return NULL;
+    if (topk_attach_run(m, kv, n, o, info, err, errlen, with_phi) != 0) {
+        kv_free(kv);
         return NULL;
     }
-    int d_phi = maps ? maps->d_phi : c->head_dim;
-    topk_state *t = topk_attach(m, kv, np, o->sink, o->tail, budget_k(o, n, d_phi, c->head_dim, with_phi),
-                                maps, 1);
-    info->decode = (fwd_hooks){.ctx = t, .attention = topk_attention};
-    info->decode_report = topk_report;
-    int last = np;
-    info->rows_done += fwd_run(m, kv, ids + np, &last, 1, &info->decode, logits, 0);
-    int w = snprintf(info->note, sizeof info->note, "sink %d + tail %d + top-%d of %d mid tokens%s",
-                     o->sink, o->tail, t->k, n_mid, !maps ? "" : o->phi_path ? "; phi: fitted maps (--phi)"
-                     : "; phi: random features (training-free fallback, no --phi)");
-    // The maps see post-RoPE vectors: past the positions of their fit they extrapolate
-    // (bench/EVAL.md measures the remainder mass overestimated e^5 at 2x, e^11 at 4x).
-    if (maps && maps->n_ctx > 0 && n > maps->n_ctx && w > 0 && (size_t)w < sizeof info->note)
-        w += snprintf(info->note + w, sizeof info->note - w, ", fitted on %d tokens: prompt of %d is "
-                      "beyond them", maps->n_ctx, n);
-    if (maps && o->phi_path && w > 0 && (size_t)w < sizeof info->note)   // fit-phi's recorded check
-        snprintf(info->note + w, sizeof info->note - w, "; %s", maps->verdict[0] ? maps->verdict
-                 : "no fit-phi verdict in the file (fitted before the end-to-end check)");
+    info->rows_done += fwd_run(m, kv, ids + np, &np, 1, &info->decode, logits, 0);
     return kv;
 }
 
@@ -239,6 +306,8 @@ const strategy strategy_topk_phi = {
     .about = "decode reads sink + tail + top-K KV exactly, the rest from a phi summary (--phi)",
     .prefill = topk_phi_prefill,
     .check = topk_phi_check,
+    .phase = PHASE_DECODE,
+    .attach = topk_phi_attach,
 };
 
 const strategy strategy_topk = {
@@ -246,6 +315,8 @@ const strategy strategy_topk = {
     .about = "decode reads sink + tail + top-K KV exactly, renormalised (--topk 0: sink + tail)",
     .prefill = topk_prefill,
     .check = topk_check,
+    .phase = PHASE_DECODE,
+    .attach = topk_only_attach,
 };
 
 static int argmax_row(const float *x, int n) {
@@ -329,7 +400,7 @@ const int *topk_cmp_full(const topk_cmp *c, int free_run) { return free_run ? c-
 void topk_cmp_run(topk_cmp *c, const phi_maps *maps, int k, double *kl, double *agree, int *free_tok) {
     int vocab = c->m->cfg.vocab;
     kv_cache *kv = c->kv;
-    topk_state *t = topk_attach(c->m, kv, c->np, c->sink, c->tail, k, (phi_maps *)maps, 0);
+    topk_state *t = topk_attach(c->m, kv, c->sink, c->tail, k, (phi_maps *)maps, 0);
     fwd_hooks h = {.ctx = t, .attention = topk_attention};
     decode_from(c->m, kv, c->np, c->pos0, c->ids[c->np], c->full_tok, c->rows, &h, c->got, c->toks);
     *agree = 0;

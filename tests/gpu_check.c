@@ -807,11 +807,11 @@ static void test_strategy(model *m[2], const strategy *s, const int *ids, int n,
     so.is_eog = never_eog;
     char err[512], label[96];
     snprintf(label, sizeof label, "%s, %d tokens", model_name, n);
-    if (s->check && s->check(m[CPU], &so, err, sizeof err)) {
+    if (strategy_check(s, m[CPU], &so, err, sizeof err)) {
         printf("| %-22s | %-44s | %9s | %9s | %9s | %7s | skip: %s |\n", s->name, label, "-", "-", "-", "-", err);
         return;
     }
-    if (s->check && s->check(m[GPU], &so, err, sizeof err)) {   // runs on the CPU, not here
+    if (strategy_check(s, m[GPU], &so, err, sizeof err)) {   // runs on the CPU, not here
         printf("| %-22s | %-44s | %9s | %9s | %9s | %7s | FAIL: %s |\n", s->name, label, "-", "-", "-", "-", err);
         n_fail++;
         return;
@@ -823,7 +823,7 @@ static void test_strategy(model *m[2], const strategy *s, const int *ids, int n,
     for (int b = 0; b < 2; b++) {
         lg[b] = xmalloc((size_t)vocab * sizeof(float));
         for (int i = 0; i < vocab; i++) lg[b][i] = NAN;
-        kv[b] = s->prefill(m[b], ids, n, n_gen, &so, lg[b], &info[b], err, sizeof err);
+        kv[b] = strategy_prefill(s, m[b], ids, n, n_gen, &so, lg[b], &info[b], err, sizeof err);
         CHECK_INTERNAL(kv[b], "%s prefill: %s", s->name, err);
     }
     char check[64];

@@ -93,7 +93,7 @@ int main(int argc, char **argv) {
     o.draft = draft;
     const strategy *s = strategy_find(sname ? sname : "full");
     char err[512];
-    if (!s || (s->check && s->check(m, &o, err, sizeof err) != 0)) {
+    if (!s || (strategy_check(s, m, &o, err, sizeof err) != 0)) {
         fprintf(stderr, "%s\n", s ? err : "unknown strategy");
         return 1;
     }
@@ -102,7 +102,7 @@ int main(int argc, char **argv) {
     kv_cache *kv;
     if (sname) {
         prefill_info info = {0};
-        kv = s->prefill(m, ids, n, greedy > 0 ? greedy : 1, &o, logits, &info, err, sizeof err);
+        kv = strategy_prefill(s, m, ids, n, greedy > 0 ? greedy : 1, &o, logits, &info, err, sizeof err);
         if (!kv) {
             fprintf(stderr, "%s\n", err);
             return 1;

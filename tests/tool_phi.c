@@ -336,14 +336,14 @@ static int decode(int argc, char **argv) {
     gguf_file *f = gguf_open(argv[2], err, sizeof err);
     model *m = f ? model_load_gguf(f, bk, err, sizeof err) : NULL;
     const strategy *s = strategy_find(sname);
-    if (!m || !s || n < 1 || (s->check && s->check(m, &o, err, sizeof err))) {
+    if (!m || !s || n < 1 || (strategy_check(s, m, &o, err, sizeof err))) {
         fprintf(stderr, "%s\n", !s ? "unknown strategy" : n < 1 ? "no ids" : err);
         return 1;
     }
     int vocab = m->cfg.vocab;
     float *logits = xmalloc((size_t)(1 + n_cont) * vocab * sizeof(float));
     prefill_info info = {0};
-    kv_cache *kv = s->prefill(m, ids, n, n_cont, &o, logits, &info, err, sizeof err);
+    kv_cache *kv = strategy_prefill(s, m, ids, n, n_cont, &o, logits, &info, err, sizeof err);
     if (!kv) {
         fprintf(stderr, "%s\n", err);
         return 1;

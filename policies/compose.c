@@ -1,0 +1,122 @@
+// policies/compose.c — composed strategies PREFILL+DECODE ("fastkv+topk", "specprefill+topk+phi"):
+// a prefill strategy builds the cache, then a decode strategy reads it. No published system
+// combines them; sift's one forward pass makes it a matter of handing over one cache.
+//
+// The hand-over: a prefill part that changes nothing (`full`) prefills the prompt but its last
+// token, and the decode strategy takes that token as its first query — exactly what the decode
+// strategy does alone, so full+Y is Y. A prefill part that changes the prefill keeps the whole
+// prompt (its observation window, deep token or lookahead are built around the last tokens) and
+// gives the first token; the decode strategy then reads, from the first generated token on,
+// whatever that prefill kept (per layer and per KV head; attach takes each layer's entries as
+// they are). So X+topk with a top-K that covers every kept entry decodes as X alone.
+// Decode hooks the prefill part needs itself (swiftkv's shared K/V source) run together with the
+// decode strategy's (pair_hooks); two parts both replacing attention would be refused.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../util/check.h"
+#include "policy.h"
+
+// Two sets of decode hooks run as one: each callback calls a's then b's.
+typedef struct {
+    fwd_hooks a, b;
+    void (*a_free)(void *), (*b_free)(void *);
+    void (*a_report)(void *, char *, size_t), (*b_report)(void *, char *, size_t);
+    double (*b_read)(void *);
+} hook_pair;
+
+static int pair_after_attention(void *ctx, fwd_state *s, int l, const void *q) {
+    hook_pair *p = ctx;
+    if (p->a.after_attention && p->a.after_attention(p->a.ctx, s, l, q)) return -1;
+    return p->b.after_attention ? p->b.after_attention(p->b.ctx, s, l, q) : 0;
+}
+
+static int pair_after_layer(void *ctx, fwd_state *s, int l) {
+    hook_pair *p = ctx;
+    int ra = p->a.after_layer ? p->a.after_layer(p->a.ctx, s, l) : 0;
+    if (ra < 0) return ra;
+    int rb = p->b.after_layer ? p->b.after_layer(p->b.ctx, s, l) : 0;
+    return rb < 0 ? rb : ra > rb ? ra : rb;
+}
+
+static int pair_kv_source(void *ctx, int l, int *kv_layer, const bk_weight **wq, const bk_weight **bq) {
+    hook_pair *p = ctx;
+    if (p->a.kv_source && p->a.kv_source(p->a.ctx, l, kv_layer, wq, bq)) return 1;
+    return p->b.kv_source ? p->b.kv_source(p->b.ctx, l, kv_layer, wq, bq) : 0;
+}
+
+static int pair_attention(void *ctx, fwd_state *s, int l, const void *q, void *out) {
+    hook_pair *p = ctx;
+    return p->a.attention ? p->a.attention(p->a.ctx, s, l, q, out) : p->b.attention(p->b.ctx, s, l, q, out);
+}
+
+static void pair_free(void *ctx) {
+    hook_pair *p = ctx;
+    if (p->a_free) p->a_free(p->a.ctx);
+    if (p->b_free) p->b_free(p->b.ctx);
+    free(p);
+}
+
+static void pair_report(void *ctx, char *buf, size_t len) {
+    hook_pair *p = ctx;
+    buf[0] = 0;
+    if (p->a_report) p->a_report(p->a.ctx, buf, len);
+    size_t used = strlen(buf);
+    if (used && used + 2 < len) used += (size_t)snprintf(buf + used, len - used, "; ");
+    if (p->b_report) p->b_report(p->b.ctx, buf + used, len - used);
+}
+
+static double pair_read(void *ctx) {
+    hook_pair *p = ctx;
+    return p->b_read(p->b.ctx);
+}
+
+// info->decode (etc.) := a's hooks then b's (the decode strategy's, with its read accounting).
+static void pair_hooks(prefill_info *info, const prefill_info *a) {
+    hook_pair *p = xcalloc(1, sizeof *p);
+    *p = (hook_pair){a->decode, info->decode, a->decode_free, info->decode_free, a->decode_report,
+                     info->decode_report, info->decode_read_bytes};
+    info->decode = (fwd_hooks){.ctx = p};
+    if (p->a.after_attention || p->b.after_attention) info->decode.after_attention = pair_after_attention;
+    if (p->a.after_layer || p->b.after_layer) info->decode.after_layer = pair_after_layer;
+    if (p->a.kv_source || p->b.kv_source) info->decode.kv_source = pair_kv_source;
+    if (p->a.attention || p->b.attention) info->decode.attention = pair_attention;
+    info->decode_free = pair_free;
+    info->decode_report = pair_report;
+    info->decode_read_bytes = p->b_read ? pair_read : NULL;
+}
+
+kv_cache *compose_prefill(const strategy *pre, const strategy *dec, model *m, const int *ids,
+                          int n, int n_gen, const strategy_opts *o, float *logits,
+                          prefill_info *info, char *err, size_t errlen) {
+    int run_last = pre->phase == PHASE_NONE && n > 1;   // the decode strategy's first query
+    kv_cache *kv = strategy_prefill(pre, m, ids, n - run_last, n_gen + run_last, o,
+                                    run_last ? NULL : logits, info, err, errlen);
+    if (!kv) return NULL;
+    prefill_info mine = *info;   // the prefill part's own decode hooks, if any
+    info->decode = (fwd_hooks){0};
+    info->decode_free = NULL, info->decode_report = NULL, info->decode_read_bytes = NULL;
+    if (dec->attach(m, kv, n, o, info, err, errlen) != 0) {
+        if (mine.decode_free) mine.decode_free(mine.decode.ctx);
+        kv_free(kv);
+        return NULL;
+    }
+    if (mine.decode.after_attention || mine.decode.after_layer || mine.decode.kv_source ||
+        mine.decode.attention) {
+        CHECK_INTERNAL(!(mine.decode.attention && info->decode.attention),
+                       "%s and %s both replace decode attention", pre->name, dec->name);
+        pair_hooks(info, &mine);
+    }
+    if (run_last) {
+        int last = n - 1;
+        info->rows_done += fwd_run(m, kv, ids + last, &last, 1, &info->decode, logits, 0);
+    }
+    return kv;
+}
+
+int compose_check(const strategy *pre, const strategy *dec, const model *m, const strategy_opts *o,
+                  char *err, size_t errlen) {
+    if (strategy_check(pre, m, o, err, errlen) != 0) return -1;
+    return strategy_check(dec, m, o, err, errlen);
+}

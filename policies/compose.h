@@ -1,0 +1,10 @@
+// policies/compose.h — composed strategies PREFILL+DECODE (policies/compose.c); the registry
+// (policy.c) makes them by name and routes strategy_prefill / strategy_check here.
+#pragma once
+#include "policy.h"
+
+kv_cache *compose_prefill(const strategy *pre, const strategy *dec, model *m, const int *ids,
+                          int n, int n_gen, const strategy_opts *o, float *logits,
+                          prefill_info *info, char *err, size_t errlen);
+int compose_check(const strategy *pre, const strategy *dec, const model *m, const strategy_opts *o,
+                  char *err, size_t errlen);
