@@ -27,6 +27,8 @@ for i, args in enumerate([
         ["-f", "a.txt", "-f", "b.txt", "--json", "-q", "--seed", "7", "--top-p", "0.9"],
         ["-f", "x", "--strategy", "full,speed,fastkv,specprefill", "--kv-rate", "0.2",
          "--pool-kernel", "7", "--keep", "0.3", "--draft-layers", "4", "--anchor", "none"],
+        ["-f", "x", "--strategy", "fastkv,snapkv", "--kv-len", "512", "--tsp-len", "2048",
+         "--pool", "avg", "--window", "8"],
         ["-p", "x", "--strategy", "all", "--device", "cpu", "-t", "2", "-c", "4096", "--min-p", "0"],
         ["--prompts", "r.jsonl", "--parallel", "4", "--output", "o.jsonl", "--resume",
          "--shard", "1/3", "--unordered", "--swiftkv-norm", "own"],

@@ -1,9 +1,15 @@
 // policies/fastkv.c — `fastkv` (specs/fastkv.md, arXiv 2502.01068): Token-Selective Propagation
 // + GQA-aware KV compression. Every layer scores the prompt by the softmax attention of the last
 // w rows (window_score.h) and keeps, per KV head, the top (B_l - w) tokens plus the window.
-// Layers 0..L_TSP run on all N rows; after layer L_TSP only T = floor(N * R_TSP) rows go on (the
-// top T - w by the layer score plus the window, ascending, at their original positions).
-// Budgets: B_l = floor(n_l * R_KV) up to L_TSP, floor(T * R_KV / R_TSP) above: ~R_KV of N.
+// Layers 0..L_TSP run on all N rows; after layer L_TSP only T rows go on (the top T - w by the
+// layer score plus the window, ascending, at their original positions).
+// Rate budgets (the authors' "proportional" mode): T = floor(N * R_TSP); B_l = floor(n_l * R_KV)
+// up to L_TSP, floor(T * R_KV / R_TSP) above: ~R_KV of N.
+// Fixed budgets (their "constant" mode, both fixed): --kv-len B in every layer, above L_TSP too,
+// and --tsp-len T. A layer of n_l <= B tokens keeps them all; no TSP when N <= T.
+// [D] Either may be fixed alone: --kv-len with T from R_TSP; --tsp-len with floor(N * R_KV) above
+// L_TSP (~R_KV of N, as the rate mode). Their code also skips TSP when N < B (TSP sits inside its
+// compression branch); here TSP depends on T only.
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -13,7 +19,8 @@
 
 typedef struct {
     int tsp_layer, t, w, kernel, n_gen;   // t: rows propagated past the TSP layer
-    float kv_rate, kv_rate_up;            // rho_l at or below the TSP layer, and above it
+    enum window_pool pool;
+    int b_low, b_up;                      // B_l at or below the TSP layer, and above it
     float *s_tsp;                         // (N - w) the TSP layer's score over all heads
 } fastkv;
 
@@ -25,10 +32,10 @@ static int tsp_layer(const model *m, const strategy_opts *o) {
 // Scores layer l, compresses its cache to B_l and, at the TSP layer, keeps the layer score.
 static int fastkv_after_attention(void *ctx, fwd_state *s, int l, const void *q) {
     fastkv *f = ctx;
-    int n = s->n, b = window_budget(n, l <= f->tsp_layer ? f->kv_rate : f->kv_rate_up);
+    int n = s->n, b = l <= f->tsp_layer ? f->b_low : f->b_up;
     int tsp = l == f->tsp_layer && f->t < n;
     if (b >= n && !tsp) return 0;   // the budget holds every token
-    float *pooled = window_score_layer(s, l, q, f->w, f->kernel);
+    float *pooled = window_score_layer(s, l, q, f->w, f->kernel, f->pool);
     if (b < n) window_compress(s, l, pooled, f->w, b > f->w ? b : f->w, f->n_gen);
     if (tsp) window_score_groups(pooled, s->m->cfg.n_head, 1, n - f->w, f->s_tsp);
     free(pooled);
@@ -46,13 +53,29 @@ static int fastkv_after_layer(void *ctx, fwd_state *s, int l) {
     return 0;
 }
 
+// The note for a prompt that fits a fixed budget (nothing to cut there); unset otherwise.
+static void fits_note(prefill_info *info, int n, const strategy_opts *o) {
+    int kv = o->kv_len && n <= o->kv_len, tsp = o->tsp_len && n <= o->tsp_len;
+    if (!kv && !tsp) return;
+    snprintf(info->note, sizeof info->note, "prompt of %d tokens fits %s%s%s: %s", n,
+             kv ? "--kv-len" : "", kv && tsp ? " and " : "", tsp ? "--tsp-len" : "",
+             kv && tsp ? "ran it without compression"
+             : kv      ? "every layer kept its whole KV"
+                       : "every row went through every layer");
+}
+
 static kv_cache *fastkv_prefill(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
                                 float *logits, prefill_info *info, char *err, size_t errlen) {
     int L = m->cfg.n_layer;
-    fastkv f = {.tsp_layer = tsp_layer(m, o), .t = window_budget(n, o->tsp_rate), .w = o->window,
-                .kernel = o->pool_kernel, .n_gen = n_gen, .kv_rate = o->kv_rate,
-                .kv_rate_up = o->kv_rate / o->tsp_rate};
-    int on = f.t > f.w && window_budget(n, o->kv_rate) > f.w;   // else too short: run it full
+    int t = o->tsp_len ? o->tsp_len : window_budget(n, o->tsp_rate), n_up = t < n ? t : n;
+    int b_up = o->kv_len    ? o->kv_len
+               : o->tsp_len ? window_budget(n, o->kv_rate)
+                            : window_budget(n_up, o->kv_rate / o->tsp_rate);
+    fastkv f = {.tsp_layer = tsp_layer(m, o), .t = t, .w = o->window, .kernel = o->pool_kernel,
+                .n_gen = n_gen, .pool = (enum window_pool)o->pool,
+                .b_low = o->kv_len ? o->kv_len : window_budget(n, o->kv_rate), .b_up = b_up};
+    int on = f.t > f.w && f.b_low > f.w;   // else too short: run it full
+    fits_note(info, n, o);
     if (!on)
         snprintf(info->note, sizeof info->note,
                  "prompt of %d tokens is too short for fastkv (window %d): ran it without "
@@ -73,7 +96,8 @@ static int fastkv_check(const model *m, const strategy_opts *o, char *err, size_
     if (l >= L)
         return err_printf(err, errlen, "--tsp-layer %d is outside this model's %d layers (0..%d)",
                           l, L, L - 1);
-    return 0;
+    if (window_len_check("--kv-len", o->kv_len, o->window, err, errlen)) return -1;
+    return window_len_check("--tsp-len", o->tsp_len, o->window, err, errlen);
 }
 
 const strategy strategy_fastkv = {

@@ -18,6 +18,9 @@ typedef struct strategy_opts {
     float kv_rate;          // 0.1
     int window;             // 8
     int pool_kernel;        // 7
+    int pool;               // window-score smoothing: 0 = max-pool, 1 = average pool
+    int kv_len;             // fastkv, snapkv: KV entries kept per layer and KV head; 0 = kv_rate
+    int tsp_len;            // fastkv: rows propagated past the TSP layer; 0 = tsp_rate
     // specprefill
     float keep;             // 0.3
     int lookahead;          // 8

@@ -1,7 +1,8 @@
 // policies/snapkv.c — `snapkv` (the baseline of specs/fastkv.md): FastKV's scoring and KV
 // compression in every layer, no token-selective propagation. Every prompt row goes through every
 // layer; after each layer's attention its cache keeps, per KV head, the top (B - w) tokens by the
-// window score summed over that head's query group, plus the window. B = floor(N * R_KV).
+// window score summed over that head's query group, plus the window. B = floor(N * R_KV), or
+// the fixed --kv-len B (the FastKV authors' "constant" mode; a prompt of N <= B keeps everything).
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -11,11 +12,12 @@
 
 typedef struct {
     int b, w, kernel, n_gen;
+    enum window_pool pool;
 } snapkv;
 
 static int snapkv_after_attention(void *ctx, fwd_state *s, int l, const void *q) {
     snapkv *k = ctx;
-    float *pooled = window_score_layer(s, l, q, k->w, k->kernel);
+    float *pooled = window_score_layer(s, l, q, k->w, k->kernel, k->pool);
     window_compress(s, l, pooled, k->w, k->b, k->n_gen);
     free(pooled);
     return 0;
@@ -23,8 +25,12 @@ static int snapkv_after_attention(void *ctx, fwd_state *s, int l, const void *q)
 
 static kv_cache *snapkv_prefill(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
                                 float *logits, prefill_info *info, char *err, size_t errlen) {
-    snapkv k = {window_budget(n, o->kv_rate), o->window, o->pool_kernel, n_gen};
-    if (k.b <= k.w)
+    snapkv k = {o->kv_len ? o->kv_len : window_budget(n, o->kv_rate), o->window, o->pool_kernel,
+                n_gen, (enum window_pool)o->pool};
+    if (o->kv_len && n <= o->kv_len)
+        snprintf(info->note, sizeof info->note,
+                 "prompt of %d tokens fits --kv-len %d: ran it without compression", n, o->kv_len);
+    else if (k.b <= k.w)
         snprintf(info->note, sizeof info->note,
                  "prompt of %d tokens is too short for snapkv (window %d): ran it without "
                  "compression", n, k.w);
@@ -33,9 +39,15 @@ static kv_cache *snapkv_prefill(model *m, const int *ids, int n, int n_gen, cons
     return prefill_run(m, ids, n, n_gen, NULL, on ? &hooks : NULL, logits, info, err, errlen);
 }
 
+static int snapkv_check(const model *m, const strategy_opts *o, char *err, size_t errlen) {
+    (void)m;
+    return window_len_check("--kv-len", o->kv_len, o->window, err, errlen);
+}
+
 const strategy strategy_snapkv = {
     .name = "snapkv",
     .about = "every layer keeps its KV per KV head by window attention, no propagation (SnapKV)",
     .prefill = snapkv_prefill,
+    .check = snapkv_check,
     .phase = PHASE_PREFILL,
 };

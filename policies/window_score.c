@@ -9,7 +9,14 @@
 
 int window_budget(int n, float rate) { return (int)floorf((float)n * rate); }
 
-void window_score_heads(const float *probs, int w, int heads, int n, int kernel, float *pooled) {
+int window_len_check(const char *flag, int len, int w, char *err, size_t errlen) {
+    if (len == 0 || len > w) return 0;
+    return err_printf(err, errlen, "%s %d must exceed --window %d (the window is always kept)",
+                      flag, len, w);
+}
+
+void window_score_heads(const float *probs, int w, int heads, int n, int kernel,
+                        enum window_pool pool, float *pooled) {
     int c = n - w;
     float *sum = xmalloc((size_t)(c > 0 ? c : 1) * sizeof(float));
     for (int h = 0; h < heads; h++) {
@@ -18,7 +25,8 @@ void window_score_heads(const float *probs, int w, int heads, int n, int kernel,
             for (int r = 0; r < w; r++) acc += probs[((size_t)r * heads + h) * n + j];
             sum[j] = acc;
         }
-        score_maxpool(sum, c, kernel, pooled + (size_t)h * c);
+        (pool == WINDOW_POOL_AVG ? score_avgpool : score_maxpool)(sum, c, kernel,
+                                                                  pooled + (size_t)h * c);
     }
     free(sum);
 }
@@ -43,12 +51,13 @@ void window_select(const float *scores, int groups, int n, int w, int k, int *id
     }
 }
 
-float *window_score_layer(fwd_state *s, int l, const void *q, int w, int kernel) {
+float *window_score_layer(fwd_state *s, int l, const void *q, int w, int kernel,
+                          enum window_pool pool) {
     int n = s->n, heads = s->m->cfg.n_head;
     float *probs = xmalloc((size_t)w * heads * n * sizeof(float));
     float *pooled = xmalloc((size_t)heads * (n > w ? n - w : 1) * sizeof(float));
     fwd_attn_probs(s, l, q, w, n, probs);
-    window_score_heads(probs, w, heads, n, kernel, pooled);
+    window_score_heads(probs, w, heads, n, kernel, pool, pooled);
     free(probs);
     return pooled;
 }

@@ -1,8 +1,9 @@
 // tests/test_select.c — token selection of fastkv / snapkv / streamingllm against hand-built
 // answers: pooling edge rules (max-pool padding ignored, avg-pool zero padding), the FastKV window
-// scores from hand-made probabilities, per-KV-group and all-head sums, top-k plus window (ties to
-// the lower index, ascending), the budget arithmetic, and one attention layer end to end: window
-// softmax scores vs a float64 reference and the per-KV-head cache it keeps.
+// scores from hand-made probabilities (max- and avg-pooled), per-KV-group and all-head sums, top-k
+// plus window (ties to the lower index, ascending), the budget arithmetic and the fixed budgets'
+// window rule, and one attention layer end to end: window softmax scores vs a float64 reference
+// and the per-KV-head cache it keeps.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,17 +52,36 @@ static void test_window_scores(void) {
     };
     // s_0 = {0.7, 0.3, 0.0, 0.2}; s_1 = {0.1, 0.0, 0.7, 0.0} (keys 4, 5 are the window: excluded)
     float pooled[2][4], p1[2][4] = {{0.7f, 0.3f, 0.0f, 0.2f}, {0.1f, 0.0f, 0.7f, 0.0f}};
-    window_score_heads(&probs[0][0][0], 2, 2, 6, 1, &pooled[0][0]);
+    window_score_heads(&probs[0][0][0], 2, 2, 6, 1, WINDOW_POOL_MAX, &pooled[0][0]);
     for (int h = 0; h < 2; h++)
         for (int j = 0; j < 4; j++) CHECK_CLOSE(pooled[h][j], p1[h][j], 1e-6);
     // kernel 3: max-pool per head BEFORE summing heads
     float p3[2][4] = {{0.7f, 0.7f, 0.3f, 0.2f}, {0.1f, 0.7f, 0.7f, 0.7f}};
-    window_score_heads(&probs[0][0][0], 2, 2, 6, 3, &pooled[0][0]);
+    window_score_heads(&probs[0][0][0], 2, 2, 6, 3, WINDOW_POOL_MAX, &pooled[0][0]);
     for (int h = 0; h < 2; h++)
         for (int j = 0; j < 4; j++) CHECK_CLOSE(pooled[h][j], p3[h][j], 1e-6);
     float all[4], want[4] = {0.8f, 1.4f, 1.0f, 0.9f};
     window_score_groups(&pooled[0][0], 2, 1, 4, all);
     for (int j = 0; j < 4; j++) CHECK_CLOSE(all[j], want[j], 1e-6);
+    // --pool avg, kernel 3: per head, zero padding, every sum / 3:
+    // s_0 -> {0+.7+.3, .7+.3+0, .3+0+.2, .2+0+0} / 3; s_1 -> {0+.1+0, .1+0+.7, 0+.7+0, .7+0+0} / 3
+    float pa[2][4] = {{1.0f / 3, 1.0f / 3, 0.5f / 3, 0.2f / 3},
+                      {0.1f / 3, 0.8f / 3, 0.7f / 3, 0.7f / 3}};
+    window_score_heads(&probs[0][0][0], 2, 2, 6, 3, WINDOW_POOL_AVG, &pooled[0][0]);
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < 4; j++) CHECK_CLOSE(pooled[h][j], pa[h][j], 1e-6);
+    // where the two disagree: one head, w = 1, n = 8 (c = 7), s = {0, 5, 0, 0, 3, 3, 3};
+    // max-pool 3 -> {5, 5, 5, 0, 3, 3, 3}: top 1 is key 0 (ties to the lower index);
+    // avg-pool 3 -> {5, 5, 5, 3, 6, 9, 6} / 3: top 1 is key 5
+    float one[8] = {0, 5, 0, 0, 3, 3, 3, 1}, sc[7];
+    int top[2];
+    window_score_heads(one, 1, 1, 8, 3, WINDOW_POOL_MAX, sc);
+    window_select(sc, 1, 8, 1, 2, top);
+    CHECK(top[0] == 0 && top[1] == 7, "max-pool keeps %d %d", top[0], top[1]);
+    window_score_heads(one, 1, 1, 8, 3, WINDOW_POOL_AVG, sc);
+    CHECK_CLOSE(sc[5], 3.0, 1e-6);
+    window_select(sc, 1, 8, 1, 2, top);
+    CHECK(top[0] == 5 && top[1] == 7, "avg-pool keeps %d %d", top[0], top[1]);
     // 4 heads in 2 KV groups: group g sums heads 2g, 2g+1
     float ph[4][3] = {{1, 2, 3}, {10, 20, 30}, {4, 0, 4}, {0, 4, 1}}, grp[2][3];
     float wg[2][3] = {{11, 22, 33}, {4, 4, 5}};
@@ -98,6 +118,13 @@ static void test_budget(void) {
     CHECK(window_budget(280, 0.1f / 0.2f) == 140, "280 * 0.1 / 0.2 = %d",
           window_budget(280, 0.1f / 0.2f));
     CHECK(window_budget(9, 1.0f) == 9, "9 * 1 = %d", window_budget(9, 1.0f));
+    // fixed budgets (--kv-len, --tsp-len): 0 is off; otherwise more than the window
+    char err[160] = "";
+    CHECK(window_len_check("--kv-len", 0, 8, err, sizeof err) == 0, "0 is off");
+    CHECK(window_len_check("--kv-len", 9, 8, err, sizeof err) == 0, "9 > window 8");
+    CHECK(window_len_check("--tsp-len", 8, 8, err, sizeof err) == -1 &&
+          strcmp(err, "--tsp-len 8 must exceed --window 8 (the window is always kept)") == 0,
+          "8 = window 8: '%s'", err);
 }
 
 // One attention layer: 4 query heads over 2 KV heads (hd 2), n = 12 keys at positions 0..11,
@@ -131,7 +158,7 @@ static void test_layer(void) {
             for (int j = 0; j <= r; j++) sum += e[j] = exp(k[j][g][0] / sqrt(HD));
             for (int j = 0; j < N - W; j++) ref[h][j] += e[j] / sum;
         }
-    float *pooled = window_score_layer(&s, 0, q, W, 3);
+    float *pooled = window_score_layer(&s, 0, q, W, 3, WINDOW_POOL_MAX);
     for (int h = 0; h < H; h++)
         for (int j = 0; j < N - W; j++) {
             double mx = ref[h][j];

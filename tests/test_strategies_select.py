@@ -6,12 +6,15 @@
 * Compression happens after each layer's attention, so it changes decode only: snapkv's and
   streamingllm's first-token logits equal full's at any kv_rate, and so do fastkv's with
   tsp_rate = 1.
-* An independent float64 numpy reference of the three strategies (window-softmax scores, max-pool
-  per head, per-KV-group top-k plus window, TSP, budgets, sinks + recent), written here from the
-  spec on top of ref_llama's weights: sift's first-token logits (<= 1e-4) and greedy ids match.
+* An independent float64 numpy reference of the three strategies (window-softmax scores, max- or
+  average-pooled per head as the FastKV authors' F.max_pool1d / F.avg_pool1d with padding k//2,
+  per-KV-group top-k plus window, TSP, rate or fixed (--kv-len, --tsp-len) budgets, sinks +
+  recent), written here from the spec on top of ref_llama's weights: sift's first-token logits
+  (<= 1e-4) and greedy ids match.
 * The KV bytes and prompt rows `sift --json` reports equal the spec's formulas, computed here:
-  B_l = floor(n_l * rho_l), bytes = sum_l 2 * n_kv * head_dim * 4 * (min(B_l, n_l) + n_gen),
-  rows = (L_TSP + 1) * N + (L - L_TSP - 1) * T; too-short prompts run uncompressed with a note.
+  B_l = floor(n_l * rho_l) or the fixed --kv-len, bytes = sum_l 2 * n_kv * head_dim * 4 *
+  (min(B_l, n_l) + n_gen), rows = (L_TSP + 1) * N + (L - L_TSP - 1) * T; too-short prompts run
+  uncompressed with a note, and so do prompts that fit the fixed budgets.
 """
 import json
 import os
@@ -135,23 +138,43 @@ def topk_plus_window(score, n, w, k):
     return np.concatenate([np.sort(top), np.arange(n - w, n)])
 
 
-def window_pooled(p, w, kernel):
-    """p [heads, n, n] attention probabilities -> max-pooled window scores [heads, n - w]."""
+def window_pooled(p, w, kernel, pool=0):
+    """p [heads, n, n] attention probabilities -> pooled window scores [heads, n - w]: pool 0
+    max over the kernel's span clipped to [0, n - w); pool 1 the kernel's sum with zero padding
+    over the kernel (torch's avg_pool1d, count_include_pad)."""
     n = p.shape[-1]
     s = p[:, n - w:, : n - w].sum(axis=1)
     r = kernel // 2
+    if pool == 1:
+        padded = np.pad(s, ((0, 0), (r, r)))
+        return np.stack([[padded[h, j: j + kernel].sum() / kernel for j in range(n - w)]
+                         for h in range(s.shape[0])])
     return np.stack([[s[h, max(0, j - r): j + r + 1].max() for j in range(n - w)]
                      for h in range(s.shape[0])])
 
 
+def kv_budget(strategy, li, n, n_all, l_tsp, tsp_rate, kv_rate, kv_len, tsp_len):
+    """B_l of layer li running n of the prompt's n_all rows: the fixed kv_len; else fastkv's
+    floor(n R_KV) up to L_TSP and above it floor(n R_KV / R_TSP) (floor(N R_KV) with a fixed
+    tsp_len); snapkv's and streamingllm's floor(N R_KV)."""
+    if kv_len:
+        return kv_len
+    if strategy != "fastkv":
+        return f32_budget(n_all, kv_rate)
+    if li <= l_tsp:
+        return f32_budget(n, kv_rate)
+    if tsp_len:
+        return f32_budget(n_all, kv_rate)
+    return f32_budget(n, np.float32(kv_rate) / np.float32(tsp_rate))
+
+
 def reference(m, ids, strategy, n_gen, tsp_layer=-1, tsp_rate=0.2, kv_rate=0.1, window=8,
-              pool_kernel=7):
+              pool_kernel=7, pool=0, kv_len=0, tsp_len=0):
     """First-token logits and n_gen greedy ids of `strategy`, float64, from the spec."""
     n_all, L, w = len(ids), m.n_layer, window
     group = m.n_head // m.n_kv
     l_tsp = tsp_layer if tsp_layer >= 0 else max(L // 2 - 1, 0)
-    t = f32_budget(n_all, tsp_rate) if strategy == "fastkv" else n_all
-    kv_up = np.float32(kv_rate) / np.float32(tsp_rate)
+    t = (tsp_len or f32_budget(n_all, tsp_rate)) if strategy == "fastkv" else n_all
     x, pos, cache = m.tok_embd[ids].copy(), np.arange(n_all), []
     for li, ly in enumerate(m.layers):
         n = len(pos)
@@ -166,11 +189,10 @@ def reference(m, ids, strategy, n_gen, tsp_layer=-1, tsp_rate=0.2, kv_rate=0.1, 
         p /= p.sum(-1, keepdims=True)
         o = np.einsum("hij,jhd->ihd", p, np.repeat(v, group, axis=1)).reshape(n, -1)
         # KV compression: per KV head g, kept entry indices sel[g]
-        b = f32_budget(n, kv_rate if li <= l_tsp else kv_up) if strategy == "fastkv" else \
-            f32_budget(n_all, kv_rate)
+        b = kv_budget(strategy, li, n, n_all, l_tsp, tsp_rate, kv_rate, kv_len, tsp_len)
         sel = [np.arange(n)] * m.n_kv
         if strategy in ("fastkv", "snapkv"):
-            pooled = window_pooled(p, w, pool_kernel)
+            pooled = window_pooled(p, w, pool_kernel, pool)
             if b < n:
                 sel = [topk_plus_window(pooled[g * group:(g + 1) * group].sum(0), n, w, max(b, w))
                        for g in range(m.n_kv)]
@@ -217,7 +239,16 @@ CASES = [("fastkv", {}), ("snapkv", {}), ("streamingllm", {}),
          ("fastkv", {"tsp_layer": 0, "tsp_rate": 0.3, "kv_rate": 0.15, "window": 4,
                      "pool_kernel": 5}),
          ("snapkv", {"kv_rate": 0.3, "window": 16, "pool_kernel": 3}),
-         ("streamingllm", {"kv_rate": 0.05})]
+         ("streamingllm", {"kv_rate": 0.05}),
+         # average pooling (the authors' F.avg_pool1d, zero padding)
+         ("fastkv", {"pool": 1}), ("snapkv", {"pool": 1, "kv_rate": 0.2, "pool_kernel": 5}),
+         # fixed budgets: both; KV alone (T from the rate); T alone (floor(N R_KV) above L_TSP);
+         # a prompt that fits --kv-len (TSP only); snapkv's
+         ("fastkv", {"kv_len": 24, "tsp_len": 50}),
+         ("fastkv", {"kv_len": 30, "pool": 1, "window": 4}),
+         ("fastkv", {"tsp_len": 60, "kv_rate": 0.15, "tsp_layer": 2}),
+         ("fastkv", {"kv_len": 250, "tsp_len": 60}),
+         ("snapkv", {"kv_len": 33, "window": 5})]
 
 
 @pytest.mark.parametrize("name,sets", CASES)
@@ -242,17 +273,16 @@ def sift_json(model, text, tmp_path, strategy, n_gen, *flags):
     return json.loads(r.stdout.splitlines()[0])
 
 
-def expected(strategy, n, n_gen, tsp_layer=1, tsp_rate=0.2, kv_rate=0.1, window=8):
+def expected(strategy, n, n_gen, tsp_layer=1, tsp_rate=0.2, kv_rate=0.1, window=8, kv_len=0,
+             tsp_len=0):
     """(kv_bytes, rows) from the spec: per-layer budgets and row counts."""
-    t = f32_budget(n, tsp_rate)
+    t = tsp_len or f32_budget(n, tsp_rate)
     lengths, rows = [], 0
     for li in range(L_TINY):
+        n_l = n if strategy != "fastkv" or li <= tsp_layer or t >= n else t
+        b = kv_budget(strategy, li, n_l, n, tsp_layer, tsp_rate, kv_rate, kv_len, tsp_len)
         if strategy == "fastkv":
-            n_l = n if li <= tsp_layer or t >= n else t
-            rho = kv_rate if li <= tsp_layer else np.float32(kv_rate) / np.float32(tsp_rate)
-            b = max(f32_budget(n_l, rho), window)
-        else:
-            n_l, b = n, f32_budget(n, kv_rate)
+            b = max(b, window)
         lengths.append(min(b, n_l))
         rows += n_l
     return sum(2 * N_KV * HD * 4 * (b + n_gen) for b in lengths), rows
@@ -267,8 +297,12 @@ TEXT = ("Sift reads a prompt, runs one strategy over a small model and prints wh
     ("fastkv", [], {}),
     ("fastkv", ["--tsp-layer", "2", "--tsp-rate", "0.3", "--kv-rate", "0.07"],
      {"tsp_layer": 2, "tsp_rate": 0.3, "kv_rate": 0.07}),
+    ("fastkv", ["--kv-len", "20", "--tsp-len", "64"], {"kv_len": 20, "tsp_len": 64}),
+    ("fastkv", ["--tsp-len", "64", "--kv-rate", "0.15", "--pool", "avg"],
+     {"tsp_len": 64, "kv_rate": 0.15}),
     ("snapkv", [], {}),
     ("snapkv", ["--kv-rate", "0.25"], {"kv_rate": 0.25}),
+    ("snapkv", ["--kv-len", "40", "--pool", "avg"], {"kv_len": 40}),
     ("streamingllm", [], {}),
     ("streamingllm", ["--kv-rate", "0.5"], {"kv_rate": 0.5}),
 ])
@@ -291,6 +325,33 @@ def test_short_prompt_runs_uncompressed(tiny, tmp_path, strategy):
     assert "too short" in j["note"] and strategy in j["note"]
     assert j["kv_bytes"] == full["kv_bytes"] and j["rows_processed"] == full["rows_processed"]
     assert j["text"] == full["text"]
+
+
+@pytest.mark.parametrize("strategy,flags,says", [
+    ("fastkv", ["--kv-len", "5000", "--tsp-len", "5000"], "fits --kv-len and --tsp-len: ran it "
+     "without compression"),
+    ("snapkv", ["--kv-len", "5000"], "fits --kv-len 5000: ran it without compression"),
+])
+def test_prompt_fitting_fixed_budgets_runs_uncompressed(tiny, tmp_path, strategy, flags, says):
+    j = sift_json(tiny, TEXT, tmp_path, strategy, 4, *flags)
+    full = sift_json(tiny, TEXT, tmp_path, "full", 4)
+    assert says in j["note"]
+    assert j["kv_bytes"] == full["kv_bytes"] and j["rows_processed"] == full["rows_processed"]
+    assert j["text"] == full["text"]
+
+
+@pytest.mark.parametrize("strategy,flags,says", [
+    ("fastkv", ["--kv-len", "8"], "--kv-len 8 must exceed --window 8"),
+    ("fastkv", ["--tsp-len", "3", "--window", "4"], "--tsp-len 3 must exceed --window 4"),
+    ("snapkv", ["--kv-len", "16", "--window", "16"], "--kv-len 16 must exceed --window 16"),
+    ("fastkv", ["--pool", "mean"], "--pool must be max or avg, not 'mean'"),
+])
+def test_fixed_budget_and_pool_errors(tiny, tmp_path, strategy, flags, says):
+    f = tmp_path / "p.txt"
+    f.write_text(TEXT)
+    r = subprocess.run([str(SIFT), "-m", str(tiny), "--strategy", strategy, *flags, "-f", str(f),
+                        "-n", "2"], capture_output=True, text=True, timeout=60)
+    assert r.returncode > 0 and says in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
 def test_tsp_layer_out_of_range(tiny, tmp_path):

@@ -5,8 +5,9 @@
 // (plain full pass). With --strategy: writes the logits (vocab,) the strategy's prefill gives
 // for the first generated token. --greedy N also prints the N greedily generated ids (strategy
 // full unless --strategy) on one line. --set keys: the strategy_opts fields speed_depth, anchor,
-// tsp_layer, tsp_rate, kv_rate, window, pool_kernel, keep, lookahead, chunk, spec_pool,
-// draft_layers, swiftkv_layers, swiftkv_group, swiftkv_fold; --draft PATH loads a draft model.
+// tsp_layer, tsp_rate, kv_rate, window, pool_kernel, pool (0 max, 1 avg), kv_len, tsp_len, keep,
+// lookahead, chunk, spec_pool, draft_layers, swiftkv_layers, swiftkv_group, swiftkv_fold;
+// --draft PATH loads a draft model.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +32,9 @@ static int set_opt(strategy_opts *o, const char *kv) {
         {"speed_depth", &o->speed_depth, NULL}, {"anchor", &o->anchor, NULL},
         {"tsp_layer", &o->tsp_layer, NULL},     {"tsp_rate", NULL, &o->tsp_rate},
         {"kv_rate", NULL, &o->kv_rate},         {"window", &o->window, NULL},
-        {"pool_kernel", &o->pool_kernel, NULL}, {"keep", NULL, &o->keep},
+        {"pool_kernel", &o->pool_kernel, NULL}, {"pool", &o->pool, NULL},
+        {"kv_len", &o->kv_len, NULL},           {"tsp_len", &o->tsp_len, NULL},
+        {"keep", NULL, &o->keep},
         {"lookahead", &o->lookahead, NULL},     {"chunk", &o->chunk, NULL},
         {"spec_pool", &o->spec_pool, NULL},     {"draft_layers", &o->draft_layers, NULL},
         {"swiftkv_layers", &o->swiftkv_layers, NULL}, {"swiftkv_group", &o->swiftkv_group, NULL},
