@@ -124,7 +124,8 @@ static const flag_row FLAGS[] = {
      "sampling seed (default -1 = random, reported)"},
     {"strategy and device", NULL, "--strategy", "LIST", F_CALL, 0, 0, 0, 0, set_strategy,
      "one strategy, or a comma list / all for an A/B comparison on the same tokens: %s "
-     "(default full)"},
+     "(default full); or PREFILL+DECODE, a prefill strategy then a decode one (topk, topk+phi), "
+     "e.g. fastkv+topk"},
     {NULL, NULL, "--device", "D", F_CALL, 0, 0, 0, 0, set_device,
      "auto | cpu | cuda (default auto: cuda when a GPU is usable; --device cuda says why one "
      "is not)"},

@@ -542,10 +542,16 @@ static void json_unit(FILE *f, const runner *R, const unit *u) {
     cli_json_str(f, R->model_name, strlen(R->model_name));
     fprintf(f, ",\"note\":");
     cli_json_str(f, st->note, strlen(st->note));
+    fprintf(f, ",\"label\":");
+    if (st->label[0]) cli_json_str(f, st->label, strlen(st->label));
+    else fprintf(f, "null");
     fprintf(f, ",\"settings\":");
     cli_strategy_settings_json(f, R->o->so, u->s->name);
     fprintf(f, ",\"seed\":%llu,\"kv_bytes\":%zu,\"load_ms\":%.3f,\"rows_processed\":%ld,"
-            "\"rows_pct_of_full\":%.3f,", u->seed, st->kv_bytes, R->load_ms, st->rows_done, u->rows_pct);
+            "\"draft_rows\":%ld,\"rows_pct_of_full\":%.3f,", u->seed, st->kv_bytes, R->load_ms,
+            st->rows_done, st->draft_rows, u->rows_pct);
+    if (st->decode_runs) fprintf(f, "\"kv_read_per_step\":%.0f,", st->kv_read_per_step);
+    else fprintf(f, "\"kv_read_per_step\":null,");
     if (u->first_agree < 0) fprintf(f, "\"first_token_agree\":null,\"greedy_agree_pct\":null,");
     else fprintf(f, "\"first_token_agree\":%s,\"greedy_agree_pct\":%.2f,", u->first_agree ? "true" : "false", u->greedy_agree);
     fprintf(f, "\"timings\":{\"prompt_n\":%d,\"prompt_ms\":%.3f,\"prompt_per_token_ms\":%.4f,"
@@ -566,21 +572,24 @@ static void write_whole(FILE *f, const char *buf, size_t n) {
 
 // The A/B table after the texts: one row per strategy.
 static void print_table(const unit *u, int n) {
-    printf("\n| strategy | rows %% of full | KV MiB | TTFT ms | prefill tok/s | TPOT ms | decode tok/s "
-           "| 1st token = full | greedy agree %% | first line |\n"
-           "|---|---:|---:|---:|---:|---:|---:|:---:|---:|---|\n");
+    printf("\n| strategy | rows %% of full | KV MiB | KV read/step MiB | TTFT ms | prefill tok/s | TPOT ms "
+           "| decode tok/s | 1st token = full | greedy agree %% | first line |\n"
+           "|---|---:|---:|---:|---:|---:|---:|---:|:---:|---:|---|\n");
     for (int i = 0; i < n; i++) {
         const run_stats *st = &u[i].g.st;
         if (u[i].rc) {
-            printf("| %s | error: %s |||||||||\n", u[i].s->name, u[i].err);
+            printf("| %s | error: %s ||||||||||\n", u[i].s->name, u[i].err);
             continue;
         }
         const char *text = u[i].text.buf ? u[i].text.buf : "";
         while (*text == '\n' || *text == ' ') text++;
         int line = (int)strcspn(text, "\n|");
         if (line > 60) line = 60;
-        printf("| %s | %.1f | %.2f | %.1f | %.1f | %.2f | %.2f | %s | ", u[i].s->name, u[i].rows_pct,
-               st->kv_bytes / 1048576.0, st->prompt_ms, cli_per_sec(st->prompt_n, st->prompt_ms),
+        printf("| %s%s%s%s | %.1f | %.2f | ", u[i].s->name, st->label[0] ? " (" : "", st->label,
+               st->label[0] ? ")" : "", u[i].rows_pct, st->kv_bytes / 1048576.0);
+        if (st->decode_runs) printf("%.2f | ", st->kv_read_per_step / 1048576.0);
+        else printf("- | ");
+        printf("%.1f | %.1f | %.2f | %.2f | %s | ", st->prompt_ms, cli_per_sec(st->prompt_n, st->prompt_ms),
                cli_per_tok(st->decode_runs, st->decode_ms), cli_per_sec(st->decode_runs, st->decode_ms),
                u[i].first_agree < 0 ? "-" : u[i].first_agree ? "yes" : "no");
         if (u[i].greedy_agree < 0) printf("- | ");
