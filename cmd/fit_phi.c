@@ -363,13 +363,11 @@ static const float CHECK_DELTAS[] = {1, 0, -1, -2, -4, PHI_GATE_OFF};
 #define CHECK_MIN 512   // held-out tokens below which the check is skipped (with a warning)
 #define CHECK_ROWS 16
 
-static int phi_cache_tokens(const phi_maps *p) {   // R_phi, rounded up (spec: budgets)
-    return (int)ceil(p->d_phi / 2.0 + (double)p->d_phi / p->d_in);
-}
+static int phi_cache_tokens(const phi_maps *p) { return topk_phi_cache_tokens(p->d_phi, p->d_in); }
 
-// Returns 1 when the fitted maps lose to random features or topk, 0 otherwise (also skipped).
-// select 0 (--verify): the maps as they are, no offset chosen.
-static int fit_check(model *m, phi_maps *p, const int *held, int n_held, int n_fit, const fit_opts *o,
+// Prints the verdict and stores it in p (skipped with a warning when too little text is held
+// out). select 0 (--verify): the maps as they are, no offset chosen.
+static void fit_check(model *m, phi_maps *p, const int *held, int n_held, int n_fit, const fit_opts *o,
                      int select) {
     const model_config *c = &m->cfg;
     if (n_held < CHECK_MIN) {
@@ -378,10 +376,10 @@ static int fit_check(model *m, phi_maps *p, const int *held, int n_held, int n_f
         fprintf(stderr, "fit-phi: warning: %s has %d tokens after the %d the fit used; the "
                 "end-to-end check needs %d: give more text (%d tokens or more) or a smaller --ctx\n",
                 o->data, n_held, n_fit, CHECK_MIN, n_fit + CHECK_MIN);
-        return 0;
+        return;
     }
     int n = n_held < o->check ? n_held : o->check, r_fit = phi_cache_tokens(p);
-    phi_maps *prf = phi_maps_prf(c->n_layer, c->n_head, c->n_kv_head, c->head_dim, c->head_dim, 0x5EED);
+    phi_maps *prf = topk_phi_fallback_maps(m, c->head_dim);
     int r_prf = phi_cache_tokens(prf), r_max = r_fit > r_prf ? r_fit : r_prf;
     int budget = (int)ceil(0.02 * (n - 1)), floor_b = o->sink + o->tail + r_max + 16;
     if (budget < floor_b) budget = floor_b;
@@ -402,7 +400,7 @@ static int fit_check(model *m, phi_maps *p, const int *held, int n_held, int n_f
             snprintf(p->verdict, sizeof p->verdict, "unchecked: %.280s", err);
             if (cur != 0) phi_maps_shift_q(p, -cur);
             phi_maps_free(prf);
-            return 0;
+            return;
         }
         for (int v = 0; v < 2 + n_d; v++) {
             if (v >= 2 && deltas[v - 2] != cur) phi_maps_shift_q(p, deltas[v - 2] - cur), cur = deltas[v - 2];
@@ -455,7 +453,6 @@ static int fit_check(model *m, phi_maps *p, const int *held, int n_held, int n_f
                 "cache's %d token-equivalents buy more as retrieved tokens at %d tokens)\n", k_topk,
                 k_topk - r_fit, r_fit, n);
     phi_maps_free(prf);
-    return loses;
 }
 
 int cmd_fit_phi(int argc, char **argv) {
@@ -476,7 +473,7 @@ int cmd_fit_phi(int argc, char **argv) {
     int d_phi = o.d_phi ? o.d_phi : c->head_dim, start = 0;
     phi_maps *p = phi_maps_mlp(c->n_layer, c->n_head, c->n_kv_head, c->head_dim, c->head_dim,
                                2 * c->head_dim, d_phi);
-    phi_maps *prf = phi_maps_prf(c->n_layer, c->n_head, c->n_kv_head, c->head_dim, d_phi, 0x5EED);
+    phi_maps *prf = topk_phi_fallback_maps(L.m, d_phi);
     char prog[4096], key[512], err[512];
     snprintf(prog, sizeof prog, "%s.progress", o.out);
     progress_key(key, sizeof key, &o, L.path, d_phi);

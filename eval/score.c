@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "eval.h"
+#include "../model/sample.h"
 
 // 1 if needle occurs in hay, ignoring ASCII case.
 static int contains_nocase(const char *hay, const char *needle) {
@@ -27,20 +28,5 @@ double eval_score(const char answers[][32], int n_answers, const char *text) {
     return (double)found / n_answers;
 }
 
-// log-sum-exp of x (n,)
-static double log_sum_exp(const float *x, int n) {
-    double mx = -INFINITY, s = 0;
-    for (int i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
-    for (int i = 0; i < n; i++) s += exp(x[i] - mx);
-    return mx + log(s);
-}
-
-// KL(p || q) = sum_i p_i (log p_i - log q_i), p_i = softmax(lp)_i, q_i = softmax(lq)_i
-double eval_kl(const float *lp, const float *lq, int n) {
-    double zp = log_sum_exp(lp, n), zq = log_sum_exp(lq, n), kl = 0;
-    for (int i = 0; i < n; i++) {
-        double log_p = lp[i] - zp, log_q = lq[i] - zq;
-        kl += exp(log_p) * (log_p - log_q);
-    }
-    return kl > 0 ? kl : 0;   // rounding can leave -1e-12 for equal inputs
-}
+// KL(p || q) of two next-token distributions given as logits (model/sample.c).
+double eval_kl(const float *lp, const float *lq, int n) { return sample_kl(lp, lq, n); }

@@ -79,3 +79,21 @@ int sample_next(sampler *s, const float *logits) {
     }
     return s->cand[n - 1].id;
 }
+
+// log-sum-exp of x (n,)
+static double log_sum_exp(const float *x, int n) {
+    double mx = -INFINITY, s = 0;
+    for (int i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    for (int i = 0; i < n; i++) s += exp(x[i] - mx);
+    return mx + log(s);
+}
+
+// KL(p || q) = sum_i p_i (log p_i - log q_i), p_i = softmax(lp)_i, q_i = softmax(lq)_i
+double sample_kl(const float *lp, const float *lq, int n) {
+    double zp = log_sum_exp(lp, n), zq = log_sum_exp(lq, n), kl = 0;
+    for (int i = 0; i < n; i++) {
+        double log_p = lp[i] - zp, log_q = lq[i] - zq;
+        kl += exp(log_p) * (log_p - log_q);
+    }
+    return kl > 0 ? kl : 0;   // rounding can leave -1e-12 for equal inputs
+}

@@ -52,9 +52,13 @@ static void topk_state_free(void *ctx) {
     free(t);
 }
 
-// R_phi = d_phi/2 + d_phi/d_h token-equivalents: what reading the phi cache once costs.
 int topk_phi_cache_tokens(int d_phi, int head_dim) {
     return (int)ceil(d_phi / 2.0 + (double)d_phi / head_dim);
+}
+
+phi_maps *topk_phi_fallback_maps(const model *m, int d_phi) {
+    const model_config *c = &m->cfg;
+    return phi_maps_prf(c->n_layer, c->n_head, c->n_kv_head, c->head_dim, d_phi, PRF_SEED);
 }
 
 // Spec budget: n = ceil(f N) exact reads; the phi cache costs R_phi token-equivalents, so
@@ -144,8 +148,7 @@ static void topk_report(void *ctx, char *buf, size_t len) {
 // The feature maps topk+phi uses: --phi FILE, shapes checked against m, or random features.
 static phi_maps *load_maps(const model *m, const strategy_opts *o, char *err, size_t errlen) {
     const model_config *c = &m->cfg;
-    if (!o->phi_path) return phi_maps_prf(c->n_layer, c->n_head, c->n_kv_head, c->head_dim,
-                                          c->head_dim, PRF_SEED);
+    if (!o->phi_path) return topk_phi_fallback_maps(m, c->head_dim);
     phi_maps *p = phi_maps_load(o->phi_path, err, errlen);
     if (p && (p->n_layer != c->n_layer || p->n_head != c->n_head ||
               p->n_kv_head != c->n_kv_head || p->d_in != c->head_dim)) {
@@ -319,25 +322,6 @@ const strategy strategy_topk = {
     .attach = topk_only_attach,
 };
 
-static int argmax_row(const float *x, int n) {
-    int b = 0;
-    for (int j = 1; j < n; j++)
-        if (x[j] > x[b]) b = j;
-    return b;
-}
-
-// KL(softmax(p) || softmax(q)) of two logit rows, in double.
-static double kl_logits(const float *p, const float *q, int n) {
-    double mp = p[argmax_row(p, n)], mq = q[argmax_row(q, n)], zp = 0, zq = 0, s = 0;
-    for (int j = 0; j < n; j++) zp += exp(p[j] - mp), zq += exp(q[j] - mq);
-    double lzp = mp + log(zp), lzq = mq + log(zq);
-    for (int j = 0; j < n; j++) {
-        double lp = p[j] - lzp;
-        s += exp(lp) * (lp - (q[j] - lzq));
-    }
-    return s > 0 ? s : 0;
-}
-
 // Decodes `steps` tokens from kv (np prefilled) through hooks: the first is ids_np, then
 // forced[i - 1] (forced non-NULL) or the previous row's argmax; rows (steps, vocab); toks
 // (steps,) the argmax of each row. Rewinds kv to np entries afterwards.
@@ -348,7 +332,7 @@ static void decode_from(model *m, kv_cache *kv, int np, int pos0, int id_np, con
         int pos = pos0 + np + t;
         float *row = rows + (size_t)t * vocab;
         fwd_run(m, kv, &id, &pos, 1, hooks, row, 0);
-        toks[t] = argmax_row(row, vocab);
+        toks[t] = sample_argmax(row, vocab);
         id = forced ? forced[t] : toks[t];
     }
     for (int l = 0; l < kv->n_layer; l++) kv->layers[l].len = np;
@@ -405,7 +389,7 @@ void topk_cmp_run(topk_cmp *c, const phi_maps *maps, int k, double *kl, double *
     decode_from(c->m, kv, c->np, c->pos0, c->ids[c->np], c->full_tok, c->rows, &h, c->got, c->toks);
     *agree = 0;
     for (int r = 0; r < c->rows; r++) {
-        kl[r] = kl_logits(c->ref + (size_t)r * vocab, c->got + (size_t)r * vocab, vocab);
+        kl[r] = sample_kl(c->ref + (size_t)r * vocab, c->got + (size_t)r * vocab, vocab);
         *agree += (c->toks[r] == c->full_tok[r]) / (double)c->rows;
     }
     if (c->n_free > 0 && free_tok) {

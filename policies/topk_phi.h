@@ -20,3 +20,10 @@ const int *topk_cmp_full(const topk_cmp *c, int free_run);
 // changed between runs.
 void topk_cmp_run(topk_cmp *c, const phi_maps *maps, int k, double *kl, double *agree, int *free_tok);
 void topk_cmp_end(topk_cmp *c);
+
+// R_phi = ceil(d_phi/2 + d_phi/d_h): the token-equivalents reading the phi cache costs (spec:
+// budgets); topk+phi retrieves that many fewer entries than topk at the same --budget.
+int topk_phi_cache_tokens(int d_phi, int head_dim);
+// The training-free maps topk+phi uses without --phi: positive random features of m's shapes
+// (fixed seed), d_phi features per head.
+phi_maps *topk_phi_fallback_maps(const model *m, int d_phi);

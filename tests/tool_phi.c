@@ -29,7 +29,7 @@
 //     --set keys: sink, tail, topk, budget, phi (a path). --greedy N instead of --cont: the
 //     continuation is N greedy tokens (argmax of the previous row).
 //   tool_phi prf MODEL OUT.phi
-//     the random features topk+phi falls back to (seed 0x5EED, d_phi = head dim) as a .phi file.
+//     the random features topk+phi falls back to (topk_phi_fallback_maps, d_phi = head dim) as a .phi file.
 //   tool_phi compare MODEL ROWS NFREE POS0 VARIANT... -- ID...
 //     topk_cmp (policies/topk_phi.h) on the ids at positions POS0..; VARIANT = topk:K,
 //     prf:K (random features) or PHI_FILE:K:DELTA (fitted maps, log phi_q shifted by DELTA).
@@ -265,7 +265,7 @@ static int remainder_cmd(char **argv) {
     while (n < cap && fscanf(fp, "%d", &ids[n]) == 1) n++;
     fclose(fp);
     phi_maps *p = strcmp(argv[5], "prf") ? phi_maps_load(argv[5], err, sizeof err)
-                : phi_maps_prf(c->n_layer, c->n_head, c->n_kv_head, c->head_dim, c->head_dim, 0x5EED);
+                : topk_phi_fallback_maps(m, c->head_dim);
     if (!p || n < 64) {
         fprintf(stderr, "%s\n", p ? "need >= 64 ids" : err);
         return 1;
@@ -394,7 +394,7 @@ static int compare_cmd(int argc, char **argv) {
         int k = 0;
         if (sscanf(argv[a], "topk:%d", &k) == 1) v[n_v] = (__typeof__(v[0])){NULL, k};
         else if (sscanf(argv[a], "prf:%d", &k) == 1) {
-            own[n_v] = phi_maps_prf(c->n_layer, c->n_head, c->n_kv_head, c->head_dim, c->head_dim, 0x5EED);
+            own[n_v] = topk_phi_fallback_maps(m, c->head_dim);
             v[n_v] = (__typeof__(v[0])){own[n_v], k};
         } else if (sscanf(argv[a], "%1023[^:]:%d:%f", path, &k, &delta) == 3) {
             own[n_v] = phi_maps_load(path, err, sizeof err);
@@ -457,7 +457,7 @@ static int prf_cmd(const char *model_path, const char *out) {
         return 1;
     }
     const model_config *c = &m->cfg;
-    phi_maps *p = phi_maps_prf(c->n_layer, c->n_head, c->n_kv_head, c->head_dim, c->head_dim, 0x5EED);
+    phi_maps *p = topk_phi_fallback_maps(m, c->head_dim);
     int rc = phi_maps_save(p, out, err, sizeof err);
     if (rc) fprintf(stderr, "%s\n", err);
     phi_maps_free(p), model_free(m), gguf_close(f), bk->destroy(bk);
