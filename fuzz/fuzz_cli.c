@@ -48,6 +48,7 @@ static void check_options(const options *o) {
     if (r->sp.top_p <= 0 || r->sp.top_p > 1 || r->sp.temp < 0) abort();
     if (o->so.kv_rate < 0 || o->so.kv_rate > 1 || o->so.keep < 0 || o->so.keep > 1) abort();
     if (o->so.pool_kernel % 2 == 0 || o->so.spec_pool % 2 == 0) abort();
+    if (o->so.keep_last != 0 && o->so.keep_last != 1) abort();
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
