@@ -49,6 +49,7 @@ static void check_options(const options *o) {
     if (o->so.kv_rate < 0 || o->so.kv_rate > 1 || o->so.keep < 0 || o->so.keep > 1) abort();
     if (o->so.pool_kernel % 2 == 0 || o->so.spec_pool % 2 == 0) abort();
     if (o->so.pool < 0 || o->so.pool > 1 || o->so.kv_len < 0 || o->so.tsp_len < 0) abort();
+    if (o->so.keep_last != 0 && o->so.keep_last != 1) abort();
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -10,11 +10,15 @@ double cost_n_params(const model_config *c) {
     return (double)c->vocab * d * (c->tied ? 1 : 2) + d + c->n_layer * layer;
 }
 
+double cost_layer_row_flops(const model_config *c) {
+    double d = c->d_model, f = c->d_ff, q = q_dim(c), kv = kv_dim(c);
+    return 2 * (d * q + 2 * d * kv + q * d + 3 * d * f);
+}
+
 double cost_prefill_flops(const model_config *c, long n) {
-    double d = c->d_model, f = c->d_ff, q = q_dim(c), kv = kv_dim(c), N = (double)n;
-    double linear = N * 2 * (d * q + 2 * d * kv + q * d + 3 * d * f);
+    double N = (double)n, linear = N * cost_layer_row_flops(c);
     double attention = 2.0 * 2.0 * c->n_head * c->head_dim * (N * (N + 1) / 2);
-    return c->n_layer * (linear + attention) + 2 * d * c->vocab;
+    return c->n_layer * (linear + attention) + 2 * c->d_model * (double)c->vocab;
 }
 
 double cost_decode_weight_bytes(const model_config *c, size_t elem) {

@@ -18,6 +18,10 @@ double cost_n_params(const model_config *c);
 // RoPE, softmax, SwiGLU and bias adds (O(n*d) each).
 double cost_prefill_flops(const model_config *c, long n);
 
+// FLOPs of one row through one layer's projections and MLP, 2 * (d*qd + 2*d*kvd + qd*d + 3*d*d_ff):
+// the per-row part of the above, without the attention term that grows with the context.
+double cost_layer_row_flops(const model_config *c);
+
 // Weight bytes one decode step reads: every weight once at elem bytes each, except the token
 // embedding when untied (only one row of it is gathered); tied, it is read whole as the LM head.
 double cost_decode_weight_bytes(const model_config *c, size_t elem);

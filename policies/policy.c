@@ -148,6 +148,8 @@ static const opt_def OPTS[] = {
      "draft model with the same vocabulary"},
     {"--draft-layers", "N", OPT_INT, OFF(draft_layers), 1, 4096, NULL, 0, "ceil(L/2) without --draft",
      "specprefill", "self-draft from the main model's first N layers"},
+    {"--keep-last", "on|off", OPT_CHOICE, OFF(keep_last), 0, 0, "on=1|off=0", 1, NULL,
+     "specprefill", "always keep the last chunk; off: the top chunks alone (the authors' code)"},
     {"--swiftkv-layers", "l", OPT_INT, OFF(swiftkv_layers), 1, 4096, NULL, 0,
      "L/2, or a checkpoint's own", "swiftkv", "layers the whole prompt runs"},
     {"--swiftkv-group", "G", OPT_INT, OFF(swiftkv_group), 1, 4096, NULL, 0, "1", "swiftkv",
@@ -319,7 +321,9 @@ int gen_begin(gen_seq *g, const strategy *s, model *m, const strategy_opts *o, c
     g->st.prompt_n = n;
     g->logits = xmalloc((size_t)m->cfg.vocab * sizeof(float));
     double t0 = now_ms();
-    g->kv = strategy_prefill(s, m, ids, n, n_predict, o, g->logits, &g->info, err, errlen);
+    strategy_opts so = *o;   // the request's sampling, for tokens the strategy draws itself
+    so.sampling = smp->p;
+    g->kv = strategy_prefill(s, m, ids, n, n_predict, &so, g->logits, &g->info, err, errlen);
     if (!g->kv) {
         free(g->logits);
         return -1;

@@ -29,6 +29,7 @@ typedef struct strategy_opts {
     const char *draft_path; // --draft MODEL (loaded into `draft` by the command line), or NULL
     model *draft;           // --draft: a separate model with the same vocabulary, or NULL
     int draft_layers;       // --draft-layers N: the main model's first N layers; 0 = unset
+    int keep_last;          // 1: the last chunk is always kept; 0: the top chunks alone
     // swiftkv
     int swiftkv_layers;     // l: layers the whole prompt runs; 0 = L/2 (or the checkpoint's)
     int swiftkv_group;      // G: layers sharing one KV cache; 0 = 1 (or the checkpoint's)
@@ -42,6 +43,9 @@ typedef struct strategy_opts {
     // end-of-generation test for strategies that decode internally (specprefill lookahead)
     int (*is_eog)(const void *ctx, int id);
     const void *eog_ctx;
+    // not a flag: the request's sampling settings, for tokens a strategy draws itself
+    // (specprefill lookahead); gen_begin copies them from the request's sampler. Zero: greedy.
+    sample_params sampling;
 } strategy_opts;
 
 // What a prefill reports besides the cache and logits.

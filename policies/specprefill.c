@@ -1,10 +1,13 @@
 // policies/specprefill.c — `specprefill`: Speculative Prefill (specs/specprefill.md). A speculator
-// (a --draft model with the same tokenizer, or the main model's first --draft-layers layers, by
-// default L/2, + final norm + LM head) reads the whole prompt plus a few greedy lookahead tokens;
-// the attention of those query rows over the prompt, pooled and maxed over (layer, head) and
-// averaged over the rows, scores every prompt token. The main model then prefills only the top
-// chunks, each token at its original position; decoding goes on at positions M, M+1, ... over the
-// shorter cache.
+// reads the whole prompt plus a few lookahead tokens (greedy, or drawn with the request's own
+// sampling settings when its temperature is > 0): a --draft model with the same tokenizer, as
+// in the paper, or without one [D] a self-draft, the main model's first --draft-layers layers
+// (default ceil(L/2)) + final norm + LM head, which is NOT the paper's method. The attention of
+// those query rows over the prompt, pooled and maxed over (layer, head) and averaged over the
+// rows, scores every prompt token. The main model then prefills only the top chunks (and the
+// last chunk, unless --keep-last off), each token at its original position; decoding goes on at
+// positions M, M+1, ... over the shorter cache. The speculator's rows count in the prefill's
+// rows (in main-model layer rows), and the label says which speculator ran.
 #include "specprefill.h"
 
 #include <math.h>
@@ -13,6 +16,7 @@
 #include <string.h>
 
 #include "../attn/score.h"
+#include "../model/cost.h"
 #include "../util/check.h"
 #include "policy.h"
 
@@ -26,7 +30,7 @@ void specprefill_fold_row(const float *probs, int heads, int m, int pool, float 
     free(pooled);
 }
 
-int specprefill_select(const float *score, int m, int chunk, float keep, int *idx) {
+int specprefill_select(const float *score, int m, int chunk, float keep, int keep_last, int *idx) {
     int nc = (m + chunk - 1) / chunk;
     float *cs = xmalloc((size_t)nc * sizeof(float));
     int *top = xmalloc((size_t)(nc + 1) * sizeof(int));
@@ -38,7 +42,7 @@ int specprefill_select(const float *score, int m, int chunk, float keep, int *id
     }
     // keep is a float: 10 * 0.3f is 3.0000001, which must give 3 chunks, not 4
     int k = score_topk(cs, nc, (int)ceil(nc * (double)keep * (1 - 1e-6)), top);
-    if (k == 0 || top[k - 1] != nc - 1) top[k++] = nc - 1;   // the last chunk is always kept
+    if (keep_last && (k == 0 || top[k - 1] != nc - 1)) top[k++] = nc - 1;   // [D] --keep-last on
     int n = 0;
     for (int j = 0; j < k; j++)
         for (int i = top[j] * chunk; i < m && i < (top[j] + 1) * chunk; i++) idx[n++] = i;
@@ -83,9 +87,20 @@ static int spec_depth(const model *m, const strategy_opts *o) {
     return o->draft_layers > 0 ? o->draft_layers : (m->cfg.n_layer + 1) / 2;
 }
 
-// score (m,) of the prompt ids (m,) from the speculator, or NULL + err when out of memory.
-static float *speculate(model *main_m, const int *ids, int m, const strategy_opts *o, char *err,
-                        size_t errlen) {
+// B's tokens: greedy, as the spec, when the request is greedy (temperature <= 0); else [D]
+// drawn with the request's own sampling settings (o->sampling) by a generator of their own,
+// seeded from the request's seed XOR a constant: the request's draws stay as they were, and
+// the lookahead does not replay them.
+static void lookahead_sampler(sampler *smp, const strategy_opts *o, int vocab) {
+    sample_params p = o->sampling;
+    p.seed ^= 0x9e3779b97f4a7c15ULL;
+    sampler_init(smp, &p, vocab);
+}
+
+// score (m,) of the prompt ids (m,) from the speculator, or NULL + err when out of memory;
+// *rows = the speculator's rows processed summed over its layers (prompt and lookahead passes).
+static float *speculate(model *main_m, const int *ids, int m, const strategy_opts *o, long *rows,
+                        char *err, size_t errlen) {
     model *s = o->draft ? o->draft : main_m;
     int depth = spec_depth(main_m, o), steps = o->lookahead - 1;
     int *caps = xmalloc((size_t)s->cfg.n_layer * sizeof(int));
@@ -106,15 +121,18 @@ static float *speculate(model *main_m, const int *ids, int m, const strategy_opt
     fwd_hooks hooks = {.ctx = &sc, .after_attention = spec_after_attention,
                        .after_layer = spec_after_layer};
     float *logits = steps > 0 ? xmalloc((size_t)s->cfg.vocab * sizeof(float)) : NULL;
-    fwd_run(s, kv, ids, pos, m, &hooks, logits, 0);   // A: the last prompt token is row 0
+    sampler smp;
+    lookahead_sampler(&smp, o, s->cfg.vocab);
+    *rows = fwd_run(s, kv, ids, pos, m, &hooks, logits, 0);   // A: the last prompt token is row 0
     spec_end_row(&sc);
-    for (int t = 0; t < steps; t++) {                  // B: greedy lookahead rows 1..N-1
-        int tok = sample_argmax(logits, s->cfg.vocab), p = m + t;
+    for (int t = 0; t < steps; t++) {                          // B: lookahead rows 1..N-1
+        int tok = sample_next(&smp, logits), p = m + t;
         if (o->is_eog && o->is_eog(o->eog_ctx, tok)) break;
-        fwd_run(s, kv, &tok, &p, 1, &hooks, t + 1 < steps ? logits : NULL, 0);
+        *rows += fwd_run(s, kv, &tok, &p, 1, &hooks, t + 1 < steps ? logits : NULL, 0);
         spec_end_row(&sc);
     }
     for (int i = 0; i < m; i++) sc.score[i] /= sc.rows;   // E: mean over rows
+    sampler_free(&smp);
     kv_free(kv);
     free(logits);
     free(sc.probs);
@@ -123,7 +141,36 @@ static float *speculate(model *main_m, const int *ids, int m, const strategy_opt
     return sc.score;
 }
 
-// G: the main model prefills ids at the kept positions keep (k,), ascending.
+// [D] The speculator's work in main-model layer rows: a self-draft's layers are the main
+// model's; a --draft's layer rows are scaled by its FLOPs per row and layer (projections and
+// MLP, model/cost.h) over the main model's.
+static long draft_rows_as_main(const model *m, const strategy_opts *o, long rows) {
+    if (!o->draft) return rows;
+    return lround((double)rows * cost_layer_row_flops(&o->draft->cfg) /
+                  cost_layer_row_flops(&m->cfg));
+}
+
+// info->label, and the note: which speculator ran ("draft: FILE" by the base name of --draft's
+// path, or the draft's own name when no path was given).
+static void spec_label(const model *m, const strategy_opts *o, prefill_info *info) {
+    if (o->draft) {
+        char path[256];
+        snprintf(path, sizeof path, "%s", o->draft_path ? o->draft_path : o->draft->name);
+        for (size_t n = strlen(path); n > 1 && path[n - 1] == '/'; n--) path[n - 1] = 0;
+        const char *base = strrchr(path, '/');
+        snprintf(info->label, sizeof info->label, "draft: %s", base && base[1] ? base + 1 : path);
+    } else {
+        snprintf(info->label, sizeof info->label, "self-draft: first %d of %d layers",
+                 spec_depth(m, o), m->cfg.n_layer);
+    }
+    snprintf(info->note, sizeof info->note, "%s", info->label);
+}
+
+// G: the main model prefills ids at the kept positions keep (k,), ascending; its rows are
+// added to the draft's. The logits are the last KEPT token's: with --keep-last off the last
+// prompt token may be dropped, and then, as in the authors' code (their kept set is the top
+// chunks alone, and the engine samples from the last row it prefilled), the first generated
+// token comes from an earlier token's row, still decoded at position M (H).
 static kv_cache *prefill_kept(model *m, const int *ids, const int *keep, int k, int n_gen,
                               float *logits, prefill_info *info, char *err, size_t errlen) {
     int L = m->cfg.n_layer, *caps = xmalloc((size_t)L * sizeof(int));
@@ -131,7 +178,7 @@ static kv_cache *prefill_kept(model *m, const int *ids, const int *keep, int k, 
     for (int l = 0; l < L; l++) caps[l] = k + n_gen;
     for (int j = 0; j < k; j++) toks[j] = ids[keep[j]];
     kv_cache *kv = fwd_kv_create(m, caps, err, errlen);
-    if (kv) info->rows_done = fwd_run(m, kv, toks, keep, k, NULL, logits, 0);
+    if (kv) info->rows_done = info->draft_rows + fwd_run(m, kv, toks, keep, k, NULL, logits, 0);
     free(caps);
     free(toks);
     return kv;
@@ -155,18 +202,22 @@ static kv_cache *specprefill_prefill(model *m, const int *ids, int n, int n_gen,
                                      char *err, size_t errlen) {
     int *keep = xmalloc((size_t)n * sizeof(int)), k = n;
     for (int i = 0; i < n; i++) keep[i] = i;
+    info->draft_rows = 0;
     if (n <= o->chunk) {
         snprintf(info->note, sizeof info->note, "prompt of %d tokens is at most one chunk (%d): "
                  "ran full", n, o->chunk);
     } else {
-        float *score = draft_reads(o, ids, n, err, errlen) ? speculate(m, ids, n, o, err, errlen)
-                                                            : NULL;
+        long rows = 0;
+        float *score = draft_reads(o, ids, n, err, errlen)
+                           ? speculate(m, ids, n, o, &rows, err, errlen) : NULL;
         if (!score) {
             free(keep);
             return NULL;
         }
-        k = specprefill_select(score, n, o->chunk, o->keep, keep);
+        k = specprefill_select(score, n, o->chunk, o->keep, o->keep_last, keep);
         free(score);
+        info->draft_rows = draft_rows_as_main(m, o, rows);
+        spec_label(m, o, info);
     }
     kv_cache *kv = prefill_kept(m, ids, keep, k, n_gen, logits, info, err, errlen);
     free(keep);
@@ -182,7 +233,8 @@ static int specprefill_check(const model *m, const strategy_opts *o, char *err, 
 
 const strategy strategy_specprefill = {
     .name = "specprefill",
-    .about = "a draft (--draft, --draft-layers; L/4 layers) picks the prompt chunks to prefill",
+    .about = "a draft (--draft; else a self-draft, not the paper's method: the model's first "
+             "--draft-layers N layers, default ceil(L/2)) picks the prompt chunks to prefill",
     .prefill = specprefill_prefill,
     .check = specprefill_check,
     .phase = PHASE_PREFILL,

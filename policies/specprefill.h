@@ -9,5 +9,6 @@ void specprefill_fold_row(const float *probs, int heads, int m, int pool, float 
 
 // Chunks of `chunk` tokens from 0 (the last may be shorter) scored by the mean of score (m,)
 // over their actual length; keeps the top ceil(num_chunks * keep) chunks (ties to the earlier
-// chunk) and the last chunk. Writes the kept token indices to idx (m,), ascending; returns |I|.
-int specprefill_select(const float *score, int m, int chunk, float keep, int *idx);
+// chunk) and, when keep_last, the last chunk too. Writes the kept token indices to idx (m,),
+// ascending; returns |I|.
+int specprefill_select(const float *score, int m, int chunk, float keep, int keep_last, int *idx);

@@ -1,7 +1,8 @@
 // tests/test_spec.c — specprefill's token-importance arithmetic on hand-computed cases: average
 // pooling with the padding counted, max over heads and layers, mean over query rows; chunk
 // selection (ceil(num_chunks * keep) chunks, the short last chunk scored over its real length,
-// the last chunk always kept, ties to the earlier chunk, ascending token indices).
+// the last chunk always kept unless keep_last is 0, ties to the earlier chunk, ascending token
+// indices).
 #include <stdlib.h>
 
 #include "../policies/specprefill.h"
@@ -27,37 +28,50 @@ static void test_select(void) {
     // chunks [0,32) [32,64) [64,96) [96,100); means 1, 3, 2 and 2.5 over the last chunk's 4
     // tokens (over 32 it would be 0.3125 and chunk 2 would win)
     fill_chunks(s, 100, (float[]){1, 3, 2, 2.5f});
-    n = specprefill_select(s, 100, 32, 0.5f, idx);   // ceil(4 * 0.5) = 2: chunks 1 and 3
+    n = specprefill_select(s, 100, 32, 0.5f, 1, idx);   // ceil(4 * 0.5) = 2: chunks 1 and 3
     CHECK(n == 36 && is_ranges(idx, n, (int[]){32, 64, 96, 100}, 2), "n %d", n);
-    n = specprefill_select(s, 100, 32, 0.3f, idx);   // ceil(1.2) = 2: the same two
+    n = specprefill_select(s, 100, 32, 0.3f, 1, idx);   // ceil(1.2) = 2: the same two
     CHECK(n == 36 && is_ranges(idx, n, (int[]){32, 64, 96, 100}, 2), "n %d", n);
-    n = specprefill_select(s, 100, 32, 0.75f, idx);  // 3 chunks: 1, 3, 2
+    n = specprefill_select(s, 100, 32, 0.75f, 1, idx);  // 3 chunks: 1, 3, 2
     CHECK(n == 68 && is_ranges(idx, n, (int[]){32, 100}, 1), "n %d", n);
-    n = specprefill_select(s, 100, 32, 1.0f, idx);   // everything
+    n = specprefill_select(s, 100, 32, 1.0f, 1, idx);   // everything
     CHECK(n == 100 && is_ranges(idx, n, (int[]){0, 100}, 1), "n %d", n);
 
     // the last chunk is forced in even when it scores lowest: top 1 (chunk 1) + chunk 3
     fill_chunks(s, 100, (float[]){1, 3, 2, 0});
-    n = specprefill_select(s, 100, 32, 0.25f, idx);
+    n = specprefill_select(s, 100, 32, 0.25f, 1, idx);
     CHECK(n == 36 && is_ranges(idx, n, (int[]){32, 64, 96, 100}, 2), "n %d", n);
-    n = specprefill_select(s, 100, 32, 0.5f, idx);   // chunks 1, 2 + forced 3
+    n = specprefill_select(s, 100, 32, 0.5f, 1, idx);   // chunks 1, 2 + forced 3
     CHECK(n == 68 && is_ranges(idx, n, (int[]){32, 100}, 1), "n %d", n);
 
     // ties go to the earlier chunk: all equal, 2 of 4 -> chunks 0, 1, then the last
     fill_chunks(s, 100, (float[]){1, 1, 1, 1});
-    n = specprefill_select(s, 100, 32, 0.5f, idx);
+    n = specprefill_select(s, 100, 32, 0.5f, 1, idx);
     CHECK(n == 68 && is_ranges(idx, n, (int[]){0, 64, 96, 100}, 2), "n %d", n);
 
     // keep is a float: 10 chunks * 0.3f keeps 3 chunks (not ceil(3.0000001) = 4)
     float v[10];
     for (int c = 0; c < 10; c++) v[c] = (float)c;
     fill_chunks(s, 320, v);
-    n = specprefill_select(s, 320, 32, 0.3f, idx);
+    n = specprefill_select(s, 320, 32, 0.3f, 1, idx);
     CHECK(n == 96 && is_ranges(idx, n, (int[]){224, 320}, 1), "n %d", n);
 
     // one chunk of a short prompt (the caller runs full then, but the arithmetic holds)
-    n = specprefill_select(s, 20, 32, 0.1f, idx);
+    n = specprefill_select(s, 20, 32, 0.1f, 1, idx);
     CHECK(n == 20 && is_ranges(idx, n, (int[]){0, 20}, 1), "n %d", n);
+
+    // --keep-last off: the top chunks alone, the last one only when it is among them
+    fill_chunks(s, 100, (float[]){1, 3, 2, 0});
+    n = specprefill_select(s, 100, 32, 0.25f, 0, idx);   // top 1: chunk 1
+    CHECK(n == 32 && is_ranges(idx, n, (int[]){32, 64}, 1), "n %d", n);
+    n = specprefill_select(s, 100, 32, 0.5f, 0, idx);    // top 2: chunks 1, 2
+    CHECK(n == 64 && is_ranges(idx, n, (int[]){32, 96}, 1), "n %d", n);
+    fill_chunks(s, 100, (float[]){1, 3, 2, 2.5f});
+    n = specprefill_select(s, 100, 32, 0.5f, 0, idx);    // top 2: chunks 1, 3 (on or off alike)
+    CHECK(n == 36 && is_ranges(idx, n, (int[]){32, 64, 96, 100}, 2), "n %d", n);
+    fill_chunks(s, 100, (float[]){1, 1, 1, 1});
+    n = specprefill_select(s, 100, 32, 0.5f, 0, idx);    // ties: chunks 0, 1, no forced 3
+    CHECK(n == 64 && is_ranges(idx, n, (int[]){0, 64}, 1), "n %d", n);
 }
 
 static void test_fold(void) {

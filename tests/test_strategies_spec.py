@@ -57,8 +57,9 @@ def tiny_ids(n, seed=0):
     return [int(i) for i in np.random.default_rng(seed).integers(3, 262, n)]
 
 
-def tool(model, ids, strategy="full", sets=(), draft=None, greedy=0, tmp=None):
-    """(first-token logits (vocab,), greedy ids) from build/tests/tool_logits."""
+def tool(model, ids, strategy="full", sets=(), draft=None, greedy=0, tmp=None, temp=None, seed=0):
+    """(first-token logits (vocab,), greedy ids) from build/tests/tool_logits; with temp, the
+    prefill of a request sampled at that temperature and seed (and the sampled id)."""
     out = Path(tmp) / "logits.f32"
     args = [str(TOOL), str(model), str(out), "--strategy", strategy]
     for s in sets:
@@ -67,6 +68,8 @@ def tool(model, ids, strategy="full", sets=(), draft=None, greedy=0, tmp=None):
         args += ["--draft", str(draft)]
     if greedy:
         args += ["--greedy", str(greedy)]
+    if temp is not None:
+        args += ["--temp", str(temp), "--seed", str(seed)]
     r = subprocess.run(args + [str(i) for i in ids], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     return np.fromfile(out, dtype=np.float32), [int(t) for t in r.stdout.split()]
@@ -142,8 +145,10 @@ def speed_visible(K, n, anchor):
     return vis
 
 
-def ref_specprefill(m, ids, depth, lookahead, pool, chunk, keep):
-    """Kept indices I of specs/specprefill.md steps A-F, self-draft of the first `depth` layers."""
+def ref_specprefill(m, ids, depth, lookahead, pool, chunk, keep, keep_last=True):
+    """Kept indices I of specs/specprefill.md steps A-F, self-draft of the first `depth` layers;
+    the last chunk is added when keep_last (sift's --keep-last on), else the top chunks alone
+    (the authors' code)."""
     M, toks = len(ids), list(ids)
     for _ in range(lookahead - 1):   # B: greedy lookahead with the draft
         toks.append(int(np.argmax(ref_pass(m, toks, range(len(toks)), depth=depth)[0][-1])))
@@ -159,7 +164,7 @@ def ref_specprefill(m, ids, depth, lookahead, pool, chunk, keep):
     nc = -(-M // chunk)   # F
     cs = [score[c * chunk:(c + 1) * chunk].mean() for c in range(nc)]
     k = math.ceil(round(nc * keep, 6))
-    top = set(sorted(range(nc), key=lambda c: (-cs[c], c))[:k]) | {nc - 1}
+    top = set(sorted(range(nc), key=lambda c: (-cs[c], c))[:k]) | ({nc - 1} if keep_last else set())
     return [i for c in sorted(top) for i in range(c * chunk, min((c + 1) * chunk, M))]
 
 
@@ -210,18 +215,59 @@ def test_speed_matches_reference(tiny, ref, tmp_path, K, anchor):
     assert rel_err(got, ref_pass(ref, ids, range(len(ids)))[0][-1]) > 1e-3
 
 
-@pytest.mark.parametrize("keep,lookahead,chunk,depth", [(0.3, 1, 16, 2), (0.4, 4, 8, 3),
-                                                        (0.5, 3, 32, 6), (0.5, 8, 4, 2),
-                                                        (0.3, 8, 2, 3), (0.2, 8, 2, 6)])
-def test_specprefill_matches_reference(tiny, ref, tmp_path, keep, lookahead, chunk, depth):
+@pytest.mark.parametrize("keep,lookahead,chunk,depth,keep_last", [
+    (0.3, 1, 16, 2, 1), (0.4, 4, 8, 3, 1), (0.5, 3, 32, 6, 1), (0.5, 8, 4, 2, 1), (0.3, 8, 2, 3, 1),
+    (0.2, 8, 2, 6, 1), (0.3, 1, 16, 2, 0), (0.4, 4, 8, 3, 0), (0.5, 8, 4, 2, 0), (0.2, 8, 2, 6, 0)])
+def test_specprefill_matches_reference(tiny, ref, tmp_path, keep, lookahead, chunk, depth,
+                                       keep_last):
     ids = tiny_ids(100, seed=7)
-    sets = [f"keep={keep}", f"lookahead={lookahead}", f"chunk={chunk}", f"draft_layers={depth}"]
+    sets = [f"keep={keep}", f"lookahead={lookahead}", f"chunk={chunk}", f"draft_layers={depth}",
+            f"keep_last={keep_last}"]
     got, gen = tool(tiny, ids, "specprefill", sets, greedy=N_GEN, tmp=tmp_path)
-    kept = ref_specprefill(ref, ids, depth, lookahead, 13, chunk, keep)
+    kept = ref_specprefill(ref, ids, depth, lookahead, 13, chunk, keep, keep_last)
     assert len(kept) < len(ids)
+    if not keep_last:   # the last prompt token is dropped: the first token comes from the last
+        assert kept[-1] < len(ids) - 1   # kept row, and decoding still starts at position M
     want, want_gen = ref_greedy(ref, [ids[i] for i in kept], kept, len(ids), N_GEN)
     assert rel_err(got, want) <= REF_TOL
     assert gen == want_gen
+
+
+def test_specprefill_lookahead_sampling(tiny, tmp_path):
+    """Lookahead tokens follow the request's sampling: greedy at temperature 0 (as the spec),
+    drawn at temperature > 0 by a generator seeded from the request's seed."""
+    ids = tiny_ids(100, seed=7)
+    sets = ["keep=0.3", "lookahead=8", "chunk=4", "draft_layers=3"]
+    greedy, _ = tool(tiny, ids, "specprefill", sets, tmp=tmp_path)
+    assert np.array_equal(tool(tiny, ids, "specprefill", sets, tmp=tmp_path, temp=0, seed=5)[0],
+                          greedy)
+    # the tiny model's next-token distributions are sharp: at temperature 1 every draw is the
+    # argmax; at 20 they spread
+    runs = {seed: tool(tiny, ids, "specprefill", sets, tmp=tmp_path, temp=20, seed=seed)[0]
+            for seed in range(1, 5)}
+    assert np.array_equal(tool(tiny, ids, "specprefill", sets, tmp=tmp_path, temp=20, seed=3)[0],
+                          runs[3])   # a fixed seed repeats
+    # the draws change what is kept, hence the first-token logits, for some seeds
+    assert sum(rel_err(r, greedy) > 1e-3 for r in runs.values()) >= 2
+    # and only through the lookahead: without it (N = 1) the seed changes nothing
+    no_lookahead = ["keep=0.3", "lookahead=1", "chunk=4", "draft_layers=3"]
+    base, _ = tool(tiny, ids, "specprefill", no_lookahead, tmp=tmp_path)
+    for seed in (1, 2):
+        got, _ = tool(tiny, ids, "specprefill", no_lookahead, tmp=tmp_path, temp=20, seed=seed)
+        assert np.array_equal(got, base)
+
+
+def test_specprefill_sampled_run_repeats(tiny, tmp_path):
+    prompt, _ = byte_prompt(tmp_path, 100)
+    flags = ["--strategy", "specprefill", "--chunk", 4, "--draft-layers", 3]
+    r = sift("-m", tiny, "--json", "-q", "-n", N_GEN, "--temp", 20, "--seed", 11, "-f", prompt,
+             *flags)
+    again = sift("-m", tiny, "--json", "-q", "-n", N_GEN, "--temp", 20, "--seed", 11, "-f",
+                 prompt, *flags)
+    assert r.returncode == 0 and again.returncode == 0, r.stderr + again.stderr
+    a, b = json.loads(r.stdout), json.loads(again.stdout)
+    assert (a["text"], a["rows_processed"], a["kv_bytes"]) == \
+        (b["text"], b["rows_processed"], b["kv_bytes"])
 
 
 # ---- measured KV bytes and rows ----------------------------------------------------------------
@@ -257,17 +303,51 @@ def test_speed_default_depth(tiny, tmp_path):
     assert j["rows_processed"] == len(ids) * L_TINY
 
 
-@pytest.mark.parametrize("keep,chunk", [(1, 32), (0.3, 16), (0.5, 8)])
-def test_specprefill_kv_bytes_and_rows(tiny, ref, tmp_path, keep, chunk):
+def ref_lookahead(m, ids, depth, lookahead):
+    """The self-draft's greedy lookahead tokens (step B, before any end of generation)."""
+    toks = list(ids)
+    for _ in range(lookahead - 1):
+        toks.append(int(np.argmax(ref_pass(m, toks, range(len(toks)), depth=depth)[0][-1])))
+    return toks[len(ids):]
+
+
+@pytest.mark.parametrize("keep,chunk,lookahead,keep_last", [(1, 32, 1, "on"), (0.3, 16, 1, "on"),
+                                                            (0.5, 8, 1, "on"), (0.3, 16, 4, "on"),
+                                                            (0.3, 16, 4, "off")])
+def test_specprefill_kv_bytes_and_rows(tiny, ref, tmp_path, keep, chunk, lookahead, keep_last):
     prompt, ids = byte_prompt(tmp_path, 100)
     j = run_json(tiny, prompt, "--strategy", "specprefill", "--keep", keep, "--chunk", chunk,
-                 "--lookahead", 1, "--draft-layers", 2)
-    kept = ref_specprefill(ref, ids, 2, 1, 13, chunk, keep)
+                 "--lookahead", lookahead, "--draft-layers", 2, "--keep-last", keep_last)
+    kept = ref_specprefill(ref, ids, 2, lookahead, 13, chunk, keep, keep_last == "on")
     if keep == 1:
         assert len(kept) == len(ids)
-    assert j["rows_processed"] == len(kept) * L_TINY
+    assert 2 not in ref_lookahead(ref, ids, 2, lookahead)   # no end of text: all N-1 steps run
+    # the self-draft: M prompt rows and N-1 lookahead rows through its 2 layers; then the main
+    # model's kept rows through all 6
+    draft = 2 * (len(ids) + lookahead - 1)
+    assert j["rows_processed"] == draft + len(kept) * L_TINY
     assert j["kv_bytes"] == 2 * ref.n_kv * ref.head_dim * 4 * L_TINY * (len(kept) + N_GEN)
-    assert j["note"] == ""
+    assert j["note"] == f"self-draft: first 2 of {L_TINY} layers"
+    assert j["settings"]["keep_last"] == int(keep_last == "on")
+
+
+def test_specprefill_draft_rows_in_main_model_layer_rows(tiny, ref, tmp_path):
+    """A --draft of another shape (same tokenizer): its layer rows count at its FLOPs per row and
+    layer (model/cost.h: 2 (d qd + 2 d kvd + qd d + 3 d d_ff)) over the main model's."""
+    draft = tiny_gguf.write(str(tmp_path / "draft-small.gguf"), n_layer=2, d=32, n_head=2, n_kv=1,
+                            ff=48, ctx=512, seed=9)
+    prompt, ids = byte_prompt(tmp_path, 100)
+    j = run_json(tiny, prompt, "--strategy", "specprefill", "--draft", draft, "--lookahead", 1,
+                 "--keep", 1)
+
+    def flops(d, qd, kvd, ff):
+        return 2 * (d * qd + 2 * d * kvd + qd * d + 3 * d * ff)
+    main = flops(ref.d, ref.n_head * ref.head_dim, ref.n_kv * ref.head_dim, ref.ffn)
+    small = flops(32, 32, 16, 48)
+    assert (ref.d, ref.ffn) == (64, 128) and small < main
+    draft_rows = math.floor(2 * len(ids) * small / main + 0.5)   # its 2 layers, no lookahead
+    assert j["rows_processed"] == draft_rows + len(ids) * L_TINY
+    assert j["note"] == "draft: draft-small.gguf"
 
 
 def test_specprefill_default_draft_is_half_of_the_layers(tiny, ref, tmp_path):

@@ -1,13 +1,17 @@
 // tests/tool_logits.c — drives sift's forward pass for the Python tests.
-// usage: tool_logits MODEL OUT.f32 [--greedy N] [--strategy NAME] [--set KEY=VALUE]... ID...
+// usage: tool_logits MODEL OUT.f32 [--greedy N] [--strategy NAME] [--set KEY=VALUE]...
+//                    [--temp T --seed S] ID...
 // (MODEL: a GGUF file or a Hugging Face directory)
 // Without --strategy: writes float32 logits (n_ids, vocab), row-major, of every prompt position
 // (plain full pass). With --strategy: writes the logits (vocab,) the strategy's prefill gives
 // for the first generated token. --greedy N also prints the N greedily generated ids (strategy
 // full unless --strategy) on one line. --set keys: the strategy_opts fields speed_depth, anchor,
 // tsp_layer, tsp_rate, kv_rate, window, pool_kernel, pool (0 max, 1 avg), kv_len, tsp_len, keep,
-// lookahead, chunk, spec_pool, draft_layers, swiftkv_layers, swiftkv_group, swiftkv_fold;
-// --draft PATH loads a draft model.
+// lookahead, chunk, spec_pool, draft_layers, keep_last, swiftkv_layers, swiftkv_group,
+// swiftkv_fold; --draft PATH loads a draft model. --temp T (with --strategy, not --greedy): the
+// prefill runs as a request sampled at temperature T with seed S (--seed, default 0; no other
+// filter) through run_generate_first, so the request's sampling reaches the strategy as it does
+// in sift; prints the sampled id.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +41,7 @@ static int set_opt(strategy_opts *o, const char *kv) {
         {"keep", NULL, &o->keep},
         {"lookahead", &o->lookahead, NULL},     {"chunk", &o->chunk, NULL},
         {"spec_pool", &o->spec_pool, NULL},     {"draft_layers", &o->draft_layers, NULL},
+        {"keep_last", &o->keep_last, NULL},
         {"swiftkv_layers", &o->swiftkv_layers, NULL}, {"swiftkv_group", &o->swiftkv_group, NULL},
         {"swiftkv_fold", &o->swiftkv_fold, NULL},
     };
@@ -71,12 +76,16 @@ int main(int argc, char **argv) {
         return 2;
     }
     int a = 3, greedy = 0;
+    float temp = -1;
+    unsigned long long seed = 0;
     const char *sname = NULL, *draft_path = NULL;
     strategy_opts o = strategy_opts_default();
     for (; a + 1 < argc && argv[a][0] == '-'; a += 2) {
         if (strcmp(argv[a], "--greedy") == 0) greedy = atoi(argv[a + 1]);
         else if (strcmp(argv[a], "--strategy") == 0) sname = argv[a + 1];
         else if (strcmp(argv[a], "--draft") == 0) draft_path = argv[a + 1];
+        else if (strcmp(argv[a], "--temp") == 0) temp = (float)atof(argv[a + 1]);
+        else if (strcmp(argv[a], "--seed") == 0) seed = strtoull(argv[a + 1], NULL, 10);
         else if (strcmp(argv[a], "--set") != 0 || set_opt(&o, argv[a + 1]) != 0) {
             fprintf(stderr, "bad option %s %s\n", argv[a], argv[a + 1]);
             return 2;
@@ -102,8 +111,19 @@ int main(int argc, char **argv) {
     }
     int vocab = m->cfg.vocab, rows = sname ? 1 : n;
     float *logits = xmalloc((size_t)rows * vocab * sizeof(float));
-    kv_cache *kv;
-    if (sname) {
+    kv_cache *kv = NULL;
+    if (sname && temp >= 0 && greedy == 0) {   // a sampled request: gen_begin hands its sampling on
+        sampler smp;
+        sampler_init(&smp, &(sample_params){.temp = temp, .top_p = 1, .seed = seed}, vocab);
+        run_stats st;
+        if (run_generate_first(s, m, &o, ids, n, 1, &smp, collect, NULL, &st, logits, err,
+                               sizeof err) != 0) {
+            fprintf(stderr, "%s\n", err);
+            return 1;
+        }
+        printf("\n");
+        sampler_free(&smp);
+    } else if (sname) {
         prefill_info info = {0};
         kv = strategy_prefill(s, m, ids, n, greedy > 0 ? greedy : 1, &o, logits, &info, err, sizeof err);
         if (!kv) {
