@@ -294,3 +294,35 @@ def test_usage_errors(args, needle):
     r = sift(*args)
     assert_error(r, needle, code=2)
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def model_kv_shape(path):
+    """(layers, KV heads, head dim) from the GGUF metadata, read by the gguf package."""
+    r = gguf.GGUFReader(path)
+    f = {k: r.fields[k].parts[r.fields[k].data[0]][0] for k in
+         ("llama.block_count", "llama.attention.head_count_kv", "llama.attention.head_count",
+          "llama.embedding_length")}
+    return (int(f["llama.block_count"]), int(f["llama.attention.head_count_kv"]),
+            int(f["llama.embedding_length"]) // int(f["llama.attention.head_count"]))
+
+
+@need_model
+def test_kv_read_per_step_by_hand(tmp_path):
+    """kv_read_per_step against hand counts: full reads every cached entry (the prompt, the
+    decoded tokens and the step's own) of every layer; topk --topk 0 reads sink + tail + the
+    decode tokens, where the prompt's last token is its first query (a step of its own)."""
+    L, kvh, hd = model_kv_shape(MODEL)
+    entry = 2 * hd * 4 * kvh * L          # K and V, fp32 on the CPU, every KV head and layer
+    p = tmp_path / "p.txt"
+    p.write_text("The quick brown fox jumps over the lazy dog. " * 12)
+    r = sift("-m", MODEL, "-f", str(p), "-n", "6", "--temp", "0", "--strategy", "full,topk",
+             "--topk", "0", "--sink", "3", "--tail", "5", "--json", "-q")
+    assert r.returncode == 0, r.stderr
+    full, topk = [json.loads(l) for l in r.stdout.splitlines()]
+    n, d = full["timings"]["prompt_n"], 5            # 6 tokens: the first from prefill, 5 steps
+    assert full["timings"]["predicted_n"] == 6 and topk["timings"]["predicted_n"] == 6
+    # full: step t (0-based) reads n + t + 1 entries
+    assert full["kv_read_per_step"] == pytest.approx(entry * (n + 1 + (d - 1) / 2), rel=1e-9)
+    # topk: steps j = 0 (the last prompt token) .. d read 3 + 5 + (j + 1) entries each
+    assert topk["kv_read_per_step"] == pytest.approx(entry * (3 + 5 + 1 + d / 2), rel=1e-9)
+    assert full["label"] is None and full["draft_rows"] == 0
