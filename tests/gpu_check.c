@@ -887,6 +887,9 @@ static void test_model_pair(model *m[2], const char *name, int n, int n_gen) {
     int vocab = m[CPU]->cfg.vocab, *ids = xmalloc((size_t)n * sizeof(int));
     for (int i = 0; i < n; i++) ids[i] = (int)((i * 7919u + 13) % (unsigned)vocab);
     for (int i = 0; i < strategy_count(); i++) test_strategy(m, strategy_at(i), ids, n, n_gen, name);
+    // compositions: topk over per-KV-head caches, and topk+phi's summary over kept chunks
+    const char *composed[] = {"fastkv+topk", "specprefill+topk+phi", "speed+topk"};
+    for (int i = 0; i < 3; i++) test_strategy(m, strategy_find(composed[i]), ids, n, n_gen, name);
     free(ids);
 }
 
