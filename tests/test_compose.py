@@ -99,6 +99,21 @@ def test_full_plus_decode_is_decode_alone(tiny, tmp_path, decode, sets):
     assert rel(a[0], full[0]) > 100 * SAME_TOL
 
 
+@pytest.mark.parametrize("decode", ["topk", "topk+phi"])
+def test_full_plus_decode_on_a_short_prompt(tiny, tmp_path, decode):
+    """A prompt too short for the regions (N - 1 <= sink + tail): the decode strategy alone runs
+    full and says so; full+Y does the same, bit for bit, with the same note."""
+    ids = tss.ids_for(10, seed=6)
+    a_ids, a = steps(tiny, ids, tmp_path, decode)
+    b_ids, b = steps(tiny, ids, tmp_path, "full+" + decode)
+    assert a_ids == b_ids and np.array_equal(a, b)
+    for name in (decode, "full+" + decode):
+        r = sift(tiny, "--strategy", name, "--json", "-q", "-n", 4, "--temp", 0, "-p", "short one")
+        assert r.returncode == 0, r.stderr
+        j = json.loads(r.stdout.splitlines()[0])
+        assert "has no mid region" in j["note"] and "ran full" in j["note"], j["note"]
+
+
 def sift(model, *args, text=None, tmp_path=None):
     cmd = [str(SIFT), "-m", str(model), "-t", "1", *map(str, args)]
     if text is not None:
