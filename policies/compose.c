@@ -2,13 +2,14 @@
 // a prefill strategy builds the cache, then a decode strategy reads it. No published system
 // combines them; sift's one forward pass makes it a matter of handing over one cache.
 //
-// The hand-over: a prefill part that changes nothing (`full`) prefills the prompt but its last
-// token, and the decode strategy takes that token as its first query — exactly what the decode
-// strategy does alone, so full+Y is Y. A prefill part that changes the prefill keeps the whole
-// prompt (its observation window, deep token or lookahead are built around the last tokens) and
-// gives the first token; the decode strategy then reads, from the first generated token on,
-// whatever that prefill kept (per layer and per KV head; attach takes each layer's entries as
-// they are). So X+topk with a top-K that covers every kept entry decodes as X alone.
+// The hand-over: a prefill part that changes nothing (`full`) leaves the prompt to the decode
+// strategy's own prefill (the prompt but its last token, which is the first query; a prompt too
+// short for its regions runs full, with its note), so full+Y is Y, bit for bit. A prefill part
+// that changes the prefill keeps the whole prompt (its observation window, deep token or
+// lookahead are built around the last tokens) and gives the first token; the decode strategy
+// then reads, from the first generated token on, whatever that prefill kept (per layer and per
+// KV head; attach takes each layer's entries as they are). So X+topk with a top-K that covers
+// every kept entry decodes as X alone.
 // Decode hooks the prefill part needs itself (swiftkv's shared K/V source) run together with the
 // decode strategy's (pair_hooks); two parts both replacing attention would be refused.
 #include <stdio.h>
@@ -90,9 +91,9 @@ static void pair_hooks(prefill_info *info, const prefill_info *a) {
 kv_cache *compose_prefill(const strategy *pre, const strategy *dec, model *m, const int *ids,
                           int n, int n_gen, const strategy_opts *o, float *logits,
                           prefill_info *info, char *err, size_t errlen) {
-    int run_last = pre->phase == PHASE_NONE && n > 1;   // the decode strategy's first query
-    kv_cache *kv = strategy_prefill(pre, m, ids, n - run_last, n_gen + run_last, o,
-                                    run_last ? NULL : logits, info, err, errlen);
+    if (pre->phase == PHASE_NONE)   // full+Y: Y alone
+        return dec->prefill(m, ids, n, n_gen, o, logits, info, err, errlen);
+    kv_cache *kv = strategy_prefill(pre, m, ids, n, n_gen, o, logits, info, err, errlen);
     if (!kv) return NULL;
     prefill_info mine = *info;   // the prefill part's own decode hooks, if any
     info->decode = (fwd_hooks){0};
@@ -107,10 +108,6 @@ kv_cache *compose_prefill(const strategy *pre, const strategy *dec, model *m, co
         CHECK_INTERNAL(!(mine.decode.attention && info->decode.attention),
                        "%s and %s both replace decode attention", pre->name, dec->name);
         pair_hooks(info, &mine);
-    }
-    if (run_last) {
-        int last = n - 1;
-        info->rows_done += fwd_run(m, kv, ids + last, &last, 1, &info->decode, logits, 0);
     }
     return kv;
 }

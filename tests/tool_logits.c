@@ -5,13 +5,14 @@
 // Without --strategy: writes float32 logits (n_ids, vocab), row-major, of every prompt position
 // (plain full pass). With --strategy: writes the logits (vocab,) the strategy's prefill gives
 // for the first generated token. --greedy N also prints the N greedily generated ids (strategy
-// full unless --strategy) on one line. --set keys: the strategy_opts fields speed_depth, anchor,
+// full unless --strategy) on one line; --steps FILE with it writes those N tokens' logits
+// (N, vocab) there (row 0 the prefill's, row t decode step t's). --set keys: the strategy_opts fields speed_depth, anchor,
 // tsp_layer, tsp_rate, kv_rate, window, pool_kernel, pool (0 max, 1 avg), kv_len, tsp_len, keep,
 // lookahead, chunk, spec_pool, draft_layers, keep_last, swiftkv_layers, swiftkv_group,
-// swiftkv_fold; --draft PATH loads a draft model. --temp T (with --strategy, not --greedy): the
-// prefill runs as a request sampled at temperature T with seed S (--seed, default 0; no other
-// filter) through run_generate_first, so the request's sampling reaches the strategy as it does
-// in sift; prints the sampled id.
+// swiftkv_fold, sink, tail, topk, budget; --draft PATH loads a draft model. --temp T (with
+// --strategy, not --greedy): the prefill runs as a request sampled at temperature T with seed S
+// (--seed, default 0; no other filter) through run_generate_first, so the request's sampling
+// reaches the strategy as it does in sift; prints the sampled id.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +45,8 @@ static int set_opt(strategy_opts *o, const char *kv) {
         {"keep_last", &o->keep_last, NULL},
         {"swiftkv_layers", &o->swiftkv_layers, NULL}, {"swiftkv_group", &o->swiftkv_group, NULL},
         {"swiftkv_fold", &o->swiftkv_fold, NULL},
+        {"sink", &o->sink, NULL},               {"tail", &o->tail, NULL},
+        {"topk", &o->topk, NULL},               {"budget", NULL, &o->budget},
     };
     for (size_t i = 0; i < sizeof t / sizeof *t; i++)
         if (strlen(t[i].key) == n && strncmp(kv, t[i].key, n) == 0) {
@@ -78,7 +81,7 @@ int main(int argc, char **argv) {
     int a = 3, greedy = 0;
     float temp = -1;
     unsigned long long seed = 0;
-    const char *sname = NULL, *draft_path = NULL;
+    const char *sname = NULL, *draft_path = NULL, *steps_path = NULL;
     strategy_opts o = strategy_opts_default();
     for (; a + 1 < argc && argv[a][0] == '-'; a += 2) {
         if (strcmp(argv[a], "--greedy") == 0) greedy = atoi(argv[a + 1]);
@@ -86,6 +89,7 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[a], "--draft") == 0) draft_path = argv[a + 1];
         else if (strcmp(argv[a], "--temp") == 0) temp = (float)atof(argv[a + 1]);
         else if (strcmp(argv[a], "--seed") == 0) seed = strtoull(argv[a + 1], NULL, 10);
+        else if (strcmp(argv[a], "--steps") == 0) steps_path = argv[a + 1];
         else if (strcmp(argv[a], "--set") != 0 || set_opt(&o, argv[a + 1]) != 0) {
             fprintf(stderr, "bad option %s %s\n", argv[a], argv[a + 1]);
             return 2;
@@ -151,11 +155,29 @@ int main(int argc, char **argv) {
     if (greedy > 0) {
         sampler smp;
         sampler_init(&smp, &(sample_params){.temp = 0}, vocab);
-        run_stats st;
-        if (run_generate(s, m, &o, ids, n, greedy, &smp, collect, NULL, &st, err, sizeof err) != 0) {
+        gen_seq g;   // run_generate's loop, keeping every step's logits
+        if (gen_begin(&g, s, m, &o, ids, n, greedy, &smp, collect, NULL, NULL, err, sizeof err)) {
             fprintf(stderr, "%s\n", err);
             return 1;
         }
+        float *steps = xmalloc((size_t)greedy * vocab * sizeof(float));
+        int rows_out = 0;
+        memcpy(steps, g.logits, (size_t)vocab * sizeof(float));
+        rows_out++;
+        gen_seq *one = &g;
+        while (!g.done) {
+            gen_step(&one, 1);
+            memcpy(steps + (size_t)rows_out++ * vocab, g.logits, (size_t)vocab * sizeof(float));
+        }
+        gen_end(&g);
+        FILE *so = steps_path ? fopen(steps_path, "wb") : NULL;
+        if (steps_path && (!so || fwrite(steps, sizeof(float), (size_t)rows_out * vocab, so) !=
+                                      (size_t)rows_out * vocab)) {
+            fprintf(stderr, "cannot write %s\n", steps_path);
+            return 1;
+        }
+        if (so) fclose(so);
+        free(steps);
         printf("\n");
         sampler_free(&smp);
     }
