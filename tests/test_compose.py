@@ -191,7 +191,7 @@ def test_refused_composition_in_prompts_file(tiny, tmp_path):
 FASTKV_KEYS = {"tsp_layer", "tsp_rate", "kv_rate", "window", "pool_kernel", "pool", "kv_len",
                "tsp_len"}
 TOPK_KEYS = {"sink", "tail", "topk", "budget"}
-SPEC_KEYS = {"keep", "lookahead", "chunk", "spec_pool", "draft", "draft_layers"}
+SPEC_KEYS = {"keep", "lookahead", "chunk", "spec_pool", "draft", "draft_layers", "keep_last"}
 
 
 @pytest.mark.parametrize("strategy,keys,flags,values", [
