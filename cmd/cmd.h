@@ -30,6 +30,19 @@ int cli_is_strategy_flag(const char *a);
 void cli_strategy_help(FILE *out);
 // The parameters strategy_name reads, as one JSON object {"kv_rate":0.1,...}.
 void cli_strategy_settings_json(FILE *out, const strategy_opts *so, const char *strategy_name);
+// A comma list of integers in [lo, hi] (at most max) into out; the count (a usage error on bad
+// input or none).
+int cli_int_list(const char *flag, const char *v, int *out, int max, int lo, int hi);
+// --tasks niah,multikey,...: eval_task values into out (EVAL_N_TASKS room); the count.
+int cli_tasks(const char *v, int *out);
+// s ends with suffix, ignoring ASCII case.
+int cli_ends_with(const char *s, const char *suffix);
+// Opens each of paths (n; NULL entries skipped) for writing, so that a bad output path fails
+// before a long run: 0, or -1 (error printed).
+int cli_check_outputs(const char *const *paths, int n);
+// --haystack FILE (NULL: the built-in filler) into h: 0, or -1 (error printed).
+struct eval_haystack;
+int cli_load_haystack(const char *path, struct eval_haystack *h);
 // --device auto|cpu|cuda: v, or a usage error.
 const char *cli_device(const char *v);
 // --weights native|f32 (how the CPU backend keeps weights): the mode, or a usage error.
