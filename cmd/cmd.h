@@ -131,6 +131,22 @@ typedef struct run_opts {
     strategy_opts *so;
 } run_opts;
 
+// Adds path to o's -f files; adds every DIR/*.txt (in name order) of --batch DIR (a usage error
+// when there is none).
+void run_add_file(run_opts *o, const char *path);
+void run_add_batch_dir(run_opts *o, const char *dir);
+
+// One prompt of o, tokenized as a run tokenizes it (its file read, the chat template applied).
+typedef struct run_prompt {
+    char *id;      // as in the JSON records: the -f path, the --prompts id or "line-N", "prompt"
+    int *ids, n_ids;
+} run_prompt;
+// Every prompt of o (-p, -f, --batch's files, --prompts FILE.jsonl) in input order; a request's
+// own fields besides its prompt (n_predict, temp, strategy, ...) are not read. The count, or -1
+// + err naming the first that cannot be read or tokenized.
+int run_read_prompts(const run_opts *o, const tok *t, run_prompt **out, char *err, size_t errlen);
+void run_prompts_free(run_prompt *p, int n);
+
 // Runs every request of o (this shard, less what --resume finds done) on the loaded model;
 // the exit code: 0, 1 (a request failed), or 128 + the signal that interrupted the run.
 int run_prompts(const run_opts *o, model *m, const tok *t, const char *dev,
