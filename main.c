@@ -153,6 +153,8 @@ static void show_help(options *o, const char *v) {
            "       sift bench [-m MODEL|synthetic:NAME] [--ctx 1024,8192] [-n 128] [-r 5]\n"
            "                  (see sift bench --help)\n"
            "       sift eval [-m MODEL] [--strategy all] [--ctx 1024,...]  (see sift eval --help)\n"
+           "       sift sweep [-m MODEL] (-f FILE... | --tasks niah,...) [--grid SPEC] [--min-agreement X]\n"
+           "                  (strategies x settings, Pareto frontier; see sift sweep --help)\n"
            "       sift ppl [-m MODEL] -f TEXT [--ctx 512]                 (see sift ppl --help)\n"
            "       sift fit-phi [-m MODEL] --data TEXT --out FILE.phi   (see sift fit-phi --help)\n",
            SIFT_VERSION);
@@ -243,6 +245,7 @@ static void show_layer(void *ctx, int layer, int n_layer, int rows) {
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "bench") == 0) return cmd_bench(argc, argv);
     if (argc > 1 && strcmp(argv[1], "eval") == 0) return cmd_eval(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "sweep") == 0) return cmd_sweep(argc, argv);
     if (argc > 1 && strcmp(argv[1], "ppl") == 0) return cmd_ppl(argc, argv);
     if (argc > 1 && strcmp(argv[1], "fit-phi") == 0) return cmd_fit_phi(argc, argv);
     options o;

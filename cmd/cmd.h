@@ -155,5 +155,6 @@ int run_prompts(const run_opts *o, model *m, const tok *t, const char *dev,
 // ---- subcommands: argv[1] is the command's name ----
 int cmd_bench(int argc, char **argv);
 int cmd_eval(int argc, char **argv);   // cmd/eval.c
+int cmd_sweep(int argc, char **argv);  // cmd/sweep.c
 int cmd_ppl(int argc, char **argv);    // cmd/ppl.c
 int cmd_fit_phi(int argc, char **argv);   // cmd/fit_phi.c

@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "../tok/tok.h"
+#include "pareto.h"
 
 // splitmix64: the generator behind every random choice of the suite (same seed, same prompt).
 uint64_t eval_rand(uint64_t *state);
@@ -123,3 +124,9 @@ void eval_write_json(FILE *out, const eval_report *r);
 void eval_write_csv(FILE *out, const eval_report *r);
 // Accuracy vs context and TTFT vs context, one line per strategy. 0, or -1 + err.
 int eval_write_svg(const char *path, const eval_report *r, char *err, size_t errlen);
+// `sift sweep --plot`: a scatter of points p (n,) (x right, y up), coloured by group[i], each
+// labelled; the points with on[i] set (the Pareto frontier) connected in x order and ringed.
+// 0, or -1 + err.
+int eval_write_scatter_svg(const char *path, const char *x_label, const char *y_label,
+                           const pareto_point *p, const char *const *labels, const int *group,
+                           const int *on, int n, char *err, size_t errlen);
