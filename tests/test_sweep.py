@@ -13,6 +13,7 @@ import json
 import math
 import os
 import shlex
+import signal
 import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -221,3 +222,22 @@ def test_default_grid_skips_unknown_strategies(prompt_files):
     else:
         assert "sift: sweep: skipping fastkv+topk" in r.stderr and "fastkv+topk" not in names
     assert names[:3] == ["full", "speed", "speed"]
+
+
+def test_ctrl_c_reports_what_was_measured(prompt_files, tmp_path):
+    out = tmp_path / "i.json"
+    args = [str(SIFT), "sweep", "-m", str(MODEL), "-f", str(prompt_files[0]), "-f",
+            str(prompt_files[1]), "--grid", "speed:speed-depth=4,8,12,16,20,24,28", "-n", 48,
+            "-t", 2, "-o", str(out)]
+    p = subprocess.Popen(list(map(str, args)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=ENV)
+    for line in p.stderr:   # one line per finished run: interrupt after the second
+        if line.startswith("sweep:") and "(2/16 runs" in line:
+            p.send_signal(signal.SIGINT)
+            break
+    stdout, stderr = p.communicate(timeout=300)
+    assert p.returncode == 130, stderr
+    assert "interrupted" in stderr
+    j = json.loads(out.read_text())
+    assert not j["complete"] and 2 <= len(j["records"]) < 16
+    assert "| full | reference |" in stdout
