@@ -343,7 +343,8 @@ static void sweep_parse(int argc, char **argv, sweep_opts *w) {
     if (w->grid && w->only) cli_usage_error("sweep: --grid and --strategy exclude each other (--strategy picks from the default grid)");
     if (w->plot_path && !cli_ends_with(w->plot_path, ".svg"))
         cli_usage_error("--plot %s: only SVG is written (name the file .svg)", w->plot_path);
-    if (w->so.draft_path) cli_usage_error("sweep: internal: draft path in the base options");
+    if (w->draft_path && w->draft_path[strcspn(w->draft_path, ";:,")])
+        cli_usage_error("sweep: --draft %s: a path with ';', ':' or ',' cannot be a grid value", w->draft_path);
     if (w->only)
         for (const char *p = w->only; *p || p == w->only;) {   // each name known or in the default grid
             size_t k = strcspn(p, ",");
