@@ -27,10 +27,21 @@ enum { SW_SPEED_TOTAL, SW_SPEED_TTFT, SW_SPEED_TPOT };
 static const char *const SW_FIDELITY[] = {"greedy", "first", "accuracy"};
 static const char *const SW_SPEED[] = {"total", "ttft", "tpot"};
 
-// The default grid's strategies (composed ones are skipped while strategy_find lacks them).
-static const char *const SW_DEFAULT_NAMES[] = {"speed", "fastkv", "specprefill", "topk", "topk+phi",
-                                               "fastkv+topk", "specprefill+topk+phi"};
-#define SW_N_DEFAULT (int)(sizeof SW_DEFAULT_NAMES / sizeof *SW_DEFAULT_NAMES)
+// The default grid, one entry per line of README's list; %d: speed's depths ceil(0.75 L) and
+// ceil(0.875 L); %s: the separate draft (draft-layers=L, or draft=MODEL with --draft). A
+// strategy strategy_find does not know (a composition not built yet) is skipped with a note.
+static const char *const SW_DEFAULT_GRID[] = {
+    "speed:speed-depth=%d,%d", "fastkv:kv-rate=0.05,0.1,0.2", "specprefill:keep=0.1,0.3",
+    "specprefill:keep=0.1,0.3:%s", "topk:budget=0.02,0.05", "topk+phi:budget=0.02", "fastkv+topk",
+    "specprefill+topk+phi:budget=0.02"};
+#define SW_N_DEFAULT (int)(sizeof SW_DEFAULT_GRID / sizeof *SW_DEFAULT_GRID)
+
+// Is name (n chars) a strategy of the default grid?
+static int sw_in_default(const char *name, size_t n) {
+    for (int i = 0; i < SW_N_DEFAULT; i++)
+        if (strcspn(SW_DEFAULT_GRID[i], ":") == n && strncmp(SW_DEFAULT_GRID[i], name, n) == 0) return 1;
+    return 0;
+}
 
 typedef struct sweep_setting {
     const strategy *s;
@@ -235,10 +246,8 @@ static void sw_parse_grid(sweep_opts *w, const char *spec, int skip_unknown) {
     free(copy);
 }
 
-// Is name one --strategy LIST names? (LIST unset: every name.)
-static int sw_wanted(const char *only, const char *name) {
-    if (!only) return 1;
-    size_t n = strlen(name);
+// Does the comma list `only` name name (n chars)?
+static int sw_wanted(const char *only, const char *name, size_t n) {
     for (const char *p = only; *p;) {
         size_t k = strcspn(p, ",");
         if (k == n && strncmp(p, name, n) == 0) return 1;
@@ -247,31 +256,27 @@ static int sw_wanted(const char *only, const char *name) {
     return 0;
 }
 
-// The default grid for a model of n_layer layers (restricted by --strategy); strategies named
-// in --strategy outside it run with their defaults.
+// The default grid for a model of n_layer layers, restricted to --strategy's names; a name
+// there outside the default grid runs with its defaults.
 static void sw_default_grid(sweep_opts *w, int n_layer) {
-    char draft[600], g[1024];
+    char draft[600], e[800];
     if (w->draft_path) snprintf(draft, sizeof draft, "draft=%s", w->draft_path);
     else snprintf(draft, sizeof draft, "draft-layers=%d", n_layer);
-    const char *entries[] = {"speed:speed-depth=%d,%d", "fastkv:kv-rate=0.05,0.1,0.2",
-                             "specprefill:keep=0.1,0.3", "specprefill:keep=0.1,0.3:%s",
-                             "topk:budget=0.02,0.05", "topk+phi:budget=0.02", "fastkv+topk",
-                             "specprefill+topk+phi:budget=0.02"};
-    for (int i = 0; i < (int)(sizeof entries / sizeof *entries); i++) {
-        char e[800], name[64];
-        if (i == 0) snprintf(e, sizeof e, entries[i], (3 * n_layer + 3) / 4, (7 * n_layer + 7) / 8);
-        else if (i == 3) snprintf(e, sizeof e, entries[i], draft);
-        else snprintf(e, sizeof e, "%s", entries[i]);
-        snprintf(name, sizeof name, "%.*s", (int)strcspn(e, ":"), e);
-        if (sw_wanted(w->only, name)) sw_parse_grid(w, e, 1);
+    for (int i = 0; i < SW_N_DEFAULT; i++) {
+        const char *f = SW_DEFAULT_GRID[i];
+        size_t k = strcspn(f, ":");
+        if (w->only && !sw_wanted(w->only, f, k)) continue;
+        if (strstr(f, "%d")) snprintf(e, sizeof e, f, (3 * n_layer + 3) / 4, (7 * n_layer + 7) / 8);
+        else if (strstr(f, "%s")) snprintf(e, sizeof e, f, draft);
+        else snprintf(e, sizeof e, "%s", f);
+        sw_parse_grid(w, e, 1);
     }
-    if (!w->only) return;
-    for (const char *p = w->only; *p;) {   // the named strategies outside the default grid
+    for (const char *p = w->only; p && *p;) {
         size_t k = strcspn(p, ",");
-        snprintf(g, sizeof g, "%.*s", (int)k, p);
-        int in = strcmp(g, "full") == 0;
-        for (int i = 0; i < SW_N_DEFAULT; i++) in |= strcmp(g, SW_DEFAULT_NAMES[i]) == 0;
-        if (!in) sw_parse_grid(w, g, 0);
+        if (!sw_in_default(p, k) && !(k == 4 && strncmp(p, "full", 4) == 0)) {
+            snprintf(e, sizeof e, "%.*s", (int)k, p);
+            sw_parse_grid(w, e, 0);
+        }
         p += k + (p[k] == ',');
     }
 }
@@ -350,9 +355,7 @@ static void sweep_parse(int argc, char **argv, sweep_opts *w) {
             size_t k = strcspn(p, ",");
             char name[64];
             snprintf(name, sizeof name, "%.*s", (int)k, p);
-            int in = strategy_find(name) != NULL;
-            for (int i = 0; i < SW_N_DEFAULT; i++) in |= strcmp(name, SW_DEFAULT_NAMES[i]) == 0;
-            if (!in || k == 0 || k >= sizeof name)
+            if (k == 0 || k >= sizeof name || !(strategy_find(name) || sw_in_default(p, k)))
                 cli_usage_error("sweep: --strategy: unknown strategy '%s' (available: %s)", name, strategy_names());
             if (!p[k]) break;
             p += k + 1;
