@@ -733,8 +733,10 @@ static void sw_print_table(FILE *f, const sweep_run *R, const sweep_agg *agg) {
     for (int s = 0; s < w->n_set; s++) {
         const sweep_agg *g = &agg[s];
         const sweep_setting *x = &w->set[s];
-        fprintf(f, "| %s | %s%s%s%s | %d%s | ", x->s->name, s == 0 ? "reference" : x->grid[0] ? x->grid : "defaults",
-                g->label[0] ? " (" : "", g->label, g->label[0] ? ")" : "", g->n, g->failed ? " (+failed)" : "");
+        fprintf(f, "| %s | %s%s%s%s | %d", x->s->name, s == 0 ? "reference" : x->grid[0] ? x->grid : "defaults",
+                g->label[0] ? " (" : "", g->label, g->label[0] ? ")" : "", g->n);
+        if (g->failed) fprintf(f, " (%d failed)", g->failed);
+        fputs(" | ", f);
         sw_num(f, "%.3f", g->first), fputs(" | ", f);
         sw_num(f, "%.3f", g->greedy), fputs(" | ", f);
         sw_num(f, "%.4f", g->kl), fputs(" | ", f);
