@@ -24,34 +24,6 @@ typedef struct {
     strategy_opts so;
 } options;
 
-static void add_file(run_opts *o, const char *path) {
-    o->files = xrealloc(o->files, (size_t)(o->n_files + 1) * sizeof *o->files);
-    o->files[o->n_files++] = strdup(path);
-}
-
-static int by_name(const void *a, const void *b) {
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-// Adds every DIR/*.txt (sorted) to o->files.
-static void add_batch_dir(run_opts *o, const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) cli_usage_error("cannot open --batch directory '%s': %s", dir, strerror(errno));
-    int first = o->n_files;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        size_t n = strlen(e->d_name);
-        if (n < 5 || strcmp(e->d_name + n - 4, ".txt") != 0) continue;
-        char *path = xmalloc(strlen(dir) + n + 2);
-        sprintf(path, "%s/%s", dir, e->d_name);
-        add_file(o, path);
-        free(path);
-    }
-    closedir(d);
-    if (o->n_files == first) cli_usage_error("no .txt files in --batch directory '%s'", dir);
-    qsort(o->files + first, (size_t)(o->n_files - first), sizeof *o->files, by_name);
-}
-
 // --shard K/N: 0 <= K < N
 static void parse_shard(const char *v, run_opts *r) {
     char *end;
@@ -78,7 +50,7 @@ typedef struct flag_row {
 } flag_row;
 
 #define O(f) offsetof(options, f)
-static void set_file(options *o, const char *v) { add_file(&o->r, v); }
+static void set_file(options *o, const char *v) { run_add_file(&o->r, v); }
 static void set_system(options *o, const char *v) { o->r.system = v, o->r.chat = 1; }
 static void set_strategy(options *o, const char *v) { o->r.n_strategies = cli_strategies(v, o->r.strategies); }
 static void set_device(options *o, const char *v) { o->device = cli_device(v); }
@@ -182,6 +154,8 @@ static void show_help(options *o, const char *v) {
            "       sift bench [-m MODEL|synthetic:NAME] [--ctx 1024,8192] [-n 128] [-r 5]\n"
            "                  (see sift bench --help)\n"
            "       sift eval [-m MODEL] [--strategy all] [--ctx 1024,...]  (see sift eval --help)\n"
+           "       sift sweep [-m MODEL] (-f FILE... | --tasks niah,...) [--grid SPEC] [--min-agreement X]\n"
+           "                  (strategies x settings, Pareto frontier; see sift sweep --help)\n"
            "       sift ppl [-m MODEL] -f TEXT [--ctx 512]                 (see sift ppl --help)\n"
            "       sift fit-phi [-m MODEL] --data TEXT --out FILE.phi   (see sift fit-phi --help)\n",
            SIFT_VERSION);
@@ -257,7 +231,7 @@ static void parse_args(int argc, char **argv, options *o) {
         cli_usage_error("--output '%s' exists: add --resume to continue it, or remove it", r->output);
     if (r->unordered && !(r->json || r->output))
         cli_usage_error("--unordered orders JSON records: add --json or --output FILE");
-    if (o->batch_dir) add_batch_dir(r, o->batch_dir);
+    if (o->batch_dir) run_add_batch_dir(r, o->batch_dir);
     if (r->threads == 0) r->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     o->so.n_threads = r->threads;
 }
@@ -272,6 +246,7 @@ static void show_layer(void *ctx, int layer, int n_layer, int rows) {
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "bench") == 0) return cmd_bench(argc, argv);
     if (argc > 1 && strcmp(argv[1], "eval") == 0) return cmd_eval(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "sweep") == 0) return cmd_sweep(argc, argv);
     if (argc > 1 && strcmp(argv[1], "ppl") == 0) return cmd_ppl(argc, argv);
     if (argc > 1 && strcmp(argv[1], "fit-phi") == 0) return cmd_fit_phi(argc, argv);
     options o;

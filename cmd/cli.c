@@ -7,9 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../eval/eval.h"
 #include "../model/cost.h"
 #include "../model/qgemm.h"
 #include "../weights/dequant.h"
@@ -594,3 +596,65 @@ void cli_unload(loaded *L) {
     free(L->path);
 }
 
+
+// ---- shared by sift eval and sift sweep ----
+
+int cli_int_list(const char *flag, const char *v, int *out, int max, int lo, int hi) {
+    char *copy = strdup(v), *save = NULL;
+    int n = 0;
+    for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (n == max) cli_usage_error("%s: more than %d values", flag, max);
+        out[n++] = (int)cli_int(flag, t, lo, hi);
+    }
+    free(copy);
+    if (n == 0) cli_usage_error("%s needs at least one value", flag);
+    return n;
+}
+
+int cli_tasks(const char *v, int *out) {
+    char *copy = strdup(v), *save = NULL;
+    int n = 0;
+    for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int k = eval_task_find(t);
+        if (k < 0) cli_usage_error("unknown task '%s' (available: %s)", t, eval_task_names());
+        for (int i = 0; i < n; i++)
+            if (out[i] == k) cli_usage_error("task '%s' given twice", t);
+        out[n++] = k;
+    }
+    free(copy);
+    if (n == 0) cli_usage_error("--tasks needs at least one name");
+    return n;
+}
+
+int cli_ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcasecmp(s + a - b, suffix) == 0;
+}
+
+int cli_check_outputs(const char *const *paths, int n) {
+    for (int i = 0; i < n; i++) {
+        FILE *f = paths[i] ? fopen(paths[i], "w") : NULL;
+        if (paths[i] && !f) {
+            fprintf(stderr, "sift: error: cannot write %s\n", paths[i]);
+            return -1;
+        }
+        if (f) fclose(f);
+    }
+    return 0;
+}
+
+int cli_load_haystack(const char *path, struct eval_haystack *h) {
+    *h = (eval_haystack){0};
+    if (!path) return 0;
+    char err[512], why[400];
+    size_t len;
+    char *text = cli_read_all(path, &len, err, sizeof err);
+    if (!text) {
+        fprintf(stderr, "sift: error: --haystack: %s\n", err);
+        return -1;
+    }
+    int rc = eval_haystack_from_text(h, text, len, why, sizeof why);
+    if (rc) fprintf(stderr, "sift: error: --haystack %s: %s\n", path, why);
+    free(text);
+    return rc;
+}

@@ -30,6 +30,19 @@ int cli_is_strategy_flag(const char *a);
 void cli_strategy_help(FILE *out);
 // The parameters strategy_name reads, as one JSON object {"kv_rate":0.1,...}.
 void cli_strategy_settings_json(FILE *out, const strategy_opts *so, const char *strategy_name);
+// A comma list of integers in [lo, hi] (at most max) into out; the count (a usage error on bad
+// input or none).
+int cli_int_list(const char *flag, const char *v, int *out, int max, int lo, int hi);
+// --tasks niah,multikey,...: eval_task values into out (EVAL_N_TASKS room); the count.
+int cli_tasks(const char *v, int *out);
+// s ends with suffix, ignoring ASCII case.
+int cli_ends_with(const char *s, const char *suffix);
+// Opens each of paths (n; NULL entries skipped) for writing, so that a bad output path fails
+// before a long run: 0, or -1 (error printed).
+int cli_check_outputs(const char *const *paths, int n);
+// --haystack FILE (NULL: the built-in filler) into h: 0, or -1 (error printed).
+struct eval_haystack;
+int cli_load_haystack(const char *path, struct eval_haystack *h);
 // --device auto|cpu|cuda: v, or a usage error.
 const char *cli_device(const char *v);
 // --weights native|f32 (how the CPU backend keeps weights): the mode, or a usage error.
@@ -118,6 +131,22 @@ typedef struct run_opts {
     strategy_opts *so;
 } run_opts;
 
+// Adds path to o's -f files; adds every DIR/*.txt (in name order) of --batch DIR (a usage error
+// when there is none).
+void run_add_file(run_opts *o, const char *path);
+void run_add_batch_dir(run_opts *o, const char *dir);
+
+// One prompt of o, tokenized as a run tokenizes it (its file read, the chat template applied).
+typedef struct run_prompt {
+    char *id;      // as in the JSON records: the -f path, the --prompts id or "line-N", "prompt"
+    int *ids, n_ids;
+} run_prompt;
+// Every prompt of o (-p, -f, --batch's files, --prompts FILE.jsonl) in input order; a request's
+// own fields besides its prompt (n_predict, temp, strategy, ...) are not read. The count, or -1
+// + err naming the first that cannot be read or tokenized.
+int run_read_prompts(const run_opts *o, const tok *t, run_prompt **out, char *err, size_t errlen);
+void run_prompts_free(run_prompt *p, int n);
+
 // Runs every request of o (this shard, less what --resume finds done) on the loaded model;
 // the exit code: 0, 1 (a request failed), or 128 + the signal that interrupted the run.
 int run_prompts(const run_opts *o, model *m, const tok *t, const char *dev,
@@ -126,5 +155,6 @@ int run_prompts(const run_opts *o, model *m, const tok *t, const char *dev,
 // ---- subcommands: argv[1] is the command's name ----
 int cmd_bench(int argc, char **argv);
 int cmd_eval(int argc, char **argv);   // cmd/eval.c
+int cmd_sweep(int argc, char **argv);  // cmd/sweep.c
 int cmd_ppl(int argc, char **argv);    // cmd/ppl.c
 int cmd_fit_phi(int argc, char **argv);   // cmd/fit_phi.c

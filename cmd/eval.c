@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <unistd.h>
 
 #include "../eval/eval.h"
@@ -54,38 +53,6 @@ static void eval_help(void) {
            "tasks: %s\nstrategies: %s\n", eval_task_names(), strategy_names());
 }
 
-static int parse_list(const char *flag, const char *v, int *out, int max, int lo, int hi) {
-    char *copy = strdup(v), *save = NULL;
-    int n = 0;
-    for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (n == max) cli_usage_error("%s: more than %d values", flag, max);
-        out[n++] = (int)cli_int(flag, t, lo, hi);
-    }
-    free(copy);
-    if (n == 0) cli_usage_error("%s needs at least one value", flag);
-    return n;
-}
-
-static int parse_tasks(const char *v, int *out) {
-    char *copy = strdup(v), *save = NULL;
-    int n = 0;
-    for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        int k = eval_task_find(t);
-        if (k < 0) cli_usage_error("unknown task '%s' (available: %s)", t, eval_task_names());
-        for (int i = 0; i < n; i++)
-            if (out[i] == k) cli_usage_error("task '%s' given twice", t);
-        out[n++] = k;
-    }
-    free(copy);
-    if (n == 0) cli_usage_error("--tasks needs at least one name");
-    return n;
-}
-
-static int ends_with(const char *s, const char *suffix) {
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && strcasecmp(s + a - b, suffix) == 0;
-}
-
 // `full` is the reference every fidelity number needs: make it run first.
 static void full_first(eval_opts *e) {
     const strategy *full = strategy_find("full");
@@ -116,8 +83,8 @@ static void eval_parse(int argc, char **argv, eval_opts *e) {
         const char *v = argv[++i];
         if (cli_is_flag(a, "-m", "--model")) e->model = v;
         else if (cli_is_flag(a, NULL, "--strategy")) e->n_strategies = cli_strategies(v, e->strategies);
-        else if (cli_is_flag(a, NULL, "--tasks")) e->n_tasks = parse_tasks(v, e->tasks);
-        else if (cli_is_flag(a, NULL, "--ctx")) e->n_ctxs = parse_list(a, v, e->ctxs, MAX_CTXS, 64, 1 << 20);
+        else if (cli_is_flag(a, NULL, "--tasks")) e->n_tasks = cli_tasks(v, e->tasks);
+        else if (cli_is_flag(a, NULL, "--ctx")) e->n_ctxs = cli_int_list(a, v, e->ctxs, MAX_CTXS, 64, 1 << 20);
         else if (cli_is_flag(a, NULL, "--samples")) e->samples = (int)cli_int(a, v, 1, 100000);
         else if (cli_is_flag(a, "-s", "--seed")) e->seed = (unsigned long long)cli_int(a, v, 0, UINT32_MAX);
         else if (cli_is_flag(a, NULL, "--haystack")) e->haystack = v;
@@ -130,7 +97,7 @@ static void eval_parse(int argc, char **argv, eval_opts *e) {
         else if (!cli_strategy_flag(a, v, &e->so, &e->draft_path))
             cli_usage_error("eval: unknown flag '%s'", a);
     }
-    if (e->plot_path && !ends_with(e->plot_path, ".svg"))
+    if (e->plot_path && !cli_ends_with(e->plot_path, ".svg"))
         cli_usage_error("--plot %s: only SVG is written (name the file .svg; convert it to PNG "
                         "with e.g. rsvg-convert)", e->plot_path);
     if (e->draft_path && e->so.draft_layers)
@@ -143,34 +110,13 @@ static void eval_parse(int argc, char **argv, eval_opts *e) {
 // ---- one strategy on one prompt ----
 
 typedef struct {
-    const tok *t;
-    int *ids, n_ids;
-    char *text;
-    size_t len;
-} answer;
-
-static int eval_on_token(void *ctx, int id) {
-    answer *a = ctx;
-    a->ids = xrealloc(a->ids, (size_t)(a->n_ids + 1) * sizeof(int));
-    a->ids[a->n_ids++] = id;
-    if (tok_is_eog(a->t, id)) return 1;
-    size_t n;
-    const char *p = tok_piece(a->t, id, 0, &n);
-    a->text = xrealloc(a->text, a->len + n + 1);
-    memcpy(a->text + a->len, p, n);
-    a->len += n;
-    a->text[a->len] = 0;
-    return 0;
-}
-
-typedef struct {
     const eval_opts *e;
     loaded *L;
     eval_haystack hay;
     eval_record *recs;
     int n_recs;
     float *full_logits, *logits;
-    answer full_answer;
+    eval_answer full_answer;
 } eval_run;
 
 // Runs strategy s on prompt p; fills rec (fidelity against the full run of the same prompt,
@@ -179,20 +125,19 @@ static int run_one(eval_run *R, const strategy *s, const eval_spec *spec, const 
                    eval_record *rec) {
     model *m = R->L->m;
     int is_full = strcmp(s->name, "full") == 0;
-    answer a = {.t = R->L->t};
+    eval_answer a = {.t = R->L->t};
     sampler smp;
     sampler_init(&smp, &(sample_params){.temp = 0}, m->cfg.vocab);
     run_stats st;
     char err[512];
     int rc = run_generate_first(s, m, &R->e->so, p->ids, p->n_ids, eval_task_n_gen(spec->task),
-                                &smp, eval_on_token, &a, &st, is_full ? R->full_logits : R->logits,
+                                &smp, eval_answer_token, &a, &st, is_full ? R->full_logits : R->logits,
                                 err, sizeof err);
     sampler_free(&smp);
     if (rc) {
         fprintf(stderr, "sift: error: eval: %s on %s at ctx %d, sample %d: %s\n", s->name,
                 eval_task_name(spec->task), spec->ctx, spec->sample, err);
-        free(a.ids);
-        free(a.text);
+        eval_answer_free(&a);
         return -1;
     }
     *rec = (eval_record){.strategy = s->name, .task = spec->task, .ctx = spec->ctx,
@@ -211,11 +156,8 @@ static int run_one(eval_run *R, const strategy *s, const eval_spec *spec, const 
         free(R->full_answer.ids);
         R->full_answer = a;
     }
-    const answer *f = &R->full_answer;
-    int same = 0;
-    for (int i = 0; i < f->n_ids && i < a.n_ids; i++) same += f->ids[i] == a.ids[i];
-    rec->first_agree = a.n_ids > 0 && f->n_ids > 0 && a.ids[0] == f->ids[0];
-    rec->greedy_agree = f->n_ids ? (double)same / f->n_ids : 0;
+    const eval_answer *f = &R->full_answer;
+    rec->greedy_agree = eval_agreement(f->ids, f->n_ids, a.ids, a.n_ids, &rec->first_agree);
     rec->kl = is_full ? 0 : eval_kl(R->full_logits, R->logits, m->cfg.vocab);
     if (!is_full) free(a.ids);
     return 0;
@@ -343,43 +285,13 @@ static int report(const eval_opts *e, const eval_run *R, const char *model_name,
     return write_reports(e, &rep);
 }
 
-// Output files are opened before hours of measuring, so a bad path fails at once.
-static int check_outputs(const eval_opts *e) {
-    const char *paths[3] = {e->json_path, e->csv_path, e->plot_path};
-    for (int i = 0; i < 3; i++) {
-        FILE *f = paths[i] ? fopen(paths[i], "w") : NULL;
-        if (paths[i] && !f) {
-            fprintf(stderr, "sift: error: cannot write %s\n", paths[i]);
-            return -1;
-        }
-        if (f) fclose(f);
-    }
-    return 0;
-}
-
-static int load_haystack(const eval_opts *e, eval_haystack *h) {
-    *h = (eval_haystack){0};
-    if (!e->haystack) return 0;
-    char err[512], why[400];
-    size_t len;
-    char *text = cli_read_all(e->haystack, &len, err, sizeof err);
-    if (!text) {
-        fprintf(stderr, "sift: error: --haystack: %s\n", err);
-        return -1;
-    }
-    int rc = eval_haystack_from_text(h, text, len, why, sizeof why);
-    if (rc) fprintf(stderr, "sift: error: --haystack %s: %s\n", e->haystack, why);
-    free(text);
-    return rc;
-}
-
 int cmd_eval(int argc, char **argv) {
     eval_opts e;
     eval_parse(argc, argv, &e);
     if (cli_refuse_synthetic(e.model, "eval")) return 2;
-    if (check_outputs(&e)) return 1;
+    if (cli_check_outputs((const char *[]){e.json_path, e.csv_path, e.plot_path}, 3)) return 1;
     eval_run R = {.e = &e};
-    if (load_haystack(&e, &R.hay)) return 1;
+    if (cli_load_haystack(e.haystack, &R.hay)) return 1;
     loaded L;
     cli_hw hw = {e.device, e.threads, e.weights, 0, GGML_F32};
     int rc = cli_load(&L, e.model, e.draft_path, &hw, e.strategies, e.n_strategies,

@@ -6,6 +6,7 @@
 // flushed, in input order (--unordered: as they finish); progress and a summary on stderr (and a
 // last summary record in JSON). Ctrl-C: finish the sequences in flight, then stop (again: drop
 // them); SIGTERM drops them at once. Either way the output holds only whole records.
+#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <signal.h>
@@ -247,6 +248,33 @@ static request_list collect(const run_opts *o) {
     return l;
 }
 
+void run_add_file(run_opts *o, const char *path) {
+    o->files = xrealloc(o->files, (size_t)(o->n_files + 1) * sizeof *o->files);
+    o->files[o->n_files++] = strdup(path);
+}
+
+static int by_path(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+void run_add_batch_dir(run_opts *o, const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) cli_usage_error("cannot open --batch directory '%s': %s", dir, strerror(errno));
+    int first = o->n_files;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        if (n < 5 || strcmp(e->d_name + n - 4, ".txt") != 0) continue;
+        char *path = xmalloc(strlen(dir) + n + 2);
+        sprintf(path, "%s/%s", dir, e->d_name);
+        run_add_file(o, path);
+        free(path);
+    }
+    closedir(d);
+    if (o->n_files == first) cli_usage_error("no .txt files in --batch directory '%s'", dir);
+    qsort(o->files + first, (size_t)(o->n_files - first), sizeof *o->files, by_path);
+}
+
 // ---- resume: what an earlier run already wrote ----------------------------------------------
 
 typedef struct {
@@ -418,6 +446,32 @@ static int prompt_ids(const runner *R, request *q, int **ids, char *err, size_t 
     memcpy(*ids + bos, body, (size_t)n * sizeof(int));
     free(body);
     return n + bos;
+}
+
+int run_read_prompts(const run_opts *o, const tok *t, run_prompt **out, char *err, size_t errlen) {
+    request_list all = collect(o);
+    runner R = {.o = o, .t = t};
+    run_prompt *p = xcalloc((size_t)(all.n ? all.n : 1), sizeof *p);
+    int n = 0, bad = 0;
+    for (int i = 0; i < all.n && !bad; i++) {
+        request *q = &all.r[i];
+        if (q->error) bad = err_printf(err, errlen, "%s", q->error);
+        else if ((p[n].n_ids = prompt_ids(&R, q, &p[n].ids, err, errlen)) < 0) bad = -1;
+        else p[n++].id = strdup(q->id);
+    }
+    for (int i = 0; i < all.n; i++) req_free(&all.r[i]);
+    free(all.r);
+    if (bad) {
+        run_prompts_free(p, n);
+        return -1;
+    }
+    *out = p;
+    return n;
+}
+
+void run_prompts_free(run_prompt *p, int n) {
+    for (int i = 0; i < n; i++) free(p[i].id), free(p[i].ids);
+    free(p);
 }
 
 // u could not run: done, with its error naming the --prompts line it came from. -1.

@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "../tok/tok.h"
+#include "pareto.h"
 
 // splitmix64: the generator behind every random choice of the suite (same seed, same prompt).
 uint64_t eval_rand(uint64_t *state);
@@ -68,6 +69,20 @@ double eval_score(const char answers[][32], int n_answers, const char *text);
 // KL(p || q) in nats of the softmax distributions of logits p and q (n,).
 double eval_kl(const float *p, const float *q, int n);
 
+// A greedy answer as it is generated: every token (an end-of-generation one included, which
+// ends it) and the text of the others. eval_answer_token is a run_token_fn (ctx: the answer).
+typedef struct eval_answer {
+    const tok *t;
+    int *ids, n_ids;
+    char *text;   // NULL until a piece arrives
+    size_t len;
+} eval_answer;
+int eval_answer_token(void *ctx, int id);
+void eval_answer_free(eval_answer *a);
+// How tokens ids (n,) follow the reference's ref (n_ref,): *first = both start with the same
+// token; the share of ref's tokens matched at the same position (0 when ref is empty).
+double eval_agreement(const int *ref, int n_ref, const int *ids, int n, int *first);
+
 // ---- records and reports ----
 // One strategy's run on one prompt.
 typedef struct eval_record {
@@ -109,3 +124,9 @@ void eval_write_json(FILE *out, const eval_report *r);
 void eval_write_csv(FILE *out, const eval_report *r);
 // Accuracy vs context and TTFT vs context, one line per strategy. 0, or -1 + err.
 int eval_write_svg(const char *path, const eval_report *r, char *err, size_t errlen);
+// `sift sweep --plot`: a scatter of points p (n,) (x right, y up), coloured by group[i], each
+// labelled; the points with on[i] set (the Pareto frontier) connected in x order and ringed.
+// 0, or -1 + err.
+int eval_write_scatter_svg(const char *path, const char *x_label, const char *y_label,
+                           const pareto_point *p, const char *const *labels, const int *group,
+                           const int *on, int n, char *err, size_t errlen);

@@ -1,8 +1,10 @@
-// eval/plot.c — the SVG figure of `sift eval --plot`: two panels side by side, accuracy vs context
+// eval/plot.c — the SVG figures: `sift eval --plot`: two panels side by side, accuracy vs context
 // and TTFT vs context, one coloured line per strategy (contexts evenly spaced, in the order
-// given), a shared legend underneath.
+// given), a shared legend underneath; `sift sweep --plot`: fidelity against speedup, one dot per
+// setting, the Pareto frontier connected and ringed.
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../util/check.h"
@@ -99,6 +101,83 @@ int eval_write_svg(const char *path, const eval_report *r, char *err, size_t err
                    "<text x=\"%d\" y=\"%d\" font-size=\"13\">%s</text>\n",
                 lx, row, lx + 24, row, COLORS[s % N_COLORS], lx + 30, row + 4, r->strategies[s]);
     }
+    fputs("</svg>\n", f);
+    if (fclose(f)) return err_printf(err, errlen, "writing %s failed", path);
+    return 0;
+}
+
+// ---- sift sweep: fidelity against speedup ----
+
+enum { SC_W = 640, SC_H = 420, SC_LEFT = 70, SC_TOP = 40 };
+
+// idx (k,) sorted by the x of their points (insertion sort: tens of points)
+static void sort_by_x(const pareto_point *p, int *idx, int k) {
+    for (int i = 1; i < k; i++)
+        for (int j = i; j > 0 && p[idx[j]].x < p[idx[j - 1]].x; j--) {
+            int t = idx[j];
+            idx[j] = idx[j - 1], idx[j - 1] = t;
+        }
+}
+
+int eval_write_scatter_svg(const char *path, const char *x_label, const char *y_label,
+                           const pareto_point *p, const char *const *labels, const int *group,
+                           const int *on, int n, char *err, size_t errlen) {
+    FILE *f = fopen(path, "w");
+    if (!f) return err_printf(err, errlen, "cannot write %s", path);
+    double xmax = 0, ymax = 0;
+    for (int i = 0; i < n; i++) {
+        if (p[i].x > xmax) xmax = p[i].x;
+        if (p[i].y > ymax) ymax = p[i].y;
+    }
+    xmax = nice_top(xmax * 1.05), ymax = ymax <= 1 ? 1 : nice_top(ymax);
+    int w = SC_LEFT + SC_W + 40, h = SC_TOP + SC_H + 60;
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+               "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\">\n"
+               "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", w, h, w, h);
+    fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" font-size=\"15\">%s vs %s "
+               "(Pareto frontier connected)</text>\n", SC_LEFT + SC_W / 2, SC_TOP - 15, y_label, x_label);
+    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#999\"/>\n",
+            SC_LEFT, SC_TOP, SC_W, SC_H);
+    for (int k = 0; k <= 4; k++) {   // grid and tick labels on both axes
+        int y = SC_TOP + SC_H - k * SC_H / 4, x = SC_LEFT + k * SC_W / 4;
+        fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#eee\"/>"
+                   "<text x=\"%d\" y=\"%d\" text-anchor=\"end\" font-size=\"12\">%g</text>\n",
+                SC_LEFT, y, SC_LEFT + SC_W, y, SC_LEFT - 6, y + 4, ymax * k / 4);
+        fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#eee\"/>"
+                   "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" font-size=\"12\">%g</text>\n",
+                x, SC_TOP, x, SC_TOP + SC_H, x, SC_TOP + SC_H + 18, xmax * k / 4);
+    }
+    fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" font-size=\"13\">%s</text>\n"
+               "<text x=\"18\" y=\"%d\" text-anchor=\"middle\" font-size=\"13\" "
+               "transform=\"rotate(-90 18 %d)\">%s</text>\n",
+            SC_LEFT + SC_W / 2, SC_TOP + SC_H + 40, x_label, SC_TOP + SC_H / 2, SC_TOP + SC_H / 2, y_label);
+#define SC_X(v) (SC_LEFT + SC_W * (v) / xmax)
+#define SC_Y(v) (SC_TOP + SC_H * (1 - (v) / ymax))
+    int *idx = xmalloc((size_t)(n ? n : 1) * sizeof *idx), k = 0;
+    for (int i = 0; i < n; i++)
+        if (on[i]) idx[k++] = i;
+    sort_by_x(p, idx, k);
+    fputs("<polyline fill=\"none\" stroke=\"#d62728\" stroke-width=\"2\" points=\"", f);
+    for (int i = 0; i < k; i++) fprintf(f, "%.1f,%.1f ", SC_X(p[idx[i]].x), SC_Y(p[idx[i]].y));
+    fputs("\"/>\n", f);
+    for (int i = 0; i < n; i++) {
+        if (isnan(p[i].x) || isnan(p[i].y)) continue;
+        double x = SC_X(p[i].x), y = SC_Y(p[i].y);
+        if (on[i])
+            fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"8\" fill=\"none\" stroke=\"#d62728\" "
+                       "stroke-width=\"2\" class=\"frontier\"/>\n", x, y);
+        fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4.5\" fill=\"%s\"/>\n<text x=\"%.1f\" y=\"%.1f\" "
+                   "font-size=\"11\">", x, y, COLORS[group[i] % N_COLORS], x + 9, y - 6);
+        for (const char *c = labels[i]; *c; c++)   // XML escapes
+            if (*c == '<') fputs("&lt;", f);
+            else if (*c == '>') fputs("&gt;", f);
+            else if (*c == '&') fputs("&amp;", f);
+            else fputc(*c, f);
+        fputs("</text>\n", f);
+    }
+#undef SC_X
+#undef SC_Y
+    free(idx);
     fputs("</svg>\n", f);
     if (fclose(f)) return err_printf(err, errlen, "writing %s failed", path);
     return 0;

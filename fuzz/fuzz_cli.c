@@ -1,5 +1,5 @@
 // fuzz/fuzz_cli.c — libFuzzer target: the command-line parsers of `sift`, `sift bench`, `sift eval`,
-// `sift ppl` and `sift fit-phi` on arbitrary argument lists (the input split at NUL bytes, at most
+// `sift sweep` (its --grid included), `sift ppl` and `sift fit-phi` on arbitrary argument lists (the input split at NUL bytes, at most
 // 32 arguments). A parser either returns options inside their documented ranges or ends the process with exit code 2 (usage
 // error) or 0 (--help, --version). Here exit() is renamed (this translation unit only) to a
 // longjmp back into the harness, so every path through the parsers can be explored; no model is
@@ -22,6 +22,7 @@ static void fuzz_exit(int code) __attribute__((noreturn));
 #include "../cmd/ppl.c"
 #include "../cmd/fit_phi.c"
 #include "../cmd/run.c"
+#include "../cmd/sweep.c"
 #include "../main.c"
 #undef main
 #undef exit
@@ -52,6 +53,27 @@ static void check_options(const options *o) {
     if (o->so.keep_last != 0 && o->so.keep_last != 1) abort();
 }
 
+// A sweep's settings: full first, then strategies that read every parameter the grid set, each
+// value inside its range.
+static void check_sweep(const sweep_opts *w) {
+    if (w->n_set < 1 || w->n_set > SWEEP_MAX_SETTINGS || w->set[0].s != strategy_find("full")) abort();
+    if (w->n_predict < 1 || w->parallel < 1 || w->parallel > FWD_MAX_BATCH || w->threads < 1) abort();
+    if (w->min_agreement != -1 && (w->min_agreement < 0 || w->min_agreement > 1)) abort();
+    int user = w->r.n_files > 0 || w->r.prompts_path;
+    if (user == (w->n_tasks > 0) || (w->grid && w->only)) abort();
+    if (w->fidelity == SW_FID_ACCURACY && !w->n_tasks) abort();
+    for (int i = 1; i < w->n_set; i++) {
+        const sweep_setting *x = &w->set[i];
+        if (!x->s || x->s == w->set[0].s || x->so.n_threads != w->threads) abort();
+        if (x->so.kv_rate <= 0 || x->so.kv_rate > 1 || x->so.keep <= 0 || x->so.keep > 1) abort();
+        if (x->so.budget <= 0 || x->so.budget > 1 || x->so.tsp_rate <= 0 || x->so.tsp_rate > 1) abort();
+        if (x->so.pool_kernel % 2 == 0 || x->so.spec_pool % 2 == 0) abort();
+        if (x->so.draft_path && (!w->draft_path || strcmp(x->so.draft_path, w->draft_path))) abort();
+        for (int k = 1; k < i; k++)
+            if (w->set[k].s == x->s && strcmp(w->set[k].grid, x->grid) == 0) abort();
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char *buf = malloc(size + 1), *argv[FUZZ_MAX_ARGS + 2] = {"sift"};
     memcpy(buf, data, size);
@@ -70,6 +92,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             eval_opts e;
             eval_parse(argc, argv, &e);
             if (e.n_strategies < 1 || e.n_tasks < 1 || e.n_ctxs < 1 || e.samples < 1) abort();
+        } else if (argc > 1 && strcmp(argv[1], "sweep") == 0) {
+            static sweep_opts w;   // static: as o; what the last input allocated is freed here
+            sweep_free(&w);
+            sweep_parse(argc, argv, &w);
+            check_sweep(&w);
         } else if (argc > 1 && strcmp(argv[1], "fit-phi") == 0) {
             fit_opts f;
             fit_parse(argc, argv, &f);

@@ -36,6 +36,10 @@ for i, args in enumerate([
         ["bench", "-p", "512,2048", "-n", "16", "-r", "2", "--strategy", "full,fastkv", "-o", "jsonl"],
         ["eval", "--strategy", "all", "--tasks", "niah,vt", "--ctx", "1024,2048", "--samples", "2",
          "--seed", "1", "-o", "r.json", "--plot", "r.svg", "--device", "cpu"],
+        ["sweep", "-f", "a.txt", "--grid", "fastkv:kv-rate=0.05,0.1:tsp-rate=0.1,0.2;specprefill:keep=0.1",
+         "-n", "16", "--min-agreement", "0.9", "-o", "s.json", "--csv", "s.csv", "--plot", "s.svg"],
+        ["sweep", "--tasks", "niah,multikey", "--ctx", "4096", "--samples", "2", "--strategy",
+         "fastkv,topk,fastkv+topk", "--fidelity", "accuracy", "--speed", "ttft", "--parallel", "4"],
         ["ppl", "-f", "wiki.txt", "--ctx", "512", "--json"],
         ["fit-phi", "--data", "t.txt", "--ctx", "1024", "--out", "m.phi", "--seed", "3"],
         # regressions: inputs a fuzz run once failed on

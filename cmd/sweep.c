@@ -1,0 +1,1012 @@
+// cmd/sweep.c — `sift sweep`: which strategy, with which settings, keeps the user's answers while
+// going fastest? On the user's prompts (-f, --batch, --prompts) or on `sift eval`'s generated
+// tasks, run `full` once per prompt as the reference, then every setting of a grid (strategies x
+// parameter values) greedily on the same tokens; aggregate fidelity (first-token and greedy
+// agreement, KL of the first token, task accuracy) and speed (TTFT, TPOT, ratios against full)
+// per setting; report the Pareto frontier of fidelity against speedup as a table, JSON, CSV and
+// an SVG scatter, and with --min-agreement the command line of the fastest setting that keeps it.
+// Ctrl-C stops between runs and reports what was measured (exit 130).
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../eval/eval.h"
+#include "../eval/pareto.h"
+#include "../util/check.h"
+#include "cmd.h"
+
+#define SWEEP_MAX_SETTINGS 256
+#define SWEEP_MAX_PARAMS 8
+#define SWEEP_MAX_VALUES 16
+
+enum { SW_FID_GREEDY, SW_FID_FIRST, SW_FID_ACCURACY };
+enum { SW_SPEED_TOTAL, SW_SPEED_TTFT, SW_SPEED_TPOT };
+static const char *const SW_FIDELITY[] = {"greedy", "first", "accuracy"};
+static const char *const SW_SPEED[] = {"total", "ttft", "tpot"};
+
+// The default grid, one entry per line of README's list; %d: speed's depths ceil(0.75 L) and
+// ceil(0.875 L); %s: the separate draft (draft-layers=L, or draft=MODEL with --draft). A
+// strategy strategy_find does not know (a composition not built yet) is skipped with a note.
+static const char *const SW_DEFAULT_GRID[] = {
+    "speed:speed-depth=%d,%d", "fastkv:kv-rate=0.05,0.1,0.2", "specprefill:keep=0.1,0.3",
+    "specprefill:keep=0.1,0.3:%s", "topk:budget=0.02,0.05", "topk+phi:budget=0.02", "fastkv+topk",
+    "specprefill+topk+phi:budget=0.02"};
+#define SW_N_DEFAULT (int)(sizeof SW_DEFAULT_GRID / sizeof *SW_DEFAULT_GRID)
+
+// Is name (n chars) a strategy of the default grid?
+static int sw_in_default(const char *name, size_t n) {
+    for (int i = 0; i < SW_N_DEFAULT; i++)
+        if (strcspn(SW_DEFAULT_GRID[i], ":") == n && strncmp(SW_DEFAULT_GRID[i], name, n) == 0) return 1;
+    return 0;
+}
+
+typedef struct sweep_setting {
+    const strategy *s;
+    char grid[256];       // "kv-rate=0.1 tsp-rate=0.2" ("": the strategy's defaults)
+    char flags[512];      // the same as command-line flags: " --kv-rate 0.1 --tsp-rate 0.2"
+    strategy_opts so;     // the base options with these values
+} sweep_setting;
+
+typedef struct sweep_opts {
+    const char *model, *device, *draft_path, *grid, *only, *json_path, *csv_path, *plot_path,
+        *haystack, *batch_dir;
+    enum bk_weights weights;
+    run_opts r;                       // the user's prompts: -f, --batch, --prompts, --chat, --system
+    int tasks[EVAL_N_TASKS], n_tasks; // --tasks (0: the user's prompts)
+    int ctx, samples;
+    unsigned long long seed;
+    int n_predict, threads, threads_given, parallel, quiet, fidelity, speed;
+    double min_agreement;             // < 0: not asked
+    strategy_opts so;                 // the base every setting starts from
+    char base_flags[512];             // the strategy flags given outside --grid, as given
+    sweep_setting *set;               // set[0]: full, the reference
+    int n_set;
+    char **strs;                      // strings the settings point into (--grid values)
+    int n_strs;
+} sweep_opts;
+
+static volatile sig_atomic_t sweep_interrupted;
+
+static void sweep_on_sigint(int sig) {
+    (void)sig;
+    sweep_interrupted = 1;
+    signal(SIGINT, SIG_DFL);   // a second Ctrl-C ends sift at once
+}
+
+static void sweep_help(void) {
+    printf("usage: sift sweep [-m MODEL] (-f FILE... | --batch DIR | --prompts FILE.jsonl |\n"
+           "                  --tasks niah,multikey [--ctx 4096] [--samples 2] [--seed 1] [--haystack FILE])\n"
+           "                 [--grid SPEC | --strategy LIST] [--draft MODEL] [-n 16] [--chat] [--system TEXT]\n"
+           "                 [--fidelity greedy|first|accuracy] [--speed total|ttft|tpot] [--min-agreement X]\n"
+           "                 [-o sweep.json] [--csv sweep.csv] [--plot sweep.svg] [--parallel N]\n"
+           "                 [-t N] [--device D] [--weights native|f32] [-q] [strategy flags, see sift --help]\n\n"
+           "Runs `full` once per prompt as the reference, then every setting of the grid greedily\n"
+           "(temp 0, -n tokens) on the same tokens, and reports per setting the means over the\n"
+           "prompts: first-token and greedy agreement with full (share of full's tokens matched\n"
+           "position by position), KL(full || setting) of the first token, task accuracy (--tasks),\n"
+           "TTFT, TPOT, their ratios against full and end to end (full's TTFT + n TPOT over the\n"
+           "setting's), KV MiB, KV MiB read per decode step, prompt rows %% of full (draft work\n"
+           "included) and the Pareto frontier of fidelity (--fidelity, default greedy) against\n"
+           "speedup (--speed, default total).\n\n"
+           "--grid 'fastkv:kv-rate=0.05,0.1:tsp-rate=0.1,0.2;specprefill:keep=0.1,0.3;speed'\n"
+           "  strategies separated by ';'; each NAME[:PARAM=V1,V2...]..., PARAM a strategy flag\n"
+           "  without --; several parameters of one strategy form their cross product.\n"
+           "Default grid (L = the model's layers): speed speed-depth=ceil(0.75L),ceil(0.875L);\n"
+           "  fastkv kv-rate=0.05,0.1,0.2; specprefill keep=0.1,0.3 self-drafted and again with\n"
+           "  draft-layers=L (or draft=MODEL with --draft); topk budget=0.02,0.05; topk+phi\n"
+           "  budget=0.02; fastkv+topk; specprefill+topk+phi budget=0.02. A strategy this build\n"
+           "  does not know is skipped with a note. --strategy LIST keeps those strategies of it.\n"
+           "--min-agreement X (0..1): prints the fastest setting whose fidelity is at least X as\n"
+           "  the sift command line that runs it. --parallel N decodes N settings of a prompt as\n"
+           "  one batch: TPOT is then the batch's, shared. Ctrl-C reports what was measured.\n"
+           "tasks: %s\nstrategies: %s\n", eval_task_names(), strategy_names());
+}
+
+// ---- the grid ----
+
+static char *sw_keep(sweep_opts *w, const char *s, size_t n) {
+    w->strs = xrealloc(w->strs, (size_t)(w->n_strs + 1) * sizeof *w->strs);
+    char *c = xmalloc(n + 1);
+    memcpy(c, s, n);
+    c[n] = 0;
+    return w->strs[w->n_strs++] = c;
+}
+
+// s without its leading and trailing blanks (in place)
+static char *sw_trim(char *s) {
+    while (*s == ' ' || *s == '\t') s++;
+    size_t n = strlen(s);
+    while (n && (s[n - 1] == ' ' || s[n - 1] == '\t')) s[--n] = 0;
+    return s;
+}
+
+// The parameters strategy s reads, "a, b, c", for errors.
+static const char *sw_params_of(const char *name) {
+    static char buf[400];
+    int n;
+    const opt_def *t = strategy_opts_table(&n);
+    buf[0] = 0;
+    for (int i = 0; i < n; i++)
+        if (strategy_opt_used_by(&t[i], name) && strlen(buf) + strlen(t[i].flag) + 3 < sizeof buf)
+            strcat(strcat(buf, buf[0] ? ", " : ""), t[i].flag + 2);
+    return buf[0] ? buf : "none";
+}
+
+// A word is safe in a shell as it is; else it is single-quoted.
+static void sw_quote(char *out, size_t len, const char *s) {
+    if (s[0] && strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./+=:,@%-") == strlen(s)) {
+        snprintf(out, len, "%s", s);
+        return;
+    }
+    size_t j = 0;
+    out[j++] = '\'';
+    for (; *s && j + 5 < len; s++)
+        if (*s == '\'') j += (size_t)snprintf(out + j, len - j, "'\\''");
+        else out[j++] = *s;
+    out[j++] = '\'';
+    out[j] = 0;
+}
+
+typedef struct {
+    const opt_def *d;
+    const char *v[SWEEP_MAX_VALUES];
+    int n;
+} sw_param;
+
+// One --grid entry NAME[:PARAM=V,...]... (in place) into settings; skip_unknown: a strategy this
+// build lacks is a note, not an error.
+static void sw_parse_entry(sweep_opts *w, char *entry, int skip_unknown) {
+    char *colon = strchr(entry, ':'), *save = NULL;
+    if (colon) *colon = 0;
+    char *name = sw_trim(entry);
+    if (!*name) cli_usage_error("--grid: an empty strategy entry (entries are separated by ';')");
+    const strategy *s = strategy_find(name);
+    if (!s && skip_unknown) {
+        if (!w->quiet) fprintf(stderr, "sift: sweep: skipping %s (not a strategy of this build)\n", name);
+        return;
+    }
+    if (!s) cli_usage_error("--grid: unknown strategy '%s' (available: %s)", name, strategy_names());
+    if (strcmp(s->name, "full") == 0)
+        cli_usage_error("--grid: full is the reference and always runs; leave it out of the grid");
+    sw_param p[SWEEP_MAX_PARAMS];
+    int np = 0;
+    long count = 1;
+    for (char *t = colon ? strtok_r(colon + 1, ":", &save) : NULL; t; t = strtok_r(NULL, ":", &save)) {
+        char *eq = strchr(t, '=');
+        if (!eq) cli_usage_error("--grid: '%s' after %s is not PARAM=VALUE[,VALUE...]", sw_trim(t), name);
+        *eq = 0;
+        char flag[64], *key = sw_trim(t);
+        snprintf(flag, sizeof flag, "--%s", key);
+        const opt_def *d = strategy_opt_find(flag);
+        if (!d) cli_usage_error("--grid: unknown parameter '%s' (strategy flags without --, e.g. kv-rate)", key);
+        if (!strategy_opt_used_by(d, s->name))
+            cli_usage_error("--grid: %s does not read '%s' (it reads: %s)", s->name, key, sw_params_of(s->name));
+        for (int i = 0; i < np; i++)
+            if (p[i].d == d) cli_usage_error("--grid: %s: '%s' given twice", name, key);
+        if (np == SWEEP_MAX_PARAMS) cli_usage_error("--grid: %s: more than %d parameters", name, SWEEP_MAX_PARAMS);
+        sw_param *q = &p[np++];
+        *q = (sw_param){.d = d};
+        char *vsave = NULL;
+        for (char *v = strtok_r(eq + 1, ",", &vsave); v; v = strtok_r(NULL, ",", &vsave)) {
+            v = sw_trim(v);
+            if (q->n == SWEEP_MAX_VALUES) cli_usage_error("--grid: %s: more than %d values", key, SWEEP_MAX_VALUES);
+            strategy_opts scratch = w->so;
+            char err[256];
+            if (!*v || strategy_opt_set(&scratch, d, v, err, sizeof err))
+                cli_usage_error("--grid: %s: %s", name, *v ? err : "an empty value");
+            if (d->offset == offsetof(strategy_opts, draft_path)) {
+                if (w->draft_path && strcmp(w->draft_path, v) != 0)
+                    cli_usage_error("--grid: one draft model per sweep (got '%s' and '%s')", w->draft_path, v);
+                w->draft_path = sw_keep(w, v, strlen(v));
+            }
+            q->v[q->n++] = sw_keep(w, v, strlen(v));
+        }
+        if (q->n == 0) cli_usage_error("--grid: %s: '%s' has no value", name, key);
+        count *= q->n;
+    }
+    if (w->n_set + count > SWEEP_MAX_SETTINGS)
+        cli_usage_error("--grid: more than %d settings", SWEEP_MAX_SETTINGS - 1);
+    for (long k = 0; k < count; k++) {   // the cross product, the last parameter fastest
+        sweep_setting *x = &w->set[w->n_set];
+        *x = (sweep_setting){.s = s, .so = w->so};
+        long rest = k;
+        for (int i = np - 1; i >= 0; i--) {
+            const char *v = p[i].v[rest % p[i].n];
+            rest /= p[i].n;
+            char err[256], quoted[300];
+            if (strategy_opt_set(&x->so, p[i].d, v, err, sizeof err)) cli_usage_error("--grid: %s", err);
+            sw_quote(quoted, sizeof quoted, v);
+            char g[256], f[512];
+            if (snprintf(g, sizeof g, "%s=%s%s%s", p[i].d->flag + 2, v, x->grid[0] ? " " : "", x->grid) >= (int)sizeof g ||
+                snprintf(f, sizeof f, " %s %s%s", p[i].d->flag, quoted, x->flags) >= (int)sizeof f)
+                cli_usage_error("--grid: %s: the values of one setting are too long", name);
+            memcpy(x->grid, g, sizeof g);
+            memcpy(x->flags, f, sizeof f);
+        }
+        for (int i = 1; i < w->n_set; i++)
+            if (w->set[i].s == s && strcmp(w->set[i].grid, x->grid) == 0)
+                cli_usage_error("--grid: %s %s given twice", s->name, x->grid[0] ? x->grid : "(defaults)");
+        w->n_set++;
+    }
+}
+
+// --grid SPEC (or the default grid's text) into w->set after full.
+static void sw_parse_grid(sweep_opts *w, const char *spec, int skip_unknown) {
+    char *copy = strdup(spec), *at = copy;
+    for (;;) {
+        char *semi = strchr(at, ';');
+        if (semi) *semi = 0;
+        sw_parse_entry(w, at, skip_unknown);
+        if (!semi) break;
+        at = semi + 1;
+    }
+    free(copy);
+}
+
+// Does the comma list `only` name name (n chars)?
+static int sw_wanted(const char *only, const char *name, size_t n) {
+    for (const char *p = only; *p;) {
+        size_t k = strcspn(p, ",");
+        if (k == n && strncmp(p, name, n) == 0) return 1;
+        p += k + (p[k] == ',');
+    }
+    return 0;
+}
+
+// The default grid for a model of n_layer layers, restricted to --strategy's names; a name
+// there outside the default grid runs with its defaults.
+static void sw_default_grid(sweep_opts *w, int n_layer) {
+    char draft[600], e[800];
+    if (w->draft_path) snprintf(draft, sizeof draft, "draft=%s", w->draft_path);
+    else snprintf(draft, sizeof draft, "draft-layers=%d", n_layer);
+    for (int i = 0; i < SW_N_DEFAULT; i++) {
+        const char *f = SW_DEFAULT_GRID[i];
+        size_t k = strcspn(f, ":");
+        if (w->only && !sw_wanted(w->only, f, k)) continue;
+        if (strstr(f, "%d")) snprintf(e, sizeof e, f, (3 * n_layer + 3) / 4, (7 * n_layer + 7) / 8);
+        else if (strstr(f, "%s")) snprintf(e, sizeof e, f, draft);
+        else snprintf(e, sizeof e, "%s", f);
+        sw_parse_grid(w, e, 1);
+    }
+    for (const char *p = w->only; p && *p;) {
+        size_t k = strcspn(p, ",");
+        if (!sw_in_default(p, k) && !(k == 4 && strncmp(p, "full", 4) == 0)) {
+            snprintf(e, sizeof e, "%.*s", (int)k, p);
+            sw_parse_grid(w, e, 0);
+        }
+        p += k + (p[k] == ',');
+    }
+}
+
+// ---- flags ----
+
+static int sw_choice(const char *flag, const char *v, const char *const *names, int n) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(v, names[i]) == 0) return i;
+    cli_usage_error("%s must be %s, %s or %s (got '%s')", flag, names[0], names[1], names[2], v);
+}
+
+static void sweep_parse(int argc, char **argv, sweep_opts *w) {
+    *w = (sweep_opts){.device = "auto", .ctx = 4096, .samples = 2, .seed = 1, .n_predict = 16,
+                      .parallel = 1, .min_agreement = -1, .so = strategy_opts_default()};
+    w->r.so = &w->so;
+    w->set = xcalloc(SWEEP_MAX_SETTINGS, sizeof *w->set);
+    int task_flags = 0;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (cli_is_flag(a, "-h", "--help")) {
+            sweep_help();
+            exit(0);
+        }
+        if (cli_is_flag(a, "-q", "--quiet")) { w->quiet = 1; continue; }
+        if (cli_is_flag(a, NULL, "--chat")) { w->r.chat = 1; continue; }
+        if (a[0] != '-') cli_usage_error("sweep: unexpected argument '%s'", a);
+        if (i + 1 >= argc) cli_usage_error("sweep: %s needs a value (or is unknown)", a);
+        const char *v = argv[++i];
+        if (cli_is_flag(a, "-m", "--model")) w->model = v;
+        else if (cli_is_flag(a, "-f", "--file")) run_add_file(&w->r, v);
+        else if (cli_is_flag(a, NULL, "--batch")) w->batch_dir = v;
+        else if (cli_is_flag(a, NULL, "--prompts")) w->r.prompts_path = v;
+        else if (cli_is_flag(a, NULL, "--system")) w->r.system = v, w->r.chat = 1;
+        else if (cli_is_flag(a, NULL, "--tasks")) w->n_tasks = cli_tasks(v, w->tasks);
+        else if (cli_is_flag(a, NULL, "--ctx")) w->ctx = (int)cli_int(a, v, 64, 1 << 20), task_flags++;
+        else if (cli_is_flag(a, NULL, "--samples")) w->samples = (int)cli_int(a, v, 1, 100000), task_flags++;
+        else if (cli_is_flag(a, "-s", "--seed")) w->seed = (unsigned long long)cli_int(a, v, 0, UINT32_MAX), task_flags++;
+        else if (cli_is_flag(a, NULL, "--haystack")) w->haystack = v, task_flags++;
+        else if (cli_is_flag(a, NULL, "--grid")) w->grid = v;
+        else if (cli_is_flag(a, NULL, "--strategy")) w->only = v;
+        else if (cli_is_flag(a, NULL, "--draft")) w->draft_path = v;
+        else if (cli_is_flag(a, "-n", "--n-predict")) w->n_predict = (int)cli_int(a, v, 1, 1 << 20);
+        else if (cli_is_flag(a, NULL, "--fidelity")) w->fidelity = sw_choice(a, v, SW_FIDELITY, 3);
+        else if (cli_is_flag(a, NULL, "--speed")) w->speed = sw_choice(a, v, SW_SPEED, 3);
+        else if (cli_is_flag(a, NULL, "--min-agreement")) w->min_agreement = cli_float(a, v, 0, 1);
+        else if (cli_is_flag(a, "-o", "--output")) w->json_path = v;
+        else if (cli_is_flag(a, NULL, "--csv")) w->csv_path = v;
+        else if (cli_is_flag(a, NULL, "--plot")) w->plot_path = v;
+        else if (cli_is_flag(a, NULL, "--parallel")) w->parallel = (int)cli_int(a, v, 1, FWD_MAX_BATCH);
+        else if (cli_is_flag(a, "-t", "--threads")) w->threads = (int)cli_int(a, v, 1, 1024), w->threads_given = 1;
+        else if (cli_is_flag(a, NULL, "--device")) w->device = cli_device(v);
+        else if (cli_is_flag(a, NULL, "--weights")) w->weights = cli_weights(v);
+        else if (cli_strategy_flag(a, v, &w->so, NULL)) {
+            char q[300];
+            size_t used = strlen(w->base_flags);
+            sw_quote(q, sizeof q, v);
+            snprintf(w->base_flags + used, sizeof w->base_flags - used, " %s %s", a, q);
+        } else cli_usage_error("sweep: unknown flag '%s'", a);
+    }
+    int user = w->r.n_files > 0 || w->batch_dir || w->r.prompts_path;
+    if (!user && !w->n_tasks)
+        cli_usage_error("sweep: no prompts: give -f FILE, --batch DIR, --prompts FILE.jsonl or --tasks LIST");
+    if (user && w->n_tasks) cli_usage_error("sweep: --tasks generates its prompts: leave out -f, --batch and --prompts");
+    if (!w->n_tasks && task_flags) cli_usage_error("sweep: --ctx, --samples, --seed and --haystack go with --tasks");
+    if (w->n_tasks && w->r.chat) cli_usage_error("sweep: --tasks prompts come in the chat template already (no --chat, --system)");
+    if (w->fidelity == SW_FID_ACCURACY && !w->n_tasks)
+        cli_usage_error("sweep: --fidelity accuracy needs known answers (--tasks)");
+    if (w->grid && w->only) cli_usage_error("sweep: --grid and --strategy exclude each other (--strategy picks from the default grid)");
+    if (w->plot_path && !cli_ends_with(w->plot_path, ".svg"))
+        cli_usage_error("--plot %s: only SVG is written (name the file .svg)", w->plot_path);
+    if (w->draft_path && w->draft_path[strcspn(w->draft_path, ";:,")])
+        cli_usage_error("sweep: --draft %s: a path with ';', ':' or ',' cannot be a grid value", w->draft_path);
+    if (w->only)
+        for (const char *p = w->only; *p || p == w->only;) {   // each name known or in the default grid
+            size_t k = strcspn(p, ",");
+            char name[64];
+            snprintf(name, sizeof name, "%.*s", (int)k, p);
+            if (k == 0 || k >= sizeof name || !(strategy_find(name) || sw_in_default(p, k)))
+                cli_usage_error("sweep: --strategy: unknown strategy '%s' (available: %s)", name, strategy_names());
+            if (!p[k]) break;
+            p += k + 1;
+        }
+    if (w->batch_dir) run_add_batch_dir(&w->r, w->batch_dir);
+    if (w->threads == 0) w->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    w->so.n_threads = w->threads;
+    w->set[0] = (sweep_setting){.s = strategy_find("full"), .so = w->so};
+    w->n_set = 1;
+    if (w->grid) sw_parse_grid(w, w->grid, 0);
+}
+
+static void sweep_free(sweep_opts *w) {
+    for (int i = 0; i < w->r.n_files; i++) free(w->r.files[i]);
+    free(w->r.files);
+    for (int i = 0; i < w->n_strs; i++) free(w->strs[i]);
+    free(w->strs);
+    free(w->set);
+    memset(w, 0, sizeof *w);
+}
+
+// ---- measuring ----
+
+typedef struct sweep_prompt {
+    char *id;
+    int *ids, n_ids;
+    char answers[EVAL_MAX_ANSWERS][32];
+    int n_answers;            // 0: no known answer (the user's prompts)
+} sweep_prompt;
+
+// One setting on one prompt.
+typedef struct sweep_rec {
+    int state;                // 0 not run (interrupted), 1 measured, -1 failed (note: why)
+    int first_agree, n_gen;
+    double greedy, kl, score; // score: NaN without known answers
+    double ttft_ms, tpot_ms;  // tpot: NaN when no decode step ran
+    double kv_bytes, kv_read, rows_pct;
+    char label[96];
+    char note[300];
+} sweep_rec;
+
+typedef struct sweep_run {
+    sweep_opts *w;
+    loaded *L;
+    sweep_prompt *p;
+    int n_p;
+    sweep_rec *recs;          // [prompt * n_set + setting]
+    float *logits;            // (parallel + 1, vocab): slot 0 is full's
+    eval_answer full;
+    int done, total, failed;
+    double t0;
+} sweep_run;
+
+static void sw_progress(sweep_run *R, int pi, int si) {
+    const sweep_opts *w = R->w;
+    if (w->quiet) return;
+    double left = R->done ? (now_ms() - R->t0) / R->done * (R->total - R->done) / 1000 : 0;
+    if (isatty(2)) {
+        int bar = 30 * R->done / R->total;
+        fprintf(stderr, "\rsweep [%.*s%.*s] %d/%d runs, prompt %d/%d, ETA %dm%02ds   ", bar,
+                "##############################", 30 - bar, "..............................",
+                R->done, R->total, pi + 1, R->n_p, (int)left / 60, (int)left % 60);
+        if (R->done == R->total) fprintf(stderr, "\n");
+        return;
+    }
+    const sweep_setting *x = &w->set[si];
+    const sweep_rec *r = &R->recs[(size_t)pi * w->n_set + si];
+    if (r->state < 0)
+        fprintf(stderr, "sweep: %s %s %s: failed: %s (%d/%d runs, ETA %dm%02ds)\n", R->p[pi].id,
+                x->s->name, x->grid, r->note, R->done, R->total, (int)left / 60, (int)left % 60);
+    else
+        fprintf(stderr, "sweep: %s %s%s%s: greedy agreement %.2f, TTFT %.0f ms (%d/%d runs, ETA %dm%02ds)\n",
+                R->p[pi].id, x->s->name, x->grid[0] ? " " : "", x->grid, r->greedy, r->ttft_ms,
+                R->done, R->total, (int)left / 60, (int)left % 60);
+}
+
+// The figures of run k (its answer a, its first-token logits) against full's on prompt p.
+static void sw_record(sweep_run *R, const sweep_prompt *p, const gen_seq *g, const eval_answer *a,
+                      const float *logits, sweep_rec *r) {
+    const run_stats *st = &g->st;
+    int vocab = R->L->m->cfg.vocab, n_layer = R->L->m->cfg.n_layer;
+    r->state = 1;
+    r->n_gen = a->n_ids;
+    r->greedy = eval_agreement(R->full.ids, R->full.n_ids, a->ids, a->n_ids, &r->first_agree);
+    r->kl = eval_kl(R->logits, logits, vocab);
+    r->score = p->n_answers ? eval_score(p->answers, p->n_answers, a->text ? a->text : "") : NAN;
+    r->ttft_ms = st->prompt_ms;
+    r->tpot_ms = st->decode_runs ? st->decode_ms / st->decode_runs : NAN;
+    r->kv_bytes = (double)st->kv_bytes;
+    r->kv_read = st->kv_read_per_step;
+    r->rows_pct = st->prompt_n ? 100.0 * st->rows_done / ((double)st->prompt_n * n_layer) : 0;
+    snprintf(r->label, sizeof r->label, "%s", st->label);
+    memcpy(r->note, st->note, sizeof r->note - 1);   // truncated, always terminated
+    r->note[sizeof r->note - 1] = 0;
+}
+
+// Settings [s0, s1) of prompt pi as one batch (one setting when sequential). Full (setting 0)
+// always comes first, alone or in the first batch. 0, or -1 when full failed.
+static int sw_batch(sweep_run *R, int pi, int s0, int s1) {
+    sweep_opts *w = R->w;
+    model *m = R->L->m;
+    const sweep_prompt *p = &R->p[pi];
+    int k = s1 - s0, vocab = m->cfg.vocab;
+    gen_seq g[FWD_MAX_BATCH], *live[FWD_MAX_BATCH];
+    sampler smp[FWD_MAX_BATCH];
+    eval_answer a[FWD_MAX_BATCH];
+    int nl = 0, rc = 0;
+    for (int i = 0; i < k; i++) {
+        sweep_rec *r = &R->recs[(size_t)pi * w->n_set + s0 + i];
+        const sweep_setting *x = &w->set[s0 + i];
+        char err[300];
+        a[i] = (eval_answer){.t = R->L->t};
+        sampler_init(&smp[i], &(sample_params){.temp = 0}, vocab);
+        float *lg = R->logits + (size_t)(s0 + i == 0 ? 0 : 1 + i) * vocab;
+        if (gen_begin(&g[i], x->s, m, &x->so, p->ids, p->n_ids, w->n_predict, &smp[i],
+                      eval_answer_token, &a[i], lg, err, sizeof err)) {
+            r->state = -1;
+            snprintf(r->note, sizeof r->note, "%s", err);
+            continue;
+        }
+        live[nl++] = &g[i];
+    }
+    while (nl > 0) {
+        int any = 0;
+        for (int i = 0; i < nl; i++) any |= !live[i]->done;
+        if (!any) break;
+        gen_step(live, nl);
+    }
+    for (int i = 0; i < k; i++) {
+        sweep_rec *r = &R->recs[(size_t)pi * w->n_set + s0 + i];
+        if (r->state == 0 && s0 == 0 && i > 0 && R->recs[(size_t)pi * w->n_set].state < 0)
+            gen_end(&g[i]);   // full failed in this batch: nothing to compare with
+        else if (r->state == 0) {
+            gen_end(&g[i]);
+            if (s0 + i == 0) {   // full: the reference of this prompt
+                eval_answer_free(&R->full);
+                R->full = a[i];
+                a[i] = (eval_answer){0};
+            }
+            sw_record(R, p, &g[i], s0 + i == 0 ? &R->full : &a[i],
+                      R->logits + (size_t)(s0 + i == 0 ? 0 : 1 + i) * vocab, r);
+        }
+        if (r->state < 0) R->failed++;
+        if (s0 + i == 0 && r->state < 0) rc = -1;
+        sampler_free(&smp[i]);
+        eval_answer_free(&a[i]);
+        R->done++;
+        sw_progress(R, pi, s0 + i);
+    }
+    return rc;
+}
+
+// An unmeasured full run on the first prompt's first 64 tokens: the weights paged in and the
+// threads started, so that the first measured run (full's, the reference) is not slowed by them.
+static void sw_warm_up(sweep_run *R) {
+    model *m = R->L->m;
+    eval_answer a = {.t = R->L->t};
+    sampler smp;
+    sampler_init(&smp, &(sample_params){.temp = 0}, m->cfg.vocab);
+    run_stats st;
+    char err[300];
+    run_generate(R->w->set[0].s, m, &R->w->set[0].so, R->p[0].ids, R->p[0].n_ids < 64 ? R->p[0].n_ids : 64,
+                 2, &smp, eval_answer_token, &a, &st, err, sizeof err);
+    sampler_free(&smp);
+    eval_answer_free(&a);
+}
+
+// Every prompt, full first, then the settings (--parallel at a time). 0, or 1 (interrupted).
+static int sw_run_all(sweep_run *R) {
+    const sweep_opts *w = R->w;
+    R->total = R->n_p * w->n_set;
+    sw_warm_up(R);
+    R->t0 = now_ms();
+    for (int pi = 0; pi < R->n_p; pi++) {
+        int at = 0;
+        if (w->parallel == 1) {   // full alone, then one setting at a time
+            if (sweep_interrupted) return 1;
+            at = 1;
+            if (sw_batch(R, pi, 0, 1)) {
+                fprintf(stderr, "sift: error: sweep: full failed on %s: %s (prompt skipped)\n",
+                        R->p[pi].id, R->recs[(size_t)pi * w->n_set].note);
+                R->done += w->n_set - 1;
+                continue;
+            }
+        }
+        for (; at < w->n_set; at += w->parallel) {
+            if (sweep_interrupted) return 1;
+            int end = at + w->parallel < w->n_set ? at + w->parallel : w->n_set;
+            if (sw_batch(R, pi, at, end)) {
+                fprintf(stderr, "sift: error: sweep: full failed on %s: %s (prompt skipped)\n",
+                        R->p[pi].id, R->recs[(size_t)pi * w->n_set].note);
+                for (int s = 0; s < w->n_set; s++) R->recs[(size_t)pi * w->n_set + s].state = 0;
+                R->done += w->n_set - end;
+                break;
+            }
+        }
+    }
+    return 0;
+}
+
+// ---- prompts ----
+
+static int sw_task_prompts(sweep_run *R) {
+    const sweep_opts *w = R->w;
+    eval_haystack hay;
+    if (cli_load_haystack(w->haystack, &hay)) return -1;
+    int rc = 0;
+    R->p = xcalloc((size_t)w->n_tasks * w->samples, sizeof *R->p);
+    for (int k = 0; k < w->n_tasks && !rc; k++)
+        for (int s = 0; s < w->samples && !rc; s++) {
+            eval_spec spec = {.task = w->tasks[k], .ctx = w->ctx, .seed = w->seed, .sample = s,
+                              .n_samples = w->samples, .chat = tok_chat_kind(R->L->t) != TOK_CHAT_NONE};
+            eval_prompt ep;
+            char err[512];
+            if (eval_make_prompt(R->L->t, &hay, &spec, &ep, err, sizeof err)) {
+                fprintf(stderr, "sift: error: sweep: %s\n", err);
+                rc = -1;
+                break;
+            }
+            sweep_prompt *p = &R->p[R->n_p++];
+            char id[64];
+            snprintf(id, sizeof id, "%s-%d-%d", eval_task_name(spec.task), spec.ctx, s);
+            *p = (sweep_prompt){.id = strdup(id), .ids = ep.ids, .n_ids = ep.n_ids, .n_answers = ep.n_answers};
+            memcpy(p->answers, ep.answers, sizeof p->answers);
+            ep.ids = NULL;
+            eval_prompt_free(&ep);
+        }
+    eval_haystack_free(&hay);
+    return rc;
+}
+
+static int sw_user_prompts(sweep_run *R) {
+    char err[600];
+    run_prompt *rp;
+    int n = run_read_prompts(&R->w->r, R->L->t, &rp, err, sizeof err);
+    if (n < 0) {
+        fprintf(stderr, "sift: error: sweep: %s\n", err);
+        return -1;
+    }
+    R->p = xcalloc((size_t)(n ? n : 1), sizeof *R->p);
+    for (int i = 0; i < n; i++) {
+        R->p[i] = (sweep_prompt){.id = rp[i].id, .ids = rp[i].ids, .n_ids = rp[i].n_ids};
+        rp[i].id = NULL, rp[i].ids = NULL;
+    }
+    R->n_p = n;
+    run_prompts_free(rp, n);
+    if (n == 0) fprintf(stderr, "sift: error: sweep: no prompts in the input\n");
+    return n ? 0 : -1;
+}
+
+// ---- aggregates and the frontier ----
+
+typedef struct sweep_agg {
+    int n, failed;                    // prompts measured (with full), failed runs
+    double first, greedy, kl, acc;    // means; acc NaN without answers
+    double ttft, tpot, kv_mib, kv_read_mib, rows_pct;
+    double x_ttft, x_tpot, x_total;   // full's mean over the setting's over the same prompts
+    double fidelity, speedup;         // the chosen axes
+    int frontier;
+    char label[96];
+} sweep_agg;
+
+static double sw_div(double a, double b) { return b > 0 && a > 0 ? a / b : NAN; }
+
+static void sw_aggregate(const sweep_run *R, sweep_agg *agg) {
+    const sweep_opts *w = R->w;
+    for (int s = 0; s < w->n_set; s++) {
+        sweep_agg *g = &agg[s];
+        *g = (sweep_agg){0};
+        double ft = 0, fp = 0, tp = 0;
+        int n_tp = 0, n_acc = 0;
+        for (int pi = 0; pi < R->n_p; pi++) {
+            const sweep_rec *r = &R->recs[(size_t)pi * w->n_set + s], *f = &R->recs[(size_t)pi * w->n_set];
+            if (r->state < 0) g->failed++;
+            if (r->state != 1 || f->state != 1) continue;
+            g->n++;
+            g->first += r->first_agree, g->greedy += r->greedy, g->kl += r->kl;
+            if (!isnan(r->score)) g->acc += r->score, n_acc++;
+            g->ttft += r->ttft_ms, ft += f->ttft_ms;
+            g->kv_mib += r->kv_bytes / 1048576.0, g->kv_read_mib += r->kv_read / 1048576.0;
+            g->rows_pct += r->rows_pct;
+            if (!isnan(r->tpot_ms) && !isnan(f->tpot_ms)) tp += r->tpot_ms, fp += f->tpot_ms, n_tp++;
+            if (!g->label[0]) memcpy(g->label, r->label, sizeof g->label);
+        }
+        if (g->n == 0) {
+            g->first = g->greedy = g->kl = g->acc = g->ttft = g->tpot = g->kv_mib = NAN;
+            g->kv_read_mib = g->rows_pct = g->x_ttft = g->x_tpot = g->x_total = NAN;
+            g->fidelity = g->speedup = NAN;
+            continue;
+        }
+        g->first /= g->n, g->greedy /= g->n, g->kl /= g->n, g->ttft /= g->n, ft /= g->n;
+        g->kv_mib /= g->n, g->kv_read_mib /= g->n, g->rows_pct /= g->n;
+        g->acc = n_acc ? g->acc / n_acc : NAN;
+        g->tpot = n_tp ? tp / n_tp : NAN;
+        fp = n_tp ? fp / n_tp : NAN;
+        g->x_ttft = sw_div(ft, g->ttft);
+        g->x_tpot = sw_div(fp, g->tpot);
+        double n = w->n_predict;
+        g->x_total = sw_div(ft + n * (n_tp ? fp : 0), g->ttft + n * (n_tp ? g->tpot : 0));
+        g->fidelity = w->fidelity == SW_FID_GREEDY ? g->greedy : w->fidelity == SW_FID_FIRST ? g->first : g->acc;
+        g->speedup = w->speed == SW_SPEED_TOTAL ? g->x_total : w->speed == SW_SPEED_TTFT ? g->x_ttft : g->x_tpot;
+    }
+    pareto_point pts[SWEEP_MAX_SETTINGS];
+    int on[SWEEP_MAX_SETTINGS];
+    for (int s = 0; s < w->n_set; s++) pts[s] = (pareto_point){agg[s].speedup, agg[s].fidelity};
+    pareto_frontier(pts, w->n_set, on);
+    for (int s = 0; s < w->n_set; s++) agg[s].frontier = on[s];
+}
+
+// The fastest setting other than full whose fidelity is at least the --min-agreement; -1: none.
+static int sw_best(const sweep_opts *w, const sweep_agg *agg) {
+    int best = -1;
+    for (int s = 1; s < w->n_set; s++)
+        if (agg[s].n && agg[s].fidelity >= w->min_agreement - 1e-12 && !isnan(agg[s].speedup) &&
+            (best < 0 || agg[s].speedup > agg[best].speedup))
+            best = s;
+    return best;
+}
+
+// The command line that runs setting s on the same prompts (sift eval's for --tasks).
+static void sw_command(const sweep_run *R, int s, char *out, size_t len) {
+    const sweep_opts *w = R->w;
+    const sweep_setting *x = &w->set[s];
+    char q[600], base[512] = "";
+    size_t j = 0;
+    sw_quote(q, sizeof q, R->L->path);
+    // the base flags the strategy reads (each " --flag value")
+    for (const char *p = w->base_flags; *p;) {
+        const char *next = strstr(p + 1, " --");
+        size_t k = next ? (size_t)(next - p) : strlen(p);
+        char flag[64];
+        snprintf(flag, sizeof flag, "%.*s", (int)strcspn(p + 1, " "), p + 1);
+        const opt_def *d = strategy_opt_find(flag);
+        if (d && strategy_opt_used_by(d, x->s->name) && !strstr(x->flags, flag))
+            snprintf(base + strlen(base), sizeof base - strlen(base), "%.*s", (int)k, p);
+        p += k;
+    }
+    j += (size_t)snprintf(out + j, len - j, "sift%s -m %s --strategy %s%s%s", w->n_tasks ? " eval" : "",
+                          q, x->s->name, x->flags, base);
+    if (w->threads_given) j += (size_t)snprintf(out + j, len - j, " -t %d", w->threads);
+    if (strcmp(w->device, "auto") != 0) j += (size_t)snprintf(out + j, len - j, " --device %s", w->device);
+    if (w->weights == BK_WEIGHTS_F32) j += (size_t)snprintf(out + j, len - j, " --weights f32");
+    if (w->n_tasks) {
+        j += (size_t)snprintf(out + j, len - j, " --tasks ");
+        for (int i = 0; i < w->n_tasks; i++)
+            j += (size_t)snprintf(out + j, len - j, "%s%s", i ? "," : "", eval_task_name(w->tasks[i]));
+        j += (size_t)snprintf(out + j, len - j, " --ctx %d --samples %d --seed %llu", w->ctx, w->samples, w->seed);
+        if (w->haystack) sw_quote(q, sizeof q, w->haystack), j += (size_t)snprintf(out + j, len - j, " --haystack %s", q);
+        return;
+    }
+    j += (size_t)snprintf(out + j, len - j, " -n %d --temp 0", w->n_predict);
+    if (w->r.system) sw_quote(q, sizeof q, w->r.system), j += (size_t)snprintf(out + j, len - j, " --system %s", q);
+    else if (w->r.chat) j += (size_t)snprintf(out + j, len - j, " --chat");
+    if (w->batch_dir) sw_quote(q, sizeof q, w->batch_dir), j += (size_t)snprintf(out + j, len - j, " --batch %s", q);
+    else
+        for (int i = 0; i < w->r.n_files && j + 1 < len; i++)
+            sw_quote(q, sizeof q, w->r.files[i]), j += (size_t)snprintf(out + j, len - j, " -f %s", q);
+    if (w->r.prompts_path && j + 1 < len)
+        sw_quote(q, sizeof q, w->r.prompts_path), j += (size_t)snprintf(out + j, len - j, " --prompts %s", q);
+}
+
+// ---- reports ----
+
+static void sw_num(FILE *f, const char *fmt, double v) {
+    if (isnan(v)) fputs("-", f);
+    else fprintf(f, fmt, v);
+}
+
+static void sw_print_table(FILE *f, const sweep_run *R, const sweep_agg *agg) {
+    const sweep_opts *w = R->w;
+    fprintf(f, "\n| strategy | settings | prompts | 1st token = full | greedy agree | KL(full‖s) | "
+               "accuracy | TTFT ms | TPOT ms | TTFT x | TPOT x | total x | KV MiB | KV read MiB/step | "
+               "rows %% of full | frontier |\n"
+               "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|\n");
+    for (int s = 0; s < w->n_set; s++) {
+        const sweep_agg *g = &agg[s];
+        const sweep_setting *x = &w->set[s];
+        fprintf(f, "| %s | %s%s%s%s | %d", x->s->name, s == 0 ? "reference" : x->grid[0] ? x->grid : "defaults",
+                g->label[0] ? " (" : "", g->label, g->label[0] ? ")" : "", g->n);
+        if (g->failed) fprintf(f, " (%d failed)", g->failed);
+        fputs(" | ", f);
+        sw_num(f, "%.3f", g->first), fputs(" | ", f);
+        sw_num(f, "%.3f", g->greedy), fputs(" | ", f);
+        sw_num(f, "%.4f", g->kl), fputs(" | ", f);
+        sw_num(f, "%.3f", g->acc), fputs(" | ", f);
+        sw_num(f, "%.1f", g->ttft), fputs(" | ", f);
+        sw_num(f, "%.2f", g->tpot), fputs(" | ", f);
+        sw_num(f, "%.2f", g->x_ttft), fputs(" | ", f);
+        sw_num(f, "%.2f", g->x_tpot), fputs(" | ", f);
+        sw_num(f, "%.2f", g->x_total), fputs(" | ", f);
+        sw_num(f, "%.2f", g->kv_mib), fputs(" | ", f);
+        sw_num(f, "%.3f", g->kv_read_mib), fputs(" | ", f);
+        sw_num(f, "%.1f", g->rows_pct);
+        fprintf(f, " | %s |\n", g->frontier ? "*" : "");
+    }
+    fprintf(f, "\n%d prompts, -n %d, greedy; fidelity = %s agreement%s, speedup = %s (ratios of means "
+               "against full on the same prompts); * = on the Pareto frontier.\n", R->n_p, w->n_predict,
+            SW_FIDELITY[w->fidelity], w->fidelity == SW_FID_ACCURACY ? " (task accuracy)" : " with full",
+            w->speed == SW_SPEED_TOTAL ? "end to end (TTFT + n TPOT)" : SW_SPEED[w->speed]);
+    if (w->parallel > 1)
+        fprintf(f, "--parallel %d: the settings of a prompt decode as batches of %d, full among them: "
+                   "TPOT is the batch's step time, shared, not each setting's own.\n", w->parallel, w->parallel);
+}
+
+static void sw_json_num(FILE *f, const char *key, const char *fmt, double v) {
+    fprintf(f, ",\"%s\":", key);
+    if (isnan(v)) fputs("null", f);
+    else fprintf(f, fmt, v);
+}
+
+static void sw_write_json(FILE *f, const sweep_run *R, const sweep_agg *agg, const char *model_name,
+                          int complete, int best) {
+    const sweep_opts *w = R->w;
+    fprintf(f, "{\"schema\":\"sift-sweep/1\",\"model\":");
+    cli_json_str(f, model_name, strlen(model_name));
+    fprintf(f, ",\"device\":\"%s\",\"n_predict\":%d,\"parallel\":%d,\"tpot_shared\":%s,"
+               "\"fidelity\":\"%s\",\"speed\":\"%s\",\"complete\":%s,\"prompts\":[",
+            R->L->bk->name, w->n_predict, w->parallel, w->parallel > 1 ? "true" : "false",
+            SW_FIDELITY[w->fidelity], SW_SPEED[w->speed], complete ? "true" : "false");
+    for (int i = 0; i < R->n_p; i++) {
+        fprintf(f, "%s{\"id\":", i ? "," : "");
+        cli_json_str(f, R->p[i].id, strlen(R->p[i].id));
+        fprintf(f, ",\"tokens\":%d,\"answers\":[", R->p[i].n_ids);
+        for (int k = 0; k < R->p[i].n_answers; k++) {
+            fputs(k ? "," : "", f);
+            cli_json_str(f, R->p[i].answers[k], strlen(R->p[i].answers[k]));
+        }
+        fputs("]}", f);
+    }
+    fputs("],\"settings\":[", f);
+    for (int s = 0; s < w->n_set; s++) {
+        const sweep_setting *x = &w->set[s];
+        const sweep_agg *g = &agg[s];
+        fprintf(f, "%s{\"index\":%d,\"strategy\":\"%s\",\"grid\":", s ? "," : "", s, x->s->name);
+        cli_json_str(f, x->grid, strlen(x->grid));
+        fputs(",\"params\":", f);
+        cli_strategy_settings_json(f, &x->so, x->s->name);
+        fputs(",\"label\":", f);
+        cli_json_str(f, g->label, strlen(g->label));
+        fprintf(f, ",\"prompts\":%d,\"failed\":%d", g->n, g->failed);
+        sw_json_num(f, "first_token_agree", "%.4f", g->first);
+        sw_json_num(f, "greedy_agree", "%.4f", g->greedy);
+        sw_json_num(f, "kl", "%.6f", g->kl);
+        sw_json_num(f, "accuracy", "%.4f", g->acc);
+        sw_json_num(f, "ttft_ms", "%.3f", g->ttft);
+        sw_json_num(f, "tpot_ms", "%.4f", g->tpot);
+        sw_json_num(f, "speedup_ttft", "%.4f", g->x_ttft);
+        sw_json_num(f, "speedup_tpot", "%.4f", g->x_tpot);
+        sw_json_num(f, "speedup_total", "%.4f", g->x_total);
+        sw_json_num(f, "kv_mib", "%.4f", g->kv_mib);
+        sw_json_num(f, "kv_read_mib_per_step", "%.4f", g->kv_read_mib);
+        sw_json_num(f, "rows_pct_of_full", "%.3f", g->rows_pct);
+        sw_json_num(f, "fidelity", "%.4f", g->fidelity);
+        sw_json_num(f, "speedup", "%.4f", g->speedup);
+        fprintf(f, ",\"frontier\":%s}", g->frontier ? "true" : "false");
+    }
+    fputs("],\"records\":[", f);
+    int first = 1;
+    for (int pi = 0; pi < R->n_p; pi++)
+        for (int s = 0; s < w->n_set; s++) {
+            const sweep_rec *r = &R->recs[(size_t)pi * w->n_set + s];
+            if (r->state == 0) continue;
+            fprintf(f, "%s{\"prompt\":%d,\"setting\":%d,\"ok\":%s", first ? "" : ",", pi, s,
+                    r->state > 0 ? "true" : "false");
+            first = 0;
+            if (r->state > 0) {
+                fprintf(f, ",\"first_token_agree\":%s", r->first_agree ? "true" : "false");
+                sw_json_num(f, "greedy_agree", "%.4f", r->greedy);
+                sw_json_num(f, "kl", "%.6f", r->kl);
+                sw_json_num(f, "accuracy", "%.4f", r->score);
+                sw_json_num(f, "ttft_ms", "%.3f", r->ttft_ms);
+                sw_json_num(f, "tpot_ms", "%.4f", r->tpot_ms);
+                fprintf(f, ",\"kv_bytes\":%.0f,\"kv_read_per_step\":%.0f,\"rows_pct_of_full\":%.3f,"
+                           "\"generated\":%d", r->kv_bytes, r->kv_read, r->rows_pct, r->n_gen);
+            }
+            fputs(",\"note\":", f);
+            cli_json_str(f, r->note, strlen(r->note));
+            fputs("}", f);
+        }
+    fputs("],\"frontier\":[", f);
+    first = 1;
+    for (int s = 0; s < w->n_set; s++)
+        if (agg[s].frontier) fprintf(f, "%s%d", first ? "" : ",", s), first = 0;
+    fputs("],\"best\":", f);
+    if (w->min_agreement < 0) fputs("null", f);
+    else {
+        fprintf(f, "{\"min_agreement\":%g,\"setting\":", w->min_agreement);
+        if (best < 0) fputs("null,\"command\":null}", f);
+        else {
+            char cmd[4096];
+            sw_command(R, best, cmd, sizeof cmd);
+            fprintf(f, "%d,\"command\":", best);
+            cli_json_str(f, cmd, strlen(cmd));
+            fputs("}", f);
+        }
+    }
+    fputs("}\n", f);
+}
+
+static void sw_write_csv(FILE *f, const sweep_run *R, const sweep_agg *agg) {
+    const sweep_opts *w = R->w;
+    fprintf(f, "index,strategy,grid,prompts,failed,first_token_agree,greedy_agree,kl,accuracy,ttft_ms,"
+               "tpot_ms,speedup_ttft,speedup_tpot,speedup_total,kv_mib,kv_read_mib_per_step,"
+               "rows_pct_of_full,frontier\n");
+    for (int s = 0; s < w->n_set; s++) {
+        const sweep_agg *g = &agg[s];
+        fprintf(f, "%d,%s,\"%s\",%d,%d", s, w->set[s].s->name, w->set[s].grid, g->n, g->failed);
+        double v[] = {g->first, g->greedy, g->kl, g->acc, g->ttft, g->tpot, g->x_ttft, g->x_tpot,
+                      g->x_total, g->kv_mib, g->kv_read_mib, g->rows_pct};
+        for (int i = 0; i < (int)(sizeof v / sizeof *v); i++)
+            if (isnan(v[i])) fputs(",", f);
+            else fprintf(f, ",%.6g", v[i]);
+        fprintf(f, ",%d\n", g->frontier);
+    }
+}
+
+static int sw_write_svg(const sweep_run *R, const sweep_agg *agg, char *err, size_t errlen) {
+    const sweep_opts *w = R->w;
+    pareto_point pts[SWEEP_MAX_SETTINGS];
+    int on[SWEEP_MAX_SETTINGS], group[SWEEP_MAX_SETTINGS];
+    char labels[SWEEP_MAX_SETTINGS][300];
+    const char *lp[SWEEP_MAX_SETTINGS];
+    for (int s = 0; s < w->n_set; s++) {
+        pts[s] = (pareto_point){agg[s].speedup, agg[s].fidelity};
+        on[s] = agg[s].frontier;
+        group[s] = 0;
+        for (int k = 0; k < s && !group[s]; k++)
+            if (w->set[k].s == w->set[s].s) group[s] = group[k];
+        if (s && !group[s]) {
+            int g = 0;
+            for (int k = 0; k < s; k++) g = group[k] > g ? group[k] : g;
+            group[s] = g + 1;
+        }
+        snprintf(labels[s], sizeof labels[s], "%s%s%s", w->set[s].s->name, w->set[s].grid[0] ? " " : "", w->set[s].grid);
+        lp[s] = labels[s];
+    }
+    char x_label[80], y_label[80];
+    snprintf(x_label, sizeof x_label, "speedup over full (%s)", w->speed == SW_SPEED_TOTAL ? "end to end" : SW_SPEED[w->speed]);
+    snprintf(y_label, sizeof y_label, "%s%s", SW_FIDELITY[w->fidelity],
+             w->fidelity == SW_FID_ACCURACY ? " (task accuracy)" : " agreement with full");
+    return eval_write_scatter_svg(w->plot_path, x_label, y_label, pts, lp, group, on, w->n_set, err, errlen);
+}
+
+static int sw_report(const sweep_run *R, const char *model_name, int complete) {
+    const sweep_opts *w = R->w;
+    sweep_agg agg[SWEEP_MAX_SETTINGS];
+    sw_aggregate(R, agg);
+    if (!complete) fprintf(stderr, "sift: sweep interrupted: reporting the %d runs measured\n", R->done);
+    sw_print_table(stdout, R, agg);
+    int best = w->min_agreement >= 0 ? sw_best(w, agg) : -1;
+    if (w->min_agreement >= 0) {
+        if (best < 0)
+            printf("\nno setting keeps %s agreement >= %g on these prompts: run full.\n",
+                   SW_FIDELITY[w->fidelity], w->min_agreement);
+        else {
+            char cmd[4096];
+            sw_command(R, best, cmd, sizeof cmd);
+            printf("\nfastest setting with %s agreement >= %g: %s %s (%s %.3f, %.2fx %s):\n%s\n",
+                   SW_FIDELITY[w->fidelity], w->min_agreement, w->set[best].s->name,
+                   w->set[best].grid[0] ? w->set[best].grid : "(defaults)", SW_FIDELITY[w->fidelity],
+                   agg[best].fidelity, agg[best].speedup, SW_SPEED[w->speed], cmd);
+        }
+    }
+    fflush(stdout);
+    int rc = 0;
+    char err[512];
+    const char *paths[2] = {w->json_path, w->csv_path};
+    for (int i = 0; i < 2; i++) {
+        if (!paths[i]) continue;
+        FILE *f = fopen(paths[i], "w");
+        if (!f) {
+            fprintf(stderr, "sift: error: cannot write %s\n", paths[i]);
+            rc = -1;
+            continue;
+        }
+        if (i == 0) sw_write_json(f, R, agg, model_name, complete, best);
+        else sw_write_csv(f, R, agg);
+        if (fclose(f)) {
+            fprintf(stderr, "sift: error: writing %s failed\n", paths[i]);
+            rc = -1;
+        }
+    }
+    if (w->plot_path && sw_write_svg(R, agg, err, sizeof err)) {
+        fprintf(stderr, "sift: error: --plot: %s\n", err);
+        rc = -1;
+    }
+    return rc;
+}
+
+// The settings' options on the loaded model (draft, end-of-generation test), each checked by
+// its strategy. 0, or 2 (error printed).
+static int sw_bind(sweep_opts *w, const loaded *L, const strategy_opts *loaded_so) {
+    for (int s = 0; s < w->n_set; s++) {
+        strategy_opts *o = &w->set[s].so;
+        o->n_threads = w->threads;
+        o->is_eog = loaded_so->is_eog, o->eog_ctx = loaded_so->eog_ctx;
+        o->draft = o->draft_path ? L->draft : NULL;
+        char err[512];
+        if (w->set[s].s->check && w->set[s].s->check(L->m, o, err, sizeof err)) {
+            fprintf(stderr, "sift: error: sweep: %s %s: %s\n", w->set[s].s->name, w->set[s].grid, err);
+            return 2;
+        }
+    }
+    return 0;
+}
+
+int cmd_sweep(int argc, char **argv) {
+    sweep_opts w;
+    sweep_parse(argc, argv, &w);
+    if (cli_refuse_synthetic(w.model, "sweep")) return 2;
+    const char *outs[3] = {w.json_path, w.csv_path, w.plot_path};
+    if (cli_check_outputs(outs, 3)) return 1;
+    loaded L;
+    cli_hw hw = {w.device, w.threads, w.weights, 0, GGML_F32};
+    strategy_opts base = w.so;
+    sweep_run R = {.w = &w};
+    int rc = cli_load(&L, w.model, w.draft_path, &hw, &w.set[0].s, 1, &base);
+    if (rc == 0 && !w.grid) sw_default_grid(&w, L.m->cfg.n_layer);
+    if (rc == 0 && w.n_set == 1) {
+        fprintf(stderr, "sift: error: sweep: no setting to compare with full\n");
+        rc = 2;
+    }
+    if (rc == 0) rc = sw_bind(&w, &L, &base);
+    if (rc == 0) {
+        R.L = &L;
+        if (w.n_tasks ? sw_task_prompts(&R) : sw_user_prompts(&R)) rc = 1;
+    }
+    for (int i = 0; i < R.n_p && rc == 0; i++)
+        if ((long)R.p[i].n_ids + w.n_predict > L.m->cfg.ctx_len) {
+            fprintf(stderr, "sift: error: sweep: prompt '%s' has %d tokens; with -n %d that exceeds "
+                            "the model's context %d\n", R.p[i].id, R.p[i].n_ids, w.n_predict, L.m->cfg.ctx_len);
+            rc = 2;
+        }
+    if (rc == 0) {
+        if (!w.quiet)
+            fprintf(stderr, "sift: sweep: %d prompts x %d settings (full included), -n %d, greedy%s\n",
+                    R.n_p, w.n_set, w.n_predict, w.parallel > 1 ? ", batches of --parallel" : "");
+        R.recs = xcalloc((size_t)R.n_p * w.n_set, sizeof *R.recs);
+        R.logits = xmalloc((size_t)(w.parallel + 1) * L.m->cfg.vocab * sizeof(float));
+        signal(SIGINT, sweep_on_sigint);
+        int run = sw_run_all(&R);
+        signal(SIGINT, SIG_DFL);
+        int written = sw_report(&R, L.m->name ? L.m->name : cli_base_name(L.path), run != 1);
+        rc = written ? 1 : run == 1 ? 130 : R.failed ? 1 : 0;
+    }
+    for (int i = 0; i < R.n_p; i++) free(R.p[i].id), free(R.p[i].ids);
+    free(R.p);
+    free(R.recs);
+    free(R.logits);
+    eval_answer_free(&R.full);
+    cli_unload(&L);
+    sweep_free(&w);
+    return rc;
+}
