@@ -159,6 +159,9 @@ static void spec_label(const model *m, const strategy_opts *o, prefill_info *inf
         for (size_t n = strlen(path); n > 1 && path[n - 1] == '/'; n--) path[n - 1] = 0;
         const char *base = strrchr(path, '/');
         snprintf(info->label, sizeof info->label, "draft: %s", base && base[1] ? base + 1 : path);
+    } else if (spec_depth(m, o) == m->cfg.n_layer) {   // all layers: the model as its own draft
+        snprintf(info->label, sizeof info->label, "draft: the model itself, all %d layers",
+                 m->cfg.n_layer);
     } else {
         snprintf(info->label, sizeof info->label, "self-draft: first %d of %d layers",
                  spec_depth(m, o), m->cfg.n_layer);
