@@ -47,6 +47,14 @@ float cli_float(const char *flag, const char *s, double lo, double hi) {
     return (float)v;
 }
 
+volatile sig_atomic_t cli_interrupted;
+
+void cli_on_sigint(int sig) {
+    (void)sig;
+    cli_interrupted = 1;
+    signal(SIGINT, SIG_DFL);   // a second Ctrl-C ends sift at once
+}
+
 int cli_is_flag(const char *a, const char *s, const char *l) {
     return (s && strcmp(a, s) == 0) || strcmp(a, l) == 0;
 }

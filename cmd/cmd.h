@@ -3,6 +3,7 @@
 // needs: flag parsing that exits 2 with one line on bad usage, the strategy flags, prompt files,
 // JSON strings, and loading a model + tokenizer (+ draft) onto a backend.
 #pragma once
+#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -47,6 +48,12 @@ int cli_load_haystack(const char *path, struct eval_haystack *h);
 const char *cli_device(const char *v);
 // --weights native|f32 (how the CPU backend keeps weights): the mode, or a usage error.
 enum bk_weights cli_weights(const char *v);
+
+// Ctrl-C for the commands that stop between prompts and report what was measured (eval,
+// sweep): cli_on_sigint sets cli_interrupted and restores the default, so a second Ctrl-C ends
+// sift at once.
+extern volatile sig_atomic_t cli_interrupted;
+void cli_on_sigint(int sig);
 
 // ---- input and output ----
 // A whole prompt file ('-' = stdin), NUL-terminated; NULL + err (too big, unreadable).

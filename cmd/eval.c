@@ -27,14 +27,6 @@ typedef struct {
     strategy_opts so;
 } eval_opts;
 
-static volatile sig_atomic_t interrupted;
-
-static void on_sigint(int sig) {
-    (void)sig;
-    interrupted = 1;
-    signal(SIGINT, SIG_DFL);   // a second Ctrl-C ends sift at once
-}
-
 static void eval_help(void) {
     printf("usage: sift eval [-m MODEL] [--strategy all|NAME,...] [--tasks niah,...]\n"
            "                 [--ctx 1024,2048,4096] [--samples 5] [--seed 1] [--haystack FILE]\n"
@@ -216,7 +208,7 @@ static int eval_run_all(eval_run *R) {
     for (int c = 0; c < e->n_ctxs; c++)
         for (int k = 0; k < e->n_tasks; k++)
             for (int s = 0; s < e->samples; s++) {
-                if (interrupted) return 1;
+                if (cli_interrupted) return 1;
                 eval_spec spec = {.task = e->tasks[k], .ctx = e->ctxs[c], .seed = e->seed,
                                   .sample = s, .n_samples = e->samples,
                                   .chat = tok_chat_kind(R->L->t) != TOK_CHAT_NONE};
@@ -306,7 +298,7 @@ int cmd_eval(int argc, char **argv) {
         R.L = &L;
         R.full_logits = xmalloc((size_t)L.m->cfg.vocab * sizeof(float));
         R.logits = xmalloc((size_t)L.m->cfg.vocab * sizeof(float));
-        signal(SIGINT, on_sigint);
+        signal(SIGINT, cli_on_sigint);
         int run = eval_run_all(&R);
         signal(SIGINT, SIG_DFL);
         int written = e.dump ? 0 : report(&e, &R, L.m->name ? L.m->name : cli_base_name(L.path), run != 1);

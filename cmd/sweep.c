@@ -68,14 +68,6 @@ typedef struct sweep_opts {
     int n_strs;
 } sweep_opts;
 
-static volatile sig_atomic_t sweep_interrupted;
-
-static void sweep_on_sigint(int sig) {
-    (void)sig;
-    sweep_interrupted = 1;
-    signal(SIGINT, SIG_DFL);   // a second Ctrl-C ends sift at once
-}
-
 static void sweep_help(void) {
     printf("usage: sift sweep [-m MODEL] (-f FILE... | --batch DIR | --prompts FILE.jsonl |\n"
            "                  --tasks niah,multikey [--ctx 4096] [--samples 2] [--seed 1] [--haystack FILE])\n"
@@ -168,7 +160,9 @@ static void sw_parse_entry(sweep_opts *w, char *entry, int skip_unknown) {
         if (!w->quiet) fprintf(stderr, "sift: sweep: skipping %s (not a strategy of this build)\n", name);
         return;
     }
-    if (!s) cli_usage_error("--grid: unknown strategy '%s' (available: %s)", name, strategy_names());
+    if (!s && strategy_refusal(name)) cli_usage_error("--grid: strategy %s", strategy_refusal(name));
+    if (!s) cli_usage_error("--grid: unknown strategy '%s' (available: %s; or PREFILL+DECODE)", name,
+                            strategy_names());
     if (strcmp(s->name, "full") == 0)
         cli_usage_error("--grid: full is the reference and always runs; leave it out of the grid");
     sw_param p[SWEEP_MAX_PARAMS];
@@ -532,7 +526,7 @@ static int sw_run_all(sweep_run *R) {
     for (int pi = 0; pi < R->n_p; pi++) {
         int at = 0;
         if (w->parallel == 1) {   // full alone, then one setting at a time
-            if (sweep_interrupted) return 1;
+            if (cli_interrupted) return 1;
             at = 1;
             if (sw_batch(R, pi, 0, 1)) {
                 fprintf(stderr, "sift: error: sweep: full failed on %s: %s (prompt skipped)\n",
@@ -542,7 +536,7 @@ static int sw_run_all(sweep_run *R) {
             }
         }
         for (; at < w->n_set; at += w->parallel) {
-            if (sweep_interrupted) return 1;
+            if (cli_interrupted) return 1;
             int end = at + w->parallel < w->n_set ? at + w->parallel : w->n_set;
             if (sw_batch(R, pi, at, end)) {
                 fprintf(stderr, "sift: error: sweep: full failed on %s: %s (prompt skipped)\n",
@@ -954,7 +948,7 @@ static int sw_bind(sweep_opts *w, const loaded *L, const strategy_opts *loaded_s
         o->is_eog = loaded_so->is_eog, o->eog_ctx = loaded_so->eog_ctx;
         o->draft = o->draft_path ? L->draft : NULL;
         char err[512];
-        if (w->set[s].s->check && w->set[s].s->check(L->m, o, err, sizeof err)) {
+        if (strategy_check(w->set[s].s, L->m, o, err, sizeof err)) {
             fprintf(stderr, "sift: error: sweep: %s %s: %s\n", w->set[s].s->name, w->set[s].grid, err);
             return 2;
         }
@@ -986,7 +980,8 @@ int cmd_sweep(int argc, char **argv) {
     for (int i = 0; i < R.n_p && rc == 0; i++)
         if ((long)R.p[i].n_ids + w.n_predict > L.m->cfg.ctx_len) {
             fprintf(stderr, "sift: error: sweep: prompt '%s' has %d tokens; with -n %d that exceeds "
-                            "the model's context %d\n", R.p[i].id, R.p[i].n_ids, w.n_predict, L.m->cfg.ctx_len);
+                            "the model's context %d (%s)\n", R.p[i].id, R.p[i].n_ids, w.n_predict,
+                    L.m->cfg.ctx_len, w.n_tasks ? "a smaller --ctx or -n" : "a smaller -n");
             rc = 2;
         }
     if (rc == 0) {
@@ -995,7 +990,7 @@ int cmd_sweep(int argc, char **argv) {
                     R.n_p, w.n_set, w.n_predict, w.parallel > 1 ? ", batches of --parallel" : "");
         R.recs = xcalloc((size_t)R.n_p * w.n_set, sizeof *R.recs);
         R.logits = xmalloc((size_t)(w.parallel + 1) * L.m->cfg.vocab * sizeof(float));
-        signal(SIGINT, sweep_on_sigint);
+        signal(SIGINT, cli_on_sigint);
         int run = sw_run_all(&R);
         signal(SIGINT, SIG_DFL);
         int written = sw_report(&R, L.m->name ? L.m->name : cli_base_name(L.path), run != 1);

@@ -54,6 +54,8 @@ def prompt_files(tmp_path_factory):
     (["-f", "x.txt", "--grid", "fastkv:keep=0.1"], "does not read 'keep'"),
     (["-f", "x.txt", "--grid", "fastkv:nope=1"], "unknown parameter 'nope'"),
     (["-f", "x.txt", "--grid", "warp:kv-rate=0.1"], "unknown strategy 'warp'"),
+    (["-f", "x.txt", "--grid", "fastkv+speed"], "two prefill strategies do not compose"),
+    (["-f", "x.txt", "--grid", "fastkv+topk:tsp-layer=999"], "--tsp-layer 999 is outside"),
     (["-f", "x.txt", "--grid", "full"], "reference"),
     (["-f", "x.txt", "--grid", "fastkv:kv-rate=0"], "out of range"),
     (["-f", "x.txt", "--grid", "fastkv:kv-rate=0.1,0.1"], "given twice"),
