@@ -158,7 +158,7 @@ static void spec_label(const model *m, const strategy_opts *o, prefill_info *inf
         snprintf(path, sizeof path, "%s", o->draft_path ? o->draft_path : o->draft->name);
         for (size_t n = strlen(path); n > 1 && path[n - 1] == '/'; n--) path[n - 1] = 0;
         const char *base = strrchr(path, '/');
-        snprintf(info->label, sizeof info->label, "draft: %s", base && base[1] ? base + 1 : path);
+        snprintf(info->label, sizeof info->label, "draft: %.80s", base && base[1] ? base + 1 : path);
     } else if (spec_depth(m, o) == m->cfg.n_layer) {   // all layers: the model as its own draft
         snprintf(info->label, sizeof info->label, "draft: the model itself, all %d layers",
                  m->cfg.n_layer);
