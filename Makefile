@@ -42,11 +42,30 @@ LIB_OBJ += $(CU_SRC:%.cu=build/%.o)
 CFLAGS  += -DSIFT_CUDA
 LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart_static -lrt -Wl,-Bstatic -lstdc++ -Wl,-Bdynamic
 GPU_BIN := build/tests/gpu_check
+# The SIMT emulation build (model/simt/, clang++): the same .cu sources compiled as C++ for the
+# CPU, every load and store instrumented (-fsanitize-coverage) for the emulator's checkers;
+# build/sift-simt and build/tests/gpu_check-simt run the CUDA backend on the CPU, and
+# build/tests/test_simt checks the emulator itself. Linked -no-pie (reports name source lines
+# through addr2line) and -rdynamic (backend_cuda.cu finds the emulated cuBLASLt by dlsym).
+SIMT_CXX ?= $(shell command -v clang++ 2>/dev/null)
+endif
+ifneq ($(strip $(SIMT_CXX)),)
+SIMT_FLAGS := -std=c++17 -DSIFT_SIMT -D__CUDACC__ -Imodel/simt/include -O2 -g -fno-pie \
+              -ffp-contract=off -fno-vectorize -fno-slp-vectorize -fno-optimize-sibling-calls \
+              -Wall -Wextra -Werror -MMD -MP
+SIMT_COV   := -fsanitize-coverage=func,trace-loads,trace-stores
+SIMT_RT    := $(patsubst %.cpp,build/simt/%.o,$(wildcard model/simt/*.cpp)) build/simt/model/simt/switch.o
+SIMT_KOBJ  := $(CU_SRC:%.cu=build/simt/%.o)
+C_OBJ      := $(filter-out $(CU_SRC:%.cu=build/%.o),$(LIB_OBJ))
+SIMT_LINK  := -no-pie -rdynamic
+SIMT_LIBS  := $(OPENBLAS_A) $(PCRE2_A) $(JANSSON_A) -Wl,-Bstatic -lgomp -Wl,-Bdynamic -lm -lpthread \
+              -ldl -lstdc++
+SIMT_BIN   := build/sift-simt build/tests/gpu_check-simt build/tests/test_simt
 endif
 
 .DEFAULT_GOAL := all
 # Objects are rebuilt when the configuration changes (CUDA on or off, target architectures).
-FLAGS_STAMP := build/flags-$(if $(strip $(NVCC)),cuda,cpu)-$(shell echo '$(ARCH) $(CUARCH)' | md5sum | cut -c1-8)
+FLAGS_STAMP := build/flags-$(if $(strip $(NVCC)),cuda,cpu)-$(shell echo '$(ARCH) $(CUARCH) $(SIMT_FLAGS)' | md5sum | cut -c1-8)
 $(FLAGS_STAMP):
 	@mkdir -p build && rm -f build/flags-* && touch $@
 
@@ -54,12 +73,40 @@ build/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
+# ---- the SIMT emulation build ----
+build/simt/%.o: %.cu $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(SIMT_CXX) -x c++ $(SIMT_FLAGS) $(SIMT_COV) -c $< -o $@
+build/simt/model/simt/%.o: model/simt/%.cpp $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(SIMT_CXX) $(SIMT_FLAGS) -c $< -o $@
+build/simt/model/simt/switch.o: model/simt/switch.S
+	@mkdir -p $(dir $@)
+	$(SIMT_CXX) -c $< -o $@
+build/simt/tests/%.o: tests/%.cpp $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(SIMT_CXX) $(SIMT_FLAGS) $(SIMT_COV) -c $< -o $@
+build/sift-simt: build/main.o $(C_OBJ) $(SIMT_KOBJ) $(SIMT_RT)
+	$(CC) $(SIMT_LINK) -o $@ $^ $(SIMT_LIBS)
+build/tests/gpu_check-simt: build/tests/gpu_check.o $(C_OBJ) $(SIMT_KOBJ) $(SIMT_RT)
+	$(CC) $(SIMT_LINK) -o $@ $^ $(SIMT_LIBS)
+# gpu_check-simt with one kernel source replaced by a copy with a planted bug (build/plant/NAME/
+# kernel.cu, a copy of PLANT_FILE; tests/test_simt_plant.py)
+build/plant/%/kernel.o: build/plant/%/kernel.cu
+	$(SIMT_CXX) -x c++ $(SIMT_FLAGS) $(SIMT_COV) -iquote $(dir $(PLANT_FILE)) -c $< -o $@
+build/plant/%/gpu_check-simt: build/plant/%/kernel.o build/tests/gpu_check.o $(C_OBJ) $(SIMT_KOBJ) $(SIMT_RT)
+	$(CC) $(SIMT_LINK) -o $@ build/tests/gpu_check.o $(C_OBJ) \
+	    $(filter-out build/simt/$(PLANT_FILE:.cu=.o),$(SIMT_KOBJ)) $< $(SIMT_RT) $(SIMT_LIBS)
+build/tests/test_simt: build/simt/tests/test_simt.o $(SIMT_RT)
+	$(CC) $(SIMT_LINK) -o $@ $^ -lpthread -ldl -lm -lstdc++
+
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/%.c=build/tests/%)
 # tests/tool_*.c: small programs the Python tests drive (dequantise a buffer, tokenize, dump logits).
 TOOL_SRC := $(wildcard tests/tool_*.c)
 TOOL_BIN := $(TOOL_SRC:tests/%.c=build/tests/%)
 
+.SECONDARY: build/tests/gpu_check.o
 .PHONY: all run test test-c test-bins test-asan test-valgrind test-gpu test-gpu-sanitize fuzz model deps clean
 all: sift
 
@@ -125,7 +172,7 @@ run: deps
 test-c: $(TEST_BIN)
 	@bash tests/run_c.sh $(TEST_BIN)
 
-test-bins: $(TEST_BIN) $(TOOL_BIN) $(GPU_BIN)
+test-bins: $(TEST_BIN) $(TOOL_BIN) $(GPU_BIN) $(SIMT_BIN)
 
 test: deps
 	@$(MAKE) --no-print-directory sift test-bins $(FUZZ_BIN) model
@@ -151,4 +198,5 @@ test-gpu-sanitize: $(GPU_BIN)
 clean:
 	rm -rf build sift
 
--include $(LIB_OBJ:.o=.d) build/main.d $(TEST_BIN:%=%.d) $(TOOL_BIN:%=%.d) $(GPU_BIN:%=%.d)
+-include $(LIB_OBJ:.o=.d) build/main.d $(TEST_BIN:%=%.d) $(TOOL_BIN:%=%.d) $(GPU_BIN:%=%.d) \
+         $(SIMT_KOBJ:.o=.d) $(SIMT_RT:.o=.d)

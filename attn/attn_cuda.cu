@@ -450,9 +450,8 @@ static void check_args(const attn_cuda_args *a) {
 
 static void launch_combine(bf16 *out, const attn_cuda_args *a, const float *work, int splits,
                            cudaStream_t st) {
-    attn_combine_kernel<<<dim3((unsigned)a->heads, (unsigned)a->n), 128, 0, st>>>(
-        out, work, a->heads, splits, a->hd);
-    CUDA_LAUNCHED(attn_combine_kernel);
+    CUDA_LAUNCH(attn_combine_kernel, dim3((unsigned)a->heads, (unsigned)a->n), 128, 0, st, out,
+                work, a->heads, splits, a->hd);
 }
 
 template <int DPL>
@@ -461,24 +460,21 @@ static void launch_causal(bf16 *out, const attn_cuda_args *a, float *work, int n
     float scale = 1.0f / sqrtf((float)a->hd);
     if (!split) {
         dim3 grid((unsigned)((a->n + QPB - 1) / QPB), (unsigned)a->heads);
-        attn_flash_kernel<DPL><<<grid, WARPS * 32, 0, st>>>(out, *a, scale);
-        CUDA_LAUNCHED(attn_flash_kernel);
+        CUDA_LAUNCH(attn_flash_kernel<DPL>, grid, WARPS * 32, 0, st, out, *a, scale);
         return;
     }
     int splits = split_count(a, n_sm);
     int chunk = (a->len + splits - 1) / splits;
     if (chunk < 1) chunk = 1;
     dim3 grid((unsigned)splits, (unsigned)a->heads, (unsigned)a->n);
-    attn_split_kernel<DPL><<<grid, WARPS * 32, 0, st>>>(work, *a, chunk, scale);
-    CUDA_LAUNCHED(attn_split_kernel);
+    CUDA_LAUNCH(attn_split_kernel<DPL>, grid, WARPS * 32, 0, st, work, *a, chunk, scale);
     launch_combine(out, a, work, splits, st);
 }
 
 template <int HD>
 static void launch_wmma(bf16 *out, const attn_cuda_args *a, cudaStream_t st) {
     dim3 grid((unsigned)((a->n + WQ - 1) / WQ), (unsigned)a->heads);
-    attn_wmma_kernel<HD><<<grid, WARPS * 32, 0, st>>>(out, *a, 1.0f / sqrtf((float)HD));
-    CUDA_LAUNCHED(attn_wmma_kernel);
+    CUDA_LAUNCH(attn_wmma_kernel<HD>, grid, WARPS * 32, 0, st, out, *a, 1.0f / sqrtf((float)HD));
 }
 
 void attn_causal_cuda(void *out, const attn_cuda_args *a, float *work, int n_sm,
@@ -503,7 +499,6 @@ void attn_causal_cuda(void *out, const attn_cuda_args *a, float *work, int n_sm,
 void attn_probs_cuda(float *probs, const attn_cuda_args *a, int m, cudaStream_t st) {
     check_args(a);
     if (a->n == 0 || m == 0) return;
-    attn_probs_kernel<<<dim3((unsigned)a->heads, (unsigned)a->n), 256, 0, st>>>(
-        probs, *a, m, 1.0f / sqrtf((float)a->hd));
-    CUDA_LAUNCHED(attn_probs_kernel);
+    CUDA_LAUNCH(attn_probs_kernel, dim3((unsigned)a->heads, (unsigned)a->n), 256, 0, st, probs, *a,
+                m, 1.0f / sqrtf((float)a->hd));
 }

@@ -76,7 +76,7 @@ struct group_smem {
 template <int HD, int QVW>
 __global__ void __launch_bounds__(NW * 32)
 attn_group_kernel(float *work, attn_cuda_args a, int chunk, float scale) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
+    SHARED_DYNAMIC(unsigned char, smem_raw);
     group_smem<HD, QVW> &sm = *(group_smem<HD, QVW> *)smem_raw;
     constexpr int LD = group_smem<HD, QVW>::LD, CH = HD / 8, DPL = HD / 32;
     const int s = blockIdx.x, g = blockIdx.y, splits = gridDim.x;
@@ -199,9 +199,8 @@ static void launch(float *work, const attn_cuda_args *a, int splits, cudaStream_
     int nqv = a->n * (a->heads / a->n_kv_head), chunk = (a->len + splits - 1) / splits;
     chunk = (chunk + KT - 1) / KT * KT;   // whole tiles per split (the last may be short)
     dim3 grid((unsigned)splits, (unsigned)a->n_kv_head, (unsigned)((nqv + NW * QVW - 1) / (NW * QVW)));
-    attn_group_kernel<HD, QVW><<<grid, NW * 32, smem, st>>>(work, *a, chunk < 1 ? KT : chunk,
-                                                            1.0f / sqrtf((float)HD));
-    CUDA_LAUNCHED(attn_group_kernel);
+    CUDA_LAUNCH((attn_group_kernel<HD, QVW>), grid, NW * 32, smem, st, work, *a,
+                chunk < 1 ? KT : chunk, 1.0f / sqrtf((float)HD));
 }
 
 template <int HD>

@@ -26,33 +26,7 @@
 #define BC 64    // keys per tile
 #define NW 4     // warps per block
 
-// ---- PTX wrappers -----------------------------------------------------------------------------
-
-// four 8x8 bf16 matrices; lanes 8m .. 8m+7 give the row addresses of matrix m
-__device__ static inline void ldsm_x4(uint32_t *r, const void *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-}
-__device__ static inline void ldsm_x4_t(uint32_t *r, const void *p) {   // transposed
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-}
-
-// c (16x8 fp32) += a (16x16 bf16) @ b (16x8 bf16)
-__device__ static inline void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ static inline float ex2(float x) {   // 2^x; -inf -> 0
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
+// ---- fragments --------------------------------------------------------------------------------
 
 __device__ static inline uint32_t pack_bf16(float lo, float hi) {   // lo in the low half
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -96,7 +70,7 @@ struct fa2_smem {
 template <int HD>
 __global__ void __launch_bounds__(NW * 32)
 attn_fa2_kernel(bf16 *out, attn_cuda_args a, const int2 *mm, float scale_log2) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
+    SHARED_DYNAMIC(unsigned char, smem_raw);
     fa2_smem<HD> &sm = *(fa2_smem<HD> *)smem_raw;
     constexpr int LD = fa2_smem<HD>::LD, CH = HD / 8;   // 16-byte chunks per row
     __shared__ int qlo_s[NW], qhi_s[NW];
@@ -278,9 +252,8 @@ static void launch(bf16 *out, const attn_cuda_args *a, int2 *mm, cudaStream_t st
         configured = true;
     }
     dim3 grid((unsigned)((a->n + BR - 1) / BR), (unsigned)a->heads);
-    attn_fa2_kernel<HD><<<grid, NW * 32, smem, st>>>(out, *a, mm,
-                                                     1.4426950408889634f / sqrtf((float)HD));
-    CUDA_LAUNCHED(attn_fa2_kernel);
+    CUDA_LAUNCH(attn_fa2_kernel<HD>, grid, NW * 32, smem, st, out, *a, mm,
+                1.4426950408889634f / sqrtf((float)HD));
 }
 
 int attn_fa2_takes(const attn_cuda_args *a) { return a->hd == 64 || a->hd == 128; }
@@ -290,9 +263,8 @@ void attn_fa2_cuda(void *out, const attn_cuda_args *a, float *work, cudaStream_t
     int tiles = (a->len + BC - 1) / BC;
     int2 *mm = (int2 *)work;
     if (tiles > 0) {
-        tile_minmax_kernel<<<dim3((unsigned)tiles, (unsigned)a->n_kv_head), BC, 0, st>>>(
-            mm, a->kpos, a->len, a->cap);
-        CUDA_LAUNCHED(tile_minmax_kernel);
+        CUDA_LAUNCH(tile_minmax_kernel, dim3((unsigned)tiles, (unsigned)a->n_kv_head), BC, 0, st,
+                    mm, a->kpos, a->len, a->cap);
     }
     if (a->hd == 64) launch<64>((bf16 *)out, a, mm, st);
     else launch<128>((bf16 *)out, a, mm, st);

@@ -28,7 +28,7 @@ __device__ static void phi_affine(float *y, const float *w, const float *b, cons
 // out (n, d_phi) = log phi(x_r), phi_log_features' math.
 __global__ void phi_features_kernel(float *out, const bf16 *x, const int *rows, const int *par_of,
                                     const float *par, phi_cuda_shape s) {
-    extern __shared__ float sh[];
+    SHARED_DYNAMIC(float, sh);
     int d = s.d_in, e = s.d_emb, h = s.d_hid, f = s.d_phi;
     const bf16 *xr = x + (size_t)rows[blockIdx.x] * d;
     const float *p = par + (size_t)par_of[blockIdx.x] * s.n_par;
@@ -59,8 +59,8 @@ void phi_features_cuda(float *out, const void *x, const int *rows, const int *pa
                        const float *par, phi_cuda_shape s, cudaStream_t stream) {
     if (n == 0) return;
     size_t shared = (size_t)(s.d_in + 2 * s.d_emb + s.d_hid) * sizeof(float);
-    phi_features_kernel<<<n, PHI_THREADS, shared, stream>>>(out, (const bf16 *)x, rows, par_of, par, s);
-    CUDA_LAUNCHED(phi_features_kernel);
+    CUDA_LAUNCH(phi_features_kernel, n, PHI_THREADS, shared, stream, out, (const bf16 *)x, rows,
+                par_of, par, s);
 }
 
 // grid (d_phi, n_kv), block PHI_THREADS, shared (32 + PHI_THREADS) floats; hd <= PHI_THREADS.
@@ -69,7 +69,7 @@ void phi_features_cuda(float *out, const void *x, const int *rows, const int *pa
 __global__ void phi_summary_kernel(float *m, float *u, float *t, const float *F, const bf16 *v,
                                    int n, int cap, int lo, int hd, int d_phi) {
     __shared__ float red[32];
-    extern __shared__ float part[];   // (groups, hd)
+    SHARED_DYNAMIC(float, part); // (groups, hd)
     int f = blockIdx.x, g = blockIdx.y;
     const float *Fg = F + (size_t)g * n * d_phi;
     const bf16 *vg = v + ((size_t)g * cap + lo) * hd;
@@ -86,7 +86,7 @@ __global__ void phi_summary_kernel(float *m, float *u, float *t, const float *F,
     }
     __syncthreads();
     size_t at = (size_t)g * d_phi + f;
-    if (threadIdx.x < hd) {
+    if ((int)threadIdx.x < hd) {
         float acc = 0;
         for (int q = 0; q < groups; q++) acc += part[q * hd + threadIdx.x];
         t[at * hd + threadIdx.x] = acc;
@@ -98,9 +98,8 @@ void phi_summary_cuda(float *m, float *u, float *t, const float *F, const void *
                       int n, int cap, int lo, int hd, int d_phi, cudaStream_t stream) {
     if (n == 0) return;
     size_t shared = (size_t)PHI_THREADS * sizeof(float);
-    phi_summary_kernel<<<dim3(d_phi, n_kv), PHI_THREADS, shared, stream>>>(m, u, t, F, (const bf16 *)v,
-                                                                           n, cap, lo, hd, d_phi);
-    CUDA_LAUNCHED(phi_summary_kernel);
+    CUDA_LAUNCH(phi_summary_kernel, dim3(d_phi, n_kv), PHI_THREADS, shared, stream, m, u, t, F,
+                (const bf16 *)v, n, cap, lo, hd, d_phi);
 }
 
 // grid heads, block PHI_THREADS, shared (2 hd + 2 d_phi) floats. phi_attend_head's math:
@@ -111,7 +110,7 @@ __global__ void phi_select_kernel(bf16 *out, const bf16 *q, const bf16 *k, const
                                   const float *lq, float *fsel, const float *m, const float *u,
                                   const float *t, int d_phi, int n_region, float *work) {
     __shared__ float red[32];
-    extern __shared__ float sh[];
+    SHARED_DYNAMIC(float, sh);
     int h = blockIdx.x, g = h / (heads / n_kv);
     const bf16 *kg = k + (size_t)g * cap * hd, *vg = v + (size_t)g * cap * hd;
     const int *s = sel + (size_t)h * n_sel;
@@ -184,8 +183,7 @@ void phi_select_cuda(void *out, const void *q, const void *k, const void *v, int
                      float *fsel, const float *m, const float *u, const float *t, int d_phi,
                      int n_region, float *work, cudaStream_t stream) {
     size_t shared = (size_t)(2 * hd + 2 * (lq ? d_phi : 0)) * sizeof(float);
-    phi_select_kernel<<<heads, PHI_THREADS, shared, stream>>>(
-        (bf16 *)out, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, cap, heads, n_kv, hd, sel,
-        n_sel, n_sub, lq, fsel, m, u, t, d_phi, n_region, work);
-    CUDA_LAUNCHED(phi_select_kernel);
+    CUDA_LAUNCH(phi_select_kernel, heads, PHI_THREADS, shared, stream, (bf16 *)out, (const bf16 *)q,
+                (const bf16 *)k, (const bf16 *)v, cap, heads, n_kv, hd, sel, n_sel, n_sub, lq, fsel,
+                m, u, t, d_phi, n_region, work);
 }

@@ -61,6 +61,5 @@ __global__ void topk_rows_kernel(int *idx, const float *s, size_t stride, int n,
 void score_topk_rows_cuda(int *idx, const float *s, size_t stride, int rows, int n, int k, int lo,
                           cudaStream_t stream) {
     if (rows == 0 || k == 0) return;
-    topk_rows_kernel<<<rows, TOPK_THREADS, 0, stream>>>(idx, s, stride, n, k, lo);
-    CUDA_LAUNCHED(topk_rows_kernel);
+    CUDA_LAUNCH(topk_rows_kernel, rows, TOPK_THREADS, 0, stream, idx, s, stride, n, k, lo);
 }

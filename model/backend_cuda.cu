@@ -55,6 +55,7 @@ static int lt_load(lt_api *lt, char *err, size_t errlen) {
     const char *names[] = {env, "libcublasLt.so.13", "/usr/local/cuda/lib64/libcublasLt.so.13",
                            "/usr/local/cuda-13.0/lib64/libcublasLt.so.13"};
     memset(lt, 0, sizeof *lt);
+    if (CUDA_EMULATED) lt->so = dlopen(NULL, RTLD_NOW);   // the emulator's own (model/simt/)
     for (size_t i = 0; i < sizeof names / sizeof *names && !lt->so; i++)
         if (names[i] && *names[i]) lt->so = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
     if (!lt->so)
@@ -297,8 +298,8 @@ static void cuda_to_host(backend *b, float *dst, const void *src, size_t n) {
     cuda_impl *c = impl(b);
     if (n == 0) return;
     float *f = (float *)dev_buf_reserve(c, &c->f32, n * sizeof(float), "a copy to the host");
-    bf16_to_f32_kernel<<<cuda_blocks(n, THREADS), THREADS, 0, c->stream>>>(f, (const bf16 *)src, n);
-    CUDA_LAUNCHED(bf16_to_f32_kernel);
+    CUDA_LAUNCH(bf16_to_f32_kernel, cuda_blocks(n, THREADS), THREADS, 0, c->stream, f,
+                (const bf16 *)src, n);
     CUDA_CHECK(cudaMemcpyAsync(dst, f, n * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }
@@ -333,9 +334,8 @@ static bk_weight *cuda_weight(backend *b, bk_tensor t) {
             src = buf;
         }
         float *d = (float *)stage(c, STAGE_AUX, src, k * sizeof(float));
-        f32_to_bf16_kernel<<<cuda_blocks(k, THREADS), THREADS, 0, c->stream>>>(w->h + r0 * cols,
-                                                                               d, k);
-        CUDA_LAUNCHED(f32_to_bf16_kernel);
+        CUDA_LAUNCH(f32_to_bf16_kernel, cuda_blocks(k, THREADS), THREADS, 0, c->stream,
+                    w->h + r0 * cols, d, k);
         if (w->f && r0 == 0)   // a vector: its fp32 copy too
             CUDA_CHECK(cudaMemcpyAsync(w->f, d, cols * sizeof(float), cudaMemcpyDeviceToDevice,
                                        c->stream));
@@ -376,9 +376,8 @@ static bk_weight *cuda_weight_synth(backend *b, uint64_t seed, uint64_t tensor, 
     bk_weight *w = weight_new(c, rows, cols);
     size_t n = w->rows * cols;
     if (n) {
-        synth_kernel<<<cuda_blocks(n, THREADS), THREADS, 0, c->stream>>>(w->h, w->f, seed, tensor,
-                                                                         n, scale, offset);
-        CUDA_LAUNCHED(synth_kernel);
+        CUDA_LAUNCH(synth_kernel, cuda_blocks(n, THREADS), THREADS, 0, c->stream, w->h, w->f, seed,
+                    tensor, n, scale, offset);
     }
     return w;
 }
@@ -399,9 +398,8 @@ static void cuda_embed(backend *b, void *out, const bk_weight *table, const int 
     if (n == 0 || d == 0) return;
     const int *tk = (const int *)stage(c, STAGE_IDX, tokens, (size_t)n * sizeof(int));
     size_t total = (size_t)n * d;
-    embed_kernel<<<cuda_blocks(total, THREADS), THREADS, 0, c->stream>>>((bf16 *)out, table->h,
-                                                                         tk, n, d);
-    CUDA_LAUNCHED(embed_kernel);
+    CUDA_LAUNCH(embed_kernel, cuda_blocks(total, THREADS), THREADS, 0, c->stream, (bf16 *)out,
+                table->h, tk, n, d);
 }
 
 // out (n, d) = x / sqrt(mean(x^2) + eps) * w; a block per row
@@ -425,8 +423,8 @@ static void cuda_rmsnorm(backend *b, void *out, const void *x, const bk_weight *
     cuda_impl *c = impl(b);
     CHECK_INTERNAL(w->f && (int)w->cols == d, "RMSNorm weight must be a vector of %d", d);
     if (n == 0 || d == 0) return;
-    rmsnorm_kernel<<<n, THREADS, 0, c->stream>>>((bf16 *)out, (const bf16 *)x, w->f, d, eps);
-    CUDA_LAUNCHED(rmsnorm_kernel);
+    CUDA_LAUNCH(rmsnorm_kernel, n, THREADS, 0, c->stream, (bf16 *)out, (const bf16 *)x, w->f, d,
+                eps);
 }
 
 // out (n, o) += bias (o,)
@@ -532,8 +530,8 @@ static void cuda_matmul(backend *b, void *out, const void *x, const bk_weight *w
     if (!bias) return;
     CHECK_INTERNAL(bias->f && bias->cols == (size_t)o, "bias must be a vector of %d", o);
     size_t total = (size_t)n * o;
-    bias_kernel<<<cuda_blocks(total, THREADS), THREADS, 0, c->stream>>>((bf16 *)out, bias->f, n, o);
-    CUDA_LAUNCHED(bias_kernel);
+    CUDA_LAUNCH(bias_kernel, cuda_blocks(total, THREADS), THREADS, 0, c->stream, (bf16 *)out,
+                bias->f, n, o);
 }
 
 // rotate x (n, heads, hd) in place; pair (2j, 2j+1) for NORM, (j, j + hd/2) for NEOX;
@@ -562,9 +560,8 @@ static void cuda_rope(backend *b, void *x, const int *pos, int n, int heads, int
     if (total == 0) return;
     const int *p = (const int *)stage(c, STAGE_IDX, pos, (size_t)n * sizeof(int));
     const float *f = (const float *)stage(c, STAGE_AUX, inv_freq, (size_t)(hd / 2) * sizeof(float));
-    rope_kernel<<<cuda_blocks(total, THREADS), THREADS, 0, c->stream>>>((bf16 *)x, p, f, n, heads,
-                                                                        hd, style == ROPE_NEOX);
-    CUDA_LAUNCHED(rope_kernel);
+    CUDA_LAUNCH(rope_kernel, cuda_blocks(total, THREADS), THREADS, 0, c->stream, (bf16 *)x, p, f, n,
+                heads, hd, style == ROPE_NEOX);
 }
 
 // out (n,) = silu(gate) * up
@@ -578,9 +575,8 @@ __global__ void swiglu_kernel(bf16 *out, const bf16 *gate, const bf16 *up, size_
 static void cuda_swiglu(backend *b, void *out, const void *gate, const void *up, size_t n) {
     cuda_impl *c = impl(b);
     if (n == 0) return;
-    swiglu_kernel<<<cuda_blocks(n, THREADS), THREADS, 0, c->stream>>>(
-        (bf16 *)out, (const bf16 *)gate, (const bf16 *)up, n);
-    CUDA_LAUNCHED(swiglu_kernel);
+    CUDA_LAUNCH(swiglu_kernel, cuda_blocks(n, THREADS), THREADS, 0, c->stream, (bf16 *)out,
+                (const bf16 *)gate, (const bf16 *)up, n);
 }
 
 // x (n,) += y (n,)
@@ -592,8 +588,8 @@ __global__ void add_kernel(bf16 *x, const bf16 *y, size_t n) {
 static void cuda_add(backend *b, void *x, const void *y, size_t n) {
     cuda_impl *c = impl(b);
     if (n == 0) return;
-    add_kernel<<<cuda_blocks(n, THREADS), THREADS, 0, c->stream>>>((bf16 *)x, (const bf16 *)y, n);
-    CUDA_LAUNCHED(add_kernel);
+    CUDA_LAUNCH(add_kernel, cuda_blocks(n, THREADS), THREADS, 0, c->stream, (bf16 *)x,
+                (const bf16 *)y, n);
 }
 
 // out (k, d) = x[idx[j]]
@@ -608,9 +604,8 @@ static void cuda_gather_rows(backend *b, void *out, const void *x, const int *id
     size_t total = (size_t)k * d;
     if (total == 0) return;
     const int *ix = (const int *)stage(c, STAGE_IDX, idx, (size_t)k * sizeof(int));
-    gather_kernel<<<cuda_blocks(total, THREADS), THREADS, 0, c->stream>>>((bf16 *)out,
-                                                                          (const bf16 *)x, ix, k, d);
-    CUDA_LAUNCHED(gather_kernel);
+    CUDA_LAUNCH(gather_kernel, cuda_blocks(total, THREADS), THREADS, 0, c->stream, (bf16 *)out,
+                (const bf16 *)x, ix, k, d);
 }
 
 // ---- KV cache ---------------------------------------------------------------------------------
@@ -670,17 +665,15 @@ static void cuda_kv_append(backend *b, kv_layer *L, const void *k, const void *v
     if (n == 0) return;
     int *dpos = mirror_get(c, L);
     size_t total = (size_t)n * L->n_kv_head * L->head_dim;
-    kv_append_kernel<<<cuda_blocks(total, THREADS), THREADS, 0, c->stream>>>(
-        (bf16 *)L->k, (bf16 *)L->v, (const bf16 *)k, (const bf16 *)v, n, L->n_kv_head,
-        L->head_dim, L->cap, L->len);
-    CUDA_LAUNCHED(kv_append_kernel);
+    CUDA_LAUNCH(kv_append_kernel, cuda_blocks(total, THREADS), THREADS, 0, c->stream, (bf16 *)L->k,
+                (bf16 *)L->v, (const bf16 *)k, (const bf16 *)v, n, L->n_kv_head, L->head_dim,
+                L->cap, L->len);
     for (int g = 0; g < L->n_kv_head; g++)
         for (int i = 0; i < n; i++) L->pos[(size_t)g * L->cap + L->len + i] = pos[i];
     // the device copy from the pass's positions already staged for RoPE (no upload per layer)
     const int *dp = (const int *)stage(c, STAGE_IDX, pos, (size_t)n * sizeof(int));
-    kv_pos_kernel<<<cuda_blocks((size_t)n * L->n_kv_head, THREADS), THREADS, 0, c->stream>>>(
-        dpos, dp, n, L->n_kv_head, L->cap, L->len);
-    CUDA_LAUNCHED(kv_pos_kernel);
+    CUDA_LAUNCH(kv_pos_kernel, cuda_blocks((size_t)n * L->n_kv_head, THREADS), THREADS, 0,
+                c->stream, dpos, dp, n, L->n_kv_head, L->cap, L->len);
     L->len += n;
 }
 
@@ -705,9 +698,8 @@ static void cuda_kv_keep(backend *b, kv_layer *L, const int *idx, int k, int new
     size_t total = (size_t)nh * k * hd;
     if (total) {
         const int *ix = (const int *)stage(c, STAGE_IDX, idx, (size_t)nh * k * sizeof(int));
-        kv_keep_kernel<<<cuda_blocks(total, THREADS), THREADS, 0, c->stream>>>(
-            nk, nv, (const bf16 *)L->k, (const bf16 *)L->v, ix, nh, k, hd, L->cap, new_cap);
-        CUDA_LAUNCHED(kv_keep_kernel);
+        CUDA_LAUNCH(kv_keep_kernel, cuda_blocks(total, THREADS), THREADS, 0, c->stream, nk, nv,
+                    (const bf16 *)L->k, (const bf16 *)L->v, ix, nh, k, hd, L->cap, new_cap);
     }
     int *np = (int *)xmalloc(n * sizeof(int));
     for (int g = 0; g < nh; g++)
@@ -915,12 +907,10 @@ static int cuda_ceilings(backend *b, double *tflops, double *gbps) {
         return -1;
     }
     size_t elems = t.bytes / sizeof(bf16);
-    synth_kernel<<<cuda_blocks(elems, THREADS), THREADS, 0, c->stream>>>((bf16 *)t.a, NULL, 1, 1,
-                                                                         elems, 1.0f, 0.0f);
-    CUDA_LAUNCHED(synth_kernel);
-    synth_kernel<<<cuda_blocks(mat / 2, THREADS), THREADS, 0, c->stream>>>((bf16 *)t.b, NULL, 1, 2,
-                                                                           mat / 2, 1.0f, 0.0f);
-    CUDA_LAUNCHED(synth_kernel);
+    CUDA_LAUNCH(synth_kernel, cuda_blocks(elems, THREADS), THREADS, 0, c->stream, (bf16 *)t.a, nullptr,
+                1, 1, elems, 1.0f, 0.0f);
+    CUDA_LAUNCH(synth_kernel, cuda_blocks(mat / 2, THREADS), THREADS, 0, c->stream, (bf16 *)t.b,
+                nullptr, 1, 2, mat / 2, 1.0f, 0.0f);
     double ms = time_ms(c, run_gemm, &t, 10);
     *tflops = 2.0 * t.n * t.n * (double)t.n / (ms * 1e-3) / 1e12;
     ms = time_ms(c, run_copy, &t, 10);
@@ -1013,7 +1003,7 @@ backend *backend_cuda_create(char *msg, size_t len) {
     b->attn_probs = cuda_attn_probs;
     b->kv_keep = cuda_kv_keep;
     b->weight_synth = cuda_weight_synth;
-    b->ceilings = cuda_ceilings;
+    b->ceilings = CUDA_EMULATED ? NULL : cuda_ceilings;   // no speed to measure in the emulator
     b->mem_available = cuda_mem_available;
     b->attn_select = cuda_attn_select;
     b->attn_topk = cuda_attn_topk;

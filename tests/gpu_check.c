@@ -1005,21 +1005,35 @@ static void test_attention_cases(backend *bk[2]) {
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) test_attention(bk, &cases[i]);
 }
 
-// gpu_check [--self | --self-fault] [--ops-only] [MODEL.gguf]; --self compares the CPU backend
-// with itself (checks this harness on a machine without a GPU; no ceilings); --self-fault does
-// so with an off-by-one attention mask on the second backend (the trap cases must fail);
-// --ops-only skips the model checks and the ceilings (what the sanitizers run).
+// gpu_check [--self | --self-fault] [--ops-only] [--only SECTION] [MODEL.gguf]; --self compares
+// the CPU backend with itself (checks this harness on a machine without a GPU; no ceilings);
+// --self-fault does so with an off-by-one attention mask on the second backend (the trap cases
+// must fail); --ops-only skips the model checks and the ceilings (what the sanitizers run);
+// --only runs one section: ops, attention, topk, phi or models (the emulated build's planted
+// bugs run just the section that must catch them).
+static int section(const char *only, const char *name) { return !only || strcmp(only, name) == 0; }
+
 int main(int argc, char **argv) {
     char msg[512] = "--self: CPU against CPU";
     int self = 0, ops_only = 0, fault = 0;
+    const char *only = NULL;
     for (; argc > 1 && strncmp(argv[1], "--", 2) == 0; argc--, argv++) {
         if (strcmp(argv[1], "--self") == 0) self = 1;
         else if (strcmp(argv[1], "--self-fault") == 0) self = fault = 1;
         else if (strcmp(argv[1], "--ops-only") == 0) ops_only = 1;
+        else if (strcmp(argv[1], "--only") == 0 && argc > 2) only = argv[2], argc--, argv++;
         else {
-            fprintf(stderr, "usage: gpu_check [--self | --self-fault] [--ops-only] [MODEL.gguf]\n");
+            fprintf(stderr, "usage: gpu_check [--self | --self-fault] [--ops-only] [--only ops|attention|"
+                    "topk|phi|models] [MODEL.gguf]\n");
             return 2;
         }
+    }
+    const char *sections[] = {"ops", "attention", "topk", "phi", "models"};
+    int known = !only;
+    for (int i = 0; i < 5 && !known; i++) known = strcmp(only, sections[i]) == 0;
+    if (!known) {
+        fprintf(stderr, "gpu_check: --only %s: expected ops, attention, topk, phi or models\n", only);
+        return 2;
     }
     setenv("SIFT_CUDA_SOFT_FAIL", "1", 1);   // a GEMM cuBLASLt refuses: a failed row, not the end
     backend *bk[2] = {backend_cpu_create(0, BK_WEIGHTS_F32), self ? backend_cpu_create(0, BK_WEIGHTS_F32)
@@ -1034,33 +1048,33 @@ int main(int argc, char **argv) {
            "max abs", "ulps");
     if (self) bk[GPU]->attn_topk = self_attn_topk;
     if (fault) cpu_attention = bk[GPU]->attention, bk[GPU]->attention = off_by_one_attention;
-    test_ops(bk);
-    test_attention_cases(bk);
-    if (bk[GPU]->weight_synth) test_weight_synth(bk, 33, 70);
-    if (bk[GPU]->attn_topk) {
+    if (section(only, "ops")) test_ops(bk);
+    if (section(only, "attention")) test_attention_cases(bk);
+    if (section(only, "ops") && bk[GPU]->weight_synth) test_weight_synth(bk, 33, 70);
+    if (section(only, "topk") && bk[GPU]->attn_topk) {
         test_attn_topk(bk, 8, 2, 64, 3000, 4, 2980, 60, 0);
         test_attn_topk(bk, 8, 2, 64, 3000, 4, 2980, 60, 7);
         test_attn_topk(bk, 4, 4, 128, 70000, 4, 69980, 700, 0);
         test_attn_topk(bk, 2, 1, 32, 50, 0, 50, 50, 3);
     }
-    if (bk[GPU]->attn_select && bk[GPU]->phi_summarize) {
+    if (section(only, "phi") && bk[GPU]->attn_select && bk[GPU]->phi_summarize) {
         test_phi_select(bk, PHI_MLP, 9, 3, 64, 64, 300, 12, 12);
         test_phi_select(bk, PHI_PRF, 9, 3, 64, 64, 300, 12, 12);
         test_phi_select(bk, PHI_MLP, 8, 2, 128, 96, 1500, 40, 6);
         test_phi_select(bk, PHI_PRF, 4, 4, 32, 48, 120, 0, 5);
     }
-    if (bk[GPU]->ceilings && !ops_only && !self) {   // GPU-scale measurements
+    if (!only && bk[GPU]->ceilings && !ops_only && !self) {   // GPU-scale measurements
         test_ceilings(bk);
         test_attn_speed(bk, 8192);
         test_attn_speed(bk, 32768);
     }
     const char *env = getenv("SIFT_MODEL");
     const char *path = argc > 1 ? argv[1] : env && *env ? env : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-    if (!ops_only) {
+    if (!ops_only && section(only, "models")) {
         test_tiny_models(bk);
         test_gguf_model(bk, path);
     }
-    test_matmul(bk, 3, 90, 34, 1);   // rows not 16-byte aligned: refused, it fails its row only
+    if (section(only, "ops")) test_matmul(bk, 3, 90, 34, 1);   // rows not 16-byte aligned: refused, fails its row
     bk[GPU]->destroy(bk[GPU]);
     bk[CPU]->destroy(bk[CPU]);
     printf("\ngpu_check: %d passed, %d failed\n", n_pass, n_fail);

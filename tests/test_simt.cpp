@@ -1,0 +1,381 @@
+// tests/test_simt.cpp — the SIMT emulator itself (model/simt/), built like the CUDA sources of
+// the emulation build. Without arguments: the PTX fragment tables, restated here from the PTX
+// ISA ("Matrix fragments for mma.m16n8k16 with floating point type", "ldmatrix") and checked
+// against what the emulated instructions deliver, on values that identify every element; cp.async
+// group semantics; shuffles, barriers with a predicate, shared atomics, wmma, BlockScan, graph
+// capture and replay. With `--case NAME`: one kernel bug the checkers must report (tests/
+// test_simt.py runs each and reads the report); `--list` names them.
+#include <cub/block/block_scan.cuh>
+#include <mma.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../model/cuda_util.cuh"
+
+static int fails, checks;
+#define EXPECT(cond, ...)                                                                          \
+    do {                                                                                           \
+        checks++;                                                                                  \
+        if (!(cond)) {                                                                             \
+            fails++;                                                                               \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                   \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fputc('\n', stderr);                                                                   \
+        }                                                                                          \
+    } while (0)
+
+template <typename T> static T *dev(size_t n) {
+    void *p;
+    CUDA_CHECK(cudaMalloc(&p, n * sizeof(T)));
+    return (T *)p;
+}
+template <typename T> static void up(T *d, const T *h, size_t n) {
+    CUDA_CHECK(cudaMemcpy(d, h, n * sizeof(T), cudaMemcpyHostToDevice));
+}
+template <typename T> static void down(T *h, const T *d, size_t n) {
+    CUDA_CHECK(cudaMemcpy(h, d, n * sizeof(T), cudaMemcpyDeviceToHost));
+}
+
+// ---- the PTX ISA's tables -----------------------------------------------------------------------
+// mma.m16n8k16 .bf16, per lane: groupID = lane >> 2, threadID_in_group = lane % 4.
+// A: 8 elements a0..a7 in 4 registers (a_{2j} low half of register j, a_{2j+1} high half):
+//    row = groupID for a_i, i < 2 or 4 <= i < 6; groupID + 8 otherwise;
+//    col = threadID_in_group * 2 + (i & 1) for i < 4; + 8 for i >= 4.
+// B: 4 elements b0..b3 in 2 registers: row (k) = threadID_in_group * 2 + (i & 1), + 8 for
+//    i >= 2; col (n) = groupID.
+// C/D: 4 fp32 c0..c3: row = groupID for i < 2, groupID + 8 otherwise; col = threadID_in_group
+//    * 2 + (i & 1).
+static int a_row(int l, int i) { return (i < 2 || (i >= 4 && i < 6)) ? l >> 2 : (l >> 2) + 8; }
+static int a_col(int l, int i) { return (l % 4) * 2 + (i & 1) + (i >= 4 ? 8 : 0); }
+static int b_row(int l, int i) { return (l % 4) * 2 + (i & 1) + (i >= 2 ? 8 : 0); }
+static int b_col(int l) { return l >> 2; }
+static int c_row(int l, int i) { return (l >> 2) + (i >= 2 ? 8 : 0); }
+static int c_col(int l, int i) { return (l % 4) * 2 + (i & 1); }
+// ldmatrix .m8n8 .b16: threads 8m .. 8m+7 give the addresses of rows 0..7 of matrix m (.x1:
+// m = 0; .x2: m < 2; .x4: m < 4); thread l receives, of each matrix, row l / 4, elements
+// 2 (l % 4) (low half) and 2 (l % 4) + 1; with .trans, column l / 4, rows 2 (l % 4) and + 1.
+
+static uint16_t bf16_bits(float x) { return __float2bfloat16_rn(x).__x; }
+
+// One warp: fragments built from A (16x16), B (16x8), C (16x8) by the tables above, one mma,
+// D written back by the C table.
+__global__ void mma_kernel(float *D, const float *A, const float *B, const float *C) {
+    int l = threadIdx.x;
+    uint32_t a[4], b[2];
+    float c[4];
+    for (int j = 0; j < 4; j++)
+        a[j] = bf16_bits(A[a_row(l, 2 * j) * 16 + a_col(l, 2 * j)]) |
+               (uint32_t)bf16_bits(A[a_row(l, 2 * j + 1) * 16 + a_col(l, 2 * j + 1)]) << 16;
+    for (int j = 0; j < 2; j++)
+        b[j] = bf16_bits(B[b_row(l, 2 * j) * 8 + b_col(l)]) |
+               (uint32_t)bf16_bits(B[b_row(l, 2 * j + 1) * 8 + b_col(l)]) << 16;
+    for (int i = 0; i < 4; i++) c[i] = C[c_row(l, i) * 8 + c_col(l, i)];
+    mma16816(c, a, b[0], b[1]);
+    for (int i = 0; i < 4; i++) D[c_row(l, i) * 8 + c_col(l, i)] = c[i];
+}
+
+static void test_mma() {
+    float A[256], B[128], C[128], D[128];
+    for (int i = 0; i < 256; i++) A[i] = (float)((i * 7) % 13 - 6);   // small integers: exact
+    for (int i = 0; i < 128; i++) B[i] = (float)((i * 5) % 11 - 5), C[i] = (float)(i % 9 - 4);
+    float *dA = dev<float>(256), *dB = dev<float>(128), *dC = dev<float>(128), *dD = dev<float>(128);
+    up(dA, A, 256), up(dB, B, 128), up(dC, C, 128);
+    CUDA_LAUNCH(mma_kernel, 1, 32, 0, 0, dD, dA, dB, dC);
+    down(D, dD, 128);
+    int bad = 0;
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 8; j++) {
+            double s = C[i * 8 + j];
+            for (int k = 0; k < 16; k++) s += (double)A[i * 16 + k] * B[k * 8 + j];
+            bad += D[i * 8 + j] != s;
+        }
+    EXPECT(bad == 0, "mma.m16n8k16: %d of 128 outputs differ from A B + C by the ISA's tables", bad);
+    cudaFree(dA), cudaFree(dB), cudaFree(dC), cudaFree(dD);
+}
+
+// A shared tile of 4 matrices whose rows are stored in reverse order, so that the row a lane
+// points to is not the one its index would suggest; element value = m * 64 + r * 8 + c.
+__global__ void ldsm_kernel(uint32_t *out, int n, int trans) {
+    __shared__ __align__(16) uint16_t tile[4][8][8];
+    int l = threadIdx.x;
+    for (int e = l; e < 256; e += 32) {
+        int m = e / 64, r = e / 8 % 8, c = e % 8;
+        tile[m][7 - r][c] = (uint16_t)(m * 64 + r * 8 + c);
+    }
+    __syncwarp();
+    uint32_t r[4] = {0, 0, 0, 0};
+    int m = l / 8 < n ? l / 8 : 0;   // lanes past the .xN ones give some valid row anyway
+    simt_ldmatrix(r, &tile[m][7 - l % 8][0], n, trans);
+    for (int i = 0; i < n; i++) out[l * 4 + i] = r[i];
+}
+
+static void test_ldmatrix() {
+    uint32_t *d = dev<uint32_t>(128), h[128];
+    for (int n = 1; n <= 4; n *= 2)
+        for (int trans = 0; trans < 2; trans++) {
+            CUDA_LAUNCH(ldsm_kernel, 1, 32, 0, 0, d, n, trans);
+            down(h, d, 128);
+            int bad = 0;
+            for (int l = 0; l < 32; l++)
+                for (int m = 0; m < n; m++) {
+                    int r0 = trans ? 2 * (l % 4) : l / 4, c0 = trans ? l / 4 : 2 * (l % 4);
+                    int r1 = trans ? r0 + 1 : r0, c1 = trans ? c0 : c0 + 1;
+                    uint32_t want = (uint32_t)(m * 64 + r0 * 8 + c0) | (uint32_t)(m * 64 + r1 * 8 + c1) << 16;
+                    bad += h[l * 4 + m] != want;
+                }
+            EXPECT(bad == 0, "ldmatrix .x%d%s: %d of %d registers differ from the ISA's table", n,
+                   trans ? ".trans" : "", bad, 32 * n);
+        }
+    cudaFree(d);
+}
+
+// cp.async: three groups; wait_group 2, 1, 0 make the oldest groups land one by one; a source
+// size of 0 zero-fills.
+__global__ void async_kernel(int *out, const int *src) {
+    __shared__ __align__(16) int s[3][4];
+    __shared__ __align__(16) int z[4];
+    for (int g = 0; g < 3; g++) {
+        cp_async16(s[g], src + 4 * g, true);
+        if (g == 0) cp_async16(z, src, false);
+        cp_async_commit();
+    }
+    cp_async_wait<2>();
+    out[0] = s[0][1], out[1] = z[2];
+    cp_async_wait<1>();
+    out[2] = s[1][2];
+    cp_async_wait<0>();
+    out[3] = s[2][3];
+}
+
+static void test_async() {
+    int h[12], o[4];
+    for (int i = 0; i < 12; i++) h[i] = 100 + i;
+    int *src = dev<int>(12), *out = dev<int>(4);
+    up(src, h, 12);
+    CUDA_LAUNCH(async_kernel, 1, 1, 0, 0, out, src);
+    down(o, out, 4);
+    EXPECT(o[0] == 101 && o[1] == 0 && o[2] == 106 && o[3] == 111,
+           "cp.async groups: got %d %d %d %d, want 101 0 106 111", o[0], o[1], o[2], o[3]);
+    cudaFree(src), cudaFree(out);
+}
+
+// Shuffles of every kind, __syncthreads_or/and, a shared histogram by atomics, BlockScan.
+__global__ void collective_kernel(int *out) {
+    typedef cub::BlockScan<int, 64> scan_t;
+    __shared__ typename scan_t::TempStorage tmp;
+    __shared__ unsigned hist[4];
+    int t = threadIdx.x, l = t % 32;
+    if (t < 4) hist[t] = 0;
+    __syncthreads();
+    out[t * 8 + 0] = __shfl_xor_sync(0xffffffffu, l * 10, 5);
+    out[t * 8 + 1] = __shfl_sync(0xffffffffu, l * 10, 3);
+    out[t * 8 + 2] = __shfl_up_sync(0xffffffffu, l * 10, 2);
+    out[t * 8 + 3] = __shfl_down_sync(0xffffffffu, l * 10, 1, 8);
+    out[t * 8 + 4] = __syncthreads_or(t == 37) * 10 + __syncthreads_and(t < 64);
+    atomicAdd(&hist[t % 4], 1u);
+    int excl, total;
+    scan_t(tmp).ExclusiveSum(t % 3, excl, total);
+    out[t * 8 + 5] = excl;
+    out[t * 8 + 6] = total;
+    out[t * 8 + 7] = (int)hist[t % 4];
+}
+
+static void test_collectives() {
+    int *d = dev<int>(64 * 8), h[64 * 8];
+    CUDA_LAUNCH(collective_kernel, 1, 64, 0, 0, d);
+    down(h, d, 64 * 8);
+    int bad = 0, excl = 0, total = 0;
+    for (int t = 0; t < 64; t++) total += t % 3;
+    for (int t = 0; t < 64; t++) {
+        int l = t % 32, *o = h + t * 8;
+        bad += o[0] != (l ^ 5) * 10;
+        bad += o[1] != 30;
+        bad += o[2] != (l >= 2 ? l - 2 : l) * 10;
+        bad += o[3] != (l % 8 < 7 ? l + 1 : l) * 10;
+        bad += o[4] != 11;
+        bad += o[5] != excl || o[6] != total || o[7] != 16;
+        excl += t % 3;
+    }
+    EXPECT(bad == 0, "shuffles / barrier predicates / atomics / BlockScan: %d wrong values", bad);
+    cudaFree(d);
+}
+
+// nvcuda::wmma: D (16x16) = A (16x16, row-major) B (16x16, column-major) + C.
+__global__ void wmma_kernel(float *D, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const float *C) {
+    using namespace nvcuda;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+    wmma::load_matrix_sync(a, A, 16);
+    wmma::load_matrix_sync(b, B, 16);
+    wmma::load_matrix_sync(c, C, 16, wmma::mem_row_major);
+    wmma::mma_sync(c, a, b, c);
+    wmma::store_matrix_sync(D, c, 16, wmma::mem_row_major);
+}
+
+static void test_wmma() {
+    __nv_bfloat16 A[256], B[256];
+    float a[256], b[256], C[256], D[256];
+    for (int i = 0; i < 256; i++) {
+        a[i] = (float)(i % 7 - 3), b[i] = (float)(i % 5 - 2), C[i] = (float)(i % 3);
+        A[i] = __float2bfloat16_rn(a[i]), B[i] = __float2bfloat16_rn(b[i]);
+    }
+    __nv_bfloat16 *dA = dev<__nv_bfloat16>(256), *dB = dev<__nv_bfloat16>(256);
+    float *dC = dev<float>(256), *dD = dev<float>(256);
+    up(dA, A, 256), up(dB, B, 256), up(dC, C, 256);
+    CUDA_LAUNCH(wmma_kernel, 1, 32, 0, 0, dD, dA, dB, dC);
+    down(D, dD, 256);
+    int bad = 0;
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 16; j++) {
+            float s = C[i * 16 + j];
+            for (int k = 0; k < 16; k++) s += a[i * 16 + k] * b[j * 16 + k];   // B column-major
+            bad += D[i * 16 + j] != s;
+        }
+    EXPECT(bad == 0, "wmma 16x16x16: %d of 256 outputs wrong", bad);
+    cudaFree(dA), cudaFree(dB), cudaFree(dC), cudaFree(dD);
+}
+
+__global__ void inc_kernel(int *x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += i;
+}
+
+// Graph capture records launches and copies; every replay runs them again, in order.
+static void test_graph() {
+    int n = 300, h[300];
+    int *d = dev<int>(n);
+    CUDA_CHECK(cudaMemset(d, 0, n * sizeof(int)));
+    cudaStream_t s;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CUDA_LAUNCH(inc_kernel, cuda_blocks(n, 128), 128, 0, s, d, n);
+    cudaGraph_t g;
+    CUDA_CHECK(cudaStreamEndCapture(s, &g));
+    down(h, d, n);
+    EXPECT(h[7] == 0, "a captured launch ran at capture time");
+    cudaGraphExec_t e;
+    CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+    for (int r = 0; r < 3; r++) CUDA_CHECK(cudaGraphLaunch(e, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    down(h, d, n);
+    EXPECT(h[7] == 21 && h[299] == 897, "3 replays: got %d %d, want 21 897", h[7], h[299]);
+    CUDA_CHECK(cudaGraphExecDestroy(e));
+    CUDA_CHECK(cudaGraphDestroy(g));
+    CUDA_CHECK(cudaStreamDestroy(s));
+    cudaFree(d);
+}
+
+// ---- planted kernel bugs: each must be reported by the emulator ---------------------------------
+
+__global__ void race_kernel(int *out) {   // a read and a write of another warp, no barrier between
+    __shared__ int s[64];
+    s[threadIdx.x] = threadIdx.x;
+    __syncthreads();
+    out[threadIdx.x] = s[63 - threadIdx.x];
+    s[threadIdx.x] = 0;
+}
+__global__ void uninit_kernel(int *out) {
+    __shared__ int s[64];
+    if (threadIdx.x < 32) s[threadIdx.x] = 1;
+    __syncthreads();
+    out[threadIdx.x] = s[threadIdx.x + 1];   // thread 31 reads s[32]: nobody wrote it
+}
+__global__ void partial_barrier_kernel(int *out) {
+    if (threadIdx.x >= 32) return;
+    __syncthreads();
+    out[threadIdx.x] = 1;
+}
+__global__ void divergent_barrier_kernel(int *out) {
+    if (threadIdx.x < 32) {
+        __syncthreads();
+        out[threadIdx.x] = 1;
+    } else {
+        out[threadIdx.x] = 2;
+        __syncthreads();
+    }
+}
+__global__ void shfl_exited_kernel(int *out) {
+    if (threadIdx.x == 31) return;
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, (int)threadIdx.x, 1);
+}
+__global__ void oob_kernel(int *out, int n) { out[threadIdx.x] = out[threadIdx.x + n]; }
+__global__ void dyn_oob_kernel(int *out) {
+    SHARED_DYNAMIC(int, s);
+    s[threadIdx.x] = 1;
+    __syncthreads();
+    out[threadIdx.x] = s[threadIdx.x + 16];   // 64 bytes of dynamic shared memory: 16 ints
+}
+__global__ void misaligned_kernel(int *out) { out[threadIdx.x] = *(int *)((char *)out + 2); }
+__global__ void async_early_kernel(int *out, const int *src) {
+    __shared__ __align__(16) int s[2][4];
+    cp_async16(s[0], src, true);
+    cp_async_commit();
+    cp_async16(s[1], src + 4, true);
+    cp_async_commit();
+    cp_async_wait<1>();   // the newest group may still be in flight
+    out[0] = s[0][0] + s[1][0];
+}
+__global__ void async_race_kernel(int *out, const int *src) {
+    __shared__ __align__(16) int s[4];
+    if (threadIdx.x == 0) s[0] = 1, s[1] = s[2] = s[3] = 0;
+    __syncthreads();
+    out[threadIdx.x] = s[0];   // every warp reads s ...
+    if (threadIdx.x == 32) cp_async16(s, src, true);   // ... while warp 1 overwrites it
+    cp_async_wait<0>();
+}
+
+static int run_case(const char *name) {
+    int *d = dev<int>(64), *src = dev<int>(8);
+    CUDA_CHECK(cudaMemset(d, 0, 64 * sizeof(int)));
+    CUDA_CHECK(cudaMemset(src, 0, 8 * sizeof(int)));
+    if (!strcmp(name, "race")) CUDA_LAUNCH(race_kernel, 1, 64, 0, 0, d);
+    else if (!strcmp(name, "uninit")) CUDA_LAUNCH(uninit_kernel, 1, 64, 0, 0, d);
+    else if (!strcmp(name, "partial-barrier")) CUDA_LAUNCH(partial_barrier_kernel, 1, 64, 0, 0, d);
+    else if (!strcmp(name, "divergent-barrier")) CUDA_LAUNCH(divergent_barrier_kernel, 1, 64, 0, 0, d);
+    else if (!strcmp(name, "shfl-exited")) CUDA_LAUNCH(shfl_exited_kernel, 1, 32, 0, 0, d);
+    else if (!strcmp(name, "global-oob")) CUDA_LAUNCH(oob_kernel, 1, 32, 0, 0, d, 40);
+    else if (!strcmp(name, "use-after-free")) {
+        CUDA_CHECK(cudaFree(src));
+        CUDA_LAUNCH(oob_kernel, 1, 8, 0, 0, src, 0);
+    } else if (!strcmp(name, "dyn-shared-oob")) CUDA_LAUNCH(dyn_oob_kernel, 1, 16, 64, 0, d);
+    else if (!strcmp(name, "misaligned")) CUDA_LAUNCH(misaligned_kernel, 1, 1, 0, 0, d);
+    else if (!strcmp(name, "async-early")) CUDA_LAUNCH(async_early_kernel, 1, 1, 0, 0, d, src);
+    else if (!strcmp(name, "async-race")) CUDA_LAUNCH(async_race_kernel, 1, 64, 0, 0, d, src);
+    else if (!strcmp(name, "host-deref")) printf("%d\n", d[3]);
+    else if (!strcmp(name, "smem-attribute")) CUDA_LAUNCH(dyn_oob_kernel, 1, 16, 64 << 10, 0, d);
+    else if (!strcmp(name, "grid-y")) CUDA_LAUNCH(inc_kernel, dim3(1, 70000), 32, 0, 0, d, 1);
+    else if (!strcmp(name, "capture-sync")) {
+        cudaStream_t s;
+        CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+        CUDA_LAUNCH(inc_kernel, 1, 32, 0, s, d, 8);
+        CUDA_CHECK(cudaStreamSynchronize(s));
+    } else {
+        fprintf(stderr, "test_simt: unknown case %s\n", name);
+        return 2;
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    printf("case %s: no finding\n", name);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 2 && !strcmp(argv[1], "--list")) {
+        puts("race uninit partial-barrier divergent-barrier shfl-exited global-oob use-after-free "
+             "dyn-shared-oob misaligned async-early async-race host-deref smem-attribute grid-y "
+             "capture-sync");
+        return 0;
+    }
+    if (argc == 3 && !strcmp(argv[1], "--case")) return run_case(argv[2]);
+    test_mma();
+    test_ldmatrix();
+    test_async();
+    test_collectives();
+    test_wmma();
+    test_graph();
+    printf("test_simt: %d checks, %d failed\n", checks, fails);
+    return fails ? 1 : 0;
+}
