@@ -1,7 +1,7 @@
 """tests/test_simt_plant.py — the emulated GPU checks can fail: each case plants one bug in a copy
 of a CUDA source (build/plant/NAME/kernel.cu), builds gpu_check-simt with it (`make
 build/plant/NAME/gpu_check-simt PLANT_FILE=...`: only that kernel object differs) and runs the
-gpu_check section that exercises it. The bug must be caught, either by the emulator's checkers
+gpu_check attention case that exercises it (--small shapes). The bug must be caught, either by the emulator's checkers
 (a `simt:` report, exit 3) or by gpu_check rows that no longer agree with the CPU backend
 (exit 1, FAIL rows); the test prints which caught it, and asserts the catcher it expects."""
 import os
@@ -17,34 +17,36 @@ pytestmark = pytest.mark.skipif(not os.path.exists(GPU_CHECK), reason="no SIMT b
 
 COMBINE = re.compile(r"__global__ void attn_combine_kernel.*?\n}\n", re.S)
 
-# name -> (file, [(old, new, count)] or a function of the text, gpu_check section, catcher, what)
+# name -> (file, [(old, new, count)] or a function of the text, the gpu_check --small attention
+# case that runs the kernel, catcher, what)
 PLANTS = {
     "causal-mask-off-by-one": (
         "attn/attn_prefill_cuda.cu",
         [("pj <= qp0 ?", "pj <= qp0 + 1 ?", 1), ("pj <= qp1 ?", "pj <= qp1 + 1 ?", 1)],
-        "attention", "rows", "the FA2 prefill kernel lets each query see the key after it"),
+        "prefill GQA 8/2 hd128 400 trap", "rows", "the FA2 prefill kernel lets each query see the key after it"),
     "deleted-syncthreads": (
         "attn/attn_prefill_cuda.cu",
         [("cp_async_wait<1>();   // everything but the prefetch just issued has landed\n        __syncthreads();",
           "cp_async_wait<1>();   // everything but the prefetch just issued has landed", 1)],
-        "attention", "checker", "no barrier between the tile's cp.async landing and its reads"),
+        "prefill GQA 8/2 hd128 400 trap", "checker", "no barrier between the tile's cp.async landing and its reads"),
     "ldmatrix-row-off-by-one": (
         "attn/attn_prefill_cuda.cu",
         [("ldsm_x4(kb, &ks[(n2 * 16 + lane % 8 + lane / 16 * 8) * LD",
           "ldsm_x4(kb, &ks[(n2 * 16 + lane % 8 + lane / 16 * 8 + 1) * LD", 1)],
-        "attention", "any", "the K fragments' row addresses one row down"),
+        "prefill GQA 8/2 hd128 400 trap", "any", "the K fragments' row addresses one row down"),
     "wait-group-one-too-few": (
         "attn/attn_prefill_cuda.cu",
         [("cp_async_wait<1>();   // everything but", "cp_async_wait<2>();   // everything but", 1)],
-        "attention", "checker", "wait_group 2 where 1 is needed: the tile about to be read may be in flight"),
+        "prefill GQA 8/2 hd128 400 trap", "checker",
+        "wait_group 2 where 1 is needed: the tile about to be read may be in flight"),
     "combine-drops-last-split": (
         "attn/attn_cuda.cu",
         lambda text: COMBINE.sub(lambda m: m.group(0).replace("s < splits;", "s < splits - 1;"), text),
-        "attention", "rows", "the split-K combine ignores the last split"),
+        "decode hd128 len1500 gap2", "rows", "the split-K combine ignores the last split"),
     "decode-reads-key-past-cache": (
         "attn/attn_decode_cuda.cu",
         [("j1 = min(a.len, j0 + chunk);", "j1 = min(a.len + 1, j0 + chunk);", 1)],
-        "attention", "any", "the KV-group decode kernel reads one key past the cache's length"),
+        "decode hd128 len1500 gap2", "any", "the KV-group decode kernel reads one key past the cache's length"),
 }
 
 
@@ -71,9 +73,10 @@ def plant(name):
 
 @pytest.mark.parametrize("name", sorted(PLANTS))
 def test_planted_bug_is_caught(name):
-    _, _, section, want, what = PLANTS[name]
+    _, _, case, want, what = PLANTS[name]
     exe = plant(name)
-    p = subprocess.run([exe, "--only", section], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    p = subprocess.run([exe, "--small", "--only", "attention", "--case", case], cwd=ROOT,
+                       capture_output=True, text=True, timeout=900)
     failed_rows = [l for l in p.stdout.splitlines() if l.startswith("| ") and l.rstrip().endswith("| FAIL |")]
     checker = re.findall(r"^simt: (.*)$", p.stderr, re.M)
     caught = "checker" if p.returncode == 3 and checker else "rows" if p.returncode == 1 and failed_rows else None

@@ -43,6 +43,7 @@ void simt_cp_async16(void *dst, const void *src, bool valid) {
     check_async(t, dst, 16, false, site);
     memset(dst, 0xff, 16);   // until the copy lands
     async_open(t).push_back({(unsigned char *)dst, (const unsigned char *)src, valid, site});
+    profile_count(&counters::cp_async, 1);
 }
 
 void simt_cp_async_commit() {
@@ -141,11 +142,13 @@ void mma_op(void *const *args, unsigned mask) {
 }   // namespace
 
 void simt_ldmatrix(uint32_t *r, const void *p, int n, int trans) {
+    profile_count(&counters::ldmatrix, 1.0 / 32);   // one per warp
     ldsm_arg a = {p, r, n, trans, __builtin_return_address(0)};
     simt_warp_op("ldmatrix", 0xffffffffu, &a, ldsm_op);
 }
 
 void simt_mma_m16n8k16_bf16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    profile_count(&counters::mma, 1.0 / 32);   // one per warp: 16 x 8 x 16 multiply-adds
     mma_arg x = {c, a, b0, b1};
     simt_warp_op("mma.sync", 0xffffffffu, &x, mma_op);
 }

@@ -28,6 +28,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -46,15 +47,19 @@ static int env_int(const char *name, int def) {
 }
 static const int opt_checks = env_int("SIMT_CHECKS", 1);   // 0: no shared-memory shadow
 static const int opt_max_reports = 8;
+static const char *const opt_profile = getenv("SIMT_PROFILE");
+const int profiling = opt_profile && *opt_profile;
+static const int opt_sample = env_int("SIMT_SAMPLE_BLOCKS", 0);   // profiling: blocks run per launch
 
 static std::mutex report_mu;
 
-// "function at file:line" of a code address (addr2line on this executable, linked -no-pie).
-static std::string symbolize(const void *pc) {
+// "function at file:line" of a code address (addr2line on this executable, linked -no-pie): a
+// return address (the call before it), or with entry set a function's own address.
+static std::string symbolize(const void *pc, bool entry = false) {
     if (!pc) return "?";
     char cmd[256], line[1024];
     snprintf(cmd, sizeof cmd, "addr2line -f -C -i -e /proc/%d/exe %p 2>/dev/null", (int)getpid(),
-             (const void *)((const char *)pc - 1));
+             (const void *)((const char *)pc - (entry ? 0 : 1)));
     FILE *f = popen(cmd, "r");
     if (!f) return "?";
     std::string out;
@@ -154,7 +159,7 @@ struct launch {
     std::function<void()> body;
     std::atomic<long> next{0};
     std::atomic<int> errors{0};
-    long n_blocks;
+    long n_blocks, n_run;   // blocks in the grid; blocks run (fewer when sampling)
 };
 
 struct cell {   // the shadow of 2 bytes of shared memory
@@ -190,6 +195,13 @@ struct thread_rec {
     int bar_kind, pred, result;
     std::vector<async_copy> open;                  // cp.async not yet committed
     std::vector<std::vector<async_copy>> groups;   // committed groups, oldest first
+    struct logged {                                // accesses since the warp's last request count
+        const void *site;
+        uintptr_t a;
+        uint32_t n;
+        bool shared;
+    };
+    std::vector<logged> log;
 };
 
 struct worker {
@@ -393,6 +405,8 @@ static void shared_check(worker *w, thread_rec *t, region &r, uintptr_t a, size_
         const int wt = c.wtid & TID_MASK;
         const bool other_now = written && c.wB == B && wt != t->tid && !ordered(w, t, c.wtid, c.wW);
         if (kind == A_READ) {
+            if (c.rB == B && c.rtid == t->tid && (c.wB != B || c.wtid == t->tid))
+                continue;   // read by this thread since the barrier, nothing written since but its own
             if (!written) {
                 finding(w, t, site, "read of shared memory that no thread of this block wrote "
                         "(offset %zu, %zu bytes)", off, n);
@@ -447,11 +461,13 @@ static region *shared_region(worker *w, uintptr_t a) {
 static void access(worker *w, thread_rec *t, uintptr_t a, size_t n, int kind, const void *site) {
     if (in_heap(a)) {
         global_check(w, t, a, n, kind, site);
+        if (profiling && kind != A_LANDED) t->log.push_back({site, a, (uint32_t)n, false});
         return;
     }
     if (!t || !w) return;
     region *r = shared_region(w, a);
     if (!r) return;
+    if (profiling && kind != A_LANDED) t->log.push_back({site, a, (uint32_t)n, true});
     if (r == &w->dyn_r && a + n > r->lo + r->span) {
         finding(w, t, site, "shared %s of %zu bytes at dynamic offset %zu, past the launch's %zu "
                 "bytes of dynamic shared memory", access_names[kind], n, (size_t)(a - r->lo), r->span);
@@ -637,6 +653,63 @@ static void start_runner(worker *w) {
 
 static void resume(worker *w, thread_rec *t) { simt_switch(&w->sched_sp, t->sp); }
 
+void profile_count(double counters::*field, double n) {
+    if (cur) cur->ctr.*field += n;
+}
+
+// Profiling: the accesses the lanes [lo, hi) logged since the last count, grouped into requests
+// (the k-th execution of one instruction by each lane): shared-memory wavefronts (the most
+// distinct 4-byte words any bank serves in a phase: 32 lanes of <= 4 bytes, 16 of 8, 8 of 16)
+// and global 32-byte sectors.
+static void count_requests(worker *w, int lo, int hi) {
+    struct acc {
+        int lane;
+        uintptr_t a;
+        uint32_t n;
+    };
+    std::map<std::pair<const void *, int>, std::pair<bool, std::vector<acc>>> req;
+    for (int i = lo; i < hi; i++) {
+        thread_rec *t = slot(w, i);
+        std::map<const void *, int> seen;
+        for (const auto &e : t->log) {
+            auto &r = req[{e.site, seen[e.site]++}];
+            r.first = e.shared;
+            r.second.push_back({i - lo, e.a, e.n});
+        }
+        t->log.clear();
+    }
+    for (auto &kv : req) {
+        const std::vector<acc> &v = kv.second.second;
+        if (!kv.second.first) {
+            std::vector<uintptr_t> sectors;
+            for (const acc &x : v)
+                for (uintptr_t s = x.a / 32; s <= (x.a + x.n - 1) / 32; s++) sectors.push_back(s);
+            std::sort(sectors.begin(), sectors.end());
+            w->ctr.global_requests++;
+            w->ctr.global_sectors += std::unique(sectors.begin(), sectors.end()) - sectors.begin();
+            continue;
+        }
+        uint32_t size = 1;
+        for (const acc &x : v) size = x.n > size ? x.n : size;
+        const int per_phase = size <= 4 ? 32 : size == 8 ? 16 : 8;
+        for (int ph = 0; ph < 32 / per_phase; ph++) {
+            std::map<int, std::vector<uintptr_t>> banks;
+            for (const acc &x : v)
+                if (x.lane / per_phase == ph)
+                    for (uintptr_t word = x.a / 4; word <= (x.a + x.n - 1) / 4; word++)
+                        banks[(int)(word % 32)].push_back(word);
+            size_t most = 0;
+            for (auto &b : banks) {
+                std::sort(b.second.begin(), b.second.end());
+                size_t d = std::unique(b.second.begin(), b.second.end()) - b.second.begin();
+                most = d > most ? d : most;
+            }
+            if (most) w->ctr.shared_wavefronts += most;
+        }
+        w->ctr.shared_requests++;
+    }
+}
+
 // Runs warp `wp` until every lane waits at a block barrier or has finished: each ready lane runs
 // to its next scheduling point; a warp operation runs once all lanes of its mask reach it.
 // false after a finding that leaves the block unable to go on.
@@ -651,6 +724,7 @@ static bool run_warp(worker *w, int wp) {
         thread_rec *first = NULL;
         for (int i = lo; i < hi && !first; i++)
             if (slot(w, i)->state == AT_COLL) first = slot(w, i);
+        if (profiling) count_requests(w, lo, hi);
         if (!first) return true;
         const unsigned mask = first->mask;
         void *args[32] = {0};
@@ -672,6 +746,7 @@ static bool run_warp(worker *w, int wp) {
             args[l] = t->arg;
         }
         first->op(args, mask);
+        if (profiling) count_requests(w, lo, hi);   // the operation's own accesses (ldmatrix)
         w->W[wp]++;
         w->ctr.warp_ops++;
         for (int l = 0; l < 32; l++)
@@ -746,9 +821,9 @@ static void work_on(worker *w, launch *L) {
     cur = w;
     tls_window(&w->tls_r);
     w->L = L;
-    for (long b; (b = L->next.fetch_add(1)) < L->n_blocks;) {
+    for (long j; (j = L->next.fetch_add(1)) < L->n_run;) {
         if (L->errors.load() > 0) break;   // a finding: the rest of the grid is not run
-        run_block(w, L, b);
+        run_block(w, L, L->n_run == L->n_blocks ? j : j * L->n_blocks / L->n_run);
     }
     w->L = NULL;
     cur = NULL;
@@ -777,11 +852,45 @@ static void pool_init() {
     for (unsigned i = 1; i < n; i++) std::thread(pool_main, pool[i]).detach();
 }
 
-counters total;   // every launch's, summed (profile.cpp)
+// Profiling: every kernel's counters, summed over its launches, written at exit.
+struct kernel_profile {
+    const char *name;
+    double launches, threads_per_block, dyn_smem, grid_blocks;
+    counters c;
+};
+static std::map<const void *, kernel_profile> &profiles = *new std::map<const void *, kernel_profile>;
+
+static void profile_write() {
+    FILE *f = fopen(opt_profile, "w");
+    if (!f) {
+        fprintf(stderr, "simt: cannot write the profile %s\n", opt_profile);
+        return;
+    }
+    fprintf(f, "[\n");
+    size_t i = 0;
+    for (auto &kv : profiles) {
+        const kernel_profile &k = kv.second;
+        std::string fn = symbolize(kv.first, true);
+        fn = fn.substr(0, fn.find(" at "));
+        for (char &ch : fn) ch = ch == '"' ? '\'' : ch;
+        fprintf(f, "  {\"kernel\": \"%s\", \"launch\": \"%s\", \"launches\": %.0f, "
+                "\"threads_per_block\": %.0f, \"dyn_smem\": %.0f, \"grid_blocks\": %.0f", fn.c_str(),
+                k.name, k.launches, k.threads_per_block, k.dyn_smem, k.grid_blocks);
+        static const char *const names[] = {"blocks", "threads", "barriers", "warp_ops", "global_bytes",
+            "shared_read_bytes", "shared_write_bytes", "shared_requests", "shared_wavefronts",
+            "global_requests", "global_sectors", "mma", "ldmatrix", "cp_async"};
+        const double *v = (const double *)&k.c;
+        for (size_t j = 0; j < sizeof names / sizeof *names; j++) fprintf(f, ", \"%s\": %.0f", names[j], v[j]);
+        fprintf(f, "}%s\n", ++i < profiles.size() ? "," : "");
+    }
+    fprintf(f, "]\n");
+    fclose(f);
+}
 
 static void execute(launch *L) {
     pool_init();
     L->n_blocks = (long)L->grid.x * L->grid.y * L->grid.z;
+    L->n_run = profiling && opt_sample > 0 && opt_sample < L->n_blocks ? opt_sample : L->n_blocks;
     int helpers = L->n_blocks > 1 ? (int)pool.size() - 1 : 0;
     if (helpers) {
         std::lock_guard<std::mutex> lk(pool_mu);
@@ -793,12 +902,23 @@ static void execute(launch *L) {
         std::unique_lock<std::mutex> lk(pool_mu);
         done_cv.wait(lk, [] { return pool_busy == 0; });
     }
-    for (worker *w : pool) {
-        counters &c = w->ctr;
-        uint64_t *dst = (uint64_t *)&total, *src = (uint64_t *)&c;
-        for (size_t i = 0; i < sizeof c / sizeof(uint64_t); i++) dst[i] += src[i], src[i] = 0;
+    kernel_profile *k = NULL;
+    if (profiling) {
+        static bool registered = atexit(profile_write) == 0;
+        (void)registered;
+        k = &profiles[L->site.fn];
+        k->name = L->site.name;
+        k->launches++, k->grid_blocks += L->n_blocks;
+        k->threads_per_block = (double)L->block.x * L->block.y * L->block.z, k->dyn_smem = (double)L->smem;
     }
-    total.launches++;
+    const double scale = (double)L->n_blocks / L->n_run;   // sampled blocks stand for the grid
+    for (worker *w : pool) {
+        double *src = (double *)&w->ctr, *dst = k ? (double *)&k->c : NULL;
+        for (size_t i = 0; i < sizeof w->ctr / sizeof(double); i++) {
+            if (dst) dst[i] += src[i] * scale;
+            src[i] = 0;
+        }
+    }
     if (L->errors.load()) {
         fprintf(stderr, "simt: %d finding%s in kernel %s (launched at %s:%d)\n", L->errors.load(),
                 L->errors.load() > 1 ? "s" : "", L->site.name, L->site.file, L->site.line);

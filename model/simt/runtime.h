@@ -49,12 +49,17 @@ cudaError_t stream_enqueue(cudaStream_t s, std::function<void()> fn);
 // Sets the launch-failure error that every later CUDA call returns (a GPU's sticky error).
 void fail_sticky(cudaError_t e);
 
-// Per-launch counters (SIMT_PROFILE=1 adds the per-request ones; profile.cpp prints them).
+// Counters per kernel (SIMT_PROFILE=FILE: written there as JSON at exit, per kernel summed over
+// its launches). A request is one warp-wide memory instruction: the k-th execution of one load
+// or store by each lane of a warp; its shared-memory wavefronts (1 when no bank conflict) and
+// global 32-byte sectors (coalescing) are counted when profiling.
 struct counters {
-    uint64_t launches, blocks, threads, barriers, warp_ops;
-    uint64_t global_bytes, shared_read_bytes, shared_write_bytes;
-    uint64_t shared_requests, shared_wavefronts;   // bank conflicts: wavefronts / request
-    uint64_t global_requests, global_sectors;       // coalescing: 32-byte sectors / request
-    uint64_t mma, ldmatrix, cp_async;
+    double blocks, threads, barriers, warp_ops;
+    double global_bytes, shared_read_bytes, shared_write_bytes;
+    double shared_requests, shared_wavefronts;
+    double global_requests, global_sectors;
+    double mma, ldmatrix, cp_async;
 };
+extern const int profiling;
+void profile_count(double counters::*field, double n);   // for the running kernel
 }   // namespace simt
