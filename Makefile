@@ -41,7 +41,7 @@ CU_SRC  := $(wildcard model/*.cu attn/*.cu)
 LIB_OBJ += $(CU_SRC:%.cu=build/%.o)
 CFLAGS  += -DSIFT_CUDA
 LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart_static -lrt -Wl,-Bstatic -lstdc++ -Wl,-Bdynamic
-GPU_BIN := build/tests/gpu_check
+GPU_BIN := build/tests/gpu_check build/tests/gpu_tables
 # The SIMT emulation build (model/simt/, clang++): the same .cu sources compiled as C++ for the
 # CPU, every load and store instrumented (-fsanitize-coverage) for the emulator's checkers;
 # build/sift-simt and build/tests/gpu_check-simt run the CUDA backend on the CPU, and
@@ -99,6 +99,11 @@ build/plant/%/gpu_check-simt: build/plant/%/kernel.o build/tests/gpu_check.o $(C
 	    $(filter-out build/simt/$(PLANT_FILE:.cu=.o),$(SIMT_KOBJ)) $< $(SIMT_RT) $(SIMT_LIBS)
 build/tests/test_simt: build/simt/tests/test_simt.o $(SIMT_RT)
 	$(CC) $(SIMT_LINK) -o $@ $^ -lpthread -ldl -lm -lstdc++
+
+# the emulator's checks of the PTX tables, on a real GPU (bench/gpu.sh runs it)
+build/tests/gpu_tables: tests/test_simt.cpp $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -x cu -o $@ $<
 
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/%.c=build/tests/%)
@@ -189,11 +194,12 @@ test-asan: deps model
 # GPU tests (a machine with an NVIDIA GPU): every backend op and every strategy, CUDA vs CPU.
 test-gpu: $(GPU_BIN)
 	@test -n "$(GPU_BIN)" || { echo "test-gpu: this build has no CUDA path (nvcc not found)"; exit 1; }
-	$(GPU_BIN)
+	build/tests/gpu_tables
+	build/tests/gpu_check
 
 test-gpu-sanitize: $(GPU_BIN)
 	@test -n "$(GPU_BIN)" || { echo "test-gpu: this build has no CUDA path (nvcc not found)"; exit 1; }
-	@bash tests/gpu_sanitize.sh $(GPU_BIN)
+	@bash tests/gpu_sanitize.sh build/tests/gpu_check
 
 clean:
 	rm -rf build sift

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # bench/gpu.sh — everything a GPU machine session does, in one call of under 9 minutes, from the
-# repo root: GPU facts, the carried binaries (or a build there), make test-gpu's checks (with the
+# repo root: GPU facts, the carried binaries (or a build there), the PTX fragment tables the SIMT
+# emulator implements checked on the device (build/tests/gpu_tables), make test-gpu's checks (with the
 # attention kernels timed alone), the compute-sanitizer runs, `sift bench` on synthetic shapes and
 # the PyTorch peer (bench/torch_peer.py) on the first bench's shape. Logs go to $OUT (or bench/out);
 # a short table comes last.
 #
-# Build machine (nvcc, no GPU needed):   make -j2 sift build/tests/gpu_check && bench/gpu.sh --pack
+# Build machine (nvcc, no GPU needed):   make -j2 sift build/tests/gpu_check build/tests/gpu_tables \
+#                                          && bench/gpu.sh --pack
 #   (--pack copies stripped binaries to .gpu/, git-ignored; carry it: the device tool's carry=[".gpu"])
 # GPU machine:                           bash bench/gpu.sh
 # Edit BENCH below to change what is benchmarked (flags of `sift bench`, see sift bench --help).
@@ -21,7 +23,7 @@ PACK=.gpu
 
 if [ "${1:-}" = --pack ]; then   # plus a small GGUF (tokenizer included) for the end-to-end runs
     rm -rf "$PACK" && mkdir -p "$PACK"
-    for b in sift build/tests/gpu_check; do   # stripped and gzipped: ~8 MB each instead of 30
+    for b in sift build/tests/gpu_check build/tests/gpu_tables; do   # stripped, gzipped: ~8 MB each
         strip -o "$PACK/$(basename $b)" $b && gzip -9 "$PACK/$(basename $b)" || exit 1
     done
     .venv/bin/python -c "import sys; sys.path.insert(0, 'tests'); import tiny_gguf, gguf; \
@@ -71,16 +73,20 @@ row nvidia-smi ok "$(tail -n 1 "$OUT/nvidia-smi.txt")"
 # binaries: the carried ones when they start here, else a build here (needs the static libs)
 BIN=/tmp/sift-gpu
 mkdir -p $BIN
-for b in sift gpu_check; do [ -f "$PACK/$b.gz" ] && gzip -dc "$PACK/$b.gz" >$BIN/$b && chmod +x $BIN/$b; done
-SIFT=$BIN/sift CHECK=$BIN/gpu_check
+for b in sift gpu_check gpu_tables; do [ -f "$PACK/$b.gz" ] && gzip -dc "$PACK/$b.gz" >$BIN/$b && chmod +x $BIN/$b; done
+SIFT=$BIN/sift CHECK=$BIN/gpu_check TABLES=$BIN/gpu_tables
 if ! "$SIFT" --version >"$OUT/version.txt" 2>&1 || ! [ -x "$CHECK" ]; then
     echo "gpu.sh: no carried binaries that run here; building" | tee -a "$OUT/gpu.log"
-    step build 240 build.log make -j16 sift build/tests/gpu_check CUARCH="-gencode arch=compute_90,code=sm_90"
-    SIFT=./sift CHECK=build/tests/gpu_check
+    step build 240 build.log make -j16 sift build/tests/gpu_check build/tests/gpu_tables \
+        CUARCH="-gencode arch=compute_90,code=sm_90"
+    SIFT=./sift CHECK=build/tests/gpu_check TABLES=build/tests/gpu_tables
     "$SIFT" --version >"$OUT/version.txt" 2>&1
 fi
 row binaries "$(head -c 60 "$OUT/version.txt")" "$SIFT, $CHECK"
 
+# the fragment tables (mma.m16n8k16, ldmatrix x1/x2/x4 .trans), cp.async groups, shuffles, wmma,
+# graphs as tests/test_simt.cpp states them: the emulator passes the same checks in make test
+step "PTX tables on the device (test_simt)" 60 tables.log "$TABLES"
 TINY=$PACK/tiny-llama.gguf
 for dev in cpu cuda; do
     step "sift --device $dev (tiny GGUF)" 60 "smoke_$dev.log" "$SIFT" -m "$TINY" --device $dev \
@@ -109,6 +115,7 @@ done
 echo
 echo "## gpu.sh on $(tail -n 1 "$OUT/nvidia-smi.txt"), $(date -u +%F), $(head -c 40 "$OUT/version.txt")"
 grep -h "passed, .* failed" "$OUT"/test_gpu.log 2>/dev/null
+grep -h "test_simt:\|FAIL" "$OUT"/tables.log 2>/dev/null
 for dev in cpu cuda; do echo "$dev: $(grep -h "^| full\|^| speed" "$OUT/smoke_$dev.log" 2>/dev/null | cut -c1-150)"; done
 grep -h "FAIL" "$OUT"/test_gpu.log 2>/dev/null | head -n 20
 grep -h "ERROR SUMMARY\|failed" "$OUT"/sanitize.log 2>/dev/null | head -n 6

@@ -60,7 +60,23 @@ __device__ static inline void cp_async_commit() { asm volatile("cp.async.commit_
 template <int N>
 __device__ static inline void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-// ldmatrix: four 8x8 bf16 matrices; lanes 8m .. 8m+7 give the row addresses of matrix m
+// ldmatrix: one, two or four 8x8 b16 matrices; lanes 8m .. 8m+7 give the row addresses of matrix m
+__device__ static inline void ldsm_x1(uint32_t *r, const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(smem_u32(p)));
+}
+__device__ static inline void ldsm_x1_t(uint32_t *r, const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];\n" : "=r"(r[0])
+                 : "r"(smem_u32(p)));
+}
+__device__ static inline void ldsm_x2(uint32_t *r, const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1])
+                 : "r"(smem_u32(p)));
+}
+__device__ static inline void ldsm_x2_t(uint32_t *r, const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(smem_u32(p)));
+}
 __device__ static inline void ldsm_x4(uint32_t *r, const void *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

@@ -1,5 +1,7 @@
 // tests/test_simt.cpp — the SIMT emulator itself (model/simt/), built like the CUDA sources of
-// the emulation build. Without arguments: the PTX fragment tables, restated here from the PTX
+// the emulation build (build/tests/test_simt), and the same checks on a real GPU with nvcc
+// (build/tests/gpu_tables, run by bench/gpu.sh: the device validates the tables the emulator
+// implements). Without arguments: the PTX fragment tables, restated here from the PTX
 // ISA ("Matrix fragments for mma.m16n8k16 with floating point type", "ldmatrix") and checked
 // against what the emulated instructions deliver, on values that identify every element; cp.async
 // group semantics; shuffles, barriers with a predicate, shared atomics, wmma, BlockScan, graph
@@ -47,17 +49,34 @@ template <typename T> static void down(T *h, const T *d, size_t n) {
 //    i >= 2; col (n) = groupID.
 // C/D: 4 fp32 c0..c3: row = groupID for i < 2, groupID + 8 otherwise; col = threadID_in_group
 //    * 2 + (i & 1).
-static int a_row(int l, int i) { return (i < 2 || (i >= 4 && i < 6)) ? l >> 2 : (l >> 2) + 8; }
-static int a_col(int l, int i) { return (l % 4) * 2 + (i & 1) + (i >= 4 ? 8 : 0); }
-static int b_row(int l, int i) { return (l % 4) * 2 + (i & 1) + (i >= 2 ? 8 : 0); }
-static int b_col(int l) { return l >> 2; }
-static int c_row(int l, int i) { return (l >> 2) + (i >= 2 ? 8 : 0); }
-static int c_col(int l, int i) { return (l % 4) * 2 + (i & 1); }
+__host__ __device__ static inline int a_row(int l, int i) {
+    return (i < 2 || (i >= 4 && i < 6)) ? l >> 2 : (l >> 2) + 8;
+}
+__host__ __device__ static inline int a_col(int l, int i) {
+    return (l % 4) * 2 + (i & 1) + (i >= 4 ? 8 : 0);
+}
+__host__ __device__ static inline int b_row(int l, int i) {
+    return (l % 4) * 2 + (i & 1) + (i >= 2 ? 8 : 0);
+}
+__host__ __device__ static inline int b_col(int l) {
+    return l >> 2;
+}
+__host__ __device__ static inline int c_row(int l, int i) {
+    return (l >> 2) + (i >= 2 ? 8 : 0);
+}
+__host__ __device__ static inline int c_col(int l, int i) {
+    return (l % 4) * 2 + (i & 1);
+}
 // ldmatrix .m8n8 .b16: threads 8m .. 8m+7 give the addresses of rows 0..7 of matrix m (.x1:
 // m = 0; .x2: m < 2; .x4: m < 4); thread l receives, of each matrix, row l / 4, elements
 // 2 (l % 4) (low half) and 2 (l % 4) + 1; with .trans, column l / 4, rows 2 (l % 4) and + 1.
 
-static uint16_t bf16_bits(float x) { return __float2bfloat16_rn(x).__x; }
+__host__ __device__ static inline uint16_t bf16_bits(float x) {
+    __nv_bfloat16 h = __float2bfloat16_rn(x);
+    uint16_t b;
+    memcpy(&b, &h, 2);
+    return b;
+}
 
 // One warp: fragments built from A (16x16), B (16x8), C (16x8) by the tables above, one mma,
 // D written back by the C table.
@@ -71,16 +90,21 @@ __global__ void mma_kernel(float *D, const float *A, const float *B, const float
     for (int j = 0; j < 2; j++)
         b[j] = bf16_bits(B[b_row(l, 2 * j) * 8 + b_col(l)]) |
                (uint32_t)bf16_bits(B[b_row(l, 2 * j + 1) * 8 + b_col(l)]) << 16;
-    for (int i = 0; i < 4; i++) c[i] = C[c_row(l, i) * 8 + c_col(l, i)];
+    for (int i = 0; i < 4; i++)
+        c[i] = C[c_row(l, i) * 8 + c_col(l, i)];
     mma16816(c, a, b[0], b[1]);
-    for (int i = 0; i < 4; i++) D[c_row(l, i) * 8 + c_col(l, i)] = c[i];
+    for (int i = 0; i < 4; i++)
+        D[c_row(l, i) * 8 + c_col(l, i)] = c[i];
 }
 
 static void test_mma() {
     float A[256], B[128], C[128], D[128];
-    for (int i = 0; i < 256; i++) A[i] = (float)((i * 7) % 13 - 6);   // small integers: exact
-    for (int i = 0; i < 128; i++) B[i] = (float)((i * 5) % 11 - 5), C[i] = (float)(i % 9 - 4);
-    float *dA = dev<float>(256), *dB = dev<float>(128), *dC = dev<float>(128), *dD = dev<float>(128);
+    for (int i = 0; i < 256; i++)
+        A[i] = (float)((i * 7) % 13 - 6); // small integers: exact
+    for (int i = 0; i < 128; i++)
+        B[i] = (float)((i * 5) % 11 - 5), C[i] = (float)(i % 9 - 4);
+    float *dA = dev<float>(256), *dB = dev<float>(128), *dC = dev<float>(128),
+          *dD = dev<float>(128);
     up(dA, A, 256), up(dB, B, 128), up(dC, C, 128);
     CUDA_LAUNCH(mma_kernel, 1, 32, 0, 0, dD, dA, dB, dC);
     down(D, dD, 128);
@@ -88,10 +112,12 @@ static void test_mma() {
     for (int i = 0; i < 16; i++)
         for (int j = 0; j < 8; j++) {
             double s = C[i * 8 + j];
-            for (int k = 0; k < 16; k++) s += (double)A[i * 16 + k] * B[k * 8 + j];
+            for (int k = 0; k < 16; k++)
+                s += (double)A[i * 16 + k] * B[k * 8 + j];
             bad += D[i * 8 + j] != s;
         }
-    EXPECT(bad == 0, "mma.m16n8k16: %d of 128 outputs differ from A B + C by the ISA's tables", bad);
+    EXPECT(bad == 0, "mma.m16n8k16: %d of 128 outputs differ from A B + C by the ISA's tables",
+           bad);
     cudaFree(dA), cudaFree(dB), cudaFree(dC), cudaFree(dD);
 }
 
@@ -106,9 +132,16 @@ __global__ void ldsm_kernel(uint32_t *out, int n, int trans) {
     }
     __syncwarp();
     uint32_t r[4] = {0, 0, 0, 0};
-    int m = l / 8 < n ? l / 8 : 0;   // lanes past the .xN ones give some valid row anyway
-    simt_ldmatrix(r, &tile[m][7 - l % 8][0], n, trans);
-    for (int i = 0; i < n; i++) out[l * 4 + i] = r[i];
+    int m = l / 8 < n ? l / 8 : 0; // lanes past the .xN ones give some valid row anyway
+    const void *row = &tile[m][7 - l % 8][0];
+    if (n == 1)
+        trans ? ldsm_x1_t(r, row) : ldsm_x1(r, row);
+    else if (n == 2)
+        trans ? ldsm_x2_t(r, row) : ldsm_x2(r, row);
+    else
+        trans ? ldsm_x4_t(r, row) : ldsm_x4(r, row);
+    for (int i = 0; i < n; i++)
+        out[l * 4 + i] = r[i];
 }
 
 static void test_ldmatrix() {
@@ -122,7 +155,8 @@ static void test_ldmatrix() {
                 for (int m = 0; m < n; m++) {
                     int r0 = trans ? 2 * (l % 4) : l / 4, c0 = trans ? l / 4 : 2 * (l % 4);
                     int r1 = trans ? r0 + 1 : r0, c1 = trans ? c0 : c0 + 1;
-                    uint32_t want = (uint32_t)(m * 64 + r0 * 8 + c0) | (uint32_t)(m * 64 + r1 * 8 + c1) << 16;
+                    uint32_t want =
+                        (uint32_t)(m * 64 + r0 * 8 + c0) | (uint32_t)(m * 64 + r1 * 8 + c1) << 16;
                     bad += h[l * 4 + m] != want;
                 }
             EXPECT(bad == 0, "ldmatrix .x%d%s: %d of %d registers differ from the ISA's table", n,
@@ -151,7 +185,8 @@ __global__ void async_kernel(int *out, const int *src) {
 
 static void test_async() {
     int h[12], o[4];
-    for (int i = 0; i < 12; i++) h[i] = 100 + i;
+    for (int i = 0; i < 12; i++)
+        h[i] = 100 + i;
     int *src = dev<int>(12), *out = dev<int>(4);
     up(src, h, 12);
     CUDA_LAUNCH(async_kernel, 1, 1, 0, 0, out, src);
@@ -187,7 +222,8 @@ static void test_collectives() {
     CUDA_LAUNCH(collective_kernel, 1, 64, 0, 0, d);
     down(h, d, 64 * 8);
     int bad = 0, excl = 0, total = 0;
-    for (int t = 0; t < 64; t++) total += t % 3;
+    for (int t = 0; t < 64; t++)
+        total += t % 3;
     for (int t = 0; t < 64; t++) {
         int l = t % 32, *o = h + t * 8;
         bad += o[0] != (l ^ 5) * 10;
@@ -203,7 +239,8 @@ static void test_collectives() {
 }
 
 // nvcuda::wmma: D (16x16) = A (16x16, row-major) B (16x16, column-major) + C.
-__global__ void wmma_kernel(float *D, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const float *C) {
+__global__ void wmma_kernel(float *D, const __nv_bfloat16 *A, const __nv_bfloat16 *B,
+                            const float *C) {
     using namespace nvcuda;
     wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
     wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;
@@ -231,7 +268,8 @@ static void test_wmma() {
     for (int i = 0; i < 16; i++)
         for (int j = 0; j < 16; j++) {
             float s = C[i * 16 + j];
-            for (int k = 0; k < 16; k++) s += a[i * 16 + k] * b[j * 16 + k];   // B column-major
+            for (int k = 0; k < 16; k++)
+                s += a[i * 16 + k] * b[j * 16 + k]; // B column-major
             bad += D[i * 16 + j] != s;
         }
     EXPECT(bad == 0, "wmma 16x16x16: %d of 256 outputs wrong", bad);
@@ -258,7 +296,8 @@ static void test_graph() {
     EXPECT(h[7] == 0, "a captured launch ran at capture time");
     cudaGraphExec_t e;
     CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
-    for (int r = 0; r < 3; r++) CUDA_CHECK(cudaGraphLaunch(e, s));
+    for (int r = 0; r < 3; r++)
+        CUDA_CHECK(cudaGraphLaunch(e, s));
     CUDA_CHECK(cudaStreamSynchronize(s));
     down(h, d, n);
     EXPECT(h[7] == 21 && h[299] == 897, "3 replays: got %d %d, want 21 897", h[7], h[299]);
@@ -270,7 +309,7 @@ static void test_graph() {
 
 // ---- planted kernel bugs: each must be reported by the emulator ---------------------------------
 
-__global__ void race_kernel(int *out) {   // a read and a write of another warp, no barrier between
+__global__ void race_kernel(int *out) { // a read and a write of another warp, no barrier between
     __shared__ int s[64];
     s[threadIdx.x] = threadIdx.x;
     __syncthreads();
@@ -281,7 +320,7 @@ __global__ void uninit_kernel(int *out) {
     __shared__ int s[64];
     if (threadIdx.x < 32) s[threadIdx.x] = 1;
     __syncthreads();
-    out[threadIdx.x] = s[threadIdx.x + 1];   // thread 31 reads s[32]: nobody wrote it
+    out[threadIdx.x] = s[threadIdx.x + 1]; // thread 31 reads s[32]: nobody wrote it
 }
 __global__ void partial_barrier_kernel(int *out) {
     if (threadIdx.x >= 32) return;
@@ -301,29 +340,33 @@ __global__ void shfl_exited_kernel(int *out) {
     if (threadIdx.x == 31) return;
     out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, (int)threadIdx.x, 1);
 }
-__global__ void oob_kernel(int *out, int n) { out[threadIdx.x] = out[threadIdx.x + n]; }
+__global__ void oob_kernel(int *out, int n) {
+    out[threadIdx.x] = out[threadIdx.x + n];
+}
 __global__ void dyn_oob_kernel(int *out) {
     SHARED_DYNAMIC(int, s);
     s[threadIdx.x] = 1;
     __syncthreads();
-    out[threadIdx.x] = s[threadIdx.x + 16];   // 64 bytes of dynamic shared memory: 16 ints
+    out[threadIdx.x] = s[threadIdx.x + 16]; // 64 bytes of dynamic shared memory: 16 ints
 }
-__global__ void misaligned_kernel(int *out) { out[threadIdx.x] = *(int *)((char *)out + 2); }
+__global__ void misaligned_kernel(int *out) {
+    out[threadIdx.x] = *(int *)((char *)out + 2);
+}
 __global__ void async_early_kernel(int *out, const int *src) {
     __shared__ __align__(16) int s[2][4];
     cp_async16(s[0], src, true);
     cp_async_commit();
     cp_async16(s[1], src + 4, true);
     cp_async_commit();
-    cp_async_wait<1>();   // the newest group may still be in flight
+    cp_async_wait<1>(); // the newest group may still be in flight
     out[0] = s[0][0] + s[1][0];
 }
 __global__ void async_race_kernel(int *out, const int *src) {
     __shared__ __align__(16) int s[4];
     if (threadIdx.x == 0) s[0] = 1, s[1] = s[2] = s[3] = 0;
     __syncthreads();
-    out[threadIdx.x] = s[0];   // every warp reads s ...
-    if (threadIdx.x == 32) cp_async16(s, src, true);   // ... while warp 1 overwrites it
+    out[threadIdx.x] = s[0];                         // every warp reads s ...
+    if (threadIdx.x == 32) cp_async16(s, src, true); // ... while warp 1 overwrites it
     cp_async_wait<0>();
 }
 
@@ -331,22 +374,35 @@ static int run_case(const char *name) {
     int *d = dev<int>(64), *src = dev<int>(8);
     CUDA_CHECK(cudaMemset(d, 0, 64 * sizeof(int)));
     CUDA_CHECK(cudaMemset(src, 0, 8 * sizeof(int)));
-    if (!strcmp(name, "race")) CUDA_LAUNCH(race_kernel, 1, 64, 0, 0, d);
-    else if (!strcmp(name, "uninit")) CUDA_LAUNCH(uninit_kernel, 1, 64, 0, 0, d);
-    else if (!strcmp(name, "partial-barrier")) CUDA_LAUNCH(partial_barrier_kernel, 1, 64, 0, 0, d);
-    else if (!strcmp(name, "divergent-barrier")) CUDA_LAUNCH(divergent_barrier_kernel, 1, 64, 0, 0, d);
-    else if (!strcmp(name, "shfl-exited")) CUDA_LAUNCH(shfl_exited_kernel, 1, 32, 0, 0, d);
-    else if (!strcmp(name, "global-oob")) CUDA_LAUNCH(oob_kernel, 1, 32, 0, 0, d, 40);
+    if (!strcmp(name, "race"))
+        CUDA_LAUNCH(race_kernel, 1, 64, 0, 0, d);
+    else if (!strcmp(name, "uninit"))
+        CUDA_LAUNCH(uninit_kernel, 1, 64, 0, 0, d);
+    else if (!strcmp(name, "partial-barrier"))
+        CUDA_LAUNCH(partial_barrier_kernel, 1, 64, 0, 0, d);
+    else if (!strcmp(name, "divergent-barrier"))
+        CUDA_LAUNCH(divergent_barrier_kernel, 1, 64, 0, 0, d);
+    else if (!strcmp(name, "shfl-exited"))
+        CUDA_LAUNCH(shfl_exited_kernel, 1, 32, 0, 0, d);
+    else if (!strcmp(name, "global-oob"))
+        CUDA_LAUNCH(oob_kernel, 1, 32, 0, 0, d, 40);
     else if (!strcmp(name, "use-after-free")) {
         CUDA_CHECK(cudaFree(src));
         CUDA_LAUNCH(oob_kernel, 1, 8, 0, 0, src, 0);
-    } else if (!strcmp(name, "dyn-shared-oob")) CUDA_LAUNCH(dyn_oob_kernel, 1, 16, 64, 0, d);
-    else if (!strcmp(name, "misaligned")) CUDA_LAUNCH(misaligned_kernel, 1, 1, 0, 0, d);
-    else if (!strcmp(name, "async-early")) CUDA_LAUNCH(async_early_kernel, 1, 1, 0, 0, d, src);
-    else if (!strcmp(name, "async-race")) CUDA_LAUNCH(async_race_kernel, 1, 64, 0, 0, d, src);
-    else if (!strcmp(name, "host-deref")) printf("%d\n", d[3]);
-    else if (!strcmp(name, "smem-attribute")) CUDA_LAUNCH(dyn_oob_kernel, 1, 16, 64 << 10, 0, d);
-    else if (!strcmp(name, "grid-y")) CUDA_LAUNCH(inc_kernel, dim3(1, 70000), 32, 0, 0, d, 1);
+    } else if (!strcmp(name, "dyn-shared-oob"))
+        CUDA_LAUNCH(dyn_oob_kernel, 1, 16, 64, 0, d);
+    else if (!strcmp(name, "misaligned"))
+        CUDA_LAUNCH(misaligned_kernel, 1, 1, 0, 0, d);
+    else if (!strcmp(name, "async-early"))
+        CUDA_LAUNCH(async_early_kernel, 1, 1, 0, 0, d, src);
+    else if (!strcmp(name, "async-race"))
+        CUDA_LAUNCH(async_race_kernel, 1, 64, 0, 0, d, src);
+    else if (!strcmp(name, "host-deref"))
+        printf("%d\n", d[3]);
+    else if (!strcmp(name, "smem-attribute"))
+        CUDA_LAUNCH(dyn_oob_kernel, 1, 16, 64 << 10, 0, d);
+    else if (!strcmp(name, "grid-y"))
+        CUDA_LAUNCH(inc_kernel, dim3(1, 70000), 32, 0, 0, d, 1);
     else if (!strcmp(name, "capture-sync")) {
         cudaStream_t s;
         CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -369,7 +425,12 @@ int main(int argc, char **argv) {
              "capture-sync");
         return 0;
     }
-    if (argc == 3 && !strcmp(argv[1], "--case")) return run_case(argv[2]);
+    if (argc == 3 && !strcmp(argv[1], "--case")) {
+        if (CUDA_EMULATED) return run_case(argv[2]);
+        fprintf(stderr,
+                "test_simt: --case plants bugs for the emulator's checkers; not on a GPU\n");
+        return 2;
+    }
     test_mma();
     test_ldmatrix();
     test_async();

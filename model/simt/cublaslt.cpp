@@ -26,8 +26,8 @@
 // build flags (for bf16 inputs it would not matter, their products being exact in fp32).
 #pragma clang fp contract(off)
 
-#define LT_MAGIC 0x73696d744c74756cull   // "simtLtul": an algorithm this file handed out
-#define ALIGN_DEFAULT 256u               // the real default of MIN_ALIGNMENT_*_BYTES
+#define LT_MAGIC 0x73696d744c74756cull // "simtLtul": an algorithm this file handed out
+#define ALIGN_DEFAULT 256u             // the real default of MIN_ALIGNMENT_*_BYTES
 
 struct simt_lt_handle {
     uint64_t magic;
@@ -38,7 +38,7 @@ struct simt_lt_desc {
     uint32_t epilogue;
     const void *bias;
     int64_t bias_batch_stride;
-    int32_t bias_type;   // -1: D's type
+    int32_t bias_type; // -1: D's type
 };
 
 struct simt_lt_layout {
@@ -54,7 +54,7 @@ struct simt_lt_pref {
     uint32_t search_mode;
     uint64_t max_workspace;
     uint32_t reduction_mask;
-    uint32_t align[4];   // A, B, C, D
+    uint32_t align[4]; // A, B, C, D
     float max_waves;
     uint64_t impl_mask;
 };
@@ -78,23 +78,41 @@ static cublasStatus_t refuse(cublasStatus_t s, const char *fn, const char *fmt, 
 // Bytes per element, 0 for a type the emulator knows nothing of.
 static size_t elem_size(int32_t t) {
     switch (t) {
-    case CUDA_R_8I: case CUDA_R_8U: case CUDA_R_8F_E4M3: case CUDA_R_8F_E5M2: return 1;
-    case CUDA_R_16F: case CUDA_R_16BF: return 2;
-    case CUDA_R_32F: case CUDA_R_32I: return 4;
-    case CUDA_R_64F: case CUDA_C_32F: return 8;
-    default: return 0;
+    case CUDA_R_8I:
+    case CUDA_R_8U:
+    case CUDA_R_8F_E4M3:
+    case CUDA_R_8F_E5M2:
+        return 1;
+    case CUDA_R_16F:
+    case CUDA_R_16BF:
+        return 2;
+    case CUDA_R_32F:
+    case CUDA_R_32I:
+        return 4;
+    case CUDA_R_64F:
+    case CUDA_C_32F:
+        return 8;
+    default:
+        return 0;
     }
 }
 
 static const char *type_name(int32_t t) {
     switch (t) {
-    case CUDA_R_32F: return "CUDA_R_32F";
-    case CUDA_R_64F: return "CUDA_R_64F";
-    case CUDA_R_16F: return "CUDA_R_16F";
-    case CUDA_R_16BF: return "CUDA_R_16BF";
-    case CUDA_R_8I: return "CUDA_R_8I";
-    case CUDA_R_32I: return "CUDA_R_32I";
-    default: return "another type";
+    case CUDA_R_32F:
+        return "CUDA_R_32F";
+    case CUDA_R_64F:
+        return "CUDA_R_64F";
+    case CUDA_R_16F:
+        return "CUDA_R_16F";
+    case CUDA_R_16BF:
+        return "CUDA_R_16BF";
+    case CUDA_R_8I:
+        return "CUDA_R_8I";
+    case CUDA_R_32I:
+        return "CUDA_R_32I";
+    default:
+        return "another type";
     }
 }
 
@@ -107,20 +125,32 @@ static uint64_t span_elems(const simt_lt_layout *l) {
 
 // ---- status, handle -----------------------------------------------------------------------------
 
-extern "C" size_t cublasLtGetVersion(void) { return 130000; }   // cuBLAS 13.0.0, as CUDA 13's
+extern "C" size_t cublasLtGetVersion(void) {
+    return 130000;
+} // cuBLAS 13.0.0, as CUDA 13's
 
 extern "C" const char *cublasLtGetStatusName(cublasStatus_t s) {
     switch (s) {
-    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
-    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
-    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
-    case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
+    case CUBLAS_STATUS_SUCCESS:
+        return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+        return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+        return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+        return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+        return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR:
+        return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+        return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+        return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+        return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_LICENSE_ERROR:
+        return "CUBLAS_STATUS_LICENSE_ERROR";
     }
     return "CUBLAS_STATUS_UNKNOWN";
 }
@@ -151,8 +181,11 @@ struct field {
     void *p;
     size_t size;
 };
-#define FIELD(attr, member) \
-    case attr: return field{&o->member, sizeof o->member}
+#define FIELD(attr, member)                                                                        \
+    case attr:                                                                                     \
+        return field {                                                                             \
+            &o->member, sizeof o->member                                                           \
+        }
 
 static field desc_field(simt_lt_desc *o, int attr) {
     switch (attr) {
@@ -233,18 +266,25 @@ static cublasStatus_t attr_get(const char *fn, const void *obj, field f, int att
 }
 
 // The real enumerators of each kind (cublasLt.h), for "not emulated" versus "no such attribute".
-static bool desc_attr_known(int a) { return a >= 0 && a <= 26 && a != 9 && a != 16; }
-static bool layout_attr_known(int a) { return a >= 0 && a <= 7; }
-static bool pref_attr_known(int a) { return a >= 0 && a <= 12 && a != 2 && a != 4; }
+static bool desc_attr_known(int a) {
+    return a >= 0 && a <= 26 && a != 9 && a != 16;
+}
+static bool layout_attr_known(int a) {
+    return a >= 0 && a <= 7;
+}
+static bool pref_attr_known(int a) {
+    return a >= 0 && a <= 12 && a != 2 && a != 4;
+}
 
 // ---- matmul descriptor --------------------------------------------------------------------------
 
 extern "C" cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t ct,
                                                    cudaDataType_t st) {
     if (!d) return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmulDescCreate", "NULL desc");
-    *d = new simt_lt_desc{(int32_t)ct, (int32_t)st, CUBLASLT_POINTER_MODE_HOST, CUBLAS_OP_N,
-                          CUBLAS_OP_N, CUBLAS_OP_N, CUBLAS_FILL_MODE_FULL,
-                          CUBLASLT_EPILOGUE_DEFAULT, NULL, 0, -1};
+    *d = new simt_lt_desc{
+        (int32_t)ct, (int32_t)st,           CUBLASLT_POINTER_MODE_HOST, CUBLAS_OP_N, CUBLAS_OP_N,
+        CUBLAS_OP_N, CUBLAS_FILL_MODE_FULL, CUBLASLT_EPILOGUE_DEFAULT,  NULL,        0,
+        -1};
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -256,15 +296,15 @@ extern "C" cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
 extern "C" cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
                                                          cublasLtMatmulDescAttributes_t a,
                                                          const void *buf, size_t size) {
-    return attr_set("cublasLtMatmulDescSetAttribute", d, d ? desc_field(d, a) : field{NULL, 0},
-                    a, desc_attr_known(a), buf, size);
+    return attr_set("cublasLtMatmulDescSetAttribute", d, d ? desc_field(d, a) : field{NULL, 0}, a,
+                    desc_attr_known(a), buf, size);
 }
 
 extern "C" cublasStatus_t cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t d,
                                                          cublasLtMatmulDescAttributes_t a,
                                                          void *buf, size_t size, size_t *written) {
-    return attr_get("cublasLtMatmulDescGetAttribute", d, d ? desc_field(d, a) : field{NULL, 0},
-                    a, desc_attr_known(a), buf, size, written);
+    return attr_get("cublasLtMatmulDescGetAttribute", d, d ? desc_field(d, a) : field{NULL, 0}, a,
+                    desc_attr_known(a), buf, size, written);
 }
 
 // ---- matrix layout ------------------------------------------------------------------------------
@@ -305,8 +345,11 @@ extern "C" cublasStatus_t cublasLtMatrixLayoutGetAttribute(cublasLtMatrixLayout_
 
 extern "C" cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) {
     if (!p) return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmulPreferenceCreate", "NULL");
-    *p = new simt_lt_pref{CUBLASLT_SEARCH_BEST_FIT, 0, 0xffffffffu,
-                          {ALIGN_DEFAULT, ALIGN_DEFAULT, ALIGN_DEFAULT, ALIGN_DEFAULT}, 0.0f,
+    *p = new simt_lt_pref{CUBLASLT_SEARCH_BEST_FIT,
+                          0,
+                          0xffffffffu,
+                          {ALIGN_DEFAULT, ALIGN_DEFAULT, ALIGN_DEFAULT, ALIGN_DEFAULT},
+                          0.0f,
                           ~(uint64_t)0};
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -316,16 +359,18 @@ extern "C" cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreferen
     return CUBLAS_STATUS_SUCCESS;
 }
 
-extern "C" cublasStatus_t cublasLtMatmulPreferenceSetAttribute(
-    cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t a, const void *buf,
-    size_t size) {
+extern "C" cublasStatus_t
+cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                     cublasLtMatmulPreferenceAttributes_t a, const void *buf,
+                                     size_t size) {
     return attr_set("cublasLtMatmulPreferenceSetAttribute", p,
                     p ? pref_field(p, a) : field{NULL, 0}, a, pref_attr_known(a), buf, size);
 }
 
-extern "C" cublasStatus_t cublasLtMatmulPreferenceGetAttribute(
-    cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t a, void *buf, size_t size,
-    size_t *written) {
+extern "C" cublasStatus_t
+cublasLtMatmulPreferenceGetAttribute(cublasLtMatmulPreference_t p,
+                                     cublasLtMatmulPreferenceAttributes_t a, void *buf, size_t size,
+                                     size_t *written) {
     return attr_get("cublasLtMatmulPreferenceGetAttribute", p,
                     p ? pref_field(p, a) : field{NULL, 0}, a, pref_attr_known(a), buf, size,
                     written);
@@ -337,7 +382,7 @@ enum { ACT_NONE, ACT_RELU, ACT_GELU };
 
 struct problem {
     uint64_t m, n, k;
-    int32_t ta, tb, tc, td, tbias;   // tbias: -1 when there is no bias
+    int32_t ta, tb, tc, td, tbias; // tbias: -1 when there is no bias
     bool transa, transb;
     int act;
 };
@@ -379,8 +424,8 @@ static cublasStatus_t check_problem(const char *fn, bool loud, const simt_lt_des
         if (x->batch < 1)
             return refuse(CUBLAS_STATUS_INVALID_VALUE, fn, "%s's batch count %d", names[i],
                           x->batch);
-        if (x->batch != 1) UNSUPPORTED("%s's batch count %d (batches not emulated)", names[i],
-                                       x->batch);
+        if (x->batch != 1)
+            UNSUPPORTED("%s's batch count %d (batches not emulated)", names[i], x->batch);
         if (x->ld < 0 || (uint64_t)x->ld < x->rows)
             return refuse(CUBLAS_STATUS_INVALID_VALUE, fn, "%s's ld %lld < rows %llu", names[i],
                           (long long)x->ld, (unsigned long long)x->rows);
@@ -396,11 +441,13 @@ static cublasStatus_t check_problem(const char *fn, bool loud, const simt_lt_des
     uint64_t m = p->transa ? l[0]->cols : l[0]->rows, k = p->transa ? l[0]->rows : l[0]->cols;
     uint64_t kb = p->transb ? l[1]->cols : l[1]->rows, n = p->transb ? l[1]->rows : l[1]->cols;
     if (k != kb || l[2]->rows != m || l[2]->cols != n || l[3]->rows != m || l[3]->cols != n)
-        return refuse(CUBLAS_STATUS_INVALID_VALUE, fn, "shapes disagree: op(A) %llu x %llu, "
-                      "op(B) %llu x %llu, C %llu x %llu, D %llu x %llu", (unsigned long long)m,
-                      (unsigned long long)k, (unsigned long long)kb, (unsigned long long)n,
-                      (unsigned long long)l[2]->rows, (unsigned long long)l[2]->cols,
-                      (unsigned long long)l[3]->rows, (unsigned long long)l[3]->cols);
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, fn,
+                      "shapes disagree: op(A) %llu x %llu, "
+                      "op(B) %llu x %llu, C %llu x %llu, D %llu x %llu",
+                      (unsigned long long)m, (unsigned long long)k, (unsigned long long)kb,
+                      (unsigned long long)n, (unsigned long long)l[2]->rows,
+                      (unsigned long long)l[2]->cols, (unsigned long long)l[3]->rows,
+                      (unsigned long long)l[3]->cols);
     p->m = m, p->n = n, p->k = k;
     p->ta = (int32_t)l[0]->type, p->tb = (int32_t)l[1]->type;
     p->tc = (int32_t)l[2]->type, p->td = (int32_t)l[3]->type;
@@ -415,14 +462,28 @@ static cublasStatus_t check_problem(const char *fn, bool loud, const simt_lt_des
                     type_name(p->ta), type_name(p->tb), type_name(p->tc), type_name(p->td));
     bool bias = false;
     switch (d->epilogue) {
-    case CUBLASLT_EPILOGUE_DEFAULT: p->act = ACT_NONE; break;
-    case CUBLASLT_EPILOGUE_RELU: p->act = ACT_RELU; break;
-    case CUBLASLT_EPILOGUE_GELU: p->act = ACT_GELU; break;
-    case CUBLASLT_EPILOGUE_BIAS: p->act = ACT_NONE, bias = true; break;
-    case CUBLASLT_EPILOGUE_RELU_BIAS: p->act = ACT_RELU, bias = true; break;
-    case CUBLASLT_EPILOGUE_GELU_BIAS: p->act = ACT_GELU, bias = true; break;
-    default: UNSUPPORTED("epilogue %u (emulated: DEFAULT, RELU, BIAS, RELU_BIAS, GELU, "
-                         "GELU_BIAS)", d->epilogue);
+    case CUBLASLT_EPILOGUE_DEFAULT:
+        p->act = ACT_NONE;
+        break;
+    case CUBLASLT_EPILOGUE_RELU:
+        p->act = ACT_RELU;
+        break;
+    case CUBLASLT_EPILOGUE_GELU:
+        p->act = ACT_GELU;
+        break;
+    case CUBLASLT_EPILOGUE_BIAS:
+        p->act = ACT_NONE, bias = true;
+        break;
+    case CUBLASLT_EPILOGUE_RELU_BIAS:
+        p->act = ACT_RELU, bias = true;
+        break;
+    case CUBLASLT_EPILOGUE_GELU_BIAS:
+        p->act = ACT_GELU, bias = true;
+        break;
+    default:
+        UNSUPPORTED("epilogue %u (emulated: DEFAULT, RELU, BIAS, RELU_BIAS, GELU, "
+                    "GELU_BIAS)",
+                    d->epilogue);
     }
     p->tbias = -1;
     if (bias) {
@@ -481,40 +542,46 @@ struct gemm_job {
     bool a_bf16, b_bf16, d_bf16, transa, transb, use_c;
     int act;
     float alpha, beta;
-    size_t a_bytes, b_bytes, c_bytes, d_bytes, bias_bytes;   // for the check when it runs
+    size_t a_bytes, b_bytes, c_bytes, d_bytes, bias_bytes; // for the check when it runs
 };
 
 typedef float f8 __attribute__((ext_vector_type(8)));
 
-enum { MR = 8, NR = 4, MB = 64 };   // micro-tile rows (one f8), micro-tile columns, block rows
+enum { MR = 8, NR = 4, MB = 64 }; // micro-tile rows (one f8), micro-tile columns, block rows
 
-static inline float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
-static inline float to_f(float x) { return x; }
+static inline float to_f(__nv_bfloat16 x) {
+    return __bfloat162float(x);
+}
+static inline float to_f(float x) {
+    return x;
+}
 
 // op(A) rows [i0, i0 + MB) (zeros past m) as MB / MR micro-panels, each K x MR floats, k-major:
 // panel[(t * K + kk) * MR + r] = op(A)(i0 + t * MR + r, kk).
-template <typename T>
-static void pack_a(const gemm_job &g, int64_t i0, float *panel) {
+template <typename T> static void pack_a(const gemm_job &g, int64_t i0, float *panel) {
     const T *A = (const T *)g.a;
     int64_t K = g.k;
     for (int t = 0; t < MB / MR; t++) {
         float *pt = panel + (size_t)t * K * MR;
         int64_t ib = i0 + t * MR;
-        if (g.transa) {   // op(A)(i, kk) = A[kk + i * lda]: a row of op(A) is contiguous
+        if (g.transa) { // op(A)(i, kk) = A[kk + i * lda]: a row of op(A) is contiguous
             for (int r = 0; r < MR; r++) {
                 int64_t i = ib + r;
                 if (i >= g.m) {
-                    for (int64_t kk = 0; kk < K; kk++) pt[kk * MR + r] = 0;
+                    for (int64_t kk = 0; kk < K; kk++)
+                        pt[kk * MR + r] = 0;
                     continue;
                 }
                 const T *src = A + i * g.lda;
-                for (int64_t kk = 0; kk < K; kk++) pt[kk * MR + r] = to_f(src[kk]);
+                for (int64_t kk = 0; kk < K; kk++)
+                    pt[kk * MR + r] = to_f(src[kk]);
             }
-        } else {   // op(A)(i, kk) = A[i + kk * lda]: MR rows of a column are contiguous
-            int64_t rows = g.m - ib < MR ? g.m - ib : MR;   // <= 0 past the end of op(A)
+        } else { // op(A)(i, kk) = A[i + kk * lda]: MR rows of a column are contiguous
+            int64_t rows = g.m - ib < MR ? g.m - ib : MR; // <= 0 past the end of op(A)
             for (int64_t kk = 0; kk < K; kk++) {
                 const T *src = A + ib + kk * g.lda;
-                for (int r = 0; r < MR; r++) pt[kk * MR + r] = r < rows ? to_f(src[r]) : 0.0f;
+                for (int r = 0; r < MR; r++)
+                    pt[kk * MR + r] = r < rows ? to_f(src[r]) : 0.0f;
             }
         }
     }
@@ -522,8 +589,7 @@ static void pack_a(const gemm_job &g, int64_t i0, float *panel) {
 
 // op(B) as ceil(n / NR) micro-panels, each K x NR floats (zeros past n):
 // bp[(grp * K + kk) * NR + c] = op(B)(kk, grp * NR + c).
-template <typename T>
-static void pack_b(const gemm_job &g, float *bp) {
+template <typename T> static void pack_b(const gemm_job &g, float *bp) {
     const T *B = (const T *)g.b;
     int64_t K = g.k, groups = (g.n + NR - 1) / NR;
     for (int64_t grp = 0; grp < groups; grp++) {
@@ -531,12 +597,15 @@ static void pack_b(const gemm_job &g, float *bp) {
         for (int c = 0; c < NR; c++) {
             int64_t j = grp * NR + c;
             if (j >= g.n) {
-                for (int64_t kk = 0; kk < K; kk++) pg[kk * NR + c] = 0;
-            } else if (g.transb) {   // op(B)(kk, j) = B[j + kk * ldb]
-                for (int64_t kk = 0; kk < K; kk++) pg[kk * NR + c] = to_f(B[j + kk * g.ldb]);
-            } else {   // op(B)(kk, j) = B[kk + j * ldb]: a column of op(B) is contiguous
+                for (int64_t kk = 0; kk < K; kk++)
+                    pg[kk * NR + c] = 0;
+            } else if (g.transb) { // op(B)(kk, j) = B[j + kk * ldb]
+                for (int64_t kk = 0; kk < K; kk++)
+                    pg[kk * NR + c] = to_f(B[j + kk * g.ldb]);
+            } else { // op(B)(kk, j) = B[kk + j * ldb]: a column of op(B) is contiguous
                 const T *src = B + j * g.ldb;
-                for (int64_t kk = 0; kk < K; kk++) pg[kk * NR + c] = to_f(src[kk]);
+                for (int64_t kk = 0; kk < K; kk++)
+                    pg[kk * NR + c] = to_f(src[kk]);
             }
         }
     }
@@ -545,10 +614,10 @@ static void pack_b(const gemm_job &g, float *bp) {
 // acc[c] (MR rows of column c) = sum over kk = 0..K-1, in that order, of op(A) * op(B): each
 // output is its own sequential fp32 sum; the vector lanes are different outputs, never partial
 // sums of one (so the result does not depend on the vector width or the build's flags).
-template <int NC>
-static void micro(const float *pa, const float *pb, int64_t K, f8 *acc) {
+template <int NC> static void micro(const float *pa, const float *pb, int64_t K, f8 *acc) {
     f8 s[NC];
-    for (int c = 0; c < NC; c++) s[c] = 0.0f;
+    for (int c = 0; c < NC; c++)
+        s[c] = 0.0f;
     for (int64_t kk = 0; kk < K; kk++) {
         f8 a;
         memcpy(&a, pa + kk * MR, sizeof a);
@@ -558,7 +627,8 @@ static void micro(const float *pa, const float *pb, int64_t K, f8 *acc) {
             s[c] += prod;
         }
     }
-    for (int c = 0; c < NC; c++) acc[c] = s[c];
+    for (int c = 0; c < NC; c++)
+        acc[c] = s[c];
 }
 
 // cuBLASLt's GELU: the tanh approximation.
@@ -585,11 +655,15 @@ static void epilogue(const gemm_job &g, const float *biasf, int64_t ib, int64_t 
                 v = v + scaled;
             }
             if (biasf) v = v + biasf[i];
-            if (g.act == ACT_RELU) v = fmaxf(v, 0.0f);
-            else if (g.act == ACT_GELU) v = gelu(v);
+            if (g.act == ACT_RELU)
+                v = fmaxf(v, 0.0f);
+            else if (g.act == ACT_GELU)
+                v = gelu(v);
             int64_t e = i + j * g.ldd;
-            if (g.d_bf16) ((__nv_bfloat16 *)g.d)[e] = __float2bfloat16_rn(v);
-            else ((float *)g.d)[e] = v;
+            if (g.d_bf16)
+                ((__nv_bfloat16 *)g.d)[e] = __float2bfloat16_rn(v);
+            else
+                ((float *)g.d)[e] = v;
         }
     }
 }
@@ -612,8 +686,10 @@ static void gemm_worker(gemm_work *w) {
         if (it >= w->items) break;
         int64_t blk = it / w->nchunk, chunk = it % w->nchunk;
         int64_t i0 = blk * MB;
-        if (g.a_bf16) pack_a<__nv_bfloat16>(g, i0, panel.data());
-        else pack_a<float>(g, i0, panel.data());
+        if (g.a_bf16)
+            pack_a<__nv_bfloat16>(g, i0, panel.data());
+        else
+            pack_a<float>(g, i0, panel.data());
         int64_t g0 = chunk * w->groups / w->nchunk, g1 = (chunk + 1) * w->groups / w->nchunk;
         int tiles = (int)((g.m - i0 + MR - 1) / MR < MB / MR ? (g.m - i0 + MR - 1) / MR : MB / MR);
         for (int64_t grp = g0; grp < g1; grp++) {
@@ -621,11 +697,19 @@ static void gemm_worker(gemm_work *w) {
             int nc = (int)(g.n - grp * NR < NR ? g.n - grp * NR : NR);
             for (int t = 0; t < tiles; t++) {
                 const float *pa = panel.data() + (size_t)t * g.k * MR;
-                switch (nc) {   // a partial last group costs only its own columns (decode: 1)
-                case 1: micro<1>(pa, pb, g.k, acc); break;
-                case 2: micro<2>(pa, pb, g.k, acc); break;
-                case 3: micro<3>(pa, pb, g.k, acc); break;
-                default: micro<4>(pa, pb, g.k, acc); break;
+                switch (nc) { // a partial last group costs only its own columns (decode: 1)
+                case 1:
+                    micro<1>(pa, pb, g.k, acc);
+                    break;
+                case 2:
+                    micro<2>(pa, pb, g.k, acc);
+                    break;
+                case 3:
+                    micro<3>(pa, pb, g.k, acc);
+                    break;
+                default:
+                    micro<4>(pa, pb, g.k, acc);
+                    break;
                 }
                 epilogue(g, w->biasf, i0 + t * MR, grp * NR, nc, acc);
             }
@@ -651,8 +735,10 @@ static void run_gemm(const gemm_job &g) {
     }
     int64_t groups = (g.n + NR - 1) / NR, blocks = (g.m + MB - 1) / MB;
     std::vector<float> bp((size_t)groups * g.k * NR), biasf;
-    if (g.b_bf16) pack_b<__nv_bfloat16>(g, bp.data());
-    else pack_b<float>(g, bp.data());
+    if (g.b_bf16)
+        pack_b<__nv_bfloat16>(g, bp.data());
+    else
+        pack_b<float>(g, bp.data());
     if (g.bias) {
         biasf.resize(g.m);
         for (int64_t i = 0; i < g.m; i++)
@@ -679,38 +765,39 @@ static void run_gemm(const gemm_job &g) {
     for (int64_t t = 1; t < nthreads; t++) {
         try {
             pool.emplace_back(gemm_worker, &w);
-        } catch (...) {   // no more threads to be had: the ones running share the rest
+        } catch (...) { // no more threads to be had: the ones running share the rest
             break;
         }
     }
     gemm_worker(&w);
-    for (std::thread &t : pool) t.join();
+    for (std::thread &t : pool)
+        t.join();
 }
 
 // ---- cublasLtMatmul -----------------------------------------------------------------------------
 
 // A device operand's checks: its alignment against the promise (the algorithm was chosen for
 // pointers at least that aligned), then that its bytes lie in one live allocation.
-static cublasStatus_t check_operand(const char *fn, const char *name, const void *p,
-                                    uint64_t align, size_t bytes) {
+static cublasStatus_t check_operand(const char *fn, const char *name, const void *p, uint64_t align,
+                                    size_t bytes) {
     if ((uintptr_t)p % align)
-        return refuse(CUBLAS_STATUS_INVALID_VALUE, fn, "%s at %p is not %llu-byte aligned, as "
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, fn,
+                      "%s at %p is not %llu-byte aligned, as "
                       "promised to cublasLtMatmulAlgoGetHeuristic (MIN_ALIGNMENT) or required by "
-                      "its type", name, p, (unsigned long long)align);
+                      "its type",
+                      name, p, (unsigned long long)align);
     char what[64];
     snprintf(what, sizeof what, "cublasLtMatmul %s", name);
     if (simt::device_range(p, bytes, what)) return CUBLAS_STATUS_INVALID_VALUE;
     return CUBLAS_STATUS_SUCCESS;
 }
 
-extern "C" cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc,
-                                         const void *alpha, const void *A,
-                                         cublasLtMatrixLayout_t Adesc, const void *B,
-                                         cublasLtMatrixLayout_t Bdesc, const void *beta,
-                                         const void *C, cublasLtMatrixLayout_t Cdesc, void *D,
-                                         cublasLtMatrixLayout_t Ddesc,
-                                         const cublasLtMatmulAlgo_t *algo, void *workspace,
-                                         size_t workspace_bytes, cudaStream_t stream) {
+extern "C" cublasStatus_t
+cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, const void *alpha, const void *A,
+               cublasLtMatrixLayout_t Adesc, const void *B, cublasLtMatrixLayout_t Bdesc,
+               const void *beta, const void *C, cublasLtMatrixLayout_t Cdesc, void *D,
+               cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t *algo, void *workspace,
+               size_t workspace_bytes, cudaStream_t stream) {
     const char *fn = "cublasLtMatmul";
     if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (!desc || !Adesc || !Bdesc || !Cdesc || !Ddesc || !alpha || !beta)
@@ -721,31 +808,36 @@ extern "C" cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_
     // The alignments the algorithm was chosen for; without one, the library picks its own for
     // the pointers at hand, so only whole elements are required.
     uint64_t align[4];
-    for (int i = 0; i < 4; i++) align[i] = elem_size((int32_t)l[i]->type);
+    for (int i = 0; i < 4; i++)
+        align[i] = elem_size((int32_t)l[i]->type);
     if (algo) {
         if (algo->data[0] != LT_MAGIC)
-            return refuse(CUBLAS_STATUS_INVALID_VALUE, fn, "the algorithm did not come from "
+            return refuse(CUBLAS_STATUS_INVALID_VALUE, fn,
+                          "the algorithm did not come from "
                           "cublasLtMatmulAlgoGetHeuristic");
         if (algo->data[3] != signature(desc, p))
-            return refuse(CUBLAS_STATUS_INVALID_VALUE, fn, "the algorithm was chosen for other "
+            return refuse(CUBLAS_STATUS_INVALID_VALUE, fn,
+                          "the algorithm was chosen for other "
                           "types (compute, scale, A, B, C or D)");
         align[0] = (uint32_t)algo->data[1], align[1] = algo->data[1] >> 32;
         align[2] = (uint32_t)algo->data[2], align[3] = algo->data[2] >> 32;
     }
     gemm_job g;
     memset(&g, 0, sizeof g);
-    memcpy(&g.alpha, alpha, sizeof g.alpha);   // host pointer mode: read now, as cuBLASLt does
+    memcpy(&g.alpha, alpha, sizeof g.alpha); // host pointer mode: read now, as cuBLASLt does
     memcpy(&g.beta, beta, sizeof g.beta);
     g.m = (int64_t)p.m, g.n = (int64_t)p.n, g.k = (int64_t)p.k;
     g.lda = Adesc->ld, g.ldb = Bdesc->ld, g.ldc = Cdesc->ld, g.ldd = Ddesc->ld;
     g.a = A, g.b = B, g.c = C, g.d = D;
     g.a_bf16 = p.ta == CUDA_R_16BF, g.b_bf16 = p.tb == CUDA_R_16BF, g.d_bf16 = p.td == CUDA_R_16BF;
     g.transa = p.transa, g.transb = p.transb, g.act = p.act;
-    g.use_c = g.beta != 0.0f;   // beta == 0: C is not read (it may hold NaNs, or be NULL)
-    if (!g.m || !g.n) return CUBLAS_STATUS_SUCCESS;   // an empty D: nothing to do
+    g.use_c = g.beta != 0.0f; // beta == 0: C is not read (it may hold NaNs, or be NULL)
+    if (!g.m || !g.n) return CUBLAS_STATUS_SUCCESS; // an empty D: nothing to do
     if (g.use_c && C == D && Cdesc->ld != Ddesc->ld)
-        return refuse(CUBLAS_STATUS_INVALID_VALUE, fn, "in place (C == D) with ldc %lld != ldd "
-                      "%lld", (long long)Cdesc->ld, (long long)Ddesc->ld);
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, fn,
+                      "in place (C == D) with ldc %lld != ldd "
+                      "%lld",
+                      (long long)Cdesc->ld, (long long)Ddesc->ld);
     if (g.k) {
         g.a_bytes = span_elems(Adesc) * elem_size(p.ta);
         g.b_bytes = span_elems(Bdesc) * elem_size(p.tb);
@@ -761,11 +853,11 @@ extern "C" cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_
     if (p.tbias >= 0) {
         g.bias = desc->bias;
         if (!g.bias)
-            return refuse(CUBLAS_STATUS_INVALID_VALUE, fn, "a bias epilogue without "
+            return refuse(CUBLAS_STATUS_INVALID_VALUE, fn,
+                          "a bias epilogue without "
                           "CUBLASLT_MATMUL_DESC_BIAS_POINTER");
         g.bias_bytes = p.m * elem_size(p.tbias);
-        if (cublasStatus_t s = check_operand(fn, "bias", g.bias, elem_size(p.tbias),
-                                             g.bias_bytes))
+        if (cublasStatus_t s = check_operand(fn, "bias", g.bias, elem_size(p.tbias), g.bias_bytes))
             return s;
     }
     if (workspace && workspace_bytes &&

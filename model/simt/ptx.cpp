@@ -9,7 +9,8 @@
 //    2(l%4), 2(l%4)+1) of each matrix, or with .trans (rows 2(l%4), 2(l%4)+1, column l/4);
 //  - mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32: g = lane/4, t = lane%4;
 //    A a0:(g, 2t..2t+1) a1:(g+8, 2t..) a2:(g, 2t+8..) a3:(g+8, 2t+8..), the lower column in the
-//    low 16 bits; B b0:(k 2t..2t+1, n g) b1:(k 2t+8.., n g); C/D c0,c1:(g, 2t..2t+1) c2,c3:(g+8, ..);
+//    low 16 bits; B b0:(k 2t..2t+1, n g) b1:(k 2t+8.., n g); C/D c0,c1:(g, 2t..2t+1) c2,c3:(g+8,
+//    ..);
 //  - ex2.approx.ftz.f32; the nvcuda::wmma operations (whole tiles per lane, mma.h).
 #include <float.h>
 
@@ -19,15 +20,21 @@
 
 using namespace simt;
 
-static float bf16_lo(uint32_t r) { return __uint_as_float(r << 16); }
-static float bf16_hi(uint32_t r) { return __uint_as_float(r & 0xffff0000u); }
+static float bf16_lo(uint32_t r) {
+    return __uint_as_float(r << 16);
+}
+static float bf16_hi(uint32_t r) {
+    return __uint_as_float(r & 0xffff0000u);
+}
 
 // ---- cp.async ---------------------------------------------------------------------------------
 
 void simt::async_complete(thread_rec *t, std::vector<async_copy> &g) {
     for (const async_copy &c : g) {
-        if (c.valid) memcpy(c.dst, c.src, 16);
-        else memset(c.dst, 0, 16);
+        if (c.valid)
+            memcpy(c.dst, c.src, 16);
+        else
+            memset(c.dst, 0, 16);
         check_async(t, c.dst, 16, true, c.site);
     }
     g.clear();
@@ -39,9 +46,9 @@ void simt_cp_async16(void *dst, const void *src, bool valid) {
     if ((uintptr_t)dst % 16 || (uintptr_t)src % 16)
         finding_at(t, site, "cp.async with a %s address that is not 16-byte aligned (%p)",
                    (uintptr_t)dst % 16 ? "shared" : "global", (uintptr_t)dst % 16 ? dst : src);
-    check_access(t, src, valid ? 16 : 1, 0, site);   // even a zero-size source must be mapped
+    check_access(t, src, valid ? 16 : 1, 0, site); // even a zero-size source must be mapped
     check_async(t, dst, 16, false, site);
-    memset(dst, 0xff, 16);   // until the copy lands
+    memset(dst, 0xff, 16); // until the copy lands
     async_open(t).push_back({(unsigned char *)dst, (const unsigned char *)src, valid, site});
     profile_count(&counters::cp_async, 1);
 }
@@ -101,7 +108,8 @@ void ldsm_op(void *const *args, unsigned mask) {
     }
 }
 
-// ---- mma.sync m16n8k16 bf16 -> fp32 ----------------------------------------------------------------
+// ---- mma.sync m16n8k16 bf16 -> fp32
+// ----------------------------------------------------------------
 
 struct mma_arg {
     float *c;
@@ -117,7 +125,7 @@ void mma_op(void *const *args, unsigned mask) {
     for (int l = 0; l < 32; l++) {
         const mma_arg *x = (const mma_arg *)args[l];
         int g = l / 4, t = l % 4;
-        for (int h = 0; h < 2; h++) {   // the two elements of each register, lower column first
+        for (int h = 0; h < 2; h++) { // the two elements of each register, lower column first
             A[g][2 * t + h] = h ? bf16_hi(x->a[0]) : bf16_lo(x->a[0]);
             A[g + 8][2 * t + h] = h ? bf16_hi(x->a[1]) : bf16_lo(x->a[1]);
             A[g][2 * t + 8 + h] = h ? bf16_hi(x->a[2]) : bf16_lo(x->a[2]);
@@ -134,32 +142,34 @@ void mma_op(void *const *args, unsigned mask) {
         for (int e = 0; e < 4; e++) {
             int i = g + (e >= 2 ? 8 : 0), j = 2 * t + (e & 1);
             float s = C[i][j];
-            for (int k = 0; k < 16; k++) s += A[i][k] * B[k][j];
+            for (int k = 0; k < 16; k++)
+                s += A[i][k] * B[k][j];
             x->c[e] = s;
         }
     }
 }
-}   // namespace
+} // namespace
 
 void simt_ldmatrix(uint32_t *r, const void *p, int n, int trans) {
-    profile_count(&counters::ldmatrix, 1.0 / 32);   // one per warp
+    profile_count(&counters::ldmatrix, 1.0 / 32); // one per warp
     ldsm_arg a = {p, r, n, trans, __builtin_return_address(0)};
     simt_warp_op("ldmatrix", 0xffffffffu, &a, ldsm_op);
 }
 
 void simt_mma_m16n8k16_bf16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    profile_count(&counters::mma, 1.0 / 32);   // one per warp: 16 x 8 x 16 multiply-adds
+    profile_count(&counters::mma, 1.0 / 32); // one per warp: 16 x 8 x 16 multiply-adds
     mma_arg x = {c, a, b0, b1};
     simt_warp_op("mma.sync", 0xffffffffu, &x, mma_op);
 }
 
 float simt_ex2_approx_ftz(float x) {
-    if (fabsf(x) < FLT_MIN) x = 0;   // .ftz: subnormal in, zero out
+    if (fabsf(x) < FLT_MIN) x = 0; // .ftz: subnormal in, zero out
     float y = exp2f(x);
     return y < FLT_MIN ? 0.0f : y;
 }
 
-// ---- nvcuda::wmma ---------------------------------------------------------------------------------
+// ---- nvcuda::wmma
+// ---------------------------------------------------------------------------------
 
 namespace {
 struct wmma_arg {
@@ -231,10 +241,10 @@ void wmma_mma_op(void *const *args, unsigned mask) {
     for (int l = 0; l < 32; l++)
         memcpy(((wmma_mma_arg *)args[l])->d, d, (size_t)x->m * x->n * sizeof(float));
 }
-}   // namespace
+} // namespace
 
-void nvcuda::wmma::simt_wmma_load(void *frag, const void *p, unsigned ldm, int rows, int cols, int elem,
-                                  int col_major) {
+void nvcuda::wmma::simt_wmma_load(void *frag, const void *p, unsigned ldm, int rows, int cols,
+                                  int elem, int col_major) {
     wmma_arg a = {frag, p, ldm, rows, cols, elem, col_major, __builtin_return_address(0)};
     simt_warp_op("wmma::load_matrix_sync", 0xffffffffu, &a, wmma_load_op);
 }
@@ -249,5 +259,6 @@ void nvcuda::wmma::simt_wmma_mma(float *d, const __nv_bfloat16 *a, const __nv_bf
     simt_warp_op("wmma::mma_sync", 0xffffffffu, &x, wmma_mma_op);
 }
 void nvcuda::wmma::simt_wmma_fill(void *frag, const void *value, int n, int elem) {
-    for (int i = 0; i < n; i++) memcpy((char *)frag + (size_t)i * elem, value, elem);
+    for (int i = 0; i < n; i++)
+        memcpy((char *)frag + (size_t)i * elem, value, elem);
 }

@@ -39,17 +39,18 @@ extern "C" void simt_fiber_entry();
 
 namespace simt {
 
-// ---- options and reports --------------------------------------------------------------------------
+// ---- options and reports
+// --------------------------------------------------------------------------
 
 static int env_int(const char *name, int def) {
     const char *e = getenv(name);
     return e && *e ? atoi(e) : def;
 }
-static const int opt_checks = env_int("SIMT_CHECKS", 1);   // 0: no shared-memory shadow
+static const int opt_checks = env_int("SIMT_CHECKS", 1); // 0: no shared-memory shadow
 static const int opt_max_reports = 8;
 static const char *const opt_profile = getenv("SIMT_PROFILE");
 const int profiling = opt_profile && *opt_profile;
-static const int opt_sample = env_int("SIMT_SAMPLE_BLOCKS", 0);   // profiling: blocks run per launch
+static const int opt_sample = env_int("SIMT_SAMPLE_BLOCKS", 0); // profiling: blocks run per launch
 
 static std::mutex report_mu;
 
@@ -66,20 +67,23 @@ static std::string symbolize(const void *pc, bool entry = false) {
     for (int n = 0; fgets(line, sizeof line, f); n++) {
         line[strcspn(line, "\n")] = 0;
         const char *base = strrchr(line, '/');
-        if (n % 2 == 0) out += (n ? "\n     inlined into " : "") + std::string(line);
-        else out += " at " + std::string(base ? base + 1 : line);
+        if (n % 2 == 0)
+            out += (n ? "\n     inlined into " : "") + std::string(line);
+        else
+            out += " at " + std::string(base ? base + 1 : line);
     }
     pclose(f);
     return out.empty() ? "?" : out;
 }
 
-// ---- device memory ----------------------------------------------------------------------------------
+// ---- device memory
+// ----------------------------------------------------------------------------------
 
-static const uintptr_t HEAP_SPAN = (uintptr_t)1 << 40;   // reserved address space
-static const int GRAN = 16;                              // granule: 64 KiB
-static const size_t DEVICE_TOTAL = (size_t)80 << 30;     // reported as an H100's
+static const uintptr_t HEAP_SPAN = (uintptr_t)1 << 40; // reserved address space
+static const int GRAN = 16;                            // granule: 64 KiB
+static const size_t DEVICE_TOTAL = (size_t)80 << 30;   // reported as an H100's
 static uintptr_t heap_lo, heap_cursor;
-static uint32_t *gran_table;                             // granule -> allocation id (0: none)
+static uint32_t *gran_table; // granule -> allocation id (0: none)
 static std::vector<allocation> allocs(1);
 static size_t heap_used;
 static std::mutex heap_mu;
@@ -97,9 +101,13 @@ static void heap_init() {
     heap_lo = heap_cursor = (uintptr_t)p;
 }
 
-__attribute__((constructor)) static void heap_at_start() { heap_init(); }   // before any access hook
+__attribute__((constructor)) static void heap_at_start() {
+    heap_init();
+} // before any access hook
 
-static bool in_heap(uintptr_t a) { return a - heap_lo < HEAP_SPAN; }
+static bool in_heap(uintptr_t a) {
+    return a - heap_lo < HEAP_SPAN;
+}
 
 static const allocation *alloc_of(uintptr_t a) {
     if (!in_heap(a)) return NULL;
@@ -119,7 +127,7 @@ static size_t host_available() {
 
 static std::string describe(uintptr_t a) {
     const allocation *al = alloc_of(a);
-    if (!al) {   // between allocations: name the nearest one below
+    if (!al) { // between allocations: name the nearest one below
         for (size_t i = allocs.size() - 1; i > 0; i--)
             if (allocs[i].base <= a) {
                 al = &allocs[i];
@@ -144,11 +152,12 @@ int device_range(const void *p, size_t bytes, const char *what) {
     return -1;
 }
 
-// ---- workers, fibers, blocks ------------------------------------------------------------------------
+// ---- workers, fibers, blocks
+// ------------------------------------------------------------------------
 
 enum { UNSTARTED, READY, AT_COLL, AT_BAR, DONE };
 static const int MAX_THREADS = 1024;
-static const size_t DYN_MAX = 232448;   // 227 KiB: the most dynamic shared memory a block may have
+static const size_t DYN_MAX = 232448; // 227 KiB: the most dynamic shared memory a block may have
 static const uint16_t TID_PENDING = 0x8000, TID_ATOMIC = 0x4000, TID_MASK = 0x3ff;
 static const uint16_t R_WARP = 0x8000, R_MANY = 0xffff;
 
@@ -159,10 +168,10 @@ struct launch {
     std::function<void()> body;
     std::atomic<long> next{0};
     std::atomic<int> errors{0};
-    long n_blocks, n_run;   // blocks in the grid; blocks run (fewer when sampling)
+    long n_blocks, n_run; // blocks in the grid; blocks run (fewer when sampling)
 };
 
-struct cell {   // the shadow of 2 bytes of shared memory
+struct cell { // the shadow of 2 bytes of shared memory
     uint32_t wB, wW, rB, rW;
     uint16_t wtid, rtid;
 };
@@ -177,25 +186,25 @@ struct thread_rec;
 // pub). A fiber runs threads one after another while none of them blocks (a runner: one switch
 // for a whole block of a kernel without barriers); a thread that blocks keeps the fiber.
 struct fiber_hdr {
-    simt_lane pub;   // first
+    simt_lane pub; // first
     thread_rec *t;
     worker *w;
 };
 
 struct thread_rec {
     uint3 idx;
-    void *sp;   // the saved stack pointer of its fiber, while it waits
+    void *sp; // the saved stack pointer of its fiber, while it waits
     worker *w;
     int tid, warp, state;
-    const void *site;   // the pending scheduling point
+    const void *site; // the pending scheduling point
     const char *what;
     unsigned mask;
     void *arg;
     simt_warp_fn op;
     int bar_kind, pred, result;
-    std::vector<async_copy> open;                  // cp.async not yet committed
-    std::vector<std::vector<async_copy>> groups;   // committed groups, oldest first
-    struct logged {                                // accesses since the warp's last request count
+    std::vector<async_copy> open;                // cp.async not yet committed
+    std::vector<std::vector<async_copy>> groups; // committed groups, oldest first
+    struct logged {                              // accesses since the warp's last request count
         const void *site;
         uintptr_t a;
         uint32_t n;
@@ -205,11 +214,11 @@ struct thread_rec {
 };
 
 struct worker {
-    unsigned char *slots;   // MAX_THREADS fiber slots of SIMT_SLOT bytes
+    unsigned char *slots; // MAX_THREADS fiber slots of SIMT_SLOT bytes
     std::vector<thread_rec> threads;
-    int next_start, n_fibers;   // the next thread no fiber has started; fibers in use
+    int next_start, n_fibers; // the next thread no fiber has started; fibers in use
     void *sched_sp;
-    unsigned char *dyn;     // dynamic shared memory: DYN_MAX bytes, then a guard page
+    unsigned char *dyn; // dynamic shared memory: DYN_MAX bytes, then a guard page
     region dyn_r, tls_r;
     uint32_t B, block_B0, W[MAX_THREADS / 32];
     simt_block_info blk;
@@ -219,14 +228,19 @@ struct worker {
     counters ctr;
 };
 
-static thread_local worker *cur;   // the worker this OS thread is running blocks for
+static thread_local worker *cur; // the worker this OS thread is running blocks for
 static std::vector<worker *> pool;
 
-static thread_rec *slot(worker *w, int tid) { return &w->threads[tid]; }
-static fiber_hdr *fiber(worker *w, int i) { return (fiber_hdr *)(w->slots + (size_t)i * SIMT_SLOT); }
+static thread_rec *slot(worker *w, int tid) {
+    return &w->threads[tid];
+}
+static fiber_hdr *fiber(worker *w, int i) {
+    return (fiber_hdr *)(w->slots + (size_t)i * SIMT_SLOT);
+}
 
 static void *map_rw(size_t bytes, const char *what) {
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
     if (p == MAP_FAILED) {
         fprintf(stderr, "simt: cannot map %s (%zu bytes)\n", what, bytes);
         exit(3);
@@ -243,7 +257,7 @@ static int tls_size_cb(struct dl_phdr_info *info, size_t, void *data) {
             size_t al = info->dlpi_phdr[i].p_align ? info->dlpi_phdr[i].p_align : 1;
             *(size_t *)data = (info->dlpi_phdr[i].p_memsz + al - 1) / al * al;
         }
-    return 1;   // the first object is the executable
+    return 1; // the first object is the executable
 }
 static thread_local int tls_probe;
 static void tls_window(region *r) {
@@ -269,7 +283,7 @@ static worker *worker_new() {
                                                MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (raw == MAP_FAILED) exit(3);
     w->slots = (unsigned char *)(((uintptr_t)raw + SIMT_SLOT - 1) & ~(SIMT_SLOT - 1));
-    for (int i = 0; i < MAX_THREADS; i++) {   // descriptor, a guard page, the stack
+    for (int i = 0; i < MAX_THREADS; i++) { // descriptor, a guard page, the stack
         unsigned char *s = w->slots + (size_t)i * SIMT_SLOT;
         if (mprotect(s, desc, PROT_READ | PROT_WRITE) ||
             mprotect(s + desc + page, SIMT_SLOT - desc - page, PROT_READ | PROT_WRITE))
@@ -303,11 +317,18 @@ thread_rec *self_or_die(const char *what) {
     return t;
 }
 
-thread_rec *op_lane(int l) { return cur ? cur->op_lanes[l] : NULL; }
-std::vector<async_copy> &async_open(thread_rec *t) { return t->open; }
-std::vector<std::vector<async_copy>> &async_groups(thread_rec *t) { return t->groups; }
+thread_rec *op_lane(int l) {
+    return cur ? cur->op_lanes[l] : NULL;
+}
+std::vector<async_copy> &async_open(thread_rec *t) {
+    return t->open;
+}
+std::vector<std::vector<async_copy>> &async_groups(thread_rec *t) {
+    return t->groups;
+}
 
-// ---- findings ----------------------------------------------------------------------------------------
+// ---- findings
+// ----------------------------------------------------------------------------------------
 
 static std::atomic<int> sticky{0}, last{0};
 void fail_sticky(cudaError_t e) {
@@ -324,10 +345,9 @@ static void vfinding(worker *w, thread_rec *t, const void *site, const char *fmt
     fprintf(stderr, "simt: %s\n", msg);
     if (L)
         fprintf(stderr, "  kernel %s, launched at %s:%d, block (%u,%u,%u)", L->site.name,
-                L->site.file, L->site.line, w->blk.block_idx.x, w->blk.block_idx.y, w->blk.block_idx.z);
-    if (L && t)
-        fprintf(stderr, ", thread (%u,%u,%u)", t->idx.x, t->idx.y,
-                t->idx.z);
+                L->site.file, L->site.line, w->blk.block_idx.x, w->blk.block_idx.y,
+                w->blk.block_idx.z);
+    if (L && t) fprintf(stderr, ", thread (%u,%u,%u)", t->idx.x, t->idx.y, t->idx.z);
     if (site) fprintf(stderr, "\n  at %s", symbolize(site).c_str());
     fprintf(stderr, "\n");
     fflush(stderr);
@@ -351,21 +371,25 @@ void finding_at(thread_rec *t, const void *site, const char *fmt, ...) {
 
 [[noreturn]] static void fault() {
     fprintf(stderr, "simt: stopped at the invalid global access above (a GPU faults there too: "
-            "cudaErrorIllegalAddress)\n");
+                    "cudaErrorIllegalAddress)\n");
     fflush(stderr);
     _exit(3);
 }
 
-// ---- access checks -----------------------------------------------------------------------------------
+// ---- access checks
+// -----------------------------------------------------------------------------------
 
 enum { A_READ, A_WRITE, A_ATOMIC, A_ASYNC, A_LANDED };
 static const char *const access_names[] = {"read", "write", "atomic", "cp.async", "cp.async"};
 
-static void global_check(worker *w, thread_rec *t, uintptr_t a, size_t n, int kind, const void *site) {
+static void global_check(worker *w, thread_rec *t, uintptr_t a, size_t n, int kind,
+                         const void *site) {
     const char *verb = access_names[kind];
     if (!t) {
-        finding(w, NULL, site, "host code %s of %zu bytes of device memory at %p (%s): only kernels "
-                "and cudaMemcpy touch device memory", verb, n, (void *)a, describe(a).c_str());
+        finding(w, NULL, site,
+                "host code %s of %zu bytes of device memory at %p (%s): only kernels "
+                "and cudaMemcpy touch device memory",
+                verb, n, (void *)a, describe(a).c_str());
         fault();
     }
     const allocation *al = alloc_of(a);
@@ -386,17 +410,22 @@ static bool ordered(worker *w, thread_rec *t, uint16_t other, uint32_t other_W) 
     return (int)(other & TID_MASK) / 32 == t->warp && other_W < w->W[t->warp];
 }
 
-static int reader_warp(uint16_t rtid) { return rtid == R_MANY ? -1 : rtid & R_WARP ? rtid & 0x7fff : rtid / 32; }
+static int reader_warp(uint16_t rtid) {
+    return rtid == R_MANY ? -1 : rtid & R_WARP ? rtid & 0x7fff : rtid / 32;
+}
 
 static void shared_check(worker *w, thread_rec *t, region &r, uintptr_t a, size_t n, int kind,
                          const void *site) {
     const size_t off = a - r.lo;
     if (n > 1 && a % n && kind < A_ASYNC) {
-        finding(w, t, site, "misaligned shared %s of %zu bytes at offset %zu", access_names[kind], n, off);
+        finding(w, t, site, "misaligned shared %s of %zu bytes at offset %zu", access_names[kind],
+                n, off);
         return;
     }
-    if (kind == A_READ) w->ctr.shared_read_bytes += n;
-    else if (kind != A_LANDED) w->ctr.shared_write_bytes += n;
+    if (kind == A_READ)
+        w->ctr.shared_read_bytes += n;
+    else if (kind != A_LANDED)
+        w->ctr.shared_write_bytes += n;
     if (!opt_checks) return;
     const uint32_t B = w->B, Wt = w->W[t->warp];
     for (uintptr_t g = off / 2; g <= (off + n - 1) / 2; g++) {
@@ -406,47 +435,60 @@ static void shared_check(worker *w, thread_rec *t, region &r, uintptr_t a, size_
         const bool other_now = written && c.wB == B && wt != t->tid && !ordered(w, t, c.wtid, c.wW);
         if (kind == A_READ) {
             if (c.rB == B && c.rtid == t->tid && (c.wB != B || c.wtid == t->tid))
-                continue;   // read by this thread since the barrier, nothing written since but its own
+                continue; // read by this thread since the barrier, nothing written since but its
+                          // own
             if (!written) {
-                finding(w, t, site, "read of shared memory that no thread of this block wrote "
-                        "(offset %zu, %zu bytes)", off, n);
+                finding(w, t, site,
+                        "read of shared memory that no thread of this block wrote "
+                        "(offset %zu, %zu bytes)",
+                        off, n);
                 return;
             }
             if (c.wtid & TID_PENDING) {
-                finding(w, t, site, "read of a cp.async destination before its group was waited for "
-                        "(offset %zu; the copy is thread %d's)", (size_t)g * 2, wt);
+                finding(w, t, site,
+                        "read of a cp.async destination before its group was waited for "
+                        "(offset %zu; the copy is thread %d's)",
+                        (size_t)g * 2, wt);
                 return;
             }
             if (other_now) {
-                finding(w, t, site, "shared-memory race: read of offset %zu, which thread %d wrote "
-                        "since the last barrier", (size_t)g * 2, wt);
+                finding(w, t, site,
+                        "shared-memory race: read of offset %zu, which thread %d wrote "
+                        "since the last barrier",
+                        (size_t)g * 2, wt);
                 return;
             }
-            if (c.rB != B) c.rB = B, c.rtid = (uint16_t)t->tid, c.rW = Wt;
+            if (c.rB != B)
+                c.rB = B, c.rtid = (uint16_t)t->tid, c.rW = Wt;
             else if (c.rtid != t->tid) {
                 c.rtid = reader_warp(c.rtid) == t->warp ? (uint16_t)(R_WARP | t->warp) : R_MANY;
                 c.rW = c.rW > Wt ? c.rW : Wt;
             }
             continue;
         }
-        if (kind == A_LANDED) {   // a cp.async copy lands: the issuing thread's write, now
+        if (kind == A_LANDED) { // a cp.async copy lands: the issuing thread's write, now
             c.wB = B, c.wtid = (uint16_t)t->tid, c.wW = Wt;
             continue;
         }
         if (other_now && !(kind == A_ATOMIC && (c.wtid & TID_ATOMIC))) {
-            finding(w, t, site, "shared-memory race: %s of offset %zu, which thread %d wrote since "
-                    "the last barrier", access_names[kind], (size_t)g * 2, wt);
+            finding(w, t, site,
+                    "shared-memory race: %s of offset %zu, which thread %d wrote since "
+                    "the last barrier",
+                    access_names[kind], (size_t)g * 2, wt);
             return;
         }
         if (c.rB == B && c.rB >= w->block_B0 && c.rtid != t->tid &&
             !(reader_warp(c.rtid) == t->warp && c.rW < Wt)) {
-            finding(w, t, site, "shared-memory race: %s of offset %zu, which %s read since the last "
-                    "barrier", access_names[kind], (size_t)g * 2,
+            finding(w, t, site,
+                    "shared-memory race: %s of offset %zu, which %s read since the last "
+                    "barrier",
+                    access_names[kind], (size_t)g * 2,
                     c.rtid == R_MANY ? "threads of several warps" : "another thread");
             return;
         }
         c.wB = B, c.wW = Wt;
-        c.wtid = (uint16_t)(t->tid | (kind == A_ATOMIC ? TID_ATOMIC : 0) | (kind == A_ASYNC ? TID_PENDING : 0));
+        c.wtid = (uint16_t)(t->tid | (kind == A_ATOMIC ? TID_ATOMIC : 0) |
+                            (kind == A_ASYNC ? TID_PENDING : 0));
     }
 }
 
@@ -469,8 +511,10 @@ static void access(worker *w, thread_rec *t, uintptr_t a, size_t n, int kind, co
     if (!r) return;
     if (profiling && kind != A_LANDED) t->log.push_back({site, a, (uint32_t)n, true});
     if (r == &w->dyn_r && a + n > r->lo + r->span) {
-        finding(w, t, site, "shared %s of %zu bytes at dynamic offset %zu, past the launch's %zu "
-                "bytes of dynamic shared memory", access_names[kind], n, (size_t)(a - r->lo), r->span);
+        finding(w, t, site,
+                "shared %s of %zu bytes at dynamic offset %zu, past the launch's %zu "
+                "bytes of dynamic shared memory",
+                access_names[kind], n, (size_t)(a - r->lo), r->span);
         return;
     }
     shared_check(w, t, *r, a, n, kind, site);
@@ -479,7 +523,7 @@ static void access(worker *w, thread_rec *t, uintptr_t a, size_t n, int kind, co
 static inline void hook(const void *p, size_t n, int kind, const void *site) {
     uintptr_t a = (uintptr_t)p;
     worker *w = cur;
-    if (!in_heap(a) && !w) return;   // host code on host memory: the common case off kernels
+    if (!in_heap(a) && !w) return; // host code on host memory: the common case off kernels
     thread_rec *t = current_thread();
     if (!t && !in_heap(a)) return;
     access(w, t, a, n, kind, site);
@@ -499,14 +543,18 @@ void check_async(thread_rec *t, const void *p, size_t n, bool landed, const void
     access(w, t, (uintptr_t)p, n, landed ? A_LANDED : A_ASYNC, site);
 }
 
-}   // namespace simt
+} // namespace simt
 
 using namespace simt;
 
 extern "C" {
 #define SIMT_HOOKS(N, T)                                                                           \
-    void __sanitizer_cov_load##N(T *p) { hook(p, N, A_READ, __builtin_return_address(0)); }       \
-    void __sanitizer_cov_store##N(T *p) { hook(p, N, A_WRITE, __builtin_return_address(0)); }
+    void __sanitizer_cov_load##N(T *p) {                                                           \
+        hook(p, N, A_READ, __builtin_return_address(0));                                           \
+    }                                                                                              \
+    void __sanitizer_cov_store##N(T *p) {                                                          \
+        hook(p, N, A_WRITE, __builtin_return_address(0));                                          \
+    }
 SIMT_HOOKS(1, uint8_t)
 SIMT_HOOKS(2, uint16_t)
 SIMT_HOOKS(4, uint32_t)
@@ -523,19 +571,23 @@ void simt_atomic_check(const void *p, size_t size) {
     access(cur, current_thread(), (uintptr_t)p, size, A_ATOMIC, __builtin_return_address(0));
 }
 
-void *simt_dynamic_shared() { return (void *)self_or_die("dynamic shared memory")->w->dyn; }
+void *simt_dynamic_shared() {
+    return (void *)self_or_die("dynamic shared memory")->w->dyn;
+}
 
 size_t simt_shared_offset(const void *p) {
     thread_rec *t = self_or_die("__cvta_generic_to_shared");
     worker *w = t->w;
     uintptr_t a = (uintptr_t)p;
     if (a - w->tls_r.lo < w->tls_r.span) return a - w->tls_r.lo;
-    if (a - w->dyn_r.lo < DYN_MAX) return ((w->tls_r.span + 1023) & ~(size_t)1023) + (a - w->dyn_r.lo);
+    if (a - w->dyn_r.lo < DYN_MAX)
+        return ((w->tls_r.span + 1023) & ~(size_t)1023) + (a - w->dyn_r.lo);
     finding(w, t, __builtin_return_address(0), "%p is not a shared-memory address", p);
     return 0;
 }
 
-// ---- scheduling points -------------------------------------------------------------------------------
+// ---- scheduling points
+// -------------------------------------------------------------------------------
 
 static void block_on(thread_rec *t, int state) {
     t->state = state;
@@ -549,11 +601,18 @@ static int barrier(int kind, int pred, const void *site) {
     return t->result;
 }
 
-void __syncthreads() { barrier(0, 0, __builtin_return_address(0)); }
-int __syncthreads_or(int pred) { return barrier(1, pred != 0, __builtin_return_address(0)); }
-int __syncthreads_and(int pred) { return barrier(2, pred != 0, __builtin_return_address(0)); }
+void __syncthreads() {
+    barrier(0, 0, __builtin_return_address(0));
+}
+int __syncthreads_or(int pred) {
+    return barrier(1, pred != 0, __builtin_return_address(0));
+}
+int __syncthreads_and(int pred) {
+    return barrier(2, pred != 0, __builtin_return_address(0));
+}
 
-static void warp_op_at(const char *what, unsigned mask, void *arg, simt_warp_fn op, const void *site) {
+static void warp_op_at(const char *what, unsigned mask, void *arg, simt_warp_fn op,
+                       const void *site) {
     thread_rec *t = self_or_die(what);
     t->what = what, t->mask = mask, t->arg = arg, t->op = op, t->site = site;
     block_on(t, AT_COLL);
@@ -564,7 +623,9 @@ void simt_warp_op(const char *what, unsigned mask, void *arg, simt_warp_fn op) {
 }
 
 static void nop_op(void *const *, unsigned) {}
-void __syncwarp(unsigned mask) { warp_op_at("__syncwarp", mask, NULL, nop_op, __builtin_return_address(0)); }
+void __syncwarp(unsigned mask) {
+    warp_op_at("__syncwarp", mask, NULL, nop_op, __builtin_return_address(0));
+}
 
 namespace {
 struct shfl_arg {
@@ -577,41 +638,54 @@ void shfl_op(void *const *args, unsigned mask) {
         shfl_arg *a = (shfl_arg *)args[l];
         int w = a->width, seg = l & ~(w - 1), src;
         switch (a->kind) {
-        case SIMT_SHFL_IDX: src = seg + (a->arg & (w - 1)); break;
-        case SIMT_SHFL_XOR: src = l ^ a->arg; break;
-        case SIMT_SHFL_UP: src = l - a->arg; break;
-        default: src = l + a->arg; break;
+        case SIMT_SHFL_IDX:
+            src = seg + (a->arg & (w - 1));
+            break;
+        case SIMT_SHFL_XOR:
+            src = l ^ a->arg;
+            break;
+        case SIMT_SHFL_UP:
+            src = l - a->arg;
+            break;
+        default:
+            src = l + a->arg;
+            break;
         }
-        if (src < seg || src >= seg + w) src = l;   // outside the lane's segment: its own value
+        if (src < seg || src >= seg + w) src = l; // outside the lane's segment: its own value
         if (!(mask >> src & 1)) {
             thread_rec *t = op_lane(l);
-            finding_at(t, t->site, "shuffle by lane %d reads lane %d, outside the mask 0x%08x "
-                       "(an undefined value on a GPU)", l, src, mask);
+            finding_at(t, t->site,
+                       "shuffle by lane %d reads lane %d, outside the mask 0x%08x "
+                       "(an undefined value on a GPU)",
+                       l, src, mask);
             a->out = 0;
             continue;
         }
         a->out = ((shfl_arg *)args[src])->in;
     }
 }
-}   // namespace
+} // namespace
 
 uint64_t simt_shfl(unsigned mask, uint64_t v, int kind, int arg, int width) {
     shfl_arg a = {v, 0, kind, arg, width};
     if (width < 1 || width > 32 || (width & (width - 1))) {
         thread_rec *t = self_or_die("shuffle");
-        finding_at(t, __builtin_return_address(0), "shuffle width %d is not a power of 2 <= 32", width);
+        finding_at(t, __builtin_return_address(0), "shuffle width %d is not a power of 2 <= 32",
+                   width);
         a.width = 32;
     }
     warp_op_at("shuffle", mask, &a, shfl_op, __builtin_return_address(0));
     return a.out;
 }
 
-// ---- the block scheduler -------------------------------------------------------------------------------
+// ---- the block scheduler
+// -------------------------------------------------------------------------------
 
 namespace simt {
 
 static void finish_thread(thread_rec *t) {
-    for (auto &g : t->groups) async_complete(t, g);   // copies still in flight land now
+    for (auto &g : t->groups)
+        async_complete(t, g); // copies still in flight land now
     t->groups.clear();
     if (!t->open.empty()) async_complete(t, t->open);
     t->state = DONE;
@@ -641,17 +715,19 @@ static void start_runner(worker *w) {
     fiber_hdr *f = fiber(w, w->n_fibers++);
     f->w = w, f->t = NULL, f->pub.blk = &w->blk;
     uint64_t *s = (uint64_t *)(((uintptr_t)f + SIMT_SLOT) & ~(uintptr_t)15);
-    s[-1] = (uint64_t)(uintptr_t)simt_fiber_entry;   // ret target
-    s[-2] = 0;                                       // rbp
-    s[-3] = 0;                                       // rbx
-    s[-4] = (uint64_t)(uintptr_t)f;                  // r12: the argument
-    s[-5] = (uint64_t)(uintptr_t)runner_main;        // r13: the function
-    s[-6] = 0, s[-7] = 0;                            // r14, r15
-    s[-8] = 0x1f80 | (uint64_t)0x037f << 32;         // MXCSR, x87 control word
+    s[-1] = (uint64_t)(uintptr_t)simt_fiber_entry; // ret target
+    s[-2] = 0;                                     // rbp
+    s[-3] = 0;                                     // rbx
+    s[-4] = (uint64_t)(uintptr_t)f;                // r12: the argument
+    s[-5] = (uint64_t)(uintptr_t)runner_main;      // r13: the function
+    s[-6] = 0, s[-7] = 0;                          // r14, r15
+    s[-8] = 0x1f80 | (uint64_t)0x037f << 32;       // MXCSR, x87 control word
     simt_switch(&w->sched_sp, &s[-8]);
 }
 
-static void resume(worker *w, thread_rec *t) { simt_switch(&w->sched_sp, t->sp); }
+static void resume(worker *w, thread_rec *t) {
+    simt_switch(&w->sched_sp, t->sp);
+}
 
 void profile_count(double counters::*field, double n) {
     if (cur) cur->ctr.*field += n;
@@ -683,14 +759,16 @@ static void count_requests(worker *w, int lo, int hi) {
         if (!kv.second.first) {
             std::vector<uintptr_t> sectors;
             for (const acc &x : v)
-                for (uintptr_t s = x.a / 32; s <= (x.a + x.n - 1) / 32; s++) sectors.push_back(s);
+                for (uintptr_t s = x.a / 32; s <= (x.a + x.n - 1) / 32; s++)
+                    sectors.push_back(s);
             std::sort(sectors.begin(), sectors.end());
             w->ctr.global_requests++;
             w->ctr.global_sectors += std::unique(sectors.begin(), sectors.end()) - sectors.begin();
             continue;
         }
         uint32_t size = 1;
-        for (const acc &x : v) size = x.n > size ? x.n : size;
+        for (const acc &x : v)
+            size = x.n > size ? x.n : size;
         const int per_phase = size <= 4 ? 32 : size == 8 ? 16 : 8;
         for (int ph = 0; ph < 32 / per_phase; ph++) {
             std::map<int, std::vector<uintptr_t>> banks;
@@ -718,7 +796,7 @@ static bool run_warp(worker *w, int wp) {
     for (;;) {
         for (int i = lo; i < hi; i++) {
             thread_rec *t = slot(w, i);
-            if (t->state == UNSTARTED) start_runner(w);   // it starts t (and maybe more)
+            if (t->state == UNSTARTED) start_runner(w); // it starts t (and maybe more)
             if (t->state == READY) resume(w, t);
         }
         thread_rec *first = NULL;
@@ -732,12 +810,13 @@ static bool run_warp(worker *w, int wp) {
             thread_rec *t = lo + l < hi ? slot(w, lo + l) : NULL;
             w->op_lanes[l] = t;
             if (!(mask >> l & 1)) continue;
-            const char *why = !t ? "does not exist (the block's last warp is short)"
-                            : t->state == DONE ? "has exited"
-                            : t->state == AT_BAR ? "waits at a block barrier"
-                            : t->op != first->op || t->mask != mask ? "waits at another warp operation"
-                            : t->site != first->site && first->op != nop_op ? "reaches it at another place"
-                            : NULL;
+            const char *why =
+                !t                   ? "does not exist (the block's last warp is short)"
+                : t->state == DONE   ? "has exited"
+                : t->state == AT_BAR ? "waits at a block barrier"
+                : t->op != first->op || t->mask != mask         ? "waits at another warp operation"
+                : t->site != first->site && first->op != nop_op ? "reaches it at another place"
+                                                                : NULL;
             if (why) {
                 finding(w, first, first->site, "%s with mask 0x%08x: lane %d %s", first->what, mask,
                         l, why);
@@ -746,7 +825,7 @@ static bool run_warp(worker *w, int wp) {
             args[l] = t->arg;
         }
         first->op(args, mask);
-        if (profiling) count_requests(w, lo, hi);   // the operation's own accesses (ldmatrix)
+        if (profiling) count_requests(w, lo, hi); // the operation's own accesses (ldmatrix)
         w->W[wp]++;
         w->ctr.warp_ops++;
         for (int l = 0; l < 32; l++)
@@ -761,9 +840,10 @@ static void run_block(worker *w, launch *L, long b) {
     w->n_threads = (int)(bd.x * bd.y * bd.z);
     const int n_warps = (w->n_threads + 31) / 32;
     w->block_B0 = ++w->B;
-    for (int i = 0; i < n_warps; i++) w->W[i] = 1;
+    for (int i = 0; i < n_warps; i++)
+        w->W[i] = 1;
     w->dyn_r.span = L->smem;
-    memset(w->dyn, 0xff, L->smem);   // what a block finds in shared memory: not zeros
+    memset(w->dyn, 0xff, L->smem); // what a block finds in shared memory: not zeros
     for (int i = 0; i < w->n_threads; i++) {
         thread_rec *t = slot(w, i);
         t->idx = {(unsigned)(i % bd.x), (unsigned)(i / bd.x % bd.y), (unsigned)(i / bd.x / bd.y)};
@@ -779,21 +859,27 @@ static void run_block(worker *w, launch *L, long b) {
         thread_rec *at = NULL;
         for (int i = 0; i < w->n_threads; i++) {
             thread_rec *t = slot(w, i);
-            if (t->state == DONE) done++;
-            else if (!at) at = t;
+            if (t->state == DONE)
+                done++;
+            else if (!at)
+                at = t;
         }
         if (done == w->n_threads) return;
         if (done) {
-            finding(w, at, at->site, "barrier reached by only part of the block: %d of %d threads "
-                    "exited before it", done, w->n_threads);
+            finding(w, at, at->site,
+                    "barrier reached by only part of the block: %d of %d threads "
+                    "exited before it",
+                    done, w->n_threads);
             return;
         }
         int any = 0, all = 1;
         for (int i = 0; i < w->n_threads; i++) {
             thread_rec *t = slot(w, i);
             if (t->site != at->site || t->bar_kind != at->bar_kind) {
-                finding(w, t, t->site, "threads %d and %d wait at different barriers (a barrier "
-                        "must be reached by the whole block at the same place)", at->tid, t->tid);
+                finding(w, t, t->site,
+                        "threads %d and %d wait at different barriers (a barrier "
+                        "must be reached by the whole block at the same place)",
+                        at->tid, t->tid);
                 return;
             }
             any |= t->pred, all &= t->pred;
@@ -808,11 +894,13 @@ static void run_block(worker *w, launch *L, long b) {
     }
 }
 
-// ---- the worker pool ------------------------------------------------------------------------------------
+// ---- the worker pool
+// ------------------------------------------------------------------------------------
 
 // Never destroyed: the workers wait on them until the process ends.
 static std::mutex &pool_mu = *new std::mutex;
-static std::condition_variable &pool_cv = *new std::condition_variable, &done_cv = *new std::condition_variable;
+static std::condition_variable &pool_cv = *new std::condition_variable,
+                               &done_cv = *new std::condition_variable;
 static launch *pool_job;
 static long pool_gen;
 static int pool_busy;
@@ -822,7 +910,7 @@ static void work_on(worker *w, launch *L) {
     tls_window(&w->tls_r);
     w->L = L;
     for (long j; (j = L->next.fetch_add(1)) < L->n_run;) {
-        if (L->errors.load() > 0) break;   // a finding: the rest of the grid is not run
+        if (L->errors.load() > 0) break; // a finding: the rest of the grid is not run
         run_block(w, L, L->n_run == L->n_blocks ? j : j * L->n_blocks / L->n_run);
     }
     w->L = NULL;
@@ -848,8 +936,10 @@ static void pool_init() {
     if (!pool.empty()) return;
     unsigned n = (unsigned)env_int("SIMT_WORKERS", (int)std::thread::hardware_concurrency());
     n = n < 1 ? 1 : n > 16 ? 16 : n;
-    for (unsigned i = 0; i < n; i++) pool.push_back(worker_new());
-    for (unsigned i = 1; i < n; i++) std::thread(pool_main, pool[i]).detach();
+    for (unsigned i = 0; i < n; i++)
+        pool.push_back(worker_new());
+    for (unsigned i = 1; i < n; i++)
+        std::thread(pool_main, pool[i]).detach();
 }
 
 // Profiling: every kernel's counters, summed over its launches, written at exit.
@@ -858,7 +948,8 @@ struct kernel_profile {
     double launches, threads_per_block, dyn_smem, grid_blocks;
     counters c;
 };
-static std::map<const void *, kernel_profile> &profiles = *new std::map<const void *, kernel_profile>;
+static std::map<const void *, kernel_profile> &profiles =
+    *new std::map<const void *, kernel_profile>;
 
 static void profile_write() {
     FILE *f = fopen(opt_profile, "w");
@@ -872,15 +963,29 @@ static void profile_write() {
         const kernel_profile &k = kv.second;
         std::string fn = symbolize(kv.first, true);
         fn = fn.substr(0, fn.find(" at "));
-        for (char &ch : fn) ch = ch == '"' ? '\'' : ch;
-        fprintf(f, "  {\"kernel\": \"%s\", \"launch\": \"%s\", \"launches\": %.0f, "
-                "\"threads_per_block\": %.0f, \"dyn_smem\": %.0f, \"grid_blocks\": %.0f", fn.c_str(),
-                k.name, k.launches, k.threads_per_block, k.dyn_smem, k.grid_blocks);
-        static const char *const names[] = {"blocks", "threads", "barriers", "warp_ops", "global_bytes",
-            "shared_read_bytes", "shared_write_bytes", "shared_requests", "shared_wavefronts",
-            "global_requests", "global_sectors", "mma", "ldmatrix", "cp_async"};
+        for (char &ch : fn)
+            ch = ch == '"' ? '\'' : ch;
+        fprintf(f,
+                "  {\"kernel\": \"%s\", \"launch\": \"%s\", \"launches\": %.0f, "
+                "\"threads_per_block\": %.0f, \"dyn_smem\": %.0f, \"grid_blocks\": %.0f",
+                fn.c_str(), k.name, k.launches, k.threads_per_block, k.dyn_smem, k.grid_blocks);
+        static const char *const names[] = {"blocks",
+                                            "threads",
+                                            "barriers",
+                                            "warp_ops",
+                                            "global_bytes",
+                                            "shared_read_bytes",
+                                            "shared_write_bytes",
+                                            "shared_requests",
+                                            "shared_wavefronts",
+                                            "global_requests",
+                                            "global_sectors",
+                                            "mma",
+                                            "ldmatrix",
+                                            "cp_async"};
         const double *v = (const double *)&k.c;
-        for (size_t j = 0; j < sizeof names / sizeof *names; j++) fprintf(f, ", \"%s\": %.0f", names[j], v[j]);
+        for (size_t j = 0; j < sizeof names / sizeof *names; j++)
+            fprintf(f, ", \"%s\": %.0f", names[j], v[j]);
         fprintf(f, "}%s\n", ++i < profiles.size() ? "," : "");
     }
     fprintf(f, "]\n");
@@ -909,9 +1014,10 @@ static void execute(launch *L) {
         k = &profiles[L->site.fn];
         k->name = L->site.name;
         k->launches++, k->grid_blocks += L->n_blocks;
-        k->threads_per_block = (double)L->block.x * L->block.y * L->block.z, k->dyn_smem = (double)L->smem;
+        k->threads_per_block = (double)L->block.x * L->block.y * L->block.z,
+        k->dyn_smem = (double)L->smem;
     }
-    const double scale = (double)L->n_blocks / L->n_run;   // sampled blocks stand for the grid
+    const double scale = (double)L->n_blocks / L->n_run; // sampled blocks stand for the grid
     for (worker *w : pool) {
         double *src = (double *)&w->ctr, *dst = k ? (double *)&k->c : NULL;
         for (size_t i = 0; i < sizeof w->ctr / sizeof(double); i++) {
@@ -926,9 +1032,10 @@ static void execute(launch *L) {
     }
 }
 
-}   // namespace simt
+} // namespace simt
 
-// ---- streams, graphs, launches ----------------------------------------------------------------------------
+// ---- streams, graphs, launches
+// ----------------------------------------------------------------------------
 
 struct simt_graph {
     std::vector<std::function<void()>> nodes;
@@ -947,19 +1054,23 @@ struct simt_event {
 
 namespace simt {
 
-static int capturing_global;   // streams capturing in a mode that forbids unsafe calls
+static int capturing_global; // streams capturing in a mode that forbids unsafe calls
 
 static cudaError_t set_last(cudaError_t e) {
     if (e != cudaSuccess) last.store((int)e);
     return e;
 }
-static cudaError_t status() { return (cudaError_t)sticky.load(); }
+static cudaError_t status() {
+    return (cudaError_t)sticky.load();
+}
 
 // Calls a capture forbids (cudaMalloc, synchronous copies) while a stream captures in global mode.
 static cudaError_t capture_unsafe(const char *what) {
     if (!capturing_global) return cudaSuccess;
-    fprintf(stderr, "simt: %s while a stream is being captured (cudaStreamCaptureModeGlobal "
-            "forbids it; the capture is invalidated)\n", what);
+    fprintf(stderr,
+            "simt: %s while a stream is being captured (cudaStreamCaptureModeGlobal "
+            "forbids it; the capture is invalidated)\n",
+            what);
     return set_last(cudaErrorStreamCaptureUnsupported);
 }
 
@@ -973,12 +1084,12 @@ cudaError_t stream_enqueue(cudaStream_t s, std::function<void()> fn) {
     return status();
 }
 
-}   // namespace simt
+} // namespace simt
 
 void simt_launch_run(const simt_launch_site &site, dim3 grid, dim3 block, size_t smem,
                      cudaStream_t stream, std::function<void()> body);
 
-static std::map<const void *, int> max_dynamic_smem;   // cudaFuncAttributeMaxDynamicSharedMemorySize
+static std::map<const void *, int> max_dynamic_smem; // cudaFuncAttributeMaxDynamicSharedMemorySize
 
 void simt_launch_run(const simt_launch_site &site, dim3 grid, dim3 block, size_t smem,
                      cudaStream_t stream, std::function<void()> body) {
@@ -990,17 +1101,21 @@ void simt_launch_run(const simt_launch_site &site, dim3 grid, dim3 block, size_t
     char why[200];
     if (threads == 0 || threads > 1024 || block.x > 1024 || block.y > 1024 || block.z > 64)
         snprintf(why, sizeof why, "block (%u,%u,%u): 1 to 1024 threads, z <= 64", block.x, block.y,
-                 block.z), bad = why;
+                 block.z),
+            bad = why;
     else if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 ||
              grid.z > 65535)
         snprintf(why, sizeof why, "grid (%u,%u,%u): x in [1, 2^31 - 1], y and z in [1, 65535]",
-                 grid.x, grid.y, grid.z), bad = why;
+                 grid.x, grid.y, grid.z),
+            bad = why;
     else if (smem > allowed)
-        snprintf(why, sizeof why, "%zu bytes of dynamic shared memory, over the %zu allowed%s", smem,
-                 allowed, smem > DYN_MAX ? " (227 KiB at most)" : " (cudaFuncSetAttribute raises it)"),
+        snprintf(why, sizeof why, "%zu bytes of dynamic shared memory, over the %zu allowed%s",
+                 smem, allowed,
+                 smem > DYN_MAX ? " (227 KiB at most)" : " (cudaFuncSetAttribute raises it)"),
             bad = why;
     if (bad) {
-        fprintf(stderr, "simt: launch of %s at %s:%d refused: %s\n", site.name, site.file, site.line, bad);
+        fprintf(stderr, "simt: launch of %s at %s:%d refused: %s\n", site.name, site.file,
+                site.line, bad);
         set_last(cudaErrorInvalidConfiguration);
         return;
     }
@@ -1020,7 +1135,8 @@ cudaError_t simt_func_set_attribute(const void *fn, cudaFuncAttribute attr, int 
     return cudaSuccess;
 }
 
-// ---- the runtime API ------------------------------------------------------------------------------------
+// ---- the runtime API
+// ------------------------------------------------------------------------------------
 
 cudaError_t cudaGetDeviceCount(int *n) {
     *n = 1;
@@ -1045,8 +1161,12 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev) {
     return cudaSuccess;
 }
 
-cudaError_t cudaSetDevice(int dev) { return dev == 0 ? status() : set_last(cudaErrorInvalidValue); }
-cudaError_t cudaDeviceSynchronize() { return status(); }
+cudaError_t cudaSetDevice(int dev) {
+    return dev == 0 ? status() : set_last(cudaErrorInvalidValue);
+}
+cudaError_t cudaDeviceSynchronize() {
+    return status();
+}
 
 cudaError_t cudaMalloc(void **p, size_t bytes) {
     heap_init();
@@ -1054,17 +1174,21 @@ cudaError_t cudaMalloc(void **p, size_t bytes) {
     if (status()) return status();
     if (cudaError_t e = capture_unsafe("cudaMalloc")) return e;
     std::lock_guard<std::mutex> g(heap_mu);
-    const size_t gran = (size_t)1 << GRAN, n = bytes ? bytes : 1, span = (n + gran - 1) / gran * gran;
-    if (heap_used + n > DEVICE_TOTAL || heap_used + n + ((size_t)1 << 30) > heap_used + host_available() ||
+    const size_t gran = (size_t)1 << GRAN, n = bytes ? bytes : 1,
+                 span = (n + gran - 1) / gran * gran;
+    if (heap_used + n > DEVICE_TOTAL ||
+        heap_used + n + ((size_t)1 << 30) > heap_used + host_available() ||
         heap_cursor + span + gran > heap_lo + HEAP_SPAN)
         return set_last(cudaErrorMemoryAllocation);
     uintptr_t base = heap_cursor;
-    if (mprotect((void *)base, span, PROT_READ | PROT_WRITE)) return set_last(cudaErrorMemoryAllocation);
-    heap_cursor += span + gran;   // and a guard granule, never mapped
+    if (mprotect((void *)base, span, PROT_READ | PROT_WRITE))
+        return set_last(cudaErrorMemoryAllocation);
+    heap_cursor += span + gran; // and a guard granule, never mapped
     allocation al = {(uint32_t)allocs.size(), base, n, false, __builtin_return_address(0)};
     allocs.push_back(al);
-    for (size_t i = 0; i < span / gran; i++) gran_table[((base - heap_lo) >> GRAN) + i] = al.id;
-    memset((void *)base, 0xff, n);   // what cudaMalloc hands out: not zeros (NaN as bf16 and fp32)
+    for (size_t i = 0; i < span / gran; i++)
+        gran_table[((base - heap_lo) >> GRAN) + i] = al.id;
+    memset((void *)base, 0xff, n); // what cudaMalloc hands out: not zeros (NaN as bf16 and fp32)
     heap_used += n;
     *p = (void *)base;
     return cudaSuccess;
@@ -1077,7 +1201,9 @@ cudaError_t cudaFree(void *p) {
     const allocation *al = alloc_of((uintptr_t)p);
     if (!al || al->freed || al->base != (uintptr_t)p) {
         fprintf(stderr, "simt: cudaFree(%p): %s\n", p,
-                !al ? "not a device allocation" : al->freed ? "freed already" : "not the start of an allocation");
+                !al         ? "not a device allocation"
+                : al->freed ? "freed already"
+                            : "not the start of an allocation");
         return set_last(cudaErrorInvalidDevicePointer);
     }
     allocation &a = allocs[al->id];
@@ -1122,16 +1248,18 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind
     return status();
 }
 
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cudaStream_t s) {
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
+                            cudaStream_t s) {
     if (cudaError_t e = copy_check(dst, src, n, kind)) return e;
     return set_last(stream_enqueue(s, [=] { memcpy(dst, src, n); }));
 }
 
-cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
-                              size_t height, cudaMemcpyKind kind, cudaStream_t s) {
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
+                              size_t width, size_t height, cudaMemcpyKind kind, cudaStream_t s) {
     if (width > dpitch || width > spitch) return set_last(cudaErrorInvalidValue);
     for (size_t r = 0; r < height; r++)
-        if (cudaError_t e = copy_check((char *)dst + r * dpitch, (const char *)src + r * spitch, width, kind))
+        if (cudaError_t e =
+                copy_check((char *)dst + r * dpitch, (const char *)src + r * spitch, width, kind))
             return e;
     return set_last(stream_enqueue(s, [=] {
         for (size_t r = 0; r < height; r++)
@@ -1149,7 +1277,9 @@ cudaError_t cudaMemset(void *p, int value, size_t n) {
     return cudaMemsetAsync(p, value, n, 0);
 }
 
-cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithFlags(s, 0); }
+cudaError_t cudaStreamCreate(cudaStream_t *s) {
+    return cudaStreamCreateWithFlags(s, 0);
+}
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
     (void)flags;
     *s = new simt_stream();
@@ -1161,9 +1291,11 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
     return status();
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-    if ((s && s->capturing) || capturing_global) {   // waiting on work that is being recorded
+    if ((s && s->capturing) || capturing_global) { // waiting on work that is being recorded
         if (s && s->capturing) s->invalidated = true;
-        fprintf(stderr, "simt: cudaStreamSynchronize during a stream capture (the capture is invalidated)\n");
+        fprintf(
+            stderr,
+            "simt: cudaStreamSynchronize during a stream capture (the capture is invalidated)\n");
         return set_last(cudaErrorStreamCaptureUnsupported);
     }
     return status();
@@ -1181,7 +1313,9 @@ cudaError_t cudaEventCreate(cudaEvent_t *e) {
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     return set_last(stream_enqueue(s, [e] { e->t = now_ms(); }));
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return status(); }
+cudaError_t cudaEventSynchronize(cudaEvent_t) {
+    return status();
+}
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
     *ms = (float)(b->t - a->t);
     return status();
@@ -1236,34 +1370,55 @@ cudaError_t cudaGetLastError() {
     if (status()) return status();
     return (cudaError_t)last.exchange(0);
 }
-cudaError_t cudaPeekAtLastError() { return status() ? status() : (cudaError_t)last.load(); }
+cudaError_t cudaPeekAtLastError() {
+    return status() ? status() : (cudaError_t)last.load();
+}
 
 const char *cudaGetErrorName(cudaError_t e) {
     switch (e) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
-    case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
-    case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
-    case cudaErrorNoDevice: return "cudaErrorNoDevice";
-    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
-    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
-    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
-    case cudaErrorNotSupported: return "cudaErrorNotSupported";
-    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
-    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
-    case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
+    case cudaSuccess:
+        return "cudaSuccess";
+    case cudaErrorInvalidValue:
+        return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+        return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration:
+        return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevicePointer:
+        return "cudaErrorInvalidDevicePointer";
+    case cudaErrorInvalidMemcpyDirection:
+        return "cudaErrorInvalidMemcpyDirection";
+    case cudaErrorNoDevice:
+        return "cudaErrorNoDevice";
+    case cudaErrorInvalidResourceHandle:
+        return "cudaErrorInvalidResourceHandle";
+    case cudaErrorIllegalAddress:
+        return "cudaErrorIllegalAddress";
+    case cudaErrorLaunchFailure:
+        return "cudaErrorLaunchFailure";
+    case cudaErrorNotSupported:
+        return "cudaErrorNotSupported";
+    case cudaErrorStreamCaptureUnsupported:
+        return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated:
+        return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureWrongThread:
+        return "cudaErrorStreamCaptureWrongThread";
     }
     return "cudaErrorUnknown";
 }
 
 const char *cudaGetErrorString(cudaError_t e) {
     switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorLaunchFailure: return "the emulator found an error in a kernel (see the simt: report above)";
-    case cudaErrorInvalidConfiguration: return "invalid launch configuration (see the simt: line above)";
-    case cudaErrorMemoryAllocation: return "out of (emulated) device memory";
-    default: return "see the simt: report above";
+    case cudaSuccess:
+        return "no error";
+    case cudaErrorLaunchFailure:
+        return "the emulator found an error in a kernel (see the simt: report above)";
+    case cudaErrorInvalidConfiguration:
+        return "invalid launch configuration (see the simt: line above)";
+    case cudaErrorMemoryAllocation:
+        return "out of (emulated) device memory";
+    default:
+        return "see the simt: report above";
     }
 }

@@ -15,7 +15,7 @@ struct allocation {
     uintptr_t base;
     size_t bytes;
     bool freed;
-    const void *site;   // the code that called cudaMalloc
+    const void *site; // the code that called cudaMalloc
 };
 
 // Checks an access of n bytes at p made by thread t (NULL: the current fiber's thread) for an
@@ -39,7 +39,7 @@ struct async_copy {
 };
 std::vector<async_copy> &async_open(thread_rec *t);
 std::vector<std::vector<async_copy>> &async_groups(thread_rec *t);
-void async_complete(thread_rec *t, std::vector<async_copy> &g);   // ptx.cpp: the copies land
+void async_complete(thread_rec *t, std::vector<async_copy> &g); // ptx.cpp: the copies land
 
 // Host side (cuBLASLt): 0 when [p, p + bytes) lies in one live allocation, else -1 after a
 // report naming `what`.
@@ -61,5 +61,5 @@ struct counters {
     double mma, ldmatrix, cp_async;
 };
 extern const int profiling;
-void profile_count(double counters::*field, double n);   // for the running kernel
-}   // namespace simt
+void profile_count(double counters::*field, double n); // for the running kernel
+} // namespace simt

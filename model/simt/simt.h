@@ -38,10 +38,18 @@ typedef unsigned uint2 __attribute__((ext_vector_type(2)));
 typedef unsigned uint4 __attribute__((ext_vector_type(4)));
 typedef float float2 __attribute__((ext_vector_type(2)));
 typedef float float4 __attribute__((ext_vector_type(4)));
-static inline int2 make_int2(int x, int y) { return int2{x, y}; }
-static inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
-static inline float2 make_float2(float x, float y) { return float2{x, y}; }
-static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+static inline int2 make_int2(int x, int y) {
+    return int2{x, y};
+}
+static inline uint2 make_uint2(unsigned x, unsigned y) {
+    return uint2{x, y};
+}
+static inline float2 make_float2(float x, float y) {
+    return float2{x, y};
+}
+static inline float4 make_float4(float x, float y, float z, float w) {
+    return float4{x, y, z, w};
+}
 static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) {
     return uint4{x, y, z, w};
 }
@@ -63,7 +71,7 @@ struct simt_block_info {
     uint3 block_idx;
     dim3 block_dim, grid_dim;
 };
-struct simt_lane {   // the start of a thread's descriptor
+struct simt_lane { // the start of a thread's descriptor
     uint3 thread_idx;
     const simt_block_info *blk;
 };
@@ -116,10 +124,10 @@ template <typename T> T __shfl_down_sync(unsigned mask, T v, unsigned d, int wid
 
 // ---- atomics (checked like any access; atomic among themselves) --------------------------------
 void simt_atomic_check(const void *p, size_t size);
-#define SIMT_ATOMIC(name, T, op)                                                                  \
-    static inline T name(T *p, T v) {                                                             \
-        simt_atomic_check(p, sizeof(T));                                                          \
-        return op;                                                                                \
+#define SIMT_ATOMIC(name, T, op)                                                                   \
+    static inline T name(T *p, T v) {                                                              \
+        simt_atomic_check(p, sizeof(T));                                                           \
+        return op;                                                                                 \
     }
 SIMT_ATOMIC(atomicAdd, int, __atomic_fetch_add(p, v, __ATOMIC_RELAXED))
 SIMT_ATOMIC(atomicAdd, unsigned, __atomic_fetch_add(p, v, __ATOMIC_RELAXED))
@@ -128,7 +136,7 @@ SIMT_ATOMIC(atomicMax, int, __atomic_fetch_max(p, v, __ATOMIC_RELAXED))
 SIMT_ATOMIC(atomicMin, int, __atomic_fetch_min(p, v, __ATOMIC_RELAXED))
 SIMT_ATOMIC(atomicExch, unsigned, __atomic_exchange_n(p, v, __ATOMIC_RELAXED))
 #undef SIMT_ATOMIC
-static inline float atomicAdd(float *p, float v) {   // compare-and-swap from a guess: no plain load
+static inline float atomicAdd(float *p, float v) { // compare-and-swap from a guess: no plain load
     simt_atomic_check(p, sizeof(float));
     uint32_t cur = 0, next;
     float old;
@@ -142,20 +150,44 @@ static inline float atomicAdd(float *p, float v) {   // compare-and-swap from a 
 }
 
 // ---- math intrinsics --------------------------------------------------------------------------
-static inline int min(int a, int b) { return a < b ? a : b; }
-static inline int max(int a, int b) { return a > b ? a : b; }
-static inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
-static inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
-static inline long long min(long long a, long long b) { return a < b ? a : b; }
-static inline long long max(long long a, long long b) { return a > b ? a : b; }
-static inline float min(float a, float b) { return fminf(a, b); }
-static inline float max(float a, float b) { return fmaxf(a, b); }
-#define __expf(x) expf(x)   // glibc declares __expf and __logf itself
+static inline int min(int a, int b) {
+    return a < b ? a : b;
+}
+static inline int max(int a, int b) {
+    return a > b ? a : b;
+}
+static inline unsigned min(unsigned a, unsigned b) {
+    return a < b ? a : b;
+}
+static inline unsigned max(unsigned a, unsigned b) {
+    return a > b ? a : b;
+}
+static inline long long min(long long a, long long b) {
+    return a < b ? a : b;
+}
+static inline long long max(long long a, long long b) {
+    return a > b ? a : b;
+}
+static inline float min(float a, float b) {
+    return fminf(a, b);
+}
+static inline float max(float a, float b) {
+    return fmaxf(a, b);
+}
+#define __expf(x) expf(x) // glibc declares __expf and __logf itself
 #define __logf(x) logf(x)
-static inline float __fdividef(float a, float b) { return a / b; }
-static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
-static inline float __fmul_rn(float a, float b) { return a * b; }   // built with -ffp-contract=off
-static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fdividef(float a, float b) {
+    return a / b;
+}
+static inline float rsqrtf(float x) {
+    return 1.0f / sqrtf(x);
+}
+static inline float __fmul_rn(float a, float b) {
+    return a * b;
+} // built with -ffp-contract=off
+static inline float __fadd_rn(float a, float b) {
+    return a + b;
+}
 static inline unsigned __float_as_uint(float x) {
     unsigned u;
     memcpy(&u, &x, 4);
@@ -166,13 +198,19 @@ static inline float __uint_as_float(unsigned u) {
     memcpy(&x, &u, 4);
     return x;
 }
-static inline int __float_as_int(float x) { return (int)__float_as_uint(x); }
-static inline float __int_as_float(int i) { return __uint_as_float((unsigned)i); }
+static inline int __float_as_int(float x) {
+    return (int)__float_as_uint(x);
+}
+static inline float __int_as_float(int i) {
+    return __uint_as_float((unsigned)i);
+}
 
 // ---- shared memory ----------------------------------------------------------------------------
-void *simt_dynamic_shared();            // this launch's dynamic shared memory (its size exactly)
-size_t simt_shared_offset(const void *p);   // a shared address as PTX sees it (for smem_u32)
-static inline size_t __cvta_generic_to_shared(const void *p) { return simt_shared_offset(p); }
+void *simt_dynamic_shared();              // this launch's dynamic shared memory (its size exactly)
+size_t simt_shared_offset(const void *p); // a shared address as PTX sees it (for smem_u32)
+static inline size_t __cvta_generic_to_shared(const void *p) {
+    return simt_shared_offset(p);
+}
 
 // ---- runtime API ------------------------------------------------------------------------------
 #define CUDART_VERSION 13000
@@ -263,7 +301,8 @@ cudaError_t cudaPeekAtLastError();
 const char *cudaGetErrorName(cudaError_t e);
 const char *cudaGetErrorString(cudaError_t e);
 cudaError_t simt_func_set_attribute(const void *fn, cudaFuncAttribute attr, int value);
-template <typename F> static inline cudaError_t cudaFuncSetAttribute(F *fn, cudaFuncAttribute a, int v) {
+template <typename F>
+static inline cudaError_t cudaFuncSetAttribute(F *fn, cudaFuncAttribute a, int v) {
     return simt_func_set_attribute((const void *)fn, a, v);
 }
 
@@ -281,6 +320,7 @@ void simt_launch_run(const simt_launch_site &site, dim3 grid, dim3 block, size_t
 template <typename... P, typename... A>
 static inline void simt_launch(const simt_launch_site &site, void (*k)(P...), dim3 grid, dim3 block,
                                size_t smem, cudaStream_t stream, A &&...args) {
-    auto a = std::make_shared<std::tuple<typename std::decay<P>::type...>>(std::forward<A>(args)...);
+    auto a =
+        std::make_shared<std::tuple<typename std::decay<P>::type...>>(std::forward<A>(args)...);
     simt_launch_run(site, grid, block, smem, stream, [k, a] { std::apply(k, *a); });
 }

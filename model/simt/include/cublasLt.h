@@ -58,7 +58,7 @@ typedef enum : int {
 typedef enum : int {
     CUBLAS_OP_N = 0,
     CUBLAS_OP_T = 1,
-    CUBLAS_OP_C = 2,   // on real matrices the same as CUBLAS_OP_T
+    CUBLAS_OP_C = 2, // on real matrices the same as CUBLAS_OP_T
 } cublasOperation_t;
 
 typedef enum : int {
@@ -129,17 +129,17 @@ typedef enum : int {
 
 // Each attribute's value type (what SetAttribute's sizeInBytes must be) follows its name.
 typedef enum : int {
-    CUBLASLT_MATMUL_DESC_COMPUTE_TYPE = 0,              // int32_t (cublasComputeType_t)
-    CUBLASLT_MATMUL_DESC_SCALE_TYPE = 1,                // int32_t (cudaDataType)
-    CUBLASLT_MATMUL_DESC_POINTER_MODE = 2,              // int32_t (cublasLtPointerMode_t)
-    CUBLASLT_MATMUL_DESC_TRANSA = 3,                    // int32_t (cublasOperation_t)
-    CUBLASLT_MATMUL_DESC_TRANSB = 4,                    // int32_t
-    CUBLASLT_MATMUL_DESC_TRANSC = 5,                    // int32_t
-    CUBLASLT_MATMUL_DESC_FILL_MODE = 6,                 // int32_t (cublasFillMode_t)
-    CUBLASLT_MATMUL_DESC_EPILOGUE = 7,                  // uint32_t (cublasLtEpilogue_t)
-    CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,              // void *
-    CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE = 10,        // int64_t
-    CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER = 11,     // not emulated from here on
+    CUBLASLT_MATMUL_DESC_COMPUTE_TYPE = 0,          // int32_t (cublasComputeType_t)
+    CUBLASLT_MATMUL_DESC_SCALE_TYPE = 1,            // int32_t (cudaDataType)
+    CUBLASLT_MATMUL_DESC_POINTER_MODE = 2,          // int32_t (cublasLtPointerMode_t)
+    CUBLASLT_MATMUL_DESC_TRANSA = 3,                // int32_t (cublasOperation_t)
+    CUBLASLT_MATMUL_DESC_TRANSB = 4,                // int32_t
+    CUBLASLT_MATMUL_DESC_TRANSC = 5,                // int32_t
+    CUBLASLT_MATMUL_DESC_FILL_MODE = 6,             // int32_t (cublasFillMode_t)
+    CUBLASLT_MATMUL_DESC_EPILOGUE = 7,              // uint32_t (cublasLtEpilogue_t)
+    CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,          // void *
+    CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE = 10,    // int64_t
+    CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER = 11, // not emulated from here on
     CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD = 12,
     CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE = 13,
     CUBLASLT_MATMUL_DESC_ALPHA_VECTOR_BATCH_STRIDE = 14,
@@ -153,30 +153,30 @@ typedef enum : int {
     CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_SCALE_POINTER = 23,
     CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_AMAX_POINTER = 24,
     CUBLASLT_MATMUL_DESC_FAST_ACCUM = 25,
-    CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = 26,           // int32_t (cudaDataType; -1: D's type)
+    CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = 26, // int32_t (cudaDataType; -1: D's type)
 } cublasLtMatmulDescAttributes_t;
 
 typedef enum : int {
-    CUBLASLT_MATRIX_LAYOUT_TYPE = 0,                    // uint32_t (cudaDataType)
-    CUBLASLT_MATRIX_LAYOUT_ORDER = 1,                   // int32_t (cublasLtOrder_t)
-    CUBLASLT_MATRIX_LAYOUT_ROWS = 2,                    // uint64_t
-    CUBLASLT_MATRIX_LAYOUT_COLS = 3,                    // uint64_t
-    CUBLASLT_MATRIX_LAYOUT_LD = 4,                      // int64_t
-    CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT = 5,             // int32_t
-    CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET = 6,    // int64_t
-    CUBLASLT_MATRIX_LAYOUT_PLANE_OFFSET = 7,            // not emulated
+    CUBLASLT_MATRIX_LAYOUT_TYPE = 0,                 // uint32_t (cudaDataType)
+    CUBLASLT_MATRIX_LAYOUT_ORDER = 1,                // int32_t (cublasLtOrder_t)
+    CUBLASLT_MATRIX_LAYOUT_ROWS = 2,                 // uint64_t
+    CUBLASLT_MATRIX_LAYOUT_COLS = 3,                 // uint64_t
+    CUBLASLT_MATRIX_LAYOUT_LD = 4,                   // int64_t
+    CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT = 5,          // int32_t
+    CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET = 6, // int64_t
+    CUBLASLT_MATRIX_LAYOUT_PLANE_OFFSET = 7,         // not emulated
 } cublasLtMatrixLayoutAttribute_t;
 
 typedef enum : int {
-    CUBLASLT_MATMUL_PREF_SEARCH_MODE = 0,               // uint32_t (cublasLtMatmulSearch_t)
-    CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,       // uint64_t
-    CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK = 3,     // uint32_t
-    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,     // uint32_t, default 256
-    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6,     // uint32_t, default 256
-    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,     // uint32_t, default 256
-    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8,     // uint32_t, default 256
-    CUBLASLT_MATMUL_PREF_MAX_WAVES_COUNT = 9,           // float
-    CUBLASLT_MATMUL_PREF_IMPL_MASK = 12,                // uint64_t
+    CUBLASLT_MATMUL_PREF_SEARCH_MODE = 0,           // uint32_t (cublasLtMatmulSearch_t)
+    CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,   // uint64_t
+    CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK = 3, // uint32_t
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5, // uint32_t, default 256
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6, // uint32_t, default 256
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7, // uint32_t, default 256
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8, // uint32_t, default 256
+    CUBLASLT_MATMUL_PREF_MAX_WAVES_COUNT = 9,       // float
+    CUBLASLT_MATMUL_PREF_IMPL_MASK = 12,            // uint64_t
 } cublasLtMatmulPreferenceAttributes_t;
 
 // ---- functions ----------------------------------------------------------------------------------

@@ -20,17 +20,27 @@ static inline __nv_bfloat16 __float2bfloat16_rn(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     __nv_bfloat16 h;
-    if ((u & 0x7fffffffu) > 0x7f800000u) h.__x = 0x7fff;   // NaN: CUDA's canonical one
-    else h.__x = (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        h.__x = 0x7fff; // NaN: CUDA's canonical one
+    else
+        h.__x = (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
     return h;
 }
-static inline __nv_bfloat16 __float2bfloat16(float f) { return __float2bfloat16_rn(f); }
+static inline __nv_bfloat16 __float2bfloat16(float f) {
+    return __float2bfloat16_rn(f);
+}
 static inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) {
     return __nv_bfloat162{__float2bfloat16_rn(lo), __float2bfloat16_rn(hi)};
 }
-static inline __nv_bfloat162 __float22bfloat162_rn(float2 f) { return __floats2bfloat162_rn(f.x, f.y); }
+static inline __nv_bfloat162 __float22bfloat162_rn(float2 f) {
+    return __floats2bfloat162_rn(f.x, f.y);
+}
 static inline float2 __bfloat1622float2(__nv_bfloat162 v) {
     return float2{__bfloat162float(v.x), __bfloat162float(v.y)};
 }
-static inline float __low2float(__nv_bfloat162 v) { return __bfloat162float(v.x); }
-static inline float __high2float(__nv_bfloat162 v) { return __bfloat162float(v.y); }
+static inline float __low2float(__nv_bfloat162 v) {
+    return __bfloat162float(v.x);
+}
+static inline float __high2float(__nv_bfloat162 v) {
+    return __bfloat162float(v.y);
+}

@@ -16,19 +16,26 @@ struct col_major {};
 enum layout_t { mem_row_major, mem_col_major };
 
 template <typename Use, int M, int N, int K> struct frag_dims;
-template <int M, int N, int K> struct frag_dims<matrix_a, M, N, K> { enum { R = M, C = K }; };
-template <int M, int N, int K> struct frag_dims<matrix_b, M, N, K> { enum { R = K, C = N }; };
-template <int M, int N, int K> struct frag_dims<accumulator, M, N, K> { enum { R = M, C = N }; };
+template <int M, int N, int K> struct frag_dims<matrix_a, M, N, K> {
+    enum { R = M, C = K };
+};
+template <int M, int N, int K> struct frag_dims<matrix_b, M, N, K> {
+    enum { R = K, C = N };
+};
+template <int M, int N, int K> struct frag_dims<accumulator, M, N, K> {
+    enum { R = M, C = N };
+};
 
 template <typename Use, int M, int N, int K, typename T, typename Layout = void> struct fragment {
     enum { rows = frag_dims<Use, M, N, K>::R, cols = frag_dims<Use, M, N, K>::C };
     static constexpr int num_elements = rows * cols;
-    T x[rows * cols];   // (rows, cols) row-major, the same in every lane
+    T x[rows * cols]; // (rows, cols) row-major, the same in every lane
 };
 
 // runtime.cpp: the collective behind each operation. elem: 2 (bf16) or 4 (fp32) bytes; the tile
 // (rows, cols) is read from / written to p with stride ldm, row-major or column-major.
-void simt_wmma_load(void *frag, const void *p, unsigned ldm, int rows, int cols, int elem, int col_major);
+void simt_wmma_load(void *frag, const void *p, unsigned ldm, int rows, int cols, int elem,
+                    int col_major);
 void simt_wmma_store(void *p, const void *frag, unsigned ldm, int rows, int cols, int col_major);
 void simt_wmma_mma(float *d, const __nv_bfloat16 *a, const __nv_bfloat16 *b, const float *c, int m,
                    int n, int k);
@@ -37,7 +44,8 @@ void simt_wmma_fill(void *frag, const void *value, int n, int elem);
 template <typename Use, int M, int N, int K, typename T, typename L>
 static inline void load_matrix_sync(fragment<Use, M, N, K, T, L> &f, const T *p, unsigned ldm) {
     typedef fragment<Use, M, N, K, T, L> F;
-    simt_wmma_load(f.x, p, ldm, F::rows, F::cols, (int)sizeof(T), std::is_same<L, col_major>::value);
+    simt_wmma_load(f.x, p, ldm, F::rows, F::cols, (int)sizeof(T),
+                   std::is_same<L, col_major>::value);
 }
 template <int M, int N, int K>
 static inline void load_matrix_sync(fragment<accumulator, M, N, K, float> &f, const float *p,
@@ -60,5 +68,5 @@ static inline void mma_sync(fragment<accumulator, M, N, K, float> &d,
                             const fragment<accumulator, M, N, K, float> &c) {
     simt_wmma_mma(d.x, a.x, b.x, c.x, M, N, K);
 }
-}   // namespace wmma
-}   // namespace nvcuda
+} // namespace wmma
+} // namespace nvcuda

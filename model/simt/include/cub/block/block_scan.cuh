@@ -18,7 +18,8 @@ template <typename T, int BLOCK_THREADS> class BlockScan {
         __syncthreads();
         if (tid == 0) {
             T acc = T();
-            for (int i = 0; i < BLOCK_THREADS; i++) s.prefix[i] = acc, acc = acc + s.in[i];
+            for (int i = 0; i < BLOCK_THREADS; i++)
+                s.prefix[i] = acc, acc = acc + s.in[i];
             s.total = acc;
         }
         __syncthreads();
@@ -33,4 +34,4 @@ template <typename T, int BLOCK_THREADS> class BlockScan {
   private:
     TempStorage &s;
 };
-}   // namespace cub
+} // namespace cub
