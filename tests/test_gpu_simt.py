@@ -1,0 +1,260 @@
+"""tests/test_gpu_simt.py — the CUDA backend end to end on a machine without a GPU, through the
+SIMT emulation build (model/simt/: the same .cu sources compiled for the CPU, every CUDA thread a
+fiber, device memory bounds-checked, shared memory race-checked), against the CPU backend in the
+same test:
+
+* build/tests/gpu_check-simt --small --only SECTION, one test per section (ops, attention, topk,
+  phi, models) so that a failure names its section: exit 0, "N passed, 0 failed", no FAIL row,
+  and the rows the section exists for are there — every attention kernel (fa2, wmma, flash,
+  group, split); for every strategy of the registry and gpu_check's compositions, on both tiny
+  models, its logits row and the kept-positions, decode-step-logits and greedy-prefix rows.
+  `--small` scales the shapes to CI (README, "Tests") and leaves the GGUF model to the sift-simt
+  tests below; a "skip:" row is gpu_check's own verdict (kept sets that differ on a near-tie make
+  logits incomparable).
+* build/sift-simt --device cuda answers `make run`'s prompt with the CPU backend's text.
+* one batch per backend (--prompts, --parallel 4): every strategy of the registry on one prompt
+  (settings under which each of them processes fewer rows, keeps a smaller cache or reads less of
+  it than full, checked), and four different short prompts, each record's text equal to the CPU
+  backend's.
+
+The CPU side runs --weights f32, the reference: the CUDA backend dequantises the same file to
+fp32 and rounds to bf16, where native CPU weights would add their own 8-bit activation products.
+Greedy texts must be equal, except where the first token at which they part is a near-tie by
+gpu_check's rule: in an independent CPU run (build/tests/tool_logits, every step's logits), the
+logit of the CPU's token minus that of the GPU's is below NEAR_TIE; the texts then agree up to
+that token by construction. Each divergence is printed (pytest -s). The emulator is slow (every
+CUDA thread a fiber): one sift-simt process per test, short generations."""
+import json
+import os
+import re
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GPU_CHECK = os.path.join(ROOT, "build", "tests", "gpu_check-simt")
+SIFT_SIMT = os.path.join(ROOT, "build", "sift-simt")
+SIFT = os.path.join(ROOT, "sift")
+MODEL = os.path.join(ROOT, os.environ.get("SIFT_MODEL", "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+
+needs_check = pytest.mark.skipif(not os.path.exists(GPU_CHECK), reason="no SIMT build (clang++ missing)")
+needs_sift = pytest.mark.skipif(not os.path.exists(SIFT_SIMT) or not os.path.exists(SIFT),
+                                reason="no SIMT build (clang++ missing) or no ./sift")
+needs_model = pytest.mark.skipif(not os.path.exists(MODEL), reason=f"{MODEL} absent (make model)")
+
+SECTIONS = ["ops", "attention", "topk", "phi", "models"]
+COMPOSED = ["fastkv+topk", "specprefill+topk+phi", "speed+topk"]   # gpu_check's test_model_pair
+DEFAULT_PROMPT = "What is the capital of France? Answer in one sentence."   # the Makefile's `make run`
+
+
+def registry():
+    """The strategy registry, as sift names it when refusing an unknown one."""
+    p = subprocess.run([SIFT, "--strategy", "no-such-strategy", "-p", "x"], capture_output=True,
+                       text=True, timeout=30)
+    m = re.search(r"available: (.*?), or all", p.stderr)
+    assert p.returncode == 2 and m, p.stderr
+    return m.group(1).split(", ")
+
+
+def rows(out):
+    """(check, shape, result) of each table row (as tests/test_gpu_harness.py reads them)."""
+    got = []
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 7 and cells[0] != "check":
+            got.append((cells[0], cells[1], cells[6]))
+    return got
+
+
+def strategy_rows(table):
+    """{(strategy, model label): [check, ...]}: a strategy's "NAME logits" row (or its "NAME"
+    skip row) opens its group, the indented rows after it belong to it."""
+    groups, key = {}, None
+    for check, shape, result in table:
+        label = shape.split(",")[0]
+        if check.endswith(" logits") and check != "decode step logits":
+            key = (check[: -len(" logits")], label)
+        elif result.startswith("skip") and "," in shape and check not in (
+                "kept positions agree", "greedy same prefix", "decode step logits"):
+            key = (check, label)   # refused by strategy_check on the CPU: no rows follow
+            groups[key] = ["refused: " + result]
+            continue
+        elif key is None or key[1] != label:
+            continue
+        groups.setdefault(key, []).append(check)
+    return groups
+
+
+@needs_check
+@pytest.mark.parametrize("section", SECTIONS)
+def test_gpu_check_section(section):
+    args = [GPU_CHECK, "--small", "--only", section]
+    p = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+    assert "SIMT emulator" in p.stdout.splitlines()[0], p.stdout[:300]   # the emulated backend ran
+    m = re.search(r"gpu_check: (\d+) passed, 0 failed", p.stdout)
+    assert m and int(m.group(1)) > 0, p.stdout[-2000:]
+    table = rows(p.stdout)
+    assert table
+    bad = [r for r in table if r[2] != "ok" and not r[2].startswith("skip")]
+    assert not bad, bad
+    checks = {c for c, _, _ in table}
+    if section == "ops":
+        for c in ("embed", "rmsnorm", "matmul", "rope", "swiglu", "add", "gather_rows", "weight_synth"):
+            assert c in checks, c
+        for t in ("F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"):
+            assert {f"weight {t}: embed", f"weight {t}: matmul"} <= checks, t
+    elif section == "attention":
+        for k in ("fa2", "wmma", "flash", "group", "split"):
+            assert f"attention [{k}]" in checks, k
+        for c in ("kv_append K", "kv_append V", "kv_append+kv_keep K", "attn_probs"):
+            assert c in checks, c
+        trap = {c for c, s, _ in table if c.startswith("attention [") and "trap" in s}
+        assert len(trap) == 5, trap   # every kernel has a case with keys it must not see
+    elif section == "topk":
+        assert sum(c == "attn_topk (share agreeing)" for c, _, _ in table) >= 4
+    elif section == "phi":
+        for c in ("phi_summarize m,u,T", "attn_select", "attn_select + phi"):
+            assert sum(ch == c for ch, _, _ in table) >= 4, c
+    else:
+        groups = strategy_rows(table)
+        # --small runs the GGUF model's strategies end to end through sift-simt instead (below);
+        # where gpu_check runs them too, every strategy must be there as well
+        labels = ["tiny-llama", "tiny-qwen2"] + sorted({lb for _, lb in groups} - {"tiny-llama", "tiny-qwen2"})
+        for label in labels:
+            for s in registry() + COMPOSED:
+                got = groups.get((s, label))
+                assert got, (s, label, sorted(groups))
+                for c in ("kept positions agree", "decode step logits", "greedy same prefix"):
+                    assert c in got, (s, label, got)
+
+
+# ---- sift-simt against sift ---------------------------------------------------------------------
+
+TOOL_LOGITS = os.path.join(ROOT, "build", "tests", "tool_logits")
+TOOL_TOKENIZE = os.path.join(ROOT, "build", "tests", "tool_tokenize")
+NEAR_TIE = 0.05   # gpu_check's greedy rule: CPU logit of the CPU's token - CPU logit of the GPU's token
+# Settings under which every strategy acts on NOTE (the defaults are for long prompts: fastkv,
+# snapkv and streamingllm would keep everything, topk would retrieve nothing but its anchors);
+# tool_logits' --set names of the same values.
+SETTINGS = ["--kv-rate", "0.3", "--topk", "8", "--chunk", "16"]
+TOOL_SETTINGS = ["--set", "kv_rate=0.3", "--set", "topk=8", "--set", "chunk=16"]
+# One prompt for every strategy (123 tokens in the chat template), four short ones for the batch.
+NOTE = ("Read the note, then answer the question in one sentence.\n\nNote: The blue notebook is in "
+        "the kitchen drawer. The train to Lyon leaves at 7:40 from platform 3. Marie's cat is called "
+        "Pistache and sleeps on the red sofa. The library closes at six on Saturdays. The spare key "
+        "is under the flower pot by the door.\n\nQuestion: What is the name of Marie's cat?")
+SHORT = ["What is the capital of Italy?", "Name one primary colour.", "What is two plus three?",
+         "Translate 'bonjour' into English."]
+
+
+def sift(binary, device, *args):
+    """stdout and stderr of one greedy run; the CPU side on the fp32 reference weights, one thread
+    (OpenMP's spinning workers run 15x slower while another process holds a core)."""
+    cmd = [binary, "-m", MODEL, "--device", device, "--temp", "0", *args]
+    if device == "cpu":
+        cmd += ["--weights", "f32", "-t", "1"]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert p.returncode == 0, (cmd, p.stdout[-2000:], p.stderr[-3000:])
+    return p.stdout, p.stderr
+
+
+def tokenize(text, special=False):
+    b = text.encode()
+    p = subprocess.run([TOOL_TOKENIZE, MODEL] + (["--special"] if special else []),
+                       input=len(b).to_bytes(4, "little") + b, capture_output=True, timeout=60)
+    assert p.returncode == 0 and not p.stdout.startswith(b"ERROR"), p.stderr
+    return [int(x) for x in p.stdout.split()]
+
+
+def not_near_tie(tmp, question, strategy, n_predict, cpu_text, gpu_text):
+    """Why the first token where gpu_text leaves cpu_text is no near-tie (None if it is one), from
+    an independent CPU run: tool_logits' greedy tokens and every step's logits, --weights f32."""
+    if not (os.path.exists(TOOL_LOGITS) and os.path.exists(TOOL_TOKENIZE)):
+        return "texts differ, and tool_logits / tool_tokenize are not built to tell whether on a near-tie"
+    info = subprocess.run([TOOL_TOKENIZE, MODEL, "--info"], capture_output=True, text=True, timeout=60)
+    kv = dict(line.split("=", 1) for line in info.stdout.splitlines() if "=" in line)
+    if kv.get("chat") != "chatml":
+        return f"texts differ; the near-tie check rebuilds only the chatml template, not {kv.get('chat')}"
+    ids = tokenize(f"<|im_start|>system\n{kv['default_system']}<|im_end|>\n<|im_start|>user\n"
+                   f"{question}<|im_end|>\n<|im_start|>assistant\n", special=True)
+    steps = str(tmp / "steps.f32")
+    p = subprocess.run([TOOL_LOGITS, MODEL, os.devnull, "--greedy", str(n_predict), "--strategy", strategy,
+                        *TOOL_SETTINGS, "--steps", steps, *map(str, ids)], capture_output=True,
+                       text=True, timeout=600, env=dict(os.environ, SIFT_WEIGHTS="f32", OMP_NUM_THREADS="1"))
+    assert p.returncode == 0, p.stderr
+    gen = [int(x) for x in p.stdout.split()]
+    with open(steps, "rb") as f:
+        raw = f.read()
+    vocab = int(kv["n_vocab"])
+    logits = [memoryview(raw).cast("f")[i * vocab:(i + 1) * vocab] for i in range(len(raw) // 4 // vocab)]
+    cpu, gpu = tokenize(cpu_text), tokenize(gpu_text)
+    if gen[:len(cpu)] != cpu:
+        return f"texts differ; the independent CPU run's tokens {gen} are not sift's {cpu}: no gap to read"
+    k = 0
+    while k < len(cpu) and k < len(gpu) and cpu[k] == gpu[k]:
+        k += 1
+    if k >= len(gen):
+        return f"texts differ past the {len(gen)} tokens the CPU run generated"
+    if k < len(gpu):
+        alt = [gpu[k]]
+    else:   # the GPU's text ended there: an end-of-generation token
+        alt = [int(x) for x in kv["eog"].split()]
+    row = logits[k]
+    gap = min(row[gen[k]] - row[t] for t in alt)
+    if gap < NEAR_TIE:
+        return None
+    return (f"token {k}: CPU {gen[k]} ({row[gen[k]]:.4f}), GPU {alt} ({max(row[t] for t in alt):.4f}): "
+            f"the CPU's logit gap {gap:.4f} >= {NEAR_TIE}, no near-tie")
+
+
+@needs_sift
+@needs_model
+def test_default_prompt_same_answer(tmp_path):
+    args = ["--chat", "-p", DEFAULT_PROMPT, "-n", "48"]
+    cpu, _ = sift(SIFT, "cpu", *args)
+    gpu, err = sift(SIFT_SIMT, "cuda", *args)
+    assert "SIMT emulator" in err and "device cuda" in err, err[-2000:]   # no fallback to the CPU
+    assert "Paris" in cpu, cpu
+    if gpu != cpu:
+        why = not_near_tie(tmp_path, DEFAULT_PROMPT, "full", 48, cpu.rstrip("\n"), gpu.rstrip("\n"))
+        assert why is None, (why, cpu, gpu)
+
+
+@needs_sift
+@needs_model
+def test_every_strategy_and_parallel_batch_same_text(tmp_path):
+    """One process per backend: every registry strategy on NOTE and the four SHORT prompts (full),
+    --parallel 4 (prefills alone, decode steps shared), in input order."""
+    names = registry()
+    reqs = [(f"note/{s}", NOTE, s) for s in names] + [(f"short/{i}", q, "full") for i, q in enumerate(SHORT)]
+    path = tmp_path / "requests.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "messages": [{"role": "user", "content": q}],
+                                        "strategy": s, "n_predict": 12}) + "\n" for i, q, s in reqs))
+    out = {}
+    for binary, device in ((SIFT, "cpu"), (SIFT_SIMT, "cuda")):
+        stdout, _ = sift(binary, device, "--prompts", str(path), "--parallel", "4", "--json", "-q", *SETTINGS)
+        recs = [json.loads(line) for line in stdout.splitlines() if line.strip()]
+        assert recs and "summary" in recs[-1], stdout[-2000:]
+        assert recs[-1]["summary"]["parallel"] == 4 and recs[-1]["summary"]["failed"] == 0, recs[-1]
+        recs = recs[:-1]
+        assert [r.get("id") for r in recs] == [i for i, _, _ in reqs], recs
+        for r, (_, _, s) in zip(recs, reqs):
+            assert "error" not in r and r["device"] == device and r["strategy"] == s, r
+        out[device] = {r["id"]: r for r in recs}
+    full = out["cpu"]["note/full"]
+    for s in (n for n in names if n != "full"):   # each acted on NOTE: fewer rows, cache or reads
+        r = out["cpu"][f"note/{s}"]
+        assert "too short" not in (r["note"] or "") and "without compression" not in (r["note"] or ""), r
+        assert (r["rows_pct_of_full"] < 100 or r["kv_bytes"] < full["kv_bytes"]
+                or r["kv_read_per_step"] < full["kv_read_per_step"]), r
+    assert "Pistache" in full["text"]
+    differ = []
+    for rid, q, s in reqs:
+        cpu, gpu = out["cpu"][rid]["text"], out["cuda"][rid]["text"]
+        if cpu != gpu:
+            why = not_near_tie(tmp_path, q, s, 12, cpu, gpu)
+            print(f"{rid}: CPU {cpu!r}, GPU {gpu!r}: {why or 'first divergent token a near-tie'}")
+            if why:
+                differ.append((rid, cpu, gpu, why))
+    assert not differ, differ
