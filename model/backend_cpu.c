@@ -2,6 +2,7 @@
 // 8-bit-activation products (qgemm.h), or fp32 (--weights f32: sgemm / sgemv, the reference every
 // other path is checked against). OpenMP threads.
 #include <cblas.h>
+#include <immintrin.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -40,6 +41,7 @@ typedef struct {
 typedef struct {
     enum bk_weights mode;
     enum q_isa isa;
+    int amx;                     // q_amx_available(): prefill products on AMX tiles
     int forced;                  // enum q_path SIFT_PREFILL names; -1: the row rule; -2: tune
     tune_entry tune[TUNE_MAX];
     int n_tune;
@@ -159,8 +161,9 @@ static int floor_log2(int n) {
 // entry to fill by timing both.
 static enum q_path pick_path(cpu_impl *c, const bk_weight *w, int n, int in, int o, tune_entry **e) {
     *e = NULL;
-    if (c->forced >= 0) return c->forced == Q_PATH_SGEMM && n >= 2 ? Q_PATH_SGEMM : Q_PATH_INT8;
-    if (c->forced == -1) return n >= SGEMM_MIN_ROWS ? Q_PATH_SGEMM : Q_PATH_INT8;
+    if (c->forced >= 0) return c->forced != Q_PATH_INT8 && n >= 2 ? (enum q_path)c->forced : Q_PATH_INT8;
+    if (c->forced == -1)
+        return n < SGEMM_MIN_ROWS ? Q_PATH_INT8 : c->amx ? Q_PATH_AMX : Q_PATH_SGEMM;
     if (n < TUNE_MIN_ROWS) return Q_PATH_INT8;
     int bucket = floor_log2(n);
     for (int i = 0; i < c->n_tune; i++) {
@@ -254,11 +257,45 @@ static void cpu_rope(backend *b, void *x, const int *pos, int n, int heads, int 
     }
 }
 
+// e^x for 16 lanes, x <= 88: x = k ln2 + r (|r| <= ln2 / 2, ln2 in two parts), e^r by its
+// degree-6 Taylor polynomial (relative error < 2e-7, as libm's expf within a few ulp), times 2^k
+// (scalef: 0 below the fp32 range, as expf).
+__attribute__((target("avx512f,fma"))) static inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), 0);
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145752f), x);
+    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.42860677e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, k);
+}
+
+// out = silu(gate) * up, 16 lanes at a time
+__attribute__((target("avx512f,fma"))) static void swiglu_avx512(float *o, const float *g,
+                                                                  const float *u, size_t n) {
+#pragma omp parallel for if (n > 65536)
+    for (size_t i = 0; i < n / 16 * 16; i += 16) {
+        __m512 gv = _mm512_loadu_ps(g + i);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+        __m512 s = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+        _mm512_storeu_ps(o + i, _mm512_mul_ps(s, _mm512_loadu_ps(u + i)));
+    }
+    for (size_t i = n / 16 * 16; i < n; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
 // out = silu(gate) * up
 static void cpu_swiglu(backend *b, void *out, const void *gate, const void *up, size_t n) {
-    (void)b;
     float *o = out;
     const float *g = gate, *u = up;
+    if (impl(b)->isa == Q_ISA_AVX512) {
+        swiglu_avx512(o, g, u, n);
+        return;
+    }
 #pragma omp parallel for if (n > 65536)
     for (size_t i = 0; i < n; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
@@ -450,9 +487,11 @@ backend *backend_cpu_create(int n_threads, enum bk_weights weights) {
     cpu_impl *c = xcalloc(1, sizeof *c);
     c->mode = weights;
     c->isa = q_isa_pick(NULL);
+    c->amx = c->isa == Q_ISA_AVX512 && q_amx_available();
     const char *path = getenv("SIFT_PREFILL");
     c->forced = path && strcmp(path, "int8") == 0    ? Q_PATH_INT8
                 : path && strcmp(path, "sgemm") == 0 ? Q_PATH_SGEMM
+                : path && strcmp(path, "amx") == 0 && q_amx_available() ? Q_PATH_AMX
                 : path && strcmp(path, "tune") == 0  ? -2
                                                      : -1;
     *b = (backend){

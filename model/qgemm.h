@@ -23,7 +23,7 @@
 #include <stdint.h>
 
 enum q_isa { Q_ISA_SCALAR = 0, Q_ISA_AVX2 = 1, Q_ISA_AVX512 = 2 };
-enum q_path { Q_PATH_INT8 = 0, Q_PATH_SGEMM = 1 };
+enum q_path { Q_PATH_INT8 = 0, Q_PATH_SGEMM = 1, Q_PATH_AMX = 2 };
 
 // The best ISA this CPU runs (cpuid: AVX-512 F/BW/VL/DQ + VNNI, else AVX2 + FMA + F16C, else
 // scalar); the environment variable SIFT_ISA=scalar|avx2|avx512 lowers it (never raises it
@@ -36,6 +36,7 @@ int q_type_supported(uint32_t type);
 // A scratch arena a caller keeps across calls (grown as needed, freed with q_scratch_free).
 typedef struct { void *p; size_t n; } q_scratch;
 void q_scratch_free(q_scratch *s);
+void *q_scratch_get(q_scratch *s, size_t n);   // at least n bytes (contents not kept)
 
 // out (n, o) = x (n, in) @ W (o, in)^T, W = o rows of `type`, each `row_bytes` long (rows of
 // whole blocks). All OpenMP threads. path: Q_PATH_INT8 (int8 / fp16 dot products) or
@@ -56,3 +57,11 @@ void q_matmul_multi(enum q_isa isa, int k, float *const *out, const float *x, in
 // 256 q + l); a (cols/16,) = d * sum of (256 q + l) over each 16-group.
 // isa Q_ISA_AVX512 runs a vector version with the same fp32 operations (bit-identical output).
 void q_quantize_row(enum q_isa isa, const float *x, int cols, int8_t *q, float *d, float *a);
+
+// Intel AMX (model/qgemm_amx.c): 1 when this CPU has AMX-TILE, AMX-BF16 and AVX-512 BF16 and the
+// OS let this process use the tiles (asked once). q_matmul_amx: out = x @ W^T with W dequantised
+// to bf16 tiles, x rounded to bf16, fp32 accumulation; for prefill-sized n (it dequantises all of
+// W per call). Only when q_amx_available().
+int q_amx_available(void);
+void q_matmul_amx(float *out, const float *x, int n, int in, uint32_t type, const void *w,
+                  size_t row_bytes, int o, q_scratch *scratch);

@@ -695,7 +695,7 @@ void q_scratch_free(q_scratch *s) {
     *s = (q_scratch){0};
 }
 
-static void *scratch_get(q_scratch *s, size_t n) {
+void *q_scratch_get(q_scratch *s, size_t n) {
     if (n > s->n) {
         free(s->p);
         s->p = xmalloc(n);
@@ -718,7 +718,7 @@ static q_act quantize_act(enum q_isa isa, const float *x, int n, int in, size_t 
                           q_scratch *sc) {
     size_t ng = (size_t)in / G, xs = ng + ng / 2;
     size_t act = (size_t)n * (2 * in + (ng / 2 + xs) * sizeof(float));
-    uint8_t *buf = scratch_get(sc, act + extra + 64);
+    uint8_t *buf = q_scratch_get(sc, act + extra + 64);
     q_act a = {NULL, (float *)buf, (float *)buf + (size_t)n * ng / 2, buf + act, ng, xs};
     a.xq = (int8_t *)(a.xa + (size_t)n * xs);
 #pragma omp parallel for if (n > 1)
@@ -848,7 +848,7 @@ static void matmul_sgemm(float *out, const float *x, int n, int in, uint32_t typ
                          const uint8_t *w, size_t row_bytes, int o, q_scratch *sc) {
     int tile = (int)(((size_t)8 << 20) / ((size_t)in * sizeof(float)));
     tile = tile < 64 ? 64 : tile > o ? o : tile;
-    float *wf = scratch_get(sc, (size_t)tile * in * sizeof(float));
+    float *wf = q_scratch_get(sc, (size_t)tile * in * sizeof(float));
     for (int r0 = 0; r0 < o; r0 += tile) {
         int nr = o - r0 < tile ? o - r0 : tile;
 #pragma omp parallel for schedule(static)
@@ -864,7 +864,8 @@ void q_matmul(enum q_isa isa, enum q_path path, float *out, const float *x, int 
     CHECK_INTERNAL(q_type_supported(type) && (is_float16(type) || in % 32 == 0), "q_matmul: type %s, %d columns",
                    gguf_type_name(type), in);
     if (n <= 0 || o <= 0) return;
-    if (path == Q_PATH_SGEMM) matmul_sgemm(out, x, n, in, type, w, row_bytes, o, scratch);
+    if (path == Q_PATH_AMX) q_matmul_amx(out, x, n, in, type, w, row_bytes, o, scratch);
+    else if (path == Q_PATH_SGEMM) matmul_sgemm(out, x, n, in, type, w, row_bytes, o, scratch);
     else if (is_float16(type)) matmul_f16(isa, out, x, n, in, type, w, row_bytes, o);
     else matmul_int8(isa, out, x, n, in, type, w, row_bytes, o, scratch);
 }
