@@ -19,15 +19,17 @@
 #include "backend.h"
 #include "qgemm.h"
 
-// Which path a quantised product of n rows takes. Decode (n = 1) and short products: int8. The
-// crossover to sgemm tiles depends on the shape (bench/RESULTS.md has the timings: below 64 rows
-// either may win, from 64 rows sgemm tiles won on every shape measured), so by default products
-// of SGEMM_MIN_ROWS rows or more take sgemm tiles: a fixed rule, so the same command computes the
-// same numbers every run. SIFT_PREFILL=int8|sgemm forces one path; SIFT_PREFILL=tune times both
-// on the first product of each (type, in, out, rows rounded down to a power of two) — on a slice
-// of the weight rows (an eighth, at least 128: each path's cost is linear in them), then the
-// winner on all rows — keeps the faster for that shape, and `sift bench` lists the choices.
+// Which path a quantised product of n rows takes. Decode (n = 1) and short products: int8. Wider
+// ones: on a CPU with AMX, bf16 tiles from AMX_MIN_ROWS rows (they won from 16 rows on the 1B
+// shape, bench/RESULTS.md); elsewhere sgemm on dequantised tiles from SGEMM_MIN_ROWS (below 64
+// rows either may win, from 64 sgemm tiles won on every shape measured). A fixed rule, so the
+// same command computes the same numbers every run. SIFT_PREFILL=int8|sgemm|amx forces one path;
+// SIFT_PREFILL=tune times int8 and the wide path on the first product of each (type, in, out, rows
+// rounded down to a power of two) — on a slice of the weight rows (an eighth, at least 128: each
+// path's cost is linear in them), then the winner on all rows — keeps the faster for that shape,
+// and `sift bench` lists the choices.
 #define SGEMM_MIN_ROWS 64
+#define AMX_MIN_ROWS 16
 #define TUNE_MIN_ROWS 8
 #define TUNE_MAX 256
 
@@ -35,7 +37,7 @@ typedef struct {
     uint32_t type;
     int in, out, bucket;         // bucket: floor(log2(rows))
     enum q_path path;
-    double ms[2];                // the timed first run of each path
+    double ms[2];                // the timed first run of int8 and of the wide path
 } tune_entry;
 
 typedef struct {
@@ -157,21 +159,23 @@ static int floor_log2(int n) {
     return k;
 }
 
+// The path of wide products: AMX tiles where the CPU has them, else sgemm tiles.
+static enum q_path wide_path(const cpu_impl *c) { return c->amx ? Q_PATH_AMX : Q_PATH_SGEMM; }
+static int wide_min_rows(const cpu_impl *c) { return c->amx ? AMX_MIN_ROWS : SGEMM_MIN_ROWS; }
+
 // The path for a quantised product of n rows (see TUNE_MIN_ROWS); NULL *e: decided, else the
 // entry to fill by timing both.
 static enum q_path pick_path(cpu_impl *c, const bk_weight *w, int n, int in, int o, tune_entry **e) {
     *e = NULL;
     if (c->forced >= 0) return c->forced != Q_PATH_INT8 && n >= 2 ? (enum q_path)c->forced : Q_PATH_INT8;
-    if (c->forced == -1)
-        return n < SGEMM_MIN_ROWS ? Q_PATH_INT8 : c->amx ? Q_PATH_AMX : Q_PATH_SGEMM;
+    if (c->forced == -1) return n < wide_min_rows(c) ? Q_PATH_INT8 : wide_path(c);
     if (n < TUNE_MIN_ROWS) return Q_PATH_INT8;
     int bucket = floor_log2(n);
     for (int i = 0; i < c->n_tune; i++) {
         tune_entry *t = &c->tune[i];
         if (t->type == w->type && t->in == in && t->out == o && t->bucket == bucket) return t->path;
     }
-    if (c->n_tune == TUNE_MAX || omp_in_parallel())
-        return n >= SGEMM_MIN_ROWS ? Q_PATH_SGEMM : Q_PATH_INT8;
+    if (c->n_tune == TUNE_MAX || omp_in_parallel()) return n < wide_min_rows(c) ? Q_PATH_INT8 : wide_path(c);
     *e = &c->tune[c->n_tune++];
     **e = (tune_entry){w->type, in, o, bucket, Q_PATH_INT8, {0, 0}};
     return Q_PATH_INT8;
@@ -189,14 +193,14 @@ static void cpu_matmul(backend *b, void *out, const void *x, const bk_weight *w,
         if (t) {   // a new shape: both paths timed on a slice of W's rows, into a scratch output
             int rows = o / 8 > 128 ? o / 8 : o < 128 ? o : 128;
             float *tmp = xmalloc((size_t)n * rows * sizeof(float));
-            for (int p = Q_PATH_INT8; p <= Q_PATH_SGEMM; p++) {
+            enum q_path paths[2] = {Q_PATH_INT8, wide_path(c)};
+            for (int p = 0; p < 2; p++) {
                 double t0 = omp_get_wtime();
-                q_matmul(c->isa, (enum q_path)p, tmp, x, n, in, w->type, w->data, w->row_bytes,
-                         rows, sc);
+                q_matmul(c->isa, paths[p], tmp, x, n, in, w->type, w->data, w->row_bytes, rows, sc);
                 t->ms[p] = (omp_get_wtime() - t0) * 1e3 * o / rows;   // scaled to all rows
             }
             free(tmp);
-            path = t->path = t->ms[Q_PATH_SGEMM] <= t->ms[Q_PATH_INT8] ? Q_PATH_SGEMM : Q_PATH_INT8;
+            path = t->path = t->ms[1] <= t->ms[0] ? paths[1] : Q_PATH_INT8;
         }
         q_matmul(c->isa, path, y, x, n, in, w->type, w->data, w->row_bytes, o, sc);
         q_scratch_free(&local);
@@ -215,8 +219,8 @@ static void cpu_matmul_multi(backend *b, int k, void *const *out, const void *x,
                              const int *o) {
     cpu_impl *c = impl(b);
     // int8 for sure, without a lookup or a timing (pick_path's rules for few rows)
-    int few = c->forced == Q_PATH_INT8 ? 1 : c->forced == Q_PATH_SGEMM ? n < 2
-            : c->forced == -1 ? n < SGEMM_MIN_ROWS : n < TUNE_MIN_ROWS;
+    int few = c->forced == Q_PATH_INT8 ? 1 : c->forced == Q_PATH_SGEMM || c->forced == Q_PATH_AMX ? n < 2
+            : c->forced == -1 ? n < wide_min_rows(c) : n < TUNE_MIN_ROWS;
     int int8 = k <= Q_MULTI_MAX && few && !omp_in_parallel();
     for (int j = 0; j < k && int8; j++) int8 = w[j]->type != GGML_F32;
     if (!int8) {
@@ -467,11 +471,11 @@ static void cpu_report(backend *b, FILE *out) {
     if (c->n_tune) fprintf(out, "sift: cpu product paths timed per shape (SIFT_PREFILL=tune):\n");
     for (int i = 0; i < c->n_tune; i++) {
         const tune_entry *t = &c->tune[i];
+        const char *wide = c->amx ? "amx tiles" : "sgemm tiles";
         fprintf(out, "  %s %d -> %d, %d..%d rows: %s (timed on a slice, as ms for all: int8 %.2f, "
-                "sgemm tiles %.2f)\n",
+                "%s %.2f)\n",
                 gguf_type_name(t->type), t->in, t->out, 1 << t->bucket, (2 << t->bucket) - 1,
-                t->path == Q_PATH_SGEMM ? "sgemm tiles" : "int8", t->ms[Q_PATH_INT8],
-                t->ms[Q_PATH_SGEMM]);
+                t->path == Q_PATH_INT8 ? "int8" : wide, t->ms[0], wide, t->ms[1]);
     }
 }
 
@@ -513,7 +517,9 @@ backend *backend_cpu_create(int n_threads, enum bk_weights weights) {
         snprintf(b->info, sizeof b->info, "native weights, %s products, prefill path %s",
                  q_isa_name(c->isa), c->forced == Q_PATH_INT8    ? "int8 (SIFT_PREFILL)"
                                      : c->forced == Q_PATH_SGEMM ? "sgemm (SIFT_PREFILL)"
+                                     : c->forced == Q_PATH_AMX   ? "amx (SIFT_PREFILL)"
                                      : c->forced == -2           ? "timed per shape (SIFT_PREFILL)"
+                                     : c->amx                    ? "amx bf16 tiles from 16 rows"
                                                                  : "sgemm tiles from 64 rows");
     return b;
 }

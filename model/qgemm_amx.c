@@ -86,10 +86,39 @@ AMX static void q4_k_row_bf16(const uint8_t *b, int cols, uint16_t *dst) {
     }
 }
 
+// Q6_K row -> bf16: y = (d sc) (q - 32) per 16 elements, q's low 4 bits from ql, high 2 from qh
+// (in each half of 128: element 32k + l takes ql[l + 32 (k % 2)] >> 4 (k / 2) and qh[l] >> 2k).
+AMX static void q6_k_row_bf16(const uint8_t *b, int cols, uint16_t *dst) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), lo2 = _mm256_set1_epi8(0x03);
+    const __m512i off = _mm512_set1_epi32(32);
+    for (int i = 0; i < cols; i += 256, b += 210) {
+        uint16_t h;
+        memcpy(&h, b + 208, 2);
+        const float d = _cvtsh_ss(h);
+        const int8_t *sc = (const int8_t *)(b + 192);
+        for (int half = 0; half < 2; half++) {
+            const uint8_t *ql = b + 64 * half, *qh = b + 128 + 32 * half;
+            __m256i hv = _mm256_loadu_si256((const __m256i *)qh);
+            for (int k = 0; k < 4; k++, dst += 32) {
+                __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 32 * (k % 2)));
+                l = _mm256_and_si256(k / 2 ? _mm256_srli_epi16(l, 4) : l, lo4);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * k), lo2);
+                __m256i q = _mm256_or_si256(l, _mm256_slli_epi16(hi, 4));
+                int g = 8 * half + 2 * k;   // the 16-element groups of elements 32k .. 32k + 31
+                __m512 f0 = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(q)), off));
+                __m512 f1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(q, 1)), off));
+                __m512 y0 = _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[g]), f0);
+                __m512 y1 = _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[g + 1]), f1);
+                _mm512_storeu_si512(dst, (__m512i)_mm512_cvtne2ps_pbh(y1, y0));
+            }
+        }
+    }
+}
+
 // One weight row (cols elements of `type`) -> bf16; f: cols floats of scratch.
 AMX static void row_to_bf16(uint32_t type, const uint8_t *row, int cols, float *f, uint16_t *dst) {
-    if (type == GGML_Q4_K) {
-        q4_k_row_bf16(row, cols, dst);
+    if (type == GGML_Q4_K || type == GGML_Q6_K) {
+        (type == GGML_Q4_K ? q4_k_row_bf16 : q6_k_row_bf16)(row, cols, dst);
         return;
     }
     dq_to_f32(type, row, f, (uint64_t)cols);

@@ -204,4 +204,4 @@ def test_tuned_paths_are_listed(text):
     rows = [l for l in r.stderr.splitlines() if " rows: " in l]
     # SmolLM2's four matrix shapes at 32..63 rows (the 40-token prompt); Q4_1
     assert len(rows) >= 4 and all("Q4_1" in l for l in rows), r.stderr
-    assert all(("int8" in l.split(":")[1]) or ("sgemm tiles" in l.split(":")[1]) for l in rows)
+    assert all(any(p in l.split(":")[1] for p in ("int8", "sgemm tiles", "amx tiles")) for l in rows)

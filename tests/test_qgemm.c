@@ -76,7 +76,10 @@ static void check_case(uint32_t type, const char *name, enum q_isa isa, enum q_p
     q_scratch sc = {0};
     q_matmul(isa, path, y, x, n, in, type, w, row_bytes, o, &sc);
     q_scratch_free(&sc);
-    int exact_w = path == Q_PATH_SGEMM || type == GGML_F16 || type == GGML_BF16;
+    // AMX: weights and activations each rounded to bf16 (8 significant bits: relative error
+    // <= 2^-8 each), products summed in fp32
+    int amx = path == Q_PATH_AMX;
+    int exact_w = !amx && (path == Q_PATH_SGEMM || type == GGML_F16 || type == GGML_BF16);
     int bad = 0;
     double worst = 0, mean_bound = 0, mean_mag = 0, sq_err = 0, sq_pred = 0;
     for (int i = 0; i < n; i++) {
@@ -89,13 +92,18 @@ static void check_case(uint32_t type, const char *name, enum q_isa isa, enum q_p
         }
         for (int r = 0; r < o; r++) {
             const float *wr = wf + (size_t)r * in;
-            double ref = 0, mag = 0, rounding = 0, var = 0;
+            double ref = 0, mag = 0, rounding = 0, var = 0, sq = 0;
             for (int k = 0; k < in; k++) {
                 ref += (double)wr[k] * xi[k];
                 mag += fabs((double)wr[k] * xi[k]);
+                sq += (double)wr[k] * xi[k] * wr[k] * xi[k];
                 double step = dblk[k / 32] / 256;
                 rounding += fabs((double)wr[k]) * step;
                 var += (double)wr[k] * wr[k] * step * step / 12;
+            }
+            if (amx) {   // |w^ x^ - w x| <= (2^-7 + 2^-16) |w x|; E err^2 <= sum 2 (2^-8 w x)^2
+                rounding = (ldexp(1, -7) + ldexp(1, -16)) * mag;
+                var = 2 * ldexp(1, -16) * sq;
             }
             double bound = (exact_w ? 0 : rounding) + 1e-5 * mag;
             double err = fabs((double)y[(size_t)i * o + r] - ref);
@@ -110,7 +118,7 @@ static void check_case(uint32_t type, const char *name, enum q_isa isa, enum q_p
     CHECK(bad == 0, "%s %s path %d n=%d in=%d o=%d: %d of %d outputs beyond the bound "
           "(worst err/bound %.3g)", name, q_isa_name(isa), path, n, in, o, bad, n * o, worst);
     if (!exact_w && n >= 64)
-        CHECK(sq_err <= 1.5 * sq_pred, "%s %s n=%d: mean squared error %.3g is %.2fx the rounding "
+        CHECK(sq_err <= (amx ? 1.0 : 1.5) * sq_pred, "%s %s n=%d: mean squared error %.3g is %.2fx the rounding "
               "variance", name, q_isa_name(isa), n, sq_err / (n * o), sq_err / sq_pred);
     // the bound must say something: far below the products' magnitude
     CHECK(mean_bound < 0.02 * mean_mag, "%s: vacuous bound (%.3g vs magnitude %.3g)", name,
@@ -231,6 +239,11 @@ int main(void) {
             check_case(type, TYPES[t].name, (enum q_isa)isa, Q_PATH_INT8, 64, be == 256 ? 512 : 256, 24);
         }
         check_case(type, TYPES[t].name, best, Q_PATH_SGEMM, 33, in_odd, 70);
+        if (q_amx_available()) {   // ragged edges (33 tokens, 70 rows), then whole 32 x 32 blocks
+            check_case(type, TYPES[t].name, best, Q_PATH_AMX, 33, in_odd, 70);
+            check_case(type, TYPES[t].name, best, Q_PATH_AMX, 64, be == 256 ? 512 : 256, 96);
+        }
     }
+    printf("test_qgemm: AMX tiles %s\n", q_amx_available() ? "checked" : "not on this CPU: skipped");
     return check_summary("test_qgemm");
 }
