@@ -13,7 +13,7 @@
 //   GB/s              = decode bytes per token / TPOT, where decode bytes = every weight once
 //                       (cost_decode_weight_bytes) + the KV the step reads at mid-decode depth
 //                       (the measured cache bytes less the n_gen/2 slots not yet filled).
-//   MBU %             = GB/s / the copy ceiling (read + write bytes per second) of this run.
+//   MBU %             = GB/s / the read ceiling of this run (CPU: a read-only pass; CUDA: a copy).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -511,12 +511,12 @@ static void measure_ceilings(backend *bk, bench_env *env) {
     env->peak_tflops = env->peak_gbs = NAN;
     if (!bk->ceilings) return;
     if (bk->info[0]) fprintf(stderr, "bench: %s: %s\n", bk->name, bk->info);
-    fprintf(stderr, "bench: measuring the %s ceilings (GEMM, copy)...\n", bk->name);
+    fprintf(stderr, "bench: measuring the %s ceilings (GEMM peak, read bandwidth)...\n", bk->name);
     double tf, gb;
     if (bk->ceilings(bk, &tf, &gb) != 0) return;
     env->peak_tflops = tf;
     env->peak_gbs = gb;
-    fprintf(stderr, "bench: ceilings on %s: %.3f TFLOP/s GEMM, %.1f GB/s copy\n", bk->name, tf, gb);
+    fprintf(stderr, "bench: ceilings on %s: %.3f TFLOP/s GEMM peak, %.1f GB/s read\n", bk->name, tf, gb);
 }
 
 // Untimed: the first strategy on a short prompt (first-touch allocations, library start-up).

@@ -107,7 +107,7 @@ struct backend {
     // device memory), so large requests fail up front with the numbers. NULL = unknown.
     size_t (*mem_available)(backend *b);
     // Optional: the ceilings measured now — a large GEMM in the backend's precision (TFLOP/s)
-    // and a large on-device copy (GB/s, read + write). 0, or -1 when not measurable.
+    // and a large read (GB/s: CPU a read-only pass; CUDA a copy, read + write). 0, or -1.
     int (*ceilings)(backend *b, double *tflops, double *gbps);
     // Optional: idx (heads, k), host = for each query head of the one row q (position qpos), the
     // k entries of [lo, lo + n) with the largest attention probability over the first m

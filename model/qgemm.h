@@ -17,7 +17,8 @@
 // blocks directly; the others unpack a row to (u, s, m) first.
 // F16/BF16 rows are converted to fp32 on the fly (F16C / shifts) and dotted with fp32 activations.
 // Prefill-sized products (many rows) may instead dequantise tiles of weight rows to fp32 and
-// call sgemm (exact weights); q_matmul takes the path the caller names.
+// call sgemm (exact weights), or on a CPU with AMX multiply bf16 tiles (qgemm_amx.c); q_matmul
+// takes the path the caller names.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -39,8 +40,9 @@ void q_scratch_free(q_scratch *s);
 void *q_scratch_get(q_scratch *s, size_t n);   // at least n bytes (contents not kept)
 
 // out (n, o) = x (n, in) @ W (o, in)^T, W = o rows of `type`, each `row_bytes` long (rows of
-// whole blocks). All OpenMP threads. path: Q_PATH_INT8 (int8 / fp16 dot products) or
-// Q_PATH_SGEMM (tiles dequantised to fp32, cblas_sgemm).
+// whole blocks). All OpenMP threads. path: Q_PATH_INT8 (int8 / fp16 dot products),
+// Q_PATH_SGEMM (tiles dequantised to fp32, cblas_sgemm) or Q_PATH_AMX (only where
+// q_amx_available()).
 void q_matmul(enum q_isa isa, enum q_path path, float *out, const float *x, int n, int in,
               uint32_t type, const void *w, size_t row_bytes, int o, q_scratch *scratch);
 
@@ -63,5 +65,6 @@ void q_quantize_row(enum q_isa isa, const float *x, int cols, int8_t *q, float *
 // to bf16 tiles, x rounded to bf16, fp32 accumulation; for prefill-sized n (it dequantises all of
 // W per call). Only when q_amx_available().
 int q_amx_available(void);
+double q_amx_peak_tflops(int steps);   // the tiles' bf16 peak on all threads (no memory traffic)
 void q_matmul_amx(float *out, const float *x, int n, int in, uint32_t type, const void *w,
                   size_t row_bytes, int o, q_scratch *scratch);
