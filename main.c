@@ -98,11 +98,15 @@ static const flag_row FLAGS[] = {
      "one strategy, or a comma list / all for an A/B comparison on the same tokens: %s "
      "(default full); or PREFILL+DECODE, a prefill strategy then a decode one (topk, topk+phi), "
      "e.g. fastkv+topk"},
+    {NULL, "-r", "--repeat", "N", F_INT, O(r.reps), 1, 100, 1, NULL,
+     "run each strategy N times per prompt, in rotating order after an untimed warm-up; the A/B "
+     "table shows the median TTFT and TPOT with their spread, and says when other processes "
+     "were busy (default 1)"},
     {NULL, NULL, "--device", "D", F_CALL, 0, 0, 0, 0, set_device,
      "auto | cpu | cuda (default auto: cuda when a GPU is usable; --device cuda says why one "
      "is not)"},
     {NULL, "-t", "--threads", "N", F_INT, O(r.threads), 1, 1024, 0, NULL,
-     "CPU threads (default: all cores)"},
+     "CPU threads (default: $OMP_NUM_THREADS, else the physical cores)"},
     {NULL, NULL, "--weights", "W", F_CALL, 0, 0, 0, 0, set_weights,
      "CPU weights: native (as the file stores them, 8-bit activation products; default) | f32 "
      "(dequantised, the reference)"},

@@ -130,6 +130,7 @@ typedef struct run_opts {
     int resume, unordered;         // --resume, --unordered
     int shard_k, shard_n;          // --shard K/N (0-based K; n 0: no sharding)
     int parallel;                  // --parallel N: sequences in flight
+    int reps;                      // -r N: each strategy N times per prompt, in rotating order
     int n_predict, chat, json, quiet, threads;
     long long seed;
     sample_params sp;

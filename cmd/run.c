@@ -9,10 +9,12 @@
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -368,6 +370,7 @@ typedef struct unit {
     int *out, n_out;         // every sampled token, end-of-generation included
     int stream, hit_eog;
     double rows_pct;         // prompt rows processed over layers, % of full's n * L
+    int rep;                 // which repetition (-r): only repetition 0 writes text and records
     int first_agree;         // first token equals full's (-1: full not run)
     double greedy_agree;     // % of full's generated tokens matched at the same step (-1: n/a)
 } unit;
@@ -390,6 +393,9 @@ static int on_token(void *ctx, int id) {
     return 0;
 }
 
+// CPU time of the whole machine (all CPUs, seconds: busy and stolen) and of this process.
+typedef struct { double busy, steal, self, wall; } cpu_sample;
+
 typedef struct runner {
     const run_opts *o;
     model *m;
@@ -402,6 +408,7 @@ typedef struct runner {
     int n_req, n_done, n_failed;
     long prompt_tok, gen_tok, decode_tok;   // decode_tok: tokens of the shared decode steps
     double prefill_ms, decode_ms, t0, last_progress;
+    cpu_sample cpu_mark;     // the machine's CPU time at the last A/B table (or the start)
 } runner;
 
 // The request's prompt tokens: its text (read from its file now), in the chat template when
@@ -653,6 +660,118 @@ static void print_table(const unit *u, int n) {
     fflush(stdout);
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+// The median of x[0..n) (sorted in place; n >= 1), and the spread (max - min) / median in %.
+static double median_spread(double *x, int n, double *spread) {
+    qsort(x, (size_t)n, sizeof *x, cmp_double);
+    double med = n % 2 ? x[n / 2] : (x[n / 2 - 1] + x[n / 2]) / 2;
+    *spread = med > 0 ? 100.0 * (x[n - 1] - x[0]) / med : 0;
+    return med;
+}
+
+// The A/B table of a repeated run (-r): per strategy (its repetition-0 unit for everything but
+// the timings) the median TTFT and TPOT over the repetitions that succeeded, with their spread.
+static void print_table_reps(const unit *u, int n, int reps) {
+    printf("\n| strategy | runs | rows %% of full | KV MiB | TTFT ms (median) | TTFT spread %% "
+           "| prefill tok/s | TPOT ms (median) | TPOT spread %% | decode tok/s | 1st token = full "
+           "| greedy agree %% | first line |\n"
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---:|---|\n");
+    double *ttft = xmalloc((size_t)reps * sizeof *ttft), *tpot = xmalloc((size_t)reps * sizeof *tpot);
+    for (int i = 0; i < n; i++) {
+        if (u[i].rep != 0) continue;
+        int k = 0, kd = 0;
+        for (int j = 0; j < n; j++) {
+            const run_stats *st = &u[j].g.st;
+            if (u[j].s != u[i].s || u[j].rc) continue;
+            ttft[k++] = st->prompt_ms;
+            if (st->decode_runs) tpot[kd++] = st->decode_ms / st->decode_runs;
+        }
+        if (u[i].rc || k == 0) {
+            printf("| %s | 0 | error: %s |||||||||||\n", u[i].s->name, u[i].err);
+            continue;
+        }
+        const run_stats *st = &u[i].g.st;
+        double sp_ttft, sp_tpot = 0, m_ttft = median_spread(ttft, k, &sp_ttft);
+        double m_tpot = kd ? median_spread(tpot, kd, &sp_tpot) : NAN;
+        const char *text = u[i].text.buf ? u[i].text.buf : "";
+        while (*text == '\n' || *text == ' ') text++;
+        int line = (int)strcspn(text, "\n|");
+        if (line > 60) line = 60;
+        printf("| %s%s%s%s | %d | %.1f | %.2f | %.1f | %.1f | %.1f | ", u[i].s->name,
+               st->label[0] ? " (" : "", st->label, st->label[0] ? ")" : "", k, u[i].rows_pct,
+               st->kv_bytes / 1048576.0, m_ttft, sp_ttft, cli_per_sec(st->prompt_n, m_ttft));
+        if (kd) printf("%.2f | %.1f | %.2f | ", m_tpot, sp_tpot, 1000.0 / m_tpot);
+        else printf("- | - | - | ");
+        printf("%s | ", u[i].first_agree < 0 ? "-" : u[i].first_agree ? "yes" : "no");
+        if (u[i].greedy_agree < 0) printf("- | ");
+        else printf("%.1f | ", u[i].greedy_agree);
+        printf("%.*s |\n", line, text);
+    }
+    free(ttft);
+    free(tpot);
+    fflush(stdout);
+}
+
+static cpu_sample cpu_now(void) {
+    cpu_sample c = {0, 0, 0, now_ms() / 1e3};
+    FILE *f = fopen("/proc/stat", "r");
+    unsigned long long v[10] = {0};
+    if (f && fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2],
+                    &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9]) >= 8) {
+        double hz = (double)sysconf(_SC_CLK_TCK);
+        c.busy = (double)(v[0] + v[1] + v[2] + v[5] + v[6]) / hz;   // user nice system irq softirq
+        c.steal = (double)v[7] / hz;
+    }
+    if (f) fclose(f);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    c.self = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+             ru.ru_stime.tv_usec / 1e6;
+    return c;
+}
+
+// Under an A/B table: how busy the rest of the machine was since the last table (or the start):
+// other processes' CPU time and the hypervisor's stolen time, in cores. Timings taken beside a
+// busy process are not an idle machine's; the note says so, so a reader knows what to distrust.
+static void machine_note(runner *R) {
+    cpu_sample now = cpu_now(), *was = &R->cpu_mark;
+    double wall = now.wall - was->wall;
+    if (was->wall > 0 && wall > 0.05) {
+        double other = (now.busy - was->busy - (now.self - was->self)) / wall;
+        double steal = (now.steal - was->steal) / wall;
+        other = other < 0 ? 0 : other;
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        printf("\nmachine: other processes used %.2f of %ld CPUs and %.2f were stolen during these runs%s\n",
+               other, ncpu, steal,
+               other + steal > 0.25 ? " — busy: these timings are not an idle machine's" : " (idle)");
+        fflush(stdout);
+    }
+    R->cpu_mark = cpu_now();
+}
+
+// Untimed: the first strategy on 32 tokens, 2 steps (first-touch allocations, thread start-up,
+// caches), before an A/B comparison, so that the first strategy is not the one that pays for them.
+static int warm_token(void *ctx, int id) {
+    (void)ctx, (void)id;
+    return 0;
+}
+
+static void warm_up(const run_opts *o, model *m) {
+    int ids[32];
+    for (int i = 0; i < 32; i++) ids[i] = (100 + 7 * i) % m->cfg.vocab;
+    sampler smp;
+    sampler_init(&smp, &(sample_params){.temp = 0, .seed = 1}, m->cfg.vocab);
+    run_stats st;
+    char err[512];
+    (void)run_generate(o->strategies[0], m, o->so, ids, 32, 2, &smp, warm_token, NULL, &st, err,
+                       sizeof err);
+    sampler_free(&smp);
+}
+
 // ---- the run ----------------------------------------------------------------------------------
 
 // A request of this run and its sequences (one per strategy).
@@ -678,6 +797,12 @@ static void emit_job(runner *R, job *J) {
     int json = o->json || o->output;
     for (int i = 0; i < J->n_units; i++) {
         unit *u = &J->u[i];
+        if (u->rep > 0) {   // a repetition: its timings go into the table only
+            R->prompt_tok += u->g.st.prompt_n;
+            R->prefill_ms += u->g.st.prompt_ms;
+            R->gen_tok += u->rc ? 0 : u->g.st.predicted_n;
+            continue;
+        }
         if (u->rc) {
             R->n_failed++;
             fprintf(stderr, "sift: error: %s%s%s\n", J->n_units > 1 ? u->s->name : "",
@@ -703,7 +828,11 @@ static void emit_job(runner *R, job *J) {
         R->prefill_ms += u->g.st.prompt_ms;
         R->gen_tok += u->rc ? 0 : u->g.st.predicted_n;
     }
-    if (J->n_units > 1 && !json) print_table(J->u, J->n_units);
+    if (J->n_units > 1 && !json) {
+        if (o->reps > 1) print_table_reps(J->u, J->n_units, o->reps);
+        else print_table(J->u, J->n_units);
+        machine_note(R);
+    }
     R->n_done++;
     J->written = 1;
     for (int i = 0; i < J->n_units; i++) {   // written: only the figures above are kept
@@ -783,13 +912,16 @@ int run_prompts(const run_opts *o, model *m, const tok *t, const char *dev, cons
             else n_jobs++;
             continue;
         }
-        J->u = xcalloc((size_t)ns, sizeof *J->u);
-        for (int s = 0; s < ns; s++) {
-            const strategy *st = q->strategy ? q->strategy : o->strategies[s];
-            char *k = unit_key(q->id, st->name);
-            if (!done_has(&done, k)) J->u[J->n_units++] = (unit){.rq = q, .s = st, .job = n_jobs};
-            free(k);
-        }
+        int reps = o->reps > 1 ? o->reps : 1;
+        J->u = xcalloc((size_t)ns * reps, sizeof *J->u);
+        for (int r = 0; r < reps; r++)   // repetition r starts at strategy r: rotating order
+            for (int s = 0; s < ns; s++) {
+                const strategy *st = q->strategy ? q->strategy : o->strategies[(s + r) % ns];
+                char *k = unit_key(q->id, st->name);
+                if (!done_has(&done, k))
+                    J->u[J->n_units++] = (unit){.rq = q, .s = st, .job = n_jobs, .rep = r};
+                free(k);
+            }
         if (J->n_units == 0) {
             free(J->u);
             skipped++;
@@ -809,8 +941,12 @@ int run_prompts(const run_opts *o, model *m, const tok *t, const char *dev, cons
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
 
+    int ab = 0;   // an A/B comparison: several strategies (or repetitions) on a prompt
+    for (int j = 0; j < n_jobs; j++) ab |= jobs[j].n_units > 1;
+    if (ab && !stop_signal) warm_up(o, m);
+    R.cpu_mark = cpu_now();
     int slots = o->parallel > 0 ? o->parallel : 1, json = o->json || o->output;
-    unit **active = xmalloc((size_t)(slots + MAX_STRATEGIES) * sizeof *active);
+    unit **active = xmalloc((size_t)(slots + MAX_STRATEGIES * 100) * sizeof *active);
     int n_active = 0, next_job = 0, next_write = 0, announced = 0;
     for (;;) {
         if (stop_signal && !announced && !o->quiet) {
@@ -834,7 +970,7 @@ int run_prompts(const run_opts *o, model *m, const tok *t, const char *dev, cons
                 continue;
             }
             unit *u = &J->u[k];
-            int stream = !json && slots == 1;
+            int stream = !json && slots == 1 && u->rep == 0;   // repetitions run silently
             if (stream && (J->n_units > 1 || R.n_req > 1)) {
                 if (J->n_units > 1 && R.n_req > 1) printf("==> %s [%s] <==\n", J->rq->id, u->s->name);
                 else printf("==> %s <==\n", J->n_units > 1 ? u->s->name : J->rq->id);
