@@ -236,7 +236,7 @@ static void parse_args(int argc, char **argv, options *o) {
     if (r->unordered && !(r->json || r->output))
         cli_usage_error("--unordered orders JSON records: add --json or --output FILE");
     if (o->batch_dir) run_add_batch_dir(r, o->batch_dir);
-    if (r->threads == 0) r->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (r->threads == 0) r->threads = backend_cpu_default_threads(NULL);
     o->so.n_threads = r->threads;
 }
 

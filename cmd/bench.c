@@ -226,7 +226,7 @@ static void bench_parse(int argc, char **argv, bench_opts *b) {
         cli_usage_error("bench: -o must be md, json, jsonl or csv, not '%s'", b->format);
     if (b->elem_bytes != 4 && !b->dry_run)
         cli_usage_error("bench: --elem-bytes only applies to --dry-run (a run uses the backend's)");
-    if (b->threads == 0) b->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (b->threads == 0) b->threads = backend_cpu_default_threads(NULL);
     b->so.n_threads = b->threads;
 }
 

@@ -94,7 +94,7 @@ static void eval_parse(int argc, char **argv, eval_opts *e) {
                         "with e.g. rsvg-convert)", e->plot_path);
     if (e->draft_path && e->so.draft_layers)
         cli_usage_error("--draft and --draft-layers exclude each other");
-    if (e->threads == 0) e->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (e->threads == 0) e->threads = backend_cpu_default_threads(NULL);
     e->so.n_threads = e->threads;
     full_first(e);
 }

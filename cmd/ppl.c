@@ -53,7 +53,7 @@ static void ppl_parse(int argc, char **argv, ppl_opts *p) {
         } else cli_usage_error("ppl: unknown flag '%s'", a);
     }
     if (!p->file) cli_usage_error("ppl: no text: give -f FILE");
-    if (p->threads == 0) p->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (p->threads == 0) p->threads = backend_cpu_default_threads(NULL);
 }
 
 // -log softmax(logits)[target]

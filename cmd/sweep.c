@@ -355,7 +355,7 @@ static void sweep_parse(int argc, char **argv, sweep_opts *w) {
             p += k + 1;
         }
     if (w->batch_dir) run_add_batch_dir(&w->r, w->batch_dir);
-    if (w->threads == 0) w->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (w->threads == 0) w->threads = backend_cpu_default_threads(NULL);
     w->so.n_threads = w->threads;
     w->set[0] = (sweep_setting){.s = strategy_find("full"), .so = w->so};
     w->n_set = 1;

@@ -44,7 +44,7 @@ struct backend {
     const char *name;                  // "cpu" | "cuda"
     void *impl;
     size_t elem_bytes;                 // bytes per activation / KV element on this backend
-    char info[96];                     // how it computes, for the load line and bench output
+    char info[192];                    // how it computes, for the load line and bench output
     void (*destroy)(backend *b);
     // memory
     void *(*alloc)(backend *b, size_t n_elems);   // NULL on failure
@@ -130,6 +130,10 @@ struct backend {
 // n_threads 0: OpenMP's default. The ISA of the quantised products: the best the CPU has, or
 // SIFT_ISA=scalar|avx2|avx512 (model/qgemm.h; a malformed value is ignored here, cli refuses it).
 backend *backend_cpu_create(int n_threads, enum bk_weights weights);
+// The CPU's default thread count (what -t means when not given): OMP_NUM_THREADS, else the
+// physical cores less those other processes keep busy, sampled once per process (50 ms);
+// *busy (may be NULL): that many cores were left to them.
+int backend_cpu_default_threads(int *busy);
 // The CUDA backend on GPU 0 (model/backend_cuda.cu; built when nvcc was found, SIFT_CUDA defined).
 // On success msg holds the device's description; NULL with the reason in msg when there is no
 // usable GPU, driver or cuBLASLt.

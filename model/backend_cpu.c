@@ -6,6 +6,8 @@
 #include <math.h>
 #include <omp.h>
 #include <sched.h>
+#include <sys/resource.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -531,10 +533,57 @@ static int physical_cores(void) {
     return n;
 }
 
-// Threads: -t N; else OMP_NUM_THREADS; else the physical cores (hyperthreads left idle).
+// CPUs' worth of time other processes (and the hypervisor: steal) took over the next `ms`
+// milliseconds: the machine's busy time from /proc/stat less this process's own; -1 unknown.
+static double others_busy(int ms) {
+    double t[2][2];   // [sample][machine busy + steal, self] in seconds
+    double hz = (double)sysconf(_SC_CLK_TCK);
+    for (int k = 0; k < 2; k++) {
+        if (k) usleep((useconds_t)ms * 1000);
+        unsigned long long v[8] = {0};
+        FILE *f = fopen("/proc/stat", "r");
+        int ok = f && fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2],
+                             &v[3], &v[4], &v[5], &v[6], &v[7]) == 8;
+        if (f) fclose(f);
+        if (!ok) return -1;
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        t[k][0] = (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / hz;
+        t[k][1] = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 +
+                  (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+    }
+    double other = ((t[1][0] - t[0][0]) - (t[1][1] - t[0][1])) / (ms / 1e3);
+    return other < 0 ? 0 : other;
+}
+
+// The default thread count: OMP_NUM_THREADS, else the physical cores less those other processes
+// keep busy (sampled once per process over 50 ms; *busy: that count). OpenMP threads that share a
+// core with a busy process make every barrier wait for a time slice: with one busy process on
+// the 2-core dev machine, 2 threads gave a 3-strategy A/B run TPOTs of 4.3x the idle ones with
+// 544-831 % spread, 1 thread 1.6x with <= 9 % (bench/RESULTS.md).
+int backend_cpu_default_threads(int *busy) {
+    static int threads = -1, others = 0;
+    if (threads < 0) {
+        const char *env = getenv("OMP_NUM_THREADS");
+        threads = env && *env ? atoi(env) : 0;
+        if (threads <= 0) {
+            int cores = physical_cores();
+            if (cores <= 0) cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+            double other = cores > 1 ? others_busy(50) : 0;
+            others = other > 0 ? (int)(other + 0.5) : 0;
+            others = others > cores - 1 ? cores - 1 : others;
+            threads = cores - others;
+        }
+        if (threads <= 0) threads = 1;
+    }
+    if (busy) *busy = others;
+    return threads;
+}
+
 backend *backend_cpu_create(int n_threads, enum bk_weights weights) {
-    const char *env = getenv("OMP_NUM_THREADS");
-    if (n_threads <= 0 && !(env && *env)) n_threads = physical_cores();
+    int busy = 0, auto_threads = backend_cpu_default_threads(&busy);
+    if (n_threads <= 0) n_threads = auto_threads;
+    if (n_threads != auto_threads) busy = 0;   // the user chose
     if (n_threads > 0) omp_set_num_threads(n_threads);
     backend *b = xcalloc(1, sizeof *b);
     cpu_impl *c = xcalloc(1, sizeof *c);
@@ -560,10 +609,14 @@ backend *backend_cpu_create(int n_threads, enum bk_weights weights) {
         .weight_synth = cpu_weight_synth, .ceilings = cpu_ceilings, .attn_select = cpu_attn_select,
         .phi_summarize = cpu_phi_summarize,
     };
+    int used = 0;
+    if (busy)
+        used = snprintf(b->info, sizeof b->info, "%d thread%s: %d core%s busy with other processes, ",
+                        n_threads, n_threads > 1 ? "s" : "", busy, busy > 1 ? "s" : "");
     if (weights == BK_WEIGHTS_F32)
-        snprintf(b->info, sizeof b->info, "fp32 weights, sgemm");
+        snprintf(b->info + used, sizeof b->info - used, "fp32 weights, sgemm");
     else
-        snprintf(b->info, sizeof b->info, "native weights, %s products, prefill path %s",
+        snprintf(b->info + used, sizeof b->info - used, "native weights, %s products, prefill path %s",
                  q_isa_name(c->isa), c->forced == Q_PATH_INT8    ? "int8 (SIFT_PREFILL)"
                                      : c->forced == Q_PATH_SGEMM ? "sgemm (SIFT_PREFILL)"
                                      : c->forced == Q_PATH_AMX   ? "amx (SIFT_PREFILL)"
