@@ -15,6 +15,7 @@
 //                       (the measured cache bytes less the n_gen/2 slots not yet filled).
 //   MBU %             = GB/s / the read ceiling of this run (CPU: a read-only pass; CUDA: a copy).
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,7 @@ typedef struct {
     uint32_t wtype;            // --wtype: a synthetic model's weight type (GGML_F32 default)
     int ctx[MAX_CTX], n_ctx, n_gen, reps, threads, dry_run, elem_bytes;
     int par[MAX_CTX], n_par;   // --parallel: sequences decoded together (1 = run_generate alone)
+    int thr[MAX_CTX], n_thr;   // -t 1,2,...: CPU thread counts, each a pass of the whole table
     const strategy *strategies[MAX_STRATEGIES];
     int n_strategies;
     strategy_opts so;
@@ -151,7 +153,7 @@ static void put_end(const bench_out *o) {
 
 static void bench_help(void) {
     printf("usage: sift bench [-m MODEL|synthetic:NAME[@SEED]] [--ctx 1024,8192] [-n 128] [-r 5]\n"
-           "                  [-t N] [--device auto|cpu|cuda] [--strategy NAME,...|all] [strategy flags]\n"
+           "                  [-t 1,2,...] [--device auto|cpu|cuda] [--strategy NAME,...|all] [strategy flags]\n"
            "                  [-o md|json|csv|jsonl] [--dry-run [--elem-bytes 4|2]] [--parallel 1,4,16]\n"
            "                  [--weights native|f32] [--wtype f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k]\n"
            "prefill P seeded random tokens per --ctx P (-p is an alias), then decode N at that\n"
@@ -161,6 +163,8 @@ static void bench_help(void) {
            "--dry-run prints parameters, FLOPs and bytes by formula without loading weights.\n"
            "--parallel B,...: B sequences of the same length decoded together, each step one\n"
            "forward pass over all of them; 'agg tg t/s' is their aggregate decode rate.\n"
+           "-t T,...: the whole table once per CPU thread count (ceilings measured again for\n"
+           "each), to show scaling; default: the physical cores less those busy at start.\n"
            "--wtype: a synthetic model's matrices as random blocks of that type (default f32\n"
            "values), so quantised speed is measured at real shapes without a file.\n"
            "synthetic models: %s\n", synth_names());
@@ -202,7 +206,12 @@ static void bench_parse(int argc, char **argv, bench_opts *b) {
         if (cli_is_flag(a, "-m", "--model")) b->model = v;
         else if (cli_is_flag(a, "-n", "--n-gen")) b->n_gen = (int)cli_int(a, v, 1, 1 << 20);
         else if (cli_is_flag(a, "-r", "--reps")) b->reps = (int)cli_int(a, v, 1, 1000);
-        else if (cli_is_flag(a, "-t", "--threads")) b->threads = (int)cli_int(a, v, 1, 1024);
+        else if (cli_is_flag(a, "-t", "--threads")) {
+            b->n_thr = parse_ctx_list(a, v, b->thr);
+            for (int k = 0; k < b->n_thr; k++)
+                if (b->thr[k] > 1024) cli_usage_error("bench: -t %d: at most 1024 threads", b->thr[k]);
+            b->threads = b->thr[0];
+        }
         else if (cli_is_flag(a, NULL, "--strategy")) b->n_strategies = cli_strategies(v, b->strategies);
         else if (cli_is_flag(a, "-o", "--output")) b->format = v;
         else if (cli_is_flag(a, NULL, "--device")) b->device = cli_device(v);
@@ -227,6 +236,7 @@ static void bench_parse(int argc, char **argv, bench_opts *b) {
     if (b->elem_bytes != 4 && !b->dry_run)
         cli_usage_error("bench: --elem-bytes only applies to --dry-run (a run uses the backend's)");
     if (b->threads == 0) b->threads = backend_cpu_default_threads(NULL);
+    if (b->n_thr == 0) b->thr[0] = b->threads, b->n_thr = 1;
     b->so.n_threads = b->threads;
 }
 
@@ -550,7 +560,6 @@ static int bench_run(const bench_opts *b, loaded *L) {
         m->on_layer = bench_show_layer;
         m->on_layer_ctx = &pr;
     }
-    if (rc == 0) measure_ceilings(m->bk, &env);
     if (rc == 0) rc = bench_warmup(b, m, &pr);
     for (int k = 0; k < b->n_strategies; k++)
         if (strcmp(b->strategies[k]->name, "full") == 0) full = k;
@@ -559,13 +568,20 @@ static int bench_run(const bench_opts *b, loaded *L) {
     for (int pi = 0; pi < b->n_par; pi++)
         if (b->par[pi] == 1 && p1 < 0) p1 = pi;
     cell_stats *cs = cells_alloc(ns * b->n_par, b->reps);
-    for (int ci = 0; ci < b->n_ctx && rc == 0; ci++) {
-        rc = bench_ctx(b, m, ci, cs, &pr, tty);
-        if (tty) fprintf(stderr, "\r%90s\r", "");
-        for (int pi = 0; pi < b->n_par && rc == 0; pi++)
-            for (int k = 0; k < ns && rc == 0; k++)
-                print_cell(b, m, &env, b->ctx[ci], b->par[pi], &cs[pi * ns + k], k,
-                           full >= 0 ? &cs[pi * ns + full] : NULL, p1 >= 0 ? &cs[p1 * ns + k] : NULL, &o);
+    for (int ti = 0; ti < b->n_thr && rc == 0; ti++) {   // -t T,...: the whole table per count
+        bench_opts bt = *b;
+        bt.threads = bt.so.n_threads = b->thr[ti];
+        omp_set_num_threads(bt.threads);   // the CPU backend's threads (a GPU's host side)
+        measure_ceilings(m->bk, &env);
+        for (int ci = 0; ci < bt.n_ctx && rc == 0; ci++) {
+            rc = bench_ctx(&bt, m, ci, cs, &pr, tty);
+            if (tty) fprintf(stderr, "\r%90s\r", "");
+            for (int pi = 0; pi < bt.n_par && rc == 0; pi++)
+                for (int k = 0; k < ns && rc == 0; k++)
+                    print_cell(&bt, m, &env, bt.ctx[ci], bt.par[pi], &cs[pi * ns + k], k,
+                               full >= 0 ? &cs[pi * ns + full] : NULL,
+                               p1 >= 0 ? &cs[p1 * ns + k] : NULL, &o);
+        }
     }
     put_end(&o);
     if (m->bk->report) m->bk->report(m->bk, stderr);   // choices the backend made by timing

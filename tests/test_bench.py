@@ -232,6 +232,20 @@ def test_quantised_synthetic_runs():
     assert "Q8_0" in r.stderr
 
 
+def test_thread_list_runs_the_table_per_count():
+    """-t 1,2: one pass per thread count (its own ceilings), rows in that order; the outputs
+    are the same computation (greedy on the same seeded tokens), only faster or slower."""
+    r = run("bench", "-m", "synthetic:smollm2-135m", "--wtype", "q8_0", "--ctx", "16", "-n", "2",
+            "-r", "1", "-t", "1,2", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [x["threads"] for x in rows] == [1, 2]
+    assert all(x["pp_avg_ts"] > 0 and x["tg_avg_ts"] > 0 for x in rows)
+    assert r.stderr.count("bench: ceilings on cpu") == 2
+    for bad, msg in (("0", "-t"), ("2000", "at most 1024"), ("1,,2", "empty")):
+        assert_error(run("bench", "-m", "synthetic:smollm2-135m", "--ctx", "16", "-t", bad), msg, code=2)
+
+
 # ---- output formats ---------------------------------------------------------------------------
 
 FIELDS = ["model", "strategy", "backend", "threads", "n_prompt", "n_gen", "parallel", "reps", "ttft_ms",
