@@ -6,8 +6,8 @@
 // bf16 (row-major: an A tile is 16 weight rows x 32 columns, loaded straight from that buffer);
 // the activations are rounded to bf16 once per call and packed in the tiles' pair layout (a B tile
 // is 16 k-pairs x 16 tokens). One TDPBF16PS multiplies 16 x 32 by 32 x 16 into a 16 x 16 fp32
-// tile; a 2 x 2 block of C tiles (32 weight rows x 32 tokens) runs over all of `in` in fp32, then
-// is transposed into out. No per-block scale reaches the inner loop: the block scales are inside
+// tile; 2 x 2 blocks of C tiles (32 weight rows x 32 tokens) run over `in` in passes of KC
+// columns, accumulating in fp32, and the block's results are transposed into out. No per-block scale reaches the inner loop: the block scales are inside
 // the bf16 weights. Error against the fp32 product of the dequantised weights: the two bf16
 // roundings (relative 2^-9 each, per element) and fp32 summation — tests/test_qgemm.c bounds it.
 #include <cpuid.h>
@@ -171,16 +171,23 @@ AMX static void pack_tokens(uint32_t *xb, const float *x, int n, int in, int nb,
     }
 }
 
-// 32 weight rows (A at a, row stride in) x 32 tokens (B blocks b0, b1) over all of in: the C block
-// into c (32 x 32 fp32: weight row major)
+// C block (32 weight rows x 32 tokens, fp32, at c with row stride ldc floats) += A (32 weight
+// rows at a, row stride in) x B (token blocks b0, b1) over columns [k0, k1); first: C starts at 0.
 AMX static inline void block_2x2(const uint16_t *a, const uint32_t *b0, const uint32_t *b1, int in,
-                                 float *c) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    const size_t sa = (size_t)in * 2;
-    for (int k = 0; k < in; k += 32) {
+                                 int k0, int k1, float *c, size_t ldc, int first) {
+    const size_t sc = ldc * 4, sa = (size_t)in * 2;
+    if (first) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    } else {
+        _tile_loadd(0, c, sc);
+        _tile_loadd(1, c + 16, sc);
+        _tile_loadd(2, c + 16 * ldc, sc);
+        _tile_loadd(3, c + 16 * ldc + 16, sc);
+    }
+    for (int k = k0; k < k1; k += 32) {
         _tile_loadd(4, a + k, sa);
         _tile_loadd(5, a + 16 * (size_t)in + k, sa);
         _tile_loadd(6, b0 + (size_t)k / 2 * 16, 64);
@@ -190,20 +197,27 @@ AMX static inline void block_2x2(const uint16_t *a, const uint32_t *b0, const ui
         _tile_dpbf16ps(2, 5, 6);
         _tile_dpbf16ps(3, 5, 7);
     }
-    _tile_stored(0, c, 128);
-    _tile_stored(1, c + 16, 128);
-    _tile_stored(2, c + 16 * 32, 128);
-    _tile_stored(3, c + 16 * 32 + 16, 128);
+    _tile_stored(0, c, sc);
+    _tile_stored(1, c + 16, sc);
+    _tile_stored(2, c + 16 * ldc, sc);
+    _tile_stored(3, c + 16 * ldc + 16, sc);
 }
+
+// Columns per pass over a weight block's tokens: the pass's slice of the packed tokens (KC x
+// tokens x 2 bytes) stays in L2 and each 32-row slice of weights (32 KiB) in L1, instead of every
+// 2 x 2 block streaming all of `in` of both from further out; the fp32 C blocks are reloaded per
+// pass (1 KiB per tile per KC / 32 products of 16 x 16 x 32).
+#define KC 512
 
 AMX void q_matmul_amx(float *out, const float *x, int n, int in, uint32_t type, const void *w,
                       size_t row_bytes, int o, q_scratch *sc) {
     CHECK_INTERNAL(in % 32 == 0 && dq_supported(type), "q_matmul_amx: type %u, %d columns", type, in);
     int nb = (n + 31) / 32 * 2;   // token blocks of 16, an even count
-    size_t xb_bytes = (size_t)nb * 16 * in * 2;
+    size_t np = (size_t)nb * 16;  // tokens, padded
+    size_t xb_bytes = np * in * 2;
     int nt = omp_get_max_threads();
-    size_t wb_bytes = (size_t)WB * in * 2, f_bytes = (size_t)in * 4;
-    size_t per = wb_bytes + f_bytes + 32 * 32 * 4, rows_bytes = (size_t)nt * 16 * in * 2;
+    size_t wb_bytes = (size_t)WB * in * 2, f_bytes = (size_t)in * 4, acc_bytes = WB * np * 4;
+    size_t per = wb_bytes + f_bytes + acc_bytes, rows_bytes = (size_t)nt * 16 * in * 2;
     uint8_t *buf = q_scratch_get(sc, xb_bytes + (size_t)nt * per + rows_bytes + 64);
     uint32_t *xb = (uint32_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
     pack_tokens(xb, x, n, in, nb, (uint16_t *)((uint8_t *)xb + xb_bytes + (size_t)nt * per));
@@ -213,7 +227,7 @@ AMX void q_matmul_amx(float *out, const float *x, int n, int in, uint32_t type, 
     {
         uint8_t *mine = per_thread + (size_t)omp_get_thread_num() * per;
         uint16_t *wb = (uint16_t *)mine;
-        float *f = (float *)(mine + wb_bytes), *c = f + in;
+        float *f = (float *)(mine + wb_bytes), *acc = f + in;   // acc (WB, np): weight row major
         tiles_configure();
 #pragma omp for schedule(static)
         for (int blk = 0; blk < n_wblk; blk++) {
@@ -226,19 +240,25 @@ AMX void q_matmul_amx(float *out, const float *x, int n, int in, uint32_t type, 
                 }
                 row_to_bf16(type, (const uint8_t *)w + (size_t)(r0 + r) * row_bytes, in, f, dst);
             }
-            for (int m = 0; m < nr; m += 32)
-                for (int tb = 0; tb < nb; tb += 2) {
-                    block_2x2(wb + (size_t)m * in, xb + (size_t)tb * (in / 2) * 16,
-                              xb + (size_t)(tb + 1) * (in / 2) * 16, in, c);
-                    int tmax = n - tb * 16 < 32 ? n - tb * 16 : 32, mmax = nr - m < 32 ? nr - m : 32;
-                    float *dst = out + (size_t)tb * 16 * o + r0 + m;
-                    if (tmax == 32 && mmax == 32)   // c[feature][token] -> out[token][feature]
-                        for (int q = 0; q < 4; q++)
-                            transpose16((const uint32_t *)c + (q / 2) * 16 * 32 + (q % 2) * 16, 32,
-                                        (uint32_t *)dst + (size_t)(q % 2) * 16 * o + (q / 2) * 16, (size_t)o);
+            for (int k0 = 0; k0 < in; k0 += KC) {
+                int k1 = in - k0 < KC ? in : k0 + KC;
+                for (int m = 0; m < nr; m += 32)
+                    for (int tb = 0; tb < nb; tb += 2)
+                        block_2x2(wb + (size_t)m * in, xb + (size_t)tb * (in / 2) * 16,
+                                  xb + (size_t)(tb + 1) * (in / 2) * 16, in, k0, k1,
+                                  acc + (size_t)m * np + (size_t)tb * 16, np, k0 == 0);
+            }
+            // acc[feature][token] -> out[token][feature], 16 x 16 at a time
+            for (int m = 0; m < nr; m += 16)
+                for (int t0 = 0; t0 < n; t0 += 16) {
+                    const float *src = acc + (size_t)m * np + t0;
+                    float *dst = out + (size_t)t0 * o + r0 + m;
+                    int tmax = n - t0 < 16 ? n - t0 : 16, mmax = nr - m < 16 ? nr - m : 16;
+                    if (tmax == 16 && mmax == 16)
+                        transpose16((const uint32_t *)src, np, (uint32_t *)dst, (size_t)o);
                     else
                         for (int t = 0; t < tmax; t++)
-                            for (int j = 0; j < mmax; j++) dst[(size_t)t * o + j] = c[j * 32 + t];
+                            for (int j = 0; j < mmax; j++) dst[(size_t)t * o + j] = src[(size_t)j * np + t];
                 }
         }
         _tile_release();
