@@ -264,12 +264,13 @@ static void cpu_rope(backend *b, void *x, const int *pos, int n, int heads, int 
     }
 }
 
-// e^x for 16 lanes, x <= 88: x = k ln2 + r (|r| <= ln2 / 2, ln2 in two parts), e^r by its
-// degree-6 Taylor polynomial (relative error < 2e-7, as libm's expf within a few ulp), times 2^k
-// (scalef). x is clamped at -87 (e^-87 = 1.6e-38, still normal): subnormal results cost a
-// microcode assist each (it was 74 % of SwiGLU's time), and no caller needs them.
+// e^x for 16 lanes: x = k ln2 + r (|r| <= ln2 / 2, ln2 in two parts), e^r by its degree-6
+// Taylor polynomial (relative error < 2e-7, as libm's expf within a few ulp), times 2^k (scalef).
+// x is clamped to [-87, 80]: e^-87 = 1.6e-38 is still normal (subnormal results cost a microcode
+// assist each: 74 % of SwiGLU's time before the clamp), and e^80 = 5.5e34 keeps its reciprocal
+// normal and finite (an infinite one made SwiGLU's Newton step NaN).
 __attribute__((target("avx512f,fma"))) static inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(80.0f));
     __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), 0);
     __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145752f), x);
     r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.42860677e-6f), r);
@@ -283,8 +284,9 @@ __attribute__((target("avx512f,fma"))) static inline __m512 exp16(__m512 x) {
     return _mm512_scalef_ps(p, k);
 }
 
-// out = silu(gate) * up, 16 lanes at a time; 1 / (1 + e^-g) by rcp14 and one Newton step (a
-// division was 10 % of a 1B prefill)
+// out = silu(gate) * up, 16 lanes at a time; 1 / (1 + e^-g) by rcp14 and one Newton step. Gates
+// beyond the clamp: silu(g) = g for g > 87 as the scalar form, 0 for g < -80 (true |silu| <
+// 1e-33 there; a NaN gate stays NaN).
 __attribute__((target("avx512f,fma"))) static void swiglu_avx512(float *o, const float *g,
                                                                   const float *u, size_t n) {
 #pragma omp parallel for if (n > 65536)
@@ -293,7 +295,8 @@ __attribute__((target("avx512f,fma"))) static void swiglu_avx512(float *o, const
         __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
         __m512 den = _mm512_add_ps(_mm512_set1_ps(1.0f), e), r = _mm512_rcp14_ps(den);
         r = _mm512_mul_ps(r, _mm512_fnmadd_ps(den, r, _mm512_set1_ps(2.0f)));   // Newton: 2^-27
-        __m512 s = _mm512_mul_ps(gv, r);
+        __mmask16 tiny = _mm512_cmp_ps_mask(gv, _mm512_set1_ps(-80.0f), _CMP_LT_OQ);
+        __m512 s = _mm512_maskz_mul_ps((__mmask16)~tiny, gv, r);   // silu(g < -80) = 0 (< 1e-33)
         _mm512_storeu_ps(o + i, _mm512_mul_ps(s, _mm512_loadu_ps(u + i)));
     }
     for (size_t i = n / 16 * 16; i < n; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
