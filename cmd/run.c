@@ -14,7 +14,6 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -393,7 +392,8 @@ static int on_token(void *ctx, int id) {
     return 0;
 }
 
-// CPU time of the whole machine (all CPUs, seconds: busy and stolen) and of this process.
+// CPU time of the whole machine (all CPUs, seconds: busy and stolen) and of this process, at wall
+// time `wall` (0: unknown).
 typedef struct { double busy, steal, self, wall; } cpu_sample;
 
 typedef struct runner {
@@ -718,19 +718,7 @@ static void print_table_reps(const unit *u, int n, int reps) {
 
 static cpu_sample cpu_now(void) {
     cpu_sample c = {0, 0, 0, now_ms() / 1e3};
-    FILE *f = fopen("/proc/stat", "r");
-    unsigned long long v[10] = {0};
-    if (f && fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2],
-                    &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9]) >= 8) {
-        double hz = (double)sysconf(_SC_CLK_TCK);
-        c.busy = (double)(v[0] + v[1] + v[2] + v[5] + v[6]) / hz;   // user nice system irq softirq
-        c.steal = (double)v[7] / hz;
-    }
-    if (f) fclose(f);
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    c.self = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
-             ru.ru_stime.tv_usec / 1e6;
+    if (host_cpu_seconds(&c.busy, &c.steal, &c.self) != 0) c.wall = 0;   // unknown: no note
     return c;
 }
 
@@ -740,7 +728,7 @@ static cpu_sample cpu_now(void) {
 static void machine_note(runner *R) {
     cpu_sample now = cpu_now(), *was = &R->cpu_mark;
     double wall = now.wall - was->wall;
-    if (was->wall > 0 && wall > 0.05) {
+    if (was->wall > 0 && now.wall > 0 && wall > 0.05) {
         double other = (now.busy - was->busy - (now.self - was->self)) / wall;
         double steal = (now.steal - was->steal) / wall;
         other = other < 0 ? 0 : other;

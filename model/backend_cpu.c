@@ -6,7 +6,6 @@
 #include <math.h>
 #include <omp.h>
 #include <sched.h>
-#include <sys/resource.h>
 #include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -543,23 +542,11 @@ static int physical_cores(void) {
 // CPUs' worth of time other processes (and the hypervisor: steal) took over the next `ms`
 // milliseconds: the machine's busy time from /proc/stat less this process's own; -1 unknown.
 static double others_busy(int ms) {
-    double t[2][2];   // [sample][machine busy + steal, self] in seconds
-    double hz = (double)sysconf(_SC_CLK_TCK);
-    for (int k = 0; k < 2; k++) {
-        if (k) usleep((useconds_t)ms * 1000);
-        unsigned long long v[8] = {0};
-        FILE *f = fopen("/proc/stat", "r");
-        int ok = f && fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2],
-                             &v[3], &v[4], &v[5], &v[6], &v[7]) == 8;
-        if (f) fclose(f);
-        if (!ok) return -1;
-        struct rusage ru;
-        getrusage(RUSAGE_SELF, &ru);
-        t[k][0] = (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / hz;
-        t[k][1] = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 +
-                  (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
-    }
-    double other = ((t[1][0] - t[0][0]) - (t[1][1] - t[0][1])) / (ms / 1e3);
+    double busy[2], steal[2], self[2];
+    if (host_cpu_seconds(&busy[0], &steal[0], &self[0]) != 0) return -1;
+    usleep((useconds_t)ms * 1000);
+    if (host_cpu_seconds(&busy[1], &steal[1], &self[1]) != 0) return -1;
+    double other = (busy[1] - busy[0] + steal[1] - steal[0] - (self[1] - self[0])) / (ms / 1e3);
     return other < 0 ? 0 : other;
 }
 

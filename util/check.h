@@ -13,6 +13,10 @@
 // Writes a one-line message for bad input into err (errlen bytes); returns -1.
 // Bytes of host memory available now (/proc/meminfo MemAvailable); 0 when unknown.
 size_t host_mem_available(void);
+// CPU seconds since boot, over all CPUs (/proc/stat: user + nice + system + irq + softirq into
+// *busy, the hypervisor's stolen time into *steal), and this process's own (getrusage) into
+// *self. 0, or -1 when /proc/stat cannot be read.
+int host_cpu_seconds(double *busy, double *steal, double *self);
 
 int err_printf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
