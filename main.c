@@ -14,11 +14,12 @@
 #include <unistd.h>
 
 #include "cmd/cmd.h"
+#include "model/backend.h"
 #include "util/check.h"
 
 typedef struct {
     const char *model, *device, *batch_dir, *draft_path;
-    enum bk_weights weights;   // --weights native|f32 (CPU)
+    enum bk_weights weights;   // --weights native|exact|f32 (CPU)
     int ctx;
     run_opts r;                // what runs: prompts, sampling, strategies, output
     strategy_opts so;
@@ -108,7 +109,8 @@ static const flag_row FLAGS[] = {
     {NULL, "-t", "--threads", "N", F_INT, O(r.threads), 1, 1024, 0, NULL,
      "CPU threads (default: $OMP_NUM_THREADS, else the physical cores)"},
     {NULL, NULL, "--weights", "W", F_CALL, 0, 0, 0, 0, set_weights,
-     "CPU weights: native (as the file stores them, 8-bit activation products; default) | f32 "
+     "CPU weights: native (as the file stores them, 8-bit activation products; default) | exact "
+     "(as stored, two-digit 16-bit activations on every product: slower prefill) | f32 "
      "(dequantised, the reference)"},
     {"batch jobs", NULL, "--parallel", "N", F_INT, O(r.parallel), 1, FWD_MAX_BATCH - MAX_STRATEGIES, 1,
      NULL, "up to N prompts in flight; each decode step is one forward pass over all of them "
@@ -248,6 +250,7 @@ static void show_layer(void *ctx, int layer, int n_layer, int rows) {
 }
 
 int main(int argc, char **argv) {
+    backend_cpu_blas_init(argv);
     if (argc > 1 && strcmp(argv[1], "bench") == 0) return cmd_bench(argc, argv);
     if (argc > 1 && strcmp(argv[1], "eval") == 0) return cmd_eval(argc, argv);
     if (argc > 1 && strcmp(argv[1], "sweep") == 0) return cmd_sweep(argc, argv);

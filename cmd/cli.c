@@ -246,7 +246,8 @@ int cli_refuse_synthetic(const char *path, const char *cmd) {
 enum bk_weights cli_weights(const char *v) {
     if (strcmp(v, "native") == 0) return BK_WEIGHTS_NATIVE;
     if (strcmp(v, "f32") == 0) return BK_WEIGHTS_F32;
-    cli_usage_error("unknown --weights '%s' (native or f32)", v);
+    if (strcmp(v, "exact") == 0) return BK_WEIGHTS_EXACT;
+    cli_usage_error("unknown --weights '%s' (native, exact or f32)", v);
 }
 
 backend *cli_backend(const char *device, int threads, enum bk_weights weights) {

@@ -38,13 +38,15 @@ static inline bk_tensor bk_f32(float *host, size_t rows, size_t cols) {
 
 // How the CPU backend keeps weights: as stored (quantised products, qgemm.h) or dequantised to
 // fp32 at load (the reference the tests compare against).
-enum bk_weights { BK_WEIGHTS_NATIVE = 0, BK_WEIGHTS_F32 = 1 };
+// CPU weights: native (file encoding; wide products on the fastest path), exact (file encoding,
+// every product with two-digit activations: model/qgemm.h), f32 (dequantised at load)
+enum bk_weights { BK_WEIGHTS_NATIVE = 0, BK_WEIGHTS_F32 = 1, BK_WEIGHTS_EXACT = 2 };
 
 struct backend {
     const char *name;                  // "cpu" | "cuda"
     void *impl;
     size_t elem_bytes;                 // bytes per activation / KV element on this backend
-    char info[192];                    // how it computes, for the load line and bench output
+    char info[256];                    // how it computes, for the load line and bench output
     void (*destroy)(backend *b);
     // memory
     void *(*alloc)(backend *b, size_t n_elems);   // NULL on failure
@@ -134,6 +136,14 @@ backend *backend_cpu_create(int n_threads, enum bk_weights weights);
 // physical cores less those other processes keep busy, sampled once per process (50 ms);
 // *busy (may be NULL): that many cores were left to them.
 int backend_cpu_default_threads(int *busy);
+// OpenBLAS (a DYNAMIC_ARCH build) picks its kernels from cpuid when it loads; a CPU newer than
+// the library gets its oldest set (SSE3 "Prescott"), several times slower at every sgemm. Called
+// first in main: when that happened on a CPU with AVX2 + FMA (or AVX-512), sift executes itself
+// again (same pid, arguments and streams) with OPENBLAS_CORETYPE set to the best set the CPU
+// runs (Haswell; SkylakeX). Nothing when the user set OPENBLAS_CORETYPE or the library chose an
+// AVX2 set itself. backend_cpu_blas_core: the set in use, with what the library had chosen.
+void backend_cpu_blas_init(char **argv);
+const char *backend_cpu_blas_core(void);
 // The CUDA backend on GPU 0 (model/backend_cuda.cu; built when nvcc was found, SIFT_CUDA defined).
 // On success msg holds the device's description; NULL with the reason in msg when there is no
 // usable GPU, driver or cuBLASLt.

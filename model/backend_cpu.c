@@ -23,15 +23,18 @@
 
 // Which path a quantised product of n rows takes. Decode (n = 1) and short products: int8. Wider
 // ones: on a CPU with AMX, bf16 tiles from AMX_MIN_ROWS rows (they won from 16 rows on the 1B
-// shape, bench/RESULTS.md); elsewhere sgemm on dequantised tiles from SGEMM_MIN_ROWS (below 64
-// rows either may win, from 64 sgemm tiles won on every shape measured). A fixed rule, so the
-// same command computes the same numbers every run. SIFT_PREFILL=int8|sgemm|amx forces one path;
-// SIFT_PREFILL=tune times int8 and the wide path on the first product of each (type, in, out, rows
-// rounded down to a power of two) — on a slice of the weight rows (an eighth, at least 128: each
-// path's cost is linear in them), then the winner on all rows — keeps the faster for that shape,
-// and `sift bench` lists the choices.
+// shape, bench/RESULTS.md); else with AVX-512 VNNI, the register-tiled integer GEMM from
+// VNNI_MIN_ROWS (it won from 16 rows on the 1B shape); elsewhere sgemm on dequantised tiles from
+// SGEMM_MIN_ROWS (below 64 rows either may win, from 64 sgemm tiles won on every shape measured).
+// A fixed rule, so the same command computes the same numbers every run.
+// SIFT_PREFILL=int8|sgemm|amx|vnni forces one path (int8: two-digit activations on every product,
+// the exact mode); SIFT_PREFILL=tune times int8 and the wide path on the first product of each
+// (type, in, out, rows rounded down to a power of two) — on a slice of the weight rows (an eighth,
+// at least 128: each path's cost is linear in them), then the winner on all rows — keeps the
+// faster for that shape, and `sift bench` lists the choices.
 #define SGEMM_MIN_ROWS 64
 #define AMX_MIN_ROWS 16
+#define VNNI_MIN_ROWS 16
 #define TUNE_MIN_ROWS 8
 #define TUNE_MAX 256
 
@@ -80,7 +83,7 @@ static void cpu_to_host(backend *b, float *dst, const void *src, size_t n) {
 // Vectors, F32 tensors, types without a product here and everything under --weights f32 become
 // fp32; the rest stays as stored.
 static int keeps_blocks(backend *b, bk_tensor t) {
-    return impl(b)->mode == BK_WEIGHTS_NATIVE && t.rows > 1 && t.type != GGML_F32 &&
+    return impl(b)->mode != BK_WEIGHTS_F32 && t.rows > 1 && t.type != GGML_F32 &&
            q_type_supported(t.type) && (t.type == GGML_F16 || t.type == GGML_BF16 || t.cols % 32 == 0);
 }
 
@@ -161,9 +164,16 @@ static int floor_log2(int n) {
     return k;
 }
 
-// The path of wide products: AMX tiles where the CPU has them, else sgemm tiles.
-static enum q_path wide_path(const cpu_impl *c) { return c->amx ? Q_PATH_AMX : Q_PATH_SGEMM; }
-static int wide_min_rows(const cpu_impl *c) { return c->amx ? AMX_MIN_ROWS : SGEMM_MIN_ROWS; }
+// The path of wide products: AMX tiles where the CPU has them, else the VNNI GEMM, else sgemm tiles.
+static enum q_path wide_path(const cpu_impl *c) {
+    return c->amx ? Q_PATH_AMX : c->isa == Q_ISA_AVX512 ? Q_PATH_VNNI : Q_PATH_SGEMM;
+}
+static int wide_min_rows(const cpu_impl *c) {
+    return c->amx ? AMX_MIN_ROWS : c->isa == Q_ISA_AVX512 ? VNNI_MIN_ROWS : SGEMM_MIN_ROWS;
+}
+static const char *path_name(enum q_path p) {
+    return p == Q_PATH_AMX ? "amx tiles" : p == Q_PATH_VNNI ? "vnni gemm" : p == Q_PATH_SGEMM ? "sgemm tiles" : "int8";
+}
 
 // The path for a quantised product of n rows (see TUNE_MIN_ROWS); NULL *e: decided, else the
 // entry to fill by timing both.
@@ -221,7 +231,7 @@ static void cpu_matmul_multi(backend *b, int k, void *const *out, const void *x,
                              const int *o) {
     cpu_impl *c = impl(b);
     // int8 for sure, without a lookup or a timing (pick_path's rules for few rows)
-    int few = c->forced == Q_PATH_INT8 ? 1 : c->forced == Q_PATH_SGEMM || c->forced == Q_PATH_AMX ? n < 2
+    int few = c->forced == Q_PATH_INT8 ? 1 : c->forced >= 0 ? n < 2
             : c->forced == -1 ? n < wide_min_rows(c) : n < TUNE_MIN_ROWS;
     int int8 = k <= Q_MULTI_MAX && few && !omp_in_parallel();
     for (int j = 0; j < k && int8; j++) int8 = w[j]->type != GGML_F32;
@@ -405,7 +415,8 @@ static bk_weight *cpu_weight_synth(backend *b, uint64_t seed, uint64_t tensor, s
 }
 
 // Ceilings measured now, best of 3: the GEMM peak of the prefill path — an sgemm (n = 2048,
-// 2 n^3 FLOPs), or with AMX the tiles' bf16 peak (q_amx_peak_tflops) — and a threaded read-only
+// 2 n^3 FLOPs), with AMX the tiles' bf16 peak (q_amx_peak_tflops), with AVX-512 VNNI the int8
+// peak of vpdpbusd (q_vnni_peak_tops, a multiply-add counted as 2) — and a threaded read-only
 // pass over 256 MiB (decode reads the weights once per token and writes next to nothing).
 __attribute__((noinline)) static float read_pass(const float *x, size_t n) {
     float acc[16] = {0};
@@ -427,16 +438,18 @@ static int cpu_ceilings(backend *b, double *tflops, double *gbps) {
     }
     // not zeros: this VM read zero-filled pages ~10x faster than any data (221 vs 22 GB/s)
     memset(x, 0x3c, read_n * sizeof(float));
-    double best_mm = 1e30, best_rd = 1e30, amx = 0;
+    const cpu_impl *c = impl(b);
+    const enum q_path wide = c->mode == BK_WEIGHTS_NATIVE ? wide_path(c) : Q_PATH_SGEMM;
+    double best_mm = 1e30, best_rd = 1e30, peak = 0;
     volatile float sink = 0;
     for (int rep = 0; rep < 3; rep++) {
         double t0 = omp_get_wtime();
-        if (!impl(b)->amx)
+        if (wide == Q_PATH_SGEMM)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, x, n,
                         x + (size_t)n * n, n, 0.0f, y, n);
         else {
-            double t = q_amx_peak_tflops(1 << 16);
-            amx = t > amx ? t : amx;
+            double t = wide == Q_PATH_AMX ? q_amx_peak_tflops(1 << 16) : q_vnni_peak_tops(1 << 20);
+            peak = t > peak ? t : peak;
         }
         double t1 = omp_get_wtime();
         float part = 0;
@@ -449,7 +462,7 @@ static int cpu_ceilings(backend *b, double *tflops, double *gbps) {
     }
     free(x);
     free(y);
-    *tflops = impl(b)->amx ? amx : 2.0 * n * n * n / best_mm / 1e12;
+    *tflops = wide != Q_PATH_SGEMM ? peak : 2.0 * n * n * n / best_mm / 1e12;
     *gbps = read_n * sizeof(float) / best_rd / 1e9;
     return 0;
 }
@@ -497,7 +510,7 @@ static void cpu_report(backend *b, FILE *out) {
     if (c->n_tune) fprintf(out, "sift: cpu product paths timed per shape (SIFT_PREFILL=tune):\n");
     for (int i = 0; i < c->n_tune; i++) {
         const tune_entry *t = &c->tune[i];
-        const char *wide = c->amx ? "amx tiles" : "sgemm tiles";
+        const char *wide = path_name(wide_path(c));
         fprintf(out, "  %s %d -> %d, %d..%d rows: %s (timed on a slice, as ms for all: int8 %.2f, "
                 "%s %.2f)\n",
                 gguf_type_name(t->type), t->in, t->out, 1 << t->bucket, (2 << t->bucket) - 1,
@@ -574,6 +587,40 @@ int backend_cpu_default_threads(int *busy) {
     return threads;
 }
 
+static int core_has_avx2(const char *name) {
+    static const char *const good[] = {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"};
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++)
+        if (strcmp(name, good[i]) == 0) return 1;
+    return 0;
+}
+
+void backend_cpu_blas_init(char **argv) {
+    const char *core = openblas_get_corename();
+    if (getenv("OPENBLAS_CORETYPE") || !core || core_has_avx2(core)) return;
+    __builtin_cpu_init();
+    const char *want = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                               __builtin_cpu_supports("avx512cd")
+                           ? "SkylakeX"
+                       : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "Haswell"
+                                                                                          : NULL;
+    if (!want) return;
+    setenv("OPENBLAS_CORETYPE", want, 1);
+    setenv("SIFT_BLAS_DETECTED", core, 1);
+    fflush(NULL);
+    execv("/proc/self/exe", argv);   // returns only on failure: go on with the slow kernels
+    unsetenv("OPENBLAS_CORETYPE");
+    unsetenv("SIFT_BLAS_DETECTED");
+}
+
+const char *backend_cpu_blas_core(void) {
+    static char s[96];
+    const char *was = getenv("SIFT_BLAS_DETECTED"), *core = openblas_get_corename();
+    if (was) snprintf(s, sizeof s, "%s (OpenBLAS detected %s)", core, was);
+    else snprintf(s, sizeof s, "%s", core);
+    return s;
+}
+
 backend *backend_cpu_create(int n_threads, enum bk_weights weights) {
     int busy = 0, auto_threads = backend_cpu_default_threads(&busy);
     if (n_threads <= 0) n_threads = auto_threads;
@@ -585,9 +632,11 @@ backend *backend_cpu_create(int n_threads, enum bk_weights weights) {
     c->isa = q_isa_pick(NULL);
     c->amx = c->isa == Q_ISA_AVX512 && q_amx_available();
     const char *path = getenv("SIFT_PREFILL");
-    c->forced = path && strcmp(path, "int8") == 0    ? Q_PATH_INT8
+    c->forced = weights == BK_WEIGHTS_EXACT ? Q_PATH_INT8
+                : path && strcmp(path, "int8") == 0    ? Q_PATH_INT8
                 : path && strcmp(path, "sgemm") == 0 ? Q_PATH_SGEMM
                 : path && strcmp(path, "amx") == 0 && q_amx_available() ? Q_PATH_AMX
+                : path && strcmp(path, "vnni") == 0 && c->isa == Q_ISA_AVX512 ? Q_PATH_VNNI
                 : path && strcmp(path, "tune") == 0  ? -2
                                                      : -1;
     *b = (backend){
@@ -607,15 +656,19 @@ backend *backend_cpu_create(int n_threads, enum bk_weights weights) {
     if (busy)
         used = snprintf(b->info, sizeof b->info, "%d thread%s: %d core%s busy with other processes, ",
                         n_threads, n_threads > 1 ? "s" : "", busy, busy > 1 ? "s" : "");
+    used += snprintf(b->info + used, sizeof b->info - used, "BLAS %s, ", backend_cpu_blas_core());
     if (weights == BK_WEIGHTS_F32)
         snprintf(b->info + used, sizeof b->info - used, "fp32 weights, sgemm");
     else
         snprintf(b->info + used, sizeof b->info - used, "native weights, %s products, prefill path %s",
-                 q_isa_name(c->isa), c->forced == Q_PATH_INT8    ? "int8 (SIFT_PREFILL)"
+                 q_isa_name(c->isa), weights == BK_WEIGHTS_EXACT ? "int8 two-digit (--weights exact)"
+                                     : c->forced == Q_PATH_INT8    ? "int8 (SIFT_PREFILL)"
                                      : c->forced == Q_PATH_SGEMM ? "sgemm (SIFT_PREFILL)"
                                      : c->forced == Q_PATH_AMX   ? "amx (SIFT_PREFILL)"
+                                     : c->forced == Q_PATH_VNNI  ? "vnni (SIFT_PREFILL)"
                                      : c->forced == -2           ? "timed per shape (SIFT_PREFILL)"
                                      : c->amx                    ? "amx bf16 tiles from 16 rows"
+                                     : c->isa == Q_ISA_AVX512    ? "vnni gemm from 16 rows"
                                                                  : "sgemm tiles from 64 rows");
     return b;
 }

@@ -17,14 +17,15 @@
 // blocks directly; the others unpack a row to (u, s, m) first.
 // F16/BF16 rows are converted to fp32 on the fly (F16C / shifts) and dotted with fp32 activations.
 // Prefill-sized products (many rows) may instead dequantise tiles of weight rows to fp32 and
-// call sgemm (exact weights), or on a CPU with AMX multiply bf16 tiles (qgemm_amx.c); q_matmul
-// takes the path the caller names.
+// call sgemm (exact weights), on a CPU with AMX multiply bf16 tiles (qgemm_amx.c), or on AVX-512
+// VNNI multiply one-digit activations by the 8-bit weights in a register-tiled GEMM
+// (qgemm_vnni.c); q_matmul takes the path the caller names.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
 
 enum q_isa { Q_ISA_SCALAR = 0, Q_ISA_AVX2 = 1, Q_ISA_AVX512 = 2 };
-enum q_path { Q_PATH_INT8 = 0, Q_PATH_SGEMM = 1, Q_PATH_AMX = 2 };
+enum q_path { Q_PATH_INT8 = 0, Q_PATH_SGEMM = 1, Q_PATH_AMX = 2, Q_PATH_VNNI = 3 };
 
 // The best ISA this CPU runs (cpuid: AVX-512 F/BW/VL/DQ + VNNI, else AVX2 + FMA + F16C, else
 // scalar); the environment variable SIFT_ISA=scalar|avx2|avx512 lowers it (never raises it
@@ -60,6 +61,10 @@ void q_matmul_multi(enum q_isa isa, int k, float *const *out, const float *x, in
 // isa Q_ISA_AVX512 runs a vector version with the same fp32 operations (bit-identical output).
 void q_quantize_row(enum q_isa isa, const float *x, int cols, int8_t *q, float *d, float *a);
 
+// One row of `cols` elements of a block type -> u (cols,) unsigned 8-bit, s and m (cols/16,):
+// w = s u + m per 16-group, exact for every type q_type_supported names except F16/BF16.
+void q_unpack_row(uint32_t type, const void *row, int cols, uint8_t *u, float *s, float *m);
+
 // Intel AMX (model/qgemm_amx.c): 1 when this CPU has AMX-TILE, AMX-BF16 and AVX-512 BF16 and the
 // OS let this process use the tiles (asked once). q_matmul_amx: out = x @ W^T with W dequantised
 // to bf16 tiles, x rounded to bf16, fp32 accumulation; for prefill-sized n (it dequantises all of
@@ -68,3 +73,12 @@ int q_amx_available(void);
 double q_amx_peak_tflops(int steps);   // the tiles' bf16 peak on all threads (no memory traffic)
 void q_matmul_amx(float *out, const float *x, int n, int in, uint32_t type, const void *w,
                   size_t row_bytes, int o, q_scratch *scratch);
+
+// AVX-512 VNNI GEMM (model/qgemm_vnni.c): out = x @ W^T with x quantised to one 8-bit digit per
+// element and 32-block (|error| <= d/2 each, d = max|x_blk| / 127), the weights' 8-bit form
+// exact, int32 accumulation per scale group; for prefill-sized n. Only where q_isa_pick gives
+// Q_ISA_AVX512 and q_vnni_supported(type) (the block types; not F16/BF16).
+int q_vnni_supported(uint32_t type);
+double q_vnni_peak_tops(int steps);   // vpdpbusd's peak on all threads (no memory traffic)
+void q_matmul_vnni(float *out, const float *x, int n, int in, uint32_t type, const void *w,
+                   size_t row_bytes, int o, q_scratch *scratch);

@@ -202,6 +202,10 @@ static void unpack_row(uint32_t type, const uint8_t *b, int cols, uint8_t *u, fl
     }
 }
 
+void q_unpack_row(uint32_t type, const void *row, int cols, uint8_t *u, float *s, float *m) {
+    unpack_row(type, row, cols, u, s, m);
+}
+
 // ---- inner products: one unpacked weight row . one quantised activation row ------------------
 
 // sum_g s_g d_g (u . q)_g + sum_g m_g a_g   (a = the activation's scaled group sums)
@@ -864,7 +868,9 @@ void q_matmul(enum q_isa isa, enum q_path path, float *out, const float *x, int 
     CHECK_INTERNAL(q_type_supported(type) && (is_float16(type) || in % 32 == 0), "q_matmul: type %s, %d columns",
                    gguf_type_name(type), in);
     if (n <= 0 || o <= 0) return;
-    if (path == Q_PATH_AMX) q_matmul_amx(out, x, n, in, type, w, row_bytes, o, scratch);
+    if (path == Q_PATH_VNNI && isa == Q_ISA_AVX512 && q_vnni_supported(type))
+        q_matmul_vnni(out, x, n, in, type, w, row_bytes, o, scratch);
+    else if (path == Q_PATH_AMX) q_matmul_amx(out, x, n, in, type, w, row_bytes, o, scratch);
     else if (path == Q_PATH_SGEMM) matmul_sgemm(out, x, n, in, type, w, row_bytes, o, scratch);
     else if (is_float16(type)) matmul_f16(isa, out, x, n, in, type, w, row_bytes, o);
     else matmul_int8(isa, out, x, n, in, type, w, row_bytes, o, scratch);

@@ -1,0 +1,271 @@
+// model/qgemm_vnni.c — prefill products in 8-bit integer arithmetic on AVX-512 VNNI (see qgemm.h).
+//
+//   out (n, o) = x (n, in) @ W (o, in)^T, W in any block type with an 8-bit form (q_unpack_row).
+//
+// Activations, once per call: per token and 32-block, d = max|x| / 127 and q = round(x / d) (one
+// 8-bit digit, the same rounding as llama.cpp's Q8_0), stored unsigned as p = q + 128 and
+// interleaved for 32 tokens: for every 4 columns, 32 tokens x 4 bytes (two zmm of 16 x 4).
+// Weights, per unit of RU rows per thread: unpacked to signed w' = u - c (c: the type's midpoint,
+// so w' fits 8 bits), row-major, with per row and scale group g (GS = 32 elements, 16 for Q6_K):
+// s and m (w = s u + m), c2 = s c + m and W' = sum_g w'.
+// One vpdpbusd multiplies 16 tokens' 4 unsigned bytes by one row's 4 signed bytes (broadcast) and
+// adds into 16 int32 lanes. Per group, with the int32 lanes started at -128 W':
+//   sum_g q u = (sum_g p w' - 128 W') + c Q,   Q = sum_g q (per token)
+//   y += s d (sum_g p w' - 128 W') + c2 d Q
+// exact in int32 until the fp32 fix-up, with d Q precomputed per token and group. Micro tile: 6
+// weight rows x 32 tokens (12 int32 + 12 fp32 accumulators), over `in` in passes of KC columns.
+// Error against the fp32 product of the dequantised weights: the activations' rounding only,
+// |q d - x| <= d / 2 per element, so |y - y_f32| <= sum_i |w_i| d_blk(i) / 2 + fp32 summation —
+// the bound tests/test_qgemm.c checks.
+#include <immintrin.h>
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "../util/check.h"
+#include "../weights/dequant.h"
+#include "../weights/gguf.h"
+#include "qgemm.h"
+
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c")))
+
+#define MR 6          // weight rows per micro tile
+#define RU 24         // weight rows per unit of work (MR x 4: unpacked once, used by every token)
+#define NT 32         // tokens per micro tile (two vectors of 16)
+#define KC 512        // columns per pass: a pass's slice of a token group (16 KiB) and of a micro
+                      // tile's rows (3 KiB) stay in L1 while the unit's 4 micro tiles reuse it
+
+// The scale group and the unsigned midpoint of a type's 8-bit form.
+static int group_of(uint32_t type) { return type == GGML_Q6_K ? 16 : 32; }
+static int mid_of(uint32_t type) {
+    switch (type) {
+    case GGML_Q4_0: case GGML_Q4_1: case GGML_Q4_K: return 8;
+    case GGML_Q5_0: case GGML_Q5_1: case GGML_Q5_K: return 16;
+    case GGML_Q6_K: return 32;
+    default: return 128;   // Q8_0: u = q + 128
+    }
+}
+
+int q_vnni_supported(uint32_t type) {
+    return q_type_supported(type) && type != GGML_F16 && type != GGML_BF16;
+}
+
+// x (n, in) -> p (n_tg, in/4, 32, 4), d (n_tg, in/32, 32), dq (n_tg, in/gs, 32); tokens past n:
+// p = 128 (q = 0), d = dq = 0.
+VNNI static void quantize_tokens(const float *x, int n, int in, int gs, int n_tg, uint8_t *p,
+                                 float *d, float *dq) {
+    const int nb = in / 32, ng = in / gs;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < n_tg * NT; t++) {
+        const int tg = t / NT, lane = t % NT;
+        uint32_t *pt = (uint32_t *)p + (size_t)tg * (in / 4) * NT + lane;
+        float *dt = d + (size_t)tg * nb * NT + lane, *qt = dq + (size_t)tg * ng * NT + lane;
+        if (t >= n) {
+            for (int k4 = 0; k4 < in / 4; k4++) pt[(size_t)k4 * NT] = 0x80808080u;
+            for (int b = 0; b < nb; b++) dt[b * NT] = 0;
+            for (int g = 0; g < ng; g++) qt[g * NT] = 0;
+            continue;
+        }
+        const float *xt = x + (size_t)t * in;
+        for (int b = 0; b < nb; b++) {
+            __m512 x0 = _mm512_loadu_ps(xt + 32 * b), x1 = _mm512_loadu_ps(xt + 32 * b + 16);
+            float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+            float step = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+            int sum[2];
+            dt[b * NT] = step;
+            for (int h = 0; h < 2; h++) {
+                __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(h ? x1 : x0, _mm512_set1_ps(inv)));
+                q = _mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+                __m128i u8 = _mm512_cvtepi32_epi8(_mm512_add_epi32(q, _mm512_set1_epi32(128)));
+                uint32_t quad[4];
+                _mm_storeu_si128((__m128i *)quad, u8);
+                for (int j = 0; j < 4; j++) pt[(size_t)(8 * b + 4 * h + j) * NT] = quad[j];
+                sum[h] = _mm512_reduce_add_epi32(q);
+            }
+            if (gs == 16) qt[2 * b * NT] = step * (float)sum[0], qt[(2 * b + 1) * NT] = step * (float)sum[1];
+            else qt[b * NT] = step * (float)(sum[0] + sum[1]);
+        }
+    }
+}
+
+// A unit's weights: w' (RU, in) row-major, and per group g the RU rows' -128 W' (init), s, c2.
+typedef struct { int8_t *w; int32_t *init; float *s, *c2; } unit;
+
+// One Q4_K row straight from its blocks into unit row r (what q_unpack_row and the generic
+// conversion below give, without the intermediate): w' = nibble - 8, s = d sc_j, m = -dmin m_j.
+VNNI static void q4_k_unit_row(const uint8_t *b, int in, unit *u, int r) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
+    int8_t *wr = u->w + (size_t)r * in;
+    for (int i = 0; i < in; i += 256, b += 144) {
+        uint16_t h[2];
+        memcpy(h, b, 4);
+        const float d = _cvtsh_ss(h[0]), dmin = _cvtsh_ss(h[1]);
+        for (int j = 0; j < 8; j++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (j / 2)));
+            q = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(q, 4) : q, lo4);
+            _mm256_storeu_si256((__m256i *)(wr + i + 32 * j), _mm256_sub_epi8(q, eight));
+            __m256i s4 = _mm256_sad_epu8(q, _mm256_setzero_si256());   // 4 partial sums of u
+            __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
+            int sum = (int)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 8 * 32;
+            int sc, mn;
+            dq_k4_scale_min(b + 4, j, &sc, &mn);
+            const int g = i / 32 + j;
+            const float s = d * (float)sc;
+            u->init[g * RU + r] = -128 * sum;
+            u->s[g * RU + r] = s;
+            u->c2[g * RU + r] = s * 8.0f - dmin * (float)mn;
+        }
+    }
+}
+
+// rows r0 .. r0 + nr of W (nr <= RU) -> u; rows past nr are zero (their outputs are not written).
+// tmp: in + in/16 * 8 bytes.
+VNNI static void unpack_unit(uint32_t type, const uint8_t *w, size_t row_bytes, int r0, int nr,
+                             int in, int gs, unit *u, uint8_t *tmp) {
+    const int ng = in / gs, c = mid_of(type), step = gs / 16;
+    float *s16 = (float *)(tmp + in), *m16 = s16 + in / 16;
+    for (int r = 0; r < RU; r++) {
+        int8_t *wr = u->w + (size_t)r * in;
+        if (r >= nr) {
+            memset(wr, 0, (size_t)in);
+            for (int g = 0; g < ng; g++) u->init[g * RU + r] = 0, u->s[g * RU + r] = u->c2[g * RU + r] = 0;
+            continue;
+        }
+        if (type == GGML_Q4_K) {
+            q4_k_unit_row(w + (size_t)(r0 + r) * row_bytes, in, u, r);
+            continue;
+        }
+        q_unpack_row(type, w + (size_t)(r0 + r) * row_bytes, in, tmp, s16, m16);
+        const __m256i vc = _mm256_set1_epi8((char)c);
+        for (int k = 0; k < in; k += 32)
+            _mm256_storeu_si256((__m256i *)(wr + k), _mm256_sub_epi8(_mm256_loadu_si256((const __m256i *)(tmp + k)), vc));
+        for (int g = 0; g < ng; g++) {
+            __m128i b = _mm_loadu_si128((const __m128i *)(wr + g * gs));
+            int sum = _mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(b));
+            if (gs == 32) sum += _mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(wr + g * gs + 16))));
+            float s = s16[g * step], m = m16[g * step];   // GS 32: both 16-groups share s, m
+            u->init[g * RU + r] = -128 * sum;
+            u->s[g * RU + r] = s;
+            u->c2[g * RU + r] = s * (float)c + m;
+        }
+    }
+}
+
+// acc (MR rows x NT tokens, fp32, row-major) += groups [g0, g1) of MR unit rows (w: the first row,
+// stride in; init/s/c2 offset to the tile's first row) x one token group (p, d, dq at its start).
+// first: acc starts at 0.
+VNNI static inline __attribute__((always_inline)) void
+micro(const int gs, const int8_t *w, int in, const int32_t *init, const float *s, const float *c2,
+      const uint8_t *p, const float *d, const float *dq, int g0, int g1, float *acc, int first) {
+    __m512 f[MR][2];
+    for (int r = 0; r < MR; r++)
+        for (int v = 0; v < 2; v++)
+            f[r][v] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + r * NT + 16 * v);
+    for (int g = g0; g < g1; g++) {
+        __m512i a[MR][2];
+        for (int r = 0; r < MR; r++) a[r][0] = a[r][1] = _mm512_set1_epi32(init[g * RU + r]);
+        const uint8_t *pg = p + (size_t)g * gs * NT;
+        const int8_t *wg = w + (size_t)g * gs;
+        for (int k4 = 0; k4 < gs / 4; k4++) {
+            __m512i x0 = _mm512_loadu_si512(pg + k4 * 128), x1 = _mm512_loadu_si512(pg + k4 * 128 + 64);
+            for (int r = 0; r < MR; r++) {
+                int32_t wv;
+                memcpy(&wv, wg + (size_t)r * in + 4 * k4, 4);
+                __m512i wb = _mm512_set1_epi32(wv);
+                a[r][0] = _mm512_dpbusd_epi32(a[r][0], x0, wb);
+                a[r][1] = _mm512_dpbusd_epi32(a[r][1], x1, wb);
+            }
+        }
+        const int blk = g * gs / 32;
+        const __m512 d0 = _mm512_loadu_ps(d + blk * NT), d1 = _mm512_loadu_ps(d + blk * NT + 16);
+        const __m512 q0 = _mm512_loadu_ps(dq + g * NT), q1 = _mm512_loadu_ps(dq + g * NT + 16);
+        for (int r = 0; r < MR; r++) {
+            const __m512 sr = _mm512_set1_ps(s[g * RU + r]), cr = _mm512_set1_ps(c2[g * RU + r]);
+            f[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r][0]), _mm512_mul_ps(sr, d0), f[r][0]);
+            f[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r][1]), _mm512_mul_ps(sr, d1), f[r][1]);
+            f[r][0] = _mm512_fmadd_ps(cr, q0, f[r][0]);
+            f[r][1] = _mm512_fmadd_ps(cr, q1, f[r][1]);
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        for (int v = 0; v < 2; v++) _mm512_storeu_ps(acc + r * NT + 16 * v, f[r][v]);
+}
+
+VNNI static void micro32(const int8_t *w, int in, const int32_t *init, const float *s, const float *c2,
+                         const uint8_t *p, const float *d, const float *dq, int g0, int g1, float *acc,
+                         int first) {
+    micro(32, w, in, init, s, c2, p, d, dq, g0, g1, acc, first);
+}
+VNNI static void micro16(const int8_t *w, int in, const int32_t *init, const float *s, const float *c2,
+                         const uint8_t *p, const float *d, const float *dq, int g0, int g1, float *acc,
+                         int first) {
+    micro(16, w, in, init, s, c2, p, d, dq, g0, g1, acc, first);
+}
+
+VNNI void q_matmul_vnni(float *out, const float *x, int n, int in, uint32_t type, const void *w,
+                        size_t row_bytes, int o, q_scratch *sc) {
+    CHECK_INTERNAL(in % 32 == 0 && q_vnni_supported(type), "q_matmul_vnni: type %u, %d columns", type, in);
+    const int gs = group_of(type), ng = in / gs, n_tg = (n + NT - 1) / NT, nt = omp_get_max_threads();
+    const size_t p_bytes = (size_t)n_tg * NT * in, d_bytes = (size_t)n_tg * NT * (in / 32) * 4,
+                 dq_bytes = (size_t)n_tg * NT * ng * 4;
+    const size_t unit_bytes = (size_t)RU * in + (size_t)ng * RU * 12, tmp_bytes = (size_t)in + in / 16 * 8,
+                 acc_bytes = (size_t)n_tg * RU * NT * 4, per = unit_bytes + tmp_bytes + acc_bytes + 192;
+    uint8_t *buf = q_scratch_get(sc, p_bytes + d_bytes + dq_bytes + (size_t)nt * per + 64);
+    uint8_t *p = (uint8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
+    float *d = (float *)(p + p_bytes), *dq = (float *)((uint8_t *)d + d_bytes);
+    uint8_t *per_thread = (uint8_t *)dq + dq_bytes;
+    quantize_tokens(x, n, in, gs, n_tg, p, d, dq);
+    void (*tile)(const int8_t *, int, const int32_t *, const float *, const float *, const uint8_t *,
+                 const float *, const float *, int, int, float *, int) = gs == 32 ? micro32 : micro16;
+    const int n_units = (o + RU - 1) / RU, kc_groups = KC / gs;
+#pragma omp parallel
+    {
+        uint8_t *mine = (uint8_t *)(((uintptr_t)(per_thread + (size_t)omp_get_thread_num() * per) + 63) & ~(uintptr_t)63);
+        unit u = {(int8_t *)mine, NULL, NULL, NULL};
+        u.init = (int32_t *)(mine + (size_t)RU * in);
+        u.s = (float *)(u.init + (size_t)ng * RU);
+        u.c2 = u.s + (size_t)ng * RU;
+        uint8_t *tmp = (uint8_t *)(u.c2 + (size_t)ng * RU);
+        float *acc = (float *)(((uintptr_t)(tmp + tmp_bytes) + 63) & ~(uintptr_t)63);   // (n_tg, RU, NT)
+#pragma omp for schedule(static)
+        for (int un = 0; un < n_units; un++) {
+            const int r0 = un * RU, nr = o - r0 < RU ? o - r0 : RU;
+            unpack_unit(type, (const uint8_t *)w, row_bytes, r0, nr, in, gs, &u, tmp);
+            for (int g0 = 0; g0 < ng; g0 += kc_groups) {
+                const int g1 = ng - g0 < kc_groups ? ng : g0 + kc_groups;
+                for (int tg = 0; tg < n_tg; tg++)
+                    for (int m = 0; m < nr; m += MR)
+                        tile(u.w + (size_t)m * in, in, u.init + m, u.s + m, u.c2 + m,
+                             p + (size_t)tg * in * NT, d + (size_t)tg * (in / 32) * NT,
+                             dq + (size_t)tg * ng * NT, g0, g1, acc + ((size_t)tg * RU + m) * NT, g0 == 0);
+            }
+            for (int t = 0; t < n; t++) {
+                const float *src = acc + (size_t)(t / NT) * RU * NT + t % NT;
+                float *dst = out + (size_t)t * o + r0;
+                for (int r = 0; r < nr; r++) dst[r] = src[r * NT];
+            }
+        }
+    }
+}
+
+// The vpdpbusd peak on all threads: 12 independent accumulators per step (no loads), timed over
+// `steps`. Tera integer operations per second (a multiply-add = 2).
+VNNI double q_vnni_peak_tops(int steps) {
+    double t0 = omp_get_wtime();
+    int nt = 1;
+    int64_t sink = 0;
+#pragma omp parallel reduction(+ : sink)
+    {
+#pragma omp single
+        nt = omp_get_num_threads();
+        __m512i a[12], x = _mm512_set1_epi8(1), y = _mm512_set1_epi8(2);
+        for (int j = 0; j < 12; j++) a[j] = _mm512_set1_epi32(j);
+        for (int i = 0; i < steps; i++) {
+            for (int j = 0; j < 12; j++) a[j] = _mm512_dpbusd_epi32(a[j], x, y);
+            __asm__ volatile("" : "+v"(x), "+v"(y));
+        }
+        for (int j = 0; j < 12; j++) sink += _mm512_reduce_add_epi32(a[j]);
+    }
+    double s = omp_get_wtime() - t0;
+    return sink == 42 ? 0 : 2.0 * 64 * 12 * (double)steps * nt / s / 1e12;
+}
