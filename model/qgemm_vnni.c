@@ -151,56 +151,61 @@ VNNI static void unpack_unit(uint32_t type, const uint8_t *w, size_t row_bytes, 
     }
 }
 
-// acc (MR rows x NT tokens, fp32, row-major) += groups [g0, g1) of MR unit rows (w: the first row,
-// stride in; init/s/c2 offset to the tile's first row) x one token group (p, d, dq at its start).
-// first: acc starts at 0.
+// acc (mr rows x NT tokens, fp32, row-major) += groups [g0, g1) of mr unit rows (w: the first row,
+// stride in; init/s/c2 offset to the tile's first row) x one token group (p, d, dq at its start),
+// of which tv vectors of 16 tokens are used: 6 rows x 32 tokens, or for a group of at most 16
+// tokens (batched decode) 12 rows x 16. first: acc starts at 0.
 VNNI static inline __attribute__((always_inline)) void
-micro(const int gs, const int8_t *w, int in, const int32_t *init, const float *s, const float *c2,
-      const uint8_t *p, const float *d, const float *dq, int g0, int g1, float *acc, int first) {
-    __m512 f[MR][2];
-    for (int r = 0; r < MR; r++)
-        for (int v = 0; v < 2; v++)
+micro(const int gs, const int tv, const int8_t *w, int in, const int32_t *init, const float *s,
+      const float *c2, const uint8_t *p, const float *d, const float *dq, int g0, int g1, float *acc,
+      int first) {
+    const int mr = tv == 2 ? MR : 2 * MR;
+    __m512 f[2 * MR][2];
+    for (int r = 0; r < mr; r++)
+        for (int v = 0; v < tv; v++)
             f[r][v] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + r * NT + 16 * v);
     for (int g = g0; g < g1; g++) {
-        __m512i a[MR][2];
-        for (int r = 0; r < MR; r++) a[r][0] = a[r][1] = _mm512_set1_epi32(init[g * RU + r]);
+        __m512i a[2 * MR][2];
+        for (int r = 0; r < mr; r++)
+            for (int v = 0; v < tv; v++) a[r][v] = _mm512_set1_epi32(init[g * RU + r]);
         const uint8_t *pg = p + (size_t)g * gs * NT;
         const int8_t *wg = w + (size_t)g * gs;
         for (int k4 = 0; k4 < gs / 4; k4++) {
-            __m512i x0 = _mm512_loadu_si512(pg + k4 * 128), x1 = _mm512_loadu_si512(pg + k4 * 128 + 64);
-            for (int r = 0; r < MR; r++) {
+            __m512i x[2];
+            for (int v = 0; v < tv; v++) x[v] = _mm512_loadu_si512(pg + k4 * 128 + 64 * v);
+            for (int r = 0; r < mr; r++) {
                 int32_t wv;
                 memcpy(&wv, wg + (size_t)r * in + 4 * k4, 4);
                 __m512i wb = _mm512_set1_epi32(wv);
-                a[r][0] = _mm512_dpbusd_epi32(a[r][0], x0, wb);
-                a[r][1] = _mm512_dpbusd_epi32(a[r][1], x1, wb);
+                for (int v = 0; v < tv; v++) a[r][v] = _mm512_dpbusd_epi32(a[r][v], x[v], wb);
             }
         }
         const int blk = g * gs / 32;
-        const __m512 d0 = _mm512_loadu_ps(d + blk * NT), d1 = _mm512_loadu_ps(d + blk * NT + 16);
-        const __m512 q0 = _mm512_loadu_ps(dq + g * NT), q1 = _mm512_loadu_ps(dq + g * NT + 16);
-        for (int r = 0; r < MR; r++) {
-            const __m512 sr = _mm512_set1_ps(s[g * RU + r]), cr = _mm512_set1_ps(c2[g * RU + r]);
-            f[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r][0]), _mm512_mul_ps(sr, d0), f[r][0]);
-            f[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r][1]), _mm512_mul_ps(sr, d1), f[r][1]);
-            f[r][0] = _mm512_fmadd_ps(cr, q0, f[r][0]);
-            f[r][1] = _mm512_fmadd_ps(cr, q1, f[r][1]);
+        for (int v = 0; v < tv; v++) {
+            const __m512 dv = _mm512_loadu_ps(d + blk * NT + 16 * v), qv = _mm512_loadu_ps(dq + g * NT + 16 * v);
+            for (int r = 0; r < mr; r++) {
+                const __m512 sr = _mm512_set1_ps(s[g * RU + r]), cr = _mm512_set1_ps(c2[g * RU + r]);
+                f[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r][v]), _mm512_mul_ps(sr, dv), f[r][v]);
+                f[r][v] = _mm512_fmadd_ps(cr, qv, f[r][v]);
+            }
         }
     }
-    for (int r = 0; r < MR; r++)
-        for (int v = 0; v < 2; v++) _mm512_storeu_ps(acc + r * NT + 16 * v, f[r][v]);
+    for (int r = 0; r < mr; r++)
+        for (int v = 0; v < tv; v++) _mm512_storeu_ps(acc + r * NT + 16 * v, f[r][v]);
 }
 
-VNNI static void micro32(const int8_t *w, int in, const int32_t *init, const float *s, const float *c2,
-                         const uint8_t *p, const float *d, const float *dq, int g0, int g1, float *acc,
-                         int first) {
-    micro(32, w, in, init, s, c2, p, d, dq, g0, g1, acc, first);
-}
-VNNI static void micro16(const int8_t *w, int in, const int32_t *init, const float *s, const float *c2,
-                         const uint8_t *p, const float *d, const float *dq, int g0, int g1, float *acc,
-                         int first) {
-    micro(16, w, in, init, s, c2, p, d, dq, g0, g1, acc, first);
-}
+typedef void (*micro_fn)(const int8_t *, int, const int32_t *, const float *, const float *,
+                         const uint8_t *, const float *, const float *, int, int, float *, int);
+#define MICRO(name, gs, tv)                                                                        \
+    VNNI static void name(const int8_t *w, int in, const int32_t *init, const float *s,              \
+                          const float *c2, const uint8_t *p, const float *d, const float *dq,       \
+                          int g0, int g1, float *acc, int first) {                                  \
+        micro(gs, tv, w, in, init, s, c2, p, d, dq, g0, g1, acc, first);                             \
+    }
+MICRO(micro32x2, 32, 2)
+MICRO(micro16x2, 16, 2)
+MICRO(micro32x1, 32, 1)
+MICRO(micro16x1, 16, 1)
 
 VNNI void q_matmul_vnni(float *out, const float *x, int n, int in, uint32_t type, const void *w,
                         size_t row_bytes, int o, q_scratch *sc) {
@@ -215,8 +220,8 @@ VNNI void q_matmul_vnni(float *out, const float *x, int n, int in, uint32_t type
     float *d = (float *)(p + p_bytes), *dq = (float *)((uint8_t *)d + d_bytes);
     uint8_t *per_thread = (uint8_t *)dq + dq_bytes;
     quantize_tokens(x, n, in, gs, n_tg, p, d, dq);
-    void (*tile)(const int8_t *, int, const int32_t *, const float *, const float *, const uint8_t *,
-                 const float *, const float *, int, int, float *, int) = gs == 32 ? micro32 : micro16;
+    const int tv = n <= 16 ? 1 : 2, mr = tv == 2 ? MR : 2 * MR;   // at most 16 tokens: 12 x 16 tiles
+    const micro_fn tile = gs == 32 ? (tv == 2 ? micro32x2 : micro32x1) : (tv == 2 ? micro16x2 : micro16x1);
     const int n_units = (o + RU - 1) / RU, kc_groups = KC / gs;
 #pragma omp parallel
     {
@@ -234,7 +239,7 @@ VNNI void q_matmul_vnni(float *out, const float *x, int n, int in, uint32_t type
             for (int g0 = 0; g0 < ng; g0 += kc_groups) {
                 const int g1 = ng - g0 < kc_groups ? ng : g0 + kc_groups;
                 for (int tg = 0; tg < n_tg; tg++)
-                    for (int m = 0; m < nr; m += MR)
+                    for (int m = 0; m < nr; m += mr)
                         tile(u.w + (size_t)m * in, in, u.init + m, u.s + m, u.c2 + m,
                              p + (size_t)tg * in * NT, d + (size_t)tg * (in / 32) * NT,
                              dq + (size_t)tg * ng * NT, g0, g1, acc + ((size_t)tg * RU + m) * NT, g0 == 0);

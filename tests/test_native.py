@@ -5,8 +5,8 @@ The issue's acceptance measures, on a text no test was tuned on (the first 16 KB
 Debian ships in /usr/share/common-licenses):
   * perplexity (`sift ppl --ctx 512`, llama-perplexity's chunks): native within 0.5 % of f32,
     on the default prefill path (this CPU's wide path: AMX bf16 tiles, the VNNI GEMM's one-digit
-    activations, or sgemm on dequantised tiles) and on `--weights exact` (every product through
-    the two-digit 8-bit kernels, as SIFT_PREFILL=int8: the same number);
+    activations, or sgemm on dequantised tiles), and `--weights exact` (every product through
+    the two-digit 8-bit kernels) within 1e-4 of it;
   * top-1 agreement of every position's logits (tool_logits on the first 512 tokens, int8 path)
     with the f32 path on >= 98 % of positions, and every disagreement a near-tie: the f32 logit
     gap between the two tokens within twice that row's largest |native - f32| logit difference
@@ -58,15 +58,14 @@ def ppl(text, weights, env_extra=None):
 
 def test_perplexity_native_within_half_percent(text):
     ref = ppl(text, "f32")
-    got = {}
-    for weights, env in (("native", {}), ("exact", {}), ("native", {"SIFT_PREFILL": "int8"})):
-        got[weights, bool(env)] = p = ppl(text, weights, env)
+    for weights in ("native", "exact"):
+        p = ppl(text, weights)
         rel = abs(p["ppl"] / ref["ppl"] - 1)
-        print(f"ppl f32 {ref['ppl']:.4f}  {weights} {env or ''} {p['ppl']:.4f}  ({rel:.2e})")
+        print(f"ppl f32 {ref['ppl']:.4f}  {weights} {p['ppl']:.4f}  ({rel:.2e})")
         assert p["chunks"] == ref["chunks"]
-        assert rel <= 0.005, f"{weights} ppl {p['ppl']} vs f32 {ref['ppl']} ({env})"
-    # --weights exact is the two-digit path on every product: the same numbers as SIFT_PREFILL=int8
-    assert got["exact", False]["ppl"] == got["native", True]["ppl"]
+        assert rel <= 0.005, f"{weights} ppl {p['ppl']} vs f32 {ref['ppl']}"
+        # two-digit activations on every product: within 16-bit rounding of f32
+        assert weights != "exact" or rel <= 1e-4, f"exact ppl {p['ppl']} vs f32 {ref['ppl']}"
 
 
 def logits(ids, weights, out, env_extra=None, model=MODEL):
