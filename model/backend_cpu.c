@@ -23,18 +23,19 @@
 
 // Which path a quantised product of n rows takes. Decode (n = 1) and short products: int8. Wider
 // ones: on a CPU with AMX, bf16 tiles from AMX_MIN_ROWS rows (they won from 16 rows on the 1B
-// shape, bench/RESULTS.md); else with AVX-512 VNNI, the register-tiled integer GEMM from
-// VNNI_MIN_ROWS (it won from 16 rows on the 1B shape); elsewhere sgemm on dequantised tiles from
-// SGEMM_MIN_ROWS (below 64 rows either may win, from 64 sgemm tiles won on every shape measured).
-// A fixed rule, so the same command computes the same numbers every run.
+// shape, bench/RESULTS.md); elsewhere sgemm on dequantised tiles from SGEMM_MIN_ROWS (below 64
+// rows either may win, from 64 sgemm tiles won on every shape measured). A fixed rule, so the
+// same command computes the same numbers every run. The AVX-512 VNNI GEMM (one-digit activations,
+// 2.3x the sgemm tiles' prefill on the 1B shape) is opt-in: it flipped the default model's greedy
+// chat answer (bench/RESULTS.md).
 // SIFT_PREFILL=int8|sgemm|amx|vnni forces one path (int8: two-digit activations on every product,
-// the exact mode); SIFT_PREFILL=tune times int8 and the wide path on the first product of each
+// as --weights exact); SIFT_PREFILL=tune times int8 and the wide path on the first product of each
 // (type, in, out, rows rounded down to a power of two) — on a slice of the weight rows (an eighth,
 // at least 128: each path's cost is linear in them), then the winner on all rows — keeps the
 // faster for that shape, and `sift bench` lists the choices.
 #define SGEMM_MIN_ROWS 64
 #define AMX_MIN_ROWS 16
-#define VNNI_MIN_ROWS 16
+#define VNNI_MIN_ROWS 16   // forced: it won from 12-16 rows on the 1B shape
 #define TUNE_MIN_ROWS 8
 #define TUNE_MAX 256
 
@@ -164,12 +165,14 @@ static int floor_log2(int n) {
     return k;
 }
 
-// The path of wide products: AMX tiles where the CPU has them, else the VNNI GEMM, else sgemm tiles.
+// The path of wide products: AMX tiles where the CPU has them, else sgemm tiles (or the one
+// SIFT_PREFILL forces).
 static enum q_path wide_path(const cpu_impl *c) {
-    return c->amx ? Q_PATH_AMX : c->isa == Q_ISA_AVX512 ? Q_PATH_VNNI : Q_PATH_SGEMM;
+    return c->forced > Q_PATH_INT8 ? (enum q_path)c->forced : c->amx ? Q_PATH_AMX : Q_PATH_SGEMM;
 }
 static int wide_min_rows(const cpu_impl *c) {
-    return c->amx ? AMX_MIN_ROWS : c->isa == Q_ISA_AVX512 ? VNNI_MIN_ROWS : SGEMM_MIN_ROWS;
+    enum q_path p = wide_path(c);
+    return p == Q_PATH_AMX ? AMX_MIN_ROWS : p == Q_PATH_VNNI ? VNNI_MIN_ROWS : SGEMM_MIN_ROWS;
 }
 static const char *path_name(enum q_path p) {
     return p == Q_PATH_AMX ? "amx tiles" : p == Q_PATH_VNNI ? "vnni gemm" : p == Q_PATH_SGEMM ? "sgemm tiles" : "int8";
@@ -668,7 +671,6 @@ backend *backend_cpu_create(int n_threads, enum bk_weights weights) {
                                      : c->forced == Q_PATH_VNNI  ? "vnni (SIFT_PREFILL)"
                                      : c->forced == -2           ? "timed per shape (SIFT_PREFILL)"
                                      : c->amx                    ? "amx bf16 tiles from 16 rows"
-                                     : c->isa == Q_ISA_AVX512    ? "vnni gemm from 16 rows"
                                                                  : "sgemm tiles from 64 rows");
     return b;
 }

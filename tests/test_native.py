@@ -4,8 +4,8 @@ against the fp32 reference path (--weights f32) on the default model, end to end
 The issue's acceptance measures, on a text no test was tuned on (the first 16 KB of the GPL-3 text
 Debian ships in /usr/share/common-licenses):
   * perplexity (`sift ppl --ctx 512`, llama-perplexity's chunks): native within 0.5 % of f32,
-    on the default prefill path (this CPU's wide path: AMX bf16 tiles, the VNNI GEMM's one-digit
-    activations, or sgemm on dequantised tiles), and `--weights exact` (every product through
+    on the default prefill path (this CPU's wide path: AMX bf16 tiles or sgemm on dequantised
+    tiles), and `--weights exact` (every product through
     the two-digit 8-bit kernels) within 1e-4 of it;
   * top-1 agreement of every position's logits (tool_logits on the first 512 tokens, int8 path)
     with the f32 path on >= 98 % of positions, and every disagreement a near-tie: the f32 logit
