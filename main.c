@@ -19,7 +19,7 @@
 
 typedef struct {
     const char *model, *device, *batch_dir, *draft_path;
-    enum bk_weights weights;   // --weights native|exact|f32 (CPU)
+    enum bk_weights weights;   // --weights native|fast|exact|f32 (CPU)
     int ctx;
     run_opts r;                // what runs: prompts, sampling, strategies, output
     strategy_opts so;
@@ -109,9 +109,10 @@ static const flag_row FLAGS[] = {
     {NULL, "-t", "--threads", "N", F_INT, O(r.threads), 1, 1024, 0, NULL,
      "CPU threads (default: $OMP_NUM_THREADS, else the physical cores)"},
     {NULL, NULL, "--weights", "W", F_CALL, 0, 0, 0, 0, set_weights,
-     "CPU weights: native (as the file stores them, 8-bit activation products; default) | exact "
-     "(as stored, two-digit 16-bit activations on every product: slower prefill) | f32 "
-     "(dequantised, the reference)"},
+     "CPU weights: native (as the file stores them; default) | fast (as stored, prefill on "
+     "one-digit 8-bit activations with AVX-512 VNNI: llama.cpp's precision, faster) | exact (as "
+     "stored, two-digit 16-bit activations on every product: slower prefill) | f32 (dequantised, "
+     "the reference)"},
     {"batch jobs", NULL, "--parallel", "N", F_INT, O(r.parallel), 1, FWD_MAX_BATCH - MAX_STRATEGIES, 1,
      NULL, "up to N prompts in flight; each decode step is one forward pass over all of them "
      "(default 1)"},

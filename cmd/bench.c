@@ -30,7 +30,7 @@
 
 typedef struct {
     const char *model, *format, *draft_path, *device;
-    enum bk_weights weights;   // --weights native|exact|f32 (CPU)
+    enum bk_weights weights;   // --weights native|fast|exact|f32 (CPU)
     uint32_t wtype;            // --wtype: a synthetic model's weight type (GGML_F32 default)
     int ctx[MAX_CTX], n_ctx, n_gen, reps, threads, dry_run, elem_bytes;
     int par[MAX_CTX], n_par;   // --parallel: sequences decoded together (1 = run_generate alone)
@@ -155,7 +155,7 @@ static void bench_help(void) {
     printf("usage: sift bench [-m MODEL|synthetic:NAME[@SEED]] [--ctx 1024,8192] [-n 128] [-r 5]\n"
            "                  [-t 1,2,...] [--device auto|cpu|cuda] [--strategy NAME,...|all] [strategy flags]\n"
            "                  [-o md|json|csv|jsonl] [--dry-run [--elem-bytes 4|2]] [--parallel 1,4,16]\n"
-           "                  [--weights native|exact|f32] [--wtype f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k]\n"
+           "                  [--weights native|fast|exact|f32] [--wtype f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k]\n"
            "prefill P seeded random tokens per --ctx P (-p is an alias), then decode N at that\n"
            "depth; mean ± sd of R runs. 'x full' columns are ratios of means against full in the\n"
            "same run. MFU uses full-equivalent prefill FLOPs; MBU the weights + KV a decode step\n"

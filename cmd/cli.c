@@ -247,7 +247,8 @@ enum bk_weights cli_weights(const char *v) {
     if (strcmp(v, "native") == 0) return BK_WEIGHTS_NATIVE;
     if (strcmp(v, "f32") == 0) return BK_WEIGHTS_F32;
     if (strcmp(v, "exact") == 0) return BK_WEIGHTS_EXACT;
-    cli_usage_error("unknown --weights '%s' (native, exact or f32)", v);
+    if (strcmp(v, "fast") == 0) return BK_WEIGHTS_FAST;
+    cli_usage_error("unknown --weights '%s' (native, fast, exact or f32)", v);
 }
 
 backend *cli_backend(const char *device, int threads, enum bk_weights weights) {

@@ -46,7 +46,7 @@ struct eval_haystack;
 int cli_load_haystack(const char *path, struct eval_haystack *h);
 // --device auto|cpu|cuda: v, or a usage error.
 const char *cli_device(const char *v);
-// --weights native|exact|f32 (how the CPU backend keeps weights): the mode, or a usage error.
+// --weights native|fast|exact|f32 (how the CPU backend keeps weights): the mode, or a usage error.
 enum bk_weights cli_weights(const char *v);
 
 // Ctrl-C for the commands that stop between prompts and report what was measured (eval,

@@ -17,7 +17,7 @@
 
 typedef struct {
     const char *model, *haystack, *json_path, *csv_path, *plot_path, *draft_path, *device;
-    enum bk_weights weights;   // --weights native|exact|f32 (CPU)
+    enum bk_weights weights;   // --weights native|fast|exact|f32 (CPU)
     const strategy *strategies[MAX_STRATEGIES];
     int n_strategies;
     int tasks[EVAL_N_TASKS], n_tasks;
@@ -31,7 +31,7 @@ static void eval_help(void) {
     printf("usage: sift eval [-m MODEL] [--strategy all|NAME,...] [--tasks niah,...]\n"
            "                 [--ctx 1024,2048,4096] [--samples 5] [--seed 1] [--haystack FILE]\n"
            "                 [-o results.json] [--csv results.csv] [--plot results.svg]\n"
-           "                 [-t N] [--device D] [--weights native|exact|f32] [-q] [--dump-prompts] [strategy flags, see sift --help]\n\n"
+           "                 [-t N] [--device D] [--weights native|fast|exact|f32] [-q] [--dump-prompts] [strategy flags, see sift --help]\n\n"
            "Long-context tasks in RULER's shapes, generated from --seed: niah (one needle at a\n"
            "depth spread over the samples), multikey (asked needle among 3 others), multivalue\n"
            "(4 values of one key), vt (variable chain of 5 names), cwe (5 most common words).\n"

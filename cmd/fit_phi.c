@@ -22,7 +22,7 @@
 
 typedef struct {
     const char *model, *data, *out, *device;
-    enum bk_weights weights;   // --weights native|exact|f32 (CPU)
+    enum bk_weights weights;   // --weights native|fast|exact|f32 (CPU)
     int ctx, steps, queries, batch, d_phi, sink, tail, threads, positions;
     int check;   // --check N: held-out tokens of the end-to-end check (0: none)
     float lr, cal, margin;
@@ -49,7 +49,7 @@ static void fit_parse(int argc, char **argv, fit_opts *o) {
                    "         [--steps 150] [--queries 48] [--batch 16] [--lr 0.003] [--seed 1]\n"
                    "         [--d-phi HEAD_DIM] [--sink 4] [--tail 16] [--calibrate 0.02]\n"
                    "         [--margin 1] [--positions N] [--check 4096] [--recalibrate | --verify]\n"
-                   "         [-t N] [--device D] [--weights native|exact|f32]\n"
+                   "         [-t N] [--device D] [--weights native|fast|exact|f32]\n"
                    "learns topk+phi's feature maps on the first --ctx tokens of TEXT; use them with\n"
                    "--strategy topk+phi --phi FILE.phi. The maps read post-RoPE vectors, so each step\n"
                    "also shows them the data at positions shifted by up to --positions - ctx (RoPE is\n"

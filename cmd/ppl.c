@@ -17,7 +17,7 @@
 
 typedef struct {
     const char *model, *file, *device;
-    enum bk_weights weights;   // --weights native|exact|f32 (CPU)
+    enum bk_weights weights;   // --weights native|fast|exact|f32 (CPU)
     int ctx, threads, json, quiet;
     const strategy *s;
 } ppl_opts;
@@ -27,7 +27,7 @@ static void ppl_parse(int argc, char **argv, ppl_opts *p) {
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (cli_is_flag(a, "-h", "--help")) {
-            printf("usage: sift ppl [-m MODEL] -f TEXT [--ctx 512] [--strategy full] [-t N] [--device D] [--weights native|exact|f32] [--json] [-q]\n"
+            printf("usage: sift ppl [-m MODEL] -f TEXT [--ctx 512] [--strategy full] [-t N] [--device D] [--weights native|fast|exact|f32] [--json] [-q]\n"
                    "perplexity in llama-perplexity's convention: chunks of --ctx tokens, BOS at each\n"
                    "chunk's start, the second half of each chunk scored\n");
             exit(0);

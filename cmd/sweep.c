@@ -74,7 +74,7 @@ static void sweep_help(void) {
            "                 [--grid SPEC | --strategy LIST] [--draft MODEL] [-n 16] [--chat] [--system TEXT]\n"
            "                 [--fidelity greedy|first|accuracy] [--speed total|ttft|tpot] [--min-agreement X]\n"
            "                 [-o sweep.json] [--csv sweep.csv] [--plot sweep.svg] [--parallel N]\n"
-           "                 [-t N] [--device D] [--weights native|exact|f32] [-q] [strategy flags, see sift --help]\n\n"
+           "                 [-t N] [--device D] [--weights native|fast|exact|f32] [-q] [strategy flags, see sift --help]\n\n"
            "Runs `full` once per prompt as the reference, then every setting of the grid greedily\n"
            "(temp 0, -n tokens) on the same tokens, and reports per setting the means over the\n"
            "prompts: first-token and greedy agreement with full (share of full's tokens matched\n"
@@ -692,7 +692,8 @@ static void sw_command(const sweep_run *R, int s, char *out, size_t len) {
     if (w->threads_given) j += (size_t)snprintf(out + j, len - j, " -t %d", w->threads);
     if (strcmp(w->device, "auto") != 0) j += (size_t)snprintf(out + j, len - j, " --device %s", w->device);
     if (w->weights != BK_WEIGHTS_NATIVE)
-        j += (size_t)snprintf(out + j, len - j, " --weights %s", w->weights == BK_WEIGHTS_F32 ? "f32" : "exact");
+        j += (size_t)snprintf(out + j, len - j, " --weights %s", w->weights == BK_WEIGHTS_F32 ? "f32"
+                                                                 : w->weights == BK_WEIGHTS_FAST ? "fast" : "exact");
     if (w->n_tasks) {
         j += (size_t)snprintf(out + j, len - j, " --tasks ");
         for (int i = 0; i < w->n_tasks; i++)

@@ -38,9 +38,11 @@ static inline bk_tensor bk_f32(float *host, size_t rows, size_t cols) {
 
 // How the CPU backend keeps weights: as stored (quantised products, qgemm.h) or dequantised to
 // fp32 at load (the reference the tests compare against).
-// CPU weights: native (file encoding; wide products on the fastest path), exact (file encoding,
-// every product with two-digit activations: model/qgemm.h), f32 (dequantised at load)
-enum bk_weights { BK_WEIGHTS_NATIVE = 0, BK_WEIGHTS_F32 = 1, BK_WEIGHTS_EXACT = 2 };
+// CPU weights: native (file encoding; wide products on this CPU's default path), fast (file
+// encoding; with AVX-512 VNNI, wide products on one-digit activations: llama.cpp's precision),
+// exact (file encoding, every product on the two-digit int8 kernels: model/qgemm.h), f32
+// (dequantised at load)
+enum bk_weights { BK_WEIGHTS_NATIVE = 0, BK_WEIGHTS_F32 = 1, BK_WEIGHTS_EXACT = 2, BK_WEIGHTS_FAST = 3 };
 
 struct backend {
     const char *name;                  // "cpu" | "cuda"

@@ -22,20 +22,21 @@
 #include "qgemm.h"
 
 // Which path a quantised product of n rows takes. Decode (n = 1) and short products: int8. Wider
-// ones: on a CPU with AMX, bf16 tiles from AMX_MIN_ROWS rows (they won from 16 rows on the 1B
-// shape, bench/RESULTS.md); elsewhere sgemm on dequantised tiles from SGEMM_MIN_ROWS (below 64
-// rows either may win, from 64 sgemm tiles won on every shape measured). A fixed rule, so the
-// same command computes the same numbers every run. The AVX-512 VNNI GEMM (one-digit activations,
-// 2.3x the sgemm tiles' prefill on the 1B shape) is opt-in: it flipped the default model's greedy
-// chat answer (bench/RESULTS.md).
-// SIFT_PREFILL=int8|sgemm|amx|vnni forces one path (int8: two-digit activations on every product,
-// as --weights exact); SIFT_PREFILL=tune times int8 and the wide path on the first product of each
+// ones, from 16 rows: on a CPU with AMX, bf16 tiles (they won from 16 rows on the 1B shape,
+// bench/RESULTS.md); else with AVX-512 VNNI, the integer GEMM on the int8 path's two digits
+// (vpdpwssd; it won from 12-16 rows) — or with --weights fast on one digit (vpdpbusd: twice as
+// fast, llama.cpp's precision, which turned the default model's greedy chat answer into nonsense
+// as llama.cpp's own run does); elsewhere sgemm on dequantised tiles from SGEMM_MIN_ROWS (below
+// 64 rows either may win, from 64 sgemm tiles won on every shape measured). A fixed rule, so the
+// same command computes the same numbers every run.
+// SIFT_PREFILL=int8|sgemm|amx|vnni|vnni8 forces one path (int8: two-digit activations on every
+// product, as --weights exact); SIFT_PREFILL=tune times int8 and the wide path on the first product of each
 // (type, in, out, rows rounded down to a power of two) — on a slice of the weight rows (an eighth,
 // at least 128: each path's cost is linear in them), then the winner on all rows — keeps the
 // faster for that shape, and `sift bench` lists the choices.
 #define SGEMM_MIN_ROWS 64
 #define AMX_MIN_ROWS 16
-#define VNNI_MIN_ROWS 16   // forced: it won from 12-16 rows on the 1B shape
+#define VNNI_MIN_ROWS 16
 #define TUNE_MIN_ROWS 8
 #define TUNE_MAX 256
 
@@ -165,17 +166,24 @@ static int floor_log2(int n) {
     return k;
 }
 
-// The path of wide products: AMX tiles where the CPU has them, else sgemm tiles (or the one
-// SIFT_PREFILL forces).
+// The path of wide products: the one SIFT_PREFILL forces, else AMX tiles where the CPU has them,
+// else the VNNI GEMM (one digit with --weights fast), else sgemm tiles.
 static enum q_path wide_path(const cpu_impl *c) {
-    return c->forced > Q_PATH_INT8 ? (enum q_path)c->forced : c->amx ? Q_PATH_AMX : Q_PATH_SGEMM;
+    if (c->forced > Q_PATH_INT8) return (enum q_path)c->forced;
+    if (c->amx) return Q_PATH_AMX;
+    if (c->isa == Q_ISA_AVX512) return c->mode == BK_WEIGHTS_FAST ? Q_PATH_VNNI8 : Q_PATH_VNNI;
+    return Q_PATH_SGEMM;
 }
 static int wide_min_rows(const cpu_impl *c) {
     enum q_path p = wide_path(c);
-    return p == Q_PATH_AMX ? AMX_MIN_ROWS : p == Q_PATH_VNNI ? VNNI_MIN_ROWS : SGEMM_MIN_ROWS;
+    return p == Q_PATH_AMX ? AMX_MIN_ROWS : p == Q_PATH_SGEMM ? SGEMM_MIN_ROWS : VNNI_MIN_ROWS;
 }
 static const char *path_name(enum q_path p) {
-    return p == Q_PATH_AMX ? "amx tiles" : p == Q_PATH_VNNI ? "vnni gemm" : p == Q_PATH_SGEMM ? "sgemm tiles" : "int8";
+    return p == Q_PATH_AMX     ? "amx tiles"
+           : p == Q_PATH_VNNI  ? "vnni gemm"
+           : p == Q_PATH_VNNI8 ? "vnni one-digit gemm"
+           : p == Q_PATH_SGEMM ? "sgemm tiles"
+                               : "int8";
 }
 
 // The path for a quantised product of n rows (see TUNE_MIN_ROWS); NULL *e: decided, else the
@@ -442,7 +450,7 @@ static int cpu_ceilings(backend *b, double *tflops, double *gbps) {
     // not zeros: this VM read zero-filled pages ~10x faster than any data (221 vs 22 GB/s)
     memset(x, 0x3c, read_n * sizeof(float));
     const cpu_impl *c = impl(b);
-    const enum q_path wide = c->mode == BK_WEIGHTS_NATIVE ? wide_path(c) : Q_PATH_SGEMM;
+    const enum q_path wide = c->mode != BK_WEIGHTS_F32 && c->forced != Q_PATH_INT8 ? wide_path(c) : Q_PATH_SGEMM;
     double best_mm = 1e30, best_rd = 1e30, peak = 0;
     volatile float sink = 0;
     for (int rep = 0; rep < 3; rep++) {
@@ -451,7 +459,8 @@ static int cpu_ceilings(backend *b, double *tflops, double *gbps) {
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, x, n,
                         x + (size_t)n * n, n, 0.0f, y, n);
         else {
-            double t = wide == Q_PATH_AMX ? q_amx_peak_tflops(1 << 16) : q_vnni_peak_tops(1 << 20);
+            double t = wide == Q_PATH_AMX ? q_amx_peak_tflops(1 << 16)
+                                          : q_vnni_peak_tops(wide == Q_PATH_VNNI8 ? 1 : 2, 1 << 20);
             peak = t > peak ? t : peak;
         }
         double t1 = omp_get_wtime();
@@ -640,6 +649,7 @@ backend *backend_cpu_create(int n_threads, enum bk_weights weights) {
                 : path && strcmp(path, "sgemm") == 0 ? Q_PATH_SGEMM
                 : path && strcmp(path, "amx") == 0 && q_amx_available() ? Q_PATH_AMX
                 : path && strcmp(path, "vnni") == 0 && c->isa == Q_ISA_AVX512 ? Q_PATH_VNNI
+                : path && strcmp(path, "vnni8") == 0 && c->isa == Q_ISA_AVX512 ? Q_PATH_VNNI8
                 : path && strcmp(path, "tune") == 0  ? -2
                                                      : -1;
     *b = (backend){
@@ -669,8 +679,12 @@ backend *backend_cpu_create(int n_threads, enum bk_weights weights) {
                                      : c->forced == Q_PATH_SGEMM ? "sgemm (SIFT_PREFILL)"
                                      : c->forced == Q_PATH_AMX   ? "amx (SIFT_PREFILL)"
                                      : c->forced == Q_PATH_VNNI  ? "vnni (SIFT_PREFILL)"
+                                     : c->forced == Q_PATH_VNNI8 ? "vnni8 (SIFT_PREFILL)"
                                      : c->forced == -2           ? "timed per shape (SIFT_PREFILL)"
                                      : c->amx                    ? "amx bf16 tiles from 16 rows"
+                                     : c->isa == Q_ISA_AVX512 && weights == BK_WEIGHTS_FAST
+                                         ? "vnni one-digit gemm from 16 rows (--weights fast)"
+                                     : c->isa == Q_ISA_AVX512    ? "vnni two-digit gemm from 16 rows"
                                                                  : "sgemm tiles from 64 rows");
     return b;
 }

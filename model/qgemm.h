@@ -18,14 +18,14 @@
 // F16/BF16 rows are converted to fp32 on the fly (F16C / shifts) and dotted with fp32 activations.
 // Prefill-sized products (many rows) may instead dequantise tiles of weight rows to fp32 and
 // call sgemm (exact weights), on a CPU with AMX multiply bf16 tiles (qgemm_amx.c), or on AVX-512
-// VNNI multiply one-digit activations by the 8-bit weights in a register-tiled GEMM
-// (qgemm_vnni.c); q_matmul takes the path the caller names.
+// VNNI multiply the activations' digits by the 8-bit weights in a register-tiled GEMM
+// (qgemm_vnni.c: two digits, or one for --weights fast); q_matmul takes the path the caller names.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
 
 enum q_isa { Q_ISA_SCALAR = 0, Q_ISA_AVX2 = 1, Q_ISA_AVX512 = 2 };
-enum q_path { Q_PATH_INT8 = 0, Q_PATH_SGEMM = 1, Q_PATH_AMX = 2, Q_PATH_VNNI = 3 };
+enum q_path { Q_PATH_INT8 = 0, Q_PATH_SGEMM = 1, Q_PATH_AMX = 2, Q_PATH_VNNI = 3, Q_PATH_VNNI8 = 4 };
 
 // The best ISA this CPU runs (cpuid: AVX-512 F/BW/VL/DQ + VNNI, else AVX2 + FMA + F16C, else
 // scalar); the environment variable SIFT_ISA=scalar|avx2|avx512 lowers it (never raises it
@@ -74,11 +74,13 @@ double q_amx_peak_tflops(int steps);   // the tiles' bf16 peak on all threads (n
 void q_matmul_amx(float *out, const float *x, int n, int in, uint32_t type, const void *w,
                   size_t row_bytes, int o, q_scratch *scratch);
 
-// AVX-512 VNNI GEMM (model/qgemm_vnni.c): out = x @ W^T with x quantised to one 8-bit digit per
-// element and 32-block (|error| <= d/2 each, d = max|x_blk| / 127), the weights' 8-bit form
-// exact, int32 accumulation per scale group; for prefill-sized n. Only where q_isa_pick gives
-// Q_ISA_AVX512 and q_vnni_supported(type) (the block types; not F16/BF16).
+// AVX-512 VNNI GEMM (model/qgemm_vnni.c): out = x @ W^T, the weights' 8-bit form exact, int32
+// accumulation per scale group; for prefill-sized n. digits 2: the activations' two digits
+// (q_quantize_row) as int16, vpdpwssd — the int8 path's precision; digits 1: one 8-bit digit per
+// element and 32-block (|error| <= d/2 each, d = max|x_blk| / 127: llama.cpp's Q8_0), vpdpbusd,
+// twice the products per instruction. Only where q_isa_pick gives Q_ISA_AVX512 and
+// q_vnni_supported(type) (the block types; not F16/BF16).
 int q_vnni_supported(uint32_t type);
-double q_vnni_peak_tops(int steps);   // vpdpbusd's peak on all threads (no memory traffic)
+double q_vnni_peak_tops(int digits, int steps);   // the instruction's peak on all threads
 void q_matmul_vnni(float *out, const float *x, int n, int in, uint32_t type, const void *w,
-                   size_t row_bytes, int o, q_scratch *scratch);
+                   size_t row_bytes, int o, int digits, q_scratch *scratch);

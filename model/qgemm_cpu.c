@@ -868,8 +868,8 @@ void q_matmul(enum q_isa isa, enum q_path path, float *out, const float *x, int 
     CHECK_INTERNAL(q_type_supported(type) && (is_float16(type) || in % 32 == 0), "q_matmul: type %s, %d columns",
                    gguf_type_name(type), in);
     if (n <= 0 || o <= 0) return;
-    if (path == Q_PATH_VNNI && isa == Q_ISA_AVX512 && q_vnni_supported(type))
-        q_matmul_vnni(out, x, n, in, type, w, row_bytes, o, scratch);
+    if ((path == Q_PATH_VNNI || path == Q_PATH_VNNI8) && isa == Q_ISA_AVX512 && q_vnni_supported(type))
+        q_matmul_vnni(out, x, n, in, type, w, row_bytes, o, path == Q_PATH_VNNI8 ? 1 : 2, scratch);
     else if (path == Q_PATH_AMX) q_matmul_amx(out, x, n, in, type, w, row_bytes, o, scratch);
     else if (path == Q_PATH_SGEMM) matmul_sgemm(out, x, n, in, type, w, row_bytes, o, scratch);
     else if (is_float16(type)) matmul_f16(isa, out, x, n, in, type, w, row_bytes, o);

@@ -79,8 +79,8 @@ static void check_case(uint32_t type, const char *name, enum q_isa isa, enum q_p
     // AMX: weights and activations each rounded to bf16 (8 significant bits: relative error
     // <= 2^-8 each), products summed in fp32
     int amx = path == Q_PATH_AMX;
-    // VNNI: one 8-bit digit per activation (error <= d/2 each, uniform: variance d^2/12)
-    int vnni = path == Q_PATH_VNNI;
+    // VNNI8: one 8-bit digit per activation (error <= d/2 each, uniform: variance d^2/12)
+    int one = path == Q_PATH_VNNI8;
     int exact_w = !amx && (path == Q_PATH_SGEMM || type == GGML_F16 || type == GGML_BF16);
     int bad = 0;
     double worst = 0, mean_bound = 0, mean_mag = 0, sq_err = 0, sq_pred = 0;
@@ -99,8 +99,8 @@ static void check_case(uint32_t type, const char *name, enum q_isa isa, enum q_p
                 ref += (double)wr[k] * xi[k];
                 mag += fabs((double)wr[k] * xi[k]);
                 sq += (double)wr[k] * xi[k] * wr[k] * xi[k];
-                double step = vnni ? dblk[k / 32] : dblk[k / 32] / 256;
-                rounding += fabs((double)wr[k]) * (vnni ? step / 2 : step);
+                double step = one ? dblk[k / 32] : dblk[k / 32] / 256;
+                rounding += fabs((double)wr[k]) * (one ? step / 2 : step);
                 var += (double)wr[k] * wr[k] * step * step / 12;
             }
             if (amx) {   // |w^ x^ - w x| <= (2^-7 + 2^-16) |w x|; E err^2 <= sum 2 (2^-8 w x)^2
@@ -124,7 +124,7 @@ static void check_case(uint32_t type, const char *name, enum q_isa isa, enum q_p
               "variance", name, q_isa_name(isa), n, sq_err / (n * o), sq_err / sq_pred);
     // the bound must say something: far below the products' magnitude (one digit: at most half
     // a step of 1/127 of the block's largest |x| per element, in this x 1/63 of the typical |x|)
-    CHECK(mean_bound < (vnni ? 0.05 : 0.02) * mean_mag, "%s: vacuous bound (%.3g vs magnitude %.3g)", name,
+    CHECK(mean_bound < (one ? 0.05 : 0.02) * mean_mag, "%s: vacuous bound (%.3g vs magnitude %.3g)", name,
           mean_bound, mean_mag);
     (void)be;
     free(w), free(wf), free(x), free(y);
@@ -253,11 +253,13 @@ int main(void) {
         int k256 = dq_block_elems(type) == 256;
         // ragged edges (33 tokens: a part-filled token group; 70 rows: a part-filled unit and
         // micro tile), two passes over the columns, whole token groups and units
-        check_case(type, TYPES[t].name, best, Q_PATH_VNNI, 33, k256 ? 768 : 352, 70);
-        check_case(type, TYPES[t].name, best, Q_PATH_VNNI, 5, k256 ? 1280 : 1120, 30);
-        check_case(type, TYPES[t].name, best, Q_PATH_VNNI, 64, k256 ? 512 : 256, 96);
+        for (int path = Q_PATH_VNNI; path <= Q_PATH_VNNI8; path++) {   // two digits, one digit
+            check_case(type, TYPES[t].name, best, path, 33, k256 ? 768 : 352, 70);
+            check_case(type, TYPES[t].name, best, path, 5, k256 ? 1280 : 1120, 30);
+            check_case(type, TYPES[t].name, best, path, 64, k256 ? 512 : 256, 96);
+        }
     }
-    printf("test_qgemm: VNNI GEMM %s\n", best == Q_ISA_AVX512 ? "checked" : "not on this CPU: skipped");
+    printf("test_qgemm: VNNI GEMMs (two digits, one digit) %s\n", best == Q_ISA_AVX512 ? "checked" : "not on this CPU: skipped");
     printf("test_qgemm: AMX tiles %s\n", q_amx_available() ? "checked" : "not on this CPU: skipped");
     return check_summary("test_qgemm");
 }
