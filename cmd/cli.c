@@ -141,6 +141,21 @@ void cli_strategy_settings_json(FILE *out, const strategy_opts *so, const char *
 // longest contexts hold a few MB of text.
 #define MAX_PROMPT_BYTES ((size_t)256 << 20)
 
+int cli_text_check(const char *text, size_t len, const char *what, char *err, size_t errlen) {
+    const char *nul = memchr(text, 0, len);
+    if (nul) {
+        snprintf(err, errlen, "%s is binary, not text (a NUL byte at offset %ld)", what, (long)(nul - text));
+        return -1;
+    }
+    long bad = tok_utf8_invalid_at(text, len);
+    if (bad >= 0) {
+        snprintf(err, errlen, "%s is not valid UTF-8 (byte offset %ld, 0x%02x)", what, bad,
+                 (unsigned char)text[bad]);
+        return -1;
+    }
+    return 0;
+}
+
 char *cli_read_all(const char *path, size_t *len, char *err, size_t errlen) {
     FILE *fp = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
     struct stat sb;

@@ -115,7 +115,8 @@ static int fit_tokens(const fit_opts *o, const loaded *L, int **ids, int *total_
     char err[512];
     size_t len;
     char *text = cli_read_all(o->data, &len, err, sizeof err);
-    int *raw = NULL, n = text ? tok_encode(L->t, text, len, 0, &raw, err, sizeof err) : -1;
+    int *raw = NULL, n = text && cli_text_check(text, len, o->data, err, sizeof err) == 0
+                             ? tok_encode(L->t, text, len, 0, &raw, err, sizeof err) : -1;
     free(text);
     if (n < 0) {
         fprintf(stderr, "sift: error: fit-phi: %s\n", err);

@@ -99,10 +99,9 @@ static int text_ids(const ppl_opts *p, const tok *t, int **ids) {
         fprintf(stderr, "sift: error: %s\n", err);
         return -1;
     }
-    long bad = tok_utf8_invalid_at(text, len);
     int *body = NULL, n = -1;
-    if (bad >= 0) snprintf(err, sizeof err, "%s is not valid UTF-8 (byte offset %ld)", p->file, bad);
-    else n = tok_encode(t, text, len, 0, &body, err, sizeof err);
+    if (cli_text_check(text, len, p->file, err, sizeof err) == 0)
+        n = tok_encode(t, text, len, 0, &body, err, sizeof err);
     free(text);
     if (n < 0) {
         fprintf(stderr, "sift: error: %s\n", err);

@@ -415,12 +415,15 @@ typedef struct runner {
 // asked. n, or -1 with err.
 static int prompt_ids(const runner *R, request *q, int **ids, char *err, size_t errlen) {
     size_t len = 0;
+    const char *what = q->file ? "prompt file" : "prompt";
     if (q->file && !q->text) {
         q->text = cli_read_all(q->file, &len, err, errlen);
         if (!q->text) return -1;
+        char name[300];
+        snprintf(name, sizeof name, "%s '%s'", what, q->id);
+        if (cli_text_check(q->text, len, name, err, errlen)) return -1;
     }
     if (q->text) len = strlen(q->text);
-    const char *what = q->file ? "prompt file" : "prompt";
     if (q->text && len == 0) return err_printf(err, errlen, "%s '%s' is empty", what, q->id);
     for (int i = 0; i < q->n_turns; i++)
         if (!q->contents[i][0]) return err_printf(err, errlen, "prompt '%s': message %d is empty", q->id, i + 1);

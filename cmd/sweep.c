@@ -839,14 +839,13 @@ static void sw_write_json(FILE *f, const sweep_run *R, const sweep_agg *agg, con
     if (w->min_agreement < 0) fputs("null", f);
     else {
         fprintf(f, "{\"min_agreement\":%g,\"setting\":", w->min_agreement);
-        if (best < 0) fputs("null,\"command\":null}", f);
-        else {
-            char cmd[4096];
-            sw_command(R, best, cmd, sizeof cmd);
-            fprintf(f, "%d,\"command\":", best);
-            cli_json_str(f, cmd, strlen(cmd));
-            fputs("}", f);
-        }
+        // no setting qualifies: "setting" null, the command runs full (setting 0) on the prompts
+        char cmd[4096];
+        sw_command(R, best < 0 ? 0 : best, cmd, sizeof cmd);
+        if (best < 0) fputs("null,\"command\":", f);
+        else fprintf(f, "%d,\"command\":", best);
+        cli_json_str(f, cmd, strlen(cmd));
+        fputs("}", f);
     }
     fputs("}\n", f);
 }
@@ -903,10 +902,12 @@ static int sw_report(const sweep_run *R, const char *model_name, int complete) {
     sw_print_table(stdout, R, agg);
     int best = w->min_agreement >= 0 ? sw_best(w, agg) : -1;
     if (w->min_agreement >= 0) {
-        if (best < 0)
-            printf("\nno setting keeps %s agreement >= %g on these prompts: run full.\n",
-                   SW_FIDELITY[w->fidelity], w->min_agreement);
-        else {
+        if (best < 0) {
+            char cmd[4096];
+            sw_command(R, 0, cmd, sizeof cmd);
+            printf("\nno setting keeps %s agreement >= %g on these prompts: run full:\n%s\n",
+                   SW_FIDELITY[w->fidelity], w->min_agreement, cmd);
+        } else {
             char cmd[4096];
             sw_command(R, best, cmd, sizeof cmd);
             printf("\nfastest setting with %s agreement >= %g: %s %s (%s %.3f, %.2fx %s):\n%s\n",

@@ -174,6 +174,22 @@ def test_usage_errors(tiny, args, needle):
     assert_error(sift("-m", tiny, *args), needle, code=2)
 
 
+@pytest.mark.parametrize("data,needle", [
+    (b"\0\x01\x02binary", "is binary, not text (a NUL byte at offset 0)"),
+    (b"text, then\0", "is binary, not text (a NUL byte at offset 10)"),
+    (b"caf\xc3", "is not valid UTF-8 (byte offset 3, 0xc3)"),
+    (b"", "is empty"),
+])
+def test_prompt_file_named_for_what_it_is(tiny, tmp_path, data, needle):
+    """A binary file is not reported as empty (it used to be: the text ended at its first NUL);
+    the same check guards `sift ppl -f`."""
+    f = tmp_path / "p.txt"
+    f.write_bytes(data)
+    assert_error(sift("-m", tiny, "-f", str(f), "-n", "2"), needle, code=1)
+    if data:
+        assert_error(sift("ppl", "-m", tiny, "-f", str(f)), needle, code=1)
+
+
 def test_help_and_version():
     r = sift("--help")
     assert r.returncode == 0 and "--strategy" in r.stdout and "examples" in r.stdout

@@ -191,11 +191,19 @@ def test_min_agreement_command_reproduces(tiny, prompt_files):
         assert rec["greedy_agree_pct"] / 100 == pytest.approx(mine["greedy_agree"], abs=1e-3)
 
 
-def test_min_agreement_none_keeps_it(prompt_files):
+def test_min_agreement_none_keeps_it(prompt_files, tmp_path):
+    """When no setting qualifies, the recommendation is full — with its command line to copy, like
+    every other outcome (in the text and in the JSON)."""
     r = sift("sweep", "-m", MODEL, "-f", prompt_files[0], "--grid", "speed:speed-depth=1", "-n", 4,
-             "-t", 2, "--min-agreement", 1, "-q")
+             "-t", 2, "--min-agreement", 1, "-q", "-o", tmp_path / "s.json")
     assert r.returncode == 0, r.stderr
-    assert "no setting keeps greedy agreement >= 1" in r.stdout
+    lines = r.stdout.splitlines()
+    k = next(i for i, l in enumerate(lines) if "no setting keeps greedy agreement >= 1" in l)
+    argv = shlex.split(lines[k + 1])
+    assert argv[0] == "sift" and argv[argv.index("--strategy") + 1] == "full"
+    assert argv[argv.index("-f") + 1] == str(prompt_files[0]) and "--temp" in argv
+    best = json.load(open(tmp_path / "s.json"))["best"]
+    assert best["setting"] is None and best["command"] == lines[k + 1]
 
 
 def test_tasks_accuracy(tmp_path):
