@@ -44,8 +44,14 @@ void *q_scratch_get(q_scratch *s, size_t n);   // at least n bytes (contents not
 // whole blocks). All OpenMP threads. path: Q_PATH_INT8 (int8 / fp16 dot products),
 // Q_PATH_SGEMM (tiles dequantised to fp32, cblas_sgemm) or Q_PATH_AMX (only where
 // q_amx_available()).
+// (model/qgemm.c; a path this CPU or type lacks — VNNI without AVX-512 or on F16/BF16 — takes
+// the sgemm tiles)
 void q_matmul(enum q_isa isa, enum q_path path, float *out, const float *x, int n, int in,
               uint32_t type, const void *w, size_t row_bytes, int o, q_scratch *scratch);
+// The int8 / fp16 row kernels (sgemm 0) or the sgemm tiles (1) of model/qgemm_cpu.c, which
+// q_matmul dispatches to.
+void q_matmul_cpu(enum q_isa isa, int sgemm, float *out, const float *x, int n, int in,
+                  uint32_t type, const void *w, size_t row_bytes, int o, q_scratch *scratch);
 
 // k <= Q_MULTI_MAX int8 products sharing x: out[j] (n, o[j]) = x (n, in) @ W_j (o[j], in)^T, W_j
 // of type[j]. With fused kernels for every type: x quantised once and all rows in one parallel

@@ -769,7 +769,7 @@ void q_matmul_multi(enum q_isa isa, int k, float *const *out, const float *x, in
     for (int j = 0; all && j < k; j++) fused4[j] = fused_dot4(isa, type[j]);
     if (!all) {
         for (int j = 0; j < k; j++)
-            q_matmul(isa, Q_PATH_INT8, out[j], x, n, in, type[j], w[j], row_bytes[j], o[j], sc);
+            q_matmul_cpu(isa, 0, out[j], x, n, in, type[j], w[j], row_bytes[j], o[j], sc);
         return;
     }
     for (int j = 0; j < k; j++) start[j] = total, total += o[j];
@@ -863,15 +863,9 @@ static void matmul_sgemm(float *out, const float *x, int n, int in, uint32_t typ
     }
 }
 
-void q_matmul(enum q_isa isa, enum q_path path, float *out, const float *x, int n, int in,
-              uint32_t type, const void *w, size_t row_bytes, int o, q_scratch *scratch) {
-    CHECK_INTERNAL(q_type_supported(type) && (is_float16(type) || in % 32 == 0), "q_matmul: type %s, %d columns",
-                   gguf_type_name(type), in);
-    if (n <= 0 || o <= 0) return;
-    if ((path == Q_PATH_VNNI || path == Q_PATH_VNNI8) && isa == Q_ISA_AVX512 && q_vnni_supported(type))
-        q_matmul_vnni(out, x, n, in, type, w, row_bytes, o, path == Q_PATH_VNNI8 ? 1 : 2, scratch);
-    else if (path == Q_PATH_AMX) q_matmul_amx(out, x, n, in, type, w, row_bytes, o, scratch);
-    else if (path == Q_PATH_SGEMM) matmul_sgemm(out, x, n, in, type, w, row_bytes, o, scratch);
+void q_matmul_cpu(enum q_isa isa, int sgemm, float *out, const float *x, int n, int in,
+                  uint32_t type, const void *w, size_t row_bytes, int o, q_scratch *scratch) {
+    if (sgemm) matmul_sgemm(out, x, n, in, type, w, row_bytes, o, scratch);
     else if (is_float16(type)) matmul_f16(isa, out, x, n, in, type, w, row_bytes, o);
     else matmul_int8(isa, out, x, n, in, type, w, row_bytes, o, scratch);
 }
