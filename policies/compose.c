@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "../util/check.h"
-#include "policy.h"
+#include "compose.h"
 
 // Two sets of decode hooks run as one: each callback calls a's then b's.
 typedef struct {
@@ -93,7 +93,7 @@ kv_cache *compose_prefill(const strategy *pre, const strategy *dec, model *m, co
                           prefill_info *info, char *err, size_t errlen) {
     if (pre->phase == PHASE_NONE)   // full+Y: Y alone
         return dec->prefill(m, ids, n, n_gen, o, logits, info, err, errlen);
-    kv_cache *kv = strategy_prefill(pre, m, ids, n, n_gen, o, logits, info, err, errlen);
+    kv_cache *kv = pre->prefill(m, ids, n, n_gen, o, logits, info, err, errlen);
     if (!kv) return NULL;
     prefill_info mine = *info;   // the prefill part's own decode hooks, if any
     info->decode = (fwd_hooks){0};
@@ -114,6 +114,6 @@ kv_cache *compose_prefill(const strategy *pre, const strategy *dec, model *m, co
 
 int compose_check(const strategy *pre, const strategy *dec, const model *m, const strategy_opts *o,
                   char *err, size_t errlen) {
-    if (strategy_check(pre, m, o, err, errlen) != 0) return -1;
-    return strategy_check(dec, m, o, err, errlen);
+    if (pre->check && pre->check(m, o, err, errlen) != 0) return -1;
+    return dec->check ? dec->check(m, o, err, errlen) : 0;
 }

@@ -1,7 +1,8 @@
 // policies/compose.h — composed strategies PREFILL+DECODE (policies/compose.c); the registry
-// (policy.c) makes them by name and routes strategy_prefill / strategy_check here.
+// (policy.c) makes them by name and routes strategy_prefill / strategy_check here. The parts are
+// registered strategies, never compositions themselves.
 #pragma once
-#include "policy.h"
+#include "strategy.h"
 
 kv_cache *compose_prefill(const strategy *pre, const strategy *dec, model *m, const int *ids,
                           int n, int n_gen, const strategy_opts *o, float *logits,

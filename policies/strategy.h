@@ -1,0 +1,99 @@
+// policies/strategy.h — what a strategy is: its options, what its prefill reports, and the
+// struct of functions each strategy file fills. Types only (no code behind them), so that the
+// registry and generation loop (policy.h), the strategies and their composition (compose.c) all
+// stand on it without standing on each other.
+#pragma once
+#include "../model/forward.h"
+#include "../model/sample.h"
+
+// Every strategy's parameters (flags of main.c). A value of 0 / -1 where noted means "the
+// strategy's default for this model", resolved by the strategy from the model's depth.
+typedef struct strategy_opts {
+    int n_threads;
+    // speed
+    int speed_depth;        // K layers that see the prompt; 0 = ceil(0.875 L)
+    int anchor;             // 1: the first prompt token is an anchor kept in every layer; 0: none
+    // fastkv, snapkv, streamingllm
+    int tsp_layer;          // -1 = L/2 - 1
+    float tsp_rate;         // 0.2
+    float kv_rate;          // 0.1
+    int window;             // 8
+    int pool_kernel;        // 7
+    int pool;               // window-score smoothing: 0 = max-pool, 1 = average pool
+    int kv_len;             // fastkv, snapkv: KV entries kept per layer and KV head; 0 = kv_rate
+    int tsp_len;            // fastkv: rows propagated past the TSP layer; 0 = tsp_rate
+    // specprefill
+    float keep;             // 0.3
+    int lookahead;          // 8
+    int chunk;              // 32
+    int spec_pool;          // 13
+    const char *draft_path; // --draft MODEL (loaded into `draft` by the command line), or NULL
+    model *draft;           // --draft: a separate model with the same vocabulary, or NULL
+    int draft_layers;       // --draft-layers N: the main model's first N layers; 0 = unset
+    int keep_last;          // 1: the last chunk is always kept; 0: the top chunks alone
+    // swiftkv
+    int swiftkv_layers;     // l: layers the whole prompt runs; 0 = L/2 (or the checkpoint's)
+    int swiftkv_group;      // G: layers sharing one KV cache; 0 = 1 (or the checkpoint's)
+    int swiftkv_fold;       // training-free init: 1 = fold each layer's norm gamma into its
+                            // K/V, 0 = the layer-l norm as the paper's code; -1 = default (0)
+    // topk+phi, topk
+    int sink, tail;         // anchors: first 4 and last 16 prompt tokens
+    int topk;               // retrieved entries per query head; -1 = from budget
+    float budget;           // 0.02 of the prompt (exact reads incl. anchors and the phi cache)
+    const char *phi_path;   // --phi FILE (fitted maps) or NULL: positive random features
+    // end-of-generation test for strategies that decode internally (specprefill lookahead)
+    int (*is_eog)(const void *ctx, int id);
+    const void *eog_ctx;
+    // not a flag: the request's sampling settings, for tokens a strategy draws itself
+    // (specprefill lookahead); gen_begin copies them from the request's sampler. Zero: greedy.
+    sample_params sampling;
+} strategy_opts;
+
+// What a prefill reports besides the cache and logits.
+typedef struct prefill_info {
+    long rows_done;         // prompt rows processed summed over layers (full: n * L)
+    char note[400];         // set when the prompt ran a degenerate form ("too short: ran full")
+    char label[96];         // the variant that ran, where the name alone does not say it
+                            // ("self-draft: first 15 of 30 layers"); shown beside the name
+    long draft_rows;        // a draft's work in main-model layer rows (counted in rows_done too)
+    // Optional: hooks every decode step must run with (zero: none; their ctx may live in the
+    // cache's side data), how to free their ctx after the last step (may be NULL), and a report
+    // of decode work appended to the run's note at the end (may be NULL). Whoever decodes after
+    // prefill uses them (run_generate does).
+    fwd_hooks decode;
+    void (*decode_free)(void *ctx);
+    void (*decode_report)(void *ctx, char *buf, size_t len);
+    // Optional: mean bytes of KV the decode steps so far read exactly per step, all layers
+    // (NULL: every cached entry is read, which gen_step counts itself).
+    double (*decode_read_bytes)(void *ctx);
+} prefill_info;
+
+typedef struct strategy {
+    const char *name;
+    const char *about;   // one line for --help
+    // Prefill ids (n,) into a new KV cache with room for n_gen more tokens; write the last
+    // prompt row's logits (vocab,). NULL + one-line err on failure (bad parameters for this
+    // prompt or model, out of memory).
+    kv_cache *(*prefill)(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
+                         float *logits, prefill_info *info, char *err, size_t errlen);
+    // Optional: reject options that cannot work with this model (layer out of range, draft
+    // with another vocabulary size, ...) before any prompt runs. 0 or -1 with err.
+    int (*check)(const model *m, const strategy_opts *o, char *err, size_t errlen);
+    // 1: runs models some of whose layers lack q/k/v projections (it supplies their K/V and
+    // queries from other weights); every other strategy refuses them.
+    int supplies_qkv;
+    // What the strategy changes, for composition (policies/compose.c): PHASE_NONE (full),
+    // PHASE_PREFILL (the prompt's processing and the cache it leaves) or PHASE_DECODE (only the
+    // decode steps' attention; its prefill is full attention).
+    enum { PHASE_NONE, PHASE_PREFILL, PHASE_DECODE } phase;
+    // PHASE_DECODE: install the decode hooks (info->decode, decode_free, decode_report,
+    // decode_read_bytes) over kv, which holds whatever some prefill of the prompt (n tokens)
+    // kept, per layer and KV head; every entry there now is a prompt entry. Appends its remark
+    // to info->note. The caller then runs the decode steps (the prompt's last token first when
+    // it is not in kv yet). 0, or -1 with err (kv untouched).
+    int (*attach)(model *m, kv_cache *kv, int n, const strategy_opts *o, prefill_info *info,
+                  char *err, size_t errlen);
+    // A composed strategy PREFILL+DECODE (strategy_find makes them): its two parts; NULL else.
+    const struct strategy *prefill_part, *decode_part;
+} strategy;
+
