@@ -129,7 +129,7 @@ static void put_row(bench_out *o, const bench_field *f, int n) {
         printf("%s{", o->fmt == OUT_JSON && o->n_rows ? ",\n " : "");
         for (int i = 0; i < n; i++) {
             printf("%s\"%s\":", i ? "," : "", f[i].name);
-            if (f[i].str) cli_json_str(stdout, f[i].str, strlen(f[i].str));
+            if (f[i].str) tok_json_str(stdout, f[i].str, strlen(f[i].str));
             else put_num(f[i].fmt, f[i].v, "null");
             if (f[i].sd_name) {
                 printf(",\"%s\":", f[i].sd_name);

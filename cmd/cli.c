@@ -210,31 +210,6 @@ static char *cli_default_model_path(void) {
     return p;
 }
 
-// JSON string body of s[0..n): escapes quotes, backslash and controls; invalid UTF-8 -> U+FFFD.
-void cli_json_str(FILE *out, const char *s, size_t n) {
-    fputc('"', out);
-    size_t i = 0;
-    while (i < n) {
-        long bad = tok_utf8_invalid_at(s + i, n - i);
-        size_t good = bad < 0 ? n - i : (size_t)bad;
-        for (size_t j = i; j < i + good; j++) {
-            unsigned char c = (unsigned char)s[j];
-            if (c == '"' || c == '\\') fprintf(out, "\\%c", c);
-            else if (c == '\n') fputs("\\n", out);
-            else if (c == '\t') fputs("\\t", out);
-            else if (c == '\r') fputs("\\r", out);
-            else if (c < 0x20) fprintf(out, "\\u%04x", c);
-            else fputc(c, out);
-        }
-        i += good;
-        if (bad >= 0) {
-            fputs("\\ufffd", out);
-            i++;
-        }
-    }
-    fputc('"', out);
-}
-
 double cli_per_sec(int n, double ms) { return ms > 0 ? n * 1e3 / ms : 0; }
 double cli_per_tok(int n, double ms) { return n > 0 ? ms / n : 0; }
 

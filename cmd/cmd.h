@@ -61,8 +61,6 @@ char *cli_read_all(const char *path, size_t *len, char *err, size_t errlen);
 // Text read from a file, checked: 0, or -1 with "WHAT is binary, not text (a NUL byte at offset
 // N)" or "WHAT is not valid UTF-8 (byte offset N, 0xXX)" in err.
 int cli_text_check(const char *text, size_t len, const char *what, char *err, size_t errlen);
-// s[0..n) as a JSON string (quotes, escapes; invalid UTF-8 -> U+FFFD).
-void cli_json_str(FILE *out, const char *s, size_t n);
 double cli_per_sec(int n, double ms);
 double cli_per_tok(int n, double ms);
 const char *cli_base_name(const char *path);

@@ -193,10 +193,10 @@ static void dump_prompt(const eval_spec *spec, const eval_prompt *p) {
            p->depth, p->n_ids, eval_task_n_gen(spec->task));
     for (int i = 0; i < p->n_answers; i++) {
         printf(i ? "," : "");
-        cli_json_str(stdout, p->answers[i], strlen(p->answers[i]));
+        tok_json_str(stdout, p->answers[i], strlen(p->answers[i]));
     }
     printf("],\"text\":");
-    cli_json_str(stdout, p->text, strlen(p->text));
+    tok_json_str(stdout, p->text, strlen(p->text));
     printf("}\n");
 }
 

@@ -581,11 +581,11 @@ static void print_timing(const runner *R, const unit *u) {
 // The record's opening: id, index, and where the request came from.
 static void json_head(FILE *f, const request *q) {
     fprintf(f, "{\"id\":");
-    cli_json_str(f, q->id, strlen(q->id));
+    tok_json_str(f, q->id, strlen(q->id));
     fprintf(f, ",\"index\":%d", q->index);
     if (q->file) {
         fprintf(f, ",\"file\":");
-        cli_json_str(f, q->file, strlen(q->file));
+        tok_json_str(f, q->file, strlen(q->file));
     }
     if (q->line) fprintf(f, ",\"line\":%d", q->line);
 }
@@ -595,19 +595,19 @@ static void json_unit(FILE *f, const runner *R, const unit *u) {
     json_head(f, u->rq);
     if (u->rc) {
         fprintf(f, ",\"strategy\":\"%s\",\"error\":", u->s->name);
-        cli_json_str(f, u->err, strlen(u->err));
+        tok_json_str(f, u->err, strlen(u->err));
         fprintf(f, "}\n");
         return;
     }
     fprintf(f, ",\"text\":");
-    cli_json_str(f, u->text.buf ? u->text.buf : "", u->text.len);
+    tok_json_str(f, u->text.buf ? u->text.buf : "", u->text.len);
     fprintf(f, ",\"stop\":\"%s\",\"strategy\":\"%s\",\"device\":\"%s\",\"model\":",
             u->hit_eog ? "eos" : "limit", u->s->name, R->dev);
-    cli_json_str(f, R->model_name, strlen(R->model_name));
+    tok_json_str(f, R->model_name, strlen(R->model_name));
     fprintf(f, ",\"note\":");
-    cli_json_str(f, st->note, strlen(st->note));
+    tok_json_str(f, st->note, strlen(st->note));
     fprintf(f, ",\"label\":");
-    if (st->label[0]) cli_json_str(f, st->label, strlen(st->label));
+    if (st->label[0]) tok_json_str(f, st->label, strlen(st->label));
     else fprintf(f, "null");
     fprintf(f, ",\"settings\":");
     cli_strategy_settings_json(f, R->o->so, u->s->name);
@@ -844,7 +844,7 @@ static void emit_error(runner *R, job *J) {
     FILE *mem = open_memstream(&buf, &n);
     json_head(mem, J->rq);
     fprintf(mem, ",\"error\":");
-    cli_json_str(mem, J->rq->error, strlen(J->rq->error));
+    tok_json_str(mem, J->rq->error, strlen(J->rq->error));
     fprintf(mem, "}\n");
     fclose(mem);
     write_whole(R->out, buf, n);

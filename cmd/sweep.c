@@ -766,18 +766,18 @@ static void sw_write_json(FILE *f, const sweep_run *R, const sweep_agg *agg, con
                           int complete, int best) {
     const sweep_opts *w = R->w;
     fprintf(f, "{\"schema\":\"sift-sweep/1\",\"model\":");
-    cli_json_str(f, model_name, strlen(model_name));
+    tok_json_str(f, model_name, strlen(model_name));
     fprintf(f, ",\"device\":\"%s\",\"n_predict\":%d,\"parallel\":%d,\"tpot_shared\":%s,"
                "\"fidelity\":\"%s\",\"speed\":\"%s\",\"complete\":%s,\"prompts\":[",
             R->L->bk->name, w->n_predict, w->parallel, w->parallel > 1 ? "true" : "false",
             SW_FIDELITY[w->fidelity], SW_SPEED[w->speed], complete ? "true" : "false");
     for (int i = 0; i < R->n_p; i++) {
         fprintf(f, "%s{\"id\":", i ? "," : "");
-        cli_json_str(f, R->p[i].id, strlen(R->p[i].id));
+        tok_json_str(f, R->p[i].id, strlen(R->p[i].id));
         fprintf(f, ",\"tokens\":%d,\"answers\":[", R->p[i].n_ids);
         for (int k = 0; k < R->p[i].n_answers; k++) {
             fputs(k ? "," : "", f);
-            cli_json_str(f, R->p[i].answers[k], strlen(R->p[i].answers[k]));
+            tok_json_str(f, R->p[i].answers[k], strlen(R->p[i].answers[k]));
         }
         fputs("]}", f);
     }
@@ -786,11 +786,11 @@ static void sw_write_json(FILE *f, const sweep_run *R, const sweep_agg *agg, con
         const sweep_setting *x = &w->set[s];
         const sweep_agg *g = &agg[s];
         fprintf(f, "%s{\"index\":%d,\"strategy\":\"%s\",\"grid\":", s ? "," : "", s, x->s->name);
-        cli_json_str(f, x->grid, strlen(x->grid));
+        tok_json_str(f, x->grid, strlen(x->grid));
         fputs(",\"params\":", f);
         cli_strategy_settings_json(f, &x->so, x->s->name);
         fputs(",\"label\":", f);
-        cli_json_str(f, g->label, strlen(g->label));
+        tok_json_str(f, g->label, strlen(g->label));
         fprintf(f, ",\"prompts\":%d,\"failed\":%d", g->n, g->failed);
         sw_json_num(f, "first_token_agree", "%.4f", g->first);
         sw_json_num(f, "greedy_agree", "%.4f", g->greedy);
@@ -828,7 +828,7 @@ static void sw_write_json(FILE *f, const sweep_run *R, const sweep_agg *agg, con
                            "\"generated\":%d", r->kv_bytes, r->kv_read, r->rows_pct, r->n_gen);
             }
             fputs(",\"note\":", f);
-            cli_json_str(f, r->note, strlen(r->note));
+            tok_json_str(f, r->note, strlen(r->note));
             fputs("}", f);
         }
     fputs("],\"frontier\":[", f);
@@ -844,7 +844,7 @@ static void sw_write_json(FILE *f, const sweep_run *R, const sweep_agg *agg, con
         sw_command(R, best < 0 ? 0 : best, cmd, sizeof cmd);
         if (best < 0) fputs("null,\"command\":", f);
         else fprintf(f, "%d,\"command\":", best);
-        cli_json_str(f, cmd, strlen(cmd));
+        tok_json_str(f, cmd, strlen(cmd));
         fputs("}", f);
     }
     fputs("}\n", f);

@@ -4,7 +4,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../cmd/cmd.h"
+#include "../tok/tok.h"
 #include "eval.h"
 
 // Means over the records matching (strategy, task, ctx); task / ctx < 0 match all.
@@ -85,7 +85,7 @@ void eval_print_tables(FILE *out, const eval_report *r) {
 // ---- JSON ----
 
 // s as a JSON string (cmd/cli.c: control characters escaped, invalid UTF-8 bytes as U+FFFD).
-static void json_str(FILE *out, const char *s) { cli_json_str(out, s, strlen(s)); }
+static void json_str(FILE *out, const char *s) { tok_json_str(out, s, strlen(s)); }
 
 static void json_num(FILE *out, const char *fmt, double v) {
     if (isnan(v) || isinf(v)) fputs("null", out);

@@ -3,6 +3,7 @@
 // pre-tokenizers `smollm`, `llama-bpe`/`llama3`, `qwen2` (PCRE2, UTF + UCP), special tokens,
 // decoding, UTF-8 validation, and built-in chat templates (ChatML, Llama-3).
 #pragma once
+#include <stdio.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "../weights/gguf.h"
@@ -64,6 +65,9 @@ const char *tok_piece(const tok *t, int id, int show_special, size_t *len);
 
 // Offset of the first invalid UTF-8 byte in s[0..len), or -1 if valid.
 long tok_utf8_invalid_at(const char *s, size_t len);
+// s[0..n) as a quoted JSON string: quotes, backslash and controls escaped, each invalid UTF-8
+// byte as U+FFFD (tok/pretok.c, beside the UTF-8 check it uses).
+void tok_json_str(FILE *out, const char *s, size_t n);
 
 // The system prompt the model's chat template inserts when the conversation has none (SmolLM2:
 // "You are a helpful AI assistant named SmolLM, trained by Hugging Face"), or NULL. Pass it as
