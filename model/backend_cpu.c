@@ -426,8 +426,9 @@ static bk_weight *cpu_weight_synth(backend *b, uint64_t seed, uint64_t tensor, s
 }
 
 // Ceilings measured now, best of 3: the GEMM peak of the prefill path — an sgemm (n = 2048,
-// 2 n^3 FLOPs), with AMX the tiles' bf16 peak (q_amx_peak_tflops), with AVX-512 VNNI the int8
-// peak of vpdpbusd (q_vnni_peak_tops, a multiply-add counted as 2) — and a threaded read-only
+// 2 n^3 FLOPs), with AMX the tiles' bf16 peak (q_amx_peak_tflops), with AVX-512 VNNI the peak of
+// the GEMM's instruction (q_vnni_peak_tops: vpdpwssd, with --weights fast vpdpbusd; a
+// multiply-add counted as 2) — and a threaded read-only
 // pass over 256 MiB (decode reads the weights once per token and writes next to nothing).
 __attribute__((noinline)) static float read_pass(const float *x, size_t n) {
     float acc[16] = {0};
