@@ -1,4 +1,4 @@
-// main.c — the sift command line: flags -> load model -> run the prompts (cmd/run.c: tokenize -> run the
+// main.c — the sift command line: flags -> load model -> run the prompts (jobs/: tokenize -> run the
 // strategy -> print text (stdout) and timing (stderr), or one JSON line per prompt (--json).
 // Never interactive. Exit codes: 0 ok, 1 a prompt or the model failed, 2 bad usage.
 #include <dirent.h>
@@ -51,12 +51,18 @@ typedef struct flag_row {
 } flag_row;
 
 #define O(f) offsetof(options, f)
-static void set_file(options *o, const char *v) { run_add_file(&o->r, v); }
+static void set_file(options *o, const char *v) { jobs_add_file(&o->r, v); }
 static void set_system(options *o, const char *v) { o->r.system = v, o->r.chat = 1; }
 static void set_strategy(options *o, const char *v) { o->r.n_strategies = cli_strategies(v, o->r.strategies); }
 static void set_device(options *o, const char *v) { o->device = cli_device(v); }
 static void set_weights(options *o, const char *v) { o->weights = cli_weights(v); }
 static void set_shard(options *o, const char *v) { parse_shard(v, &o->r); }
+static void set_format(options *o, const char *v) {
+    if (strcmp(v, "auto") == 0) o->r.format = RUN_FORMAT_AUTO;
+    else if (strcmp(v, "sift") == 0) o->r.format = RUN_FORMAT_SIFT;
+    else if (strcmp(v, "openai") == 0) o->r.format = RUN_FORMAT_OPENAI;
+    else cli_usage_error("--output-format must be auto, sift or openai (got '%s')", v);
+}
 static void show_help(options *o, const char *v);
 static void show_version(options *o, const char *v) {
     (void)o, (void)v;
@@ -124,9 +130,16 @@ static const flag_row FLAGS[] = {
      "run the K-th (0-based) of N contiguous slices of the input"},
     {NULL, NULL, "--unordered", NULL, F_SWITCH, O(r.unordered), 0, 0, 0, NULL,
      "write each record when it finishes, not in input order"},
+    {NULL, NULL, "--summary", "FILE", F_STR, O(r.summary), 0, 0, 0, NULL,
+     "write the run's summary (prompts, failures, tokens, rates) to FILE as one JSON object; "
+     "it also goes to stderr, never among the records"},
     {"output", NULL, "--json", NULL, F_SWITCH, O(r.json), 0, 0, 0, NULL,
-     "one JSON object per prompt and strategy (JSON Lines), then a summary record when there "
-     "are several"},
+     "one JSON object per prompt and strategy (JSON Lines)"},
+    {NULL, NULL, "--output-format", "F", F_CALL, 0, 0, 0, 0, set_format,
+     "the JSON records' shape: sift (text, strategy, settings, timings, agreement) | openai (the "
+     "Batch API's output objects: id, custom_id, response.body as a chat.completion, error; one "
+     "strategy) | auto (default: openai when every --prompts line is a Batch API request and one "
+     "strategy runs, else sift)"},
     {NULL, "-q", "--quiet", NULL, F_SWITCH, O(r.quiet), 0, 0, 0, NULL,
      "no progress or timing on stderr"},
     {NULL, "-h", "--help", NULL, F_SWITCH, 0, 0, 0, 0, show_help, "this help"},
@@ -182,6 +195,7 @@ static void show_help(options *o, const char *v) {
            "  sift -f a.txt -f b.txt --json -q > results.jsonl\n"
            "  sift --batch prompts/ --chat --temp 0 -n 64\n"
            "  sift --prompts requests.jsonl --parallel 16 --output results.jsonl --resume\n"
+           "  sift --prompts openai_batch.jsonl --output batch_output.jsonl --summary summary.json\n"
            "  cat prompt.txt | sift -f - -n 64\n"
            "  sift -f long.txt --strategy full,speed,fastkv,specprefill -n 64 --temp 0\n");
     exit(0);
@@ -236,9 +250,17 @@ static void parse_args(int argc, char **argv, options *o) {
     if (r->resume && !r->output) cli_usage_error("--resume needs --output FILE (the file to continue)");
     if (r->output && !r->resume && access(r->output, F_OK) == 0)
         cli_usage_error("--output '%s' exists: add --resume to continue it, or remove it", r->output);
+    if (r->format == RUN_FORMAT_OPENAI) {
+        if (r->n_strategies > 1)
+            cli_usage_error("--output-format openai writes one response per custom_id: give one "
+                            "--strategy (or use --output-format sift for an A/B comparison)");
+        r->json = 1;
+    }
+    if (r->summary && cli_check_outputs(&r->summary, 1)) exit(2);
     if (r->unordered && !(r->json || r->output))
         cli_usage_error("--unordered orders JSON records: add --json or --output FILE");
-    if (o->batch_dir) run_add_batch_dir(r, o->batch_dir);
+    char err[512];
+    if (o->batch_dir && jobs_add_batch_dir(r, o->batch_dir, err, sizeof err)) cli_usage_error("%s", err);
     if (r->threads == 0) r->threads = backend_cpu_default_threads(NULL);
     o->so.n_threads = r->threads;
 }
@@ -277,7 +299,7 @@ int main(int argc, char **argv) {
         if (o.ctx > m->cfg.ctx_len && !o.r.quiet)
             fprintf(stderr, "sift: warning: -c %d is beyond the model's trained context %d\n", o.ctx,
                     m->cfg.ctx_len);
-        rc = run_prompts(&o.r, m, L.t, dev, m->name ? m->name : cli_base_name(L.path), load_ms,
+        rc = jobs_run(&o.r, m, L.t, dev, m->name ? m->name : cli_base_name(L.path), load_ms,
                          o.ctx > 0 ? o.ctx : m->cfg.ctx_len);
     }
     cli_unload(&L);

@@ -342,9 +342,9 @@ static int bench_one(const bench_opts *b, model *m, const strategy *s, const int
     }
     if (!cs) return 0;
     cs->ttft[rep] = st.prompt_ms;
-    cs->pp[rep] = cli_per_sec(P, st.prompt_ms);
+    cs->pp[rep] = per_second(P, st.prompt_ms);
     cs->tpot[rep] = st.decode_runs ? st.decode_ms / st.decode_runs : NAN;
-    cs->tg[rep] = st.decode_runs ? cli_per_sec(st.decode_runs, st.decode_ms) : NAN;
+    cs->tg[rep] = st.decode_runs ? per_second(st.decode_runs, st.decode_ms) : NAN;
     cs->kv_bytes = st.kv_bytes;
     cs->rows_done = st.rows_done;
     return 0;
@@ -389,10 +389,10 @@ static int bench_batch(const bench_opts *b, model *m, const strategy *s, int *co
         }
         double ms = now_ms() - t0;
         cs->ttft[rep] = ttft / B;
-        cs->pp[rep] = cli_per_sec(P, ttft / B);
+        cs->pp[rep] = per_second(P, ttft / B);
         cs->tpot[rep] = steps ? ms / steps : NAN;
-        cs->tg[rep] = steps ? cli_per_sec(steps, ms) : NAN;
-        cs->agg[rep] = steps ? cli_per_sec(steps * B, ms) : NAN;
+        cs->tg[rep] = steps ? per_second(steps, ms) : NAN;
+        cs->agg[rep] = steps ? per_second(steps * B, ms) : NAN;
         cs->kv_bytes = g[0].st.kv_bytes;
         cs->rows_done = g[0].st.rows_done;
     }

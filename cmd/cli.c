@@ -119,81 +119,6 @@ void cli_strategy_help(FILE *out) {
     }
 }
 
-void cli_strategy_settings_json(FILE *out, const strategy_opts *so, const char *strategy_name) {
-    int n, first = 1;
-    const opt_def *t = strategy_opts_table(&n);
-    fputc('{', out);
-    for (int i = 0; i < n; i++) {
-        if (!strategy_opt_used_by(&t[i], strategy_name)) continue;
-        char v[600], key[40];
-        strategy_opt_json(so, &t[i], v, sizeof v);
-        size_t k = 0;
-        for (const char *p = t[i].flag + 2; *p && k + 1 < sizeof key; p++) key[k++] = *p == '-' ? '_' : *p;
-        key[k] = 0;
-        fprintf(out, "%s\"%s\":%s", first ? "" : ",", key, v);
-        first = 0;
-    }
-    fputc('}', out);
-}
-
-// Reads a whole file ('-' = stdin). NULL + err on failure.
-// Prompts larger than this are refused with their size rather than read blindly: even the
-// longest contexts hold a few MB of text.
-#define MAX_PROMPT_BYTES ((size_t)256 << 20)
-
-int cli_text_check(const char *text, size_t len, const char *what, char *err, size_t errlen) {
-    const char *nul = memchr(text, 0, len);
-    if (nul) {
-        snprintf(err, errlen, "%s is binary, not text (a NUL byte at offset %ld)", what, (long)(nul - text));
-        return -1;
-    }
-    long bad = tok_utf8_invalid_at(text, len);
-    if (bad >= 0) {
-        snprintf(err, errlen, "%s is not valid UTF-8 (byte offset %ld, 0x%02x)", what, bad,
-                 (unsigned char)text[bad]);
-        return -1;
-    }
-    return 0;
-}
-
-char *cli_read_all(const char *path, size_t *len, char *err, size_t errlen) {
-    FILE *fp = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
-    struct stat sb;
-    if (!fp) {
-        snprintf(err, errlen, "cannot read prompt file '%s': %s", path, strerror(errno));
-        return NULL;
-    }
-    if (fstat(fileno(fp), &sb) == 0 && S_ISREG(sb.st_mode) && (size_t)sb.st_size > MAX_PROMPT_BYTES) {
-        snprintf(err, errlen, "prompt file '%s' is %lld bytes; prompts over %zu MiB are refused",
-                 path, (long long)sb.st_size, MAX_PROMPT_BYTES >> 20);
-        if (fp != stdin) fclose(fp);
-        return NULL;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = xmalloc(cap);
-    size_t got;
-    while ((got = fread(buf + n, 1, cap - n - 1, fp)) > 0) {
-        n += got;
-        if (n > MAX_PROMPT_BYTES) break;   // a pipe without a size
-        if (cap - n - 1 == 0) buf = xrealloc(buf, cap *= 2);
-    }
-    if (n > MAX_PROMPT_BYTES) {
-        snprintf(err, errlen, "prompt '%s' is over %zu MiB; refused", path, MAX_PROMPT_BYTES >> 20);
-        if (fp != stdin) fclose(fp);
-        free(buf);
-        return NULL;
-    }
-    int bad = ferror(fp);
-    if (fp != stdin) fclose(fp);
-    if (bad) {
-        snprintf(err, errlen, "cannot read prompt file '%s': read error", path);
-        free(buf);
-        return NULL;
-    }
-    buf[n] = 0;
-    *len = n;
-    return buf;
-}
 
 // The model path: -m, else $SIFT_MODEL, else models/... beside the binary.
 static char *cli_default_model_path(void) {
@@ -210,8 +135,6 @@ static char *cli_default_model_path(void) {
     return p;
 }
 
-double cli_per_sec(int n, double ms) { return ms > 0 ? n * 1e3 / ms : 0; }
-double cli_per_tok(int n, double ms) { return n > 0 ? ms / n : 0; }
 
 const char *cli_base_name(const char *path) {
     const char *s = strrchr(path, '/');
@@ -648,7 +571,7 @@ int cli_load_haystack(const char *path, struct eval_haystack *h) {
     if (!path) return 0;
     char err[512], why[400];
     size_t len;
-    char *text = cli_read_all(path, &len, err, sizeof err);
+    char *text = tok_read_text(path, &len, err, sizeof err);
     if (!text) {
         fprintf(stderr, "sift: error: --haystack: %s\n", err);
         return -1;

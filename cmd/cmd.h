@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "../jobs/jobs.h"
 #include "../policies/policy.h"
 #include "../tok/tok.h"
 #include "../weights/gguf.h"
@@ -15,7 +16,6 @@
 #define SIFT_VERSION "unknown"
 #endif
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
-#define MAX_STRATEGIES 16
 
 // ---- flags (each exits 2 with "sift: error: ... (see sift --help)" on bad input) ----
 void cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -29,8 +29,6 @@ int cli_strategy_flag(const char *a, const char *v, strategy_opts *so, const cha
 int cli_is_strategy_flag(const char *a);
 // The strategy parameters' lines of --help, from the table (policies/policy.h).
 void cli_strategy_help(FILE *out);
-// The parameters strategy_name reads, as one JSON object {"kv_rate":0.1,...}.
-void cli_strategy_settings_json(FILE *out, const strategy_opts *so, const char *strategy_name);
 // A comma list of integers in [lo, hi] (at most max) into out; the count (a usage error on bad
 // input or none).
 int cli_int_list(const char *flag, const char *v, int *out, int max, int lo, int hi);
@@ -56,13 +54,6 @@ extern volatile sig_atomic_t cli_interrupted;
 void cli_on_sigint(int sig);
 
 // ---- input and output ----
-// A whole prompt file ('-' = stdin), NUL-terminated; NULL + err (too big, unreadable).
-char *cli_read_all(const char *path, size_t *len, char *err, size_t errlen);
-// Text read from a file, checked: 0, or -1 with "WHAT is binary, not text (a NUL byte at offset
-// N)" or "WHAT is not valid UTF-8 (byte offset N, 0xXX)" in err.
-int cli_text_check(const char *text, size_t len, const char *what, char *err, size_t errlen);
-double cli_per_sec(int n, double ms);
-double cli_per_tok(int n, double ms);
 const char *cli_base_name(const char *path);
 
 // ---- loading ----
@@ -120,46 +111,6 @@ int cli_refuse_synthetic(const char *path, const char *cmd);
 // The config of path (GGUF, HF directory or synthetic:NAME) without loading weights; 0 or -1 with
 // err. The caller frees c->inv_freq.
 int cli_config(const char *path, model_config *c, char *err, size_t errlen);
-
-// ---- running prompts (cmd/run.c) ----
-typedef struct run_opts {
-    const char *prompt, *system;   // -p, --system
-    char **files;                  // -f (repeatable), then --batch DIR's .txt files
-    int n_files;
-    const char *prompts_path;      // --prompts FILE.jsonl ('-' = stdin)
-    const char *output;            // --output FILE (JSON records), or NULL: stdout
-    int resume, unordered;         // --resume, --unordered
-    int shard_k, shard_n;          // --shard K/N (0-based K; n 0: no sharding)
-    int parallel;                  // --parallel N: sequences in flight
-    int reps;                      // -r N: each strategy N times per prompt, in rotating order
-    int n_predict, chat, json, quiet, threads;
-    long long seed;
-    sample_params sp;
-    const strategy *strategies[MAX_STRATEGIES];   // --strategy a,b,c (A/B comparison)
-    int n_strategies;
-    strategy_opts *so;
-} run_opts;
-
-// Adds path to o's -f files; adds every DIR/*.txt (in name order) of --batch DIR (a usage error
-// when there is none).
-void run_add_file(run_opts *o, const char *path);
-void run_add_batch_dir(run_opts *o, const char *dir);
-
-// One prompt of o, tokenized as a run tokenizes it (its file read, the chat template applied).
-typedef struct run_prompt {
-    char *id;      // as in the JSON records: the -f path, the --prompts id or "line-N", "prompt"
-    int *ids, n_ids;
-} run_prompt;
-// Every prompt of o (-p, -f, --batch's files, --prompts FILE.jsonl) in input order; a request's
-// own fields besides its prompt (n_predict, temp, strategy, ...) are not read. The count, or -1
-// + err naming the first that cannot be read or tokenized.
-int run_read_prompts(const run_opts *o, const tok *t, run_prompt **out, char *err, size_t errlen);
-void run_prompts_free(run_prompt *p, int n);
-
-// Runs every request of o (this shard, less what --resume finds done) on the loaded model;
-// the exit code: 0, 1 (a request failed), or 128 + the signal that interrupted the run.
-int run_prompts(const run_opts *o, model *m, const tok *t, const char *dev,
-                const char *model_name, double load_ms, int n_ctx);
 
 // ---- subcommands: argv[1] is the command's name ----
 int cmd_bench(int argc, char **argv);

@@ -136,7 +136,7 @@ static int run_one(eval_run *R, const strategy *s, const eval_spec *spec, const 
                          .sample = spec->sample, .seed = spec->seed, .depth = p->depth,
                          .prompt_tokens = p->n_ids, .answer = a.text ? a.text : strdup(""),
                          .ttft_ms = st.prompt_ms, .kv_mib = st.kv_bytes / 1048576.0,
-                         .tpot_ms = cli_per_tok(st.decode_runs, st.decode_ms)};
+                         .tpot_ms = per_token(st.decode_runs, st.decode_ms)};
     memcpy(rec->note, st.note, sizeof rec->note - 1);   // truncated, always terminated
     rec->note[sizeof rec->note - 1] = 0;
     for (int i = 0; i < p->n_answers; i++) {

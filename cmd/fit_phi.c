@@ -114,8 +114,8 @@ static void fit_parse(int argc, char **argv, fit_opts *o) {
 static int fit_tokens(const fit_opts *o, const loaded *L, int **ids, int *total_out) {
     char err[512];
     size_t len;
-    char *text = cli_read_all(o->data, &len, err, sizeof err);
-    int *raw = NULL, n = text && cli_text_check(text, len, o->data, err, sizeof err) == 0
+    char *text = tok_read_text(o->data, &len, err, sizeof err);
+    int *raw = NULL, n = text && tok_text_check(text, len, o->data, err, sizeof err) == 0
                              ? tok_encode(L->t, text, len, 0, &raw, err, sizeof err) : -1;
     free(text);
     if (n < 0) {

@@ -94,13 +94,13 @@ static int score_chunk(model *m, const int *ids, int ctx, double *sum, double *s
 static int text_ids(const ppl_opts *p, const tok *t, int **ids) {
     char err[512];
     size_t len;
-    char *text = cli_read_all(p->file, &len, err, sizeof err);
+    char *text = tok_read_text(p->file, &len, err, sizeof err);
     if (!text) {
         fprintf(stderr, "sift: error: %s\n", err);
         return -1;
     }
     int *body = NULL, n = -1;
-    if (cli_text_check(text, len, p->file, err, sizeof err) == 0)
+    if (tok_text_check(text, len, p->file, err, sizeof err) == 0)
         n = tok_encode(t, text, len, 0, &body, err, sizeof err);
     free(text);
     if (n < 0) {

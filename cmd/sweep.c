@@ -301,7 +301,7 @@ static void sweep_parse(int argc, char **argv, sweep_opts *w) {
         if (i + 1 >= argc) cli_usage_error("sweep: %s needs a value (or is unknown)", a);
         const char *v = argv[++i];
         if (cli_is_flag(a, "-m", "--model")) w->model = v;
-        else if (cli_is_flag(a, "-f", "--file")) run_add_file(&w->r, v);
+        else if (cli_is_flag(a, "-f", "--file")) jobs_add_file(&w->r, v);
         else if (cli_is_flag(a, NULL, "--batch")) w->batch_dir = v;
         else if (cli_is_flag(a, NULL, "--prompts")) w->r.prompts_path = v;
         else if (cli_is_flag(a, NULL, "--system")) w->r.system = v, w->r.chat = 1;
@@ -354,7 +354,8 @@ static void sweep_parse(int argc, char **argv, sweep_opts *w) {
             if (!p[k]) break;
             p += k + 1;
         }
-    if (w->batch_dir) run_add_batch_dir(&w->r, w->batch_dir);
+    char err[512];
+    if (w->batch_dir && jobs_add_batch_dir(&w->r, w->batch_dir, err, sizeof err)) cli_usage_error("%s", err);
     if (w->threads == 0) w->threads = backend_cpu_default_threads(NULL);
     w->so.n_threads = w->threads;
     w->set[0] = (sweep_setting){.s = strategy_find("full"), .so = w->so};
@@ -584,7 +585,7 @@ static int sw_task_prompts(sweep_run *R) {
 static int sw_user_prompts(sweep_run *R) {
     char err[600];
     run_prompt *rp;
-    int n = run_read_prompts(&R->w->r, R->L->t, &rp, err, sizeof err);
+    int n = jobs_read_prompts(&R->w->r, R->L->t, &rp, err, sizeof err);
     if (n < 0) {
         fprintf(stderr, "sift: error: sweep: %s\n", err);
         return -1;
@@ -595,7 +596,7 @@ static int sw_user_prompts(sweep_run *R) {
         rp[i].id = NULL, rp[i].ids = NULL;
     }
     R->n_p = n;
-    run_prompts_free(rp, n);
+    jobs_prompts_free(rp, n);
     if (n == 0) fprintf(stderr, "sift: error: sweep: no prompts in the input\n");
     return n ? 0 : -1;
 }
@@ -788,7 +789,7 @@ static void sw_write_json(FILE *f, const sweep_run *R, const sweep_agg *agg, con
         fprintf(f, "%s{\"index\":%d,\"strategy\":\"%s\",\"grid\":", s ? "," : "", s, x->s->name);
         tok_json_str(f, x->grid, strlen(x->grid));
         fputs(",\"params\":", f);
-        cli_strategy_settings_json(f, &x->so, x->s->name);
+        strategy_settings_json(f, &x->so, x->s->name);
         fputs(",\"label\":", f);
         tok_json_str(f, g->label, strlen(g->label));
         fprintf(f, ",\"prompts\":%d,\"failed\":%d", g->n, g->failed);

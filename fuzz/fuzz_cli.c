@@ -21,7 +21,6 @@ static void fuzz_exit(int code) __attribute__((noreturn));
 #include "../cmd/eval.c"
 #include "../cmd/ppl.c"
 #include "../cmd/fit_phi.c"
-#include "../cmd/run.c"
 #include "../cmd/sweep.c"
 #include "../main.c"
 #undef main

@@ -391,3 +391,20 @@ void gen_end(gen_seq *g) {
     free(g->logits);
     g->kv = NULL, g->logits = NULL;
 }
+
+void strategy_settings_json(FILE *out, const strategy_opts *so, const char *strategy_name) {
+    int n, first = 1;
+    const opt_def *t = strategy_opts_table(&n);
+    fputc('{', out);
+    for (int i = 0; i < n; i++) {
+        if (!strategy_opt_used_by(&t[i], strategy_name)) continue;
+        char v[600], key[40];
+        strategy_opt_json(so, &t[i], v, sizeof v);
+        size_t k = 0;
+        for (const char *p = t[i].flag + 2; *p && k + 1 < sizeof key; p++) key[k++] = *p == '-' ? '_' : *p;
+        key[k] = 0;
+        fprintf(out, "%s\"%s\":%s", first ? "" : ",", key, v);
+        first = 0;
+    }
+    fputc('}', out);
+}

@@ -2,6 +2,8 @@
 // shared forward pass (model/forward.h) through its hooks; this header is what main.c sees:
 // the registry, the per-run options, and the generation loop every strategy shares.
 #pragma once
+#include <stdio.h>
+
 #include "../model/forward.h"
 #include "../model/sample.h"
 #include "strategy.h"
@@ -55,6 +57,8 @@ int strategy_opt_set(strategy_opts *o, const opt_def *d, const char *v, char *er
 int strategy_opt_used_by(const opt_def *d, const char *name);
 // d's value in o as JSON (a number, a string or null) into buf.
 void strategy_opt_json(const strategy_opts *o, const opt_def *d, char *buf, size_t len);
+// The parameters strategy_name reads, as one JSON object {"kv_rate":0.1,...}.
+void strategy_settings_json(FILE *out, const strategy_opts *so, const char *strategy_name);
 
 // The table's defaults (0 / -1 where a strategy resolves the value from the model).
 strategy_opts strategy_opts_default(void);

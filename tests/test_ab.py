@@ -1,4 +1,4 @@
-"""tests/test_ab.py — A/B runs repeated (`-r N`, cmd/run.c): every strategy runs N times per
+"""tests/test_ab.py — A/B runs repeated (`-r N`, jobs/run.c): every strategy runs N times per
 prompt in rotating order after an untimed warm-up; the table shows per strategy the runs, the
 median TTFT and TPOT with their spread, and a line on how busy the rest of the machine was. The
 texts and JSON records are repetition 0's (greedy: every repetition generates the same tokens).

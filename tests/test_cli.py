@@ -206,11 +206,12 @@ def test_batch_one_bad_file(tiny, tmp_path):
     (d / "b.txt").write_bytes(b"\xff\xfe")
     (d / "c.txt").write_text("the dog")
     (d / "skip.md").write_text("not a prompt")
-    r = sift("-m", tiny, "--batch", str(d), "--json", "-q", "-n", "4", "--temp", "0")
+    r = sift("-m", tiny, "--batch", str(d), "--json", "-q", "-n", "4", "--temp", "0",
+             "--summary", str(tmp_path / "summary.json"))
     assert r.returncode == 1
-    lines = [json.loads(l) for l in r.stdout.splitlines()]
-    summary = lines.pop()   # several prompts: a last summary record
-    assert summary["summary"]["prompts"] == 3 and summary["summary"]["failed"] == 1
+    lines = [json.loads(l) for l in r.stdout.splitlines()]   # records only: the summary has its file
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["prompts"] == 3 and summary["failed"] == 1
     assert [os.path.basename(l["file"]) for l in lines] == ["a.txt", "b.txt", "c.txt"]
     assert [l["index"] for l in lines] == [0, 1, 2]
     assert "error" in lines[1] and "UTF-8" in lines[1]["error"]

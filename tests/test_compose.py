@@ -176,12 +176,12 @@ def test_refused_composition_in_prompts_file(tiny, tmp_path):
              for i, (name, _) in enumerate(REFUSED)]
     p = tmp_path / "prompts.jsonl"
     p.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    r = sift(tiny, "--prompts", p, "--json", "-q", "-n", 3, "--temp", 0)
+    r = sift(tiny, "--prompts", p, "--json", "-q", "-n", 3, "--temp", 0, "--summary", tmp_path / "s.json")
     assert r.returncode != 0   # some requests failed
     out = [json.loads(x) for x in r.stdout.splitlines()]
     recs = {j["id"]: j for j in out if "id" in j}
     assert set(recs) == {x["id"] for x in lines}
-    assert out[-1]["summary"]["failed"] == len(REFUSED)
+    assert json.loads((tmp_path / "s.json").read_text())["failed"] == len(REFUSED)
     assert "error" not in recs["ok"] and recs["ok"]["strategy"] == "fastkv+topk"
     for i, (name, why) in enumerate(REFUSED):
         e = recs[f"bad{i}"]["error"]

@@ -79,8 +79,6 @@ def runs(tmp_path_factory):
     out = {name: {} for name in PROMPTS}
     for line in r.stdout.splitlines():
         j = json.loads(line)
-        if "summary" in j:   # the run's last record
-            continue
         out[os.path.basename(j["file"])[:-4]][j["strategy"]] = j
     print(f"\n{'prompt':6} {'tokens':>6} {'strategy':12} {'found':>5} {'1st=full':>8} "
           f"{'greedy%':>7} {'rows%':>6} {'KV MiB':>7} {'TTFT ms':>8}  text")

@@ -1,4 +1,4 @@
-"""Batch jobs through the sift command line (cmd/run.c): --parallel, --prompts JSONL (sift's
+"""Batch jobs through the sift command line (jobs/): --parallel, --prompts JSONL (sift's
 fields and the OpenAI Batch API request shape), per-line errors, --output + --resume after a
 kill, --shard, --unordered, and the summary record. The references are runs of the same
 requests one at a time (--parallel 1) and without interruption or sharding; greedy decoding, so
@@ -40,8 +40,14 @@ def write_jsonl(path, rows):
 
 
 def records(text):
+    """The records of a run's output; the summary never goes among them (stderr, --summary)."""
     rows = [json.loads(l) for l in text.splitlines() if l.strip()]
-    return [r for r in rows if "summary" not in r], [r["summary"] for r in rows if "summary" in r]
+    assert not any("summary" in r for r in rows), rows
+    return rows
+
+
+def summary(path):
+    return json.loads(path.read_text())
 
 
 def texts(recs):
@@ -52,10 +58,9 @@ def test_parallel_equals_one_at_a_time(tiny, tmp_path):
     p = write_jsonl(tmp_path / "r.jsonl", requests(10))
     base = ["-m", tiny, "--prompts", p, "--temp", "0", "--json", "-q"]
     one = sift(*base, "--parallel", "1")
-    four = sift(*base, "--parallel", "4")
+    four = sift(*base, "--parallel", "4", "--summary", str(tmp_path / "s4.json"))
     assert one.returncode == 0 and four.returncode == 0, four.stderr
-    r1, s1 = records(one.stdout)
-    r4, s4 = records(four.stdout)
+    r1, r4, s4 = records(one.stdout), records(four.stdout), [summary(tmp_path / "s4.json")]
     assert [r["id"] for r in r4] == [f"r{i}" for i in range(10)]   # input order
     assert texts(r1) == texts(r4)
     assert [r["timings"]["predicted_n"] for r in r4] == [6 + 3 * (i % 5) for i in range(10)]
@@ -73,8 +78,8 @@ def test_every_strategy_in_a_batch(tiny, tmp_path):
     base = ["-m", tiny, "--prompts", p, "--temp", "0", "--json", "-q"]
     one, nine = sift(*base), sift(*base, "--parallel", "9")
     assert one.returncode == 0 and nine.returncode == 0, nine.stderr
-    r1, _ = records(one.stdout)
-    r9, _ = records(nine.stdout)
+    r1 = records(one.stdout)
+    r9 = records(nine.stdout)
     assert [r["strategy"] for r in r9] == names
     assert texts(r1) == texts(r9)
 
@@ -86,7 +91,7 @@ def test_ab_mode_batched_equals_sequential(tiny, tmp_path):
             "--json", "-q"]
     seq, bat = sift(*base), sift(*base, "--parallel", "3")
     assert seq.returncode == 0 and bat.returncode == 0
-    assert texts(records(seq.stdout)[0]) == texts(records(bat.stdout)[0])
+    assert texts(records(seq.stdout)) == texts(records(bat.stdout))
 
 
 def test_bad_lines_are_error_records(tiny, tmp_path):
@@ -102,9 +107,10 @@ def test_bad_lines_are_error_records(tiny, tmp_path):
         {"id": "ok2", "prompt": "cloud amber", "n_predict": 3},
     ]
     p = write_jsonl(tmp_path / "r.jsonl", rows)
-    r = sift("-m", tiny, "--prompts", p, "--temp", "0", "--json", "-q", "--parallel", "3")
+    r = sift("-m", tiny, "--prompts", p, "--temp", "0", "--json", "-q", "--parallel", "3",
+             "--summary", str(tmp_path / "s.json"))
     assert r.returncode == 1
-    recs, summ = records(r.stdout)
+    recs, summ = records(r.stdout), [summary(tmp_path / "s.json")]
     assert [x["id"] for x in recs] == ["ok1", "line-2", "t", "u", "e", "ok1", "s", "n", "ok2"]
     assert [x["line"] for x in recs] == list(range(1, 10))
     want = {2: "invalid JSON", 3: "'n_predict' must be an integer", 4: "unknown field 'colour'",
@@ -119,23 +125,112 @@ def test_bad_lines_are_error_records(tiny, tmp_path):
     assert all("line" in l for l in r.stderr.splitlines() if l.startswith("sift: error"))
 
 
+# The Batch API's output line (OpenAI's OpenAPI document: BatchRequestOutput) and the body of a
+# /v1/chat/completions response (CreateChatCompletionResponse), restated as JSON Schema from the
+# documentation: required fields, types, enums and nullability.
+CHAT_COMPLETION = {
+    "type": "object",
+    "required": ["id", "object", "created", "model", "choices"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"const": "chat.completion"},
+        "created": {"type": "integer"},
+        "model": {"type": "string"},
+        "system_fingerprint": {"type": "string"},
+        "choices": {"type": "array", "minItems": 1, "items": {
+            "type": "object",
+            "required": ["index", "message", "finish_reason", "logprobs"],
+            "properties": {
+                "index": {"type": "integer"},
+                "finish_reason": {"enum": ["stop", "length", "tool_calls", "content_filter",
+                                           "function_call"]},
+                "logprobs": {"type": ["object", "null"]},
+                "message": {"type": "object", "required": ["role", "content", "refusal"],
+                            "properties": {"role": {"const": "assistant"},
+                                           "content": {"type": ["string", "null"]},
+                                           "refusal": {"type": ["string", "null"]}}}}}},
+        "usage": {"type": "object",
+                  "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
+                  "properties": {k: {"type": "integer", "minimum": 0}
+                                 for k in ("prompt_tokens", "completion_tokens", "total_tokens")}},
+    },
+}
+BATCH_OUTPUT = {
+    "type": "object",
+    "required": ["id", "custom_id", "response", "error"],
+    "additionalProperties": False,
+    "properties": {
+        "id": {"type": "string"},
+        "custom_id": {"type": "string"},
+        "response": {"oneOf": [{"type": "null"}, {
+            "type": "object", "required": ["status_code", "request_id", "body"],
+            "additionalProperties": False,
+            "properties": {"status_code": {"type": "integer"}, "request_id": {"type": "string"},
+                           "body": CHAT_COMPLETION}}]},
+        "error": {"oneOf": [{"type": "null"}, {
+            "type": "object", "required": ["code", "message"],
+            "properties": {"code": {"type": "string"}, "message": {"type": "string"}}}]},
+    },
+}
+
+
+def batch_request(cid, content, max_tokens=8, system="Answer in one word."):
+    msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
+    return {"custom_id": cid, "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "gpt-4o-mini", "max_tokens": max_tokens, "temperature": 0,
+                     "messages": msgs}}
+
+
 @need_model
-def test_openai_batch_shape(tmp_path):
-    rows = [{"custom_id": "req-1", "method": "POST", "url": "/v1/chat/completions",
-             "body": {"model": "gpt-4o-mini", "max_tokens": 8, "temperature": 0,
-                      "messages": [{"role": "system", "content": "Answer in one word."},
-                                   {"role": "user", "content": "What is the capital of France?"}]}}]
+def test_openai_batch_output(tmp_path):
+    jsonschema = pytest.importorskip("jsonschema")
+    rows = [batch_request("req-1", "What is the capital of France?"),
+            batch_request("req-2", "Write a long story about a river.", max_tokens=5, system=None),
+            '{"custom_id": "req-3", "method": "POST", "body": {"messages": "not a list"}}',
+            batch_request("req-4", "What is the capital of France?", max_tokens=9000)]
     p = write_jsonl(tmp_path / "r.jsonl", rows)
-    r = sift("-m", MODEL, "--prompts", p, "--json", "-q")
-    assert r.returncode == 0, r.stderr
-    (rec,), _ = records(r.stdout)
-    assert rec["id"] == "req-1" and "Paris" in rec["text"]
-    # the same request in sift's own fields gives the same answer
-    own = write_jsonl(tmp_path / "o.jsonl", [{"id": "x", "system": "Answer in one word.", "temp": 0,
-                                             "prompt": "What is the capital of France?",
-                                             "n_predict": 8}])
-    (rec2,), _ = records(sift("-m", MODEL, "--prompts", own, "--json", "-q").stdout)
-    assert rec2["text"] == rec["text"]
+    out, summ = tmp_path / "out.jsonl", tmp_path / "summary.json"
+    r = sift("-m", MODEL, "--prompts", p, "--output", str(out), "--summary", str(summ), "-c", "4096")
+    assert r.returncode == 1, r.stderr   # two requests fail
+    recs = records(out.read_text())
+    for rec in recs:
+        jsonschema.validate(rec, BATCH_OUTPUT)
+    assert [x["custom_id"] for x in recs] == ["req-1", "req-2", "req-3", "req-4"]
+    assert len({x["id"] for x in recs}) == 4 and all(x["id"].startswith("batch_req_") for x in recs)
+    ok, length, bad, long = recs
+    for x in (ok, length):   # answered: a 200 response, no error
+        assert x["error"] is None and x["response"]["status_code"] == 200
+        u = x["response"]["body"]["usage"]
+        assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] > 0
+    body = ok["response"]["body"]
+    assert "Paris" in body["choices"][0]["message"]["content"]
+    assert body["choices"][0]["finish_reason"] == "stop" and body["choices"][0]["index"] == 0
+    assert length["response"]["body"]["choices"][0]["finish_reason"] == "length"
+    assert length["response"]["body"]["usage"]["completion_tokens"] == 5   # max_tokens
+    for x, code, what in ((bad, "invalid_request", "'messages' must be an array"),
+                          (long, "context_length_exceeded", "exceeds the context size")):
+        assert x["response"] is None and x["error"]["code"] == code and what in x["error"]["message"]
+    # the summary is its own file, with the run's counts
+    s = summary(summ)
+    assert (s["prompts"], s["done"], s["failed"], s["format"]) == (4, 4, 2, "openai")
+    assert "4 prompts (2 failed)" in r.stderr
+    # the same requests in sift's shape (--output-format sift): the same answers and token
+    # counts; and in sift's own request fields too
+    r2 = sift("-m", MODEL, "--prompts", p, "--json", "-q", "--output-format", "sift", "-c", "4096")
+    own = {x["id"]: x for x in records(r2.stdout)}
+    assert own["req-1"]["text"] == body["choices"][0]["message"]["content"]
+    assert own["req-1"]["timings"]["prompt_n"] == body["usage"]["prompt_tokens"]
+    mine = write_jsonl(tmp_path / "o.jsonl", [{"id": "x", "system": "Answer in one word.", "temp": 0,
+                                              "prompt": "What is the capital of France?",
+                                              "n_predict": 8}])
+    (rec2,) = records(sift("-m", MODEL, "--prompts", mine, "--json", "-q").stdout)
+    assert rec2["text"] == own["req-1"]["text"] and "strategy" in rec2   # sift's shape
+    # --resume on a Batch API output: nothing is run twice
+    again = sift("-m", MODEL, "--prompts", p, "--output", str(out), "--resume", "-q", "-c", "4096")
+    assert records(out.read_text()) == recs, again.stderr
+    # one response per custom_id: an A/B run cannot be written in this shape
+    ab = sift("-m", MODEL, "--prompts", p, "--json", "--output-format", "openai", "--strategy", "full,speed")
+    assert_error(ab, "--output-format openai writes one response per custom_id")
 
 
 @pytest.fixture(scope="module")
@@ -166,30 +261,34 @@ def test_resume_after_kill(small, tmp_path):
     base = ["-m", small, "--prompts", p, "--temp", "0", "-q", "--parallel", "3"]
     assert sift(*base, "--output", str(whole)).returncode == 0
     out = tmp_path / "out.jsonl"
-    rc, _ = start_and_signal([*base, "--output", str(out)], out, signal.SIGTERM)
+    rc, _ = start_and_signal([*base, "--output", str(out), "--summary", str(tmp_path / "s1.json")],
+                             out, signal.SIGTERM)
     assert rc == 128 + signal.SIGTERM   # SIGTERM drops the sequences in flight at once
-    partial, _ = records(out.read_text())   # every line whole
+    partial = records(out.read_text())   # every line whole
     assert 2 <= len(partial) < 40
     with open(out, "a") as f:   # a record cut short by a harder kill: --resume drops it
         f.write('{"id": "r39", "text": "cut sh')
-    again = sift(*base, "--output", str(out), "--resume")
+    again = sift(*base, "--output", str(out), "--resume", "--summary", str(tmp_path / "s2.json"))
     assert again.returncode == 0, again.stderr
-    merged, summaries = records(out.read_text())
+    merged = records(out.read_text())
+    summaries = [summary(tmp_path / "s1.json"), summary(tmp_path / "s2.json")]
     assert len(merged) == 40 and len({r["id"] for r in merged}) == 40
-    assert texts(merged) == texts(records(whole.read_text())[0])
+    assert texts(merged) == texts(records(whole.read_text()))
     assert [s["interrupted"] for s in summaries] == [True, False]
+    assert summaries[1]["done_before"] == len(partial) and summaries[1]["done"] == 40 - len(partial)
     # resuming a complete file runs nothing and adds no record
     r = sift(*base, "--output", str(out), "--resume")
-    assert r.returncode == 0 and records(out.read_text())[0] == merged
+    assert r.returncode == 0 and records(out.read_text()) == merged
 
 
 def test_ctrl_c_finishes_in_flight(small, tmp_path):
     p = write_jsonl(tmp_path / "r.jsonl", requests(40, lo=60))
     out = tmp_path / "out.jsonl"
     rc, err = start_and_signal(["-m", small, "--prompts", p, "--temp", "0", "--parallel", "3",
-                                "--output", str(out)], out, signal.SIGINT)
+                                "--output", str(out), "--summary", str(tmp_path / "s.json")], out,
+                               signal.SIGINT)
     assert rc == 128 + signal.SIGINT and "finishing" in err
-    recs, summ = records(out.read_text())
+    recs, summ = records(out.read_text()), [summary(tmp_path / "s.json")]
     assert summ[0]["interrupted"] and 2 <= len(recs) < 40
     assert all("text" in r for r in recs)   # the ones in flight ran to their end
 
@@ -197,12 +296,12 @@ def test_ctrl_c_finishes_in_flight(small, tmp_path):
 def test_shards_together_equal_one_run(tiny, tmp_path):
     p = write_jsonl(tmp_path / "r.jsonl", requests(11))
     base = ["-m", tiny, "--prompts", p, "--temp", "0", "--json", "-q", "--parallel", "2"]
-    whole, _ = records(sift(*base).stdout)
+    whole = records(sift(*base).stdout)
     parts = []
     for k in range(3):
         r = sift(*base, "--shard", f"{k}/3")
         assert r.returncode == 0
-        parts += records(r.stdout)[0]
+        parts += records(r.stdout)
     assert [r["id"] for r in parts] == [r["id"] for r in whole]   # concatenation = input order
     assert texts(parts) == texts(whole)
 
@@ -211,7 +310,7 @@ def test_unordered_has_every_record(tiny, tmp_path):
     p = write_jsonl(tmp_path / "r.jsonl", requests(8))
     r = sift("-m", tiny, "--prompts", p, "--temp", "0", "--json", "-q", "--parallel", "4",
              "--unordered")
-    recs, _ = records(r.stdout)
+    recs = records(r.stdout)
     assert sorted(x["id"] for x in recs) == sorted(f"r{i}" for i in range(8))
 
 
@@ -233,7 +332,7 @@ def test_ab_strategies_share_one_seed(tiny, tmp_path):
     f = tmp_path / "p.txt"
     f.write_text(" ".join(WORDS * 3))
     r = sift("-m", tiny, "-f", str(f), "--strategy", "full,streamingllm", "-n", "4", "--json", "-q")
-    recs, _ = records(r.stdout)
+    recs = records(r.stdout)
     assert len(recs) == 2 and recs[0]["seed"] == recs[1]["seed"]
 
 
@@ -244,10 +343,10 @@ def test_resume_keeps_failed_runs(tiny, tmp_path):
     out = tmp_path / "o.jsonl"
     base = ["-m", tiny, "--prompts", p, "--temp", "0", "-q", "-c", "64", "-n", "4", "--output", str(out)]
     assert sift(*base).returncode == 1
-    first, _ = records(out.read_text())
+    first = records(out.read_text())
     assert [(r["id"], "error" in r) for r in first] == [("long", True), ("ok", False)]
     assert sift(*base, "--resume").returncode == 0
-    assert records(out.read_text())[0] == first
+    assert records(out.read_text()) == first
 
 
 def test_seeded_sampling_is_batch_independent(tiny, tmp_path):
@@ -258,5 +357,5 @@ def test_seeded_sampling_is_batch_independent(tiny, tmp_path):
         r.update(temp=0.9, seed=100 + i)
     p = write_jsonl(tmp_path / "r.jsonl", reqs)
     base = ["-m", tiny, "--prompts", p, "--json", "-q"]
-    one, four = records(sift(*base).stdout)[0], records(sift(*base, "--parallel", "4").stdout)[0]
+    one, four = records(sift(*base).stdout), records(sift(*base, "--parallel", "4").stdout)
     assert texts(one) == texts(four) and [r["seed"] for r in four] == [100 + i for i in range(6)]

@@ -65,6 +65,12 @@ const char *tok_piece(const tok *t, int id, int show_special, size_t *len);
 
 // Offset of the first invalid UTF-8 byte in s[0..len), or -1 if valid.
 long tok_utf8_invalid_at(const char *s, size_t len);
+// A whole prompt file ('-' = stdin), NUL-terminated (tok/text.c); NULL + err (too big,
+// unreadable).
+char *tok_read_text(const char *path, size_t *len, char *err, size_t errlen);
+// Text read from a file, checked: 0, or -1 with "WHAT is binary, not text (a NUL byte at offset
+// N)" or "WHAT is not valid UTF-8 (byte offset N, 0xXX)" in err.
+int tok_text_check(const char *text, size_t len, const char *what, char *err, size_t errlen);
 // s[0..n) as a quoted JSON string: quotes, backslash and controls escaped, each invalid UTF-8
 // byte as U+FFFD (tok/pretok.c, beside the UTF-8 check it uses).
 void tok_json_str(FILE *out, const char *s, size_t n);

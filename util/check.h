@@ -18,6 +18,10 @@ size_t host_mem_available(void);
 // *self. 0, or -1 when /proc/stat cannot be read.
 int host_cpu_seconds(double *busy, double *steal, double *self);
 
+// Rates for timing lines: n per second over ms (0 when ms is 0), and ms per item (0 when n is 0).
+static inline double per_second(int n, double ms) { return ms > 0 ? n * 1e3 / ms : 0; }
+static inline double per_token(int n, double ms) { return n > 0 ? ms / n : 0; }
+
 int err_printf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 void *check_malloc(size_t n, const char *file, int line);

@@ -1,0 +1,124 @@
+// jobs/internal.h — what the three files of jobs/ share: a request (one input line or file), a
+// unit (one request run by one strategy), a job (a request and its units), the runner (the run's
+// state and totals), and the functions each file gives the others.
+#pragma once
+#include <stdio.h>
+
+#include "../util/check.h"
+#include "jobs.h"
+
+typedef struct request {
+    int index;              // position in the whole input (before sharding)
+    char *id;               // --prompts: id / custom_id (else "line-N"); -f: the path; -p: "prompt"
+    const char *file;       // -f / --batch: the path (read when the request starts)
+    const char *src;        // --prompts: the file's path
+    int line;               // --prompts: 1-based line; 0 otherwise
+    char *text;             // the prompt text (NULL: read `file`, or `turns` hold it)
+    char *system;           // system text, or NULL
+    int n_turns;            // messages: roles and contents (chat template)
+    char **roles, **contents;
+    int chat;               // wrap in the chat template
+    int n_predict;          // -2: the run's -n
+    float temp;             // < 0: the run's --temp
+    float top_p;            // < 0: the run's --top-p
+    long long seed;         // -1: the run's -s
+    const strategy *strategy;   // NULL: the run's --strategy list
+    char *error;            // set: this request is an error record, not a run
+    int openai;             // --prompts: the line is an OpenAI Batch API request (has 'body')
+} request;
+
+typedef struct {
+    request *r;
+    int n, cap;
+} request_list;
+
+typedef struct {
+    char **keys;   // "id\tstrategy" (error records: "id\t"), sorted
+    int n;
+} done_set;
+
+typedef struct {
+    char *buf;
+    size_t len, cap;
+} strbuf;
+
+typedef struct unit {
+    request *rq;
+    int job;                 // its job's index
+    const strategy *s;
+    int state;               // 0 waiting, 1 running, 2 done
+    int rc;                  // 0, or -1 with err
+    char err[512];
+    int *ids, n_ids;         // the prompt's tokens
+    int n_gen;
+    unsigned long long seed;
+    gen_seq g;
+    sampler smp;
+    const tok *t;
+    strbuf text;
+    int *out, n_out;         // every sampled token, end-of-generation included
+    int stream, hit_eog;
+    int started;             // its generation began (a failure after that is not the input's)
+    double rows_pct;         // prompt rows processed over layers, % of full's n * L
+    int rep;                 // which repetition (-r): only repetition 0 writes text and records
+    int first_agree;         // first token equals full's (-1: full not run)
+    double greedy_agree;     // % of full's generated tokens matched at the same step (-1: n/a)
+} unit;
+
+// CPU time of the whole machine (all CPUs, seconds: busy and stolen) and of this process, at wall
+// time `wall` (0: unknown).
+typedef struct { double busy, steal, self, wall; } cpu_sample;
+
+typedef struct runner {
+    const run_opts *o;
+    model *m;
+    const tok *t;
+    const char *dev, *model_name;
+    double load_ms;
+    int n_ctx;
+    FILE *out;               // records (stdout, or --output)
+    int openai;              // records in the OpenAI Batch API's shape
+    int n_skipped;           // requests of this shard an earlier run wrote (--resume)
+    // totals for progress and the summary
+    int n_req, n_done, n_failed;
+    long prompt_tok, gen_tok, decode_tok;   // decode_tok: tokens of the shared decode steps
+    double prefill_ms, decode_ms, t0, last_progress;
+    cpu_sample cpu_mark;     // the machine's CPU time at the last A/B table (or the start)
+} runner;
+
+// A request of this run and its sequences (one per strategy).
+typedef struct job {
+    request *rq;
+    unit *u;
+    int n_units, n_left;     // units, and those not done
+    int written;
+} job;
+
+// ---- jobs/request.c ----
+// A formatted string (malloc'd; out of memory is an internal failure).
+char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
+// Every request of the run, in input order; duplicate ids become error records.
+request_list jobs_collect(const run_opts *o);
+void req_free(request *q);
+// The key of a (request, strategy) record in a done_set; strategy NULL: the request as a whole.
+char *unit_key(const char *id, const char *strategy);
+int done_has(const done_set *d, const char *key);
+// The records of an earlier run's --output file (either shape); a last line cut short (a kill
+// during its write) is removed from the file. 0, or -1 + err.
+int read_done(done_set *d, const char *path, int quiet, char *err, size_t errlen);
+void done_free(done_set *d);
+
+// ---- jobs/record.c ----
+// How each unit compares with `full` on the same request.
+void compare_with_full(unit *u, int n, int n_layer);
+void print_timing(const runner *R, const unit *u);
+// u's record (R->format's shape), or the error record of a request that could not run.
+void record_unit(runner *R, const unit *u);
+void record_error(runner *R, const request *q);
+// The A/B table after the texts: one row per strategy (-r: medians and spreads).
+void print_table(const unit *u, int n);
+void print_table_reps(const unit *u, int n, int reps);
+cpu_sample cpu_now(void);
+void machine_note(runner *R);
+// The run's summary: a line on stderr (unless -q), and the JSON object into --summary FILE.
+void write_summary(runner *R, int slots, int interrupted);

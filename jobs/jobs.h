@@ -1,0 +1,58 @@
+// jobs/jobs.h — batch jobs: the requests of a run (-p, -f, --batch DIR, --prompts FILE.jsonl in
+// sift's shape or the OpenAI Batch API's), this process's shard of them less what --resume finds
+// done, run through up to --parallel sequences at a time (continuous batching), written as
+// records (sift's shape or the Batch API's output objects) with a summary beside them.
+// jobs/request.c reads requests and earlier output, jobs/record.c writes records, tables and the
+// summary, jobs/run.c schedules the sequences.
+#pragma once
+#include <stddef.h>
+
+#include "../policies/policy.h"
+#include "../tok/tok.h"
+
+#define MAX_STRATEGIES 16
+
+// The records' shape: sift's own (timings, settings, agreement), or the OpenAI Batch API's output
+// objects; auto: the Batch API's when the --prompts lines are Batch API requests.
+enum run_format { RUN_FORMAT_AUTO, RUN_FORMAT_SIFT, RUN_FORMAT_OPENAI };
+
+typedef struct run_opts {
+    const char *prompt, *system;   // -p, --system
+    char **files;                  // -f (repeatable), then --batch DIR's .txt files
+    int n_files;
+    const char *prompts_path;      // --prompts FILE.jsonl ('-' = stdin)
+    const char *output;            // --output FILE (JSON records), or NULL: stdout
+    const char *summary;           // --summary FILE: the run's summary as one JSON object
+    enum run_format format;        // --output-format auto|sift|openai
+    int resume, unordered;         // --resume, --unordered
+    int shard_k, shard_n;          // --shard K/N (0-based K; n 0: no sharding)
+    int parallel;                  // --parallel N: sequences in flight
+    int reps;                      // -r N: each strategy N times per prompt, in rotating order
+    int n_predict, chat, json, quiet, threads;
+    long long seed;
+    sample_params sp;
+    const strategy *strategies[MAX_STRATEGIES];   // --strategy a,b,c (A/B comparison)
+    int n_strategies;
+    strategy_opts *so;
+} run_opts;
+
+// Adds path to o's -f files; adds every DIR/*.txt (in name order) of --batch DIR: 0, or -1 + err
+// (cannot be opened, or holds no .txt file).
+void jobs_add_file(run_opts *o, const char *path);
+int jobs_add_batch_dir(run_opts *o, const char *dir, char *err, size_t errlen);
+
+// One prompt of o, tokenized as a run tokenizes it (its file read, the chat template applied).
+typedef struct run_prompt {
+    char *id;      // as in the JSON records: the -f path, the --prompts id or "line-N", "prompt"
+    int *ids, n_ids;
+} run_prompt;
+// Every prompt of o (-p, -f, --batch's files, --prompts FILE.jsonl) in input order; a request's
+// own fields besides its prompt (n_predict, temp, strategy, ...) are not read. The count, or -1
+// + err naming the first that cannot be read or tokenized.
+int jobs_read_prompts(const run_opts *o, const tok *t, run_prompt **out, char *err, size_t errlen);
+void jobs_prompts_free(run_prompt *p, int n);
+
+// Runs every request of o (this shard, less what --resume finds done) on the loaded model;
+// the exit code: 0, 1 (a request failed), or 128 + the signal that interrupted the run.
+int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const char *model_name,
+             double load_ms, int n_ctx);

@@ -1,0 +1,323 @@
+// jobs/record.c — what a run writes: one record per (request, strategy), written whole, in sift's
+// shape (text, strategy, settings, timings, agreement with full) or the OpenAI Batch API's output
+// object (id, custom_id, response {status_code, request_id, body: chat.completion}, error); the
+// timing lines and the A/B tables; the summary (stderr, --summary FILE), never among the records.
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#ifndef SIFT_VERSION
+#define SIFT_VERSION "unknown"
+#endif
+
+void compare_with_full(unit *u, int n, int n_layer) {
+    const unit *full = NULL;
+    for (int i = 0; i < n; i++)
+        if (strcmp(u[i].s->name, "full") == 0 && u[i].rc == 0) full = &u[i];
+    for (int i = 0; i < n; i++) {
+        const run_stats *st = &u[i].g.st;
+        u[i].rows_pct = st->prompt_n ? 100.0 * st->rows_done / ((double)st->prompt_n * n_layer) : 0;
+        u[i].first_agree = -1;
+        u[i].greedy_agree = -1;
+        if (!full || u[i].rc || full->n_out == 0) continue;
+        int same = 0;
+        for (int t = 0; t < full->n_out && t < u[i].n_out; t++) same += full->out[t] == u[i].out[t];
+        u[i].first_agree = u[i].n_out > 0 && u[i].out[0] == full->out[0];
+        u[i].greedy_agree = 100.0 * same / full->n_out;
+    }
+}
+
+// The record's opening: id, index, and where the request came from.
+static void json_head(FILE *f, const request *q) {
+    fprintf(f, "{\"id\":");
+    tok_json_str(f, q->id, strlen(q->id));
+    fprintf(f, ",\"index\":%d", q->index);
+    if (q->file) {
+        fprintf(f, ",\"file\":");
+        tok_json_str(f, q->file, strlen(q->file));
+    }
+    if (q->line) fprintf(f, ",\"line\":%d", q->line);
+}
+
+// sift's record of u: the text, the strategy and its settings, timings, agreement with full.
+static void json_unit(FILE *f, const runner *R, const unit *u) {
+    const run_stats *st = &u->g.st;
+    json_head(f, u->rq);
+    if (u->rc) {
+        fprintf(f, ",\"strategy\":\"%s\",\"error\":", u->s->name);
+        tok_json_str(f, u->err, strlen(u->err));
+        fprintf(f, "}\n");
+        return;
+    }
+    fprintf(f, ",\"text\":");
+    tok_json_str(f, u->text.buf ? u->text.buf : "", u->text.len);
+    fprintf(f, ",\"stop\":\"%s\",\"strategy\":\"%s\",\"device\":\"%s\",\"model\":",
+            u->hit_eog ? "eos" : "limit", u->s->name, R->dev);
+    tok_json_str(f, R->model_name, strlen(R->model_name));
+    fprintf(f, ",\"note\":");
+    tok_json_str(f, st->note, strlen(st->note));
+    fprintf(f, ",\"label\":");
+    if (st->label[0]) tok_json_str(f, st->label, strlen(st->label));
+    else fprintf(f, "null");
+    fprintf(f, ",\"settings\":");
+    strategy_settings_json(f, R->o->so, u->s->name);
+    fprintf(f, ",\"seed\":%llu,\"kv_bytes\":%zu,\"load_ms\":%.3f,\"rows_processed\":%ld,"
+            "\"draft_rows\":%ld,\"rows_pct_of_full\":%.3f,", u->seed, st->kv_bytes, R->load_ms,
+            st->rows_done, st->draft_rows, u->rows_pct);
+    if (st->decode_runs) fprintf(f, "\"kv_read_per_step\":%.0f,", st->kv_read_per_step);
+    else fprintf(f, "\"kv_read_per_step\":null,");
+    if (u->first_agree < 0) fprintf(f, "\"first_token_agree\":null,\"greedy_agree_pct\":null,");
+    else fprintf(f, "\"first_token_agree\":%s,\"greedy_agree_pct\":%.2f,", u->first_agree ? "true" : "false", u->greedy_agree);
+    fprintf(f, "\"timings\":{\"prompt_n\":%d,\"prompt_ms\":%.3f,\"prompt_per_token_ms\":%.4f,"
+            "\"prompt_per_second\":%.3f,\"predicted_n\":%d,\"predicted_ms\":%.3f,"
+            "\"predicted_per_token_ms\":%.4f,\"predicted_per_second\":%.3f}}\n",
+            st->prompt_n, st->prompt_ms, per_token(st->prompt_n, st->prompt_ms),
+            per_second(st->prompt_n, st->prompt_ms), st->predicted_n, st->decode_ms,
+            per_token(st->decode_runs, st->decode_ms), per_second(st->decode_runs, st->decode_ms));
+}
+
+// FNV-1a of s: the Batch API record's ids are derived from custom_id, so that a rerun, a resumed
+// run and a sharded run write the same ids.
+static unsigned long long id_hash(const char *s, unsigned long long salt) {
+    unsigned long long h = 1469598103934665603ULL ^ salt;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+    return h;
+}
+
+// The Batch API's output object for request q: {id, custom_id, response, error}. u NULL or failed:
+// response null and error {code, message}; else response {status_code 200, request_id, body: a
+// chat.completion with the answer, its finish_reason and the token usage}.
+static void openai_record(FILE *f, const runner *R, const request *q, const unit *u, const char *code,
+                          const char *message) {
+    unsigned long long h = id_hash(q->id, 0);
+    fprintf(f, "{\"id\":\"batch_req_%016llx\",\"custom_id\":", h);
+    tok_json_str(f, q->id, strlen(q->id));
+    if (message) {
+        fprintf(f, ",\"response\":null,\"error\":{\"code\":\"%s\",\"message\":", code);
+        tok_json_str(f, message, strlen(message));
+        fprintf(f, "}}\n");
+        return;
+    }
+    const run_stats *st = &u->g.st;
+    int completion = u->n_out;   // every sampled token, the end-of-generation one included
+    fprintf(f, ",\"response\":{\"status_code\":200,\"request_id\":\"req_%016llx\",\"body\":{"
+            "\"id\":\"chatcmpl-%016llx\",\"object\":\"chat.completion\",\"created\":%lld,\"model\":",
+            id_hash(q->id, 1), id_hash(q->id, 2), (long long)time(NULL));
+    tok_json_str(f, R->model_name, strlen(R->model_name));
+    fprintf(f, ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
+    tok_json_str(f, u->text.buf ? u->text.buf : "", u->text.len);
+    fprintf(f, ",\"refusal\":null},\"logprobs\":null,\"finish_reason\":\"%s\"}],"
+            "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d},"
+            "\"system_fingerprint\":\"sift-%s-%s\"}},\"error\":null}\n",
+            u->hit_eog ? "stop" : "length", st->prompt_n, completion, st->prompt_n + completion,
+            SIFT_VERSION, u->s->name);
+}
+
+// What kind of failure u's error is, in the Batch API's error codes.
+static const char *error_code(const unit *u) {
+    if (strstr(u->err, "exceeds the context size")) return "context_length_exceeded";
+    return u->started ? "server_error" : "invalid_request";
+}
+
+// Writes buf[0..n) to f in one call and flushes: a record is never split between writes.
+static void write_whole(FILE *f, const char *buf, size_t n) {
+    if (fwrite(buf, 1, n, f) != n || fflush(f) != 0) {
+        fprintf(stderr, "sift: error: cannot write the results: %s\n", strerror(errno));
+        exit(1);
+    }
+}
+
+void record_unit(runner *R, const unit *u) {
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *mem = open_memstream(&buf, &n);
+    if (R->openai) openai_record(mem, R, u->rq, u, error_code(u), u->rc ? u->err : NULL);
+    else json_unit(mem, R, u);
+    fclose(mem);
+    write_whole(R->out, buf, n);
+    free(buf);
+}
+
+void record_error(runner *R, const request *q) {
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *mem = open_memstream(&buf, &n);
+    if (R->openai) openai_record(mem, R, q, NULL, "invalid_request", q->error);
+    else {
+        json_head(mem, q);
+        fprintf(mem, ",\"error\":");
+        tok_json_str(mem, q->error, strlen(q->error));
+        fprintf(mem, "}\n");
+    }
+    fclose(mem);
+    write_whole(R->out, buf, n);
+    free(buf);
+}
+
+void write_summary(runner *R, int slots, int interrupted) {
+    const run_opts *o = R->o;
+    double wall = (now_ms() - R->t0) / 1e3;
+    double pp = per_second((int)R->prompt_tok, R->prefill_ms), tg = per_second((int)R->decode_tok, R->decode_ms);
+    if (!o->quiet && (R->n_req > 1 || slots > 1))
+        fprintf(stderr, "sift: %d prompts (%d failed) in %.2f s, parallel %d: prefill %ld tokens at "
+                "%.1f tok/s, decode %ld tokens at %.1f tok/s (aggregate)%s\n", R->n_done, R->n_failed,
+                wall, slots, R->prompt_tok, pp, R->decode_tok, tg, interrupted ? "; interrupted" : "");
+    if (!o->summary) return;
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *mem = open_memstream(&buf, &n);
+    fprintf(mem, "{\"prompts\":%d,\"done\":%d,\"failed\":%d,\"left\":%d,\"done_before\":%d,"
+            "\"interrupted\":%s,\"wall_s\":%.3f,\"prompt_tokens\":%ld,\"prefill_ms\":%.3f,"
+            "\"prefill_per_second\":%.3f,\"decode_tokens\":%ld,\"decode_ms\":%.3f,"
+            "\"decode_per_second\":%.3f,\"generated_tokens\":%ld,\"parallel\":%d,\"device\":\"%s\","
+            "\"model\":", R->n_req + R->n_skipped, R->n_done, R->n_failed, R->n_req - R->n_done,
+            R->n_skipped, interrupted ? "true" : "false", wall, R->prompt_tok, R->prefill_ms, pp,
+            R->decode_tok, R->decode_ms, tg, R->gen_tok, slots, R->dev);
+    tok_json_str(mem, R->model_name, strlen(R->model_name));
+    fprintf(mem, ",\"format\":\"%s\",\"output\":", R->openai ? "openai" : "sift");
+    if (o->output) tok_json_str(mem, o->output, strlen(o->output));
+    else fprintf(mem, "null");
+    if (o->shard_n > 0) fprintf(mem, ",\"shard\":[%d,%d]}\n", o->shard_k, o->shard_n);
+    else fprintf(mem, ",\"shard\":null}\n");
+    fclose(mem);
+    // written whole: into FILE.tmp, then renamed over FILE
+    char *tmp = fmt("%s.tmp", o->summary);
+    FILE *f = fopen(tmp, "w");
+    int ok = f && fwrite(buf, 1, n, f) == n;
+    if (f && fclose(f) != 0) ok = 0;
+    if (!ok || rename(tmp, o->summary) != 0) {
+        fprintf(stderr, "sift: error: cannot write --summary '%s': %s\n", o->summary, strerror(errno));
+        unlink(tmp);
+    }
+    free(tmp);
+    free(buf);
+}
+
+void print_timing(const runner *R, const unit *u) {
+    const run_stats *st = &u->g.st;
+    fprintf(stderr, "\nsift: strategy %s, device %s (%d threads), KV cache %.2f MiB\n", u->s->name,
+            R->dev, R->o->threads, st->kv_bytes / 1048576.0);
+    if (st->note[0]) fprintf(stderr, "sift: %s: %s\n", u->s->name, st->note);
+    fprintf(stderr, "      load time = %10.2f ms\n", R->load_ms);
+    fprintf(stderr, "prompt eval time = %10.2f ms / %5d tokens (%8.2f ms per token, %8.2f tokens per second)\n",
+            st->prompt_ms, st->prompt_n, per_token(st->prompt_n, st->prompt_ms), per_second(st->prompt_n, st->prompt_ms));
+    fprintf(stderr, "       eval time = %10.2f ms / %5d runs   (%8.2f ms per token, %8.2f tokens per second)\n",
+            st->decode_ms, st->decode_runs, per_token(st->decode_runs, st->decode_ms), per_second(st->decode_runs, st->decode_ms));
+    fprintf(stderr, "      total time = %10.2f ms / %5d tokens\n", st->prompt_ms + st->decode_ms,
+            st->prompt_n + st->predicted_n);
+}
+
+void print_table(const unit *u, int n) {
+    printf("\n| strategy | rows %% of full | KV MiB | KV read/step MiB | TTFT ms | prefill tok/s | TPOT ms "
+           "| decode tok/s | 1st token = full | greedy agree %% | first line |\n"
+           "|---|---:|---:|---:|---:|---:|---:|---:|:---:|---:|---|\n");
+    for (int i = 0; i < n; i++) {
+        const run_stats *st = &u[i].g.st;
+        if (u[i].rc) {
+            printf("| %s | error: %s ||||||||||\n", u[i].s->name, u[i].err);
+            continue;
+        }
+        const char *text = u[i].text.buf ? u[i].text.buf : "";
+        while (*text == '\n' || *text == ' ') text++;
+        int line = (int)strcspn(text, "\n|");
+        if (line > 60) line = 60;
+        printf("| %s%s%s%s | %.1f | %.2f | ", u[i].s->name, st->label[0] ? " (" : "", st->label,
+               st->label[0] ? ")" : "", u[i].rows_pct, st->kv_bytes / 1048576.0);
+        if (st->decode_runs) printf("%.2f | ", st->kv_read_per_step / 1048576.0);
+        else printf("- | ");
+        printf("%.1f | %.1f | %.2f | %.2f | %s | ", st->prompt_ms, per_second(st->prompt_n, st->prompt_ms),
+               per_token(st->decode_runs, st->decode_ms), per_second(st->decode_runs, st->decode_ms),
+               u[i].first_agree < 0 ? "-" : u[i].first_agree ? "yes" : "no");
+        if (u[i].greedy_agree < 0) printf("- | ");
+        else printf("%.1f | ", u[i].greedy_agree);
+        printf("%.*s |\n", line, text);
+    }
+    fflush(stdout);
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+// The median of x[0..n) (sorted in place; n >= 1), and the spread (max - min) / median in %.
+static double median_spread(double *x, int n, double *spread) {
+    qsort(x, (size_t)n, sizeof *x, cmp_double);
+    double med = n % 2 ? x[n / 2] : (x[n / 2 - 1] + x[n / 2]) / 2;
+    *spread = med > 0 ? 100.0 * (x[n - 1] - x[0]) / med : 0;
+    return med;
+}
+
+// The A/B table of a repeated run (-r): per strategy (its repetition-0 unit for everything but
+// the timings) the median TTFT and TPOT over the repetitions that succeeded, with their spread.
+void print_table_reps(const unit *u, int n, int reps) {
+    printf("\n| strategy | runs | rows %% of full | KV MiB | TTFT ms (median) | TTFT spread %% "
+           "| prefill tok/s | TPOT ms (median) | TPOT spread %% | decode tok/s | 1st token = full "
+           "| greedy agree %% | first line |\n"
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---:|---|\n");
+    double *ttft = xmalloc((size_t)reps * sizeof *ttft), *tpot = xmalloc((size_t)reps * sizeof *tpot);
+    for (int i = 0; i < n; i++) {
+        if (u[i].rep != 0) continue;
+        int k = 0, kd = 0;
+        for (int j = 0; j < n; j++) {
+            const run_stats *st = &u[j].g.st;
+            if (u[j].s != u[i].s || u[j].rc) continue;
+            ttft[k++] = st->prompt_ms;
+            if (st->decode_runs) tpot[kd++] = st->decode_ms / st->decode_runs;
+        }
+        if (u[i].rc || k == 0) {
+            printf("| %s | 0 | error: %s |||||||||||\n", u[i].s->name, u[i].err);
+            continue;
+        }
+        const run_stats *st = &u[i].g.st;
+        double sp_ttft, sp_tpot = 0, m_ttft = median_spread(ttft, k, &sp_ttft);
+        double m_tpot = kd ? median_spread(tpot, kd, &sp_tpot) : NAN;
+        const char *text = u[i].text.buf ? u[i].text.buf : "";
+        while (*text == '\n' || *text == ' ') text++;
+        int line = (int)strcspn(text, "\n|");
+        if (line > 60) line = 60;
+        printf("| %s%s%s%s | %d | %.1f | %.2f | %.1f | %.1f | %.1f | ", u[i].s->name,
+               st->label[0] ? " (" : "", st->label, st->label[0] ? ")" : "", k, u[i].rows_pct,
+               st->kv_bytes / 1048576.0, m_ttft, sp_ttft, per_second(st->prompt_n, m_ttft));
+        if (kd) printf("%.2f | %.1f | %.2f | ", m_tpot, sp_tpot, 1000.0 / m_tpot);
+        else printf("- | - | - | ");
+        printf("%s | ", u[i].first_agree < 0 ? "-" : u[i].first_agree ? "yes" : "no");
+        if (u[i].greedy_agree < 0) printf("- | ");
+        else printf("%.1f | ", u[i].greedy_agree);
+        printf("%.*s |\n", line, text);
+    }
+    free(ttft);
+    free(tpot);
+    fflush(stdout);
+}
+
+cpu_sample cpu_now(void) {
+    cpu_sample c = {0, 0, 0, now_ms() / 1e3};
+    if (host_cpu_seconds(&c.busy, &c.steal, &c.self) != 0) c.wall = 0;   // unknown: no note
+    return c;
+}
+
+// Under an A/B table: how busy the rest of the machine was since the last table (or the start):
+// other processes' CPU time and the hypervisor's stolen time, in cores. Timings taken beside a
+// busy process are not an idle machine's; the note says so, so a reader knows what to distrust.
+void machine_note(runner *R) {
+    cpu_sample now = cpu_now(), *was = &R->cpu_mark;
+    double wall = now.wall - was->wall;
+    if (was->wall > 0 && now.wall > 0 && wall > 0.05) {
+        double other = (now.busy - was->busy - (now.self - was->self)) / wall;
+        double steal = (now.steal - was->steal) / wall;
+        other = other < 0 ? 0 : other;
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        printf("\nmachine: other processes used %.2f of %ld CPUs and %.2f were stolen during these runs%s\n",
+               other, ncpu, steal,
+               other + steal > 0.25 ? " — busy: these timings are not an idle machine's" : " (idle)");
+        fflush(stdout);
+    }
+    R->cpu_mark = cpu_now();
+}
+

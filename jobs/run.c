@@ -1,0 +1,449 @@
+// jobs/run.c — running a run's requests: this process's shard of them, minus what --resume finds
+// already done, through up to --parallel sequences at a time (continuous batching: each decode
+// step is one forward pass over every sequence in flight, policies' gen_step; a finished
+// sequence's slot takes the next request at once). Results: text blocks, or one record per
+// (request, strategy) written whole and flushed (jobs/record.c), in input order (--unordered: as
+// they finish); progress and a summary on stderr (and --summary FILE). Ctrl-C: finish the
+// sequences in flight, then stop (again: drop them); SIGTERM drops them at once. Either way the
+// output holds only whole records.
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+// ---- one (request, strategy) sequence --------------------------------------------------------
+
+static void sb_put(strbuf *b, const char *s, size_t n) {
+    if (b->len + n + 1 > b->cap) {
+        b->cap = (b->len + n + 1) * 2;
+        b->buf = xrealloc(b->buf, b->cap);
+    }
+    memcpy(b->buf + b->len, s, n);
+    b->len += n;
+    b->buf[b->len] = 0;
+}
+
+static int on_token(void *ctx, int id) {
+    unit *u = ctx;
+    u->out = xrealloc(u->out, (size_t)(u->n_out + 1) * sizeof(int));
+    u->out[u->n_out++] = id;
+    if (tok_is_eog(u->t, id)) {
+        u->hit_eog = 1;
+        return 1;
+    }
+    size_t n;
+    const char *p = tok_piece(u->t, id, 0, &n);
+    sb_put(&u->text, p, n);
+    if (u->stream) {
+        fwrite(p, 1, n, stdout);
+        fflush(stdout);
+    }
+    return 0;
+}
+
+// The request's prompt tokens: its text (read from its file now), in the chat template when
+// asked. n, or -1 with err.
+static int prompt_ids(const runner *R, request *q, int **ids, char *err, size_t errlen) {
+    size_t len = 0;
+    const char *what = q->file ? "prompt file" : "prompt";
+    if (q->file && !q->text) {
+        q->text = tok_read_text(q->file, &len, err, errlen);
+        if (!q->text) return -1;
+        char name[300];
+        snprintf(name, sizeof name, "%s '%s'", what, q->id);
+        if (tok_text_check(q->text, len, name, err, errlen)) return -1;
+    }
+    if (q->text) len = strlen(q->text);
+    if (q->text && len == 0) return err_printf(err, errlen, "%s '%s' is empty", what, q->id);
+    for (int i = 0; i < q->n_turns; i++)
+        if (!q->contents[i][0]) return err_printf(err, errlen, "prompt '%s': message %d is empty", q->id, i + 1);
+    const char *check[2] = {q->text, q->system};
+    for (int i = 0; i < 2; i++) {
+        long bad = check[i] ? tok_utf8_invalid_at(check[i], strlen(check[i])) : -1;
+        if (bad >= 0)
+            return err_printf(err, errlen, "%s '%s' is not valid UTF-8 (byte offset %ld, 0x%02x)",
+                              what, q->id, bad, (unsigned char)check[i][bad]);
+    }
+    char *text = q->text;
+    if (q->chat) {
+        const char *sys = q->system ? q->system : R->o->system ? R->o->system : tok_chat_default_system(R->t);
+        const char *role = "user";
+        text = q->n_turns ? tok_chat_apply_turns(tok_chat_kind(R->t), sys, (const char *const *)q->roles,
+                                                 (const char *const *)q->contents, q->n_turns)
+                          : tok_chat_apply_turns(tok_chat_kind(R->t), sys, &role,
+                                                 (const char *const *)&q->text, 1);
+        if (!text)
+            return err_printf(err, errlen, "prompt '%s': the model has no chat template sift knows "
+                              "(ChatML, Llama-3)", q->id);
+    }
+    int *body = NULL;
+    int n = tok_encode(R->t, text, strlen(text), 1, &body, err, errlen);
+    if (text != q->text) free(text);
+    if (n < 0) return -1;
+    int bos = tok_add_bos(R->t) && tok_bos(R->t) >= 0;
+    *ids = xmalloc((size_t)(n + bos + 1) * sizeof(int));
+    if (bos) (*ids)[0] = tok_bos(R->t);
+    memcpy(*ids + bos, body, (size_t)n * sizeof(int));
+    free(body);
+    return n + bos;
+}
+
+int jobs_read_prompts(const run_opts *o, const tok *t, run_prompt **out, char *err, size_t errlen) {
+    request_list all = jobs_collect(o);
+    runner R = {.o = o, .t = t};
+    run_prompt *p = xcalloc((size_t)(all.n ? all.n : 1), sizeof *p);
+    int n = 0, bad = 0;
+    for (int i = 0; i < all.n && !bad; i++) {
+        request *q = &all.r[i];
+        if (q->error) bad = err_printf(err, errlen, "%s", q->error);
+        else if ((p[n].n_ids = prompt_ids(&R, q, &p[n].ids, err, errlen)) < 0) bad = -1;
+        else p[n++].id = strdup(q->id);
+    }
+    for (int i = 0; i < all.n; i++) req_free(&all.r[i]);
+    free(all.r);
+    if (bad) {
+        jobs_prompts_free(p, n);
+        return -1;
+    }
+    *out = p;
+    return n;
+}
+
+void jobs_prompts_free(run_prompt *p, int n) {
+    for (int i = 0; i < n; i++) free(p[i].id), free(p[i].ids);
+    free(p);
+}
+
+// u could not run: done, with its error naming the --prompts line it came from. -1.
+static int unit_failed(unit *u) {
+    if (u->rq->line) {
+        char e[sizeof u->err];
+        snprintf(e, sizeof e, "%.200s line %d: %.290s", u->rq->src, u->rq->line, u->err);
+        memcpy(u->err, e, sizeof e);
+    }
+    u->state = 2;
+    return u->rc = -1;
+}
+
+// Tokenizes and prefills u (its first token sampled); 0, or -1 (u->err set, u done).
+static int unit_start(runner *R, unit *u, int stream) {
+    const run_opts *o = R->o;
+    request *q = u->rq;
+    u->t = R->t;
+    u->n_ids = prompt_ids(R, q, &u->ids, u->err, sizeof u->err);
+    int want = q->n_predict != -2 ? q->n_predict : o->n_predict;
+    u->n_gen = want < 0 ? R->n_ctx - u->n_ids : want;
+    if (u->n_ids >= 0 && (u->n_gen < 1 || (long)u->n_ids + u->n_gen > R->n_ctx)) {
+        snprintf(u->err, sizeof u->err,
+                 "prompt '%s' has %d tokens; with %d to generate that exceeds the context size %d "
+                 "(raise -c or lower -n)", q->id, u->n_ids, want < 0 ? 1 : u->n_gen, R->n_ctx);
+        u->n_ids = -1;
+    }
+    if (u->n_ids < 0) return unit_failed(u);
+    sample_params sp = o->sp;
+    if (q->temp >= 0) sp.temp = q->temp;
+    if (q->top_p >= 0) sp.top_p = q->top_p;
+    if (q->seed < 0 && o->seed >= 0) q->seed = o->seed;
+    if (q->seed < 0)   // one random seed per request: an A/B run's strategies sample alike
+        q->seed = (long long)(((unsigned long long)(now_ms() * 1000) + (unsigned)q->index * 7919u) & 0xffffffffULL);
+    u->seed = (unsigned long long)q->seed;
+    sp.seed = u->seed;
+    sampler_init(&u->smp, &sp, R->m->cfg.vocab);
+    if (!o->quiet && R->o->parallel == 1)
+        fprintf(stderr, "sift: %s: %d prompt tokens, up to %d new (seed %llu)\n", q->id, u->n_ids,
+                u->n_gen, u->seed);
+    u->stream = stream;
+    u->state = 1;
+    u->started = 1;
+    if (gen_begin(&u->g, u->s, R->m, o->so, u->ids, u->n_ids, u->n_gen, &u->smp, on_token, u, NULL,
+                  u->err, sizeof u->err)) {
+        sampler_free(&u->smp);
+        return unit_failed(u);
+    }
+    return 0;
+}
+
+static void unit_finish(unit *u) {
+    if (u->state == 1) {
+        gen_end(&u->g);
+        sampler_free(&u->smp);
+    }
+    u->state = 2;
+}
+
+static void unit_free(unit *u) {
+    free(u->ids), free(u->text.buf), free(u->out);
+}
+
+// Untimed: the first strategy on 32 tokens, 2 steps (first-touch allocations, thread start-up,
+// caches), before an A/B comparison, so that the first strategy is not the one that pays for them.
+static int warm_token(void *ctx, int id) {
+    (void)ctx, (void)id;
+    return 0;
+}
+
+static void warm_up(const run_opts *o, model *m) {
+    int ids[32];
+    for (int i = 0; i < 32; i++) ids[i] = (100 + 7 * i) % m->cfg.vocab;
+    sampler smp;
+    sampler_init(&smp, &(sample_params){.temp = 0, .seed = 1}, m->cfg.vocab);
+    run_stats st;
+    char err[512];
+    (void)run_generate(o->strategies[0], m, o->so, ids, 32, 2, &smp, warm_token, NULL, &st, err,
+                       sizeof err);
+    sampler_free(&smp);
+}
+
+static volatile sig_atomic_t stop_signal, n_signals;
+
+static void on_signal(int sig) {
+    if (!stop_signal) stop_signal = sig;
+    n_signals++;
+    if (sig == SIGTERM) n_signals = 2;   // SIGTERM: drop what is in flight at once
+}
+
+// Outputs job J (all its units done).
+static void emit_job(runner *R, job *J) {
+    const run_opts *o = R->o;
+    compare_with_full(J->u, J->n_units, R->m->cfg.n_layer);
+    int json = o->json || o->output;
+    for (int i = 0; i < J->n_units; i++) {
+        unit *u = &J->u[i];
+        if (u->rep > 0) {   // a repetition: its timings go into the table only
+            R->prompt_tok += u->g.st.prompt_n;
+            R->prefill_ms += u->g.st.prompt_ms;
+            R->gen_tok += u->rc ? 0 : u->g.st.predicted_n;
+            continue;
+        }
+        if (u->rc) {
+            R->n_failed++;
+            fprintf(stderr, "sift: error: %s%s%s\n", J->n_units > 1 ? u->s->name : "",
+                    J->n_units > 1 ? ": " : "", u->err);
+        }
+        if (json) record_unit(R, u);
+        else if (!u->stream && !u->rc) {   // text mode, not streamed: the whole block now
+            if (J->n_units > 1 || R->n_req > 1)
+                printf("==> %s%s%s%s <==\n", J->rq->id, J->n_units > 1 ? " [" : "",
+                       J->n_units > 1 ? u->s->name : "", J->n_units > 1 ? "]" : "");
+            printf("%s\n", u->text.buf ? u->text.buf : "");
+            fflush(stdout);
+        }
+        if (!u->rc && !o->quiet && o->parallel == 1) print_timing(R, u);
+        R->prompt_tok += u->g.st.prompt_n;
+        R->prefill_ms += u->g.st.prompt_ms;
+        R->gen_tok += u->rc ? 0 : u->g.st.predicted_n;
+    }
+    if (J->n_units > 1 && !json) {
+        if (o->reps > 1) print_table_reps(J->u, J->n_units, o->reps);
+        else print_table(J->u, J->n_units);
+        machine_note(R);
+    }
+    R->n_done++;
+    J->written = 1;
+    for (int i = 0; i < J->n_units; i++) {   // written: only the figures above are kept
+        unit_free(&J->u[i]);
+        J->u[i].ids = NULL, J->u[i].text = (strbuf){0}, J->u[i].out = NULL;
+    }
+}
+
+// An error record for a request that cannot run (a bad --prompts line, a duplicate id).
+static void emit_error(runner *R, job *J) {
+    R->n_failed++;
+    R->n_done++;
+    J->written = 1;
+    fprintf(stderr, "sift: error: %s\n", J->rq->error);
+    if (R->o->json || R->o->output) record_error(R, J->rq);
+}
+
+static void progress(runner *R, int in_flight, int final) {
+    double now = now_ms(), el = (now - R->t0) / 1e3;
+    if (R->o->quiet || R->n_req < 2) return;
+    int tty = isatty(2);
+    if (!final && now - R->last_progress < (tty ? 250 : 10000)) return;
+    R->last_progress = now;
+    double rate = el > 0 ? R->n_done / el : 0, eta = rate > 0 ? (R->n_req - R->n_done) / rate : 0;
+    fprintf(stderr, "%ssift: %d/%d prompts done (%d failed, %d in flight), %.1f s, "
+            "%.1f generated tok/s, ETA %.0f s%s", tty ? "\r" : "", R->n_done, R->n_req,
+            R->n_failed, in_flight, el, el > 0 ? R->gen_tok / el : 0, eta, tty && !final ? "   " : "\n");
+}
+
+int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const char *model_name,
+             double load_ms, int n_ctx) {
+    char err[512];
+    request_list all = jobs_collect(o);
+    // this process's shard: a contiguous slice, so shard outputs concatenate in input order
+    int lo = 0, hi = all.n;
+    if (o->shard_n > 0) {
+        lo = (int)((long)all.n * o->shard_k / o->shard_n);
+        hi = (int)((long)all.n * (o->shard_k + 1) / o->shard_n);
+    }
+    done_set done = {0};
+    if (o->output && o->resume && read_done(&done, o->output, o->quiet, err, sizeof err)) {
+        fprintf(stderr, "sift: error: %s\n", err);
+        return 1;
+    }
+    runner R = {.o = o, .m = m, .t = t, .dev = dev, .model_name = model_name, .load_ms = load_ms,
+                .n_ctx = n_ctx, .out = stdout, .t0 = now_ms()};
+    // the records' shape: --output-format, else the Batch API's when every --prompts line is a
+    // Batch API request (and one strategy runs: the Batch API has one response per custom_id)
+    int n_openai = 0;
+    for (int i = 0; i < all.n; i++) n_openai += all.r[i].openai;
+    R.openai = o->format == RUN_FORMAT_OPENAI ||
+               (o->format == RUN_FORMAT_AUTO && all.n > 0 && n_openai == all.n && o->n_strategies == 1);
+    if (o->output) {
+        R.out = fopen(o->output, o->resume ? "a" : "w");
+        if (!R.out) {
+            fprintf(stderr, "sift: error: cannot write --output '%s': %s\n", o->output, strerror(errno));
+            return 1;
+        }
+    }
+    // the jobs: requests of the shard not done before, each with one unit per strategy
+    job *jobs = xcalloc((size_t)(hi - lo + 1), sizeof *jobs);
+    int n_jobs = 0, skipped = 0;
+    for (int i = lo; i < hi; i++) {
+        request *q = &all.r[i];
+        job *J = &jobs[n_jobs];
+        *J = (job){.rq = q};
+        int ns = q->strategy ? 1 : o->n_strategies;
+        if (q->error) {
+            char *k = unit_key(q->id, NULL);
+            int had = done_has(&done, k);
+            free(k);
+            if (had) skipped++;
+            else n_jobs++;
+            continue;
+        }
+        int reps = o->reps > 1 ? o->reps : 1;
+        J->u = xcalloc((size_t)ns * reps, sizeof *J->u);
+        for (int r = 0; r < reps; r++)   // repetition r starts at strategy r: rotating order
+            for (int s = 0; s < ns; s++) {
+                const strategy *st = q->strategy ? q->strategy : o->strategies[(s + r) % ns];
+                char *k = unit_key(q->id, R.openai ? NULL : st->name);
+                if (!done_has(&done, k))
+                    J->u[J->n_units++] = (unit){.rq = q, .s = st, .job = n_jobs, .rep = r};
+                free(k);
+            }
+        if (J->n_units == 0) {
+            free(J->u);
+            skipped++;
+            continue;
+        }
+        J->n_left = J->n_units;
+        n_jobs++;
+    }
+    R.n_req = n_jobs, R.n_skipped = skipped;
+    if (!o->quiet && (skipped || o->shard_n > 0))
+        fprintf(stderr, "sift: %d requests%s%s: %d to run, %d done before (--resume)\n", hi - lo,
+                o->shard_n > 0 ? " in this shard" : "", "", n_jobs, skipped);
+
+    struct sigaction sa = {0}, old_int, old_term;
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART;   // a write to a slow pipe resumes instead of failing
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+
+    int ab = 0;   // an A/B comparison: several strategies (or repetitions) on a prompt
+    for (int j = 0; j < n_jobs; j++) ab |= jobs[j].n_units > 1;
+    if (ab && !stop_signal) warm_up(o, m);
+    R.cpu_mark = cpu_now();
+    int slots = o->parallel > 0 ? o->parallel : 1, json = o->json || o->output;
+    unit **active = xmalloc((size_t)(slots + MAX_STRATEGIES * 100) * sizeof *active);
+    int n_active = 0, next_job = 0, next_write = 0, announced = 0;
+    for (;;) {
+        if (stop_signal && !announced && !o->quiet) {
+            fprintf(stderr, "\nsift: interrupted: %s %d sequences in flight, no new prompts%s\n",
+                    n_signals > 1 ? "dropping" : "finishing", n_active,
+                    n_signals > 1 ? "" : " (Ctrl-C again to drop them)");
+            announced = 1;
+        }
+        if (n_signals > 1) break;
+        // admit: fill the free slots with the next units in input order (prefill each)
+        while (!stop_signal && n_active < slots && next_job < n_jobs) {
+            job *J = &jobs[next_job];
+            if (J->rq->error) {
+                next_job++;
+                continue;
+            }
+            int k = 0;
+            while (k < J->n_units && J->u[k].state != 0) k++;
+            if (k == J->n_units) {
+                next_job++;
+                continue;
+            }
+            unit *u = &J->u[k];
+            int stream = !json && slots == 1 && u->rep == 0;   // repetitions run silently
+            if (stream && (J->n_units > 1 || R.n_req > 1)) {
+                if (J->n_units > 1 && R.n_req > 1) printf("==> %s [%s] <==\n", J->rq->id, u->s->name);
+                else printf("==> %s <==\n", J->n_units > 1 ? u->s->name : J->rq->id);
+                fflush(stdout);
+            }
+            unit_start(&R, u, stream);
+            if (u->state == 1 && !u->g.done) active[n_active++] = u;
+            else {   // failed, or done with its first token: written before anything else starts
+                unit_finish(u);
+                if (stream && !u->rc) printf("\n");
+                J->n_left--;
+                break;
+            }
+        }
+        // one decode step over every sequence in flight
+        if (n_active > 0) {
+            double t0 = now_ms();
+            gen_seq *gs[FWD_MAX_BATCH];
+            for (int i = 0; i < n_active; i++) gs[i] = &active[i]->g;
+            gen_step(gs, n_active);
+            R.decode_ms += now_ms() - t0;
+            R.decode_tok += n_active;
+            for (int i = 0; i < n_active;) {
+                unit *u = active[i];
+                if (!u->g.done) {
+                    i++;
+                    continue;
+                }
+                unit_finish(u);
+                if (u->stream) printf("\n");
+                jobs[u->job].n_left--;
+                active[i] = active[--n_active];
+            }
+        }
+        // write what is complete: in input order (the scan stops at the first job not done), or
+        // with --unordered anything done (only jobs admitted so far can be)
+        int lim = o->unordered && next_job + 1 < n_jobs ? next_job + 1 : n_jobs;
+        for (int j = next_write; j < lim; j++) {
+            job *J = &jobs[j];
+            if (J->written) {
+                if (j == next_write) next_write++;
+                continue;
+            }
+            if (J->rq->error) emit_error(&R, J);
+            else if (J->n_left == 0) emit_job(&R, J);
+            else if (!o->unordered) break;
+            if (J->written && j == next_write) next_write++;
+        }
+        progress(&R, n_active, 0);
+        if (n_active == 0 && (next_job >= n_jobs || stop_signal)) break;
+    }
+    for (int i = 0; i < n_active; i++) unit_finish(active[i]);   // dropped: rerun on --resume
+    // in input order, a job held back by an unfinished earlier one is written now if complete
+    for (int j = 0; j < n_jobs; j++)
+        if (!jobs[j].written && !jobs[j].rq->error && jobs[j].n_left == 0) emit_job(&R, &jobs[j]);
+        else if (!jobs[j].written && jobs[j].rq->error && !stop_signal) emit_error(&R, &jobs[j]);
+    progress(&R, 0, 1);
+    write_summary(&R, slots, stop_signal != 0);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    if (R.out != stdout) fclose(R.out);
+    for (int j = 0; j < n_jobs; j++) {
+        for (int k = 0; k < jobs[j].n_units; k++) unit_free(&jobs[j].u[k]);
+        free(jobs[j].u);
+    }
+    free(jobs), free(active);
+    for (int i = 0; i < all.n; i++) req_free(&all.r[i]);
+    free(all.r);
+    done_free(&done);
+    if (stop_signal) return 128 + stop_signal;
+    return R.n_failed ? 1 : 0;
+}
