@@ -26,7 +26,7 @@ MODEL   ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
 CFLAGS  += -DSIFT_VERSION='"$(VERSION)"'
 
-LIB_SRC := $(wildcard cmd/*.c jobs/*.c eval/*.c util/*.c weights/*.c tok/*.c model/*.c attn/*.c kv/*.c policies/*.c)
+LIB_SRC := $(wildcard cmd/*.c jobs/*.c eval/*.c util/*.c weights/*.c tok/*.c model/*.c attn/*.c fit/*.c kv/*.c policies/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=build/%.o)
 # CUDA path: compiled when nvcc is found. cudart and libstdc++ link statically; cuBLASLt has no
 # static library in the toolkit and is opened at run time (dlopen), so the binary starts anywhere.

@@ -114,7 +114,7 @@ int cli_config(const char *path, model_config *c, char *err, size_t errlen);
 
 // ---- subcommands: argv[1] is the command's name ----
 int cmd_bench(int argc, char **argv);
-int cmd_eval(int argc, char **argv);   // cmd/eval.c
+int cmd_eval(int argc, char **argv);   // cmd/evaluate.c
 int cmd_sweep(int argc, char **argv);  // cmd/sweep.c
 int cmd_ppl(int argc, char **argv);    // cmd/ppl.c
 int cmd_fit_phi(int argc, char **argv);   // cmd/fit_phi.c

@@ -1,7 +1,7 @@
 // cmd/fit_phi.c — `sift fit-phi`: learns topk+phi's feature maps for a model by distillation
 // (specs/topk-phi.md, "Training the maps"). One full prefill of --ctx tokens of --data text logs,
 // per layer, the post-RoPE queries of sampled positions and every key; then per layer and KV
-// group the maps are fitted with Adam on the spec's loss (attn/phi_fit.c), support = each
+// group the maps are fitted with Adam on the spec's loss (fit/phi_fit.c), support = each
 // query's mid region. The output file is rewritten after every layer with a FILE.progress
 // note, so an interrupted run resumes at the next layer (same flags, same result: every draw is
 // seeded from --seed, the layer and the group). Ends with per-layer held-out KL, fitted vs the
@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "../attn/phi.h"
+#include "../fit/phi_fit.h"
 #include "../policies/topk_phi.h"
 #include "../util/check.h"
 #include "cmd.h"

@@ -18,7 +18,7 @@ static void fuzz_exit(int code) __attribute__((noreturn));
 #define main sift_main
 #include "../cmd/bench.c"
 #include "../cmd/cli.c"
-#include "../cmd/eval.c"
+#include "../cmd/evaluate.c"
 #include "../cmd/ppl.c"
 #include "../cmd/fit_phi.c"
 #include "../cmd/sweep.c"

@@ -8,6 +8,7 @@
 
 #include "../attn/attn.h"
 #include "../attn/phi.h"
+#include "../fit/phi_fit.h"
 #include "../model/backend.h"
 #include "../model/sample.h"
 #include "../kv/kv.h"

@@ -288,7 +288,7 @@ def test_small_k_changes_every_query(tmp_path, full_logits):
         assert rel_err(got[r], full_logits[r]) > 1e-3, f"row {r}"
 
 
-# ---- fitting the maps (attn/phi_fit.c) ----
+# ---- fitting the maps (fit/phi_fit.c) ----
 
 def read_phi(path):
     """The .phi format parsed independently: header, then q and k parameter blocks."""

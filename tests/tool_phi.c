@@ -41,6 +41,7 @@
 #include <string.h>
 
 #include "../attn/phi.h"
+#include "../fit/phi_fit.h"
 #include "../attn/score.h"
 #include "../policies/policy.h"
 #include "../policies/topk_phi.h"

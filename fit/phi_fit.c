@@ -1,4 +1,4 @@
-// attn/phi_fit.c — distillation of the MLP feature maps (specs/topk-phi.md, "Training the
+// fit/phi_fit.c — distillation of the MLP feature maps (specs/topk-phi.md, "Training the
 // maps"): the spec's loss on logged queries/keys of one KV group, its gradient by hand-written
 // backpropagation through r^_j = LSE_f(log phi_q(q)_f + log phi_k(k_j)_f) - b and the two MLPs
 // (batched with sgemm), Adam, and the held-out KL used to report fit quality.
@@ -7,10 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../attn/score.h"
 #include "../util/check.h"
 #include "../util/fastexp.h"
-#include "phi.h"
-#include "score.h"
+#include "phi_fit.h"
 
 #define FAR_BAND (-8.0)
 

@@ -1,4 +1,4 @@
-// cmd/eval.c — `sift eval`: for every context x task x sample, build the task's prompt, run every
+// cmd/evaluate.c — `sift eval`: for every context x task x sample, build the task's prompt, run every
 // chosen strategy (and `full`, the reference, first) greedily on the same tokens, score the answer
 // and measure the fidelity to full; then print the tables and write JSON / CSV / SVG.
 // Ctrl-C stops between prompts and reports what was measured (exit 130).
@@ -263,7 +263,7 @@ static int write_reports(const eval_opts *e, const eval_report *rep) {
 }
 
 // The tables on stdout and the files asked for; 0 or -1 (a file could not be written).
-static int report(const eval_opts *e, const eval_run *R, const char *model_name, int complete) {
+static int write_report(const eval_opts *e, const eval_run *R, const char *model_name, int complete) {
     const char *names[MAX_STRATEGIES];
     for (int i = 0; i < e->n_strategies; i++) names[i] = e->strategies[i]->name;
     eval_report rep = {.model = model_name, .seed = e->seed, .samples = e->samples,
@@ -301,7 +301,7 @@ int cmd_eval(int argc, char **argv) {
         signal(SIGINT, cli_on_sigint);
         int run = eval_run_all(&R);
         signal(SIGINT, SIG_DFL);
-        int written = e.dump ? 0 : report(&e, &R, L.m->name ? L.m->name : cli_base_name(L.path), run != 1);
+        int written = e.dump ? 0 : write_report(&e, &R, L.m->name ? L.m->name : cli_base_name(L.path), run != 1);
         rc = run < 0 || written ? 1 : run == 1 ? 130 : 0;
     }
     for (int i = 0; i < R.n_recs; i++) free(R.recs[i].answer);
