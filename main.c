@@ -130,6 +130,10 @@ static const flag_row FLAGS[] = {
      "run the K-th (0-based) of N contiguous slices of the input"},
     {NULL, NULL, "--unordered", NULL, F_SWITCH, O(r.unordered), 0, 0, 0, NULL,
      "write each record when it finishes, not in input order"},
+    {NULL, NULL, "--kept-map", "FILE", F_STR, O(r.kept_map), 0, 0, 0, NULL,
+     "draw what each strategy kept into FILE (one self-contained HTML page: per prompt and "
+     "strategy, cache layers x prompt tokens, kept or read by decode, the prompt under it, the "
+     "answer and agreement beside it) and the same data as JSON (FILE with .json)"},
     {NULL, NULL, "--summary", "FILE", F_STR, O(r.summary), 0, 0, 0, NULL,
      "write the run's summary (prompts, failures, tokens, rates) to FILE as one JSON object; "
      "it also goes to stderr, never among the records"},
@@ -257,6 +261,11 @@ static void parse_args(int argc, char **argv, options *o) {
         r->json = 1;
     }
     if (r->summary && cli_check_outputs(&r->summary, 1)) exit(2);
+    if (r->kept_map) {
+        if (cli_check_outputs(&r->kept_map, 1)) exit(2);
+        unlink(r->kept_map);   // written whole at the end
+        o->so.count_selected = 1;
+    }
     if (r->unordered && !(r->json || r->output))
         cli_usage_error("--unordered orders JSON records: add --json or --output FILE");
     char err[512];

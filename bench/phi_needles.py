@@ -9,8 +9,12 @@ every variant decodes the same tokens (forced; KL to full per row, greedy agreem
 own greedy tokens (free; "found" = the code's digits appear in them). Variants at the default 2 %
 budget: topk (K = n - sink - tail), topk+phi with random features and with each --phi map
 (K = n - sink - tail - ceil(R_phi)); a map may be given as FILE:DELTA (log phi_q shifted).
+Defaults (`--defaults`): the spec's K and sift's default K (the spec's, raised to the floor
+min(16, mid) when the budget leaves fewer: policies/topk_phi.c budget_k) for topk and topk+phi
+with random features, on prompts of `--words LO-HI` filler words.
 usage: .venv/bin/python bench/phi_needles.py --phi m.phi [--phi m.phi:-2] [--prompts 12]
-       [--exclude Apache-2.0] [--cache out.json] [--rows 16] [--free 24]
+       [--exclude Apache-2.0] [--cache out.json] [--rows 16] [--free 24] [--words 3300-6500]
+       .venv/bin/python bench/phi_needles.py --defaults --words 1400-1600
 """
 
 import argparse
@@ -72,14 +76,22 @@ def main():
     ap.add_argument("--free", type=int, default=24)
     ap.add_argument("--budget", type=float, default=0.02)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--words", default="3300-6500", help="filler words per prompt, LO-HI")
+    ap.add_argument("--defaults", action="store_true",
+                    help="compare the spec's K with sift's floored default K (topk, topk+phi)")
     a = ap.parse_args()
+    w_lo, _, w_hi = a.words.partition("-")
+    w_lo, w_hi = int(w_lo), int(w_hi or w_lo)
     cache = json.loads(Path(a.cache).read_text()) if Path(a.cache).exists() else {}
     words = fillers(set(a.exclude)).split()
     rng = random.Random(a.seed)
     names = ["topk", "topk+phi random features"] + [f"topk+phi {p}" for p in a.phi]
+    if a.defaults:
+        names = ["topk, spec K", "topk, default K (floored)", "topk+phi random features, spec K",
+                 "topk+phi random features, default K (floored)"]
     res = {n: [] for n in ["full"] + names}
     for pi in range(a.prompts):
-        n_words = rng.randint(3300, 6500)   # ~4K-8K tokens
+        n_words = rng.randint(w_lo, w_hi)   # default: ~4K-8K tokens
         start = rng.randint(0, len(words) - n_words)
         code, depth = str(rng.randint(10000, 99999)), rng.uniform(0.3, 0.6)
         ids = make_prompt(words, start, n_words, code, depth)
@@ -87,6 +99,10 @@ def main():
         total = math.ceil(a.budget * n)
         k_topk, k_hyb = max(total - 20, 0), max(total - 20 - math.ceil(64 / 2 + 64 / 64), 0)
         specs = [f"topk:{k_topk}", f"prf:{k_hyb}"]
+        if a.defaults:   # sift's floor: K >= min(16, mid tokens) when K comes from the budget
+            floor = min(16, n - 20)
+            specs = [f"topk:{k_topk}", f"topk:{max(k_topk, floor)}", f"prf:{k_hyb}",
+                     f"prf:{max(k_hyb, floor)}"]
         for p in a.phi:
             path, _, delta = p.partition(":")
             specs.append(f"{path}:{k_hyb}:{delta or 0}")

@@ -42,6 +42,8 @@ typedef struct {
     size_t len, cap;
 } strbuf;
 
+typedef struct keptmap keptmap;   // jobs/keptmap.c
+
 typedef struct unit {
     request *rq;
     int job;                 // its job's index
@@ -63,6 +65,7 @@ typedef struct unit {
     int rep;                 // which repetition (-r): only repetition 0 writes text and records
     int first_agree;         // first token equals full's (-1: full not run)
     double greedy_agree;     // % of full's generated tokens matched at the same step (-1: n/a)
+    keptmap *km;             // --kept-map: what it kept (captured after prefill and decode)
 } unit;
 
 // CPU time of the whole machine (all CPUs, seconds: busy and stolen) and of this process, at wall
@@ -79,6 +82,8 @@ typedef struct runner {
     FILE *out;               // records (stdout, or --output)
     int openai;              // records in the OpenAI Batch API's shape
     int n_skipped;           // requests of this shard an earlier run wrote (--resume)
+    keptmap **km;            // --kept-map: the runs written so far
+    int n_km;
     // totals for progress and the summary
     int n_req, n_done, n_failed;
     long prompt_tok, gen_tok, decode_tok;   // decode_tok: tokens of the shared decode steps
@@ -122,3 +127,14 @@ cpu_sample cpu_now(void);
 void machine_note(runner *R);
 // The run's summary: a line on stderr (unless -q), and the JSON object into --summary FILE.
 void write_summary(runner *R, int slots, int interrupted);
+
+// ---- jobs/keptmap.c (--kept-map) ----
+// After u's prefill: which prompt tokens each cache layer holds, per KV head.
+void km_capture_prefill(unit *u);
+// Before u's cache is freed: how often decode read each prompt key (topk, topk+phi).
+void km_capture_decode(unit *u);
+// u is written: its map moves to R's list, with its answer and its agreement with full.
+void km_keep(runner *R, unit *u);
+void km_free(keptmap *k);
+// The page (path) and its data (path's .json): 0, or -1 (error printed).
+int km_write(runner *R, const char *path);

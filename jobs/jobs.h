@@ -23,6 +23,7 @@ typedef struct run_opts {
     const char *prompts_path;      // --prompts FILE.jsonl ('-' = stdin)
     const char *output;            // --output FILE (JSON records), or NULL: stdout
     const char *summary;           // --summary FILE: the run's summary as one JSON object
+    const char *kept_map;          // --kept-map FILE.html: what each strategy kept, drawn
     enum run_format format;        // --output-format auto|sift|openai
     int resume, unordered;         // --resume, --unordered
     int shard_k, shard_n;          // --shard K/N (0-based K; n 0: no sharding)

@@ -163,11 +163,13 @@ static int unit_start(runner *R, unit *u, int stream) {
         sampler_free(&u->smp);
         return unit_failed(u);
     }
+    if (o->kept_map && u->rep == 0) km_capture_prefill(u);
     return 0;
 }
 
 static void unit_finish(unit *u) {
     if (u->state == 1) {
+        km_capture_decode(u);
         gen_end(&u->g);
         sampler_free(&u->smp);
     }
@@ -176,6 +178,8 @@ static void unit_finish(unit *u) {
 
 static void unit_free(unit *u) {
     free(u->ids), free(u->text.buf), free(u->out);
+    km_free(u->km);
+    u->km = NULL;
 }
 
 // Untimed: the first strategy on 32 tokens, 2 steps (first-touch allocations, thread start-up,
@@ -223,6 +227,7 @@ static void emit_job(runner *R, job *J) {
             fprintf(stderr, "sift: error: %s%s%s\n", J->n_units > 1 ? u->s->name : "",
                     J->n_units > 1 ? ": " : "", u->err);
         }
+        if (!u->rc) km_keep(R, u);
         if (json) record_unit(R, u);
         else if (!u->stream && !u->rc) {   // text mode, not streamed: the whole block now
             if (J->n_units > 1 || R->n_req > 1)
@@ -433,6 +438,7 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
         else if (!jobs[j].written && jobs[j].rq->error && !stop_signal) emit_error(&R, &jobs[j]);
     progress(&R, 0, 1);
     write_summary(&R, slots, stop_signal != 0);
+    int km_failed = o->kept_map && km_write(&R, o->kept_map) != 0;
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     if (R.out != stdout) fclose(R.out);
@@ -445,5 +451,5 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
     free(all.r);
     done_free(&done);
     if (stop_signal) return 128 + stop_signal;
-    return R.n_failed ? 1 : 0;
+    return R.n_failed || km_failed ? 1 : 0;
 }

@@ -165,7 +165,8 @@ static const opt_def OPTS[] = {
     {"--topk", "K", OPT_INT, OFF(topk), 0, 1 << 22, NULL, -1, "from --budget", "topk+phi, topk",
      "entries retrieved per query head; 0 = sink + tail only"},
     {"--budget", "F", OPT_FLOAT, OFF(budget), 1e-6, 1, NULL, 0.02, NULL, "topk+phi, topk",
-     "exact reads as a share of the prompt, phi cache included"},
+     "exact reads as a share of the prompt, phi cache included; the K it leaves is raised to "
+     "min(16, mid tokens) when lower (a short prompt), and the note says so"},
     {"--phi", "FILE", OPT_PATH, OFF(phi_path), 0, 0, NULL, 0, "random features", "topk+phi",
      "fitted maps (sift fit-phi)"},
 };

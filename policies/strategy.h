@@ -44,6 +44,9 @@ typedef struct strategy_opts {
     // end-of-generation test for strategies that decode internally (specprefill lookahead)
     int (*is_eog)(const void *ctx, int id);
     const void *eog_ctx;
+    // not a flag: set by --kept-map, so that a decode strategy that selects keys counts how
+    // often it read each prompt key (prefill_info.decode_selected)
+    int count_selected;
     // not a flag: the request's sampling settings, for tokens a strategy draws itself
     // (specprefill lookahead); gen_begin copies them from the request's sampler. Zero: greedy.
     sample_params sampling;
@@ -66,6 +69,11 @@ typedef struct prefill_info {
     // Optional: mean bytes of KV the decode steps so far read exactly per step, all layers
     // (NULL: every cached entry is read, which gen_step counts itself).
     double (*decode_read_bytes)(void *ctx);
+    // Optional (strategy_opts.count_selected): for cache layer `layer` (kl: that layer of the
+    // cache), adds to sel[pos] how often decode read prompt position pos's key exactly, over the
+    // steps so far and the KV heads (pos < n_prompt); returns what each count is out of (steps x
+    // KV heads; 0: nothing counted). NULL: decode reads every cached entry.
+    long (*decode_selected)(void *ctx, int layer, const struct kv_layer *kl, long *sel, int n_prompt);
 } prefill_info;
 
 typedef struct strategy {

@@ -38,6 +38,10 @@ typedef struct {
     int cap, stamp;
     double read_entries, full_entries;   // exact entries read / held, summed over steps, layers
     long layer_steps;
+    // --kept-map (strategy_opts.count_selected): per cache layer and KV head, how often each
+    // entry was read exactly (n_layer, n_kv_head, cap_max); steps per cache layer.
+    int *counts, cap_max;
+    long *steps;
 } topk_state;
 
 static void topk_state_free(void *ctx) {
@@ -49,6 +53,8 @@ static void topk_state_free(void *ctx) {
     free(t->ly);
     free(t->sel);
     free(t->mark);
+    free(t->counts);
+    free(t->steps);
     free(t);
 }
 
@@ -62,28 +68,55 @@ phi_maps *topk_phi_fallback_maps(const model *m, int d_phi) {
 }
 
 // Spec budget: n = ceil(f N) exact reads; the phi cache costs R_phi token-equivalents, so
-// topk+phi retrieves ceil(R_phi) fewer than topk at the same budget.
-static int budget_k(const strategy_opts *o, int n, int d_phi, int hd, int with_phi) {
+// topk+phi retrieves ceil(R_phi) fewer than topk at the same budget. On a short prompt that
+// leaves few or no keys (2 % of 2K tokens is 41 reads: sink 4 + tail 16 + the phi cache's 33
+// token-equivalents leave K = 0, and decode cannot read a needle at all), so a K derived from
+// --budget is never below TOPK_MIN_K (nor the mid region): the floor reads more than the budget,
+// and *raised says by how much so that the note can say so. An explicit --topk stands as given.
+#define TOPK_MIN_K 16
+static int budget_k(const strategy_opts *o, int n, int d_phi, int hd, int with_phi, int *raised) {
+    *raised = 0;
     if (o->topk >= 0) return o->topk;
     int total = (int)ceil((double)o->budget * n);
     int k = total - o->sink - o->tail - (with_phi ? topk_phi_cache_tokens(d_phi, hd) : 0);
-    return k > 0 ? k : 0;
+    k = k > 0 ? k : 0;
+    int n_mid = n - o->sink - o->tail, floor_k = TOPK_MIN_K < n_mid ? TOPK_MIN_K : n_mid;
+    if (k < floor_k) *raised = floor_k - k, k = floor_k;
+    return k;
 }
 
-// Per KV head: entries read exactly this step = the union of its query heads' selections.
-static void account(topk_state *t, int heads, int n_sel, int len) {
+// Per KV head: entries read exactly this step = the union of its query heads' selections
+// (with --kept-map, each prompt entry of the union counted).
+static void account(topk_state *t, int kl, int heads, int n_sel, int len) {
     int group = heads / t->n_kv_head;
     for (int g = 0; g < t->n_kv_head; g++) {
         t->stamp++;
+        int *count = t->counts ? t->counts + ((size_t)kl * t->n_kv_head + g) * t->cap_max : NULL;
         for (int h = g * group; h < (g + 1) * group; h++)
             for (int j = 0; j < n_sel; j++) {
                 int e = t->sel[(size_t)h * n_sel + j];
-                if (t->mark[e] != t->stamp) t->read_entries++;
+                if (t->mark[e] == t->stamp) continue;
+                t->read_entries++;
                 t->mark[e] = t->stamp;
+                if (count) count[e]++;
             }
     }
     t->full_entries += (double)len * t->n_kv_head;
     t->layer_steps++;
+    if (t->steps) t->steps[kl]++;
+}
+
+static long topk_selected(void *ctx, int layer, const kv_layer *kl, long *sel, int n_prompt) {
+    topk_state *t = ctx;
+    if (!t->counts || layer >= t->n_layer) return 0;
+    for (int g = 0; g < t->n_kv_head; g++) {
+        const int *count = t->counts + ((size_t)layer * t->n_kv_head + g) * t->cap_max;
+        for (int e = 0; e < kl->len; e++) {   // the prompt's entries and decode's
+            int pos = kl->pos[(size_t)g * kl->cap + e];
+            if (pos >= 0 && pos < n_prompt) sel[pos] += count[e];
+        }
+    }
+    return t->steps[layer] * t->n_kv_head;
 }
 
 static void ensure_scratch(topk_state *t, int heads, int len) {
@@ -114,7 +147,7 @@ static int topk_attention(void *ctx, fwd_state *s, int kl, const void *q, void *
     }
     phi_completion comp = {t->maps, kl, t->sum + (size_t)kl * t->n_kv_head};
     fwd_attn_select(s, kl, q, t->sel, n_sel, y->k, t->maps && y->n_mid > 0 ? &comp : NULL, out);
-    account(t, heads, n_sel, len);
+    account(t, kl, heads, n_sel, len);
     return 0;
 }
 
@@ -208,11 +241,18 @@ static int topk_attach_run(model *m, kv_cache *kv, int n, const strategy_opts *o
     phi_maps *maps = with_phi ? load_maps(m, o, err, errlen) : NULL;
     if (with_phi && !maps) return -1;
     int d_phi = maps ? maps->d_phi : c->head_dim;
-    topk_state *t = topk_attach(m, kv, o->sink, o->tail, budget_k(o, n, d_phi, c->head_dim, with_phi),
-                                maps, 1);
+    int raised, k = budget_k(o, n, d_phi, c->head_dim, with_phi, &raised);
+    topk_state *t = topk_attach(m, kv, o->sink, o->tail, k, maps, 1);
     info->decode = (fwd_hooks){.ctx = t, .attention = topk_attention};
     info->decode_report = topk_report;
     info->decode_read_bytes = topk_read_bytes;
+    if (o->count_selected) {
+        for (int l = 0; l < kv->n_layer; l++)
+            t->cap_max = kv->layers[l].cap > t->cap_max ? kv->layers[l].cap : t->cap_max;
+        t->counts = xcalloc((size_t)kv->n_layer * t->n_kv_head * (t->cap_max ? t->cap_max : 1), sizeof(int));
+        t->steps = xcalloc((size_t)kv->n_layer, sizeof(long));
+        info->decode_selected = topk_selected;
+    }
     // The remark: the regions of the first layer, and the range of mid sizes over layers when a
     // prefill strategy left different ones.
     int lo = 1 << 30, hi = 0, kmax = 0;
@@ -230,6 +270,11 @@ static int topk_attach_run(model *m, kv_cache *kv, int n, const strategy_opts *o
                           "entries%s", o->sink, o->tail, kmax, mid, !maps ? "" : o->phi_path ?
                           "; phi: fitted maps (--phi)" : "; phi: random features (training-free "
                           "fallback, no --phi)");
+    if (raised && w < sizeof info->note)   // the budget left fewer keys than the floor
+        w += (size_t)snprintf(info->note + w, sizeof info->note - w, "; K raised by %d to the "
+                              "floor %d: --budget %g of %d tokens left %d after sink + tail%s",
+                              raised, k, o->budget, n, k - raised,
+                              with_phi ? " + the phi cache" : "");
     // The maps see post-RoPE vectors: past the positions of their fit they extrapolate
     // (bench/EVAL.md measures the remainder mass overestimated e^5 at 2x, e^11 at 4x).
     if (maps && maps->n_ctx > 0 && n > maps->n_ctx && w < sizeof info->note)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what building and testing need, only when missing: Debian packages (OpenBLAS, PCRE2,
-# stb, jansson) and the Python reference packages (numpy, gguf, tokenizers, pytest) into .venv.
+# stb, jansson; chromium for the --kept-map page test) and the Python reference packages (numpy, gguf, tokenizers, pytest) into .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
@@ -10,6 +10,7 @@ need=()
 [ -f /usr/lib/x86_64-linux-gnu/libjansson.a ] || need+=(libjansson-dev)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 command -v clang >/dev/null || need+=(clang)
+command -v chromium >/dev/null || need+=(chromium)
 ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || need+=(libclang-rt-14-dev)
 if [ ${#need[@]} -gt 0 ]; then
     echo "setup: installing ${need[*]}" >&2
