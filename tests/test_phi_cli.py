@@ -4,6 +4,8 @@ uninterrupted one byte for byte (seeded); the decode accounting line is printed;
 end-to-end check reports a deliberately damaged map as losing, treats a random-feature file
 exactly as the fallback, records its verdict in the file, and topk+phi prints it."""
 
+import json
+import math
 import os
 import re
 import struct
@@ -175,6 +177,24 @@ def test_accounting_and_fallback_label(prompt):
     assert r.returncode == 0, r.stderr
     assert "random features (training-free fallback" in r.stderr
     assert r.stderr.count("KiB of KV per step per layer exactly") == 2
+
+
+def test_budget_floor(prompt):
+    """The spec's accounting on this ~700-token prompt: ceil(0.02 n) = 15 reads, less sink 4 +
+    tail 16 (+ the phi cache's ceil(64/2 + 64/64) = 33) leaves no key; the default K is raised to
+    the floor 16 and the note says so; an explicit --topk stands."""
+    r = sift("-f", prompt, "-n", 2, "--temp", 0, "--strategy", "topk+phi,topk", "--json", "-q")
+    assert r.returncode == 0, r.stderr
+    recs = [json.loads(l) for l in r.stdout.splitlines()]
+    n = recs[0]["timings"]["prompt_n"]
+    assert math.ceil(0.02 * n) - 20 <= 0
+    for rec in recs:
+        assert "top-16 of" in rec["note"], rec["note"]
+        assert f"K raised by 16 to the floor 16: --budget 0.02 of {n} tokens left 0" in rec["note"]
+    assert "+ the phi cache" in recs[0]["note"] and "+ the phi cache" not in recs[1]["note"]
+    r = sift("-f", prompt, "-n", 2, "--temp", 0, "--strategy", "topk+phi", "--topk", 0, "--json", "-q")
+    note = json.loads(r.stdout)["note"]
+    assert "top-0 of" in note and "raised" not in note
 
 
 def test_fit_phi_recalibrate_moves_only_the_query_biases(tmp_path):
