@@ -17,7 +17,7 @@ struct keptmap {
     char *id;
     int n_layer, n_kv_head, n_prompt;
     int *ids;                  // (n_prompt,) the prompt's tokens
-    unsigned short *kept;      // (n_layer, n_prompt): KV heads holding the position
+    long *kept;                // (n_layer, n_prompt): KV heads holding the position
     long *selected;            // (n_layer, n_prompt) decode's exact reads, or NULL
     long *selected_of;         // (n_layer,) what each count is out of (steps x KV heads)
     int first_agree;           // -1: no full to compare with
@@ -94,6 +94,17 @@ static void json_str(FILE *f, const char *s, size_t n, int in_html) {
     free(buf);
 }
 
+// g (rows, cols) as a JSON array of rows.
+static void write_grid(FILE *f, const long *g, int rows, int cols) {
+    fputc('[', f);
+    for (int r = 0; r < rows; r++) {
+        fprintf(f, "%s[", r ? "," : "");
+        for (int c = 0; c < cols; c++) fprintf(f, c ? ",%ld" : "%ld", g[(size_t)r * cols + c]);
+        fputc(']', f);
+    }
+    fputc(']', f);
+}
+
 static int by_index(const void *a, const void *b) {
     const keptmap *x = *(keptmap *const *)a, *y = *(keptmap *const *)b;
     if (x->index != y->index) return (x->index > y->index) - (x->index < y->index);
@@ -136,24 +147,13 @@ static void write_data(FILE *f, runner *R, int in_html) {
             if (k->first_agree < 0) fprintf(f, ",\"first_token_agree\":null,\"greedy_agree_pct\":null");
             else fprintf(f, ",\"first_token_agree\":%s,\"greedy_agree_pct\":%.2f",
                          k->first_agree ? "true" : "false", k->greedy_agree);
-            fprintf(f, ",\"cache_layers\":%d,\"kv_heads\":%d,\"kept\":[", k->n_layer, k->n_kv_head);
-            for (int l = 0; l < k->n_layer; l++) {
-                fprintf(f, "%s[", l ? "," : "");
-                for (int t = 0; t < k->n_prompt; t++)
-                    fprintf(f, t ? ",%d" : "%d", k->kept[(size_t)l * k->n_prompt + t]);
-                fputc(']', f);
-            }
-            fprintf(f, "],\"selected\":");
+            fprintf(f, ",\"cache_layers\":%d,\"kv_heads\":%d,\"kept\":", k->n_layer, k->n_kv_head);
+            write_grid(f, k->kept, k->n_layer, k->n_prompt);
+            fprintf(f, ",\"selected\":");
             if (!k->selected) fprintf(f, "null,\"selected_of\":null");
             else {
-                fputc('[', f);
-                for (int l = 0; l < k->n_layer; l++) {
-                    fprintf(f, "%s[", l ? "," : "");
-                    for (int t = 0; t < k->n_prompt; t++)
-                        fprintf(f, t ? ",%ld" : "%ld", k->selected[(size_t)l * k->n_prompt + t]);
-                    fputc(']', f);
-                }
-                fprintf(f, "],\"selected_of\":[");
+                write_grid(f, k->selected, k->n_layer, k->n_prompt);
+                fprintf(f, ",\"selected_of\":[");
                 for (int l = 0; l < k->n_layer; l++) fprintf(f, l ? ",%ld" : "%ld", k->selected_of[l]);
                 fputc(']', f);
             }
