@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what building and testing need, only when missing: Debian packages (OpenBLAS, PCRE2,
-# stb, jansson; chromium for the --kept-map page test) and the Python reference packages (numpy, gguf, tokenizers, pytest) into .venv.
+# stb, jansson; chromium for the --kept-map page test; Slurm and munge for the array job test) and the Python reference packages (numpy, gguf, tokenizers, pytest) into .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
@@ -11,6 +11,10 @@ need=()
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 command -v clang >/dev/null || need+=(clang)
 command -v chromium >/dev/null || need+=(chromium)
+command -v slurmctld >/dev/null || need+=(slurmctld)
+command -v slurmd >/dev/null || need+=(slurmd)
+command -v sbatch >/dev/null || need+=(slurm-client)
+command -v munged >/dev/null || need+=(munge)
 ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || need+=(libclang-rt-14-dev)
 if [ ${#need[@]} -gt 0 ]; then
     echo "setup: installing ${need[*]}" >&2

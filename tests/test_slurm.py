@@ -1,0 +1,198 @@
+"""examples/slurm/sift-array.sbatch on a real Slurm: a single-node cluster (slurmctld + slurmd +
+munged from Debian's packages, on localhost, in a temporary directory, ports chosen free) runs a
+4-task array over one requests file; one task is cancelled mid-run (after its first record) and
+requeued; it resumes its shard (--resume), and the shards concatenated in task order equal one
+process's run of the whole file record for record (every field but the timings). Skipped, with
+the reason, when the daemons are not installed (tests/setup.sh installs them), when not root
+(slurmd must be), or when the node is not idle within a minute."""
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import tiny_gguf  # noqa: E402
+from test_cli import ROOT, SIFT  # noqa: E402
+
+SBATCH = os.path.join(ROOT, "examples", "slurm", "sift-array.sbatch")
+DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "scontrol", "sinfo")
+TASKS, REQUESTS = 4, 24
+# fields of a record that depend on the machine's speed, not on the request
+TIMING = ("timings", "load_ms")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tail(path, n=5):
+    try:
+        return " | ".join(open(path, errors="replace").read().splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """A running single-node Slurm: the environment its commands need."""
+    missing = [d for d in DAEMONS if not shutil.which(d)]
+    if missing:
+        pytest.skip(f"Slurm not installed ({', '.join(missing)} missing; tests/setup.sh installs "
+                    "slurmctld slurmd slurm-client munge)")
+    if os.geteuid() != 0:
+        pytest.skip("slurmd must run as root to start jobs")
+    d = tmp_path_factory.mktemp("slurm")
+    for sub in ("state", "spool", "munge"):
+        (d / sub).mkdir()
+    os.chmod(d / "munge", 0o700)
+    key = d / "munge" / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    os.chmod(key, 0o400)
+    sock = d / "munge" / "sock"
+    host = socket.gethostname().split(".")[0]
+    conf = d / "slurm.conf"
+    conf.write_text(f"""ClusterName=sifttest
+SlurmctldHost={host}(127.0.0.1)
+SlurmUser=root
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
+AuthType=auth/munge
+AuthInfo=socket={sock}
+CredType=cred/munge
+StateSaveLocation={d}/state
+SlurmdSpoolDir={d}/spool
+SlurmctldPidFile={d}/slurmctld.pid
+SlurmdPidFile={d}/slurmd.pid
+SlurmctldLogFile={d}/slurmctld.log
+SlurmdLogFile={d}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ReturnToService=2
+JobRequeue=1
+MpiDefault=none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+KillWait=5
+NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} RealMemory=1000 State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:{TASKS}
+""")
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    procs = []
+    try:
+        procs.append(subprocess.Popen(
+            ["munged", "-F", "-f", f"--socket={sock}", f"--key-file={key}",
+             f"--log-file={d}/munged.log", f"--pid-file={d}/munge/munged.pid",
+             f"--seed-file={d}/munge/seed"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.append(subprocess.Popen(["slurmctld", "-D", "-c", "-i"], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.append(subprocess.Popen(["slurmd", "-D", "-N", host], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        t0, state = time.time(), ""
+        while time.time() - t0 < 60:
+            r = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True,
+                               timeout=20)
+            state = r.stdout.strip() or r.stderr.strip()
+            if state == "idle":
+                break
+            if any(p.poll() is not None for p in procs):
+                break
+            time.sleep(0.5)
+        if state != "idle":
+            pytest.skip(f"Slurm did not start within 60 s (node: {state!r}; slurmctld: "
+                        f"{tail(d / 'slurmctld.log')}; slurmd: {tail(d / 'slurmd.log')})")
+        yield env
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def squeue(env, job):
+    """{task: state} of the array job's tasks still known to squeue."""
+    r = subprocess.run(["squeue", "-h", "-j", job, "-o", "%K %T"], env=env, capture_output=True,
+                       text=True, timeout=20)
+    return dict(line.split() for line in r.stdout.splitlines() if line.strip())
+
+
+def wait(what, cond, timeout=120):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def lines(path):
+    return path.read_text().count("\n") if path.exists() else 0
+
+
+def test_array_job_with_a_cancelled_and_requeued_task(slurm, tmp_path):
+    # a 4-layer random model: each request decodes for about half a second, each shard for a few
+    model = tiny_gguf.write(str(tmp_path / "small.gguf"), n_layer=4, d=256, n_head=4, n_kv=2,
+                            ff=512, ctx=4096)
+    words = "river stone cloud amber quiet lantern meadow copper violet harbor".split()
+    req = tmp_path / "req.jsonl"
+    req.write_text("".join(json.dumps({
+        "id": f"r{i}", "prompt": " ".join(words[(i * 7 + j) % len(words)] for j in range(5 + 4 * i)),
+        "n_predict": 800 + 50 * (i % 5)}) + "\n" for i in range(REQUESTS)))
+    flags = ["-t", "1", "--temp", "0", "-s", "1"]
+    ref = tmp_path / "ref.jsonl"
+    r = subprocess.run([SIFT, "-m", model, "--prompts", str(req), "--output", str(ref), "-q", *flags],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+
+    out = tmp_path / "out"
+    env = {**slurm, "PROMPTS": str(req), "OUT_DIR": str(out), "SIFT": SIFT, "MODEL": model,
+           "SIFT_ARGS": " ".join(flags)}
+    r = subprocess.run(["sbatch", "--parsable", f"--array=0-{TASKS - 1}", f"--chdir={tmp_path}",
+                        "--export=ALL", SBATCH], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip().split(";")[0]
+    victim = out / "shard-1.jsonl"
+    try:
+        # cancel task 1 once it has written its first record: mid-shard (6 requests)
+        wait("task 1's first record", lambda: lines(victim) >= 1)
+        subprocess.run(["scancel", f"{job}_1"], env=slurm, check=True, timeout=30)
+        wait("task 1 to stop", lambda: "1" not in squeue(slurm, job))
+        cut = lines(victim)
+        assert 1 <= cut < REQUESTS // TASKS, f"task 1 was not stopped mid-shard ({cut} records)"
+        subprocess.run(["scontrol", "requeue", f"{job}_1"], env=slurm, check=True, timeout=30)
+        # a requeued job waits two minutes before it is eligible again; let it start now
+        task = re.search(r"JobId=(\d+)", subprocess.run(
+            ["scontrol", "show", "job", f"{job}_1"], env=slurm, capture_output=True, text=True,
+            timeout=30).stdout).group(1)
+        subprocess.run(["scontrol", "update", f"jobid={task}", "StartTime=now"], env=slurm,
+                       check=True, timeout=30)
+        wait("the array to finish", lambda: not squeue(slurm, job), timeout=300)
+    finally:
+        subprocess.run(["scancel", job], env=slurm, timeout=30)
+    log = (tmp_path / f"sift-{job}_1.log").read_text()
+    assert "restart 1" in log, log[-3000:]
+    assert f"6 requests in this shard: {6 - cut} to run, {cut} done before (--resume)" in log, log[-3000:]
+
+    def records(text):
+        return [{k: v for k, v in json.loads(l).items() if k not in TIMING} for l in text.splitlines()]
+
+    merged = "".join((out / f"shard-{k}.jsonl").read_text() for k in range(TASKS))
+    assert records(merged) == records(ref.read_text())
+    for k in range(TASKS):
+        s = json.loads((out / f"shard-{k}.summary.json").read_text())
+        assert s["shard"] == [k, TASKS] and s["failed"] == 0 and not s["interrupted"]
