@@ -260,12 +260,7 @@ static void parse_args(int argc, char **argv, options *o) {
                             "--strategy (or use --output-format sift for an A/B comparison)");
         r->json = 1;
     }
-    if (r->summary && cli_check_outputs(&r->summary, 1)) exit(2);
-    if (r->kept_map) {
-        if (cli_check_outputs(&r->kept_map, 1)) exit(2);
-        unlink(r->kept_map);   // written whole at the end
-        o->so.count_selected = 1;
-    }
+    if (r->kept_map) o->so.count_selected = 1;
     if (r->unordered && !(r->json || r->output))
         cli_usage_error("--unordered orders JSON records: add --json or --output FILE");
     char err[512];
@@ -291,6 +286,10 @@ int main(int argc, char **argv) {
     options o;
     parse_args(argc, argv, &o);
     if (cli_refuse_synthetic(o.model, "a prompt")) return 2;
+    // the files written at the end: a bad path fails now, not after a long run
+    const char *late[2] = {o.r.summary, o.r.kept_map};
+    if (cli_check_outputs(late, 2)) return 2;
+    if (o.r.kept_map) unlink(o.r.kept_map);   // written whole at the end
     double t0 = now_ms();
     loaded L;
     cli_hw hw = {o.device, o.r.threads, o.weights, o.ctx, GGML_F32};

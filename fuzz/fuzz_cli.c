@@ -45,6 +45,9 @@ static void check_options(const options *o) {
     if (r->parallel < 1 || r->parallel > FWD_MAX_BATCH) abort();
     if (r->shard_n < 0 || (r->shard_n > 0 && (r->shard_k < 0 || r->shard_k >= r->shard_n))) abort();
     if (r->resume && !r->output) abort();
+    if (r->format != RUN_FORMAT_AUTO && r->format != RUN_FORMAT_SIFT && r->format != RUN_FORMAT_OPENAI) abort();
+    if (r->format == RUN_FORMAT_OPENAI && (r->n_strategies != 1 || !r->json)) abort();
+    if (!r->kept_map != !o->so.count_selected) abort();
     if (r->sp.top_p <= 0 || r->sp.top_p > 1 || r->sp.temp < 0) abort();
     if (o->so.kv_rate < 0 || o->so.kv_rate > 1 || o->so.keep < 0 || o->so.keep > 1) abort();
     if (o->so.pool_kernel % 2 == 0 || o->so.spec_pool % 2 == 0) abort();

@@ -396,7 +396,7 @@ def test_composed_strategies_in_a_batch(tiny, tmp_path):
     base = ["--prompts", p, "--temp", 0, "--json", "-q", "--topk", 4, "--sink", 2, "--tail", 4]
     one, many = sift(tiny, *base, "--parallel", 1), sift(tiny, *base, "--parallel", len(names))
     assert one.returncode == 0 and many.returncode == 0, many.stderr
-    recs = [[json.loads(x) for x in r.stdout.splitlines()][:-1] for r in (one, many)]
+    recs = [[json.loads(x) for x in r.stdout.splitlines()] for r in (one, many)]
     assert [r["strategy"] for r in recs[1]] == names
     assert [r["text"] for r in recs[0]] == [r["text"] for r in recs[1]]
     assert [r["timings"]["predicted_n"] for r in recs[1]] == [6 + i for i in range(len(names))]

@@ -5,8 +5,10 @@
 // fixed hash) with different n_predict (6 + 3 i), so they finish at different steps; greedy.
 // When a list of strategies is given, prompt i runs strategy i % count (a mixed batch, as the
 // A/B mode makes). Prints one line per prompt: `prompt STRATEGY ALONE_TOKENS | BATCH_TOKENS |
-// max_abs max_rel` where max_* compare every step's logits (batched vs alone), then
-// `batch steps S` (the shared passes the batch took).
+// max_abs max_rel | SEL` where max_* compare every step's logits (batched vs alone) and SEL says
+// whether decode read the same keys as often in both (per cache layer and prompt position:
+// strategy_opts.count_selected; 1 same, 0 not, - no selection), then `batch steps S` (the
+// shared passes the batch took).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,10 +22,22 @@
 
 typedef struct {
     gen_seq *g;
+    long *sel;    // (cache layers, prompt) decode's exact reads per key, or NULL
     float *log;   // (MAX_STEPS, vocab): the logits each step sampled from (step 0: prefill's)
     int *ids, n;
     int vocab;
 } rec;
+
+// Before gen_end: r's decode selection counts (NULL without a selecting decode strategy).
+static void keep_selection(rec *r, int n_prompt) {
+    gen_seq *g = r->g;
+    if (!g->info.decode_selected) return;
+    int L = g->kv->n_layer;
+    r->sel = xcalloc((size_t)L * n_prompt, sizeof(long));
+    for (int l = 0; l < L; l++)
+        g->info.decode_selected(g->info.decode.ctx, l, &g->kv->layers[l], r->sel + (size_t)l * n_prompt,
+                                n_prompt);
+}
 
 static int on_tok(void *ctx, int id) {
     rec *r = ctx;
@@ -59,6 +73,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     strategy_opts o = strategy_opts_default();
+    o.count_selected = 1;
     int vocab = m->cfg.vocab;
     int **ids = xcalloc((size_t)np, sizeof *ids), *len = xcalloc((size_t)np, sizeof *len);
     int *npred = xcalloc((size_t)np, sizeof *npred);
@@ -76,7 +91,7 @@ int main(int argc, char **argv) {
         gen_seq *g[2] = {&ga[i], &gb[i]};
         sampler *sm[2] = {&sa[i], &sb[i]};
         for (int k = 0; k < 2; k++) {
-            *r[k] = (rec){g[k], xmalloc((size_t)MAX_STEPS * vocab * sizeof(float)),
+            *r[k] = (rec){g[k], NULL, xmalloc((size_t)MAX_STEPS * vocab * sizeof(float)),
                           xmalloc(MAX_STEPS * sizeof(int)), 0, vocab};
             sampler_init(sm[k], &(sample_params){.temp = 0}, vocab);
         }
@@ -87,6 +102,7 @@ int main(int argc, char **argv) {
             return 1;
         }
         while (!g[0]->done) gen_step(&g[0], 1);
+        keep_selection(r[0], len[i]);
         gen_end(g[0]);
     }
     // batched: every prompt begun, then shared steps until all are done (they finish apart)
@@ -107,6 +123,8 @@ int main(int argc, char **argv) {
         for (int i = 0; i < np; i++) left += !gb[i].done;
     }
     for (int i = 0; i < np; i++) {
+        keep_selection(&batch[i], len[i]);
+        int L = gb[i].kv->n_layer;
         gen_end(&gb[i]);
         double max_abs = 0, max_rel = 0;
         int n = alone[i].n < batch[i].n ? alone[i].n : batch[i].n;
@@ -124,7 +142,10 @@ int main(int argc, char **argv) {
         for (int t = 0; t < alone[i].n && t < MAX_STEPS; t++) printf(" %d", alone[i].ids[t]);
         printf(" |");
         for (int t = 0; t < batch[i].n && t < MAX_STEPS; t++) printf(" %d", batch[i].ids[t]);
-        printf(" | %.3g %.3g\n", max_abs, max_rel);
+        printf(" | %.3g %.3g | ", max_abs, max_rel);
+        if (!alone[i].sel || !batch[i].sel) printf("-\n");
+        else printf("%d\n", !memcmp(alone[i].sel, batch[i].sel, (size_t)L * len[i] * sizeof(long)));
+        free(alone[i].sel), free(batch[i].sel);
         free(alone[i].log), free(alone[i].ids), free(batch[i].log), free(batch[i].ids);
         sampler_free(&sa[i]), sampler_free(&sb[i]);
         free(ids[i]);
