@@ -33,6 +33,20 @@ def free_port():
         return s.getsockname()[1]
 
 
+def stray_stepds(conf):
+    """slurmstepd processes of this cluster (SLURM_CONF=conf) still running."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/comm") as f, open(f"/proc/{pid}/environ", "rb") as e:
+                mine = f"SLURM_CONF={conf}".encode() in e.read().split(b"\0")
+                if f.read().strip() == "slurmstepd" and mine:
+                    pids.append(int(pid))
+        except OSError:
+            pass
+    return pids
+
+
 def tail(path, n=5):
     try:
         return " | ".join(open(path, errors="replace").read().splitlines()[-n:])
@@ -109,10 +123,22 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
                 break
             time.sleep(0.5)
         if state != "idle":
-            pytest.skip(f"Slurm did not start within 60 s (node: {state!r}; slurmctld: "
+            dead = [f"{n} exited with {p.returncode}" for n, p in
+                    zip(("munged", "slurmctld", "slurmd"), procs) if p.poll() is not None]
+            why = ", ".join(dead) or f"node: {state!r}"
+            pytest.skip(f"Slurm did not start within 60 s ({why}; slurmctld: "
                         f"{tail(d / 'slurmctld.log')}; slurmd: {tail(d / 'slurmd.log')})")
         yield env
     finally:
+        # end every job while slurmctld and slurmd are up: a job step whose controller is gone
+        # retries its completion message for ever (slurmstepd would outlive the test)
+        if len(procs) == 3 and all(p.poll() is None for p in procs):
+            subprocess.run(["scancel", "-p", "debug"], env=env, timeout=30)
+            t0 = time.time()
+            while time.time() - t0 < 30 and subprocess.run(
+                    ["squeue", "-h"], env=env, capture_output=True, text=True,
+                    timeout=20).stdout.strip():
+                time.sleep(0.5)
         for p in reversed(procs):
             if p.poll() is None:
                 p.terminate()
@@ -122,6 +148,8 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        for pid in stray_stepds(conf):   # left only when the jobs did not drain in time
+            os.kill(pid, 9)
 
 
 def squeue(env, job):
