@@ -60,7 +60,7 @@ typedef struct unit {
     strbuf text;
     int *out, n_out;         // every sampled token, end-of-generation included
     int stream, hit_eog;
-    int started;             // its generation began (a failure after that is not the input's)
+    const char *code;        // a failure's Batch API error code (invalid_request, ...)
     double rows_pct;         // prompt rows processed over layers, % of full's n * L
     int rep;                 // which repetition (-r): only repetition 0 writes text and records
     int first_agree;         // first token equals full's (-1: full not run)

@@ -118,12 +118,6 @@ static void openai_record(FILE *f, const runner *R, const request *q, const unit
             SIFT_VERSION, u->s->name);
 }
 
-// What kind of failure u's error is, in the Batch API's error codes.
-static const char *error_code(const unit *u) {
-    if (strstr(u->err, "exceeds the context size")) return "context_length_exceeded";
-    return u->started ? "server_error" : "invalid_request";
-}
-
 // Writes buf[0..n) to f in one call and flushes: a record is never split between writes.
 static void write_whole(FILE *f, const char *buf, size_t n) {
     if (fwrite(buf, 1, n, f) != n || fflush(f) != 0) {
@@ -136,7 +130,7 @@ void record_unit(runner *R, const unit *u) {
     char *buf = NULL;
     size_t n = 0;
     FILE *mem = open_memstream(&buf, &n);
-    if (R->openai) openai_record(mem, R, u->rq, u, error_code(u), u->rc ? u->err : NULL);
+    if (R->openai) openai_record(mem, R, u->rq, u, u->code, u->rc ? u->err : NULL);
     else json_unit(mem, R, u);
     fclose(mem);
     write_whole(R->out, buf, n);

@@ -117,8 +117,10 @@ void jobs_prompts_free(run_prompt *p, int n) {
     free(p);
 }
 
-// u could not run: done, with its error naming the --prompts line it came from. -1.
-static int unit_failed(unit *u) {
+// u could not run: done, with its error naming the --prompts line it came from and its Batch
+// API error code. -1.
+static int unit_failed(unit *u, const char *code) {
+    u->code = code;
     if (u->rq->line) {
         char e[sizeof u->err];
         snprintf(e, sizeof e, "%.200s line %d: %.290s", u->rq->src, u->rq->line, u->err);
@@ -140,9 +142,9 @@ static int unit_start(runner *R, unit *u, int stream) {
         snprintf(u->err, sizeof u->err,
                  "prompt '%s' has %d tokens; with %d to generate that exceeds the context size %d "
                  "(raise -c or lower -n)", q->id, u->n_ids, want < 0 ? 1 : u->n_gen, R->n_ctx);
-        u->n_ids = -1;
+        return unit_failed(u, "context_length_exceeded");
     }
-    if (u->n_ids < 0) return unit_failed(u);
+    if (u->n_ids < 0) return unit_failed(u, "invalid_request");
     sample_params sp = o->sp;
     if (q->temp >= 0) sp.temp = q->temp;
     if (q->top_p >= 0) sp.top_p = q->top_p;
@@ -157,11 +159,10 @@ static int unit_start(runner *R, unit *u, int stream) {
                 u->n_gen, u->seed);
     u->stream = stream;
     u->state = 1;
-    u->started = 1;
     if (gen_begin(&u->g, u->s, R->m, o->so, u->ids, u->n_ids, u->n_gen, &u->smp, on_token, u, NULL,
                   u->err, sizeof u->err)) {
         sampler_free(&u->smp);
-        return unit_failed(u);
+        return unit_failed(u, "server_error");
     }
     if (o->kept_map && u->rep == 0) km_capture_prefill(u);
     return 0;
