@@ -307,7 +307,10 @@ attn_split_kernel(float *work, attn_cuda_args a, int chunk, float scale) {
     const int *pg = a.kpos + (size_t)g * a.cap;
     for (int c = threadIdx.x; c < hd; c += blockDim.x) qs[c] = __bfloat162float(q[c]);
     __syncthreads();
-    const int qp = a.qpos[i], j0 = s * chunk, j1 = min(a.len, j0 + chunk);
+    int len = a.len;
+    if (a.dlen)   // the chunk for the length at run time, at least SPLIT_MIN_KEYS keys
+        len = *a.dlen, chunk = max((len + splits - 1) / splits, SPLIT_MIN_KEYS);
+    const int qp = a.qpos[i], j0 = s * chunk, j1 = min(len, j0 + chunk);
     float m = -INFINITY, l = 0, acc[DPL];
 #pragma unroll
     for (int t = 0; t < DPL; t++) acc[t] = 0;
@@ -483,6 +486,11 @@ void attn_causal_cuda(void *out, const attn_cuda_args *a, float *work, int n_sm,
     if (a->n == 0) return;
     bf16 *o = (bf16 *)out;
     enum kernel k = pick(a);
+    if (a->dlen && k != K_GROUP && k != K_SPLIT) {
+        fprintf(stderr, "sift: internal error at %s:%d: a device length for %d query rows (the "
+                "decode kernels take up to %d)\n", __FILE__, __LINE__, a->n, SPLIT_MAX_ROWS);
+        exit(3);
+    }
     int split = k == K_SPLIT;
     if (k == K_FA2) attn_fa2_cuda(o, a, work, st);
     else if (k == K_GROUP) {
@@ -498,6 +506,11 @@ void attn_causal_cuda(void *out, const attn_cuda_args *a, float *work, int n_sm,
 
 void attn_probs_cuda(float *probs, const attn_cuda_args *a, int m, cudaStream_t st) {
     check_args(a);
+    if (a->dlen) {
+        fprintf(stderr, "sift: internal error at %s:%d: attention probabilities read the host "
+                "length\n", __FILE__, __LINE__);
+        exit(3);
+    }
     if (a->n == 0 || m == 0) return;
     CUDA_LAUNCH(attn_probs_kernel, dim3((unsigned)a->heads, (unsigned)a->n), 256, 0, st, probs, *a,
                 m, 1.0f / sqrtf((float)a->hd));

@@ -14,6 +14,9 @@ typedef struct attn_cuda_args {
     const void *k, *v;    // (n_kv_head, cap, hd) bf16, first len entries used
     const int *kpos;      // (n_kv_head, cap)
     int len, cap, n_kv_head, hd;
+    // NULL, or the length on the device (decode kernels only): the kernels read it, and len is
+    // then a bound that sizes the launch (a recorded decode step replays for any length <= len)
+    const int *dlen;
 } attn_cuda_args;
 
 // Largest head dimension the kernels take.

@@ -71,6 +71,7 @@ struct group_smem {
 };
 
 // Query vector v of a block (blockIdx.z chunk): row i = v / qpg, head h = g * qpg + v % qpg.
+// With a.dlen the chunk is derived from the device length (blocks past it write empty partials).
 // work[((i * heads + h) * splits + s) * (HD + 2)] = (max, sum, unnormalised out (HD,)).
 // grid (splits, n_kv_head, ceil(n * qpg / (NW * QVW))), NW * 32 threads, group_smem dynamic.
 template <int HD, int QVW>
@@ -82,7 +83,13 @@ attn_group_kernel(float *work, attn_cuda_args a, int chunk, float scale) {
     const int s = blockIdx.x, g = blockIdx.y, splits = gridDim.x;
     const int qpg = a.heads / a.n_kv_head, nqv = a.n * qpg, v0 = blockIdx.z * NW * QVW;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int j0 = s * chunk, j1 = min(a.len, j0 + chunk);
+    int len = a.len;
+    if (a.dlen) {   // the chunk for the length at run time: whole tiles, at least MIN_CHUNK keys
+        len = *a.dlen;
+        chunk = ((len + splits - 1) / splits + KT - 1) / KT * KT;
+        chunk = max(chunk, (MIN_CHUNK + KT - 1) / KT * KT);
+    }
+    const int j0 = s * chunk, j1 = min(len, j0 + chunk);
     const bf16 *kg = (const bf16 *)a.k + (size_t)g * a.cap * HD;
     const bf16 *vg = (const bf16 *)a.v + (size_t)g * a.cap * HD;
     const int *pg = a.kpos + (size_t)g * a.cap;

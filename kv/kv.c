@@ -68,6 +68,12 @@ size_t kv_bytes(const kv_cache *kv) {
     return b + kv->side_bytes;
 }
 
+void kv_note_append(kv_layer *L, const int *pos, int n) {
+    for (int g = 0; g < L->n_kv_head; g++)
+        for (int i = 0; i < n; i++) L->pos[(size_t)g * L->cap + L->len + i] = pos[i];
+    L->len += n;
+}
+
 long kv_entries(const kv_cache *kv) {
     long n = 0;
     for (int l = 0; l < kv->n_layer; l++) n += kv->layers[l].len;

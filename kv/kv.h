@@ -39,3 +39,7 @@ size_t kv_bytes_for(int n_layer, int n_kv_head, int head_dim, const int *caps, s
 size_t kv_bytes(const kv_cache *kv);
 // Entries currently held, summed over layers (per KV head).
 long kv_entries(const kv_cache *kv);
+// The host side of appending n entries at positions pos (n,) to L: every KV head's positions,
+// then len += n (the backend's kv_append writes K and V; a replayed decode step, which calls
+// no backend op, notes its appends here).
+void kv_note_append(kv_layer *L, const int *pos, int n);

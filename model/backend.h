@@ -3,7 +3,8 @@
 // (backend_cpu.c) has fp32 activations and keeps weights in their file encoding (or fp32 with
 // --weights f32, the reference); a CUDA backend implements the same list.
 // Activation buffers are opaque device pointers sized in elements; index arrays (positions,
-// row selections) are passed as host int arrays.
+// row selections) are passed as host int arrays (a backend that records decode steps keeps
+// device copies of one step's: step_bind below).
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -129,6 +130,21 @@ struct backend {
     // `layer` (attn/phi.h; out fresh from phi_summary_alloc, by the caller)
     void (*phi_summarize)(backend *b, phi_summary *out, const phi_maps *p, int layer,
                           const kv_layer *L, int lo, int hi);
+    // Optional, together (NULL = not offered): a decode step recorded once and replayed (CUDA
+    // graphs). step_bind(b, tokens, pos, n) copies the host arrays tokens and pos (n,) to the
+    // device, once; until the next step_bind (NULL, NULL, 0 unbinds), an op given an index
+    // array that lies inside one of them reads its device copy instead of uploading, and its
+    // attention reads each KV layer's length from the device (launched for the layer's
+    // capacity), so that one recording serves every step. graph_begin: the ops that follow are
+    // recorded, not run (their host effects, kv_append's, happen; nothing may be uploaded or
+    // allocated); 0, or -1 when recording is not possible. graph_end: the recording, or NULL
+    // when it failed (nothing of it ran). graph_launch runs a recording on the current binding:
+    // 0, or -1 when it is stale (the backend moved a buffer it reads: record again).
+    void (*step_bind)(backend *b, const int *tokens, const int *pos, int n);
+    int (*graph_begin)(backend *b);
+    void *(*graph_end)(backend *b);
+    int (*graph_launch)(backend *b, void *graph);
+    void (*graph_free)(backend *b, void *graph);
 };
 
 // n_threads 0: OpenMP's default. The ISA of the quantised products: the best the CPU has, or

@@ -359,9 +359,8 @@ static void cpu_kv_append(backend *b, kv_layer *L, const void *k, const void *v,
             size_t src = ((size_t)i * L->n_kv_head + g) * hd;
             memcpy((float *)L->k + dst, (const float *)k + src, hd * sizeof(float));
             memcpy((float *)L->v + dst, (const float *)v + src, hd * sizeof(float));
-            L->pos[(size_t)g * L->cap + L->len + i] = pos[i];
         }
-    L->len += n;
+    kv_note_append(L, pos, n);
 }
 
 static void cpu_attention(backend *b, void *out, const void *q, const int *qpos, int n, int heads,

@@ -1,10 +1,85 @@
 // model/backend_cuda.cu — the CUDA backend: bf16 weights, activations and KV cache on one GPU,
 // fp32 accumulation in every kernel and GEMM. This file makes the backend (device, stream,
 // cuBLASLt handle) and fills the op table; the ops live in cuda_mem.cu, cuda_gemm.cu,
-// cuda_ops.cu and cuda_kv.cu (model/cuda_backend.cuh), attention in attn/attn_cuda.cu.
+// cuda_ops.cu and cuda_kv.cu (model/cuda_backend.cuh), attention in attn/attn_cuda.cu. Here too:
+// the decode step's bound index arrays and its recording as a CUDA graph (backend.h).
 #include <dlfcn.h>
 
 #include "cuda_backend.cuh"
+
+// ---- a decode step: bound indices, recorded and replayed ----------------------------------------
+
+typedef struct cuda_graph {
+    cudaGraphExec_t exec;
+    unsigned gen;   // c->gen when recorded: stale once a buffer it reads has moved
+} cuda_graph;
+
+// Copies tokens, pos (n,) to the device (one upload) and binds them (n 0: unbinds).
+static void cuda_step_bind(backend *b, const int *tokens, const int *pos, int n) {
+    cuda_impl *c = impl(b);
+    CHECK_INTERNAL(!c->recording, "binding a step while recording one");
+    c->step_n = 0, c->step_tok = c->step_pos = NULL;
+    if (n <= 0) return;
+    int max_pos = 0;
+    for (int i = 0; i < n; i++) {
+        CHECK_INTERNAL(pos[i] >= 0, "a decode step at position %d", pos[i]);
+        max_pos = pos[i] > max_pos ? pos[i] : max_pos;
+    }
+    rope_tables_cover(c, max_pos);   // a replay rotates by these positions without asking
+    int *d = (int *)dev_buf_reserve(c, &c->step_dev, 2 * (size_t)n * sizeof(int), "a decode step");
+    CUDA_CHECK(cudaMemcpyAsync(d, tokens, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, c->stream));
+    CUDA_CHECK(cudaMemcpyAsync(d + n, pos, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, c->stream));
+    c->step_tok = tokens, c->step_pos = pos, c->step_n = n;
+}
+
+static int cuda_graph_begin(backend *b) {
+    cuda_impl *c = impl(b);
+    CHECK_INTERNAL(!c->recording && c->step_n > 0, "recording a decode step needs a bound one");
+    if (cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    c->recording = 1;
+    return 0;
+}
+
+static void *cuda_graph_end(backend *b) {
+    cuda_impl *c = impl(b);
+    CHECK_INTERNAL(c->recording, "graph_end without graph_begin");
+    c->recording = 0;
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t exec = NULL;
+    if (cudaStreamEndCapture(c->stream, &g) != cudaSuccess || !g) {
+        cudaGetLastError();
+        return NULL;
+    }
+    cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+    CUDA_CHECK(cudaGraphDestroy(g));
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    cuda_graph *r = (cuda_graph *)xmalloc(sizeof *r);
+    *r = (cuda_graph){exec, c->gen};
+    return r;
+}
+
+static int cuda_graph_launch(backend *b, void *graph) {
+    cuda_impl *c = impl(b);
+    cuda_graph *r = (cuda_graph *)graph;
+    CHECK_INTERNAL(!c->recording && c->step_n > 0, "replaying a decode step needs a bound one");
+    if (r->gen != c->gen) return -1;
+    CUDA_CHECK(cudaGraphLaunch(r->exec, c->stream));
+    return 0;
+}
+
+static void cuda_graph_free(backend *b, void *graph) {
+    (void)b;
+    cuda_graph *r = (cuda_graph *)graph;
+    if (!r) return;
+    CUDA_CHECK(cudaGraphExecDestroy(r->exec));
+    free(r);
+}
 
 // ---- create / destroy -------------------------------------------------------------------------
 
@@ -13,13 +88,14 @@ static void cuda_destroy(backend *b) {
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     for (int i = 0; i < c->n_plans; i++) plan_destroy(c, &c->plans[i]);
     LT_CHECK(c, c->lt.destroy(c->lt_handle));
-    dev_buf *bufs[] = {&c->attn_work, &c->probs, &c->f32, &c->phi_f, &c->phi_q, &c->phi_sum, &c->topk};
+    dev_buf *bufs[] = {&c->attn_work, &c->probs, &c->f32, &c->phi_f, &c->phi_q, &c->phi_sum, &c->topk,
+                       &c->step_dev};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]->p) CUDA_CHECK(cudaFree(bufs[i]->p));
     for (int i = 0; i < STAGES; i++)
         if (c->stage[i].p) CUDA_CHECK(cudaFree(c->stage[i].p));
-    for (int i = 0; i < c->n_mirrors; i++) CUDA_CHECK(cudaFree(c->mirrors[i].dpos));
-    free(c->mirrors);
+    mirror_free_all(c);
+    rope_tables_free(c);
     spare_release(c);
     for (int i = 0; i < c->n_live; i++) CUDA_CHECK(cudaFree(c->live[i].p));   // not freed by the user
     free(c->live);
@@ -93,5 +169,10 @@ backend *backend_cuda_create(char *msg, size_t len) {
     b->attn_select = cuda_attn_select;
     b->attn_topk = cuda_attn_topk;
     b->phi_summarize = cuda_phi_summarize;
+    b->step_bind = cuda_step_bind;
+    b->graph_begin = cuda_graph_begin;
+    b->graph_end = cuda_graph_end;
+    b->graph_launch = cuda_graph_launch;
+    b->graph_free = cuda_graph_free;
     return b;
 }

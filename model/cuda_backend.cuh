@@ -4,9 +4,10 @@
 //   cuda_gemm.cu     cuBLASLt plans, matmul, ceilings    cuda_ops.cu   elementwise and row ops
 //   cuda_kv.cu       KV cache, attention, top-K, phi glue
 // Each kernel sits beside its launcher; its CPU twin is the same op in model/backend_cpu.c.
-// Host index arrays (tokens, positions, row and KV selections) are copied to the device per call.
-// Each KV buffer's entry positions are mirrored on the device, keyed by its K buffer: kv_append
-// and kv_keep, the only writers of kv_layer.pos, update host and device copies together.
+// Host index arrays (tokens, positions, row and KV selections) are copied to the device per call,
+// except a bound decode step's (step_bind: copied once per step). Each KV buffer's entry
+// positions and length are mirrored on the device, keyed by its K buffer: kv_append and
+// kv_keep, the only writers of kv_layer.pos and len, update host and device copies together.
 #pragma once
 #include <cublasLt.h>
 #include <stdint.h>
@@ -62,10 +63,21 @@ typedef struct mm_plan {   // out (n, o) = x (n, in) @ W (o, in)^T, bf16 in and 
     cublasLtMatmulAlgo_t algo;
 } mm_plan;
 
-typedef struct pos_mirror {   // device copy of a KV layer's entry positions
+typedef struct pos_mirror {   // device copy of a KV layer's entry positions and length
     const void *kbuf;         // the layer's K buffer (the key)
-    int *dpos;                // (n_kv_head, cap)
+    int *dpos;                // (n_kv_head, cap), then the length (one int)
+    int *dlen;                // = dpos + n_kv_head * cap: written by the append kernels
 } pos_mirror;
+
+#define ROPE_TABLES 4         // RoPE tables kept (one per inverse-frequency set: model, draft)
+#define ROPE_MAX_HALF 512
+
+typedef struct rope_table {   // cs (rows, half) = (cos, sin) of p * inv_freq[j], p < rows
+    int half, rows;
+    float inv_freq[ROPE_MAX_HALF];   // the host frequencies (the key)
+    float *dfreq;                    // (half,) on the device
+    float2 *cs;
+} rope_table;
 
 enum { STAGE_IDX, STAGE_AUX, STAGE_PAR, STAGE_ROWS, STAGE_OF, STAGE_SUM, STAGES };   // per op
 
@@ -96,6 +108,14 @@ typedef struct cuda_impl {
     int n_live, cap_live;
     dev_block spare[SPARE_MAX];      // freed buffers, reused by an alloc of the same size
     int n_spare;
+    rope_table rope[ROPE_TABLES];
+    int n_rope;
+    // step_bind's host arrays and their device copies (tokens at step_dev, positions after)
+    const int *step_tok, *step_pos;
+    int step_n;
+    dev_buf step_dev;
+    int recording;                   // between graph_begin and graph_end
+    unsigned gen;                    // bumped when a buffer a recording may read moves
 } cuda_impl;
 
 struct bk_weight {
@@ -115,6 +135,10 @@ void *dev_try_alloc(cuda_impl *c, size_t bytes, const char *what);   // NULL + r
 void *dev_alloc(cuda_impl *c, size_t bytes, const char *what);       // exits when full
 void *dev_buf_reserve(cuda_impl *c, dev_buf *b, size_t bytes, const char *what);
 void *stage(cuda_impl *c, int slot, const void *host, size_t bytes);   // host -> device, ordered
+// host (n,) on the device: step_bind's copy when host lies inside a bound array, else staged
+const int *indices(cuda_impl *c, int slot, const int *host, int n);
+// whether host (n,) lies inside the bound positions (the step's attention reads device lengths)
+int in_step(const cuda_impl *c, const int *host, int n);
 void *cuda_alloc(backend *b, size_t n);
 void cuda_free(backend *b, void *p);
 void cuda_to_host(backend *b, float *dst, const void *src, size_t n);
@@ -143,6 +167,10 @@ void cuda_add(backend *b, void *x, const void *y, size_t n);
 void cuda_gather_rows(backend *b, void *out, const void *x, const int *idx, int k, int d);
 // cuda_kv.cu
 void mirror_drop(cuda_impl *c, const void *kbuf);
+void mirror_free_all(cuda_impl *c);
+// cuda_ops.cu
+void rope_tables_cover(cuda_impl *c, int max_pos);   // every table holds positions <= max_pos
+void rope_tables_free(cuda_impl *c);
 void cuda_kv_append(backend *b, kv_layer *L, const void *k, const void *v, const int *pos, int n);
 void cuda_kv_keep(backend *b, kv_layer *L, const int *idx, int k, int new_cap);
 void cuda_attention(backend *b, void *out, const void *q, const int *qpos, int n, int heads,

@@ -1,5 +1,5 @@
 // model/cuda_kv.cu — the CUDA backend's KV cache (append, keep, the device mirror of entry
-// positions) and the glue to the attention kernels of attn/: causal attention, probabilities,
+// positions and length) and the glue to the attention kernels of attn/: causal attention, probabilities,
 // the top-K selector, and selected attention completed from phi summaries.
 #include "cuda_backend.cuh"
 
@@ -10,8 +10,15 @@ void mirror_drop(cuda_impl *c, const void *kbuf) {
         if (c->mirrors[i].kbuf == kbuf) {
             dev_free_after(c->stream, c->mirrors[i].dpos);
             c->mirrors[i] = c->mirrors[--c->n_mirrors];
+            c->gen++;   // a recording that appends to this layer is stale
             return;
         }
+}
+
+void mirror_free_all(cuda_impl *c) {
+    for (int i = 0; i < c->n_mirrors; i++) CUDA_CHECK(cudaFree(c->mirrors[i].dpos));
+    free(c->mirrors);
+    c->mirrors = NULL, c->n_mirrors = c->cap_mirrors = 0;
 }
 
 
@@ -29,57 +36,72 @@ static void mirror_upload(cuda_impl *c, int *dpos, const kv_layer *L, int from, 
                                  (size_t)L->n_kv_head, cudaMemcpyHostToDevice, c->stream));
 }
 
-// L's device positions, made from the host copy the first time L's K buffer is seen.
-static int *mirror_get(cuda_impl *c, const kv_layer *L) {
+// *len = v
+__global__ void kv_len_set_kernel(int *len, int v) { *len = v; }
+
+// *len += n, once the append that read it is done (stream order)
+__global__ void kv_len_add_kernel(int *len, int n) { *len += n; }
+
+// L's device positions and length, made from the host copy the first time L's K buffer is seen.
+static const pos_mirror *mirror_get(cuda_impl *c, const kv_layer *L) {
     pos_mirror *m = mirror_find(c, L->k);
-    if (m) return m->dpos;
+    if (m) return m;
     if (c->n_mirrors == c->cap_mirrors) {
         c->cap_mirrors = c->cap_mirrors ? 2 * c->cap_mirrors : 64;
         c->mirrors = (pos_mirror *)xrealloc(c->mirrors, (size_t)c->cap_mirrors * sizeof *c->mirrors);
     }
-    size_t n = (size_t)L->n_kv_head * (L->cap > 0 ? L->cap : 1);
-    int *dpos = (int *)dev_alloc(c, n * sizeof(int), "KV cache positions");
-    c->mirrors[c->n_mirrors++] = (pos_mirror){L->k, dpos};
+    size_t n = (size_t)L->n_kv_head * (L->cap > 0 ? L->cap : 0);
+    int *dpos = (int *)dev_alloc(c, (n + 1) * sizeof(int), "KV cache positions");
+    m = &c->mirrors[c->n_mirrors++];
+    *m = (pos_mirror){L->k, dpos, dpos + n};
+    c->gen++;
     mirror_upload(c, dpos, L, 0, L->len);
-    return dpos;
+    CUDA_LAUNCH(kv_len_set_kernel, 1, 1, 0, c->stream, m->dlen, L->len);
+    return m;
 }
 
-// dpos (n_kv_head, cap) entries len .. len + n of every KV head = pos (n,), device to device
-__global__ void kv_pos_kernel(int *dpos, const int *pos, int n, int n_kv_head, int cap, int len) {
-    int e = blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= n * n_kv_head) return;
-    dpos[(size_t)(e / n) * cap + len + e % n] = pos[e % n];
-}
-
-// k, v (n, n_kv_head, hd) -> dk, dv (n_kv_head, cap, hd) at entries len .. len + n
-__global__ void kv_append_kernel(bf16 *dk, bf16 *dv, const bf16 *k, const bf16 *v, int n,
-                                 int n_kv_head, int hd, int cap, int len) {
-    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+// k, v (n, n_kv_head, hd) -> dk, dv (n_kv_head, cap, hd) and pos (n,) -> dpos (n_kv_head, cap) at
+// entries *len .. *len + n (the device length: a recorded step appends where the cache ends at
+// replay); V8: a thread per 8 elements (hd % 8 == 0), else one
+template <int V>
+__global__ void kv_append_kernel(bf16 *dk, bf16 *dv, int *dpos, const bf16 *k, const bf16 *v,
+                                 const int *pos, const int *len, int n, int n_kv_head, int hd,
+                                 int cap) {
+    size_t e = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
     if (e >= (size_t)n * n_kv_head * hd) return;
     size_t i = e / ((size_t)n_kv_head * hd);
-    int g = (int)(e / hd % n_kv_head), c = (int)(e % hd);
-    size_t dst = ((size_t)g * cap + len + i) * hd + c;
-    dk[dst] = k[e];
-    dv[dst] = v[e];
+    int g = (int)(e / hd % n_kv_head), c = (int)(e % hd), at = *len;
+    size_t dst = ((size_t)g * cap + at + i) * hd + c;
+    if (V == 8) {
+        *(uint4 *)(dk + dst) = *(const uint4 *)(k + e);
+        *(uint4 *)(dv + dst) = *(const uint4 *)(v + e);
+    } else {
+        dk[dst] = k[e];
+        dv[dst] = v[e];
+    }
+    if (c == 0) dpos[(size_t)g * cap + at + i] = pos[i];
 }
 
-void cuda_kv_append(backend *b, kv_layer *L, const void *k, const void *v, const int *pos,
-                           int n) {
+void cuda_kv_append(backend *b, kv_layer *L, const void *k, const void *v, const int *pos, int n) {
     cuda_impl *c = impl(b);
     CHECK_INTERNAL(L->len + n <= L->cap, "KV layer overflow: %d + %d > %d", L->len, n, L->cap);
     if (n == 0) return;
-    int *dpos = mirror_get(c, L);
-    size_t total = (size_t)n * L->n_kv_head * L->head_dim;
-    CUDA_LAUNCH(kv_append_kernel, cuda_blocks(total, THREADS), THREADS, 0, c->stream, (bf16 *)L->k,
-                (bf16 *)L->v, (const bf16 *)k, (const bf16 *)v, n, L->n_kv_head, L->head_dim,
-                L->cap, L->len);
-    for (int g = 0; g < L->n_kv_head; g++)
-        for (int i = 0; i < n; i++) L->pos[(size_t)g * L->cap + L->len + i] = pos[i];
-    // the device copy from the pass's positions already staged for RoPE (no upload per layer)
-    const int *dp = (const int *)stage(c, STAGE_IDX, pos, (size_t)n * sizeof(int));
-    CUDA_LAUNCH(kv_pos_kernel, cuda_blocks((size_t)n * L->n_kv_head, THREADS), THREADS, 0,
-                c->stream, dpos, dp, n, L->n_kv_head, L->cap, L->len);
-    L->len += n;
+    const pos_mirror *m = mirror_get(c, L);
+    // the pass's positions, already on the device for RoPE (no upload per layer)
+    const int *dp = indices(c, STAGE_IDX, pos, n);
+    int hd = L->head_dim, v8 = hd % 8 == 0 && ((uintptr_t)k | (uintptr_t)v | (uintptr_t)L->k |
+                                               (uintptr_t)L->v) % 16 == 0;
+    size_t total = (size_t)n * L->n_kv_head * hd;
+    if (v8)
+        CUDA_LAUNCH(kv_append_kernel<8>, cuda_blocks(total / 8, THREADS), THREADS, 0, c->stream,
+                    (bf16 *)L->k, (bf16 *)L->v, m->dpos, (const bf16 *)k, (const bf16 *)v, dp,
+                    m->dlen, n, L->n_kv_head, hd, L->cap);
+    else
+        CUDA_LAUNCH(kv_append_kernel<1>, cuda_blocks(total, THREADS), THREADS, 0, c->stream,
+                    (bf16 *)L->k, (bf16 *)L->v, m->dpos, (const bf16 *)k, (const bf16 *)v, dp,
+                    m->dlen, n, L->n_kv_head, hd, L->cap);
+    CUDA_LAUNCH(kv_len_add_kernel, 1, 1, 0, c->stream, m->dlen, n);
+    kv_note_append(L, pos, n);
 }
 
 // K/V (n_kv_head, cap, hd) -> nk/nv (n_kv_head, new_cap, hd): entry j of head g = idx[g*k + j]
@@ -122,9 +144,12 @@ void cuda_kv_keep(backend *b, kv_layer *L, const int *idx, int k, int new_cap) {
 static attn_cuda_args attn_args(cuda_impl *c, const void *q, const int *qpos, int n, int heads,
                                 const kv_layer *L) {
     attn_cuda_args a = {q, NULL, n, heads, L->k, L->v, NULL, L->len, L->cap, L->n_kv_head,
-                        L->head_dim};
-    a.kpos = mirror_get(c, L);
-    a.qpos = (const int *)stage(c, STAGE_IDX, qpos, (size_t)n * sizeof(int));
+                        L->head_dim, NULL};
+    const pos_mirror *m = mirror_get(c, L);
+    a.kpos = m->dpos;
+    if (in_step(c, qpos, n))   // a bound decode step: the length as the device has it at replay
+        a.dlen = m->dlen, a.len = L->cap;
+    a.qpos = indices(c, STAGE_IDX, qpos, n);
     return a;
 }
 

@@ -37,6 +37,7 @@ void spare_release(cuda_impl *c) {
 
 // cudaMalloc, retried once without the spares; NULL with the OOM report when it does not fit.
 void *dev_try_alloc(cuda_impl *c, size_t bytes, const char *what) {
+    CHECK_INTERNAL(!c->recording, "allocating %s while recording a decode step", what);
     void *p = NULL;
     if (cudaMalloc(&p, bytes ? bytes : 1) == cudaSuccess) return p;
     cudaGetLastError();
@@ -55,6 +56,7 @@ void *dev_alloc(cuda_impl *c, size_t bytes, const char *what) {
 
 void *dev_buf_reserve(cuda_impl *c, dev_buf *b, size_t bytes, const char *what) {
     if (bytes <= b->bytes) return b->p;
+    c->gen++;   // the buffer moves: a recording that reads it is stale
     size_t want = bytes > 2 * b->bytes ? bytes : 2 * b->bytes;
     if (b->p) dev_free_after(c->stream, b->p);
     b->p = dev_alloc(c, want, what);
@@ -66,6 +68,8 @@ void *dev_buf_reserve(cuda_impl *c, dev_buf *b, size_t bytes, const char *what) 
 // upload equal to the slot's last one is skipped: the positions of a pass are the same for every
 // layer's RoPE and attention, and so are the RoPE frequencies.
 void *stage(cuda_impl *c, int slot, const void *host, size_t bytes) {
+    CHECK_INTERNAL(!c->recording, "a host upload (stage %d, %zu bytes) while recording a decode "
+                   "step", slot, bytes);
     size_t had = c->stage[slot].bytes;
     void *d = dev_buf_reserve(c, &c->stage[slot], bytes < 4096 ? 4096 : bytes, "index upload");
     if (bytes == 0) return d;
@@ -79,6 +83,18 @@ void *stage(cuda_impl *c, int slot, const void *host, size_t bytes) {
         memcpy(c->stage_last[slot], host, bytes);
     }
     return d;
+}
+
+int in_step(const cuda_impl *c, const int *host, int n) {
+    return c->step_n && host >= c->step_pos && host + n <= c->step_pos + c->step_n;
+}
+
+const int *indices(cuda_impl *c, int slot, const int *host, int n) {
+    const int *d = (const int *)c->step_dev.p;
+    if (c->step_n && host >= c->step_tok && host + n <= c->step_tok + c->step_n)
+        return d + (host - c->step_tok);
+    if (in_step(c, host, n)) return d + c->step_n + (host - c->step_pos);
+    return (const int *)stage(c, slot, host, (size_t)n * sizeof(int));
 }
 
 // ---- memory and weights -----------------------------------------------------------------------
@@ -112,6 +128,7 @@ void *cuda_alloc(backend *b, size_t n) {
 void cuda_free(backend *b, void *p) {
     cuda_impl *c = impl(b);
     if (!p) return;
+    CHECK_INTERNAL(!c->recording, "freeing a buffer while recording a decode step");
     mirror_drop(c, p);
     int i = 0;
     while (i < c->n_live && c->live[i].p != p) i++;

@@ -1,26 +1,58 @@
-// model/cuda_ops.cu — the CUDA backend's elementwise and row ops: embed, RMSNorm, RoPE, SwiGLU,
-// residual add, row gather. Each kernel beside its launcher; the CPU twins are the same ops in
-// model/backend_cpu.c.
+// model/cuda_ops.cu — the CUDA backend's elementwise and row ops: embed, RMSNorm, RoPE (from a
+// cos/sin table), SwiGLU, residual add, row gather. Each kernel beside its launcher; the CPU
+// twins are the same ops in model/backend_cpu.c. Elementwise kernels move 16 bytes (8 bf16) per
+// thread when the sizes allow (V8 kernels), one element otherwise; both round each element the
+// same way, so which one ran never changes a result.
 #include "cuda_backend.cuh"
 
-// ---- elementwise and row ops -------------------------------------------------------------------
+// ---- 16-byte access -----------------------------------------------------------------------------
 
-// out (n, d) = table[tokens[i]]
-__global__ void embed_kernel(bf16 *out, const bf16 *table, const int *tokens, int n, int d) {
-    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= (size_t)n * d) return;
-    size_t i = e / d, c = e % d;
-    out[e] = table[(size_t)tokens[i] * d + c];
+// f[0..8) = p[0..8), one 16-byte load (p 16-byte aligned)
+__device__ static inline void ld8(float *f, const bf16 *p) {
+    uint4 u = *(const uint4 *)p;
+    const bf16 *h = (const bf16 *)&u;
+#pragma unroll
+    for (int i = 0; i < 8; i++) f[i] = __bfloat162float(h[i]);
 }
 
-void cuda_embed(backend *b, void *out, const bk_weight *table, const int *tokens, int n,
-                       int d) {
+// p[0..8) = bf16(f[0..8)), one 16-byte store
+__device__ static inline void st8(bf16 *p, const float *f) {
+    uint4 u;
+    bf16 *h = (bf16 *)&u;
+#pragma unroll
+    for (int i = 0; i < 8; i++) h[i] = __float2bfloat16(f[i]);
+    *(uint4 *)p = u;
+}
+
+// Whether n elements at each pointer can go 8 at a time (n % 8 == 0, 16-byte aligned).
+static int v8(size_t n, const void *a, const void *b, const void *c) {
+    return n % 8 == 0 && ((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) % 16 == 0;
+}
+
+// ---- rows --------------------------------------------------------------------------------------
+
+// out (n, d) = table[tokens[i]]; V8: a thread per 8 elements (d % 8 == 0)
+template <int V>
+__global__ void embed_kernel(bf16 *out, const bf16 *table, const int *tokens, int n, int d) {
+    size_t e = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
+    if (e >= (size_t)n * d) return;
+    size_t i = e / d, c = e % d;
+    const bf16 *src = table + (size_t)tokens[i] * d + c;
+    if (V == 8) *(uint4 *)(out + e) = *(const uint4 *)src;
+    else out[e] = *src;
+}
+
+void cuda_embed(backend *b, void *out, const bk_weight *table, const int *tokens, int n, int d) {
     cuda_impl *c = impl(b);
     if (n == 0 || d == 0) return;
-    const int *tk = (const int *)stage(c, STAGE_IDX, tokens, (size_t)n * sizeof(int));
+    const int *tk = indices(c, STAGE_IDX, tokens, n);
     size_t total = (size_t)n * d;
-    CUDA_LAUNCH(embed_kernel, cuda_blocks(total, THREADS), THREADS, 0, c->stream, (bf16 *)out,
-                table->h, tk, n, d);
+    if (v8((size_t)d, out, table->h, NULL))
+        CUDA_LAUNCH(embed_kernel<8>, cuda_blocks(total / 8, THREADS), THREADS, 0, c->stream,
+                    (bf16 *)out, table->h, tk, n, d);
+    else
+        CUDA_LAUNCH(embed_kernel<1>, cuda_blocks(total, THREADS), THREADS, 0, c->stream,
+                    (bf16 *)out, table->h, tk, n, d);
 }
 
 // out (n, d) = x / sqrt(mean(x^2) + eps) * w; a block per row
@@ -48,77 +80,183 @@ void cuda_rmsnorm(backend *b, void *out, const void *x, const bk_weight *w, int 
                 eps);
 }
 
-
-// rotate x (n, heads, hd) in place; pair (2j, 2j+1) for NORM, (j, j + hd/2) for NEOX;
-// a thread per (row, head, pair); angles in double as on the CPU
-__global__ void rope_kernel(bf16 *x, const int *pos, const float *inv_freq, int n, int heads,
-                            int hd, int neox) {
-    int half = hd / 2;
-    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= (size_t)n * heads * half) return;
-    size_t i = e / ((size_t)heads * half);
-    int h = (int)(e / half % heads), j = (int)(e % half);
-    double s, co;
-    sincos((double)pos[i] * inv_freq[j], &s, &co);
-    float fs = (float)s, fc = (float)co;
-    bf16 *xh = x + (i * heads + h) * hd;
-    int ia = neox ? j : 2 * j, ib = neox ? j + half : 2 * j + 1;
-    float a = __bfloat162float(xh[ia]), bb = __bfloat162float(xh[ib]);
-    xh[ia] = __float2bfloat16(a * fc - bb * fs);
-    xh[ib] = __float2bfloat16(a * fs + bb * fc);
-}
-
-void cuda_rope(backend *b, void *x, const int *pos, int n, int heads, int hd,
-                      const float *inv_freq, enum rope_style style) {
-    cuda_impl *c = impl(b);
-    size_t total = (size_t)n * heads * (hd / 2);
-    if (total == 0) return;
-    const int *p = (const int *)stage(c, STAGE_IDX, pos, (size_t)n * sizeof(int));
-    const float *f = (const float *)stage(c, STAGE_AUX, inv_freq, (size_t)(hd / 2) * sizeof(float));
-    CUDA_LAUNCH(rope_kernel, cuda_blocks(total, THREADS), THREADS, 0, c->stream, (bf16 *)x, p, f, n,
-                heads, hd, style == ROPE_NEOX);
-}
-
-// out (n,) = silu(gate) * up
-__global__ void swiglu_kernel(bf16 *out, const bf16 *gate, const bf16 *up, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    float g = __bfloat162float(gate[i]);
-    out[i] = __float2bfloat16(g / (1.0f + expf(-g)) * __bfloat162float(up[i]));
-}
-
-void cuda_swiglu(backend *b, void *out, const void *gate, const void *up, size_t n) {
-    cuda_impl *c = impl(b);
-    if (n == 0) return;
-    CUDA_LAUNCH(swiglu_kernel, cuda_blocks(n, THREADS), THREADS, 0, c->stream, (bf16 *)out,
-                (const bf16 *)gate, (const bf16 *)up, n);
-}
-
-// x (n,) += y (n,)
-__global__ void add_kernel(bf16 *x, const bf16 *y, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] = __float2bfloat16(__bfloat162float(x[i]) + __bfloat162float(y[i]));
-}
-
-void cuda_add(backend *b, void *x, const void *y, size_t n) {
-    cuda_impl *c = impl(b);
-    if (n == 0) return;
-    CUDA_LAUNCH(add_kernel, cuda_blocks(n, THREADS), THREADS, 0, c->stream, (bf16 *)x,
-                (const bf16 *)y, n);
-}
-
-// out (k, d) = x[idx[j]]
+// out (k, d) = x[idx[j]]; V8: a thread per 8 elements (d % 8 == 0)
+template <int V>
 __global__ void gather_kernel(bf16 *out, const bf16 *x, const int *idx, int k, int d) {
-    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t e = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
     if (e >= (size_t)k * d) return;
-    out[e] = x[(size_t)idx[e / d] * d + e % d];
+    const bf16 *src = x + (size_t)idx[e / d] * d + e % d;
+    if (V == 8) *(uint4 *)(out + e) = *(const uint4 *)src;
+    else out[e] = *src;
 }
 
 void cuda_gather_rows(backend *b, void *out, const void *x, const int *idx, int k, int d) {
     cuda_impl *c = impl(b);
     size_t total = (size_t)k * d;
     if (total == 0) return;
-    const int *ix = (const int *)stage(c, STAGE_IDX, idx, (size_t)k * sizeof(int));
-    CUDA_LAUNCH(gather_kernel, cuda_blocks(total, THREADS), THREADS, 0, c->stream, (bf16 *)out,
-                (const bf16 *)x, ix, k, d);
+    const int *ix = indices(c, STAGE_IDX, idx, k);
+    if (v8((size_t)d, out, x, NULL))
+        CUDA_LAUNCH(gather_kernel<8>, cuda_blocks(total / 8, THREADS), THREADS, 0, c->stream,
+                    (bf16 *)out, (const bf16 *)x, ix, k, d);
+    else
+        CUDA_LAUNCH(gather_kernel<1>, cuda_blocks(total, THREADS), THREADS, 0, c->stream,
+                    (bf16 *)out, (const bf16 *)x, ix, k, d);
+}
+
+// ---- RoPE --------------------------------------------------------------------------------------
+
+// cs (rows, half) = (cos, sin) of p * inv_freq[j], the angle in double and each rounded to float
+// (as rope_kernel computed them per element before the table, and as the CPU does)
+__global__ void rope_table_kernel(float2 *cs, const float *inv_freq, int half, int rows) {
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= (size_t)rows * half) return;
+    double s, co;
+    sincos((double)(e / half) * inv_freq[e % half], &s, &co);
+    cs[e] = make_float2((float)co, (float)s);
+}
+
+// Grows table t to hold positions < rows (recomputed whole: growth doubles, so it is rare).
+static void rope_table_grow(cuda_impl *c, rope_table *t, int rows) {
+    CHECK_INTERNAL(!c->recording, "the RoPE table grows while recording a decode step");
+    if (t->cs) dev_free_after(c->stream, t->cs);
+    t->cs = (float2 *)dev_alloc(c, (size_t)rows * t->half * sizeof(float2), "the RoPE table");
+    t->rows = rows;
+    c->gen++;   // a recording that reads the old table is stale
+    CUDA_LAUNCH(rope_table_kernel, cuda_blocks((size_t)rows * t->half, THREADS), THREADS, 0,
+                c->stream, t->cs, t->dfreq, t->half, rows);
+}
+
+// rows for positions <= max_pos: at least 4096, doubling
+static int rope_rows(const rope_table *t, int max_pos) {
+    long r = t->rows > 0 ? t->rows : 4096;
+    while (r <= max_pos) r *= 2;
+    return r > INT32_MAX ? INT32_MAX : (int)r;
+}
+
+// The table of these frequencies, holding positions <= max_pos.
+static const rope_table *rope_table_get(cuda_impl *c, const float *inv_freq, int half, int max_pos) {
+    CHECK_INTERNAL(half >= 1 && half <= ROPE_MAX_HALF, "RoPE on head dim %d (CUDA: <= %d)",
+                   2 * half, 2 * ROPE_MAX_HALF);
+    rope_table *t = NULL;
+    for (int i = 0; i < c->n_rope && !t; i++)
+        if (c->rope[i].half == half && memcmp(c->rope[i].inv_freq, inv_freq, half * sizeof(float)) == 0)
+            t = &c->rope[i];
+    if (!t) {
+        CHECK_INTERNAL(!c->recording, "a new RoPE table while recording a decode step");
+        if (c->n_rope == ROPE_TABLES) {   // full: the oldest goes
+            dev_free_after(c->stream, c->rope[0].cs);
+            CUDA_CHECK(cudaFree(c->rope[0].dfreq));
+            memmove(c->rope, c->rope + 1, (ROPE_TABLES - 1) * sizeof *c->rope);
+            c->n_rope--;
+            c->gen++;
+        }
+        t = &c->rope[c->n_rope++];
+        memset(t, 0, sizeof *t);
+        t->half = half;
+        memcpy(t->inv_freq, inv_freq, half * sizeof(float));
+        t->dfreq = (float *)dev_alloc(c, half * sizeof(float), "the RoPE table");
+        CUDA_CHECK(cudaMemcpyAsync(t->dfreq, inv_freq, half * sizeof(float), cudaMemcpyHostToDevice,
+                                   c->stream));
+        CUDA_CHECK(cudaStreamSynchronize(c->stream));   // the host array may not outlive the call
+    }
+    if (max_pos >= t->rows) rope_table_grow(c, t, rope_rows(t, max_pos));
+    return t;
+}
+
+void rope_tables_cover(cuda_impl *c, int max_pos) {
+    for (int i = 0; i < c->n_rope; i++)
+        if (max_pos >= c->rope[i].rows) rope_table_grow(c, &c->rope[i], rope_rows(&c->rope[i], max_pos));
+}
+
+void rope_tables_free(cuda_impl *c) {
+    for (int i = 0; i < c->n_rope; i++) {
+        CUDA_CHECK(cudaFree(c->rope[i].cs));
+        CUDA_CHECK(cudaFree(c->rope[i].dfreq));
+    }
+    c->n_rope = 0;
+}
+
+// rotate x (n, heads, hd) in place; pair (2j, 2j+1) for NORM, (j, j + hd/2) for NEOX;
+// a thread per (row, head, pair); cos and sin from the table cs (rows > every pos, hd/2)
+__global__ void rope_kernel(bf16 *x, const int *pos, const float2 *cs, int n, int heads, int hd,
+                            int neox) {
+    int half = hd / 2;
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= (size_t)n * heads * half) return;
+    size_t i = e / ((size_t)heads * half);
+    int h = (int)(e / half % heads), j = (int)(e % half);
+    float2 t = cs[(size_t)pos[i] * half + j];
+    bf16 *xh = x + (i * heads + h) * hd;
+    int ia = neox ? j : 2 * j, ib = neox ? j + half : 2 * j + 1;
+    float a = __bfloat162float(xh[ia]), bb = __bfloat162float(xh[ib]);
+    xh[ia] = __float2bfloat16(a * t.x - bb * t.y);
+    xh[ib] = __float2bfloat16(a * t.y + bb * t.x);
+}
+
+void cuda_rope(backend *b, void *x, const int *pos, int n, int heads, int hd,
+               const float *inv_freq, enum rope_style style) {
+    cuda_impl *c = impl(b);
+    size_t total = (size_t)n * heads * (hd / 2);
+    if (total == 0) return;
+    int max_pos = 0;
+    for (int i = 0; i < n; i++) {
+        CHECK_INTERNAL(pos[i] >= 0, "RoPE at position %d", pos[i]);
+        max_pos = pos[i] > max_pos ? pos[i] : max_pos;
+    }
+    const rope_table *t = rope_table_get(c, inv_freq, hd / 2, max_pos);
+    const int *p = indices(c, STAGE_IDX, pos, n);
+    CUDA_LAUNCH(rope_kernel, cuda_blocks(total, THREADS), THREADS, 0, c->stream, (bf16 *)x, p,
+                t->cs, n, heads, hd, style == ROPE_NEOX);
+}
+
+// ---- elementwise -------------------------------------------------------------------------------
+
+// out (n,) = silu(gate) * up
+template <int V>
+__global__ void swiglu_kernel(bf16 *out, const bf16 *gate, const bf16 *up, size_t n) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
+    if (i >= n) return;
+    float g[V], u[V];
+    if (V == 8) ld8(g, gate + i), ld8(u, up + i);
+    else g[0] = __bfloat162float(gate[i]), u[0] = __bfloat162float(up[i]);
+#pragma unroll
+    for (int k = 0; k < V; k++) g[k] = g[k] / (1.0f + expf(-g[k])) * u[k];
+    if (V == 8) st8(out + i, g);
+    else out[i] = __float2bfloat16(g[0]);
+}
+
+void cuda_swiglu(backend *b, void *out, const void *gate, const void *up, size_t n) {
+    cuda_impl *c = impl(b);
+    if (n == 0) return;
+    if (v8(n, out, gate, up))
+        CUDA_LAUNCH(swiglu_kernel<8>, cuda_blocks(n / 8, THREADS), THREADS, 0, c->stream,
+                    (bf16 *)out, (const bf16 *)gate, (const bf16 *)up, n);
+    else
+        CUDA_LAUNCH(swiglu_kernel<1>, cuda_blocks(n, THREADS), THREADS, 0, c->stream, (bf16 *)out,
+                    (const bf16 *)gate, (const bf16 *)up, n);
+}
+
+// x (n,) += y (n,)
+template <int V>
+__global__ void add_kernel(bf16 *x, const bf16 *y, size_t n) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
+    if (i >= n) return;
+    float a[V], d[V];
+    if (V == 8) ld8(a, x + i), ld8(d, y + i);
+    else a[0] = __bfloat162float(x[i]), d[0] = __bfloat162float(y[i]);
+#pragma unroll
+    for (int k = 0; k < V; k++) a[k] += d[k];
+    if (V == 8) st8(x + i, a);
+    else x[i] = __float2bfloat16(a[0]);
+}
+
+void cuda_add(backend *b, void *x, const void *y, size_t n) {
+    cuda_impl *c = impl(b);
+    if (n == 0) return;
+    if (v8(n, x, y, NULL))
+        CUDA_LAUNCH(add_kernel<8>, cuda_blocks(n / 8, THREADS), THREADS, 0, c->stream, (bf16 *)x,
+                    (const bf16 *)y, n);
+    else
+        CUDA_LAUNCH(add_kernel<1>, cuda_blocks(n, THREADS), THREADS, 0, c->stream, (bf16 *)x,
+                    (const bf16 *)y, n);
 }

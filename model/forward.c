@@ -5,6 +5,7 @@
 #include "../attn/phi.h"
 #include "../attn/score.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,7 +69,7 @@ static int layer_forward(pass *ps, scratch *s, int l) {
     int qd = c->n_head * hd, kvd = c->n_kv_head * hd;
 
     // per sequence: where this layer's K/V come from (a hook may feed them), which q projection
-    int src[FWD_MAX_BATCH], fed[FWD_MAX_BATCH], uniform = 1;
+    int src[FWD_MAX_BATCH], fed[FWD_MAX_BATCH] = {0}, uniform = 1;
     const bk_weight *wq[FWD_MAX_BATCH], *bq[FWD_MAX_BATCH];
     for (int b = 0; b < B; b++) {
         const fwd_hooks *h = ps->hooks[b];
@@ -240,6 +241,162 @@ long fwd_run(model *m, kv_cache *kv, const int *tokens, const int *pos, int n,
 }
 
 int fwd_run_batch(model *m, fwd_seq *seqs, int B) { return run_pass(m, seqs, B, 0); }
+
+// ---- the decode step through fixed buffers, recorded and replayed (fwd_decode) -----------------
+
+struct fwd_decoder {
+    int B;                               // sequences the buffers are for (0: none yet)
+    int tok[FWD_MAX_BATCH], pos[FWD_MAX_BATCH], row_id[FWD_MAX_BATCH];   // bound each step
+    void *x, *out;                       // (B, d) residual stream, (B, vocab) logits
+    scratch s;
+    float *host;                         // (B, vocab) logits on the host
+    int *lens;                           // (B, n_layer) cache lengths before a recording
+    uint64_t key;                        // the caches (and their buffers) the steps run on
+    void *graph;                         // the recorded step, or NULL
+    int eager;                           // steps run without recording on these caches
+    long fixed, recorded, replayed;
+};
+
+static int decode_dense(const fwd_seq *q) {
+    const fwd_hooks *h = q->hooks;
+    return q->n == 1 && q->logits &&
+           (!h || (!h->after_attention && !h->after_layer && !h->kv_source && !h->attention));
+}
+
+static int graphs_wanted(void) {
+    const char *e = getenv("SIFT_CUDA_GRAPHS");
+    return !(e && strcmp(e, "0") == 0);
+}
+
+static void decoder_drop_graph(backend *bk, struct fwd_decoder *d) {
+    if (d->graph) bk->graph_free(bk, d->graph);
+    d->graph = NULL;
+}
+
+static void decoder_release(model *m, struct fwd_decoder *d) {
+    backend *bk = m->bk;
+    decoder_drop_graph(bk, d);
+    if (d->B) {
+        scratch_free(bk, &d->s);
+        bk->free(bk, d->x);
+        bk->free(bk, d->out);
+    }
+    free(d->host);
+    free(d->lens);
+    d->host = NULL, d->lens = NULL, d->B = 0;
+}
+
+static void decoder_size(model *m, struct fwd_decoder *d, int B) {
+    const model_config *c = &m->cfg;
+    decoder_release(m, d);
+    d->s = scratch_alloc(m->bk, c, B);
+    d->x = m->bk->alloc(m->bk, (size_t)B * c->d_model);
+    d->out = m->bk->alloc(m->bk, (size_t)B * c->vocab);
+    CHECK_INTERNAL(d->x && d->out, "out of memory for a decode step of %d sequences", B);
+    d->host = xmalloc((size_t)B * c->vocab * sizeof(float));
+    d->lens = xmalloc((size_t)B * c->n_layer * sizeof(int));
+    for (int b = 0; b < B; b++) d->row_id[b] = b;
+    d->B = B, d->key = 0, d->eager = 0;
+}
+
+// FNV-1a over the caches and their layers' buffers and capacities: equal keys, equal launches.
+static uint64_t decoder_key(const fwd_seq *seqs, int B) {
+    uint64_t h = 1469598103934665603ull;
+#define MIX(v) (h = (h ^ (uint64_t)(v)) * 1099511628211ull)
+    for (int b = 0; b < B; b++) {
+        const kv_cache *kv = seqs[b].kv;
+        MIX((uintptr_t)kv);
+        for (int l = 0; l < kv->n_layer; l++)
+            MIX((uintptr_t)kv->layers[l].k), MIX((uintptr_t)kv->layers[l].v), MIX(kv->layers[l].cap);
+    }
+#undef MIX
+    return h;
+}
+
+// The step's ops on the fixed buffers: embed, every layer, final norm, LM head.
+static void decoder_ops(model *m, struct fwd_decoder *d, fwd_seq *seqs, int B) {
+    backend *bk = m->bk;
+    const model_config *c = &m->cfg;
+    fwd_state st = {.m = m, .kv = seqs[0].kv, .n = B, .pos = d->pos, .row_id = d->row_id, .x = d->x};
+    fwd_state views[FWD_MAX_BATCH];
+    int off[FWD_MAX_BATCH];
+    const fwd_hooks *hooks[FWD_MAX_BATCH];
+    for (int b = 0; b < B; b++) {
+        off[b] = b, hooks[b] = seqs[b].hooks;
+        views[b] = (fwd_state){.m = m, .kv = seqs[b].kv, .n = 1, .pos = d->pos + b,
+                               .row_id = d->row_id + b, .x = row_ptr(bk, d->x, b, c->d_model)};
+    }
+    pass ps = {B, &st, B > 1 ? views : &st, hooks, off};
+    bk->embed(bk, d->x, m->tok_embd, d->tok, B, c->d_model);
+    for (int l = 0; l < c->n_layer; l++)
+        CHECK_INTERNAL(layer_forward(&ps, &d->s, l) == 0, "a dense decode step aborted");
+    bk->rmsnorm(bk, d->s.xb, d->x, m->out_norm, B, c->d_model, c->rms_eps);
+    bk->matmul(bk, d->out, d->s.xb, m->lm_head, NULL, B, c->d_model, c->vocab);
+}
+
+int fwd_decode(model *m, fwd_seq *seqs, int B) {
+    backend *bk = m->bk;
+    const model_config *c = &m->cfg;
+    int fixed = bk->step_bind != NULL && B >= 1 && B <= FWD_MAX_BATCH;
+    for (int b = 0; b < B && fixed; b++) fixed = decode_dense(&seqs[b]);
+    if (!fixed) return fwd_run_batch(m, seqs, B);
+    struct fwd_decoder *d = m->decoder ? m->decoder : (m->decoder = xcalloc(1, sizeof *d));
+    if (d->B != B) decoder_size(m, d, B);
+    uint64_t key = decoder_key(seqs, B);
+    if (key != d->key) decoder_drop_graph(bk, d), d->key = key, d->eager = 0;
+    for (int b = 0; b < B; b++) d->tok[b] = seqs[b].tokens[0], d->pos[b] = seqs[b].pos[0];
+    bk->step_bind(bk, d->tok, d->pos, B);
+    int done = 0;
+    if (d->graph) {
+        if (bk->graph_launch(bk, d->graph) == 0) {   // the device appended: note it on the host
+            for (int b = 0; b < B; b++)
+                for (int l = 0; l < c->n_layer; l++)
+                    kv_note_append(&seqs[b].kv->layers[l], &d->pos[b], 1);
+            d->replayed++, done = 1;
+        } else
+            decoder_drop_graph(bk, d), d->eager = 0;   // stale: one eager step sizes buffers again
+    }
+    if (!done) {
+        // the first step on these caches runs eagerly: it sizes every buffer a recording reads
+        int record = d->eager > 0 && bk->graph_begin && graphs_wanted();
+        for (int b = 0; b < B && record; b++)
+            for (int l = 0; l < c->n_layer; l++) d->lens[b * c->n_layer + l] = seqs[b].kv->layers[l].len;
+        if (record && bk->graph_begin(bk) != 0) record = 0;
+        decoder_ops(m, d, seqs, B);
+        if (record) {
+            d->graph = bk->graph_end(bk);
+            if (d->graph && bk->graph_launch(bk, d->graph) == 0) d->recorded++;
+            else {   // nothing ran: undo the host's notes of the appends and run it eagerly
+                decoder_drop_graph(bk, d);
+                for (int b = 0; b < B; b++)
+                    for (int l = 0; l < c->n_layer; l++)
+                        seqs[b].kv->layers[l].len = d->lens[b * c->n_layer + l];
+                decoder_ops(m, d, seqs, B);
+            }
+        }
+        d->eager++;
+    }
+    bk->step_bind(bk, NULL, NULL, 0);
+    d->fixed++;
+    bk->to_host(bk, d->host, d->out, (size_t)B * c->vocab);
+    for (int b = 0; b < B; b++) {
+        memcpy(seqs[b].logits, d->host + (size_t)b * c->vocab, (size_t)c->vocab * sizeof(float));
+        seqs[b].rows_done = c->n_layer;
+    }
+    return 0;
+}
+
+void fwd_decode_counts(const model *m, long *fixed, long *recorded, long *replayed) {
+    const struct fwd_decoder *d = m->decoder;
+    *fixed = d ? d->fixed : 0, *recorded = d ? d->recorded : 0, *replayed = d ? d->replayed : 0;
+}
+
+void fwd_decode_free(model *m) {
+    if (!m->decoder) return;
+    decoder_release(m, m->decoder);
+    free(m->decoder);
+    m->decoder = NULL;
+}
 
 void fwd_keep_rows(fwd_state *s, const int *idx, int k) {
     backend *bk = s->m->bk;

@@ -64,6 +64,19 @@ typedef struct fwd_seq {
 // rows. 0, or -1 when a hook aborted.
 int fwd_run_batch(model *m, fwd_seq *seqs, int B);
 
+// A decode step: fwd_run_batch for B sequences of one row each. Where the backend records
+// steps (backend.h: step_bind, graph_*) and no sequence's hooks act at decode (none, or hooks
+// with no functions: a dense decode over the cache the strategy kept), the step runs through
+// buffers allocated once for B and the same caches, reads its token and positions from one
+// upload and the caches' lengths from the device, and is recorded on its second call and
+// replayed after (SIFT_CUDA_GRAPHS=0: never recorded). A replay gives the logits the same
+// launches give eagerly, bit for bit. Elsewhere it is fwd_run_batch. 0, or -1 (a hook aborted).
+int fwd_decode(model *m, fwd_seq *seqs, int B);
+// The model's decode steps so far: run through fwd_decode's fixed buffers, recorded, replayed.
+void fwd_decode_counts(const model *m, long *fixed, long *recorded, long *replayed);
+// Frees the decode buffers and recording (model_free calls it; the backend must still live).
+void fwd_decode_free(model *m);
+
 // Keep rows idx (k,) of the alive set, in that order (idx into the current alive rows).
 void fwd_keep_rows(fwd_state *s, const int *idx, int k);
 

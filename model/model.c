@@ -3,6 +3,7 @@
 // GGUF `llama` stores Q/K rows permuted for adjacent-pair rotation, so it runs with ROPE_NORM and
 // the rows are used as stored; `qwen2` is not permuted and runs with ROPE_NEOX.
 #include "model.h"
+#include "forward.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -188,6 +189,7 @@ model *model_load_gguf(const gguf_file *f, backend *bk, char *err, size_t errlen
 
 void model_free(model *m) {
     if (!m) return;
+    fwd_decode_free(m);
     backend *bk = m->bk;
     if (m->layers)
         for (int l = 0; l < m->cfg.n_layer; l++) {

@@ -56,6 +56,7 @@ typedef struct model {
     // Optional: called after each layer of a multi-row pass (progress display).
     void (*on_layer)(void *ctx, int layer, int n_layer, int rows);
     void *on_layer_ctx;
+    struct fwd_decoder *decoder;   // fwd_decode's buffers and recorded step (NULL until used)
 } model;
 
 // t handed to m's backend (bk->weight), its resident bytes added to m->weight_bytes. NULL when

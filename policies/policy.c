@@ -366,7 +366,7 @@ void gen_step(gen_seq *const *g, int k) {
             live[i]->read_sum += e * kv->elem_bytes;
         }
     double t0 = now_ms();
-    fwd_run_batch(live[0]->m, seqs, b);
+    fwd_decode(live[0]->m, seqs, b);
     for (int i = 0; i < b; i++) {
         gen_seq *s = live[i];
         s->tok = sample_next(s->smp, s->logits);

@@ -919,6 +919,129 @@ static void test_tiny_models(backend *bk[2]) {
     }
 }
 
+// ---- the decode step: fixed buffers, recorded and replayed, batched ----------------------------
+
+#define DEC_SEQS 3
+
+// DEC_SEQS sequences (prompts of len[s] tokens, prefilled alone), then `steps` decode steps
+// through fwd_decode fed fixed tokens: batched (one call for all per step) or each sequence's
+// steps alone; out[s * steps + t] = its logits at step t. *rec, *rep: steps recorded, replayed;
+// *host_ok = 0 when a cache's host length or positions are not what the steps appended.
+static void decode_steps(model *m, const int *len, int steps, int batched, float **out, long *rec,
+                         long *rep, int *host_ok) {
+    int vocab = m->cfg.vocab, L = m->cfg.n_layer;
+    kv_cache *kv[DEC_SEQS];
+    char err[256];
+    int *caps = xmalloc((size_t)L * sizeof(int));
+    float *lg = xmalloc((size_t)vocab * sizeof(float));
+    for (int s = 0; s < DEC_SEQS; s++) {
+        int *ids = xmalloc((size_t)len[s] * sizeof(int)), *pos = xmalloc((size_t)len[s] * sizeof(int));
+        for (int i = 0; i < len[s]; i++) ids[i] = (int)((i * 7919u + 13 + 101u * s) % (unsigned)vocab), pos[i] = i;
+        for (int l = 0; l < L; l++) caps[l] = len[s] + steps;
+        kv[s] = fwd_kv_create(m, caps, err, sizeof err);
+        CHECK_INTERNAL(kv[s], "%s", err);
+        fwd_run(m, kv[s], ids, pos, len[s], NULL, lg, 0);
+        free(ids), free(pos);
+    }
+    long f0, r0, p0, f1;
+    fwd_decode_counts(m, &f0, &r0, &p0);
+    int tok[DEC_SEQS], pos[DEC_SEQS];
+    fwd_seq q[DEC_SEQS];
+    for (int a = 0; a < (batched ? steps : DEC_SEQS); a++)
+        for (int b = 0; b < (batched ? 1 : steps); b++) {
+            int t = batched ? a : b, s0 = batched ? 0 : a, k = batched ? DEC_SEQS : 1;
+            for (int s = s0; s < s0 + k; s++) {
+                tok[s] = (t * 31 + s * 7 + 5) % vocab, pos[s] = len[s] + t;
+                q[s] = (fwd_seq){kv[s], &tok[s], &pos[s], 1, NULL, out[s * steps + t], 0};
+            }
+            CHECK_INTERNAL(fwd_decode(m, q + s0, k) == 0, "a decode step failed");
+        }
+    fwd_decode_counts(m, &f1, rec, rep);
+    *rec -= r0, *rep -= p0;
+    for (int s = 0; s < DEC_SEQS; s++) {   // the host's notes of the appends a replay made
+        for (int l = 0; l < L; l++) {
+            const kv_layer *y = &kv[s]->layers[l];
+            int ok = y->len == len[s] + steps;
+            for (int g = 0; g < y->n_kv_head && ok; g++)
+                for (int i = 0; i < y->len && ok; i++) ok = y->pos[(size_t)g * y->cap + i] == i;
+            if (!ok) *host_ok = 0;
+        }
+        kv_free(kv[s]);
+    }
+    free(caps), free(lg);
+}
+
+static float **logit_rows(int n, int vocab) {
+    float **r = xmalloc((size_t)n * sizeof *r);
+    for (int i = 0; i < n; i++) {
+        r[i] = xmalloc((size_t)vocab * sizeof(float));
+        for (int j = 0; j < vocab; j++) r[i][j] = NAN;
+    }
+    return r;
+}
+
+// The worst row of got against ref (n rows of vocab) by relative error, reported.
+static void report_worst(const char *check, const char *label, float **got, float **ref, int n,
+                         int vocab, double tol) {
+    int worst = 0;
+    double wr = -1;
+    for (int i = 0; i < n; i++) {
+        cmp_stats st = compare(got[i], ref[i], (size_t)vocab, 1);
+        double r = st.nan ? INFINITY : st.rel;
+        if (r > wr) wr = r, worst = i;
+    }
+    report(check, label, got[worst], ref[worst], (size_t)vocab, tol);
+}
+
+// The decode step on the GPU backend: replayed recordings give exactly the logits of the same
+// launches run eagerly (SIFT_CUDA_GRAPHS=0); batched steps agree with each sequence alone; and
+// both with the CPU backend.
+static void test_decode(backend *bk[2]) {
+    tiny_shape shapes[] = {{"llama", 4, 512, 8, 2, 1024, 1000}, {"qwen2", 3, 192, 6, 2, 384, 700}};
+    int len[DEC_SEQS] = {small ? 40 : 300, small ? 57 : 517, small ? 23 : 130}, steps = 6;
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        model *m[2];
+        for (int b = 0; b < 2; b++) m[b] = tiny_model(bk[b], &shapes[i], 2000 + i);
+        int vocab = m[CPU]->cfg.vocab, n = DEC_SEQS * steps;
+        char label[120];
+        if (!bk[GPU]->graph_begin) {
+            printf("| %-22s | %-44s | %9s | %9s | %9s | %7s | skip: the backend records no steps |\n",
+                   "decode graph replay", m[GPU]->name, "-", "-", "-", "-");
+            for (int b = 0; b < 2; b++) model_free(m[b]);
+            continue;
+        }
+        float **graph = logit_rows(n, vocab), **eager = logit_rows(n, vocab),
+              **alone = logit_rows(n, vocab), **cpu = logit_rows(n, vocab);
+        long rec[4], rep[4];
+        int host_ok = 1;
+        decode_steps(m[GPU], len, steps, 1, graph, &rec[0], &rep[0], &host_ok);
+        setenv("SIFT_CUDA_GRAPHS", "0", 1);
+        decode_steps(m[GPU], len, steps, 1, eager, &rec[1], &rep[1], &host_ok);
+        unsetenv("SIFT_CUDA_GRAPHS");
+        decode_steps(m[GPU], len, steps, 0, alone, &rec[2], &rep[2], &host_ok);
+        decode_steps(m[CPU], len, steps, 1, cpu, &rec[3], &rep[3], &host_ok);
+        // bit for bit: every step of every sequence
+        int same = 1;
+        for (int r = 0; r < n; r++) same &= memcmp(graph[r], eager[r], (size_t)vocab * sizeof(float)) == 0;
+        // batched: step 1 eager, step 2 recorded, the rest replayed; alone: the same per sequence
+        int counts = rec[0] == 1 && rep[0] == steps - 2 && rec[1] == 0 && rep[1] == 0 &&
+                     rec[2] == DEC_SEQS && rep[2] == (long)DEC_SEQS * (steps - 2);
+        snprintf(label, sizeof label, "%s, %d seqs x %d steps, %ld rec, %ld replays", m[GPU]->name,
+                 DEC_SEQS, steps, rec[0], rep[0]);
+        printf("| %-22s | %-44s | %9s | %9s | %9s | %7s | %s |\n", "decode graph == eager", label,
+               same ? "0" : "differ", "-", "-", "-",
+               !same ? "FAIL: logits differ" : !counts ? "FAIL: not recorded/replayed as expected"
+               : !host_ok ? "FAIL: host KV lengths" : "ok");
+        same && counts && host_ok ? n_pass++ : n_fail++;
+        snprintf(label, sizeof label, "%s, %d seqs x %d steps, worst step", m[GPU]->name, DEC_SEQS, steps);
+        report_worst("decode batched ~ alone", label, graph, alone, n, vocab, TOL);
+        report_worst("decode graph ~ CPU", label, graph, cpu, n, vocab, TOL_MODEL);
+        for (int r = 0; r < n; r++) free(graph[r]), free(eager[r]), free(alone[r]), free(cpu[r]);
+        free(graph), free(eager), free(alone), free(cpu);
+        for (int b = 0; b < 2; b++) model_free(m[b]);
+    }
+}
+
 // The GGUF model at path on both backends (skipped when there is none).
 static void test_gguf_model(backend *bk[2], const char *path) {
     struct stat sb;
@@ -1050,7 +1173,7 @@ static void test_attention_cases(backend *bk[2]) {
 // the CPU backend with itself (checks this harness on a machine without a GPU; no ceilings);
 // --self-fault does so with an off-by-one attention mask on the second backend (the trap cases
 // must fail); --ops-only skips the model checks and the ceilings (what the sanitizers run);
-// --only runs one section: ops, attention, topk, phi or models (the emulated build's planted
+// --only runs one section: ops, attention, topk, phi, decode or models (the emulated build's planted
 // bugs run just the section that must catch them), or speed: the attention timing rows alone,
 // also where the backend measures no ceilings (bench/simt_profile.sh runs them in the emulator
 // for its counters, not its times). --small scales the shapes for the emulator in `make test`:
@@ -1073,15 +1196,15 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[1], "--small") == 0) small = 1;
         else {
             fprintf(stderr, "usage: gpu_check [--self | --self-fault] [--ops-only] [--small] [--only ops|"
-                    "attention|topk|phi|models|speed] [--case TEXT] [MODEL.gguf]\n");
+                    "attention|topk|phi|decode|models|speed] [--case TEXT] [MODEL.gguf]\n");
             return 2;
         }
     }
-    const char *sections[] = {"ops", "attention", "topk", "phi", "models", "speed"};
+    const char *sections[] = {"ops", "attention", "topk", "phi", "decode", "models", "speed"};
     int known = !only;
-    for (int i = 0; i < 6 && !known; i++) known = strcmp(only, sections[i]) == 0;
+    for (int i = 0; i < 7 && !known; i++) known = strcmp(only, sections[i]) == 0;
     if (!known) {
-        fprintf(stderr, "gpu_check: --only %s: expected ops, attention, topk, phi, models or speed\n", only);
+        fprintf(stderr, "gpu_check: --only %s: expected ops, attention, topk, phi, decode, models or speed\n", only);
         return 2;
     }
     setenv("SIFT_CUDA_SOFT_FAIL", "1", 1);   // a GEMM cuBLASLt refuses: a failed row, not the end
@@ -1123,6 +1246,7 @@ int main(int argc, char **argv) {
     }
     const char *env = getenv("SIFT_MODEL");
     const char *path = argc > 1 ? argv[1] : env && *env ? env : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    if (!ops_only && section(only, "decode")) test_decode(bk);
     if (!ops_only && section(only, "models")) {
         test_tiny_models(bk);
         if (small)   // the emulator's CI run: the default model runs end to end through sift-simt

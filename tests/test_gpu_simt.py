@@ -4,7 +4,7 @@ fiber, device memory bounds-checked, shared memory race-checked), against the CP
 same test:
 
 * build/tests/gpu_check-simt --small --only SECTION, one test per section (ops, attention, topk,
-  phi, models) so that a failure names its section: exit 0, "N passed, 0 failed", no FAIL row,
+  phi, decode, models) so that a failure names its section: exit 0, "N passed, 0 failed", no FAIL row,
   and the rows the section exists for are there — every attention kernel (fa2, wmma, flash,
   group, split); for every strategy of the registry and gpu_check's compositions, on both tiny
   models, its logits row and the kept-positions, decode-step-logits and greedy-prefix rows.
@@ -45,7 +45,7 @@ needs_sift = pytest.mark.skipif(not os.path.exists(SIFT_SIMT) or not os.path.exi
                                 reason="no SIMT build (clang++ missing) or no ./sift")
 needs_model = pytest.mark.skipif(not os.path.exists(MODEL), reason=f"{MODEL} absent (make model)")
 
-SECTIONS = ["ops", "attention", "topk", "phi", "models"]
+SECTIONS = ["ops", "attention", "topk", "phi", "decode", "models"]
 COMPOSED = ["fastkv+topk", "specprefill+topk+phi", "speed+topk"]   # gpu_check's test_model_pair
 DEFAULT_PROMPT = "What is the capital of France? Answer in one sentence."   # the Makefile's `make run`
 
@@ -119,6 +119,9 @@ def test_gpu_check_section(section):
     elif section == "phi":
         for c in ("phi_summarize m,u,T", "attn_select", "attn_select + phi"):
             assert sum(ch == c for ch, _, _ in table) >= 4, c
+    elif section == "decode":   # both tiny models: the group (head dim 64) and split (32) kernels
+        for c in ("decode graph == eager", "decode batched ~ alone", "decode graph ~ CPU"):
+            assert sum(ch == c for ch, _, _ in table) == 2, c
     else:
         groups = strategy_rows(table)
         # --small runs the GGUF model's strategies end to end through sift-simt instead (below);
