@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #include "../weights/gguf.h"
+#include "sample.h"
 
 enum rope_style { ROPE_NORM = 0, ROPE_NEOX = 1 };   // adjacent pairs (2j,2j+1) | halves (j, j+hd/2)
 
@@ -141,6 +142,13 @@ struct backend {
     // when it failed (nothing of it ran). graph_launch runs a recording on the current binding:
     // 0, or -1 when it is stale (the backend moved a buffer it reads: record again).
     void (*step_bind)(backend *b, const int *tokens, const int *pos, int n);
+    // Optional: out (n,), host = the token sample_next (sample.h) draws from each row i of
+    // logits (n, vocab), backend memory, with settings p[i] and generator state state[i]; only
+    // the tokens cross to the host. The states are not advanced: the caller advances its own as
+    // sample_next would (one draw when temp > 0). 0, or -1 when a row's settings are not offered
+    // (the CUDA backend: a temperature with more than 1024 candidates): sample on the host.
+    int (*sample)(backend *b, int *out, const void *logits, int n, int vocab, const sample_params *p,
+                  const uint64_t *state);
     int (*graph_begin)(backend *b);
     void *(*graph_end)(backend *b);
     int (*graph_launch)(backend *b, void *graph);

@@ -1,7 +1,7 @@
 // model/backend_cuda.cu — the CUDA backend: bf16 weights, activations and KV cache on one GPU,
 // fp32 accumulation in every kernel and GEMM. This file makes the backend (device, stream,
 // cuBLASLt handle) and fills the op table; the ops live in cuda_mem.cu, cuda_gemm.cu,
-// cuda_ops.cu and cuda_kv.cu (model/cuda_backend.cuh), attention in attn/attn_cuda.cu. Here too:
+// cuda_ops.cu, cuda_kv.cu and cuda_sample.cu (model/cuda_backend.cuh), attention in attn/attn_cuda.cu. Here too:
 // the decode step's bound index arrays and its recording as a CUDA graph (backend.h).
 #include <dlfcn.h>
 
@@ -89,7 +89,7 @@ static void cuda_destroy(backend *b) {
     for (int i = 0; i < c->n_plans; i++) plan_destroy(c, &c->plans[i]);
     LT_CHECK(c, c->lt.destroy(c->lt_handle));
     dev_buf *bufs[] = {&c->attn_work, &c->probs, &c->f32, &c->phi_f, &c->phi_q, &c->phi_sum, &c->topk,
-                       &c->step_dev};
+                       &c->step_dev, &c->tokens};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]->p) CUDA_CHECK(cudaFree(bufs[i]->p));
     for (int i = 0; i < STAGES; i++)
@@ -169,6 +169,7 @@ backend *backend_cuda_create(char *msg, size_t len) {
     b->attn_select = cuda_attn_select;
     b->attn_topk = cuda_attn_topk;
     b->phi_summarize = cuda_phi_summarize;
+    b->sample = cuda_sample;
     b->step_bind = cuda_step_bind;
     b->graph_begin = cuda_graph_begin;
     b->graph_end = cuda_graph_end;

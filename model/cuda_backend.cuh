@@ -2,7 +2,7 @@
 // backend's state (cuda_impl), its weights, and the functions one file offers the others.
 //   backend_cuda.cu  create/destroy and the op table     cuda_mem.cu   memory, staging, weights
 //   cuda_gemm.cu     cuBLASLt plans, matmul, ceilings    cuda_ops.cu   elementwise and row ops
-//   cuda_kv.cu       KV cache, attention, top-K, phi glue
+//   cuda_kv.cu       KV cache, attention, top-K, phi glue     cuda_sample.cu  token sampling
 // Each kernel sits beside its launcher; its CPU twin is the same op in model/backend_cpu.c.
 // Host index arrays (tokens, positions, row and KV selections) are copied to the device per call,
 // except a bound decode step's (step_bind: copied once per step). Each KV buffer's entry
@@ -99,7 +99,7 @@ typedef struct cuda_impl {
     void *lt_work;
     mm_plan plans[MM_PLANS];
     int n_plans, next_evict;
-    dev_buf stage[STAGES], attn_work, probs, f32, phi_f, phi_q, phi_sum, topk;
+    dev_buf stage[STAGES], attn_work, probs, f32, phi_f, phi_q, phi_sum, topk, tokens;
     void *stage_last[STAGES];        // host copy of each stage buffer's last small upload
     size_t stage_last_bytes[STAGES];
     pos_mirror *mirrors;
@@ -165,6 +165,9 @@ void cuda_rope(backend *b, void *x, const int *pos, int n, int heads, int hd, co
 void cuda_swiglu(backend *b, void *out, const void *gate, const void *up, size_t n);
 void cuda_add(backend *b, void *x, const void *y, size_t n);
 void cuda_gather_rows(backend *b, void *out, const void *x, const int *idx, int k, int d);
+// cuda_sample.cu
+int cuda_sample(backend *b, int *out, const void *logits, int n, int vocab, const sample_params *p,
+                const uint64_t *state);
 // cuda_kv.cu
 void mirror_drop(cuda_impl *c, const void *kbuf);
 void mirror_free_all(cuda_impl *c);

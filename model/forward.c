@@ -236,7 +236,7 @@ static int run_pass(model *m, fwd_seq *seqs, int B, int all_rows) {
 
 long fwd_run(model *m, kv_cache *kv, const int *tokens, const int *pos, int n,
              const fwd_hooks *hooks, float *logits, int all_rows) {
-    fwd_seq one = {kv, tokens, pos, n, hooks, logits, 0};
+    fwd_seq one = {kv, tokens, pos, n, hooks, logits, 0, NULL, 0, 0};
     return run_pass(m, &one, 1, all_rows) < 0 ? -1 : one.rows_done;
 }
 
@@ -334,6 +334,24 @@ static void decoder_ops(model *m, struct fwd_decoder *d, fwd_seq *seqs, int B) {
     bk->matmul(bk, d->out, d->s.xb, m->lm_head, NULL, B, c->d_model, c->vocab);
 }
 
+// The next tokens drawn on the backend when every sequence has a sampler and the backend
+// takes their settings: 0, else -1 (nothing drawn).
+static int decoder_sample(backend *bk, struct fwd_decoder *d, fwd_seq *seqs, int B, int vocab) {
+    if (!bk->sample) return -1;
+    sample_params p[FWD_MAX_BATCH] = {{0}};
+    uint64_t state[FWD_MAX_BATCH] = {0};
+    for (int b = 0; b < B; b++) {
+        if (!seqs[b].smp) return -1;
+        p[b] = seqs[b].smp->p, state[b] = seqs[b].smp->state;
+    }
+    if (bk->sample(bk, d->tok, d->out, B, vocab, p, state) != 0) return -1;
+    for (int b = 0; b < B; b++) {
+        seqs[b].token = d->tok[b], seqs[b].sampled = 1;
+        if (p[b].temp > 0) sample_uniform(seqs[b].smp);   // the draw the backend made
+    }
+    return 0;
+}
+
 int fwd_decode(model *m, fwd_seq *seqs, int B) {
     backend *bk = m->bk;
     const model_config *c = &m->cfg;
@@ -378,11 +396,11 @@ int fwd_decode(model *m, fwd_seq *seqs, int B) {
     }
     bk->step_bind(bk, NULL, NULL, 0);
     d->fixed++;
+    for (int b = 0; b < B; b++) seqs[b].rows_done = c->n_layer, seqs[b].sampled = 0;
+    if (decoder_sample(bk, d, seqs, B, c->vocab) == 0) return 0;
     bk->to_host(bk, d->host, d->out, (size_t)B * c->vocab);
-    for (int b = 0; b < B; b++) {
+    for (int b = 0; b < B; b++)
         memcpy(seqs[b].logits, d->host + (size_t)b * c->vocab, (size_t)c->vocab * sizeof(float));
-        seqs[b].rows_done = c->n_layer;
-    }
     return 0;
 }
 

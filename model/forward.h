@@ -54,6 +54,11 @@ typedef struct fwd_seq {
     const fwd_hooks *hooks;
     float *logits;
     long rows_done;
+    // fwd_decode only (may be NULL): the sequence's sampler. When every sequence of the step has
+    // one and the backend samples (backend.h), the next token is drawn where the logits are:
+    // sampled = 1, token set, the sampler advanced as sample_next would, logits not written.
+    sampler *smp;
+    int token, sampled;
 } fwd_seq;
 
 #define FWD_MAX_BATCH 256   // sequences in one pass
@@ -70,7 +75,8 @@ int fwd_run_batch(model *m, fwd_seq *seqs, int B);
 // buffers allocated once for B and the same caches, reads its token and positions from one
 // upload and the caches' lengths from the device, and is recorded on its second call and
 // replayed after (SIFT_CUDA_GRAPHS=0: never recorded). A replay gives the logits the same
-// launches give eagerly, bit for bit. Elsewhere it is fwd_run_batch. 0, or -1 (a hook aborted).
+// launches give eagerly, bit for bit. With samplers (fwd_seq.smp) it draws the next tokens on
+// the backend. Elsewhere it is fwd_run_batch. 0, or -1 (a hook aborted).
 int fwd_decode(model *m, fwd_seq *seqs, int B);
 // The model's decode steps so far: run through fwd_decode's fixed buffers, recorded, replayed.
 void fwd_decode_counts(const model *m, long *fixed, long *recorded, long *replayed);

@@ -952,7 +952,7 @@ static void decode_steps(model *m, const int *len, int steps, int batched, float
             int t = batched ? a : b, s0 = batched ? 0 : a, k = batched ? DEC_SEQS : 1;
             for (int s = s0; s < s0 + k; s++) {
                 tok[s] = (t * 31 + s * 7 + 5) % vocab, pos[s] = len[s] + t;
-                q[s] = (fwd_seq){kv[s], &tok[s], &pos[s], 1, NULL, out[s * steps + t], 0};
+                q[s] = (fwd_seq){kv[s], &tok[s], &pos[s], 1, NULL, out[s * steps + t], 0, NULL, 0, 0};
             }
             CHECK_INTERNAL(fwd_decode(m, q + s0, k) == 0, "a decode step failed");
         }
@@ -1039,6 +1039,67 @@ static void test_decode(backend *bk[2]) {
         for (int r = 0; r < n; r++) free(graph[r]), free(eager[r]), free(alone[r]), free(cpu[r]);
         free(graph), free(eager), free(alone), free(cpu);
         for (int b = 0; b < 2; b++) model_free(m[b]);
+    }
+}
+
+// Device sampling against sample_next: rows of bf16 logits (many ties at bf16 resolution),
+// each drawn on the backend from the same generator state as a host sampler; every setting of
+// the chain, several seeds. The tokens must be equal.
+static void test_sample(backend *bk[2]) {
+    if (!bk[GPU]->sample) {
+        printf("| %-22s | %-44s | %9s | %9s | %9s | %7s | skip: the backend does not sample |\n",
+               "sample", "-", "-", "-", "-", "-");
+        return;
+    }
+    const int R = 8, seeds = 6;
+    int vocabs[] = {1000, 49152, 700};
+    sample_params set[] = {
+        {.temp = 0}, {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f},
+        {.temp = 1.5f, .top_k = 1000, .top_p = 0.9f}, {.temp = 0.5f, .top_k = 5},
+        {.temp = 1.0f, .top_k = 1, .min_p = 0.5f}, {.temp = 2.0f, .top_k = 1024, .min_p = 0.01f},
+        {.temp = 0.7f, .top_k = 0, .top_p = 0.8f},   // top-k off: all 700 candidates (vocab 700)
+    };
+    for (size_t v = 0; v < sizeof vocabs / sizeof *vocabs; v++) {
+        int vocab = vocabs[v];
+        float *h = xmalloc((size_t)R * vocab * sizeof(float));
+        for (long i = 0; i < (long)R * vocab; i++)   // a few large logits over a tied floor
+            h[i] = bf16_round(i % 97 == 5 ? 8 + 4 * urand() : 2 * urand());
+        void *d = upload(bk[GPU], h, R, vocab);
+        for (size_t k = 0; k < sizeof set / sizeof *set; k++) {
+            sample_params p[8];
+            uint64_t st[8];
+            int got[8], same = 0, all = 0, offered = 1;
+            for (int seed = 1; seed <= seeds && offered; seed++) {
+                sampler smp[8];
+                for (int r = 0; r < R; r++) {
+                    p[r] = set[k], p[r].seed = (uint64_t)seed * 100 + r;
+                    sampler_init(&smp[r], &p[r], vocab);
+                    st[r] = smp[r].state;
+                }
+                offered = bk[GPU]->sample(bk[GPU], got, d, R, vocab, p, st) == 0;
+                for (int r = 0; r < R; r++) {
+                    int want = sample_next(&smp[r], h + (size_t)r * vocab);
+                    same += offered && got[r] == want, all++;
+                    sampler_free(&smp[r]);
+                }
+            }
+            char label[120];
+            snprintf(label, sizeof label, "vocab %d, T %.1f k %d p %.2f min %.2f, %d draws", vocab,
+                     set[k].temp, set[k].top_k, set[k].top_p, set[k].min_p, all);
+            int k_all = set[k].top_k > 0 && set[k].top_k < vocab ? set[k].top_k : vocab;
+            if (!offered) {   // only a temperature over more than 1024 candidates may be refused
+                int ok = set[k].temp > 0 && k_all > 1024;
+                printf("| %-22s | %-44s | %9s | %9s | %9s | %7s | %s |\n", "sample == sample_next",
+                       label, "-", "-", "-", "-", ok ? "skip: not offered (host samples)" : "FAIL: refused");
+                if (!ok) n_fail++;
+                continue;
+            }
+            printf("| %-22s | %-44s | %6d/%-2d | %9s | %9s | %7s | %s |\n", "sample == sample_next",
+                   label, same, all, "-", "-", "-", same == all ? "ok" : "FAIL");
+            same == all ? n_pass++ : n_fail++;
+        }
+        bk[GPU]->free(bk[GPU], d);
+        free(h);
     }
 }
 
@@ -1246,7 +1307,7 @@ int main(int argc, char **argv) {
     }
     const char *env = getenv("SIFT_MODEL");
     const char *path = argc > 1 ? argv[1] : env && *env ? env : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-    if (!ops_only && section(only, "decode")) test_decode(bk);
+    if (!ops_only && section(only, "decode")) test_decode(bk), test_sample(bk);
     if (!ops_only && section(only, "models")) {
         test_tiny_models(bk);
         if (small)   // the emulator's CI run: the default model runs end to end through sift-simt
