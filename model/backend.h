@@ -72,7 +72,8 @@ struct backend {
     void (*matmul)(backend *b, void *out, const void *x, const bk_weight *w, const bk_weight *bias,
                    int n, int i, int o);
     // Optional: k <= 4 products sharing one input, out[j] (n, o[j]) = x (n, i) @ W[j]^T + bias[j]
-    // (bias[j] may be NULL). NULL: the forward pass calls matmul k times.
+    // (bias[j] may be NULL). NULL: the forward pass calls matmul k times. (CUDA: one GEMM when
+    // the W[j] are consecutive parts of one weight_fuse, the biases added as it splits.)
     void (*matmul_multi)(backend *b, int k, void *const *out, const void *x,
                          const bk_weight *const *w, const bk_weight *const *bias, int n, int i,
                          const int *o);
@@ -81,6 +82,18 @@ struct backend {
                  enum rope_style style);
     // out (n, f) = silu(gate) * up
     void (*swiglu)(backend *b, void *out, const void *gate, const void *up, size_t n);
+    // Optional: out (n, f) = silu(x (n, i) @ Wg^T) * (x @ Wu^T) in one product and one pass, when
+    // the backend can (0); -1: not for these weights (the caller runs matmul_multi + swiglu).
+    int (*swiglu_matmul)(backend *b, void *out, const void *x, const bk_weight *gate,
+                         const bk_weight *up, int n, int i, int f);
+    // Optional: x (n, d) += y, then out (n, d) = rmsnorm(x) * w: the same values as add then
+    // rmsnorm, in one pass over x.
+    void (*add_rmsnorm)(backend *b, void *out, void *x, const void *y, const bk_weight *w, int n,
+                        int d, float eps);
+    // Optional: one weight holding the rows of w[0], then w[1], ... (k >= 2, equal cols), made in
+    // place of them: each w[j] stays valid as a view of its rows (free the views, then the fused
+    // weight). NULL: not fused (the w[j] are unchanged).
+    bk_weight *(*weight_fuse)(backend *b, bk_weight *const *w, int k);
     // x (n,) += y (n,)
     void (*add)(backend *b, void *x, const void *y, size_t n);
     // out (k, d) = x[idx[j]]  (out may not alias x)

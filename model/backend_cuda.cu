@@ -89,7 +89,7 @@ static void cuda_destroy(backend *b) {
     for (int i = 0; i < c->n_plans; i++) plan_destroy(c, &c->plans[i]);
     LT_CHECK(c, c->lt.destroy(c->lt_handle));
     dev_buf *bufs[] = {&c->attn_work, &c->probs, &c->f32, &c->phi_f, &c->phi_q, &c->phi_sum, &c->topk,
-                       &c->step_dev, &c->tokens};
+                       &c->step_dev, &c->tokens, &c->fused_out};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]->p) CUDA_CHECK(cudaFree(bufs[i]->p));
     for (int i = 0; i < STAGES; i++)
@@ -170,6 +170,10 @@ backend *backend_cuda_create(char *msg, size_t len) {
     b->attn_topk = cuda_attn_topk;
     b->phi_summarize = cuda_phi_summarize;
     b->sample = cuda_sample;
+    b->matmul_multi = cuda_matmul_multi;
+    b->swiglu_matmul = cuda_swiglu_matmul;
+    b->add_rmsnorm = cuda_add_rmsnorm;
+    b->weight_fuse = cuda_weight_fuse;
     b->step_bind = cuda_step_bind;
     b->graph_begin = cuda_graph_begin;
     b->graph_end = cuda_graph_end;

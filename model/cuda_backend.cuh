@@ -100,6 +100,7 @@ typedef struct cuda_impl {
     mm_plan plans[MM_PLANS];
     int n_plans, next_evict;
     dev_buf stage[STAGES], attn_work, probs, f32, phi_f, phi_q, phi_sum, topk, tokens;
+    dev_buf fused_out;               // a fused product's output before it is split
     void *stage_last[STAGES];        // host copy of each stage buffer's last small upload
     size_t stage_last_bytes[STAGES];
     pos_mirror *mirrors;
@@ -122,6 +123,8 @@ struct bk_weight {
     bf16 *h;          // (rows, cols)
     float *f;         // (cols,) fp32 copy when rows == 1 (norm weights, biases)
     size_t rows, cols;
+    const bk_weight *fused;   // a view: rows row0 .. of this fused weight's storage (weight_fuse)
+    size_t row0;
 };
 
 static inline cuda_impl *impl(backend *b) { return (cuda_impl *)b->impl; }
@@ -145,6 +148,7 @@ void cuda_to_host(backend *b, float *dst, const void *src, size_t n);
 bk_weight *cuda_weight(backend *b, bk_tensor t);
 size_t cuda_weight_bytes(backend *b, bk_tensor t);
 void cuda_weight_free(backend *b, bk_weight *w);
+bk_weight *cuda_weight_fuse(backend *b, bk_weight *const *w, int k);
 bk_weight *cuda_weight_synth(backend *b, uint64_t seed, uint64_t tensor, size_t rows, size_t cols,
                              float scale, float offset);
 // h (n,) = bf16(v), f (n,) = v (f may be NULL), v = offset + scale * synth_uniform(seed, tensor, i)
@@ -157,6 +161,10 @@ void gemm_bf16(cuda_impl *c, void *out, const void *x, const void *w, int n, int
 void cuda_matmul(backend *b, void *out, const void *x, const bk_weight *w, const bk_weight *bias,
                  int n, int in, int o);
 int cuda_ceilings(backend *b, double *tflops, double *gbps);
+void cuda_matmul_multi(backend *b, int k, void *const *out, const void *x, const bk_weight *const *w,
+                       const bk_weight *const *bias, int n, int in, const int *o);
+int cuda_swiglu_matmul(backend *b, void *out, const void *x, const bk_weight *gate,
+                       const bk_weight *up, int n, int in, int f);
 // cuda_ops.cu
 void cuda_embed(backend *b, void *out, const bk_weight *table, const int *tokens, int n, int d);
 void cuda_rmsnorm(backend *b, void *out, const void *x, const bk_weight *w, int n, int d, float eps);
@@ -164,6 +172,10 @@ void cuda_rope(backend *b, void *x, const int *pos, int n, int heads, int hd, co
                enum rope_style style);
 void cuda_swiglu(backend *b, void *out, const void *gate, const void *up, size_t n);
 void cuda_add(backend *b, void *x, const void *y, size_t n);
+void cuda_add_rmsnorm(backend *b, void *out, void *x, const void *y, const bk_weight *w, int n,
+                      int d, float eps);
+// out (n, f) = silu(gu[:, :f]) * gu[:, f:], gu (n, 2f): the fused gate-up product's output
+void swiglu_halves(cuda_impl *c, bf16 *out, const bf16 *gu, int n, int f);
 void cuda_gather_rows(backend *b, void *out, const void *x, const int *idx, int k, int d);
 // cuda_sample.cu
 int cuda_sample(backend *b, int *out, const void *logits, int n, int vocab, const sample_params *p,

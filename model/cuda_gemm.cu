@@ -161,6 +161,94 @@ void cuda_matmul(backend *b, void *out, const void *x, const bk_weight *w,
                 bias->f, n, o);
 }
 
+// Parts j < k of a fused product's output (n, O) = work: out[j] (n, o[j]) = its columns
+// off[j] .. off[j + 1], plus bias[j] (fp32, may be NULL); V8: 8 columns per thread (every
+// o[j] % 8 == 0), else one
+typedef struct split_args {
+    bf16 *out[4];
+    const float *bias[4];
+    int off[5], k;
+} split_args;
+
+template <int V>
+__global__ void split_kernel(const bf16 *work, split_args a, int n) {
+    const int O = a.off[a.k];
+    size_t e = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
+    if (e >= (size_t)n * O) return;
+    size_t i = e / O;
+    int col = (int)(e % O), j = 0;
+    while (col >= a.off[j + 1]) j++;
+    int o = a.off[j + 1] - a.off[j], cj = col - a.off[j];
+    bf16 *dst = a.out[j] + i * o + cj;
+    if (V == 8 && !a.bias[j]) {
+        *(uint4 *)dst = *(const uint4 *)(work + e);
+        return;
+    }
+#pragma unroll
+    for (int t = 0; t < V; t++)   // as bias_kernel: bf16(bf16 product + fp32 bias)
+        dst[t] = a.bias[j] ? __float2bfloat16(__bfloat162float(work[e + t]) + a.bias[j][cj + t])
+                           : work[e + t];
+}
+
+// Whether w[0..k) are consecutive row ranges of one fused weight (weight_fuse).
+static int consecutive(const bk_weight *const *w, int k) {
+    for (int j = 0; j < k; j++)
+        if (!w[j]->fused || w[j]->fused != w[0]->fused ||
+            (j && w[j]->row0 != w[j - 1]->row0 + w[j - 1]->rows))
+            return 0;
+    return 1;
+}
+
+// out[j] = x @ W[j]^T + bias[j]: one GEMM over the fused rows when the W[j] are consecutive
+// parts of one fused weight (q|k|v), split into the outputs with the biases added; else one
+// GEMM each.
+void cuda_matmul_multi(backend *b, int k, void *const *out, const void *x, const bk_weight *const *w,
+                       const bk_weight *const *bias, int n, int in, const int *o) {
+    cuda_impl *c = impl(b);
+    if (k < 2 || k > 4 || !consecutive(w, k) || n == 0) {
+        for (int j = 0; j < k; j++) cuda_matmul(b, out[j], x, w[j], bias[j], n, in, o[j]);
+        return;
+    }
+    split_args a = {};
+    a.k = k;
+    int v8 = 1;
+    for (int j = 0; j < k; j++) {
+        CHECK_INTERNAL(w[j]->rows == (size_t)o[j] && w[j]->cols == (size_t)in, "matmul weight is "
+                       "%zu x %zu, expected %d x %d", w[j]->rows, w[j]->cols, o[j], in);
+        CHECK_INTERNAL(!bias[j] || (bias[j]->f && bias[j]->cols == (size_t)o[j]),
+                       "bias must be a vector of %d", o[j]);
+        a.out[j] = (bf16 *)out[j], a.bias[j] = bias[j] ? bias[j]->f : NULL;
+        a.off[j + 1] = a.off[j] + o[j];
+        v8 &= o[j] % 8 == 0 && (uintptr_t)out[j] % 16 == 0;
+    }
+    int O = a.off[k];
+    bf16 *work = (bf16 *)dev_buf_reserve(c, &c->fused_out, (size_t)n * O * sizeof(bf16),
+                                         "a fused product");
+    gemm_bf16(c, work, x, w[0]->h, n, in, O);
+    size_t total = (size_t)n * O;
+    if (v8)
+        CUDA_LAUNCH(split_kernel<8>, cuda_blocks(total / 8, THREADS), THREADS, 0, c->stream, work, a, n);
+    else
+        CUDA_LAUNCH(split_kernel<1>, cuda_blocks(total, THREADS), THREADS, 0, c->stream, work, a, n);
+}
+
+// out (n, f) = silu(x @ Wg^T) * (x @ Wu^T): one GEMM over the fused gate|up rows, then one pass
+// over its output; -1 when gate and up are not fused (the caller runs them apart).
+int cuda_swiglu_matmul(backend *b, void *out, const void *x, const bk_weight *gate,
+                       const bk_weight *up, int n, int in, int f) {
+    cuda_impl *c = impl(b);
+    const bk_weight *w[] = {gate, up};
+    if (!consecutive(w, 2)) return -1;
+    CHECK_INTERNAL(gate->rows == (size_t)f && up->rows == (size_t)f && gate->cols == (size_t)in,
+                   "gate/up weights are %zu x %zu, expected %d x %d", gate->rows, gate->cols, f, in);
+    if (n == 0) return 0;
+    bf16 *work = (bf16 *)dev_buf_reserve(c, &c->fused_out, (size_t)n * 2 * f * sizeof(bf16),
+                                         "a fused product");
+    gemm_bf16(c, work, x, gate->h, n, in, 2 * f);
+    swiglu_halves(c, (bf16 *)out, work, n, f);
+    return 0;
+}
+
 // ---- ceilings ---------------------------------------------------------------------------------
 
 // Milliseconds per run of fn(c, ctx) on the stream: 2 warm-up runs, then the mean of `reps`.

@@ -213,8 +213,35 @@ size_t cuda_weight_bytes(backend *b, bk_tensor t) {
     return rows * t.cols * sizeof(bf16) + (rows == 1 ? t.cols * sizeof(float) : 0);
 }
 
+// One (sum of rows, cols) weight holding w[0]'s rows, then w[1]'s, ...; each w[j] becomes a view
+// of its rows (its own storage freed). NULL (nothing changed) unless they are plain matrices of
+// equal cols, or when the GPU has no room for the copy.
+bk_weight *cuda_weight_fuse(backend *b, bk_weight *const *w, int k) {
+    cuda_impl *c = impl(b);
+    size_t rows = 0, cols = w[0]->cols;
+    for (int j = 0; j < k; j++) {
+        if (w[j]->fused || w[j]->f || w[j]->cols != cols) return NULL;
+        rows += w[j]->rows;
+    }
+    bf16 *h = (bf16 *)dev_try_alloc(c, rows * cols * sizeof(bf16), "a fused weight");
+    if (!h) return NULL;
+    bk_weight *fw = (bk_weight *)xcalloc(1, sizeof *fw);
+    *fw = (bk_weight){h, NULL, rows, cols, NULL, 0};
+    for (int j = 0, r = 0; j < k; r += (int)w[j]->rows, j++) {
+        CUDA_CHECK(cudaMemcpyAsync(h + (size_t)r * cols, w[j]->h, w[j]->rows * cols * sizeof(bf16),
+                                   cudaMemcpyDeviceToDevice, c->stream));
+        dev_free_after(c->stream, w[j]->h);
+        w[j]->h = h + (size_t)r * cols, w[j]->fused = fw, w[j]->row0 = (size_t)r;
+    }
+    return fw;
+}
+
 void cuda_weight_free(backend *b, bk_weight *w) {
     if (!w) return;
+    if (w->fused) {   // a view: the fused weight owns the rows
+        free(w);
+        return;
+    }
     dev_free_after(impl(b)->stream, w->h);
     if (w->f) CUDA_CHECK(cudaFree(w->f));
     free(w);

@@ -209,6 +209,36 @@ void cuda_rope(backend *b, void *x, const int *pos, int n, int heads, int hd,
                 t->cs, n, heads, hd, style == ROPE_NEOX);
 }
 
+// x (n, d) += y; out (n, d) = x / sqrt(mean(x^2) + eps) * w (out may be y); a block per row,
+// each thread on the same columns in both passes (rmsnorm_kernel's order: the same values as
+// add then rmsnorm)
+__global__ void add_rmsnorm_kernel(bf16 *out, bf16 *x, const bf16 *y, const float *w, int d,
+                                   float eps) {
+    __shared__ float red[32];
+    bf16 *xi = x + (size_t)blockIdx.x * d, *oi = out + (size_t)blockIdx.x * d;
+    const bf16 *yi = y + (size_t)blockIdx.x * d;
+    float ss = 0;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        bf16 s = __float2bfloat16(__bfloat162float(xi[j]) + __bfloat162float(yi[j]));
+        xi[j] = s;
+        float v = __bfloat162float(s);
+        ss += v * v;
+    }
+    ss = block_reduce(ss, red, 0);
+    float r = 1.0f / sqrtf(ss / d + eps);
+    for (int j = threadIdx.x; j < d; j += blockDim.x)
+        oi[j] = __float2bfloat16(__bfloat162float(xi[j]) * r * w[j]);
+}
+
+void cuda_add_rmsnorm(backend *b, void *out, void *x, const void *y, const bk_weight *w, int n,
+                      int d, float eps) {
+    cuda_impl *c = impl(b);
+    CHECK_INTERNAL(w->f && (int)w->cols == d, "RMSNorm weight must be a vector of %d", d);
+    if (n == 0 || d == 0) return;
+    CUDA_LAUNCH(add_rmsnorm_kernel, n, THREADS, 0, c->stream, (bf16 *)out, (bf16 *)x,
+                (const bf16 *)y, w->f, d, eps);
+}
+
 // ---- elementwise -------------------------------------------------------------------------------
 
 // out (n,) = silu(gate) * up
@@ -223,6 +253,33 @@ __global__ void swiglu_kernel(bf16 *out, const bf16 *gate, const bf16 *up, size_
     for (int k = 0; k < V; k++) g[k] = g[k] / (1.0f + expf(-g[k])) * u[k];
     if (V == 8) st8(out + i, g);
     else out[i] = __float2bfloat16(g[0]);
+}
+
+// out (n, f) = silu(gu[i, c]) * gu[i, f + c]: SwiGLU over the fused gate|up product's output
+template <int V>
+__global__ void swiglu_halves_kernel(bf16 *out, const bf16 *gu, int n, int f) {
+    size_t e = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
+    if (e >= (size_t)n * f) return;
+    size_t i = e / f, col = e % f;
+    const bf16 *gate = gu + i * 2 * f + col, *up = gate + f;
+    float g[V], u[V];
+    if (V == 8) ld8(g, gate), ld8(u, up);
+    else g[0] = __bfloat162float(*gate), u[0] = __bfloat162float(*up);
+#pragma unroll
+    for (int k = 0; k < V; k++) g[k] = g[k] / (1.0f + expf(-g[k])) * u[k];
+    if (V == 8) st8(out + e, g);
+    else out[e] = __float2bfloat16(g[0]);
+}
+
+void swiglu_halves(cuda_impl *c, bf16 *out, const bf16 *gu, int n, int f) {
+    size_t total = (size_t)n * f;
+    if (total == 0) return;
+    if (v8((size_t)f, out, gu, NULL))
+        CUDA_LAUNCH(swiglu_halves_kernel<8>, cuda_blocks(total / 8, THREADS), THREADS, 0, c->stream,
+                    out, gu, n, f);
+    else
+        CUDA_LAUNCH(swiglu_halves_kernel<1>, cuda_blocks(total, THREADS), THREADS, 0, c->stream,
+                    out, gu, n, f);
 }
 
 void cuda_swiglu(backend *b, void *out, const void *gate, const void *up, size_t n) {

@@ -129,13 +129,18 @@ static int layer_forward(pass *ps, scratch *s, int l) {
     }
     n = st->n;   // B = 1: an after_attention hook may have dropped rows
     bk->matmul(bk, s->xb, s->att, w->wo, NULL, n, qd, d);
-    bk->add(bk, st->x, s->xb, (size_t)n * d);
-
-    bk->rmsnorm(bk, s->xb, st->x, w->ffn_norm, n, d, c->rms_eps);
-    void *gu[] = {s->hb, s->hb2};   // gate, up (n, d_ff)
-    const bk_weight *wgu[] = {w->w_gate, w->w_up}, *nob[] = {NULL, NULL};
-    matmuls(bk, 2, gu, s->xb, wgu, nob, n, d, (const int[]){c->d_ff, c->d_ff});
-    bk->swiglu(bk, s->hb, s->hb, s->hb2, (size_t)n * c->d_ff);
+    if (bk->add_rmsnorm) bk->add_rmsnorm(bk, s->xb, st->x, s->xb, w->ffn_norm, n, d, c->rms_eps);
+    else {
+        bk->add(bk, st->x, s->xb, (size_t)n * d);
+        bk->rmsnorm(bk, s->xb, st->x, w->ffn_norm, n, d, c->rms_eps);
+    }
+    // hb (n, d_ff) = silu(gate) * up
+    if (!bk->swiglu_matmul || bk->swiglu_matmul(bk, s->hb, s->xb, w->w_gate, w->w_up, n, d, c->d_ff)) {
+        void *gu[] = {s->hb, s->hb2};
+        const bk_weight *wgu[] = {w->w_gate, w->w_up}, *nob[] = {NULL, NULL};
+        matmuls(bk, 2, gu, s->xb, wgu, nob, n, d, (const int[]){c->d_ff, c->d_ff});
+        bk->swiglu(bk, s->hb, s->hb, s->hb2, (size_t)n * c->d_ff);
+    }
     bk->matmul(bk, s->xb, s->hb, w->w_down, NULL, n, c->d_ff, d);
     bk->add(bk, st->x, s->xb, (size_t)n * d);
     for (int b = 0; b < B; b++) ps->view[b].rows_done += ps->view[b].n;

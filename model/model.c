@@ -184,7 +184,20 @@ model *model_load_gguf(const gguf_file *f, backend *bk, char *err, size_t errlen
             model_free(m);
             return NULL;
         }
+    model_fuse(m);
     return m;
+}
+
+void model_fuse(model *m) {
+    backend *bk = m->bk;
+    if (!bk->weight_fuse) return;
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        layer_weights *w = &m->layers[l];
+        if (!w->wqkv && w->wq && w->wk && w->wv)
+            w->wqkv = bk->weight_fuse(bk, (bk_weight *const[]){w->wq, w->wk, w->wv}, 3);
+        if (!w->w_gate_up && w->w_gate && w->w_up)
+            w->w_gate_up = bk->weight_fuse(bk, (bk_weight *const[]){w->w_gate, w->w_up}, 2);
+    }
 }
 
 void model_free(model *m) {
@@ -195,7 +208,8 @@ void model_free(model *m) {
         for (int l = 0; l < m->cfg.n_layer; l++) {
             layer_weights *w = &m->layers[l];
             bk_weight *all[] = {w->attn_norm, w->wq, w->wk, w->wv, w->bq, w->bk, w->bv, w->wo,
-                                w->ffn_norm, w->w_gate, w->w_up, w->w_down};
+                                w->ffn_norm, w->w_gate, w->w_up, w->w_down,
+                                w->wqkv, w->w_gate_up};   // views before what they view
             for (size_t i = 0; i < sizeof all / sizeof *all; i++)
                 if (all[i]) bk->weight_free(bk, all[i]);
         }

@@ -28,6 +28,9 @@ typedef struct {
 typedef struct {
     bk_weight *attn_norm, *wq, *wk, *wv, *bq, *bk, *bv, *wo;   // wq (n_head*hd, d) etc.
     bk_weight *ffn_norm, *w_gate, *w_up, *w_down;              // w_gate (d_ff, d), w_down (d, d_ff)
+    // where the backend fuses (weight_fuse): the storage of wq|wk|wv and of w_gate|w_up, one
+    // product each; the parts above are views of their rows. NULL: not fused.
+    bk_weight *wqkv, *w_gate_up;
 } layer_weights;
 
 // A checkpoint tensor the architecture does not use, kept by its file name for a policy.
@@ -59,6 +62,9 @@ typedef struct model {
     struct fwd_decoder *decoder;   // fwd_decode's buffers and recorded step (NULL until used)
 } model;
 
+// Fuses each layer's q/k/v and gate/up weights where the backend offers weight_fuse (the loaders
+// call it last; a model built by hand may too).
+void model_fuse(model *m);
 // t handed to m's backend (bk->weight), its resident bytes added to m->weight_bytes. NULL when
 // out of memory.
 bk_weight *model_weight(model *m, bk_tensor t);

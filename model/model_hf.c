@@ -254,6 +254,7 @@ model *model_load_hf(const hf_dir *h, backend *bk, char *err, size_t errlen) {
         model_free(m);
         return NULL;
     }
+    model_fuse(m);
     return m;
 }
 

@@ -132,5 +132,6 @@ model *model_load_synth(const synth_shape *s, backend *bk, char *err, size_t err
         model_free(m);
         return NULL;
     }
+    model_fuse(m);
     return m;
 }

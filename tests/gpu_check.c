@@ -290,6 +290,87 @@ static void test_matmul(backend *bk[2], int n, int in, int o, int bias) {
     free(x);
 }
 
+// The fused ops against the CPU's separate ones: q|k|v as one product of fused weights split
+// with biases (matmul_multi), gate|up with SwiGLU (swiglu_matmul), residual add with RMSNorm.
+static void test_fused(backend *bk[2], int n, int in, int qd, int kvd, int f, int bias) {
+    backend *g = bk[GPU];
+    if (!g->weight_fuse || !g->matmul_multi || !g->swiglu_matmul || !g->add_rmsnorm) {
+        printf("| %-22s | %-44s | %9s | %9s | %9s | %7s | skip: the backend fuses nothing |\n",
+               "fused ops", "-", "-", "-", "-", "-");
+        return;
+    }
+    int o[3] = {qd, kvd, kvd};
+    float sc = 1.0f / sqrtf((float)in), *w[3], *bv[3];
+    for (int j = 0; j < 3; j++) w[j] = rand_host((size_t)o[j] * in, sc), bv[j] = rand_host((size_t)o[j], 0.5f);
+    float *wg = rand_host((size_t)f * in, sc), *wu = rand_host((size_t)f * in, sc);
+    float *x = rand_host((size_t)n * in, 1), *y = rand_host((size_t)n * in, 1), *nw = rand_host((size_t)in, 1);
+    for (int j = 0; j < in; j++) nw[j] = bf16_round(1 + nw[j] * 0.5f);
+    float *res[2][7];
+    for (int k = 0; k < 2; k++) {
+        backend *b = bk[k];
+        bk_weight *W[3], *B[3], *G = weight_copy(b, wg, f, in), *U = weight_copy(b, wu, f, in);
+        bk_weight *NW = weight_copy(b, nw, 1, in), *F1 = NULL, *F2 = NULL;
+        for (int j = 0; j < 3; j++)
+            W[j] = weight_copy(b, w[j], o[j], in), B[j] = bias ? weight_copy(b, bv[j], 1, o[j]) : NULL;
+        if (k == GPU) {
+            F1 = b->weight_fuse(b, W, 3), F2 = b->weight_fuse(b, (bk_weight *const[]){G, U}, 2);
+            CHECK_INTERNAL(F1 && F2, "weight_fuse refused");
+        }
+        void *dx = upload(b, x, n, in), *out[3];
+        for (int j = 0; j < 3; j++) out[j] = b->alloc(b, (size_t)n * o[j]), poison(b, out[j], n, o[j]);
+        if (k == GPU) b->matmul_multi(b, 3, out, dx, (const bk_weight *const *)W, (const bk_weight *const *)B, n, in, o);
+        else
+            for (int j = 0; j < 3; j++) b->matmul(b, out[j], dx, W[j], B[j], n, in, o[j]);
+        for (int j = 0; j < 3; j++) res[k][j] = download(b, out[j], (size_t)n * o[j]), b->free(b, out[j]);
+        void *h = b->alloc(b, (size_t)n * f);
+        poison(b, h, n, f);
+        if (k == GPU) CHECK_INTERNAL(b->swiglu_matmul(b, h, dx, G, U, n, in, f) == 0, "swiglu_matmul refused");
+        else {
+            void *hg = b->alloc(b, (size_t)n * f), *hu = b->alloc(b, (size_t)n * f);
+            b->matmul(b, hg, dx, G, NULL, n, in, f);
+            b->matmul(b, hu, dx, U, NULL, n, in, f);
+            b->swiglu(b, h, hg, hu, (size_t)n * f);
+            b->free(b, hg), b->free(b, hu);
+        }
+        res[k][3] = download(b, h, (size_t)n * f);
+        void *dy = upload(b, y, n, in), *on = b->alloc(b, (size_t)n * in);
+        poison(b, on, n, in);
+        if (k == GPU) b->add_rmsnorm(b, on, dx, dy, NW, n, in, 1e-5f);
+        else b->add(b, dx, dy, (size_t)n * in), b->rmsnorm(b, on, dx, NW, n, in, 1e-5f);
+        res[k][4] = download(b, dx, (size_t)n * in), res[k][5] = download(b, on, (size_t)n * in);
+        if (k == GPU) {   // out aliasing y (as the forward pass calls it): the same values
+            void *dx2 = upload(b, x, n, in), *dy2 = upload(b, y, n, in);
+            b->add_rmsnorm(b, dy2, dx2, dy2, NW, n, in, 1e-5f);
+            res[k][6] = download(b, dy2, (size_t)n * in);
+            b->free(b, dx2), b->free(b, dy2);
+        } else res[k][6] = download(b, on, (size_t)n * in);
+        b->free(b, h), b->free(b, dx), b->free(b, dy), b->free(b, on);
+        for (int j = 0; j < 3; j++) {   // views before the fused weight
+            b->weight_free(b, W[j]);
+            if (B[j]) b->weight_free(b, B[j]);
+        }
+        b->weight_free(b, G), b->weight_free(b, U), b->weight_free(b, NW);
+        if (F1) b->weight_free(b, F1), b->weight_free(b, F2);
+    }
+    char shape[96];
+    const char *names[] = {"fused qkv: q", "fused qkv: k", "fused qkv: v"};
+    for (int j = 0; j < 3; j++) {
+        snprintf(shape, sizeof shape, "(%d x %d) @ (%d|%d|%d x %d)^T%s", n, in, qd, kvd, kvd, in,
+                 bias ? " + bias" : "");
+        report(names[j], shape, res[GPU][j], res[CPU][j], (size_t)n * o[j], TOL);
+    }
+    snprintf(shape, sizeof shape, "(%d x %d) @ (%d|%d x %d)^T", n, in, f, f, in);
+    report("swiglu_matmul", shape, res[GPU][3], res[CPU][3], (size_t)n * f, TOL);
+    snprintf(shape, sizeof shape, "n %d, d %d", n, in);
+    report("add_rmsnorm: x", shape, res[GPU][4], res[CPU][4], (size_t)n * in, TOL);
+    report("add_rmsnorm: out", shape, res[GPU][5], res[CPU][5], (size_t)n * in, TOL);
+    report("add_rmsnorm: out = y", shape, res[GPU][6], res[CPU][6], (size_t)n * in, TOL);
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < 7; j++) free(res[k][j]);
+    for (int j = 0; j < 3; j++) free(w[j]), free(bv[j]);
+    free(wg), free(wu), free(x), free(y), free(nw);
+}
+
 static void test_rope(backend *bk[2], int n, int heads, int hd, enum rope_style style, int pos0) {
     int *pos = xmalloc((size_t)n * sizeof(int)), *idx = iota(n);
     float *inv = xmalloc((size_t)hd / 2 * sizeof(float));
@@ -757,6 +838,7 @@ static model *tiny_model(backend *b, const tiny_shape *t, uint64_t seed) {
             w->bq = rand_weight(b, 1, q, 0.5f, 0), w->bk = rand_weight(b, 1, kv, 0.5f, 0),
             w->bv = rand_weight(b, 1, kv, 0.5f, 0);
     }
+    model_fuse(m);   // as the loaders do
     return m;
 }
 
@@ -1175,6 +1257,8 @@ static void test_ops(backend *bk[2]) {
     test_gather(bk, 20, 64, 9);
     test_gather(bk, 7, 33, 0);
     test_weight_types(bk);
+    test_fused(bk, 5, 256, 128, 64, 384, 1);   // every width a multiple of 8: 16-byte kernels
+    test_fused(bk, 3, 96, 36, 12, 60, 0);      // one element per thread
 }
 
 // Prefill cases (more than 16 query rows) run every prefill kernel, decode cases every decode
