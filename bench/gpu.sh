@@ -105,6 +105,10 @@ for b in "${BENCH[@]}"; do
     fi
 done
 
+# the decode step replayed as a CUDA graph (the default) against the same launches run eagerly
+step "sift bench 1, SIFT_CUDA_GRAPHS=0" 120 bench_nographs.log env SIFT_CUDA_GRAPHS=0 "$SIFT" bench \
+    -m synthetic:llama-3.1-8b --device cuda --strategy full --ctx 8192 -n 64 -r 2
+
 # fit-phi's logging prefill on each device (the fit itself is CPU): the two quality tables should
 # agree to about bf16's precision
 for dev in cpu cuda; do
