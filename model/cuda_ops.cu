@@ -241,56 +241,41 @@ void cuda_add_rmsnorm(backend *b, void *out, void *x, const void *y, const bk_we
 
 // ---- elementwise -------------------------------------------------------------------------------
 
-// out (n,) = silu(gate) * up
+// out (rows, f) = silu(gate) * up, row i of gate and up at i * ld (ld = f: plain arrays; 2f with
+// up = gate + f: the fused gate|up product's output); V8: 8 columns per thread (f, ld % 8 == 0)
 template <int V>
-__global__ void swiglu_kernel(bf16 *out, const bf16 *gate, const bf16 *up, size_t n) {
-    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
-    if (i >= n) return;
-    float g[V], u[V];
-    if (V == 8) ld8(g, gate + i), ld8(u, up + i);
-    else g[0] = __bfloat162float(gate[i]), u[0] = __bfloat162float(up[i]);
-#pragma unroll
-    for (int k = 0; k < V; k++) g[k] = g[k] / (1.0f + expf(-g[k])) * u[k];
-    if (V == 8) st8(out + i, g);
-    else out[i] = __float2bfloat16(g[0]);
-}
-
-// out (n, f) = silu(gu[i, c]) * gu[i, f + c]: SwiGLU over the fused gate|up product's output
-template <int V>
-__global__ void swiglu_halves_kernel(bf16 *out, const bf16 *gu, int n, int f) {
+__global__ void swiglu_kernel(bf16 *out, const bf16 *gate, const bf16 *up, int rows, size_t f,
+                              size_t ld) {
     size_t e = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
-    if (e >= (size_t)n * f) return;
-    size_t i = e / f, col = e % f;
-    const bf16 *gate = gu + i * 2 * f + col, *up = gate + f;
+    if (e >= (size_t)rows * f) return;
+    size_t at = e / f * ld + e % f;
     float g[V], u[V];
-    if (V == 8) ld8(g, gate), ld8(u, up);
-    else g[0] = __bfloat162float(*gate), u[0] = __bfloat162float(*up);
+    if (V == 8) ld8(g, gate + at), ld8(u, up + at);
+    else g[0] = __bfloat162float(gate[at]), u[0] = __bfloat162float(up[at]);
 #pragma unroll
     for (int k = 0; k < V; k++) g[k] = g[k] / (1.0f + expf(-g[k])) * u[k];
     if (V == 8) st8(out + e, g);
     else out[e] = __float2bfloat16(g[0]);
 }
 
-void swiglu_halves(cuda_impl *c, bf16 *out, const bf16 *gu, int n, int f) {
-    size_t total = (size_t)n * f;
+static void swiglu_launch(cuda_impl *c, bf16 *out, const bf16 *gate, const bf16 *up, int rows,
+                          size_t f, size_t ld) {
+    size_t total = (size_t)rows * f;
     if (total == 0) return;
-    if (v8((size_t)f, out, gu, NULL))
-        CUDA_LAUNCH(swiglu_halves_kernel<8>, cuda_blocks(total / 8, THREADS), THREADS, 0, c->stream,
-                    out, gu, n, f);
+    if (v8(f, out, gate, up) && ld % 8 == 0)
+        CUDA_LAUNCH(swiglu_kernel<8>, cuda_blocks(total / 8, THREADS), THREADS, 0, c->stream, out,
+                    gate, up, rows, f, ld);
     else
-        CUDA_LAUNCH(swiglu_halves_kernel<1>, cuda_blocks(total, THREADS), THREADS, 0, c->stream,
-                    out, gu, n, f);
+        CUDA_LAUNCH(swiglu_kernel<1>, cuda_blocks(total, THREADS), THREADS, 0, c->stream, out, gate,
+                    up, rows, f, ld);
+}
+
+void swiglu_halves(cuda_impl *c, bf16 *out, const bf16 *gu, int n, int f) {
+    swiglu_launch(c, out, gu, gu + f, n, (size_t)f, 2 * (size_t)f);
 }
 
 void cuda_swiglu(backend *b, void *out, const void *gate, const void *up, size_t n) {
-    cuda_impl *c = impl(b);
-    if (n == 0) return;
-    if (v8(n, out, gate, up))
-        CUDA_LAUNCH(swiglu_kernel<8>, cuda_blocks(n / 8, THREADS), THREADS, 0, c->stream,
-                    (bf16 *)out, (const bf16 *)gate, (const bf16 *)up, n);
-    else
-        CUDA_LAUNCH(swiglu_kernel<1>, cuda_blocks(n, THREADS), THREADS, 0, c->stream, (bf16 *)out,
-                    (const bf16 *)gate, (const bf16 *)up, n);
+    swiglu_launch(impl(b), (bf16 *)out, (const bf16 *)gate, (const bf16 *)up, 1, n, n);
 }
 
 // x (n,) += y (n,)

@@ -1254,6 +1254,7 @@ static void test_ops(backend *bk[2]) {
     test_rope(bk, 3, 2, 128, ROPE_NORM, 100000);
     test_rope(bk, 3, 2, 128, ROPE_NEOX, 100000);
     test_elementwise(bk, 9, 111);
+    test_elementwise(bk, 4, 96);   // 16-byte kernels (widths a multiple of 8)
     test_gather(bk, 20, 64, 9);
     test_gather(bk, 7, 33, 0);
     test_weight_types(bk);
