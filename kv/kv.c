@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "../util/check.h"
+
 kv_cache *kv_create(int n_layer, int n_kv_head, int head_dim, const int *caps, size_t elem_bytes,
                     kv_alloc_fn alloc, kv_free_fn free_fn, void *mem_ctx, char *err, size_t errlen) {
     kv_cache *kv = calloc(1, sizeof *kv);
@@ -69,6 +71,7 @@ size_t kv_bytes(const kv_cache *kv) {
 }
 
 void kv_note_append(kv_layer *L, const int *pos, int n) {
+    CHECK_INTERNAL(L->len + n <= L->cap, "KV layer overflow: %d + %d > %d", L->len, n, L->cap);
     for (int g = 0; g < L->n_kv_head; g++)
         for (int i = 0; i < n; i++) L->pos[(size_t)g * L->cap + L->len + i] = pos[i];
     L->len += n;

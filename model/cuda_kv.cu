@@ -87,6 +87,9 @@ void cuda_kv_append(backend *b, kv_layer *L, const void *k, const void *v, const
     CHECK_INTERNAL(L->len + n <= L->cap, "KV layer overflow: %d + %d > %d", L->len, n, L->cap);
     if (n == 0) return;
     const pos_mirror *m = mirror_get(c, L);
+    // the host's length is the truth, except in a recording: it replays at the device's (which
+    // the host follows, kv_note_append), so a cache the host rewound (L->len lowered) is right
+    if (!c->recording) CUDA_LAUNCH(kv_len_set_kernel, 1, 1, 0, c->stream, m->dlen, L->len);
     // the pass's positions, already on the device for RoPE (no upload per layer)
     const int *dp = indices(c, STAGE_IDX, pos, n);
     int hd = L->head_dim, v8 = hd % 8 == 0 && ((uintptr_t)k | (uintptr_t)v | (uintptr_t)L->k |

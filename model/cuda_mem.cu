@@ -56,6 +56,7 @@ void *dev_alloc(cuda_impl *c, size_t bytes, const char *what) {
 
 void *dev_buf_reserve(cuda_impl *c, dev_buf *b, size_t bytes, const char *what) {
     if (bytes <= b->bytes) return b->p;
+    CHECK_INTERNAL(!c->recording, "%s grows while recording a decode step", what);
     c->gen++;   // the buffer moves: a recording that reads it is stale
     size_t want = bytes > 2 * b->bytes ? bytes : 2 * b->bytes;
     if (b->p) dev_free_after(c->stream, b->p);
@@ -215,12 +216,12 @@ size_t cuda_weight_bytes(backend *b, bk_tensor t) {
 
 // One (sum of rows, cols) weight holding w[0]'s rows, then w[1]'s, ...; each w[j] becomes a view
 // of its rows (its own storage freed). NULL (nothing changed) unless they are plain matrices of
-// equal cols, or when the GPU has no room for the copy.
+// equal cols, each starting 16-byte aligned, or when the GPU has no room for the copy.
 bk_weight *cuda_weight_fuse(backend *b, bk_weight *const *w, int k) {
     cuda_impl *c = impl(b);
     size_t rows = 0, cols = w[0]->cols;
-    for (int j = 0; j < k; j++) {
-        if (w[j]->fused || w[j]->f || w[j]->cols != cols) return NULL;
+    for (int j = 0; j < k; j++) {   // every part 16-byte aligned in the fused rows (gemm_bf16)
+        if (w[j]->fused || w[j]->f || w[j]->cols != cols || rows * cols % 8) return NULL;
         rows += w[j]->rows;
     }
     bf16 *h = (bf16 *)dev_try_alloc(c, rows * cols * sizeof(bf16), "a fused weight");

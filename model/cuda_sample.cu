@@ -21,6 +21,7 @@ typedef struct sample_row {
 // A key larger for a larger logit, and for the lower id among equal logits: unique per row.
 __device__ static inline uint64_t cand_key(float logit, int id) {
     uint32_t u = __float_as_uint(logit);
+    if ((u << 1) == 0) u = 0;                     // -0 == +0, as sample_next compares
     u = u & 0x80000000u ? ~u : u | 0x80000000u;   // order-preserving
     return (uint64_t)u << 32 | (uint32_t)(0xffffffffu - (uint32_t)id);
 }

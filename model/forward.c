@@ -369,6 +369,11 @@ int fwd_decode(model *m, fwd_seq *seqs, int B) {
     if (key != d->key) decoder_drop_graph(bk, d), d->key = key, d->eager = 0;
     for (int b = 0; b < B; b++) d->tok[b] = seqs[b].tokens[0], d->pos[b] = seqs[b].pos[0];
     bk->step_bind(bk, d->tok, d->pos, B);
+    for (int b = 0; b < B; b++)   // a replay appends where the device says: the host checks first
+        for (int l = 0; l < c->n_layer; l++) {
+            const kv_layer *y = &seqs[b].kv->layers[l];
+            CHECK_INTERNAL(y->len < y->cap, "KV layer overflow: %d + 1 > %d", y->len, y->cap);
+        }
     int done = 0;
     if (d->graph) {
         if (bk->graph_launch(bk, d->graph) == 0) {   // the device appended: note it on the host

@@ -45,7 +45,7 @@ PLANTS = {
         "decode hd128 len1500 gap2", "rows", "the split-K combine ignores the last split"),
     "decode-reads-key-past-cache": (
         "attn/attn_decode_cuda.cu",
-        [("j1 = min(a.len, j0 + chunk);", "j1 = min(a.len + 1, j0 + chunk);", 1)],
+        [("j1 = min(len, j0 + chunk);", "j1 = min(len + 1, j0 + chunk);", 1)],
         "decode hd128 len1500 gap2", "any", "the KV-group decode kernel reads one key past the cache's length"),
 }
 
