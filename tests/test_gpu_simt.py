@@ -16,6 +16,8 @@ same test:
   (settings under which each of them processes fewer rows, keeps a smaller cache or reads less of
   it than full, checked), and four different short prompts, each record's text equal to the CPU
   backend's.
+* sift-simt fit-phi --device cuda (its logging prefill and held-out check, whose topk decode steps
+  rewind the cache on the host) on a tiny GGUF: the CPU's quality table, to about bf16's precision.
 
 The CPU side runs --weights f32, the reference: the CUDA backend dequantises the same file to
 fp32 and rounds to bf16, where native CPU weights would add their own 8-bit activation products.
@@ -281,3 +283,32 @@ def test_every_strategy_and_parallel_batch_same_text(tmp_path):
             if why:
                 differ.append((rid, cpu, gpu, why))
     assert not differ, differ
+
+
+@needs_sift
+def test_fit_phi_logging_prefill_on_cuda(tmp_path):
+    """fit-phi with --device cuda: the logging prefill and the held-out check (topk's decode
+    steps, each comparison rewinding the cache's length on the host) on the emulated backend,
+    with the CPU's quality table to about bf16's precision. The check's rewinds caught a device
+    KV length that did not follow the host's (an append past the cache, the emulator's bounds
+    check)."""
+    import sys
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import gguf
+    import tiny_gguf
+    model = str(tmp_path / "tiny-llama.gguf")
+    tiny_gguf.write(model, n_layer=4, d=256, n_head=4, n_kv=2, ff=512, ctx=4096,
+                    dtype=gguf.GGMLQuantizationType.F16, seed=3)
+    means = {}
+    for dev, binary in (("cpu", SIFT), ("cuda", SIFT_SIMT)):
+        p = subprocess.run([binary, "fit-phi", "-m", model, "--data", os.path.join(ROOT, "README.md"),
+                            "--ctx", "256", "--steps", "2", "--queries", "4", "--check", "64",
+                            "--device", dev, "--out", str(tmp_path / f"{dev}.phi"), "-t", "2"],
+                           capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, (dev, p.stderr[-3000:])
+        row = [ln for ln in p.stdout.splitlines() + p.stderr.splitlines() if ln.startswith("| mean")]
+        assert row, (dev, p.stdout[-2000:])
+        means[dev] = [float(x) for x in row[0].strip("|").split("|")[1:]]
+    assert len(means["cpu"]) == len(means["cuda"]) >= 8
+    for a, b in zip(means["cpu"], means["cuda"]):
+        assert abs(a - b) <= 0.03 + 0.02 * abs(a), (means["cpu"], means["cuda"])
