@@ -504,6 +504,30 @@ void attn_causal_cuda(void *out, const attn_cuda_args *a, float *work, int n_sm,
     else launch_causal<8>(o, a, work, n_sm, split, st);
 }
 
+int attn_decode_multi_takes(const attn_cuda_args *a) {
+    attn_cuda_args one = *a;   // each row is a decode row of its own sequence
+    one.n = 1;
+    return pick(&one) == K_GROUP;
+}
+
+size_t attn_decode_multi_work_floats(const attn_cuda_args *a, int n_sm) {
+    return (size_t)a->n * a->heads * attn_group_splits(a, n_sm) * (a->hd + 2);
+}
+
+void attn_decode_multi_cuda(void *out, const attn_cuda_args *a, const attn_cuda_cache *rows,
+                            float *work, int n_sm, cudaStream_t st) {
+    check_args(a);
+    if (a->n == 0) return;
+    if (!attn_decode_multi_takes(a)) {
+        fprintf(stderr, "sift: internal error at %s:%d: batched decode attention takes the group "
+                "kernel's head dims (64, 128, 256), not %d\n", __FILE__, __LINE__, a->hd);
+        exit(3);
+    }
+    int splits = attn_group_splits(a, n_sm);
+    attn_group_multi_cuda(work, a, rows, splits, st);
+    launch_combine((bf16 *)out, a, work, splits, st);
+}
+
 void attn_probs_cuda(float *probs, const attn_cuda_args *a, int m, cudaStream_t st) {
     check_args(a);
     if (a->dlen) {

@@ -19,6 +19,14 @@ typedef struct attn_cuda_args {
     const int *dlen;
 } attn_cuda_args;
 
+// One decode row's cache in a batched decode call (attn_decode_multi_cuda); device pointers.
+typedef struct attn_cuda_cache {
+    const void *k, *v;    // (n_kv_head, cap, hd) bf16
+    const int *kpos;      // (n_kv_head, cap)
+    const int *dlen;      // NULL: len entries; else the length on the device
+    int len, cap;
+} attn_cuda_cache;
+
 // Largest head dimension the kernels take.
 #define ATTN_CUDA_MAX_HD 256
 
@@ -35,6 +43,15 @@ size_t attn_cuda_work_floats(const attn_cuda_args *a, int n_sm);
 void attn_causal_cuda(void *out, const attn_cuda_args *a, float *work, int n_sm,
                       cudaStream_t stream);
 
+// Decode rows of different sequences in one launch: row i of a.q (n, heads, hd) attends to
+// rows[i]'s cache (device table, n entries; a's k, v, kpos, cap unused, a.len the largest
+// length or bound), out (n, heads, hd). Only where the group kernel takes a's head dimension
+// (attn_decode_multi_takes); work: attn_decode_multi_work_floats(a) floats.
+int attn_decode_multi_takes(const attn_cuda_args *a);
+size_t attn_decode_multi_work_floats(const attn_cuda_args *a, int n_sm);
+void attn_decode_multi_cuda(void *out, const attn_cuda_args *a, const attn_cuda_cache *rows,
+                            float *work, int n_sm, cudaStream_t stream);
+
 // The kernel attn_causal_cuda runs for a: "fa2", "wmma", "flash", "group" or "split".
 const char *attn_cuda_kernel(const attn_cuda_args *a);
 
@@ -48,6 +65,9 @@ void attn_fa2_cuda(void *out, const attn_cuda_args *a, float *work, cudaStream_t
 int attn_group_takes(const attn_cuda_args *a);
 int attn_group_splits(const attn_cuda_args *a, int n_sm);
 void attn_group_cuda(float *work, const attn_cuda_args *a, int splits, cudaStream_t stream);
+// the same over one cache per row (rows: device table of a->n entries)
+void attn_group_multi_cuda(float *work, const attn_cuda_args *a, const attn_cuda_cache *rows,
+                           int splits, cudaStream_t stream);
 
 // probs (n, heads, m) fp32 = softmax of q.k / sqrt(hd) over the first m keys, restricted to the
 // visible ones (invisible keys get 0; a row with none visible is all 0).

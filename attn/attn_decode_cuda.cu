@@ -74,25 +74,34 @@ struct group_smem {
 // With a.dlen the chunk is derived from the device length (blocks past it write empty partials).
 // work[((i * heads + h) * splits + s) * (HD + 2)] = (max, sum, unnormalised out (HD,)).
 // grid (splits, n_kv_head, ceil(n * qpg / (NW * QVW))), NW * 32 threads, group_smem dynamic.
+// With rows (one cache per query row: a batched decode step), a block serves one row: blockIdx.z
+// = row * zr + its share of the row's qpg vectors, and reads that row's cache and length.
 template <int HD, int QVW>
 __global__ void __launch_bounds__(NW * 32)
-attn_group_kernel(float *work, attn_cuda_args a, int chunk, float scale) {
+attn_group_kernel(float *work, attn_cuda_args a, int chunk, float scale, const attn_cuda_cache *rows) {
     SHARED_DYNAMIC(unsigned char, smem_raw);
     group_smem<HD, QVW> &sm = *(group_smem<HD, QVW> *)smem_raw;
     constexpr int LD = group_smem<HD, QVW>::LD, CH = HD / 8, DPL = HD / 32;
     const int s = blockIdx.x, g = blockIdx.y, splits = gridDim.x;
-    const int qpg = a.heads / a.n_kv_head, nqv = a.n * qpg, v0 = blockIdx.z * NW * QVW;
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    int len = a.len;
-    if (a.dlen) {   // the chunk for the length at run time: whole tiles, at least MIN_CHUNK keys
-        len = *a.dlen;
+    const int qpg = a.heads / a.n_kv_head, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    int nqv = a.n * qpg, v0 = blockIdx.z * NW * QVW, len = a.len, cap = a.cap;
+    const void *kb = a.k, *vb = a.v;
+    const int *pb = a.kpos, *dlen = a.dlen;
+    if (rows) {   // the block's row and cache: its vectors end where the row's do
+        const int zr = (qpg + NW * QVW - 1) / (NW * QVW), r = blockIdx.z / zr;
+        v0 = r * qpg + blockIdx.z % zr * NW * QVW, nqv = (r + 1) * qpg;
+        const attn_cuda_cache cr = rows[r];
+        kb = cr.k, vb = cr.v, pb = cr.kpos, dlen = cr.dlen, len = cr.len, cap = cr.cap;
+    }
+    if (dlen) len = *dlen;
+    if (dlen || rows) {   // the chunk for this length: whole tiles, at least MIN_CHUNK keys
         chunk = ((len + splits - 1) / splits + KT - 1) / KT * KT;
         chunk = max(chunk, (MIN_CHUNK + KT - 1) / KT * KT);
     }
     const int j0 = s * chunk, j1 = min(len, j0 + chunk);
-    const bf16 *kg = (const bf16 *)a.k + (size_t)g * a.cap * HD;
-    const bf16 *vg = (const bf16 *)a.v + (size_t)g * a.cap * HD;
-    const int *pg = a.kpos + (size_t)g * a.cap;
+    const bf16 *kg = (const bf16 *)kb + (size_t)g * cap * HD;
+    const bf16 *vg = (const bf16 *)vb + (size_t)g * cap * HD;
+    const int *pg = pb + (size_t)g * cap;
 
     auto load_tile = [&](int t0, int b) {
         for (int e = tid; e < KT * CH; e += NW * 32) {
@@ -195,7 +204,8 @@ int attn_group_splits(const attn_cuda_args *a, int n_sm) {
 }
 
 template <int HD, int QVW>
-static void launch(float *work, const attn_cuda_args *a, int splits, cudaStream_t st) {
+static void launch(float *work, const attn_cuda_args *a, int splits, cudaStream_t st,
+                   const attn_cuda_cache *rows) {
     size_t smem = sizeof(group_smem<HD, QVW>);
     static bool configured;   // > 48 KiB of dynamic shared memory (HD 256): opt in once
     if (!configured) {
@@ -205,22 +215,34 @@ static void launch(float *work, const attn_cuda_args *a, int splits, cudaStream_
     }
     int nqv = a->n * (a->heads / a->n_kv_head), chunk = (a->len + splits - 1) / splits;
     chunk = (chunk + KT - 1) / KT * KT;   // whole tiles per split (the last may be short)
-    dim3 grid((unsigned)splits, (unsigned)a->n_kv_head, (unsigned)((nqv + NW * QVW - 1) / (NW * QVW)));
+    int qpg = a->heads / a->n_kv_head, zr = (qpg + NW * QVW - 1) / (NW * QVW);
+    unsigned z = rows ? (unsigned)(a->n * zr) : (unsigned)((nqv + NW * QVW - 1) / (NW * QVW));
+    dim3 grid((unsigned)splits, (unsigned)a->n_kv_head, z);
     CUDA_LAUNCH((attn_group_kernel<HD, QVW>), grid, NW * 32, smem, st, work, *a,
-                chunk < 1 ? KT : chunk, 1.0f / sqrtf((float)HD));
+                chunk < 1 ? KT : chunk, 1.0f / sqrtf((float)HD), rows);
 }
 
 template <int HD>
-static void launch_hd(float *work, const attn_cuda_args *a, int splits, cudaStream_t st) {
-    switch (qvw_for(a)) {
-    case 1: launch<HD, 1>(work, a, splits, st); break;
-    case 2: launch<HD, 2>(work, a, splits, st); break;
-    default: launch<HD, 4>(work, a, splits, st); break;
+static void launch_hd(float *work, const attn_cuda_args *a, int splits, cudaStream_t st,
+                      const attn_cuda_cache *rows) {
+    attn_cuda_args one = *a;
+    one.n = rows ? 1 : a->n;   // with rows a block serves one row: vectors per block by its qpg
+    switch (qvw_for(&one)) {
+    case 1: launch<HD, 1>(work, a, splits, st, rows); break;
+    case 2: launch<HD, 2>(work, a, splits, st, rows); break;
+    default: launch<HD, 4>(work, a, splits, st, rows); break;
     }
 }
 
 void attn_group_cuda(float *work, const attn_cuda_args *a, int splits, cudaStream_t st) {
-    if (a->hd == 64) launch_hd<64>(work, a, splits, st);
-    else if (a->hd == 128) launch_hd<128>(work, a, splits, st);
-    else launch_hd<256>(work, a, splits, st);
+    if (a->hd == 64) launch_hd<64>(work, a, splits, st, NULL);
+    else if (a->hd == 128) launch_hd<128>(work, a, splits, st, NULL);
+    else launch_hd<256>(work, a, splits, st, NULL);
+}
+
+void attn_group_multi_cuda(float *work, const attn_cuda_args *a, const attn_cuda_cache *rows,
+                           int splits, cudaStream_t st) {
+    if (a->hd == 64) launch_hd<64>(work, a, splits, st, rows);
+    else if (a->hd == 128) launch_hd<128>(work, a, splits, st, rows);
+    else launch_hd<256>(work, a, splits, st, rows);
 }

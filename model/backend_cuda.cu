@@ -96,6 +96,7 @@ static void cuda_destroy(backend *b) {
         if (c->stage[i].p) CUDA_CHECK(cudaFree(c->stage[i].p));
     mirror_free_all(c);
     rope_tables_free(c);
+    arena_free(c);
     spare_release(c);
     for (int i = 0; i < c->n_live; i++) CUDA_CHECK(cudaFree(c->live[i].p));   // not freed by the user
     free(c->live);
@@ -161,6 +162,7 @@ backend *backend_cuda_create(char *msg, size_t len) {
     b->gather_rows = cuda_gather_rows;
     b->kv_append = cuda_kv_append;
     b->attention = cuda_attention;
+    b->attention_multi = cuda_attention_multi;
     b->attn_probs = cuda_attn_probs;
     b->kv_keep = cuda_kv_keep;
     b->weight_synth = cuda_weight_synth;

@@ -116,6 +116,10 @@ typedef struct cuda_impl {
     int step_n;
     dev_buf step_dev;
     int recording;                   // between graph_begin and graph_end
+    // batched decode attention's per-row cache tables for bound steps, kept on the device so a
+    // recording finds them (host copy: the lookup); cleared, with gen bumped, when full
+    attn_cuda_cache *arena_h, *arena_d;
+    int arena_used, n_tables, *table_off, *table_len;
     unsigned gen;                    // bumped when a buffer a recording may read moves
 } cuda_impl;
 
@@ -190,6 +194,9 @@ void cuda_kv_append(backend *b, kv_layer *L, const void *k, const void *v, const
 void cuda_kv_keep(backend *b, kv_layer *L, const int *idx, int k, int new_cap);
 void cuda_attention(backend *b, void *out, const void *q, const int *qpos, int n, int heads,
                     const kv_layer *L);
+void cuda_attention_multi(backend *b, int k, void *const *out, const void *const *q,
+                          const int *const *qpos, const int *n, int heads, const kv_layer *const *L);
+void arena_free(cuda_impl *c);
 void cuda_attn_probs(backend *b, float *probs, const void *q, const int *qpos, int n, int heads,
                      const kv_layer *L, int m);
 void cuda_phi_summarize(backend *b, phi_summary *out, const phi_maps *p, int layer,

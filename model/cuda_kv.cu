@@ -166,6 +166,80 @@ void cuda_attention(backend *b, void *out, const void *q, const int *qpos, int n
     attn_causal_cuda(out, &a, work, c->n_sm, c->stream);
 }
 
+// ---- batched decode attention: one launch over every sequence's cache -------------------------
+
+#define ARENA_ROWS 65536   // cache-table rows kept for bound steps (2.6 MB)
+
+void arena_free(cuda_impl *c) {
+    if (c->arena_d) CUDA_CHECK(cudaFree(c->arena_d));
+    free(c->arena_h), free(c->table_off), free(c->table_len);
+    c->arena_d = c->arena_h = NULL, c->table_off = c->table_len = NULL;
+    c->arena_used = c->n_tables = 0;
+}
+
+// The device copy of t (k rows) for a bound step: the one made at an earlier step when equal
+// (a recording finds the eager step's), else a new one (never while recording).
+static const attn_cuda_cache *arena_table(cuda_impl *c, const attn_cuda_cache *t, int k) {
+    for (int i = 0; i < c->n_tables; i++)
+        if (c->table_len[i] == k && memcmp(c->arena_h + c->table_off[i], t, k * sizeof *t) == 0)
+            return c->arena_d + c->table_off[i];
+    CHECK_INTERNAL(!c->recording, "a new batched-attention table while recording a decode step");
+    CHECK_INTERNAL(k <= ARENA_ROWS, "a batched decode of %d sequences", k);
+    if (!c->arena_d) {
+        c->arena_d = (attn_cuda_cache *)dev_alloc(c, ARENA_ROWS * sizeof *c->arena_d, "attention tables");
+        c->arena_h = (attn_cuda_cache *)xmalloc(ARENA_ROWS * sizeof *c->arena_h);
+        c->table_off = (int *)xmalloc(ARENA_ROWS * sizeof(int));
+        c->table_len = (int *)xmalloc(ARENA_ROWS * sizeof(int));
+    }
+    if (c->arena_used + k > ARENA_ROWS) {   // full: start over (recordings that read it are stale)
+        CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        c->arena_used = c->n_tables = 0;
+        c->gen++;
+    }
+    int off = c->arena_used;
+    memcpy(c->arena_h + off, t, k * sizeof *t);
+    CUDA_CHECK(cudaMemcpyAsync(c->arena_d + off, c->arena_h + off, k * sizeof *t,
+                               cudaMemcpyHostToDevice, c->stream));
+    c->table_off[c->n_tables] = off, c->table_len[c->n_tables++] = k;
+    c->arena_used += k;
+    return c->arena_d + off;
+}
+
+// k sequences' decode rows in one launch when each has one row, their q and out rows and
+// positions are consecutive and the group kernel takes the head dim; else one call each.
+void cuda_attention_multi(backend *b, int k, void *const *out, const void *const *q,
+                          const int *const *qpos, const int *n, int heads, const kv_layer *const *L) {
+    cuda_impl *c = impl(b);
+    int hd = L[0]->head_dim, nkv = L[0]->n_kv_head, step = k >= 2 && in_step(c, qpos[0], k);
+    size_t row = (size_t)heads * hd * sizeof(bf16);
+    int one = k >= 2 && k <= ARENA_ROWS, bound = 0;
+    for (int i = 0; i < k && one; i++) {
+        one = n[i] == 1 && L[i]->head_dim == hd && L[i]->n_kv_head == nkv && qpos[i] == qpos[0] + i &&
+              (const char *)q[i] == (const char *)q[0] + i * row &&
+              (const char *)out[i] == (const char *)out[0] + i * row;
+        int r = step ? L[i]->cap : L[i]->len;
+        bound = r > bound ? r : bound;
+    }
+    attn_cuda_args a = {q[0], NULL, k, heads, NULL, NULL, NULL, bound, 0, nkv, hd, NULL};
+    if (!one || !attn_decode_multi_takes(&a)) {
+        for (int i = 0; i < k; i++) cuda_attention(b, out[i], q[i], qpos[i], n[i], heads, L[i]);
+        return;
+    }
+    attn_cuda_cache *t = (attn_cuda_cache *)xmalloc((size_t)k * sizeof *t);
+    for (int i = 0; i < k; i++) {
+        const pos_mirror *m = mirror_get(c, L[i]);
+        t[i] = (attn_cuda_cache){L[i]->k, L[i]->v, m->dpos, step ? m->dlen : NULL,
+                                 step ? L[i]->cap : L[i]->len, L[i]->cap};
+    }
+    const attn_cuda_cache *dt = step ? arena_table(c, t, k)
+                                     : (const attn_cuda_cache *)stage(c, STAGE_ROWS, t, (size_t)k * sizeof *t);
+    free(t);
+    a.qpos = indices(c, STAGE_IDX, qpos[0], k);
+    size_t wf = attn_decode_multi_work_floats(&a, c->n_sm);
+    float *work = (float *)dev_buf_reserve(c, &c->attn_work, wf * sizeof(float), "attention partials");
+    attn_decode_multi_cuda(out[0], &a, dt, work, c->n_sm, c->stream);
+}
+
 void cuda_attn_probs(backend *b, float *probs, const void *q, const int *qpos, int n,
                             int heads, const kv_layer *L, int m) {
     cuda_impl *c = impl(b);
