@@ -26,14 +26,6 @@ __device__ static inline uint64_t cand_key(float logit, int id) {
     return (uint64_t)u << 32 | (uint32_t)(0xffffffffu - (uint32_t)id);
 }
 
-// PCG32 (sample.c): one output from *state, which advances.
-__device__ static inline uint32_t pcg32_dev(uint64_t *state) {
-    uint64_t old = *state;
-    *state = old * 6364136223846793005ULL + 1442695040888963407ULL;
-    uint32_t xs = (uint32_t)(((old >> 18u) ^ old) >> 27u), rot = (uint32_t)(old >> 59u);
-    return (xs >> rot) | (xs << ((-rot) & 31));
-}
-
 struct sample_smem {
     unsigned hist[256];
     uint64_t prefix;
@@ -146,7 +138,7 @@ sample_kernel(int *out, const bf16 *logits, int vocab, const sample_row *rows) {
     double z = 0;
     for (int r = 0; r < m; r++) z += sm.e2[r];
     uint64_t st = p.state;
-    float u = (pcg32_dev(&st) >> 8) * (1.0f / 16777216.0f);
+    float u = (sample_pcg32(&st) >> 8) * (1.0f / 16777216.0f);   // sample_uniform's draw
     double draw = u * z, acc = 0;
     int tok = sm.id[sm.order[m - 1]];
     for (int r = 0; r < m; r++) {

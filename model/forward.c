@@ -258,7 +258,8 @@ struct fwd_decoder {
     int *lens;                           // (B, n_layer) cache lengths before a recording
     uint64_t key;                        // the caches (and their buffers) the steps run on
     void *graph;                         // the recorded step, or NULL
-    int eager;                           // steps run without recording on these caches
+    int eager;                           // steps run on these caches (the first eagerly: it sizes
+                                         // every buffer a recording reads)
     long fixed, recorded, replayed;
 };
 

@@ -18,15 +18,7 @@ void sampler_free(sampler *s) {
     s->cand = NULL;
 }
 
-// PCG32 (O'Neill): 64-bit LCG state, xorshift-rotate output.
-static uint32_t pcg32(uint64_t *state) {
-    uint64_t old = *state;
-    *state = old * 6364136223846793005ULL + 1442695040888963407ULL;
-    uint32_t xs = (uint32_t)(((old >> 18u) ^ old) >> 27u), rot = (uint32_t)(old >> 59u);
-    return (xs >> rot) | (xs << ((-rot) & 31));
-}
-
-float sample_uniform(sampler *s) { return (pcg32(&s->state) >> 8) * (1.0f / 16777216.0f); }
+float sample_uniform(sampler *s) { return (sample_pcg32(&s->state) >> 8) * (1.0f / 16777216.0f); }
 
 int sample_argmax(const float *logits, int n) {
     int best = 0;

@@ -3,6 +3,21 @@
 #pragma once
 #include <stdint.h>
 
+#if defined(__CUDACC__)
+#define SAMPLE_FN __host__ __device__ static inline
+#else
+#define SAMPLE_FN static inline
+#endif
+
+// PCG32 (O'Neill): 64-bit LCG state, xorshift-rotate output; *state advances. The host's sampler
+// and the device's (model/cuda_sample.cu) draw with this one function.
+SAMPLE_FN uint32_t sample_pcg32(uint64_t *state) {
+    uint64_t old = *state;
+    *state = old * 6364136223846793005ULL + 1442695040888963407ULL;
+    uint32_t xs = (uint32_t)(((old >> 18u) ^ old) >> 27u), rot = (uint32_t)(old >> 59u);
+    return (xs >> rot) | (xs << ((-rot) & 31));
+}
+
 typedef struct {
     float temp;     // <= 0: greedy
     int top_k;      // <= 0: off
