@@ -35,7 +35,7 @@ static void parse_shard(const char *v, run_opts *r) {
 }
 
 // ---- the flags: one table (type, field, range, default, help) for the parser and --help; the
-// strategy parameters have theirs in policies/policy.c ----
+// strategy parameters have theirs in policies/options.c ----
 
 typedef enum { F_SWITCH, F_STR, F_INT, F_LLONG, F_FLOAT, F_CALL } flag_type;
 

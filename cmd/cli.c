@@ -82,7 +82,7 @@ int cli_strategies(const char *v, const strategy **out) {
     return n;
 }
 
-// A strategy parameter flag with value v (policies/policy.c's table): 1 if a is one, 0 otherwise.
+// A strategy parameter flag with value v (policies/options.c's table): 1 if a is one, 0 otherwise.
 int cli_strategy_flag(const char *a, const char *v, strategy_opts *so, const char **draft_path) {
     const opt_def *d = strategy_opt_find(a);
     if (!d) return 0;

@@ -1,12 +1,14 @@
 // fit/phi_fit.h — fitting topk+phi's MLP feature maps offline (what `sift fit-phi` runs, cmd/
 // fit_phi.c): distillation on logged queries and keys of one KV group (specs/topk-phi.md,
-// "Training the maps"), then calibration and the gate. The maps themselves, their kernels and
-// the .phi file are attention's (attn/phi.h); decode reads them in policies/topk_phi.c.
+// "Training the maps"), then calibration and the gate (phi_fit.c), and the held-out end-to-end
+// check against full attention (phi_check.c). The maps themselves, their kernels and the .phi
+// file are attention's (attn/phi.h); decode reads them in policies/topk_phi.c.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
 
 #include "../attn/phi.h"
+#include "../model/forward.h"
 
 // One KV group's data: keys (n_keys, hd) post-RoPE from full attention; queries (n_q, hd) of the
 // group's heads (head[i] in [0, group)); query i's support (mid region) is keys [lo, end[i]).
@@ -78,3 +80,21 @@ void phi_fit_rotate_pair(const phi_fit_set *d, double dk, double dq, float *k_ou
 double phi_fit_run(const phi_maps *p, float *theta, const phi_fit_set *d, const int *train,
                    int n_train, int steps, int batch, float lr, uint64_t seed,
                    void (*on_step)(void *ctx, int step, double loss), void *ctx);
+
+// The held-out check (phi_check.c): one prefill of ids[0..n-1) at positions pos0.. (RoPE is
+// relative: a shift changes no score, only the angles the maps see); then full attention decodes
+// `rows` steps (the prompt's last token, then its own greedy tokens) and, with n_free > 0,
+// n_free free greedy steps. Regions as topk+phi's (sink, tail of the n - 1 prefilled tokens).
+// NULL + err when it cannot run.
+typedef struct topk_cmp topk_cmp;
+topk_cmp *topk_cmp_begin(model *m, const int *ids, int n, int pos0, int sink, int tail, int rows,
+                         int n_free, char *err, size_t errlen);
+// Full's greedy tokens: the forced ones (rows,), or (free_run) its free ones (n_free,).
+const int *topk_cmp_full(const topk_cmp *c, int free_run);
+// Decodes from the shared prefill with top-k retrieval (k mid entries per query head) and,
+// with maps (borrowed; NULL: `topk`), their completion: full's tokens forced, kl (rows,) =
+// KL(full || this) per row, *agree = share of rows whose argmax is full's; free_tok (n_free,)
+// (may be NULL) = its own greedy tokens. The cache is rewound after each run, so maps may be
+// changed between runs.
+void topk_cmp_run(topk_cmp *c, const phi_maps *maps, int k, double *kl, double *agree, int *free_tok);
+void topk_cmp_end(topk_cmp *c);

@@ -536,8 +536,6 @@ void fwd_attn_topk(fwd_state *s, int l, const void *q, int m, int lo, int n, int
     free(probs);
 }
 
-int fwd_can_select(const model *m) { return m->bk->attn_select && m->bk->phi_summarize; }
-
 void fwd_attn_select(fwd_state *s, int l, const void *q, const int *sel, int n_sel, int n_sub,
                      const phi_completion *comp, void *out) {
     kv_layer *L = &s->kv->layers[l];

@@ -113,8 +113,6 @@ void fwd_weight_free(model *m, bk_weight *w);
 // with the highest attention probability over the first m entries (fwd_attn_probs), ties to the
 // lower index, ascending (absolute entry indices). k <= n. On the device when the backend can.
 void fwd_attn_topk(fwd_state *s, int l, const void *q, int m, int lo, int n, int k, int *idx);
-// Whether m's backend offers decode attention over selected entries and phi summaries.
-int fwd_can_select(const model *m);
 
 // out (heads, hd) for the one alive row: attention over selected entries of layer l's cache,
 // optionally completed by summaries (backend op attn_select, see model/backend.h).

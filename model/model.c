@@ -202,6 +202,7 @@ void model_fuse(model *m) {
 
 void model_free(model *m) {
     if (!m) return;
+    if (m->derived) m->derived_free(m->derived);
     fwd_decode_free(m);
     backend *bk = m->bk;
     if (m->layers)

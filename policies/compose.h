@@ -1,5 +1,5 @@
 // policies/compose.h — composed strategies PREFILL+DECODE (policies/compose.c); the registry
-// (policy.c) makes them by name and routes strategy_prefill / strategy_check here. The parts are
+// (registry.c) makes them by name and routes strategy_prefill / strategy_check here. The parts are
 // registered strategies, never compositions themselves.
 #pragma once
 #include "strategy.h"

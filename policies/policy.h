@@ -1,6 +1,7 @@
 // policies/policy.h — strategies. Each strategy lives in one file of policies/ and drives the
 // shared forward pass (model/forward.h) through its hooks; this header is what main.c sees:
-// the registry, the per-run options, and the generation loop every strategy shares.
+// the registry (registry.c), the per-run options (options.c), and the generation loop every
+// strategy shares (generate.c).
 #pragma once
 #include <stdio.h>
 
@@ -22,7 +23,7 @@ kv_cache *prefill_run(model *m, const int *ids, int n, int n_gen, const int *cap
                       const fwd_hooks *hooks, float *logits, prefill_info *info, char *err,
                       size_t errlen);
 
-// Every strategy parameter's one home (policy.c's table): its flag, where it lives in
+// Every strategy parameter's one home (options.c's table): its flag, where it lives in
 // strategy_opts, its type, range and default, the strategies that read it, and its help line.
 // The command-line parser, --help, the range errors, strategy_opts_default and the settings
 // echoed in JSON records are all made from the table; adding a parameter is a field above

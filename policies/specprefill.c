@@ -187,9 +187,9 @@ static kv_cache *prefill_kept(model *m, const int *ids, const int *keep, int k, 
     return kv;
 }
 
-// A --draft shares the main model's tokenizer (main.c compares them), but its embedding may have
-// a different number of padding rows (Qwen2.5 0.5B: 151936, 7B: 152064): what matters is that
-// it has a row for every prompt token. 1, or 0 with err.
+// A --draft shares the main model's tokenizer (cmd/cli.c:load_draft compares them), but its
+// embedding may have a different number of padding rows (Qwen2.5 0.5B: 151936, 7B: 152064):
+// what matters is that it has a row for every prompt token. 1, or 0 with err.
 static int draft_reads(const strategy_opts *o, const int *ids, int n, char *err, size_t errlen) {
     for (int i = 0; o->draft && i < n; i++)
         if (ids[i] >= o->draft->cfg.vocab) {

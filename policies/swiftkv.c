@@ -1,16 +1,17 @@
 // policies/swiftkv.c — `swiftkv`: SingleInputKV + AcrossKV (specs/swiftkv.md). The residual
 // stream entering layer l gives, through one norm and one K/V projection per group of G layers,
-// the K/V of every layer l..L-1 (all layers of a group read the group leader's cache). Prompt
-// tokens stop after layer l-1 except the last, which goes on with the query projections Q'.
-// Decode tokens: layers < l normally, then their group K/V from that same stream, then Q' layers.
+// the K/V of every layer l..L-1 (all layers of a group read the group leader's cache). Prefill:
+// prompt tokens stop after layer l-1 except the last, which goes on with the query projections
+// Q'. Decode: layers < l normally, then the group K/V from that same stream, then Q' layers.
 //
-// Weights: a distilled checkpoint (HF config model_type "llama_swiftkv": num_key_value_layers,
-// key_value_group_size, tensors model.norm_swiftkv and *_proj_swiftkv), or, on any other model,
-// the training-free init (experimental): Q' = Q; a group's K'/V' = the mean of its layers'
-// K/V weights, applied as the sum of each layer's projection of x normed with gamma / G, where
-// gamma is layer l's input norm (the paper's code; the default: measured better at l = L/2, see
-// bench/EVAL.md) or, folded ("own"), each layer's own input norm (so a layer's K/V equal the
-// original whenever its input equals layer l's; measured better at l = 3L/4).
+// Weights (the plan: built once per model and options, kept with the model): a distilled
+// checkpoint (HF config model_type "llama_swiftkv": num_key_value_layers, key_value_group_size,
+// tensors model.norm_swiftkv and *_proj_swiftkv), or, on any other model, the training-free
+// init (experimental): Q' = Q; a group's K'/V' = the mean of its layers' K/V weights, applied as
+// the sum of each layer's projection of x normed with gamma / G, where gamma is layer l's input
+// norm (the paper's code; the default: measured better at l = L/2, see bench/EVAL.md) or, folded
+// ("own"), each layer's own input norm (so a layer's K/V equal the original whenever its input
+// equals layer l's; measured better at l = 3L/4).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,14 +21,15 @@
 
 #define CHECKPOINT_TYPE "llama_swiftkv"
 
-typedef struct {
-    int l, G, L;
+typedef struct swiftkv_plan {
+    int l, G, L, fold;
     fwd_kv_term *terms;         // [(L - l)] : G terms per group, in group order
     int terms_per_group;        // G (training-free) or 1 (checkpoint)
     const bk_weight **wq, **bq; // [L] query projections Q' of layers >= l
     bk_weight **owned;          // derived vectors to free
     int n_owned;
     model *m;
+    struct swiftkv_plan *next;  // the model's other plans (other l, G or norm)
 } swiftkv_plan;
 
 static int is_checkpoint(const model *m) {
@@ -74,8 +76,8 @@ static int swiftkv_shape(const model *m, const strategy_opts *o, int *l, int *G,
     return 0;
 }
 
-// Checkpoint tensor `name` (a printf format of the layer j) of the expected shape (rows 0: a
-// vector), or NULL (+ err when required or of another shape).
+// Checkpoint format: tensor `name` (a printf format of the layer j) of the expected shape (rows
+// 0: a vector), or NULL (+ err when required or of another shape).
 static const bk_weight *extra(const model *m, const char *name, int j, size_t rows, size_t cols,
                               int required, char *err, size_t errlen) {
     char full[128];
@@ -91,7 +93,7 @@ static const bk_weight *extra(const model *m, const char *name, int j, size_t ro
 
 #define ATTN "model.layers.%d.self_attn."
 
-// Layer j >= l's Q' and, for a group leader, the group's K/V projection.
+// Checkpoint format: layer j >= l's Q' and, for a group leader, the group's K/V projection.
 static int plan_checkpoint_layer(swiftkv_plan *p, int j, const bk_weight *norm, char *err,
                                  size_t errlen) {
     const model *m = p->m;
@@ -127,7 +129,8 @@ static bk_weight *own(swiftkv_plan *p, bk_weight *w) {
     return w;
 }
 
-// Group g's mean bias of kind `which` (bk or bv), or NULL when the model has none.
+// Training-free mode: group g's mean bias of kind `which` (bk or bv), or NULL when the model
+// has none.
 static const bk_weight *mean_bias(swiftkv_plan *p, int first, int which) {
     const model_config *c = &p->m->cfg;
     if (!c->qkv_bias) return NULL;
@@ -137,19 +140,21 @@ static const bk_weight *mean_bias(swiftkv_plan *p, int first, int which) {
     return own(p, fwd_vector_sum(p->m, b, p->G, c->n_kv_head * c->head_dim, 1.0f / p->G));
 }
 
-static int plan_training_free(swiftkv_plan *p, int fold) {
+// Training-free mode: Q' = Q; K'_g, V'_g = the mean of the group's K/V weights (one term per
+// layer, normed with gamma / G); norm_swiftkv = layer l's input norm, or each layer's own (fold).
+static void plan_training_free(swiftkv_plan *p) {
     const model *m = p->m;
     int d = m->cfg.d_model;
     p->terms_per_group = p->G;
-    if (p->l == p->L) return 0; // no SwiftKV layers
+    if (p->l == p->L) return;   // no SwiftKV layers
     const bk_weight *gamma_l = m->layers[p->l].attn_norm, *shared = NULL;
-    if (!fold) shared = own(p, fwd_vector_sum(p->m, &gamma_l, 1, d, 1.0f / p->G));
+    if (!p->fold) shared = own(p, fwd_vector_sum(p->m, &gamma_l, 1, d, 1.0f / p->G));
     for (int j = p->l; j < p->L; j++) {
         const layer_weights *w = &m->layers[j];
         const bk_weight *gamma_j = w->attn_norm;
         int first = j - (j - p->l) % p->G;
         fwd_kv_term *t = &p->terms[j - p->l];
-        t->norm = fold ? own(p, fwd_vector_sum(p->m, &gamma_j, 1, d, 1.0f / p->G)) : shared;
+        t->norm = p->fold ? own(p, fwd_vector_sum(p->m, &gamma_j, 1, d, 1.0f / p->G)) : shared;
         t->wk = w->wk;
         t->wv = w->wv;
         t->bk = j == first ? mean_bias(p, first, 0) : NULL;
@@ -157,44 +162,47 @@ static int plan_training_free(swiftkv_plan *p, int fold) {
         p->wq[j] = w->wq;
         p->bq[j] = w->bq;
     }
-    return 0;
 }
 
-static void plan_free(void *ctx) {
-    swiftkv_plan *p = ctx;
-    if (!p) return;
-    for (int i = 0; i < p->n_owned; i++)
-        fwd_weight_free(p->m, p->owned[i]);
-    free(p->owned);
-    free(p->terms);
-    free(p->wq);
-    free(p->bq);
-    free(p);
-}
-
-static swiftkv_plan *plan_new(model *m, const strategy_opts *o, char *err, size_t errlen) {
-    swiftkv_plan *p = xcalloc(1, sizeof *p);
-    p->m = m;
-    p->L = m->cfg.n_layer;
-    if (swiftkv_shape(m, o, &p->l, &p->G, err, errlen) != 0) {
+static void plans_free(void *first) {   // the model's plans (model.derived_free)
+    for (swiftkv_plan *p = first, *next; p; p = next) {
+        next = p->next;
+        for (int i = 0; i < p->n_owned; i++) fwd_weight_free(p->m, p->owned[i]);
+        free(p->owned);
+        free(p->terms);
+        free(p->wq);
+        free(p->bq);
         free(p);
+    }
+}
+
+// The plan for o on m: built on first use (the options check at load) and kept with the model
+// (model.derived), so no prompt builds it again. NULL + err when o or the checkpoint is wrong.
+static const swiftkv_plan *plan_for(model *m, const strategy_opts *o, char *err, size_t errlen) {
+    int l, G, fold = !is_checkpoint(m) && o->swiftkv_fold == 1;
+    if (swiftkv_shape(m, o, &l, &G, err, errlen) != 0) return NULL;
+    CHECK_INTERNAL(!m->derived || m->derived_free == plans_free, "model state of another kind");
+    for (const swiftkv_plan *p = m->derived; p; p = p->next)
+        if (p->l == l && p->G == G && p->fold == fold) return p;
+    swiftkv_plan *p = xcalloc(1, sizeof *p);
+    int L = m->cfg.n_layer;
+    *p = (swiftkv_plan){.l = l, .G = G, .L = L, .fold = fold, .m = m,
+                        .terms = xcalloc((size_t)(L - l + 1), sizeof *p->terms),
+                        .wq = xcalloc((size_t)L, sizeof *p->wq),
+                        .bq = xcalloc((size_t)L, sizeof *p->bq),
+                        .owned = xcalloc((size_t)(3 * L + 1), sizeof *p->owned)};
+    if (!is_checkpoint(m)) plan_training_free(p);
+    else if (plan_checkpoint(p, err, errlen) != 0) {
+        plans_free(p);
         return NULL;
     }
-    p->terms = xcalloc((size_t)(p->L - p->l + 1), sizeof *p->terms);
-    p->wq = xcalloc((size_t)p->L, sizeof *p->wq);
-    p->bq = xcalloc((size_t)p->L, sizeof *p->bq);
-    p->owned = xcalloc((size_t)(3 * p->L + 1), sizeof *p->owned);
-    int rc = is_checkpoint(m) ? plan_checkpoint(p, err, errlen)
-                              : plan_training_free(p, o->swiftkv_fold == 1);
-    if (rc != 0) {
-        plan_free(p);
-        return NULL;
-    }
+    p->next = m->derived;
+    m->derived = p, m->derived_free = plans_free;
     return p;
 }
 
-// After layer l-1: every alive row's group K/V from the stream entering layer l; in prefill
-// only the last row goes on.
+// KV for SwiftKV layers: after layer l-1, every alive row's group K/V from the stream entering
+// layer l; in prefill only the last row goes on.
 static int swiftkv_after_layer(void *ctx, fwd_state *s, int l) {
     const swiftkv_plan *p = ctx;
     if (l != p->l - 1 || p->l == p->L) return 0;
@@ -209,7 +217,7 @@ static int swiftkv_after_layer(void *ctx, fwd_state *s, int l) {
     return 0;
 }
 
-// Layers >= l read their group leader's cache with Q'.
+// Decode (and the last prompt token): layers >= l read their group leader's cache with Q'.
 static int swiftkv_kv_source(void *ctx, int l, int *kv_layer, const bk_weight **wq,
                              const bk_weight **bq) {
     const swiftkv_plan *p = ctx;
@@ -220,23 +228,20 @@ static int swiftkv_kv_source(void *ctx, int l, int *kv_layer, const bk_weight **
     return 1;
 }
 
+// Prefill: layers < l keep every prompt token; a group leader's cache holds the group's K/V.
 static kv_cache *swiftkv_prefill(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
                                  float *logits, prefill_info *info, char *err, size_t errlen) {
-    swiftkv_plan *p = plan_new(m, o, err, errlen);
+    const swiftkv_plan *p = plan_for(m, o, err, errlen);
     if (!p) return NULL;
     int *caps = xmalloc((size_t)p->L * sizeof(int));
     for (int j = 0; j < p->L; j++)
-        caps[j] = j < p->l || (j - p->l) % p->G == 0 ? n + n_gen : 0; // non-leaders: none
-    fwd_hooks hooks = {
-        .ctx = p, .after_layer = swiftkv_after_layer, .kv_source = swiftkv_kv_source};
+        caps[j] = j < p->l || (j - p->l) % p->G == 0 ? n + n_gen : 0;   // non-leaders: none
+    fwd_hooks hooks = {.ctx = (void *)p, .after_layer = swiftkv_after_layer,
+                       .kv_source = swiftkv_kv_source};
     kv_cache *kv = prefill_run(m, ids, n, n_gen, caps, &hooks, logits, info, err, errlen);
     free(caps);
-    if (!kv) {
-        plan_free(p);
-        return NULL;
-    }
+    if (!kv) return NULL;
     info->decode = hooks;
-    info->decode_free = plan_free;
     if (!is_checkpoint(m))
         snprintf(info->note, sizeof info->note,
                  "training-free init (l = %d, G = %d), experimental: "
@@ -249,21 +254,15 @@ static int swiftkv_check(const model *m, const strategy_opts *o, char *err, size
     int l, G;
     if (swiftkv_shape(m, o, &l, &G, err, errlen) != 0) return -1;
     int missing = model_qkv_missing_from(m);
-    if (!is_checkpoint(m)) {
-        if (missing >= 0)
-            return err_printf(err, errlen, "layer %d has no q/k/v projections", missing);
-        return 0;
-    }
+    if (!is_checkpoint(m) && missing >= 0)
+        return err_printf(err, errlen, "layer %d has no q/k/v projections", missing);
     if (missing >= 0 && missing < l)
         return err_printf(err, errlen,
                           "layer %d < num_key_value_layers %d has no q/k/v "
                           "projections",
                           missing, l);
-    // The checkpoint's own tensors, checked once before any prompt runs.
-    swiftkv_plan *p = plan_new((model *)m, o, err, errlen);
-    int ok = p != NULL;
-    plan_free(p);
-    return ok ? 0 : -1;
+    // The plan, built once here before any prompt runs (the checkpoint's own tensors checked).
+    return plan_for((model *)m, o, err, errlen) ? 0 : -1;
 }
 
 const strategy strategy_swiftkv = {

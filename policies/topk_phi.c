@@ -30,8 +30,8 @@ typedef struct {
     int n_layer, n_kv_head, head_dim;
     size_t elem_bytes;
     topk_layer *ly;                // (n_layer,)
-    phi_maps *maps;                // NULL: selection only (`topk`)
-    int own_maps;                  // 1: freed with the state
+    const phi_maps *maps;          // NULL: selection only (`topk`)
+    phi_maps *own_maps;            // maps when freed with the state, else NULL
     phi_summary *sum;              // (n_layer, n_kv_head) over each layer's mid region
     int *sel, *mark;               // scratch: (heads, n_sel) selections then (heads, k) top K,
                                    // (len,) union stamps
@@ -49,7 +49,7 @@ static void topk_state_free(void *ctx) {
     if (t->sum)
         for (int i = 0; i < t->n_layer * t->n_kv_head; i++) phi_summary_free(&t->sum[i]);
     free(t->sum);
-    if (t->own_maps) phi_maps_free(t->maps);
+    phi_maps_free(t->own_maps);
     free(t->ly);
     free(t->sel);
     free(t->mark);
@@ -199,8 +199,8 @@ static phi_maps *load_maps(const model *m, const strategy_opts *o, char *err, si
 // prefill strategy kept): per layer the regions, K (clamped to its mid region) and, with maps,
 // the completion cache over the mid region (fp32, one pass per layer and KV head). Attached to
 // kv as its side data (freed with it); maps freed with it if own_maps.
-static topk_state *topk_attach(model *m, kv_cache *kv, int sink, int tail, int k, phi_maps *maps,
-                               int own_maps) {
+static topk_state *topk_attach(model *m, kv_cache *kv, int sink, int tail, int k,
+                               const phi_maps *maps, phi_maps *own_maps) {
     const model_config *c = &m->cfg;
     topk_state *t = xcalloc(1, sizeof *t);
     *t = (topk_state){.n_layer = kv->n_layer, .n_kv_head = c->n_kv_head, .head_dim = c->head_dim,
@@ -229,20 +229,21 @@ static topk_state *topk_attach(model *m, kv_cache *kv, int sink, int tail, int k
     return t;
 }
 
+fwd_hooks topk_phi_hooks(model *m, kv_cache *kv, int sink, int tail, int k, const phi_maps *maps) {
+    return (fwd_hooks){.ctx = topk_attach(m, kv, sink, tail, k, maps, NULL), .attention = topk_attention};
+}
+
 // attach (policy.h) for topk and topk+phi: n is the prompt's length (for --budget).
 static int topk_attach_run(model *m, kv_cache *kv, int n, const strategy_opts *o,
                            prefill_info *info, char *err, size_t errlen, int with_phi) {
     const model_config *c = &m->cfg;
-    if (!fwd_can_select(m))
-        return err_printf(err, errlen, "top-K decode attention is not available on the %s backend",
-                          m->bk->name);
     if (kv->side)
         return err_printf(err, errlen, "the cache already carries another strategy's decode state");
     phi_maps *maps = with_phi ? load_maps(m, o, err, errlen) : NULL;
     if (with_phi && !maps) return -1;
     int d_phi = maps ? maps->d_phi : c->head_dim;
     int raised, k = budget_k(o, n, d_phi, c->head_dim, with_phi, &raised);
-    topk_state *t = topk_attach(m, kv, o->sink, o->tail, k, maps, 1);
+    topk_state *t = topk_attach(m, kv, o->sink, o->tail, k, maps, maps);
     info->decode = (fwd_hooks){.ctx = t, .attention = topk_attention};
     info->decode_report = topk_report;
     info->decode_read_bytes = topk_read_bytes;
@@ -301,11 +302,6 @@ static int topk_only_attach(model *m, kv_cache *kv, int n, const strategy_opts *
 static kv_cache *topk_run(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
                           float *logits, prefill_info *info, char *err, size_t errlen,
                           int with_phi) {
-    if (!fwd_can_select(m)) {
-        snprintf(err, errlen, "top-K decode attention is not available on the %s backend",
-                 m->bk->name);
-        return NULL;
-    }
     if (n - 1 <= o->sink + o->tail) {
         snprintf(info->note, sizeof info->note, "prompt of %d tokens has no mid region (sink %d + "
                  "tail %d + the last token): ran full", n, o->sink, o->tail);
@@ -334,9 +330,7 @@ static kv_cache *topk_prefill(model *m, const int *ids, int n, int n_gen, const 
 }
 
 static int topk_check(const model *m, const strategy_opts *o, char *err, size_t errlen) {
-    if (!fwd_can_select(m))
-        return err_printf(err, errlen, "top-K decode attention is not available on the %s backend",
-                          m->bk->name);
+    (void)m;
     if (o->sink < 0 || o->tail < 0) return err_printf(err, errlen, "--sink and --tail must be >= 0");
     return 0;
 }
@@ -366,88 +360,3 @@ const strategy strategy_topk = {
     .phase = PHASE_DECODE,
     .attach = topk_only_attach,
 };
-
-// Decodes `steps` tokens from kv (np prefilled) through hooks: the first is ids_np, then
-// forced[i - 1] (forced non-NULL) or the previous row's argmax; rows (steps, vocab); toks
-// (steps,) the argmax of each row. Rewinds kv to np entries afterwards.
-static void decode_from(model *m, kv_cache *kv, int np, int pos0, int id_np, const int *forced,
-                        int steps, const fwd_hooks *hooks, float *rows, int *toks) {
-    int vocab = m->cfg.vocab, id = id_np;
-    for (int t = 0; t < steps; t++) {
-        int pos = pos0 + np + t;
-        float *row = rows + (size_t)t * vocab;
-        fwd_run(m, kv, &id, &pos, 1, hooks, row, 0);
-        toks[t] = sample_argmax(row, vocab);
-        id = forced ? forced[t] : toks[t];
-    }
-    for (int l = 0; l < kv->n_layer; l++) kv->layers[l].len = np;
-}
-
-struct topk_cmp {
-    model *m;
-    kv_cache *kv;
-    const int *ids;
-    int np, pos0, sink, tail, rows, n_free;
-    float *ref, *got;   // (rows, vocab) full's rows; (steps, vocab) scratch
-    int *full_tok, *full_free, *toks;
-};
-
-topk_cmp *topk_cmp_begin(model *m, const int *ids, int n, int pos0, int sink, int tail, int rows,
-                         int n_free, char *err, size_t errlen) {
-    int np = n - 1, vocab = m->cfg.vocab, steps = rows > n_free ? rows : n_free;
-    if (!fwd_can_select(m)) {
-        err_printf(err, errlen, "top-K decode attention is not available on the %s backend", m->bk->name);
-        return NULL;
-    }
-    if (np - sink - tail < 1 || rows < 1) {
-        err_printf(err, errlen, "prompt of %d tokens has no mid region (sink %d + tail %d)", n, sink, tail);
-        return NULL;
-    }
-    int L = m->cfg.n_layer, *caps = xmalloc((size_t)L * sizeof(int)), *pos = xmalloc((size_t)n * sizeof(int));
-    for (int l = 0; l < L; l++) caps[l] = n + steps;
-    for (int i = 0; i < np; i++) pos[i] = pos0 + i;
-    kv_cache *kv = fwd_kv_create(m, caps, err, errlen);
-    free(caps);
-    if (!kv) {
-        free(pos);
-        return NULL;
-    }
-    topk_cmp *c = xcalloc(1, sizeof *c);
-    *c = (topk_cmp){m, kv, ids, np, pos0, sink, tail, rows, n_free,
-                    xmalloc((size_t)rows * vocab * sizeof(float)), xmalloc((size_t)steps * vocab * sizeof(float)),
-                    xmalloc((size_t)rows * sizeof(int)), xcalloc((size_t)n_free + 1, sizeof(int)),
-                    xmalloc((size_t)steps * sizeof(int))};
-    fwd_run(m, kv, ids, pos, np, NULL, NULL, 0);
-    free(pos);
-    decode_from(m, kv, np, pos0, ids[np], NULL, rows, NULL, c->ref, c->full_tok);
-    if (n_free > 0) decode_from(m, kv, np, pos0, ids[np], NULL, n_free, NULL, c->got, c->full_free);
-    return c;
-}
-
-const int *topk_cmp_full(const topk_cmp *c, int free_run) { return free_run ? c->full_free : c->full_tok; }
-
-void topk_cmp_run(topk_cmp *c, const phi_maps *maps, int k, double *kl, double *agree, int *free_tok) {
-    int vocab = c->m->cfg.vocab;
-    kv_cache *kv = c->kv;
-    topk_state *t = topk_attach(c->m, kv, c->sink, c->tail, k, (phi_maps *)maps, 0);
-    fwd_hooks h = {.ctx = t, .attention = topk_attention};
-    decode_from(c->m, kv, c->np, c->pos0, c->ids[c->np], c->full_tok, c->rows, &h, c->got, c->toks);
-    *agree = 0;
-    for (int r = 0; r < c->rows; r++) {
-        kl[r] = sample_kl(c->ref + (size_t)r * vocab, c->got + (size_t)r * vocab, vocab);
-        *agree += (c->toks[r] == c->full_tok[r]) / (double)c->rows;
-    }
-    if (c->n_free > 0 && free_tok) {
-        decode_from(c->m, kv, c->np, c->pos0, c->ids[c->np], NULL, c->n_free, &h, c->got, c->toks);
-        memcpy(free_tok, c->toks, (size_t)c->n_free * sizeof(int));
-    }
-    kv->side_free(kv->side);
-    kv->side = NULL, kv->side_free = NULL, kv->side_bytes = 0;
-}
-
-void topk_cmp_end(topk_cmp *c) {
-    if (!c) return;
-    kv_free(c->kv);
-    free(c->ref), free(c->got), free(c->full_tok), free(c->full_free), free(c->toks);
-    free(c);
-}

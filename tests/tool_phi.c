@@ -31,7 +31,7 @@
 //   tool_phi prf MODEL OUT.phi
 //     the random features topk+phi falls back to (topk_phi_fallback_maps, d_phi = head dim) as a .phi file.
 //   tool_phi compare MODEL ROWS NFREE POS0 VARIANT... -- ID...
-//     topk_cmp (policies/topk_phi.h) on the ids at positions POS0..; VARIANT = topk:K,
+//     topk_cmp (fit/phi_fit.h) on the ids at positions POS0..; VARIANT = topk:K,
 //     prf:K (random features) or PHI_FILE:K:DELTA (fitted maps, log phi_q shifted by DELTA).
 //     Prints one JSON object: full's forced tokens and free tokens, and per variant its KL per
 //     row, greedy agreement and free tokens.

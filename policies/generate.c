@@ -1,0 +1,130 @@
+// policies/generate.c — the generation loop all strategies share: prefill (the strategy's) ->
+// sample -> decode one token at a time at position n + t, one sequence (run_generate) or many
+// sharing each decode pass (gen_begin, gen_step, gen_end).
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../util/check.h"
+#include "policy.h"
+
+kv_cache *prefill_run(model *m, const int *ids, int n, int n_gen, const int *caps,
+                      const fwd_hooks *hooks, float *logits, prefill_info *info, char *err,
+                      size_t errlen) {
+    int L = m->cfg.n_layer;
+    int *all = xmalloc((size_t)L * sizeof(int)), *pos = xmalloc((size_t)n * sizeof(int));
+    for (int l = 0; l < L; l++) all[l] = caps ? caps[l] : n + n_gen;
+    for (int i = 0; i < n; i++) pos[i] = i;
+    kv_cache *kv = fwd_kv_create(m, all, err, errlen);
+    if (kv) info->rows_done = fwd_run(m, kv, ids, pos, n, hooks, logits, 0);
+    free(all);
+    free(pos);
+    return kv;
+}
+
+double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+int run_generate(const strategy *s, model *m, const strategy_opts *o, const int *ids, int n,
+                 int n_predict, sampler *smp, run_token_fn on_token, void *ctx, run_stats *st,
+                 char *err, size_t errlen) {
+    return run_generate_first(s, m, o, ids, n, n_predict, smp, on_token, ctx, st, NULL, err,
+                              errlen);
+}
+
+int run_generate_first(const strategy *s, model *m, const strategy_opts *o, const int *ids, int n,
+                       int n_predict, sampler *smp, run_token_fn on_token, void *ctx,
+                       run_stats *st, float *first_logits, char *err, size_t errlen) {
+    gen_seq g;
+    if (gen_begin(&g, s, m, o, ids, n, n_predict, smp, on_token, ctx, first_logits, err, errlen))
+        return -1;
+    gen_seq *one = &g;
+    while (!g.done) gen_step(&one, 1);
+    gen_end(&g);
+    *st = g.st;
+    return 0;
+}
+
+int gen_begin(gen_seq *g, const strategy *s, model *m, const strategy_opts *o, const int *ids,
+              int n, int n_predict, sampler *smp, run_token_fn on_token, void *ctx,
+              float *first_logits, char *err, size_t errlen) {
+    memset(g, 0, sizeof *g);
+    *g = (gen_seq){.m = m, .smp = smp, .on_token = on_token, .ctx = ctx, .n_prompt = n,
+                   .n_predict = n_predict};
+    g->st.prompt_n = n;
+    g->logits = xmalloc((size_t)m->cfg.vocab * sizeof(float));
+    double t0 = now_ms();
+    strategy_opts so = *o;   // the request's sampling, for tokens the strategy draws itself
+    so.sampling = smp->p;
+    g->kv = strategy_prefill(s, m, ids, n, n_predict, &so, g->logits, &g->info, err, errlen);
+    if (!g->kv) {
+        free(g->logits);
+        return -1;
+    }
+    g->st.rows_done = g->info.rows_done;
+    g->st.draft_rows = g->info.draft_rows;
+    memcpy(g->st.note, g->info.note, sizeof g->info.note);
+    memcpy(g->st.label, g->info.label, sizeof g->info.label);
+    g->st.kv_bytes = kv_bytes(g->kv);
+    if (first_logits) memcpy(first_logits, g->logits, (size_t)m->cfg.vocab * sizeof(float));
+    g->tok = sample_next(smp, g->logits);
+    g->st.prompt_ms = now_ms() - t0;
+    g->st.predicted_n = 1;
+    g->done = on_token(ctx, g->tok) || n_predict <= 1;
+    return 0;
+}
+
+void gen_step(gen_seq *const *g, int k) {
+    fwd_seq seqs[FWD_MAX_BATCH];
+    gen_seq *live[FWD_MAX_BATCH];
+    int pos[FWD_MAX_BATCH], b = 0;
+    for (int i = 0; i < k; i++) {
+        if (g[i]->done) continue;
+        CHECK_INTERNAL(b < FWD_MAX_BATCH && g[i]->m == g[0]->m, "a decode step of %d sequences", k);
+        live[b] = g[i];
+        pos[b] = g[i]->n_prompt + g[i]->st.predicted_n - 1;   // the last sampled token's position
+        seqs[b] = (fwd_seq){g[i]->kv, &g[i]->tok, &pos[b], 1, &g[i]->info.decode, g[i]->logits, 0,
+                            g[i]->smp, 0, 0};
+        b++;
+    }
+    if (b == 0) return;
+    for (int i = 0; i < b; i++)   // a plain decode step reads every cached entry + its own
+        if (!live[i]->info.decode_read_bytes) {
+            const kv_cache *kv = live[i]->kv;
+            double e = 0;
+            for (int l = 0; l < kv->n_layer; l++) {
+                const kv_layer *y = &kv->layers[l];
+                e += (double)(y->len + (y->cap > y->len)) * y->n_kv_head * 2 * y->head_dim;
+            }
+            live[i]->read_sum += e * kv->elem_bytes;
+        }
+    double t0 = now_ms();
+    fwd_decode(live[0]->m, seqs, b);
+    for (int i = 0; i < b; i++) {
+        gen_seq *s = live[i];
+        s->tok = seqs[i].sampled ? seqs[i].token : sample_next(s->smp, s->logits);
+        s->st.decode_runs++;
+        s->st.predicted_n++;
+        s->done = s->on_token(s->ctx, s->tok) || s->st.predicted_n >= s->n_predict;
+    }
+    double dt = now_ms() - t0;   // a shared step: each sequence waited all of it
+    for (int i = 0; i < b; i++) live[i]->st.decode_ms += dt;
+}
+
+void gen_end(gen_seq *g) {
+    run_stats *st = &g->st;
+    if (g->info.decode_read_bytes) st->kv_read_per_step = g->info.decode_read_bytes(g->info.decode.ctx);
+    else if (st->decode_runs) st->kv_read_per_step = g->read_sum / st->decode_runs;
+    if (g->info.decode_report) {
+        size_t used = strlen(st->note);
+        if (used && used + 2 < sizeof st->note) used += (size_t)snprintf(st->note + used, 3, "; ");
+        g->info.decode_report(g->info.decode.ctx, st->note + used, sizeof st->note - used);
+    }
+    if (g->info.decode_free) g->info.decode_free(g->info.decode.ctx);
+    kv_free(g->kv);
+    free(g->logits);
+    g->kv = NULL, g->logits = NULL;
+}
