@@ -23,6 +23,7 @@ typedef struct {
     int ctx;
     run_opts r;                // what runs: prompts, sampling, strategies, output
     strategy_opts so;
+    strategy_run run;          // the draft and end-of-generation test (cli_load), --kept-map
 } options;
 
 // --shard K/N: 0 <= K < N
@@ -208,7 +209,8 @@ static void show_help(options *o, const char *v) {
 static void parse_args(int argc, char **argv, options *o) {
     *o = (options){.device = "auto", .so = strategy_opts_default()};
     run_opts *r = &o->r;
-    *r = (run_opts){.strategies = {strategy_find("full")}, .n_strategies = 1, .so = &o->so};
+    *r = (run_opts){.strategies = {strategy_find("full")}, .n_strategies = 1, .so = &o->so,
+                    .run = &o->run};
     for (int k = 0; k < N_FLAGS; k++) {   // the table's defaults
         char *field = (char *)o + FLAGS[k].off;
         if (FLAGS[k].type == F_INT) *(int *)field = (int)FLAGS[k].def;
@@ -260,13 +262,12 @@ static void parse_args(int argc, char **argv, options *o) {
                             "--strategy (or use --output-format sift for an A/B comparison)");
         r->json = 1;
     }
-    if (r->kept_map) o->so.count_selected = 1;
+    o->run.count_selected = r->kept_map != NULL;
     if (r->unordered && !(r->json || r->output))
         cli_usage_error("--unordered orders JSON records: add --json or --output FILE");
     char err[512];
     if (o->batch_dir && jobs_add_batch_dir(r, o->batch_dir, err, sizeof err)) cli_usage_error("%s", err);
     if (r->threads == 0) r->threads = backend_cpu_default_threads(NULL);
-    o->so.n_threads = r->threads;
 }
 
 // Prefill progress on an interactive stderr: "prefill: layer 12/30".
@@ -293,7 +294,8 @@ int main(int argc, char **argv) {
     double t0 = now_ms();
     loaded L;
     cli_hw hw = {o.device, o.r.threads, o.weights, o.ctx, GGML_F32};
-    int rc = cli_load(&L, o.model, o.draft_path, &hw, o.r.strategies, o.r.n_strategies, &o.so);
+    int rc = cli_load(&L, o.model, o.draft_path, &hw, o.r.strategies, o.r.n_strategies, &o.so,
+                    &o.run);
     if (rc == 0) {
         model *m = L.m;
         const char *dev = L.bk->name;

@@ -38,6 +38,7 @@ typedef struct {
     const strategy *strategies[MAX_STRATEGIES];
     int n_strategies;
     strategy_opts so;
+    strategy_run run;          // the draft and end-of-generation test (cli_load)
 } bench_opts;
 
 // One strategy at one context length over the repetitions.
@@ -237,7 +238,6 @@ static void bench_parse(int argc, char **argv, bench_opts *b) {
         cli_usage_error("bench: --elem-bytes only applies to --dry-run (a run uses the backend's)");
     if (b->threads == 0) b->threads = backend_cpu_default_threads(NULL);
     if (b->n_thr == 0) b->thr[0] = b->threads, b->n_thr = 1;
-    b->so.n_threads = b->threads;
 }
 
 static int out_format(const char *s) {
@@ -335,7 +335,8 @@ static int bench_one(const bench_opts *b, model *m, const strategy *s, const int
                      int n_gen, sampler *smp, cell_stats *cs, int rep) {
     run_stats st;
     char err[512];
-    if (run_generate(s, m, &b->so, ids, P, n_gen, smp, bench_ignore, NULL, &st, err, sizeof err)) {
+    if (run_generate(s, m, &b->so, &b->run, ids, P, n_gen, smp, bench_ignore, NULL, &st, NULL, err,
+                     sizeof err)) {
         fprintf(stderr, "%ssift: error: bench: %s at ctx %d: %s\n", isatty(2) ? "\n" : "",
                 s->name, P, err);
         return -1;
@@ -370,7 +371,7 @@ static int bench_batch(const bench_opts *b, model *m, const strategy *s, int *co
     for (; started < B && rc == 0; started++) {
         sampler_init(&smp[started], &(sample_params){.temp = 0}, m->cfg.vocab);
         gp[started] = &g[started];
-        rc = gen_begin(&g[started], s, m, &b->so, ids[started], P, b->n_gen, &smp[started],
+        rc = gen_begin(&g[started], s, m, &b->so, &b->run, ids[started], P, b->n_gen, &smp[started],
                        bench_ignore, NULL, NULL, err, sizeof err);
         if (rc) {
             fprintf(stderr, "%ssift: error: bench: %s at ctx %d, parallel %d: %s\n", isatty(2) ? "\n" : "",
@@ -570,7 +571,7 @@ static int bench_run(const bench_opts *b, loaded *L) {
     cell_stats *cs = cells_alloc(ns * b->n_par, b->reps);
     for (int ti = 0; ti < b->n_thr && rc == 0; ti++) {   // -t T,...: the whole table per count
         bench_opts bt = *b;
-        bt.threads = bt.so.n_threads = b->thr[ti];
+        bt.threads = b->thr[ti];
         omp_set_num_threads(bt.threads);   // the CPU backend's threads (a GPU's host side)
         measure_ceilings(m->bk, &env);
         for (int ci = 0; ci < bt.n_ctx && rc == 0; ci++) {
@@ -611,7 +612,7 @@ int cmd_bench(int argc, char **argv) {
     if (b.dry_run || rc) return rc;
     loaded L;
     cli_hw hw = {b.device, b.threads, b.weights, 0, b.wtype};
-    rc = cli_load(&L, b.model, b.draft_path, &hw, b.strategies, b.n_strategies, &b.so);
+    rc = cli_load(&L, b.model, b.draft_path, &hw, b.strategies, b.n_strategies, &b.so, &b.run);
     if (rc == 0) rc = bench_run(&b, &L);
     cli_unload(&L);
     return rc;

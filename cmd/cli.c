@@ -459,7 +459,7 @@ static int load_model(loaded *L, int ctx, char *err, size_t errlen) {
 }
 
 // Loads path (NULL: the default model) and --draft, checks the strategies' options against the
-// model, and fills so's draft and end-of-generation test. 0, 1 (load failed) or 2 (bad options);
+// model, and fills run's draft and end-of-generation test. 0, 1 (load failed) or 2 (bad options);
 // the error is printed.
 uint32_t cli_wtype(const char *v) {
     static const uint32_t types[] = {GGML_F32,  GGML_F16,  GGML_BF16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_1,
@@ -471,7 +471,7 @@ uint32_t cli_wtype(const char *v) {
 }
 
 int cli_load(loaded *L, const char *path, const char *draft_path, const cli_hw *hw,
-             const strategy *const *list, int n_list, strategy_opts *so) {
+             const strategy *const *list, int n_list, const strategy_opts *so, strategy_run *run) {
     char err[512];
     struct stat sb;
     int plan_ctx = hw->plan_ctx;
@@ -499,9 +499,7 @@ int cli_load(loaded *L, const char *path, const char *draft_path, const cli_hw *
              !(L->draft = load_draft(draft_path, L->t, L->bk, &L->df, &L->dt, err, sizeof err)))
         fprintf(stderr, "sift: error: %s\n", err);
     else {
-        so->draft = L->draft;
-        so->is_eog = eog_test;
-        so->eog_ctx = L->t;
+        if (run) run->draft = L->draft, run->is_eog = eog_test, run->eog_ctx = L->t;
         return check_strategies(list, n_list, so, L->m) ? 2 : 0;
     }
     return 1;

@@ -82,13 +82,13 @@ typedef struct {
 } cli_hw;
 
 // Loads path (NULL: $SIFT_MODEL or the default model beside the binary) and draft_path (may be
-// NULL) on the backend for hw, checks the strategies' options against the model, and fills so's
-// draft and end-of-generation test. Before any weight is allocated, a memory plan: the weights as
+// NULL) on the backend for hw, checks the strategies' options against the model, and fills run's
+// draft and end-of-generation test (run may be NULL). Before any weight is allocated, a memory plan: the weights as
 // the backend keeps them plus the KV cache and activations of a prefill of hw->plan_ctx tokens;
 // refused with the numbers and what would fit. 0, 1 (load failed or does not fit) or 2 (bad
 // options); error printed.
 int cli_load(loaded *L, const char *path, const char *draft_path, const cli_hw *hw,
-             const strategy *const *list, int n_list, strategy_opts *so);
+             const strategy *const *list, int n_list, const strategy_opts *so, strategy_run *run);
 // The resident weight bytes of path (GGUF, HF directory or synthetic:NAME with wtype) on the CPU
 // backend in mode w, without loading: what the memory plan counts. 0 or -1 + err.
 int cli_cpu_weight_bytes(const char *path, enum bk_weights w, uint32_t wtype, double *bytes,

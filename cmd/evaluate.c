@@ -25,6 +25,7 @@ typedef struct {
     int samples, threads, dump, quiet;
     unsigned long long seed;
     strategy_opts so;
+    strategy_run run;          // the draft and end-of-generation test (cli_load)
 } eval_opts;
 
 static void eval_help(void) {
@@ -95,7 +96,6 @@ static void eval_parse(int argc, char **argv, eval_opts *e) {
     if (e->draft_path && e->so.draft_layers)
         cli_usage_error("--draft and --draft-layers exclude each other");
     if (e->threads == 0) e->threads = backend_cpu_default_threads(NULL);
-    e->so.n_threads = e->threads;
     full_first(e);
 }
 
@@ -122,9 +122,9 @@ static int run_one(eval_run *R, const strategy *s, const eval_spec *spec, const 
     sampler_init(&smp, &(sample_params){.temp = 0}, m->cfg.vocab);
     run_stats st;
     char err[512];
-    int rc = run_generate_first(s, m, &R->e->so, p->ids, p->n_ids, eval_task_n_gen(spec->task),
-                                &smp, eval_answer_token, &a, &st, is_full ? R->full_logits : R->logits,
-                                err, sizeof err);
+    int rc = run_generate(s, m, &R->e->so, &R->e->run, p->ids, p->n_ids, eval_task_n_gen(spec->task),
+                          &smp, eval_answer_token, &a, &st, is_full ? R->full_logits : R->logits,
+                          err, sizeof err);
     sampler_free(&smp);
     if (rc) {
         fprintf(stderr, "sift: error: eval: %s on %s at ctx %d, sample %d: %s\n", s->name,
@@ -287,7 +287,7 @@ int cmd_eval(int argc, char **argv) {
     loaded L;
     cli_hw hw = {e.device, e.threads, e.weights, 0, GGML_F32};
     int rc = cli_load(&L, e.model, e.draft_path, &hw, e.strategies, e.n_strategies,
-                      &e.so);
+                      &e.so, &e.run);
     for (int i = 0; i < e.n_ctxs && rc == 0; i++)
         if (e.ctxs[i] > L.m->cfg.ctx_len) {
             fprintf(stderr, "sift: error: --ctx %d is beyond the model's context %d\n", e.ctxs[i],

@@ -466,7 +466,7 @@ int cmd_fit_phi(int argc, char **argv) {
     // the prefill that logs queries and keys runs on --device (default the fp32 CPU reference);
     // the fit runs on the CPU
     cli_hw hw = {o.device, o.threads, o.weights, o.ctx, GGML_F32};
-    if (cli_load(&L, o.model, NULL, &hw, NULL, 0, &so) != 0) {
+    if (cli_load(&L, o.model, NULL, &hw, NULL, 0, &so, NULL) != 0) {
         cli_unload(&L);
         return 1;
     }

@@ -170,7 +170,7 @@ int cmd_ppl(int argc, char **argv) {
     loaded L;
     strategy_opts so = strategy_opts_default();
     cli_hw hw = {p.device, p.threads, p.weights, p.ctx, GGML_F32};
-    int rc = cli_load(&L, p.model, NULL, &hw, &p.s, 1, &so);
+    int rc = cli_load(&L, p.model, NULL, &hw, &p.s, 1, &so, NULL);
     if (rc == 0) rc = run_ppl(&p, &L);
     cli_unload(&L);
     return rc;

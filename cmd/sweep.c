@@ -48,6 +48,7 @@ typedef struct sweep_setting {
     char grid[256];       // "kv-rate=0.1 tsp-rate=0.2" ("": the strategy's defaults)
     char flags[512];      // the same as command-line flags: " --kv-rate 0.1 --tsp-rate 0.2"
     strategy_opts so;     // the base options with these values
+    strategy_run run;     // the draft (when these options name one) and end-of-generation test
 } sweep_setting;
 
 typedef struct sweep_opts {
@@ -357,7 +358,6 @@ static void sweep_parse(int argc, char **argv, sweep_opts *w) {
     char err[512];
     if (w->batch_dir && jobs_add_batch_dir(&w->r, w->batch_dir, err, sizeof err)) cli_usage_error("%s", err);
     if (w->threads == 0) w->threads = backend_cpu_default_threads(NULL);
-    w->so.n_threads = w->threads;
     w->set[0] = (sweep_setting){.s = strategy_find("full"), .so = w->so};
     w->n_set = 1;
     if (w->grid) sw_parse_grid(w, w->grid, 0);
@@ -465,7 +465,7 @@ static int sw_batch(sweep_run *R, int pi, int s0, int s1) {
         a[i] = (eval_answer){.t = R->L->t};
         sampler_init(&smp[i], &(sample_params){.temp = 0}, vocab);
         float *lg = R->logits + (size_t)(s0 + i == 0 ? 0 : 1 + i) * vocab;
-        if (gen_begin(&g[i], x->s, m, &x->so, p->ids, p->n_ids, w->n_predict, &smp[i],
+        if (gen_begin(&g[i], x->s, m, &x->so, &x->run, p->ids, p->n_ids, w->n_predict, &smp[i],
                       eval_answer_token, &a[i], lg, err, sizeof err)) {
             r->state = -1;
             snprintf(r->note, sizeof r->note, "%s", err);
@@ -512,8 +512,9 @@ static void sw_warm_up(sweep_run *R) {
     sampler_init(&smp, &(sample_params){.temp = 0}, m->cfg.vocab);
     run_stats st;
     char err[300];
-    run_generate(R->w->set[0].s, m, &R->w->set[0].so, R->p[0].ids, R->p[0].n_ids < 64 ? R->p[0].n_ids : 64,
-                 2, &smp, eval_answer_token, &a, &st, err, sizeof err);
+    run_generate(R->w->set[0].s, m, &R->w->set[0].so, &R->w->set[0].run, R->p[0].ids,
+                 R->p[0].n_ids < 64 ? R->p[0].n_ids : 64, 2, &smp, eval_answer_token, &a, &st, NULL,
+                 err, sizeof err);
     sampler_free(&smp);
     eval_answer_free(&a);
 }
@@ -943,16 +944,15 @@ static int sw_report(const sweep_run *R, const char *model_name, int complete) {
     return rc;
 }
 
-// The settings' options on the loaded model (draft, end-of-generation test), each checked by
-// its strategy. 0, or 2 (error printed).
-static int sw_bind(sweep_opts *w, const loaded *L, const strategy_opts *loaded_so) {
+// The settings' run context on the loaded model (draft, end-of-generation test), each
+// setting's options checked by its strategy. 0, or 2 (error printed).
+static int sw_bind(sweep_opts *w, const model *m, const strategy_run *loaded) {
     for (int s = 0; s < w->n_set; s++) {
         strategy_opts *o = &w->set[s].so;
-        o->n_threads = w->threads;
-        o->is_eog = loaded_so->is_eog, o->eog_ctx = loaded_so->eog_ctx;
-        o->draft = o->draft_path ? L->draft : NULL;
+        w->set[s].run = *loaded;
+        if (!o->draft_path) w->set[s].run.draft = NULL;
         char err[512];
-        if (strategy_check(w->set[s].s, L->m, o, err, sizeof err)) {
+        if (strategy_check(w->set[s].s, m, o, err, sizeof err)) {
             fprintf(stderr, "sift: error: sweep: %s %s: %s\n", w->set[s].s->name, w->set[s].grid, err);
             return 2;
         }
@@ -968,15 +968,15 @@ int cmd_sweep(int argc, char **argv) {
     if (cli_check_outputs(outs, 3)) return 1;
     loaded L;
     cli_hw hw = {w.device, w.threads, w.weights, 0, GGML_F32};
-    strategy_opts base = w.so;
+    strategy_run run = {0};
     sweep_run R = {.w = &w};
-    int rc = cli_load(&L, w.model, w.draft_path, &hw, &w.set[0].s, 1, &base);
+    int rc = cli_load(&L, w.model, w.draft_path, &hw, &w.set[0].s, 1, &w.so, &run);
     if (rc == 0 && !w.grid) sw_default_grid(&w, L.m->cfg.n_layer);
     if (rc == 0 && w.n_set == 1) {
         fprintf(stderr, "sift: error: sweep: no setting to compare with full\n");
         rc = 2;
     }
-    if (rc == 0) rc = sw_bind(&w, &L, &base);
+    if (rc == 0) rc = sw_bind(&w, L.m, &run);
     if (rc == 0) {
         R.L = &L;
         if (w.n_tasks ? sw_task_prompts(&R) : sw_user_prompts(&R)) rc = 1;

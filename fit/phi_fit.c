@@ -105,7 +105,7 @@ static double query_loss(const double *r, const double *rh, int n, double *g, do
     return 0.99 * l_kl + 0.01 * (l_top + 2 * l_fp + 4 * l_z);
 }
 
-int phi_fit_n_keys(const phi_fit_set *d, const int *sel, int nsel) {
+static int support_end(const phi_fit_set *d, const int *sel, int nsel) {   // the largest over sel
     int n = 0;
     for (int i = 0; i < nsel; i++) n = d->end[sel[i]] > n ? d->end[sel[i]] : n;
     return n;
@@ -113,7 +113,7 @@ int phi_fit_n_keys(const phi_fit_set *d, const int *sel, int nsel) {
 
 double phi_fit_loss(const phi_maps *p, float *theta, const phi_fit_set *d, const int *sel,
                     int nsel, float *grad, double *kl_mean) {
-    int hd = d->hd, f = p->d_phi, np = phi_n_par(p), nk = phi_fit_n_keys(d, sel, nsel);
+    int hd = d->hd, f = p->d_phi, np = phi_n_par(p), nk = support_end(d, sel, nsel);
     float *par_k = theta + (size_t)d->group * np, *lq = xmalloc((size_t)f * 4);
     phi_mlp_acts ak = phi_mlp_acts_alloc(p, nk), aq = phi_mlp_acts_alloc(p, 1);
     float *dyk = xcalloc((size_t)nk * f, 4), *dyq = xmalloc((size_t)f * 4);
@@ -171,7 +171,7 @@ static double lse_except(const double *r, int n, const char *skip) {
 static void eval_queries(const phi_maps *p, const float *const *par_q, const float *par_k,
                          const phi_fit_set *d, const int *sel, int nsel, double frac,
                          double *kl_mean, double *bias_mean, double *bias_sd) {
-    int hd = d->hd, f = p->d_phi, nk = phi_fit_n_keys(d, sel, nsel);
+    int hd = d->hd, f = p->d_phi, nk = support_end(d, sel, nsel);
     float *lk = xmalloc((size_t)nk * f * 4), lq[f], *rf = xmalloc((size_t)nk * 4);
     double *r = xmalloc((size_t)nk * 8), *rh = xmalloc((size_t)nk * 8), kl_sum = 0, bias = 0, sq = 0;
     int *top = xmalloc((size_t)nk * sizeof(int));
@@ -267,13 +267,15 @@ static void rotate_rows(float *out, const float *x, int n, int hd, double delta,
     }
 }
 
-void phi_fit_rotate(const phi_fit_set *d, double delta, float *k_out, float *q_out) {
-    phi_fit_rotate_pair(d, delta, delta, k_out, q_out);
-}
-
-void phi_fit_rotate_pair(const phi_fit_set *d, double dk, double dq, float *k_out, float *q_out) {
+// k_out, q_out = d's keys rotated by dk, its queries by dq (dq > dk: the queries as if dq - dk
+// positions farther from the keys; the scores q.k change accordingly).
+static void rotate_pair(const phi_fit_set *d, double dk, double dq, float *k_out, float *q_out) {
     rotate_rows(k_out, d->k, d->n_keys, d->hd, dk, d->inv_freq, d->rope_neox);
     rotate_rows(q_out, d->q, d->n_q, d->hd, dq, d->inv_freq, d->rope_neox);
+}
+
+void phi_fit_rotate(const phi_fit_set *d, double delta, float *k_out, float *q_out) {
+    rotate_pair(d, delta, delta, k_out, q_out);
 }
 
 // [D] The shifts the calibration and the gate average over, as fractions of shift_max: keys
@@ -313,7 +315,7 @@ double phi_fit_run(const phi_maps *p, float *theta, const phi_fit_set *d, const 
             z = (state += 0x9E3779B97F4A7C15ull);
             z = (z ^ (z >> 31)) * 0xBF58476D1CE4E5B9ull;
             uint64_t far = (z & 1) ? (z >> 33) % ((uint64_t)d->shift_max - delta + 1) : 0;
-            phi_fit_rotate_pair(d, (double)delta, (double)(delta + far), kr, qr);
+            rotate_pair(d, (double)delta, (double)(delta + far), kr, qr);
         }
         memset(g, 0, n * 4);
         loss = phi_fit_loss(p, theta, &ds, pool, nb, g, NULL);
@@ -335,7 +337,7 @@ void phi_fit_calibrate(const phi_maps *p, float *theta, const phi_fit_set *d, co
         ds.k = kr, ds.q = qr, ds.shift_max = 0;
         for (int j = 0; j < d->group; j++) memcpy(orig + j * p->d_phi, theta + (size_t)(j + 1) * np - p->d_phi, p->d_phi * 4);
         for (int s = 0; s < n_shift; s++) {   // each pass calibrates the original biases at one shift
-            phi_fit_rotate_pair(d, d->shift_max * EVAL_SHIFTS[s][0], d->shift_max * EVAL_SHIFTS[s][1], kr, qr);
+            rotate_pair(d, d->shift_max * EVAL_SHIFTS[s][0], d->shift_max * EVAL_SHIFTS[s][1], kr, qr);
             for (int j = 0; j < d->group; j++) memcpy(theta + (size_t)(j + 1) * np - p->d_phi, orig + j * p->d_phi, p->d_phi * 4);
             phi_fit_calibrate(p, theta, &ds, sel, nsel, frac, margin);
             for (int j = 0; j < d->group * p->d_phi; j++) sum[j] += theta[(size_t)(j / p->d_phi + 1) * np - p->d_phi + j % p->d_phi] / n_shift;
@@ -365,7 +367,7 @@ const float PHI_GATE_DELTAS[PHI_N_GATE] = {1, 0, -1, -2, -3, -4, -6, -8, PHI_GAT
 void phi_fit_gate(const phi_maps *p, float *theta, const phi_fit_set *d, const float *v, int tail,
                   const int *sel, int nsel, double frac, float *chosen) {
     int hd = d->hd, f = p->d_phi, np = phi_n_par(p), group = d->group;
-    int nk = phi_fit_n_keys(d, sel, nsel) + tail, n_shift = d->shift_max > 0 && d->inv_freq ? N_EVAL_SHIFTS : 1;
+    int nk = support_end(d, sel, nsel) + tail, n_shift = d->shift_max > 0 && d->inv_freq ? N_EVAL_SHIFTS : 1;
     if (nk > d->n_keys) nk = d->n_keys;
     float *kr = xmalloc((size_t)d->n_keys * hd * 4), *qr = xmalloc((size_t)d->n_q * hd * 4);
     float *lk = xmalloc((size_t)nk * f * 4), lq[f], *sf = xmalloc((size_t)nk * 4);
@@ -375,7 +377,7 @@ void phi_fit_gate(const phi_maps *p, float *theta, const phi_fit_set *d, const f
     char *exact = xmalloc((size_t)nk);
     for (int sh = 0; sh < n_shift; sh++) {
         if (n_shift > 1)
-            phi_fit_rotate_pair(d, d->shift_max * EVAL_SHIFTS[sh][0], d->shift_max * EVAL_SHIFTS[sh][1], kr, qr);
+            rotate_pair(d, d->shift_max * EVAL_SHIFTS[sh][0], d->shift_max * EVAL_SHIFTS[sh][1], kr, qr);
         const float *K = n_shift > 1 ? kr : d->k, *Q = n_shift > 1 ? qr : d->q;
         if (nk > d->lo) phi_log_features_rows(p, theta + (size_t)group * np, K + (size_t)d->lo * hd, nk - d->lo, hd, lk + (size_t)d->lo * f);
         for (int t = 0; t < nsel; t++) {

@@ -35,8 +35,6 @@ double phi_fit_loss(const phi_maps *p, float *theta, const phi_fit_set *d, const
 // *mass_bias (may be NULL) = mean LSE(r^) - LSE(r), the log of estimated over true mass.
 double phi_fit_kl(const phi_maps *p, const float *const *par_q, const float *par_k,
                   const phi_fit_set *d, const int *sel, int nsel, double *mass_bias);
-// Largest support end over sel (keys needed).
-int phi_fit_n_keys(const phi_fit_set *d, const int *sel, int nsel);
 // [D] After the fit: shift each query head's output bias so that its log-mass error over
 // queries sel has mean -margin x its standard deviation (margin 0: unbiased; the KL term is
 // blind to this per-query offset, and the completion adds absolute mass; a margin makes
@@ -72,9 +70,6 @@ void phi_fit_adam(float *theta, const float *grad, float *m, float *v, size_t n,
 // k_out (n_keys, hd), q_out (n_q, hd) = d's keys and queries rotated by RoPE angles delta *
 // inv_freq (pairs (2j, 2j+1), or (j, j + hd/2) when rope_neox).
 void phi_fit_rotate(const phi_fit_set *d, double delta, float *k_out, float *q_out);
-// The same with the keys rotated by dk and the queries by dq (dq > dk: the queries as if
-// dq - dk positions farther from the keys; the scores q.k change accordingly).
-void phi_fit_rotate_pair(const phi_fit_set *d, double dk, double dq, float *k_out, float *q_out);
 // Fits theta with Adam for `steps` minibatches of `batch` queries drawn (seeded) from train
 // (n_train,); on_step (may be NULL) sees each step's loss. Returns the last minibatch loss.
 double phi_fit_run(const phi_maps *p, float *theta, const phi_fit_set *d, const int *train,

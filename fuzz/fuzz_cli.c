@@ -40,14 +40,14 @@ static void check_options(const options *o) {
     for (int i = 0; i < r->n_strategies; i++)
         if (!r->strategies[i]) abort();
     if (r->n_predict == 0 || r->n_predict < -1) abort();
-    if (r->threads < 1 || o->so.n_threads != r->threads || r->so != &o->so) abort();
+    if (r->threads < 1 || r->so != &o->so || r->run != &o->run) abort();
     if (!r->prompt && r->n_files == 0 && !r->prompts_path) abort();
     if (r->parallel < 1 || r->parallel > FWD_MAX_BATCH) abort();
     if (r->shard_n < 0 || (r->shard_n > 0 && (r->shard_k < 0 || r->shard_k >= r->shard_n))) abort();
     if (r->resume && !r->output) abort();
     if (r->format != RUN_FORMAT_AUTO && r->format != RUN_FORMAT_SIFT && r->format != RUN_FORMAT_OPENAI) abort();
     if (r->format == RUN_FORMAT_OPENAI && (r->n_strategies != 1 || !r->json)) abort();
-    if (!r->kept_map != !o->so.count_selected) abort();
+    if (!r->kept_map != !o->run.count_selected) abort();
     if (r->sp.top_p <= 0 || r->sp.top_p > 1 || r->sp.temp < 0) abort();
     if (o->so.kv_rate < 0 || o->so.kv_rate > 1 || o->so.keep < 0 || o->so.keep > 1) abort();
     if (o->so.pool_kernel % 2 == 0 || o->so.spec_pool % 2 == 0) abort();
@@ -66,7 +66,7 @@ static void check_sweep(const sweep_opts *w) {
     if (w->fidelity == SW_FID_ACCURACY && !w->n_tasks) abort();
     for (int i = 1; i < w->n_set; i++) {
         const sweep_setting *x = &w->set[i];
-        if (!x->s || x->s == w->set[0].s || x->so.n_threads != w->threads) abort();
+        if (!x->s || x->s == w->set[0].s) abort();
         if (x->so.kv_rate <= 0 || x->so.kv_rate > 1 || x->so.keep <= 0 || x->so.keep > 1) abort();
         if (x->so.budget <= 0 || x->so.budget > 1 || x->so.tsp_rate <= 0 || x->so.tsp_rate > 1) abort();
         if (x->so.pool_kernel % 2 == 0 || x->so.spec_pool % 2 == 0) abort();

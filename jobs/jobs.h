@@ -35,6 +35,7 @@ typedef struct run_opts {
     const strategy *strategies[MAX_STRATEGIES];   // --strategy a,b,c (A/B comparison)
     int n_strategies;
     strategy_opts *so;
+    const strategy_run *run;
 } run_opts;
 
 // Adds path to o's -f files; adds every DIR/*.txt (in name order) of --batch DIR: 0, or -1 + err

@@ -159,7 +159,7 @@ static int unit_start(runner *R, unit *u, int stream) {
                 u->n_gen, u->seed);
     u->stream = stream;
     u->state = 1;
-    if (gen_begin(&u->g, u->s, R->m, o->so, u->ids, u->n_ids, u->n_gen, &u->smp, on_token, u, NULL,
+    if (gen_begin(&u->g, u->s, R->m, o->so, o->run, u->ids, u->n_ids, u->n_gen, &u->smp, on_token, u, NULL,
                   u->err, sizeof u->err)) {
         sampler_free(&u->smp);
         return unit_failed(u, "server_error");
@@ -197,8 +197,8 @@ static void warm_up(const run_opts *o, model *m) {
     sampler_init(&smp, &(sample_params){.temp = 0, .seed = 1}, m->cfg.vocab);
     run_stats st;
     char err[512];
-    (void)run_generate(o->strategies[0], m, o->so, ids, 32, 2, &smp, warm_token, NULL, &st, err,
-                       sizeof err);
+    (void)run_generate(o->strategies[0], m, o->so, o->run, ids, 32, 2, &smp, warm_token, NULL, &st,
+                       NULL, err, sizeof err);
     sampler_free(&smp);
 }
 

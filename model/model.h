@@ -60,10 +60,8 @@ typedef struct model {
     void (*on_layer)(void *ctx, int layer, int n_layer, int rows);
     void *on_layer_ctx;
     struct fwd_decoder *decoder;   // fwd_decode's buffers and recorded step (NULL until used)
-    // What a strategy derives from these weights once and keeps while the model lives (swiftkv's
-    // plans), freed first by model_free (derived_free(derived)); NULL: none.
-    void *derived;
-    void (*derived_free)(void *derived);
+    void *derived;   // a strategy's state derived once from these weights (swiftkv's plans)
+    void (*derived_free)(void *derived);   // frees it first thing in model_free
 } model;
 
 // Fuses each layer's q/k/v and gate/up weights where the backend offers weight_fuse (the loaders

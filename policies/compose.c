@@ -22,7 +22,6 @@
 // Two sets of decode hooks run as one: each callback calls a's then b's.
 typedef struct {
     fwd_hooks a, b;
-    void (*a_free)(void *), (*b_free)(void *);
     void (*a_report)(void *, char *, size_t), (*b_report)(void *, char *, size_t);
     double (*b_read)(void *);
 } hook_pair;
@@ -52,13 +51,6 @@ static int pair_attention(void *ctx, fwd_state *s, int l, const void *q, void *o
     return p->a.attention ? p->a.attention(p->a.ctx, s, l, q, out) : p->b.attention(p->b.ctx, s, l, q, out);
 }
 
-static void pair_free(void *ctx) {
-    hook_pair *p = ctx;
-    if (p->a_free) p->a_free(p->a.ctx);
-    if (p->b_free) p->b_free(p->b.ctx);
-    free(p);
-}
-
 static void pair_report(void *ctx, char *buf, size_t len) {
     hook_pair *p = ctx;
     buf[0] = 0;
@@ -76,30 +68,29 @@ static double pair_read(void *ctx) {
 // info->decode (etc.) := a's hooks then b's (the decode strategy's, with its read accounting).
 static void pair_hooks(prefill_info *info, const prefill_info *a) {
     hook_pair *p = xcalloc(1, sizeof *p);
-    *p = (hook_pair){a->decode, info->decode, a->decode_free, info->decode_free, a->decode_report,
-                     info->decode_report, info->decode_read_bytes};
+    *p = (hook_pair){a->decode, info->decode, a->decode_report, info->decode_report,
+                     info->decode_read_bytes};
     info->decode = (fwd_hooks){.ctx = p};
     if (p->a.after_attention || p->b.after_attention) info->decode.after_attention = pair_after_attention;
     if (p->a.after_layer || p->b.after_layer) info->decode.after_layer = pair_after_layer;
     if (p->a.kv_source || p->b.kv_source) info->decode.kv_source = pair_kv_source;
     if (p->a.attention || p->b.attention) info->decode.attention = pair_attention;
-    info->decode_free = pair_free;
+    info->decode_free = free;
     info->decode_report = pair_report;
     info->decode_read_bytes = p->b_read ? pair_read : NULL;
 }
 
 kv_cache *compose_prefill(const strategy *pre, const strategy *dec, model *m, const int *ids,
-                          int n, int n_gen, const strategy_opts *o, float *logits,
-                          prefill_info *info, char *err, size_t errlen) {
+                          int n, int n_gen, const strategy_opts *o, const strategy_run *run,
+                          float *logits, prefill_info *info, char *err, size_t errlen) {
     if (pre->phase == PHASE_NONE)   // full+Y: Y alone
-        return dec->prefill(m, ids, n, n_gen, o, logits, info, err, errlen);
-    kv_cache *kv = pre->prefill(m, ids, n, n_gen, o, logits, info, err, errlen);
+        return dec->prefill(m, ids, n, n_gen, o, run, logits, info, err, errlen);
+    kv_cache *kv = pre->prefill(m, ids, n, n_gen, o, run, logits, info, err, errlen);
     if (!kv) return NULL;
     prefill_info mine = *info;   // the prefill part's own decode hooks, if any
     info->decode = (fwd_hooks){0};
-    info->decode_free = NULL, info->decode_report = NULL, info->decode_read_bytes = NULL;
-    if (dec->attach(m, kv, n, o, info, err, errlen) != 0) {
-        if (mine.decode_free) mine.decode_free(mine.decode.ctx);
+    info->decode_report = NULL, info->decode_read_bytes = NULL;
+    if (dec->attach(m, kv, n, o, run, info, err, errlen) != 0) {
         kv_free(kv);
         return NULL;
     }

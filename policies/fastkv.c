@@ -29,7 +29,8 @@ static int tsp_layer(const model *m, const strategy_opts *o) {
     return l > 0 ? l : 0;
 }
 
-// Scores layer l, compresses its cache to B_l and, at the TSP layer, keeps the layer score.
+// Token scoring and KV compression (stage A steps 2-3, and stage B): scores layer l, compresses
+// its cache to B_l and, at the TSP layer, keeps the layer score for the TSP selection.
 static int fastkv_after_attention(void *ctx, fwd_state *s, int l, const void *q) {
     fastkv *f = ctx;
     int n = s->n, b = l <= f->tsp_layer ? f->b_low : f->b_up;
@@ -42,7 +43,8 @@ static int fastkv_after_attention(void *ctx, fwd_state *s, int l, const void *q)
     return 0;
 }
 
-// TSP: after layer L_TSP only the top (T - w) rows by S_tsp plus the window go on.
+// TSP selection (stage A step 4): after layer L_TSP only the top (T - w) rows by S_tsp plus the
+// window go on.
 static int fastkv_after_layer(void *ctx, fwd_state *s, int l) {
     fastkv *f = ctx;
     if (l != f->tsp_layer || f->t >= s->n) return 0;
@@ -65,7 +67,9 @@ static void fits_note(prefill_info *info, int n, const strategy_opts *o) {
 }
 
 static kv_cache *fastkv_prefill(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
-                                float *logits, prefill_info *info, char *err, size_t errlen) {
+                                const strategy_run *run, float *logits, prefill_info *info,
+                                char *err, size_t errlen) {
+    (void)run;
     int L = m->cfg.n_layer;
     int t = o->tsp_len ? o->tsp_len : window_budget(n, o->tsp_rate), n_up = t < n ? t : n;
     int b_up = o->kv_len    ? o->kv_len

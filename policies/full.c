@@ -3,8 +3,9 @@
 #include "policy.h"
 
 static kv_cache *full_prefill(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
-                              float *logits, prefill_info *info, char *err, size_t errlen) {
-    (void)o;
+                              const strategy_run *run, float *logits, prefill_info *info,
+                              char *err, size_t errlen) {
+    (void)o, (void)run;
     return prefill_run(m, ids, n, n_gen, NULL, NULL, logits, info, err, errlen);
 }
 

@@ -28,18 +28,12 @@ double now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-int run_generate(const strategy *s, model *m, const strategy_opts *o, const int *ids, int n,
-                 int n_predict, sampler *smp, run_token_fn on_token, void *ctx, run_stats *st,
-                 char *err, size_t errlen) {
-    return run_generate_first(s, m, o, ids, n, n_predict, smp, on_token, ctx, st, NULL, err,
-                              errlen);
-}
-
-int run_generate_first(const strategy *s, model *m, const strategy_opts *o, const int *ids, int n,
-                       int n_predict, sampler *smp, run_token_fn on_token, void *ctx,
-                       run_stats *st, float *first_logits, char *err, size_t errlen) {
+int run_generate(const strategy *s, model *m, const strategy_opts *o, const strategy_run *run,
+                 const int *ids, int n, int n_predict, sampler *smp, run_token_fn on_token,
+                 void *ctx, run_stats *st, float *first_logits, char *err, size_t errlen) {
     gen_seq g;
-    if (gen_begin(&g, s, m, o, ids, n, n_predict, smp, on_token, ctx, first_logits, err, errlen))
+    if (gen_begin(&g, s, m, o, run, ids, n, n_predict, smp, on_token, ctx, first_logits, err,
+                  errlen))
         return -1;
     gen_seq *one = &g;
     while (!g.done) gen_step(&one, 1);
@@ -48,18 +42,18 @@ int run_generate_first(const strategy *s, model *m, const strategy_opts *o, cons
     return 0;
 }
 
-int gen_begin(gen_seq *g, const strategy *s, model *m, const strategy_opts *o, const int *ids,
-              int n, int n_predict, sampler *smp, run_token_fn on_token, void *ctx,
-              float *first_logits, char *err, size_t errlen) {
+int gen_begin(gen_seq *g, const strategy *s, model *m, const strategy_opts *o,
+              const strategy_run *run, const int *ids, int n, int n_predict, sampler *smp,
+              run_token_fn on_token, void *ctx, float *first_logits, char *err, size_t errlen) {
     memset(g, 0, sizeof *g);
     *g = (gen_seq){.m = m, .smp = smp, .on_token = on_token, .ctx = ctx, .n_prompt = n,
                    .n_predict = n_predict};
     g->st.prompt_n = n;
     g->logits = xmalloc((size_t)m->cfg.vocab * sizeof(float));
     double t0 = now_ms();
-    strategy_opts so = *o;   // the request's sampling, for tokens the strategy draws itself
-    so.sampling = smp->p;
-    g->kv = strategy_prefill(s, m, ids, n, n_predict, &so, g->logits, &g->info, err, errlen);
+    strategy_run r = run ? *run : (strategy_run){0};   // the request's sampling, for tokens
+    r.sampling = smp->p;                                // the strategy draws itself
+    g->kv = strategy_prefill(s, m, ids, n, n_predict, o, &r, g->logits, &g->info, err, errlen);
     if (!g->kv) {
         free(g->logits);
         return -1;

@@ -140,7 +140,8 @@ int strategy_opt_used_by(const opt_def *d, const char *name) {
     return 0;
 }
 
-void strategy_opt_json(const strategy_opts *o, const opt_def *d, char *buf, size_t len) {
+// d's value in o as JSON (a number, a string or null) into buf.
+static void opt_json(const strategy_opts *o, const opt_def *d, char *buf, size_t len) {
     const char *field = (const char *)o + d->offset;
     if (d->type == OPT_PATH) {
         const char *s = *(const char *const *)field;
@@ -177,7 +178,7 @@ void strategy_settings_json(FILE *out, const strategy_opts *so, const char *stra
     for (int i = 0; i < n; i++) {
         if (!strategy_opt_used_by(&t[i], strategy_name)) continue;
         char v[600], key[40];
-        strategy_opt_json(so, &t[i], v, sizeof v);
+        opt_json(so, &t[i], v, sizeof v);
         size_t k = 0;
         for (const char *p = t[i].flag + 2; *p && k + 1 < sizeof key; p++) key[k++] = *p == '-' ? '_' : *p;
         key[k] = 0;

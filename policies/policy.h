@@ -9,10 +9,11 @@
 #include "../model/sample.h"
 #include "strategy.h"
 
-// s's prefill (a composed strategy's: its parts', policies/compose.c), as strategy.prefill.
+// s's prefill (a composed strategy's: its parts', policies/compose.c), as strategy.prefill
+// (run NULL: a zero strategy_run).
 kv_cache *strategy_prefill(const strategy *s, model *m, const int *ids, int n, int n_gen,
-                           const strategy_opts *o, float *logits, prefill_info *info, char *err,
-                           size_t errlen);
+                           const strategy_opts *o, const strategy_run *run, float *logits,
+                           prefill_info *info, char *err, size_t errlen);
 // s's option check (both parts' for a composed strategy): 0, or -1 with err.
 int strategy_check(const strategy *s, const model *m, const strategy_opts *o, char *err,
                    size_t errlen);
@@ -56,8 +57,6 @@ const opt_def *strategy_opt_find(const char *flag);
 int strategy_opt_set(strategy_opts *o, const opt_def *d, const char *v, char *err, size_t errlen);
 // Whether strategy `name` reads d.
 int strategy_opt_used_by(const opt_def *d, const char *name);
-// d's value in o as JSON (a number, a string or null) into buf.
-void strategy_opt_json(const strategy_opts *o, const opt_def *d, char *buf, size_t len);
 // The parameters strategy_name reads, as one JSON object {"kv_rate":0.1,...}.
 void strategy_settings_json(FILE *out, const strategy_opts *so, const char *strategy_name);
 
@@ -92,16 +91,13 @@ typedef struct run_stats {
 // Called with each generated token; return non-zero to stop after it.
 typedef int (*run_token_fn)(void *ctx, int id);
 
-// Prefill with strategy s, then decode up to n_predict tokens (n_predict >= 1) with smp,
-// calling on_token for each. 0, or -1 with a one-line err.
-int run_generate(const strategy *s, model *m, const strategy_opts *o, const int *ids, int n,
-                 int n_predict, sampler *smp, run_token_fn on_token, void *ctx, run_stats *st,
-                 char *err, size_t errlen);
-// run_generate that also copies the prefill's logits (vocab,) — the distribution of the first
-// generated token — into first_logits (NULL: not wanted).
-int run_generate_first(const strategy *s, model *m, const strategy_opts *o, const int *ids, int n,
-                       int n_predict, sampler *smp, run_token_fn on_token, void *ctx,
-                       run_stats *st, float *first_logits, char *err, size_t errlen);
+// Prefill with strategy s (options o, context run: may be NULL), then decode up to n_predict
+// tokens (n_predict >= 1) with smp, calling on_token for each; the prefill's logits (vocab,) —
+// the distribution of the first generated token — into first_logits (NULL: not wanted). 0, or
+// -1 with a one-line err.
+int run_generate(const strategy *s, model *m, const strategy_opts *o, const strategy_run *run,
+                 const int *ids, int n, int n_predict, sampler *smp, run_token_fn on_token,
+                 void *ctx, run_stats *st, float *first_logits, char *err, size_t errlen);
 
 // One sequence's generation in steps, so that many sequences share their decode passes
 // (run_generate is gen_begin, gen_step until done, gen_end):
@@ -121,9 +117,9 @@ typedef struct gen_seq {
 } gen_seq;
 
 // Prefill with s, sample the first token, call on_token. 0, or -1 with err (nothing to free).
-int gen_begin(gen_seq *g, const strategy *s, model *m, const strategy_opts *o, const int *ids,
-              int n, int n_predict, sampler *smp, run_token_fn on_token, void *ctx,
-              float *first_logits, char *err, size_t errlen);
+int gen_begin(gen_seq *g, const strategy *s, model *m, const strategy_opts *o,
+              const strategy_run *run, const int *ids, int n, int n_predict, sampler *smp,
+              run_token_fn on_token, void *ctx, float *first_logits, char *err, size_t errlen);
 // One decode step of every unfinished sequence among g[0..k) (one model), as one forward pass.
 void gen_step(gen_seq *const *g, int k);
 // The decode report into st.note; frees the cache and the strategy's decode state.

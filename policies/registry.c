@@ -7,15 +7,8 @@
 #include "compose.h"
 #include "policy.h"
 
-extern const strategy strategy_full;
-extern const strategy strategy_speed;
-extern const strategy strategy_fastkv;
-extern const strategy strategy_snapkv;
-extern const strategy strategy_streamingllm;
-extern const strategy strategy_specprefill;
-extern const strategy strategy_swiftkv;
-extern const strategy strategy_topk_phi;
-extern const strategy strategy_topk;
+extern const strategy strategy_full, strategy_speed, strategy_fastkv, strategy_snapkv,
+    strategy_streamingllm, strategy_specprefill, strategy_swiftkv, strategy_topk_phi, strategy_topk;
 
 static const strategy *const all_strategies[] = {
     &strategy_full, &strategy_speed, &strategy_fastkv, &strategy_snapkv, &strategy_streamingllm,
@@ -81,12 +74,14 @@ const strategy *strategy_find(const char *name) {
 }
 
 kv_cache *strategy_prefill(const strategy *s, model *m, const int *ids, int n, int n_gen,
-                           const strategy_opts *o, float *logits, prefill_info *info, char *err,
-                           size_t errlen) {
+                           const strategy_opts *o, const strategy_run *run, float *logits,
+                           prefill_info *info, char *err, size_t errlen) {
+    static const strategy_run none;   // no draft, no end test, greedy, nothing counted
+    if (!run) run = &none;
     if (s->decode_part)
-        return compose_prefill(s->prefill_part, s->decode_part, m, ids, n, n_gen, o, logits, info,
-                               err, errlen);
-    return s->prefill(m, ids, n, n_gen, o, logits, info, err, errlen);
+        return compose_prefill(s->prefill_part, s->decode_part, m, ids, n, n_gen, o, run, logits,
+                               info, err, errlen);
+    return s->prefill(m, ids, n, n_gen, o, run, logits, info, err, errlen);
 }
 
 int strategy_check(const strategy *s, const model *m, const strategy_opts *o, char *err,

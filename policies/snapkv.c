@@ -24,7 +24,9 @@ static int snapkv_after_attention(void *ctx, fwd_state *s, int l, const void *q)
 }
 
 static kv_cache *snapkv_prefill(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
-                                float *logits, prefill_info *info, char *err, size_t errlen) {
+                                const strategy_run *run, float *logits, prefill_info *info,
+                                char *err, size_t errlen) {
+    (void)run;
     snapkv k = {o->kv_len ? o->kv_len : window_budget(n, o->kv_rate), o->window, o->pool_kernel,
                 n_gen, (enum window_pool)o->pool};
     if (o->kv_len && n <= o->kv_len)

@@ -82,27 +82,27 @@ static void spec_end_row(spec_scorer *sc) {
 // [D] half of them, ceil(L/2). Measured on SmolLM2-135M passkey prompts (tests/test_fidelity.py,
 // 2026-11-22): an 8-layer self-draft (L/4) lost the needle on 1 of the 4 prompts full solved,
 // 15 layers on none. A shallower draft is faster: pass --draft-layers for that trade.
-static int spec_depth(const model *m, const strategy_opts *o) {
-    if (o->draft) return o->draft->cfg.n_layer;
+static int spec_depth(const model *m, const strategy_opts *o, const model *draft) {
+    if (draft) return draft->cfg.n_layer;
     return o->draft_layers > 0 ? o->draft_layers : (m->cfg.n_layer + 1) / 2;
 }
 
 // B's tokens: greedy, as the spec, when the request is greedy (temperature <= 0); else [D]
-// drawn with the request's own sampling settings (o->sampling) by a generator of their own,
+// drawn with the request's own sampling settings (run->sampling) by a generator of their own,
 // seeded from the request's seed XOR a constant: the request's draws stay as they were, and
 // the lookahead does not replay them.
-static void lookahead_sampler(sampler *smp, const strategy_opts *o, int vocab) {
-    sample_params p = o->sampling;
+static void lookahead_sampler(sampler *smp, const strategy_run *run, int vocab) {
+    sample_params p = run->sampling;
     p.seed ^= 0x9e3779b97f4a7c15ULL;
     sampler_init(smp, &p, vocab);
 }
 
 // score (m,) of the prompt ids (m,) from the speculator, or NULL + err when out of memory;
 // *rows = the speculator's rows processed summed over its layers (prompt and lookahead passes).
-static float *speculate(model *main_m, const int *ids, int m, const strategy_opts *o, long *rows,
-                        char *err, size_t errlen) {
-    model *s = o->draft ? o->draft : main_m;
-    int depth = spec_depth(main_m, o), steps = o->lookahead - 1;
+static float *speculate(model *main_m, const int *ids, int m, const strategy_opts *o,
+                        const strategy_run *run, long *rows, char *err, size_t errlen) {
+    model *s = run->draft ? run->draft : main_m;
+    int depth = spec_depth(main_m, o, run->draft), steps = o->lookahead - 1;
     int *caps = xmalloc((size_t)s->cfg.n_layer * sizeof(int));
     int *pos = xmalloc((size_t)m * sizeof(int));
     for (int l = 0; l < s->cfg.n_layer; l++) caps[l] = l < depth ? m + steps : 0;
@@ -115,19 +115,18 @@ static float *speculate(model *main_m, const int *ids, int m, const strategy_opt
     }
     spec_scorer sc = {.m = m, .pool = o->spec_pool, .depth = depth,
                       .probs = xmalloc((size_t)s->cfg.n_head * m * sizeof(float)),
-                      .row_max = calloc((size_t)m, sizeof(float)),
-                      .score = calloc((size_t)m, sizeof(float))};
-    CHECK_INTERNAL(sc.row_max && sc.score, "out of memory for %d token scores", m);
+                      .row_max = xcalloc((size_t)m, sizeof(float)),
+                      .score = xcalloc((size_t)m, sizeof(float))};
     fwd_hooks hooks = {.ctx = &sc, .after_attention = spec_after_attention,
                        .after_layer = spec_after_layer};
     float *logits = steps > 0 ? xmalloc((size_t)s->cfg.vocab * sizeof(float)) : NULL;
     sampler smp;
-    lookahead_sampler(&smp, o, s->cfg.vocab);
+    lookahead_sampler(&smp, run, s->cfg.vocab);
     *rows = fwd_run(s, kv, ids, pos, m, &hooks, logits, 0);   // A: the last prompt token is row 0
     spec_end_row(&sc);
     for (int t = 0; t < steps; t++) {                          // B: lookahead rows 1..N-1
         int tok = sample_next(&smp, logits), p = m + t;
-        if (o->is_eog && o->is_eog(o->eog_ctx, tok)) break;
+        if (run->is_eog && run->is_eog(run->eog_ctx, tok)) break;
         *rows += fwd_run(s, kv, &tok, &p, 1, &hooks, t + 1 < steps ? logits : NULL, 0);
         spec_end_row(&sc);
     }
@@ -144,27 +143,28 @@ static float *speculate(model *main_m, const int *ids, int m, const strategy_opt
 // [D] The speculator's work in main-model layer rows: a self-draft's layers are the main
 // model's; a --draft's layer rows are scaled by its FLOPs per row and layer (projections and
 // MLP, model/cost.h) over the main model's.
-static long draft_rows_as_main(const model *m, const strategy_opts *o, long rows) {
-    if (!o->draft) return rows;
-    return lround((double)rows * cost_layer_row_flops(&o->draft->cfg) /
+static long draft_rows_as_main(const model *m, const model *draft, long rows) {
+    if (!draft) return rows;
+    return lround((double)rows * cost_layer_row_flops(&draft->cfg) /
                   cost_layer_row_flops(&m->cfg));
 }
 
 // info->label, and the note: which speculator ran ("draft: FILE" by the base name of --draft's
 // path, or the draft's own name when no path was given).
-static void spec_label(const model *m, const strategy_opts *o, prefill_info *info) {
-    if (o->draft) {
+static void spec_label(const model *m, const strategy_opts *o, const model *draft,
+                       prefill_info *info) {
+    if (draft) {
         char path[256];
-        snprintf(path, sizeof path, "%s", o->draft_path ? o->draft_path : o->draft->name);
+        snprintf(path, sizeof path, "%s", o->draft_path ? o->draft_path : draft->name);
         for (size_t n = strlen(path); n > 1 && path[n - 1] == '/'; n--) path[n - 1] = 0;
         const char *base = strrchr(path, '/');
         snprintf(info->label, sizeof info->label, "draft: %.80s", base && base[1] ? base + 1 : path);
-    } else if (spec_depth(m, o) == m->cfg.n_layer) {   // all layers: the model as its own draft
+    } else if (spec_depth(m, o, NULL) == m->cfg.n_layer) {   // all layers: the model as its own draft
         snprintf(info->label, sizeof info->label, "draft: the model itself, all %d layers",
                  m->cfg.n_layer);
     } else {
         snprintf(info->label, sizeof info->label, "self-draft: first %d of %d layers",
-                 spec_depth(m, o), m->cfg.n_layer);
+                 spec_depth(m, o, NULL), m->cfg.n_layer);
     }
     snprintf(info->note, sizeof info->note, "%s", info->label);
 }
@@ -190,19 +190,19 @@ static kv_cache *prefill_kept(model *m, const int *ids, const int *keep, int k, 
 // A --draft shares the main model's tokenizer (cmd/cli.c:load_draft compares them), but its
 // embedding may have a different number of padding rows (Qwen2.5 0.5B: 151936, 7B: 152064):
 // what matters is that it has a row for every prompt token. 1, or 0 with err.
-static int draft_reads(const strategy_opts *o, const int *ids, int n, char *err, size_t errlen) {
-    for (int i = 0; o->draft && i < n; i++)
-        if (ids[i] >= o->draft->cfg.vocab) {
+static int draft_reads(const model *draft, const int *ids, int n, char *err, size_t errlen) {
+    for (int i = 0; draft && i < n; i++)
+        if (ids[i] >= draft->cfg.vocab) {
             snprintf(err, errlen, "prompt token %d is outside the draft's vocabulary of %d "
-                     "tokens (a draft must share the tokenizer)", ids[i], o->draft->cfg.vocab);
+                     "tokens (a draft must share the tokenizer)", ids[i], draft->cfg.vocab);
             return 0;
         }
     return 1;
 }
 
 static kv_cache *specprefill_prefill(model *m, const int *ids, int n, int n_gen,
-                                     const strategy_opts *o, float *logits, prefill_info *info,
-                                     char *err, size_t errlen) {
+                                     const strategy_opts *o, const strategy_run *run,
+                                     float *logits, prefill_info *info, char *err, size_t errlen) {
     int *keep = xmalloc((size_t)n * sizeof(int)), k = n;
     for (int i = 0; i < n; i++) keep[i] = i;
     info->draft_rows = 0;
@@ -211,16 +211,16 @@ static kv_cache *specprefill_prefill(model *m, const int *ids, int n, int n_gen,
                  "ran full", n, o->chunk);
     } else {
         long rows = 0;
-        float *score = draft_reads(o, ids, n, err, errlen)
-                           ? speculate(m, ids, n, o, &rows, err, errlen) : NULL;
+        float *score = draft_reads(run->draft, ids, n, err, errlen)
+                           ? speculate(m, ids, n, o, run, &rows, err, errlen) : NULL;
         if (!score) {
             free(keep);
             return NULL;
         }
         k = specprefill_select(score, n, o->chunk, o->keep, o->keep_last, keep);
         free(score);
-        info->draft_rows = draft_rows_as_main(m, o, rows);
-        spec_label(m, o, info);
+        info->draft_rows = draft_rows_as_main(m, run->draft, rows);
+        spec_label(m, o, run->draft, info);
     }
     kv_cache *kv = prefill_kept(m, ids, keep, k, n_gen, logits, info, err, errlen);
     free(keep);
@@ -229,9 +229,8 @@ static kv_cache *specprefill_prefill(model *m, const int *ids, int n, int n_gen,
 
 static int specprefill_check(const model *m, const strategy_opts *o, char *err, size_t errlen) {
     if (o->draft_layers <= m->cfg.n_layer) return 0;
-    snprintf(err, errlen, "--draft-layers %d is more than the model's %d layers", o->draft_layers,
-             m->cfg.n_layer);
-    return -1;
+    return err_printf(err, errlen, "--draft-layers %d is more than the model's %d layers",
+                      o->draft_layers, m->cfg.n_layer);
 }
 
 const strategy strategy_specprefill = {

@@ -19,7 +19,8 @@ static int speed_depth(const model *m, const strategy_opts *o) {
     return o->speed_depth > 0 ? o->speed_depth : (7 * L + 7) / 8;   // ceil(0.875 L)
 }
 
-// After layer K-1 the prompt stops: only the anchor row and the last row go deep.
+// Prefill 2-4: after layer K-1 the prompt stops; only the anchor row and the last row (the first
+// output token's) go deep.
 static int speed_after_layer(void *ctx, fwd_state *s, int l) {
     const speed_plan *p = ctx;
     if (l != p->depth - 1) return 0;
@@ -31,7 +32,9 @@ static int speed_after_layer(void *ctx, fwd_state *s, int l) {
 }
 
 static kv_cache *speed_prefill(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
-                               float *logits, prefill_info *info, char *err, size_t errlen) {
+                               const strategy_run *run, float *logits, prefill_info *info,
+                               char *err, size_t errlen) {
+    (void)run;
     int L = m->cfg.n_layer;
     // With a one-token prompt the anchor is the last prompt token itself.
     speed_plan p = {.depth = speed_depth(m, o), .anchors = o->anchor && n > 1};
@@ -44,12 +47,9 @@ static kv_cache *speed_prefill(model *m, const int *ids, int n, int n_gen, const
 }
 
 static int speed_check(const model *m, const strategy_opts *o, char *err, size_t errlen) {
-    if (speed_depth(m, o) > m->cfg.n_layer) {
-        snprintf(err, errlen, "--speed-depth %d is more than the model's %d layers",
-                 o->speed_depth, m->cfg.n_layer);
-        return -1;
-    }
-    return 0;
+    if (speed_depth(m, o) <= m->cfg.n_layer) return 0;
+    return err_printf(err, errlen, "--speed-depth %d is more than the model's %d layers",
+                      o->speed_depth, m->cfg.n_layer);
 }
 
 const strategy strategy_speed = {

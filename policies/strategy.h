@@ -1,5 +1,5 @@
-// policies/strategy.h — what a strategy is: its options, what its prefill reports, and the
-// struct of functions each strategy file fills. Types only (no code behind them), so that the
+// policies/strategy.h — what a strategy is: its options, the context it runs in, what its
+// prefill reports, and the struct of functions each strategy file fills. Types only (no code behind them), so that the
 // registry and generation loop (policy.h), the strategies and their composition (compose.c) all
 // stand on it without standing on each other.
 #pragma once
@@ -9,7 +9,6 @@
 // Every strategy's parameters (flags of main.c). A value of 0 / -1 where noted means "the
 // strategy's default for this model", resolved by the strategy from the model's depth.
 typedef struct strategy_opts {
-    int n_threads;
     // speed
     int speed_depth;        // K layers that see the prompt; 0 = ceil(0.875 L)
     int anchor;             // 1: the first prompt token is an anchor kept in every layer; 0: none
@@ -27,8 +26,7 @@ typedef struct strategy_opts {
     int lookahead;          // 8
     int chunk;              // 32
     int spec_pool;          // 13
-    const char *draft_path; // --draft MODEL (loaded into `draft` by the command line), or NULL
-    model *draft;           // --draft: a separate model with the same vocabulary, or NULL
+    const char *draft_path; // --draft MODEL (loaded into strategy_run.draft by cmd/cli.c), or NULL
     int draft_layers;       // --draft-layers N: the main model's first N layers; 0 = unset
     int keep_last;          // 1: the last chunk is always kept; 0: the top chunks alone
     // swiftkv
@@ -41,16 +39,23 @@ typedef struct strategy_opts {
     int topk;               // retrieved entries per query head; -1 = from budget
     float budget;           // 0.02 of the prompt (exact reads incl. anchors and the phi cache)
     const char *phi_path;   // --phi FILE (fitted maps) or NULL: positive random features
-    // end-of-generation test for strategies that decode internally (specprefill lookahead)
+} strategy_opts;
+
+// The context a strategy runs in: not a parameter of any strategy, but what the command line
+// loaded (cmd/cli.c: cli_load) and what the request asks. Zero (or a NULL pointer): no draft, no
+// end-of-generation test, greedy, nothing counted.
+typedef struct strategy_run {
+    model *draft;           // --draft: a separate model with the same vocabulary, or NULL
+    // end-of-generation test for tokens a strategy draws itself (specprefill lookahead)
     int (*is_eog)(const void *ctx, int id);
     const void *eog_ctx;
-    // not a flag: set by --kept-map, so that a decode strategy that selects keys counts how
-    // often it read each prompt key (prefill_info.decode_selected)
+    // --kept-map: a decode strategy that selects keys counts how often it read each prompt key
+    // (prefill_info.decode_selected)
     int count_selected;
-    // not a flag: the request's sampling settings, for tokens a strategy draws itself
-    // (specprefill lookahead); gen_begin copies them from the request's sampler. Zero: greedy.
+    // the request's sampling settings, for tokens a strategy draws itself (specprefill
+    // lookahead); gen_begin copies them from the request's sampler. Zero: greedy.
     sample_params sampling;
-} strategy_opts;
+} strategy_run;
 
 // What a prefill reports besides the cache and logits.
 typedef struct prefill_info {
@@ -59,17 +64,18 @@ typedef struct prefill_info {
     char label[96];         // the variant that ran, where the name alone does not say it
                             // ("self-draft: first 15 of 30 layers"); shown beside the name
     long draft_rows;        // a draft's work in main-model layer rows (counted in rows_done too)
-    // Optional: hooks every decode step must run with (zero: none; their ctx may live in the
-    // cache's side data), how to free their ctx after the last step (may be NULL), and a report
-    // of decode work appended to the run's note at the end (may be NULL). Whoever decodes after
-    // prefill uses them (run_generate does).
+    // Optional: hooks every decode step must run with (zero: none; a strategy keeps their ctx
+    // where it outlives them: the cache's side data, the model), how to free their ctx after the
+    // last step (NULL; a composition's pair of hooks: set), and a report of decode work appended
+    // to the run's note at the end (may be NULL). Whoever decodes after prefill uses them
+    // (run_generate does).
     fwd_hooks decode;
     void (*decode_free)(void *ctx);
     void (*decode_report)(void *ctx, char *buf, size_t len);
     // Optional: mean bytes of KV the decode steps so far read exactly per step, all layers
     // (NULL: every cached entry is read, which gen_step counts itself).
     double (*decode_read_bytes)(void *ctx);
-    // Optional (strategy_opts.count_selected): for cache layer `layer` (kl: that layer of the
+    // Optional (strategy_run.count_selected): for cache layer `layer` (kl: that layer of the
     // cache), adds to sel[pos] how often decode read prompt position pos's key exactly, over the
     // steps so far and the KV heads (pos < n_prompt); returns what each count is out of (steps x
     // KV heads; 0: nothing counted). NULL: decode reads every cached entry.
@@ -79,11 +85,12 @@ typedef struct prefill_info {
 typedef struct strategy {
     const char *name;
     const char *about;   // one line for --help
-    // Prefill ids (n,) into a new KV cache with room for n_gen more tokens; write the last
-    // prompt row's logits (vocab,). NULL + one-line err on failure (bad parameters for this
-    // prompt or model, out of memory).
+    // Prefill ids (n,) with options o in context run (never NULL) into a new KV cache with room
+    // for n_gen more tokens; write the last prompt row's logits (vocab,). NULL + one-line err on
+    // failure (bad parameters for this prompt or model, out of memory).
     kv_cache *(*prefill)(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
-                         float *logits, prefill_info *info, char *err, size_t errlen);
+                         const strategy_run *run, float *logits, prefill_info *info, char *err,
+                         size_t errlen);
     // Optional: reject options that cannot work with this model (layer out of range, draft
     // with another vocabulary size, ...) before any prompt runs. 0 or -1 with err.
     int (*check)(const model *m, const strategy_opts *o, char *err, size_t errlen);
@@ -99,8 +106,8 @@ typedef struct strategy {
     // kept, per layer and KV head; every entry there now is a prompt entry. Appends its remark
     // to info->note. The caller then runs the decode steps (the prompt's last token first when
     // it is not in kv yet). 0, or -1 with err (kv untouched).
-    int (*attach)(model *m, kv_cache *kv, int n, const strategy_opts *o, prefill_info *info,
-                  char *err, size_t errlen);
+    int (*attach)(model *m, kv_cache *kv, int n, const strategy_opts *o, const strategy_run *run,
+                  prefill_info *info, char *err, size_t errlen);
     // A composed strategy PREFILL+DECODE (strategy_find makes them): its two parts; NULL else.
     const struct strategy *prefill_part, *decode_part;
 } strategy;

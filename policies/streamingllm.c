@@ -27,8 +27,9 @@ static int streaming_after_attention(void *ctx, fwd_state *s, int l, const void 
 }
 
 static kv_cache *streaming_prefill(model *m, const int *ids, int n, int n_gen,
-                                   const strategy_opts *o, float *logits, prefill_info *info,
-                                   char *err, size_t errlen) {
+                                   const strategy_opts *o, const strategy_run *run, float *logits,
+                                   prefill_info *info, char *err, size_t errlen) {
+    (void)run;
     streaming st = {window_budget(n, o->kv_rate), n_gen};
     if (st.b <= SINKS)
         snprintf(info->note, sizeof info->note,

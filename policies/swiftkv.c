@@ -48,31 +48,24 @@ static int swiftkv_shape(const model *m, const strategy_opts *o, int *l, int *G,
         long long cl = 0, cg = 1;
         if (model_config_int(m, "num_key_value_layers", &cl) != 0 ||
             model_config_int(m, "key_value_group_size", &cg) < 0)
-            return err_printf(err, errlen,
-                              CHECKPOINT_TYPE " config.json needs integer "
-                                              "num_key_value_layers (and key_value_group_size)");
+            return err_printf(err, errlen, CHECKPOINT_TYPE " config.json needs integer "
+                              "num_key_value_layers (and key_value_group_size)");
         if (cl < 1 || cl > L || cg < 1 || cg > L)
-            return err_printf(err, errlen,
-                              CHECKPOINT_TYPE " config.json: num_key_value_layers %lld "
-                                              "or key_value_group_size %lld is outside [1, %d]",
-                              cl, cg, L);
+            return err_printf(err, errlen, CHECKPOINT_TYPE " config.json: num_key_value_layers "
+                              "%lld or key_value_group_size %lld is outside [1, %d]", cl, cg, L);
         if ((o->swiftkv_layers && o->swiftkv_layers != cl) ||
             (o->swiftkv_group && o->swiftkv_group != cg))
-            return err_printf(err, errlen,
-                              "the checkpoint was distilled for --swiftkv-layers %lld "
-                              "--swiftkv-group %lld; other values need a stock model",
-                              cl, cg);
+            return err_printf(err, errlen, "the checkpoint was distilled for --swiftkv-layers "
+                              "%lld --swiftkv-group %lld; other values need a stock model", cl, cg);
         *l = (int)cl;
         *G = (int)cg;
     }
     if (*l < 1 || *l > L)
-        return err_printf(err, errlen,
-                          "--swiftkv-layers %d is outside [1, %d] (the model's layers)", *l, L);
+        return err_printf(err, errlen, "--swiftkv-layers %d is outside [1, %d] (the model's "
+                          "layers)", *l, L);
     if (*G < 1 || (L - *l) % *G)
-        return err_printf(err, errlen,
-                          "--swiftkv-group %d does not divide the %d SwiftKV layers "
-                          "(L - l = %d - %d)",
-                          *G, L - *l, L, *l);
+        return err_printf(err, errlen, "--swiftkv-group %d does not divide the %d SwiftKV layers "
+                          "(L - l = %d - %d)", *G, L - *l, L, *l);
     return 0;
 }
 
@@ -85,9 +78,8 @@ static const bk_weight *extra(const model *m, const char *name, int j, size_t ro
     const model_extra *e = model_find_extra(m, full);
     if (e && e->rows == rows && e->cols == cols) return e->w;
     if (e || required)
-        err_printf(err, errlen,
-                   CHECKPOINT_TYPE " checkpoint: tensor '%s' is %s (expected [%zu, %zu])", full,
-                   e ? "of another shape" : "missing", rows, cols);
+        err_printf(err, errlen, CHECKPOINT_TYPE " checkpoint: tensor '%s' is %s (expected [%zu, "
+                   "%zu])", full, e ? "of another shape" : "missing", rows, cols);
     return NULL;
 }
 
@@ -230,7 +222,9 @@ static int swiftkv_kv_source(void *ctx, int l, int *kv_layer, const bk_weight **
 
 // Prefill: layers < l keep every prompt token; a group leader's cache holds the group's K/V.
 static kv_cache *swiftkv_prefill(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
-                                 float *logits, prefill_info *info, char *err, size_t errlen) {
+                                 const strategy_run *run, float *logits, prefill_info *info,
+                                 char *err, size_t errlen) {
+    (void)run;
     const swiftkv_plan *p = plan_for(m, o, err, errlen);
     if (!p) return NULL;
     int *caps = xmalloc((size_t)p->L * sizeof(int));
@@ -243,10 +237,8 @@ static kv_cache *swiftkv_prefill(model *m, const int *ids, int n, int n_gen, con
     if (!kv) return NULL;
     info->decode = hooks;
     if (!is_checkpoint(m))
-        snprintf(info->note, sizeof info->note,
-                 "training-free init (l = %d, G = %d), experimental: "
-                 "no distilled checkpoint, fidelity in bench/EVAL.md",
-                 p->l, p->G);
+        snprintf(info->note, sizeof info->note, "training-free init (l = %d, G = %d), experimental: "
+                 "no distilled checkpoint, fidelity in bench/EVAL.md", p->l, p->G);
     return kv;
 }
 
@@ -257,10 +249,8 @@ static int swiftkv_check(const model *m, const strategy_opts *o, char *err, size
     if (!is_checkpoint(m) && missing >= 0)
         return err_printf(err, errlen, "layer %d has no q/k/v projections", missing);
     if (missing >= 0 && missing < l)
-        return err_printf(err, errlen,
-                          "layer %d < num_key_value_layers %d has no q/k/v "
-                          "projections",
-                          missing, l);
+        return err_printf(err, errlen, "layer %d < num_key_value_layers %d has no q/k/v "
+                          "projections", missing, l);
     // The plan, built once here before any prompt runs (the checkpoint's own tensors checked).
     return plan_for((model *)m, o, err, errlen) ? 0 : -1;
 }

@@ -18,9 +18,9 @@
 
 #define PRF_SEED 0x5EEDull
 
-// Per cache layer, the regions over the prompt entries some prefill left there (per KV head
-// the same count, maybe different tokens): sink = the first `sink` entries, tail = the last
-// `tail`, mid = the rest; entries from np on are decode tokens.
+// Index sets, per cache layer, over the prompt entries some prefill left there (per KV head the
+// same count, maybe different tokens): anchors A = the first `sink` entries and the last `tail`,
+// mid M = the rest; entries from np on are decode tokens.
 typedef struct {
     int np, n_mid, k;              // prompt entries, mid entries [sink, sink + n_mid), retrieved
     int sink, tail;
@@ -38,7 +38,7 @@ typedef struct {
     int cap, stamp;
     double read_entries, full_entries;   // exact entries read / held, summed over steps, layers
     long layer_steps;
-    // --kept-map (strategy_opts.count_selected): per cache layer and KV head, how often each
+    // --kept-map (strategy_run.count_selected): per cache layer and KV head, how often each
     // entry was read exactly (n_layer, n_kv_head, cap_max); steps per cache layer.
     int *counts, cap_max;
     long *steps;
@@ -67,7 +67,7 @@ phi_maps *topk_phi_fallback_maps(const model *m, int d_phi) {
     return phi_maps_prf(c->n_layer, c->n_head, c->n_kv_head, c->head_dim, d_phi, PRF_SEED);
 }
 
-// Spec budget: n = ceil(f N) exact reads; the phi cache costs R_phi token-equivalents, so
+// Budgets: n = ceil(f N) exact reads; the phi cache costs R_phi token-equivalents, so
 // topk+phi retrieves ceil(R_phi) fewer than topk at the same budget. On a short prompt that
 // leaves few or no keys (2 % of 2K tokens is 41 reads: sink 4 + tail 16 + the phi cache's 33
 // token-equivalents leave K = 0, and decode cannot read a needle at all), so a K derived from
@@ -85,7 +85,7 @@ static int budget_k(const strategy_opts *o, int n, int d_phi, int hd, int with_p
     return k;
 }
 
-// Per KV head: entries read exactly this step = the union of its query heads' selections
+// GQA: per KV head, entries read exactly this step = the union of its query heads' selections
 // (with --kept-map, each prompt entry of the union counted).
 static void account(topk_state *t, int kl, int heads, int n_sel, int len) {
     int group = heads / t->n_kv_head;
@@ -128,23 +128,24 @@ static void ensure_scratch(topk_state *t, int heads, int len) {
     t->stamp = 0;
 }
 
-// Decode attention of query layer l over cache layer kl (its own, or a shared one): E = top-K(M)
-// U anchors U decode tokens, completed from M's summary. A layer without mid entries reads
-// every entry exactly.
+// One decode step, query layer l over cache layer kl (its own, or a shared one). A layer
+// without mid entries reads every entry exactly.
 static int topk_attention(void *ctx, fwd_state *s, int kl, const void *q, void *out) {
     topk_state *t = ctx;
     const topk_layer *y = &t->ly[kl];
     int heads = s->m->cfg.n_head, len = s->kv->layers[kl].len;
     int n_sel = y->k + y->sink + (len - (y->np - y->tail));
     ensure_scratch(t, heads, len);
-    int *top = t->sel + (size_t)heads * n_sel;   // exhaustive scores, top K of M per query head
+    int *top = t->sel + (size_t)heads * n_sel;   // 1-2: exhaustive scores over M, K(q) per head
     if (y->k > 0) fwd_attn_topk(s, kl, q, len, y->sink, y->n_mid, y->k, top);
+    // 3: the exact set E = K(q) U A U decode tokens
     for (int h = 0; h < heads; h++) {
         int *sel = t->sel + (size_t)h * n_sel, j = y->k;
         memcpy(sel, top + (size_t)h * y->k, (size_t)y->k * sizeof(int));
         for (int i = 0; i < y->sink; i++) sel[j++] = i;
         for (int i = y->np - y->tail; i < len; i++) sel[j++] = i;   // tail, then decode tokens
     }
+    // 4-6 (topk+phi): the rest of M from its completion cache minus K(q), one normalisation
     phi_completion comp = {t->maps, kl, t->sum + (size_t)kl * t->n_kv_head};
     fwd_attn_select(s, kl, q, t->sel, n_sel, y->k, t->maps && y->n_mid > 0 ? &comp : NULL, out);
     account(t, kl, heads, n_sel, len);
@@ -196,9 +197,9 @@ static phi_maps *load_maps(const model *m, const strategy_opts *o, char *err, si
 }
 
 // Decode state over kv, whose entries now are all prompt entries (a full prefill, or whatever a
-// prefill strategy kept): per layer the regions, K (clamped to its mid region) and, with maps,
-// the completion cache over the mid region (fp32, one pass per layer and KV head). Attached to
-// kv as its side data (freed with it); maps freed with it if own_maps.
+// prefill strategy kept): per layer the index sets, K (clamped to M) and, with maps, the
+// completion cache over M (m, u~, T~: fp32, one pass per layer and KV head). Attached to kv as
+// its side data (freed with it, own_maps too).
 static topk_state *topk_attach(model *m, kv_cache *kv, int sink, int tail, int k,
                                const phi_maps *maps, phi_maps *own_maps) {
     const model_config *c = &m->cfg;
@@ -235,7 +236,8 @@ fwd_hooks topk_phi_hooks(model *m, kv_cache *kv, int sink, int tail, int k, cons
 
 // attach (policy.h) for topk and topk+phi: n is the prompt's length (for --budget).
 static int topk_attach_run(model *m, kv_cache *kv, int n, const strategy_opts *o,
-                           prefill_info *info, char *err, size_t errlen, int with_phi) {
+                           const strategy_run *run, prefill_info *info, char *err, size_t errlen,
+                           int with_phi) {
     const model_config *c = &m->cfg;
     if (kv->side)
         return err_printf(err, errlen, "the cache already carries another strategy's decode state");
@@ -247,7 +249,7 @@ static int topk_attach_run(model *m, kv_cache *kv, int n, const strategy_opts *o
     info->decode = (fwd_hooks){.ctx = t, .attention = topk_attention};
     info->decode_report = topk_report;
     info->decode_read_bytes = topk_read_bytes;
-    if (o->count_selected) {
+    if (run->count_selected) {
         for (int l = 0; l < kv->n_layer; l++)
             t->cap_max = kv->layers[l].cap > t->cap_max ? kv->layers[l].cap : t->cap_max;
         t->counts = xcalloc((size_t)kv->n_layer * t->n_kv_head * (t->cap_max ? t->cap_max : 1), sizeof(int));
@@ -288,20 +290,20 @@ static int topk_attach_run(model *m, kv_cache *kv, int n, const strategy_opts *o
 }
 
 static int topk_phi_attach(model *m, kv_cache *kv, int n, const strategy_opts *o,
-                           prefill_info *info, char *err, size_t errlen) {
-    return topk_attach_run(m, kv, n, o, info, err, errlen, 1);
+                           const strategy_run *run, prefill_info *info, char *err, size_t errlen) {
+    return topk_attach_run(m, kv, n, o, run, info, err, errlen, 1);
 }
 
 static int topk_only_attach(model *m, kv_cache *kv, int n, const strategy_opts *o,
-                            prefill_info *info, char *err, size_t errlen) {
-    return topk_attach_run(m, kv, n, o, info, err, errlen, 0);
+                            const strategy_run *run, prefill_info *info, char *err, size_t errlen) {
+    return topk_attach_run(m, kv, n, o, run, info, err, errlen, 0);
 }
 
 // Alone: a full prefill of the prompt but its last token, which is the first query — so the
 // first generated token already sees the method. N = n - 1 prefilled tokens define the regions.
 static kv_cache *topk_run(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
-                          float *logits, prefill_info *info, char *err, size_t errlen,
-                          int with_phi) {
+                          const strategy_run *run, float *logits, prefill_info *info, char *err,
+                          size_t errlen, int with_phi) {
     if (n - 1 <= o->sink + o->tail) {
         snprintf(info->note, sizeof info->note, "prompt of %d tokens has no mid region (sink %d + "
                  "tail %d + the last token): ran full", n, o->sink, o->tail);
@@ -310,7 +312,7 @@ static kv_cache *topk_run(model *m, const int *ids, int n, int n_gen, const stra
     int np = n - 1;
     kv_cache *kv = prefill_run(m, ids, np, n_gen + 1, NULL, NULL, NULL, info, err, errlen);
     if (!kv) return NULL;
-    if (topk_attach_run(m, kv, n, o, info, err, errlen, with_phi) != 0) {
+    if (topk_attach_run(m, kv, n, o, run, info, err, errlen, with_phi) != 0) {
         kv_free(kv);
         return NULL;
     }
@@ -319,14 +321,15 @@ static kv_cache *topk_run(model *m, const int *ids, int n, int n_gen, const stra
 }
 
 static kv_cache *topk_phi_prefill(model *m, const int *ids, int n, int n_gen,
-                                  const strategy_opts *o, float *logits, prefill_info *info,
-                                  char *err, size_t errlen) {
-    return topk_run(m, ids, n, n_gen, o, logits, info, err, errlen, 1);
+                                  const strategy_opts *o, const strategy_run *run, float *logits,
+                                  prefill_info *info, char *err, size_t errlen) {
+    return topk_run(m, ids, n, n_gen, o, run, logits, info, err, errlen, 1);
 }
 
 static kv_cache *topk_prefill(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
-                              float *logits, prefill_info *info, char *err, size_t errlen) {
-    return topk_run(m, ids, n, n_gen, o, logits, info, err, errlen, 0);
+                              const strategy_run *run, float *logits, prefill_info *info,
+                              char *err, size_t errlen) {
+    return topk_run(m, ids, n, n_gen, o, run, logits, info, err, errlen, 0);
 }
 
 static int topk_check(const model *m, const strategy_opts *o, char *err, size_t errlen) {

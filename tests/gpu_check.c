@@ -894,7 +894,7 @@ static double kept_agreement(const kv_cache *cpu, const kv_cache *gpu) {
 static void test_strategy(model *m[2], const strategy *s, const int *ids, int n, int n_gen,
                           const char *model_name) {
     strategy_opts so = strategy_opts_default();
-    so.is_eog = never_eog;
+    strategy_run run = {.is_eog = never_eog};
     // topk, topk+phi: K = 0 (sink + tail, and topk+phi's completion over the rest), so that both
     // backends read the same keys at decode: on these tiny models bf16 scores tie often at the
     // top-K boundary, and a tie taken the other way makes the logits incomparable. The top-K
@@ -918,7 +918,7 @@ static void test_strategy(model *m[2], const strategy *s, const int *ids, int n,
     for (int b = 0; b < 2; b++) {
         lg[b] = xmalloc((size_t)vocab * sizeof(float));
         for (int i = 0; i < vocab; i++) lg[b][i] = NAN;
-        kv[b] = strategy_prefill(s, m[b], ids, n, n_gen, &so, lg[b], &info[b], err, sizeof err);
+        kv[b] = strategy_prefill(s, m[b], ids, n, n_gen, &so, &run, lg[b], &info[b], err, sizeof err);
         CHECK_INTERNAL(kv[b], "%s prefill: %s", s->name, err);
     }
     // Logits are compared only where both backends kept the same entries: a selection on bf16
@@ -968,8 +968,8 @@ static void test_strategy(model *m[2], const strategy *s, const int *ids, int n,
         sampler smp;
         sampler_init(&smp, &(sample_params){.temp = 0}, vocab);
         run_stats st;
-        int rc = run_generate(s, m[b], &so, ids, n, n_gen, &smp, log_token, &tl[b], &st, err,
-                              sizeof err);
+        int rc = run_generate(s, m[b], &so, &run, ids, n, n_gen, &smp, log_token, &tl[b], &st, NULL,
+                              err, sizeof err);
         CHECK_INTERNAL(rc == 0, "%s generate: %s", s->name, err);
         sampler_free(&smp);
     }

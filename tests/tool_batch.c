@@ -7,7 +7,7 @@
 // A/B mode makes). Prints one line per prompt: `prompt STRATEGY ALONE_TOKENS | BATCH_TOKENS |
 // max_abs max_rel | SEL` where max_* compare every step's logits (batched vs alone) and SEL says
 // whether decode read the same keys as often in both (per cache layer and prompt position:
-// strategy_opts.count_selected; 1 same, 0 not, - no selection), then `batch steps S` (the
+// strategy_run.count_selected; 1 same, 0 not, - no selection), then `batch steps S` (the
 // shared passes the batch took).
 #include <math.h>
 #include <stdio.h>
@@ -73,7 +73,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     strategy_opts o = strategy_opts_default();
-    o.count_selected = 1;
+    strategy_run run = {.count_selected = 1};
     int vocab = m->cfg.vocab;
     int **ids = xcalloc((size_t)np, sizeof *ids), *len = xcalloc((size_t)np, sizeof *len);
     int *npred = xcalloc((size_t)np, sizeof *npred);
@@ -96,7 +96,7 @@ int main(int argc, char **argv) {
             sampler_init(sm[k], &(sample_params){.temp = 0}, vocab);
         }
         // alone: begin, step until done, end — before any batched sequence exists
-        if (gen_begin(g[0], s, m, &o, ids[i], len[i], npred[i], sm[0], on_tok, r[0], NULL, err,
+        if (gen_begin(g[0], s, m, &o, &run, ids[i], len[i], npred[i], sm[0], on_tok, r[0], NULL, err,
                       sizeof err)) {
             fprintf(stderr, "%s: %s\n", s->name, err);
             return 1;
@@ -109,7 +109,7 @@ int main(int argc, char **argv) {
     gen_seq **all = xmalloc((size_t)np * sizeof *all);
     for (int i = 0; i < np; i++) {
         all[i] = &gb[i];
-        if (gen_begin(&gb[i], ss[i % ns], m, &o, ids[i], len[i], npred[i], &sb[i], on_tok,
+        if (gen_begin(&gb[i], ss[i % ns], m, &o, &run, ids[i], len[i], npred[i], &sb[i], on_tok,
                       &batch[i], NULL, err, sizeof err)) {
             fprintf(stderr, "%s: %s\n", ss[i % ns]->name, err);
             return 1;

@@ -11,7 +11,7 @@
 // lookahead, chunk, spec_pool, draft_layers, keep_last, swiftkv_layers, swiftkv_group,
 // swiftkv_fold, sink, tail, topk, budget; --draft PATH loads a draft model. --temp T (with
 // --strategy, not --greedy): the prefill runs as a request sampled at temperature T with seed S
-// (--seed, default 0; no other filter) through run_generate_first, so the request's sampling
+// (--seed, default 0; no other filter) through run_generate, so the request's sampling
 // reaches the strategy as it does in sift; prints the sampled id.
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,7 +106,7 @@ int main(int argc, char **argv) {
     gguf_file *f, *df = NULL;
     hf_dir *h, *dh = NULL;
     model *m = load(argv[1], bk, &f, &h), *draft = draft_path ? load(draft_path, bk, &df, &dh) : NULL;
-    o.draft = draft;
+    strategy_run run = {.draft = draft};
     const strategy *s = strategy_find(sname ? sname : "full");
     char err[512];
     if (!s || (strategy_check(s, m, &o, err, sizeof err) != 0)) {
@@ -120,8 +120,8 @@ int main(int argc, char **argv) {
         sampler smp;
         sampler_init(&smp, &(sample_params){.temp = temp, .top_p = 1, .seed = seed}, vocab);
         run_stats st;
-        if (run_generate_first(s, m, &o, ids, n, 1, &smp, collect, NULL, &st, logits, err,
-                               sizeof err) != 0) {
+        if (run_generate(s, m, &o, &run, ids, n, 1, &smp, collect, NULL, &st, logits, err,
+                         sizeof err) != 0) {
             fprintf(stderr, "%s\n", err);
             return 1;
         }
@@ -129,7 +129,7 @@ int main(int argc, char **argv) {
         sampler_free(&smp);
     } else if (sname) {
         prefill_info info = {0};
-        kv = strategy_prefill(s, m, ids, n, greedy > 0 ? greedy : 1, &o, logits, &info, err, sizeof err);
+        kv = strategy_prefill(s, m, ids, n, greedy > 0 ? greedy : 1, &o, &run, logits, &info, err, sizeof err);
         if (!kv) {
             fprintf(stderr, "%s\n", err);
             return 1;
@@ -156,7 +156,7 @@ int main(int argc, char **argv) {
         sampler smp;
         sampler_init(&smp, &(sample_params){.temp = 0}, vocab);
         gen_seq g;   // run_generate's loop, keeping every step's logits
-        if (gen_begin(&g, s, m, &o, ids, n, greedy, &smp, collect, NULL, NULL, err, sizeof err)) {
+        if (gen_begin(&g, s, m, &o, &run, ids, n, greedy, &smp, collect, NULL, NULL, err, sizeof err)) {
             fprintf(stderr, "%s\n", err);
             return 1;
         }

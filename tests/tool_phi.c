@@ -344,7 +344,7 @@ static int decode(int argc, char **argv) {
     int vocab = m->cfg.vocab;
     float *logits = xmalloc((size_t)(1 + n_cont) * vocab * sizeof(float));
     prefill_info info = {0};
-    kv_cache *kv = strategy_prefill(s, m, ids, n, n_cont, &o, logits, &info, err, sizeof err);
+    kv_cache *kv = strategy_prefill(s, m, ids, n, n_cont, &o, NULL, logits, &info, err, sizeof err);
     if (!kv) {
         fprintf(stderr, "%s\n", err);
         return 1;
