@@ -365,8 +365,6 @@ static const float CHECK_DELTAS[] = {1, 0, -1, -2, -4, PHI_GATE_OFF};
 #define CHECK_MIN 512   // held-out tokens below which the check is skipped (with a warning)
 #define CHECK_ROWS 16
 
-static int phi_cache_tokens(const phi_maps *p) { return topk_phi_cache_tokens(p->d_phi, p->d_in); }
-
 // Prints the verdict and stores it in p (skipped with a warning when too little text is held
 // out). select 0 (--verify): the maps as they are, no offset chosen.
 static void fit_check(model *m, phi_maps *p, const int *held, int n_held, int n_fit, const fit_opts *o,
@@ -380,9 +378,9 @@ static void fit_check(model *m, phi_maps *p, const int *held, int n_held, int n_
                 o->data, n_held, n_fit, CHECK_MIN, n_fit + CHECK_MIN);
         return;
     }
-    int n = n_held < o->check ? n_held : o->check, r_fit = phi_cache_tokens(p);
+    int n = n_held < o->check ? n_held : o->check, r_fit = topk_phi_cache_tokens(p);
     phi_maps *prf = topk_phi_fallback_maps(m, c->head_dim);
-    int r_prf = phi_cache_tokens(prf), r_max = r_fit > r_prf ? r_fit : r_prf;
+    int r_prf = topk_phi_cache_tokens(prf), r_max = r_fit > r_prf ? r_fit : r_prf;
     int budget = (int)ceil(0.02 * (n - 1)), floor_b = o->sink + o->tail + r_max + 16;
     if (budget < floor_b) budget = floor_b;
     int k_topk = budget - o->sink - o->tail, n_pos = p->n_ctx > n ? 2 : 1;

@@ -45,7 +45,6 @@ int run_generate(const strategy *s, model *m, const strategy_opts *o, const stra
 int gen_begin(gen_seq *g, const strategy *s, model *m, const strategy_opts *o,
               const strategy_run *run, const int *ids, int n, int n_predict, sampler *smp,
               run_token_fn on_token, void *ctx, float *first_logits, char *err, size_t errlen) {
-    memset(g, 0, sizeof *g);
     *g = (gen_seq){.m = m, .smp = smp, .on_token = on_token, .ctx = ctx, .n_prompt = n,
                    .n_predict = n_predict};
     g->st.prompt_n = n;

@@ -161,8 +161,7 @@ static void opt_json(const strategy_opts *o, const opt_def *d, char *buf, size_t
 }
 
 strategy_opts strategy_opts_default(void) {
-    strategy_opts o;
-    memset(&o, 0, sizeof o);
+    strategy_opts o = {0};
     for (int i = 0; i < N_OPTS; i++) {
         char *field = (char *)&o + OPTS[i].offset;
         if (OPTS[i].type == OPT_FLOAT) *(float *)field = (float)OPTS[i].def;

@@ -58,8 +58,8 @@ static void topk_state_free(void *ctx) {
     free(t);
 }
 
-int topk_phi_cache_tokens(int d_phi, int head_dim) {
-    return (int)ceil(d_phi / 2.0 + (double)d_phi / head_dim);
+int topk_phi_cache_tokens(const phi_maps *maps) {
+    return (int)ceil(maps->d_phi / 2.0 + (double)maps->d_phi / maps->d_in);
 }
 
 phi_maps *topk_phi_fallback_maps(const model *m, int d_phi) {
@@ -74,11 +74,11 @@ phi_maps *topk_phi_fallback_maps(const model *m, int d_phi) {
 // --budget is never below TOPK_MIN_K (nor the mid region): the floor reads more than the budget,
 // and *raised says by how much so that the note can say so. An explicit --topk stands as given.
 #define TOPK_MIN_K 16
-static int budget_k(const strategy_opts *o, int n, int d_phi, int hd, int with_phi, int *raised) {
+static int budget_k(const strategy_opts *o, int n, const phi_maps *maps, int *raised) {
     *raised = 0;
     if (o->topk >= 0) return o->topk;
     int total = (int)ceil((double)o->budget * n);
-    int k = total - o->sink - o->tail - (with_phi ? topk_phi_cache_tokens(d_phi, hd) : 0);
+    int k = total - o->sink - o->tail - (maps ? topk_phi_cache_tokens(maps) : 0);
     k = k > 0 ? k : 0;
     int n_mid = n - o->sink - o->tail, floor_k = TOPK_MIN_K < n_mid ? TOPK_MIN_K : n_mid;
     if (k < floor_k) *raised = floor_k - k, k = floor_k;
@@ -238,13 +238,11 @@ fwd_hooks topk_phi_hooks(model *m, kv_cache *kv, int sink, int tail, int k, cons
 static int topk_attach_run(model *m, kv_cache *kv, int n, const strategy_opts *o,
                            const strategy_run *run, prefill_info *info, char *err, size_t errlen,
                            int with_phi) {
-    const model_config *c = &m->cfg;
     if (kv->side)
         return err_printf(err, errlen, "the cache already carries another strategy's decode state");
     phi_maps *maps = with_phi ? load_maps(m, o, err, errlen) : NULL;
     if (with_phi && !maps) return -1;
-    int d_phi = maps ? maps->d_phi : c->head_dim;
-    int raised, k = budget_k(o, n, d_phi, c->head_dim, with_phi, &raised);
+    int raised, k = budget_k(o, n, maps, &raised);
     topk_state *t = topk_attach(m, kv, o->sink, o->tail, k, maps, maps);
     info->decode = (fwd_hooks){.ctx = t, .attention = topk_attention};
     info->decode_report = topk_report;

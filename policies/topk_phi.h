@@ -10,9 +10,9 @@
 // is kv's side data (kv->side_free frees it; then the cache, rewound, takes other hooks).
 fwd_hooks topk_phi_hooks(model *m, kv_cache *kv, int sink, int tail, int k, const phi_maps *maps);
 
-// R_phi = ceil(d_phi/2 + d_phi/d_h): the token-equivalents reading the phi cache costs (spec:
-// budgets); topk+phi retrieves that many fewer entries than topk at the same --budget.
-int topk_phi_cache_tokens(int d_phi, int head_dim);
+// R_phi = ceil(d_phi/2 + d_phi/d_h) of maps: the token-equivalents reading the phi cache costs
+// (spec: budgets); topk+phi retrieves that many fewer entries than topk at the same --budget.
+int topk_phi_cache_tokens(const phi_maps *maps);
 // The training-free maps topk+phi uses without --phi: positive random features of m's shapes
 // (fixed seed), d_phi features per head.
 phi_maps *topk_phi_fallback_maps(const model *m, int d_phi);
