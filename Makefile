@@ -42,7 +42,7 @@ LIB_OBJ += $(CU_SRC:%.cu=build/%.o)
 CFLAGS  += -DSIFT_CUDA
 LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart_static -lrt -Wl,-Bstatic -lstdc++ -Wl,-Bdynamic
 GPU_BIN := build/tests/gpu_check build/tests/gpu_tables
-# The SIMT emulation build (model/simt/, clang++): the same .cu sources compiled as C++ for the
+# The SIMT emulation build (simt/, clang++): the same .cu sources compiled as C++ for the
 # CPU, every load and store instrumented (-fsanitize-coverage) for the emulator's checkers;
 # build/sift-simt and build/tests/gpu_check-simt run the CUDA backend on the CPU, and
 # build/tests/test_simt checks the emulator itself. Linked -no-pie (reports name source lines
@@ -50,11 +50,11 @@ GPU_BIN := build/tests/gpu_check build/tests/gpu_tables
 SIMT_CXX ?= $(shell command -v clang++ 2>/dev/null)
 endif
 ifneq ($(strip $(SIMT_CXX)),)
-SIMT_FLAGS := -std=c++17 -DSIFT_SIMT -D__CUDACC__ -Imodel/simt/include -O2 -g -fno-pie \
+SIMT_FLAGS := -std=c++17 -DSIFT_SIMT -D__CUDACC__ -Isimt/include -O2 -g -fno-pie \
               -ffp-contract=off -fno-vectorize -fno-slp-vectorize -fno-optimize-sibling-calls \
               -Wall -Wextra -Werror -MMD -MP
 SIMT_COV   := -fsanitize-coverage=func,trace-loads,trace-stores
-SIMT_RT    := $(patsubst %.cpp,build/simt/%.o,$(wildcard model/simt/*.cpp)) build/simt/model/simt/switch.o
+SIMT_RT    := $(patsubst %.cpp,build/simt/%.o,$(wildcard simt/*.cpp)) build/simt/simt/switch.o
 SIMT_KOBJ  := $(CU_SRC:%.cu=build/simt/%.o)
 C_OBJ      := $(filter-out $(CU_SRC:%.cu=build/%.o),$(LIB_OBJ))
 SIMT_LINK  := -no-pie -rdynamic
@@ -77,10 +77,10 @@ build/%.o: %.cu $(FLAGS_STAMP)
 build/simt/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(SIMT_CXX) -x c++ $(SIMT_FLAGS) $(SIMT_COV) -c $< -o $@
-build/simt/model/simt/%.o: model/simt/%.cpp $(FLAGS_STAMP)
+build/simt/simt/%.o: simt/%.cpp $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(SIMT_CXX) $(SIMT_FLAGS) -c $< -o $@
-build/simt/model/simt/switch.o: model/simt/switch.S
+build/simt/simt/switch.o: simt/switch.S
 	@mkdir -p $(dir $@)
 	$(SIMT_CXX) -c $< -o $@
 build/simt/tests/%.o: tests/%.cpp $(FLAGS_STAMP)

@@ -16,7 +16,7 @@
 #include "../attn/attn_cuda.h"
 #include "../attn/phi_cuda.h"
 #include "../attn/score_cuda.h"
-#include "cuda_util.cuh"
+#include "../util/cuda_util.cuh"
 extern "C" {
 #include "../attn/phi.h"
 #include "../kv/kv.h"

@@ -14,7 +14,7 @@ int lt_load(lt_api *lt, char *err, size_t errlen) {
     const char *names[] = {env, "libcublasLt.so.13", "/usr/local/cuda/lib64/libcublasLt.so.13",
                            "/usr/local/cuda-13.0/lib64/libcublasLt.so.13"};
     memset(lt, 0, sizeof *lt);
-    if (CUDA_EMULATED) lt->so = dlopen(NULL, RTLD_NOW);   // the emulator's own (model/simt/)
+    if (CUDA_EMULATED) lt->so = dlopen(NULL, RTLD_NOW);   // the emulator's own (simt/)
     for (size_t i = 0; i < sizeof names / sizeof *names && !lt->so; i++)
         if (names[i] && *names[i]) lt->so = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
     if (!lt->so)

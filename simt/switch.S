@@ -1,4 +1,4 @@
-# model/simt/switch.S — the emulator's fiber switch (x86-64 System V): saves the callee-saved
+# simt/switch.S — the emulator's fiber switch (x86-64 System V): saves the callee-saved
 # registers, MXCSR and the x87 control word on the current stack, stores the stack pointer in
 # *save_sp, loads load_sp and restores the same from there. A new fiber's stack is laid out by
 # fiber_prepare (runtime.cpp) so that the first switch "returns" into simt_fiber_entry, which

@@ -1,5 +1,5 @@
-// model/simt/simt.h — the CUDA that sift's kernels use, emulated on the CPU (the SIMT emulation
-// build: the same .cu sources compiled as C++ by clang++ with model/simt/include/ in front of the
+// simt/simt.h — the CUDA that sift's kernels use, emulated on the CPU (the SIMT emulation
+// build: the same .cu sources compiled as C++ by clang++ with simt/include/ in front of the
 // include path, so <cuda_runtime.h>, <cuda_bf16.h>, <mma.h>, <cublasLt.h> and cub's BlockScan
 // are ours). What lives here: the qualifiers, built-in variables, vector types, barriers and
 // warp-collective operations, atomics, math intrinsics, the kernel launch, and the runtime API
@@ -308,7 +308,7 @@ static inline cudaError_t cudaFuncSetAttribute(F *fn, cudaFuncAttribute a, int v
 
 // ---- kernel launch ----------------------------------------------------------------------------
 // kernel<<<grid, block, smem, stream>>>(args) is CUDA_LAUNCH(kernel, grid, block, smem, stream,
-// args) in both builds (model/cuda_util.cuh); here the arguments are converted to the kernel's
+// args) in both builds (util/cuda_util.cuh); here the arguments are converted to the kernel's
 // parameter types once, and every thread calls the kernel with its own copy of them.
 struct simt_launch_site {
     const char *name, *file;

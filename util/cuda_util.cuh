@@ -1,9 +1,9 @@
-// model/cuda_util.cuh — what the CUDA files share: checked CUDA calls (file:line, what failed, a
+// util/cuda_util.cuh — what the CUDA files share: checked CUDA calls (file:line, what failed, a
 // hint, exit 3), the bf16 type, the launch-size helper, the kernel launch (CUDA_LAUNCH, never
 // <<<>>> directly), dynamic shared memory (SHARED_DYNAMIC) and the PTX wrappers, one inline
 // function per instruction. Included by *.cu files only. This is the one place the two builds
 // differ: nvcc compiles the wrappers below; the SIMT emulation build (SIFT_SIMT, clang++, the
-// CPU) takes model/simt/ptx.h's, which execute the same instructions thread by thread.
+// CPU) takes simt/ptx.h's, which execute the same instructions thread by thread.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -33,7 +33,7 @@ static inline unsigned cuda_blocks(size_t n, unsigned threads) {
 
 // ---- launch, dynamic shared memory, PTX -------------------------------------------------------
 #ifdef SIFT_SIMT
-#include "simt/ptx.h"
+#include "../simt/ptx.h"
 #else
 // kernel<<<grid, block, smem, stream>>>(...), then the launch checked; a template kernel with
 // more than one argument goes in parentheses: CUDA_LAUNCH((k<A, B>), ...)
@@ -44,7 +44,7 @@ static inline unsigned cuda_blocks(size_t n, unsigned threads) {
     } while (0)
 // The launch's dynamic shared memory as T[] (16-byte aligned)
 #define SHARED_DYNAMIC(T, name) extern __shared__ __align__(16) T name[]
-#define CUDA_EMULATED 0   // a real GPU (model/simt/ptx.h: 1)
+#define CUDA_EMULATED 0   // a real GPU (simt/ptx.h: 1)
 
 __device__ static inline uint32_t smem_u32(const void *p) {   // a shared-memory address for PTX
     return (uint32_t)__cvta_generic_to_shared(p);

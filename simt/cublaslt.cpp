@@ -1,4 +1,4 @@
-// model/simt/cublaslt.cpp — cuBLASLt for the SIMT emulation build (model/simt/include/cublasLt.h):
+// simt/cublaslt.cpp — cuBLASLt for the SIMT emulation build (simt/include/cublasLt.h):
 // the descriptor, layout and preference objects, a heuristic that offers one algorithm when the
 // problem is one the emulator can run, and cublasLtMatmul as a CPU reference GEMM,
 //     D = epilogue(alpha * op(A) @ op(B) + beta * C (+ bias)),

@@ -1,4 +1,4 @@
-// model/simt/include/cuda_bf16.h — bfloat16 for the SIMT emulation build: CUDA's storage
+// simt/include/cuda_bf16.h — bfloat16 for the SIMT emulation build: CUDA's storage
 // (16 bits, the top half of an fp32) and conversions (round to nearest even; NaN stays NaN).
 #pragma once
 #include "../simt.h"

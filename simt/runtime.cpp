@@ -1,4 +1,4 @@
-// model/simt/runtime.cpp — the SIMT emulator behind simt.h: CUDA threads as fibers, blocks on a
+// simt/runtime.cpp — the SIMT emulator behind simt.h: CUDA threads as fibers, blocks on a
 // pool of worker threads, device memory as bounds-checked host allocations, warp-collective
 // operations, streams, events and graphs, and the checkers (README, "GPU code without a GPU"):
 //  - global memory: an access outside a live allocation, into a freed one, misaligned for its

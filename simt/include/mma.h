@@ -1,4 +1,4 @@
-// model/simt/include/mma.h — nvcuda::wmma for the SIMT emulation build (bf16 and half inputs
+// simt/include/mma.h — nvcuda::wmma for the SIMT emulation build (bf16 and half inputs
 // not needed: bf16 x bf16 -> fp32, 16x16x16). A fragment's element layout is opaque in CUDA, so
 // here every lane holds the whole tile, row-major; each operation is warp-collective (every lane
 // of the warp must reach it with the same pointer and stride; the last to arrive does the work).

@@ -1,4 +1,4 @@
-// model/simt/ptx.cpp — the PTX instructions sift's kernels issue, executed as the PTX ISA
+// simt/ptx.cpp — the PTX instructions sift's kernels issue, executed as the PTX ISA
 // defines them (the tables are restated in tests/test_simt.cpp, which checks them):
 //  - cp.async.cg.shared.global 16 bytes (zero-filled when the source size is 0), commit_group,
 //    wait_group N: the copies of a thread are delayed until a wait leaves at most N of its newer

@@ -1,5 +1,5 @@
-// model/simt/runtime.h — what the emulator's own parts share (runtime.cpp, ptx.cpp, cublaslt.cpp,
-// profile.cpp); kernels never include it.
+// simt/runtime.h — what the emulator's own parts share (runtime.cpp, which also keeps the
+// profiler's counters, ptx.cpp, cublaslt.cpp); kernels never include it.
 #pragma once
 #include <string>
 

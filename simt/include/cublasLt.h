@@ -1,7 +1,7 @@
-// model/simt/include/cublasLt.h — the SIMT emulation build's <cublasLt.h>: the part of cuBLASLt's
+// simt/include/cublasLt.h — the SIMT emulation build's <cublasLt.h>: the part of cuBLASLt's
 // API that sift uses (one fp32-accumulated GEMM per call, column-major, host alpha and beta, the
 // bias/ReLU/GELU epilogues) with the real library's type names, enumerator values and function
-// signatures, so that backend_cuda.cu compiles unchanged. model/simt/cublaslt.cpp implements it
+// signatures, so that backend_cuda.cu compiles unchanged. simt/cublaslt.cpp implements it
 // as a CPU reference GEMM. The functions are extern "C" and the executable is linked -rdynamic,
 // so backend_cuda.cu's dlopen(NULL) + dlsym("cublasLt...") finds them as it would in the .so.
 // Attributes the emulator does not model are declared (their numbering is the real one) but
@@ -67,7 +67,7 @@ typedef enum : int {
     CUBLAS_FILL_MODE_FULL = 2,
 } cublasFillMode_t;
 
-// ---- cuBLASLt's objects: opaque here, defined in model/simt/cublaslt.cpp ------------------------
+// ---- cuBLASLt's objects: opaque here, defined in simt/cublaslt.cpp ------------------------
 typedef struct simt_lt_handle *cublasLtHandle_t;
 typedef struct simt_lt_desc *cublasLtMatmulDesc_t;
 typedef struct simt_lt_layout *cublasLtMatrixLayout_t;

@@ -1,4 +1,4 @@
-// model/simt/include/cub/block/block_scan.cuh — cub::BlockScan's ExclusiveSum for the SIMT
+// simt/include/cub/block/block_scan.cuh — cub::BlockScan's ExclusiveSum for the SIMT
 // emulation build, written with the block's own barriers: every thread stores its value, thread 0
 // writes the prefixes, every thread reads its own. Like cub's, the temporary storage may be
 // reused only after a __syncthreads (the race checker sees a reuse that has none).

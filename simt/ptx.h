@@ -1,4 +1,4 @@
-// model/simt/ptx.h — the SIMT emulation build's half of model/cuda_util.cuh: the kernel launch,
+// simt/ptx.h — the SIMT emulation build's half of util/cuda_util.cuh: the kernel launch,
 // dynamic shared memory, and the PTX wrappers (one per instruction) executed by runtime.cpp from
 // the PTX ISA's definitions: cp.async (delayed until its group is waited for; the destination
 // poisoned and marked pending meanwhile), ldmatrix and mma.sync (warp-collective, fragments per
@@ -15,7 +15,7 @@
         CUDA_LAUNCHED(kernel);                                                                     \
     } while (0)
 #define SHARED_DYNAMIC(T, name) T *name = (T *)simt_dynamic_shared()
-#define CUDA_EMULATED 1 // the GPU is emulated; cuBLASLt is model/simt/cublaslt.cpp, linked in
+#define CUDA_EMULATED 1 // the GPU is emulated; cuBLASLt is simt/cublaslt.cpp, linked in
 
 void simt_cp_async16(void *dst, const void *src, bool valid);
 void simt_cp_async_commit();
