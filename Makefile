@@ -26,7 +26,8 @@ MODEL   ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
 CFLAGS  += -DSIFT_VERSION='"$(VERSION)"'
 
-LIB_SRC := $(wildcard cmd/*.c jobs/*.c eval/*.c util/*.c weights/*.c tok/*.c model/*.c attn/*.c fit/*.c kv/*.c policies/*.c)
+LIB_SRC := $(wildcard util/*.c weights/*.c tok/*.c kv/*.c attn/*.c qgemm/*.c backend/*.c model/*.c \
+                      policies/*.c fit/*.c jobs/*.c eval/*.c cmd/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=build/%.o)
 # CUDA path: compiled when nvcc is found. cudart and libstdc++ link statically; cuBLASLt has no
 # static library in the toolkit and is opened at run time (dlopen), so the binary starts anywhere.
@@ -37,7 +38,7 @@ CUARCH  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_
            -gencode arch=compute_90,code=compute_90
 NVFLAGS ?= -O3 -g -lineinfo
 NVFLAGS += -std=c++17 $(CUARCH) -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings -MMD -MP
-CU_SRC  := $(wildcard model/*.cu attn/*.cu)
+CU_SRC  := $(wildcard backend/*.cu attn/*.cu)
 LIB_OBJ += $(CU_SRC:%.cu=build/%.o)
 CFLAGS  += -DSIFT_CUDA
 LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart_static -lrt -Wl,-Bstatic -lstdc++ -Wl,-Bdynamic
@@ -46,7 +47,7 @@ GPU_BIN := build/tests/gpu_check build/tests/gpu_tables
 # CPU, every load and store instrumented (-fsanitize-coverage) for the emulator's checkers;
 # build/sift-simt and build/tests/gpu_check-simt run the CUDA backend on the CPU, and
 # build/tests/test_simt checks the emulator itself. Linked -no-pie (reports name source lines
-# through addr2line) and -rdynamic (backend_cuda.cu finds the emulated cuBLASLt by dlsym).
+# through addr2line) and -rdynamic (gemm_cuda.cu finds the emulated cuBLASLt by dlsym).
 SIMT_CXX ?= $(shell command -v clang++ 2>/dev/null)
 endif
 ifneq ($(strip $(SIMT_CXX)),)

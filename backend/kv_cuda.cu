@@ -1,7 +1,7 @@
-// model/cuda_kv.cu — the CUDA backend's KV cache (append, keep, the device mirror of entry
+// backend/kv_cuda.cu — the CUDA backend's KV cache (append, keep, the device mirror of entry
 // positions and length) and the glue to the attention kernels of attn/: causal attention, probabilities,
 // the top-K selector, and selected attention completed from phi summaries.
-#include "cuda_backend.cuh"
+#include "backend_cuda.cuh"
 
 // ---- KV cache ---------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-// model/sample.c — see sample.h. Candidates are sorted only when a filter needs the order.
+// backend/sample_cpu.c — see sample.h. Candidates are sorted only when a filter needs the order.
 #include "sample.h"
 
 #include <math.h>

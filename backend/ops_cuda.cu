@@ -1,9 +1,9 @@
-// model/cuda_ops.cu — the CUDA backend's elementwise and row ops: embed, RMSNorm, RoPE (from a
+// backend/ops_cuda.cu — the CUDA backend's elementwise and row ops: embed, RMSNorm, RoPE (from a
 // cos/sin table), SwiGLU, residual add, row gather. Each kernel beside its launcher; the CPU
-// twins are the same ops in model/backend_cpu.c. Elementwise kernels move 16 bytes (8 bf16) per
+// twins are the same ops in ops_cpu.c. Elementwise kernels move 16 bytes (8 bf16) per
 // thread when the sizes allow (V8 kernels), one element otherwise; both round each element the
 // same way, so which one ran never changes a result.
-#include "cuda_backend.cuh"
+#include "backend_cuda.cuh"
 
 // ---- 16-byte access -----------------------------------------------------------------------------
 

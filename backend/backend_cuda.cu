@@ -1,11 +1,11 @@
-// model/backend_cuda.cu — the CUDA backend: bf16 weights, activations and KV cache on one GPU,
+// backend/backend_cuda.cu — the CUDA backend: bf16 weights, activations and KV cache on one GPU,
 // fp32 accumulation in every kernel and GEMM. This file makes the backend (device, stream,
-// cuBLASLt handle) and fills the op table; the ops live in cuda_mem.cu, cuda_gemm.cu,
-// cuda_ops.cu, cuda_kv.cu and cuda_sample.cu (model/cuda_backend.cuh), attention in attn/attn_cuda.cu. Here too:
+// cuBLASLt handle) and fills the op table; the ops live in mem_cuda.cu, gemm_cuda.cu, ops_cuda.cu,
+// kv_cuda.cu and sample_cuda.cu (backend_cuda.cuh), attention in attn/attn_cuda.cu. Here too:
 // the decode step's bound index arrays and its recording as a CUDA graph (backend.h).
 #include <dlfcn.h>
 
-#include "cuda_backend.cuh"
+#include "backend_cuda.cuh"
 
 // ---- a decode step: bound indices, recorded and replayed ----------------------------------------
 

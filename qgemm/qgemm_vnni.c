@@ -1,4 +1,4 @@
-// model/qgemm_vnni.c — prefill products in integer arithmetic on AVX-512 VNNI (see qgemm.h).
+// qgemm/qgemm_vnni.c — prefill products in integer arithmetic on AVX-512 VNNI (see qgemm.h).
 //
 //   out (n, o) = x (n, in) @ W (o, in)^T, W in any block type with an 8-bit form (q_unpack_row).
 //

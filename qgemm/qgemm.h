@@ -1,4 +1,4 @@
-// model/qgemm.h — matrix products on weights kept in their GGUF block encoding (CPU backend).
+// qgemm/qgemm.h — matrix products on weights kept in their GGUF block encoding (CPU backend).
 // Activations are quantised per row in blocks of 32 to two 8-bit digits: with the block's step
 // d = max|x| / 127, q = round(x / d) and l = round((x - q d) 256 / d) (clamped to +-127), so
 // x ~ (256 q + l) d / 256 within d / 256 — 16-bit precision carried by int8 arithmetic. Each
@@ -44,11 +44,11 @@ void *q_scratch_get(q_scratch *s, size_t n);   // at least n bytes (contents not
 // whole blocks). All OpenMP threads. path: Q_PATH_INT8 (int8 / fp16 dot products),
 // Q_PATH_SGEMM (tiles dequantised to fp32, cblas_sgemm) or Q_PATH_AMX (only where
 // q_amx_available()).
-// (model/qgemm.c; a path this CPU or type lacks — VNNI without AVX-512 or on F16/BF16 — takes
+// (qgemm/qgemm.c; a path this CPU or type lacks — VNNI without AVX-512 or on F16/BF16 — takes
 // the sgemm tiles)
 void q_matmul(enum q_isa isa, enum q_path path, float *out, const float *x, int n, int in,
               uint32_t type, const void *w, size_t row_bytes, int o, q_scratch *scratch);
-// The int8 / fp16 row kernels (sgemm 0) or the sgemm tiles (1) of model/qgemm_cpu.c, which
+// The int8 / fp16 row kernels (sgemm 0) or the sgemm tiles (1) of qgemm/qgemm_cpu.c, which
 // q_matmul dispatches to.
 void q_matmul_cpu(enum q_isa isa, int sgemm, float *out, const float *x, int n, int in,
                   uint32_t type, const void *w, size_t row_bytes, int o, q_scratch *scratch);
@@ -71,7 +71,7 @@ void q_quantize_row(enum q_isa isa, const float *x, int cols, int8_t *q, float *
 // w = s u + m per 16-group, exact for every type q_type_supported names except F16/BF16.
 void q_unpack_row(uint32_t type, const void *row, int cols, uint8_t *u, float *s, float *m);
 
-// Intel AMX (model/qgemm_amx.c): 1 when this CPU has AMX-TILE, AMX-BF16 and AVX-512 BF16 and the
+// Intel AMX (qgemm/qgemm_amx.c): 1 when this CPU has AMX-TILE, AMX-BF16 and AVX-512 BF16 and the
 // OS let this process use the tiles (asked once). q_matmul_amx: out = x @ W^T with W dequantised
 // to bf16 tiles, x rounded to bf16, fp32 accumulation; for prefill-sized n (it dequantises all of
 // W per call). Only when q_amx_available().
@@ -80,7 +80,7 @@ double q_amx_peak_tflops(int steps);   // the tiles' bf16 peak on all threads (n
 void q_matmul_amx(float *out, const float *x, int n, int in, uint32_t type, const void *w,
                   size_t row_bytes, int o, q_scratch *scratch);
 
-// AVX-512 VNNI GEMM (model/qgemm_vnni.c): out = x @ W^T, the weights' 8-bit form exact, int32
+// AVX-512 VNNI GEMM (qgemm/qgemm_vnni.c): out = x @ W^T, the weights' 8-bit form exact, int32
 // accumulation per scale group; for prefill-sized n. digits 2: the activations' two digits
 // (q_quantize_row) as int16, vpdpwssd — the int8 path's precision; digits 1: one 8-bit digit per
 // element and 32-block (|error| <= d/2 each, d = max|x_blk| / 127: llama.cpp's Q8_0), vpdpbusd,

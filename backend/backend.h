@@ -1,4 +1,4 @@
-// model/backend.h — the backend interface the shared forward pass calls. A backend owns device
+// backend/backend.h — the backend interface the shared forward pass calls. A backend owns device
 // memory (activations, weights, KV) and implements a small list of ops on it. The CPU backend
 // (backend_cpu.c) has fp32 activations and keeps weights in their file encoding (or fp32 with
 // --weights f32, the reference); a CUDA backend implements the same list.
@@ -38,11 +38,11 @@ static inline bk_tensor bk_f32(float *host, size_t rows, size_t cols) {
     return (bk_tensor){GGML_F32, host, rows, cols, 1};
 }
 
-// How the CPU backend keeps weights: as stored (quantised products, qgemm.h) or dequantised to
+// How the CPU backend keeps weights: as stored (quantised products, qgemm/) or dequantised to
 // fp32 at load (the reference the tests compare against).
 // CPU weights: native (file encoding; wide products on this CPU's default path), fast (file
 // encoding; with AVX-512 VNNI, wide products on one-digit activations: llama.cpp's precision),
-// exact (file encoding, every product on the two-digit int8 kernels: model/qgemm.h), f32
+// exact (file encoding, every product on the two-digit int8 kernels: qgemm/qgemm.h), f32
 // (dequantised at load)
 enum bk_weights { BK_WEIGHTS_NATIVE = 0, BK_WEIGHTS_F32 = 1, BK_WEIGHTS_EXACT = 2, BK_WEIGHTS_FAST = 3 };
 
@@ -169,7 +169,7 @@ struct backend {
 };
 
 // n_threads 0: OpenMP's default. The ISA of the quantised products: the best the CPU has, or
-// SIFT_ISA=scalar|avx2|avx512 (model/qgemm.h; a malformed value is ignored here, cli refuses it).
+// SIFT_ISA=scalar|avx2|avx512 (qgemm/qgemm.h; a malformed value is ignored here, cli refuses it).
 backend *backend_cpu_create(int n_threads, enum bk_weights weights);
 // The CPU's default thread count (what -t means when not given): OMP_NUM_THREADS, else the
 // physical cores less those other processes keep busy, sampled once per process (50 ms);
@@ -183,7 +183,7 @@ int backend_cpu_default_threads(int *busy);
 // AVX2 set itself. backend_cpu_blas_core: the set in use, with what the library had chosen.
 void backend_cpu_blas_init(char **argv);
 const char *backend_cpu_blas_core(void);
-// The CUDA backend on GPU 0 (model/backend_cuda.cu; built when nvcc was found, SIFT_CUDA defined).
+// The CUDA backend on GPU 0 (backend_cuda.cu; built when nvcc was found, SIFT_CUDA defined).
 // On success msg holds the device's description; NULL with the reason in msg when there is no
 // usable GPU, driver or cuBLASLt.
 backend *backend_cuda_create(char *msg, size_t len);

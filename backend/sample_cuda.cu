@@ -1,4 +1,4 @@
-// model/cuda_sample.cu — token sampling on the device (CPU twin: sample_next, model/sample.c):
+// backend/sample_cuda.cu — token sampling on the device (CPU twin: sample_next, sample_cpu.c):
 // only the drawn tokens cross to the host, not the logits. One block per row:
 //  - greedy (temp <= 0): the first index of the largest logit;
 //  - otherwise the top-k candidates (k = top_k, or the vocabulary when top_k is off or larger;
@@ -6,7 +6,7 @@
 //    id (sample_next's sort order), ranked in shared memory, then top-p -> min-p -> temperature
 //    -> draw by one thread in sample_next's arithmetic (double sums in rank order), from the
 //    generator state the caller passes (it advances its own copy as sample_next would).
-#include "cuda_backend.cuh"
+#include "backend_cuda.cuh"
 
 #define SAMPLE_THREADS 1024
 #define SAMPLE_MAX_K 1024

@@ -1,10 +1,10 @@
-// model/cuda_gemm.cu — linear layers through cuBLASLt (bf16 in and out, fp32 accumulation, the
+// backend/gemm_cuda.cu — linear layers through cuBLASLt (bf16 in and out, fp32 accumulation, the
 // tensor cores), loaded at run time with dlopen: the toolkit has no static cuBLASLt, and a
 // binary linked to the .so would not start on machines without it. One cached plan per shape;
 // the ceilings (a large GEMM and a device copy) measured with the same plans.
 #include <dlfcn.h>
 
-#include "cuda_backend.cuh"
+#include "backend_cuda.cuh"
 
 // ---- cuBLASLt, looked up at run time ----------------------------------------------------------
 

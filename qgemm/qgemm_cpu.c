@@ -1,4 +1,4 @@
-// model/qgemm_cpu.c — products on GGUF-encoded weight rows (see qgemm.h for the method and its
+// qgemm/qgemm_cpu.c — products on GGUF-encoded weight rows (see qgemm.h for the method and its
 // error bound). Three ISA paths for the inner products, picked at run time; the unpacking of
 // blocks to (u, s, m) is portable C shared by all of them.
 #include "qgemm.h"

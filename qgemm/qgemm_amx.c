@@ -1,4 +1,4 @@
-// model/qgemm_amx.c — prefill products on Intel AMX tiles (bf16 x bf16 -> fp32), see qgemm.h.
+// qgemm/qgemm_amx.c — prefill products on Intel AMX tiles (bf16 x bf16 -> fp32), see qgemm.h.
 //
 //   out (n, o) = x (n, in) @ W (o, in)^T, W in any block type dq_to_f32 reads.
 //

@@ -1,4 +1,4 @@
-// model/sample.h — token sampling: greedy (temp <= 0), else top-k -> top-p -> min-p ->
+// backend/sample.h — token sampling: greedy (temp <= 0), else top-k -> top-p -> min-p ->
 // temperature -> draw, with a seeded generator (same seed, same tokens).
 #pragma once
 #include <stdint.h>
@@ -10,7 +10,7 @@
 #endif
 
 // PCG32 (O'Neill): 64-bit LCG state, xorshift-rotate output; *state advances. The host's sampler
-// and the device's (model/cuda_sample.cu) draw with this one function.
+// and the device's (backend/sample_cuda.cu) draw with this one function.
 SAMPLE_FN uint32_t sample_pcg32(uint64_t *state) {
     uint64_t old = *state;
     *state = old * 6364136223846793005ULL + 1442695040888963407ULL;

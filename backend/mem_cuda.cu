@@ -1,7 +1,7 @@
-// model/cuda_mem.cu — the CUDA backend's memory: device buffers handed out by alloc (freed ones
+// backend/mem_cuda.cu — the CUDA backend's memory: device buffers handed out by alloc (freed ones
 // kept as spares of their size for reuse), grow-on-demand scratch, staged host uploads, copies
 // to the host, and weights (uploaded from their file encoding as bf16, or made in place).
-#include "cuda_backend.cuh"
+#include "backend_cuda.cuh"
 
 // ---- device memory ----------------------------------------------------------------------------
 

@@ -1,9 +1,9 @@
-// model/cuda_backend.cuh — what the CUDA backend's files share (included by them only): the
+// backend/backend_cuda.cuh — what the CUDA backend's files share (included by them only): the
 // backend's state (cuda_impl), its weights, and the functions one file offers the others.
-//   backend_cuda.cu  create/destroy and the op table     cuda_mem.cu   memory, staging, weights
-//   cuda_gemm.cu     cuBLASLt plans, matmul, ceilings    cuda_ops.cu   elementwise and row ops
-//   cuda_kv.cu       KV cache, attention, top-K, phi glue     cuda_sample.cu  token sampling
-// Each kernel sits beside its launcher; its CPU twin is the same op in model/backend_cpu.c.
+//   backend_cuda.cu  create/destroy and the op table     mem_cuda.cu     memory, staging, weights
+//   gemm_cuda.cu     cuBLASLt plans, matmul, ceilings    ops_cuda.cu     elementwise and row ops
+//   kv_cuda.cu       KV cache, attention, top-K, phi     sample_cuda.cu  token sampling
+// Each kernel sits beside its launcher; its CPU twin is the same op in the X_cpu.c beside X_cuda.cu.
 // Host index arrays (tokens, positions, row and KV selections) are copied to the device per call,
 // except a bound decode step's (step_bind: copied once per step). Each KV buffer's entry
 // positions and length are mirrored on the device, keyed by its K buffer: kv_append and
@@ -133,7 +133,7 @@ struct bk_weight {
 
 static inline cuda_impl *impl(backend *b) { return (cuda_impl *)b->impl; }
 
-// cuda_mem.cu
+// mem_cuda.cu
 void report_oom(size_t bytes, const char *what);
 size_t cuda_mem_available(backend *b);
 void dev_free_after(cudaStream_t st, void *p);   // once the queued work that may read p is done
@@ -158,7 +158,7 @@ bk_weight *cuda_weight_synth(backend *b, uint64_t seed, uint64_t tensor, size_t 
 // h (n,) = bf16(v), f (n,) = v (f may be NULL), v = offset + scale * synth_uniform(seed, tensor, i)
 void synth_fill(cuda_impl *c, bf16 *h, float *f, uint64_t seed, uint64_t tensor, size_t n,
                 float scale, float offset);
-// cuda_gemm.cu
+// gemm_cuda.cu
 int lt_load(lt_api *lt, char *err, size_t errlen);
 void plan_destroy(cuda_impl *c, mm_plan *p);
 void gemm_bf16(cuda_impl *c, void *out, const void *x, const void *w, int n, int in, int o);
@@ -169,7 +169,7 @@ void cuda_matmul_multi(backend *b, int k, void *const *out, const void *x, const
                        const bk_weight *const *bias, int n, int in, const int *o);
 int cuda_swiglu_matmul(backend *b, void *out, const void *x, const bk_weight *gate,
                        const bk_weight *up, int n, int in, int f);
-// cuda_ops.cu
+// ops_cuda.cu
 void cuda_embed(backend *b, void *out, const bk_weight *table, const int *tokens, int n, int d);
 void cuda_rmsnorm(backend *b, void *out, const void *x, const bk_weight *w, int n, int d, float eps);
 void cuda_rope(backend *b, void *x, const int *pos, int n, int heads, int hd, const float *inv_freq,
@@ -181,15 +181,14 @@ void cuda_add_rmsnorm(backend *b, void *out, void *x, const void *y, const bk_we
 // out (n, f) = silu(gu[:, :f]) * gu[:, f:], gu (n, 2f): the fused gate-up product's output
 void swiglu_halves(cuda_impl *c, bf16 *out, const bf16 *gu, int n, int f);
 void cuda_gather_rows(backend *b, void *out, const void *x, const int *idx, int k, int d);
-// cuda_sample.cu
-int cuda_sample(backend *b, int *out, const void *logits, int n, int vocab, const sample_params *p,
-                const uint64_t *state);
-// cuda_kv.cu
-void mirror_drop(cuda_impl *c, const void *kbuf);
-void mirror_free_all(cuda_impl *c);
-// cuda_ops.cu
 void rope_tables_cover(cuda_impl *c, int max_pos);   // every table holds positions <= max_pos
 void rope_tables_free(cuda_impl *c);
+// sample_cuda.cu
+int cuda_sample(backend *b, int *out, const void *logits, int n, int vocab, const sample_params *p,
+                const uint64_t *state);
+// kv_cuda.cu
+void mirror_drop(cuda_impl *c, const void *kbuf);
+void mirror_free_all(cuda_impl *c);
 void cuda_kv_append(backend *b, kv_layer *L, const void *k, const void *v, const int *pos, int n);
 void cuda_kv_keep(backend *b, kv_layer *L, const int *idx, int k, int new_cap);
 void cuda_attention(backend *b, void *out, const void *q, const int *qpos, int n, int heads,
