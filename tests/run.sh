@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# `make test`: the C unit tests, then the Python reference and end-to-end tests (pytest).
+# `make test`: the include graph (tests/layers.py), the C unit tests, then the Python reference and
+# end-to-end tests (pytest).
 set -u
 cd "$(dirname "$0")/.."
 rc=0
+.venv/bin/python tests/layers.py || rc=1
 bins=()
 for t in build/tests/test_*; do
     case "$t" in *.o | *.d) ;; *) bins+=("$t") ;; esac
