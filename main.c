@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "cmd/cmd.h"
-#include "model/backend.h"
+#include "backend/backend.h"
 #include "util/check.h"
 
 typedef struct {

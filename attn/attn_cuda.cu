@@ -12,7 +12,7 @@
 #include <mma.h>
 #include <string.h>
 
-#include "../model/cuda_util.cuh"
+#include "../util/cuda_util.cuh"
 #include "attn_cuda.h"
 
 #define TILE 32             // keys per tile = lanes per warp

@@ -13,7 +13,7 @@
 
 #include "../eval/eval.h"
 #include "../model/cost.h"
-#include "../model/qgemm.h"
+#include "../qgemm/qgemm.h"
 #include "../weights/dequant.h"
 #include "../util/check.h"
 #include "../weights/hf.h"

@@ -8,7 +8,7 @@
 
 #include "../util/check.h"
 #include "eval.h"
-#include "../model/sample.h"
+#include "../backend/sample.h"
 
 // 1 if needle occurs in hay, ignoring ASCII case.
 static int contains_nocase(const char *hay, const char *needle) {
@@ -30,7 +30,7 @@ double eval_score(const char answers[][32], int n_answers, const char *text) {
     return (double)found / n_answers;
 }
 
-// KL(p || q) of two next-token distributions given as logits (model/sample.c).
+// KL(p || q) of two next-token distributions given as logits (backend/sample_cpu.c).
 double eval_kl(const float *lp, const float *lq, int n) { return sample_kl(lp, lq, n); }
 
 int eval_answer_token(void *ctx, int id) {

@@ -117,7 +117,7 @@ void fwd_attn_topk(fwd_state *s, int l, const void *q, int m, int lo, int n, int
 int fwd_can_select(const model *m);
 
 // out (heads, hd) for the one alive row: attention over selected entries of layer l's cache,
-// optionally completed by summaries (backend op attn_select, see model/backend.h).
+// optionally completed by summaries (backend op attn_select, see backend/backend.h).
 void fwd_attn_select(fwd_state *s, int l, const void *q, const int *sel, int n_sel, int n_sub,
                      const phi_completion *comp, void *out);
 

@@ -3,7 +3,7 @@
 // facts the forward pass needs (RoPE style and frequencies, norms, tied embeddings, QKV bias).
 #pragma once
 #include <stddef.h>
-#include "backend.h"
+#include "../backend/backend.h"
 #include "../weights/gguf.h"
 #include "../weights/synthetic.h"
 

@@ -5,7 +5,7 @@
 #include <stdio.h>
 
 #include "../model/forward.h"
-#include "../model/sample.h"
+#include "../backend/sample.h"
 #include "strategy.h"
 
 // s's prefill (a composed strategy's: its parts', policies/compose.c), as strategy.prefill.

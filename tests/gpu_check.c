@@ -17,7 +17,7 @@
 
 #include "../attn/phi.h"
 #include "../attn/score.h"
-#include "../model/backend.h"
+#include "../backend/backend.h"
 #include "../policies/policy.h"
 #include "../util/check.h"
 #include "../weights/dequant.h"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make test`: the C unit tests, the fuzz targets (FUZZ_SECONDS each), then the Python reference and
+# `make test`: the include graph of the rooms (tests/layers.py), the C unit tests, the fuzz targets (FUZZ_SECONDS each), then the Python reference and
 # end-to-end tests (pytest), spread over the machine's cores (pytest-xdist, one test file per
 # worker: a file's module fixtures are built once). Each step prints how long it took.
 # SIFT_TEST_JOBS=N sets the workers (1: one process, in file order); SIFT_SKIP_FUZZ=1 skips fuzzing;
@@ -13,6 +13,7 @@ step() { # step NAME CMD...: runs CMD, prints its wall time, remembers a failure
     "$@" || { echo "make test: $name failed" >&2; rc=1; }
     echo "make test: $name took $((SECONDS - t0)) s" >&2
 }
+step "include graph" .venv/bin/python tests/layers.py
 bins=()
 for t in build/tests/test_*; do
     case "$t" in *.o | *.d) ;; *) bins+=("$t") ;; esac
