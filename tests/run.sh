@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# `make test`: the include graph of the rooms (tests/layers.py), the C unit tests, the fuzz targets
-# (FUZZ_SECONDS each), then the Python reference and end-to-end tests (pytest), spread over the machine's cores (pytest-xdist, one test file per
-# worker: a file's module fixtures are built once). Each step prints how long it took.
+# `make test`: the include graph of the rooms (tests/layers.py), the C unit tests, the fuzz
+# targets (FUZZ_SECONDS each), then the Python reference and end-to-end tests (pytest), spread over
+# the machine's cores (pytest-xdist, one test file per worker: a file's module fixtures are built
+# once). Each step prints how long it took.
 # SIFT_TEST_JOBS=N sets the workers (1: one process, in file order); SIFT_SKIP_FUZZ=1 skips fuzzing;
 # SIFT_PYTEST_ARGS replaces the test selection (default: every tests/test_*.py).
 set -u
