@@ -24,11 +24,9 @@ void compare_with_full(unit *u, int n, int n_layer) {
         u[i].rows_pct = st->prompt_n ? 100.0 * st->rows_done / ((double)st->prompt_n * n_layer) : 0;
         u[i].first_agree = -1;
         u[i].greedy_agree = -1;
-        if (!full || u[i].rc || full->n_out == 0) continue;
-        int same = 0;
-        for (int t = 0; t < full->n_out && t < u[i].n_out; t++) same += full->out[t] == u[i].out[t];
-        u[i].first_agree = u[i].n_out > 0 && u[i].out[0] == full->out[0];
-        u[i].greedy_agree = 100.0 * same / full->n_out;
+        if (!full || u[i].rc || full->ans.n_ids == 0) continue;
+        u[i].greedy_agree = 100.0 * tok_agreement(full->ans.ids, full->ans.n_ids, u[i].ans.ids,
+                                                  u[i].ans.n_ids, &u[i].first_agree);
     }
 }
 
@@ -55,7 +53,7 @@ static void json_unit(FILE *f, const runner *R, const unit *u) {
         return;
     }
     fprintf(f, ",\"text\":");
-    tok_json_str(f, u->text.buf ? u->text.buf : "", u->text.len);
+    tok_json_str(f, u->ans.text ? u->ans.text : "", u->ans.len);
     fprintf(f, ",\"stop\":\"%s\",\"strategy\":\"%s\",\"device\":\"%s\",\"model\":",
             u->hit_eog ? "eos" : "limit", u->s->name, R->dev);
     tok_json_str(f, R->model_name, strlen(R->model_name));
@@ -104,13 +102,13 @@ static void openai_record(FILE *f, const runner *R, const request *q, const unit
         return;
     }
     const run_stats *st = &u->g.st;
-    int completion = u->n_out;   // every sampled token, the end-of-generation one included
+    int completion = u->ans.n_ids;   // every sampled token, the end-of-generation one included
     fprintf(f, ",\"response\":{\"status_code\":200,\"request_id\":\"req_%016llx\",\"body\":{"
             "\"id\":\"chatcmpl-%016llx\",\"object\":\"chat.completion\",\"created\":%lld,\"model\":",
             id_hash(q->id, 1), id_hash(q->id, 2), (long long)time(NULL));
     tok_json_str(f, R->model_name, strlen(R->model_name));
     fprintf(f, ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
-    tok_json_str(f, u->text.buf ? u->text.buf : "", u->text.len);
+    tok_json_str(f, u->ans.text ? u->ans.text : "", u->ans.len);
     fprintf(f, ",\"refusal\":null},\"logprobs\":null,\"finish_reason\":\"%s\"}],"
             "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d},"
             "\"system_fingerprint\":\"sift-%s-%s\"}},\"error\":null}\n",
@@ -216,7 +214,7 @@ void print_table(const unit *u, int n) {
             printf("| %s | error: %s ||||||||||\n", u[i].s->name, u[i].err);
             continue;
         }
-        const char *text = u[i].text.buf ? u[i].text.buf : "";
+        const char *text = u[i].ans.text ? u[i].ans.text : "";
         while (*text == '\n' || *text == ' ') text++;
         int line = (int)strcspn(text, "\n|");
         if (line > 60) line = 60;
@@ -271,7 +269,7 @@ void print_table_reps(const unit *u, int n, int reps) {
         const run_stats *st = &u[i].g.st;
         double sp_ttft, sp_tpot = 0, m_ttft = median_spread(ttft, k, &sp_ttft);
         double m_tpot = kd ? median_spread(tpot, kd, &sp_tpot) : NAN;
-        const char *text = u[i].text.buf ? u[i].text.buf : "";
+        const char *text = u[i].ans.text ? u[i].ans.text : "";
         while (*text == '\n' || *text == ' ') text++;
         int line = (int)strcspn(text, "\n|");
         if (line > 60) line = 60;

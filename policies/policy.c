@@ -313,6 +313,24 @@ int run_generate_first(const strategy *s, model *m, const strategy_opts *o, cons
     return 0;
 }
 
+static int ignore_token(void *ctx, int id) {
+    (void)ctx, (void)id;
+    return 0;
+}
+
+int run_warm_up(const strategy *s, model *m, const strategy_opts *o, int n, char *err,
+                size_t errlen) {
+    int *ids = xmalloc((size_t)n * sizeof(int));
+    for (int i = 0; i < n; i++) ids[i] = (100 + 7 * i) % m->cfg.vocab;
+    sampler smp;
+    sampler_init(&smp, &(sample_params){.temp = 0, .seed = 1}, m->cfg.vocab);
+    run_stats st;
+    int rc = run_generate(s, m, o, ids, n, 2, &smp, ignore_token, NULL, &st, err, errlen);
+    sampler_free(&smp);
+    free(ids);
+    return rc;
+}
+
 int gen_begin(gen_seq *g, const strategy *s, model *m, const strategy_opts *o, const int *ids,
               int n, int n_predict, sampler *smp, run_token_fn on_token, void *ctx,
               float *first_logits, char *err, size_t errlen) {

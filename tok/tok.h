@@ -71,6 +71,20 @@ char *tok_read_text(const char *path, size_t *len, char *err, size_t errlen);
 // Text read from a file, checked: 0, or -1 with "WHAT is binary, not text (a NUL byte at offset
 // N)" or "WHAT is not valid UTF-8 (byte offset N, 0xXX)" in err.
 int tok_text_check(const char *text, size_t len, const char *what, char *err, size_t errlen);
+// A generated answer as it arrives (tok/text.c): every token (an end-of-generation one included,
+// which ends it) and the text of the others. tok_answer_token(ctx: the answer, id) takes the
+// next token: 1 when it ends the answer, else 0 (a run_token_fn).
+typedef struct tok_answer {
+    const tok *t;
+    int *ids, n_ids;
+    char *text;   // NULL until a piece arrives
+    size_t len;
+} tok_answer;
+int tok_answer_token(void *ctx, int id);
+void tok_answer_free(tok_answer *a);
+// How tokens ids (n,) follow the reference's ref (n_ref,): *first = both start with the same
+// token; the share of ref's tokens matched at the same position (0 when ref is empty).
+double tok_agreement(const int *ref, int n_ref, const int *ids, int n, int *first);
 // s[0..n) as a quoted JSON string: quotes, backslash and controls escaped, each invalid UTF-8
 // byte as U+FFFD (tok/pretok.c, beside the UTF-8 check it uses).
 void tok_json_str(FILE *out, const char *s, size_t n);
