@@ -62,16 +62,9 @@ static int prompt_ids(const runner *R, request *q, int **ids, char *err, size_t 
             return err_printf(err, errlen, "prompt '%s': the model has no chat template sift knows "
                               "(ChatML, Llama-3)", q->id);
     }
-    int *body = NULL;
-    int n = tok_encode(R->t, text, strlen(text), 1, &body, err, errlen);
+    int n = tok_encode_prompt(R->t, text, strlen(text), 1, ids, err, errlen);
     if (text != q->text) free(text);
-    if (n < 0) return -1;
-    int bos = tok_add_bos(R->t) && tok_bos(R->t) >= 0;
-    *ids = xmalloc((size_t)(n + bos + 1) * sizeof(int));
-    if (bos) (*ids)[0] = tok_bos(R->t);
-    memcpy(*ids + bos, body, (size_t)n * sizeof(int));
-    free(body);
-    return n + bos;
+    return n;
 }
 
 int jobs_read_prompts(const run_opts *o, const tok *t, run_prompt **out, char *err, size_t errlen) {

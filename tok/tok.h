@@ -58,6 +58,10 @@ enum tok_chat tok_chat_kind(const tok *t); // from tokenizer.chat_template, NONE
 // malloc'd array to *ids; -1 on failure (message in err).
 int tok_encode(const tok *t, const char *text, size_t len, int parse_special, int **ids,
                char *err, size_t errlen);
+// tok_encode, then the model's BOS first when it adds one (tok_add_bos); *ids has room for one
+// more token. The count, or -1 (err).
+int tok_encode_prompt(const tok *t, const char *text, size_t len, int parse_special, int **ids,
+                      char *err, size_t errlen);
 // The bytes of one token (control tokens decode to their text only if show_special).
 // Returns a pointer valid for the tokenizer's lifetime and its length in *len ("", 0 for an id
 // out of range: models may pad their embedding beyond the tokenizer's vocabulary).
