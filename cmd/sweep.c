@@ -702,11 +702,6 @@ static void sw_command(const sweep_run *R, int s, char *out, size_t len) {
 
 // ---- reports ----
 
-static void sw_num(FILE *f, const char *fmt, double v) {
-    if (isnan(v)) fputs("-", f);
-    else fprintf(f, fmt, v);
-}
-
 static void sw_print_table(FILE *f, const sweep_run *R, const sweep_agg *agg) {
     const sweep_opts *w = R->w;
     fprintf(f, "\n| strategy | settings | prompts | 1st token = full | greedy agree | KL(full‖s) | "
@@ -720,18 +715,11 @@ static void sw_print_table(FILE *f, const sweep_run *R, const sweep_agg *agg) {
                 g->label[0] ? " (" : "", g->label, g->label[0] ? ")" : "", g->n);
         if (g->failed) fprintf(f, " (%d failed)", g->failed);
         fputs(" | ", f);
-        sw_num(f, "%.3f", g->first), fputs(" | ", f);
-        sw_num(f, "%.3f", g->greedy), fputs(" | ", f);
-        sw_num(f, "%.4f", g->kl), fputs(" | ", f);
-        sw_num(f, "%.3f", g->acc), fputs(" | ", f);
-        sw_num(f, "%.1f", g->ttft), fputs(" | ", f);
-        sw_num(f, "%.2f", g->tpot), fputs(" | ", f);
-        sw_num(f, "%.2f", g->x_ttft), fputs(" | ", f);
-        sw_num(f, "%.2f", g->x_tpot), fputs(" | ", f);
-        sw_num(f, "%.2f", g->x_total), fputs(" | ", f);
-        sw_num(f, "%.2f", g->kv_mib), fputs(" | ", f);
-        sw_num(f, "%.3f", g->kv_read_mib), fputs(" | ", f);
-        sw_num(f, "%.1f", g->rows_pct);
+        static const char *const fmt[] = {"%.3f", "%.3f", "%.4f", "%.3f", "%.1f", "%.2f", "%.2f",
+                                          "%.2f", "%.2f", "%.2f", "%.3f", "%.1f"};
+        double v[] = {g->first, g->greedy, g->kl, g->acc, g->ttft, g->tpot, g->x_ttft, g->x_tpot,
+                      g->x_total, g->kv_mib, g->kv_read_mib, g->rows_pct};
+        for (int i = 0; i < 12; i++) fputs(i ? " | " : "", f), eval_table_num(f, fmt[i], v[i]);
         fprintf(f, " | %s |\n", g->frontier ? "*" : "");
     }
     fprintf(f, "\n%d prompts, -n %d, greedy; fidelity = %s agreement%s, speedup = %s (ratios of means "

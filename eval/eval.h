@@ -106,6 +106,8 @@ typedef struct eval_report {
 // Markdown tables: per strategy x task x ctx cells, then the per-strategy summary and the cells
 // where a strategy falls under 95% of full's accuracy.
 void eval_print_tables(FILE *out, const eval_report *r);
+// A table cell: v in fmt ("%.3f"), or "-" for NaN (a ratio against a zero reference, no value).
+void eval_table_num(FILE *out, const char *fmt, double v);
 void eval_write_json(FILE *out, const eval_report *r);
 void eval_write_csv(FILE *out, const eval_report *r);
 // Accuracy vs context and TTFT vs context, one line per strategy. 0, or -1 + err.
