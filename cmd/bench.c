@@ -296,12 +296,6 @@ static int bench_dry_run(const bench_opts *b, const model_config *c) {
 
 // ---- measuring ----
 
-static int bench_ignore(void *ctx, int id) {
-    (void)ctx;
-    (void)id;
-    return 0;
-}
-
 static void mean_sd(const double *x, int n, double *mean, double *sd) {
     double s = 0, q = 0;
     int k = 0;
@@ -335,7 +329,7 @@ static int bench_one(const bench_opts *b, model *m, const strategy *s, const int
                      int n_gen, sampler *smp, cell_stats *cs, int rep) {
     run_stats st;
     char err[512];
-    if (run_generate(s, m, &b->so, ids, P, n_gen, smp, bench_ignore, NULL, &st, err, sizeof err)) {
+    if (run_generate(s, m, &b->so, ids, P, n_gen, smp, NULL, NULL, &st, err, sizeof err)) {
         fprintf(stderr, "%ssift: error: bench: %s at ctx %d: %s\n", isatty(2) ? "\n" : "",
                 s->name, P, err);
         return -1;
@@ -371,7 +365,7 @@ static int bench_batch(const bench_opts *b, model *m, const strategy *s, int *co
         sampler_init(&smp[started], &(sample_params){.temp = 0}, m->cfg.vocab);
         gp[started] = &g[started];
         rc = gen_begin(&g[started], s, m, &b->so, ids[started], P, b->n_gen, &smp[started],
-                       bench_ignore, NULL, NULL, err, sizeof err);
+                       NULL, NULL, NULL, err, sizeof err);
         if (rc) {
             fprintf(stderr, "%ssift: error: bench: %s at ctx %d, parallel %d: %s\n", isatty(2) ? "\n" : "",
                     s->name, P, B, err);

@@ -88,7 +88,7 @@ typedef struct run_stats {
     char note[800];        // the strategy's remark on this prompt (degenerate form) + decode report
 } run_stats;
 
-// Called with each generated token; return non-zero to stop after it.
+// Called with each generated token; return non-zero to stop after it. NULL: tokens not wanted.
 typedef int (*run_token_fn)(void *ctx, int id);
 
 // Prefill with strategy s, then decode up to n_predict tokens (n_predict >= 1) with smp,
