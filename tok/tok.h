@@ -1,7 +1,8 @@
 // tok/tok.h — byte-level BPE tokenizer (GPT-2 style) built from GGUF tokenizer metadata or a
 // Hugging Face tokenizer.json (+ tokenizer_config.json, generation_config.json; tok_json.c),
 // pre-tokenizers `smollm`, `llama-bpe`/`llama3`, `qwen2` (PCRE2, UTF + UCP), special tokens,
-// decoding, UTF-8 validation, and built-in chat templates (ChatML, Llama-3).
+// decoding, UTF-8 validation, and built-in chat templates (ChatML, Llama-3); prompt files, a
+// prompt's ids with BOS, and generated answers with their agreement with a reference's tokens.
 #pragma once
 #include <stdio.h>
 #include <stddef.h>
