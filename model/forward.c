@@ -198,12 +198,10 @@ int fwd_forward(fwd_pass *p, int all_rows) {
 }
 
 void fwd_logits_to_host(fwd_pass *p, int all_rows) {
-    const model_config *c = &p->m->cfg;
-    size_t vocab = c->vocab, j = 0, rows = all_rows ? p->all.n : 1;
-    int k = 0;
+    size_t vocab = p->m->cfg.vocab, j = 0, rows = all_rows ? p->all.n : 1, k = 0;   // k sequences
     for (int b = 0; b < p->B; b++) k += p->seqs[b].logits != NULL;
     if (k == 0 || p->all.n == 0) return;
-    p->m->bk->to_host(p->m->bk, p->r->host, p->r->out, (all_rows ? rows : (size_t)k) * vocab);
+    p->m->bk->to_host(p->m->bk, p->r->host, p->r->out, k * rows * vocab);
     for (int b = 0; b < p->B; b++)
         if (p->seqs[b].logits)
             memcpy(p->seqs[b].logits, p->r->host + j++ * vocab, rows * vocab * sizeof(float));
