@@ -160,7 +160,7 @@ struct backend {
     // Optional: out (n,), host = the token sample_next (sample.h) draws from each row i of
     // logits (n, vocab), backend memory, with settings p[i] and generator state state[i]; only
     // the tokens cross to the host. The states are not advanced: the caller advances its own as
-    // sample_next would (one draw when temp > 0). 0, or -1 when a row's settings are not offered
+    // sample_next would (sample_skip). 0, or -1 when a row's settings are not offered
     // (the CUDA backend: a temperature with more than 1024 candidates): sample on the host.
     int (*sample)(backend *b, int *out, const void *logits, int n, int vocab, const sample_params *p,
                   const uint64_t *state);

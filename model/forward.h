@@ -74,10 +74,10 @@ int fwd_run_batch(model *m, fwd_seq *seqs, int B);
 
 // A decode step: fwd_run_batch for B sequences of one row each. Where the backend records
 // steps (backend.h: step_bind, graph_*) and no sequence's hooks act at decode (none, or hooks
-// with no functions: a dense decode over the cache the strategy kept), the step runs through
-// buffers allocated once for B and the same caches, reads its token and positions from one
-// upload and the caches' lengths from the device, and is recorded on its second call and
-// replayed after (SIFT_CUDA_GRAPHS=0: never recorded). A replay gives the logits the same
+// with no functions: a dense decode over the cache the strategy kept), the step runs in the
+// model's pass buffers (planned for B rows) on the same caches, reads its token and positions
+// from one upload and the caches' lengths from the device, and is recorded on its second call
+// on the same caches and buffers and replayed after (SIFT_CUDA_GRAPHS=0: never recorded). A replay gives the logits the same
 // launches give eagerly, bit for bit. Elsewhere it is fwd_run_batch. With samplers
 // (fwd_seq.smp) it draws the next tokens. 0, or -1 (a hook aborted).
 int fwd_decode(model *m, fwd_seq *seqs, int B);
