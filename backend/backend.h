@@ -63,6 +63,8 @@ struct backend {
     // included (the memory plan: cmd/cli.c)
     size_t (*weight_bytes)(backend *b, bk_tensor t);
     void (*weight_free)(backend *b, bk_weight *w);
+    // out (n,), host = the fp32 values of a vector weight w (n,) (norms, biases)
+    void (*vector_to_host)(backend *b, float *out, const bk_weight *w);
     // ops (shapes in elements; rows are contiguous)
     // out (n, d) = table[tokens[i]]
     void (*embed)(backend *b, void *out, const bk_weight *table, const int *tokens, int n, int d);
@@ -71,9 +73,9 @@ struct backend {
     // out (n, o) = x (n, i) @ W (o, i)^T + bias (o,)   (bias may be NULL)
     void (*matmul)(backend *b, void *out, const void *x, const bk_weight *w, const bk_weight *bias,
                    int n, int i, int o);
-    // Optional: k <= 4 products sharing one input, out[j] (n, o[j]) = x (n, i) @ W[j]^T + bias[j]
-    // (bias[j] may be NULL). NULL: the forward pass calls matmul k times. (CUDA: one GEMM when
-    // the W[j] are consecutive parts of one weight_fuse, the biases added as it splits.)
+    // k <= 4 products sharing one input, out[j] (n, o[j]) = x (n, i) @ W[j]^T + bias[j] (bias[j]
+    // may be NULL). (CUDA: one GEMM when the W[j] are consecutive parts of one weight_fuse, the
+    // biases added as it splits.)
     void (*matmul_multi)(backend *b, int k, void *const *out, const void *x,
                          const bk_weight *const *w, const bk_weight *const *bias, int n, int i,
                          const int *o);
@@ -104,8 +106,8 @@ struct backend {
     // key j of KV head g is visible to query i iff L->pos[g][j] <= qpos[i]; GQA groups heads.
     void (*attention)(backend *b, void *out, const void *q, const int *qpos, int n, int heads,
                       const kv_layer *L);
-    // Optional: `attention` of k independent sequences in one call (a batched decode step):
-    // out[i], q[i] (n[i], heads, hd) at qpos[i] over cache L[i]. NULL: one call per sequence.
+    // `attention` of k independent sequences in one call (a batched decode step): out[i], q[i]
+    // (n[i], heads, hd) at qpos[i] over cache L[i].
     void (*attention_multi)(backend *b, int k, void *const *out, const void *const *q,
                             const int *const *qpos, const int *n, int heads,
                             const kv_layer *const *L);
@@ -115,15 +117,15 @@ struct backend {
                        const kv_layer *L, int m);
     // L keeps, per KV head g, entries idx[g*k + j] (ascending), in buffers of capacity new_cap
     void (*kv_keep)(backend *b, kv_layer *L, const int *idx, int k, int new_cap);
-    // Optional (NULL = not offered). A (rows, cols) weight whose element i is
-    // offset + scale * synth_uniform(seed, tensor, i) (weights/synthetic.h), made where it lives.
+    // A (rows, cols) weight whose element i is offset + scale * synth_uniform(seed, tensor, i)
+    // (weights/synthetic.h), made where it lives.
     bk_weight *(*weight_synth)(backend *b, uint64_t seed, uint64_t tensor, size_t rows, size_t cols,
                                float scale, float offset);
     // Optional: one line per choice the backend made by measuring (the CPU: which product path
     // each quantised shape took, with both timings), to out; nothing when none was made.
     void (*report)(backend *b, FILE *out);
-    // Optional: bytes the backend could still allocate now (CPU: MemAvailable; a GPU: free
-    // device memory), so large requests fail up front with the numbers. NULL = unknown.
+    // Bytes the backend could still allocate now (CPU: MemAvailable; a GPU: free device
+    // memory), so large requests fail up front with the numbers; 0 = unknown.
     size_t (*mem_available)(backend *b);
     // Optional: the ceilings measured now — a large GEMM in the backend's precision (TFLOP/s)
     // and a large read (GB/s: CPU a read-only pass; CUDA a copy, read + write). 0, or -1.
@@ -158,7 +160,7 @@ struct backend {
     // Optional: out (n,), host = the token sample_next (sample.h) draws from each row i of
     // logits (n, vocab), backend memory, with settings p[i] and generator state state[i]; only
     // the tokens cross to the host. The states are not advanced: the caller advances its own as
-    // sample_next would (one draw when temp > 0). 0, or -1 when a row's settings are not offered
+    // sample_next would (sample_skip). 0, or -1 when a row's settings are not offered
     // (the CUDA backend: a temperature with more than 1024 candidates): sample on the host.
     int (*sample)(backend *b, int *out, const void *logits, int n, int vocab, const sample_params *p,
                   const uint64_t *state);

@@ -137,6 +137,7 @@ backend *backend_cpu_create(int n_threads, enum bk_weights weights) {
         .name = "cpu", .impl = c, .elem_bytes = sizeof(float), .destroy = cpu_destroy,
         .alloc = cpu_alloc, .free = cpu_free, .to_host = cpu_to_host,
         .weight = cpu_weight, .weight_bytes = cpu_weight_bytes, .weight_free = cpu_weight_free,
+        .vector_to_host = cpu_vector_to_host,
         .report = cpu_report, .matmul_multi = cpu_matmul_multi,
         .embed = cpu_embed, .rmsnorm = cpu_rmsnorm, .matmul = cpu_matmul, .rope = cpu_rope,
         .swiglu = cpu_swiglu, .add = cpu_add, .gather_rows = cpu_gather_rows,

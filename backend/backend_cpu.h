@@ -48,6 +48,7 @@ void cpu_to_host(backend *b, float *dst, const void *src, size_t n);
 size_t cpu_weight_bytes(backend *b, bk_tensor t);
 bk_weight *cpu_weight(backend *b, bk_tensor t);
 void cpu_weight_free(backend *b, bk_weight *w);
+void cpu_vector_to_host(backend *b, float *out, const bk_weight *w);
 size_t cpu_mem_available(backend *b);
 bk_weight *cpu_weight_synth(backend *b, uint64_t seed, uint64_t tensor, size_t rows, size_t cols,
                             float scale, float offset);

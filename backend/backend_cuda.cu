@@ -153,6 +153,7 @@ backend *backend_cuda_create(char *msg, size_t len) {
     b->weight = cuda_weight;
     b->weight_bytes = cuda_weight_bytes;
     b->weight_free = cuda_weight_free;
+    b->vector_to_host = cuda_vector_to_host;
     b->embed = cuda_embed;
     b->rmsnorm = cuda_rmsnorm;
     b->matmul = cuda_matmul;

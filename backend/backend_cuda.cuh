@@ -152,6 +152,7 @@ void cuda_to_host(backend *b, float *dst, const void *src, size_t n);
 bk_weight *cuda_weight(backend *b, bk_tensor t);
 size_t cuda_weight_bytes(backend *b, bk_tensor t);
 void cuda_weight_free(backend *b, bk_weight *w);
+void cuda_vector_to_host(backend *b, float *out, const bk_weight *w);
 bk_weight *cuda_weight_fuse(backend *b, bk_weight *const *w, int k);
 bk_weight *cuda_weight_synth(backend *b, uint64_t seed, uint64_t tensor, size_t rows, size_t cols,
                              float scale, float offset);

@@ -69,6 +69,12 @@ void cpu_weight_free(backend *b, bk_weight *w) {
     free(w);
 }
 
+// vectors are kept in fp32 (keeps_blocks)
+void cpu_vector_to_host(backend *b, float *out, const bk_weight *w) {
+    (void)b;
+    memcpy(out, w->f, w->cols * sizeof(float));
+}
+
 // MemAvailable from /proc/meminfo (what the kernel could give without swapping); 0 = unknown.
 size_t cpu_mem_available(backend *b) {
     (void)b;

@@ -165,6 +165,13 @@ void cuda_to_host(backend *b, float *dst, const void *src, size_t n) {
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }
 
+// a vector's fp32 copy (weight_new)
+void cuda_vector_to_host(backend *b, float *out, const bk_weight *w) {
+    cuda_impl *c = impl(b);
+    CUDA_CHECK(cudaMemcpyAsync(out, w->f, w->cols * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}
+
 static bk_weight *weight_new(cuda_impl *c, size_t rows, size_t cols) {
     bk_weight *w = (bk_weight *)xcalloc(1, sizeof *w);
     w->rows = rows ? rows : 1;

@@ -39,5 +39,8 @@ int sample_argmax(const float *logits, int n);
 int sample_next(sampler *s, const float *logits);
 // Uniform float in [0, 1) from the sampler's generator.
 float sample_uniform(sampler *s);
+// Advances the generator as one sample_next draw does: for a token drawn elsewhere from its state
+// (the device's twin of sample_next, sample_cuda.cu).
+void sample_skip(sampler *s);
 // KL(softmax(lp) || softmax(lq)) of two logit rows (n,), in double (>= 0).
 double sample_kl(const float *lp, const float *lq, int n);

@@ -20,6 +20,10 @@ void sampler_free(sampler *s) {
 
 float sample_uniform(sampler *s) { return (sample_pcg32(&s->state) >> 8) * (1.0f / 16777216.0f); }
 
+void sample_skip(sampler *s) {
+    if (s->p.temp > 0) sample_uniform(s);   // greedy draws take no number
+}
+
 int sample_argmax(const float *logits, int n) {
     int best = 0;
     for (int i = 1; i < n; i++)

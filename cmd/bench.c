@@ -575,7 +575,7 @@ static int bench_run(const bench_opts *b, loaded *L) {
     if (m->bk->report) m->bk->report(m->bk, stderr);   // choices the backend made by timing
     long fixed, recorded, replayed;
     fwd_decode_counts(m, &fixed, &recorded, &replayed);
-    if (fixed)   // how the decode steps ran (model/forward.c fwd_decode): a device run's context
+    if (fixed)   // how the decode steps ran (model/decode.c fwd_decode): a device run's context
         fprintf(stderr, "bench: %ld decode steps through fixed buffers: %ld recorded as graphs, %ld "
                 "replayed%s\n", fixed, recorded, replayed,
                 recorded ? "" : " (SIFT_CUDA_GRAPHS=0, or no step ran twice on the same caches)");

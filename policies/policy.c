@@ -365,7 +365,7 @@ void gen_step(gen_seq *const *g, int k) {
         live[b] = g[i];
         pos[b] = g[i]->n_prompt + g[i]->st.predicted_n - 1;   // the last sampled token's position
         seqs[b] = (fwd_seq){g[i]->kv, &g[i]->tok, &pos[b], 1, &g[i]->info.decode, g[i]->logits, 0,
-                            g[i]->smp, 0, 0};
+                            g[i]->smp, 0};
         b++;
     }
     if (b == 0) return;
@@ -383,7 +383,7 @@ void gen_step(gen_seq *const *g, int k) {
     fwd_decode(live[0]->m, seqs, b);
     for (int i = 0; i < b; i++) {
         gen_seq *s = live[i];
-        s->tok = seqs[i].sampled ? seqs[i].token : sample_next(s->smp, s->logits);
+        s->tok = seqs[i].token;
         s->st.decode_runs++;
         s->st.predicted_n++;
         s->done = (s->on_token && s->on_token(s->ctx, s->tok)) || s->st.predicted_n >= s->n_predict;
