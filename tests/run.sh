@@ -26,5 +26,5 @@ par=()
 [ "$jobs" -gt 1 ] && par=(-n "$jobs" --dist loadfile)
 # shellcheck disable=SC2086
 step "pytest" env SIFT_MODEL="${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}" \
-    .venv/bin/python -m pytest -q -p no:cacheprovider "${par[@]}" ${SIFT_PYTEST_ARGS:-tests}
+    .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "${par[@]}" ${SIFT_PYTEST_ARGS:-tests}
 exit $rc
