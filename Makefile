@@ -26,7 +26,8 @@ MODEL   ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
 CFLAGS  += -DSIFT_VERSION='"$(VERSION)"'
 
-LIB_SRC := $(wildcard cmd/*.c jobs/*.c eval/*.c util/*.c weights/*.c tok/*.c model/*.c attn/*.c fit/*.c kv/*.c policies/*.c)
+LIB_SRC := $(wildcard util/*.c weights/*.c tok/*.c kv/*.c attn/*.c qgemm/*.c backend/*.c model/*.c \
+                      policies/*.c fit/*.c jobs/*.c eval/*.c cmd/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=build/%.o)
 # CUDA path: compiled when nvcc is found. cudart and libstdc++ link statically; cuBLASLt has no
 # static library in the toolkit and is opened at run time (dlopen), so the binary starts anywhere.
@@ -37,24 +38,24 @@ CUARCH  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_
            -gencode arch=compute_90,code=compute_90
 NVFLAGS ?= -O3 -g -lineinfo
 NVFLAGS += -std=c++17 $(CUARCH) -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings -MMD -MP
-CU_SRC  := $(wildcard model/*.cu attn/*.cu)
+CU_SRC  := $(wildcard backend/*.cu attn/*.cu)
 LIB_OBJ += $(CU_SRC:%.cu=build/%.o)
 CFLAGS  += -DSIFT_CUDA
 LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart_static -lrt -Wl,-Bstatic -lstdc++ -Wl,-Bdynamic
 GPU_BIN := build/tests/gpu_check build/tests/gpu_tables
-# The SIMT emulation build (model/simt/, clang++): the same .cu sources compiled as C++ for the
+# The SIMT emulation build (simt/, clang++): the same .cu sources compiled as C++ for the
 # CPU, every load and store instrumented (-fsanitize-coverage) for the emulator's checkers;
 # build/sift-simt and build/tests/gpu_check-simt run the CUDA backend on the CPU, and
 # build/tests/test_simt checks the emulator itself. Linked -no-pie (reports name source lines
-# through addr2line) and -rdynamic (backend_cuda.cu finds the emulated cuBLASLt by dlsym).
+# through addr2line) and -rdynamic (gemm_cuda.cu finds the emulated cuBLASLt by dlsym).
 SIMT_CXX ?= $(shell command -v clang++ 2>/dev/null)
 endif
 ifneq ($(strip $(SIMT_CXX)),)
-SIMT_FLAGS := -std=c++17 -DSIFT_SIMT -D__CUDACC__ -Imodel/simt/include -O2 -g -fno-pie \
+SIMT_FLAGS := -std=c++17 -DSIFT_SIMT -D__CUDACC__ -Isimt/include -O2 -g -fno-pie \
               -ffp-contract=off -fno-vectorize -fno-slp-vectorize -fno-optimize-sibling-calls \
               -Wall -Wextra -Werror -MMD -MP
 SIMT_COV   := -fsanitize-coverage=func,trace-loads,trace-stores
-SIMT_RT    := $(patsubst %.cpp,build/simt/%.o,$(wildcard model/simt/*.cpp)) build/simt/model/simt/switch.o
+SIMT_RT    := $(patsubst %.cpp,build/simt/%.o,$(wildcard simt/*.cpp)) build/simt/simt/switch.o
 SIMT_KOBJ  := $(CU_SRC:%.cu=build/simt/%.o)
 C_OBJ      := $(filter-out $(CU_SRC:%.cu=build/%.o),$(LIB_OBJ))
 SIMT_LINK  := -no-pie -rdynamic
@@ -77,10 +78,10 @@ build/%.o: %.cu $(FLAGS_STAMP)
 build/simt/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(SIMT_CXX) -x c++ $(SIMT_FLAGS) $(SIMT_COV) -c $< -o $@
-build/simt/model/simt/%.o: model/simt/%.cpp $(FLAGS_STAMP)
+build/simt/simt/%.o: simt/%.cpp $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(SIMT_CXX) $(SIMT_FLAGS) -c $< -o $@
-build/simt/model/simt/switch.o: model/simt/switch.S
+build/simt/simt/switch.o: simt/switch.S
 	@mkdir -p $(dir $@)
 	$(SIMT_CXX) -c $< -o $@
 build/simt/tests/%.o: tests/%.cpp $(FLAGS_STAMP)

@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "cmd/cmd.h"
-#include "model/backend.h"
+#include "backend/backend.h"
 #include "util/check.h"
 
 typedef struct {
@@ -152,24 +152,14 @@ static const flag_row FLAGS[] = {
 };
 #define N_FLAGS (int)(sizeof FLAGS / sizeof *FLAGS)
 
-// "  -n, --n-predict N        text", the text wrapped at 96 columns from column 26 (as the
-// strategy parameters' lines)
+// "  -n, --n-predict N        text" (cli_help_line)
 static void help_line(const flag_row *f) {
     char head[64], text[600];
     snprintf(head, sizeof head, "%s%s%s%s%s", f->s ? f->s : "", f->s ? ", " : "    ", f->l,
              f->metavar ? " " : "", f->metavar ? f->metavar : "");
     snprintf(text, sizeof text, f->help, strstr(f->help, "%s") == NULL ? "" :
              strcmp(f->l, "--model") == 0 ? DEFAULT_MODEL : strategy_names());
-    int col = printf("  %-23s", head);
-    if (col > 25) col = printf("\n%25s", "") - 1;
-    for (const char *w = text; *w;) {
-        int len = (int)strcspn(w, " ");
-        if (col + 1 + len > 96 && col > 25) col = printf("\n%25s", "") - 1;
-        col += printf(" %.*s", len, w);
-        w += len;
-        while (*w == ' ') w++;
-    }
-    printf("\n");
+    cli_help_line(stdout, 2, head, text);
 }
 
 static void show_help(options *o, const char *v) {

@@ -12,7 +12,7 @@
 #include <mma.h>
 #include <string.h>
 
-#include "../model/cuda_util.cuh"
+#include "../util/cuda_util.cuh"
 #include "attn_cuda.h"
 
 #define TILE 32             // keys per tile = lanes per warp
@@ -416,7 +416,8 @@ static int env_choice(const char *name, const char *const *choices, int n) {
 }
 
 // The kernel for a (see attn_cuda.h): decode rows by SIFT_ATTN_DECODE, prefill by
-// SIFT_ATTN_PREFILL, each falling back where the head dimension is not taken.
+// SIFT_ATTN_PREFILL, each falling back where the head dimension is not taken. No default path
+// runs wmma (fa2 takes the same head dims); only SIFT_ATTN_PREFILL=wmma does.
 static enum kernel pick(const attn_cuda_args *a) {
     if (a->n <= SPLIT_MAX_ROWS) {
         static const char *const dec[] = {"group", "split"};
@@ -424,9 +425,9 @@ static enum kernel pick(const attn_cuda_args *a) {
         return k == 0 && attn_group_takes(a) ? K_GROUP : K_SPLIT;
     }
     static const char *const pre[] = {"fa2", "wmma", "flash"};
-    int k = env_choice("SIFT_ATTN_PREFILL", pre, 3), tc = a->hd == 64 || a->hd == 128;
+    int k = env_choice("SIFT_ATTN_PREFILL", pre, 3);
     if (k == 0 && attn_fa2_takes(a)) return K_FA2;
-    if (k <= 1 && tc) return K_WMMA;
+    if (k == 1 && (a->hd == 64 || a->hd == 128)) return K_WMMA;
     return K_FLASH;
 }
 

@@ -14,7 +14,7 @@
 #include <limits.h>
 #include <stdint.h>
 
-#include "../model/cuda_util.cuh"
+#include "../util/cuda_util.cuh"
 #include "attn_cuda.h"
 
 #define KT 32        // keys per tile

@@ -19,7 +19,7 @@
 #include <limits.h>
 #include <stdint.h>
 
-#include "../model/cuda_util.cuh"
+#include "../util/cuda_util.cuh"
 #include "attn_cuda.h"
 
 #define BR 64    // query rows per block (16 per warp)

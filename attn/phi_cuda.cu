@@ -2,7 +2,7 @@
 // twins are in attn/phi_cpu.c and read the same way (specs/topk-phi.md). One block per row (features), per (feature, KV head)
 // (summary) and per query head (selected attention). Correct first: fp32 throughout, simple
 // loops; a decode step's work here is small next to reading the weights.
-#include "../model/cuda_util.cuh"
+#include "../util/cuda_util.cuh"
 extern "C" {
 #include "phi.h"
 }

@@ -4,7 +4,7 @@
 // the lowest-indexed ones equal to it, in ascending order (two block scans per tile).
 #include <cub/block/block_scan.cuh>
 
-#include "../model/cuda_util.cuh"
+#include "../util/cuda_util.cuh"
 #include "score_cuda.h"
 
 #define TOPK_THREADS 512

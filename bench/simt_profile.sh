@@ -30,7 +30,7 @@ echo "emulated run: $(( $(date +%s) - t0 )) s at SIMT_SAMPLE_BLOCKS=$sample" | t
 # "Used N registers, used N barriers, N bytes smem". One TSV row each, the name demangled last.
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-for f in attn/*.cu model/*.cu; do
+for f in attn/*.cu backend/*.cu; do
     "$nvcc" -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 --resource-usage \
         -c "$f" -o "$tmp/$(basename "$f" .cu).o" 2>&1
 done > "$tmp/ptxas.txt"

@@ -296,12 +296,6 @@ static int bench_dry_run(const bench_opts *b, const model_config *c) {
 
 // ---- measuring ----
 
-static int bench_ignore(void *ctx, int id) {
-    (void)ctx;
-    (void)id;
-    return 0;
-}
-
 static void mean_sd(const double *x, int n, double *mean, double *sd) {
     double s = 0, q = 0;
     int k = 0;
@@ -335,7 +329,7 @@ static int bench_one(const bench_opts *b, model *m, const strategy *s, const int
                      int n_gen, sampler *smp, cell_stats *cs, int rep) {
     run_stats st;
     char err[512];
-    if (run_generate(s, m, &b->so, &b->run, ids, P, n_gen, smp, bench_ignore, NULL, &st, NULL, err,
+    if (run_generate(s, m, &b->so, &b->run, ids, P, n_gen, smp, NULL, NULL, &st, NULL, err,
                      sizeof err)) {
         fprintf(stderr, "%ssift: error: bench: %s at ctx %d: %s\n", isatty(2) ? "\n" : "",
                 s->name, P, err);
@@ -372,7 +366,7 @@ static int bench_batch(const bench_opts *b, model *m, const strategy *s, int *co
         sampler_init(&smp[started], &(sample_params){.temp = 0}, m->cfg.vocab);
         gp[started] = &g[started];
         rc = gen_begin(&g[started], s, m, &b->so, &b->run, ids[started], P, b->n_gen, &smp[started],
-                       bench_ignore, NULL, NULL, err, sizeof err);
+                       NULL, NULL, NULL, err, sizeof err);
         if (rc) {
             fprintf(stderr, "%ssift: error: bench: %s at ctx %d, parallel %d: %s\n", isatty(2) ? "\n" : "",
                     s->name, P, B, err);
@@ -530,17 +524,6 @@ static void measure_ceilings(backend *bk, bench_env *env) {
     fprintf(stderr, "bench: ceilings on %s: %.3f TFLOP/s GEMM peak, %.1f GB/s read\n", bk->name, tf, gb);
 }
 
-// Untimed: the first strategy on a short prompt (first-touch allocations, library start-up).
-static int bench_warmup(const bench_opts *b, model *m, bench_progress *pr) {
-    sampler smp;
-    int P = b->ctx[0] < 32 ? b->ctx[0] : 32, *ids = random_ids(m, P, 0, &smp);
-    snprintf(pr->cell, sizeof pr->cell, "bench: warm-up");
-    int rc = bench_one(b, m, b->strategies[0], ids, P, 2, &smp, NULL, 0);
-    sampler_free(&smp);
-    free(ids);
-    return rc;
-}
-
 // Per strategy: its repetitions' slots in one block (freed by the caller through cs[0].ttft).
 static cell_stats *cells_alloc(int n_cells, int reps) {
     cell_stats *cs = xcalloc((size_t)n_cells, sizeof *cs);
@@ -561,7 +544,12 @@ static int bench_run(const bench_opts *b, loaded *L) {
         m->on_layer = bench_show_layer;
         m->on_layer_ctx = &pr;
     }
-    if (rc == 0) rc = bench_warmup(b, m, &pr);
+    char err[512];
+    int warm = b->ctx[0] < 32 ? b->ctx[0] : 32;
+    snprintf(pr.cell, sizeof pr.cell, "bench: warm-up");
+    if (rc == 0 && (rc = run_warm_up(b->strategies[0], m, &b->so, &b->run, warm, err, sizeof err)))
+        fprintf(stderr, "%ssift: error: bench: %s at ctx %d: %s\n", tty ? "\n" : "",
+                b->strategies[0]->name, warm, err);
     for (int k = 0; k < b->n_strategies; k++)
         if (strcmp(b->strategies[k]->name, "full") == 0) full = k;
     bench_out o = {out_format(b->format), 0};
@@ -588,7 +576,7 @@ static int bench_run(const bench_opts *b, loaded *L) {
     if (m->bk->report) m->bk->report(m->bk, stderr);   // choices the backend made by timing
     long fixed, recorded, replayed;
     fwd_decode_counts(m, &fixed, &recorded, &replayed);
-    if (fixed)   // how the decode steps ran (model/forward.c fwd_decode): a device run's context
+    if (fixed)   // how the decode steps ran (model/decode.c fwd_decode): a device run's context
         fprintf(stderr, "bench: %ld decode steps through fixed buffers: %ld recorded as graphs, %ld "
                 "replayed%s\n", fixed, recorded, replayed,
                 recorded ? "" : " (SIFT_CUDA_GRAPHS=0, or no step ran twice on the same caches)");

@@ -13,7 +13,7 @@
 
 #include "../eval/eval.h"
 #include "../model/cost.h"
-#include "../model/qgemm.h"
+#include "../qgemm/qgemm.h"
 #include "../weights/dequant.h"
 #include "../util/check.h"
 #include "../weights/hf.h"
@@ -105,20 +105,22 @@ void cli_strategy_help(FILE *out) {
         else snprintf(def, sizeof def, "%g", t[i].def);
         char text[512];
         snprintf(text, sizeof text, "%s: %s (default %s)", t[i].used_by, t[i].help, def);
-        // "      HEAD  text", wrapped at 96 columns with the text column at 26
-        int col = fprintf(out, "      %-19s", head);
-        if (col > 26) col = fprintf(out, "\n%25s", "") - 1;
-        for (const char *w = text; *w;) {
-            int len = (int)strcspn(w, " ");
-            if (col + 1 + len > 96 && col > 26) col = fprintf(out, "\n%25s", "") - 1;
-            col += fprintf(out, " %.*s", len, w);
-            w += len;
-            while (*w == ' ') w++;
-        }
-        fputc('\n', out);
+        cli_help_line(out, 6, head, text);
     }
 }
 
+void cli_help_line(FILE *out, int indent, const char *head, const char *text) {
+    int col = fprintf(out, "%*s%-*s", indent, "", 25 - indent, head);
+    if (col > 26) col = fprintf(out, "\n%25s", "") - 1;
+    for (const char *w = text; *w;) {
+        int len = (int)strcspn(w, " ");
+        if (col + 1 + len > 96 && col > 26) col = fprintf(out, "\n%25s", "") - 1;
+        col += fprintf(out, " %.*s", len, w);
+        w += len;
+        while (*w == ' ') w++;
+    }
+    fputc('\n', out);
+}
 
 // The model path: -m, else $SIFT_MODEL, else models/... beside the binary.
 static char *cli_default_model_path(void) {
@@ -562,6 +564,26 @@ int cli_check_outputs(const char *const *paths, int n) {
         if (f) fclose(f);
     }
     return 0;
+}
+
+int cli_write_outputs(const char *const *paths, int n,
+                      void (*write)(FILE *f, int i, const void *ctx), const void *ctx) {
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        if (!paths[i]) continue;
+        FILE *f = fopen(paths[i], "w");
+        if (!f) {
+            fprintf(stderr, "sift: error: cannot write %s\n", paths[i]);
+            rc = -1;
+            continue;
+        }
+        write(f, i, ctx);
+        if (fclose(f)) {
+            fprintf(stderr, "sift: error: writing %s failed\n", paths[i]);
+            rc = -1;
+        }
+    }
+    return rc;
 }
 
 int cli_load_haystack(const char *path, struct eval_haystack *h) {

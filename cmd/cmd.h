@@ -29,6 +29,9 @@ int cli_strategy_flag(const char *a, const char *v, strategy_opts *so, const cha
 int cli_is_strategy_flag(const char *a);
 // The strategy parameters' lines of --help, from the table (policies/policy.h).
 void cli_strategy_help(FILE *out);
+// One line of --help: indent spaces and head, then text from column 26, wrapped at 96 columns
+// (on the next line when head reaches past column 26).
+void cli_help_line(FILE *out, int indent, const char *head, const char *text);
 // A comma list of integers in [lo, hi] (at most max) into out; the count (a usage error on bad
 // input or none).
 int cli_int_list(const char *flag, const char *v, int *out, int max, int lo, int hi);
@@ -39,6 +42,10 @@ int cli_ends_with(const char *s, const char *suffix);
 // Opens each of paths (n; NULL entries skipped) for writing, so that a bad output path fails
 // before a long run: 0, or -1 (error printed).
 int cli_check_outputs(const char *const *paths, int n);
+// Writes file i of paths (n; NULL entries skipped) with write(f, i, ctx): 0, or -1 when one
+// could not be opened or written (said on stderr; the others are still written).
+int cli_write_outputs(const char *const *paths, int n,
+                      void (*write)(FILE *f, int i, const void *ctx), const void *ctx);
 // --haystack FILE (NULL: the built-in filler) into h: 0, or -1 (error printed).
 struct eval_haystack;
 int cli_load_haystack(const char *path, struct eval_haystack *h);

@@ -108,7 +108,7 @@ typedef struct {
     eval_record *recs;
     int n_recs;
     float *full_logits, *logits;
-    eval_answer full_answer;
+    tok_answer full_answer;
 } eval_run;
 
 // Runs strategy s on prompt p; fills rec (fidelity against the full run of the same prompt,
@@ -117,19 +117,19 @@ static int run_one(eval_run *R, const strategy *s, const eval_spec *spec, const 
                    eval_record *rec) {
     model *m = R->L->m;
     int is_full = strcmp(s->name, "full") == 0;
-    eval_answer a = {.t = R->L->t};
+    tok_answer a = {.t = R->L->t};
     sampler smp;
     sampler_init(&smp, &(sample_params){.temp = 0}, m->cfg.vocab);
     run_stats st;
     char err[512];
     int rc = run_generate(s, m, &R->e->so, &R->e->run, p->ids, p->n_ids, eval_task_n_gen(spec->task),
-                          &smp, eval_answer_token, &a, &st, is_full ? R->full_logits : R->logits,
+                          &smp, tok_answer_token, &a, &st, is_full ? R->full_logits : R->logits,
                           err, sizeof err);
     sampler_free(&smp);
     if (rc) {
         fprintf(stderr, "sift: error: eval: %s on %s at ctx %d, sample %d: %s\n", s->name,
                 eval_task_name(spec->task), spec->ctx, spec->sample, err);
-        eval_answer_free(&a);
+        tok_answer_free(&a);
         return -1;
     }
     *rec = (eval_record){.strategy = s->name, .task = spec->task, .ctx = spec->ctx,
@@ -148,8 +148,8 @@ static int run_one(eval_run *R, const strategy *s, const eval_spec *spec, const 
         free(R->full_answer.ids);
         R->full_answer = a;
     }
-    const eval_answer *f = &R->full_answer;
-    rec->greedy_agree = eval_agreement(f->ids, f->n_ids, a.ids, a.n_ids, &rec->first_agree);
+    const tok_answer *f = &R->full_answer;
+    rec->greedy_agree = tok_agreement(f->ids, f->n_ids, a.ids, a.n_ids, &rec->first_agree);
     rec->kl = is_full ? 0 : eval_kl(R->full_logits, R->logits, m->cfg.vocab);
     if (!is_full) free(a.ids);
     return 0;
@@ -236,25 +236,14 @@ static int eval_run_all(eval_run *R) {
 
 // ---- reports ----
 
+static void write_json_csv(FILE *f, int i, const void *rep) {
+    if (i == 0) eval_write_json(f, rep);
+    else eval_write_csv(f, rep);
+}
+
 static int write_reports(const eval_opts *e, const eval_report *rep) {
-    int rc = 0;
     char err[512];
-    const char *paths[2] = {e->json_path, e->csv_path};
-    for (int i = 0; i < 2; i++) {
-        if (!paths[i]) continue;
-        FILE *f = fopen(paths[i], "w");
-        if (!f) {
-            fprintf(stderr, "sift: error: cannot write %s\n", paths[i]);
-            rc = -1;
-            continue;
-        }
-        if (i == 0) eval_write_json(f, rep);
-        else eval_write_csv(f, rep);
-        if (fclose(f)) {
-            fprintf(stderr, "sift: error: writing %s failed\n", paths[i]);
-            rc = -1;
-        }
-    }
+    int rc = cli_write_outputs((const char *[]){e->json_path, e->csv_path}, 2, write_json_csv, rep);
     if (e->plot_path && eval_write_svg(e->plot_path, rep, err, sizeof err)) {
         fprintf(stderr, "sift: error: --plot: %s\n", err);
         rc = -1;

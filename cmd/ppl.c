@@ -99,20 +99,12 @@ static int text_ids(const ppl_opts *p, const tok *t, int **ids) {
         fprintf(stderr, "sift: error: %s\n", err);
         return -1;
     }
-    int *body = NULL, n = -1;
+    int n = -1;
     if (tok_text_check(text, len, p->file, err, sizeof err) == 0)
-        n = tok_encode(t, text, len, 0, &body, err, sizeof err);
+        n = tok_encode_prompt(t, text, len, 0, ids, err, sizeof err);
     free(text);
-    if (n < 0) {
-        fprintf(stderr, "sift: error: %s\n", err);
-        return -1;
-    }
-    int bos = tok_add_bos(t) && tok_bos(t) >= 0;
-    *ids = xmalloc((size_t)(n + 1) * sizeof(int));
-    if (bos) (*ids)[0] = tok_bos(t);
-    memcpy(*ids + bos, body, (size_t)n * sizeof(int));
-    free(body);
-    return n + bos;
+    if (n < 0) fprintf(stderr, "sift: error: %s\n", err);
+    return n;
 }
 
 static int run_ppl(const ppl_opts *p, loaded *L) {

@@ -399,7 +399,7 @@ typedef struct sweep_run {
     int n_p;
     sweep_rec *recs;          // [prompt * n_set + setting]
     float *logits;            // (parallel + 1, vocab): slot 0 is full's
-    eval_answer full;
+    tok_answer full;
     int done, total, failed;
     double t0;
 } sweep_run;
@@ -428,13 +428,13 @@ static void sw_progress(sweep_run *R, int pi, int si) {
 }
 
 // The figures of run k (its answer a, its first-token logits) against full's on prompt p.
-static void sw_record(sweep_run *R, const sweep_prompt *p, const gen_seq *g, const eval_answer *a,
+static void sw_record(sweep_run *R, const sweep_prompt *p, const gen_seq *g, const tok_answer *a,
                       const float *logits, sweep_rec *r) {
     const run_stats *st = &g->st;
     int vocab = R->L->m->cfg.vocab, n_layer = R->L->m->cfg.n_layer;
     r->state = 1;
     r->n_gen = a->n_ids;
-    r->greedy = eval_agreement(R->full.ids, R->full.n_ids, a->ids, a->n_ids, &r->first_agree);
+    r->greedy = tok_agreement(R->full.ids, R->full.n_ids, a->ids, a->n_ids, &r->first_agree);
     r->kl = eval_kl(R->logits, logits, vocab);
     r->score = p->n_answers ? eval_score(p->answers, p->n_answers, a->text ? a->text : "") : NAN;
     r->ttft_ms = st->prompt_ms;
@@ -456,17 +456,17 @@ static int sw_batch(sweep_run *R, int pi, int s0, int s1) {
     int k = s1 - s0, vocab = m->cfg.vocab;
     gen_seq g[FWD_MAX_BATCH], *live[FWD_MAX_BATCH];
     sampler smp[FWD_MAX_BATCH];
-    eval_answer a[FWD_MAX_BATCH];
+    tok_answer a[FWD_MAX_BATCH];
     int nl = 0, rc = 0;
     for (int i = 0; i < k; i++) {
         sweep_rec *r = &R->recs[(size_t)pi * w->n_set + s0 + i];
         const sweep_setting *x = &w->set[s0 + i];
         char err[300];
-        a[i] = (eval_answer){.t = R->L->t};
+        a[i] = (tok_answer){.t = R->L->t};
         sampler_init(&smp[i], &(sample_params){.temp = 0}, vocab);
         float *lg = R->logits + (size_t)(s0 + i == 0 ? 0 : 1 + i) * vocab;
         if (gen_begin(&g[i], x->s, m, &x->so, &x->run, p->ids, p->n_ids, w->n_predict, &smp[i],
-                      eval_answer_token, &a[i], lg, err, sizeof err)) {
+                      tok_answer_token, &a[i], lg, err, sizeof err)) {
             r->state = -1;
             snprintf(r->note, sizeof r->note, "%s", err);
             continue;
@@ -486,9 +486,9 @@ static int sw_batch(sweep_run *R, int pi, int s0, int s1) {
         else if (r->state == 0) {
             gen_end(&g[i]);
             if (s0 + i == 0) {   // full: the reference of this prompt
-                eval_answer_free(&R->full);
+                tok_answer_free(&R->full);
                 R->full = a[i];
-                a[i] = (eval_answer){0};
+                a[i] = (tok_answer){0};
             }
             sw_record(R, p, &g[i], s0 + i == 0 ? &R->full : &a[i],
                       R->logits + (size_t)(s0 + i == 0 ? 0 : 1 + i) * vocab, r);
@@ -496,34 +496,19 @@ static int sw_batch(sweep_run *R, int pi, int s0, int s1) {
         if (r->state < 0) R->failed++;
         if (s0 + i == 0 && r->state < 0) rc = -1;
         sampler_free(&smp[i]);
-        eval_answer_free(&a[i]);
+        tok_answer_free(&a[i]);
         R->done++;
         sw_progress(R, pi, s0 + i);
     }
     return rc;
 }
 
-// An unmeasured full run on the first prompt's first 64 tokens: the weights paged in and the
-// threads started, so that the first measured run (full's, the reference) is not slowed by them.
-static void sw_warm_up(sweep_run *R) {
-    model *m = R->L->m;
-    eval_answer a = {.t = R->L->t};
-    sampler smp;
-    sampler_init(&smp, &(sample_params){.temp = 0}, m->cfg.vocab);
-    run_stats st;
-    char err[300];
-    run_generate(R->w->set[0].s, m, &R->w->set[0].so, &R->w->set[0].run, R->p[0].ids,
-                 R->p[0].n_ids < 64 ? R->p[0].n_ids : 64, 2, &smp, eval_answer_token, &a, &st, NULL,
-                 err, sizeof err);
-    sampler_free(&smp);
-    eval_answer_free(&a);
-}
-
 // Every prompt, full first, then the settings (--parallel at a time). 0, or 1 (interrupted).
 static int sw_run_all(sweep_run *R) {
     const sweep_opts *w = R->w;
     R->total = R->n_p * w->n_set;
-    sw_warm_up(R);
+    char err[512];   // an unmeasured full run first, so that full's (the reference) is not slowed
+    (void)run_warm_up(w->set[0].s, R->L->m, &w->set[0].so, &w->set[0].run, 32, err, sizeof err);
     R->t0 = now_ms();
     for (int pi = 0; pi < R->n_p; pi++) {
         int at = 0;
@@ -717,11 +702,6 @@ static void sw_command(const sweep_run *R, int s, char *out, size_t len) {
 
 // ---- reports ----
 
-static void sw_num(FILE *f, const char *fmt, double v) {
-    if (isnan(v)) fputs("-", f);
-    else fprintf(f, fmt, v);
-}
-
 static void sw_print_table(FILE *f, const sweep_run *R, const sweep_agg *agg) {
     const sweep_opts *w = R->w;
     fprintf(f, "\n| strategy | settings | prompts | 1st token = full | greedy agree | KL(full‖s) | "
@@ -735,18 +715,11 @@ static void sw_print_table(FILE *f, const sweep_run *R, const sweep_agg *agg) {
                 g->label[0] ? " (" : "", g->label, g->label[0] ? ")" : "", g->n);
         if (g->failed) fprintf(f, " (%d failed)", g->failed);
         fputs(" | ", f);
-        sw_num(f, "%.3f", g->first), fputs(" | ", f);
-        sw_num(f, "%.3f", g->greedy), fputs(" | ", f);
-        sw_num(f, "%.4f", g->kl), fputs(" | ", f);
-        sw_num(f, "%.3f", g->acc), fputs(" | ", f);
-        sw_num(f, "%.1f", g->ttft), fputs(" | ", f);
-        sw_num(f, "%.2f", g->tpot), fputs(" | ", f);
-        sw_num(f, "%.2f", g->x_ttft), fputs(" | ", f);
-        sw_num(f, "%.2f", g->x_tpot), fputs(" | ", f);
-        sw_num(f, "%.2f", g->x_total), fputs(" | ", f);
-        sw_num(f, "%.2f", g->kv_mib), fputs(" | ", f);
-        sw_num(f, "%.3f", g->kv_read_mib), fputs(" | ", f);
-        sw_num(f, "%.1f", g->rows_pct);
+        static const char *const fmt[] = {"%.3f", "%.3f", "%.4f", "%.3f", "%.1f", "%.2f", "%.2f",
+                                          "%.2f", "%.2f", "%.2f", "%.3f", "%.1f"};
+        double v[] = {g->first, g->greedy, g->kl, g->acc, g->ttft, g->tpot, g->x_ttft, g->x_tpot,
+                      g->x_total, g->kv_mib, g->kv_read_mib, g->rows_pct};
+        for (int i = 0; i < 12; i++) fputs(i ? " | " : "", f), eval_table_num(f, fmt[i], v[i]);
         fprintf(f, " | %s |\n", g->frontier ? "*" : "");
     }
     fprintf(f, "\n%d prompts, -n %d, greedy; fidelity = %s agreement%s, speedup = %s (ratios of means "
@@ -896,6 +869,19 @@ static int sw_write_svg(const sweep_run *R, const sweep_agg *agg, char *err, siz
     return eval_write_scatter_svg(w->plot_path, x_label, y_label, pts, lp, group, on, w->n_set, err, errlen);
 }
 
+typedef struct {
+    const sweep_run *R;
+    const sweep_agg *agg;
+    const char *model_name;
+    int complete, best;
+} sw_report_ctx;
+
+static void sw_write_json_csv(FILE *f, int i, const void *ctx) {
+    const sw_report_ctx *c = ctx;
+    if (i == 0) sw_write_json(f, c->R, c->agg, c->model_name, c->complete, c->best);
+    else sw_write_csv(f, c->R, c->agg);
+}
+
 static int sw_report(const sweep_run *R, const char *model_name, int complete) {
     const sweep_opts *w = R->w;
     sweep_agg agg[SWEEP_MAX_SETTINGS];
@@ -919,24 +905,9 @@ static int sw_report(const sweep_run *R, const char *model_name, int complete) {
         }
     }
     fflush(stdout);
-    int rc = 0;
     char err[512];
-    const char *paths[2] = {w->json_path, w->csv_path};
-    for (int i = 0; i < 2; i++) {
-        if (!paths[i]) continue;
-        FILE *f = fopen(paths[i], "w");
-        if (!f) {
-            fprintf(stderr, "sift: error: cannot write %s\n", paths[i]);
-            rc = -1;
-            continue;
-        }
-        if (i == 0) sw_write_json(f, R, agg, model_name, complete, best);
-        else sw_write_csv(f, R, agg);
-        if (fclose(f)) {
-            fprintf(stderr, "sift: error: writing %s failed\n", paths[i]);
-            rc = -1;
-        }
-    }
+    sw_report_ctx c = {R, agg, model_name, complete, best};
+    int rc = cli_write_outputs((const char *[]){w->json_path, w->csv_path}, 2, sw_write_json_csv, &c);
     if (w->plot_path && sw_write_svg(R, agg, err, sizeof err)) {
         fprintf(stderr, "sift: error: --plot: %s\n", err);
         rc = -1;
@@ -1004,7 +975,7 @@ int cmd_sweep(int argc, char **argv) {
     free(R.p);
     free(R.recs);
     free(R.logits);
-    eval_answer_free(&R.full);
+    tok_answer_free(&R.full);
     cli_unload(&L);
     sweep_free(&w);
     return rc;

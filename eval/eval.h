@@ -69,20 +69,6 @@ double eval_score(const char answers[][32], int n_answers, const char *text);
 // KL(p || q) in nats of the softmax distributions of logits p and q (n,).
 double eval_kl(const float *p, const float *q, int n);
 
-// A greedy answer as it is generated: every token (an end-of-generation one included, which
-// ends it) and the text of the others. eval_answer_token is a run_token_fn (ctx: the answer).
-typedef struct eval_answer {
-    const tok *t;
-    int *ids, n_ids;
-    char *text;   // NULL until a piece arrives
-    size_t len;
-} eval_answer;
-int eval_answer_token(void *ctx, int id);
-void eval_answer_free(eval_answer *a);
-// How tokens ids (n,) follow the reference's ref (n_ref,): *first = both start with the same
-// token; the share of ref's tokens matched at the same position (0 when ref is empty).
-double eval_agreement(const int *ref, int n_ref, const int *ids, int n, int *first);
-
 // ---- records and reports ----
 // One strategy's run on one prompt.
 typedef struct eval_record {
@@ -120,6 +106,8 @@ typedef struct eval_report {
 // Markdown tables: per strategy x task x ctx cells, then the per-strategy summary and the cells
 // where a strategy falls under 95% of full's accuracy.
 void eval_print_tables(FILE *out, const eval_report *r);
+// A table cell: v in fmt ("%.3f"), or "-" for NaN (a ratio against a zero reference, no value).
+void eval_table_num(FILE *out, const char *fmt, double v);
 void eval_write_json(FILE *out, const eval_report *r);
 void eval_write_csv(FILE *out, const eval_report *r);
 // Accuracy vs context and TTFT vs context, one line per strategy. 0, or -1 + err.

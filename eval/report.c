@@ -33,8 +33,7 @@ static agg aggregate(const eval_report *r, const char *strategy, int task, int c
 
 static double ratio(double a, double b) { return b > 0 ? a / b : NAN; }
 
-// "%.3f", or "-" for NaN (a ratio against a zero reference)
-static void report_num(FILE *out, const char *fmt, double v) {
+void eval_table_num(FILE *out, const char *fmt, double v) {
     if (isnan(v)) fputs("-", out);
     else fprintf(out, fmt, v);
 }
@@ -60,11 +59,11 @@ void eval_print_tables(FILE *out, const eval_report *r) {
         agg a = aggregate(r, r->strategies[s], -1, -1);
         if (a.n == 0) continue;
         fprintf(out, "| %s | %d | %.3f | ", r->strategies[s], a.n, a.acc);
-        report_num(out, "%.3f", ratio(a.acc, full.acc));
+        eval_table_num(out, "%.3f", ratio(a.acc, full.acc));
         fprintf(out, " | %.3f | %.3f | %.4f | ", a.first, a.greedy, a.kl);
-        report_num(out, "%.2fx", ratio(full.ttft, a.ttft));
+        eval_table_num(out, "%.2fx", ratio(full.ttft, a.ttft));
         fputs(" | ", out);
-        report_num(out, "%.2fx", ratio(full.kv, a.kv));
+        eval_table_num(out, "%.2fx", ratio(full.kv, a.kv));
         fputs(" |\n", out);
     }
     int header = 0;

@@ -299,22 +299,9 @@ static char *build(const plan *pl, const tok *t, long k) {
     return all.s;
 }
 
-// Tokens of text (BOS included when the model adds one) into *ids; -1 + err.
-static int encode(const tok *t, const char *text, int **ids, char *err, size_t errlen) {
-    int *body = NULL;
-    int n = tok_encode(t, text, strlen(text), 1, &body, err, errlen);
-    if (n < 0) return -1;
-    int bos = tok_add_bos(t) && tok_bos(t) >= 0;
-    *ids = xmalloc((size_t)(n + bos + 1) * sizeof(int));
-    if (bos) (*ids)[0] = tok_bos(t);
-    memcpy(*ids + bos, body, (size_t)n * sizeof(int));
-    free(body);
-    return n + bos;
-}
-
 static int count(const plan *pl, const tok *t, long k, char *err, size_t errlen) {
     char *text = build(pl, t, k);
-    int *ids = NULL, n = encode(t, text, &ids, err, errlen);
+    int *ids = NULL, n = tok_encode_prompt(t, text, strlen(text), 1, &ids, err, errlen);
     free(text);
     free(ids);
     return n;
@@ -362,7 +349,7 @@ int eval_make_prompt(const tok *t, const eval_haystack *h, const eval_spec *spec
     long k = fit(&pl, t, spec->ctx - eval_task_n_gen(spec->task), err, errlen);
     if (k < 0) return -1;
     p->text = build(&pl, t, k);
-    p->n_ids = encode(t, p->text, &p->ids, err, errlen);
+    p->n_ids = tok_encode_prompt(t, p->text, strlen(p->text), 1, &p->ids, err, errlen);
     return p->n_ids < 0 ? -1 : 0;
 }
 

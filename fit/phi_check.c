@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../model/sample.h"
+#include "../backend/sample.h"
 #include "../policies/topk_phi.h"
 #include "../util/check.h"
 #include "phi_fit.h"

@@ -37,11 +37,6 @@ typedef struct {
     int n;
 } done_set;
 
-typedef struct {
-    char *buf;
-    size_t len, cap;
-} strbuf;
-
 typedef struct keptmap keptmap;   // jobs/keptmap.c
 
 typedef struct unit {
@@ -56,9 +51,7 @@ typedef struct unit {
     unsigned long long seed;
     gen_seq g;
     sampler smp;
-    const tok *t;
-    strbuf text;
-    int *out, n_out;         // every sampled token, end-of-generation included
+    tok_answer ans;          // every sampled token (end-of-generation included) and the text
     int stream, hit_eog;
     const char *code;        // a failure's Batch API error code (invalid_request, ...)
     double rows_pct;         // prompt rows processed over layers, % of full's n * L

@@ -61,7 +61,7 @@ void km_keep(runner *R, unit *u) {
     k->strategy = strdup(u->s->name);
     k->label = strdup(st->label);
     k->note = strdup(st->note);
-    k->text = strdup(u->text.buf ? u->text.buf : "");
+    k->text = strdup(u->ans.text ? u->ans.text : "");
     k->id = strdup(u->rq->id);
     k->index = u->rq->index, k->seq = R->n_km;
     k->first_agree = u->first_agree, k->greedy_agree = u->greedy_agree;

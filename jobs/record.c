@@ -24,11 +24,9 @@ void compare_with_full(unit *u, int n, int n_layer) {
         u[i].rows_pct = st->prompt_n ? 100.0 * st->rows_done / ((double)st->prompt_n * n_layer) : 0;
         u[i].first_agree = -1;
         u[i].greedy_agree = -1;
-        if (!full || u[i].rc || full->n_out == 0) continue;
-        int same = 0;
-        for (int t = 0; t < full->n_out && t < u[i].n_out; t++) same += full->out[t] == u[i].out[t];
-        u[i].first_agree = u[i].n_out > 0 && u[i].out[0] == full->out[0];
-        u[i].greedy_agree = 100.0 * same / full->n_out;
+        if (!full || u[i].rc || full->ans.n_ids == 0) continue;
+        u[i].greedy_agree = 100.0 * tok_agreement(full->ans.ids, full->ans.n_ids, u[i].ans.ids,
+                                                  u[i].ans.n_ids, &u[i].first_agree);
     }
 }
 
@@ -55,7 +53,7 @@ static void json_unit(FILE *f, const runner *R, const unit *u) {
         return;
     }
     fprintf(f, ",\"text\":");
-    tok_json_str(f, u->text.buf ? u->text.buf : "", u->text.len);
+    tok_json_str(f, u->ans.text ? u->ans.text : "", u->ans.len);
     fprintf(f, ",\"stop\":\"%s\",\"strategy\":\"%s\",\"device\":\"%s\",\"model\":",
             u->hit_eog ? "eos" : "limit", u->s->name, R->dev);
     tok_json_str(f, R->model_name, strlen(R->model_name));
@@ -104,13 +102,13 @@ static void openai_record(FILE *f, const runner *R, const request *q, const unit
         return;
     }
     const run_stats *st = &u->g.st;
-    int completion = u->n_out;   // every sampled token, the end-of-generation one included
+    int completion = u->ans.n_ids;   // every sampled token, the end-of-generation one included
     fprintf(f, ",\"response\":{\"status_code\":200,\"request_id\":\"req_%016llx\",\"body\":{"
             "\"id\":\"chatcmpl-%016llx\",\"object\":\"chat.completion\",\"created\":%lld,\"model\":",
             id_hash(q->id, 1), id_hash(q->id, 2), (long long)time(NULL));
     tok_json_str(f, R->model_name, strlen(R->model_name));
     fprintf(f, ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
-    tok_json_str(f, u->text.buf ? u->text.buf : "", u->text.len);
+    tok_json_str(f, u->ans.text ? u->ans.text : "", u->ans.len);
     fprintf(f, ",\"refusal\":null},\"logprobs\":null,\"finish_reason\":\"%s\"}],"
             "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d},"
             "\"system_fingerprint\":\"sift-%s-%s\"}},\"error\":null}\n",
@@ -206,6 +204,17 @@ void print_timing(const runner *R, const unit *u) {
             st->prompt_n + st->predicted_n);
 }
 
+// A table row's end: 1st token = full, greedy agree %, the answer's first line (60 bytes at most).
+static void print_row_end(const unit *u) {
+    const char *text = u->ans.text ? u->ans.text : "";
+    while (*text == '\n' || *text == ' ') text++;
+    int line = (int)strcspn(text, "\n|");
+    printf("%s | ", u->first_agree < 0 ? "-" : u->first_agree ? "yes" : "no");
+    if (u->greedy_agree < 0) printf("- | ");
+    else printf("%.1f | ", u->greedy_agree);
+    printf("%.*s |\n", line > 60 ? 60 : line, text);
+}
+
 void print_table(const unit *u, int n) {
     printf("\n| strategy | rows %% of full | KV MiB | KV read/step MiB | TTFT ms | prefill tok/s | TPOT ms "
            "| decode tok/s | 1st token = full | greedy agree %% | first line |\n"
@@ -216,20 +225,13 @@ void print_table(const unit *u, int n) {
             printf("| %s | error: %s ||||||||||\n", u[i].s->name, u[i].err);
             continue;
         }
-        const char *text = u[i].text.buf ? u[i].text.buf : "";
-        while (*text == '\n' || *text == ' ') text++;
-        int line = (int)strcspn(text, "\n|");
-        if (line > 60) line = 60;
         printf("| %s%s%s%s | %.1f | %.2f | ", u[i].s->name, st->label[0] ? " (" : "", st->label,
                st->label[0] ? ")" : "", u[i].rows_pct, st->kv_bytes / 1048576.0);
         if (st->decode_runs) printf("%.2f | ", st->kv_read_per_step / 1048576.0);
         else printf("- | ");
-        printf("%.1f | %.1f | %.2f | %.2f | %s | ", st->prompt_ms, per_second(st->prompt_n, st->prompt_ms),
-               per_token(st->decode_runs, st->decode_ms), per_second(st->decode_runs, st->decode_ms),
-               u[i].first_agree < 0 ? "-" : u[i].first_agree ? "yes" : "no");
-        if (u[i].greedy_agree < 0) printf("- | ");
-        else printf("%.1f | ", u[i].greedy_agree);
-        printf("%.*s |\n", line, text);
+        printf("%.1f | %.1f | %.2f | %.2f | ", st->prompt_ms, per_second(st->prompt_n, st->prompt_ms),
+               per_token(st->decode_runs, st->decode_ms), per_second(st->decode_runs, st->decode_ms));
+        print_row_end(&u[i]);
     }
     fflush(stdout);
 }
@@ -271,19 +273,12 @@ void print_table_reps(const unit *u, int n, int reps) {
         const run_stats *st = &u[i].g.st;
         double sp_ttft, sp_tpot = 0, m_ttft = median_spread(ttft, k, &sp_ttft);
         double m_tpot = kd ? median_spread(tpot, kd, &sp_tpot) : NAN;
-        const char *text = u[i].text.buf ? u[i].text.buf : "";
-        while (*text == '\n' || *text == ' ') text++;
-        int line = (int)strcspn(text, "\n|");
-        if (line > 60) line = 60;
         printf("| %s%s%s%s | %d | %.1f | %.2f | %.1f | %.1f | %.1f | ", u[i].s->name,
                st->label[0] ? " (" : "", st->label, st->label[0] ? ")" : "", k, u[i].rows_pct,
                st->kv_bytes / 1048576.0, m_ttft, sp_ttft, per_second(st->prompt_n, m_ttft));
         if (kd) printf("%.2f | %.1f | %.2f | ", m_tpot, sp_tpot, 1000.0 / m_tpot);
         else printf("- | - | - | ");
-        printf("%s | ", u[i].first_agree < 0 ? "-" : u[i].first_agree ? "yes" : "no");
-        if (u[i].greedy_agree < 0) printf("- | ");
-        else printf("%.1f | ", u[i].greedy_agree);
-        printf("%.*s |\n", line, text);
+        print_row_end(&u[i]);
     }
     free(ttft);
     free(tpot);

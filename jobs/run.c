@@ -16,29 +16,12 @@
 
 // ---- one (request, strategy) sequence --------------------------------------------------------
 
-static void sb_put(strbuf *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        b->cap = (b->len + n + 1) * 2;
-        b->buf = xrealloc(b->buf, b->cap);
-    }
-    memcpy(b->buf + b->len, s, n);
-    b->len += n;
-    b->buf[b->len] = 0;
-}
-
 static int on_token(void *ctx, int id) {
     unit *u = ctx;
-    u->out = xrealloc(u->out, (size_t)(u->n_out + 1) * sizeof(int));
-    u->out[u->n_out++] = id;
-    if (tok_is_eog(u->t, id)) {
-        u->hit_eog = 1;
-        return 1;
-    }
-    size_t n;
-    const char *p = tok_piece(u->t, id, 0, &n);
-    sb_put(&u->text, p, n);
+    size_t len = u->ans.len;
+    if (tok_answer_token(&u->ans, id)) return u->hit_eog = 1;
     if (u->stream) {
-        fwrite(p, 1, n, stdout);
+        fwrite(u->ans.text + len, 1, u->ans.len - len, stdout);
         fflush(stdout);
     }
     return 0;
@@ -79,16 +62,9 @@ static int prompt_ids(const runner *R, request *q, int **ids, char *err, size_t 
             return err_printf(err, errlen, "prompt '%s': the model has no chat template sift knows "
                               "(ChatML, Llama-3)", q->id);
     }
-    int *body = NULL;
-    int n = tok_encode(R->t, text, strlen(text), 1, &body, err, errlen);
+    int n = tok_encode_prompt(R->t, text, strlen(text), 1, ids, err, errlen);
     if (text != q->text) free(text);
-    if (n < 0) return -1;
-    int bos = tok_add_bos(R->t) && tok_bos(R->t) >= 0;
-    *ids = xmalloc((size_t)(n + bos + 1) * sizeof(int));
-    if (bos) (*ids)[0] = tok_bos(R->t);
-    memcpy(*ids + bos, body, (size_t)n * sizeof(int));
-    free(body);
-    return n + bos;
+    return n;
 }
 
 int jobs_read_prompts(const run_opts *o, const tok *t, run_prompt **out, char *err, size_t errlen) {
@@ -134,7 +110,7 @@ static int unit_failed(unit *u, const char *code) {
 static int unit_start(runner *R, unit *u, int stream) {
     const run_opts *o = R->o;
     request *q = u->rq;
-    u->t = R->t;
+    u->ans.t = R->t;
     u->n_ids = prompt_ids(R, q, &u->ids, u->err, sizeof u->err);
     int want = q->n_predict != -2 ? q->n_predict : o->n_predict;
     u->n_gen = want < 0 ? R->n_ctx - u->n_ids : want;
@@ -178,28 +154,10 @@ static void unit_finish(unit *u) {
 }
 
 static void unit_free(unit *u) {
-    free(u->ids), free(u->text.buf), free(u->out);
+    free(u->ids);
+    tok_answer_free(&u->ans);
     km_free(u->km);
     u->km = NULL;
-}
-
-// Untimed: the first strategy on 32 tokens, 2 steps (first-touch allocations, thread start-up,
-// caches), before an A/B comparison, so that the first strategy is not the one that pays for them.
-static int warm_token(void *ctx, int id) {
-    (void)ctx, (void)id;
-    return 0;
-}
-
-static void warm_up(const run_opts *o, model *m) {
-    int ids[32];
-    for (int i = 0; i < 32; i++) ids[i] = (100 + 7 * i) % m->cfg.vocab;
-    sampler smp;
-    sampler_init(&smp, &(sample_params){.temp = 0, .seed = 1}, m->cfg.vocab);
-    run_stats st;
-    char err[512];
-    (void)run_generate(o->strategies[0], m, o->so, o->run, ids, 32, 2, &smp, warm_token, NULL, &st,
-                       NULL, err, sizeof err);
-    sampler_free(&smp);
 }
 
 static volatile sig_atomic_t stop_signal, n_signals;
@@ -234,7 +192,7 @@ static void emit_job(runner *R, job *J) {
             if (J->n_units > 1 || R->n_req > 1)
                 printf("==> %s%s%s%s <==\n", J->rq->id, J->n_units > 1 ? " [" : "",
                        J->n_units > 1 ? u->s->name : "", J->n_units > 1 ? "]" : "");
-            printf("%s\n", u->text.buf ? u->text.buf : "");
+            printf("%s\n", u->ans.text ? u->ans.text : "");
             fflush(stdout);
         }
         if (!u->rc && !o->quiet && o->parallel == 1) print_timing(R, u);
@@ -251,7 +209,7 @@ static void emit_job(runner *R, job *J) {
     J->written = 1;
     for (int i = 0; i < J->n_units; i++) {   // written: only the figures above are kept
         unit_free(&J->u[i]);
-        J->u[i].ids = NULL, J->u[i].text = (strbuf){0}, J->u[i].out = NULL;
+        J->u[i].ids = NULL;
     }
 }
 
@@ -353,7 +311,8 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
 
     int ab = 0;   // an A/B comparison: several strategies (or repetitions) on a prompt
     for (int j = 0; j < n_jobs; j++) ab |= jobs[j].n_units > 1;
-    if (ab && !stop_signal) warm_up(o, m);
+    // untimed, before an A/B comparison, so that the first strategy is not the one that pays
+    if (ab && !stop_signal) (void)run_warm_up(o->strategies[0], m, o->so, o->run, 32, err, sizeof err);
     R.cpu_mark = cpu_now();
     int slots = o->parallel > 0 ? o->parallel : 1, json = o->json || o->output;
     unit **active = xmalloc((size_t)(slots + MAX_STRATEGIES * 100) * sizeof *active);

@@ -32,7 +32,7 @@ double cost_kv_token_bytes(const model_config *c, size_t elem) {
 
 double cost_prefill_mem_bytes(const model_config *c, long n, long n_gen, size_t elem) {
     double d = c->d_model, q = q_dim(c), kv = kv_dim(c);
-    double per_row = d + (d > q ? d : q) + q + 2 * kv + q + 2.0 * c->d_ff;
+    double per_row = 2 * (d > q ? d : q) + q + 2 * kv + q + 2.0 * c->d_ff;
     return (double)(n + n_gen) * cost_kv_token_bytes(c, elem) +
            ((double)n * per_row + c->vocab) * (double)elem;
 }

@@ -30,6 +30,6 @@ double cost_decode_weight_bytes(const model_config *c, size_t elem);
 double cost_kv_token_bytes(const model_config *c, size_t elem);
 
 // Memory a full prefill of n tokens with room for n_gen more needs besides the weights: the KV
-// cache (n + n_gen tokens) plus the activations forward.c holds for n rows (residual, normed
-// rows, Q, K, V, attention output, gate, up) and the logits.
+// cache (n + n_gen tokens) plus the activations forward.c holds for n rows (residual and normed
+// rows, each max(d, qd) wide, Q, K, V, attention output, gate, up) and the logits.
 double cost_prefill_mem_bytes(const model_config *c, long n, long n_gen, size_t elem);

@@ -1,7 +1,8 @@
 // model/forward.h — the shared forward pass. One layer loop serves every strategy: it runs a set
 // of ROWS (hidden states) at explicit original POSITIONS through the layers, appending each
 // layer's K/V to that layer's cache, and calls the policy's hooks between layers. Strategy names
-// never appear here: hooks get mechanisms (fwd_keep_rows, the KV cache) and decide.
+// never appear here: hooks get mechanisms (fwd_keep_rows, the KV cache) and decide. The pass
+// (forward.c) works in buffers planned once per model; the decode step (decode.c) records it.
 #pragma once
 #include "../kv/kv.h"
 #include "model.h"
@@ -11,18 +12,20 @@ typedef struct fwd_state {
     kv_cache *kv;
     int n;            // rows alive
     int *pos;         // (n,) original absolute positions, host
-    int *row_id;      // (n,) index of each alive row in the batch as given to fwd_run
     void *x;          // (n, d) residual stream, backend memory
     long rows_done;   // rows processed summed over layers (a measure of prefill work)
+    struct fwd_run_state *r;   // the buffers of the pass the rows are in (model/pass.h)
 } fwd_state;
 
 typedef struct fwd_hooks {
     void *ctx;
     // After layer l's attention, once the alive rows' K/V are in layer l's cache; q is the rows'
     // post-RoPE queries (n, heads, hd) in backend memory. May read attention probabilities
-    // (fwd_attn_probs) and edit layer l's cache (fwd_kv_keep). Returns 0 (or -1 to abort).
+    // (fwd_attn_probs) and edit layer l's cache (fwd_kv_keep), not drop rows. Returns 0 (or -1
+    // to abort).
     int (*after_attention)(void *ctx, fwd_state *s, int l, const void *q);
-    // After layer l's block. May shrink the row set (fwd_keep_rows) or edit caches.
+    // After layer l's block. May shrink the row set (fwd_keep_rows), append K/V computed from
+    // the rows (fwd_kv_from_stream) or edit caches.
     // Returns 0 to go on, FWD_STOP to skip the remaining layers (the logits then come from the
     // final norm + LM head on the alive rows: a shallow "draft" of the model), -1 to abort.
     int (*after_layer)(void *ctx, fwd_state *s, int l);
@@ -54,11 +57,11 @@ typedef struct fwd_seq {
     const fwd_hooks *hooks;
     float *logits;
     long rows_done;
-    // fwd_decode only (may be NULL): the sequence's sampler. When every sequence of the step has
-    // one and the backend samples (backend.h), the next token is drawn where the logits are:
-    // sampled = 1, token set, the sampler advanced as sample_next would, logits not written.
+    // fwd_decode only (may be NULL): the sequence's sampler. token is set to the next token
+    // sample_next draws from the logits, the sampler advanced; drawn where the logits are when
+    // every sequence of the step has a sampler and the backend samples (logits then not written).
     sampler *smp;
-    int token, sampled;
+    int token;
 } fwd_seq;
 
 #define FWD_MAX_BATCH 256   // sequences in one pass
@@ -71,19 +74,21 @@ int fwd_run_batch(model *m, fwd_seq *seqs, int B);
 
 // A decode step: fwd_run_batch for B sequences of one row each. Where the backend records
 // steps (backend.h: step_bind, graph_*) and no sequence's hooks act at decode (none, or hooks
-// with no functions: a dense decode over the cache the strategy kept), the step runs through
-// buffers allocated once for B and the same caches, reads its token and positions from one
-// upload and the caches' lengths from the device, and is recorded on its second call and
-// replayed after (SIFT_CUDA_GRAPHS=0: never recorded). A replay gives the logits the same
-// launches give eagerly, bit for bit. With samplers (fwd_seq.smp) it draws the next tokens on
-// the backend. Elsewhere it is fwd_run_batch. 0, or -1 (a hook aborted).
+// with no functions: a dense decode over the cache the strategy kept), the step runs in the
+// model's pass buffers (planned for B rows) on the same caches, reads its token and positions
+// from one upload and the caches' lengths from the device, and is recorded on its second call
+// on the same caches and buffers and replayed after (SIFT_CUDA_GRAPHS=0: never recorded). A replay gives the logits the same
+// launches give eagerly, bit for bit. Elsewhere it is fwd_run_batch. With samplers
+// (fwd_seq.smp) it draws the next tokens. 0, or -1 (a hook aborted).
 int fwd_decode(model *m, fwd_seq *seqs, int B);
 // The model's decode steps so far: run through fwd_decode's fixed buffers, recorded, replayed.
 void fwd_decode_counts(const model *m, long *fixed, long *recorded, long *replayed);
-// Frees the decode buffers and recording (model_free calls it; the backend must still live).
-void fwd_decode_free(model *m);
+// Frees the pass's buffers and the recorded decode step (model_free calls it; the backend must
+// still live).
+void fwd_free(model *m);
 
-// Keep rows idx (k,) of the alive set, in that order (idx into the current alive rows).
+// Keep rows idx (k,) of the alive set, in that order (idx into the current alive rows). Only in
+// after_layer of a one-sequence pass.
 void fwd_keep_rows(fwd_state *s, const int *idx, int k);
 
 // probs (nq, heads, m), host: for each of the LAST nq alive rows and each query head, the
@@ -102,11 +107,11 @@ typedef struct {
 
 // Appends to cache layer dst the K/V of the alive rows computed from their residual stream x:
 //   k = RoPE(sum_t Wk_t . rmsnorm(x; norm_t) + bk_t, pos),  v = sum_t Wv_t . rmsnorm(x; norm_t) + bv_t
+// Only in after_layer (it works in the pass's buffers).
 void fwd_kv_from_stream(fwd_state *s, int dst, const fwd_kv_term *terms, int n_terms);
 
 // A new (1, n) vector weight scale * (ws[0] + ... + ws[k-1]), each ws[i] an (n,) vector weight
-// on m's backend (read back through the backend's own rmsnorm of a row of ones, eps 0, which is
-// the weight exactly). Free with fwd_weight_free.
+// on m's backend (read back with the backend's vector_to_host). Free with fwd_weight_free.
 bk_weight *fwd_vector_sum(model *m, const bk_weight *const *ws, int k, int n, float scale);
 void fwd_weight_free(model *m, bk_weight *w);
 // idx (heads, k) for the one alive row: per query head the k entries of [lo, lo + n) of layer l
@@ -115,7 +120,7 @@ void fwd_weight_free(model *m, bk_weight *w);
 void fwd_attn_topk(fwd_state *s, int l, const void *q, int m, int lo, int n, int k, int *idx);
 
 // out (heads, hd) for the one alive row: attention over selected entries of layer l's cache,
-// optionally completed by summaries (backend op attn_select, see model/backend.h).
+// optionally completed by summaries (backend op attn_select, see backend/backend.h).
 void fwd_attn_select(fwd_state *s, int l, const void *q, const int *sel, int n_sel, int n_sub,
                      const phi_completion *comp, void *out);
 

@@ -101,8 +101,7 @@ int model_config_from_gguf(const gguf_file *f, model_config *c, char *err, size_
 
 bk_weight *model_weight(model *m, bk_tensor t) {
     backend *bk = m->bk;
-    double bytes = bk->weight_bytes ? (double)bk->weight_bytes(bk, t)
-                                    : (double)(t.rows ? t.rows : 1) * t.cols * bk->elem_bytes;
+    double bytes = (double)bk->weight_bytes(bk, t);
     bk_weight *w = bk->weight(bk, t);
     if (w) m->weight_bytes += bytes;
     return w;
@@ -203,7 +202,7 @@ void model_fuse(model *m) {
 void model_free(model *m) {
     if (!m) return;
     if (m->derived) m->derived_free(m->derived);
-    fwd_decode_free(m);
+    fwd_free(m);
     backend *bk = m->bk;
     if (m->layers)
         for (int l = 0; l < m->cfg.n_layer; l++) {

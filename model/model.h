@@ -1,9 +1,11 @@
-// model/model.h — a Llama-family model in memory: the config read from GGUF metadata (architectures
-// `llama` and `qwen2`), the weights dequantised once and handed to a backend, and the tokenizer-free
-// facts the forward pass needs (RoPE style and frequencies, norms, tied embeddings, QKV bias).
+// model/model.h — a Llama-family model in memory: the config (from GGUF metadata, architectures
+// `llama` and `qwen2`; from an HF config.json; or a synthetic shape), the weights handed to a
+// backend in their file encoding (the CPU keeps quantised blocks, `--weights f32` dequantises;
+// CUDA converts to bf16), and the tokenizer-free facts the forward pass needs (RoPE style and
+// frequencies, norms, tied embeddings, QKV bias).
 #pragma once
 #include <stddef.h>
-#include "backend.h"
+#include "../backend/backend.h"
 #include "../weights/gguf.h"
 #include "../weights/synthetic.h"
 
@@ -24,7 +26,7 @@ typedef struct {
 } model_config;
 
 // wq, wk, wv (and their biases) are NULL in an HF checkpoint that lacks them for a layer (see
-// model_qkv_complete): a pass through that layer needs a policy that supplies them.
+// model_qkv_missing_from): a pass through that layer needs a policy that supplies them.
 typedef struct {
     bk_weight *attn_norm, *wq, *wk, *wv, *bq, *bk, *bv, *wo;   // wq (n_head*hd, d) etc.
     bk_weight *ffn_norm, *w_gate, *w_up, *w_down;              // w_gate (d_ff, d), w_down (d, d_ff)
@@ -59,7 +61,8 @@ typedef struct model {
     // Optional: called after each layer of a multi-row pass (progress display).
     void (*on_layer)(void *ctx, int layer, int n_layer, int rows);
     void *on_layer_ctx;
-    struct fwd_decoder *decoder;   // fwd_decode's buffers and recorded step (NULL until used)
+    struct fwd_run_state *run;     // the forward pass's buffers (model/pass.h; NULL until used)
+    struct fwd_decoder *decoder;   // fwd_decode's recorded step (NULL until used)
     void *derived;   // a strategy's state derived once from these weights (swiftkv's plans)
     void (*derived_free)(void *derived);   // frees it first thing in model_free
 } model;

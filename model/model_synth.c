@@ -55,7 +55,7 @@ void model_config_synth(const synth_shape *s, model_config *c) {
 }
 
 // One synthetic (rows, cols) tensor: with s->wtype, a matrix of random blocks of that type (std
-// scale / sqrt(3), as the fp32 values); else made by the backend (weight_synth) or on the host.
+// scale / sqrt(3), as the fp32 values); else made by the backend (weight_synth).
 // Counted in m->n_params. NULL + err when out of memory.
 static bk_weight *synth_weight(model *m, const synth_shape *sh, uint64_t tensor, size_t rows,
                                size_t cols, float scale, float offset, char *err, size_t errlen) {
@@ -68,18 +68,9 @@ static bk_weight *synth_weight(model *m, const synth_shape *sh, uint64_t tensor,
         if (host && synth_blocks(sh->wtype, host, rows, cols, seed, tensor, scale / sqrtf(3.0f)) == 0)
             w = model_weight(m, (bk_tensor){sh->wtype, host, rows, cols, 1});
         else free(host);
-    } else if (bk->weight_synth) {
+    } else {
         w = bk->weight_synth(bk, seed, tensor, rows, cols, scale, offset);
-        bk_tensor as = {GGML_F32, NULL, rows, cols, 1};
-        if (w) m->weight_bytes += bk->weight_bytes ? (double)bk->weight_bytes(bk, as)
-                                                   : (double)rows * cols * bk->elem_bytes;
-    }
-    else {
-        float *host = malloc(rows * cols * sizeof(float));
-        if (host) {
-            synth_fill(host, rows * cols, seed, tensor, scale, offset);
-            w = model_weight(m, bk_f32(host, rows, cols));
-        }
+        if (w) m->weight_bytes += (double)bk->weight_bytes(bk, (bk_tensor){GGML_F32, NULL, rows, cols, 1});
     }
     if (!w) err_printf(err, errlen, "out of memory for synthetic tensor %llu (%zu x %zu) on %s",
                        (unsigned long long)tensor, rows, cols, bk->name);

@@ -42,6 +42,19 @@ int run_generate(const strategy *s, model *m, const strategy_opts *o, const stra
     return 0;
 }
 
+int run_warm_up(const strategy *s, model *m, const strategy_opts *o, const strategy_run *run, int n,
+                char *err, size_t errlen) {
+    int *ids = xmalloc((size_t)n * sizeof(int));
+    for (int i = 0; i < n; i++) ids[i] = (100 + 7 * i) % m->cfg.vocab;
+    sampler smp;
+    sampler_init(&smp, &(sample_params){.temp = 0, .seed = 1}, m->cfg.vocab);
+    run_stats st;
+    int rc = run_generate(s, m, o, run, ids, n, 2, &smp, NULL, NULL, &st, NULL, err, errlen);
+    sampler_free(&smp);
+    free(ids);
+    return rc;
+}
+
 int gen_begin(gen_seq *g, const strategy *s, model *m, const strategy_opts *o,
               const strategy_run *run, const int *ids, int n, int n_predict, sampler *smp,
               run_token_fn on_token, void *ctx, float *first_logits, char *err, size_t errlen) {
@@ -66,7 +79,7 @@ int gen_begin(gen_seq *g, const strategy *s, model *m, const strategy_opts *o,
     g->tok = sample_next(smp, g->logits);
     g->st.prompt_ms = now_ms() - t0;
     g->st.predicted_n = 1;
-    g->done = on_token(ctx, g->tok) || n_predict <= 1;
+    g->done = (on_token && on_token(ctx, g->tok)) || n_predict <= 1;
     return 0;
 }
 
@@ -80,7 +93,7 @@ void gen_step(gen_seq *const *g, int k) {
         live[b] = g[i];
         pos[b] = g[i]->n_prompt + g[i]->st.predicted_n - 1;   // the last sampled token's position
         seqs[b] = (fwd_seq){g[i]->kv, &g[i]->tok, &pos[b], 1, &g[i]->info.decode, g[i]->logits, 0,
-                            g[i]->smp, 0, 0};
+                            g[i]->smp, 0};
         b++;
     }
     if (b == 0) return;
@@ -98,10 +111,10 @@ void gen_step(gen_seq *const *g, int k) {
     fwd_decode(live[0]->m, seqs, b);
     for (int i = 0; i < b; i++) {
         gen_seq *s = live[i];
-        s->tok = seqs[i].sampled ? seqs[i].token : sample_next(s->smp, s->logits);
+        s->tok = seqs[i].token;
         s->st.decode_runs++;
         s->st.predicted_n++;
-        s->done = s->on_token(s->ctx, s->tok) || s->st.predicted_n >= s->n_predict;
+        s->done = (s->on_token && s->on_token(s->ctx, s->tok)) || s->st.predicted_n >= s->n_predict;
     }
     double dt = now_ms() - t0;   // a shared step: each sequence waited all of it
     for (int i = 0; i < b; i++) live[i]->st.decode_ms += dt;

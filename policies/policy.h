@@ -6,7 +6,7 @@
 #include <stdio.h>
 
 #include "../model/forward.h"
-#include "../model/sample.h"
+#include "../backend/sample.h"
 #include "strategy.h"
 
 // s's prefill (a composed strategy's: its parts', policies/compose.c), as strategy.prefill
@@ -88,7 +88,7 @@ typedef struct run_stats {
     char note[800];        // the strategy's remark on this prompt (degenerate form) + decode report
 } run_stats;
 
-// Called with each generated token; return non-zero to stop after it.
+// Called with each generated token; return non-zero to stop after it. NULL: tokens not wanted.
 typedef int (*run_token_fn)(void *ctx, int id);
 
 // Prefill with strategy s (options o, context run: may be NULL), then decode up to n_predict
@@ -98,6 +98,10 @@ typedef int (*run_token_fn)(void *ctx, int id);
 int run_generate(const strategy *s, model *m, const strategy_opts *o, const strategy_run *run,
                  const int *ids, int n, int n_predict, sampler *smp, run_token_fn on_token,
                  void *ctx, run_stats *st, float *first_logits, char *err, size_t errlen);
+// Untimed: s on n made-up tokens, 2 steps (first-touch allocations, thread start-up, the weights
+// paged in), so that the first measured run does not pay for them. 0, or -1 with err.
+int run_warm_up(const strategy *s, model *m, const strategy_opts *o, const strategy_run *run, int n,
+                char *err, size_t errlen);
 
 // One sequence's generation in steps, so that many sequences share their decode passes
 // (run_generate is gen_begin, gen_step until done, gen_end):

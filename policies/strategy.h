@@ -4,7 +4,7 @@
 // stand on it without standing on each other.
 #pragma once
 #include "../model/forward.h"
-#include "../model/sample.h"
+#include "../backend/sample.h"
 
 // Every strategy's parameters (flags of main.c). A value of 0 / -1 where noted means "the
 // strategy's default for this model", resolved by the strategy from the model's depth.

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# `make test-asan`: the whole CPU test suite (C unit tests + pytest) against binaries built with
-# AddressSanitizer + UndefinedBehaviorSanitizer. The sources are copied into build/asan/ and built
-# there with ASAN=1, so the suite runs unchanged on the sanitized ./sift and test tools; any
-# report (invalid access, leak, UB) makes the run fail. The fuzz targets are sanitized already and
-# are not run again here.
+# `make test-asan`: memory safety, on AddressSanitizer + UndefinedBehaviorSanitizer builds. The
+# sources are copied into build/asan/ and built there with ASAN=1; then the C unit tests run, and
+# the pytest cases listed in tests/sanitize.txt drive the sanitized ./sift and test tools once
+# through every code path (each strategy and composition, each subcommand, batch jobs with resume
+# after a kill, kept maps, every bad-input path). Any report (invalid access, leak, UB) fails the
+# run. The rest of the Python suite checks numerics, which a sanitizer does not change: it runs
+# once, in `make test`. The fuzz targets are sanitized builds already and run in `make test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tree=build/asan
@@ -16,5 +18,7 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export SIFT_SKIP_FUZZ=1
 export SIFT_ASAN=1            # tests/test_fidelity.py skips (see there)
 export SIFT_TIMEOUT_SCALE=4   # sanitized code runs a few times slower
+SIFT_PYTEST_ARGS=$(grep -v '^\s*#' tests/sanitize.txt | tr '\n' ' ')
+export SIFT_PYTEST_ARGS
 make -C "$tree" --no-print-directory ASAN=1 NVCC= -j"$(nproc)" sift test-bins
 cd "$tree" && bash tests/run.sh

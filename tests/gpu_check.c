@@ -17,7 +17,7 @@
 
 #include "../attn/phi.h"
 #include "../attn/score.h"
-#include "../model/backend.h"
+#include "../backend/backend.h"
 #include "../policies/policy.h"
 #include "../util/check.h"
 #include "../weights/dequant.h"
@@ -1038,7 +1038,7 @@ static void decode_steps(model *m, const int *len, int steps, int batched, float
             int t = batched ? a : b, s0 = batched ? 0 : a, k = batched ? DEC_SEQS : 1;
             for (int s = s0; s < s0 + k; s++) {
                 tok[s] = (t * 31 + s * 7 + 5) % vocab, pos[s] = len[s] + t;
-                q[s] = (fwd_seq){kv[s], &tok[s], &pos[s], 1, NULL, out[s * steps + t], 0, NULL, 0, 0};
+                q[s] = (fwd_seq){kv[s], &tok[s], &pos[s], 1, NULL, out[s * steps + t], 0, NULL, 0};
             }
             CHECK_INTERNAL(fwd_decode(m, q + s0, k) == 0, "a decode step failed");
         }

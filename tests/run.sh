@@ -1,13 +1,30 @@
 #!/usr/bin/env bash
-# `make test`: the C unit tests, then the Python reference and end-to-end tests (pytest).
+# `make test`: the include graph of the rooms (tests/layers.py), the C unit tests, the fuzz
+# targets (FUZZ_SECONDS each), then the Python reference and end-to-end tests (pytest), spread over
+# the machine's cores (pytest-xdist, one test file per worker: a file's module fixtures are built
+# once). Each step prints how long it took.
+# SIFT_TEST_JOBS=N sets the workers (1: one process, in file order); SIFT_SKIP_FUZZ=1 skips fuzzing;
+# SIFT_PYTEST_ARGS replaces the test selection (default: every tests/test_*.py).
 set -u
 cd "$(dirname "$0")/.."
 rc=0
+step() { # step NAME CMD...: runs CMD, prints its wall time, remembers a failure
+    local name=$1 t0=$SECONDS
+    shift
+    "$@" || { echo "make test: $name failed" >&2; rc=1; }
+    echo "make test: $name took $((SECONDS - t0)) s" >&2
+}
+step "include graph" .venv/bin/python tests/layers.py
 bins=()
 for t in build/tests/test_*; do
     case "$t" in *.o | *.d) ;; *) bins+=("$t") ;; esac
 done
-bash tests/run_c.sh "${bins[@]}" || rc=1
-[ -n "${SIFT_SKIP_FUZZ:-}" ] || bash fuzz/run.sh "${FUZZ_SECONDS:-10}" || rc=1
-SIFT_MODEL="${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}" .venv/bin/python -m pytest -q tests || rc=1
+step "C unit tests" bash tests/run_c.sh "${bins[@]}"
+[ -n "${SIFT_SKIP_FUZZ:-}" ] || step "fuzzing" bash fuzz/run.sh "${FUZZ_SECONDS:-10}"
+jobs=${SIFT_TEST_JOBS:-$(nproc)}
+par=()
+[ "$jobs" -gt 1 ] && par=(-n "$jobs" --dist loadfile)
+# shellcheck disable=SC2086
+step "pytest" env SIFT_MODEL="${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}" \
+    .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "${par[@]}" ${SIFT_PYTEST_ARGS:-tests}
 exit $rc

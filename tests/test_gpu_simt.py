@@ -1,5 +1,5 @@
 """tests/test_gpu_simt.py — the CUDA backend end to end on a machine without a GPU, through the
-SIMT emulation build (model/simt/: the same .cu sources compiled for the CPU, every CUDA thread a
+SIMT emulation build (simt/: the same .cu sources compiled for the CPU, every CUDA thread a
 fiber, device memory bounds-checked, shared memory race-checked), against the CPU backend in the
 same test:
 

@@ -9,8 +9,8 @@
 #include "../attn/attn.h"
 #include "../attn/phi.h"
 #include "../fit/phi_fit.h"
-#include "../model/backend.h"
-#include "../model/sample.h"
+#include "../backend/backend.h"
+#include "../backend/sample.h"
 #include "../kv/kv.h"
 #include "check.h"
 

@@ -1,4 +1,4 @@
-"""Native weights (the GGUF blocks kept as stored, 8-bit-digit activation products, model/qgemm.h)
+"""Native weights (the GGUF blocks kept as stored, 8-bit-digit activation products, qgemm/qgemm.h)
 against the fp32 reference path (--weights f32) on the default model, end to end.
 
 The issue's acceptance measures, on a text no test was tuned on (the first 16 KB of the GPL-3 text

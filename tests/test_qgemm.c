@@ -1,4 +1,4 @@
-// tests/test_qgemm.c — the quantised products (model/qgemm.h) against the fp32 product of the
+// tests/test_qgemm.c — the quantised products (qgemm/qgemm.h) against the fp32 product of the
 // dequantised weights (weights/dequant.c, itself checked bit-for-bit against the gguf package by
 // test_dequant.py), for every block type, on random blocks, odd row counts and column counts
 // with a last odd 32-block, every ISA path this CPU has and both prefill paths.
@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../model/qgemm.h"
+#include "../qgemm/qgemm.h"
 #include "../weights/dequant.h"
 #include "../weights/gguf.h"
 #include "check.h"

@@ -1,4 +1,4 @@
-// tests/test_simt.cpp — the SIMT emulator itself (model/simt/), built like the CUDA sources of
+// tests/test_simt.cpp — the SIMT emulator itself (simt/), built like the CUDA sources of
 // the emulation build (build/tests/test_simt), and the same checks on a real GPU with nvcc
 // (build/tests/gpu_tables, run by bench/gpu.sh: the device validates the tables the emulator
 // implements). Without arguments: the PTX fragment tables, restated here from the PTX
@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../model/cuda_util.cuh"
+#include "../util/cuda_util.cuh"
 
 static int fails, checks;
 #define EXPECT(cond, ...)                                                                          \

@@ -1,4 +1,4 @@
-"""tests/test_simt.py — the SIMT emulator's checkers (model/simt/) on kernels with one planted
+"""tests/test_simt.py — the SIMT emulator's checkers (simt/) on kernels with one planted
 bug each (build/tests/test_simt --case NAME): every case must fail (exit 3) with the report that
 names the bug, the kernel and its source line. The fragment tables and the other positive checks
 run as the C test build/tests/test_simt itself."""

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../model/backend.h"
+#include "../backend/backend.h"
 
 static inline enum bk_weights tool_weights(void) {
     const char *v = getenv("SIFT_WEIGHTS");

@@ -15,7 +15,7 @@ vg() {   # expected-exit-code args...
     local want=$1 rc=0
     shift
     # OPENBLAS_CORETYPE set: sift would otherwise re-execute itself to pick OpenBLAS's kernels
-    # (model/backend.h), and the new process would run outside valgrind
+    # (backend/backend.h), and the new process would run outside valgrind
     OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-Prescott} OMP_WAIT_POLICY=passive valgrind -q --error-exitcode=99 --leak-check=full \
         --show-leak-kinds=definite,indirect --errors-for-leak-kinds=definite,indirect \
         ./sift -t 1 -q "$@" > "$tmp/out" 2> "$tmp/err" || rc=$?

@@ -1,5 +1,6 @@
 // tok/text.c — prompt text from files: a whole file read (size-capped), then checked to be text
-// the tokenizer takes: no NUL byte (a binary file), valid UTF-8.
+// the tokenizer takes: no NUL byte (a binary file), valid UTF-8. And generated text: an answer
+// collected token by token, and how its tokens agree with a reference's.
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,4 +67,31 @@ char *tok_read_text(const char *path, size_t *len, char *err, size_t errlen) {
     buf[n] = 0;
     *len = n;
     return buf;
+}
+
+int tok_answer_token(void *ctx, int id) {
+    tok_answer *a = ctx;
+    a->ids = xrealloc(a->ids, (size_t)(a->n_ids + 1) * sizeof(int));
+    a->ids[a->n_ids++] = id;
+    if (tok_is_eog(a->t, id)) return 1;
+    size_t n;
+    const char *p = tok_piece(a->t, id, 0, &n);
+    a->text = xrealloc(a->text, a->len + n + 1);
+    memcpy(a->text + a->len, p, n);
+    a->len += n;
+    a->text[a->len] = 0;
+    return 0;
+}
+
+void tok_answer_free(tok_answer *a) {
+    free(a->ids);
+    free(a->text);
+    a->ids = NULL, a->text = NULL, a->n_ids = 0, a->len = 0;
+}
+
+double tok_agreement(const int *ref, int n_ref, const int *ids, int n, int *first) {
+    int same = 0;
+    for (int i = 0; i < n_ref && i < n; i++) same += ref[i] == ids[i];
+    *first = n > 0 && n_ref > 0 && ids[0] == ref[0];
+    return n_ref ? (double)same / n_ref : 0;
 }

@@ -541,3 +541,15 @@ int tok_encode(const tok *t, const char *text, size_t len, int parse_special, in
     arrfree(out);
     return rc ? -1 : n;
 }
+
+int tok_encode_prompt(const tok *t, const char *text, size_t len, int parse_special, int **ids,
+                      char *err, size_t errlen) {
+    int *body = NULL, n = tok_encode(t, text, len, parse_special, &body, err, errlen);
+    if (n < 0) return -1;
+    int bos = tok_add_bos(t) && tok_bos(t) >= 0;
+    *ids = xmalloc((size_t)(n + bos + 1) * sizeof(int));
+    if (bos) (*ids)[0] = tok_bos(t);
+    memcpy(*ids + bos, body, (size_t)n * sizeof(int));
+    free(body);
+    return n + bos;
+}

@@ -1,7 +1,8 @@
 // tok/tok.h — byte-level BPE tokenizer (GPT-2 style) built from GGUF tokenizer metadata or a
 // Hugging Face tokenizer.json (+ tokenizer_config.json, generation_config.json; tok_json.c),
 // pre-tokenizers `smollm`, `llama-bpe`/`llama3`, `qwen2` (PCRE2, UTF + UCP), special tokens,
-// decoding, UTF-8 validation, and built-in chat templates (ChatML, Llama-3).
+// decoding, UTF-8 validation, and built-in chat templates (ChatML, Llama-3); prompt files, a
+// prompt's ids with BOS, and generated answers with their agreement with a reference's tokens.
 #pragma once
 #include <stdio.h>
 #include <stddef.h>
@@ -58,6 +59,10 @@ enum tok_chat tok_chat_kind(const tok *t); // from tokenizer.chat_template, NONE
 // malloc'd array to *ids; -1 on failure (message in err).
 int tok_encode(const tok *t, const char *text, size_t len, int parse_special, int **ids,
                char *err, size_t errlen);
+// tok_encode, then the model's BOS first when it adds one (tok_add_bos); *ids has room for one
+// more token. The count, or -1 (err).
+int tok_encode_prompt(const tok *t, const char *text, size_t len, int parse_special, int **ids,
+                      char *err, size_t errlen);
 // The bytes of one token (control tokens decode to their text only if show_special).
 // Returns a pointer valid for the tokenizer's lifetime and its length in *len ("", 0 for an id
 // out of range: models may pad their embedding beyond the tokenizer's vocabulary).
@@ -71,6 +76,20 @@ char *tok_read_text(const char *path, size_t *len, char *err, size_t errlen);
 // Text read from a file, checked: 0, or -1 with "WHAT is binary, not text (a NUL byte at offset
 // N)" or "WHAT is not valid UTF-8 (byte offset N, 0xXX)" in err.
 int tok_text_check(const char *text, size_t len, const char *what, char *err, size_t errlen);
+// A generated answer as it arrives (tok/text.c): every token (an end-of-generation one included,
+// which ends it) and the text of the others. tok_answer_token(ctx: the answer, id) takes the
+// next token: 1 when it ends the answer, else 0 (a run_token_fn).
+typedef struct tok_answer {
+    const tok *t;
+    int *ids, n_ids;
+    char *text;   // NULL until a piece arrives
+    size_t len;
+} tok_answer;
+int tok_answer_token(void *ctx, int id);
+void tok_answer_free(tok_answer *a);
+// How tokens ids (n,) follow the reference's ref (n_ref,): *first = both start with the same
+// token; the share of ref's tokens matched at the same position (0 when ref is empty).
+double tok_agreement(const int *ref, int n_ref, const int *ids, int n, int *first);
 // s[0..n) as a quoted JSON string: quotes, backslash and controls escaped, each invalid UTF-8
 // byte as U+FFFD (tok/pretok.c, beside the UTF-8 check it uses).
 void tok_json_str(FILE *out, const char *s, size_t n);

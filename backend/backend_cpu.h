@@ -1,0 +1,83 @@
+// backend/backend_cpu.h — what the CPU backend's files share (included by them only): the
+// backend's state (cpu_impl), its weights, and the ops each file offers backend_cpu.c's table.
+//   backend_cpu.c  create/destroy, the op table, threads, BLAS   mem_cpu.c  memory, weights
+//   gemm_cpu.c     products, their paths, ceilings, report       ops_cpu.c  elementwise and row ops
+//   kv_cpu.c       KV cache, attention glue
+// Each op's CUDA twin is the same op in the X_cuda.cu beside X_cpu.c (backend_cuda.cuh).
+#pragma once
+#include <stdlib.h>
+#include <string.h>
+
+#include "../qgemm/qgemm.h"
+#include "../util/check.h"
+#include "backend.h"
+
+#define TUNE_MAX 256   // shapes SIFT_PREFILL=tune times and remembers (gemm_cpu.c)
+
+typedef struct {
+    uint32_t type;
+    int in, out, bucket;         // bucket: floor(log2(rows))
+    enum q_path path;
+    double ms[2];                // the timed first run of int8 and of the wide path
+} tune_entry;
+
+typedef struct {
+    enum bk_weights mode;
+    enum q_isa isa;
+    int amx;                     // q_amx_available(): prefill products on AMX tiles
+    int forced;                  // enum q_path SIFT_PREFILL names; -1: the row rule; -2: tune
+    tune_entry tune[TUNE_MAX];
+    int n_tune;
+    q_scratch scratch;
+} cpu_impl;
+
+struct bk_weight {
+    uint32_t type;        // GGML_F32: data is float; else blocks of that type
+    const void *data;     // rows * row_bytes
+    float *f;             // == data when F32
+    size_t rows, cols, row_bytes;
+    void *owned;          // freed with the weight; NULL: borrowed from the file's mapping
+};
+
+static inline cpu_impl *impl(backend *b) { return b->impl; }
+
+// mem_cpu.c
+void *cpu_alloc(backend *b, size_t n);
+void cpu_free(backend *b, void *p);
+void cpu_to_host(backend *b, float *dst, const void *src, size_t n);
+size_t cpu_weight_bytes(backend *b, bk_tensor t);
+bk_weight *cpu_weight(backend *b, bk_tensor t);
+void cpu_weight_free(backend *b, bk_weight *w);
+void cpu_vector_to_host(backend *b, float *out, const bk_weight *w);
+size_t cpu_mem_available(backend *b);
+bk_weight *cpu_weight_synth(backend *b, uint64_t seed, uint64_t tensor, size_t rows, size_t cols,
+                            float scale, float offset);
+// gemm_cpu.c
+void cpu_matmul(backend *b, void *out, const void *x, const bk_weight *w, const bk_weight *bias,
+                int n, int in, int o);
+void cpu_matmul_multi(backend *b, int k, void *const *out, const void *x, const bk_weight *const *w,
+                      const bk_weight *const *bias, int n, int in, const int *o);
+int cpu_ceilings(backend *b, double *tflops, double *gbps);
+void cpu_report(backend *b, FILE *out);
+// ops_cpu.c
+void cpu_embed(backend *b, void *out, const bk_weight *table, const int *tokens, int n, int d);
+void cpu_rmsnorm(backend *b, void *out, const void *x, const bk_weight *w, int n, int d, float eps);
+void cpu_rope(backend *b, void *x, const int *pos, int n, int heads, int hd, const float *inv_freq,
+              enum rope_style style);
+void cpu_swiglu(backend *b, void *out, const void *gate, const void *up, size_t n);
+void cpu_add(backend *b, void *x, const void *y, size_t n);
+void cpu_gather_rows(backend *b, void *out, const void *x, const int *idx, int k, int d);
+// kv_cpu.c
+void cpu_kv_append(backend *b, kv_layer *L, const void *k, const void *v, const int *pos, int n);
+void cpu_attention(backend *b, void *out, const void *q, const int *qpos, int n, int heads,
+                   const kv_layer *L);
+void cpu_attention_multi(backend *b, int k, void *const *out, const void *const *q,
+                         const int *const *qpos, const int *n, int heads, const kv_layer *const *L);
+void cpu_attn_probs(backend *b, float *probs, const void *q, const int *qpos, int n, int heads,
+                    const kv_layer *L, int m);
+void cpu_kv_keep(backend *b, kv_layer *L, const int *idx, int k, int new_cap);
+void cpu_attn_select(backend *b, void *out, const void *q, int heads, const kv_layer *L,
+                     const int *sel, int n_sel, int n_sub, const phi_completion *comp);
+void cpu_phi_summarize(backend *b, phi_summary *out, const phi_maps *p, int layer,
+                       const kv_layer *L, int lo, int hi);
+

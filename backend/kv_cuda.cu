@@ -1,0 +1,366 @@
+// backend/kv_cuda.cu — the CUDA backend's KV cache (append, keep, the device mirror of entry
+// positions and length) and the glue to the attention kernels of attn/: causal attention, probabilities,
+// the top-K selector, and selected attention completed from phi summaries.
+#include "backend_cuda.cuh"
+
+// ---- KV cache ---------------------------------------------------------------------------------
+
+void mirror_drop(cuda_impl *c, const void *kbuf) {
+    for (int i = 0; i < c->n_mirrors; i++)
+        if (c->mirrors[i].kbuf == kbuf) {
+            dev_free_after(c->stream, c->mirrors[i].dpos);
+            c->mirrors[i] = c->mirrors[--c->n_mirrors];
+            c->gen++;   // a recording that appends to this layer is stale
+            return;
+        }
+}
+
+void mirror_free_all(cuda_impl *c) {
+    for (int i = 0; i < c->n_mirrors; i++) CUDA_CHECK(cudaFree(c->mirrors[i].dpos));
+    free(c->mirrors);
+    c->mirrors = NULL, c->n_mirrors = c->cap_mirrors = 0;
+}
+
+
+static pos_mirror *mirror_find(cuda_impl *c, const void *kbuf) {
+    for (int i = 0; i < c->n_mirrors; i++)
+        if (c->mirrors[i].kbuf == kbuf) return &c->mirrors[i];
+    return NULL;
+}
+
+// Copies entries [from, from + n) of every KV head's host positions to the device mirror.
+static void mirror_upload(cuda_impl *c, int *dpos, const kv_layer *L, int from, int n) {
+    if (n <= 0) return;
+    size_t pitch = (size_t)L->cap * sizeof(int);
+    CUDA_CHECK(cudaMemcpy2DAsync(dpos + from, pitch, L->pos + from, pitch, (size_t)n * sizeof(int),
+                                 (size_t)L->n_kv_head, cudaMemcpyHostToDevice, c->stream));
+}
+
+// *len = v
+__global__ void kv_len_set_kernel(int *len, int v) { *len = v; }
+
+// *len += n, once the append that read it is done (stream order)
+__global__ void kv_len_add_kernel(int *len, int n) { *len += n; }
+
+// L's device positions and length, made from the host copy the first time L's K buffer is seen.
+static const pos_mirror *mirror_get(cuda_impl *c, const kv_layer *L) {
+    pos_mirror *m = mirror_find(c, L->k);
+    if (m) return m;
+    if (c->n_mirrors == c->cap_mirrors) {
+        c->cap_mirrors = c->cap_mirrors ? 2 * c->cap_mirrors : 64;
+        c->mirrors = (pos_mirror *)xrealloc(c->mirrors, (size_t)c->cap_mirrors * sizeof *c->mirrors);
+    }
+    size_t n = (size_t)L->n_kv_head * (L->cap > 0 ? L->cap : 0);
+    int *dpos = (int *)dev_alloc(c, (n + 1) * sizeof(int), "KV cache positions");
+    m = &c->mirrors[c->n_mirrors++];
+    *m = (pos_mirror){L->k, dpos, dpos + n};
+    c->gen++;
+    mirror_upload(c, dpos, L, 0, L->len);
+    CUDA_LAUNCH(kv_len_set_kernel, 1, 1, 0, c->stream, m->dlen, L->len);
+    return m;
+}
+
+// k, v (n, n_kv_head, hd) -> dk, dv (n_kv_head, cap, hd) and pos (n,) -> dpos (n_kv_head, cap) at
+// entries *len .. *len + n (the device length: a recorded step appends where the cache ends at
+// replay); V8: a thread per 8 elements (hd % 8 == 0), else one
+template <int V>
+__global__ void kv_append_kernel(bf16 *dk, bf16 *dv, int *dpos, const bf16 *k, const bf16 *v,
+                                 const int *pos, const int *len, int n, int n_kv_head, int hd,
+                                 int cap) {
+    size_t e = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
+    if (e >= (size_t)n * n_kv_head * hd) return;
+    size_t i = e / ((size_t)n_kv_head * hd);
+    int g = (int)(e / hd % n_kv_head), c = (int)(e % hd), at = *len;
+    size_t dst = ((size_t)g * cap + at + i) * hd + c;
+    if (V == 8) {
+        *(uint4 *)(dk + dst) = *(const uint4 *)(k + e);
+        *(uint4 *)(dv + dst) = *(const uint4 *)(v + e);
+    } else {
+        dk[dst] = k[e];
+        dv[dst] = v[e];
+    }
+    if (c == 0) dpos[(size_t)g * cap + at + i] = pos[i];
+}
+
+void cuda_kv_append(backend *b, kv_layer *L, const void *k, const void *v, const int *pos, int n) {
+    cuda_impl *c = impl(b);
+    CHECK_INTERNAL(L->len + n <= L->cap, "KV layer overflow: %d + %d > %d", L->len, n, L->cap);
+    if (n == 0) return;
+    const pos_mirror *m = mirror_get(c, L);
+    // the host's length is the truth, except in a recording: it replays at the device's (which
+    // the host follows, kv_note_append), so a cache the host rewound (L->len lowered) is right
+    if (!c->recording) CUDA_LAUNCH(kv_len_set_kernel, 1, 1, 0, c->stream, m->dlen, L->len);
+    // the pass's positions, already on the device for RoPE (no upload per layer)
+    const int *dp = indices(c, STAGE_IDX, pos, n);
+    int hd = L->head_dim, v8 = hd % 8 == 0 && ((uintptr_t)k | (uintptr_t)v | (uintptr_t)L->k |
+                                               (uintptr_t)L->v) % 16 == 0;
+    size_t total = (size_t)n * L->n_kv_head * hd;
+    if (v8)
+        CUDA_LAUNCH(kv_append_kernel<8>, cuda_blocks(total / 8, THREADS), THREADS, 0, c->stream,
+                    (bf16 *)L->k, (bf16 *)L->v, m->dpos, (const bf16 *)k, (const bf16 *)v, dp,
+                    m->dlen, n, L->n_kv_head, hd, L->cap);
+    else
+        CUDA_LAUNCH(kv_append_kernel<1>, cuda_blocks(total, THREADS), THREADS, 0, c->stream,
+                    (bf16 *)L->k, (bf16 *)L->v, m->dpos, (const bf16 *)k, (const bf16 *)v, dp,
+                    m->dlen, n, L->n_kv_head, hd, L->cap);
+    CUDA_LAUNCH(kv_len_add_kernel, 1, 1, 0, c->stream, m->dlen, n);
+    kv_note_append(L, pos, n);
+}
+
+// K/V (n_kv_head, cap, hd) -> nk/nv (n_kv_head, new_cap, hd): entry j of head g = idx[g*k + j]
+__global__ void kv_keep_kernel(bf16 *nk, bf16 *nv, const bf16 *k, const bf16 *v, const int *idx,
+                               int n_kv_head, int keep, int hd, int cap, int new_cap) {
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= (size_t)n_kv_head * keep * hd) return;
+    int g = (int)(e / ((size_t)keep * hd)), j = (int)(e / hd % keep), c = (int)(e % hd);
+    size_t src = ((size_t)g * cap + idx[(size_t)g * keep + j]) * hd + c;
+    size_t dst = ((size_t)g * new_cap + j) * hd + c;
+    nk[dst] = k[src];
+    nv[dst] = v[src];
+}
+
+void cuda_kv_keep(backend *b, kv_layer *L, const int *idx, int k, int new_cap) {
+    cuda_impl *c = impl(b);
+    int hd = L->head_dim, nh = L->n_kv_head;
+    size_t n = (size_t)nh * (new_cap > 0 ? new_cap : 1);
+    bf16 *nk = (bf16 *)cuda_alloc(b, n * hd), *nv = (bf16 *)cuda_alloc(b, n * hd);
+    CHECK_INTERNAL(nk && nv, "out of GPU memory keeping %d KV entries per head", k);
+    size_t total = (size_t)nh * k * hd;
+    if (total) {
+        const int *ix = (const int *)stage(c, STAGE_IDX, idx, (size_t)nh * k * sizeof(int));
+        CUDA_LAUNCH(kv_keep_kernel, cuda_blocks(total, THREADS), THREADS, 0, c->stream, nk, nv,
+                    (const bf16 *)L->k, (const bf16 *)L->v, ix, nh, k, hd, L->cap, new_cap);
+    }
+    int *np = (int *)xmalloc(n * sizeof(int));
+    for (int g = 0; g < nh; g++)
+        for (int j = 0; j < k; j++)
+            np[(size_t)g * new_cap + j] = L->pos[(size_t)g * L->cap + idx[g * k + j]];
+    cuda_free(b, L->k);   // after the gather above has read it
+    cuda_free(b, L->v);
+    free(L->pos);
+    L->k = nk, L->v = nv, L->pos = np, L->cap = new_cap, L->len = k;
+    mirror_get(c, L);     // uploads the kept positions
+}
+
+// ---- attention --------------------------------------------------------------------------------
+
+static attn_cuda_args attn_args(cuda_impl *c, const void *q, const int *qpos, int n, int heads,
+                                const kv_layer *L) {
+    attn_cuda_args a = {q, NULL, n, heads, L->k, L->v, NULL, L->len, L->cap, L->n_kv_head,
+                        L->head_dim, NULL};
+    const pos_mirror *m = mirror_get(c, L);
+    a.kpos = m->dpos;
+    if (in_step(c, qpos, n))   // a bound decode step: the length as the device has it at replay
+        a.dlen = m->dlen, a.len = L->cap;
+    a.qpos = indices(c, STAGE_IDX, qpos, n);
+    return a;
+}
+
+void cuda_attention(backend *b, void *out, const void *q, const int *qpos, int n, int heads,
+                           const kv_layer *L) {
+    cuda_impl *c = impl(b);
+    if (n == 0) return;
+    attn_cuda_args a = attn_args(c, q, qpos, n, heads, L);
+    size_t wf = attn_cuda_work_floats(&a, c->n_sm);
+    float *work = (float *)dev_buf_reserve(c, &c->attn_work, wf * sizeof(float), "attention partials");
+    attn_causal_cuda(out, &a, work, c->n_sm, c->stream);
+}
+
+// ---- batched decode attention: one launch over every sequence's cache -------------------------
+
+#define ARENA_ROWS 65536   // cache-table rows kept for bound steps (2.6 MB)
+
+void arena_free(cuda_impl *c) {
+    if (c->arena_d) CUDA_CHECK(cudaFree(c->arena_d));
+    free(c->arena_h), free(c->table_off), free(c->table_len);
+    c->arena_d = c->arena_h = NULL, c->table_off = c->table_len = NULL;
+    c->arena_used = c->n_tables = 0;
+}
+
+// The device copy of t (k rows) for a bound step: the one made at an earlier step when equal
+// (a recording finds the eager step's), else a new one (never while recording).
+static const attn_cuda_cache *arena_table(cuda_impl *c, const attn_cuda_cache *t, int k) {
+    for (int i = 0; i < c->n_tables; i++)
+        if (c->table_len[i] == k && memcmp(c->arena_h + c->table_off[i], t, k * sizeof *t) == 0)
+            return c->arena_d + c->table_off[i];
+    CHECK_INTERNAL(!c->recording, "a new batched-attention table while recording a decode step");
+    CHECK_INTERNAL(k <= ARENA_ROWS, "a batched decode of %d sequences", k);
+    if (!c->arena_d) {
+        c->arena_d = (attn_cuda_cache *)dev_alloc(c, ARENA_ROWS * sizeof *c->arena_d, "attention tables");
+        c->arena_h = (attn_cuda_cache *)xmalloc(ARENA_ROWS * sizeof *c->arena_h);
+        c->table_off = (int *)xmalloc(ARENA_ROWS * sizeof(int));
+        c->table_len = (int *)xmalloc(ARENA_ROWS * sizeof(int));
+    }
+    if (c->arena_used + k > ARENA_ROWS) {   // full: start over (recordings that read it are stale)
+        CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        c->arena_used = c->n_tables = 0;
+        c->gen++;
+    }
+    int off = c->arena_used;
+    memcpy(c->arena_h + off, t, k * sizeof *t);
+    CUDA_CHECK(cudaMemcpyAsync(c->arena_d + off, c->arena_h + off, k * sizeof *t,
+                               cudaMemcpyHostToDevice, c->stream));
+    c->table_off[c->n_tables] = off, c->table_len[c->n_tables++] = k;
+    c->arena_used += k;
+    return c->arena_d + off;
+}
+
+// k sequences' decode rows in one launch when each has one row, their q and out rows and
+// positions are consecutive and the group kernel takes the head dim; else one call each.
+void cuda_attention_multi(backend *b, int k, void *const *out, const void *const *q,
+                          const int *const *qpos, const int *n, int heads, const kv_layer *const *L) {
+    cuda_impl *c = impl(b);
+    int hd = L[0]->head_dim, nkv = L[0]->n_kv_head, step = k >= 2 && in_step(c, qpos[0], k);
+    size_t row = (size_t)heads * hd * sizeof(bf16);
+    int one = k >= 2 && k <= ARENA_ROWS, bound = 0;
+    for (int i = 0; i < k && one; i++) {
+        one = n[i] == 1 && L[i]->head_dim == hd && L[i]->n_kv_head == nkv && qpos[i] == qpos[0] + i &&
+              (const char *)q[i] == (const char *)q[0] + i * row &&
+              (const char *)out[i] == (const char *)out[0] + i * row;
+        int r = step ? L[i]->cap : L[i]->len;
+        bound = r > bound ? r : bound;
+    }
+    attn_cuda_args a = {q[0], NULL, k, heads, NULL, NULL, NULL, bound, 0, nkv, hd, NULL};
+    if (!one || !attn_decode_multi_takes(&a)) {
+        for (int i = 0; i < k; i++) cuda_attention(b, out[i], q[i], qpos[i], n[i], heads, L[i]);
+        return;
+    }
+    attn_cuda_cache *t = (attn_cuda_cache *)xmalloc((size_t)k * sizeof *t);
+    for (int i = 0; i < k; i++) {
+        const pos_mirror *m = mirror_get(c, L[i]);
+        t[i] = (attn_cuda_cache){L[i]->k, L[i]->v, m->dpos, step ? m->dlen : NULL,
+                                 step ? L[i]->cap : L[i]->len, L[i]->cap};
+    }
+    const attn_cuda_cache *dt = step ? arena_table(c, t, k)
+                                     : (const attn_cuda_cache *)stage(c, STAGE_ROWS, t, (size_t)k * sizeof *t);
+    free(t);
+    a.qpos = indices(c, STAGE_IDX, qpos[0], k);
+    size_t wf = attn_decode_multi_work_floats(&a, c->n_sm);
+    float *work = (float *)dev_buf_reserve(c, &c->attn_work, wf * sizeof(float), "attention partials");
+    attn_decode_multi_cuda(out[0], &a, dt, work, c->n_sm, c->stream);
+}
+
+void cuda_attn_probs(backend *b, float *probs, const void *q, const int *qpos, int n,
+                            int heads, const kv_layer *L, int m) {
+    cuda_impl *c = impl(b);
+    size_t total = (size_t)n * heads * m;
+    if (total == 0) return;
+    attn_cuda_args a = attn_args(c, q, qpos, n, heads, L);
+    float *d = (float *)dev_buf_reserve(c, &c->probs, total * sizeof(float), "attention probabilities");
+    attn_probs_cuda(d, &a, m, c->stream);
+    CUDA_CHECK(cudaMemcpyAsync(probs, d, total * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}
+
+// ---- selected decode attention and the phi completion summary (attn/phi_cuda.cu) ----------
+
+static phi_cuda_shape phi_shape(const phi_maps *p) {
+    phi_cuda_shape s = {p->kind, p->d_in, p->d_emb, p->d_hid, p->d_phi, phi_n_par(p)};
+    return s;
+}
+
+static void phi_dims_check(const phi_maps *p, int hd) {
+    int dims[] = {p->d_in, p->d_emb, p->d_hid, p->d_phi};
+    for (int i = 0; i < 4; i++)
+        CHECK_INTERNAL(dims[i] <= PHI_CUDA_MAX_DIM, "phi map dimension %d over the CUDA limit %d",
+                       dims[i], PHI_CUDA_MAX_DIM);
+    CHECK_INTERNAL(hd <= 256 && p->d_in == hd, "phi maps on head dim %d (CUDA: <= 256, = d_in %d)",
+                   hd, p->d_in);
+}
+
+// Device log features of n rows of x (row index rows[r], parameter block of[r] of par, host
+// arrays; par has n_blocks blocks): the phi_f buffer, (n, d_phi).
+static float *phi_features(cuda_impl *c, const phi_maps *p, const float *par, int n_blocks,
+                           const void *x, const int *rows, const int *of, int n) {
+    size_t np = (size_t)phi_n_par(p);
+    const float *dpar = (const float *)stage(c, STAGE_PAR, par, (size_t)n_blocks * np * sizeof(float));
+    const int *drows = (const int *)stage(c, STAGE_ROWS, rows, (size_t)n * sizeof(int));
+    const int *dof = (const int *)stage(c, STAGE_OF, of, (size_t)n * sizeof(int));
+    float *F = (float *)dev_buf_reserve(c, &c->phi_f, ((size_t)n * p->d_phi + 1) * sizeof(float),
+                                        "phi features");
+    phi_features_cuda(F, x, drows, dof, n, dpar, phi_shape(p), c->stream);
+    return F;
+}
+
+void cuda_phi_summarize(backend *b, phi_summary *out, const phi_maps *p, int layer,
+                               const kv_layer *L, int lo, int hi) {
+    cuda_impl *c = impl(b);
+    int n = hi - lo, nkv = L->n_kv_head, hd = L->head_dim, f = p->d_phi;
+    phi_dims_check(p, hd);
+    if (n <= 0) return;
+    int *rows = (int *)xmalloc((size_t)nkv * n * sizeof(int)), *of = (int *)xmalloc((size_t)nkv * n * sizeof(int));
+    for (int g = 0; g < nkv; g++)
+        for (int i = 0; i < n; i++) rows[(size_t)g * n + i] = g * L->cap + lo + i, of[(size_t)g * n + i] = g;
+    float *F = phi_features(c, p, phi_par_k(p, layer, 0), nkv, L->k, rows, of, nkv * n);
+    size_t per = (size_t)f * (hd + 2);   // m, u, t of one KV head
+    float *d = (float *)dev_buf_reserve(c, &c->phi_sum, (size_t)nkv * per * sizeof(float), "phi summary");
+    float *dm = d, *du = d + (size_t)nkv * f, *dt = d + (size_t)2 * nkv * f;
+    phi_summary_cuda(dm, du, dt, F, L->v, nkv, n, L->cap, lo, hd, f, c->stream);
+    float *h = (float *)xmalloc((size_t)nkv * per * sizeof(float));
+    CUDA_CHECK(cudaMemcpyAsync(h, d, (size_t)nkv * per * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    for (int g = 0; g < nkv; g++) {   // out[g] is fresh (fwd_phi_summarize checks): copy in
+        phi_summary *s = &out[g];
+        memcpy(s->m, h + (size_t)g * f, (size_t)f * sizeof(float));
+        memcpy(s->u, h + (size_t)(nkv + g) * f, (size_t)f * sizeof(float));
+        memcpy(s->t, h + (size_t)2 * nkv * f + (size_t)g * f * hd, (size_t)f * hd * sizeof(float));
+        s->n = n;
+    }
+    free(rows), free(of), free(h);
+}
+
+void cuda_attn_select(backend *b, void *out, const void *q, int heads, const kv_layer *L,
+                             const int *sel, int n_sel, int n_sub, const phi_completion *comp) {
+    cuda_impl *c = impl(b);
+    int nkv = L->n_kv_head, hd = L->head_dim, group = heads / nkv;
+    CHECK_INTERNAL(hd <= 256, "selected attention on head dim %d (CUDA: <= 256)", hd);
+    const int *dsel = (const int *)stage(c, STAGE_IDX, sel, ((size_t)heads * n_sel + 1) * sizeof(int));
+    float *work = (float *)dev_buf_reserve(c, &c->attn_work, ((size_t)heads * n_sel + 1) * sizeof(float),
+                                           "selected attention scores");
+    const phi_maps *p = comp ? comp->maps : NULL;
+    if (!p || comp->sum[0].n <= n_sub) {   // nothing left to estimate: selection only
+        phi_select_cuda(out, q, L->k, L->v, L->cap, heads, nkv, hd, dsel, n_sel, 0, NULL, NULL,
+                        NULL, NULL, NULL, 0, 0, work, c->stream);
+        return;
+    }
+    phi_dims_check(p, hd);
+    int f = p->d_phi, *rows = (int *)xmalloc(((size_t)heads * n_sub + heads) * sizeof(int));
+    int *of = (int *)xmalloc(((size_t)heads * n_sub + heads) * sizeof(int));
+    for (int h = 0; h < heads; h++) rows[h] = h, of[h] = h;   // log phi_q of each head's query
+    float *F = phi_features(c, p, phi_par_q(p, comp->layer, 0), heads, q, rows, of, heads);
+    float *lq = (float *)dev_buf_reserve(c, &c->phi_q, (size_t)heads * f * sizeof(float), "phi queries");
+    CUDA_CHECK(cudaMemcpyAsync(lq, F, (size_t)heads * f * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
+    for (int h = 0; h < heads; h++)   // log phi_k of each head's n_sub retrieved keys
+        for (int i = 0; i < n_sub; i++)
+            rows[(size_t)h * n_sub + i] = (h / group) * L->cap + sel[(size_t)h * n_sel + i],
+            of[(size_t)h * n_sub + i] = h / group;
+    float *fsel = phi_features(c, p, phi_par_k(p, comp->layer, 0), nkv, L->k, rows, of, heads * n_sub);
+    size_t per = (size_t)f * (hd + 2);
+    float *h = (float *)xmalloc((size_t)nkv * per * sizeof(float));
+    for (int g = 0; g < nkv; g++) {   // the summaries, laid out as phi_summary_cuda writes them
+        const phi_summary *s = &comp->sum[g];
+        memcpy(h + (size_t)g * f, s->m, (size_t)f * sizeof(float));
+        memcpy(h + (size_t)(nkv + g) * f, s->u, (size_t)f * sizeof(float));
+        memcpy(h + (size_t)2 * nkv * f + (size_t)g * f * hd, s->t, (size_t)f * hd * sizeof(float));
+    }
+    const float *d = (const float *)stage(c, STAGE_SUM, h, (size_t)nkv * per * sizeof(float));
+    phi_select_cuda(out, q, L->k, L->v, L->cap, heads, nkv, hd, dsel, n_sel, n_sub, lq, fsel, d,
+                    d + (size_t)nkv * f, d + (size_t)2 * nkv * f, f, comp->sum[0].n, work, c->stream);
+    free(rows), free(of), free(h);
+}
+
+// Top K of one decode row's attention probabilities per head, selected on the device: only the
+// (heads, k) indices come back, not the (heads, m) probabilities.
+void cuda_attn_topk(backend *b, int *idx, const void *q, int qpos, int heads,
+                           const kv_layer *L, int m, int lo, int n, int k) {
+    cuda_impl *c = impl(b);
+    if (k == 0) return;
+    attn_cuda_args a = attn_args(c, q, &qpos, 1, heads, L);
+    float *d = (float *)dev_buf_reserve(c, &c->probs, (size_t)heads * m * sizeof(float),
+                                        "attention probabilities");
+    attn_probs_cuda(d, &a, m, c->stream);
+    int *di = (int *)dev_buf_reserve(c, &c->topk, (size_t)heads * k * sizeof(int), "top-K indices");
+    score_topk_rows_cuda(di, d + lo, (size_t)m, heads, n, k, lo, c->stream);
+    CUDA_CHECK(cudaMemcpyAsync(idx, di, (size_t)heads * k * sizeof(int), cudaMemcpyDeviceToHost, c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}

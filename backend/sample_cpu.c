@@ -1,0 +1,95 @@
+// backend/sample_cpu.c — see sample.h. Candidates are sorted only when a filter needs the order.
+#include "sample.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "../util/check.h"
+
+void sampler_init(sampler *s, const sample_params *p, int n_vocab) {
+    s->p = *p;
+    s->state = p->seed * 6364136223846793005ULL + 1442695040888963407ULL;
+    s->cand = xmalloc((size_t)n_vocab * sizeof *s->cand);
+    s->n_vocab = n_vocab;
+}
+
+void sampler_free(sampler *s) {
+    free(s->cand);
+    s->cand = NULL;
+}
+
+float sample_uniform(sampler *s) { return (sample_pcg32(&s->state) >> 8) * (1.0f / 16777216.0f); }
+
+void sample_skip(sampler *s) {
+    if (s->p.temp > 0) sample_uniform(s);   // greedy draws take no number
+}
+
+int sample_argmax(const float *logits, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (logits[i] > logits[best]) best = i;
+    return best;
+}
+
+static int by_logit_desc(const void *a, const void *b) {
+    const struct sample_cand *x = a, *y = b;
+    if (x->logit != y->logit) return x->logit < y->logit ? 1 : -1;
+    return x->id - y->id;
+}
+
+int sample_next(sampler *s, const float *logits) {
+    const sample_params *p = &s->p;
+    int n = s->n_vocab;
+    if (p->temp <= 0) return sample_argmax(logits, n);
+    for (int i = 0; i < n; i++) s->cand[i] = (struct sample_cand){logits[i], i};
+    qsort(s->cand, (size_t)n, sizeof *s->cand, by_logit_desc);
+    if (p->top_k > 0 && p->top_k < n) n = p->top_k;
+    // probabilities at temperature 1 for the filters, as llama.cpp's chain does
+    double mx = s->cand[0].logit, sum = 0;
+    for (int i = 0; i < n; i++) sum += exp(s->cand[i].logit - mx);
+    if (p->top_p < 1.0f) {
+        double cum = 0;
+        int keep = n;
+        for (int i = 0; i < n; i++) {
+            cum += exp(s->cand[i].logit - mx) / sum;
+            if (cum >= p->top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+        n = keep;
+    }
+    if (p->min_p > 0) {
+        double floor_logit = mx + log(p->min_p);   // p_i >= min_p * p_max
+        int keep = 1;
+        while (keep < n && s->cand[keep].logit >= floor_logit) keep++;
+        n = keep;
+    }
+    // temperature, softmax over survivors, draw
+    double z = 0;
+    for (int i = 0; i < n; i++) z += exp((s->cand[i].logit - mx) / p->temp);
+    double r = sample_uniform(s) * z, acc = 0;
+    for (int i = 0; i < n; i++) {
+        acc += exp((s->cand[i].logit - mx) / p->temp);
+        if (r < acc) return s->cand[i].id;
+    }
+    return s->cand[n - 1].id;
+}
+
+// log-sum-exp of x (n,)
+static double log_sum_exp(const float *x, int n) {
+    double mx = -INFINITY, s = 0;
+    for (int i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    for (int i = 0; i < n; i++) s += exp(x[i] - mx);
+    return mx + log(s);
+}
+
+// KL(p || q) = sum_i p_i (log p_i - log q_i), p_i = softmax(lp)_i, q_i = softmax(lq)_i
+double sample_kl(const float *lp, const float *lq, int n) {
+    double zp = log_sum_exp(lp, n), zq = log_sum_exp(lq, n), kl = 0;
+    for (int i = 0; i < n; i++) {
+        double log_p = lp[i] - zp, log_q = lq[i] - zq;
+        kl += exp(log_p) * (log_p - log_q);
+    }
+    return kl > 0 ? kl : 0;   // rounding can leave -1e-12 for equal inputs
+}

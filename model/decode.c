@@ -1,0 +1,141 @@
+// model/decode.c — the decode step (fwd_decode, see forward.h): one row per sequence through the
+// same pass as any other (fwd_forward), in the model's run state planned for the batch, on
+// positions and tokens bound to the device once per step; recorded as a CUDA graph on its second
+// call on the same caches and buffers and replayed after (SIFT_CUDA_GRAPHS=0: never recorded);
+// then each sequence's next token drawn, on the device when the backend samples.
+#include "pass.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../util/check.h"
+
+struct fwd_decoder {
+    int B;                 // sequences of the step lens is sized for (0: none yet)
+    int *lens;             // (B, n_layer) cache lengths before a recording
+    uint64_t key;          // the caches and buffers the steps run on
+    void *graph;           // the recorded step, or NULL
+    int eager;             // steps run on these caches (the first eagerly: it sizes every buffer
+                           // a recording reads)
+    long fixed, recorded, replayed;
+};
+
+// Whether a sequence's step is a dense decode over its cache: one row, logits, no hook acting.
+static int decode_dense(const fwd_seq *q) {
+    const fwd_hooks *h = q->hooks;
+    return q->n == 1 && q->logits &&
+           (!h || (!h->after_attention && !h->after_layer && !h->kv_source && !h->attention));
+}
+
+static int graphs_wanted(void) {
+    const char *e = getenv("SIFT_CUDA_GRAPHS");
+    return !(e && strcmp(e, "0") == 0);
+}
+
+static void drop_graph(backend *bk, struct fwd_decoder *d) {
+    if (d->graph) bk->graph_free(bk, d->graph);
+    d->graph = NULL;
+}
+
+// FNV-1a over the caches, their layers' buffers and capacities and the run state's buffers:
+// equal keys, equal launches.
+static uint64_t step_key(const fwd_seq *seqs, int B, const fwd_run_state *r) {
+    uint64_t h = 1469598103934665603ull;
+#define MIX(v) (h = (h ^ (uint64_t)(v)) * 1099511628211ull)
+    for (int b = 0; b < B; b++) {
+        const kv_cache *kv = seqs[b].kv;
+        MIX((uintptr_t)kv);
+        for (int l = 0; l < kv->n_layer; l++)
+            MIX((uintptr_t)kv->layers[l].k), MIX((uintptr_t)kv->layers[l].v), MIX(kv->layers[l].cap);
+    }
+    const void *bufs[] = {r->x, r->xb, r->q, r->k, r->v, r->att, r->hb, r->hb2, r->out, r->tok, r->pos};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) MIX((uintptr_t)bufs[i]);
+#undef MIX
+    return h;
+}
+
+// Every sequence's next token drawn on the backend from the step's logits out (B, vocab): 0, or
+// -1 (nothing drawn) when a sequence has no sampler or the backend does not take its settings.
+static int device_draw(backend *bk, const void *out, fwd_seq *seqs, int B, int vocab) {
+    sample_params p[FWD_MAX_BATCH];
+    uint64_t state[FWD_MAX_BATCH];
+    int tok[FWD_MAX_BATCH];
+    for (int b = 0; b < B; b++) {
+        if (!seqs[b].smp) return -1;
+        p[b] = seqs[b].smp->p, state[b] = seqs[b].smp->state;
+    }
+    if (!bk->sample || bk->sample(bk, tok, out, B, vocab, p, state) != 0) return -1;
+    for (int b = 0; b < B; b++) seqs[b].token = tok[b], sample_skip(seqs[b].smp);
+    return 0;
+}
+
+// The step on the model's run state: bound, then replayed, recorded or run eagerly.
+static void step_fixed(model *m, struct fwd_decoder *d, fwd_seq *seqs, int B) {
+    backend *bk = m->bk;
+    int L = m->cfg.n_layer;
+    fwd_run_state *r = fwd_plan(m, B, B);
+    if (d->B != B) free(d->lens), d->lens = xmalloc((size_t)B * L * sizeof(int)), d->B = B;
+    uint64_t key = step_key(seqs, B, r);
+    if (key != d->key) drop_graph(bk, d), d->key = key, d->eager = 0;
+    fwd_pass p;
+    fwd_pass_begin(&p, m, seqs, B);
+    bk->step_bind(bk, r->tok, r->pos, B);
+    for (int b = 0; b < B; b++)   // a replay appends where the device says: the host checks first
+        for (int l = 0; l < L; l++) {
+            const kv_layer *y = &seqs[b].kv->layers[l];
+            CHECK_INTERNAL(y->len < y->cap, "KV layer overflow: %d + 1 > %d", y->len, y->cap);
+        }
+    if (d->graph && bk->graph_launch(bk, d->graph) == 0) {   // the device appended: note it here
+        for (int b = 0; b < B; b++)
+            for (int l = 0; l < L; l++) kv_note_append(&seqs[b].kv->layers[l], &r->pos[b], 1);
+        d->replayed++;
+    } else {
+        if (d->graph) drop_graph(bk, d), d->eager = 0;   // stale: one eager step sizes buffers again
+        int record = d->eager > 0 && bk->graph_begin && graphs_wanted();
+        for (int b = 0; b < B && record; b++)
+            for (int l = 0; l < L; l++) d->lens[b * L + l] = seqs[b].kv->layers[l].len;
+        if (record && bk->graph_begin(bk) != 0) record = 0;
+        CHECK_INTERNAL(fwd_forward(&p, 0) == 0, "a dense decode step aborted");
+        if (record) {
+            d->graph = bk->graph_end(bk);
+            if (d->graph && bk->graph_launch(bk, d->graph) == 0) d->recorded++;
+            else {   // nothing ran: undo the host's notes of the appends and run it eagerly
+                drop_graph(bk, d);
+                for (int b = 0; b < B; b++)
+                    for (int l = 0; l < L; l++) seqs[b].kv->layers[l].len = d->lens[b * L + l];
+                CHECK_INTERNAL(fwd_forward(&p, 0) == 0, "a dense decode step aborted");
+            }
+        }
+        d->eager++;
+    }
+    bk->step_bind(bk, NULL, NULL, 0);
+    d->fixed++;
+    for (int b = 0; b < B; b++) seqs[b].rows_done = L;
+    if (device_draw(bk, r->out, seqs, B, m->cfg.vocab) != 0) fwd_logits_to_host(&p, 0);
+}
+
+int fwd_decode(model *m, fwd_seq *seqs, int B) {
+    int fixed = m->bk->step_bind != NULL && B >= 1 && B <= FWD_MAX_BATCH;
+    for (int b = 0; b < B && fixed; b++) fixed = decode_dense(&seqs[b]);
+    for (int b = 0; b < B; b++) seqs[b].token = -1;
+    if (fixed) step_fixed(m, m->decoder ? m->decoder : (m->decoder = xcalloc(1, sizeof *m->decoder)),
+                          seqs, B);
+    else if (fwd_run_batch(m, seqs, B) != 0) return -1;
+    for (int b = 0; b < B; b++)   // the host draws what the device did not
+        if (seqs[b].smp && seqs[b].token < 0) seqs[b].token = sample_next(seqs[b].smp, seqs[b].logits);
+    return 0;
+}
+
+void fwd_decode_counts(const model *m, long *fixed, long *recorded, long *replayed) {
+    const struct fwd_decoder *d = m->decoder;
+    *fixed = d ? d->fixed : 0, *recorded = d ? d->recorded : 0, *replayed = d ? d->replayed : 0;
+}
+
+void fwd_decode_free(model *m) {
+    if (!m->decoder) return;
+    drop_graph(m->bk, m->decoder);
+    free(m->decoder->lens);
+    free(m->decoder);
+    m->decoder = NULL;
+}

@@ -1,4 +1,0 @@
-// model/simt/include/cuda_runtime.h — the SIMT emulation build's <cuda_runtime.h>
-// (model/simt/simt.h).
-#pragma once
-#include "../simt.h"

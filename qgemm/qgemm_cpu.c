@@ -1,0 +1,871 @@
+// qgemm/qgemm_cpu.c — products on GGUF-encoded weight rows (see qgemm.h for the method and its
+// error bound). Three ISA paths for the inner products, picked at run time; the unpacking of
+// blocks to (u, s, m) is portable C shared by all of them.
+#include "qgemm.h"
+
+#include <cblas.h>
+#include <cpuid.h>
+#include <immintrin.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../util/check.h"
+#include "../weights/dequant.h"
+#include "../weights/gguf.h"
+
+#define G 16   // elements per scale group
+
+// ---- ISA choice ---------------------------------------------------------------------------------
+
+// cpuid feature bits and the OS's saved register state (xgetbv): the AVX (YMM) and AVX-512
+// (opmask, ZMM) states must be enabled, not only the instructions present.
+static enum q_isa cpu_best_isa(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return Q_ISA_SCALAR;
+    int fma = c >> 12 & 1, osxsave = c >> 27 & 1, f16c = c >> 29 & 1;
+    if (!osxsave) return Q_ISA_SCALAR;
+    unsigned xlo, xhi;
+    __asm__("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    if ((xlo & 0x6) != 0x6 || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return Q_ISA_SCALAR;
+    int avx2 = b >> 5 & 1;
+    if (!(avx2 && fma && f16c)) return Q_ISA_SCALAR;
+    int f = b >> 16 & 1, dq = b >> 17 & 1, bw = b >> 30 & 1, vl = b >> 31 & 1, vnni = c >> 11 & 1;
+    if ((xlo & 0xe6) == 0xe6 && f && dq && bw && vl && vnni) return Q_ISA_AVX512;
+    return Q_ISA_AVX2;
+}
+
+enum q_isa q_isa_pick(const char **err) {
+    enum q_isa best = cpu_best_isa();
+    const char *env = getenv("SIFT_ISA");
+    if (err) *err = NULL;
+    if (!env || !*env) return best;
+    enum q_isa want;
+    if (strcmp(env, "scalar") == 0) want = Q_ISA_SCALAR;
+    else if (strcmp(env, "avx2") == 0) want = Q_ISA_AVX2;
+    else if (strcmp(env, "avx512") == 0) want = Q_ISA_AVX512;
+    else {
+        if (err) *err = "SIFT_ISA must be scalar, avx2 or avx512";
+        return best;
+    }
+    return want < best ? want : best;
+}
+
+const char *q_isa_name(enum q_isa isa) {
+    return isa == Q_ISA_AVX512 ? "avx512-vnni" : isa == Q_ISA_AVX2 ? "avx2" : "scalar";
+}
+
+int q_type_supported(uint32_t type) {
+    switch (type) {
+    case GGML_F16: case GGML_BF16: case GGML_Q4_0: case GGML_Q4_1: case GGML_Q5_0:
+    case GGML_Q5_1: case GGML_Q8_0: case GGML_Q4_K: case GGML_Q5_K: case GGML_Q6_K: return 1;
+    default: return 0;
+    }
+}
+
+static int is_float16(uint32_t type) { return type == GGML_F16 || type == GGML_BF16; }
+
+// ---- activations: 8-bit blocks of 32 ------------------------------------------------------------
+
+static void quantize_row_scalar(const float *x, int cols, int8_t *q, float *d, float *a) {
+    int8_t *lo = q + cols;
+    for (int b = 0; b < cols; b += 32) {
+        float amax = 0;
+        for (int i = 0; i < 32; i++) {
+            float v = x[b + i] < 0 ? -x[b + i] : x[b + i];
+            amax = v > amax ? v : amax;
+        }
+        float step = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+        int sum[2] = {0, 0};
+        for (int i = 0; i < 32; i++) {
+            int h = (int)__builtin_lrintf(x[b + i] * inv);   // |h| <= 127 by construction
+            h = h > 127 ? 127 : h < -127 ? -127 : h;
+            int l = (int)__builtin_lrintf((x[b + i] - (float)h * step) * inv * 256.0f);
+            l = l > 127 ? 127 : l < -127 ? -127 : l;          // |l| <= 128 before the clamp
+            q[b + i] = (int8_t)h, lo[b + i] = (int8_t)l;
+            sum[i / G] += 256 * h + l;
+        }
+        d[b / 32] = step / 256.0f;
+        for (int k = 0; k < 2; k++) a[b / G + k] = d[b / 32] * (float)sum[k];
+    }
+}
+
+// The same, 16 lanes at a time, in the same fp32 operations (no contraction): bit-identical.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void
+quantize_row_avx512(const float *x, int cols, int8_t *q, float *d, float *a) {
+    int8_t *lo = q + cols;
+    const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
+    for (int b = 0; b < cols; b += 32) {
+        __m512 x0 = _mm512_loadu_ps(x + b), x1 = _mm512_loadu_ps(x + b + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+        float step = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+        __m512 vstep = _mm512_set1_ps(step), vinv = _mm512_set1_ps(inv);
+        d[b / 32] = step / 256.0f;
+        for (int k = 0; k < 2; k++) {
+            __m512 xv = k ? x1 : x0;
+            __m512i h = _mm512_cvtps_epi32(_mm512_mul_ps(xv, vinv));
+            h = _mm512_max_epi32(_mm512_min_epi32(h, lim), nlim);
+            __m512 r = _mm512_sub_ps(xv, _mm512_mul_ps(_mm512_cvtepi32_ps(h), vstep));
+            __m512i l = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(r, vinv), _mm512_set1_ps(256.0f)));
+            l = _mm512_max_epi32(_mm512_min_epi32(l, lim), nlim);
+            _mm_storeu_si128((__m128i *)(q + b + 16 * k), _mm512_cvtepi32_epi8(h));
+            _mm_storeu_si128((__m128i *)(lo + b + 16 * k), _mm512_cvtepi32_epi8(l));
+            int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(h, 8), l));
+            a[b / G + k] = d[b / 32] * (float)sum;
+        }
+    }
+}
+
+void q_quantize_row(enum q_isa isa, const float *x, int cols, int8_t *q, float *d, float *a) {
+    if (isa == Q_ISA_AVX512) quantize_row_avx512(x, cols, q, d, a);
+    else quantize_row_scalar(x, cols, q, d, a);
+}
+
+// ---- weights: blocks -> (u, s, m) per 16-element group -------------------------------------------
+
+static inline float f16(const uint8_t *p) {   // F16C (x86-64-v3 has it): exact, as dq_f16_to_f32
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+// 32 nibbles of qs[16] (low nibbles = elements 0..15, high = 16..31), with 5th bits from qh.
+static void nibbles32(const uint8_t *qs, const uint8_t *qh4, uint8_t *u) {
+    uint32_t qh = 0;
+    if (qh4) memcpy(&qh, qh4, 4);
+    for (int j = 0; j < 16; j++) {
+        u[j] = (uint8_t)((qs[j] & 0xF) | ((qh >> j) & 1) << 4);
+        u[j + 16] = (uint8_t)((qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4);
+    }
+}
+
+// One row of `cols` elements of a quantised type -> u (cols,), s and m (cols/16,).
+static void unpack_row(uint32_t type, const uint8_t *b, int cols, uint8_t *u, float *s, float *m) {
+    switch (type) {
+    case GGML_Q4_0: case GGML_Q4_1: case GGML_Q5_0: case GGML_Q5_1: case GGML_Q8_0: {
+        for (int i = 0; i < cols; i += 32, u += 32, s += 2, m += 2) {
+            float d = f16(b), off;
+            if (type == GGML_Q4_0) nibbles32(b + 2, NULL, u), off = -8 * d, b += 18;
+            else if (type == GGML_Q4_1) nibbles32(b + 4, NULL, u), off = f16(b + 2), b += 20;
+            else if (type == GGML_Q5_0) nibbles32(b + 6, b + 2, u), off = -16 * d, b += 22;
+            else if (type == GGML_Q5_1) nibbles32(b + 8, b + 4, u), off = f16(b + 2), b += 24;
+            else {
+                for (int j = 0; j < 32; j++) u[j] = b[2 + j] ^ 0x80;   // q + 128
+                off = -128 * d, b += 34;
+            }
+            s[0] = s[1] = d;
+            m[0] = m[1] = off;
+        }
+        return;
+    }
+    case GGML_Q4_K: case GGML_Q5_K:
+        for (int i = 0; i < cols; i += 256) {
+            const float d = f16(b), dmin = f16(b + 2);
+            const uint8_t *sc = b + 4, *qh = type == GGML_Q5_K ? b + 16 : NULL;
+            const uint8_t *qs = b + (type == GGML_Q5_K ? 48 : 16);
+            for (int j = 0; j < 8; j++, u += 32, s += 2, m += 2) {
+                int a, mn;
+                dq_k4_scale_min(sc, j, &a, &mn);
+                const uint8_t *q = qs + 32 * (j / 2);
+                const int shift = 4 * (j % 2);
+                for (int l = 0; l < 32; l++)
+                    u[l] = (uint8_t)(((q[l] >> shift) & 0xF) | (qh ? ((qh[l] >> j) & 1) << 4 : 0));
+                s[0] = s[1] = d * (float)a;
+                m[0] = m[1] = -dmin * (float)mn;
+            }
+            b += type == GGML_Q5_K ? 176 : 144;
+        }
+        return;
+    case GGML_Q6_K:
+        for (int i = 0; i < cols; i += 256, b += 210) {
+            const float d = f16(b + 208);
+            const int8_t *sc = (const int8_t *)(b + 192);
+            for (int half = 0; half < 2; half++) {
+                const uint8_t *ql = b + 64 * half, *qh = b + 128 + 32 * half;
+                for (int k = 0; k < 4; k++) {
+                    const uint8_t *lo = ql + 32 * (k % 2);
+                    const int shift = 4 * (k / 2);
+                    for (int l = 0; l < 32; l++)
+                        u[128 * half + 32 * k + l] =
+                            (uint8_t)(((lo[l] >> shift) & 0xF) | ((qh[l] >> (2 * k)) & 3) << 4);
+                }
+            }
+            for (int g = 0; g < 16; g++) {
+                s[g] = d * (float)sc[g];
+                m[g] = -32.0f * s[g];
+            }
+            u += 256, s += 16, m += 16;
+        }
+        return;
+    default:
+        CHECK_INTERNAL(0, "unpack_row: type %u has no 8-bit form", type);
+    }
+}
+
+void q_unpack_row(uint32_t type, const void *row, int cols, uint8_t *u, float *s, float *m) {
+    unpack_row(type, row, cols, u, s, m);
+}
+
+// ---- inner products: one unpacked weight row . one quantised activation row ------------------
+
+// sum_g s_g d_g (u . q)_g + sum_g m_g a_g   (a = the activation's scaled group sums)
+typedef float (*dot_q8_fn)(const uint8_t *u, const float *s, const float *m, const int8_t *q,
+                           const int8_t *ql, const float *d, const float *a, int cols);
+// the same straight from a row of blocks (the fused kernels of one type); a: the activation row's
+// cols/16 group sums followed by its cols/32 block sums
+typedef float (*dot_blk_fn)(const uint8_t *row, const int8_t *q, const int8_t *ql, const float *d,
+                            const float *a, int cols);
+// w (cols,) of F16 or BF16 . x (cols,) fp32
+typedef float (*dot_f16_fn)(const uint16_t *w, int bf16, const float *x, int cols);
+
+static float dot_q8_scalar(const uint8_t *u, const float *s, const float *m, const int8_t *q,
+                           const int8_t *ql, const float *d, const float *a, int cols) {
+    float acc = 0;
+    for (int g = 0; g < cols / G; g++) {
+        int32_t p = 0;
+        for (int i = 0; i < G; i++)
+            p += (int32_t)u[g * G + i] * (256 * q[g * G + i] + ql[g * G + i]);
+        acc += s[g] * d[g / 2] * (float)p + m[g] * a[g];
+    }
+    return acc;
+}
+
+static float dot_f16_scalar(const uint16_t *w, int bf16, const float *x, int cols) {
+    float acc = 0;
+    for (int i = 0; i < cols; i++) acc += (bf16 ? dq_bf16_to_f32(w[i]) : dq_f16_to_f32(w[i])) * x[i];
+    return acc;
+}
+
+static float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+// one 16-group per step: u (u8 -> i16) * q (i8 -> i16), vpmaddwd pairs -> 8 x i32
+__attribute__((target("avx2,fma"))) static float
+dot_q8_avx2(const uint8_t *u, const float *s, const float *m, const int8_t *q, const int8_t *ql,
+            const float *d, const float *a, int cols) {
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    int ng = cols / G, g = 0;
+    for (; g < ng; g++) {
+        __m256i uu = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(u + g * G)));
+        __m256i qq = _mm256_add_epi16(
+            _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + g * G))), 8),
+            _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(ql + g * G))));
+        __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(uu, qq));
+        acc = _mm256_fmadd_ps(p, _mm256_set1_ps(s[g] * d[g / 2]), acc);
+    }
+    for (g = 0; g + 8 <= ng; g += 8)
+        accm = _mm256_fmadd_ps(_mm256_loadu_ps(m + g), _mm256_loadu_ps(a + g), accm);
+    float tail = 0;
+    for (; g < ng; g++) tail += m[g] * a[g];
+    return hsum256(acc) + hsum256(accm) + tail;
+}
+
+__attribute__((target("avx2,fma,f16c"))) static float
+dot_f16_avx2(const uint16_t *w, int bf16, const float *x, int cols) {
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= cols; i += 8) {
+        __m128i h = _mm_loadu_si128((const __m128i *)(w + i));
+        __m256 wf = bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+                         : _mm256_cvtph_ps(h);
+        acc = _mm256_fmadd_ps(wf, _mm256_loadu_ps(x + i), acc);
+    }
+    float tail = 0;
+    for (; i < cols; i++) tail += (bf16 ? dq_bf16_to_f32(w[i]) : dq_f16_to_f32(w[i])) * x[i];
+    return hsum256(acc) + tail;
+}
+
+#define PREFETCH 4096   // bytes ahead in the weight stream (bench/RESULTS.md: 2048-8192 within noise)
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,fma")))
+
+// u (64 x u8) . (256 q + ql) per 4-byte lane, exact in int32 (|256 q + ql| <= 32639)
+AVX512 static inline __m512i dot2(__m512i u, const int8_t *q, const int8_t *ql) {
+    __m512i hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_loadu_si512(q));
+    __m512i lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_loadu_si512(ql));
+    return _mm512_add_epi32(_mm512_slli_epi32(hi, 8), lo);
+}
+
+AVX512 static inline __m256i dot2_256(__m256i u, const int8_t *q, const int8_t *ql) {
+    __m256i hi = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, _mm256_loadu_si256((const __m256i *)q));
+    __m256i lo = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, _mm256_loadu_si256((const __m256i *)ql));
+    return _mm256_add_epi32(_mm256_slli_epi32(hi, 8), lo);
+}
+
+// four 16-groups per step: vpdpbusd gives 16 x i32, lanes 4k..4k+3 belong to group k; each
+// lane is scaled by its group's s_g d_g (permuted from 4 floats) and accumulated in fp32
+AVX512 static float
+dot_q8_avx512(const uint8_t *u, const float *s, const float *m, const int8_t *q, const int8_t *ql,
+              const float *d, const float *a, int cols) {
+    const __m512i lane_group = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    __m512 acc = _mm512_setzero_ps(), accm = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 64 <= cols; i += 64) {
+        __m512i p = dot2(_mm512_loadu_si512(u + i), q + i, ql + i);
+        const float *dd = d + i / 32;
+        __m128 sd = _mm_mul_ps(_mm_loadu_ps(s + i / G), _mm_set_ps(dd[1], dd[1], dd[0], dd[0]));
+        __m512 lanes = _mm512_permutexvar_ps(lane_group, _mm512_castps128_ps512(sd));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), lanes, acc);
+    }
+    float tail = 0;   // a last 32 columns: both terms of their groups, scalar
+    if (i < cols) tail = dot_q8_scalar(u + i, s + i / G, m + i / G, q + i, ql + i, d + i / 32,
+                                       a + i / G, cols - i);
+    int ng = i / G, g = 0;
+    for (; g + 16 <= ng; g += 16)
+        accm = _mm512_fmadd_ps(_mm512_loadu_ps(m + g), _mm512_loadu_ps(a + g), accm);
+    for (; g < ng; g++) tail += m[g] * a[g];
+    return _mm512_reduce_add_ps(acc) + _mm512_reduce_add_ps(accm) + tail;
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c"))) static float
+dot_f16_avx512(const uint16_t *w, int bf16, const float *x, int cols) {
+    __m512 acc = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= cols; i += 16) {
+        __m256i h = _mm256_loadu_si256((const __m256i *)(w + i));
+        __m512 wf = bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+                         : _mm512_cvtph_ps(h);
+        acc = _mm512_fmadd_ps(wf, _mm512_loadu_ps(x + i), acc);
+    }
+    float tail = 0;
+    for (; i < cols; i++) tail += (bf16 ? dq_bf16_to_f32(w[i]) : dq_f16_to_f32(w[i])) * x[i];
+    return _mm512_reduce_add_ps(acc) + tail;
+}
+
+
+// ---- fused AVX-512 kernels: blocks read directly, 64 elements per vpdpbusd --------------------
+
+
+// 32 bytes of nibbles -> 64 u8: the low nibbles (elements 0..31), then the high ones (32..63)
+AVX512 static inline __m512i nibbles64(__m256i v) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0F);
+    __m256i lo = _mm256_and_si256(v, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+// 16 bytes of a 32-element block's nibbles -> 32 u8 (low nibbles = elements 0..15)
+AVX512 static inline __m256i nibbles32_v(const uint8_t *qs) {
+    const __m128i lo4 = _mm_set1_epi8(0x0F);
+    __m128i v = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), lo4), _mm_and_si128(v, lo4));
+}
+
+// lane picks: 8 lanes of scale 2p, then 8 of scale 2p+1 (p = 0..3)
+#define PICK_PAIRS                                                                     \
+    {_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),                 \
+     _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2),                 \
+     _mm512_set_epi32(5, 5, 5, 5, 5, 5, 5, 5, 4, 4, 4, 4, 4, 4, 4, 4),                 \
+     _mm512_set_epi32(7, 7, 7, 7, 7, 7, 7, 7, 6, 6, 6, 6, 6, 6, 6, 6)}
+
+static inline uint16_t ld16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return h;
+}
+
+// 8 f16 fields at p, p + stride, ... -> 8 floats
+AVX512 static inline __m256 f16x8(const uint8_t *p, int stride) {
+    return _mm256_cvtph_ps(_mm_set_epi16((short)ld16(p + 7 * stride), (short)ld16(p + 6 * stride),
+                                         (short)ld16(p + 5 * stride), (short)ld16(p + 4 * stride),
+                                         (short)ld16(p + 3 * stride), (short)ld16(p + 2 * stride),
+                                         (short)ld16(p + stride), (short)ld16(p)));
+}
+
+// The 32 u8 of one 32-element block of Q4_0 / Q4_1 / Q8_0 at b.
+AVX512 static inline __m256i block32_u(uint32_t type, const uint8_t *b) {
+    if (type == GGML_Q4_0) return nibbles32_v(b + 2);
+    if (type == GGML_Q4_1) return nibbles32_v(b + 4);
+    return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)), _mm256_set1_epi8((char)0x80));
+}
+
+// Q4_0 / Q4_1 / Q8_0 (w = d u + m, m = -8 d | the block's m | -128 d): eight 32-blocks per step,
+// their d as one vector, lanes scaled per block; the m terms as a vector FMA with the activation's
+// 32-block sums; single blocks at the end.
+AVX512 static inline __attribute__((always_inline)) float
+dot_blk32_avx512(uint32_t type, const uint8_t *b, const int8_t *q, const int8_t *ql,
+                 const float *d, const float *a, int cols) {
+    const int bb = type == GGML_Q4_0 ? 18 : type == GGML_Q4_1 ? 20 : 34;
+    const float *a32 = a + cols / G;   // the 32-block sums after the row's group sums
+    const __m512i pick[4] = PICK_PAIRS;
+    const __m256 moff = _mm256_set1_ps(type == GGML_Q4_0 ? -8.0f : -128.0f);
+    __m512 acc = _mm512_setzero_ps();
+    __m256 accm = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 256 <= cols; i += 256, b += 8 * bb) {
+        _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + PREFETCH + 128, _MM_HINT_T0);
+        if (bb > 20) _mm_prefetch((const char *)b + PREFETCH + 192, _MM_HINT_T0);
+        __m256 dw = f16x8(b, bb);
+        __m256 mw = type == GGML_Q4_1 ? f16x8(b + 2, bb) : _mm256_mul_ps(dw, moff);
+        accm = _mm256_fmadd_ps(mw, _mm256_loadu_ps(a32 + i / 32), accm);
+        __m512 ws = _mm512_castps256_ps512(_mm256_mul_ps(dw, _mm256_loadu_ps(d + i / 32)));
+        for (int p = 0; p < 4; p++) {
+            const uint8_t *b0 = b + 2 * p * bb;
+            __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(block32_u(type, b0)),
+                                           block32_u(type, b0 + bb), 1);
+            __m512i s = dot2(u, q + i + 64 * p, ql + i + 64 * p);
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_permutexvar_ps(pick[p], ws), acc);
+        }
+    }
+    float tail = 0;
+    for (; i < cols; i += 32, b += bb) {
+        __m256i s = dot2_256(block32_u(type, b), q + i, ql + i);
+        float d0 = f16(b), m0 = type == GGML_Q4_1 ? f16(b + 2) : type == GGML_Q4_0 ? -8 * d0 : -128 * d0;
+        acc = _mm512_add_ps(acc, _mm512_zextps256_ps512(_mm256_mul_ps(
+                                     _mm256_cvtepi32_ps(s), _mm256_set1_ps(d0 * d[i / 32]))));
+        tail += m0 * a32[i / 32];
+    }
+    return _mm512_reduce_add_ps(acc) + hsum256(accm) + tail;
+}
+
+// dot_blk32_avx512 for FOUR activation rows at once (a batched decode step): the weight blocks
+// are read, their scales converted and their nibbles unpacked once, then dotted with each row.
+// Every row's arithmetic is dot_blk32_avx512's, in the same order, so each out[r] is bit-identical
+// to the one-row kernel's result.
+typedef struct {
+    const int8_t *q, *ql;
+    const float *d, *a;
+} act_row;
+
+AVX512 static inline __attribute__((always_inline)) void
+dot4_blk32_avx512(uint32_t type, const uint8_t *b, const act_row *x, int cols, float *out) {
+    const int bb = type == GGML_Q4_0 ? 18 : type == GGML_Q4_1 ? 20 : 34;
+    const __m512i pick[4] = PICK_PAIRS;
+    const __m256 moff = _mm256_set1_ps(type == GGML_Q4_0 ? -8.0f : -128.0f);
+    __m512 acc[4];
+    __m256 accm[4];
+    for (int r = 0; r < 4; r++) acc[r] = _mm512_setzero_ps(), accm[r] = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 256 <= cols; i += 256, b += 8 * bb) {
+        _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + PREFETCH + 128, _MM_HINT_T0);
+        if (bb > 20) _mm_prefetch((const char *)b + PREFETCH + 192, _MM_HINT_T0);
+        __m256 dw = f16x8(b, bb);
+        __m256 mw = type == GGML_Q4_1 ? f16x8(b + 2, bb) : _mm256_mul_ps(dw, moff);
+        __m512 ws[4];
+        for (int r = 0; r < 4; r++) {
+            const float *a32 = x[r].a + cols / G;
+            accm[r] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(a32 + i / 32), accm[r]);
+            ws[r] = _mm512_castps256_ps512(_mm256_mul_ps(dw, _mm256_loadu_ps(x[r].d + i / 32)));
+        }
+        for (int p = 0; p < 4; p++) {
+            const uint8_t *b0 = b + 2 * p * bb;
+            __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(block32_u(type, b0)),
+                                           block32_u(type, b0 + bb), 1);
+            for (int r = 0; r < 4; r++) {
+                __m512i sv = dot2(u, x[r].q + i + 64 * p, x[r].ql + i + 64 * p);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sv), _mm512_permutexvar_ps(pick[p], ws[r]), acc[r]);
+            }
+        }
+    }
+    float tail[4] = {0, 0, 0, 0};
+    for (; i < cols; i += 32, b += bb) {
+        __m256i u = block32_u(type, b);
+        float d0 = f16(b), m0 = type == GGML_Q4_1 ? f16(b + 2) : type == GGML_Q4_0 ? -8 * d0 : -128 * d0;
+        for (int r = 0; r < 4; r++) {
+            __m256i sv = dot2_256(u, x[r].q + i, x[r].ql + i);
+            acc[r] = _mm512_add_ps(acc[r], _mm512_zextps256_ps512(_mm256_mul_ps(
+                                           _mm256_cvtepi32_ps(sv), _mm256_set1_ps(d0 * x[r].d[i / 32]))));
+            tail[r] += m0 * (x[r].a + cols / G)[i / 32];
+        }
+    }
+    for (int r = 0; r < 4; r++) out[r] = _mm512_reduce_add_ps(acc[r]) + hsum256(accm[r]) + tail[r];
+}
+
+typedef void (*dot4_fn)(const uint8_t *row, const act_row *x, int cols, float *out);
+
+AVX512 static void dot4_q4_0_avx512(const uint8_t *b, const act_row *x, int cols, float *out) {
+    dot4_blk32_avx512(GGML_Q4_0, b, x, cols, out);
+}
+AVX512 static void dot4_q4_1_avx512(const uint8_t *b, const act_row *x, int cols, float *out) {
+    dot4_blk32_avx512(GGML_Q4_1, b, x, cols, out);
+}
+AVX512 static void dot4_q8_0_avx512(const uint8_t *b, const act_row *x, int cols, float *out) {
+    dot4_blk32_avx512(GGML_Q8_0, b, x, cols, out);
+}
+
+AVX512 static float dot_q4_0_avx512(const uint8_t *b, const int8_t *q, const int8_t *ql,
+                                    const float *d, const float *a, int cols) {
+    return dot_blk32_avx512(GGML_Q4_0, b, q, ql, d, a, cols);
+}
+
+AVX512 static float dot_q4_1_avx512(const uint8_t *b, const int8_t *q, const int8_t *ql,
+                                    const float *d, const float *a, int cols) {
+    return dot_blk32_avx512(GGML_Q4_1, b, q, ql, d, a, cols);
+}
+
+AVX512 static float dot_q8_0_avx512(const uint8_t *b, const int8_t *q, const int8_t *ql,
+                                    const float *d, const float *a, int cols) {
+    return dot_blk32_avx512(GGML_Q8_0, b, q, ql, d, a, cols);
+}
+
+// The 6-bit scales and mins of a Q4_K / Q5_K super-block as two 8-byte vectors (dq_k4_scale_min's
+// rule on 32-bit words: bytes 0-3 hold sc0-3 and the top bits of sc4-7, 4-7 m0-3 and the top
+// bits of m4-7, 8-11 the low nibbles of sc4-7 | m4-7).
+static inline void k_scales8(const uint8_t *s, uint64_t *sc, uint64_t *mn) {
+    uint32_t w0, w1, w2;
+    memcpy(&w0, s, 4), memcpy(&w1, s + 4, 4), memcpy(&w2, s + 8, 4);
+    uint32_t sc_lo = w0 & 0x3f3f3f3fu, m_lo = w1 & 0x3f3f3f3fu;
+    uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | ((w0 >> 6) & 0x03030303u) << 4;
+    uint32_t m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 6) & 0x03030303u) << 4;
+    *sc = sc_lo | (uint64_t)sc_hi << 32;
+    *mn = m_lo | (uint64_t)m_hi << 32;
+}
+
+AVX512 static inline __m256 u8x8_to_ps(uint64_t v) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)v)));
+}
+
+// Q4_K: per 64 elements, 32 bytes of qs hold sub-blocks 2p (low nibbles) and 2p+1 (high).
+// Sub-block scales d*sc_j*d_act_j for all 8 at once; mins as a vector term.
+AVX512 static float dot_q4_k_avx512(const uint8_t *b, const int8_t *q, const int8_t *ql,
+                                    const float *d, const float *a, int cols) {
+    const __m512i pick[4] = PICK_PAIRS;
+    const float *a32 = a + cols / G;   // the 32-block sums after the row's group sums
+    __m512 acc = _mm512_setzero_ps();
+    __m256 accm = _mm256_setzero_ps();
+    for (int i = 0; i < cols; i += 256, b += 144, q += 256, ql += 256, d += 8) {
+        _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + PREFETCH + 128, _MM_HINT_T0);
+        const float dd = _cvtsh_ss(*(const uint16_t *)b), dmin = _cvtsh_ss(*(const uint16_t *)(b + 2));
+        uint64_t sc, mn;
+        k_scales8(b + 4, &sc, &mn);
+        __m256 ws = _mm256_mul_ps(_mm256_mul_ps(u8x8_to_ps(sc), _mm256_set1_ps(dd)), _mm256_loadu_ps(d));
+        __m512 ws16 = _mm512_castps256_ps512(ws);
+        accm = _mm256_fmadd_ps(_mm256_mul_ps(u8x8_to_ps(mn), _mm256_set1_ps(-dmin)),
+                               _mm256_loadu_ps(a32 + i / 32), accm);
+        for (int p = 0; p < 4; p++) {
+            __m512i u = nibbles64(_mm256_loadu_si256((const __m256i *)(b + 16 + 32 * p)));
+            __m512i s = dot2(u, q + 64 * p, ql + 64 * p);
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_permutexvar_ps(pick[p], ws16), acc);
+        }
+    }
+    return _mm512_reduce_add_ps(acc) + hsum256(accm);
+}
+
+// dot_q4_k_avx512 for four activation rows: super-block scales and nibbles decoded once; each
+// row's arithmetic (and so its result, bit for bit) as the one-row kernel's.
+AVX512 static void dot4_q4_k_avx512(const uint8_t *b, const act_row *x, int cols, float *out) {
+    const __m512i pick[4] = PICK_PAIRS;
+    __m512 acc[4];
+    __m256 accm[4];
+    for (int r = 0; r < 4; r++) acc[r] = _mm512_setzero_ps(), accm[r] = _mm256_setzero_ps();
+    for (int i = 0; i < cols; i += 256, b += 144) {
+        _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + PREFETCH + 128, _MM_HINT_T0);
+        const float dd = _cvtsh_ss(*(const uint16_t *)b), dmin = _cvtsh_ss(*(const uint16_t *)(b + 2));
+        uint64_t sc, mn;
+        k_scales8(b + 4, &sc, &mn);
+        __m256 scd = _mm256_mul_ps(u8x8_to_ps(sc), _mm256_set1_ps(dd));
+        __m256 mnd = _mm256_mul_ps(u8x8_to_ps(mn), _mm256_set1_ps(-dmin));
+        __m512 ws16[4];
+        for (int r = 0; r < 4; r++) {
+            ws16[r] = _mm512_castps256_ps512(_mm256_mul_ps(scd, _mm256_loadu_ps(x[r].d + i / 32)));
+            accm[r] = _mm256_fmadd_ps(mnd, _mm256_loadu_ps(x[r].a + cols / G + i / 32), accm[r]);
+        }
+        for (int p = 0; p < 4; p++) {
+            __m512i u = nibbles64(_mm256_loadu_si256((const __m256i *)(b + 16 + 32 * p)));
+            for (int r = 0; r < 4; r++) {
+                __m512i sv = dot2(u, x[r].q + i + 64 * p, x[r].ql + i + 64 * p);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sv), _mm512_permutexvar_ps(pick[p], ws16[r]), acc[r]);
+            }
+        }
+    }
+    for (int r = 0; r < 4; r++) out[r] = _mm512_reduce_add_ps(acc[r]) + hsum256(accm[r]);
+}
+
+// lane picks: 4 lanes of scale k (k = 0..15), four at a time
+#define PICK_QUADS                                                                             \
+    {_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),                         \
+     _mm512_set_epi32(7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4),                         \
+     _mm512_set_epi32(11, 11, 11, 11, 10, 10, 10, 10, 9, 9, 9, 9, 8, 8, 8, 8),                 \
+     _mm512_set_epi32(15, 15, 15, 15, 14, 14, 14, 14, 13, 13, 13, 13, 12, 12, 12, 12)}
+
+// The 128 u6 of half `half` of a Q6_K super-block at b: elements 0..63 (u01) and 64..127 (u23).
+AVX512 static inline void q6k_half(const uint8_t *b, int half, __m512i *u01, __m512i *u23) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), lo2 = _mm256_set1_epi8(0x03);
+    const uint8_t *lq = b + 64 * half, *qh = b + 128 + 32 * half;
+    __m256i l0 = _mm256_loadu_si256((const __m256i *)lq);
+    __m256i l1 = _mm256_loadu_si256((const __m256i *)(lq + 32));
+    __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+    __m256i k0 = _mm256_or_si256(_mm256_and_si256(l0, lo4),
+                                 _mm256_slli_epi16(_mm256_and_si256(h, lo2), 4));
+    __m256i k1 = _mm256_or_si256(_mm256_and_si256(l1, lo4),
+                                 _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), lo2), 4));
+    __m256i k2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), lo4),
+                                 _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), lo2), 4));
+    __m256i k3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4),
+                                 _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), lo2), 4));
+    *u01 = _mm512_inserti64x4(_mm512_castsi256_si512(k0), k1, 1);
+    *u23 = _mm512_inserti64x4(_mm512_castsi256_si512(k2), k3, 1);
+}
+
+// Q6_K: per half of 128, ql[0..32) / ql[32..64) low/high nibbles and qh's 2-bit fields give
+// elements 32k..32k+31 (k = 0..3); scales per 16 (all 16 as one vector), mins -32 * scale.
+AVX512 static float dot_q6_k_avx512(const uint8_t *b, const int8_t *q, const int8_t *ql,
+                                    const float *d, const float *a, int cols) {
+    const __m512i pick[4] = PICK_QUADS;
+    const __m512i d_of_group = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    __m512 acc = _mm512_setzero_ps(), accm = _mm512_setzero_ps();
+    for (int i = 0; i < cols; i += 256, b += 210, q += 256, ql += 256, d += 8, a += 16) {
+        for (int k = 0; k < 4; k++) _mm_prefetch((const char *)b + PREFETCH + 64 * k, _MM_HINT_T0);
+        const float dd = _cvtsh_ss(*(const uint16_t *)(b + 208));
+        __m512 sc = _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 192)))),
+            _mm512_set1_ps(dd));
+        __m512 ws = _mm512_mul_ps(sc, _mm512_permutexvar_ps(d_of_group,
+                                                            _mm512_castps256_ps512(_mm256_loadu_ps(d))));
+        accm = _mm512_fmadd_ps(sc, _mm512_loadu_ps(a), accm);
+        for (int half = 0; half < 2; half++) {
+            __m512i u01, u23;
+            q6k_half(b, half, &u01, &u23);
+            const int8_t *qq = q + 128 * half, *qql = ql + 128 * half;
+            __m512i p01 = dot2(u01, qq, qql), p23 = dot2(u23, qq + 64, qql + 64);
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p01), _mm512_permutexvar_ps(pick[2 * half], ws), acc);
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p23), _mm512_permutexvar_ps(pick[2 * half + 1], ws), acc);
+        }
+    }
+    return _mm512_reduce_add_ps(acc) - 32 * _mm512_reduce_add_ps(accm);
+}
+
+// dot_q6_k_avx512 for four activation rows (each row's arithmetic as the one-row kernel's).
+AVX512 static void dot4_q6_k_avx512(const uint8_t *b, const act_row *x, int cols, float *out) {
+    const __m512i pick[4] = PICK_QUADS;
+    const __m512i d_of_group = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    __m512 acc[4], accm[4];
+    for (int r = 0; r < 4; r++) acc[r] = _mm512_setzero_ps(), accm[r] = _mm512_setzero_ps();
+    for (int i = 0; i < cols; i += 256, b += 210) {
+        for (int k = 0; k < 4; k++) _mm_prefetch((const char *)b + PREFETCH + 64 * k, _MM_HINT_T0);
+        const float dd = _cvtsh_ss(*(const uint16_t *)(b + 208));
+        __m512 sc = _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 192)))),
+            _mm512_set1_ps(dd));
+        __m512 ws[4];
+        for (int r = 0; r < 4; r++) {
+            ws[r] = _mm512_mul_ps(sc, _mm512_permutexvar_ps(
+                                          d_of_group, _mm512_castps256_ps512(_mm256_loadu_ps(x[r].d + i / 32))));
+            accm[r] = _mm512_fmadd_ps(sc, _mm512_loadu_ps(x[r].a + i / 16), accm[r]);
+        }
+        for (int half = 0; half < 2; half++) {
+            __m512i u01, u23;
+            q6k_half(b, half, &u01, &u23);
+            for (int r = 0; r < 4; r++) {
+                const int8_t *qq = x[r].q + i + 128 * half, *qql = x[r].ql + i + 128 * half;
+                __m512i p01 = dot2(u01, qq, qql), p23 = dot2(u23, qq + 64, qql + 64);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p01), _mm512_permutexvar_ps(pick[2 * half], ws[r]), acc[r]);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p23), _mm512_permutexvar_ps(pick[2 * half + 1], ws[r]), acc[r]);
+            }
+        }
+    }
+    for (int r = 0; r < 4; r++) out[r] = _mm512_reduce_add_ps(acc[r]) - 32 * _mm512_reduce_add_ps(accm[r]);
+}
+
+static dot_blk_fn fused_dot(enum q_isa isa, uint32_t type) {
+    if (isa != Q_ISA_AVX512) return NULL;
+    switch (type) {
+    case GGML_Q4_0: return dot_q4_0_avx512;
+    case GGML_Q4_1: return dot_q4_1_avx512;
+    case GGML_Q8_0: return dot_q8_0_avx512;
+    case GGML_Q4_K: return dot_q4_k_avx512;
+    case GGML_Q6_K: return dot_q6_k_avx512;
+    default: return NULL;
+    }
+}
+
+// The four-row kernel of a type (AVX-512: every type with a fused kernel), or NULL: rows go one
+// at a time.
+static dot4_fn fused_dot4(enum q_isa isa, uint32_t type) {
+    if (isa != Q_ISA_AVX512) return NULL;
+    switch (type) {
+    case GGML_Q4_0: return dot4_q4_0_avx512;
+    case GGML_Q4_1: return dot4_q4_1_avx512;
+    case GGML_Q8_0: return dot4_q8_0_avx512;
+    case GGML_Q4_K: return dot4_q4_k_avx512;
+    case GGML_Q6_K: return dot4_q6_k_avx512;
+    default: return NULL;
+    }
+}
+
+// ---- drivers ------------------------------------------------------------------------------------
+
+void q_scratch_free(q_scratch *s) {
+    free(s->p);
+    *s = (q_scratch){0};
+}
+
+void *q_scratch_get(q_scratch *s, size_t n) {
+    if (n > s->n) {
+        free(s->p);
+        s->p = xmalloc(n);
+        s->n = n;
+    }
+    return s->p;
+}
+
+#define ROW_BLOCK 8   // weight rows per unit of work (unpacked once, dotted with every x row)
+
+// int8 path: quantise x once, then each thread unpacks blocks of ROW_BLOCK weight rows and
+// dots them with all n activation rows.
+// x (n, in) quantised into the front of the scratch arena (plus `extra` bytes after it): per
+// row 2 in digits (xq), in/32 steps (xd) and the sums (xa, stride xs = 3 in/32): in/16 group
+// sums, then in/32 block sums (a32: what the 32-block kernels' offsets multiply, added once here
+// instead of in every weight row's kernel).
+typedef struct { int8_t *xq; float *xd, *xa; uint8_t *extra; size_t ng, xs; } q_act;
+
+static q_act quantize_act(enum q_isa isa, const float *x, int n, int in, size_t extra,
+                          q_scratch *sc) {
+    size_t ng = (size_t)in / G, xs = ng + ng / 2;
+    size_t act = (size_t)n * (2 * in + (ng / 2 + xs) * sizeof(float));
+    uint8_t *buf = q_scratch_get(sc, act + extra + 64);
+    q_act a = {NULL, (float *)buf, (float *)buf + (size_t)n * ng / 2, buf + act, ng, xs};
+    a.xq = (int8_t *)(a.xa + (size_t)n * xs);
+#pragma omp parallel for if (n > 1)
+    for (int i = 0; i < n; i++) {
+        float *sums = a.xa + i * xs;
+        q_quantize_row(isa, x + (size_t)i * in, in, a.xq + (size_t)i * 2 * in, a.xd + i * ng / 2,
+                       sums);
+        for (size_t j = 0; j < ng / 2; j++) sums[ng + j] = sums[2 * j] + sums[2 * j + 1];
+    }
+    return a;
+}
+
+// one output of a fused kernel: W row `row` . activation row i (its a32 follows its a16)
+static inline float fused_one(dot_blk_fn fused, const uint8_t *row, const q_act *a, int i, int in) {
+    const int8_t *q = a->xq + (size_t)i * 2 * in;
+    return fused(row, q, q + in, a->xd + i * a->ng / 2, a->xa + i * a->xs, in);
+}
+
+// W row `row` . every activation row: out[i * stride] for i < n; four rows at a time where the
+// type has a four-row kernel (the same bits as one at a time)
+static inline void fused_rows(dot_blk_fn fused, dot4_fn fused4, const uint8_t *row, const q_act *a,
+                              int n, int in, float *out, size_t stride) {
+    int i = 0;
+    for (; fused4 && i + 4 <= n; i += 4) {
+        act_row x[4];
+        float r4[4];
+        for (int r = 0; r < 4; r++) {
+            const int8_t *q = a->xq + (size_t)(i + r) * 2 * in;
+            x[r] = (act_row){q, q + in, a->xd + (i + r) * a->ng / 2, a->xa + (i + r) * a->xs};
+        }
+        fused4(row, x, in, r4);
+        for (int r = 0; r < 4; r++) out[(size_t)(i + r) * stride] = r4[r];
+    }
+    for (; i < n; i++) out[(size_t)i * stride] = fused_one(fused, row, a, i, in);
+}
+
+void q_matmul_multi(enum q_isa isa, int k, float *const *out, const float *x, int n, int in,
+                    const uint32_t *type, const void *const *w, const size_t *row_bytes,
+                    const int *o, q_scratch *sc) {
+    dot_blk_fn fused[Q_MULTI_MAX];
+    dot4_fn fused4[Q_MULTI_MAX];
+    int all = k <= Q_MULTI_MAX, total = 0, start[Q_MULTI_MAX + 1];
+    for (int j = 0; all && j < k; j++) all = (fused[j] = fused_dot(isa, type[j])) != NULL;
+    for (int j = 0; all && j < k; j++) fused4[j] = fused_dot4(isa, type[j]);
+    if (!all) {
+        for (int j = 0; j < k; j++)
+            q_matmul_cpu(isa, 0, out[j], x, n, in, type[j], w[j], row_bytes[j], o[j], sc);
+        return;
+    }
+    for (int j = 0; j < k; j++) start[j] = total, total += o[j];
+    start[k] = total;
+    q_act a = quantize_act(isa, x, n, in, 0, sc);
+    int n_blocks = (total + ROW_BLOCK - 1) / ROW_BLOCK;
+    // one static split of all the products' rows: one barrier, contiguous streams per thread
+#pragma omp parallel for schedule(static)
+    for (int rb = 0; rb < n_blocks; rb++) {
+        int g1 = (rb + 1) * ROW_BLOCK < total ? (rb + 1) * ROW_BLOCK : total, j = 0;
+        for (int g = rb * ROW_BLOCK; g < g1; g++) {
+            while (g >= start[j + 1]) j++;
+            int r = g - start[j];
+            fused_rows(fused[j], fused4[j], (const uint8_t *)w[j] + (size_t)r * row_bytes[j], &a, n,
+                       in, out[j] + r, (size_t)o[j]);
+        }
+    }
+}
+
+static void matmul_int8(enum q_isa isa, float *out, const float *x, int n, int in, uint32_t type,
+                        const uint8_t *w, size_t row_bytes, int o, q_scratch *sc) {
+    dot_q8_fn dot = isa == Q_ISA_AVX512 ? dot_q8_avx512 : isa == Q_ISA_AVX2 ? dot_q8_avx2
+                                                                              : dot_q8_scalar;
+    dot_blk_fn fused = fused_dot(isa, type);
+    dot4_fn fused4 = fused_dot4(isa, type);
+    size_t ng = (size_t)in / G, unpacked = (size_t)in + 2 * ng * sizeof(float);
+    int nt = omp_get_max_threads();
+    q_act a = quantize_act(isa, x, n, in, (size_t)nt * ROW_BLOCK * unpacked, sc);
+    int8_t *xq = a.xq;
+    float *xd = a.xd, *xa = a.xa;
+    uint8_t *rows = a.extra;
+    int n_blocks = (o + ROW_BLOCK - 1) / ROW_BLOCK;
+    if (fused) {   // static: each thread streams one contiguous range of rows (prefetch-friendly)
+#pragma omp parallel for schedule(static)
+        for (int rb = 0; rb < n_blocks; rb++) {
+            int r0 = rb * ROW_BLOCK, nr = o - r0 < ROW_BLOCK ? o - r0 : ROW_BLOCK;
+            for (int r = r0; r < r0 + nr; r++)
+                fused_rows(fused, fused4, w + (size_t)r * row_bytes, &a, n, in, out + r, (size_t)o);
+        }
+        return;
+    }
+#pragma omp parallel
+    {
+        uint8_t *mine = rows + (size_t)omp_get_thread_num() * ROW_BLOCK * unpacked;
+#pragma omp for schedule(dynamic, 4)
+        for (int rb = 0; rb < n_blocks; rb++) {
+            int r0 = rb * ROW_BLOCK, nr = o - r0 < ROW_BLOCK ? o - r0 : ROW_BLOCK;
+            for (int r = 0; r < nr; r++) {
+                uint8_t *u = mine + (size_t)r * unpacked;
+                float *s = (float *)(u + in), *m = s + ng;
+                unpack_row(type, w + (size_t)(r0 + r) * row_bytes, in, u, s, m);
+            }
+            for (int i = 0; i < n; i++)
+                for (int r = 0; r < nr; r++) {
+                    uint8_t *u = mine + (size_t)r * unpacked;
+                    float *s = (float *)(u + in), *m = s + ng;
+                    out[(size_t)i * o + r0 + r] = dot(u, s, m, xq + (size_t)i * 2 * in,
+                                                      xq + (size_t)i * 2 * in + in,
+                                                      xd + i * ng / 2, xa + i * a.xs, in);
+                }
+        }
+    }
+}
+
+// F16 / BF16 rows dotted with fp32 x
+static void matmul_f16(enum q_isa isa, float *out, const float *x, int n, int in, uint32_t type,
+                       const uint8_t *w, size_t row_bytes, int o) {
+    dot_f16_fn dot = isa == Q_ISA_AVX512 ? dot_f16_avx512 : isa == Q_ISA_AVX2 ? dot_f16_avx2
+                                                                                : dot_f16_scalar;
+    int bf16 = type == GGML_BF16;
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < o; r++)
+        for (int i = 0; i < n; i++)
+            out[(size_t)i * o + r] = dot((const uint16_t *)(w + (size_t)r * row_bytes), bf16,
+                                         x + (size_t)i * in, in);
+}
+
+// sgemm path: tiles of weight rows dequantised to fp32 (all threads), then one sgemm per tile
+static void matmul_sgemm(float *out, const float *x, int n, int in, uint32_t type,
+                         const uint8_t *w, size_t row_bytes, int o, q_scratch *sc) {
+    int tile = (int)(((size_t)8 << 20) / ((size_t)in * sizeof(float)));
+    tile = tile < 64 ? 64 : tile > o ? o : tile;
+    float *wf = q_scratch_get(sc, (size_t)tile * in * sizeof(float));
+    for (int r0 = 0; r0 < o; r0 += tile) {
+        int nr = o - r0 < tile ? o - r0 : tile;
+#pragma omp parallel for schedule(static)
+        for (int r = 0; r < nr; r++)
+            dq_to_f32(type, w + (size_t)(r0 + r) * row_bytes, wf + (size_t)r * in, (uint64_t)in);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, nr, in, 1.0f, x, in, wf, in, 0.0f,
+                    out + r0, o);
+    }
+}
+
+void q_matmul_cpu(enum q_isa isa, int sgemm, float *out, const float *x, int n, int in,
+                  uint32_t type, const void *w, size_t row_bytes, int o, q_scratch *scratch) {
+    if (sgemm) matmul_sgemm(out, x, n, in, type, w, row_bytes, o, scratch);
+    else if (is_float16(type)) matmul_f16(isa, out, x, n, in, type, w, row_bytes, o);
+    else matmul_int8(isa, out, x, n, in, type, w, row_bytes, o, scratch);
+}

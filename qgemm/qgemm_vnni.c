@@ -1,0 +1,345 @@
+// qgemm/qgemm_vnni.c — prefill products in integer arithmetic on AVX-512 VNNI (see qgemm.h).
+//
+//   out (n, o) = x (n, in) @ W (o, in)^T, W in any block type with an 8-bit form (q_unpack_row).
+//
+// Weights, per unit of RU rows per thread: the 8-bit form (w = s u + m, s and m per scale group g
+// of GS = 32 elements, 16 for Q6_K) unpacked row-major, with per row and group s, c2 and init.
+// Activations, once per call, interleaved for 32 tokens so that one zmm holds 16 tokens x 4 bytes.
+// The int32 lanes of a group start at init; per group, after its products:
+//   y += s d (lanes) + c2 (d Q)
+// with d the activations' step of that 32-block and d Q their scaled sum over the group, both
+// per token and precomputed. Two forms:
+//
+// digits 2 (the default): the int8 path's two digits per element (q_quantize_row: x ~ (256 q + l)
+//   d, d = max|x_blk| / 127 / 256), joined into one int16 a = 256 q + l, 32 tokens x 2 int16 per
+//   2 columns; weights u as int16; init = 0, c2 = m. One vpdpwssd adds 16 tokens' 2 products a u
+//   into each int32 lane — exact: |a| <= 32639, u <= 255, a group's sum < 2^31. Error against the
+//   fp32 product of the dequantised weights: the int8 path's, sum_i |w_i| d_blk(i) + fp32
+//   summation.
+// digits 1 (--weights fast): one 8-bit digit, q = round(x / d), d = max|x_blk| / 127 (llama.cpp's
+//   Q8_0 rounding), stored unsigned p = q + 128, 32 tokens x 4 bytes per 4 columns; weights
+//   w' = u - c (c: the type's midpoint, so w' fits 8 bits) as int8; init = -128 W' (W' = sum_g w'),
+//   c2 = s c + m, since sum_g q u = (sum_g p w' - 128 W') + c Q. One vpdpbusd adds 4 products per
+//   lane: twice vpdpwssd's. Error: |q d - x| <= d / 2 per element, sum_i |w_i| d_blk(i) / 2 +
+//   fp32 summation. llama.cpp's precision — which turned the default model's greedy chat answer
+//   into nonsense, as llama.cpp's own run does (bench/RESULTS.md): not the default.
+//
+// Micro tile: 6 weight rows x 32 tokens (12 x 16 for at most 16 tokens: batched decode), 12 int32
+// + 12 fp32 accumulators, over `in` in passes of KC columns. tests/test_qgemm.c checks both bounds.
+#include <immintrin.h>
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "../util/check.h"
+#include "../weights/dequant.h"
+#include "../weights/gguf.h"
+#include "qgemm.h"
+
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c")))
+
+#define MR 6          // weight rows per micro tile
+#define RU 24         // weight rows per unit of work (MR x 4: unpacked once, used by every token)
+#define NT 32         // tokens per micro tile (two vectors of 16)
+#define KC 256        // columns per pass: a pass's slice of a token group and of the unit's rows
+                      // stay in L1 while the unit's micro tiles reuse them
+
+// The scale group of a type's 8-bit form, and its midpoint (digits 1: u - c fits a signed byte).
+static int group_of(uint32_t type) { return type == GGML_Q6_K ? 16 : 32; }
+static int mid_of(uint32_t type) {
+    switch (type) {
+    case GGML_Q4_0: case GGML_Q4_1: case GGML_Q4_K: return 8;
+    case GGML_Q5_0: case GGML_Q5_1: case GGML_Q5_K: return 16;
+    case GGML_Q6_K: return 32;
+    default: return 128;   // Q8_0: u = q + 128
+    }
+}
+
+int q_vnni_supported(uint32_t type) {
+    return q_type_supported(type) && type != GGML_F16 && type != GGML_BF16;
+}
+
+// ---- activations ---------------------------------------------------------------------------------
+
+// Token t of the call (tg = t / NT, lane = t % NT) has its 4-byte column words at
+// a + (tg * in/per * NT + k/per * NT + lane) * 4 (per = 4 / digits elements a word), its steps at
+// d[(tg * in/32 + b) * NT + lane], its scaled group sums at dq[(tg * in/gs + g) * NT + lane].
+
+// digits 2: the digits are q_quantize_row's (the int8 path's, bit for bit); tmp: per thread
+// 2 in + in/32 * 4 + in/16 * 4 bytes.
+VNNI static void tokens_two(const float *x, int t, int in, int gs, uint32_t *at, float *dt,
+                            float *qt, uint8_t *tmp) {
+    const int nb = in / 32, ng = in / gs;
+    int8_t *q = (int8_t *)tmp;
+    float *db = (float *)(q + 2 * in), *a16 = db + nb;
+    q_quantize_row(Q_ISA_AVX512, x + (size_t)t * in, in, q, db, a16);
+    for (int k = 0; k < in; k += 16) {   // 256 hi + lo as int16, as pairs (k, k + 1)
+        __m256i hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + k)));
+        __m256i lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + in + k)));
+        uint32_t pair[8];
+        _mm256_storeu_si256((__m256i *)pair, _mm256_add_epi16(_mm256_slli_epi16(hi, 8), lo));
+        for (int j = 0; j < 8; j++) at[(size_t)(k / 2 + j) * NT] = pair[j];
+    }
+    for (int b = 0; b < nb; b++) dt[b * NT] = db[b];
+    for (int g = 0; g < ng; g++) qt[g * NT] = gs == 16 ? a16[g] : a16[2 * g] + a16[2 * g + 1];
+}
+
+// digits 1: q = round(x / d) per 32-block, stored as q + 128.
+VNNI static void tokens_one(const float *x, int t, int in, int gs, uint32_t *pt, float *dt, float *qt) {
+    const float *xt = x + (size_t)t * in;
+    for (int b = 0; b < in / 32; b++) {
+        __m512 x0 = _mm512_loadu_ps(xt + 32 * b), x1 = _mm512_loadu_ps(xt + 32 * b + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+        float step = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+        int sum[2];
+        dt[b * NT] = step;
+        for (int h = 0; h < 2; h++) {
+            __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(h ? x1 : x0, _mm512_set1_ps(inv)));
+            q = _mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+            __m128i u8 = _mm512_cvtepi32_epi8(_mm512_add_epi32(q, _mm512_set1_epi32(128)));
+            uint32_t quad[4];
+            _mm_storeu_si128((__m128i *)quad, u8);
+            for (int j = 0; j < 4; j++) pt[(size_t)(8 * b + 4 * h + j) * NT] = quad[j];
+            sum[h] = _mm512_reduce_add_epi32(q);
+        }
+        if (gs == 16) qt[2 * b * NT] = step * (float)sum[0], qt[(2 * b + 1) * NT] = step * (float)sum[1];
+        else qt[b * NT] = step * (float)(sum[0] + sum[1]);
+    }
+}
+
+// x (n, in) -> a, d, dq for n_tg groups of NT tokens; tokens past n contribute nothing (a zero
+// digit: 0, or 128 unsigned; d = dq = 0).
+VNNI static void quantize_tokens(int digits, const float *x, int n, int in, int gs, int n_tg,
+                                 uint32_t *a, float *d, float *dq, uint8_t *tmp) {
+    const int nb = in / 32, ng = in / gs, words = in / (4 / digits);
+    const size_t per = (size_t)2 * in + (size_t)nb * 4 + (size_t)in / 16 * 4;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < n_tg * NT; t++) {
+        const int tg = t / NT, lane = t % NT;
+        uint32_t *at = a + (size_t)tg * words * NT + lane;
+        float *dt = d + (size_t)tg * nb * NT + lane, *qt = dq + (size_t)tg * ng * NT + lane;
+        if (t >= n) {
+            for (int k = 0; k < words; k++) at[(size_t)k * NT] = digits == 2 ? 0 : 0x80808080u;
+            for (int b = 0; b < nb; b++) dt[b * NT] = 0;
+            for (int g = 0; g < ng; g++) qt[g * NT] = 0;
+        } else if (digits == 2)
+            tokens_two(x, t, in, gs, at, dt, qt, tmp + (size_t)omp_get_thread_num() * per);
+        else
+            tokens_one(x, t, in, gs, at, dt, qt);
+    }
+}
+
+// ---- weights -------------------------------------------------------------------------------------
+
+// A unit: w (RU, in) row-major (int16 u for digits 2, int8 w' for digits 1), and per group g the
+// RU rows' init, s and c2 at [g * RU + r].
+typedef struct { void *w; int32_t *init; float *s, *c2; } unit;
+
+static void unit_group(unit *u, int g, int r, int32_t init, float s, float c2) {
+    u->init[g * RU + r] = init, u->s[g * RU + r] = s, u->c2[g * RU + r] = c2;
+}
+
+// One Q4_K row straight from its blocks into unit row r (u = nibble, s = d sc_j, m = -dmin m_j).
+VNNI static void q4_k_unit_row(int digits, const uint8_t *b, int in, unit *u, int r) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
+    for (int i = 0; i < in; i += 256, b += 144) {
+        uint16_t h[2];
+        memcpy(h, b, 4);
+        const float d = _cvtsh_ss(h[0]), dmin = _cvtsh_ss(h[1]);
+        for (int j = 0; j < 8; j++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (j / 2)));
+            q = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(q, 4) : q, lo4);
+            int sc, mn, g = i / 32 + j;
+            dq_k4_scale_min(b + 4, j, &sc, &mn);
+            const float s = d * (float)sc, m = -dmin * (float)mn;
+            const size_t at = (size_t)r * in + i + 32 * j;
+            if (digits == 2) {
+                _mm512_storeu_si512((int16_t *)u->w + at, _mm512_cvtepu8_epi16(q));
+                unit_group(u, g, r, 0, s, m);
+                continue;
+            }
+            _mm256_storeu_si256((__m256i *)((int8_t *)u->w + at), _mm256_sub_epi8(q, eight));
+            __m256i s4 = _mm256_sad_epu8(q, _mm256_setzero_si256());   // 4 partial sums of u
+            __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
+            int sum = (int)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 8 * 32;
+            unit_group(u, g, r, -128 * sum, s, s * 8.0f + m);
+        }
+    }
+}
+
+// rows r0 .. r0 + nr of W (nr <= RU) -> u; rows past nr are zero (their outputs are not written).
+// tmp: in + in/16 * 8 bytes.
+VNNI static void unpack_unit(int digits, uint32_t type, const uint8_t *w, size_t row_bytes, int r0,
+                             int nr, int in, int gs, unit *u, uint8_t *tmp) {
+    const int ng = in / gs, c = mid_of(type), step = gs / 16;
+    float *s16 = (float *)(tmp + in), *m16 = s16 + in / 16;
+    for (int r = 0; r < RU; r++) {
+        if (r >= nr) {
+            memset((uint8_t *)u->w + (size_t)r * in * digits, 0, (size_t)in * digits);
+            for (int g = 0; g < ng; g++) unit_group(u, g, r, 0, 0, 0);
+            continue;
+        }
+        if (type == GGML_Q4_K) {
+            q4_k_unit_row(digits, w + (size_t)(r0 + r) * row_bytes, in, u, r);
+            continue;
+        }
+        q_unpack_row(type, w + (size_t)(r0 + r) * row_bytes, in, tmp, s16, m16);
+        for (int g = 0; g < ng; g++) {   // GS 32: both 16-groups share s, m
+            const float s = s16[g * step], m = m16[g * step];
+            const __m256i ug = _mm256_loadu_si256((const __m256i *)(tmp + g * gs));   // (GS 16: half)
+            if (digits == 2) {
+                int16_t *wg = (int16_t *)u->w + (size_t)r * in + g * gs;
+                if (gs == 32) _mm512_storeu_si512(wg, _mm512_cvtepu8_epi16(ug));
+                else _mm256_storeu_si256((__m256i *)wg, _mm256_cvtepu8_epi16(_mm256_castsi256_si128(ug)));
+                unit_group(u, g, r, 0, s, m);
+                continue;
+            }
+            int8_t *wg = (int8_t *)u->w + (size_t)r * in + g * gs;
+            int sum = 0;
+            for (int k = 0; k < gs; k++) sum += (wg[k] = (int8_t)(tmp[g * gs + k] - c));
+            unit_group(u, g, r, -128 * sum, s, s * (float)c + m);
+        }
+    }
+}
+
+// ---- the micro kernel and the driver -------------------------------------------------------------
+
+// acc (mr rows x NT tokens, fp32, row-major) += groups [g0, g1) of mr unit rows (w: the first row;
+// init/s/c2 offset to the tile's first row) x one token group (a, d, dq at its start), of which
+// tv vectors of 16 tokens are used: 6 rows x 32 tokens, or for at most 16 tokens 12 rows x 16.
+// first: acc starts at 0.
+VNNI static inline __attribute__((always_inline)) void
+micro(const int digits, const int gs, const int tv, const uint8_t *w, int in, const int32_t *init,
+      const float *s, const float *c2, const uint8_t *a, const float *d, const float *dq, int g0,
+      int g1, float *acc, int first) {
+    const int mr = tv == 2 ? MR : 2 * MR, words = gs * digits / 4;   // 4-byte words per group
+    __m512 f[2 * MR][2];
+    for (int r = 0; r < mr; r++)
+        for (int v = 0; v < tv; v++)
+            f[r][v] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + r * NT + 16 * v);
+    for (int g = g0; g < g1; g++) {
+        __m512i c[2 * MR][2];
+        for (int r = 0; r < mr; r++)
+            for (int v = 0; v < tv; v++) c[r][v] = _mm512_set1_epi32(init[g * RU + r]);
+        const uint8_t *ag = a + (size_t)g * words * NT * 4, *wg = w + (size_t)g * words * 4;
+#pragma GCC unroll 16   // whole: a rolled loop made GCC copy every accumulator each step
+        for (int k = 0; k < words; k++) {
+            __m512i x[2];
+            for (int v = 0; v < tv; v++) x[v] = _mm512_loadu_si512(ag + k * NT * 4 + 64 * v);
+            for (int r = 0; r < mr; r++) {
+                int32_t wv;
+                memcpy(&wv, wg + (size_t)r * in * digits + 4 * k, 4);
+                const __m512i wb = _mm512_set1_epi32(wv);
+                for (int v = 0; v < tv; v++)
+                    c[r][v] = digits == 2 ? _mm512_dpwssd_epi32(c[r][v], x[v], wb)
+                                          : _mm512_dpbusd_epi32(c[r][v], x[v], wb);
+            }
+        }
+        const int blk = g * gs / 32;
+        for (int v = 0; v < tv; v++) {
+            const __m512 dv = _mm512_loadu_ps(d + blk * NT + 16 * v), qv = _mm512_loadu_ps(dq + g * NT + 16 * v);
+            for (int r = 0; r < mr; r++) {
+                const __m512 sr = _mm512_set1_ps(s[g * RU + r]), cr = _mm512_set1_ps(c2[g * RU + r]);
+                f[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c[r][v]), _mm512_mul_ps(sr, dv), f[r][v]);
+                f[r][v] = _mm512_fmadd_ps(cr, qv, f[r][v]);
+            }
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int v = 0; v < tv; v++) _mm512_storeu_ps(acc + r * NT + 16 * v, f[r][v]);
+}
+
+typedef void (*micro_fn)(const uint8_t *, int, const int32_t *, const float *, const float *,
+                         const uint8_t *, const float *, const float *, int, int, float *, int);
+#define MICRO(name, digits, gs, tv)                                                                \
+    VNNI static void name(const uint8_t *w, int in, const int32_t *init, const float *s,             \
+                          const float *c2, const uint8_t *a, const float *d, const float *dq,       \
+                          int g0, int g1, float *acc, int first) {                                  \
+        micro(digits, gs, tv, w, in, init, s, c2, a, d, dq, g0, g1, acc, first);                     \
+    }
+MICRO(micro_2_32x2, 2, 32, 2)
+MICRO(micro_2_16x2, 2, 16, 2)
+MICRO(micro_2_32x1, 2, 32, 1)
+MICRO(micro_2_16x1, 2, 16, 1)
+MICRO(micro_1_32x2, 1, 32, 2)
+MICRO(micro_1_16x2, 1, 16, 2)
+MICRO(micro_1_32x1, 1, 32, 1)
+MICRO(micro_1_16x1, 1, 16, 1)
+static const micro_fn MICROS[2][2][2] = {   // [digits - 1][gs == 32][tv - 1]
+    {{micro_1_16x1, micro_1_16x2}, {micro_1_32x1, micro_1_32x2}},
+    {{micro_2_16x1, micro_2_16x2}, {micro_2_32x1, micro_2_32x2}},
+};
+
+VNNI void q_matmul_vnni(float *out, const float *x, int n, int in, uint32_t type, const void *w,
+                        size_t row_bytes, int o, int digits, q_scratch *sc) {
+    CHECK_INTERNAL(in % 32 == 0 && q_vnni_supported(type) && (digits == 1 || digits == 2),
+                   "q_matmul_vnni: type %u, %d columns, %d digits", type, in, digits);
+    const int gs = group_of(type), ng = in / gs, n_tg = (n + NT - 1) / NT, nt = omp_get_max_threads();
+    const size_t a_bytes = (size_t)n_tg * NT * in * digits, d_bytes = (size_t)n_tg * NT * (in / 32) * 4,
+                 dq_bytes = (size_t)n_tg * NT * ng * 4,
+                 qt_bytes = (size_t)nt * ((size_t)2 * in + (size_t)in / 32 * 4 + (size_t)in / 16 * 4);
+    const size_t unit_bytes = (size_t)RU * in * digits + (size_t)ng * RU * 12,
+                 tmp_bytes = (size_t)in + in / 16 * 8, acc_bytes = (size_t)n_tg * RU * NT * 4,
+                 per = unit_bytes + tmp_bytes + acc_bytes + 192;
+    uint8_t *buf = q_scratch_get(sc, a_bytes + d_bytes + dq_bytes + qt_bytes + (size_t)nt * per + 64);
+    uint8_t *a = (uint8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
+    float *d = (float *)(a + a_bytes), *dq = (float *)((uint8_t *)d + d_bytes);
+    uint8_t *qtmp = (uint8_t *)dq + dq_bytes, *per_thread = qtmp + qt_bytes;
+    quantize_tokens(digits, x, n, in, gs, n_tg, (uint32_t *)a, d, dq, qtmp);
+    const int tv = n <= 16 ? 1 : 2, mr = tv == 2 ? MR : 2 * MR;   // at most 16 tokens: 12 x 16 tiles
+    const micro_fn tile = MICROS[digits - 1][gs == 32][tv - 1];
+    const int n_units = (o + RU - 1) / RU, kc_groups = KC / gs;
+#pragma omp parallel
+    {
+        uint8_t *mine = (uint8_t *)(((uintptr_t)(per_thread + (size_t)omp_get_thread_num() * per) + 63) & ~(uintptr_t)63);
+        unit u = {mine, NULL, NULL, NULL};
+        u.init = (int32_t *)(mine + (size_t)RU * in * digits);
+        u.s = (float *)(u.init + (size_t)ng * RU);
+        u.c2 = u.s + (size_t)ng * RU;
+        uint8_t *tmp = (uint8_t *)(u.c2 + (size_t)ng * RU);
+        float *acc = (float *)(((uintptr_t)(tmp + tmp_bytes) + 63) & ~(uintptr_t)63);   // (n_tg, RU, NT)
+#pragma omp for schedule(static)
+        for (int un = 0; un < n_units; un++) {
+            const int r0 = un * RU, nr = o - r0 < RU ? o - r0 : RU;
+            unpack_unit(digits, type, (const uint8_t *)w, row_bytes, r0, nr, in, gs, &u, tmp);
+            for (int g0 = 0; g0 < ng; g0 += kc_groups) {
+                const int g1 = ng - g0 < kc_groups ? ng : g0 + kc_groups;
+                for (int tg = 0; tg < n_tg; tg++)
+                    for (int m = 0; m < nr; m += mr)
+                        tile((const uint8_t *)u.w + (size_t)m * in * digits, in, u.init + m, u.s + m,
+                             u.c2 + m, a + (size_t)tg * in * digits * NT, d + (size_t)tg * (in / 32) * NT,
+                             dq + (size_t)tg * ng * NT, g0, g1, acc + ((size_t)tg * RU + m) * NT, g0 == 0);
+            }
+            for (int t = 0; t < n; t++) {
+                const float *src = acc + (size_t)(t / NT) * RU * NT + t % NT;
+                float *dst = out + (size_t)t * o + r0;
+                for (int r = 0; r < nr; r++) dst[r] = src[r * NT];
+            }
+        }
+    }
+}
+
+// The peak of vpdpbusd (digits 1) or vpdpwssd (2) on all threads: 12 independent accumulators
+// per step (no loads), timed over `steps`. Tera integer operations per second (a multiply-add = 2).
+VNNI double q_vnni_peak_tops(int digits, int steps) {
+    double t0 = omp_get_wtime();
+    int nt = 1;
+    int64_t sink = 0;
+#pragma omp parallel reduction(+ : sink)
+    {
+#pragma omp single
+        nt = omp_get_num_threads();
+        __m512i a[12], x = _mm512_set1_epi16(1), y = _mm512_set1_epi16(2);
+        for (int j = 0; j < 12; j++) a[j] = _mm512_set1_epi32(j);
+        for (int i = 0; i < steps; i++) {
+            if (digits == 1)
+                for (int j = 0; j < 12; j++) a[j] = _mm512_dpbusd_epi32(a[j], x, y);
+            else
+                for (int j = 0; j < 12; j++) a[j] = _mm512_dpwssd_epi32(a[j], x, y);
+            __asm__ volatile("" : "+v"(x), "+v"(y));
+        }
+        for (int j = 0; j < 12; j++) sink += _mm512_reduce_add_epi32(a[j]);
+    }
+    double s = omp_get_wtime() - t0;
+    return sink == 42 ? 0 : 2.0 * (digits == 1 ? 64 : 32) * 12 * (double)steps * nt / s / 1e12;
+}

@@ -1,0 +1,62 @@
+// simt/ptx.h — the SIMT emulation build's half of util/cuda_util.cuh: the kernel launch,
+// dynamic shared memory, and the PTX wrappers (one per instruction) executed by runtime.cpp from
+// the PTX ISA's definitions: cp.async (delayed until its group is waited for; the destination
+// poisoned and marked pending meanwhile), ldmatrix and mma.sync (warp-collective, fragments per
+// the ISA's tables), ex2.approx.ftz.
+#pragma once
+#include "simt.h"
+
+// Runs the kernel on the CPU before returning (streams execute in order, synchronously), so a
+// finding of the checkers surfaces here, at the launch (CUDA_LAUNCHED: exit 3 with the report).
+#define CUDA_LAUNCH(kernel, grid, block, smem, stream, ...)                                        \
+    do {                                                                                           \
+        simt_launch(simt_launch_site{#kernel, __FILE__, __LINE__, (const void *)(kernel)}, kernel, \
+                    grid, block, smem, stream, __VA_ARGS__);                                       \
+        CUDA_LAUNCHED(kernel);                                                                     \
+    } while (0)
+#define SHARED_DYNAMIC(T, name) T *name = (T *)simt_dynamic_shared()
+#define CUDA_EMULATED 1 // the GPU is emulated; cuBLASLt is simt/cublaslt.cpp, linked in
+
+void simt_cp_async16(void *dst, const void *src, bool valid);
+void simt_cp_async_commit();
+void simt_cp_async_wait(int n);
+void simt_ldmatrix(uint32_t *r, const void *p, int n, int trans);
+void simt_mma_m16n8k16_bf16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1);
+float simt_ex2_approx_ftz(float x);
+
+static inline uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+static inline void cp_async16(void *dst, const void *src, bool valid) {
+    simt_cp_async16(dst, src, valid);
+}
+static inline void cp_async_commit() {
+    simt_cp_async_commit();
+}
+template <int N> static inline void cp_async_wait() {
+    simt_cp_async_wait(N);
+}
+static inline void ldsm_x1(uint32_t *r, const void *p) {
+    simt_ldmatrix(r, p, 1, 0);
+}
+static inline void ldsm_x1_t(uint32_t *r, const void *p) {
+    simt_ldmatrix(r, p, 1, 1);
+}
+static inline void ldsm_x2(uint32_t *r, const void *p) {
+    simt_ldmatrix(r, p, 2, 0);
+}
+static inline void ldsm_x2_t(uint32_t *r, const void *p) {
+    simt_ldmatrix(r, p, 2, 1);
+}
+static inline void ldsm_x4(uint32_t *r, const void *p) {
+    simt_ldmatrix(r, p, 4, 0);
+}
+static inline void ldsm_x4_t(uint32_t *r, const void *p) {
+    simt_ldmatrix(r, p, 4, 1);
+}
+static inline void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    simt_mma_m16n8k16_bf16(c, a, b0, b1);
+}
+static inline float ex2(float x) {
+    return simt_ex2_approx_ftz(x);
+}

@@ -1,0 +1,129 @@
+// util/cuda_util.cuh — what the CUDA files share: checked CUDA calls (file:line, what failed, a
+// hint, exit 3), the bf16 type, the launch-size helper, the kernel launch (CUDA_LAUNCH, never
+// <<<>>> directly), dynamic shared memory (SHARED_DYNAMIC) and the PTX wrappers, one inline
+// function per instruction. Included by *.cu files only. This is the one place the two builds
+// differ: nvcc compiles the wrappers below; the SIMT emulation build (SIFT_SIMT, clang++, the
+// CPU) takes simt/ptx.h's, which execute the same instructions thread by thread.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef __nv_bfloat16 bf16;
+
+static inline void cuda_check(cudaError_t e, const char *what, const char *file, int line) {
+    if (e == cudaSuccess) return;
+    fprintf(stderr, "sift: CUDA error at %s:%d: %s: %s (%s)\n"
+            "hint: rerun under compute-sanitizer to locate it, or use --device cpu\n",
+            file, line, what, cudaGetErrorName(e), cudaGetErrorString(e));
+    exit(3);
+}
+
+#define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)
+// After every kernel launch: a bad configuration is reported here, not at the next copy.
+#define CUDA_LAUNCHED(kernel) cuda_check(cudaGetLastError(), "launch of " #kernel, __FILE__, __LINE__)
+
+// Blocks of `threads` covering n items (n > 0).
+static inline unsigned cuda_blocks(size_t n, unsigned threads) {
+    return (unsigned)((n + threads - 1) / threads);
+}
+
+// ---- launch, dynamic shared memory, PTX -------------------------------------------------------
+#ifdef SIFT_SIMT
+#include "../simt/ptx.h"
+#else
+// kernel<<<grid, block, smem, stream>>>(...), then the launch checked; a template kernel with
+// more than one argument goes in parentheses: CUDA_LAUNCH((k<A, B>), ...)
+#define CUDA_LAUNCH(kernel, grid, block, smem, stream, ...)                                        \
+    do {                                                                                           \
+        kernel<<<grid, block, smem, stream>>>(__VA_ARGS__);                                        \
+        CUDA_LAUNCHED(kernel);                                                                     \
+    } while (0)
+// The launch's dynamic shared memory as T[] (16-byte aligned)
+#define SHARED_DYNAMIC(T, name) extern __shared__ __align__(16) T name[]
+#define CUDA_EMULATED 0   // a real GPU (simt/ptx.h: 1)
+
+__device__ static inline uint32_t smem_u32(const void *p) {   // a shared-memory address for PTX
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+// cp.async (sm_80+): 16 bytes global -> shared, asynchronously; zero-filled when !valid (src
+// must still be mapped)
+__device__ static inline void cp_async16(void *dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+__device__ static inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// waits until at most N committed groups are still in flight
+template <int N>
+__device__ static inline void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// ldmatrix: one, two or four 8x8 b16 matrices; lanes 8m .. 8m+7 give the row addresses of matrix m
+__device__ static inline void ldsm_x1(uint32_t *r, const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(smem_u32(p)));
+}
+__device__ static inline void ldsm_x1_t(uint32_t *r, const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];\n" : "=r"(r[0])
+                 : "r"(smem_u32(p)));
+}
+__device__ static inline void ldsm_x2(uint32_t *r, const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1])
+                 : "r"(smem_u32(p)));
+}
+__device__ static inline void ldsm_x2_t(uint32_t *r, const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(smem_u32(p)));
+}
+__device__ static inline void ldsm_x4(uint32_t *r, const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+__device__ static inline void ldsm_x4_t(uint32_t *r, const void *p) {   // transposed
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+
+// c (16x8 fp32) += a (16x16 bf16) @ b (16x8 bf16), the tensor cores (mma.sync m16n8k16)
+__device__ static inline void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ static inline float ex2(float x) {   // 2^x; -inf -> 0
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+#endif
+
+#ifdef __CUDACC__
+__device__ static inline float warp_max(float x) {
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+__device__ static inline float warp_sum(float x) {
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+// The max (is_max) or sum of x over the block (blockDim.x a multiple of 32, at most 1024);
+// every thread gets the result. red: 32 floats of shared memory.
+__device__ static inline float block_reduce(float x, float *red, int is_max) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+    x = is_max ? warp_max(x) : warp_sum(x);
+    if (lane == 0) red[warp] = x;
+    __syncthreads();
+    x = lane < n_warps ? red[lane] : (is_max ? -INFINITY : 0.0f);
+    x = is_max ? warp_max(x) : warp_sum(x);
+    __syncthreads();   // red may be reused right after
+    return x;
+}
+#endif
