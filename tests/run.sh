@@ -23,7 +23,14 @@ step "C unit tests" bash tests/run_c.sh "${bins[@]}"
 [ -n "${SIFT_SKIP_FUZZ:-}" ] || step "fuzzing" bash fuzz/run.sh "${FUZZ_SECONDS:-10}"
 jobs=${SIFT_TEST_JOBS:-$(nproc)}
 par=()
-[ "$jobs" -gt 1 ] && par=(-n "$jobs" --dist loadfile)
+if [ "$jobs" -gt 1 ]; then
+    par=(-n "$jobs" --dist loadfile)
+    # sift's default thread count follows how busy the machine is (backend_cpu_default_threads):
+    # beside another worker it would change from run to run, and with it the summation order,
+    # so that runs a test compares bit for bit could differ. Each worker gets its share of cores.
+    cores=$(nproc)
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((cores / jobs > 0 ? cores / jobs : 1))}
+fi
 # shellcheck disable=SC2086
 step "pytest" env SIFT_MODEL="${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}" \
     .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "${par[@]}" ${SIFT_PYTEST_ARGS:-tests}
