@@ -63,7 +63,7 @@ typedef struct model {
     void *on_layer_ctx;
     struct fwd_run_state *run;     // the forward pass's buffers (model/pass.h; NULL until used)
     struct fwd_decoder *decoder;   // fwd_decode's recorded step (NULL until used)
-    void *derived;   // a strategy's state derived once from these weights (swiftkv's plans)
+    void *derived;   // a strategy's state derived once from these weights (e.g. a layer plan)
     void (*derived_free)(void *derived);   // frees it first thing in model_free
 } model;
 
