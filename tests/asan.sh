@@ -16,7 +16,7 @@ ln -sfn "$PWD/.venv" "$tree/.venv"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export SIFT_SKIP_FUZZ=1
-export SIFT_ASAN=1            # tests/test_fidelity.py skips (see there)
+export SIFT_ASAN=1            # tests/test_fidelity_*.py skip (see there)
 export SIFT_TIMEOUT_SCALE=4   # sanitized code runs a few times slower
 SIFT_PYTEST_ARGS=$(grep -v '^\s*#' tests/sanitize.txt | tr '\n' ' ')
 export SIFT_PYTEST_ARGS

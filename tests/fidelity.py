@@ -1,4 +1,5 @@
-"""Fidelity of the prefill strategies at their default settings on the real default model: passkey
+"""What tests/test_fidelity_2k.py and tests/test_fidelity_6k.py share (one file per prompt
+length, so that two pytest workers share the ~30K tokens of prefill). Fidelity of the prefill strategies at their default settings on the real default model: passkey
 prompts of ~2K and ~6K tokens (a key hidden at a seeded depth in repetitive filler, then
 "The pass key is"). Wherever `full` returns the key, speed and fastkv must too, and specprefill
 on the 2K prompts; its miss on the 6K prompt is recorded as a strict xfail (it fails the run if
@@ -21,12 +22,6 @@ import random
 import subprocess
 
 import pytest
-
-# Under ASan (make test-asan) these ~30K tokens of prefill would take minutes of CI's budget for no
-# code path the shorter end-to-end tests do not run sanitized: fidelity is a property of the
-# strategies, checked in make test.
-pytestmark = pytest.mark.skipif(os.environ.get("SIFT_ASAN") == "1",
-                                reason="model fidelity, not memory safety: run in make test only")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIFT = os.path.join(ROOT, "sift")
@@ -56,33 +51,33 @@ def digit_prompt(n_filler, seed):
     return "".join(parts) + "\nThe pass key is", key
 
 
-# The strategies this file asserts on, plus snapkv and streamingllm for the printed table
+# The strategies the two test files assert on, plus snapkv and streamingllm for the printed table
 # (swiftkv and topk+phi have their own fidelity records in bench/EVAL.md). topk is the
 # decode-time baseline: exact attention over sink + tail + the top 2 % of the prompt.
 STRATEGIES = "full,speed,fastkv,snapkv,streamingllm,specprefill,topk"
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Each strategy at its defaults on every prompt, in one sift run: {prompt: {strategy: json}}."""
+def run_prompts(tmp, names):
+    """Each strategy at its defaults on the prompts `names`, in one sift run:
+    {prompt: {strategy: json}}; prints the agreement table (pytest -s shows it)."""
     if not os.path.exists(MODEL):
         pytest.skip("default model not fetched")
-    tmp = tmp_path_factory.mktemp("fidelity")
+    prompts = {n: PROMPTS[n] for n in names}
     files = []
-    for name, (text, _) in PROMPTS.items():
+    for name, (text, _) in prompts.items():
         (tmp / f"{name}.txt").write_text(text)
         files += ["-f", str(tmp / f"{name}.txt")]
     r = subprocess.run([SIFT, "-m", MODEL, *files, "--strategy", STRATEGIES, "--json",
                         "-q", "-n", "8", "--temp", "0"], capture_output=True, text=True,
                        timeout=1500 * float(os.environ.get("SIFT_TIMEOUT_SCALE", "1")))
     assert r.returncode == 0, r.stderr + r.stdout
-    out = {name: {} for name in PROMPTS}
+    out = {name: {} for name in prompts}
     for line in r.stdout.splitlines():
         j = json.loads(line)
         out[os.path.basename(j["file"])[:-4]][j["strategy"]] = j
     print(f"\n{'prompt':6} {'tokens':>6} {'strategy':12} {'found':>5} {'1st=full':>8} "
           f"{'greedy%':>7} {'rows%':>6} {'KV MiB':>7} {'TTFT ms':>8}  text")
-    for name, (_, key) in PROMPTS.items():
+    for name, (_, key) in prompts.items():
         for j in out[name].values():
             print(f"{name:6} {j['timings']['prompt_n']:6d} {j['strategy']:12} "
                   f"{str(key in j['text']):>5} {str(j['first_token_agree']):>8} "
@@ -97,43 +92,8 @@ PROMPTS["6k_w4"] = passkey_prompt(270, 4)
 
 
 def solved_by_full(runs):
-    return [n for n, (_, key) in PROMPTS.items() if key in runs[n]["full"]["text"]]
-
-
-def test_full_solves_enough_prompts_for_the_test_to_mean_something(runs):
-    assert len(solved_by_full(runs)) >= 3, solved_by_full(runs)
+    return [n for n in runs if PROMPTS[n][1] in runs[n]["full"]["text"]]
 
 
 def misses(runs, strategy):
     return [n for n in solved_by_full(runs) if PROMPTS[n][1] not in runs[n][strategy]["text"]]
-
-
-@pytest.mark.parametrize("strategy", ["speed", "fastkv"])
-def test_strategy_finds_the_key_whenever_full_does(runs, strategy):
-    assert not misses(runs, strategy), f"{strategy} missed keys full found: {misses(runs, strategy)}"
-
-
-@pytest.mark.xfail(strict=True, reason="known (2026-11-22): with a self-draft of the 135M model "
-                   "(15 of 30 layers) and keep 0.3, specprefill drops the needle chunk of the 6K "
-                   "prompt that full solves; it finds all 4 of full's 2K keys")
-def test_specprefill_finds_the_key_whenever_full_does(runs):
-    assert not misses(runs, "specprefill"), misses(runs, "specprefill")
-
-
-def test_specprefill_finds_every_2k_key_full_does(runs):
-    assert not [n for n in misses(runs, "specprefill") if n.startswith("2k")]
-
-
-@pytest.mark.xfail(strict=True, reason="known (2026-11-22): at its default 2 % budget (top 21 of "
-                   "2152 mid tokens per query head) topk answers 2k_w3 with ' a musical instrument' "
-                   "where full says ' a harmonica'; at 5 % (top 89) it finds it, and it finds the "
-                   "other keys full finds")
-def test_topk_finds_the_key_whenever_full_does(runs):
-    assert not misses(runs, "topk"), misses(runs, "topk")
-
-
-def test_topk_first_token_is_fulls(runs):
-    """topk changes only decode attention and selects exhaustively: its first generated token
-    (the prompt's last token is its first query) equals full's on every prompt."""
-    assert all(runs[n]["topk"]["first_token_agree"] for n in PROMPTS), \
-        [(n, runs[n]["topk"]["text"]) for n in PROMPTS if not runs[n]["topk"]["first_token_agree"]]
