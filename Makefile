@@ -157,8 +157,13 @@ build/fuzz/fuzz_cli: fuzz/fuzz_cli.c main.c $(wildcard cmd/*.c cmd/*.h) $(CLI_LI
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -Wno-unknown-pragmas -I/usr/include/x86_64-linux-gnu/openblas-openmp \
 	    fuzz/fuzz_cli.c $(CLI_LIB_SRC) -o $@ $(OPENBLAS_A) $(PCRE2_A) $(JANSSON_A) -lgomp -lm -lpthread
+# The request reader (--prompts lines of both shapes): the library without the command line.
+build/fuzz/fuzz_requests: fuzz/fuzz_requests.c $(wildcard jobs/*.c jobs/*.h) $(CLI_LIB_SRC)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -Wno-unknown-pragmas -I/usr/include/x86_64-linux-gnu/openblas-openmp \
+	    fuzz/fuzz_requests.c $(CLI_LIB_SRC) -o $@ $(OPENBLAS_A) $(PCRE2_A) $(JANSSON_A) -lgomp -lm -lpthread
 FUZZ_BIN := build/fuzz/fuzz_gguf build/fuzz/fuzz_tok build/fuzz/fuzz_safetensors build/fuzz/fuzz_phi \
-            build/fuzz/fuzz_cli
+            build/fuzz/fuzz_cli build/fuzz/fuzz_requests
 
 fuzz: $(FUZZ_BIN) $(MODEL)
 	@bash fuzz/run.sh $(FUZZ_SECONDS)

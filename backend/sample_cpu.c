@@ -11,16 +11,22 @@ void sampler_init(sampler *s, const sample_params *p, int n_vocab) {
     s->state = p->seed * 6364136223846793005ULL + 1442695040888963407ULL;
     s->cand = xmalloc((size_t)n_vocab * sizeof *s->cand);
     s->n_vocab = n_vocab;
+    s->counts = NULL, s->pen = NULL;
+    if (sample_penalised(p)) {
+        s->counts = xcalloc((size_t)n_vocab, sizeof *s->counts);
+        s->pen = xmalloc((size_t)n_vocab * sizeof *s->pen);
+    }
 }
 
 void sampler_free(sampler *s) {
-    free(s->cand);
-    s->cand = NULL;
+    free(s->cand), free(s->counts), free(s->pen);
+    s->cand = NULL, s->counts = NULL, s->pen = NULL;
 }
 
 float sample_uniform(sampler *s) { return (sample_pcg32(&s->state) >> 8) * (1.0f / 16777216.0f); }
 
 void sample_skip(sampler *s) {
+    CHECK_INTERNAL(!s->counts, "a penalised sampler's token was drawn elsewhere");
     if (s->p.temp > 0) sample_uniform(s);   // greedy draws take no number
 }
 
@@ -37,7 +43,21 @@ static int by_logit_desc(const void *a, const void *b) {
     return x->id - y->id;
 }
 
+static int draw(sampler *s, const float *logits);
+
 int sample_next(sampler *s, const float *logits) {
+    if (!s->counts) return draw(s, logits);
+    // OpenAI's formula: logit[j] - c[j] * frequency - (c[j] > 0) * presence
+    for (int j = 0; j < s->n_vocab; j++) {
+        int c = s->counts[j];
+        s->pen[j] = c ? logits[j] - (float)c * s->p.freq_pen - s->p.pres_pen : logits[j];
+    }
+    int t = draw(s, s->pen);
+    s->counts[t]++;
+    return t;
+}
+
+static int draw(sampler *s, const float *logits) {
     const sample_params *p = &s->p;
     int n = s->n_vocab;
     if (p->temp <= 0) return sample_argmax(logits, n);

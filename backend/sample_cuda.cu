@@ -6,6 +6,9 @@
 //    id (sample_next's sort order), ranked in shared memory, then top-p -> min-p -> temperature
 //    -> draw by one thread in sample_next's arithmetic (double sums in rank order), from the
 //    generator state the caller passes (it advances its own copy as sample_next would).
+// Rows with frequency/presence penalties are declined (-1, as for more than SAMPLE_MAX_K
+// candidates): the penalties depend on the host sampler's counts, so the host draws those rows
+// from the logits with sample_next (model/decode.c falls back for the whole step).
 #include "backend_cuda.cuh"
 
 #define SAMPLE_THREADS 1024
@@ -158,7 +161,9 @@ int cuda_sample(backend *b, int *out, const void *logits, int n, int vocab, cons
     sample_row *rows = (sample_row *)xmalloc((size_t)n * sizeof *rows);
     for (int i = 0; i < n; i++) {
         int k = p[i].top_k > 0 && p[i].top_k < vocab ? p[i].top_k : vocab;
-        if (p[i].temp > 0 && k > SAMPLE_MAX_K) {   // not offered: the caller samples
+        // not offered (the caller samples): more candidates than fit, or penalties, which
+        // depend on the sampler's counts on the host
+        if ((p[i].temp > 0 && k > SAMPLE_MAX_K) || sample_penalised(&p[i])) {
             free(rows);
             return -1;
         }

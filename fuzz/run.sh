@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 secs=${1:-10}
 out=build/fuzz
 mkdir -p "$out"/seed_gguf "$out"/seed_tok "$out"/seed_cli "$out"/corpus_gguf "$out"/corpus_tok \
-    "$out"/corpus_cli "$out"/seed_safetensors "$out"/corpus_safetensors "$out"/seed_phi "$out"/corpus_phi
+    "$out"/corpus_cli "$out"/seed_safetensors "$out"/corpus_safetensors "$out"/seed_phi "$out"/corpus_phi \
+    "$out"/seed_requests "$out"/corpus_requests
 .venv/bin/python - <<'PY'
 import json, sys
 sys.path.insert(0, "tests")
@@ -53,9 +54,30 @@ tiny = b"SIFTPHI\0" + struct.pack("<10I", 1, 1, 1, 2, 1, 4, 4, 8, 4, 0) + bytes(
 open("build/fuzz/seed_phi/tiny.phi", "wb").write(tiny)
 verdict = b"the fitted maps win (fit-phi check)"   # with the optional verdict record
 open("build/fuzz/seed_phi/verdict.phi", "wb").write(tiny + struct.pack("<I", len(verdict)) + verdict)
+# request files (fuzz_requests: the first byte picks --chat, then JSON Lines): sift's fields and
+# OpenAI Batch lines, honoured, accepted and refused fields, a bad line and a repeated id
+msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+shapes = [
+    [{"id": "a", "prompt": "hello", "n_predict": 8, "temp": 0.5, "seed": 3, "strategy": "fastkv"},
+     {"id": 7, "messages": msgs, "system": "s", "stop": ["x", "y"], "frequency_penalty": 1},
+     {"prompt": "no id", "presence_penalty": -2}, {"id": "a", "prompt": "again"}, "{bad json"],
+    [{"custom_id": "c1", "method": "POST", "url": "/v1/chat/completions",
+      "body": {"model": "m", "messages": msgs, "max_tokens": 5, "temperature": 0, "top_p": 0.9,
+               "seed": 1, "stop": "\n", "n": 2, "frequency_penalty": 0.5, "presence_penalty": 0.5,
+               "user": "u", "metadata": {"k": "v"}, "logprobs": False, "response_format": {"type": "text"}}},
+     {"custom_id": "c2", "method": "POST", "url": "/v1/completions",
+      "body": {"prompt": "The capital", "max_tokens": 3, "stop": ["a", "b", "c", "d"], "echo": False, "best_of": 1}},
+     {"custom_id": "c3", "method": "GET", "url": "/v1/embeddings", "body": {"input": "x"}},
+     {"custom_id": "c4", "method": "POST", "url": "/v1/chat/completions",
+      "body": {"messages": [{"role": "developer", "content": "d"}, {"role": "user", "content": [{"type": "text", "text": "t"}]}],
+               "tools": [{"type": "function"}], "logit_bias": {"1": 2}, "n": None}},
+     {"custom_id": "c5", "body": {"prompt": [1, 2], "max_completion_tokens": 2}}]]
+for i, rows in enumerate(shapes):
+    text = "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows)
+    open(f"build/fuzz/seed_requests/{i}.jsonl", "wb").write(bytes([i]) + text.encode())
 PY
 export SIFT_FUZZ_MODEL="$(realpath "${SIFT_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}")"
-for target in gguf tok safetensors phi cli; do
+for target in gguf tok safetensors phi cli requests; do
     log="$out/fuzz_$target.log"
     # the CLI target: a usage error's allocations are left behind on purpose (the process would
     # exit), and the help and error text it prints is muted

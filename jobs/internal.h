@@ -24,8 +24,22 @@ typedef struct request {
     long long seed;         // -1: the run's -s
     const strategy *strategy;   // NULL: the run's --strategy list
     char *error;            // set: this request is an error record, not a run
+    const char *code;       // error's Batch API code (one of JOBS_ERROR_CODES; NULL: invalid_request)
     int openai;             // --prompts: the line is an OpenAI Batch API request (has 'body')
+    int completions;        // url /v1/completions: a raw prompt, a text_completion answer
+    char **stop;            // stop strings (at most 4): the answer ends before the first one
+    int n_stop;
+    int n_choices;          // answers to the prompt (OpenAI's n), sharing one prefill
+    float freq_pen, pres_pen;   // OpenAI's frequency_penalty, presence_penalty (0: off)
 } request;
+
+// The Batch API error codes sift writes (README lists them): a line that cannot be read or holds a
+// bad value; a field, URL or method sift does not implement; a prompt too long for the context;
+// a failure while running.
+#define JOBS_ERROR_CODES "invalid_request", "unsupported_parameter", "unsupported_url", \
+                         "unsupported_method", "context_length_exceeded", "server_error"
+#define JOBS_MAX_CHOICES 128   // OpenAI's limit on n
+#define JOBS_MAX_STOP 4        // and on stop strings
 
 typedef struct {
     request *r;
@@ -54,6 +68,11 @@ typedef struct unit {
     tok_answer ans;          // every sampled token (end-of-generation included) and the text
     int stream, hit_eog;
     const char *code;        // a failure's Batch API error code (invalid_request, ...)
+    int choice;              // which of the request's n answers (0: the one that prefills; the
+                             // others follow it in their job's units and copy its prefill)
+    gen_seq *proto;          // choice 0 of n > 1: its sequence right after prefill, which the
+                             // later choices copy (the last takes it over); else NULL
+    int hit_stop;            // the answer ended at a stop string (cut before it)
     double rows_pct;         // prompt rows processed over layers, % of full's n * L
     int rep;                 // which repetition (-r): only repetition 0 writes text and records
     int first_agree;         // first token equals full's (-1: full not run)
@@ -95,6 +114,11 @@ typedef struct job {
 // ---- jobs/request.c ----
 // A formatted string (malloc'd; out of memory is an internal failure).
 char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
+// Appends the requests of JSON Lines read from fp (named path in errors; sift's fields or the
+// Batch API's request shape; a bad line becomes that line's error record with its code), then
+// marks repeated ids as errors. Untrusted input: never fails (fuzz/fuzz_requests.c).
+void requests_read(request_list *l, FILE *fp, const char *path, int chat);
+void requests_mark_duplicates(request_list *l, const char *path);
 // Every request of the run, in input order; duplicate ids become error records.
 request_list jobs_collect(const run_opts *o);
 void req_free(request *q);

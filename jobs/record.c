@@ -1,6 +1,7 @@
 // jobs/record.c — what a run writes: one record per (request, strategy), written whole, in sift's
 // shape (text, strategy, settings, timings, agreement with full) or the OpenAI Batch API's output
-// object (id, custom_id, response {status_code, request_id, body: chat.completion}, error); the
+// object (id, custom_id, response {status_code, request_id, body: chat.completion or
+// text_completion}, error); the
 // timing lines and the A/B tables; the summary (stderr, --summary FILE), never among the records.
 #include <errno.h>
 #include <math.h>
@@ -55,7 +56,7 @@ static void json_unit(FILE *f, const runner *R, const unit *u) {
     fprintf(f, ",\"text\":");
     tok_json_str(f, u->ans.text ? u->ans.text : "", u->ans.len);
     fprintf(f, ",\"stop\":\"%s\",\"strategy\":\"%s\",\"device\":\"%s\",\"model\":",
-            u->hit_eog ? "eos" : "limit", u->s->name, R->dev);
+            u->hit_eog ? "eos" : u->hit_stop ? "stop_string" : "limit", u->s->name, R->dev);
     tok_json_str(f, R->model_name, strlen(R->model_name));
     fprintf(f, ",\"note\":");
     tok_json_str(f, st->note, strlen(st->note));
@@ -87,11 +88,18 @@ static unsigned long long id_hash(const char *s, unsigned long long salt) {
     return h;
 }
 
-// The Batch API's output object for request q: {id, custom_id, response, error}. u NULL or failed:
-// response null and error {code, message}; else response {status_code 200, request_id, body: a
-// chat.completion with the answer, its finish_reason and the token usage}.
+// The Batch API's output object for request q: {id, custom_id, response, error}. u NULL or failed
+// (or, n > 1, any of its choices u[0..n)): response null and error {code, message}; else response
+// {status_code 200, request_id, body}: a chat.completion (/v1/chat/completions) or a
+// text_completion (/v1/completions) with a choice per answer (its text, index, finish_reason:
+// stop at end-of-generation or a stop string, length at the token limit) and the token usage
+// (the prompt once, every choice's sampled tokens).
 static void openai_record(FILE *f, const runner *R, const request *q, const unit *u, const char *code,
                           const char *message) {
+    int nc = u && q->n_choices > 1 ? q->n_choices : 1;
+    for (int k = 0; k < nc && !message; k++)
+        if (u[k].rc) code = u[k].code, message = u[k].err;
+    if (message && !code) code = "invalid_request";
     unsigned long long h = id_hash(q->id, 0);
     fprintf(f, "{\"id\":\"batch_req_%016llx\",\"custom_id\":", h);
     tok_json_str(f, q->id, strlen(q->id));
@@ -102,18 +110,31 @@ static void openai_record(FILE *f, const runner *R, const request *q, const unit
         return;
     }
     const run_stats *st = &u->g.st;
-    int completion = u->ans.n_ids;   // every sampled token, the end-of-generation one included
+    int completion = 0;   // every sampled token, the end-of-generation one included
+    for (int k = 0; k < nc; k++) completion += u[k].ans.n_ids;
     fprintf(f, ",\"response\":{\"status_code\":200,\"request_id\":\"req_%016llx\",\"body\":{"
-            "\"id\":\"chatcmpl-%016llx\",\"object\":\"chat.completion\",\"created\":%lld,\"model\":",
-            id_hash(q->id, 1), id_hash(q->id, 2), (long long)time(NULL));
+            "\"id\":\"%s-%016llx\",\"object\":\"%s\",\"created\":%lld,\"model\":",
+            id_hash(q->id, 1), q->completions ? "cmpl" : "chatcmpl", id_hash(q->id, 2),
+            q->completions ? "text_completion" : "chat.completion", (long long)time(NULL));
     tok_json_str(f, R->model_name, strlen(R->model_name));
-    fprintf(f, ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
-    tok_json_str(f, u->ans.text ? u->ans.text : "", u->ans.len);
-    fprintf(f, ",\"refusal\":null},\"logprobs\":null,\"finish_reason\":\"%s\"}],"
-            "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d},"
+    fprintf(f, ",\"choices\":[");
+    for (int k = 0; k < nc; k++) {
+        const unit *c = &u[k];
+        const char *text = c->ans.text ? c->ans.text : "";
+        if (q->completions) {
+            fprintf(f, "%s{\"text\":", k ? "," : "");
+            tok_json_str(f, text, c->ans.len);
+            fprintf(f, ",\"index\":%d,\"logprobs\":null", k);
+        } else {
+            fprintf(f, "%s{\"index\":%d,\"message\":{\"role\":\"assistant\",\"content\":", k ? "," : "", k);
+            tok_json_str(f, text, c->ans.len);
+            fprintf(f, ",\"refusal\":null},\"logprobs\":null");
+        }
+        fprintf(f, ",\"finish_reason\":\"%s\"}", c->hit_eog || c->hit_stop ? "stop" : "length");
+    }
+    fprintf(f, "],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d},"
             "\"system_fingerprint\":\"sift-%s-%s\"}},\"error\":null}\n",
-            u->hit_eog ? "stop" : "length", st->prompt_n, completion, st->prompt_n + completion,
-            SIFT_VERSION, u->s->name);
+            st->prompt_n, completion, st->prompt_n + completion, SIFT_VERSION, u->s->name);
 }
 
 // Writes buf[0..n) to f in one call and flushes: a record is never split between writes.
@@ -139,7 +160,7 @@ void record_error(runner *R, const request *q) {
     char *buf = NULL;
     size_t n = 0;
     FILE *mem = open_memstream(&buf, &n);
-    if (R->openai) openai_record(mem, R, q, NULL, "invalid_request", q->error);
+    if (R->openai) openai_record(mem, R, q, NULL, q->code, q->error);
     else {
         json_head(mem, q);
         fprintf(mem, ",\"error\":");

@@ -17,7 +17,7 @@ static request *req_new(request_list *l) {
         l->r = xrealloc(l->r, (size_t)l->cap * sizeof *l->r);
     }
     request *q = &l->r[l->n];
-    *q = (request){.index = l->n, .n_predict = -2, .temp = -1, .top_p = -1, .seed = -1};
+    *q = (request){.index = l->n, .n_predict = -2, .temp = -1, .top_p = -1, .seed = -1, .n_choices = 1};
     l->n++;
     return q;
 }
@@ -25,7 +25,8 @@ static request *req_new(request_list *l) {
 void req_free(request *q) {
     free(q->id), free(q->text), free(q->system), free(q->error);
     for (int i = 0; i < q->n_turns; i++) free(q->roles[i]), free(q->contents[i]);
-    free(q->roles), free(q->contents);
+    for (int i = 0; i < q->n_stop; i++) free(q->stop[i]);
+    free(q->roles), free(q->contents), free(q->stop);
 }
 
 char *fmt(const char *f, ...) {
@@ -38,8 +39,8 @@ char *fmt(const char *f, ...) {
     return s;
 }
 
-// The messages array of a request line into q's turns (a leading system message sets q->system);
-// NULL or the error text.
+// The messages array of a request line into q's turns (a leading system message — OpenAI's
+// newer name for it, developer, too — sets q->system); NULL or the error text.
 static char *parse_messages(request *q, json_t *msgs) {
     if (!json_is_array(msgs)) return fmt("'messages' must be an array of {role, content}");
     size_t n = json_array_size(msgs);
@@ -48,12 +49,17 @@ static char *parse_messages(request *q, json_t *msgs) {
     for (size_t i = 0; i < n; i++) {
         json_t *m = json_array_get(msgs, i), *role = json_object_get(m, "role"),
                *content = json_object_get(m, "content");
+        if (json_is_object(m) && json_is_string(role) && json_is_array(content)) {
+            q->code = "unsupported_parameter";
+            return fmt("messages[%zu]: content as an array of parts is not supported (give a string)", i);
+        }
         if (!json_is_object(m) || !json_is_string(role) || !json_is_string(content))
             return fmt("messages[%zu] must be {\"role\": string, \"content\": string}", i);
         const char *r = json_string_value(role);
-        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant"))
-            return fmt("messages[%zu]: role '%s' (expected system, user or assistant)", i, r);
-        if (strcmp(r, "system") == 0) {
+        int sys = !strcmp(r, "system") || !strcmp(r, "developer");
+        if (!sys && strcmp(r, "user") && strcmp(r, "assistant"))
+            return fmt("messages[%zu]: role '%s' (expected system, developer, user or assistant)", i, r);
+        if (sys) {
             if (i > 0 || q->system) return fmt("messages[%zu]: a system message must come first, once", i);
             q->system = strdup(json_string_value(content));
             continue;
@@ -80,18 +86,145 @@ static char *num_field(json_t *v, const char *name, double lo, double hi, float 
     return NULL;
 }
 
-// One request line: sift's fields, or the OpenAI Batch API request shape. NULL or the error.
+// 'stop': a string or a list of 1 to JOBS_MAX_STOP strings, none empty.
+static char *stop_field(request *q, json_t *v) {
+    if (q->n_stop) return fmt("'stop' given twice");
+    size_t n = json_is_string(v) ? 1 : json_is_array(v) ? json_array_size(v) : 0;
+    if (n < 1 || n > JOBS_MAX_STOP) return fmt("'stop' must be a string or a list of 1 to %d strings", JOBS_MAX_STOP);
+    q->stop = xcalloc(n, sizeof *q->stop);
+    for (size_t i = 0; i < n; i++) {
+        json_t *x = json_is_string(v) ? v : json_array_get(v, i);
+        if (!json_is_string(x) || json_string_length(x) == 0 || strlen(json_string_value(x)) != json_string_length(x))
+            return fmt("'stop' must hold non-empty strings (without NUL)");
+        q->stop[q->n_stop++] = strdup(json_string_value(x));
+    }
+    return NULL;
+}
+
+// The fields both request shapes share (sift's top level, a Batch API body): stop and OpenAI's
+// penalties. 1 when key is one of them (*e: NULL or the error), 0 otherwise.
+static int common_field(request *q, const char *key, json_t *v, char **e) {
+    if (!strcmp(key, "stop")) *e = stop_field(q, v);
+    else if (!strcmp(key, "frequency_penalty")) *e = num_field(v, key, -2, 2, &q->freq_pen);
+    else if (!strcmp(key, "presence_penalty")) *e = num_field(v, key, -2, 2, &q->pres_pen);
+    else return 0;
+    return 1;
+}
+
+// Batch API body fields sift does not implement, each accepted only at the value that changes
+// nothing (JSON null, the API's default, is accepted for every field). NULL: none of them.
+static const char *unsupported_body_field(const char *key, json_t *v) {
+    static const char *const never[] = {"top_logprobs", "tool_choice", "function_call", "suffix",
+                                        "stream_options", "audio", "prediction", "reasoning_effort",
+                                        "web_search_options", "verbosity", "modalities"};
+    static const char *const off_when_false[] = {"logprobs", "stream", "echo"};
+    for (size_t i = 0; i < sizeof never / sizeof *never; i++)
+        if (!strcmp(key, never[i])) return "";
+    for (size_t i = 0; i < sizeof off_when_false / sizeof *off_when_false; i++)
+        if (!strcmp(key, off_when_false[i])) return json_is_false(v) ? NULL : " (only false)";
+    if (!strcmp(key, "best_of")) return json_is_integer(v) && json_integer_value(v) == 1 ? NULL : " (only 1)";
+    if (!strcmp(key, "logit_bias")) return json_is_object(v) && json_object_size(v) == 0 ? NULL : " (only {})";
+    if (!strcmp(key, "tools") || !strcmp(key, "functions"))
+        return json_is_array(v) && json_array_size(v) == 0 ? NULL : " (only [])";
+    if (!strcmp(key, "parallel_tool_calls")) return json_is_boolean(v) ? NULL : "";   // moot without tools
+    if (!strcmp(key, "response_format")) {
+        json_t *t = json_object_get(v, "type");
+        return json_is_object(v) && json_object_size(v) == 1 && json_is_string(t) &&
+                       !strcmp(json_string_value(t), "text") ? NULL : " (only {\"type\": \"text\"})";
+    }
+    return "-";   // not one of them
+}
+
+// Body fields that name things sift does not choose and leave the text as it is: accepted, unread.
+static int ignored_body_field(const char *key) {
+    static const char *const ok[] = {"model", "user", "metadata", "store", "service_tier",
+                                     "prompt_cache_key", "safety_identifier"};
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++)
+        if (!strcmp(key, ok[i])) return 1;
+    return 0;
+}
+
+// A Batch API request's envelope and body: url (/v1/chat/completions or /v1/completions; absent:
+// the one the body's prompt field implies), method (POST), the body's fields (every one either
+// honoured, accepted because it changes nothing, or refused with its code). NULL or the error.
+static char *parse_batch(request *q, json_t *url, json_t *method, json_t *body, json_t **msgs) {
+    if (method && !(json_is_string(method) && !strcmp(json_string_value(method), "POST"))) {
+        q->code = "unsupported_method";
+        return json_is_string(method) ? fmt("method '%s' is not supported (only POST)", json_string_value(method))
+                                      : fmt("'method' must be the string \"POST\"");
+    }
+    if (!body) return fmt("a Batch API request needs a 'body' object");
+    if (!json_is_object(body)) return fmt("'body' must be an object");
+    if (url) {
+        const char *u = json_string_value(url);
+        if (!u) return fmt("'url' must be a string");
+        if (!strcmp(u, "/v1/completions")) q->completions = 1;
+        else if (strcmp(u, "/v1/chat/completions")) {
+            q->code = "unsupported_url";
+            return fmt("url '%s' is not supported (only /v1/chat/completions and /v1/completions)", u);
+        }
+    } else q->completions = json_object_get(body, "prompt") && !json_object_get(body, "messages");
+    const char *where = q->completions ? "/v1/completions" : "/v1/chat/completions";
+    const char *key;
+    json_t *v;
+    long long ll = 0;
+    char *e = NULL;
+    json_object_foreach(body, key, v) {
+        if (e) break;
+        if (json_is_null(v)) continue;   // null: the API's default
+        if (common_field(q, key, v, &e)) continue;
+        const char *refused = unsupported_body_field(key, v);
+        int chat_only = !strcmp(key, "messages") || !strcmp(key, "max_completion_tokens");
+        if (refused && strcmp(refused, "-")) {
+            q->code = "unsupported_parameter";
+            e = fmt("body field '%s' is not supported by sift%s", key, refused);
+        } else if (!refused || ignored_body_field(key)) continue;
+        else if ((chat_only && q->completions) || (!strcmp(key, "prompt") && !q->completions)) {
+            q->code = "unsupported_parameter";
+            e = fmt("body field '%s' is not a %s field", key, where);
+        } else if (!strcmp(key, "messages")) {
+            if (*msgs) e = fmt("'messages' given twice (top level and body)");
+            *msgs = v;
+        } else if (!strcmp(key, "prompt")) {
+            if (!json_is_string(v)) {
+                q->code = "unsupported_parameter";
+                e = fmt("a /v1/completions prompt that is not a string (a list, token ids) is not supported");
+            } else if (q->text) e = fmt("'prompt' given twice (top level and body)");
+            else q->text = strdup(json_string_value(v));
+        } else if (!strcmp(key, "max_tokens") || !strcmp(key, "max_completion_tokens")) {
+            e = int_field(v, key, 1, 1 << 22, &ll);
+            q->n_predict = (int)ll;
+        } else if (!strcmp(key, "temperature")) e = num_field(v, key, 0, 100, &q->temp);
+        else if (!strcmp(key, "top_p")) e = num_field(v, key, 1e-6, 1, &q->top_p);
+        else if (!strcmp(key, "seed")) {
+            e = int_field(v, key, 0, UINT32_MAX, &ll);
+            q->seed = ll;
+        } else if (!strcmp(key, "n")) {
+            e = int_field(v, key, 1, JOBS_MAX_CHOICES, &ll);
+            q->n_choices = (int)ll;
+        } else {
+            q->code = "unsupported_parameter";
+            e = fmt("body field '%s' is not known to sift (it could change the answer)", key);
+        }
+    }
+    if (!e && q->completions && !q->text) e = fmt("no prompt: a /v1/completions body needs 'prompt'");
+    return e;
+}
+
+// One request line: sift's fields, or the OpenAI Batch API request shape. NULL or the error (the
+// Batch API code in q->code when not invalid_request).
 static char *parse_line(request *q, json_t *o, int chat_flag) {
     if (!json_is_object(o)) return fmt("a request must be a JSON object");
     const char *key;
-    json_t *v, *body = NULL, *msgs = NULL;
+    json_t *v, *body = NULL, *msgs = NULL, *url = NULL, *method = NULL;
     long long ll = 0;
     char *e = NULL;
     json_object_foreach(o, key, v) {
         if (e) break;
         if (!strcmp(key, "id") || !strcmp(key, "custom_id")) {
             q->openai |= strcmp(key, "custom_id") == 0;
-            if (json_is_string(v)) q->id = strdup(json_string_value(v));
+            if (q->id) e = fmt("give 'id' or 'custom_id', not both");
+            else if (json_is_string(v)) q->id = strdup(json_string_value(v));
             else if (json_is_integer(v)) q->id = fmt("%lld", (long long)json_integer_value(v));
             else e = fmt("'%s' must be a string or an integer", key);
         } else if (!strcmp(key, "prompt")) {
@@ -114,28 +247,14 @@ static char *parse_line(request *q, json_t *o, int chat_flag) {
                         ? fmt("'strategy' %s", strategy_refusal(json_string_value(v)))
                         : fmt("'strategy' must name one of: %s (or PREFILL+DECODE)", strategy_names());
         } else if (!strcmp(key, "body")) body = v, q->openai = 1;
-        else if (!strcmp(key, "method") || !strcmp(key, "url")) continue;   // OpenAI's envelope
+        else if (!strcmp(key, "method")) method = v, q->openai = 1;   // OpenAI's envelope
+        else if (!strcmp(key, "url")) url = v, q->openai = 1;
+        else if (common_field(q, key, v, &e)) continue;
         else e = fmt("unknown field '%s'", key);
     }
-    if (!e && body) {   // OpenAI Batch API: body.messages, max_tokens, temperature, top_p, seed
-        if (!json_is_object(body)) return fmt("'body' must be an object");
-        json_object_foreach(body, key, v) {
-            if (e) break;
-            if (!strcmp(key, "messages")) {
-                if (msgs) e = fmt("'messages' given twice (top level and body)");
-                msgs = v;
-            } else if (!strcmp(key, "max_tokens") || !strcmp(key, "max_completion_tokens")) {
-                e = int_field(v, key, 1, 1 << 22, &ll);
-                q->n_predict = (int)ll;
-            } else if (!strcmp(key, "temperature")) e = num_field(v, key, 0, 100, &q->temp);
-            else if (!strcmp(key, "top_p")) e = num_field(v, key, 1e-6, 1, &q->top_p);
-            else if (!strcmp(key, "seed")) {
-                e = int_field(v, key, 0, UINT32_MAX, &ll);
-                q->seed = ll;
-            }   // other body fields (model, ...) name things sift does not choose: ignored
-        }
-    }
+    if (!e && (body || url || method)) e = parse_batch(q, url, method, body, &msgs);
     if (e) return e;
+    if (q->completions) return q->chat = 0, NULL;   // a raw prompt: no chat template
     if (!q->text == !msgs) return fmt(q->text ? "give 'prompt' or 'messages', not both"
                                               : "no prompt: give 'prompt' or 'messages'");
     if (msgs && (e = parse_messages(q, msgs))) return e;
@@ -143,32 +262,44 @@ static char *parse_line(request *q, json_t *o, int chat_flag) {
     return NULL;
 }
 
-// Appends the requests of a JSON Lines file (bad lines become error records); 0 or -1 + err
-// when the file cannot be read.
-static int read_prompts(request_list *l, const char *path, int chat, char *err, size_t errlen) {
-    FILE *fp = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
-    if (!fp) return err_printf(err, errlen, "cannot read --prompts file '%s': %s", path, strerror(errno));
+// A request line longer than this is a bad line (its error record), not parsed into a JSON tree
+// several times its size.
+#define MAX_LINE (64L << 20)
+
+void requests_read(request_list *l, FILE *fp, const char *path, int chat) {
     char *line = NULL;
     size_t cap = 0;
     ssize_t got;
     for (int ln = 1; (got = getline(&line, &cap, fp)) >= 0; ln++) {
         while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r')) line[--got] = 0;
         size_t sp = strspn(line, " \t");
-        if (line[sp] == 0) continue;   // blank lines are not requests
+        if (sp == (size_t)got) continue;   // blank lines are not requests
         request *q = req_new(l);
         q->line = ln, q->src = path;
         json_error_t je;
-        json_t *o = json_loadb(line, (size_t)got, JSON_REJECT_DUPLICATES, &je);
-        char *e = o ? parse_line(q, o, chat) : fmt("invalid JSON at column %d: %s", je.column, je.text);
+        json_t *o = got > MAX_LINE ? NULL : json_loadb(line, (size_t)got, JSON_REJECT_DUPLICATES, &je);
+        char *e = o ? parse_line(q, o, chat)
+                    : got > MAX_LINE ? fmt("the line is longer than %ld bytes", MAX_LINE)
+                                     : fmt("invalid JSON at column %d: %s", je.column, je.text);
         json_decref(o);
         if (!q->id) q->id = fmt("line-%d", ln);
         if (e) {
             q->error = fmt("%s line %d: %s", path, ln, e);
+            if (!q->code) q->code = "invalid_request";
             free(e);
-        }
+        } else q->code = NULL;   // a code set on the way to no error (none is) means nothing
     }
     free(line);
+}
+
+// Appends the requests of a JSON Lines file; 0 or -1 + err when the file cannot be read.
+static int read_prompts(request_list *l, const char *path, int chat, char *err, size_t errlen) {
+    FILE *fp = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
+    if (!fp) return err_printf(err, errlen, "cannot read --prompts file '%s': %s", path, strerror(errno));
+    requests_read(l, fp, path, chat);
+    int bad = ferror(fp), e = errno;
     if (fp != stdin) fclose(fp);
+    if (bad) return err_printf(err, errlen, "cannot read --prompts file '%s': %s", path, strerror(e));
     return 0;
 }
 
@@ -176,6 +307,27 @@ static int by_id(const void *a, const void *b) {
     const request *x = *(const request *const *)a, *y = *(const request *const *)b;
     int c = strcmp(x->id, y->id);
     return c ? c : (x->index > y->index) - (x->index < y->index);
+}
+
+// duplicates: the requests (not already errors) sorted by id, then input order; a run of equal
+// ids keeps its first
+void requests_mark_duplicates(request_list *l, const char *path) {
+    request **by = xmalloc((size_t)(l->n ? l->n : 1) * sizeof *by);
+    int nb = 0;
+    for (int i = 0; i < l->n; i++)
+        if (!l->r[i].error) by[nb++] = &l->r[i];
+    qsort(by, (size_t)nb, sizeof *by, by_id);
+    for (int i = 1, first = 0; i < nb; i++) {
+        if (strcmp(by[i]->id, by[first]->id) != 0) {
+            first = i;
+            continue;
+        }
+        by[i]->code = "invalid_request";
+        by[i]->error = by[i]->line ? fmt("%s line %d: duplicate id '%s' (first at line %d)",
+                                         path, by[i]->line, by[i]->id, by[first]->line)
+                                   : fmt("duplicate prompt '%s'", by[i]->id);
+    }
+    free(by);
 }
 
 // Every request of the run, in input order; duplicate ids become error records.
@@ -192,25 +344,9 @@ request_list jobs_collect(const run_opts *o) {
     }
     if (o->prompts_path && read_prompts(&l, o->prompts_path, o->chat, err, sizeof err)) {
         request *q = req_new(&l);
-        q->id = strdup(o->prompts_path), q->error = strdup(err);
+        q->id = strdup(o->prompts_path), q->error = strdup(err), q->code = "invalid_request";
     }
-    // duplicates: the requests (not already errors) sorted by id, then input order; a run of
-    // equal ids keeps its first
-    request **by = xmalloc((size_t)(l.n ? l.n : 1) * sizeof *by);
-    int nb = 0;
-    for (int i = 0; i < l.n; i++)
-        if (!l.r[i].error) by[nb++] = &l.r[i];
-    qsort(by, (size_t)nb, sizeof *by, by_id);
-    for (int i = 1, first = 0; i < nb; i++) {
-        if (strcmp(by[i]->id, by[first]->id) != 0) {
-            first = i;
-            continue;
-        }
-        by[i]->error = by[i]->line ? fmt("%s line %d: duplicate id '%s' (first at line %d)",
-                                         o->prompts_path, by[i]->line, by[i]->id, by[first]->line)
-                                   : fmt("duplicate prompt '%s'", by[i]->id);
-    }
-    free(by);
+    requests_mark_duplicates(&l, o->prompts_path);
     return l;
 }
 

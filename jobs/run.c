@@ -16,10 +16,29 @@
 
 // ---- one (request, strategy) sequence --------------------------------------------------------
 
+// Whether u's answer, len bytes before its last token, now holds one of the request's stop
+// strings: then the answer is cut where the first one begins (the stop text and what follows
+// are not part of it) and u->hit_stop set.
+static int stop_cut(unit *u, size_t len) {
+    const request *q = u->rq;
+    const char *text = u->ans.text;
+    size_t cut = (size_t)-1;
+    for (int i = 0; i < q->n_stop && text; i++) {
+        size_t n = strlen(q->stop[i]), from = len >= n ? len - n + 1 : 0;   // new matches only
+        const char *at = memmem(text + from, u->ans.len - from, q->stop[i], n);
+        if (at && (size_t)(at - text) < cut) cut = (size_t)(at - text);
+    }
+    if (cut == (size_t)-1) return 0;
+    u->ans.len = cut;
+    u->ans.text[cut] = 0;
+    return u->hit_stop = 1;
+}
+
 static int on_token(void *ctx, int id) {
     unit *u = ctx;
     size_t len = u->ans.len;
     if (tok_answer_token(&u->ans, id)) return u->hit_eog = 1;
+    if (stop_cut(u, len)) return 1;
     if (u->stream) {
         fwrite(u->ans.text + len, 1, u->ans.len - len, stdout);
         fflush(stdout);
@@ -106,7 +125,42 @@ static int unit_failed(unit *u, const char *code) {
     return u->rc = -1;
 }
 
-// Tokenizes and prefills u (its first token sampled); 0, or -1 (u->err set, u done).
+// Choice k's seed: choice 0 the request's own (its answer is the n = 1 answer); a later one a
+// stream of its own, derived from it (splitmix64 of seed + k * golden ratio).
+static unsigned long long choice_seed(unsigned long long seed, int k) {
+    if (k == 0) return seed;
+    unsigned long long z = seed + (unsigned long long)k * 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+// A later choice of an n > 1 request (its sampler ready): a copy of choice 0's prefill (the last
+// choice takes choice 0's copy over), then its own first token. Choice 0 failed: the same error.
+static int choice_start(unit *u) {
+    unit *first = u - u->choice;
+    if (first->rc || !first->proto) {
+        CHECK_INTERNAL(first->rc, "choice %d of '%s' starts before choice 0", u->choice, u->rq->id);
+        sampler_free(&u->smp);
+        memcpy(u->err, first->err, sizeof u->err);
+        u->code = first->code;
+        u->state = 2;
+        return u->rc = -1;
+    }
+    if (u->choice == u->rq->n_choices - 1) {
+        u->g = *first->proto;
+        free(first->proto);
+        first->proto = NULL;
+    } else if (gen_fork(&u->g, first->proto, u->s->name, u->err, sizeof u->err)) {
+        sampler_free(&u->smp);
+        return unit_failed(u, "server_error");
+    }
+    gen_first(&u->g, &u->smp, on_token, u);
+    return 0;
+}
+
+// Tokenizes and prefills u (its first token sampled); 0, or -1 (u->err set, u done). A later
+// choice of an n > 1 request copies choice 0's prefill instead (choice_start).
 static int unit_start(runner *R, unit *u, int stream) {
     const run_opts *o = R->o;
     request *q = u->rq;
@@ -124,21 +178,34 @@ static int unit_start(runner *R, unit *u, int stream) {
     sample_params sp = o->sp;
     if (q->temp >= 0) sp.temp = q->temp;
     if (q->top_p >= 0) sp.top_p = q->top_p;
+    sp.freq_pen = q->freq_pen, sp.pres_pen = q->pres_pen;
     if (q->seed < 0 && o->seed >= 0) q->seed = o->seed;
     if (q->seed < 0)   // one random seed per request: an A/B run's strategies sample alike
         q->seed = (long long)(((unsigned long long)(now_ms() * 1000) + (unsigned)q->index * 7919u) & 0xffffffffULL);
-    u->seed = (unsigned long long)q->seed;
+    u->seed = choice_seed((unsigned long long)q->seed, u->choice);
     sp.seed = u->seed;
     sampler_init(&u->smp, &sp, R->m->cfg.vocab);
-    if (!o->quiet && R->o->parallel == 1)
+    if (!o->quiet && R->o->parallel == 1 && u->choice == 0)
         fprintf(stderr, "sift: %s: %d prompt tokens, up to %d new (seed %llu)\n", q->id, u->n_ids,
                 u->n_gen, u->seed);
     u->stream = stream;
     u->state = 1;
+    if (u->choice > 0) return choice_start(u);
     if (gen_begin(&u->g, u->s, R->m, o->so, o->run, u->ids, u->n_ids, u->n_gen, &u->smp, on_token, u, NULL,
                   u->err, sizeof u->err)) {
         sampler_free(&u->smp);
         return unit_failed(u, "server_error");
+    }
+    if (q->n_choices > 1) {   // the later choices copy this prefill (before any decode step)
+        u->proto = xmalloc(sizeof *u->proto);
+        int rc = gen_fork(u->proto, &u->g, u->s->name, u->err, sizeof u->err);
+        if (rc) {   // -2: the strategy's decode state cannot be copied (n > 1 refused)
+            free(u->proto);
+            u->proto = NULL;
+            gen_end(&u->g);
+            sampler_free(&u->smp);
+            return unit_failed(u, rc == -2 ? "unsupported_parameter" : "server_error");
+        }
     }
     if (o->kept_map && u->rep == 0) km_capture_prefill(u);
     return 0;
@@ -154,6 +221,11 @@ static void unit_finish(unit *u) {
 }
 
 static void unit_free(unit *u) {
+    if (u->proto) {   // choice 0's copy that no later choice took (the run was stopped)
+        gen_end(u->proto);
+        free(u->proto);
+        u->proto = NULL;
+    }
     free(u->ids);
     tok_answer_free(&u->ans);
     km_free(u->km);
@@ -181,17 +253,26 @@ static void emit_job(runner *R, job *J) {
             R->gen_tok += u->rc ? 0 : u->g.st.predicted_n;
             continue;
         }
-        if (u->rc) {
+        // n > 1: one record holds every choice (choice 0's, the others following it in J->u);
+        // the request failed, once, when any of them did
+        int nc = J->rq->n_choices > 1 ? J->rq->n_choices : 1;
+        const unit *bad = NULL;
+        for (int k = 0; k < nc && u->choice == 0 && !bad; k++)
+            if (u[k].rc) bad = &u[k];
+        if (bad) {
             R->n_failed++;
-            fprintf(stderr, "sift: error: %s%s%s\n", J->n_units > 1 ? u->s->name : "",
-                    J->n_units > 1 ? ": " : "", u->err);
+            fprintf(stderr, "sift: error: %s%s%s\n", J->n_units > nc ? u->s->name : "",
+                    J->n_units > nc ? ": " : "", bad->err);
         }
         if (!u->rc) km_keep(R, u);
-        if (json) record_unit(R, u);
-        else if (!u->stream && !u->rc) {   // text mode, not streamed: the whole block now
+        if (json && u->choice == 0) record_unit(R, u);
+        else if (!json && !u->stream && !u->rc) {   // text mode, not streamed: the whole block now
+            char label[64];
+            if (nc > 1) snprintf(label, sizeof label, "choice %d", u->choice);
+            else snprintf(label, sizeof label, "%s", u->s->name);
             if (J->n_units > 1 || R->n_req > 1)
                 printf("==> %s%s%s%s <==\n", J->rq->id, J->n_units > 1 ? " [" : "",
-                       J->n_units > 1 ? u->s->name : "", J->n_units > 1 ? "]" : "");
+                       J->n_units > 1 ? label : "", J->n_units > 1 ? "]" : "");
             printf("%s\n", u->ans.text ? u->ans.text : "");
             fflush(stdout);
         }
@@ -200,7 +281,7 @@ static void emit_job(runner *R, job *J) {
         R->prefill_ms += u->g.st.prompt_ms;
         R->gen_tok += u->rc ? 0 : u->g.st.predicted_n;
     }
-    if (J->n_units > 1 && !json) {
+    if (J->n_units > 1 && J->rq->n_choices == 1 && !json) {
         if (o->reps > 1) print_table_reps(J->u, J->n_units, o->reps);
         else print_table(J->u, J->n_units);
         machine_note(R);
@@ -271,7 +352,12 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
         request *q = &all.r[i];
         job *J = &jobs[n_jobs];
         *J = (job){.rq = q};
-        int ns = q->strategy ? 1 : o->n_strategies;
+        int ns = q->strategy ? 1 : o->n_strategies, reps = o->reps > 1 ? o->reps : 1;
+        if (!q->error && q->n_choices > 1 && !(R.openai && ns == 1 && reps == 1)) {
+            q->code = "unsupported_parameter";
+            q->error = fmt("%s line %d: n > 1 is answered only in the Batch API's output shape, "
+                           "one strategy, no -r (one record holds every choice)", q->src, q->line);
+        }
         if (q->error) {
             char *k = unit_key(q->id, NULL);
             int had = done_has(&done, k);
@@ -280,14 +366,14 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
             else n_jobs++;
             continue;
         }
-        int reps = o->reps > 1 ? o->reps : 1;
-        J->u = xcalloc((size_t)ns * reps, sizeof *J->u);
+        J->u = xcalloc((size_t)ns * reps * q->n_choices, sizeof *J->u);
         for (int r = 0; r < reps; r++)   // repetition r starts at strategy r: rotating order
             for (int s = 0; s < ns; s++) {
                 const strategy *st = q->strategy ? q->strategy : o->strategies[(s + r) % ns];
                 char *k = unit_key(q->id, R.openai ? NULL : st->name);
-                if (!done_has(&done, k))
-                    J->u[J->n_units++] = (unit){.rq = q, .s = st, .job = n_jobs, .rep = r};
+                if (!done_has(&done, k))   // n > 1: choice 0, then the choices that copy it
+                    for (int c = 0; c < q->n_choices; c++)
+                        J->u[J->n_units++] = (unit){.rq = q, .s = st, .job = n_jobs, .rep = r, .choice = c};
                 free(k);
             }
         if (J->n_units == 0) {
@@ -339,7 +425,9 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
                 continue;
             }
             unit *u = &J->u[k];
-            int stream = !json && slots == 1 && u->rep == 0;   // repetitions run silently
+            // repetitions run silently; a text with stop strings or several choices is printed
+            // whole when done (a stop string is cut from it)
+            int stream = !json && slots == 1 && u->rep == 0 && !J->rq->n_stop && J->rq->n_choices == 1;
             if (stream && (J->n_units > 1 || R.n_req > 1)) {
                 if (J->n_units > 1 && R.n_req > 1) printf("==> %s [%s] <==\n", J->rq->id, u->s->name);
                 else printf("==> %s <==\n", J->n_units > 1 ? u->s->name : J->rq->id);

@@ -1,6 +1,7 @@
 // policies/generate.c — the generation loop all strategies share: prefill (the strategy's) ->
 // sample -> decode one token at a time at position n + t, one sequence (run_generate) or many
-// sharing each decode pass (gen_begin, gen_step, gen_end).
+// sharing each decode pass (gen_begin, gen_step, gen_end); a sequence's copy after its prefill
+// (gen_fork, gen_first), so that several answers share one prefill.
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -76,10 +77,67 @@ int gen_begin(gen_seq *g, const strategy *s, model *m, const strategy_opts *o,
     memcpy(g->st.label, g->info.label, sizeof g->info.label);
     g->st.kv_bytes = kv_bytes(g->kv);
     if (first_logits) memcpy(first_logits, g->logits, (size_t)m->cfg.vocab * sizeof(float));
-    g->tok = sample_next(smp, g->logits);
+    gen_first(g, smp, on_token, ctx);
     g->st.prompt_ms = now_ms() - t0;
+    return 0;
+}
+
+void gen_first(gen_seq *g, sampler *smp, run_token_fn on_token, void *ctx) {
+    g->smp = smp, g->on_token = on_token, g->ctx = ctx;
+    g->tok = sample_next(smp, g->logits);
     g->st.predicted_n = 1;
-    g->done = (on_token && on_token(ctx, g->tok)) || n_predict <= 1;
+    g->done = (on_token && on_token(ctx, g->tok)) || g->n_predict <= 1;
+}
+
+// Whether src's decode needs nothing but its cache: no hooks, no decode state, no side data.
+static int decode_plain(const gen_seq *src) {
+    const prefill_info *i = &src->info;
+    const fwd_hooks *h = &i->decode;
+    return !h->ctx && !h->after_attention && !h->after_layer && !h->kv_source && !h->attention &&
+           !i->decode_free && !i->decode_report && !i->decode_read_bytes && !i->decode_selected &&
+           !src->kv->side;
+}
+
+int gen_fork(gen_seq *dst, const gen_seq *src, const char *strategy_name, char *err, size_t errlen) {
+    if (!decode_plain(src))
+        return err_printf(err, errlen, "strategy '%s' keeps per-sequence decode state that cannot "
+                          "be copied: several choices (n > 1) need a strategy whose decode reads "
+                          "only its cache (full, or a prefill strategy)", strategy_name) - 1;
+    model *m = src->m;
+    const kv_cache *a = src->kv;
+    int *caps = xmalloc((size_t)a->n_layer * sizeof(int));
+    for (int l = 0; l < a->n_layer; l++) caps[l] = a->layers[l].cap;
+    kv_cache *kv = fwd_kv_create(m, caps, err, errlen);
+    free(caps);
+    if (!kv) return -1;
+    // each layer's K and V, head by head: the first len rows (head_dim elements each) copied on
+    // the backend, with the positions they hold
+    int *idx = NULL, n_idx = 0;
+    for (int l = 0; l < a->n_layer; l++) {
+        const kv_layer *x = &a->layers[l];
+        kv_layer *y = &kv->layers[l];
+        if (x->len > n_idx) idx = xrealloc(idx, (size_t)x->len * sizeof(int)), n_idx = x->len;
+        for (int g = 0; g < x->n_kv_head; g++) {
+            size_t off = (size_t)g * x->cap * x->head_dim * a->elem_bytes;
+            for (int j = 0; j < x->len; j++) idx[j] = j;
+            if (x->len) {
+                m->bk->gather_rows(m->bk, (char *)y->k + off, (const char *)x->k + off, idx, x->len, x->head_dim);
+                m->bk->gather_rows(m->bk, (char *)y->v + off, (const char *)x->v + off, idx, x->len, x->head_dim);
+            }
+            memcpy(y->pos + (size_t)g * x->cap, x->pos + (size_t)g * x->cap, (size_t)x->len * sizeof(int));
+        }
+        y->len = x->len;
+    }
+    free(idx);
+    *dst = *src;
+    dst->kv = kv;
+    dst->logits = xmalloc((size_t)m->cfg.vocab * sizeof(float));
+    memcpy(dst->logits, src->logits, (size_t)m->cfg.vocab * sizeof(float));
+    dst->smp = NULL, dst->on_token = NULL, dst->ctx = NULL;
+    dst->tok = -1, dst->done = 0, dst->read_sum = 0;
+    // the prefill is the source's: the copy's own work starts at its first token
+    dst->st.prompt_n = 0, dst->st.prompt_ms = 0, dst->st.rows_done = 0, dst->st.draft_rows = 0;
+    dst->st.predicted_n = 0, dst->st.decode_runs = 0, dst->st.decode_ms = 0;
     return 0;
 }
 

@@ -124,6 +124,15 @@ typedef struct gen_seq {
 int gen_begin(gen_seq *g, const strategy *s, model *m, const strategy_opts *o,
               const strategy_run *run, const int *ids, int n, int n_predict, sampler *smp,
               run_token_fn on_token, void *ctx, float *first_logits, char *err, size_t errlen);
+// For a copy of a sequence: draw its first token from g->logits with smp, call on_token (what
+// gen_begin does after its prefill).
+void gen_first(gen_seq *g, sampler *smp, run_token_fn on_token, void *ctx);
+// dst = a copy of src as its prefill left it (src's first token not yet decoded: call it right
+// after gen_begin): its own cache and logits, no sampler and no token drawn yet (gen_first
+// next), its run_stats counting no prefill work (src's). Only for a strategy whose decode reads
+// nothing but the cache (no hooks, decode state or cache side data); else -2 with err naming
+// strategy_name. 0, or -1 with err (out of memory for the cache).
+int gen_fork(gen_seq *dst, const gen_seq *src, const char *strategy_name, char *err, size_t errlen);
 // One decode step of every unfinished sequence among g[0..k) (one model), as one forward pass.
 void gen_step(gen_seq *const *g, int k);
 // The decode report into st.note; frees the cache and the strategy's decode state.

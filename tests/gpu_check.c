@@ -1187,6 +1187,27 @@ static void test_sample(backend *bk[2]) {
         bk[GPU]->free(bk[GPU], d);
         free(h);
     }
+    // frequency/presence penalties depend on the host sampler's counts: declined (the host draws)
+    {
+        int vocab = 700, got[1];
+        float *h = xmalloc((size_t)vocab * sizeof(float));
+        for (int i = 0; i < vocab; i++) h[i] = bf16_round(2 * urand());
+        void *d = upload(bk[GPU], h, 1, vocab);
+        sample_params pp[2] = {{.temp = 0, .freq_pen = 0.5f}, {.temp = 0.8f, .top_k = 40, .pres_pen = -1}};
+        for (int k = 0; k < 2; k++) {
+            sampler smp;
+            sampler_init(&smp, &pp[k], vocab);
+            uint64_t st = smp.state;
+            int declined = bk[GPU]->sample(bk[GPU], got, d, 1, vocab, &pp[k], &st) != 0;
+            printf("| %-22s | %-44s | %9s | %9s | %9s | %7s | %s |\n", "sample declines",
+                   k ? "T 0.8 k 40, presence -1" : "greedy, frequency 0.5", "-", "-", "-", "-",
+                   declined ? "ok" : "FAIL: drew without the penalties");
+            declined ? n_pass++ : n_fail++;
+            sampler_free(&smp);
+        }
+        bk[GPU]->free(bk[GPU], d);
+        free(h);
+    }
 }
 
 // The GGUF model at path on both backends (skipped when there is none).

@@ -214,6 +214,46 @@ static void test_sampling(void) {
     sampler_free(&a), sampler_free(&b2), sampler_free(&d);
 }
 
+// OpenAI's penalties, by hand: logit[j] - c[j] * frequency - (c[j] > 0) * presence, c[j] the
+// draws of j so far, applied before the choice (greedy included).
+static void test_penalties(void) {
+    sampler s;
+    // frequency .3, presence .2 on 2.0 1.9 1.0 0.5 (greedy): draw 1: 0; then token 0 is at
+    // 2.0-.3-.2 = 1.5 < 1.9: 1; 1.5 > 1.9-.5 = 1.4: 0; 2.0-.6-.2 = 1.2 < 1.4: 1;
+    // 1.2 > 1.9-.6-.2 = 1.1: 0; 2.0-.9-.2 = 0.9 < 1.1: 1; 0.9, 0.8 < 1.0: 2
+    float a[4] = {2.0f, 1.9f, 1.0f, 0.5f};
+    int want_a[7] = {0, 1, 0, 1, 0, 1, 2};
+    sampler_init(&s, &(sample_params){.temp = 0, .freq_pen = 0.3f, .pres_pen = 0.2f}, 4);
+    for (int i = 0; i < 7; i++) {
+        int t = sample_next(&s, a);
+        CHECK(t == want_a[i], "frequency+presence draw %d: %d, expected %d", i, t, want_a[i]);
+    }
+    sampler_free(&s);
+    // presence alone does not grow: 1.0 0.9 0.0 with presence .5: 0, then 0.5 < 0.9: 1, then
+    // 0.5 > 0.4: 0, and 0 again (its penalty stays .5)
+    float b[3] = {1.0f, 0.9f, 0.0f};
+    int want_b[4] = {0, 1, 0, 0};
+    sampler_init(&s, &(sample_params){.temp = 0, .pres_pen = 0.5f}, 3);
+    for (int i = 0; i < 4; i++) CHECK(sample_next(&s, b) == want_b[i], "presence draw %d", i);
+    sampler_free(&s);
+    // a negative frequency penalty favours repeats: 1.0 1.2 with -0.5: 1, 1, 1 (0 never wins)
+    float c[2] = {1.0f, 1.2f};
+    sampler_init(&s, &(sample_params){.temp = 0, .freq_pen = -0.5f}, 2);
+    for (int i = 0; i < 3; i++) CHECK(sample_next(&s, c) == 1, "negative frequency draw %d", i);
+    sampler_free(&s);
+    // at a temperature: two equal logits, presence 30: the second draw is the other token
+    // (probability 1 - 1/(1 + e^-30)), for every seed
+    float d[2] = {0, 0};
+    for (int seed = 1; seed <= 20; seed++) {
+        sampler_init(&s, &(sample_params){.temp = 1, .top_p = 1, .seed = (uint64_t)seed, .pres_pen = 30}, 2);
+        int x = sample_next(&s, d), y = sample_next(&s, d);
+        CHECK(x != y, "seed %d: presence 30 at temperature 1 drew %d twice", seed, x);
+        sampler_free(&s);
+    }
+    CHECK(!sample_penalised(&(sample_params){.temp = 1}) &&
+          sample_penalised(&(sample_params){.pres_pen = -0.1f}), "sample_penalised");
+}
+
 static void *heap_alloc(void *ctx, size_t n) { (void)ctx; return malloc(n * sizeof(float)); }
 static void heap_free(void *ctx, void *p) { (void)ctx; free(p); }
 
@@ -238,6 +278,7 @@ int main(void) {
     test_swiglu();
     test_phi_rotate();
     test_sampling();
+    test_penalties();
     test_kv_bytes();
     return check_summary("test_model");
 }
