@@ -267,22 +267,15 @@ static void show_layer(void *ctx, int layer, int n_layer, int rows) {
     if (layer + 1 == n_layer) fprintf(stderr, "\r%40s\r", "");
 }
 
-static int run_prompts(int argc, char **argv);
-
-// Every command ends with stdout checked: text lost to a full disk is an error, not exit 0.
+// Every command ends with stdout checked (cli_finish_stdout): text lost to a full disk is an
+// error, not exit 0. (The early returns are errors already.)
 int main(int argc, char **argv) {
     backend_cpu_blas_init(argv);
-    const char *sub = argc > 1 ? argv[1] : "";
-    int rc = strcmp(sub, "bench") == 0     ? cmd_bench(argc, argv)
-             : strcmp(sub, "eval") == 0    ? cmd_eval(argc, argv)
-             : strcmp(sub, "sweep") == 0   ? cmd_sweep(argc, argv)
-             : strcmp(sub, "ppl") == 0     ? cmd_ppl(argc, argv)
-             : strcmp(sub, "fit-phi") == 0 ? cmd_fit_phi(argc, argv)
-                                           : run_prompts(argc, argv);
-    return cli_finish_stdout(rc);
-}
-
-static int run_prompts(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "bench") == 0) return cli_finish_stdout(cmd_bench(argc, argv));
+    if (argc > 1 && strcmp(argv[1], "eval") == 0) return cli_finish_stdout(cmd_eval(argc, argv));
+    if (argc > 1 && strcmp(argv[1], "sweep") == 0) return cli_finish_stdout(cmd_sweep(argc, argv));
+    if (argc > 1 && strcmp(argv[1], "ppl") == 0) return cli_finish_stdout(cmd_ppl(argc, argv));
+    if (argc > 1 && strcmp(argv[1], "fit-phi") == 0) return cli_finish_stdout(cmd_fit_phi(argc, argv));
     options o;
     parse_args(argc, argv, &o);
     if (cli_refuse_synthetic(o.model, "a prompt")) return 2;
@@ -317,5 +310,5 @@ static int run_prompts(int argc, char **argv) {
     cli_unload(&L);
     for (int i = 0; i < o.r.n_files; i++) free(o.r.files[i]);
     free(o.r.files);
-    return rc;
+    return cli_finish_stdout(rc);
 }

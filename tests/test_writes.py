@@ -11,8 +11,8 @@ reports and plots, fit-phi maps) and stdout.
   succeed and leave one whole summary and no temporary.
 - A regular file replaced keeps its mode; a failed write (a full tmpfs mounted for the test)
   leaves the old file as it was and no temporary.
-- /dev/stdout gets the summary after the text, through stdout (not over it); a FIFO is written in
-  place.
+- A link to /proc/self/fd/1 (/dev/stdout's target; the test never names a system path) gets the
+  summary after the text, through stdout (not over it); a FIFO is written in place.
 - stdout to the full device: a non-zero exit and "cannot write to stdout: No space left on device".
 Tests run as root (CI); the node and the tmpfs cases are skipped with the reason where the machine
 refuses them. Runs are tiny: the 135M test model, -n 2."""
@@ -138,9 +138,10 @@ def test_stdout_to_full_device(tmp_path):
         r = prompt(stdout=out)
     assert r.returncode == 1
     assert r.stderr.strip().splitlines() == ["sift: error: cannot write to stdout: No space left on device"]
-    with open(node, "w") as out:   # --help's text too
-        r = sift("--help", stdout=out)
-    assert r.returncode == 1 and "cannot write to stdout: No space left on device" in r.stderr
+    for help in (["--help"], ["bench", "--help"], ["fit-phi", "--help"]):   # help text too
+        with open(node, "w") as out:
+            r = sift(*help, stdout=out)
+        assert r.returncode == 1 and "cannot write to stdout: No space left on device" in r.stderr, help
     with open(node, "w") as out:   # a subcommand's tables (a write failed inside printf: stdio
         r = sift(*eval_args(tmp_path), stdout=out)   # keeps no errno for it, only the error flag)
     assert r.returncode == 1
@@ -195,19 +196,24 @@ def test_symlink_to_full_device(tmp_path):
     assert_still_node(node)
 
 
-def test_summary_to_dev_stdout_follows_the_text(tmp_path):
-    """--summary /dev/stdout with stdout in a file: the answer (as a run without --summary writes
-    it), then the summary, through stdout — not written over the text."""
+def test_summary_to_stdout_link_follows_the_text(tmp_path):
+    """--summary through a link to /proc/self/fd/1 (what /dev/stdout is; a private link, so that a
+    writer that replaced links would replace only this one, never the system's /dev/stdout) with
+    stdout in a file: the answer, as a run without --summary writes it, then the summary, through
+    stdout — not written over the text."""
+    link = tmp_path / "stdout"
+    link.symlink_to("/proc/self/fd/1")
     alone, both = tmp_path / "alone.txt", tmp_path / "both.txt"
     with open(alone, "w") as f:
         assert prompt(stdout=f).returncode == 0
     with open(both, "w") as f:
-        r = prompt("--summary", "/dev/stdout", stdout=f)
+        r = prompt("--summary", link, stdout=f)
     assert r.returncode == 0, r.stderr
     answer, text = alone.read_text(), both.read_text()
     assert answer.strip() and text.startswith(answer)
     s = json.loads(text[len(answer):])
     assert SUMMARY_KEYS <= s.keys() and s["done"] == 1
+    assert link.is_symlink() and os.readlink(link) == "/proc/self/fd/1"
 
 
 def test_summary_to_fifo(tmp_path):
