@@ -11,6 +11,8 @@
 // replaced by a regular file) — is written in place: opened O_WRONLY, never unlinked or renamed
 // over; when what it reaches is a regular file, that file is truncated only now that the whole
 // content is ready, then written and fsynced. A failure there can leave that file partly written.
+// The file this process's stdout or stderr is open on (/dev/stdout, a link to /proc/self/fd/1) is
+// written through that descriptor, after what stdout holds: after the text, never over it.
 //
 // Errors: "cannot write WHAT 'PATH': <strerror>" in err (WHAT names the file to the user: the flag,
 // e.g. "--summary"); the temporary is removed and an old target left as it was.
