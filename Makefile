@@ -146,7 +146,7 @@ build/fuzz/fuzz_safetensors: fuzz/fuzz_safetensors.c weights/safetensors.c util/
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) -o $@ $(JANSSON_A) -lm
 
-build/fuzz/fuzz_phi: fuzz/fuzz_phi.c attn/phi_file.c attn/phi_cpu.c util/check.c attn/phi.h
+build/fuzz/fuzz_phi: fuzz/fuzz_phi.c attn/phi_file.c attn/phi_cpu.c util/check.c util/outfile.c attn/phi.h
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -I/usr/include/x86_64-linux-gnu/openblas-openmp $(filter %.c,$^) -o $@ \
 	    $(OPENBLAS_A) -lgomp -lm -lpthread

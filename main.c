@@ -68,7 +68,7 @@ static void show_help(options *o, const char *v);
 static void show_version(options *o, const char *v) {
     (void)o, (void)v;
     printf("sift %s (backends: %s)\n", SIFT_VERSION, CLI_BACKENDS);
-    exit(0);
+    exit(cli_finish_stdout(0));
 }
 
 static const flag_row FLAGS[] = {
@@ -193,7 +193,7 @@ static void show_help(options *o, const char *v) {
            "  sift --prompts openai_batch.jsonl --output batch_output.jsonl --summary summary.json\n"
            "  cat prompt.txt | sift -f - -n 64\n"
            "  sift -f long.txt --strategy full,speed,fastkv,specprefill -n 64 --temp 0\n");
-    exit(0);
+    exit(cli_finish_stdout(0));
 }
 
 static void parse_args(int argc, char **argv, options *o) {
@@ -267,20 +267,25 @@ static void show_layer(void *ctx, int layer, int n_layer, int rows) {
     if (layer + 1 == n_layer) fprintf(stderr, "\r%40s\r", "");
 }
 
+// Every command ends with stdout checked (cli_finish_stdout): text lost to a full disk is an
+// error, not exit 0. (The early returns are errors already.)
 int main(int argc, char **argv) {
     backend_cpu_blas_init(argv);
-    if (argc > 1 && strcmp(argv[1], "bench") == 0) return cmd_bench(argc, argv);
-    if (argc > 1 && strcmp(argv[1], "eval") == 0) return cmd_eval(argc, argv);
-    if (argc > 1 && strcmp(argv[1], "sweep") == 0) return cmd_sweep(argc, argv);
-    if (argc > 1 && strcmp(argv[1], "ppl") == 0) return cmd_ppl(argc, argv);
-    if (argc > 1 && strcmp(argv[1], "fit-phi") == 0) return cmd_fit_phi(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "bench") == 0) return cli_finish_stdout(cmd_bench(argc, argv));
+    if (argc > 1 && strcmp(argv[1], "eval") == 0) return cli_finish_stdout(cmd_eval(argc, argv));
+    if (argc > 1 && strcmp(argv[1], "sweep") == 0) return cli_finish_stdout(cmd_sweep(argc, argv));
+    if (argc > 1 && strcmp(argv[1], "ppl") == 0) return cli_finish_stdout(cmd_ppl(argc, argv));
+    if (argc > 1 && strcmp(argv[1], "fit-phi") == 0) return cli_finish_stdout(cmd_fit_phi(argc, argv));
     options o;
     parse_args(argc, argv, &o);
     if (cli_refuse_synthetic(o.model, "a prompt")) return 2;
-    // the files written at the end: a bad path fails now, not after a long run
-    const char *late[2] = {o.r.summary, o.r.kept_map};
-    if (cli_check_outputs(late, 2)) return 2;
-    if (o.r.kept_map) unlink(o.r.kept_map);   // written whole at the end
+    // the files written at the end: a bad path fails now, not after a long run; nothing is
+    // modified until then (an old summary or map stays whole if the run fails)
+    char *km_json = o.r.kept_map ? jobs_kept_map_json(o.r.kept_map) : NULL;
+    const char *late[3] = {o.r.summary, o.r.kept_map, km_json};
+    int bad_out = cli_check_outputs(late, (const char *[]){"--summary", "--kept-map", "--kept-map"}, 3);
+    free(km_json);
+    if (bad_out) return 2;
     double t0 = now_ms();
     loaded L;
     cli_hw hw = {o.device, o.r.threads, o.weights, o.ctx, GGML_F32};
@@ -305,5 +310,5 @@ int main(int argc, char **argv) {
     cli_unload(&L);
     for (int i = 0; i < o.r.n_files; i++) free(o.r.files[i]);
     free(o.r.files);
-    return rc;
+    return cli_finish_stdout(rc);
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../util/check.h"
+#include "../util/outfile.h"
 #include "phi.h"
 
 #define PHI_MAGIC "SIFTPHI"   // 8 bytes with its NUL
@@ -38,16 +39,17 @@ int phi_maps_save(const phi_maps *p, const char *path, char *err, size_t errlen)
                                 (uint32_t)p->n_ctx};
     for (int i = 0; i < PHI_N_FIELDS; i++) put_u32(h + 8 + 4 * i, f[i]);
     size_t nq = (size_t)p->n_layer * p->n_head * phi_n_par(p), nk = n_floats(p) - nq;
-    FILE *fp = fopen(path, "wb");
     size_t vlen = strnlen(p->verdict, sizeof p->verdict - 1);
     unsigned char vh[4];
     put_u32(vh, (uint32_t)vlen);
-    int ok = fp && fwrite(h, 1, sizeof h, fp) == sizeof h && fwrite(p->q, 4, nq, fp) == nq &&
-             fwrite(p->k, 4, nk, fp) == nk &&
-             (vlen == 0 || (fwrite(vh, 1, 4, fp) == 4 && fwrite(p->verdict, 1, vlen, fp) == vlen));
-    if (fp && fclose(fp) != 0) ok = 0;
-    if (!ok) return err_printf(err, errlen, "cannot write phi file '%s': %s", path, strerror(errno));
-    return 0;
+    // built in memory, then written whole (a fit-phi run killed mid-save leaves the old maps)
+    outbuf b;
+    FILE *fp = outbuf_open(&b);
+    fwrite(h, 1, sizeof h, fp);
+    fwrite(p->q, 4, nq, fp);
+    fwrite(p->k, 4, nk, fp);
+    if (vlen) fwrite(vh, 1, 4, fp), fwrite(p->verdict, 1, vlen, fp);
+    return outbuf_write(&b, path, "phi file", err, errlen);
 }
 
 // Header fields in range for the kind; 0 or -1 with err.

@@ -169,7 +169,7 @@ static void bench_help(void) {
            "--wtype: a synthetic model's matrices as random blocks of that type (default f32\n"
            "values), so quantised speed is measured at real shapes without a file.\n"
            "synthetic models: %s\n", synth_names());
-    exit(0);
+    exit(cli_finish_stdout(0));
 }
 
 // "1024,8192" -> out[] (1 <= each <= MODEL_MAX_CTX); the count.

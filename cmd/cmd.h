@@ -39,13 +39,20 @@ int cli_int_list(const char *flag, const char *v, int *out, int max, int lo, int
 int cli_tasks(const char *v, int *out);
 // s ends with suffix, ignoring ASCII case.
 int cli_ends_with(const char *s, const char *suffix);
-// Opens each of paths (n; NULL entries skipped) for writing, so that a bad output path fails
-// before a long run: 0, or -1 (error printed).
-int cli_check_outputs(const char *const *paths, int n);
-// Writes file i of paths (n; NULL entries skipped) with write(f, i, ctx): 0, or -1 when one
-// could not be opened or written (said on stderr; the others are still written).
-int cli_write_outputs(const char *const *paths, int n,
+// Checks that each of paths (n; NULL entries skipped; flags[i] names path i in errors: "-o",
+// "--plot") can be written later, so that a bad output path fails before a long run, modifying
+// nothing (an old file is not truncated: outfile_check): 0, or -1 (error printed).
+int cli_check_outputs(const char *const *paths, const char *const *flags, int n);
+// Writes file i of paths (n; NULL entries skipped) whole: write(f, i, ctx) into memory, then
+// outfile_write (a temporary renamed over a regular file; a device or link written in place).
+// 0, or -1 when one could not be written (said on stderr; the others are still written).
+int cli_write_outputs(const char *const *paths, const char *const *flags, int n,
                       void (*write)(FILE *f, int i, const void *ctx), const void *ctx);
+// The end of a command: stdout flushed and checked (ferror, and close's report through a
+// duplicate descriptor; the stream stays usable). A failure is "sift: error: cannot
+// write to stdout: ..." and exit code 1 — unless rc is already non-zero (whatever failed said
+// so): then nothing more is printed. Returns the exit code.
+int cli_finish_stdout(int rc);
 // --haystack FILE (NULL: the built-in filler) into h: 0, or -1 (error printed).
 struct eval_haystack;
 int cli_load_haystack(const char *path, struct eval_haystack *h);

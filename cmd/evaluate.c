@@ -67,7 +67,7 @@ static void eval_parse(int argc, char **argv, eval_opts *e) {
         const char *a = argv[i];
         if (cli_is_flag(a, "-h", "--help")) {
             eval_help();
-            exit(0);
+            exit(cli_finish_stdout(0));
         }
         if (cli_is_flag(a, NULL, "--dump-prompts")) { e->dump = 1; continue; }
         if (cli_is_flag(a, "-q", "--quiet")) { e->quiet = 1; continue; }
@@ -236,19 +236,17 @@ static int eval_run_all(eval_run *R) {
 
 // ---- reports ----
 
-static void write_json_csv(FILE *f, int i, const void *rep) {
+static void write_file(FILE *f, int i, const void *rep) {
     if (i == 0) eval_write_json(f, rep);
-    else eval_write_csv(f, rep);
+    else if (i == 1) eval_write_csv(f, rep);
+    else eval_write_svg(f, rep);
 }
 
+static const char *const OUT_FLAGS[3] = {"-o", "--csv", "--plot"};
+
 static int write_reports(const eval_opts *e, const eval_report *rep) {
-    char err[512];
-    int rc = cli_write_outputs((const char *[]){e->json_path, e->csv_path}, 2, write_json_csv, rep);
-    if (e->plot_path && eval_write_svg(e->plot_path, rep, err, sizeof err)) {
-        fprintf(stderr, "sift: error: --plot: %s\n", err);
-        rc = -1;
-    }
-    return rc;
+    return cli_write_outputs((const char *[]){e->json_path, e->csv_path, e->plot_path}, OUT_FLAGS,
+                             3, write_file, rep);
 }
 
 // The tables on stdout and the files asked for; 0 or -1 (a file could not be written).
@@ -270,7 +268,8 @@ int cmd_eval(int argc, char **argv) {
     eval_opts e;
     eval_parse(argc, argv, &e);
     if (cli_refuse_synthetic(e.model, "eval")) return 2;
-    if (cli_check_outputs((const char *[]){e.json_path, e.csv_path, e.plot_path}, 3)) return 1;
+    if (cli_check_outputs((const char *[]){e.json_path, e.csv_path, e.plot_path}, OUT_FLAGS, 3))
+        return 1;
     eval_run R = {.e = &e};
     if (cli_load_haystack(e.haystack, &R.hay)) return 1;
     loaded L;

@@ -19,6 +19,7 @@
 #include "../fit/phi_fit.h"
 #include "../policies/topk_phi.h"
 #include "../util/check.h"
+#include "../util/outfile.h"
 #include "cmd.h"
 
 typedef struct {
@@ -71,7 +72,7 @@ static void fit_parse(int argc, char **argv, fit_opts *o) {
                    "--device cpu|cuda|auto: where the logging prefill runs (default cpu: fp32 logs, the\n"
                    "same maps on every machine; cuda: bf16 logs, for a long --ctx). The fit itself runs\n"
                    "on the CPU with -t threads. Rerun the same command to resume.\n");
-            exit(0);
+            exit(cli_finish_stdout(0));
         }
         if (cli_is_flag(a, NULL, "--recalibrate")) {
             o->recal = 1;
@@ -459,6 +460,11 @@ int cmd_fit_phi(int argc, char **argv) {
     fit_opts o;
     fit_parse(argc, argv, &o);
     if (cli_refuse_synthetic(o.model, "fit-phi")) return 2;
+    char prog[4096], key[512], err[512];
+    snprintf(prog, sizeof prog, "%s.progress", o.out);
+    // the maps and the progress file are written after each layer: a bad path fails now
+    const char *outs[2] = {o.out, prog}, *names[2] = {"--out", "progress file"};
+    if (cli_check_outputs(outs, names, 2)) return 1;
     loaded L;
     strategy_opts so = strategy_opts_default();
     // the prefill that logs queries and keys runs on --device (default the fp32 CPU reference);
@@ -474,8 +480,6 @@ int cmd_fit_phi(int argc, char **argv) {
     phi_maps *p = phi_maps_mlp(c->n_layer, c->n_head, c->n_kv_head, c->head_dim, c->head_dim,
                                2 * c->head_dim, d_phi);
     phi_maps *prf = topk_phi_fallback_maps(L.m, d_phi);
-    char prog[4096], key[512], err[512];
-    snprintf(prog, sizeof prog, "%s.progress", o.out);
     progress_key(key, sizeof key, &o, L.path, d_phi);
     if (!rc && (o.recal || o.verify)) {   // the maps to recalibrate or verify, checked against the model
         phi_maps *old = phi_maps_load(o.out, err, sizeof err);
@@ -512,13 +516,13 @@ int cmd_fit_phi(int argc, char **argv) {
     for (int l = start; l < c->n_layer && !rc; l++) {
         p->n_ctx = n + g.shift_max;   // the positions the maps were shown
         fit_layer(p, prf, &g, l, &o, kl + FIT_NQ * l);
-        FILE *fp = NULL;
-        if (phi_maps_save(p, o.out, err, sizeof err) != 0 || !(fp = fopen(prog, "w"))) {
-            fprintf(stderr, "%ssift: error: fit-phi: %s\n", isatty(2) ? "\n" : "", fp ? err : strerror(errno));
+        // the maps, then the progress line that names them (each written whole: util/outfile.c)
+        char line[600];
+        int len = snprintf(line, sizeof line, "%d %s\n", l + 1, key);
+        if (phi_maps_save(p, o.out, err, sizeof err) != 0 ||
+            outfile_write(prog, line, (size_t)len, "progress file", err, sizeof err) != 0) {
+            fprintf(stderr, "%ssift: error: fit-phi: %s\n", isatty(2) ? "\n" : "", err);
             rc = 1;
-        } else {
-            fprintf(fp, "%d %s\n", l + 1, key);
-            fclose(fp);
         }
     }
     if (!rc && start < c->n_layer) {

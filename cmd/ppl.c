@@ -30,7 +30,7 @@ static void ppl_parse(int argc, char **argv, ppl_opts *p) {
             printf("usage: sift ppl [-m MODEL] -f TEXT [--ctx 512] [--strategy full] [-t N] [--device D] [--weights native|fast|exact|f32] [--json] [-q]\n"
                    "perplexity in llama-perplexity's convention: chunks of --ctx tokens, BOS at each\n"
                    "chunk's start, the second half of each chunk scored\n");
-            exit(0);
+            exit(cli_finish_stdout(0));
         }
         if (cli_is_flag(a, NULL, "--json")) { p->json = 1; continue; }
         if (cli_is_flag(a, "-q", "--quiet")) { p->quiet = 1; continue; }

@@ -294,7 +294,7 @@ static void sweep_parse(int argc, char **argv, sweep_opts *w) {
         const char *a = argv[i];
         if (cli_is_flag(a, "-h", "--help")) {
             sweep_help();
-            exit(0);
+            exit(cli_finish_stdout(0));
         }
         if (cli_is_flag(a, "-q", "--quiet")) { w->quiet = 1; continue; }
         if (cli_is_flag(a, NULL, "--chat")) { w->r.chat = 1; continue; }
@@ -842,7 +842,7 @@ static void sw_write_csv(FILE *f, const sweep_run *R, const sweep_agg *agg) {
     }
 }
 
-static int sw_write_svg(const sweep_run *R, const sweep_agg *agg, char *err, size_t errlen) {
+static void sw_write_svg(FILE *f, const sweep_run *R, const sweep_agg *agg) {
     const sweep_opts *w = R->w;
     pareto_point pts[SWEEP_MAX_SETTINGS];
     int on[SWEEP_MAX_SETTINGS], group[SWEEP_MAX_SETTINGS];
@@ -866,7 +866,7 @@ static int sw_write_svg(const sweep_run *R, const sweep_agg *agg, char *err, siz
     snprintf(x_label, sizeof x_label, "speedup over full (%s)", w->speed == SW_SPEED_TOTAL ? "end to end" : SW_SPEED[w->speed]);
     snprintf(y_label, sizeof y_label, "%s%s", SW_FIDELITY[w->fidelity],
              w->fidelity == SW_FID_ACCURACY ? " (task accuracy)" : " agreement with full");
-    return eval_write_scatter_svg(w->plot_path, x_label, y_label, pts, lp, group, on, w->n_set, err, errlen);
+    eval_write_scatter_svg(f, x_label, y_label, pts, lp, group, on, w->n_set);
 }
 
 typedef struct {
@@ -876,11 +876,14 @@ typedef struct {
     int complete, best;
 } sw_report_ctx;
 
-static void sw_write_json_csv(FILE *f, int i, const void *ctx) {
+static void sw_write_file(FILE *f, int i, const void *ctx) {
     const sw_report_ctx *c = ctx;
     if (i == 0) sw_write_json(f, c->R, c->agg, c->model_name, c->complete, c->best);
-    else sw_write_csv(f, c->R, c->agg);
+    else if (i == 1) sw_write_csv(f, c->R, c->agg);
+    else sw_write_svg(f, c->R, c->agg);
 }
+
+static const char *const SW_OUT_FLAGS[3] = {"-o", "--csv", "--plot"};
 
 static int sw_report(const sweep_run *R, const char *model_name, int complete) {
     const sweep_opts *w = R->w;
@@ -905,14 +908,9 @@ static int sw_report(const sweep_run *R, const char *model_name, int complete) {
         }
     }
     fflush(stdout);
-    char err[512];
     sw_report_ctx c = {R, agg, model_name, complete, best};
-    int rc = cli_write_outputs((const char *[]){w->json_path, w->csv_path}, 2, sw_write_json_csv, &c);
-    if (w->plot_path && sw_write_svg(R, agg, err, sizeof err)) {
-        fprintf(stderr, "sift: error: --plot: %s\n", err);
-        rc = -1;
-    }
-    return rc;
+    return cli_write_outputs((const char *[]){w->json_path, w->csv_path, w->plot_path}, SW_OUT_FLAGS,
+                             3, sw_write_file, &c);
 }
 
 // The settings' run context on the loaded model (draft, end-of-generation test), each
@@ -936,7 +934,7 @@ int cmd_sweep(int argc, char **argv) {
     sweep_parse(argc, argv, &w);
     if (cli_refuse_synthetic(w.model, "sweep")) return 2;
     const char *outs[3] = {w.json_path, w.csv_path, w.plot_path};
-    if (cli_check_outputs(outs, 3)) return 1;
+    if (cli_check_outputs(outs, SW_OUT_FLAGS, 3)) return 1;
     loaded L;
     cli_hw hw = {w.device, w.threads, w.weights, 0, GGML_F32};
     strategy_run run = {0};

@@ -110,11 +110,12 @@ void eval_print_tables(FILE *out, const eval_report *r);
 void eval_table_num(FILE *out, const char *fmt, double v);
 void eval_write_json(FILE *out, const eval_report *r);
 void eval_write_csv(FILE *out, const eval_report *r);
-// Accuracy vs context and TTFT vs context, one line per strategy. 0, or -1 + err.
-int eval_write_svg(const char *path, const eval_report *r, char *err, size_t errlen);
+// Accuracy vs context and TTFT vs context, one line per strategy, as an SVG document into f (the
+// caller writes the file whole: cli_write_outputs).
+void eval_write_svg(FILE *f, const eval_report *r);
 // `sift sweep --plot`: a scatter of points p (n,) (x right, y up), coloured by group[i], each
-// labelled; the points with on[i] set (the Pareto frontier) connected in x order and ringed.
-// 0, or -1 + err.
-int eval_write_scatter_svg(const char *path, const char *x_label, const char *y_label,
-                           const pareto_point *p, const char *const *labels, const int *group,
-                           const int *on, int n, char *err, size_t errlen);
+// labelled; the points with on[i] set (the Pareto frontier) connected in x order and ringed; an
+// SVG document into f.
+void eval_write_scatter_svg(FILE *f, const char *x_label, const char *y_label,
+                            const pareto_point *p, const char *const *labels, const int *group,
+                            const int *on, int n);

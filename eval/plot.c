@@ -85,9 +85,7 @@ static void panel(FILE *f, const eval_report *r, int x0, int ttft) {
     }
 }
 
-int eval_write_svg(const char *path, const eval_report *r, char *err, size_t errlen) {
-    FILE *f = fopen(path, "w");
-    if (!f) return err_printf(err, errlen, "cannot write %s", path);
+void eval_write_svg(FILE *f, const eval_report *r) {
     int w = LEFT + 2 * PANEL_W + GAP + 20, h = TOP + PANEL_H + 50 + LEGEND_H;
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
                "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\">\n"
@@ -102,8 +100,6 @@ int eval_write_svg(const char *path, const eval_report *r, char *err, size_t err
                 lx, row, lx + 24, row, COLORS[s % N_COLORS], lx + 30, row + 4, r->strategies[s]);
     }
     fputs("</svg>\n", f);
-    if (fclose(f)) return err_printf(err, errlen, "writing %s failed", path);
-    return 0;
 }
 
 // ---- sift sweep: fidelity against speedup ----
@@ -119,11 +115,9 @@ static void sort_by_x(const pareto_point *p, int *idx, int k) {
         }
 }
 
-int eval_write_scatter_svg(const char *path, const char *x_label, const char *y_label,
-                           const pareto_point *p, const char *const *labels, const int *group,
-                           const int *on, int n, char *err, size_t errlen) {
-    FILE *f = fopen(path, "w");
-    if (!f) return err_printf(err, errlen, "cannot write %s", path);
+void eval_write_scatter_svg(FILE *f, const char *x_label, const char *y_label,
+                            const pareto_point *p, const char *const *labels, const int *group,
+                            const int *on, int n) {
     double xmax = 0, ymax = 0;
     for (int i = 0; i < n; i++) {
         if (p[i].x > xmax) xmax = p[i].x;
@@ -179,6 +173,4 @@ int eval_write_scatter_svg(const char *path, const char *x_label, const char *y_
 #undef SC_Y
     free(idx);
     fputs("</svg>\n", f);
-    if (fclose(f)) return err_printf(err, errlen, "writing %s failed", path);
-    return 0;
 }

@@ -143,7 +143,8 @@ void print_table_reps(const unit *u, int n, int reps);
 cpu_sample cpu_now(void);
 void machine_note(runner *R);
 // The run's summary: a line on stderr (unless -q), and the JSON object into --summary FILE.
-void write_summary(runner *R, int slots, int interrupted);
+// 0, or -1 when FILE could not be written (error printed).
+int write_summary(runner *R, int slots, int interrupted);
 
 // ---- jobs/keptmap.c (--kept-map) ----
 // After u's prefill: which prompt tokens each cache layer holds, per KV head.

@@ -54,6 +54,9 @@ typedef struct run_prompt {
 int jobs_read_prompts(const run_opts *o, const tok *t, run_prompt **out, char *err, size_t errlen);
 void jobs_prompts_free(run_prompt *p, int n);
 
+// --kept-map FILE's data file: FILE.json (FILE less .html, or FILE with .json appended), malloc'd.
+char *jobs_kept_map_json(const char *path);
+
 // Runs every request of o (this shard, less what --resume finds done) on the loaded model;
 // the exit code: 0, 1 (a request failed), or 128 + the signal that interrupted the run.
 int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const char *model_name,

@@ -4,11 +4,11 @@
 // token's keys and values) and, for decode strategies that select keys (topk, topk+phi), how
 // often decode read each key exactly (over steps and KV heads). One self-contained page (the
 // data inline, a script that draws it; no network) and the same data as JSON beside it.
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "../util/outfile.h"
 #include "internal.h"
 
 struct keptmap {
@@ -268,36 +268,29 @@ static const char PAGE_TAIL[] =
     "</script>\n</body></html>\n";
 
 // FILE.json beside FILE.html (FILE.json appended when the name does not end in .html).
-static char *json_path(const char *html) {
+char *jobs_kept_map_json(const char *html) {
     size_t n = strlen(html);
     if (n > 5 && strcmp(html + n - 5, ".html") == 0) return fmt("%.*s.json", (int)(n - 5), html);
     return fmt("%s.json", html);
 }
 
+// Built in memory, then written whole (util/outfile.c).
 static int write_file(runner *R, const char *path, int html) {
-    char *tmp = fmt("%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        fprintf(stderr, "sift: error: cannot write --kept-map '%s': %s\n", path, strerror(errno));
-        free(tmp);
-        return -1;
-    }
+    outbuf b;
+    FILE *f = outbuf_open(&b);
     if (html) fputs(PAGE_HEAD, f);
     write_data(f, R, html);
     if (html) fputs(PAGE_TAIL, f);
-    int bad = ferror(f);
-    if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {
-        fprintf(stderr, "sift: error: cannot write --kept-map '%s': %s\n", path, strerror(errno));
-        unlink(tmp);
-        free(tmp);
+    char err[4400];
+    if (outbuf_write(&b, path, "--kept-map", err, sizeof err)) {
+        fprintf(stderr, "sift: error: %s\n", err);
         return -1;
     }
-    free(tmp);
     return 0;
 }
 
 int km_write(runner *R, const char *path) {
-    char *json = json_path(path);
+    char *json = jobs_kept_map_json(path);
     int rc = write_file(R, path, 1) || write_file(R, json, 0) ? -1 : 0;
     if (!rc && !R->o->quiet)
         fprintf(stderr, "sift: kept map of %d runs written to %s (data: %s)\n", R->n_km, path, json);

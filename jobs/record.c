@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../util/outfile.h"
 #include "internal.h"
 
 #ifndef SIFT_VERSION
@@ -172,7 +173,7 @@ void record_error(runner *R, const request *q) {
     free(buf);
 }
 
-void write_summary(runner *R, int slots, int interrupted) {
+int write_summary(runner *R, int slots, int interrupted) {
     const run_opts *o = R->o;
     double wall = (now_ms() - R->t0) / 1e3;
     double pp = per_second((int)R->prompt_tok, R->prefill_ms), tg = per_second((int)R->decode_tok, R->decode_ms);
@@ -180,7 +181,7 @@ void write_summary(runner *R, int slots, int interrupted) {
         fprintf(stderr, "sift: %d prompts (%d failed) in %.2f s, parallel %d: prefill %ld tokens at "
                 "%.1f tok/s, decode %ld tokens at %.1f tok/s (aggregate)%s\n", R->n_done, R->n_failed,
                 wall, slots, R->prompt_tok, pp, R->decode_tok, tg, interrupted ? "; interrupted" : "");
-    if (!o->summary) return;
+    if (!o->summary) return 0;
     char *buf = NULL;
     size_t n = 0;
     FILE *mem = open_memstream(&buf, &n);
@@ -198,17 +199,13 @@ void write_summary(runner *R, int slots, int interrupted) {
     if (o->shard_n > 0) fprintf(mem, ",\"shard\":[%d,%d]}\n", o->shard_k, o->shard_n);
     else fprintf(mem, ",\"shard\":null}\n");
     fclose(mem);
-    // written whole: into FILE.tmp, then renamed over FILE
-    char *tmp = fmt("%s.tmp", o->summary);
-    FILE *f = fopen(tmp, "w");
-    int ok = f && fwrite(buf, 1, n, f) == n;
-    if (f && fclose(f) != 0) ok = 0;
-    if (!ok || rename(tmp, o->summary) != 0) {
-        fprintf(stderr, "sift: error: cannot write --summary '%s': %s\n", o->summary, strerror(errno));
-        unlink(tmp);
-    }
-    free(tmp);
+    // written whole (util/outfile.c: a unique temporary renamed over a regular FILE; a device,
+    // FIFO or symlink written in place)
+    char err[4400];
+    int rc = outfile_write(o->summary, buf, n, "--summary", err, sizeof err);
+    if (rc) fprintf(stderr, "sift: error: %s\n", err);
     free(buf);
+    return rc;
 }
 
 void print_timing(const runner *R, const unit *u) {

@@ -485,7 +485,7 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
         if (!jobs[j].written && !jobs[j].rq->error && jobs[j].n_left == 0) emit_job(&R, &jobs[j]);
         else if (!jobs[j].written && jobs[j].rq->error && !stop_signal) emit_error(&R, &jobs[j]);
     progress(&R, 0, 1);
-    write_summary(&R, slots, stop_signal != 0);
+    int summary_failed = write_summary(&R, slots, stop_signal != 0) != 0;
     int km_failed = o->kept_map && km_write(&R, o->kept_map) != 0;
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
@@ -499,5 +499,5 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
     free(all.r);
     done_free(&done);
     if (stop_signal) return 128 + stop_signal;
-    return R.n_failed || km_failed ? 1 : 0;
+    return R.n_failed || km_failed || summary_failed ? 1 : 0;
 }
