@@ -22,10 +22,12 @@ typedef struct run_opts {
     int n_files;
     const char *prompts_path;      // --prompts FILE.jsonl ('-' = stdin)
     const char *output;            // --output FILE (JSON records), or NULL: stdout
+    const char *errors;            // --errors FILE: the failed requests' records (else with the rest)
     const char *summary;           // --summary FILE: the run's summary as one JSON object
     const char *kept_map;          // --kept-map FILE.html: what each strategy kept, drawn
     enum run_format format;        // --output-format auto|sift|openai
     int resume, unordered;         // --resume, --unordered
+    int retry_failed, wait_lock;   // --retry-failed (with --resume), --wait-lock
     int shard_k, shard_n;          // --shard K/N (0-based K; n 0: no sharding)
     int parallel;                  // --parallel N: sequences in flight
     int reps;                      // -r N: each strategy N times per prompt, in rotating order
