@@ -166,6 +166,10 @@ int resume_plan(out_scan *sc, int n_sc, const char *const *names, int shape, con
 // Carries out action on path: cuts the torn last line off, or writes the kept records of s in
 // input order into a new file beside it (mkstemp, fsync) renamed over it (the directory fsync'ed).
 int resume_rewrite(const char *path, const out_scan *s, int action, char *err, size_t errlen);
+// The kept records of s, in input order, from in (the file s was read from) to out. 0, or -1 (errno).
+int resume_copy(int in, int out, const out_scan *s);
+// Removes the temporaries of a rewrite that was killed midway (.NAME.XXXXXX beside path).
+void resume_clean_temps(const char *path);
 
 // The lock of an output file: FILE.lock beside it, flock'ed for the whole run and holding the
 // pid; the kernel drops it when the process ends (kill -9 included). Taken: 0; held by another

@@ -7,6 +7,7 @@
 // and every other record is kept. A file that must change is rewritten whole: its kept records
 // in input order into a unique temporary file beside it, fsync'ed, renamed over it, and the
 // directory fsync'ed, so that a crash at any point leaves either the old file or the new one.
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -384,6 +385,45 @@ static int write_all(int fd, const char *p, size_t n) {
     return 0;
 }
 
+int resume_copy(int in, int out, const out_scan *s) {
+    const out_record **keep = xmalloc((size_t)(s->n ? s->n : 1) * sizeof *keep);
+    int nk = 0, rc = 0;
+    for (int i = 0; i < s->n; i++)
+        if (s->r[i].keep) keep[nk++] = &s->r[i];
+    qsort(keep, (size_t)nk, sizeof *keep, by_order);
+    char *buf = NULL;
+    size_t cap = 0;
+    for (int i = 0; i < nk && !rc; i++) {
+        size_t len = (size_t)keep[i]->len;
+        if (len > cap) buf = xrealloc(buf, cap = len);
+        ssize_t got = pread(in, buf, len, keep[i]->off);
+        if (got != (ssize_t)len) {
+            if (got >= 0) errno = EIO;
+            rc = -1;
+        } else rc = write_all(out, buf, len);
+    }
+    free(buf), free(keep);
+    return rc;
+}
+
+// Removes what a rewrite killed midway left beside path (.NAME.XXXXXX): under the lock, no other
+// sift is writing one.
+void resume_clean_temps(const char *path) {
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    char *dir = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : strdup(".");
+    DIR *d = opendir(dir);
+    size_t nb = strlen(base);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        const char *n = e->d_name;
+        if (n[0] != '.' || strncmp(n + 1, base, nb) || n[1 + nb] != '.' || strlen(n + 2 + nb) != 6) continue;
+        char *p = joined(dir, "/", n);
+        unlink(p);
+        free(p);
+    }
+    if (d) closedir(d);
+    free(dir);
+}
+
 int resume_rewrite(const char *path, const out_scan *s, int action, char *err, size_t errlen) {
     if (action == RESUME_KEEP) return 0;
     if (action == RESUME_TRUNCATE) {
@@ -396,12 +436,6 @@ int resume_rewrite(const char *path, const out_scan *s, int action, char *err, s
         close(fd);
         return 0;
     }
-    // the kept records in input order, copied from the old file into a new one beside it
-    const out_record **keep = xmalloc((size_t)(s->n ? s->n : 1) * sizeof *keep);
-    int nk = 0;
-    for (int i = 0; i < s->n; i++)
-        if (s->r[i].keep) keep[nk++] = &s->r[i];
-    qsort(keep, (size_t)nk, sizeof *keep, by_order);
     const char *slash = strrchr(path, '/');
     size_t dl = slash ? (size_t)(slash - path) + 1 : 0;
     char *tmp = xmalloc(strlen(path) + 16);
@@ -409,17 +443,7 @@ int resume_rewrite(const char *path, const out_scan *s, int action, char *err, s
     int in = open(path, O_RDONLY), out = in < 0 ? -1 : mkstemp(tmp), made = out >= 0, rc = 0, e = 0;
     struct stat st;
     if (in < 0 || out < 0 || fstat(in, &st) != 0 || fchmod(out, st.st_mode & 07777) != 0) rc = -1;
-    char *buf = NULL;
-    size_t cap = 0;
-    for (int i = 0; i < nk && !rc; i++) {
-        size_t len = (size_t)keep[i]->len;
-        if (len > cap) buf = xrealloc(buf, cap = len);
-        ssize_t got = pread(in, buf, len, keep[i]->off);
-        if (got != (ssize_t)len) {
-            if (got >= 0) errno = EIO;
-            rc = -1;
-        } else rc = write_all(out, buf, len);
-    }
+    if (!rc) rc = resume_copy(in, out, s);
     if (!rc && fsync(out) != 0) rc = -1;
     if (out >= 0 && close(out) != 0 && !rc) rc = -1;
     if (!rc && rename(tmp, path) == 0) {
@@ -429,7 +453,6 @@ int resume_rewrite(const char *path, const out_scan *s, int action, char *err, s
     e = errno;
     if (made) unlink(tmp);   // the temporary is never left behind
     if (in >= 0) close(in);
-    free(buf), free(keep);
     if (rc) err_printf(err, errlen, "cannot rewrite '%s' (through '%s'): %s", path, tmp, strerror(e));
     free(tmp);
     return rc;
@@ -464,7 +487,7 @@ int out_lock_take(out_lock *l, const char *target, int wait, int quiet, char *er
                 return err_printf(err, errlen, "'%s' is being written by another sift (pid %s, lock "
                                   "'%s'): wait for it to end, or add --wait-lock", target, pid, l->path);
             }
-            if (!waited++ && !quiet)
+            if (!waited++)   // even with -q: a job that does nothing says why
                 fprintf(stderr, "sift: waiting for '%s': another sift (pid %s) writes it (--wait-lock)\n",
                         target, pid);
             if (flock(fd, LOCK_EX) != 0) {

@@ -289,7 +289,10 @@ static int outputs_open(outputs *w, const run_opts *o, const request_list *all, 
         const char *names[2] = {w->path[0], w->path[1] ? w->path[1] : "-"};
         int action[2] = {0, 0}, rc = 0;
         for (int f = 0; f < 2 && !rc; f++)
-            if (w->path[f]) rc = resume_read(w->path[f], f, max_record(n_ctx), &sc[f], err, sizeof err);
+            if (w->path[f]) {
+                resume_clean_temps(w->path[f]);
+                rc = resume_read(w->path[f], f, max_record(n_ctx), &sc[f], err, sizeof err);
+            }
         if (!rc) rc = resume_plan(sc, 2, names, shape, all->r, all->n, lo, hi, o, 0, done, action, err, sizeof err);
         for (int f = 0; f < 2 && !rc; f++) {
             if (action[f] == RESUME_KEEP) continue;
