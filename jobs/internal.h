@@ -140,6 +140,7 @@ typedef struct out_scan {
     out_record *r;
     int n, cap;
     int exists;
+    int quiet;               // no report on stderr (the fuzz target)
     int n_dropped, n_reported, n_retried;   // lines dropped (each reported), failures rerun
     int torn;                // the last line has no newline (a write cut short)
     long long good_end;      // the end of the last line with a newline

@@ -93,6 +93,7 @@ static long long next_line(line_reader *L, char **buf, size_t *cap, size_t max, 
 
 static void damage(out_scan *s, const char *name, int line, long long off, const char *what) {
     s->n_dropped++;
+    if (s->quiet) return;
     if (s->n_reported++ < MAX_REPORTS)
         fprintf(stderr, "sift: --resume: %s line %d (byte offset %lld): %s; dropped, its request "
                 "runs again\n", name, line, off, what);
@@ -304,7 +305,7 @@ int resume_plan(out_scan *sc, int n_sc, const char *const *names, int shape, con
                 for (int k = k0; k < n && !m && strcmp(e[k].key, key) == 0; k++)
                     if (!e[k].line_error) m = &e[k];
             free(key), free(id);
-            if (any && !any_in) {
+            if ((any && !any_in) || (m && !m->in_shard)) {
                 rc = err_printf(err, errlen, "'%s' line %d holds a record of '%s', a request of %s "
                                 "outside this shard (--shard %d/%d): resume each shard with its own file",
                                 names[f], r->line, r->id, from, o->shard_k, o->shard_n);
@@ -344,7 +345,10 @@ int resume_plan(out_scan *sc, int n_sc, const char *const *names, int shape, con
     }
     for (int k = 0; k < n; k++) free(e[k].key);
     free(e);
-    if (rc) return rc;
+    if (rc) {   // refused: nothing is done
+        if (done) done_free(done);
+        return rc;
+    }
     if (done && done->n) qsort(done->keys, (size_t)done->n, sizeof *done->keys, cmp_str);
     // what each file needs: nothing, a cut-short tail removed, or a rewrite
     for (int f = 0; f < n_sc; f++) {
