@@ -165,8 +165,8 @@ static const flag_row FLAGS[] = {
     {NULL, NULL, "--output-format", "F", F_CALL, 0, 0, 0, 0, set_format,
      "the JSON records' shape: sift (text, strategy, settings, timings, agreement) | openai (the "
      "Batch API's output objects: id, custom_id, response.body as a chat.completion, error; one "
-     "strategy) | auto (default: openai when every --prompts line is a Batch API request and one "
-     "strategy runs, else sift)"},
+     "strategy) | auto (default: openai when every --prompts line that is JSON is a Batch API "
+     "request and one strategy runs, else sift)"},
     {NULL, "-q", "--quiet", NULL, F_SWITCH, O(r.quiet), 0, 0, 0, NULL,
      "no progress or timing on stderr"},
     {NULL, "-h", "--help", NULL, F_SWITCH, 0, 0, 0, 0, show_help, "this help"},
