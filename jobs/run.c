@@ -256,7 +256,8 @@ static size_t max_record(int n_ctx) {
 }
 
 typedef struct outputs {
-    const char *path[2];     // --output, --errors (NULL: not given)
+    const char *path[2];     // --output, --errors (NULL: not given); a symlink: the file it names
+    char *real[2];           // that file's path (malloc'd), when the path given is a symlink
     char name[2][300];       // "--output 'x'"
     rec_sink sink[2];
     out_lock lock[2];
@@ -278,6 +279,9 @@ static int outputs_open(outputs *w, const run_opts *o, const request_list *all, 
         if (!w->path[f]) continue;
         snprintf(w->name[f], sizeof w->name[f], "%s '%.270s'", flag[f], w->path[f]);
         struct stat st;
+        // a symlink is followed: its file is locked, rewritten and renamed over, never the link
+        if (lstat(w->path[f], &st) == 0 && S_ISLNK(st.st_mode) && (w->real[f] = realpath(w->path[f], NULL)))
+            w->path[f] = w->real[f];
         regular[f] = stat(w->path[f], &st) != 0 || S_ISREG(st.st_mode);
         if (regular[f] && out_lock_take(&w->lock[f], w->path[f], o->wait_lock, o->quiet, err, sizeof err)) {
             fprintf(stderr, "sift: error: %s: %s\n", flag[f], err);
@@ -357,8 +361,11 @@ static int outputs_close(outputs *w, const run_opts *o, const request_list *all,
         scan_free(&sc[0]), scan_free(&sc[1]);
         if (rc) fprintf(stderr, "sift: error: %s\n", err);
     }
-    for (int f = 0; f < 2; f++)
+    for (int f = 0; f < 2; f++) {
         if (w->lock[f].path) out_lock_release(&w->lock[f]);
+        free(w->real[f]);
+        w->real[f] = NULL;
+    }
     return rc;
 }
 

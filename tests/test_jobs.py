@@ -442,6 +442,21 @@ def test_resume_keeps_records_after_damage(tiny, tmp_path):
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".out.jsonl.")]   # no temporary left
 
 
+def test_resume_through_a_symlink(tiny, tmp_path):
+    # the records file named through a symlink: the file it names is continued and rewritten,
+    # the link stays a link
+    p = write_jsonl(tmp_path / "r.jsonl", requests(4))
+    real, link = tmp_path / "real.jsonl", tmp_path / "link.jsonl"
+    base = ["-m", tiny, "--prompts", p, "--temp", "0", "-q"]
+    assert sift(*base, "--output", str(real)).returncode == 0
+    whole = real.read_bytes()
+    real.write_bytes(whole.replace(b"\n", b"\n\n", 1))   # an empty line: the file is rewritten
+    os.symlink(real, link)
+    r = sift(*base, "--output", str(link), "--resume")
+    assert r.returncode == 0 and "line 2" in r.stderr, r.stderr
+    assert os.path.islink(link) and real.read_bytes() == whole
+
+
 def test_fix_a_bad_line_and_resume_sift_shape(tiny, tmp_path):
     rows = requests(4)
     p, out = tmp_path / "r.jsonl", tmp_path / "out.jsonl"
