@@ -1,4 +1,4 @@
-// jobs/internal.h — what the three files of jobs/ share: a request (one input line or file), a
+// jobs/internal.h — what the files of jobs/ share: a request (one input line or file), a
 // unit (one request run by one strategy), a job (a request and its units), the runner (the run's
 // state and totals), and the functions each file gives the others.
 #pragma once

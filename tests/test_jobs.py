@@ -427,6 +427,7 @@ def test_resume_keeps_records_after_damage(tiny, tmp_path):
                + [b'{"id":"x","custom_id":"r6","response":null,"error":{"code":"c","message":"m"}}\n']
                + [b'"' + b"a" * (65 << 20) + b'"\n', b"\n"] + lines[7:])
     out.write_bytes(b"".join(planted))
+    (tmp_path / ".out.jsonl.k1ll3d").write_bytes(lines[0])   # what a rewrite killed midway leaves
     offsets = [sum(len(l) for l in planted[:i]) for i in range(len(planted))]
     r = sift(*base, "--output", str(out), "--resume")
     assert r.returncode == 0, r.stderr[-2000:]
@@ -440,6 +441,7 @@ def test_resume_keeps_records_after_damage(tiny, tmp_path):
     assert [l for l in out.read_bytes().splitlines(keepends=True) if json.loads(l)["id"] not in ("r2", "r6")] \
         == [kept[f"r{i}"] for i in (0, 1, 3, 4, 5, 7)]
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".out.jsonl.")]   # no temporary left
+    assert not (tmp_path / "out.jsonl.lock").exists()
 
 
 def test_resume_through_a_symlink(tiny, tmp_path):
