@@ -273,9 +273,8 @@ static int outputs_open(outputs *w, const run_opts *o, const request_list *all, 
     char err[1024];
     const char *flag[2] = {"--output", "--errors"};
     int regular[2] = {1, 1};
+    for (int f = 0; f < 2; f++) w->sink[f] = (rec_sink){.fd = -1}, w->lock[f] = (out_lock){NULL, -1};
     for (int f = 0; f < 2; f++) {
-        w->sink[f] = (rec_sink){.fd = -1};
-        w->lock[f] = (out_lock){NULL, -1};
         if (!w->path[f]) continue;
         snprintf(w->name[f], sizeof w->name[f], "%s '%.270s'", flag[f], w->path[f]);
         struct stat st;
