@@ -127,7 +127,8 @@ typedef struct out_record {
     char *id, *strategy;     // id / custom_id; sift's shape: its strategy (NULL: a bad line's error)
     char *error;             // an error record's message, or NULL (an answer)
     int shape;               // SHAPE_SIFT or SHAPE_OPENAI
-    int line_error;          // the error of a request line (sift: no strategy; Batch API: invalid_request)
+    int line_error;          // may be a request line's error (sift: no strategy; Batch API: a code
+                             // other than a run's failure, context_length_exceeded or server_error)
     int line;                // 1-based
     long long off, len;      // its bytes in the file, the newline included
     int file;                // 0 --output, 1 --errors

@@ -117,7 +117,11 @@ static int parse_record(json_t *o, out_record *r) {
             json_t *code = json_object_get(err, "code"), *msg = json_object_get(err, "message");
             if (!json_is_string(code) || !json_is_string(msg)) return -1;
             r->error = strdup(json_string_value(msg));
-            r->line_error = strcmp(json_string_value(code), "invalid_request") == 0;
+            // a run's failure (jobs/run.c's unit_failed) is an outcome; any other code may be a
+            // request line's error, which is its outcome only while the line is the same (an
+            // unknown code is at worst run again, never kept wrongly)
+            const char *c = json_string_value(code);
+            r->line_error = strcmp(c, "context_length_exceeded") != 0 && strcmp(c, "server_error") != 0;
         }
         return 0;
     }
