@@ -35,6 +35,19 @@ static void parse_shard(const char *v, run_opts *r) {
     r->shard_k = (int)k, r->shard_n = (int)n;
 }
 
+// --output / --errors FILE: an existing regular file only with --resume (which reads and rewrites
+// it, so never a device, pipe or directory); a device or pipe without --resume is written in place.
+static void check_records_file(const char *flag, const char *path, int resume) {
+    struct stat st;
+    if (!path || stat(path, &st) != 0) return;   // a new file (or one jobs_run reports it cannot open)
+    if (S_ISDIR(st.st_mode)) cli_usage_error("%s '%s' is a directory", flag, path);
+    if (S_ISREG(st.st_mode) && !resume)
+        cli_usage_error("%s '%s' exists: add --resume to continue it, or remove it", flag, path);
+    if (!S_ISREG(st.st_mode) && resume)
+        cli_usage_error("%s '%s' is not a regular file (a device or pipe): --resume reads and "
+                        "rewrites a file; write to a file, or leave out --resume", flag, path);
+}
+
 // ---- the flags: one table (type, field, range, default, help) for the parser and --help; the
 // strategy parameters have theirs in policies/options.c ----
 
@@ -124,9 +137,18 @@ static const flag_row FLAGS[] = {
      NULL, "up to N prompts in flight; each decode step is one forward pass over all of them "
      "(default 1)"},
     {NULL, NULL, "--output", "FILE", F_STR, O(r.output), 0, 0, 0, NULL,
-     "write the JSON records to FILE (refuses an existing FILE unless --resume)"},
+     "write the JSON records to FILE (refuses an existing file unless --resume; a device or pipe "
+     "is written in place); a second sift on FILE is refused (FILE.lock holds the pid)"},
     {NULL, NULL, "--resume", NULL, F_SWITCH, O(r.resume), 0, 0, 0, NULL,
-     "skip the requests FILE already has, append the rest"},
+     "keep every valid record FILE already has (one per request, damaged lines reported and "
+     "redone, the file rewritten in input order when needed), run and append the rest"},
+    {NULL, NULL, "--errors", "FILE", F_STR, O(r.errors), 0, 0, 0, NULL,
+     "write the failed requests' records to FILE instead (as the Batch API's error file); "
+     "--resume reads both"},
+    {NULL, NULL, "--retry-failed", NULL, F_SWITCH, O(r.retry_failed), 0, 0, 0, NULL,
+     "with --resume: run the failed requests again (their error records are replaced)"},
+    {NULL, NULL, "--wait-lock", NULL, F_SWITCH, O(r.wait_lock), 0, 0, 0, NULL,
+     "when another sift writes --output FILE, wait for it to end instead of refusing"},
     {NULL, NULL, "--shard", "K/N", F_CALL, 0, 0, 0, 0, set_shard,
      "run the K-th (0-based) of N contiguous slices of the input"},
     {NULL, NULL, "--unordered", NULL, F_SWITCH, O(r.unordered), 0, 0, 0, NULL,
@@ -143,8 +165,8 @@ static const flag_row FLAGS[] = {
     {NULL, NULL, "--output-format", "F", F_CALL, 0, 0, 0, 0, set_format,
      "the JSON records' shape: sift (text, strategy, settings, timings, agreement) | openai (the "
      "Batch API's output objects: id, custom_id, response.body as a chat.completion, error; one "
-     "strategy) | auto (default: openai when every --prompts line is a Batch API request and one "
-     "strategy runs, else sift)"},
+     "strategy) | auto (default: openai when every --prompts line that is JSON is a Batch API "
+     "request and one strategy runs, else sift)"},
     {NULL, "-q", "--quiet", NULL, F_SWITCH, O(r.quiet), 0, 0, 0, NULL,
      "no progress or timing on stderr"},
     {NULL, "-h", "--help", NULL, F_SWITCH, 0, 0, 0, 0, show_help, "this help"},
@@ -244,8 +266,14 @@ static void parse_args(int argc, char **argv, options *o) {
         cli_usage_error("--draft and --draft-layers exclude each other (a draft model, or the main "
                     "model's first layers)");
     if (r->resume && !r->output) cli_usage_error("--resume needs --output FILE (the file to continue)");
-    if (r->output && !r->resume && access(r->output, F_OK) == 0)
-        cli_usage_error("--output '%s' exists: add --resume to continue it, or remove it", r->output);
+    if (r->retry_failed && !r->resume)
+        cli_usage_error("--retry-failed reruns the failed requests of a finished job: add --resume");
+    if (r->errors && !r->output && !r->json)
+        cli_usage_error("--errors FILE holds failed requests' JSON records: add --output FILE or --json");
+    if (r->errors && r->output && strcmp(r->errors, r->output) == 0)
+        cli_usage_error("--errors and --output name the same file '%s'", r->output);
+    check_records_file("--output", r->output, r->resume);
+    check_records_file("--errors", r->errors, r->resume);
     if (r->format == RUN_FORMAT_OPENAI) {
         if (r->n_strategies > 1)
             cli_usage_error("--output-format openai writes one response per custom_id: give one "

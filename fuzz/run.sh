@@ -9,7 +9,7 @@ secs=${1:-10}
 out=build/fuzz
 mkdir -p "$out"/seed_gguf "$out"/seed_tok "$out"/seed_cli "$out"/corpus_gguf "$out"/corpus_tok \
     "$out"/corpus_cli "$out"/seed_safetensors "$out"/corpus_safetensors "$out"/seed_phi "$out"/corpus_phi \
-    "$out"/seed_requests "$out"/corpus_requests
+    "$out"/seed_requests "$out"/corpus_requests "$out"/seed_resume "$out"/corpus_resume
 .venv/bin/python - <<'PY'
 import json, sys
 sys.path.insert(0, "tests")
@@ -76,8 +76,18 @@ for i, rows in enumerate(shapes):
     text = "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows)
     open(f"build/fuzz/seed_requests/{i}.jsonl", "wb").write(bytes([i]) + text.encode())
 PY
+# the resume reader: real records of both shapes (tests/data/resume_seed_*.jsonl), whole and as
+# an interrupted run leaves them (a last line cut short, a damaged middle line)
+for f in tests/data/resume_seed_*.jsonl; do
+    b=$(basename "$f" .jsonl)
+    cp "$f" "$out/seed_resume/$b.jsonl"
+    head -c -40 "$f" > "$out/seed_resume/$b.cut.jsonl"
+    { head -n 1 "$f"; head -n 2 "$f" | tail -n 1 | head -c 30; echo; tail -n +3 "$f"; } > "$out/seed_resume/$b.damaged.jsonl"
+    { head -n 1 "$f" | tr -d '\n'; head -n 1 "$f" | tr -d '\n'; head -n 1 "$f" | tr -d '\n'; head -n 1 "$f" | tr -d '\n'
+      head -n 1 "$f" | tr -d '\n'; echo; tail -n +2 "$f"; } > "$out/seed_resume/$b.long.jsonl"   # past the target's line bound
+done
 export SIFT_FUZZ_MODEL="$(realpath "${SIFT_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}")"
-for target in gguf tok safetensors phi cli requests; do
+for target in gguf tok safetensors phi cli requests resume; do
     log="$out/fuzz_$target.log"
     # the CLI target: a usage error's allocations are left behind on purpose (the process would
     # exit), and the help and error text it prints is muted

@@ -1,4 +1,4 @@
-// jobs/internal.h — what the three files of jobs/ share: a request (one input line or file), a
+// jobs/internal.h — what the files of jobs/ share: a request (one input line or file), a
 // unit (one request run by one strategy), a job (a request and its units), the runner (the run's
 // state and totals), and the functions each file gives the others.
 #pragma once
@@ -31,6 +31,7 @@ typedef struct request {
     int n_stop;
     int n_choices;          // answers to the prompt (OpenAI's n), sharing one prefill
     float freq_pen, pres_pen;   // OpenAI's frequency_penalty, presence_penalty (0: off)
+    int parsed;             // --prompts: the line is JSON (a line that is not is no vote on the format)
 } request;
 
 // The Batch API error codes sift writes (README lists them): a line that cannot be read or holds a
@@ -52,6 +53,17 @@ typedef struct {
 } done_set;
 
 typedef struct keptmap keptmap;   // jobs/keptmap.c
+
+// Where records go: stdout (f), or --output / --errors (fd). A record is one write; on a failed
+// write the file is cut back to `end`, the end of its last whole record.
+typedef struct rec_sink {
+    FILE *f;                 // stdout, or NULL
+    int fd;                  // the file, or -1
+    const char *name;        // for messages: "--output 'x'", "stdout"
+    long long end;           // bytes of whole records (a regular file)
+    int regular;             // a regular file (else a device or pipe: written in place)
+    double last_sync;        // when it was last fsync'ed (ms)
+} rec_sink;
 
 typedef struct unit {
     request *rq;
@@ -91,7 +103,7 @@ typedef struct runner {
     const char *dev, *model_name;
     double load_ms;
     int n_ctx;
-    FILE *out;               // records (stdout, or --output)
+    rec_sink *out, *errs;    // records (stdout, or --output), failed ones (--errors; else out)
     int openai;              // records in the OpenAI Batch API's shape
     int n_skipped;           // requests of this shard an earlier run wrote (--resume)
     keptmap **km;            // --kept-map: the runs written so far
@@ -122,13 +134,78 @@ void requests_mark_duplicates(request_list *l, const char *path);
 // Every request of the run, in input order; duplicate ids become error records.
 request_list jobs_collect(const run_opts *o);
 void req_free(request *q);
-// The key of a (request, strategy) record in a done_set; strategy NULL: the request as a whole.
+
+// ---- jobs/resume.c (--resume, and the lock of an output) ----
+// The key of a (request, strategy) outcome in a done_set; strategy NULL: the request as a whole
+// (the Batch API's shape). error_key: the outcome of request q that cannot run (its error record).
 char *unit_key(const char *id, const char *strategy);
+char *error_key(const request *q);
 int done_has(const done_set *d, const char *key);
-// The records of an earlier run's --output file (either shape); a last line cut short (a kill
-// during its write) is removed from the file. 0, or -1 + err.
-int read_done(done_set *d, const char *path, int quiet, char *err, size_t errlen);
 void done_free(done_set *d);
+
+enum { SHAPE_NONE, SHAPE_SIFT, SHAPE_OPENAI };           // a record's shape
+enum { RESUME_KEEP, RESUME_TRUNCATE, RESUME_REWRITE };   // what a records file needs
+
+// A record of an earlier run's output.
+typedef struct out_record {
+    char *id, *strategy;     // id / custom_id; sift's shape: its strategy (NULL: a bad line's error)
+    char *error;             // an error record's message, or NULL (an answer)
+    int shape;               // SHAPE_SIFT or SHAPE_OPENAI
+    int line_error;          // may be a request line's error (sift: no strategy; Batch API: a code
+                             // other than a run's failure, context_length_exceeded or server_error)
+    int line;                // 1-based
+    long long off, len;      // its bytes in the file, the newline included
+    int file;                // 0 --output, 1 --errors
+    long long order;         // its place in input order (resume_plan)
+    int keep;                // kept (resume_plan)
+} out_record;
+
+// The records of one file, and what was wrong in it.
+typedef struct out_scan {
+    out_record *r;
+    int n, cap;
+    int exists;
+    int quiet;               // no report on stderr (the fuzz target)
+    int n_dropped, n_reported, n_retried;   // lines dropped (each reported), failures rerun
+    int torn;                // the last line has no newline (a write cut short)
+    long long good_end;      // the end of the last line with a newline
+    long long size;          // bytes read
+} out_scan;
+
+// Reads fp's lines (at most max_line bytes each; a longer line is skipped, not held) into s;
+// each line that is no record is reported on stderr (name, line, byte offset) and counted.
+// 0, or -1 on a read error (errno).
+int resume_scan(FILE *fp, const char *name, int file, size_t max_line, out_scan *s);
+// The same for the file at path (none there: no records). 0, or -1 + err.
+int resume_read(const char *path, int file, size_t max_line, out_scan *s, char *err, size_t errlen);
+void scan_free(out_scan *s);
+// Matches the records of sc[0..n_sc) (--output, then --errors) to this run's outcomes (all
+// requests, this shard [lo, hi), o's strategies, records of `shape`): keeps the first record of
+// each outcome, drops (and reports) records of the other shape, second records, error records that
+// are no longer their request's outcome (its line changed; final: only damage is dropped) and,
+// with --retry-failed, failures; adds the kept outcomes to done (when not NULL); sets action[f].
+// -1 + err (naming the file and the request file) when a file holds records of another run:
+// only the other shape, a request of no shard of this input, another shard's, another strategy's.
+int resume_plan(out_scan *sc, int n_sc, const char *const *names, int shape, const request *all, int n_all,
+                int lo, int hi, const run_opts *o, int final, done_set *done, int *action, char *err,
+                size_t errlen);
+// Carries out action on path: cuts the torn last line off, or writes the kept records of s in
+// input order into a new file beside it (mkstemp, fsync) renamed over it (the directory fsync'ed).
+int resume_rewrite(const char *path, const out_scan *s, int action, char *err, size_t errlen);
+// The kept records of s, in input order, from in (the file s was read from) to out. 0, or -1 (errno).
+int resume_copy(int in, int out, const out_scan *s);
+// Removes the temporaries of a rewrite that was killed midway (.NAME.XXXXXX beside path).
+void resume_clean_temps(const char *path);
+
+// The lock of an output file: FILE.lock beside it, flock'ed for the whole run and holding the
+// pid; the kernel drops it when the process ends (kill -9 included). Taken: 0; held by another
+// sift: -1 + err naming its pid, or (wait) waits for it. Released (the file removed) at exit.
+typedef struct out_lock {
+    char *path;
+    int fd;
+} out_lock;
+int out_lock_take(out_lock *l, const char *target, int wait, int quiet, char *err, size_t errlen);
+void out_lock_release(out_lock *l);
 
 // ---- jobs/record.c ----
 // How each unit compares with `full` on the same request.

@@ -2,8 +2,9 @@
 // sift's shape or the OpenAI Batch API's), this process's shard of them less what --resume finds
 // done, run through up to --parallel sequences at a time (continuous batching), written as
 // records (sift's shape or the Batch API's output objects) with a summary beside them.
-// jobs/request.c reads requests and earlier output, jobs/record.c writes records, tables and the
-// summary, jobs/run.c schedules the sequences, jobs/keptmap.c draws what each strategy kept.
+// jobs/request.c reads requests, jobs/resume.c what an earlier run wrote (--resume) and locks an
+// output, jobs/record.c writes records, tables and the summary, jobs/run.c schedules the
+// sequences, jobs/keptmap.c draws what each strategy kept.
 #pragma once
 #include <stddef.h>
 
@@ -22,10 +23,12 @@ typedef struct run_opts {
     int n_files;
     const char *prompts_path;      // --prompts FILE.jsonl ('-' = stdin)
     const char *output;            // --output FILE (JSON records), or NULL: stdout
+    const char *errors;            // --errors FILE: the failed requests' records (else with the rest)
     const char *summary;           // --summary FILE: the run's summary as one JSON object
     const char *kept_map;          // --kept-map FILE.html: what each strategy kept, drawn
     enum run_format format;        // --output-format auto|sift|openai
     int resume, unordered;         // --resume, --unordered
+    int retry_failed, wait_lock;   // --retry-failed (with --resume), --wait-lock
     int shard_k, shard_n;          // --shard K/N (0-based K; n 0: no sharding)
     int parallel;                  // --parallel N: sequences in flight
     int reps;                      // -r N: each strategy N times per prompt, in rotating order

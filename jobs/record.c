@@ -138,13 +138,37 @@ static void openai_record(FILE *f, const runner *R, const request *q, const unit
             st->prompt_n, completion, st->prompt_n + completion, SIFT_VERSION, u->s->name);
 }
 
-// Writes buf[0..n) to f in one call and flushes: a record is never split between writes.
-static void write_whole(FILE *f, const char *buf, size_t n) {
-    if (fwrite(buf, 1, n, f) != n || fflush(f) != 0) {
-        fprintf(stderr, "sift: error: cannot write the results: %s\n", strerror(errno));
+// Writes the record buf[0..n) to s in one write and flushes it (stdout) or, at most once a second,
+// fsyncs it (a file; the rest at the end of the run: README says what a power cut can cost). A
+// failed write ends the run with exit 1, naming the file and the reason, after cutting a regular
+// file back to the end of its last whole record: what was written stays whole.
+static void write_whole(rec_sink *s, const char *buf, size_t n) {
+    int bad = 0, e = 0;
+    if (s->f) bad = fwrite(buf, 1, n, s->f) != n || fflush(s->f) != 0;
+    for (size_t done = 0; !s->f && !bad && done < n;) {   // more than once only when cut short
+        ssize_t w = write(s->fd, buf + done, n - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w == 0) errno = EIO;
+        if (w <= 0) bad = 1;
+        else done += (size_t)w;
+    }
+    e = errno;
+    if (!bad && s->regular && now_ms() - s->last_sync >= 1000) {
+        bad = fdatasync(s->fd) != 0, e = errno;
+        s->last_sync = now_ms();
+    }
+    if (bad) {
+        if (s->regular && ftruncate(s->fd, s->end) != 0)
+            fprintf(stderr, "sift: error: cannot cut %s back to its last whole record: %s\n", s->name,
+                    strerror(errno));
+        fprintf(stderr, "sift: error: cannot write %s: %s\n", s->name, strerror(e));
         exit(1);
     }
+    s->end += (long long)n;
 }
+
+// A failed request's record goes to --errors when given.
+static rec_sink *sink_of(const runner *R, int failed) { return failed && R->errs ? R->errs : R->out; }
 
 void record_unit(runner *R, const unit *u) {
     char *buf = NULL;
@@ -153,7 +177,7 @@ void record_unit(runner *R, const unit *u) {
     if (R->openai) openai_record(mem, R, u->rq, u, u->code, u->rc ? u->err : NULL);
     else json_unit(mem, R, u);
     fclose(mem);
-    write_whole(R->out, buf, n);
+    write_whole(sink_of(R, u->rc != 0), buf, n);
     free(buf);
 }
 
@@ -169,7 +193,7 @@ void record_error(runner *R, const request *q) {
         fprintf(mem, "}\n");
     }
     fclose(mem);
-    write_whole(R->out, buf, n);
+    write_whole(sink_of(R, 1), buf, n);
     free(buf);
 }
 

@@ -1,6 +1,6 @@
 // jobs/request.c — the requests of a run: -p, -f files, --batch DIR, and --prompts JSON Lines in
 // sift's fields or the OpenAI Batch API request shape (a bad line becomes that line's error
-// record; duplicate ids too); and what an earlier run's --output already holds (--resume).
+// record; duplicate ids too). What an earlier run's --output holds (--resume): jobs/resume.c.
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
@@ -281,6 +281,11 @@ void requests_read(request_list *l, FILE *fp, const char *path, int chat) {
         char *e = o ? parse_line(q, o, chat)
                     : got > MAX_LINE ? fmt("the line is longer than %ld bytes", MAX_LINE)
                                      : fmt("invalid JSON at column %d: %s", je.column, je.text);
+        // the line's vote on the output's shape (--output-format auto), whatever its error: a
+        // Batch API request has one of the envelope's fields
+        q->parsed = o != NULL;
+        q->openai = json_is_object(o) && (json_object_get(o, "custom_id") || json_object_get(o, "body") ||
+                                          json_object_get(o, "method") || json_object_get(o, "url"));
         json_decref(o);
         if (!q->id) q->id = fmt("line-%d", ln);
         if (e) {
@@ -375,66 +380,4 @@ int jobs_add_batch_dir(run_opts *o, const char *dir, char *err, size_t errlen) {
     if (o->n_files == first) return err_printf(err, errlen, "no .txt files in --batch directory '%s'", dir);
     qsort(o->files + first, (size_t)(o->n_files - first), sizeof *o->files, by_path);
     return 0;
-}
-
-// ---- resume: what an earlier run already wrote ----------------------------------------------
-
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
-char *unit_key(const char *id, const char *strategy) {
-    return fmt("%s\t%s", id, strategy ? strategy : "");
-}
-
-int done_has(const done_set *d, const char *key) {
-    return d->n && bsearch(&key, d->keys, (size_t)d->n, sizeof *d->keys, cmp_str) != NULL;
-}
-
-int read_done(done_set *d, const char *path, int quiet, char *err, size_t errlen) {
-    FILE *fp = fopen(path, "r+");
-    if (!fp) return errno == ENOENT ? 0 : err_printf(err, errlen, "cannot open --output '%s': %s", path, strerror(errno));
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t got;
-    long good = 0;
-    int cap_keys = 0;
-    while ((got = getline(&line, &cap, fp)) >= 0) {
-        if (got == 0 || line[got - 1] != '\n') break;   // no newline: cut short
-        json_t *o = json_loadb(line, (size_t)got, 0, NULL);
-        if (!o) break;   // damaged: everything from here is dropped
-        json_t *id = json_object_get(o, "id"), *s = json_object_get(o, "strategy");
-        if (json_object_get(o, "custom_id")) {   // a Batch API output object: one per request
-            id = json_object_get(o, "custom_id");
-            s = NULL;
-        }
-        if (json_is_string(id)) {
-            if (d->n == cap_keys) d->keys = xrealloc(d->keys, (size_t)(cap_keys = cap_keys ? 2 * cap_keys : 256) * sizeof *d->keys);
-            // a run of a strategy (its text or its error): "id\tstrategy"; a request that could
-            // not run at all (a bad line), or a Batch API record: "id\t"
-            d->keys[d->n++] = unit_key(json_string_value(id), json_is_string(s) ? json_string_value(s) : NULL);
-        }
-        json_decref(o);
-        good = ftell(fp);
-    }
-    fseek(fp, 0, SEEK_END);
-    long end = ftell(fp);
-    if (end > good) {
-        if (ftruncate(fileno(fp), good) != 0) {
-            free(line);
-            fclose(fp);
-            return err_printf(err, errlen, "cannot truncate --output '%s': %s", path, strerror(errno));
-        }
-        if (!quiet)
-            fprintf(stderr, "sift: --resume: dropped %ld bytes of an incomplete last record in %s\n",
-                    end - good, path);
-    }
-    free(line);
-    fclose(fp);
-    if (d->n) qsort(d->keys, (size_t)d->n, sizeof *d->keys, cmp_str);
-    return 0;
-}
-
-void done_free(done_set *d) {
-    for (int i = 0; i < d->n; i++) free(d->keys[i]);
-    free(d->keys);
-    *d = (done_set){0};
 }

@@ -7,12 +7,23 @@
 // sequences in flight, then stop (again: drop them); SIGTERM drops them at once. Either way the
 // output holds only whole records.
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "internal.h"
+
+// Text written to stdout so far is out: a failed write or flush (a full disk, a closed pipe) ends
+// the run with exit 1 and the reason, never a silent exit 0.
+static void stdout_check(void) {
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "sift: error: cannot write to stdout: %s\n", strerror(errno));
+        exit(1);
+    }
+}
 
 // ---- one (request, strategy) sequence --------------------------------------------------------
 
@@ -41,7 +52,7 @@ static int on_token(void *ctx, int id) {
     if (stop_cut(u, len)) return 1;
     if (u->stream) {
         fwrite(u->ans.text + len, 1, u->ans.len - len, stdout);
-        fflush(stdout);
+        stdout_check();
     }
     return 0;
 }
@@ -274,7 +285,7 @@ static void emit_job(runner *R, job *J) {
                 printf("==> %s%s%s%s <==\n", J->rq->id, J->n_units > 1 ? " [" : "",
                        J->n_units > 1 ? label : "", J->n_units > 1 ? "]" : "");
             printf("%s\n", u->ans.text ? u->ans.text : "");
-            fflush(stdout);
+            stdout_check();
         }
         if (!u->rc && !o->quiet && o->parallel == 1) print_timing(R, u);
         R->prompt_tok += u->g.st.prompt_n;
@@ -285,6 +296,7 @@ static void emit_job(runner *R, job *J) {
         if (o->reps > 1) print_table_reps(J->u, J->n_units, o->reps);
         else print_table(J->u, J->n_units);
         machine_note(R);
+        stdout_check();
     }
     R->n_done++;
     J->written = 1;
@@ -315,6 +327,128 @@ static void progress(runner *R, int in_flight, int final) {
             R->n_failed, in_flight, el, el > 0 ? R->gen_tok / el : 0, eta, tty && !final ? "   " : "\n");
 }
 
+// ---- the records files: locked, read and rewritten (--resume), written, synced -----------------
+
+// A line no record sift writes can reach: 64 MiB, or 1 KiB per context token when that is more
+// (a token's text escaped as JSON is a few bytes; a record holds at most n_ctx of them).
+static size_t max_record(int n_ctx) {
+    size_t cap = (size_t)64 << 20, per = (size_t)(n_ctx > 0 ? n_ctx : 0) << 10;
+    return per > cap ? per : cap;
+}
+
+typedef struct outputs {
+    const char *path[2];     // --output, --errors (NULL: not given); a symlink: the file it names
+    char *real[2];           // that file's path (malloc'd), when the path given is a symlink
+    char name[2][300];       // "--output 'x'"
+    rec_sink sink[2];
+    out_lock lock[2];
+} outputs;
+
+// Locks --output and --errors (regular files; a device or pipe is the user's to share), reads and
+// repairs what an earlier run wrote (--resume: the done outcomes into done), and opens them: a
+// new file is created (one there is refused: main.c checked; O_EXCL settles a race), a device or
+// pipe is written in place (never truncated, unlinked or renamed), a resumed file is appended to.
+// 0, or -1 (the error printed).
+static int outputs_open(outputs *w, const run_opts *o, const request_list *all, int lo, int hi, int shape,
+                        int n_ctx, done_set *done) {
+    char err[1024];
+    const char *flag[2] = {"--output", "--errors"};
+    int regular[2] = {1, 1};
+    for (int f = 0; f < 2; f++) w->sink[f] = (rec_sink){.fd = -1}, w->lock[f] = (out_lock){NULL, -1};
+    for (int f = 0; f < 2; f++) {
+        if (!w->path[f]) continue;
+        snprintf(w->name[f], sizeof w->name[f], "%s '%.270s'", flag[f], w->path[f]);
+        struct stat st;
+        // a symlink is followed: its file is locked, rewritten and renamed over, never the link
+        if (lstat(w->path[f], &st) == 0 && S_ISLNK(st.st_mode) && (w->real[f] = realpath(w->path[f], NULL)))
+            w->path[f] = w->real[f];
+        regular[f] = stat(w->path[f], &st) != 0 || S_ISREG(st.st_mode);
+        if (regular[f] && out_lock_take(&w->lock[f], w->path[f], o->wait_lock, o->quiet, err, sizeof err)) {
+            fprintf(stderr, "sift: error: %s: %s\n", flag[f], err);
+            return -1;
+        }
+    }
+    if (o->resume) {
+        out_scan sc[2] = {{0}, {0}};
+        const char *names[2] = {w->path[0], w->path[1] ? w->path[1] : "-"};
+        int action[2] = {0, 0}, rc = 0;
+        for (int f = 0; f < 2 && !rc; f++)
+            if (w->path[f]) {
+                resume_clean_temps(w->path[f]);
+                rc = resume_read(w->path[f], f, max_record(n_ctx), &sc[f], err, sizeof err);
+            }
+        if (!rc) rc = resume_plan(sc, 2, names, shape, all->r, all->n, lo, hi, o, 0, done, action, err, sizeof err);
+        for (int f = 0; f < 2 && !rc; f++) {
+            if (action[f] == RESUME_KEEP) continue;
+            rc = resume_rewrite(w->path[f], &sc[f], action[f], err, sizeof err);
+            int kept = 0;
+            for (int i = 0; i < sc[f].n; i++) kept += sc[f].r[i].keep;
+            if (!rc && !o->quiet)
+                fprintf(stderr, "sift: --resume: %s '%s': %d records kept, %d lines dropped (%s)\n",
+                        action[f] == RESUME_REWRITE ? "rewrote" : "cut the last line of", w->path[f], kept,
+                        sc[f].n_dropped, action[f] == RESUME_REWRITE ? "one per request, in input order"
+                                                                     : "a write cut short");
+        }
+        scan_free(&sc[0]), scan_free(&sc[1]);
+        if (rc) {
+            fprintf(stderr, "sift: error: --resume: %s\n", err);
+            return -1;
+        }
+    }
+    for (int f = 0; f < 2; f++) {
+        if (!w->path[f]) continue;
+        rec_sink *s = &w->sink[f];
+        int flags = o->resume ? O_CREAT | O_APPEND : regular[f] ? O_CREAT | O_EXCL : 0;
+        s->fd = open(w->path[f], O_WRONLY | O_CLOEXEC | flags, 0666);
+        s->name = w->name[f], s->regular = regular[f], s->last_sync = now_ms();
+        if (s->fd < 0) {
+            fprintf(stderr, "sift: error: cannot write %s: %s\n", s->name, strerror(errno));
+            return -1;
+        }
+        struct stat st;
+        if (fstat(s->fd, &st) == 0) s->regular = S_ISREG(st.st_mode);
+        if (s->regular) s->end = lseek(s->fd, 0, SEEK_END);
+    }
+    return 0;
+}
+
+// The end of the run: each file fsync'ed and closed (checked); a resumed run that completed leaves
+// its files in input order (rewritten once when the appended records follow later ones; not with
+// --unordered); the locks released. 0, or -1 (the error printed).
+static int outputs_close(outputs *w, const run_opts *o, const request_list *all, int lo, int hi, int shape,
+                         int n_ctx, int completed) {
+    char err[1024];
+    int rc = 0;
+    for (int f = 0; f < 2; f++) {
+        rec_sink *s = &w->sink[f];
+        if (s->fd < 0) continue;
+        if ((s->regular && fsync(s->fd) != 0) | (close(s->fd) != 0)) {
+            fprintf(stderr, "sift: error: cannot write %s: %s\n", s->name, strerror(errno));
+            rc = -1;
+        }
+        s->fd = -1;
+    }
+    if (!rc && o->resume && completed && !o->unordered) {
+        out_scan sc[2] = {{0}, {0}};
+        const char *names[2] = {w->path[0], w->path[1] ? w->path[1] : "-"};
+        int action[2] = {0, 0};
+        for (int f = 0; f < 2 && !rc; f++)
+            if (w->path[f] && w->sink[f].regular)
+                rc = resume_read(w->path[f], f, max_record(n_ctx), &sc[f], err, sizeof err);
+        if (!rc) rc = resume_plan(sc, 2, names, shape, all->r, all->n, lo, hi, o, 1, NULL, action, err, sizeof err);
+        for (int f = 0; f < 2 && !rc; f++)
+            if (action[f] != RESUME_KEEP) rc = resume_rewrite(w->path[f], &sc[f], action[f], err, sizeof err);
+        scan_free(&sc[0]), scan_free(&sc[1]);
+        if (rc) fprintf(stderr, "sift: error: %s\n", err);
+    }
+    for (int f = 0; f < 2; f++) {
+        if (w->lock[f].path) out_lock_release(&w->lock[f]);
+        free(w->real[f]);
+        w->real[f] = NULL;
+    }
+    return rc;
+}
+
 int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const char *model_name,
              double load_ms, int n_ctx) {
     char err[512];
@@ -325,26 +459,43 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
         lo = (int)((long)all.n * o->shard_k / o->shard_n);
         hi = (int)((long)all.n * (o->shard_k + 1) / o->shard_n);
     }
-    done_set done = {0};
-    if (o->output && o->resume && read_done(&done, o->output, o->quiet, err, sizeof err)) {
-        fprintf(stderr, "sift: error: %s\n", err);
-        return 1;
-    }
     runner R = {.o = o, .m = m, .t = t, .dev = dev, .model_name = model_name, .load_ms = load_ms,
-                .n_ctx = n_ctx, .out = stdout, .t0 = now_ms()};
-    // the records' shape: --output-format, else the Batch API's when every --prompts line is a
-    // Batch API request (and one strategy runs: the Batch API has one response per custom_id)
-    int n_openai = 0;
-    for (int i = 0; i < all.n; i++) n_openai += all.r[i].openai;
+                .n_ctx = n_ctx, .t0 = now_ms()};
+    // the records' shape, one per job: --output-format, else the Batch API's when every --prompts
+    // line that is JSON is a Batch API request (a line that is not becomes an error record in that
+    // shape) and one strategy runs (the Batch API has one response per custom_id)
+    int n_batch = 0, n_other = 0;
+    for (int i = 0; i < all.n; i++)
+        if (!all.r[i].line || all.r[i].parsed) {
+            n_batch += all.r[i].openai;
+            n_other += !all.r[i].openai;
+        }
     R.openai = o->format == RUN_FORMAT_OPENAI ||
-               (o->format == RUN_FORMAT_AUTO && all.n > 0 && n_openai == all.n && o->n_strategies == 1);
-    if (o->output) {
-        R.out = fopen(o->output, o->resume ? "a" : "w");
-        if (!R.out) {
-            fprintf(stderr, "sift: error: cannot write --output '%s': %s\n", o->output, strerror(errno));
-            return 1;
+               (o->format == RUN_FORMAT_AUTO && n_batch > 0 && n_other == 0 && o->n_strategies == 1);
+    int shape = R.openai ? SHAPE_OPENAI : SHAPE_SIFT;
+    // n > 1: one record holds every choice, so only the Batch API's shape with one strategy and
+    // no -r answers it; elsewhere it is the line's error (before --resume reads which are done)
+    for (int i = 0; i < all.n; i++) {
+        request *q = &all.r[i];
+        int ns = q->strategy ? 1 : o->n_strategies;
+        if (!q->error && q->n_choices > 1 && !(R.openai && ns == 1 && o->reps <= 1)) {
+            q->code = "unsupported_parameter";
+            q->error = fmt("%s line %d: n > 1 is answered only in the Batch API's output shape, "
+                           "one strategy, no -r (one record holds every choice)", q->src, q->line);
         }
     }
+    done_set done = {0};
+    outputs w = {.path = {o->output, o->errors}};
+    rec_sink out_stdout = {.f = stdout, .fd = -1, .name = "stdout"};
+    if (outputs_open(&w, o, &all, lo, hi, shape, n_ctx, &done)) {
+        outputs_close(&w, o, &all, lo, hi, shape, n_ctx, 0);
+        for (int i = 0; i < all.n; i++) req_free(&all.r[i]);
+        free(all.r);
+        done_free(&done);
+        return 1;
+    }
+    R.out = o->output ? &w.sink[0] : &out_stdout;
+    R.errs = o->errors ? &w.sink[1] : NULL;
     // the jobs: requests of the shard not done before, each with one unit per strategy
     job *jobs = xcalloc((size_t)(hi - lo + 1), sizeof *jobs);
     int n_jobs = 0, skipped = 0;
@@ -353,13 +504,8 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
         job *J = &jobs[n_jobs];
         *J = (job){.rq = q};
         int ns = q->strategy ? 1 : o->n_strategies, reps = o->reps > 1 ? o->reps : 1;
-        if (!q->error && q->n_choices > 1 && !(R.openai && ns == 1 && reps == 1)) {
-            q->code = "unsupported_parameter";
-            q->error = fmt("%s line %d: n > 1 is answered only in the Batch API's output shape, "
-                           "one strategy, no -r (one record holds every choice)", q->src, q->line);
-        }
         if (q->error) {
-            char *k = unit_key(q->id, NULL);
+            char *k = error_key(q);
             int had = done_has(&done, k);
             free(k);
             if (had) skipped++;
@@ -389,11 +535,13 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
         fprintf(stderr, "sift: %d requests%s%s: %d to run, %d done before (--resume)\n", hi - lo,
                 o->shard_n > 0 ? " in this shard" : "", "", n_jobs, skipped);
 
-    struct sigaction sa = {0}, old_int, old_term;
+    struct sigaction sa = {0}, ign = {0}, old_int, old_term, old_xfsz;
     sa.sa_handler = on_signal;
     sa.sa_flags = SA_RESTART;   // a write to a slow pipe resumes instead of failing
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
+    ign.sa_handler = SIG_IGN;   // past a file size limit (ulimit -f) a write fails (EFBIG): reported
+    sigaction(SIGXFSZ, &ign, &old_xfsz);
 
     int ab = 0;   // an A/B comparison: several strategies (or repetitions) on a prompt
     for (int j = 0; j < n_jobs; j++) ab |= jobs[j].n_units > 1;
@@ -431,7 +579,7 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
             if (stream && (J->n_units > 1 || R.n_req > 1)) {
                 if (J->n_units > 1 && R.n_req > 1) printf("==> %s [%s] <==\n", J->rq->id, u->s->name);
                 else printf("==> %s <==\n", J->n_units > 1 ? u->s->name : J->rq->id);
-                fflush(stdout);
+                stdout_check();
             }
             unit_start(&R, u, stream);
             if (u->state == 1 && !u->g.done) active[n_active++] = u;
@@ -484,12 +632,14 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
     for (int j = 0; j < n_jobs; j++)
         if (!jobs[j].written && !jobs[j].rq->error && jobs[j].n_left == 0) emit_job(&R, &jobs[j]);
         else if (!jobs[j].written && jobs[j].rq->error && !stop_signal) emit_error(&R, &jobs[j]);
+    if (!json) stdout_check();
+    int out_failed = outputs_close(&w, o, &all, lo, hi, shape, n_ctx, !stop_signal) != 0;
     progress(&R, 0, 1);
     int summary_failed = write_summary(&R, slots, stop_signal != 0) != 0;
     int km_failed = o->kept_map && km_write(&R, o->kept_map) != 0;
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
-    if (R.out != stdout) fclose(R.out);
+    sigaction(SIGXFSZ, &old_xfsz, NULL);
     for (int j = 0; j < n_jobs; j++) {
         for (int k = 0; k < jobs[j].n_units; k++) unit_free(&jobs[j].u[k]);
         free(jobs[j].u);
@@ -499,5 +649,5 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
     free(all.r);
     done_free(&done);
     if (stop_signal) return 128 + stop_signal;
-    return R.n_failed || km_failed || summary_failed ? 1 : 0;
+    return R.n_failed || km_failed || summary_failed || out_failed ? 1 : 0;
 }

@@ -359,3 +359,204 @@ def test_seeded_sampling_is_batch_independent(tiny, tmp_path):
     base = ["-m", tiny, "--prompts", p, "--json", "-q"]
     one, four = records(sift(*base).stdout), records(sift(*base, "--parallel", "4").stdout)
     assert texts(one) == texts(four) and [r["seed"] for r in four] == [100 + i for i in range(6)]
+
+
+# ---- the records file: one shape per file, resume keeps every valid record, locks, --errors ----
+
+def batch_lines(n, bad=None):
+    """n Batch API requests (tiny model, greedy, 3 tokens); line `bad` (1-based) is not JSON."""
+    rows = [batch_request(f"req-{i + 1}", f"{WORDS[i % 10]} {WORDS[(i * 3) % 10]}", max_tokens=3)
+            for i in range(n)]
+    if bad:
+        rows[bad - 1] = '{"custom_id": "req-%d", "method": "POST", "body": {' % bad
+    return rows
+
+
+def test_bad_line_keeps_batch_shape_and_fix_resume(tiny, tmp_path):
+    # the README mishap: one line that is not JSON used to switch the whole output to sift's shape,
+    # and fixing it + --resume appended Batch API records to it (a mixed file, one request twice)
+    p, out = tmp_path / "b.jsonl", tmp_path / "out.jsonl"
+    write_jsonl(p, batch_lines(12, bad=5))
+    base = ["-m", tiny, "--prompts", str(p), "--output", str(out), "-q"]
+    assert sift(*base).returncode == 1   # line 5 fails
+    recs = records(out.read_text())
+    assert all(set(r) == {"id", "custom_id", "response", "error"} for r in recs)   # one shape
+    assert [r["custom_id"] for r in recs] == [f"req-{i}" for i in range(1, 5)] + ["line-5"] + \
+        [f"req-{i}" for i in range(6, 13)]
+    assert recs[4]["error"]["code"] == "invalid_request" and "line 5" in recs[4]["error"]["message"]
+    write_jsonl(p, batch_lines(12))   # the line fixed
+    r = sift(*base, "--resume")
+    assert r.returncode == 0, r.stderr
+    again = records(out.read_text())
+    assert [x["custom_id"] for x in again] == [f"req-{i}" for i in range(1, 13)]   # in input order
+    assert all(x["error"] is None for x in again)
+    assert [x for x in again if x["custom_id"] != "req-5"] == [x for x in recs if x["custom_id"] not in ("line-5",)]
+    # a second resume finds the job complete: the file is left as it is
+    assert sift(*base, "--resume").returncode == 0 and records(out.read_text()) == again
+
+
+def test_resume_refuses_another_runs_file(tiny, tmp_path):
+    p, out = tmp_path / "b.jsonl", tmp_path / "out.jsonl"
+    write_jsonl(p, batch_lines(3))
+    assert sift("-m", tiny, "--prompts", str(p), "--output", str(out), "-q").returncode == 0
+    before = out.read_bytes()
+    # the other shape: refused, naming both files, the file untouched
+    r = sift("-m", tiny, "--prompts", str(p), "--output", str(out), "--resume", "--output-format", "sift")
+    assert_error(r, str(out), str(p), "shape")
+    assert len([l for l in r.stderr.splitlines() if "error" in l]) == 1
+    assert out.read_bytes() == before
+    # another request file (its ids are not this run's): refused, naming both
+    other = write_jsonl(tmp_path / "o.jsonl", [batch_request("zz", "river", max_tokens=3)])
+    r = sift("-m", tiny, "--prompts", other, "--output", str(out), "--resume")
+    assert_error(r, str(out), other, "'req-1'")
+    assert out.read_bytes() == before
+    # another shard's records
+    r = sift("-m", tiny, "--prompts", str(p), "--output", str(out), "--resume", "--shard", "1/3")
+    assert_error(r, str(out), "shard")
+
+
+def test_resume_keeps_records_after_damage(tiny, tmp_path):
+    p = write_jsonl(tmp_path / "r.jsonl", requests(8))
+    out, whole = tmp_path / "out.jsonl", tmp_path / "whole.jsonl"
+    base = ["-m", tiny, "--prompts", p, "--temp", "0", "-q"]
+    assert sift(*base, "--output", str(whole)).returncode == 0
+    lines = whole.read_bytes().splitlines(keepends=True)
+    # damage in the middle: a half record (r2), a foreign line, a second copy of r5, a record of the
+    # other shape, an over-long line (beyond 64 MiB: skipped, never held), an empty line
+    planted = (lines[:2] + [lines[2][:40] + b"\n", b"\x00\xffnot json\n"] + lines[3:6] + [lines[5]]
+               + [b'{"id":"x","custom_id":"r6","response":null,"error":{"code":"c","message":"m"}}\n']
+               + [b'"' + b"a" * (65 << 20) + b'"\n', b"\n"] + lines[7:])
+    out.write_bytes(b"".join(planted))
+    (tmp_path / ".out.jsonl.k1ll3d").write_bytes(lines[0])   # what a rewrite killed midway leaves
+    offsets = [sum(len(l) for l in planted[:i]) for i in range(len(planted))]
+    r = sift(*base, "--output", str(out), "--resume")
+    assert r.returncode == 0, r.stderr[-2000:]
+    for i in (2, 3, 7, 8, 9, 10):   # each damaged line is reported by line number and byte offset
+        assert f"line {i + 1} (byte offset {offsets[i]})" in r.stderr, (i, r.stderr)
+    recs = records(out.read_text())
+    assert [x["id"] for x in recs] == [f"r{i}" for i in range(8)]   # one each, in input order
+    assert texts(recs) == texts(records(whole.read_text()))
+    # the valid records before and after the damage were kept as they were (r2 and r6 rerun)
+    kept = {json.loads(l)["id"]: l for l in lines}
+    assert [l for l in out.read_bytes().splitlines(keepends=True) if json.loads(l)["id"] not in ("r2", "r6")] \
+        == [kept[f"r{i}"] for i in (0, 1, 3, 4, 5, 7)]
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".out.jsonl.")]   # no temporary left
+    assert not (tmp_path / "out.jsonl.lock").exists()
+
+
+def test_resume_through_a_symlink(tiny, tmp_path):
+    # the records file named through a symlink: the file it names is continued and rewritten,
+    # the link stays a link
+    p = write_jsonl(tmp_path / "r.jsonl", requests(4))
+    real, link = tmp_path / "real.jsonl", tmp_path / "link.jsonl"
+    base = ["-m", tiny, "--prompts", p, "--temp", "0", "-q"]
+    assert sift(*base, "--output", str(real)).returncode == 0
+    whole = real.read_bytes()
+    real.write_bytes(whole.replace(b"\n", b"\n\n", 1))   # an empty line: the file is rewritten
+    os.symlink(real, link)
+    r = sift(*base, "--output", str(link), "--resume")
+    assert r.returncode == 0 and "line 2" in r.stderr, r.stderr
+    assert os.path.islink(link) and real.read_bytes() == whole
+
+
+def test_fix_a_bad_line_and_resume_sift_shape(tiny, tmp_path):
+    rows = requests(4)
+    p, out = tmp_path / "r.jsonl", tmp_path / "out.jsonl"
+    write_jsonl(p, rows[:2] + ['{"id": "r2", "prompt": 7}'] + rows[3:])
+    base = ["-m", tiny, "--prompts", str(p), "--temp", "0", "-q", "--output", str(out)]
+    assert sift(*base).returncode == 1
+    assert "error" in records(out.read_text())[2]
+    write_jsonl(p, rows)
+    assert sift(*base, "--resume").returncode == 0
+    recs = records(out.read_text())
+    assert [x["id"] for x in recs] == ["r0", "r1", "r2", "r3"] and all("text" in x for x in recs)
+
+
+def test_errors_file_and_retry_failed(tiny, tmp_path):
+    rows = [{"id": "long", "prompt": " ".join(WORDS * 20)}, {"id": "ok", "prompt": "river", "n_predict": 2},
+            '{"id": "bad", "prompt": ', {"id": "ok2", "prompt": "stone", "n_predict": 2}]
+    p = write_jsonl(tmp_path / "r.jsonl", rows)
+    out, errs = tmp_path / "o.jsonl", tmp_path / "e.jsonl"
+    base = ["-m", tiny, "--prompts", p, "--temp", "0", "-q", "-n", "4", "--output", str(out), "--errors", str(errs)]
+    assert sift(*base, "-c", "64").returncode == 1
+    assert [x["id"] for x in records(out.read_text())] == ["ok", "ok2"]
+    e1 = records(errs.read_text())
+    assert [(x["id"], "error" in x) for x in e1] == [("long", True), ("line-3", True)]
+    # --resume reads both: nothing runs again
+    r = sift(*base, "-c", "64", "--resume", "--summary", str(tmp_path / "s.json"))
+    assert r.returncode == 0 and summary(tmp_path / "s.json")["done_before"] == 4
+    assert records(errs.read_text()) == e1
+    # --retry-failed: the failed requests run again (here with room for the long prompt); their old
+    # error records are removed, the rest kept
+    r = sift(*base, "-c", "4096", "--resume", "--retry-failed")
+    assert r.returncode == 1   # the bad line fails again
+    assert [x["id"] for x in records(out.read_text())] == ["long", "ok", "ok2"]
+    assert [x["id"] for x in records(errs.read_text())] == ["line-3"]
+    assert_error(sift(*base, "--retry-failed"), "--resume", code=2)
+
+
+def wait_for(cond, what):
+    t0 = time.time()
+    while not cond():
+        assert time.time() - t0 < 120, what
+        time.sleep(0.02)
+
+
+def test_second_writer_refused_or_waits(small, tmp_path):
+    p = write_jsonl(tmp_path / "r.jsonl", requests(40, lo=100))
+    out, lock = tmp_path / "out.jsonl", tmp_path / "out.jsonl.lock"
+    base = ["-m", small, "--prompts", p, "--temp", "0", "-q", "--output", str(out)]
+    e = dict(os.environ)
+    e.pop("SIFT_MODEL", None)
+    first = subprocess.Popen([SIFT, *base], env=e, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    wait_for(lambda: lock.exists() and lock.read_text().strip() == str(first.pid), "the first holds the lock")
+    # a requeued copy of the job while the first still runs: refused with the holder's pid
+    r = sift(*base, "--resume")
+    assert_error(r, f"pid {first.pid}", "--wait-lock")
+    assert first.poll() is None
+    # --wait-lock: it waits (says so), then continues the completed file: nothing twice
+    second = subprocess.Popen([SIFT, *base, "--resume", "--wait-lock"], env=e, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    assert first.wait(timeout=300) == 0
+    _, err = second.communicate(timeout=300)
+    assert second.returncode == 0 and "waiting" in err and str(first.pid) in err, err
+    recs = records(out.read_text())
+    assert sorted(x["id"] for x in recs) == sorted(f"r{i}" for i in range(40)) and len(recs) == 40
+    assert not lock.exists()   # removed at exit
+    # kill -9 releases the lock (the kernel drops it): a resume takes it over at once
+    third = subprocess.Popen([SIFT, *base[:-1], str(tmp_path / "o2.jsonl")], env=e,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(lambda: (tmp_path / "o2.jsonl.lock").exists(), "the third holds the lock")
+    third.kill()
+    third.wait()
+    r = sift(*base[:-1], str(tmp_path / "o2.jsonl"), "--resume")
+    assert r.returncode == 0, r.stderr
+
+
+def test_special_outputs(tiny, tmp_path):
+    p = write_jsonl(tmp_path / "r.jsonl", requests(3))
+    base = ["-m", tiny, "--prompts", p, "--temp", "0", "-q"]
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert_error(sift(*base, "--output", str(fifo), "--resume"), str(fifo), "not a regular file", code=2)
+    try:
+        os.mknod(tmp_path / "full", 0o666 | __import__("stat").S_IFCHR, os.makedev(1, 7))
+    except PermissionError:
+        pytest.skip("mknod refused (not root)")
+    full = tmp_path / "full"
+    r = sift(*base, "--output", str(full), "--resume")
+    assert_error(r, str(full), "not a regular file", code=2)
+    # written in place, never replaced: the write fails, named, and the node is still the device
+    r = sift(*base, "--output", str(full))
+    assert_error(r, str(full), "No space left on device")
+    assert r.returncode == 1 and __import__("stat").S_ISCHR(os.stat(full).st_mode)
+    assert not (tmp_path / "full.lock").exists()   # a device is not locked
+    # stdout on the full device: text mode and JSON records alike exit non-zero, naming stdout
+    for extra in ([], ["--json"]):
+        with open(full, "w") as fd:
+            r = subprocess.run([SIFT, *base, *extra], stdout=fd, stderr=subprocess.PIPE, text=True)
+        assert r.returncode == 1 and "stdout" in r.stderr and "No space left" in r.stderr, r.stderr
+    with open(full, "w") as fd:   # text to stdout from a single prompt, streamed token by token
+        r = subprocess.run([SIFT, "-m", tiny, "-p", "river stone", "-n", "4", "-q"], stdout=fd,
+                           stderr=subprocess.PIPE, text=True)
+    assert r.returncode == 1 and "stdout" in r.stderr, r.stderr
