@@ -57,7 +57,8 @@ typedef struct run_prompt {
 int jobs_read_prompts(const run_opts *o, const tok *t, run_prompt **out, char *err, size_t errlen);
 void jobs_prompts_free(run_prompt *p, int n);
 
-// --kept-map FILE's data file: FILE.json (FILE less .html, or FILE with .json appended), malloc'd.
+// --kept-map FILE's data file: FILE.json (FILE less .html, or FILE with .json appended), malloc'd;
+// NULL when FILE is a device or pipe (there is no "beside" it: the data stays inside the page).
 char *jobs_kept_map_json(const char *path);
 
 // Runs every request of o (this shard, less what --resume finds done) on the loaded model;

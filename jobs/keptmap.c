@@ -6,6 +6,7 @@
 // data inline, a script that draws it; no network) and the same data as JSON beside it.
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../util/outfile.h"
@@ -269,6 +270,8 @@ static const char PAGE_TAIL[] =
 
 // FILE.json beside FILE.html (FILE.json appended when the name does not end in .html).
 char *jobs_kept_map_json(const char *html) {
+    struct stat st;
+    if (stat(html, &st) == 0 && !S_ISREG(st.st_mode)) return NULL;   // a device or pipe: no "beside"
     size_t n = strlen(html);
     if (n > 5 && strcmp(html + n - 5, ".html") == 0) return fmt("%.*s.json", (int)(n - 5), html);
     return fmt("%s.json", html);
@@ -291,9 +294,10 @@ static int write_file(runner *R, const char *path, int html) {
 
 int km_write(runner *R, const char *path) {
     char *json = jobs_kept_map_json(path);
-    int rc = write_file(R, path, 1) || write_file(R, json, 0) ? -1 : 0;
+    int rc = write_file(R, path, 1) || (json && write_file(R, json, 0)) ? -1 : 0;
     if (!rc && !R->o->quiet)
-        fprintf(stderr, "sift: kept map of %d runs written to %s (data: %s)\n", R->n_km, path, json);
+        fprintf(stderr, "sift: kept map of %d runs written to %s (data: %s)\n", R->n_km, path,
+                json ? json : "inside the page only: FILE is not a regular file");
     free(json);
     for (int i = 0; i < R->n_km; i++) km_free(R->km[i]);
     free(R->km);

@@ -229,6 +229,22 @@ def test_summary_to_fifo(tmp_path):
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
 
 
+def test_kept_map_to_fifo_writes_no_data_file_beside_it(tmp_path):
+    """A device or pipe has no "beside": the page (which holds the data inline) goes into it, and
+    no FILE.json appears next to it (for /dev/stdout that would be /dev/stdout.json)."""
+    fifo = tmp_path / "map.html"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo).read()), daemon=True)
+    reader.start()
+    r = prompt("--kept-map", fifo)
+    reader.join(60)
+    assert r.returncode == 0, r.stderr
+    assert got and got[0].startswith("<!doctype html>") and '"sift-kept-map/1"' in got[0]
+    assert sorted(os.listdir(tmp_path)) == ["map.html"]
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
 # ---- nothing modified before there is something to write ----
 
 def test_old_files_intact_when_the_run_fails_early(tmp_path):
