@@ -216,33 +216,30 @@ def test_summary_to_stdout_link_follows_the_text(tmp_path):
     assert link.is_symlink() and os.readlink(link) == "/proc/self/fd/1"
 
 
-def test_summary_to_fifo(tmp_path):
-    fifo = tmp_path / "s.fifo"
+def prompt_into_fifo(fifo, flag):
+    """Runs prompt() with `flag` naming a new FIFO; (the result, what a reader got from it)."""
     os.mkfifo(fifo)
     got = []
     reader = threading.Thread(target=lambda: got.append(open(fifo).read()), daemon=True)
     reader.start()
-    r = prompt("--summary", fifo)
+    r = prompt(flag, fifo)
     reader.join(60)
     assert r.returncode == 0, r.stderr
-    assert got and json.loads(got[0])["done"] == 1
-    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and got
+    return r, got[0]
+
+
+def test_summary_to_fifo(tmp_path):
+    _, got = prompt_into_fifo(tmp_path / "s.fifo", "--summary")
+    assert json.loads(got)["done"] == 1
 
 
 def test_kept_map_to_fifo_writes_no_data_file_beside_it(tmp_path):
     """A device or pipe has no "beside": the page (which holds the data inline) goes into it, and
     no FILE.json appears next to it (for /dev/stdout that would be /dev/stdout.json)."""
-    fifo = tmp_path / "map.html"
-    os.mkfifo(fifo)
-    got = []
-    reader = threading.Thread(target=lambda: got.append(open(fifo).read()), daemon=True)
-    reader.start()
-    r = prompt("--kept-map", fifo)
-    reader.join(60)
-    assert r.returncode == 0, r.stderr
-    assert got and got[0].startswith("<!doctype html>") and '"sift-kept-map/1"' in got[0]
+    _, got = prompt_into_fifo(tmp_path / "map.html", "--kept-map")
+    assert got.startswith("<!doctype html>") and '"sift-kept-map/1"' in got
     assert sorted(os.listdir(tmp_path)) == ["map.html"]
-    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
 
 
 # ---- nothing modified before there is something to write ----
