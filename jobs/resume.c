@@ -482,13 +482,14 @@ int out_lock_take(out_lock *l, const char *target, int wait, int quiet, char *er
         int fd = open(l->path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
         if (fd < 0) return err_printf(err, errlen, "cannot open the lock '%s': %s", l->path, strerror(errno));
         if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            int fe = errno;   // before pread can change it
             char pid[32] = "?";
             ssize_t got = pread(fd, pid, sizeof pid - 1, 0);
             pid[got > 0 ? got : 1] = 0;
             pid[strcspn(pid, "\n")] = 0;
-            if (errno != EWOULDBLOCK && errno != EINTR) {
+            if (fe != EWOULDBLOCK && fe != EINTR) {
                 close(fd);
-                return err_printf(err, errlen, "cannot lock '%s': %s", l->path, strerror(errno));
+                return err_printf(err, errlen, "cannot lock '%s': %s", l->path, strerror(fe));
             }
             if (!wait) {
                 close(fd);
