@@ -74,11 +74,13 @@ static void xml_text(FILE *f, const char *s) {
         else fputc(*s, f);
 }
 
-// A text element whose top-left corner is (x, y) (the baseline follows from ASCENT).
+// A text element whose top-left corner is (x, y) (the baseline follows from ASCENT). Point labels
+// (class "label...") get a white halo, so that a leader line passing under one leaves it readable.
 static void text_at(FILE *f, double x, double y, double size, const char *cls, const char *fill,
                     const char *s) {
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"%g\" class=\"%s\"%s%s%s>", x, y + ASCENT * size,
-            size, cls, fill ? " fill=\"" : "", fill ? fill : "", fill ? "\"" : "");
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"%g\" class=\"%s\"%s%s%s%s>", x, y + ASCENT * size,
+            size, cls, fill ? " fill=\"" : "", fill ? fill : "", fill ? "\"" : "",
+            strncmp(cls, "label", 5) == 0 ? " stroke=\"white\" stroke-width=\"3\" paint-order=\"stroke\"" : "");
     xml_text(f, s);
     fputs("</text>\n", f);
 }
@@ -124,7 +126,7 @@ static void tick_text(char *buf, size_t n, double v, double step) {
 
 // ---- sift eval: accuracy and TTFT against context ----
 
-enum { PANEL_W = 440, PANEL_H = 300, LEFT = 70, TOP = 40, GAP = 90, PAD = 14, PT_R = 4, DODGE = 10 };
+enum { PANEL_W_MIN = 440, PANEL_H = 300, LEFT = 70, TOP = 40, GAP = 90, PAD = 14, PT_R = 4, DODGE = 10 };
 
 // Mean of one field over (strategy, ctx) records; NaN when there are none.
 static double cell_mean(const eval_report *r, const char *strategy, int ctx, int ttft) {
@@ -145,26 +147,39 @@ static void note_add(notes *ns, char *s) {
     ns->line = xrealloc(ns->line, (size_t)(ns->n + 1) * sizeof *ns->line);
     ns->line[ns->n++] = s;
 }
+// The notes drawn: at most MAX_NOTES lines, the last saying how many more there were.
+enum { MAX_NOTES = 8 };
+static void draw_notes(FILE *f, const notes *ns, double x, double y, const char *more) {
+    for (int i = 0; i < ns->n && i < MAX_NOTES; i++) {
+        char *extra = NULL;
+        if (i == MAX_NOTES - 1 && ns->n > MAX_NOTES) extra = afmt("... and %d more %s", ns->n - i, more);
+        text_at(f, x, y + 18 * i, 12, "note", "#444", extra ? extra : ns->line[i]);
+        free(extra);
+    }
+}
+static int notes_h(const notes *ns) { return 18 * (ns->n < MAX_NOTES ? ns->n : MAX_NOTES); }
+
 static void notes_free(notes *ns) {
     for (int i = 0; i < ns->n; i++) free(ns->line[i]);
     free(ns->line);
 }
 
 // Context c's x in a panel at x0: the contexts' centres evenly spread, one context in the middle.
-static double ctx_x(const eval_report *r, int x0, int c) { return x0 + PANEL_W * (c + 0.5) / r->n_ctxs; }
+static double ctx_x(const eval_report *r, int x0, int pw, int c) { return x0 + pw * (c + 0.5) / r->n_ctxs; }
 
 // The panel's points: px, py (n_strategies, n_ctxs), NaN where a strategy has no record; where
 // strategies' points at a context would overlap they are moved apart sideways (DODGE pixels
-// between neighbours, in strategy order) and a note names them with their values.
-static void panel_points(const eval_report *r, int x0, int ttft, double ymax, double *px, double *py,
-                         notes *ns) {
-    int S = r->n_strategies;
+// between neighbours, in strategy order) and a note (into ns, when given) names them with their
+// values. Returns the most points moved apart at one spot (the panel is made wide enough).
+static int panel_points(const eval_report *r, int x0, int pw, int ttft, double ymax, double *px,
+                        double *py, notes *ns) {
+    int S = r->n_strategies, widest = 1;
     int *ord = xmalloc((size_t)(S ? S : 1) * sizeof *ord);
     for (int c = 0; c < r->n_ctxs; c++) {
         int k = 0;
         for (int s = 0; s < S; s++) {
             double v = cell_mean(r, r->strategies[s], r->ctxs[c], ttft);
-            px[s * r->n_ctxs + c] = isnan(v) ? NAN : ctx_x(r, x0, c);
+            px[s * r->n_ctxs + c] = isnan(v) ? NAN : ctx_x(r, x0, pw, c);
             py[s * r->n_ctxs + c] = isnan(v) ? NAN : TOP + PAD + (PANEL_H - 2 * PAD) * (1 - v / ymax);
             if (!isnan(v)) ord[k++] = s;
         }
@@ -177,6 +192,7 @@ static void panel_points(const eval_report *r, int x0, int ttft, double ymax, do
         for (int i = 0; i < k;) {
             int j = i + 1;
             while (j < k && py[ord[j] * r->n_ctxs + c] - py[ord[j - 1] * r->n_ctxs + c] < 2 * PT_R + 1) j++;
+            if (j - i > widest) widest = j - i;
             if (j - i > 1) {
                 // strategy order within the cluster, so the sideways order matches the legend
                 for (int a = i + 1; a < j; a++)
@@ -184,63 +200,70 @@ static void panel_points(const eval_report *r, int x0, int ttft, double ymax, do
                         int t = ord[b];
                         ord[b] = ord[b - 1], ord[b - 1] = t;
                     }
-                char *buf = NULL;
-                size_t len = 0;
-                FILE *m = open_memstream(&buf, &len);
-                fprintf(m, "%s at context %d: ", ttft ? "TTFT" : "accuracy", r->ctxs[c]);
-                for (int a = i; a < j; a++) {
-                    px[ord[a] * r->n_ctxs + c] += DODGE * (a - i - (j - i - 1) / 2.0);
-                    fprintf(m, "%s%s %.4g", a > i ? ", " : "", r->strategies[ord[a]],
-                            cell_mean(r, r->strategies[ord[a]], r->ctxs[c], ttft));
+                for (int a = i; a < j; a++) px[ord[a] * r->n_ctxs + c] += DODGE * (a - i - (j - i - 1) / 2.0);
+                if (ns) {
+                    char *buf = NULL;
+                    size_t len = 0;
+                    FILE *m = open_memstream(&buf, &len);
+                    fprintf(m, "%s at context %d: ", ttft ? "TTFT" : "accuracy", r->ctxs[c]);
+                    for (int a = i; a < j; a++)
+                        fprintf(m, "%s%s %.4g", a > i ? ", " : "", r->strategies[ord[a]],
+                                cell_mean(r, r->strategies[ord[a]], r->ctxs[c], ttft));
+                    fputs(" (drawn side by side)", m);
+                    fclose(m);
+                    note_add(ns, buf);
                 }
-                fputs(" (drawn side by side)", m);
-                fclose(m);
-                note_add(ns, buf);
             }
             i = j;
         }
     }
     free(ord);
+    return widest;
 }
 
-static void panel(FILE *f, const eval_report *r, int x0, int ttft, notes *ns) {
-    double ymax = 1;
-    if (ttft) {
-        ymax = 0;
-        for (int s = 0; s < r->n_strategies; s++)
-            for (int c = 0; c < r->n_ctxs; c++) {
-                double v = cell_mean(r, r->strategies[s], r->ctxs[c], 1);
-                if (v > ymax) ymax = v;
-            }
-        ymax = 4 * nice_step(ymax / 4);
-    }
+// A panel's y axis from 0: accuracy to 1 in quarters; TTFT to the first multiple of a nice step
+// (about a quarter of the largest) at or above the largest.
+static double panel_ymax(const eval_report *r, int ttft, double *step) {
+    if (!ttft) return *step = 0.25, 1;
+    double ymax = 0;
+    for (int s = 0; s < r->n_strategies; s++)
+        for (int c = 0; c < r->n_ctxs; c++) {
+            double v = cell_mean(r, r->strategies[s], r->ctxs[c], 1);
+            if (v > ymax) ymax = v;
+        }
+    *step = nice_step(ymax / 4);
+    return ymax > 0 ? ceil(ymax / *step - 1e-9) * *step : (*step = 0.25, 1);
+}
+
+static void panel(FILE *f, const eval_report *r, int x0, int pw, int ttft, notes *ns) {
+    double step, ymax = panel_ymax(r, ttft, &step);
     char buf[64];
     const char *title = ttft ? "time to first token (ms) vs context" : "accuracy vs context";
-    text_at(f, x0 + PANEL_W / 2.0 - text_w(title, 15) / 2, TOP - 12 - (ASCENT + DESCENT) * 15, 15,
+    text_at(f, x0 + pw / 2.0 - text_w(title, 15) / 2, TOP - 12 - (ASCENT + DESCENT) * 15, 15,
             "title", NULL, title);
     fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#999\" "
-               "class=\"plot-area\"/>\n", x0, TOP, PANEL_W, PANEL_H);
-    for (int k = 0; k <= 4; k++) {   // y grid and labels
-        double y = TOP + PAD + (PANEL_H - 2 * PAD) * (1 - k / 4.0);
+               "class=\"plot-area\"/>\n", x0, TOP, pw, PANEL_H);
+    for (int k = 0; k * step <= ymax * (1 + 1e-9); k++) {   // y grid and labels
+        double y = TOP + PAD + (PANEL_H - 2 * PAD) * (1 - k * step / ymax);
         fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#eee\"/>\n", x0, y,
-                x0 + PANEL_W, y);
-        tick_text(buf, sizeof buf, ymax * k / 4, ymax / 4);
+                x0 + pw, y);
+        tick_text(buf, sizeof buf, k * step, step);
         text_at(f, x0 - 6 - text_w(buf, 12), y - (ASCENT + DESCENT) * 6, 12, "tick", NULL, buf);
     }
     for (int c = 0; c < r->n_ctxs; c++) {
         snprintf(buf, sizeof buf, "%d", r->ctxs[c]);
         // contexts closer than their labels are wide: every other label (the rest stay in the data)
-        double room = (double)PANEL_W / r->n_ctxs;
+        double room = (double)pw / r->n_ctxs;
         int every = (int)ceil((text_w(buf, 12) + 6) / room);
         if (every < 1) every = 1;
         if (c % every) continue;
-        text_at(f, ctx_x(r, x0, c) - text_w(buf, 12) / 2, TOP + PANEL_H + 6, 12, "tick", NULL, buf);
+        text_at(f, ctx_x(r, x0, pw, c) - text_w(buf, 12) / 2, TOP + PANEL_H + 6, 12, "tick", NULL, buf);
     }
-    text_at(f, x0 + PANEL_W / 2.0 - text_w("context (tokens)", 12) / 2, TOP + PANEL_H + 24, 12,
+    text_at(f, x0 + pw / 2.0 - text_w("context (tokens)", 12) / 2, TOP + PANEL_H + 24, 12,
             "axis-label", NULL, "context (tokens)");
     int S = r->n_strategies, C = r->n_ctxs;
     double *px = xmalloc((size_t)(S * C + 1) * sizeof *px), *py = xmalloc((size_t)(S * C + 1) * sizeof *py);
-    panel_points(r, x0, ttft, ymax, px, py, ns);
+    panel_points(r, x0, pw, ttft, ymax, px, py, ns);
     for (int s = 0; s < S; s++) {
         const char *col = COLORS[s % N_COLORS];
         fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"", col);
@@ -260,7 +283,19 @@ static void panel(FILE *f, const eval_report *r, int x0, int ttft, notes *ns) {
 }
 
 void eval_write_svg(FILE *f, const eval_report *r) {
-    int w = LEFT + 2 * PANEL_W + GAP + 20;
+    // each panel wide enough that the most points moved apart at one context fit its slot
+    int widest = 1;
+    double *tx = xmalloc((size_t)(r->n_strategies * r->n_ctxs + 1) * sizeof *tx);
+    double *ty = xmalloc((size_t)(r->n_strategies * r->n_ctxs + 1) * sizeof *ty);
+    for (int ttft = 0; ttft < 2; ttft++) {
+        double step;
+        int m = panel_points(r, 0, PANEL_W_MIN, ttft, panel_ymax(r, ttft, &step), tx, ty, NULL);
+        if (m > widest) widest = m;
+    }
+    free(tx), free(ty);
+    int pw = PANEL_W_MIN;
+    if (r->n_ctxs * (widest * DODGE + 8) > pw) pw = r->n_ctxs * (widest * DODGE + 8);
+    int w = LEFT + 2 * pw + GAP + 20;
     // the legend: entries left to right at their estimated widths, wrapping to more rows
     double lx = LEFT, ly = TOP + PANEL_H + 52;
     double *ex = xmalloc((size_t)(r->n_strategies + 1) * sizeof *ex), *ey = xmalloc((size_t)(r->n_strategies + 1) * sizeof *ey);
@@ -274,11 +309,11 @@ void eval_write_svg(FILE *f, const eval_report *r) {
     char *body = NULL;
     size_t len = 0;
     FILE *m = open_memstream(&body, &len);
-    panel(m, r, LEFT, 0, &ns);
-    panel(m, r, LEFT + PANEL_W + GAP, 1, &ns);
+    panel(m, r, LEFT, pw, 0, &ns);
+    panel(m, r, LEFT + pw + GAP, pw, 1, &ns);
     fclose(m);
     double ny = ly + 30;
-    int h = (int)ceil(ny + 18 * ns.n + 10);
+    int h = (int)ceil(ny + notes_h(&ns) + 10);
     for (int i = 0; i < ns.n; i++) w = (int)fmax(w, ceil(LEFT + text_w(ns.line[i], 12) + 10));
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
                "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\">\n"
@@ -290,7 +325,7 @@ void eval_write_svg(FILE *f, const eval_report *r) {
                 ex[s], ey[s], ex[s] + 24, ey[s], COLORS[s % N_COLORS]);
         text_at(f, ex[s] + 30, ey[s] - (ASCENT + DESCENT) * 13 / 2, 13, "legend", NULL, r->strategies[s]);
     }
-    for (int i = 0; i < ns.n; i++) text_at(f, LEFT, ny + 18 * i, 12, "note", "#444", ns.line[i]);
+    draw_notes(f, &ns, LEFT, ny, "spots where strategies coincide, drawn side by side");
     notes_free(&ns);
     free(ex), free(ey);
     fputs("</svg>\n", f);
@@ -332,7 +367,8 @@ static int place(double px, double py, double w, double h, box frame, const box 
             box b = label_box(px, py, DIST[d], DIR[k][0], DIR[k][1], w, h);
             if (!inside(b, frame)) continue;
             int ok = 1;
-            for (int i = 0; i < n && ok; i++) ok = !overlaps(b, taken[i]);
+            box m = {b.x0 - 1, b.y0 - 1, b.x1 + 1, b.y1 + 1};   // a pixel of air around each label
+            for (int i = 0; i < n && ok; i++) ok = !overlaps(m, taken[i]);
             if (ok) {
                 *out = b, *far = d > 0;
                 return 1;
@@ -439,7 +475,7 @@ void eval_write_scatter_svg(FILE *f, const char *x_label, const char *y_label,
             key_w = fmax(key_w, text_w(key[i], LABEL_PT) + 10);
         }
     double notes_y = SC_TOP + SC_H + 54;
-    int w = (int)ceil(SC_LEFT + SC_W + 30 + key_w), h = (int)ceil(notes_y + 18 * ns.n + 10);
+    int w = (int)ceil(SC_LEFT + SC_W + 30 + key_w), h = (int)ceil(notes_y + notes_h(&ns) + 10);
     for (int i = 0; i < ns.n; i++) w = (int)fmax(w, ceil(SC_LEFT + text_w(ns.line[i], 12) + 10));
     if (n_key) h = (int)fmax(h, SC_TOP + 24 + 16 * n_key + 10);
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
@@ -506,7 +542,7 @@ void eval_write_scatter_svg(FILE *f, const char *x_label, const char *y_label,
         for (int i = 0; i < n; i++)
             if (key[i]) text_at(f, kx, SC_TOP + 22 + 16 * row++, LABEL_PT, "key", NULL, key[i]);
     }
-    for (int i = 0; i < ns.n; i++) text_at(f, SC_LEFT, notes_y + 18 * i, 12, "note", "#444", ns.line[i]);
+    draw_notes(f, &ns, SC_LEFT, notes_y, "points drawn for several settings (each named in its label)");
     for (int i = 0; i < n; i++) free(text[i]), free(key[i]);
     free(key), free(text), free(order), free(taken), free(lb), free(far), free(num), free(idx);
     free(rep), free(ring), free(px), free(py);
