@@ -39,6 +39,7 @@ int main(void) {
         }
         eval_write_scatter_svg(stdout, "speedup over full (end to end)", "greedy agreement with full", p,
                                (const char *const *)labels, group, on, n);
+        for (int i = 0; i < n; i++) free(labels[i]);
         return 0;
     }
     if (strcmp(kind, "eval") != 0) {
@@ -69,5 +70,7 @@ int main(void) {
         }
     }
     eval_write_svg(stdout, &r);
+    for (int i = 0; i < r.n_strategies; i++) free((char *)strategies[i]);
+    for (int i = 0; i < r.n_recs; i++) free((char *)recs[i].strategy);
     return 0;
 }
