@@ -478,12 +478,14 @@ void eval_write_scatter_svg(FILE *f, const char *x_label, const char *y_label,
     int w = (int)ceil(SC_LEFT + SC_W + 30 + key_w), h = (int)ceil(notes_y + notes_h(&ns) + 10);
     for (int i = 0; i < ns.n; i++) w = (int)fmax(w, ceil(SC_LEFT + text_w(ns.line[i], 12) + 10));
     if (n_key) h = (int)fmax(h, SC_TOP + 24 + 16 * n_key + 10);
+    // the title centred over the plot, or from the left edge when it is wider
+    char *title = afmt("%s vs %s (Pareto frontier connected)", y_label, x_label);
+    double title_x = fmax(6, SC_LEFT + SC_W / 2.0 - text_w(title, 15) / 2);
+    w = (int)fmax(w, ceil(title_x + text_w(title, 15) + 6));
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
                "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\">\n"
                "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", w, h, w, h);
-    char *title = afmt("%s vs %s (Pareto frontier connected)", y_label, x_label);
-    text_at(f, SC_LEFT + SC_W / 2.0 - text_w(title, 15) / 2, SC_TOP - 12 - (ASCENT + DESCENT) * 15, 15,
-            "title", NULL, title);
+    text_at(f, title_x, SC_TOP - 12 - (ASCENT + DESCENT) * 15, 15, "title", NULL, title);
     free(title);
     fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#999\" "
                "class=\"plot-area\"/>\n", SC_LEFT, SC_TOP, SC_W, SC_H);
