@@ -1,6 +1,8 @@
 """`--kept-map FILE.html` (jobs/keptmap.c): the data against hand-computed kept sets, and the page
 in a real headless browser (Debian's chromium): it loads without a console error or a script
-error, and the cells it draws as kept equal the counts from the JSON.
+error, and the cells it draws as kept equal the counts from the JSON; measured in the browser,
+full's all-kept grid is one line, and every other grid has axis titles, tick numbers at their
+rows' and columns' centres that do not touch, and a 0-to-1 legend for its shade.
 
 Hand-computed kept sets (specs): full keeps every token in every layer and KV head; speed keeps
 the whole prompt in its first K layers and only the anchor (token 0) and the last prompt token
@@ -120,9 +122,105 @@ def test_page_in_headless_chromium(kept, tmp_path):
             # the KV heads holding the token
             want[(p["id"], s["strategy"])] = nonzero(s["selected"] if s["selected"] else s["kept"])
     assert drawn == want
-    # the prompt text is readable under each grid: one span per token
-    n_tokens = sum(len(p["tokens"]) * len(p["strategies"]) for p in data["prompts"])
+    # the prompt text is readable under each grid: one span per token (a strategy that kept
+    # everything has one line and no grid, so no tokens shaded by it either)
+    n_tokens = sum(len(p["tokens"]) for p in data["prompts"] for s in p["strategies"] if not kept_all(s))
     assert dom.count('title="token ') == n_tokens
+
+
+def kept_all(s):
+    """Every token in every cache layer held by every KV head, and no decode selection."""
+    return s["selected"] is None and all(v == s["kv_heads"] for row in s["kept"] for v in row)
+
+
+# Appended to a copy of the page: after its own script has drawn it, the geometry of each
+# strategy's box as the browser laid it out, into <pre id="geom"> for --dump-dom.
+MEASURE = """<pre id="geom"></pre><script>
+const box = e => { const b = e.getBoundingClientRect(); return [b.left, b.top, b.right, b.bottom]; };
+const texts = (root, sel) => [...root.querySelectorAll(sel)].map(e => ({text: e.textContent, box: box(e)}));
+document.getElementById('geom').textContent = JSON.stringify(
+  [...document.querySelectorAll('section')].map(sec => [...sec.querySelectorAll('.strategy')].map(s => ({
+    strategy: s.dataset.strategy,
+    compact: texts(s, '.compact'),
+    grid: s.querySelector('canvas.grid') ? box(s.querySelector('canvas.grid')) : null,
+    axis: texts(s, '.axis-label'),
+    xticks: texts(s, '.ticks.x .tick'),
+    yticks: texts(s, '.ticks.y .tick'),
+    legend: texts(s, '.legend-title'),
+    legend_bar: [...s.querySelectorAll('.legend-bar canvas')].map(box),
+    legend_ticks: texts(s, '.legend-bar .tick'),
+  }))));
+</script>"""
+
+
+def overlap(a, b):
+    return a[0] < b[2] - 0.5 and b[0] < a[2] - 0.5 and a[1] < b[3] - 0.5 and b[1] < a[3] - 0.5
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (tests/setup.sh installs it)")
+def test_page_axes_legend_and_compact_row(kept, tmp_path):
+    """Measured in the browser: a strategy that kept everything is one line, not a grid; every
+    grid has its axis titles, tick numbers at the centres of their rows and columns that do not
+    touch, and a legend from 0 to 1 saying what its shade means."""
+    page, data, _ = kept
+    copy = tmp_path / "measure.html"
+    copy.write_text(page.read_text().replace("</body>", MEASURE + "</body>"))
+    r = subprocess.run([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                        f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000",
+                        "--window-size=1400,1000", "--dump-dom", copy.as_uri()],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    m = re.search(r'<pre id="geom">(.*?)</pre>', r.stdout, re.S)
+    assert m and m.group(1), r.stdout[-2000:]
+    geom = json.loads(html.unescape(m.group(1)))
+    shots = os.environ.get("SIFT_PLOT_SHOTS")
+    if shots:
+        subprocess.run([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                        f"--user-data-dir={tmp_path / 'profile'}", "--hide-scrollbars", "--window-size=1400,2400",
+                        f"--screenshot={os.path.join(shots, 'kept-map.png')}", page.as_uri()],
+                       capture_output=True, timeout=120)
+    assert len(geom) == len(data["prompts"])
+    for p, boxes in zip(data["prompts"], geom):
+        assert [b["strategy"] for b in boxes] == [s["strategy"] for s in p["strategies"]]
+        n = len(p["tokens"])
+        for s, b in zip(p["strategies"], boxes):
+            if kept_all(s):   # full: one line saying so, with the count, and no grid
+                assert s["strategy"] == "full"
+                assert len(b["compact"]) == 1 and b["grid"] is None and not b["legend"]
+                assert b["compact"][0]["text"].startswith("kept every token in every layer")
+                assert f"{n * N_LAYER} of {n * N_LAYER} cells" in b["compact"][0]["text"]
+                continue
+            assert not b["compact"] and b["grid"] is not None, s["strategy"]
+            assert [a["text"] for a in b["axis"]] == ["cache layer", "prompt token"]
+            g = b["grid"]
+            ch, cw = (g[3] - g[1]) / N_LAYER, (g[2] - g[0]) / n
+            for axis, ticks, count in (("y", b["yticks"], N_LAYER), ("x", b["xticks"], n)):
+                values = [int(t["text"]) for t in ticks]
+                assert values[0] == 0 and values == sorted(set(values)) and values[-1] < count
+                assert len(values) >= 2, (axis, values)
+                for t, v in zip(ticks, values):   # each number at the centre of its row or column
+                    x0, y0, x1, y1 = t["box"]
+                    if axis == "y":
+                        assert abs((y0 + y1) / 2 - (g[1] + (v + 0.5) * ch)) < 1.5 and x1 <= g[0]
+                    else:
+                        assert abs((x0 + x1) / 2 - (g[0] + (v + 0.5) * cw)) < 1.5 and y0 >= g[3]
+                for a, c in zip(ticks, ticks[1:]):
+                    assert not overlap(a["box"], c["box"]), (axis, a, c)
+            # the axis titles: left of the layer numbers, under the token numbers
+            ylab, xlab = b["axis"][0]["box"], b["axis"][1]["box"]
+            assert ylab[2] <= min(t["box"][0] for t in b["yticks"]) + 0.5
+            assert xlab[1] >= max(t["box"][3] for t in b["xticks"]) - 0.5
+            # the legend: what the shade means (kept, or decode's reads), 0 to 1 under a bar
+            read = s["selected"] is not None
+            assert len(b["legend"]) == 1 and len(b["legend_bar"]) == 1
+            assert ("read the key" if read else "kept the token") in b["legend"][0]["text"]
+            lt = b["legend_ticks"]
+            bar = b["legend_bar"][0]
+            assert [t["text"] for t in lt] == ["0", "0.5", "1"]
+            assert abs((lt[0]["box"][0] + lt[0]["box"][2]) / 2 - bar[0]) < 1.5
+            assert abs((lt[-1]["box"][0] + lt[-1]["box"][2]) / 2 - bar[2]) < 1.5
+            for a, c in zip(lt, lt[1:]):
+                assert not overlap(a["box"], c["box"])
 
 
 def test_bad_kept_map_path(tiny, tmp_path):
