@@ -764,7 +764,8 @@ static void sw_write_json(FILE *f, const sweep_run *R, const sweep_agg *agg, con
         fprintf(f, "%s{\"index\":%d,\"strategy\":\"%s\",\"grid\":", s ? "," : "", s, x->s->name);
         tok_json_str(f, x->grid, strlen(x->grid));
         fputs(",\"params\":", f);
-        strategy_settings_json(f, &x->so, x->s->name);
+        strategy_opts so = strategy_opts_resolved(x->s, R->L->m, &x->run, &x->so);   // as they ran
+        strategy_settings_json(f, &so, x->s->name);
         fputs(",\"label\":", f);
         tok_json_str(f, g->label, strlen(g->label));
         fprintf(f, ",\"prompts\":%d,\"failed\":%d", g->n, g->failed);

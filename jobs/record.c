@@ -64,8 +64,9 @@ static void json_unit(FILE *f, const runner *R, const unit *u) {
     fprintf(f, ",\"label\":");
     if (st->label[0]) tok_json_str(f, st->label, strlen(st->label));
     else fprintf(f, "null");
-    fprintf(f, ",\"settings\":");
-    strategy_settings_json(f, R->o->so, u->s->name);
+    fprintf(f, ",\"settings\":");   // the values that ran (tsp_layer -1: the layer it resolved to)
+    strategy_opts so = strategy_opts_resolved(u->s, R->m, R->o->run, R->o->so);
+    strategy_settings_json(f, &so, u->s->name);
     fprintf(f, ",\"seed\":%llu,\"kv_bytes\":%zu,\"load_ms\":%.3f,\"rows_processed\":%ld,"
             "\"draft_rows\":%ld,\"rows_pct_of_full\":%.3f,", u->seed, st->kv_bytes, R->load_ms,
             st->rows_done, st->draft_rows, u->rows_pct);
@@ -239,6 +240,14 @@ void print_timing(const runner *R, const unit *u) {
     // read llama.cpp's timings read these
     fprintf(stderr, "\nsift: strategy %s, device %s (%d thread%s), KV cache %.2f MiB\n", u->s->name,
             R->dev, R->o->threads, plural_s(R->o->threads), st->kv_bytes / 1048576.0);
+    // the parameters as they ran ("tsp_layer 14, ..."); none for full
+    strategy_opts so = strategy_opts_resolved(u->s, R->m, R->o->run, R->o->so);
+    char *set = NULL;
+    size_t set_n = 0;
+    FILE *mem = open_memstream(&set, &set_n);
+    int any = strategy_settings_text(mem, &so, u->s->name);
+    if (fclose(mem) == 0 && any) fprintf(stderr, "sift: %s settings: %s\n", u->s->name, set);
+    free(set);
     if (st->note[0]) fprintf(stderr, "sift: %s: %s\n", u->s->name, st->note);
     fprintf(stderr, "      load time = %10.2f ms\n", R->load_ms);
     fprintf(stderr, "prompt eval time = %10.2f ms / %5d tokens (%8.2f ms per token, %8.2f tokens per second)\n",
