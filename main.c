@@ -291,7 +291,7 @@ static void parse_args(int argc, char **argv, options *o) {
 // Prefill progress on an interactive stderr: "prefill: layer 12/30".
 static void show_layer(void *ctx, int layer, int n_layer, int rows) {
     (void)ctx;
-    fprintf(stderr, "\rprefill: layer %d/%d (%d rows)   ", layer + 1, n_layer, rows);
+    fprintf(stderr, "\rprefill: layer %d/%d (%d row%s)   ", layer + 1, n_layer, rows, plural_s(rows));
     if (layer + 1 == n_layer) fprintf(stderr, "\r%40s\r", "");
 }
 
@@ -307,11 +307,14 @@ int main(int argc, char **argv) {
     options o;
     parse_args(argc, argv, &o);
     if (cli_refuse_synthetic(o.model, "a prompt")) return 2;
-    // the files written at the end: a bad path fails now, not after a long run; nothing is
-    // modified until then (an old summary or map stays whole if the run fails)
+    cli_threads_check("-t", o.r.threads);
+    // the files written: a bad path (a missing or unwritable directory) fails now, not after the
+    // model load or a long run; nothing is modified until then (an old summary or map stays whole
+    // if the run fails)
     char *km_json = o.r.kept_map ? jobs_kept_map_json(o.r.kept_map) : NULL;
-    const char *late[3] = {o.r.summary, o.r.kept_map, km_json};
-    int bad_out = cli_check_outputs(late, (const char *[]){"--summary", "--kept-map", "--kept-map"}, 3);
+    const char *late[5] = {o.r.output, o.r.errors, o.r.summary, o.r.kept_map, km_json};
+    int bad_out = cli_check_outputs(late, (const char *[]){"--output", "--errors", "--summary",
+                                                           "--kept-map", "--kept-map"}, 5);
     free(km_json);
     if (bad_out) return 2;
     double t0 = now_ms();
@@ -324,9 +327,14 @@ int main(int argc, char **argv) {
         const char *dev = L.bk->name;
         double load_ms = now_ms() - t0;
         if (!o.r.quiet && isatty(2) && o.r.parallel == 1) m->on_layer = show_layer;
+        // the model as the user named it (the file), the name it carries inside beside it
+        char label[300];
+        const char *inside;
+        cli_model_label(L.path, m->name, label, sizeof label, &inside);
         if (!o.r.quiet)
-            fprintf(stderr, "sift: loaded %s (%s, %d layers, %.0fM params, %.2f GiB) in %.0f ms on "
-                    "%s%s%s%s\n", cli_base_name(L.path), m->cfg.arch, m->cfg.n_layer,
+            fprintf(stderr, "sift: loaded %s (%s%s%s%s, %d layer%s, %.0fM params, %.2f GiB) in %.0f ms on "
+                    "%s%s%s%s\n", label, inside ? "named \"" : "", inside ? inside : "",
+                    inside ? "\" inside; " : "", m->cfg.arch, m->cfg.n_layer, plural_s(m->cfg.n_layer),
                     m->n_params / 1e6, m->weight_bytes / 1073741824.0, load_ms, dev,
                     L.bk->info[0] ? " (" : "", L.bk->info, L.bk->info[0] ? ")" : "");
         if (o.ctx > m->cfg.ctx_len && !o.r.quiet)

@@ -314,7 +314,8 @@ typedef struct {
 
 static void bench_show_layer(void *ctx, int layer, int n_layer, int rows) {
     const bench_progress *p = ctx;
-    fprintf(stderr, "\r%s: prefill layer %d/%d (%d rows)   ", p->cell, layer + 1, n_layer, rows);
+    fprintf(stderr, "\r%s: prefill layer %d/%d (%d row%s)   ", p->cell, layer + 1, n_layer, rows,
+            plural_s(rows));
 }
 
 static void show_cell(bench_progress *p, int tty, int P, int ci, int n_ctx, int rep, int reps,
@@ -577,8 +578,8 @@ static int bench_run(const bench_opts *b, loaded *L) {
     long fixed, recorded, replayed;
     fwd_decode_counts(m, &fixed, &recorded, &replayed);
     if (fixed)   // how the decode steps ran (model/decode.c fwd_decode): a device run's context
-        fprintf(stderr, "bench: %ld decode steps through fixed buffers: %ld recorded as graphs, %ld "
-                "replayed%s\n", fixed, recorded, replayed,
+        fprintf(stderr, "bench: %ld decode step%s through fixed buffers: %ld recorded as graph%s, %ld "
+                "replayed%s\n", fixed, plural_s(fixed), recorded, plural_s(recorded), replayed,
                 recorded ? "" : " (SIFT_CUDA_GRAPHS=0, or no step ran twice on the same caches)");
     free(cs[0].ttft);
     free(cs);

@@ -2,6 +2,7 @@
 // strategy flags, reading prompt files, JSON strings, and loading a model with its tokenizer.
 #include <errno.h>
 #include <limits.h>
+#include <sched.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -144,6 +145,37 @@ const char *cli_base_name(const char *path) {
     return s ? s + 1 : path;
 }
 
+const char *cli_model_label(const char *path, const char *internal, char *buf, size_t len,
+                            const char **inside) {
+    char base[256];
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;   // a Hugging Face directory given as "dir/"
+    snprintf(base, sizeof base, "%.*s", (int)(n < 255 ? n : 255), path);
+    const char *b = cli_base_name(base);
+    size_t bl = strlen(b);
+    if (bl > 5 && strcasecmp(b + bl - 5, ".gguf") == 0) bl -= 5;
+    int same = !internal || !*internal || strcmp(internal, b) == 0 ||
+               (strlen(internal) == bl && strncmp(internal, b, bl) == 0);
+    snprintf(buf, len, "%.*s", (int)bl, b);
+    *inside = same ? NULL : internal;
+    return buf;
+}
+
+int cli_cpu_count(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+void cli_threads_check(const char *flag, int threads) {
+    int cpus = cli_cpu_count();
+    if (threads > cpus)
+        fprintf(stderr, "sift: warning: %s %d is more threads than the %d CPU%s this process may use; "
+                "the threads beyond them share CPUs (slower, not faster)\n", flag, threads, cpus,
+                plural_s(cpus));
+}
+
 
 // --device: cpu, cuda (an error when there is no usable GPU), or auto (cuda when usable).
 const char *cli_device(const char *v) {
@@ -210,8 +242,9 @@ static model *load_draft(const char *path, const tok *main_tok, backend *bk, ggu
         return NULL;
     }
     if (tok_n_vocab(*dt) != tok_n_vocab(main_tok)) {
-        snprintf(err, errlen, "--draft %s: vocabulary of %d tokens, the main model has %d "
-                 "(a draft must share the tokenizer)", path, tok_n_vocab(*dt), tok_n_vocab(main_tok));
+        snprintf(err, errlen, "--draft %s: vocabulary of %d token%s, the main model has %d "
+                 "(a draft must share the tokenizer)", path, tok_n_vocab(*dt), plural_s(tok_n_vocab(*dt)),
+                 tok_n_vocab(main_tok));
         return NULL;
     }
     for (int id = 0; id < tok_n_vocab(main_tok); id++) {
@@ -496,8 +529,9 @@ int cli_load(loaded *L, const char *path, const char *draft_path, const cli_hw *
     else if (load_model(L, plan_ctx, err, sizeof err) != 0)
         fprintf(stderr, "sift: error: %s\n", err);
     else if (tok_n_vocab(L->t) > L->m->cfg.vocab)
-        fprintf(stderr, "sift: error: %s: tokenizer has %d tokens but the embedding only %d rows\n",
-                L->path, tok_n_vocab(L->t), L->m->cfg.vocab);
+        fprintf(stderr, "sift: error: %s: tokenizer has %d token%s but the embedding only %d row%s\n",
+                L->path, tok_n_vocab(L->t), plural_s(tok_n_vocab(L->t)), L->m->cfg.vocab,
+                plural_s(L->m->cfg.vocab));
     else if (draft_path &&
              !(L->draft = load_draft(draft_path, L->t, L->bk, &L->df, &L->dt, err, sizeof err)))
         fprintf(stderr, "sift: error: %s\n", err);

@@ -69,6 +69,16 @@ void cli_on_sigint(int sig);
 
 // ---- input and output ----
 const char *cli_base_name(const char *path);
+// The model as the user named it, for messages: the base name of the file or directory given,
+// without .gguf ("SmolLM2-135M-Instruct.Q4_1"), into buf; *inside: the name the model carries
+// (GGUF general.name) where it says something else, to be shown beside it, or NULL.
+const char *cli_model_label(const char *path, const char *internal, char *buf, size_t len,
+                            const char **inside);
+// The CPUs this process may run on (its affinity mask; else the online CPUs).
+int cli_cpu_count(void);
+// -t N above cli_cpu_count(): one warning line on stderr naming the count (threads beyond the
+// CPUs share them: slower, not faster). flag: how the user wrote it ("-t").
+void cli_threads_check(const char *flag, int threads);
 
 // ---- loading ----
 // The model, its tokenizer (NULL for a synthetic model) and an optional draft, on one backend.

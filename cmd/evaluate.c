@@ -258,8 +258,8 @@ static int write_report(const eval_opts *e, const eval_run *R, const char *model
                        .n_tasks = e->n_tasks, .ctxs = e->ctxs, .n_ctxs = e->n_ctxs,
                        .recs = R->recs, .n_recs = R->n_recs, .complete = complete};
     if (!complete)
-        fprintf(stderr, "sift: eval interrupted: reporting the %d prompts measured\n",
-                R->n_recs / e->n_strategies);
+        fprintf(stderr, "sift: eval interrupted: reporting the %d prompt%s measured\n",
+                R->n_recs / e->n_strategies, plural_s(R->n_recs / e->n_strategies));
     eval_print_tables(stdout, &rep);
     return write_reports(e, &rep);
 }
@@ -289,7 +289,8 @@ int cmd_eval(int argc, char **argv) {
         signal(SIGINT, cli_on_sigint);
         int run = eval_run_all(&R);
         signal(SIGINT, SIG_DFL);
-        int written = e.dump ? 0 : write_report(&e, &R, L.m->name ? L.m->name : cli_base_name(L.path), run != 1);
+        // a run that failed has said why; no tables of what it did not measure follow its error
+        int written = e.dump || run < 0 ? 0 : write_report(&e, &R, L.m->name ? L.m->name : cli_base_name(L.path), run != 1);
         rc = run < 0 || written ? 1 : run == 1 ? 130 : 0;
     }
     for (int i = 0; i < R.n_recs; i++) free(R.recs[i].answer);

@@ -113,8 +113,8 @@ static int run_ppl(const ppl_opts *p, loaded *L) {
     int n_chunk = n / p->ctx, scored = p->ctx - 1 - p->ctx / 2;
     if (n_chunk == 0 || p->ctx > L->m->cfg.ctx_len) {
         if (n_chunk == 0)
-            fprintf(stderr, "sift: error: %s has %d tokens, fewer than one chunk of --ctx %d\n",
-                    p->file, n, p->ctx);
+            fprintf(stderr, "sift: error: %s has %d token%s, fewer than one chunk of --ctx %d\n",
+                    p->file, n, plural_s(n), p->ctx);
         else
             fprintf(stderr, "sift: error: --ctx %d is beyond the model's context %d\n", p->ctx,
                     L->m->cfg.ctx_len);
@@ -122,9 +122,9 @@ static int run_ppl(const ppl_opts *p, loaded *L) {
         return n_chunk == 0 ? 1 : 2;
     }
     if (!p->quiet)
-        fprintf(stderr, "sift: ppl: %d tokens, %d chunks of %d; scoring the second half of each "
-                        "chunk (%d tokens), BOS at each chunk's start (llama-perplexity's convention)\n",
-                n, n_chunk, p->ctx, scored);
+        fprintf(stderr, "sift: ppl: %d token%s, %d chunk%s of %d; scoring the second half of each "
+                        "chunk (%d token%s), BOS at each chunk's start (llama-perplexity's convention)\n",
+                n, plural_s(n), n_chunk, plural_s(n_chunk), p->ctx, scored, plural_s(scored));
     double sum = 0, sum2 = 0, t0 = now_ms();
     char err[512];
     int bos = tok_bos(L->t);
@@ -149,8 +149,9 @@ static int run_ppl(const ppl_opts *p, loaded *L) {
                cli_base_name(p->file), L->m->name ? L->m->name : cli_base_name(L->path),
                p->s->name, p->ctx, n_chunk, N, mean, ppl, sd, ms);
     else
-        printf("Final estimate: PPL = %.4f +/- %.5f (%s, ctx %d, %d chunks, %.0f tokens scored, "
-               "%.1f s)\n", ppl, sd, p->s->name, p->ctx, n_chunk, N, ms / 1000);
+        printf("Final estimate: PPL = %.4f +/- %.5f (%s, ctx %d, %d chunk%s, %.0f token%s scored, "
+               "%.1f s)\n", ppl, sd, p->s->name, p->ctx, n_chunk, plural_s(n_chunk), N,
+               plural_s((long long)N), ms / 1000);
     free(ids);
     return 0;
 }

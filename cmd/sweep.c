@@ -722,8 +722,9 @@ static void sw_print_table(FILE *f, const sweep_run *R, const sweep_agg *agg) {
         for (int i = 0; i < 12; i++) fputs(i ? " | " : "", f), eval_table_num(f, fmt[i], v[i]);
         fprintf(f, " | %s |\n", g->frontier ? "*" : "");
     }
-    fprintf(f, "\n%d prompts, -n %d, greedy; fidelity = %s agreement%s, speedup = %s (ratios of means "
-               "against full on the same prompts); * = on the Pareto frontier.\n", R->n_p, w->n_predict,
+    fprintf(f, "\n%d prompt%s, -n %d, greedy; fidelity = %s agreement%s, speedup = %s (ratios of means "
+               "against full on the same prompts); * = on the Pareto frontier.\n", R->n_p, plural_s(R->n_p),
+            w->n_predict,
             SW_FIDELITY[w->fidelity], w->fidelity == SW_FID_ACCURACY ? " (task accuracy)" : " with full",
             w->speed == SW_SPEED_TOTAL ? "end to end (TTFT + n TPOT)" : SW_SPEED[w->speed]);
     if (w->parallel > 1)
@@ -763,7 +764,8 @@ static void sw_write_json(FILE *f, const sweep_run *R, const sweep_agg *agg, con
         fprintf(f, "%s{\"index\":%d,\"strategy\":\"%s\",\"grid\":", s ? "," : "", s, x->s->name);
         tok_json_str(f, x->grid, strlen(x->grid));
         fputs(",\"params\":", f);
-        strategy_settings_json(f, &x->so, x->s->name);
+        strategy_opts so = strategy_opts_resolved(x->s, R->L->m, &x->run, &x->so);   // as they ran
+        strategy_settings_json(f, &so, x->s->name);
         fputs(",\"label\":", f);
         tok_json_str(f, g->label, strlen(g->label));
         fprintf(f, ",\"prompts\":%d,\"failed\":%d", g->n, g->failed);
@@ -889,7 +891,8 @@ static int sw_report(const sweep_run *R, const char *model_name, int complete) {
     const sweep_opts *w = R->w;
     sweep_agg agg[SWEEP_MAX_SETTINGS];
     sw_aggregate(R, agg);
-    if (!complete) fprintf(stderr, "sift: sweep interrupted: reporting the %d runs measured\n", R->done);
+    if (!complete)
+        fprintf(stderr, "sift: sweep interrupted: reporting the %d run%s measured\n", R->done, plural_s(R->done));
     sw_print_table(stdout, R, agg);
     int best = w->min_agreement >= 0 ? sw_best(w, agg) : -1;
     if (w->min_agreement >= 0) {
@@ -952,15 +955,16 @@ int cmd_sweep(int argc, char **argv) {
     }
     for (int i = 0; i < R.n_p && rc == 0; i++)
         if ((long)R.p[i].n_ids + w.n_predict > L.m->cfg.ctx_len) {
-            fprintf(stderr, "sift: error: sweep: prompt '%s' has %d tokens; with -n %d that exceeds "
-                            "the model's context %d (%s)\n", R.p[i].id, R.p[i].n_ids, w.n_predict,
+            fprintf(stderr, "sift: error: sweep: prompt '%s' has %d token%s; with -n %d that exceeds "
+                            "the model's context %d (%s)\n", R.p[i].id, R.p[i].n_ids, plural_s(R.p[i].n_ids),
+                    w.n_predict,
                     L.m->cfg.ctx_len, w.n_tasks ? "a smaller --ctx or -n" : "a smaller -n");
             rc = 2;
         }
     if (rc == 0) {
         if (!w.quiet)
-            fprintf(stderr, "sift: sweep: %d prompts x %d settings (full included), -n %d, greedy%s\n",
-                    R.n_p, w.n_set, w.n_predict, w.parallel > 1 ? ", batches of --parallel" : "");
+            fprintf(stderr, "sift: sweep: %d prompt%s x %d settings (full included), -n %d, greedy%s\n",
+                    R.n_p, plural_s(R.n_p), w.n_set, w.n_predict, w.parallel > 1 ? ", batches of --parallel" : "");
         R.recs = xcalloc((size_t)R.n_p * w.n_set, sizeof *R.recs);
         R.logits = xmalloc((size_t)(w.parallel + 1) * L.m->cfg.vocab * sizeof(float));
         signal(SIGINT, cli_on_sigint);

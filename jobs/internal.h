@@ -32,6 +32,8 @@ typedef struct request {
     int n_choices;          // answers to the prompt (OpenAI's n), sharing one prefill
     float freq_pen, pres_pen;   // OpenAI's frequency_penalty, presence_penalty (0: off)
     int parsed;             // --prompts: the line is JSON (a line that is not is no vote on the format)
+    int announced;          // its "N prompt tokens" line is out (once per prompt, not per strategy
+                            // or repetition)
 } request;
 
 // The Batch API error codes sift writes (README lists them): a line that cannot be read or holds a

@@ -64,8 +64,9 @@ static void json_unit(FILE *f, const runner *R, const unit *u) {
     fprintf(f, ",\"label\":");
     if (st->label[0]) tok_json_str(f, st->label, strlen(st->label));
     else fprintf(f, "null");
-    fprintf(f, ",\"settings\":");
-    strategy_settings_json(f, R->o->so, u->s->name);
+    fprintf(f, ",\"settings\":");   // the values that ran (tsp_layer -1: the layer it resolved to)
+    strategy_opts so = strategy_opts_resolved(u->s, R->m, R->o->run, R->o->so);
+    strategy_settings_json(f, &so, u->s->name);
     fprintf(f, ",\"seed\":%llu,\"kv_bytes\":%zu,\"load_ms\":%.3f,\"rows_processed\":%ld,"
             "\"draft_rows\":%ld,\"rows_pct_of_full\":%.3f,", u->seed, st->kv_bytes, R->load_ms,
             st->rows_done, st->draft_rows, u->rows_pct);
@@ -202,9 +203,10 @@ int write_summary(runner *R, int slots, int interrupted) {
     double wall = (now_ms() - R->t0) / 1e3;
     double pp = per_second((int)R->prompt_tok, R->prefill_ms), tg = per_second((int)R->decode_tok, R->decode_ms);
     if (!o->quiet && (R->n_req > 1 || slots > 1))
-        fprintf(stderr, "sift: %d prompts (%d failed) in %.2f s, parallel %d: prefill %ld tokens at "
-                "%.1f tok/s, decode %ld tokens at %.1f tok/s (aggregate)%s\n", R->n_done, R->n_failed,
-                wall, slots, R->prompt_tok, pp, R->decode_tok, tg, interrupted ? "; interrupted" : "");
+        fprintf(stderr, "sift: %d prompt%s (%d failed) in %.2f s, parallel %d: prefill %ld token%s at "
+                "%.1f tok/s, decode %ld token%s at %.1f tok/s (aggregate)%s\n", R->n_done,
+                plural_s(R->n_done), R->n_failed, wall, slots, R->prompt_tok, plural_s(R->prompt_tok),
+                pp, R->decode_tok, plural_s(R->decode_tok), tg, interrupted ? "; interrupted" : "");
     if (!o->summary) return 0;
     char *buf = NULL;
     size_t n = 0;
@@ -234,8 +236,18 @@ int write_summary(runner *R, int slots, int interrupted) {
 
 void print_timing(const runner *R, const unit *u) {
     const run_stats *st = &u->g.st;
-    fprintf(stderr, "\nsift: strategy %s, device %s (%d threads), KV cache %.2f MiB\n", u->s->name,
-            R->dev, R->o->threads, st->kv_bytes / 1048576.0);
+    // the lines below keep llama.cpp's shape word for word ("1 tokens" included): scripts that
+    // read llama.cpp's timings read these
+    fprintf(stderr, "\nsift: strategy %s, device %s (%d thread%s), KV cache %.2f MiB\n", u->s->name,
+            R->dev, R->o->threads, plural_s(R->o->threads), st->kv_bytes / 1048576.0);
+    // the parameters as they ran ("tsp_layer 14, ..."); none for full
+    strategy_opts so = strategy_opts_resolved(u->s, R->m, R->o->run, R->o->so);
+    char *set = NULL;
+    size_t set_n = 0;
+    FILE *mem = open_memstream(&set, &set_n);
+    int any = strategy_settings_text(mem, &so, u->s->name);
+    if (fclose(mem) == 0 && any) fprintf(stderr, "sift: %s settings: %s\n", u->s->name, set);
+    free(set);
     if (st->note[0]) fprintf(stderr, "sift: %s: %s\n", u->s->name, st->note);
     fprintf(stderr, "      load time = %10.2f ms\n", R->load_ms);
     fprintf(stderr, "prompt eval time = %10.2f ms / %5d tokens (%8.2f ms per token, %8.2f tokens per second)\n",
@@ -291,13 +303,14 @@ static double median_spread(double *x, int n, double *spread) {
     return med;
 }
 
-// The A/B table of a repeated run (-r): per strategy (its repetition-0 unit for everything but
-// the timings) the median TTFT and TPOT over the repetitions that succeeded, with their spread.
+// The A/B table of a repeated run (-r): every column of print_table's, per strategy (its
+// repetition-0 unit for everything but the timings), with the median TTFT and TPOT over the
+// repetitions that succeeded (the rates from those medians) and their spread beside them.
 void print_table_reps(const unit *u, int n, int reps) {
-    printf("\n| strategy | runs | rows %% of full | KV MiB | TTFT ms (median) | TTFT spread %% "
-           "| prefill tok/s | TPOT ms (median) | TPOT spread %% | decode tok/s | 1st token = full "
-           "| greedy agree %% | first line |\n"
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---:|---|\n");
+    printf("\n| strategy | runs | rows %% of full | KV MiB | KV read/step MiB | TTFT ms (median) "
+           "| TTFT spread %% | prefill tok/s | TPOT ms (median) | TPOT spread %% | decode tok/s "
+           "| 1st token = full | greedy agree %% | first line |\n"
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---:|---|\n");
     double *ttft = xmalloc((size_t)reps * sizeof *ttft), *tpot = xmalloc((size_t)reps * sizeof *tpot);
     for (int i = 0; i < n; i++) {
         if (u[i].rep != 0) continue;
@@ -309,15 +322,17 @@ void print_table_reps(const unit *u, int n, int reps) {
             if (st->decode_runs) tpot[kd++] = st->decode_ms / st->decode_runs;
         }
         if (u[i].rc || k == 0) {
-            printf("| %s | 0 | error: %s |||||||||||\n", u[i].s->name, u[i].err);
+            printf("| %s | 0 | error: %s ||||||||||||\n", u[i].s->name, u[i].err);
             continue;
         }
         const run_stats *st = &u[i].g.st;
         double sp_ttft, sp_tpot = 0, m_ttft = median_spread(ttft, k, &sp_ttft);
         double m_tpot = kd ? median_spread(tpot, kd, &sp_tpot) : NAN;
-        printf("| %s%s%s%s | %d | %.1f | %.2f | %.1f | %.1f | %.1f | ", u[i].s->name,
-               st->label[0] ? " (" : "", st->label, st->label[0] ? ")" : "", k, u[i].rows_pct,
-               st->kv_bytes / 1048576.0, m_ttft, sp_ttft, per_second(st->prompt_n, m_ttft));
+        printf("| %s%s%s%s | %d | %.1f | %.2f | ", u[i].s->name, st->label[0] ? " (" : "", st->label,
+               st->label[0] ? ")" : "", k, u[i].rows_pct, st->kv_bytes / 1048576.0);
+        if (st->decode_runs) printf("%.2f | ", st->kv_read_per_step / 1048576.0);
+        else printf("- | ");
+        printf("%.1f | %.1f | %.1f | ", m_ttft, sp_ttft, per_second(st->prompt_n, m_ttft));
         if (kd) printf("%.2f | %.1f | %.2f | ", m_tpot, sp_tpot, 1000.0 / m_tpot);
         else printf("- | - | - | ");
         print_row_end(&u[i]);
@@ -344,8 +359,8 @@ void machine_note(runner *R) {
         double steal = (now.steal - was->steal) / wall;
         other = other < 0 ? 0 : other;
         long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-        printf("\nmachine: other processes used %.2f of %ld CPUs and %.2f were stolen during these runs%s\n",
-               other, ncpu, steal,
+        printf("\nmachine: other processes used %.2f of %ld CPU%s and %.2f were stolen during these runs%s\n",
+               other, ncpu, plural_s(ncpu), steal,
                other + steal > 0.25 ? " — busy: these timings are not an idle machine's" : " (idle)");
         fflush(stdout);
     }

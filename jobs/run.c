@@ -181,8 +181,9 @@ static int unit_start(runner *R, unit *u, int stream) {
     u->n_gen = want < 0 ? R->n_ctx - u->n_ids : want;
     if (u->n_ids >= 0 && (u->n_gen < 1 || (long)u->n_ids + u->n_gen > R->n_ctx)) {
         snprintf(u->err, sizeof u->err,
-                 "prompt '%s' has %d tokens; with %d to generate that exceeds the context size %d "
-                 "(raise -c or lower -n)", q->id, u->n_ids, want < 0 ? 1 : u->n_gen, R->n_ctx);
+                 "prompt '%s' has %d token%s; with %d to generate that exceeds the context size %d "
+                 "(raise -c or lower -n)", q->id, u->n_ids, plural_s(u->n_ids), want < 0 ? 1 : u->n_gen,
+                 R->n_ctx);
         return unit_failed(u, "context_length_exceeded");
     }
     if (u->n_ids < 0) return unit_failed(u, "invalid_request");
@@ -196,9 +197,11 @@ static int unit_start(runner *R, unit *u, int stream) {
     u->seed = choice_seed((unsigned long long)q->seed, u->choice);
     sp.seed = u->seed;
     sampler_init(&u->smp, &sp, R->m->cfg.vocab);
-    if (!o->quiet && R->o->parallel == 1 && u->choice == 0)
-        fprintf(stderr, "sift: %s: %d prompt tokens, up to %d new (seed %llu)\n", q->id, u->n_ids,
-                u->n_gen, u->seed);
+    // once per prompt: every strategy and repetition of it has the same tokens, budget and seed
+    if (!o->quiet && R->o->parallel == 1 && u->choice == 0 && !q->announced)
+        fprintf(stderr, "sift: %s: %d prompt token%s, up to %d new (seed %llu)\n", q->id, u->n_ids,
+                plural_s(u->n_ids), u->n_gen, u->seed);
+    q->announced = 1;
     u->stream = stream;
     u->state = 1;
     if (u->choice > 0) return choice_start(u);
@@ -384,9 +387,9 @@ static int outputs_open(outputs *w, const run_opts *o, const request_list *all, 
             int kept = 0;
             for (int i = 0; i < sc[f].n; i++) kept += sc[f].r[i].keep;
             if (!rc && !o->quiet)
-                fprintf(stderr, "sift: --resume: %s '%s': %d records kept, %d lines dropped (%s)\n",
+                fprintf(stderr, "sift: --resume: %s '%s': %d record%s kept, %d line%s dropped (%s)\n",
                         action[f] == RESUME_REWRITE ? "rewrote" : "cut the last line of", w->path[f], kept,
-                        sc[f].n_dropped, action[f] == RESUME_REWRITE ? "one per request, in input order"
+                        plural_s(kept), sc[f].n_dropped, plural_s(sc[f].n_dropped), action[f] == RESUME_REWRITE ? "one per request, in input order"
                                                                      : "a write cut short");
         }
         scan_free(&sc[0]), scan_free(&sc[1]);
@@ -532,8 +535,8 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
     }
     R.n_req = n_jobs, R.n_skipped = skipped;
     if (!o->quiet && (skipped || o->shard_n > 0))
-        fprintf(stderr, "sift: %d requests%s%s: %d to run, %d done before (--resume)\n", hi - lo,
-                o->shard_n > 0 ? " in this shard" : "", "", n_jobs, skipped);
+        fprintf(stderr, "sift: %d request%s%s: %d to run, %d done before (--resume)\n", hi - lo,
+                plural_s(hi - lo), o->shard_n > 0 ? " in this shard" : "", n_jobs, skipped);
 
     struct sigaction sa = {0}, ign = {0}, old_int, old_term, old_xfsz;
     sa.sa_handler = on_signal;
@@ -553,8 +556,8 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
     int n_active = 0, next_job = 0, next_write = 0, announced = 0;
     for (;;) {
         if (stop_signal && !announced && !o->quiet) {
-            fprintf(stderr, "\nsift: interrupted: %s %d sequences in flight, no new prompts%s\n",
-                    n_signals > 1 ? "dropping" : "finishing", n_active,
+            fprintf(stderr, "\nsift: interrupted: %s %d sequence%s in flight, no new prompts%s\n",
+                    n_signals > 1 ? "dropping" : "finishing", n_active, plural_s(n_active),
                     n_signals > 1 ? "" : " (Ctrl-C again to drop them)");
             announced = 1;
         }

@@ -104,8 +104,14 @@ static int fastkv_check(const model *m, const strategy_opts *o, char *err, size_
     return window_len_check("--tsp-len", o->tsp_len, o->window, err, errlen);
 }
 
+static void fastkv_resolve(const model *m, const strategy_run *run, strategy_opts *o) {
+    (void)run;
+    o->tsp_layer = tsp_layer(m, o);
+}
+
 const strategy strategy_fastkv = {
     .name = "fastkv",
+    .resolve = fastkv_resolve,
     .about = "token-selective propagation after layer L/2-1 + per-KV-head KV compression (FastKV)",
     .prefill = fastkv_prefill,
     .check = fastkv_check,

@@ -140,24 +140,54 @@ int strategy_opt_used_by(const opt_def *d, const char *name) {
     return 0;
 }
 
-// d's value in o as JSON (a number, a string or null) into buf.
-static void opt_json(const strategy_opts *o, const opt_def *d, char *buf, size_t len) {
+// The name of choice `value` in "a=1|b=0" into buf; 0, or -1 when no name has that value.
+static int choice_name(const char *choices, int value, char *buf, size_t len) {
+    for (const char *p = choices; *p;) {
+        const char *eq = strchr(p, '='), *bar = strchr(p, '|');
+        if (atoi(eq + 1) == value) {
+            snprintf(buf, len, "%.*s", (int)(eq - p), p);
+            return 0;
+        }
+        if (!bar) break;
+        p = bar + 1;
+    }
+    return -1;
+}
+
+// d's value in o into buf, as JSON (json: a number, a string or null) or as text: a choice by
+// its name ("max", not 0); a count outside the flag's range (a strategy's "decided per prompt",
+// topk -1; or "not used", draft_layers with --draft) null / "unset (its --help default)"; a
+// path or null / "none".
+static void opt_value(const strategy_opts *o, const opt_def *d, int json, char *buf, size_t len) {
     const char *field = (const char *)o + d->offset;
     if (d->type == OPT_PATH) {
         const char *s = *(const char *const *)field;
-        if (!s) snprintf(buf, len, "null");
+        if (!s) snprintf(buf, len, "%s", json ? "null" : "none");
         else {   // a path: quotes and backslashes escaped, control bytes dropped
             size_t j = 0;
-            buf[j++] = '"';
+            if (json) buf[j++] = '"';
             for (; *s && j + 3 < len; s++) {
-                if (*s == '"' || *s == '\\') buf[j++] = '\\';
+                if (json && (*s == '"' || *s == '\\')) buf[j++] = '\\';
                 if ((unsigned char)*s >= 0x20) buf[j++] = *s;
             }
-            buf[j++] = '"';
+            if (json) buf[j++] = '"';
             buf[j] = 0;
         }
     } else if (d->type == OPT_FLOAT) snprintf(buf, len, "%.6g", *(const float *)field);
-    else snprintf(buf, len, "%d", *(const int *)field);
+    else if (d->type == OPT_CHOICE) {
+        char name[64];
+        int v = *(const int *)field;
+        if (choice_name(d->choices, v, name, sizeof name) != 0) snprintf(buf, len, "%d", v);
+        else snprintf(buf, len, json ? "\"%s\"" : "%s", name);
+    } else {
+        int v = *(const int *)field;
+        if (v < d->lo || v > d->hi) {
+            if (json) snprintf(buf, len, "null");
+            else snprintf(buf, len, "unset%s%s%s", d->def_text ? " (" : "", d->def_text ? d->def_text : "",
+                          d->def_text ? ")" : "");
+        }
+        else snprintf(buf, len, "%d", v);
+    }
 }
 
 strategy_opts strategy_opts_default(void) {
@@ -170,19 +200,44 @@ strategy_opts strategy_opts_default(void) {
     return o;
 }
 
-void strategy_settings_json(FILE *out, const strategy_opts *so, const char *strategy_name) {
+strategy_opts strategy_opts_resolved(const strategy *s, const model *m, const strategy_run *run,
+                                     const strategy_opts *so) {
+    strategy_opts o = *so;
+    if (!m) return o;
+    const strategy *parts[2] = {s->decode_part ? s->prefill_part : s, s->decode_part};
+    for (int i = 0; i < 2; i++)
+        if (parts[i] && parts[i]->resolve) parts[i]->resolve(m, run, &o);
+    return o;
+}
+
+// The parameters strategy_name reads, "key": value pairs (json) or "key value" (text), each key
+// its flag's name with '_' for '-'.
+static void settings_write(FILE *out, const strategy_opts *so, const char *strategy_name, int json) {
     int n, first = 1;
     const opt_def *t = strategy_opts_table(&n);
-    fputc('{', out);
+    if (json) fputc('{', out);
     for (int i = 0; i < n; i++) {
         if (!strategy_opt_used_by(&t[i], strategy_name)) continue;
         char v[600], key[40];
-        opt_json(so, &t[i], v, sizeof v);
+        opt_value(so, &t[i], json, v, sizeof v);
         size_t k = 0;
         for (const char *p = t[i].flag + 2; *p && k + 1 < sizeof key; p++) key[k++] = *p == '-' ? '_' : *p;
         key[k] = 0;
-        fprintf(out, "%s\"%s\":%s", first ? "" : ",", key, v);
+        if (json) fprintf(out, "%s\"%s\":%s", first ? "" : ",", key, v);
+        else fprintf(out, "%s%s %s", first ? "" : ", ", key, v);
         first = 0;
     }
-    fputc('}', out);
+    if (json) fputc('}', out);
+}
+
+void strategy_settings_json(FILE *out, const strategy_opts *so, const char *strategy_name) {
+    settings_write(out, so, strategy_name, 1);
+}
+
+int strategy_settings_text(FILE *out, const strategy_opts *so, const char *strategy_name) {
+    int n, any = 0;
+    const opt_def *t = strategy_opts_table(&n);
+    for (int i = 0; i < n && !any; i++) any = strategy_opt_used_by(&t[i], strategy_name);
+    if (any) settings_write(out, so, strategy_name, 0);
+    return any;
 }

@@ -57,8 +57,16 @@ const opt_def *strategy_opt_find(const char *flag);
 int strategy_opt_set(strategy_opts *o, const opt_def *d, const char *v, char *err, size_t errlen);
 // Whether strategy `name` reads d.
 int strategy_opt_used_by(const opt_def *d, const char *name);
-// The parameters strategy_name reads, as one JSON object {"kv_rate":0.1,...}.
+// The settings echo. so as strategy s runs it on model m (run: its draft): each value s decides
+// from the model (tsp_layer -1: L/2-1) replaced by the value it resolves to (m NULL: so as given).
+strategy_opts strategy_opts_resolved(const strategy *s, const model *m, const strategy_run *run,
+                                     const strategy_opts *so);
+// The parameters strategy_name reads, as one JSON object {"kv_rate":0.1,"pool":"max",...}: a
+// choice by its name, a count the strategy decides per prompt (topk from --budget) or does not
+// use (draft_layers with --draft) null. The text form: "kv_rate 0.1, pool max, ..." ("unset" for
+// null); it writes nothing and returns 0 when the strategy reads no parameter (full).
 void strategy_settings_json(FILE *out, const strategy_opts *so, const char *strategy_name);
+int strategy_settings_text(FILE *out, const strategy_opts *so, const char *strategy_name);
 
 // The table's defaults (0 / -1 where a strategy resolves the value from the model).
 strategy_opts strategy_opts_default(void);

@@ -233,8 +233,14 @@ static int specprefill_check(const model *m, const strategy_opts *o, char *err, 
                       o->draft_layers, m->cfg.n_layer);
 }
 
+// The self-draft's depth; with --draft none (0: the draft model's layers run, not the main's).
+static void specprefill_resolve(const model *m, const strategy_run *run, strategy_opts *o) {
+    o->draft_layers = run && run->draft ? 0 : spec_depth(m, o, NULL);
+}
+
 const strategy strategy_specprefill = {
     .name = "specprefill",
+    .resolve = specprefill_resolve,
     .about = "a draft (--draft; else a self-draft, not the paper's method: the model's first "
              "--draft-layers N layers, default ceil(L/2)) picks the prompt chunks to prefill",
     .prefill = specprefill_prefill,

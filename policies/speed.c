@@ -52,8 +52,14 @@ static int speed_check(const model *m, const strategy_opts *o, char *err, size_t
                       o->speed_depth, m->cfg.n_layer);
 }
 
+static void speed_resolve(const model *m, const strategy_run *run, strategy_opts *o) {
+    (void)run;
+    o->speed_depth = speed_depth(m, o);
+}
+
 const strategy strategy_speed = {
     .name = "speed",
+    .resolve = speed_resolve,
     .about = "prompt runs the first K layers only; upper layers see anchor + decode tokens",
     .prefill = speed_prefill,
     .check = speed_check,

@@ -110,5 +110,9 @@ typedef struct strategy {
                   prefill_info *info, char *err, size_t errlen);
     // A composed strategy PREFILL+DECODE (strategy_find makes them): its two parts; NULL else.
     const struct strategy *prefill_part, *decode_part;
+    // Optional: replaces in o each value this strategy decides from the model (a 0 / -1 that
+    // means "the default for this model", above) by what it runs with on m (run: its draft),
+    // for the settings echo. A value decided per prompt stays as it is.
+    void (*resolve)(const model *m, const strategy_run *run, strategy_opts *o);
 } strategy;
 

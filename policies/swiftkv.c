@@ -255,8 +255,19 @@ static int swiftkv_check(const model *m, const strategy_opts *o, char *err, size
     return plan_for((model *)m, o, err, errlen) ? 0 : -1;
 }
 
+// l and G as they run (a checkpoint's own); the norm: shared unless own was asked (a checkpoint
+// folds none: its K/V weights are distilled).
+static void swiftkv_resolve(const model *m, const strategy_run *run, strategy_opts *o) {
+    (void)run;
+    int l, G;
+    char err[256];
+    if (swiftkv_shape(m, o, &l, &G, err, sizeof err) == 0) o->swiftkv_layers = l, o->swiftkv_group = G;
+    o->swiftkv_fold = !is_checkpoint(m) && o->swiftkv_fold == 1;
+}
+
 const strategy strategy_swiftkv = {
     .name = "swiftkv",
+    .resolve = swiftkv_resolve,
     .about = "upper layers' prompt KV from one hidden state; the prompt skips them "
              "(distilled checkpoint; training-free on other models is experimental)",
     .prefill = swiftkv_prefill,

@@ -343,3 +343,111 @@ def test_kv_read_per_step_by_hand(tmp_path):
     # topk: steps j = 0 (the last prompt token) .. d read 3 + 5 + (j + 1) entries each
     assert topk["kv_read_per_step"] == pytest.approx(entry * (3 + 5 + 1 + d / 2), rel=1e-9)
     assert full["label"] is None and full["draft_rows"] == 0
+
+
+# ---- messages: counts, the model's name, threads, paths, settings (issue 36) ------------------
+
+def stderr_lines(r, needle):
+    return [l for l in r.stderr.splitlines() if needle in l]
+
+
+def test_counts_agree_in_number(tiny):
+    """The tiny model's tokenizer is one token per byte (tiny_gguf): "a" is 1 prompt token, "ab" 2.
+    llama.cpp's timing lines keep its own shape ("/ 1 tokens"): scripts read them."""
+    one = sift("-m", tiny, "-p", "a", "-n", "1", "-t", "1", "--temp", "0", "--parallel", "2")
+    assert one.returncode == 0, one.stderr
+    assert stderr_lines(one, "sift: 1 prompt (0 failed)")[0].count("prefill 1 token at") == 1, one.stderr
+    one = sift("-m", tiny, "-p", "a", "-n", "1", "-t", "1", "--temp", "0")
+    assert stderr_lines(one, "prompt token") == [f"sift: prompt: 1 prompt token, up to 1 new "
+                                                 f"(seed {json_seed(one)})"], one.stderr
+    assert "sift: strategy full, device cpu (1 thread), KV cache" in one.stderr
+    assert "sift: loaded tiny (llama, 2 layers," in one.stderr
+    assert "prompt eval time =" in one.stderr and "/     1 tokens (" in one.stderr
+    two = sift("-m", tiny, "-p", "ab", "-n", "1", "-t", "2", "--temp", "0")
+    assert "2 prompt tokens, up to 1 new" in two.stderr and "(2 threads)" in two.stderr
+    one_layer = tiny_gguf.write(str(os.path.dirname(tiny) + "/one.gguf"), n_layer=1)
+    r = sift("-m", one_layer, "-p", "ab", "-n", "1", "-t", "1")
+    assert "sift: loaded one (llama, 1 layer," in r.stderr, r.stderr
+
+
+def json_seed(r):
+    return r.stderr.split("(seed ")[1].split(")")[0]
+
+
+@need_model
+def test_model_named_by_its_file_with_the_gguf_name_beside():
+    name = gguf.GGUFReader(MODEL).fields["general.name"]
+    inside = bytes(name.parts[name.data[0]]).decode()
+    assert inside != "SmolLM2-135M-Instruct.Q4_1"
+    r = sift("-m", MODEL, "-p", "hi", "-n", "1", "-t", "1")
+    assert r.returncode == 0, r.stderr
+    assert f'sift: loaded SmolLM2-135M-Instruct.Q4_1 (named "{inside}" inside; llama, 30 layers,' \
+        in r.stderr, r.stderr
+
+
+def test_threads_above_the_cpus_warn_once(tiny):
+    cpus = len(os.sched_getaffinity(0))
+    r = sift("-m", tiny, "-p", "ab", "-n", "2", "-t", str(cpus + 1), "--strategy", "full,speed")
+    assert r.returncode == 0, r.stderr
+    s = "" if cpus == 1 else "s"
+    assert stderr_lines(r, "warning") == [
+        f"sift: warning: -t {cpus + 1} is more threads than the {cpus} CPU{s} this process may use; "
+        "the threads beyond them share CPUs (slower, not faster)"], r.stderr
+    r = sift("-m", tiny, "-p", "ab", "-n", "2", "-t", str(cpus))
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+
+
+def test_prompt_file_is_a_directory_or_missing(tiny, tmp_path):
+    r = sift("-m", tiny, "-f", str(tmp_path), "-n", "2")
+    assert_error(r, f"cannot read prompt file '{tmp_path}': it is a directory", code=1)
+    assert "read error" not in r.stderr
+    r = sift("-m", tiny, "-f", str(tmp_path / "none.txt"), "-n", "2")
+    assert_error(r, f"cannot read prompt file '{tmp_path / 'none.txt'}': No such file or directory",
+                 code=1)
+
+
+@pytest.mark.parametrize("flag", ["--kept-map", "--summary", "--output", "--errors"])
+def test_output_into_a_missing_directory_fails_up_front(tiny, tmp_path, flag):
+    """Before the model is loaded (no "loaded" line), one line naming the directory."""
+    path = tmp_path / "no" / "x.out"
+    extra = ["--output", str(tmp_path / "r.jsonl")] if flag == "--errors" else []
+    r = sift("-m", tiny, "-p", "ab", "-n", "2", flag, str(path), *extra)
+    assert r.returncode == 2
+    assert r.stderr.strip() == (f"sift: error: cannot write {flag} '{path}': directory "
+                                f"'{tmp_path / 'no'}': No such file or directory"), r.stderr
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_failed_eval_prints_no_tables(tiny):
+    """niah needs ~300 prompt tokens before its filler; --ctx 64 cannot hold them: the error, and
+    nothing on stdout after it."""
+    r = sift("eval", "-m", tiny, "--ctx", "64", "--samples", "1", "-t", "1")
+    assert_error(r, "eval: niah needs", "more than --ctx 64 leaves", code=1)
+    assert r.stdout == ""
+
+
+def test_settings_echo_shows_what_ran(tmp_path):
+    """A 6-layer model, every default: fastkv's TSP layer L/2-1 = 2, speed's depth ceil(0.875 L) =
+    6, specprefill's self-draft ceil(L/2) = 3 layers, swiftkv's l = L/2 = 3 and G = 1; choices by
+    name; topk's K decided per prompt from --budget (null)."""
+    m = tiny_gguf.write(str(tmp_path / "six.gguf"), n_layer=6)
+    r = sift("-m", m, "-p", "the cat sat on the mat " * 4, "-n", "2", "-t", "1", "--temp", "0",
+             "--strategy", "fastkv,speed,specprefill,topk,swiftkv", "--json", "-q")
+    assert r.returncode == 0, r.stderr
+    got = {j["strategy"]: j["settings"] for j in map(json.loads, r.stdout.splitlines())}
+    assert got == {
+        "fastkv": {"tsp_layer": 2, "tsp_rate": 0.2, "kv_rate": pytest.approx(0.1), "window": 8,
+                   "pool_kernel": 7, "pool": "max", "kv_len": 0, "tsp_len": 0},
+        "speed": {"speed_depth": 6, "anchor": "bos"},
+        "specprefill": {"keep": pytest.approx(0.3), "lookahead": 8, "chunk": 32, "spec_pool": 13,
+                        "draft": None, "draft_layers": 3, "keep_last": "on"},
+        "topk": {"sink": 4, "tail": 16, "topk": None, "budget": pytest.approx(0.02)},
+        "swiftkv": {"swiftkv_layers": 3, "swiftkv_group": 1, "swiftkv_norm": "shared"}}
+    # the same in the text echo of the timing block; given values stand as given
+    r = sift("-m", m, "-p", "the cat sat on the mat " * 4, "-n", "2", "-t", "1", "--temp", "0",
+             "--strategy", "full,fastkv,topk", "--tsp-layer", "4", "--pool", "avg", "--topk", "5")
+    assert r.returncode == 0, r.stderr
+    assert stderr_lines(r, "settings:") == [
+        "sift: fastkv settings: tsp_layer 4, tsp_rate 0.2, kv_rate 0.1, window 8, pool_kernel 7, "
+        "pool avg, kv_len 0, tsp_len 0",
+        "sift: topk settings: sink 4, tail 16, topk 5, budget 0.02"], r.stderr

@@ -283,7 +283,7 @@ def test_ppl_matches_numpy_from_logits(tmp_path, tokenizer):
     (["eval", "--ctx", "100000"], "beyond the model's context", 2),
     (["eval", "--strategy", "nope"], "unknown strategy 'nope'", 2),
     (["eval", "--haystack", "/nonexistent/h.txt"], "/nonexistent/h.txt", 1),
-    (["eval", "-o", "/nonexistent/dir/r.json"], "cannot write -o '/nonexistent/dir/r.json': No such file or directory", 1),
+    (["eval", "-o", "/nonexistent/dir/r.json"], "cannot write -o '/nonexistent/dir/r.json': directory '/nonexistent/dir': No such file or directory", 1),
     (["eval", "--ctx", "64", "--tasks", "multivalue"], "more than --ctx 64 leaves", 1),
     (["ppl"], "no text", 2),
     (["ppl", "-f", "x.txt", "--strategy", "speed"], "ppl supports: full", 2),

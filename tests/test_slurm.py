@@ -27,6 +27,12 @@ TASKS, REQUESTS = 4, 24
 TIMING = ("timings", "load_ms")
 
 
+def path_without_sift():
+    """$PATH less the directories that hold a sift."""
+    return os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
+                           if d and not os.access(os.path.join(d, "sift"), os.X_OK))
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -188,10 +194,17 @@ def test_array_job_with_a_cancelled_and_requeued_task(slurm, tmp_path):
     assert r.returncode == 0, r.stderr
 
     out = tmp_path / "out"
-    env = {**slurm, "PROMPTS": str(req), "OUT_DIR": str(out), "SIFT": SIFT, "MODEL": model,
-           "SIFT_ARGS": " ".join(flags)}
+    # no SIFT=: the script finds sift in the directory sbatch ran from (SLURM_SUBMIT_DIR), not on
+    # PATH (taken out of it) nor beside the spooled copy of itself that Slurm runs
+    submit = tmp_path / "submit"
+    submit.mkdir()
+    (submit / "sift").symlink_to(SIFT)
+    env = {**slurm, "PROMPTS": str(req), "OUT_DIR": str(out), "MODEL": model,
+           "SIFT_ARGS": " ".join(flags), "PATH": path_without_sift()}
+    env.pop("SIFT", None)
     r = subprocess.run(["sbatch", "--parsable", f"--array=0-{TASKS - 1}", f"--chdir={tmp_path}",
-                        "--export=ALL", SBATCH], env=env, capture_output=True, text=True, timeout=30)
+                        "--export=ALL", SBATCH], env=env, cwd=submit, capture_output=True,
+                       text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     job = r.stdout.strip().split(";")[0]
     victim = out / "shard-1.jsonl"
@@ -224,3 +237,50 @@ def test_array_job_with_a_cancelled_and_requeued_task(slurm, tmp_path):
     for k in range(TASKS):
         s = json.loads((out / f"shard-{k}.summary.json").read_text())
         assert s["shard"] == [k, TASKS] and s["failed"] == 0 and not s["interrupted"]
+
+
+# ---- where the script finds sift (bash alone, with the variables Slurm sets) -----------------
+
+def run_task(tmp_path, submit, path=None, sift=None):
+    """The script as task 0 of 1 would run it, from submit (SLURM_SUBMIT_DIR)."""
+    model = tiny_gguf.write(str(tmp_path / "tiny.gguf"))
+    req = tmp_path / "req.jsonl"
+    req.write_text(json.dumps({"id": "a", "prompt": "the cat"}) + "\n")
+    env = {"PATH": path or path_without_sift(), "PROMPTS": str(req), "OUT_DIR": str(tmp_path / "out"),
+           "MODEL": model, "SIFT_ARGS": "-n 2 -t 1 --temp 0 -q", "SLURM_ARRAY_TASK_ID": "0",
+           "SLURM_ARRAY_TASK_COUNT": "1", "SLURM_ARRAY_JOB_ID": "7", "SLURM_SUBMIT_DIR": str(submit)}
+    if sift:
+        env["SIFT"] = sift
+    return subprocess.run(["bash", SBATCH], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_script_finds_sift_in_the_submit_dir(tmp_path):
+    submit = tmp_path / "repo"
+    submit.mkdir()
+    (submit / "sift").symlink_to(SIFT)
+    r = run_task(tmp_path, submit)
+    assert r.returncode == 0, r.stderr
+    rec = json.loads((tmp_path / "out" / "shard-0.jsonl").read_text())
+    assert rec["id"] == "a" and rec["strategy"] == "full"
+
+
+def test_script_prefers_sift_on_path(tmp_path):
+    """sift on PATH comes before the submit directory's (here a stand-in that says it ran)."""
+    bin_dir, submit = tmp_path / "bin", tmp_path / "repo"
+    bin_dir.mkdir(), submit.mkdir()
+    (submit / "sift").symlink_to(SIFT)
+    (bin_dir / "sift").write_text("#!/bin/sh\necho \"path sift $*\" >&2\n")
+    (bin_dir / "sift").chmod(0o755)
+    r = run_task(tmp_path, submit, path=f"{bin_dir}{os.pathsep}{path_without_sift()}")
+    assert r.returncode == 0 and "path sift -m" in r.stderr, r.stderr
+
+
+def test_script_without_sift_names_sift_variable(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = run_task(tmp_path, empty)
+    assert r.returncode == 2
+    assert r.stderr.strip() == (f"sift-array: error: no sift on PATH nor in the submit directory "
+                                f"({empty}); set SIFT=/path/to/sift (--export=ALL,SIFT=...)")
+    assert not (tmp_path / "out" / "shard-0.jsonl").exists()

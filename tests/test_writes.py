@@ -272,7 +272,8 @@ def test_unwritable_path_fails_before_the_run(tmp_path):
     bad = tmp_path / "no" / "s.json"
     r = prompt("--summary", bad)
     assert r.returncode == 2
-    assert r.stderr.strip() == f"sift: error: cannot write --summary '{bad}': No such file or directory"
+    assert r.stderr.strip() == (f"sift: error: cannot write --summary '{bad}': directory "
+                                f"'{tmp_path / 'no'}': No such file or directory")
 
 
 # ---- temporaries: unique names, modes, a failed write ----

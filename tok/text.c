@@ -37,6 +37,12 @@ char *tok_read_text(const char *path, size_t *len, char *err, size_t errlen) {
         snprintf(err, errlen, "cannot read prompt file '%s': %s", path, strerror(errno));
         return NULL;
     }
+    if (fstat(fileno(fp), &sb) == 0 && S_ISDIR(sb.st_mode)) {   // fopen opens one; reading it fails
+        snprintf(err, errlen, "cannot read prompt file '%s': it is a directory (--batch DIR reads "
+                 "the .txt files in one)", path);
+        if (fp != stdin) fclose(fp);
+        return NULL;
+    }
     if (fstat(fileno(fp), &sb) == 0 && S_ISREG(sb.st_mode) && (size_t)sb.st_size > MAX_PROMPT_BYTES) {
         snprintf(err, errlen, "prompt file '%s' is %lld bytes; prompts over %zu MiB are refused",
                  path, (long long)sb.st_size, MAX_PROMPT_BYTES >> 20);
@@ -57,10 +63,10 @@ char *tok_read_text(const char *path, size_t *len, char *err, size_t errlen) {
         free(buf);
         return NULL;
     }
-    int bad = ferror(fp);
+    int bad = ferror(fp), e = errno;   // fread's errno, before fclose can change it
     if (fp != stdin) fclose(fp);
     if (bad) {
-        snprintf(err, errlen, "cannot read prompt file '%s': read error", path);
+        snprintf(err, errlen, "cannot read prompt file '%s': %s", path, e ? strerror(e) : "read error");
         free(buf);
         return NULL;
     }

@@ -21,6 +21,8 @@ int host_cpu_seconds(double *busy, double *steal, double *self);
 // Rates for timing lines: n per second over ms (0 when ms is 0), and ms per item (0 when n is 0).
 static inline double per_second(int n, double ms) { return ms > 0 ? n * 1e3 / ms : 0; }
 static inline double per_token(int n, double ms) { return n > 0 ? ms / n : 0; }
+// The plural ending of a count's noun: "%d token%s", n, plural_s(n) reads "1 token", "2 tokens".
+static inline const char *plural_s(long long n) { return n == 1 ? "" : "s"; }
 
 int err_printf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 

@@ -126,8 +126,11 @@ int outfile_check(const char *path, const char *what, char *err, size_t errlen) 
         struct stat ds;
         int e = stat(dir, &ds) ? errno : !S_ISDIR(ds.st_mode) ? ENOTDIR :
                 access(dir, W_OK | X_OK) ? errno : 0;
+        // the message names the directory: "No such file or directory" alone reads as the file
+        if (e) err_printf(err, errlen, "cannot write %s '%s': directory '%s': %s", what, path, dir,
+                          strerror(e));
         free(dir);
-        return e ? fail(path, what, e, err, errlen) : 0;
+        return e ? -1 : 0;
     }
     if (S_ISDIR(st.st_mode)) return fail(path, what, EISDIR, err, errlen);
     if (stat(path, &st) != 0) {   // a dangling symlink: its target is created when written
