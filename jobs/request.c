@@ -64,6 +64,7 @@ static char *parse_messages(request *q, json_t *msgs) {
             q->system = strdup(json_string_value(content));
             continue;
         }
+        if (!json_string_value(content)[0]) return fmt("messages[%zu]: the content is empty", i);
         q->roles[q->n_turns] = strdup(r);
         q->contents[q->n_turns++] = strdup(json_string_value(content));
     }
@@ -254,6 +255,9 @@ static char *parse_line(request *q, json_t *o, int chat_flag) {
     }
     if (!e && (body || url || method)) e = parse_batch(q, url, method, body, &msgs);
     if (e) return e;
+    // an empty prompt is the line's error (not the run's): --resume then keeps its record while
+    // the line stays the same (jobs/resume.c)
+    if (q->text && !q->text[0]) return fmt("'prompt' is empty");
     if (q->completions) return q->chat = 0, NULL;   // a raw prompt: no chat template
     if (!q->text == !msgs) return fmt(q->text ? "give 'prompt' or 'messages', not both"
                                               : "no prompt: give 'prompt' or 'messages'");

@@ -477,14 +477,24 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
                (o->format == RUN_FORMAT_AUTO && n_batch > 0 && n_other == 0 && o->n_strategies == 1);
     int shape = R.openai ? SHAPE_OPENAI : SHAPE_SIFT;
     // n > 1: one record holds every choice, so only the Batch API's shape with one strategy and
-    // no -r answers it; elsewhere it is the line's error (before --resume reads which are done)
+    // no -r answers it, and the choices copy one prefill's cache, so not a strategy with decode
+    // state (topk, topk+phi, X+topk); elsewhere it is the line's error, decided before --resume
+    // reads which are done (gen_fork still refuses any other state it cannot copy, at run time)
     for (int i = 0; i < all.n; i++) {
         request *q = &all.r[i];
         int ns = q->strategy ? 1 : o->n_strategies;
-        if (!q->error && q->n_choices > 1 && !(R.openai && ns == 1 && o->reps <= 1)) {
+        const strategy *s = q->strategy ? q->strategy : o->strategies[0];
+        int decode_state = s->phase == PHASE_DECODE || (s->decode_part && s->decode_part->phase == PHASE_DECODE);
+        if (q->error || q->n_choices <= 1) continue;
+        if (!(R.openai && ns == 1 && o->reps <= 1)) {
             q->code = "unsupported_parameter";
             q->error = fmt("%s line %d: n > 1 is answered only in the Batch API's output shape, "
                            "one strategy, no -r (one record holds every choice)", q->src, q->line);
+        } else if (decode_state) {
+            q->code = "unsupported_parameter";
+            q->error = fmt("%s line %d: strategy '%s' keeps per-sequence decode state that cannot "
+                           "be copied: several choices (n > 1) need a strategy whose decode reads "
+                           "only its cache (full, or a prefill strategy)", q->src, q->line, s->name);
         }
     }
     done_set done = {0};

@@ -106,7 +106,7 @@ def run_batch(tmp_path, rows, *args, name="r", binary=None):
     jsonschema = pytest.importorskip("jsonschema")
     path, out, summ = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.out", tmp_path / f"{name}.summary"
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
-    # the format named: in auto, a line that is not JSON makes sift's own shape today
+    # the format named, so that each test says which shape it checks
     r = sift("-m", MODEL, "--prompts", str(path), "--output", str(out), "--summary", str(summ),
              "--output-format", "openai", "-q", "-t", "1", *args, **({"sift_bin": binary} if binary else {}))
     assert r.returncode in (0, 1), r.stderr
@@ -183,9 +183,9 @@ def test_several_choices_share_one_prefill(tmp_path):
     assert got["topk2"]["response"] is None and err["code"] == "unsupported_parameter"
     assert "cannot be copied" in err["message"] and "line 6" in err["message"], err
     # one prefill per request: the summary's prompt tokens count each prompt once
-    # (six requests of the same prompt; topk2's prefill ran before its refusal; one prefill
-    # per choice would make 11)
-    assert summ["prompt_tokens"] == 6 * one["usage"]["prompt_tokens"], summ
+    # (five requests of the same prompt run, topk2 refused before any prefill; one prefill per
+    # choice would make 9)
+    assert summ["prompt_tokens"] == 5 * one["usage"]["prompt_tokens"], summ
     # choices decoded side by side (--parallel) are the same choices
     par, _, _ = run_batch(tmp_path, rows, "--parallel", "4", name="par")
     for cid in ("two", "seed3", "fastkv2"):
@@ -196,6 +196,29 @@ def test_several_choices_share_one_prefill(tmp_path):
     r = sift("-m", MODEL, "--prompts", str(path), "--json", "-q", "--output-format", "sift")
     recs = {x["id"]: x for x in map(json.loads, r.stdout.splitlines())}
     assert r.returncode == 1 and "n > 1" in recs["two"]["error"] and recs["one"]["text"] == content(got["one"])
+
+
+@need_model
+def test_resume_of_a_finished_job_changes_nothing(tmp_path):
+    """Requests refused for what their line says (an empty prompt or message, n > 1 with a
+    strategy that keeps decode state) are refused before they run, as the line's error: a
+    --resume of the finished job finds every record to be its request's outcome, reports no
+    damage, runs nothing and leaves the file byte for byte."""
+    rows = [chat("one", max_tokens=4), chat("empty", content=""), chat("topk2", n=2),
+            completion("blank", prompt="")]
+    rows[2]["strategy"] = "topk"
+    got, _, _ = run_batch(tmp_path, rows)
+    assert "is empty" in got["empty"]["error"]["message"] and "line 2" in got["empty"]["error"]["message"]
+    assert "'prompt' is empty" in got["blank"]["error"]["message"]
+    assert got["topk2"]["error"]["code"] == "unsupported_parameter"
+    out = tmp_path / "r.out"
+    before = out.read_bytes()
+    r = sift("-m", MODEL, "--prompts", str(tmp_path / "r.jsonl"), "--output", str(out),
+             "--output-format", "openai", "--resume", "-t", "1")
+    assert r.returncode == 0, r.stderr
+    assert "--resume:" not in r.stderr, r.stderr   # no line reported as damaged or changed
+    assert "0 to run, 4 done before" in r.stderr, r.stderr
+    assert out.read_bytes() == before
 
 
 def tokenize(text):
