@@ -163,7 +163,7 @@ build/fuzz/fuzz_requests: fuzz/fuzz_requests.c $(wildcard jobs/*.c jobs/*.h) $(C
 	$(FUZZ_CC) $(FUZZ_FLAGS) -Wno-unknown-pragmas -I/usr/include/x86_64-linux-gnu/openblas-openmp \
 	    fuzz/fuzz_requests.c $(CLI_LIB_SRC) -o $@ $(OPENBLAS_A) $(PCRE2_A) $(JANSSON_A) -lgomp -lm -lpthread
 # The --resume reader of an earlier run's records (jobs/resume.c), through a FILE* on the input.
-build/fuzz/fuzz_resume: fuzz/fuzz_resume.c jobs/resume.c util/check.c jobs/internal.h jobs/jobs.h
+build/fuzz/fuzz_resume: fuzz/fuzz_resume.c jobs/resume.c util/check.c util/outfile.c jobs/internal.h jobs/jobs.h
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -I/usr/include/x86_64-linux-gnu/openblas-openmp $(filter %.c,$^) -o $@ \
 	    $(JANSSON_A) -lm

@@ -146,14 +146,8 @@ static void openai_record(FILE *f, const runner *R, const request *q, const unit
 static void write_whole(rec_sink *s, const char *buf, size_t n) {
     int bad = 0, e = 0;
     if (s->f) bad = fwrite(buf, 1, n, s->f) != n || fflush(s->f) != 0;
-    for (size_t done = 0; !s->f && !bad && done < n;) {   // more than once only when cut short
-        ssize_t w = write(s->fd, buf + done, n - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w == 0) errno = EIO;
-        if (w <= 0) bad = 1;
-        else done += (size_t)w;
-    }
     e = errno;
+    if (!s->f && (e = outfile_write_all(s->fd, buf, n)) != 0) bad = 1;
     if (!bad && s->regular && now_ms() - s->last_sync >= 1000) {
         bad = fdatasync(s->fd) != 0, e = errno;
         s->last_sync = now_ms();

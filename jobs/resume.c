@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../util/outfile.h"
 #include "internal.h"
 
 // ---- keys and the done set ------------------------------------------------------------------
@@ -373,29 +374,9 @@ int resume_plan(out_scan *sc, int n_sc, const char *const *names, int shape, con
 
 // ---- rewriting -------------------------------------------------------------------------------
 
-// fsync of the directory holding path: a rename in it is then durable.
-static int sync_dir(const char *path) {
-    const char *slash = strrchr(path, '/');
-    char *dir = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : strdup(".");
-    int fd = open(dir, O_RDONLY | O_DIRECTORY), rc = fd < 0 ? -1 : fsync(fd);
-    if (fd >= 0) close(fd);
-    free(dir);
-    return rc;
-}
-
-static int write_all(int fd, const char *p, size_t n) {
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return -1;
-        p += w, n -= (size_t)w;
-    }
-    return 0;
-}
-
 int resume_copy(int in, int out, const out_scan *s) {
     const out_record **keep = xmalloc((size_t)(s->n ? s->n : 1) * sizeof *keep);
-    int nk = 0, rc = 0;
+    int nk = 0, rc = 0, e;
     for (int i = 0; i < s->n; i++)
         if (s->r[i].keep) keep[nk++] = &s->r[i];
     qsort(keep, (size_t)nk, sizeof *keep, by_order);
@@ -408,7 +389,7 @@ int resume_copy(int in, int out, const out_scan *s) {
         if (got != (ssize_t)len) {
             if (got >= 0) errno = EIO;
             rc = -1;
-        } else rc = write_all(out, buf, len);
+        } else if ((e = outfile_write_all(out, buf, len)) != 0) errno = e, rc = -1;
     }
     free(buf), free(keep);
     return rc;
@@ -456,7 +437,7 @@ int resume_rewrite(const char *path, const out_scan *s, int action, char *err, s
     if (out >= 0 && close(out) != 0 && !rc) rc = -1;
     if (!rc && rename(tmp, path) == 0) {
         made = 0;
-        if (sync_dir(path) != 0) rc = -1;   // renamed: only its durability is in doubt
+        if (outfile_sync_dir(path) != 0) rc = -1;   // renamed: only its durability is in doubt
     } else rc = -1;
     e = errno;
     if (made) unlink(tmp);   // the temporary is never left behind

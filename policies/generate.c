@@ -116,10 +116,13 @@ int gen_fork(gen_seq *dst, const gen_seq *src, const char *strategy_name, char *
     for (int l = 0; l < a->n_layer; l++) {
         const kv_layer *x = &a->layers[l];
         kv_layer *y = &kv->layers[l];
-        if (x->len > n_idx) idx = xrealloc(idx, (size_t)x->len * sizeof(int)), n_idx = x->len;
+        if (x->len > n_idx) {   // the identity 0..len-1, grown to the longest layer so far
+            idx = xrealloc(idx, (size_t)x->len * sizeof(int));
+            for (int j = n_idx; j < x->len; j++) idx[j] = j;
+            n_idx = x->len;
+        }
         for (int g = 0; g < x->n_kv_head; g++) {
             size_t off = (size_t)g * x->cap * x->head_dim * a->elem_bytes;
-            for (int j = 0; j < x->len; j++) idx[j] = j;
             if (x->len) {
                 m->bk->gather_rows(m->bk, (char *)y->k + off, (const char *)x->k + off, idx, x->len, x->head_dim);
                 m->bk->gather_rows(m->bk, (char *)y->v + off, (const char *)x->v + off, idx, x->len, x->head_dim);

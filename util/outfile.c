@@ -14,8 +14,8 @@ static int fail(const char *path, const char *what, int e, char *err, size_t err
     return err_printf(err, errlen, "cannot write %s '%s': %s", what, path, strerror(e));
 }
 
-// All n bytes to fd (short writes and EINTR retried). 0, or an errno.
-static int write_all(int fd, const char *p, size_t n) {
+int outfile_write_all(int fd, const void *buf, size_t n) {
+    const char *p = buf;
     while (n > 0) {
         ssize_t w = write(fd, p, n);
         if (w < 0 && errno == EINTR) continue;
@@ -63,11 +63,11 @@ static int write_in_place(const char *path, const char *buf, size_t n, const cha
     int via = e ? -1 : same_file(&st, 1) ? 1 : same_file(&st, 2) ? 2 : -1;
     if (via >= 0) {
         close(fd);   // opened for writing and nothing written: nothing for close to report
-        e = via == 1 && fflush(stdout) != 0 ? errno : write_all(via, buf, n);
+        e = via == 1 && fflush(stdout) != 0 ? errno : outfile_write_all(via, buf, n);
         return e ? fail(path, what, e, err, errlen) : 0;
     }
     if (!e && reg && ftruncate(fd, 0) != 0) e = errno;
-    if (!e) e = write_all(fd, buf, n);
+    if (!e) e = outfile_write_all(fd, buf, n);
     if (!e && reg && fsync(fd) != 0) e = errno;   // devices and pipes have nothing to sync
     if (close(fd) != 0 && !e) e = errno;
     return e ? fail(path, what, e, err, errlen) : 0;
@@ -95,7 +95,7 @@ int outfile_write(const char *path, const void *buf, size_t n, const char *what,
     int e = fchmod(fd, exists ? old.st_mode & 07777 : new_file_mode()) ? errno : 0;
     if (!e && exists && (old.st_uid != geteuid() || old.st_gid != getegid()))
         if (fchown(fd, old.st_uid, old.st_gid)) {}   // best effort: only root may give a file away
-    if (!e) e = write_all(fd, buf, n);
+    if (!e) e = outfile_write_all(fd, buf, n);
     if (!e && fsync(fd) != 0) e = errno;   // the content on disk before the name points at it
     if (close(fd) != 0 && !e) e = errno;
     if (!e && rename(tmp, path) != 0) e = errno;
@@ -107,14 +107,20 @@ int outfile_write(const char *path, const void *buf, size_t n, const char *what,
     free(tmp);
     // the rename itself made durable; best effort (some file systems cannot sync a directory, and
     // the new content is in place either way)
+    if (outfile_sync_dir(path)) {}
+    return 0;
+}
+
+int outfile_sync_dir(const char *path) {
     char *dir = dir_of(path);
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        if (fsync(dfd)) {}
-        close(dfd);
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc = fd < 0 ? -1 : fsync(fd);
+    if (fd >= 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
     }
     free(dir);
-    return 0;
+    return rc;
 }
 
 int outfile_check(const char *path, const char *what, char *err, size_t errlen) {

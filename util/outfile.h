@@ -23,6 +23,13 @@
 int outfile_write(const char *path, const void *buf, size_t n, const char *what, char *err,
                   size_t errlen);
 
+// All n bytes of p to fd, short writes and EINTR retried: 0, or the errno (EIO when a write makes
+// no progress). The records file's writer and --resume's rewrite use it too.
+int outfile_write_all(int fd, const void *p, size_t n);
+// fsyncs the directory that holds path ("." when it names none), so that a rename there is
+// durable: 0, or -1 with errno.
+int outfile_sync_dir(const char *path);
+
 // Whether path can be written later, modifying nothing (for a check before a long run): a regular
 // or absent target needs a writable directory; a symlink, device or FIFO must exist and open for
 // writing (opened O_WRONLY without O_TRUNC/O_CREAT and closed; a FIFO is not opened: that would
