@@ -69,6 +69,12 @@ endif
 FLAGS_STAMP := build/flags-$(if $(strip $(NVCC)),cuda,cpu)-$(shell echo '$(ARCH) $(CUARCH) $(SIMT_FLAGS)' | md5sum | cut -c1-8)
 $(FLAGS_STAMP):
 	@mkdir -p build && rm -f build/flags-* && touch $@
+# The two objects that print the version are rebuilt when it changes (a new commit, or the tree
+# turning dirty), so `sift --version` and the records' sift_version never name an older commit.
+VERSION_STAMP := build/version-$(shell echo '$(VERSION)' | md5sum | cut -c1-8)
+$(VERSION_STAMP):
+	@mkdir -p build && rm -f build/version-* && touch $@
+build/main.o build/jobs/record.o: $(VERSION_STAMP)
 
 build/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)

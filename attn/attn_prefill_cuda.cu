@@ -1,7 +1,8 @@
 // attn/attn_prefill_cuda.cu — prefill attention for head dims 64 and 128 in the FlashAttention-2
 // form (CPU twin: attn_causal in attn_cpu.c; the older kernels in attn_cuda.cu stay selectable
 // with SIFT_ATTN_PREFILL=wmma|flash). One pass over the keys; S and P never leave registers:
-//  - a block = BR = 64 query rows of one head, 4 warps, 16 rows each; keys in tiles of BC = 64;
+//  - a block = 4 warps of 16 ("fa2") or 32 ("fa2w") query rows of one head; keys in tiles of
+//    BC = 64;
 //  - Q, K, V tiles in shared memory with rows padded by 16 bytes, so every ldmatrix phase (8 rows
 //    x 16 bytes) hits 8 different bank groups; K/V of the next tile arrive by cp.async while the
 //    current one is computed (two buffers);
@@ -22,7 +23,6 @@
 #include "../util/cuda_util.cuh"
 #include "attn_cuda.h"
 
-#define BR 64    // query rows per block (16 per warp)
 #define BC 64    // keys per tile
 #define NW 4     // warps per block
 
@@ -56,26 +56,34 @@ __global__ void tile_minmax_kernel(int2 *mm, const int *kpos, int len, int cap) 
 
 // ---- the kernel -------------------------------------------------------------------------------
 
-template <int HD>
+// MT = 16-row tiles of queries per warp: 1 (block of 64 rows, "fa2") or 2 (128 rows, "fa2w"). With
+// MT = 2 every K and V fragment a warp loads from shared memory feeds two mma.sync instead of one,
+// so the shared-memory bytes per FLOP halve; the cost is registers (O and S twice as large), so at
+// HD = 128 the Q fragments are re-read from shared memory for each tile instead of held (a third
+// as many bytes as K's, still 26 FLOP per shared byte against 16 for MT = 1).
+template <int HD, int MT>
 struct fa2_smem {
     static constexpr int LD = HD + 8;   // padded row, bf16 elements
-    bf16 q[BR * LD];
+    static constexpr int ROWS = NW * 16 * MT;
+    bf16 q[ROWS * LD];
     bf16 k[2][BC * LD];
     bf16 v[2][BC * LD];
     int kp[2][BC];
 };
 
-// q (n, heads, HD), K/V (n_kv_head, cap, HD) -> out (n, heads, HD); grid (ceil(n / BR), heads),
-// NW * 32 threads, sizeof(fa2_smem<HD>) dynamic shared memory. mm: tile_minmax_kernel's table.
-template <int HD>
+// q (n, heads, HD), K/V (n_kv_head, cap, HD) -> out (n, heads, HD); grid (ceil(n / ROWS), heads),
+// NW * 32 threads, sizeof(fa2_smem<HD, MT>) dynamic shared memory. mm: tile_minmax_kernel's table.
+template <int HD, int MT>
 __global__ void __launch_bounds__(NW * 32)
 attn_fa2_kernel(bf16 *out, attn_cuda_args a, const int2 *mm, float scale_log2) {
     SHARED_DYNAMIC(unsigned char, smem_raw);
-    fa2_smem<HD> &sm = *(fa2_smem<HD> *)smem_raw;
-    constexpr int LD = fa2_smem<HD>::LD, CH = HD / 8;   // 16-byte chunks per row
+    typedef fa2_smem<HD, MT> smem_t;
+    smem_t &sm = *(smem_t *)smem_raw;
+    constexpr int LD = smem_t::LD, CH = HD / 8, ROWS = smem_t::ROWS;   // CH: 16-byte chunks per row
+    constexpr bool QREG = MT * HD <= 128;   // Q fragments held in registers for the whole pass
     __shared__ int qlo_s[NW], qhi_s[NW];
     const int nqb = gridDim.x, qb = nqb - 1 - blockIdx.x;   // the longest rows start first
-    const int h = blockIdx.y, g = h / (a.heads / a.n_kv_head), i0 = qb * BR;
+    const int h = blockIdx.y, g = h / (a.heads / a.n_kv_head), i0 = qb * ROWS;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gr = lane / 4, tq = lane % 4;
     const int ntiles = (a.len + BC - 1) / BC;
     const bf16 *q = (const bf16 *)a.q, *kg = (const bf16 *)a.k + (size_t)g * a.cap * HD;
@@ -83,22 +91,29 @@ attn_fa2_kernel(bf16 *out, attn_cuda_args a, const int2 *mm, float scale_log2) {
     const int2 *mmg = mm + (size_t)g * ntiles;
 
     // Q tile (rows past n read as zeros)
-    for (int e = tid; e < BR * CH; e += NW * 32) {
+    for (int e = tid; e < ROWS * CH; e += NW * 32) {
         int r = e / CH, c = e % CH * 8, i = i0 + r;
         const bf16 *src = q + ((size_t)(i < a.n ? i : 0) * a.heads + h) * HD + c;
         cp_async16(&sm.q[r * LD + c], src, i < a.n);
     }
-    // query positions: this thread's two rows, and the warp's range
-    const int r0 = i0 + warp * 16 + gr, r1 = r0 + 8;
-    const int qp0 = r0 < a.n ? a.qpos[r0] : INT_MIN, qp1 = r1 < a.n ? a.qpos[r1] : INT_MIN;
-    {
-        int lo = min(r0 < a.n ? qp0 : INT_MAX, r1 < a.n ? qp1 : INT_MAX), hi = max(qp0, qp1);
-        for (int o = 16; o > 0; o >>= 1) {
-            lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
-            hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+    // query rows and positions: this thread's rows in tile mt are row(mt, 0) and row(mt, 1) (8
+    // below); the warp's range of positions
+    auto row = [&](int mt, int e) { return i0 + (warp * MT + mt) * 16 + gr + 8 * e; };
+    int qp[MT][2], lo = INT_MAX, hi = INT_MIN;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int i = row(mt, e);
+            qp[mt][e] = i < a.n ? a.qpos[i] : INT_MIN;
+            if (i < a.n) lo = min(lo, qp[mt][e]);
+            hi = max(hi, qp[mt][e]);
         }
-        if (lane == 0) qlo_s[warp] = lo, qhi_s[warp] = hi;
+    for (int o = 16; o > 0; o >>= 1) {
+        lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+        hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
     }
+    if (lane == 0) qlo_s[warp] = lo, qhi_s[warp] = hi;
     __syncthreads();
     int qmax = INT_MIN;
     for (int w = 0; w < NW; w++) qmax = max(qmax, qhi_s[w]);
@@ -108,10 +123,10 @@ attn_fa2_kernel(bf16 *out, attn_cuda_args a, const int2 *mm, float scale_log2) {
     auto load_tile = [&](int t, int b) {
         const int j0 = t * BC;
         for (int e = tid; e < BC * CH; e += NW * 32) {
-            int r = e / CH, c = e % CH * 8, j = j0 + r;
+            int rr = e / CH, c = e % CH * 8, j = j0 + rr;
             size_t o = (size_t)(j < a.len ? j : 0) * HD + c;
-            cp_async16(&sm.k[b][r * LD + c], kg + o, j < a.len);
-            cp_async16(&sm.v[b][r * LD + c], vg + o, j < a.len);
+            cp_async16(&sm.k[b][rr * LD + c], kg + o, j < a.len);
+            cp_async16(&sm.v[b][rr * LD + c], vg + o, j < a.len);
         }
         if (tid < BC) {
             int j = j0 + tid;
@@ -122,17 +137,24 @@ attn_fa2_kernel(bf16 *out, attn_cuda_args a, const int2 *mm, float scale_log2) {
         while (t < ntiles && mmg[t].x > qmax) t++;
         return t;
     };
+    // the A fragment of Q for tile mt, dims kk*16 .. +16
+    auto load_q = [&](uint32_t *f, int mt, int kk) {
+        ldsm_x4(f, &sm.q[((warp * MT + mt) * 16 + lane % 16) * LD + kk * 16 + lane / 16 * 8]);
+    };
 
     int t = next_visible(0);
     if (t < ntiles) load_tile(t, 0);
     cp_async_commit();   // group: Q (+ the first tile)
 
-    // registers: Q fragments, O accumulator, softmax state of rows gr and gr + 8
-    uint32_t qf[HD / 16][4];
-    float o[HD / 8][4];
+    // registers: Q fragments (QREG), O accumulators, softmax state of rows gr and gr + 8 per tile
+    uint32_t qf[QREG ? MT : 1][QREG ? HD / 16 : 1][4];
+    float o[MT][HD / 8][4], m[MT][2], l[MT][2];
 #pragma unroll
-    for (int d = 0; d < HD / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0, l1 = 0;
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int d = 0; d < HD / 8; d++) o[mt][d][0] = o[mt][d][1] = o[mt][d][2] = o[mt][d][3] = 0;
+        m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0;
+    }
     bool have_q = false;
 
     for (int b = 0; t < ntiles; b ^= 1) {
@@ -141,74 +163,99 @@ attn_fa2_kernel(bf16 *out, attn_cuda_args a, const int2 *mm, float scale_log2) {
         cp_async_commit();
         cp_async_wait<1>();   // everything but the prefetch just issued has landed
         __syncthreads();
-        if (!have_q) {
+        if (QREG && !have_q) {
 #pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++)
-                ldsm_x4(qf[kk], &sm.q[(warp * 16 + lane % 16) * LD + kk * 16 + lane / 16 * 8]);
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int kk = 0; kk < HD / 16; kk++) load_q(qf[QREG ? mt : 0][QREG ? kk : 0], mt, kk);
             have_q = true;
         }
         const bf16 *ks = sm.k[b], *vs = sm.v[b];
         const int *kp = sm.kp[b];
 
-        // S (16 x BC) = Q K^T
-        float s[BC / 8][4];
+        // S (16 x BC per tile) = Q K^T: each K fragment feeds the MT query tiles
+        float s[MT][BC / 8][4];
 #pragma unroll
-        for (int n = 0; n < BC / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0;
+        for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++)
+            for (int n = 0; n < BC / 8; n++) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            uint32_t qa[QREG ? 1 : MT][4];
+            if (!QREG)
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) load_q(qa[QREG ? 0 : mt], mt, kk);
 #pragma unroll
             for (int n2 = 0; n2 < BC / 16; n2++) {
                 uint32_t kb[4];   // keys n2*16 + 0..7 (kb0, kb1) and + 8..15 (kb2, kb3)
                 ldsm_x4(kb, &ks[(n2 * 16 + lane % 8 + lane / 16 * 8) * LD + kk * 16 + lane / 8 % 2 * 8]);
-                mma16816(s[2 * n2], qf[kk], kb[0], kb[1]);
-                mma16816(s[2 * n2 + 1], qf[kk], kb[2], kb[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    const uint32_t *A = QREG ? qf[QREG ? mt : 0][QREG ? kk : 0] : qa[QREG ? 0 : mt];
+                    mma16816(s[mt][2 * n2], A, kb[0], kb[1]);
+                    mma16816(s[mt][2 * n2 + 1], A, kb[2], kb[3]);
+                }
             }
-
-        // mask, scale (base 2), running max
-        // every key of the tile exists and is visible to every row of this warp: no mask
-        const bool full = mmg[t].y <= wlo && (t + 1) * BC <= a.len;
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int n = 0; n < BC / 8; n++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                int pj = kp[n * 8 + 2 * tq + e];
-                s[n][e] = full || pj <= qp0 ? s[n][e] * scale_log2 : -INFINITY;
-                s[n][2 + e] = full || pj <= qp1 ? s[n][2 + e] * scale_log2 : -INFINITY;
-                mx0 = fmaxf(mx0, s[n][e]), mx1 = fmaxf(mx1, s[n][2 + e]);
-            }
-#pragma unroll
-        for (int x = 1; x < 4; x <<= 1) {
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
         }
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        const float base0 = mn0 == -INFINITY ? 0.0f : mn0, base1 = mn1 == -INFINITY ? 0.0f : mn1;
-        const float c0 = ex2(m0 - base0), c1 = ex2(m1 - base1);   // m = -inf: 0
-        m0 = mn0, m1 = mn1;
-        l0 *= c0, l1 *= c1;
-#pragma unroll
-        for (int d = 0; d < HD / 8; d++) o[d][0] *= c0, o[d][1] *= c0, o[d][2] *= c1, o[d][3] *= c1;
 
-        // P = 2^(s - m) in bf16 A fragments; O += P V
+        // mask, scale (base 2), running max; every key of the tile exists and is visible to
+        // every row of this warp: no mask
+        const bool full = mmg[t].y <= wlo && (t + 1) * BC <= a.len;
+        float base[MT][2];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < BC / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int pj = kp[n * 8 + 2 * tq + e];
+                    float *sn = s[mt][n];
+                    sn[e] = full || pj <= qp[mt][0] ? sn[e] * scale_log2 : -INFINITY;
+                    sn[2 + e] = full || pj <= qp[mt][1] ? sn[2 + e] * scale_log2 : -INFINITY;
+                    mx0 = fmaxf(mx0, sn[e]), mx1 = fmaxf(mx1, sn[2 + e]);
+                }
+#pragma unroll
+            for (int x = 1; x < 4; x <<= 1) {
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+            }
+            const float mn0 = fmaxf(m[mt][0], mx0), mn1 = fmaxf(m[mt][1], mx1);
+            base[mt][0] = mn0 == -INFINITY ? 0.0f : mn0, base[mt][1] = mn1 == -INFINITY ? 0.0f : mn1;
+            const float c0 = ex2(m[mt][0] - base[mt][0]), c1 = ex2(m[mt][1] - base[mt][1]);   // m = -inf: 0
+            m[mt][0] = mn0, m[mt][1] = mn1;
+            l[mt][0] *= c0, l[mt][1] *= c1;
+#pragma unroll
+            for (int d = 0; d < HD / 8; d++)
+                o[mt][d][0] *= c0, o[mt][d][1] *= c0, o[mt][d][2] *= c1, o[mt][d][3] *= c1;
+        }
+
+        // P = 2^(s - m) in bf16 A fragments; O += P V: each V fragment feeds the MT query tiles
 #pragma unroll
         for (int kk = 0; kk < BC / 16; kk++) {
-            float p[8];
+            uint32_t pa[MT][4];
 #pragma unroll
-            for (int h2 = 0; h2 < 2; h2++) {
-                const float *sn = s[2 * kk + h2];
-                p[4 * h2 + 0] = ex2(sn[0] - base0), p[4 * h2 + 1] = ex2(sn[1] - base0);
-                p[4 * h2 + 2] = ex2(sn[2] - base1), p[4 * h2 + 3] = ex2(sn[3] - base1);
-                l0 += p[4 * h2] + p[4 * h2 + 1], l1 += p[4 * h2 + 2] + p[4 * h2 + 3];
+            for (int mt = 0; mt < MT; mt++) {
+                float p[8];
+#pragma unroll
+                for (int h2 = 0; h2 < 2; h2++) {
+                    const float *sn = s[mt][2 * kk + h2];
+                    p[4 * h2 + 0] = ex2(sn[0] - base[mt][0]), p[4 * h2 + 1] = ex2(sn[1] - base[mt][0]);
+                    p[4 * h2 + 2] = ex2(sn[2] - base[mt][1]), p[4 * h2 + 3] = ex2(sn[3] - base[mt][1]);
+                    l[mt][0] += p[4 * h2] + p[4 * h2 + 1], l[mt][1] += p[4 * h2 + 2] + p[4 * h2 + 3];
+                }
+                pa[mt][0] = pack_bf16(p[0], p[1]), pa[mt][1] = pack_bf16(p[2], p[3]);
+                pa[mt][2] = pack_bf16(p[4], p[5]), pa[mt][3] = pack_bf16(p[6], p[7]);
             }
-            uint32_t pa[4] = {pack_bf16(p[0], p[1]), pack_bf16(p[2], p[3]), pack_bf16(p[4], p[5]),
-                              pack_bf16(p[6], p[7])};
 #pragma unroll
             for (int d2 = 0; d2 < HD / 16; d2++) {
                 uint32_t vb[4];   // dims d2*16 + 0..7 (vb0, vb1) and + 8..15 (vb2, vb3)
                 ldsm_x4_t(vb, &vs[(kk * 16 + lane % 8 + lane / 8 % 2 * 8) * LD + d2 * 16 + lane / 16 * 8]);
-                mma16816(o[2 * d2], pa, vb[0], vb[1]);
-                mma16816(o[2 * d2 + 1], pa, vb[2], vb[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma16816(o[mt][2 * d2], pa[mt], vb[0], vb[1]);
+                    mma16816(o[mt][2 * d2 + 1], pa[mt], vb[2], vb[3]);
+                }
             }
         }
         __syncthreads();   // buffer b is read; the prefetch after next overwrites it
@@ -218,20 +265,24 @@ attn_fa2_kernel(bf16 *out, attn_cuda_args a, const int2 *mm, float scale_log2) {
 
     // row sums over the 4 lanes of a row; out = O / l (rows with no visible key: zeros)
 #pragma unroll
-    for (int x = 1; x < 4; x <<= 1) {
-        l0 += __shfl_xor_sync(0xffffffffu, l0, x);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, x);
-    }
-    const float inv0 = l0 > 0 ? 1.0f / l0 : 0.0f, inv1 = l1 > 0 ? 1.0f / l1 : 0.0f;
+    for (int mt = 0; mt < MT; mt++) {
+        float inv[2];
 #pragma unroll
-    for (int d = 0; d < HD / 8; d++) {
-        int c = d * 8 + 2 * tq;
-        if (r0 < a.n)
-            *(__nv_bfloat162 *)&out[((size_t)r0 * a.heads + h) * HD + c] =
-                __floats2bfloat162_rn(o[d][0] * inv0, o[d][1] * inv0);
-        if (r1 < a.n)
-            *(__nv_bfloat162 *)&out[((size_t)r1 * a.heads + h) * HD + c] =
-                __floats2bfloat162_rn(o[d][2] * inv1, o[d][3] * inv1);
+        for (int e = 0; e < 2; e++) {
+            float le = l[mt][e];
+#pragma unroll
+            for (int x = 1; x < 4; x <<= 1) le += __shfl_xor_sync(0xffffffffu, le, x);
+            inv[e] = le > 0 ? 1.0f / le : 0.0f;
+        }
+#pragma unroll
+        for (int d = 0; d < HD / 8; d++) {
+            int c = d * 8 + 2 * tq;
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+                if (row(mt, e) < a.n)
+                    *(__nv_bfloat162 *)&out[((size_t)row(mt, e) * a.heads + h) * HD + c] =
+                        __floats2bfloat162_rn(o[mt][d][2 * e] * inv[e], o[mt][d][2 * e + 1] * inv[e]);
+        }
     }
 }
 
@@ -242,23 +293,25 @@ size_t attn_fa2_work_floats(const attn_cuda_args *a) {
     return tiles * a->n_kv_head * (sizeof(int2) / sizeof(float));
 }
 
-template <int HD>
+template <int HD, int MT>
 static void launch(bf16 *out, const attn_cuda_args *a, int2 *mm, cudaStream_t st) {
-    size_t smem = sizeof(fa2_smem<HD>);
+    size_t smem = sizeof(fa2_smem<HD, MT>);
     static bool configured;   // opt in to > 48 KiB of dynamic shared memory, once per process
     if (!configured) {
-        CUDA_CHECK(cudaFuncSetAttribute(attn_fa2_kernel<HD>,
+        CUDA_CHECK(cudaFuncSetAttribute(attn_fa2_kernel<HD, MT>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         configured = true;
     }
-    dim3 grid((unsigned)((a->n + BR - 1) / BR), (unsigned)a->heads);
-    CUDA_LAUNCH(attn_fa2_kernel<HD>, grid, NW * 32, smem, st, out, *a, mm,
+    const int rows = fa2_smem<HD, MT>::ROWS;
+    dim3 grid((unsigned)((a->n + rows - 1) / rows), (unsigned)a->heads);
+    CUDA_LAUNCH((attn_fa2_kernel<HD, MT>), grid, NW * 32, smem, st, out, *a, mm,
                 1.4426950408889634f / sqrtf((float)HD));
 }
 
 int attn_fa2_takes(const attn_cuda_args *a) { return a->hd == 64 || a->hd == 128; }
 
-void attn_fa2_cuda(void *out, const attn_cuda_args *a, float *work, cudaStream_t st) {
+void attn_fa2_cuda(void *out, const attn_cuda_args *a, int rows_per_warp, float *work,
+                   cudaStream_t st) {
     if (a->n == 0) return;
     int tiles = (a->len + BC - 1) / BC;
     int2 *mm = (int2 *)work;
@@ -266,6 +319,7 @@ void attn_fa2_cuda(void *out, const attn_cuda_args *a, float *work, cudaStream_t
         CUDA_LAUNCH(tile_minmax_kernel, dim3((unsigned)tiles, (unsigned)a->n_kv_head), BC, 0, st,
                     mm, a->kpos, a->len, a->cap);
     }
-    if (a->hd == 64) launch<64>((bf16 *)out, a, mm, st);
-    else launch<128>((bf16 *)out, a, mm, st);
+    bf16 *o = (bf16 *)out;
+    if (rows_per_warp == 32) a->hd == 64 ? launch<64, 2>(o, a, mm, st) : launch<128, 2>(o, a, mm, st);
+    else a->hd == 64 ? launch<64, 1>(o, a, mm, st) : launch<128, 1>(o, a, mm, st);
 }

@@ -22,7 +22,7 @@ COMBINE = re.compile(r"__global__ void attn_combine_kernel.*?\n}\n", re.S)
 PLANTS = {
     "causal-mask-off-by-one": (
         "attn/attn_prefill_cuda.cu",
-        [("pj <= qp0 ?", "pj <= qp0 + 1 ?", 1), ("pj <= qp1 ?", "pj <= qp1 + 1 ?", 1)],
+        [("pj <= qp[mt][0] ?", "pj <= qp[mt][0] + 1 ?", 1), ("pj <= qp[mt][1] ?", "pj <= qp[mt][1] + 1 ?", 1)],
         "prefill GQA 8/2 hd128 400 trap", "rows", "the FA2 prefill kernel lets each query see the key after it"),
     "deleted-syncthreads": (
         "attn/attn_prefill_cuda.cu",
