@@ -417,17 +417,17 @@ static int env_choice(const char *name, const char *const *choices, int n) {
 
 // The kernel for a (see attn_cuda.h): decode rows by SIFT_ATTN_DECODE, prefill by
 // SIFT_ATTN_PREFILL, each falling back where the head dimension is not taken. No default path
-// runs wmma (fa2 takes the same head dims); only SIFT_ATTN_PREFILL=wmma does.
+// runs wmma (fa2w and fa2 take the same head dims); only SIFT_ATTN_PREFILL=wmma does.
 static enum kernel pick(const attn_cuda_args *a) {
     if (a->n <= SPLIT_MAX_ROWS) {
         static const char *const dec[] = {"group", "split"};
         int k = env_choice("SIFT_ATTN_DECODE", dec, 2);
         return k == 0 && attn_group_takes(a) ? K_GROUP : K_SPLIT;
     }
-    static const char *const pre[] = {"fa2", "fa2w", "wmma", "flash"};
+    static const char *const pre[] = {"fa2w", "fa2", "wmma", "flash"};
     int k = env_choice("SIFT_ATTN_PREFILL", pre, 4);
-    if (k == 0 && attn_fa2_takes(a)) return K_FA2;
-    if (k == 1 && attn_fa2_takes(a)) return K_FA2W;
+    if (k == 0 && attn_fa2_takes(a)) return K_FA2W;
+    if (k == 1 && attn_fa2_takes(a)) return K_FA2;
     if (k == 2 && (a->hd == 64 || a->hd == 128)) return K_WMMA;
     return K_FLASH;
 }

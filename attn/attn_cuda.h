@@ -37,8 +37,8 @@ size_t attn_cuda_work_floats(const attn_cuda_args *a, int n_sm);
 // flash-decoding through `work`; many (prefill) run a tiled flash kernel (no n x len matrix).
 // The kernel for each case is picked per call; environment variables select the older ones
 // (kept beside the new, so a kernel that fails on a device does not stop the rest of a run):
-//   SIFT_ATTN_PREFILL=fa2 (default; head dims 64, 128; 16 query rows per warp) | fa2w (64, 128;
-//   32 rows per warp) | wmma (64, 128) | flash (any)
+//   SIFT_ATTN_PREFILL=fa2w (default; head dims 64, 128; 32 query rows per warp) | fa2 (64, 128;
+//   16 rows per warp) | wmma (64, 128) | flash (any)
 //   SIFT_ATTN_DECODE=group (default; head dims 64, 128, 256) | split (any)
 // A head dimension the chosen kernel does not take runs `flash` or `split`.
 void attn_causal_cuda(void *out, const attn_cuda_args *a, float *work, int n_sm,

@@ -56,8 +56,8 @@ typedef struct dev_buf {   // a device buffer that grows on demand
     size_t bytes;
 } dev_buf;
 
-typedef struct mm_plan {   // out (n, o) = x (n, in) @ W (o, in)^T, bf16 in and out
-    int n, in, o;
+typedef struct mm_plan {   // out (n, o; rows ldo apart) = x (n, in) @ W (o, in)^T, bf16 in and out
+    int n, in, o, ldo;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t w, x, out;
     cublasLtMatmulAlgo_t algo;
@@ -101,6 +101,7 @@ typedef struct cuda_impl {
     int n_plans, next_evict;
     dev_buf stage[STAGES], attn_work, probs, f32, phi_f, phi_q, phi_sum, topk, tokens;
     dev_buf fused_out;               // a fused product's output before it is split
+    dev_buf qx, dq;                  // quantised products: x widened to fp32; dequantised rows
     void *stage_last[STAGES];        // host copy of each stage buffer's last small upload
     size_t stage_last_bytes[STAGES];
     pos_mirror *mirrors;
@@ -124,7 +125,10 @@ typedef struct cuda_impl {
 } cuda_impl;
 
 struct bk_weight {
-    bf16 *h;          // (rows, cols)
+    bf16 *h;          // (rows, cols), bf16 weights (NULL when quantised)
+    uint8_t *q;       // (rows, row_bytes): the file's blocks of GGUF type qtype (cuda_qtype), or NULL
+    uint32_t qtype;
+    size_t row_bytes;
     float *f;         // (cols,) fp32 copy when rows == 1 (norm weights, biases)
     size_t rows, cols;
     const bk_weight *fused;   // a view: rows row0 .. of this fused weight's storage (weight_fuse)
@@ -163,6 +167,12 @@ void synth_fill(cuda_impl *c, bf16 *h, float *f, uint64_t seed, uint64_t tensor,
 int lt_load(lt_api *lt, char *err, size_t errlen);
 void plan_destroy(cuda_impl *c, mm_plan *p);
 void gemm_bf16(cuda_impl *c, void *out, const void *x, const void *w, int n, int in, int o);
+// the same with the output's rows ldo elements apart (a column range of a wider output)
+void gemm_bf16_ld(cuda_impl *c, void *out, int ldo, const void *x, const void *w, int n, int in, int o);
+// qmatmul_cuda.cu: weights kept in their GGUF blocks
+int cuda_qtype(uint32_t type);   // 1: a type the device keeps quantised
+void cuda_qmatmul(cuda_impl *c, void *out, const void *x, const bk_weight *w, int n, int in, int o);
+void cuda_qembed(cuda_impl *c, void *out, const bk_weight *table, const int *dtokens, int n, int d);
 void cuda_matmul(backend *b, void *out, const void *x, const bk_weight *w, const bk_weight *bias,
                  int n, int in, int o);
 int cuda_ceilings(backend *b, double *tflops, double *gbps);

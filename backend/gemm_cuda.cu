@@ -68,16 +68,16 @@ void plan_destroy(cuda_impl *c, mm_plan *p) {
     LT_CHECK(c, c->lt.desc_destroy(p->desc));
 }
 
-// In cuBLASLt's column-major terms: out (o x n, ld o) = W^T (W: in x o, ld in) @ x (in x n, ld in).
+// In cuBLASLt's column-major terms: out (o x n, ld ldo) = W^T (W: in x o, ld in) @ x (in x n, ld in).
 // 0, or -1 when cuBLASLt offers no algorithm (p then holds nothing to destroy).
-static int plan_init(cuda_impl *c, mm_plan *p, int n, int in, int o) {
-    p->n = n, p->in = in, p->o = o;
+static int plan_init(cuda_impl *c, mm_plan *p, int n, int in, int o, int ldo) {
+    p->n = n, p->in = in, p->o = o, p->ldo = ldo;
     LT_CHECK(c, c->lt.desc_create(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t t = CUBLAS_OP_T;
     LT_CHECK(c, c->lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t));
     LT_CHECK(c, c->lt.layout_create(&p->w, CUDA_R_16BF, in, o, in));
     LT_CHECK(c, c->lt.layout_create(&p->x, CUDA_R_16BF, in, n, in));
-    LT_CHECK(c, c->lt.layout_create(&p->out, CUDA_R_16BF, o, n, o));
+    LT_CHECK(c, c->lt.layout_create(&p->out, CUDA_R_16BF, o, n, ldo));
     cublasLtMatmulPreference_t pref;
     LT_CHECK(c, c->lt.pref_create(&pref));
     uint64_t ws = LT_WORKSPACE;
@@ -115,9 +115,10 @@ static void gemm_refused(int n, int in, int o, const char *why) {
 
 // The cached plan for this shape, made (evicting round-robin when full) if new; NULL when
 // cuBLASLt has no algorithm for it.
-static const mm_plan *plan_get(cuda_impl *c, int n, int in, int o) {
+static const mm_plan *plan_get(cuda_impl *c, int n, int in, int o, int ldo) {
     for (int i = 0; i < c->n_plans; i++)
-        if (c->plans[i].n == n && c->plans[i].in == in && c->plans[i].o == o) return &c->plans[i];
+        if (c->plans[i].n == n && c->plans[i].in == in && c->plans[i].o == o && c->plans[i].ldo == ldo)
+            return &c->plans[i];
     mm_plan *p;
     if (c->n_plans < MM_PLANS) p = &c->plans[c->n_plans++];
     else {
@@ -125,19 +126,19 @@ static const mm_plan *plan_get(cuda_impl *c, int n, int in, int o) {
         c->next_evict = (c->next_evict + 1) % MM_PLANS;
         plan_destroy(c, p);
     }
-    if (plan_init(c, p, n, in, o) == 0) return p;
+    if (plan_init(c, p, n, in, o, ldo) == 0) return p;
     *p = c->plans[--c->n_plans];   // keep the table dense: the last plan fills the slot
     if (c->next_evict >= c->n_plans) c->next_evict = 0;
     return NULL;
 }
 
-// out (n, o) = x (n, in) @ W (o, in)^T, all bf16, fp32 accumulation
-void gemm_bf16(cuda_impl *c, void *out, const void *x, const void *w, int n, int in, int o) {
+// out (n, o; rows ldo apart) = x (n, in) @ W (o, in)^T, all bf16, fp32 accumulation
+void gemm_bf16_ld(cuda_impl *c, void *out, int ldo, const void *x, const void *w, int n, int in, int o) {
     if (((uintptr_t)out | (uintptr_t)x | (uintptr_t)w) % 16) {
         gemm_refused(n, in, o, "operands not 16-byte aligned");
         return;
     }
-    const mm_plan *p = plan_get(c, n, in, o);
+    const mm_plan *p = plan_get(c, n, in, o, ldo);
     if (!p) {
         gemm_refused(n, in, o, "no algorithm");
         return;
@@ -147,13 +148,23 @@ void gemm_bf16(cuda_impl *c, void *out, const void *x, const void *w, int n, int
                              out, p->out, &p->algo, c->lt_work, LT_WORKSPACE, c->stream));
 }
 
+void gemm_bf16(cuda_impl *c, void *out, const void *x, const void *w, int n, int in, int o) {
+    gemm_bf16_ld(c, out, o, x, w, n, in, o);
+}
+
+// out (n, o) = x @ W^T for W in bf16 or in its GGUF blocks
+static void product(cuda_impl *c, void *out, const void *x, const bk_weight *w, int n, int in, int o) {
+    if (w->q) cuda_qmatmul(c, out, x, w, n, in, o);
+    else gemm_bf16(c, out, x, w->h, n, in, o);
+}
+
 void cuda_matmul(backend *b, void *out, const void *x, const bk_weight *w,
                         const bk_weight *bias, int n, int in, int o) {
     cuda_impl *c = impl(b);
     CHECK_INTERNAL(w->rows == (size_t)o && w->cols == (size_t)in, "matmul weight is %zu x %zu, "
                    "expected %d x %d", w->rows, w->cols, o, in);
     if (n == 0 || o == 0) return;
-    gemm_bf16(c, out, x, w->h, n, in, o);
+    product(c, out, x, w, n, in, o);
     if (!bias) return;
     CHECK_INTERNAL(bias->f && bias->cols == (size_t)o, "bias must be a vector of %d", o);
     size_t total = (size_t)n * o;
@@ -224,7 +235,7 @@ void cuda_matmul_multi(backend *b, int k, void *const *out, const void *x, const
     int O = a.off[k];
     bf16 *work = (bf16 *)dev_buf_reserve(c, &c->fused_out, (size_t)n * O * sizeof(bf16),
                                          "a fused product");
-    gemm_bf16(c, work, x, w[0]->h, n, in, O);
+    product(c, work, x, w[0], n, in, O);   // w[0] views the first of the O consecutive rows
     size_t total = (size_t)n * O;
     if (v8)
         CUDA_LAUNCH(split_kernel<8>, cuda_blocks(total / 8, THREADS), THREADS, 0, c->stream, work, a, n);
@@ -244,7 +255,7 @@ int cuda_swiglu_matmul(backend *b, void *out, const void *x, const bk_weight *ga
     if (n == 0) return 0;
     bf16 *work = (bf16 *)dev_buf_reserve(c, &c->fused_out, (size_t)n * 2 * f * sizeof(bf16),
                                          "a fused product");
-    gemm_bf16(c, work, x, gate->h, n, in, 2 * f);
+    product(c, work, x, gate, n, in, 2 * f);
     swiglu_halves(c, (bf16 *)out, work, n, f);
     return 0;
 }

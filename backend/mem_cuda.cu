@@ -184,8 +184,30 @@ static bk_weight *weight_new(cuda_impl *c, size_t rows, size_t cols) {
 // t in its file encoding: whole rows are dequantised on the host into one fp32 chunk of at most
 // WEIGHT_CHUNK elements (an F32 tensor is read in place), uploaded, rounded to bf16 on the
 // device; peak host memory is one chunk, not the tensor.
+// Whether t stays in its GGUF blocks on the device: a matrix of a type the kernels take
+// (qmatmul_cuda.cu), unless SIFT_CUDA_WEIGHTS=bf16 asks for the bf16 conversion (A/B runs).
+static int keeps_blocks(bk_tensor t) {
+    const char *e = getenv("SIFT_CUDA_WEIGHTS");
+    if (e && strcmp(e, "bf16") == 0) return 0;
+    return t.rows >= 2 && cuda_qtype(t.type) && t.cols % 32 == 0;
+}
+
 bk_weight *cuda_weight(backend *b, bk_tensor t) {
     cuda_impl *c = impl(b);
+    if (keeps_blocks(t)) {   // the file's bytes, uploaded as they are, a chunk at a time
+        bk_weight *w = (bk_weight *)xcalloc(1, sizeof *w);
+        w->rows = t.rows, w->cols = t.cols, w->qtype = t.type, w->row_bytes = dq_bytes(t.type, t.cols);
+        size_t total = w->rows * w->row_bytes;
+        w->q = (uint8_t *)dev_alloc(c, total, "the model's weights");
+        for (size_t o = 0; o < total; o += WEIGHT_CHUNK * sizeof(float)) {
+            size_t k = total - o < WEIGHT_CHUNK * sizeof(float) ? total - o : WEIGHT_CHUNK * sizeof(float);
+            const void *d = stage(c, STAGE_AUX, (const uint8_t *)t.data + o, k);
+            CUDA_CHECK(cudaMemcpyAsync(w->q + o, d, k, cudaMemcpyDeviceToDevice, c->stream));
+        }
+        CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        if (t.owned) free((void *)t.data);
+        return w;
+    }
     bk_weight *w = weight_new(c, t.rows, t.cols);
     size_t cols = t.cols, row_bytes = dq_bytes(t.type, cols);
     size_t chunk_rows = cols >= WEIGHT_CHUNK ? 1 : WEIGHT_CHUNK / cols;
@@ -214,9 +236,10 @@ bk_weight *cuda_weight(backend *b, bk_tensor t) {
     return w;
 }
 
-// bytes of device memory t takes as bf16 (+ the fp32 copy of a vector)
+// bytes of device memory t takes: its blocks, or bf16 (+ the fp32 copy of a vector)
 size_t cuda_weight_bytes(backend *b, bk_tensor t) {
     (void)b;
+    if (keeps_blocks(t)) return t.rows * dq_bytes(t.type, t.cols);
     size_t rows = t.rows ? t.rows : 1;
     return rows * t.cols * sizeof(bf16) + (rows == 1 ? t.cols * sizeof(float) : 0);
 }
@@ -228,18 +251,26 @@ bk_weight *cuda_weight_fuse(backend *b, bk_weight *const *w, int k) {
     cuda_impl *c = impl(b);
     size_t rows = 0, cols = w[0]->cols;
     for (int j = 0; j < k; j++) {   // every part 16-byte aligned in the fused rows (gemm_bf16)
-        if (w[j]->fused || w[j]->f || w[j]->cols != cols || rows * cols % 8) return NULL;
+        if (w[j]->fused || w[j]->f || w[j]->cols != cols || w[j]->qtype != w[0]->qtype ||
+            (!w[j]->q && rows * cols % 8))
+            return NULL;
         rows += w[j]->rows;
     }
-    bf16 *h = (bf16 *)dev_try_alloc(c, rows * cols * sizeof(bf16), "a fused weight");
-    if (!h) return NULL;
+    size_t rb = w[0]->q ? w[0]->row_bytes : cols * sizeof(bf16);   // bytes per row, either form
+    uint8_t *p = (uint8_t *)dev_try_alloc(c, rows * rb, "a fused weight");
+    if (!p) return NULL;
     bk_weight *fw = (bk_weight *)xcalloc(1, sizeof *fw);
-    *fw = (bk_weight){h, NULL, rows, cols, NULL, 0};
+    fw->rows = rows, fw->cols = cols, fw->qtype = w[0]->qtype, fw->row_bytes = w[0]->row_bytes;
+    if (w[0]->q) fw->q = p;
+    else fw->h = (bf16 *)p;
     for (int j = 0, r = 0; j < k; r += (int)w[j]->rows, j++) {
-        CUDA_CHECK(cudaMemcpyAsync(h + (size_t)r * cols, w[j]->h, w[j]->rows * cols * sizeof(bf16),
-                                   cudaMemcpyDeviceToDevice, c->stream));
-        dev_free_after(c->stream, w[j]->h);
-        w[j]->h = h + (size_t)r * cols, w[j]->fused = fw, w[j]->row0 = (size_t)r;
+        void *old = w[j]->q ? (void *)w[j]->q : (void *)w[j]->h;
+        CUDA_CHECK(cudaMemcpyAsync(p + (size_t)r * rb, old, w[j]->rows * rb, cudaMemcpyDeviceToDevice,
+                                   c->stream));
+        dev_free_after(c->stream, old);
+        if (w[j]->q) w[j]->q = p + (size_t)r * rb;
+        else w[j]->h = (bf16 *)(p + (size_t)r * rb);
+        w[j]->fused = fw, w[j]->row0 = (size_t)r;
     }
     return fw;
 }
@@ -250,7 +281,7 @@ void cuda_weight_free(backend *b, bk_weight *w) {
         free(w);
         return;
     }
-    dev_free_after(impl(b)->stream, w->h);
+    dev_free_after(impl(b)->stream, w->q ? (void *)w->q : (void *)w->h);
     if (w->f) CUDA_CHECK(cudaFree(w->f));
     free(w);
 }

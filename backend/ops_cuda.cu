@@ -46,6 +46,10 @@ void cuda_embed(backend *b, void *out, const bk_weight *table, const int *tokens
     cuda_impl *c = impl(b);
     if (n == 0 || d == 0) return;
     const int *tk = indices(c, STAGE_IDX, tokens, n);
+    if (table->q) {
+        cuda_qembed(c, out, table, tk, n, d);
+        return;
+    }
     size_t total = (size_t)n * d;
     if (v8((size_t)d, out, table->h, NULL))
         CUDA_LAUNCH(embed_kernel<8>, cuda_blocks(total / 8, THREADS), THREADS, 0, c->stream,

@@ -1236,14 +1236,24 @@ static void test_gguf_model(backend *bk[2], const char *path) {
 // ---- main --------------------------------------------------------------------------------------
 
 // A weight handed over in a GGUF block encoding (random blocks, weights/synthetic.c): each backend
-// converts it its own way (the CPU reference dequantises to fp32; CUDA dequantises per chunk of
-// rows on the host and rounds to bf16 on the device). One row per type: embed (the rows as
-// uploaded) and a matmul against them.
+// keeps it its own way (the CPU reference dequantises to fp32 on the host with weights/dequant.c;
+// CUDA keeps the blocks of the types qmatmul_cuda.cu takes and decodes them in its kernels, and
+// converts F16/BF16 to bf16). Rows per type: embed (the table's rows) and matmuls against it.
 static void test_weight_type(backend *bk[2], uint32_t type, int rows, int cols) {
     size_t bytes = rows * dq_bytes(type, cols);
     uint8_t *blocks = xmalloc(bytes);
     CHECK_INTERNAL(synth_blocks(type, blocks, rows, cols, 7, type, 1.0f / sqrtf((float)cols)) == 0,
                    "synth_blocks %s", gguf_type_name(type));
+    // the blocks must hold values: a scale flushed to zero would make every row below vacuous
+    float *deq = xmalloc((size_t)rows * cols * sizeof(float));
+    size_t nonzero = 0;
+    CHECK_INTERNAL(dq_to_f32(type, blocks, deq, (uint64_t)rows * cols) == 0, "dq_to_f32");
+    for (size_t i = 0; i < (size_t)rows * cols; i++) nonzero += deq[i] != 0;
+    free(deq);
+    int filled = nonzero >= (size_t)rows * cols / 2;
+    printf("| %-22s | %-44s | %9zu | %9s | %9s | %7s | %s |\n", "weight values nonzero",
+           gguf_type_name(type), nonzero, "-", "-", "-", filled ? "ok" : "FAIL: mostly zeros");
+    filled ? n_pass++ : n_fail++;
     op_ctx c = {.n = 5, .d = cols, .i = cols, .o = rows};
     for (int k = 0; k < 2; k++) c.w[k] = bk[k]->weight(bk[k], (bk_tensor){type, blocks, rows, cols, 0});
     int ids[5] = {0, 3, rows - 1, 7 % rows, rows / 2};
@@ -1252,12 +1262,21 @@ static void test_weight_type(backend *bk[2], uint32_t type, int rows, int cols) 
     snprintf(name, sizeof name, "weight %s: embed", gguf_type_name(type));
     snprintf(shape, sizeof shape, "%d x %d, rows 0 3 %d 7 %d", rows, cols, rows - 1, rows / 2);
     check_op(bk, name, shape, op_embed, &c, NULL, NULL, 0, 5, cols);
-    float *x = rand_host((size_t)5 * cols, 1);
-    snprintf(name, sizeof name, "weight %s: matmul", gguf_type_name(type));
-    snprintf(shape, sizeof shape, "(5 x %d) @ (%d x %d)^T", cols, rows, cols);
-    check_op(bk, name, shape, op_matmul, &c, &x, (const int[][2]){{5, cols}}, 1, 5, rows);
+    // 1 and 5 rows of x: the quantised decode kernel (5 = a launch of 4 and one of 1); 20: the
+    // weight dequantised in chunks of 16 rows (SIFT_CUDA_DQ_ROWS; 37 rows: 16 + 16 + 5) for cuBLASLt
+    static const int ns[] = {1, 5, 20};
+    for (int k = 0; k < 3; k++) {
+        int n = ns[k];
+        c.n = n;
+        float *x = rand_host((size_t)n * cols, 1);
+        snprintf(name, sizeof name, "weight %s: matmul", gguf_type_name(type));
+        snprintf(shape, sizeof shape, "(%d x %d) @ (%d x %d)^T", n, cols, rows, cols);
+        if (n == 20) setenv("SIFT_CUDA_DQ_ROWS", "16", 1);
+        check_op(bk, name, shape, op_matmul, &c, &x, (const int[][2]){{n, cols}}, 1, n, rows);
+        unsetenv("SIFT_CUDA_DQ_ROWS");
+        free(x);
+    }
     free_weights(bk, &c);
-    free(x);
     free(blocks);
 }
 

@@ -18,8 +18,21 @@ pytestmark = pytest.mark.skipif(not os.path.exists(GPU_CHECK), reason="no SIMT b
 COMBINE = re.compile(r"__global__ void attn_combine_kernel.*?\n}\n", re.S)
 
 # name -> (file, [(old, new, count)] or a function of the text, the gpu_check --small attention
-# case that runs the kernel, catcher, what)
+# case that runs the kernel (or "ops:": the whole ops section, which holds the weight-type rows),
+# catcher, what)
 PLANTS = {
+    "q4k-scale-of-next-subblock": (
+        "backend/qmatmul_cuda.cu", [("k4_scale_min(sc12, j, &sc, &mn);", "k4_scale_min(sc12, j ^ 1, &sc, &mn);", 1)],
+        "ops:", "rows", "Q4_K/Q5_K groups take the scale and min of their neighbour sub-block"),
+    "q6k-high-bits-shift": (
+        "backend/qmatmul_cuda.cu", [("((hb[l] >> (2 * k)) & 3) << 4", "((hb[l] >> k) & 3) << 4", 1)],
+        "ops:", "rows", "Q6_K takes the wrong two high bits of each quant"),
+    "qgemv-reduction-drops-a-lane": (
+        "backend/qmatmul_cuda.cu", [("for (int x = 16; x > 0; x >>= 1) t += __shfl_xor_sync", "for (int x = 16; x > 1; x >>= 1) t += __shfl_xor_sync", 1)],
+        "ops:", "rows", "the decode kernel's warp sum leaves out the last shuffle"),
+    "dequant-chunks-skip-rows": (
+        "backend/qmatmul_cuda.cu", [("for (int r0 = 0; r0 < o; r0 += cr) {", "for (int r0 = 0; r0 < o; r0 += cr + 8) {", 1)],
+        "ops:", "rows", "the chunked dequantisation skips 8 rows after each chunk"),
     "causal-mask-off-by-one": (
         "attn/attn_prefill_cuda.cu",
         [("pj <= qp[mt][0] ?", "pj <= qp[mt][0] + 1 ?", 1), ("pj <= qp[mt][1] ?", "pj <= qp[mt][1] + 1 ?", 1)],
@@ -75,8 +88,8 @@ def plant(name):
 def test_planted_bug_is_caught(name):
     _, _, case, want, what = PLANTS[name]
     exe = plant(name)
-    p = subprocess.run([exe, "--small", "--only", "attention", "--case", case], cwd=ROOT,
-                       capture_output=True, text=True, timeout=900)
+    args = ["--only", "ops"] if case == "ops:" else ["--only", "attention", "--case", case]
+    p = subprocess.run([exe, "--small", *args], cwd=ROOT, capture_output=True, text=True, timeout=900)
     failed_rows = [l for l in p.stdout.splitlines() if l.startswith("| ") and l.rstrip().endswith("| FAIL |")]
     checker = re.findall(r"^simt: (.*)$", p.stderr, re.M)
     caught = "checker" if p.returncode == 3 and checker else "rows" if p.returncode == 1 and failed_rows else None

@@ -73,7 +73,14 @@ static uint16_t to_f16(float v) {
     memcpy(&b, &v, 4);
     uint32_t sign = (b >> 16) & 0x8000, exp = (b >> 23) & 0xff, man = b & 0x7fffff;
     int e = (int)exp - 127 + 15;
-    if (e <= 0) return (uint16_t)sign;   // flush tiny values to zero
+    if (e <= 0) {   // an f16 subnormal: m * 2^-24, m = (1.man * 2^(exp - 127)) * 2^24 rounded to even
+        int shift = 126 - (int)exp;
+        if (shift > 24) return (uint16_t)sign;
+        uint32_t full = man | 0x800000u, m = full >> shift, rest = full & ((1u << shift) - 1);
+        uint32_t halfway = 1u << (shift - 1);
+        if (rest > halfway || (rest == halfway && (m & 1))) m++;
+        return (uint16_t)(sign | m);   // m may round up to 0x400, the smallest normal: still right
+    }
     if (e >= 31) return (uint16_t)(sign | 0x7bff);
     uint32_t h = sign | (uint32_t)e << 10 | man >> 13;
     if ((man & 0x1fff) > 0x1000 || ((man & 0x1fff) == 0x1000 && (h & 1))) h++;
