@@ -22,10 +22,10 @@ COMBINE = re.compile(r"__global__ void attn_combine_kernel.*?\n}\n", re.S)
 # catcher, what)
 PLANTS = {
     "q4k-scale-of-next-subblock": (
-        "backend/qmatmul_cuda.cu", [("k4_scale_min(sc12, j, &sc, &mn);", "k4_scale_min(sc12, j ^ 1, &sc, &mn);", 1)],
+        "backend/qmatmul_cuda.cu", [("k4_scale_min(B + 4, j, &sc, &mn);", "k4_scale_min(B + 4, j ^ 1, &sc, &mn);", 1)],
         "ops:", "rows", "Q4_K/Q5_K groups take the scale and min of their neighbour sub-block"),
     "q6k-high-bits-shift": (
-        "backend/qmatmul_cuda.cu", [("((hb[l] >> (2 * k)) & 3) << 4", "((hb[l] >> k) & 3) << 4", 1)],
+        "backend/qmatmul_cuda.cu", [("u32at2(B + 128 + 32 * half + l) >> (2 * k);", "u32at2(B + 128 + 32 * half + l) >> k;", 1)],
         "ops:", "rows", "Q6_K takes the wrong two high bits of each quant"),
     "qgemv-reduction-drops-a-lane": (
         "backend/qmatmul_cuda.cu", [("for (int x = 16; x > 0; x >>= 1) t += __shfl_xor_sync", "for (int x = 16; x > 1; x >>= 1) t += __shfl_xor_sync", 1)],
