@@ -60,3 +60,26 @@ static inline void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b
 static inline float ex2(float x) {
     return simt_ex2_approx_ftz(x);
 }
+// dp4a.s32.s32: c + sum over bytes k of (int8) a_k * (int8) b_k (PTX ISA: signed bytes, 32-bit
+// wrap-around add)
+static inline int dp4a_s32(int a, int b, int c) {
+    uint32_t s = (uint32_t)c;
+    for (int k = 0; k < 4; k++)
+        s += (uint32_t)((int32_t)(int8_t)(a >> (8 * k)) * (int32_t)(int8_t)(b >> (8 * k)));
+    return (int)s;
+}
+// cvt.f32.f16 of the low 16 bits of h: exact (every f16, subnormals included, is an fp32; NaN
+// keeps its payload's top bits)
+static inline float f16_to_f32(uint32_t h) {
+    uint32_t sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (e == 0x1f) bits = sign | 0x7f800000u | man << 13;
+    else if (e) bits = sign | (e + 112) << 23 | man << 13;
+    else {
+        float f = (float)man * 0x1p-24f;
+        memcpy(&bits, &f, 4);
+        bits |= sign;
+    }
+    float y;
+    memcpy(&y, &bits, 4);
+    return y;
+}

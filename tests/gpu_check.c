@@ -1235,6 +1235,45 @@ static void test_gguf_model(backend *bk[2], const char *path) {
 
 // ---- main --------------------------------------------------------------------------------------
 
+// The quantised decode product (backend/qmatmul_cuda.cu) rounds x to int8 per block of 32
+// (dx = max |x| / 127, |x - dx xq| <= dx / 2): against the exact product of the dequantised
+// weights (double, on the host), each output may be off by at most
+//   sum over blocks b of dx_b / 2 * sum_{i in b} |w_i|     (x's rounding)
+//   + 2^-8 |y| + 2^-20 sum |w_i x_i|                      (bf16 output, fp32 sums)
+// Reports the worst error as a fraction of its bound (<= 1 passes).
+static void check_int8_bound(backend *g, const bk_weight *w, const float *deq, const float *x, int n,
+                             int rows, int cols, uint32_t type) {
+    void *dx = upload(g, x, n, cols), *o = g->alloc(g, (size_t)n * rows);
+    poison(g, o, n, rows);
+    g->matmul(g, o, dx, w, NULL, n, cols, rows);
+    float *got = download(g, o, (size_t)n * rows);
+    double worst = 0;
+    for (int v = 0; v < n; v++)
+        for (int r = 0; r < rows; r++) {
+            double y = 0, bound = 0, mag = 0;
+            for (int b = 0; b < cols / 32; b++) {
+                double amax = 0, wsum = 0;
+                for (int i = b * 32; i < b * 32 + 32; i++) {
+                    double wi = deq[(size_t)r * cols + i], xi = x[(size_t)v * cols + i];
+                    y += wi * xi, mag += fabs(wi * xi), wsum += fabs(wi), amax = fmax(amax, fabs(xi));
+                }
+                bound += amax / 127 / 2 * wsum;
+            }
+            bound = bound * (1 + 1e-6) + ldexp(fabs(y), -8) + ldexp(mag, -20);
+            double e = fabs((double)got[(size_t)v * rows + r] - y) / bound;
+            worst = isnan(e) ? INFINITY : fmax(worst, e);
+        }
+    char name[40], shape[64];
+    snprintf(name, sizeof name, "weight %s: int8-x bound", gguf_type_name(type));
+    snprintf(shape, sizeof shape, "(%d x %d) @ (%d x %d)^T, worst err / bound", n, cols, rows, cols);
+    int ok = worst <= 1;
+    printf("| %-22s | %-44s | %9.3f | %9s | %9s | %7s | %s |\n", name, shape, worst, "-", "-", "-",
+           ok ? "ok" : "FAIL");
+    ok ? n_pass++ : n_fail++;
+    g->free(g, dx), g->free(g, o);
+    free(got);
+}
+
 // A weight handed over in a GGUF block encoding (random blocks, weights/synthetic.c): each backend
 // keeps it its own way (the CPU reference dequantises to fp32 on the host with weights/dequant.c;
 // CUDA keeps the blocks of the types qmatmul_cuda.cu takes and decodes them in its kernels, and
@@ -1249,7 +1288,6 @@ static void test_weight_type(backend *bk[2], uint32_t type, int rows, int cols) 
     size_t nonzero = 0;
     CHECK_INTERNAL(dq_to_f32(type, blocks, deq, (uint64_t)rows * cols) == 0, "dq_to_f32");
     for (size_t i = 0; i < (size_t)rows * cols; i++) nonzero += deq[i] != 0;
-    free(deq);
     int filled = nonzero >= (size_t)rows * cols / 2;
     printf("| %-22s | %-44s | %9zu | %9s | %9s | %7s | %s |\n", "weight values nonzero",
            gguf_type_name(type), nonzero, "-", "-", "-", filled ? "ok" : "FAIL: mostly zeros");
@@ -1274,8 +1312,10 @@ static void test_weight_type(backend *bk[2], uint32_t type, int rows, int cols) 
         if (n == 20) setenv("SIFT_CUDA_DQ_ROWS", "16", 1);
         check_op(bk, name, shape, op_matmul, &c, &x, (const int[][2]){{n, cols}}, 1, n, rows);
         unsetenv("SIFT_CUDA_DQ_ROWS");
+        if (n <= 16 && type != GGML_F16 && type != GGML_BF16) check_int8_bound(bk[GPU], c.w[GPU], deq, x, n, rows, cols, type);
         free(x);
     }
+    free(deq);
     free_weights(bk, &c);
     free(blocks);
 }

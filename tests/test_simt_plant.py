@@ -22,11 +22,17 @@ COMBINE = re.compile(r"__global__ void attn_combine_kernel.*?\n}\n", re.S)
 # catcher, what)
 PLANTS = {
     "q4k-scale-of-next-subblock": (
-        "backend/qmatmul_cuda.cu", [("k4_scale_min(B + 4, j, &sc, &mn);", "k4_scale_min(B + 4, j ^ 1, &sc, &mn);", 1)],
+        "backend/qmatmul_cuda.cu", [("k4_scale_min(B + 4, j, &sc, &mn);", "k4_scale_min(B + 4, j ^ 1, &sc, &mn);", 2)],
         "ops:", "rows", "Q4_K/Q5_K groups take the scale and min of their neighbour sub-block"),
-    "q6k-high-bits-shift": (
+    "q6k-dequant-high-bits": (
         "backend/qmatmul_cuda.cu", [("u32at2(B + 128 + 32 * half + l) >> (2 * k);", "u32at2(B + 128 + 32 * half + l) >> k;", 1)],
-        "ops:", "rows", "Q6_K takes the wrong two high bits of each quant"),
+        "ops:", "rows", "Q6_K's dequantisation (prefill, embed) takes the wrong two high bits"),
+    "q6k-product-high-bits": (
+        "backend/qmatmul_cuda.cu", [("((u32at2(qh + 4 * i) >> (2 * k)) & 0x03030303u)", "((u32at2(qh + 4 * i) >> k) & 0x03030303u)", 1)],
+        "ops:", "rows", "Q6_K's decode product takes the wrong two high bits"),
+    "q5-product-high-bit": (
+        "backend/qmatmul_cuda.cu", [("spread4(qh >> (16 + 4 * i)) << 4", "spread4(qh >> (12 + 4 * i)) << 4", 1)],
+        "ops:", "rows", "Q5_0/Q5_1's decode product takes the fifth bit of the wrong element"),
     "qgemv-reduction-drops-a-lane": (
         "backend/qmatmul_cuda.cu", [("for (int x = 16; x > 0; x >>= 1) t += __shfl_xor_sync", "for (int x = 16; x > 1; x >>= 1) t += __shfl_xor_sync", 1)],
         "ops:", "rows", "the decode kernel's warp sum leaves out the last shuffle"),

@@ -101,6 +101,20 @@ __device__ static inline float ex2(float x) {   // 2^x; -inf -> 0
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
 }
+
+// c + the sum of the four products of a's and b's signed bytes (dp4a.s32.s32)
+__device__ static inline int dp4a_s32(int a, int b, int c) {
+    int d;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// the f16 in the low 16 bits of h as fp32 (exact: cvt.f32.f16)
+__device__ static inline float f16_to_f32(uint32_t h) {
+    float y;
+    asm("{ .reg .b16 t; cvt.u16.u32 t, %1; cvt.f32.f16 %0, t; }\n" : "=f"(y) : "r"(h));
+    return y;
+}
 #endif
 
 #ifdef __CUDACC__
