@@ -21,6 +21,8 @@ static const synth_shape SHAPES[] = {
     {"llama-3.2-3b", "llama", 28, 3072, 24, 8, 128, 8192, 128256, 131072, 1, 500000, 1e-5f, 32, 1, 4, 8192, 3, GGML_F32},
     // meta-llama/Llama-3.1-8B
     {"llama-3.1-8b", "llama", 32, 4096, 32, 8, 128, 14336, 128256, 131072, 0, 500000, 1e-5f, 8, 1, 4, 8192, 8, GGML_F32},
+    // meta-llama/Llama-3.1-70B
+    {"llama-3.1-70b", "llama", 80, 8192, 64, 8, 128, 28672, 128256, 131072, 0, 500000, 1e-5f, 8, 1, 4, 8192, 70, GGML_F32},
     // Qwen/Qwen2.5-7B: QKV bias, untied, max_position_embeddings 131072
     {"qwen2.5-7b", "qwen2", 28, 3584, 28, 4, 128, 18944, 152064, 131072, 0, 1000000, 1e-6f, 0, 0, 0, 0, 7, GGML_F32},
 };
