@@ -46,6 +46,8 @@ void simt_cp_async16(void *dst, const void *src, bool valid) {
     if ((uintptr_t)dst % 16 || (uintptr_t)src % 16)
         finding_at(t, site, "cp.async with a %s address that is not 16-byte aligned (%p)",
                    (uintptr_t)dst % 16 ? "shared" : "global", (uintptr_t)dst % 16 ? dst : src);
+    if (!is_global(src)) // cp.async.cg.shared.global: the source is device memory
+        finding_at(t, site, "cp.async source %p is not global memory", src);
     check_access(t, src, valid ? 16 : 1, 0, site); // even a zero-size source must be mapped
     check_async(t, dst, 16, false, site);
     memset(dst, 0xff, 16); // until the copy lands
@@ -94,6 +96,10 @@ void ldsm_op(void *const *args, unsigned mask) {
             }
             if ((uintptr_t)a->p % 16) {
                 finding_at(t, a->site, "ldmatrix row address %p is not 16-byte aligned", a->p);
+                return;
+            }
+            if (!is_shared(a->p)) {   // ldmatrix's state space is .shared only
+                finding_at(t, a->site, "ldmatrix row address %p is not shared memory", a->p);
                 return;
             }
             check_access(t, a->p, 16, 0, a->site);
@@ -196,6 +202,17 @@ bool agree(void *const *args, unsigned mask, const char *what) {
                        l, a->p, a->ldm, a0->p, a0->ldm);
             return false;
         }
+    }
+    // the CUDA programming guide's rules for load/store_matrix_sync: a 256-bit aligned pointer,
+    // and ldm a multiple of 8 elements for 16-bit types, of 4 for float (16 bytes either way)
+    if ((uintptr_t)a0->p % 32) {
+        finding_at(op_lane(0), a0->site, "%s pointer %p is not 32-byte aligned", what, a0->p);
+        return false;
+    }
+    if ((size_t)a0->ldm * a0->elem % 16) {
+        finding_at(op_lane(0), a0->site, "%s: ldm %u is not a multiple of %d elements (16 bytes)",
+                   what, a0->ldm, 16 / a0->elem);
+        return false;
     }
     return true;
 }

@@ -529,6 +529,13 @@ static inline void hook(const void *p, size_t n, int kind, const void *site) {
     access(w, t, a, n, kind, site);
 }
 
+bool is_shared(const void *p) {
+    return cur && shared_region(cur, (uintptr_t)p) != NULL;
+}
+bool is_global(const void *p) {
+    return in_heap((uintptr_t)p);
+}
+
 void check_access(thread_rec *t, const void *p, size_t n, int write, const void *site) {
     access(cur, t ? t : current_thread(), (uintptr_t)p, n, write ? A_WRITE : A_READ, site);
 }
@@ -632,26 +639,37 @@ struct shfl_arg {
     uint64_t in, out;
     int kind, arg, width;
 };
+// shfl.sync as the PTX ISA's pseudo-code defines it, with the c operand CUDA's __shfl_*_sync
+// pass for a width w: segmask = 32 - w (bits 12:8 of c), clamp 0 for .up and 31 otherwise:
+//   maxLane = (lane & segmask) | (clamp & ~segmask), minLane = lane & segmask;
+//   .up j = lane - b (valid iff j >= maxLane); .down j = lane + b (j <= maxLane);
+//   .bfly j = lane ^ b (j <= maxLane); .idx j = minLane | (b & ~segmask) (j <= maxLane);
+//   invalid: j = lane (the lane's own value). b is the operand's low 5 bits.
+// So a butterfly whose mask reaches past the width reads a lower segment's lane (j <= maxLane
+// holds there), where "outside the segment: own value" would not.
 void shfl_op(void *const *args, unsigned mask) {
     for (int l = 0; l < 32; l++) {
         if (!(mask >> l & 1)) continue;
         shfl_arg *a = (shfl_arg *)args[l];
-        int w = a->width, seg = l & ~(w - 1), src;
+        const int segmask = (32 - a->width) & 31, clamp = a->kind == SIMT_SHFL_UP ? 0 : 31;
+        const int maxl = (l & segmask) | (clamp & ~segmask), minl = l & segmask, b = a->arg & 31;
+        int src;
+        bool valid;
         switch (a->kind) {
         case SIMT_SHFL_IDX:
-            src = seg + (a->arg & (w - 1));
+            src = minl | (b & ~segmask), valid = src <= maxl;
             break;
         case SIMT_SHFL_XOR:
-            src = l ^ a->arg;
+            src = l ^ b, valid = src <= maxl;
             break;
         case SIMT_SHFL_UP:
-            src = l - a->arg;
+            src = l - b, valid = src >= maxl;
             break;
         default:
-            src = l + a->arg;
+            src = l + b, valid = src <= maxl;
             break;
         }
-        if (src < seg || src >= seg + w) src = l; // outside the lane's segment: its own value
+        if (!valid) src = l;
         if (!(mask >> src & 1)) {
             thread_rec *t = op_lane(l);
             finding_at(t, t->site,

@@ -21,6 +21,10 @@ struct allocation {
 // Checks an access of n bytes at p made by thread t (NULL: the current fiber's thread) for an
 // emulated instruction (ldmatrix, wmma, cp.async): global bounds or shared-memory rules.
 void check_access(thread_rec *t, const void *p, size_t n, int write, const void *site);
+// The state space of p for the instructions that name one (ldmatrix .shared, cp.async .shared
+// and .global): the running block's shared memory, or device memory from cudaMalloc.
+bool is_shared(const void *p);
+bool is_global(const void *p);
 // Marks shared bytes [p, p + n) as the destination of t's cp.async (pending) or as landed.
 void check_async(thread_rec *t, const void *p, size_t n, bool landed, const void *site);
 // During a warp operation: the thread of lane l of the warp (NULL past a short warp's end).

@@ -238,6 +238,57 @@ static void test_collectives() {
     cudaFree(d);
 }
 
+// Every shuffle kind at every width and a spread of lane arguments (past the width and past 31
+// too) against the PTX ISA's shfl.sync pseudo-code restated here, with the c operand CUDA's
+// __shfl_*_sync pass (segment mask 32 - width; clamp 0 for up, 31 otherwise).
+#define SHFL_ARGS 11
+__global__ void shfl_table_kernel(int *out) {   // out [kind 4][width 6][arg][lane 32]
+    const int shfl_args[SHFL_ARGS] = {0, 1, 3, 5, 8, 15, 16, 17, 31, 32, 33};
+    const int l = threadIdx.x, v = l * 10 + 1;
+    for (int wi = 0; wi < 6; wi++)
+        for (int ai = 0; ai < SHFL_ARGS; ai++) {
+            const int w = 1 << wi, a = shfl_args[ai], o = ((0 * 6 + wi) * SHFL_ARGS + ai) * 32 + l;
+            const int K = 6 * SHFL_ARGS * 32;
+            out[o] = __shfl_sync(0xffffffffu, v, a, w);
+            out[o + K] = __shfl_xor_sync(0xffffffffu, v, a, w);
+            out[o + 2 * K] = __shfl_up_sync(0xffffffffu, v, (unsigned)a, w);
+            out[o + 3 * K] = __shfl_down_sync(0xffffffffu, v, (unsigned)a, w);
+        }
+}
+
+static int shfl_expect(int kind, int w, int b, int lane) {   // 0 idx, 1 bfly, 2 up, 3 down
+    const int segmask = (32 - w) & 31, clamp = kind == 2 ? 0 : 31;
+    const int maxl = (lane & segmask) | (clamp & ~segmask), minl = lane & segmask;
+    int j;
+    bool p;
+    b &= 31;
+    if (kind == 0) j = minl | (b & ~segmask), p = j <= maxl;
+    else if (kind == 1) j = lane ^ b, p = j <= maxl;
+    else if (kind == 2) j = lane - b, p = j >= maxl;
+    else j = lane + b, p = j <= maxl;
+    return (p ? j : lane) * 10 + 1;
+}
+
+static void test_shfl_table() {
+    const int n = 4 * 6 * SHFL_ARGS * 32;
+    int *d = dev<int>(n), *h = (int *)malloc(n * sizeof(int));
+    int host_args[SHFL_ARGS] = {0, 1, 3, 5, 8, 15, 16, 17, 31, 32, 33};
+    CUDA_LAUNCH(shfl_table_kernel, 1, 32, 0, 0, d);
+    down(h, d, n);
+    int bad = 0, first = -1;
+    for (int k = 0; k < 4; k++)
+        for (int wi = 0; wi < 6; wi++)
+            for (int ai = 0; ai < SHFL_ARGS; ai++)
+                for (int l = 0; l < 32; l++) {
+                    int i = ((k * 6 + wi) * SHFL_ARGS + ai) * 32 + l;
+                    if (h[i] != shfl_expect(k, 1 << wi, host_args[ai], l) && bad++ == 0) first = i;
+                }
+    EXPECT(bad == 0, "shfl.sync table (4 kinds x 6 widths x %d arguments x 32 lanes): %d wrong, "
+           "first at entry %d", SHFL_ARGS, bad, first);
+    cudaFree(d);
+    free(h);
+}
+
 // nvcuda::wmma: D (16x16) = A (16x16, row-major) B (16x16, column-major) + C.
 __global__ void wmma_kernel(float *D, const __nv_bfloat16 *A, const __nv_bfloat16 *B,
                             const float *C) {
@@ -370,6 +421,26 @@ __global__ void async_race_kernel(int *out, const int *src) {
     cp_async_wait<0>();
 }
 
+__global__ void ldmatrix_global_kernel(int *out, const int *g) {   // ldmatrix reads .shared only
+    uint32_t r[1];
+    ldsm_x1(r, g + 4 * (threadIdx.x % 8));
+    out[threadIdx.x] = (int)r[0];
+}
+__global__ void cp_async_src_shared_kernel(int *out) {   // cp.async's source is .global
+    __shared__ __align__(16) int s[2][4];
+    if (threadIdx.x == 0) s[0][0] = s[0][1] = s[0][2] = s[0][3] = 1;
+    __syncthreads();
+    if (threadIdx.x == 0) cp_async16(s[1], s[0], true);
+    cp_async_wait<0>();
+    out[threadIdx.x] = s[1][0];
+}
+__global__ void wmma_misaligned_kernel(float *out, const __nv_bfloat16 *A, int offset, unsigned ldm) {
+    using namespace nvcuda;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+    wmma::load_matrix_sync(a, A + offset, ldm);
+    out[threadIdx.x] = __bfloat162float(a.x[0]);
+}
+
 static int run_case(const char *name) {
     int *d = dev<int>(64), *src = dev<int>(8);
     CUDA_CHECK(cudaMemset(d, 0, 64 * sizeof(int)));
@@ -397,7 +468,17 @@ static int run_case(const char *name) {
         CUDA_LAUNCH(async_early_kernel, 1, 1, 0, 0, d, src);
     else if (!strcmp(name, "async-race"))
         CUDA_LAUNCH(async_race_kernel, 1, 64, 0, 0, d, src);
-    else if (!strcmp(name, "host-deref"))
+    else if (!strcmp(name, "ldmatrix-global"))
+        CUDA_LAUNCH(ldmatrix_global_kernel, 1, 32, 0, 0, d, src);
+    else if (!strcmp(name, "cp-async-src-shared"))
+        CUDA_LAUNCH(cp_async_src_shared_kernel, 1, 32, 0, 0, d);
+    else if (!strcmp(name, "wmma-misaligned") || !strcmp(name, "wmma-ldm")) {
+        __nv_bfloat16 *A = dev<__nv_bfloat16>(16 * 32 + 16);
+        CUDA_CHECK(cudaMemset(A, 0, (16 * 32 + 16) * sizeof(__nv_bfloat16)));
+        int misaligned = !strcmp(name, "wmma-misaligned");
+        CUDA_LAUNCH(wmma_misaligned_kernel, 1, 32, 0, 0, (float *)d, A, misaligned ? 8 : 0,
+                    misaligned ? 16u : 12u);
+    } else if (!strcmp(name, "host-deref"))
         printf("%d\n", d[3]);
     else if (!strcmp(name, "smem-attribute"))
         CUDA_LAUNCH(dyn_oob_kernel, 1, 16, 64 << 10, 0, d);
@@ -422,7 +503,7 @@ int main(int argc, char **argv) {
     if (argc == 2 && !strcmp(argv[1], "--list")) {
         puts("race uninit partial-barrier divergent-barrier shfl-exited global-oob use-after-free "
              "dyn-shared-oob misaligned async-early async-race host-deref smem-attribute grid-y "
-             "capture-sync");
+             "capture-sync ldmatrix-global cp-async-src-shared wmma-misaligned wmma-ldm");
         return 0;
     }
     if (argc == 3 && !strcmp(argv[1], "--case")) {
@@ -435,6 +516,7 @@ int main(int argc, char **argv) {
     test_ldmatrix();
     test_async();
     test_collectives();
+    test_shfl_table();
     test_wmma();
     test_graph();
     printf("test_simt: %d checks, %d failed\n", checks, fails);

@@ -30,9 +30,17 @@ CASES = {
     "smem-attribute": "over the 49152 allowed (cudaFuncSetAttribute raises it)",
     "grid-y": "y and z in [1, 65535]",
     "capture-sync": "cudaErrorStreamCaptureUnsupported",
+    "ldmatrix-global": "ldmatrix row address",   # ... is not shared memory
+    "cp-async-src-shared": "cp.async source",     # ... is not global memory
+    "wmma-misaligned": "pointer",                 # ... is not 32-byte aligned
+    "wmma-ldm": "ldm 12 is not a multiple of 8 elements (16 bytes)",
 }
+# the second half of each report the cases above abbreviate (an address sits between)
+TAILS = {"ldmatrix-global": "is not shared memory", "cp-async-src-shared": "is not global memory",
+         "wmma-misaligned": "is not 32-byte aligned"}
 KERNEL_FINDINGS = {"race", "uninit", "partial-barrier", "divergent-barrier", "shfl-exited", "global-oob",
-                   "use-after-free", "dyn-shared-oob", "misaligned", "async-early", "async-race"}
+                   "use-after-free", "dyn-shared-oob", "misaligned", "async-early", "async-race",
+                   "ldmatrix-global", "cp-async-src-shared", "wmma-misaligned", "wmma-ldm"}
 
 
 def test_every_case_is_listed():
@@ -45,6 +53,7 @@ def test_planted_bug_is_reported(case):
     p = subprocess.run([BIN, "--case", case], capture_output=True, text=True, timeout=60)
     assert p.returncode == 3, (p.returncode, p.stdout, p.stderr[-2000:])
     assert CASES[case] in p.stderr, p.stderr[-2000:]
+    assert TAILS.get(case, "") in p.stderr, p.stderr[-2000:]
     assert "no finding" not in p.stdout
     if case in KERNEL_FINDINGS:
         first = p.stderr.split("simt: ")[1]   # the first report: kernel, launch site, source line
