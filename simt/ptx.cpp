@@ -13,6 +13,10 @@
 //    ..);
 //  - ex2.approx.ftz.f32; the nvcuda::wmma operations (whole tiles per lane, mma.h).
 #include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "include/mma.h"
 #include "ptx.h"
@@ -114,6 +118,61 @@ void ldsm_op(void *const *args, unsigned mask) {
     }
 }
 
+// ---- tensor-core accumulation -------------------------------------------------------------------
+// Default: exact products summed in fp32 one at a time, round to nearest (what the kernels' CPU
+// twins do). SIMT_TC_ACCUM=trunc: the block-FMA model measured on NVIDIA tensor cores by Fasi,
+// Higham, Mikaitis and Pranesh ("Numerical behavior of NVIDIA tensor cores", PeerJ Computer
+// Science 7:e330, 2021; V100, T4, A100): per block of 8 products along k, the accumulator and the
+// 8 exact products are aligned to the largest exponent among them, the bits below fp32's 24-bit
+// significand at that exponent are dropped (truncation, toward zero), the aligned terms are
+// summed exactly and the sum is rounded toward zero to fp32; no normalisation in between. Under
+// it the kernels' results drift toward zero by up to about 9 units of the block's largest term
+// per block, where round-to-nearest gives half a unit per addition: gpu_check's bounds must hold
+// either way (tests/test_gpu_simt.py runs the attention section in this mode).
+static int tc_trunc() {
+    static int mode = -1;
+    if (mode < 0) {
+        const char *e = getenv("SIMT_TC_ACCUM");
+        mode = e && !strcmp(e, "trunc");
+    }
+    return mode;
+}
+
+static float round_toward_zero(double x) {
+    float f = (float)x;   // nearest
+    if (fabs((double)f) > fabs(x)) f = nextafterf(f, 0.0f);
+    return f;
+}
+
+// c + sum_k a[k] b[k] (k = 0..n-1, a and b with bf16 values), as the tensor cores accumulate
+float simt_tc_dot(float c, const float *a, int as, const float *b, int bs, int n) {
+    if (!tc_trunc()) {
+        for (int k = 0; k < n; k++) c += a[k * as] * b[k * bs];
+        return c;
+    }
+    for (int k0 = 0; k0 < n; k0 += 8) {
+        double t[9];
+        int m = 0, emax = INT_MIN;
+        t[m++] = c;
+        for (int k = k0; k < k0 + 8 && k < n; k++) t[m++] = (double)a[k * as] * b[k * bs];   // exact
+        for (int i = 0; i < m; i++)
+            if (t[i] != 0) {
+                int e;
+                frexp(t[i], &e);
+                emax = e > emax ? e : emax;
+            }
+        if (emax == INT_MIN) {
+            c = 0;
+            continue;
+        }
+        const double unit = ldexp(1.0, emax - 24);   // fp32's last significand bit at emax
+        double sum = 0;
+        for (int i = 0; i < m; i++) sum += trunc(t[i] / unit) * unit;   // exact: < 2^29 units
+        c = round_toward_zero(sum);
+    }
+    return c;
+}
+
 // ---- mma.sync m16n8k16 bf16 -> fp32
 // ----------------------------------------------------------------
 
@@ -147,10 +206,7 @@ void mma_op(void *const *args, unsigned mask) {
         int g = l / 4, t = l % 4;
         for (int e = 0; e < 4; e++) {
             int i = g + (e >= 2 ? 8 : 0), j = 2 * t + (e & 1);
-            float s = C[i][j];
-            for (int k = 0; k < 16; k++)
-                s += A[i][k] * B[k][j];
-            x->c[e] = s;
+            x->c[e] = simt_tc_dot(C[i][j], &A[i][0], 1, &B[0][j], 8, 16);
         }
     }
 }
@@ -250,10 +306,10 @@ void wmma_mma_op(void *const *args, unsigned mask) {
     float d[16 * 16];
     for (int i = 0; i < x->m; i++)
         for (int j = 0; j < x->n; j++) {
-            float s = x->c[i * x->n + j];
+            float ra[16], rb[16];
             for (int k = 0; k < x->k; k++)
-                s += __bfloat162float(x->a[i * x->k + k]) * __bfloat162float(x->b[k * x->n + j]);
-            d[i * x->n + j] = s;
+                ra[k] = __bfloat162float(x->a[i * x->k + k]), rb[k] = __bfloat162float(x->b[k * x->n + j]);
+            d[i * x->n + j] = simt_tc_dot(x->c[i * x->n + j], ra, 1, rb, 1, x->k);
         }
     for (int l = 0; l < 32; l++)
         memcpy(((wmma_mma_arg *)args[l])->d, d, (size_t)x->m * x->n * sizeof(float));

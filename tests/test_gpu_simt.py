@@ -325,3 +325,18 @@ def test_fit_phi_logging_prefill_on_cuda(tmp_path):
     assert len(means["cpu"]) == len(means["cuda"]) >= 8
     for a, b in zip(means["cpu"], means["cuda"]):
         assert abs(a - b) <= 0.03 + 0.02 * abs(a), (means["cpu"], means["cuda"])
+
+
+@needs_check
+def test_attention_bounds_hold_under_truncating_tensor_cores():
+    """The attention checks under SIMT_TC_ACCUM=trunc: mma.sync and wmma accumulate as the
+    truncating block FMA measured on NVIDIA tensor cores (simt/ptx.cpp), not fp32 round to nearest;
+    every kernel's rows must stay within the bounds the default mode passes."""
+    p = subprocess.run([GPU_CHECK, "--small", "--only", "attention"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=1800, env=dict(os.environ, SIMT_TC_ACCUM="trunc"))
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+    m = re.search(r"gpu_check: (\d+) passed, 0 failed", p.stdout)
+    assert m and int(m.group(1)) > 100, p.stdout[-2000:]
+    t = subprocess.run([os.path.join(ROOT, "build", "tests", "test_simt")], capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, SIMT_TC_ACCUM="trunc"))
+    assert t.returncode == 0 and "1 + 0 * 2^-23" in t.stdout, t.stdout[-2000:]   # the mode acted

@@ -121,6 +121,30 @@ static void test_mma() {
     cudaFree(dA), cudaFree(dB), cudaFree(dC), cudaFree(dD);
 }
 
+// How the tensor cores accumulate: C = 1 plus one product of 1.5 * 2^-24 (0.75 of fp32's unit at
+// 1) in output (0, 0), every other input zero. Adding in fp32 with round to nearest gives
+// 1 + 2^-23; the truncating block FMA (simt/ptx.cpp, SIMT_TC_ACCUM=trunc, after Fasi et al.) gives
+// 1. The emulator must give its mode's value; a GPU's is printed (it says which model holds).
+static void test_mma_accumulation() {
+    float A[256] = {0}, B[128] = {0}, C[128] = {0}, D[128];
+    A[0] = ldexpf(1.5f, -12), B[0] = ldexpf(1.0f, -12), C[0] = 1.0f;
+    float *dA = dev<float>(256), *dB = dev<float>(128), *dC = dev<float>(128),
+          *dD = dev<float>(128);
+    up(dA, A, 256), up(dB, B, 128), up(dC, C, 128);
+    CUDA_LAUNCH(mma_kernel, 1, 32, 0, 0, dD, dA, dB, dC);
+    down(D, dD, 128);
+    const float nearest = 1.0f + ldexpf(1.0f, -23);
+    printf("test_simt: mma accumulation probe: 1 + 1.5 * 2^-24 = 1 + %g * 2^-23 (round to nearest "
+           "gives 1, truncation 0)\n", (D[0] - 1.0f) * ldexpf(1.0f, 23));
+    if (CUDA_EMULATED) {
+        const char *m = getenv("SIMT_TC_ACCUM");
+        float want = m && !strcmp(m, "trunc") ? 1.0f : nearest;
+        EXPECT(D[0] == want, "mma accumulation (SIMT_TC_ACCUM=%s): got 1 + %g * 2^-23, want 1 + %g",
+               m ? m : "", (D[0] - 1.0f) * ldexpf(1.0f, 23), (want - 1.0f) * ldexpf(1.0f, 23));
+    }
+    cudaFree(dA), cudaFree(dB), cudaFree(dC), cudaFree(dD);
+}
+
 // A shared tile of 4 matrices whose rows are stored in reverse order, so that the row a lane
 // points to is not the one its index would suggest; element value = m * 64 + r * 8 + c.
 __global__ void ldsm_kernel(uint32_t *out, int n, int trans) {
@@ -513,6 +537,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     test_mma();
+    test_mma_accumulation();
     test_ldmatrix();
     test_async();
     test_collectives();
