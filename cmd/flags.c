@@ -23,40 +23,53 @@ int flag_verbosity = 1;
 // The subcommands: name, usage, what it does (help and man page).
 static const struct {
     int sub;
-    const char *name, *usage, *about;
+    const char *name, *usage, *about, *examples;
 } SUBS[FLAG_N_SUBS] = {
     {R, "", "sift [options] (-p TEXT | -f FILE... | --batch DIR | --prompts FILE.jsonl)",
      "Runs prompts through a Llama-family model with a long-context strategy: text on stdout, "
      "timing on stderr, or one JSON record per prompt and strategy. A comma list of strategies "
-     "is an A/B comparison on the same tokens."},
+     "is an A/B comparison on the same tokens.",
+     "sift -p \"What is the capital of France?\" --chat -n 32 --temp 0\n"
+     "sift -m model.gguf -f prompt.txt -n 128 --temp 0.7 --top-p 0.9 --seed 7 --json\n"
+     "sift --batch prompts/ --chat --temp 0 -n 64\n"
+     "sift --prompts requests.jsonl --parallel 16 -o results.jsonl --resume\n"
+     "sift -f long.txt --strategy full,speed,fastkv,specprefill -n 64 --temp 0\n"},
     {B, "bench", "sift bench [-m MODEL|synthetic:NAME[@SEED]] [-p 1024,8192] [-n 128] [-r 5] [options]",
      "Prefills N_PROMPT seeded random tokens per -p value, then decodes -n tokens at that depth; "
      "mean and sd of -r runs. 'x full' columns are ratios against full in the same run. MFU uses "
      "full-equivalent prefill FLOPs, MBU the weights + KV a decode step reads, both against "
      "ceilings the backend measures at start. --dry-run prints parameters, FLOPs and bytes by "
      "formula without loading weights. -t and --parallel take comma lists: the whole table once "
-     "per thread count, B sequences decoded together."},
+     "per thread count, B sequences decoded together.",
+     "sift bench -p 512,2048 -n 128 -r 3 -t 2\n"
+     "sift bench -p 4096 -n 32 --strategy full,fastkv,speed --format json\n"
+     "sift bench -m synthetic:llama-3.1-8b -p 1024,131072 --dry-run\n"},
     {E, "eval", "sift eval [-m MODEL] [--strategy all|NAME,...] [--tasks niah,...] [--n-prompt 1024,2048,4096] [options]",
      "Long-context tasks in RULER's shapes generated from --seed (niah, multikey, multivalue, vt, "
      "cwe); each prompt fills --n-prompt tokens with the haystack, in the model's chat template. "
      "Every strategy runs greedily on the same tokens, full first as the reference; reported per "
      "strategy x task x length: accuracy, first-token and greedy agreement with full, KL, TTFT, "
-     "TPOT, KV MiB. Ctrl-C reports what was measured."},
+     "TPOT, KV MiB. Ctrl-C reports what was measured.",
+     "sift eval --strategy all --n-prompt 1024,2048,4096 --samples 5 -o r.json --plot r.svg\n"},
     {W, "sweep", "sift sweep [-m MODEL] (-f FILE... | --batch DIR | --prompts FILE.jsonl | --tasks LIST) [--grid SPEC | --strategy LIST] [options]",
      "Runs full once per prompt as the reference, then every setting of the grid greedily on the "
      "same tokens; reports agreement, KL, accuracy, speed and the Pareto frontier of fidelity "
      "against speedup. --grid 'fastkv:kv-rate=0.05,0.1;specprefill:keep=0.1,0.3;speed': "
      "strategies separated by ';', each NAME[:PARAM=V1,V2...], PARAM a strategy parameter "
      "without --. Default grid: speed, fastkv, specprefill, topk, topk+phi and compositions "
-     "(README). --min-agreement X prints the fastest setting that keeps X as a command line."},
+     "(README). --min-agreement X prints the fastest setting that keeps X as a command line.",
+     "sift sweep -f long.txt --min-agreement 0.9 -o sweep.json --plot sweep.svg\n"
+     "sift sweep --tasks niah,multikey --n-prompt 4096 --samples 2\n"},
     {P, "ppl", "sift ppl [-m MODEL] -f TEXT [-c 512] [options]",
      "Perplexity in llama-perplexity's convention: chunks of -c tokens, BOS at each chunk's "
-     "start, the second half of each chunk scored."},
+     "start, the second half of each chunk scored.",
+     "sift ppl -f wiki.test.raw -c 512\n"},
     {F, "fit-phi", "sift fit-phi [-m MODEL] --data TEXT -o FILE.phi [-c 1024] [options]",
      "Learns topk+phi's feature maps on the first -c tokens of TEXT (use them with --strategy "
      "topk+phi --phi FILE.phi); then checks them end to end on the text after (--check). The "
      "output is rewritten after every layer: rerun the same command to resume. --device is where "
-     "the logging prefill runs (default cpu: fp32 logs); the fit itself runs on the CPU."},
+     "the logging prefill runs (default cpu: fp32 logs); the fit itself runs on the CPU.",
+     "sift fit-phi --data corpus.txt -c 1024 -o smollm2.phi\n"},
 };
 
 // The rows. A row with id FL_STRAT_OPT stands for the strategy parameters (policies/options.c).
@@ -430,7 +443,7 @@ static void set_value(flag_set *f, const flag_row *r, const char *flag, const ch
             }
         char names[160];
         snprintf(names, sizeof names, "%s", r->choices);
-        for (char *c = names; *c; c++) *c = *c == '|' ? ',' : *c;
+        for (char *c = strchr(names, '|'); c; c = strchr(c, '|')) memmove(c + 2, c + 1, strlen(c)), c[0] = ',', c[1] = ' ';
         cli_usage_error("%s must be one of %s (got '%s')", flag, names, s);
     } else if (check && (r->type == FT_STR || r->type == FT_PATH || r->type == FT_NAMES) && !*s)
         cli_usage_error("%s needs a value (got an empty one)", flag);
@@ -578,6 +591,9 @@ void flags_help(FILE *out, int sub) {
         row_text(r, sub, text, sizeof text);
         cli_help_line(out, 2, head, text);
     }
+    fprintf(out, "\nexamples\n");
+    for (const char *e = SUBS[k].examples; *e; e += strcspn(e, "\n") + 1)
+        fprintf(out, "  %.*s\n", (int)strcspn(e, "\n"), e);
     if (sub & (R | B | E | W)) fprintf(out, "\nstrategies: %s\n", strategy_names());
     if (sub & (E | W)) fprintf(out, "tasks: %s\n", eval_task_names());
     if (sub == B) fprintf(out, "synthetic models: %s\n", synth_names());
@@ -678,9 +694,10 @@ static void completion(const char *shell) {
         for (int i = 0; i < N_ROWS; i++) {
             const flag_row *r = &ROWS[i];
             if (r->type != FT_ENUM && r->type != FT_PATH) continue;
-            printf("        %s%s%s) COMPREPLY=($(compgen %s%s%s -- \"$cur\")); return;;\n", r->s ? r->s : "",
-                   r->s ? "|" : "", r->l, r->type == FT_PATH ? "-f" : "-W \"", r->type == FT_ENUM ? r->choices : "",
-                   r->type == FT_ENUM ? "\"" : "");
+            printf("        %s%s%s) COMPREPLY=($(compgen %s", r->s ? r->s : "", r->s ? "|" : "", r->l,
+                   r->type == FT_PATH ? "-f" : "-W \"");
+            for (const char *p = r->type == FT_ENUM ? r->choices : ""; *p; p++) putchar(*p == '|' ? ' ' : *p);
+            printf("%s -- \"$cur\")); return;;\n", r->type == FT_ENUM ? "\"" : "");
         }
         printf("    esac\n    case $sub in\n");
         for (int k = 0; k < FLAG_N_SUBS; k++) {
@@ -781,3 +798,10 @@ int flags_top_level(int argc, char **argv) {
     rows_init();
     return argc > 1 && top_output(argv[1], argc > 2 ? argv[2] : NULL);
 }
+
+#undef R
+#undef B
+#undef E
+#undef W
+#undef P
+#undef F
