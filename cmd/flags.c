@@ -367,8 +367,9 @@ static void unknown_flag(int sub, const char *a) {
     char others[128] = "";
     for (int i = 0; i < N_ROWS; i++)
         for (int k = 0; k < FLAG_N_SUBS; k++)
-            if ((ROWS[i].subs & SUBS[k].sub) && !(ROWS[i].subs & sub) &&
-                row_named(&ROWS[i], SUBS[k].sub, a) && !strstr(others, sub_word(SUBS[k].sub)))
+            if ((ROWS[i].subs & SUBS[k].sub) && row_named(&ROWS[i], SUBS[k].sub, a) &&
+                !((ROWS[i].subs & sub) && row_named(&ROWS[i], sub, a)) &&
+                !strstr(others, sub_word(SUBS[k].sub)))
                 snprintf(others + strlen(others), sizeof others - strlen(others), "%ssift %s",
                          others[0] ? ", " : "", SUBS[k].sub == R ? "(run)" : SUBS[k].name);
     if (others[0]) cli_usage_error("sift%s%s does not take %s (a flag of: %s)", sub == R ? "" : " ",
