@@ -56,8 +56,11 @@ static const struct {
      "same tokens; reports agreement, KL, accuracy, speed and the Pareto frontier of fidelity "
      "against speedup. --grid 'fastkv:kv-rate=0.05,0.1;specprefill:keep=0.1,0.3;speed': "
      "strategies separated by ';', each NAME[:PARAM=V1,V2...], PARAM a strategy parameter "
-     "without --. Default grid: speed, fastkv, specprefill, topk, topk+phi and compositions "
-     "(README). --min-agreement X prints the fastest setting that keeps X as a command line.",
+     "without --. Default grid (L = the model's layers): speed speed-depth=ceil(0.75L),ceil(0.875L); "
+     "fastkv kv-rate=0.05,0.1,0.2; specprefill keep=0.1,0.3 self-drafted and again with "
+     "draft-layers=L (or draft=MODEL with --draft); topk budget=0.02,0.05; topk+phi budget=0.02; "
+     "fastkv+topk; specprefill+topk+phi budget=0.02 (a strategy this build lacks is skipped with a "
+     "note); --strategy LIST keeps those of it. --min-agreement X prints the fastest setting that keeps X as a command line.",
      "sift sweep -f long.txt --min-agreement 0.9 -o sweep.json --plot sweep.svg\n"
      "sift sweep --tasks niah,multikey --n-prompt 4096 --samples 2\n"},
     {P, "ppl", "sift ppl [-m MODEL] -f TEXT [-c 512] [options]",
@@ -222,7 +225,7 @@ static const flag_row BASE[] = {
      "verbosity 0: errors and results only (1, the default: plus progress and timings)", 0, 0,
      NULL, NULL},
     {FL_VERBOSE, SUB_ALL, "-v", "--verbose", NULL, NULL, FT_SWITCH, 0, 0, NULL, NULL, NULL,
-     "verbosity 2: plus notes and every flag's value as parsed; -vv (3): debugging detail", 0, 0,
+     "verbosity 2: plus notes and every flag's value as parsed; -vv (3): plus the table row each flag given matched", 0, 0,
      NULL, NULL},
     {FL_HELP, SUB_ALL, "-h", "--help", NULL, NULL, FT_SWITCH, 0, 0, NULL, NULL, NULL,
      "this help", 0, 0, NULL, NULL},
@@ -476,6 +479,9 @@ void flags_parse(flag_set *f, int sub, int argc, char **argv, int first) {
     for (int i = first; i < argc; i++) {
         const char *a = argv[i];
         if (sub == R && i == first && top_output(a, i + 1 < argc ? argv[i + 1] : NULL)) exit(cli_finish_stdout(0));
+        for (int k = 1; sub == R && k < FLAG_N_SUBS; k++)
+            if (strcmp(a, SUBS[k].name) == 0)
+                cli_usage_error("unexpected argument '%s': a subcommand comes first (sift %s ...)", a, a);
         if (a[0] != '-' || !a[1]) cli_usage_error("unexpected argument '%s'", a);
         if (strcmp(a, "-vv") == 0) {
             verbose += 2;
@@ -506,6 +512,8 @@ void flags_parse(flag_set *f, int sub, int argc, char **argv, int first) {
         if (i + 1 >= argc) cli_usage_error("%s needs a value", a);
         if (r->type != FT_STRAT) f->v[r->id].given++;
         set_value(f, r, a, argv[++i], 1);
+        if (f->n_trace < (int)(sizeof f->trace / sizeof *f->trace))   // for -vv
+            f->trace[f->n_trace].as = a, f->trace[f->n_trace].row = r->l, f->trace[f->n_trace++].v = argv[i];
     }
     flag_verbosity = f->v[FL_QUIET].given ? 0 : verbose > 2 ? 3 : 1 + verbose;
     if (f->v[FL_QUIET].given && verbose) cli_usage_error("-q and -v exclude each other");
@@ -537,6 +545,9 @@ void flags_done(const flag_set *f) {
         for (int k = 0; k < f->n_sp; k++) fprintf(stderr, " %s %s", f->sp[k].d->flag, f->sp[k].v);
         fprintf(stderr, " (* = default)\n");
     }
+    for (int k = 0; flag_verbosity >= 3 && k < f->n_trace; k++)   // -vv: how each flag was read
+        fprintf(stderr, "sift: %s: '%s %s' read as %s\n", sub_word(f->sub), f->trace[k].as,
+                f->trace[k].v, f->trace[k].row);
     const char *po = getenv("SIFT_PARSE_ONLY");
     if (po && strcmp(po, "1") == 0) {
         fprintf(stderr, "sift: %s: the command line parses (SIFT_PARSE_ONLY=1)\n", sub_word(f->sub));
@@ -557,9 +568,10 @@ static void row_head(const flag_row *r, int sub, char *buf, size_t len) {
 static void row_text(const flag_row *r, int sub, char *buf, size_t len) {
     char d[64];
     const char *def = row_default(r, sub, d, sizeof d);
-    snprintf(buf, len, "%s%s%s%s%s%s%s%s", r->type == FT_STRAT ? r->opt->used_by : "",
+    snprintf(buf, len, "%s%s%s%s%s%s%s%s%s%s", r->type == FT_STRAT ? r->opt->used_by : "",
              r->type == FT_STRAT ? ": " : "", r->help, def ? " (default " : "", def ? def : "",
-             def ? ")" : "", r->alias ? "; also " : "", r->alias ? r->alias : "");
+             def ? ")" : "", r->env ? "; env $" : "", r->env ? r->env : "",
+             r->alias ? "; also " : "", r->alias ? r->alias : "");
     if (r->type == FT_ENUM && strlen(buf) + strlen(r->choices) + 4 < len)
         snprintf(buf + strlen(buf), len - strlen(buf), " [%s]", r->choices);
 }
@@ -793,11 +805,6 @@ static int top_output(const char *a, const char *v) {
         completion(v);
     } else return 0;
     return 1;
-}
-
-int flags_top_level(int argc, char **argv) {
-    rows_init();
-    return argc > 1 && top_output(argv[1], argc > 2 ? argv[2] : NULL);
 }
 
 #undef R

@@ -81,10 +81,13 @@ typedef struct flag_set {
     int n_sp;
     const char *files[256];       // every -f, in order
     int n_files;
+    struct { const char *as, *row, *v; } trace[64];   // the flags with a value, as read (-vv)
+    int n_trace;
 } flag_set;
 
 // The verbosity every subcommand reads: 0 (-q: errors and results only), 1 (default: progress and
-// timings), 2 (-v: plus notes and the settings as parsed), 3 (-vv: debugging detail).
+// timings), 2 (-v: plus notes and every flag's value as parsed), 3 (-vv: plus how each flag given
+// was read: the table row it matched).
 extern int flag_verbosity;
 
 // Parses argv[first..] for subcommand sub (SUB_*): every value typed and range-checked, --help
@@ -97,8 +100,7 @@ void flags_done(const flag_set *f);
 // Warns (one line each) about the strategy parameters given that none of the n strategies reads.
 void flags_check_strategy_params(const flag_set *f, const strategy *const *list, int n);
 
-// The top-level outputs: sift --help-markdown | --list-flags | --completion bash|zsh | --man.
-// Returns 1 when argv[1] was one of them (printed), else 0.
-int flags_top_level(int argc, char **argv);
+// sift --help-markdown | --list-flags | --completion bash|zsh | --man (as sift's first argument)
+// print the table in those forms: flags_parse answers them for SUB_RUN.
 // The help of subcommand sub (its usage, prose and the table's rows for it) on out.
 void flags_help(FILE *out, int sub);

@@ -242,7 +242,7 @@ def test_thread_list_runs_the_table_per_count():
     assert [x["threads"] for x in rows] == [1, 2]
     assert all(x["pp_avg_ts"] > 0 and x["tg_avg_ts"] > 0 for x in rows)
     assert r.stderr.count("bench: ceilings on cpu") == 2
-    for bad, msg in (("0", "-t"), ("2000", "at most 1024"), ("1,,2", "empty")):
+    for bad, msg in (("0", "-t"), ("2000", "-t 2000 is out of range [1, 1024]"), ("1,,2", "empty")):
         assert_error(run("bench", "-m", "synthetic:smollm2-135m", "-p", "16", "-t", bad), msg, code=2)
 
 
