@@ -65,7 +65,8 @@ int cli_strategies(const char *v, const strategy **out) {
         for (int i = 0; i < strategy_count() && i < MAX_STRATEGIES; i++) out[i] = strategy_at(i);
         return strategy_count() < MAX_STRATEGIES ? strategy_count() : MAX_STRATEGIES;
     }
-    char *copy = strdup(v), *save = NULL;
+    char copy[1024], *save = NULL;   // on the stack: a usage error exits (the fuzzer: longjmps)
+    if (snprintf(copy, sizeof copy, "%s", v) >= (int)sizeof copy) cli_usage_error("--strategy: the list is too long");
     int n = 0;
     for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         const strategy *s = strategy_find(t);
@@ -77,7 +78,6 @@ int cli_strategies(const char *v, const strategy **out) {
         if (n == MAX_STRATEGIES) cli_usage_error("more than %d strategies", MAX_STRATEGIES);
         out[n++] = s;
     }
-    free(copy);
     if (n == 0) cli_usage_error("--strategy needs at least one name");
     return n;
 }
@@ -529,7 +529,8 @@ void cli_unload(loaded *L) {
 // ---- shared by sift eval and sift sweep ----
 
 int cli_tasks(const char *v, int *out) {
-    char *copy = strdup(v), *save = NULL;
+    char copy[1024], *save = NULL;   // on the stack, as cli_strategies
+    if (snprintf(copy, sizeof copy, "%s", v) >= (int)sizeof copy) cli_usage_error("--tasks: the list is too long");
     int n = 0;
     for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         int k = eval_task_find(t);
@@ -538,7 +539,6 @@ int cli_tasks(const char *v, int *out) {
             if (out[i] == k) cli_usage_error("task '%s' given twice", t);
         out[n++] = k;
     }
-    free(copy);
     if (n == 0) cli_usage_error("--tasks needs at least one name");
     return n;
 }

@@ -203,7 +203,7 @@ static void sw_parse_entry(sweep_opts *w, char *entry, int skip_unknown) {
 
 // --grid SPEC (or the default grid's text) into w->set after full.
 static void sw_parse_grid(sweep_opts *w, const char *spec, int skip_unknown) {
-    char *copy = strdup(spec), *at = copy;
+    char *at = sw_keep(w, spec, strlen(spec));   // kept with the grid's strings: an error exits
     for (;;) {
         char *semi = strchr(at, ';');
         if (semi) *semi = 0;
@@ -211,7 +211,6 @@ static void sw_parse_grid(sweep_opts *w, const char *spec, int skip_unknown) {
         if (!semi) break;
         at = semi + 1;
     }
-    free(copy);
 }
 
 // Does the comma list `only` name name (n chars)?
