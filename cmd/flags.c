@@ -742,7 +742,7 @@ static void completion(const char *shell) {
             if (!(r->subs & SUBS[k].sub)) continue;
             int n = row_names(r, SUBS[k].sub, names);
             for (int j = 0; j < n; j++) {
-                printf(" \\\n            '%s%s[", r->type == FT_SWITCH && (r->id == FL_VERBOSE || r->id == FL_FILE) ? "*" : "",
+                printf(" \\\n            '%s%s[", r->id == FL_VERBOSE || r->id == FL_FILE ? "*" : "",
                        names[j]);
                 zsh_text(r->help);
                 printf("]");
