@@ -311,6 +311,20 @@ static void sweep_parse(int argc, char **argv, sweep_opts *w) {
     w->set[0] = (sweep_setting){.s = strategy_find("full"), .so = w->so};
     w->n_set = 1;
     if (w->grid) sw_parse_grid(w, w->grid, 0);
+    // the strategies the sweep may run: the grid's, else --strategy's, else the default grid's;
+    // a strategy flag none of them reads is said (it would change no setting)
+    const strategy *may[SWEEP_MAX_SETTINGS];
+    int n_may = 0;
+    for (int i = 1; i < w->n_set; i++) may[n_may++] = w->set[i].s;
+    for (int i = 0; !w->grid && i < (w->only ? 1 : SW_N_DEFAULT); i++) {
+        char names[300];
+        snprintf(names, sizeof names, "%s", w->only ? w->only : SW_DEFAULT_GRID[i]);
+        if (!w->only) names[strcspn(names, ":")] = 0;
+        char *save = NULL;
+        for (char *t = strtok_r(names, ",", &save); t && n_may < SWEEP_MAX_SETTINGS; t = strtok_r(NULL, ",", &save))
+            if (strategy_find(t)) may[n_may++] = strategy_find(t);
+    }
+    if (n_may) flags_check_strategy_params(&f, may, n_may);
     flags_done(&f);
 }
 

@@ -340,6 +340,12 @@ def test_strategy_parameter_no_strategy_reads_warns():
     assert r.returncode == 0 and "warning" not in r.stderr
     r = sift("bench", "--budget", "0.1", "--strategy", "fastkv", parse_only=True)
     assert "--budget is read by topk+phi, topk" in r.stderr
+    # sweep: the grid's strategies, else --strategy's, else the default grid's
+    r = sift("sweep", "--tasks", "niah", "--swiftkv-group", "2", "--grid", "fastkv:kv-rate=0.1",
+             parse_only=True)
+    assert r.returncode == 0 and "no chosen strategy (fastkv) reads it" in r.stderr
+    r = sift("sweep", "--tasks", "niah", "--kv-rate", "0.2", parse_only=True)
+    assert r.returncode == 0 and "warning" not in r.stderr
 
 
 def test_threads_above_cores_warn():
