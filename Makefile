@@ -119,7 +119,8 @@ TOOL_SRC := $(wildcard tests/tool_*.c)
 TOOL_BIN := $(TOOL_SRC:tests/%.c=build/tests/%)
 
 .SECONDARY: build/tests/gpu_check.o
-.PHONY: all run test test-c test-bins test-asan test-valgrind test-gpu test-gpu-sanitize fuzz model deps clean
+.PHONY: all run test test-c test-bins test-asan test-valgrind test-gpu test-gpu-sanitize fuzz model deps clean \
+        man install
 all: sift
 
 build/%.o: %.c $(FLAGS_STAMP)
@@ -180,6 +181,23 @@ fuzz: $(FUZZ_BIN) $(MODEL)
 	@bash fuzz/run.sh $(FUZZ_SECONDS)
 
 # Prerequisites: Debian packages (when missing) and the Python reference venv.
+# The man page and completions are printed by sift from its one flag table (cmd/flags.c).
+man: build/sift.1
+build/sift.1: sift
+	@mkdir -p build
+	./sift --man > $@
+
+# make install PREFIX=/usr/local (DESTDIR=... for a staged install): the binary, the man page and
+# the bash and zsh completions.
+PREFIX ?= /usr/local
+install: sift build/sift.1
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 \
+	    $(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/site-functions
+	install -m 755 sift $(DESTDIR)$(PREFIX)/bin/sift
+	install -m 644 build/sift.1 $(DESTDIR)$(PREFIX)/share/man/man1/sift.1
+	./sift --completion bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/sift
+	./sift --completion zsh > $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_sift
+
 deps:
 	@bash tests/setup.sh
 

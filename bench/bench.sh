@@ -8,5 +8,5 @@ threads=${1:-2}
 reps=${2:-3}
 make -s sift model >&2
 echo "# $(date -u +%F) $(git rev-parse --short HEAD) $(lscpu | sed -n 's/^Model name: *//p') ($(nproc) cores)"
-echo "# ./sift bench --ctx 512,2048 -n 128 -r $reps -t $threads"
-./sift bench --ctx 512,2048 -n 128 -r "$reps" -t "$threads"
+echo "# ./sift bench -p 512,2048 -n 128 -r $reps -t $threads"
+./sift bench -p 512,2048 -n 128 -r "$reps" -t "$threads"

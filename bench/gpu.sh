@@ -13,10 +13,10 @@
 # Edit BENCH below to change what is benchmarked (flags of `sift bench`, see sift bench --help).
 set -u
 BENCH=(
-    "-m synthetic:llama-3.1-8b --device cuda --strategy full --ctx 8192,32768 -n 64 -r 2"
-    "-m synthetic:llama-3.1-8b --device cuda --strategy full,speed,fastkv,swiftkv,specprefill,topk,topk+phi --ctx 32768 -n 32 -r 1"
-    "-m synthetic:llama-3.1-8b --wtype q4_k --device cuda --strategy full --ctx 1024 -n 16 -r 1"
-    "-m synthetic:llama-3.1-8b --device cuda --strategy full --ctx 1024 -n 32 -r 1 --parallel 1,8,64"
+    "-m synthetic:llama-3.1-8b --device cuda --strategy full -p 8192,32768 -n 64 -r 2"
+    "-m synthetic:llama-3.1-8b --device cuda --strategy full,speed,fastkv,swiftkv,specprefill,topk,topk+phi -p 32768 -n 32 -r 1"
+    "-m synthetic:llama-3.1-8b --wtype q4_k --device cuda --strategy full -p 1024 -n 16 -r 1"
+    "-m synthetic:llama-3.1-8b --device cuda --strategy full -p 1024 -n 32 -r 1 --parallel 1,8,64"
 )
 LIMIT_S=${GPU_LIMIT_S:-530}   # stop starting new steps after this many seconds
 PACK=.gpu
@@ -108,13 +108,13 @@ step "sift --device cpu (tiny GGUF)" 60 smoke_cpu.log "$SIFT" -m "$TINY" --devic
 
 # the decode step replayed as a CUDA graph (the default) against the same launches run eagerly
 step "sift bench 1, SIFT_CUDA_GRAPHS=0" 120 bench_nographs.log env SIFT_CUDA_GRAPHS=0 "$SIFT" bench \
-    -m synthetic:llama-3.1-8b --device cuda --strategy full --ctx 8192 -n 64 -r 2
+    -m synthetic:llama-3.1-8b --device cuda --strategy full -p 8192 -n 64 -r 2
 
 # fit-phi's logging prefill on each device (the fit itself is CPU): the two quality tables should
 # agree to about bf16's precision
 for dev in cpu cuda; do
     step "fit-phi --device $dev (tiny GGUF)" 60 "fit_$dev.log" "$SIFT" fit-phi -m "$TINY" --data README.md \
-        --ctx 1024 --steps 10 --queries 16 --device $dev --out "$OUT/tiny_$dev.phi" -t 16
+        -c 1024 --steps 10 --queries 16 --device $dev -o "$OUT/tiny_$dev.phi" -t 16
 done
 
 echo

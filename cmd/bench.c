@@ -24,15 +24,17 @@
 #include "../model/cost.h"
 #include "../util/check.h"
 #include "cmd.h"
+#include "flags.h"
 
 #define MAX_CTX 16
 #define GIB 1073741824.0
 
 typedef struct {
-    const char *model, *format, *draft_path, *device;
+    const char *model, *format, *draft_path, *device, *out;   // out: -o FILE (else stdout)
     enum bk_weights weights;   // --weights native|fast|exact|f32 (CPU)
     uint32_t wtype;            // --wtype: a synthetic model's weight type (GGML_F32 default)
-    int ctx[MAX_CTX], n_ctx, n_gen, reps, threads, dry_run, elem_bytes;
+    int ctx[MAX_CTX], n_ctx, n_gen, reps, threads, dry_run, elem_bytes;   // ctx: -p (--n-prompt)
+    int ctx_size;              // -c: the longest prompt + decode (0: the model's context)
     int par[MAX_CTX], n_par;   // --parallel: sequences decoded together (1 = run_generate alone)
     int thr[MAX_CTX], n_thr;   // -t 1,2,...: CPU thread counts, each a pass of the whole table
     const strategy *strategies[MAX_STRATEGIES];
@@ -152,92 +154,37 @@ static void put_end(const bench_out *o) {
 
 // ---- flags ----
 
-static void bench_help(void) {
-    printf("usage: sift bench [-m MODEL|synthetic:NAME[@SEED]] [--ctx 1024,8192] [-n 128] [-r 5]\n"
-           "                  [-t 1,2,...] [--device auto|cpu|cuda] [--strategy NAME,...|all] [strategy flags]\n"
-           "                  [-o md|json|csv|jsonl] [--dry-run [--elem-bytes 4|2]] [--parallel 1,4,16]\n"
-           "                  [--weights native|fast|exact|f32] [--wtype f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k]\n"
-           "prefill P seeded random tokens per --ctx P (-p is an alias), then decode N at that\n"
-           "depth; mean ± sd of R runs. 'x full' columns are ratios of means against full in the\n"
-           "same run. MFU uses full-equivalent prefill FLOPs; MBU the weights + KV a decode step\n"
-           "reads; both against ceilings the backend measures at start (see README).\n"
-           "--dry-run prints parameters, FLOPs and bytes by formula without loading weights.\n"
-           "--parallel B,...: B sequences of the same length decoded together, each step one\n"
-           "forward pass over all of them; 'agg tg t/s' is their aggregate decode rate.\n"
-           "-t T,...: the whole table once per CPU thread count (ceilings measured again for\n"
-           "each), to show scaling; default: the physical cores less those busy at start.\n"
-           "--wtype: a synthetic model's matrices as random blocks of that type (default f32\n"
-           "values), so quantised speed is measured at real shapes without a file.\n"
-           "synthetic models: %s\n", synth_names());
-    exit(cli_finish_stdout(0));
-}
-
-// "1024,8192" -> out[] (1 <= each <= MODEL_MAX_CTX); the count.
-static int parse_ctx_list(const char *flag, const char *v, int *out) {
-    int n = 0;
-    const char *p = v;
-    for (;;) {
-        const char *comma = strchr(p, ',');
-        size_t len = comma ? (size_t)(comma - p) : strlen(p);
-        if (len == 0 || len > 20) cli_usage_error("%s '%s': empty or overlong entry", flag, v);
-        if (n == MAX_CTX) cli_usage_error("%s: more than %d context lengths", flag, MAX_CTX);
-        char item[24];
-        memcpy(item, p, len);
-        item[len] = 0;
-        out[n++] = (int)cli_int(flag, item, 1, MODEL_MAX_CTX);
-        if (!comma) return n;
-        p = comma + 1;
-    }
-}
-
 static void bench_parse(int argc, char **argv, bench_opts *b) {
-    *b = (bench_opts){.format = "md", .device = "auto", .n_gen = 128, .reps = 5, .ctx = {1024}, .n_ctx = 1,
-                      .par = {1}, .n_par = 1,
-                      .elem_bytes = 4, .strategies = {strategy_find("full")}, .n_strategies = 1,
-                      .so = strategy_opts_default()};
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        if (cli_is_flag(a, "-h", "--help")) bench_help();
-        if (cli_is_flag(a, NULL, "--dry-run")) {
-            b->dry_run = 1;
-            continue;
-        }
-        if (i + 1 >= argc) cli_usage_error("bench: %s needs a value", a);
-        const char *v = argv[++i];
-        if (cli_is_flag(a, "-m", "--model")) b->model = v;
-        else if (cli_is_flag(a, "-n", "--n-gen")) b->n_gen = (int)cli_int(a, v, 1, 1 << 20);
-        else if (cli_is_flag(a, "-r", "--reps")) b->reps = (int)cli_int(a, v, 1, 1000);
-        else if (cli_is_flag(a, "-t", "--threads")) {
-            b->n_thr = parse_ctx_list(a, v, b->thr);
-            for (int k = 0; k < b->n_thr; k++)
-                if (b->thr[k] > 1024) cli_usage_error("bench: -t %d: at most 1024 threads", b->thr[k]);
-            b->threads = b->thr[0];
-        }
-        else if (cli_is_flag(a, NULL, "--strategy")) b->n_strategies = cli_strategies(v, b->strategies);
-        else if (cli_is_flag(a, "-o", "--output")) b->format = v;
-        else if (cli_is_flag(a, NULL, "--device")) b->device = cli_device(v);
-        else if (cli_is_flag(a, NULL, "--weights")) b->weights = cli_weights(v);
-        else if (cli_is_flag(a, NULL, "--wtype")) b->wtype = cli_wtype(v);
-        else if (cli_is_flag(a, NULL, "--elem-bytes")) b->elem_bytes = (int)cli_int(a, v, 1, 8);
-        else if (cli_is_flag(a, "-p", "--ctx") || cli_is_flag(a, NULL, "--n-prompt"))
-            b->n_ctx = parse_ctx_list(a, v, b->ctx);
-        else if (cli_is_flag(a, NULL, "--parallel")) {
-            b->n_par = parse_ctx_list(a, v, b->par);
-            for (int k = 0; k < b->n_par; k++)
-                if (b->par[k] > FWD_MAX_BATCH) cli_usage_error("bench: --parallel %d: at most %d", b->par[k], FWD_MAX_BATCH);
-        }
-        else if (!cli_strategy_flag(a, v, &b->so, &b->draft_path))
-            cli_usage_error("bench: unknown flag '%s'", a);
-    }
+    flag_set f;
+    flags_parse(&f, SUB_BENCH, argc, argv, 2);
+    const flag_val *v = f.v;
+    *b = (bench_opts){.model = v[FL_MODEL].s, .format = v[FL_FORMAT].s, .out = v[FL_OUTPUT].s,
+                      .device = cli_device(v[FL_DEVICE].s), .weights = cli_weights(v[FL_WEIGHTS].s),
+                      .wtype = cli_wtype(v[FL_WTYPE].s), .n_gen = (int)v[FL_N_PREDICT].i,
+                      .reps = (int)v[FL_REPEAT].i, .ctx_size = (int)v[FL_CTX].i,
+                      .dry_run = v[FL_DRY_RUN].given > 0, .elem_bytes = (int)v[FL_ELEM_BYTES].i,
+                      .n_ctx = v[FL_N_PROMPT].n, .n_par = v[FL_PARALLEL].n, .n_thr = v[FL_THREADS].n,
+                      .so = f.so, .draft_path = f.so.draft_path};
+    memcpy(b->ctx, v[FL_N_PROMPT].list, sizeof b->ctx);
+    memcpy(b->par, v[FL_PARALLEL].list, sizeof b->par);
+    memcpy(b->thr, v[FL_THREADS].list, sizeof b->thr);
+    b->threads = b->n_thr ? b->thr[0] : 0;
+    b->n_strategies = cli_strategies(v[FL_STRATEGY].s, b->strategies);
+    flags_check_strategy_params(&f, b->strategies, b->n_strategies);
+    // -o was the table's format before it was the output file everywhere: refused, not a file "md"
+    static const char *const FORMATS[] = {"md", "json", "jsonl", "csv"};
+    for (int i = 0; i < 4 && b->out; i++)
+        if (strcmp(b->out, FORMATS[i]) == 0)
+            cli_usage_error("-o is the output file now (in every subcommand); for the table's format "
+                            "use --format %s", b->out);
+    if (b->n_gen < 1) cli_usage_error("bench: -n %d: decode at least one token", b->n_gen);
     if (b->wtype != GGML_F32 && !cli_is_synthetic(b->model))
         cli_usage_error("bench: --wtype applies to synthetic models (a file has its own types)");
-    if (strcmp(b->format, "md") && strcmp(b->format, "json") && strcmp(b->format, "jsonl") &&
-        strcmp(b->format, "csv"))
-        cli_usage_error("bench: -o must be md, json, jsonl or csv, not '%s'", b->format);
     if (b->elem_bytes != 4 && !b->dry_run)
         cli_usage_error("bench: --elem-bytes only applies to --dry-run (a run uses the backend's)");
     if (b->threads == 0) b->threads = backend_cpu_default_threads(NULL);
     if (b->n_thr == 0) b->thr[0] = b->threads, b->n_thr = 1;
+    flags_done(&f);
 }
 
 static int out_format(const char *s) {
@@ -322,7 +269,7 @@ static void show_cell(bench_progress *p, int tty, int P, int ci, int n_ctx, int 
                       const char *strategy) {
     snprintf(p->cell, sizeof p->cell, "bench: ctx %d [%d/%d] rep %d/%d %s", P, ci + 1, n_ctx,
              rep + 1, reps, strategy);
-    fprintf(stderr, tty ? "\r%-70s" : "%s\n", p->cell);
+    if (flag_verbosity >= 1) fprintf(stderr, tty ? "\r%-70s" : "%s\n", p->cell);
 }
 
 // One strategy run on ids (P,) into cell slot rep; 0 or -1 (message printed).
@@ -489,10 +436,11 @@ static void print_cell(const bench_opts *b, const model *m, const bench_env *env
 // Context lengths against the model, before anything is loaded; 0 or 2 (message printed).
 static int check_ctx(const bench_opts *b, const model_config *c) {
     long need = (long)max_ctx(b) + b->n_gen;
-    if (need <= c->ctx_len) return 0;
-    fprintf(stderr, "sift: error: bench: --ctx %d + -n %d = %ld tokens exceed the model's "
-                    "context of %d (with -n %d the largest --ctx is %d)\n", max_ctx(b), b->n_gen,
-            need, c->ctx_len, b->n_gen, c->ctx_len - b->n_gen);
+    int limit = b->ctx_size > 0 ? b->ctx_size : c->ctx_len;
+    if (need <= limit) return 0;
+    fprintf(stderr, "sift: error: bench: -p %d + -n %d = %ld tokens exceed the %s of %d (with -n %d "
+                    "the largest -p is %d)\n", max_ctx(b), b->n_gen, need,
+            b->ctx_size > 0 ? "context size -c" : "model's context", limit, b->n_gen, limit - b->n_gen);
     return 2;
 }
 
@@ -516,13 +464,13 @@ static int check_memory(const bench_opts *b, const model *m) {
 static void measure_ceilings(backend *bk, bench_env *env) {
     env->peak_tflops = env->peak_gbs = NAN;
     if (!bk->ceilings) return;
-    if (bk->info[0]) fprintf(stderr, "bench: %s: %s\n", bk->name, bk->info);
-    fprintf(stderr, "bench: measuring the %s ceilings (GEMM peak, read bandwidth)...\n", bk->name);
+    if (bk->info[0] && flag_verbosity >= 1) fprintf(stderr, "bench: %s: %s\n", bk->name, bk->info);
+    if (flag_verbosity >= 1) fprintf(stderr, "bench: measuring the %s ceilings (GEMM peak, read bandwidth)...\n", bk->name);
     double tf, gb;
     if (bk->ceilings(bk, &tf, &gb) != 0) return;
     env->peak_tflops = tf;
     env->peak_gbs = gb;
-    fprintf(stderr, "bench: ceilings on %s: %.3f TFLOP/s GEMM peak, %.1f GB/s read\n", bk->name, tf, gb);
+    if (flag_verbosity >= 1) fprintf(stderr, "bench: ceilings on %s: %.3f TFLOP/s GEMM peak, %.1f GB/s read\n", bk->name, tf, gb);
 }
 
 // Per strategy: its repetitions' slots in one block (freed by the caller through cs[0].ttft).
@@ -539,7 +487,7 @@ static cell_stats *cells_alloc(int n_cells, int reps) {
 static int bench_run(const bench_opts *b, loaded *L) {
     model *m = L->m;
     bench_env env = {m->name ? m->name : cli_base_name(L->path), NAN, NAN};
-    int tty = isatty(2), rc = check_memory(b, m), full = -1;
+    int tty = isatty(2) && flag_verbosity >= 1, rc = check_memory(b, m), full = -1;
     bench_progress pr = {""};
     if (tty) {
         m->on_layer = bench_show_layer;
@@ -574,10 +522,10 @@ static int bench_run(const bench_opts *b, loaded *L) {
         }
     }
     put_end(&o);
-    if (m->bk->report) m->bk->report(m->bk, stderr);   // choices the backend made by timing
+    if (m->bk->report && flag_verbosity >= 1) m->bk->report(m->bk, stderr);   // choices the backend made by timing
     long fixed, recorded, replayed;
     fwd_decode_counts(m, &fixed, &recorded, &replayed);
-    if (fixed)   // how the decode steps ran (model/decode.c fwd_decode): a device run's context
+    if (fixed && flag_verbosity >= 1)   // how the decode steps ran (model/decode.c fwd_decode): a device run's context
         fprintf(stderr, "bench: %ld decode step%s through fixed buffers: %ld recorded as graph%s, %ld "
                 "replayed%s\n", fixed, plural_s(fixed), recorded, plural_s(recorded), replayed,
                 recorded ? "" : " (SIFT_CUDA_GRAPHS=0, or no step ran twice on the same caches)");
@@ -596,11 +544,12 @@ int cmd_bench(int argc, char **argv) {
         return 1;
     }
     int rc = check_ctx(&b, &c);
+    if (rc == 0 && (cli_check_outputs(&b.out, (const char *[]){"-o"}, 1) || cli_stdout_to(b.out))) rc = 1;
     if (rc == 0 && b.dry_run) rc = bench_dry_run(&b, &c);
     free(c.inv_freq);
     if (b.dry_run || rc) return rc;
     loaded L;
-    cli_hw hw = {b.device, b.threads, b.weights, 0, b.wtype};
+    cli_hw hw = {b.device, b.threads, b.weights, b.ctx_size, b.wtype};
     rc = cli_load(&L, b.model, b.draft_path, &hw, b.strategies, b.n_strategies, &b.so, &b.run);
     if (rc == 0) rc = bench_run(&b, &L);
     cli_unload(&L);

@@ -21,12 +21,14 @@
 #include "../weights/hf.h"
 #include "cmd.h"
 
+const char *cli_help_name = "sift";
+
 void cli_usage_error(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     fprintf(stderr, "sift: error: ");
     vfprintf(stderr, fmt, ap);
-    fprintf(stderr, " (see sift --help)\n");
+    fprintf(stderr, " (see %s --help)\n", cli_help_name);
     va_end(ap);
     exit(2);
 }
@@ -57,17 +59,14 @@ void cli_on_sigint(int sig) {
     signal(SIGINT, SIG_DFL);   // a second Ctrl-C ends sift at once
 }
 
-int cli_is_flag(const char *a, const char *s, const char *l) {
-    return (s && strcmp(a, s) == 0) || strcmp(a, l) == 0;
-}
-
 // --strategy NAME[,NAME...] or all
 int cli_strategies(const char *v, const strategy **out) {
     if (strcmp(v, "all") == 0) {
         for (int i = 0; i < strategy_count() && i < MAX_STRATEGIES; i++) out[i] = strategy_at(i);
         return strategy_count() < MAX_STRATEGIES ? strategy_count() : MAX_STRATEGIES;
     }
-    char *copy = strdup(v), *save = NULL;
+    char copy[1024], *save = NULL;   // on the stack: a usage error exits (the fuzzer: longjmps)
+    if (snprintf(copy, sizeof copy, "%s", v) >= (int)sizeof copy) cli_usage_error("--strategy: the list is too long");
     int n = 0;
     for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         const strategy *s = strategy_find(t);
@@ -79,36 +78,8 @@ int cli_strategies(const char *v, const strategy **out) {
         if (n == MAX_STRATEGIES) cli_usage_error("more than %d strategies", MAX_STRATEGIES);
         out[n++] = s;
     }
-    free(copy);
     if (n == 0) cli_usage_error("--strategy needs at least one name");
     return n;
-}
-
-// A strategy parameter flag with value v (policies/options.c's table): 1 if a is one, 0 otherwise.
-int cli_strategy_flag(const char *a, const char *v, strategy_opts *so, const char **draft_path) {
-    const opt_def *d = strategy_opt_find(a);
-    if (!d) return 0;
-    char err[256];
-    if (strategy_opt_set(so, d, v, err, sizeof err)) cli_usage_error("%s", err);
-    if (draft_path) *draft_path = so->draft_path;
-    return 1;
-}
-
-int cli_is_strategy_flag(const char *a) { return strategy_opt_find(a) != NULL; }
-
-void cli_strategy_help(FILE *out) {
-    int n;
-    const opt_def *t = strategy_opts_table(&n);
-    for (int i = 0; i < n; i++) {
-        char head[48], def[64];
-        snprintf(head, sizeof head, "%s %s", t[i].flag, t[i].metavar);
-        if (t[i].def_text) snprintf(def, sizeof def, "%s", t[i].def_text);
-        else if (t[i].type == OPT_CHOICE) snprintf(def, sizeof def, "%.*s", (int)strcspn(t[i].choices, "="), t[i].choices);
-        else snprintf(def, sizeof def, "%g", t[i].def);
-        char text[512];
-        snprintf(text, sizeof text, "%s: %s (default %s)", t[i].used_by, t[i].help, def);
-        cli_help_line(out, 6, head, text);
-    }
 }
 
 void cli_help_line(FILE *out, int indent, const char *head, const char *text) {
@@ -557,20 +528,9 @@ void cli_unload(loaded *L) {
 
 // ---- shared by sift eval and sift sweep ----
 
-int cli_int_list(const char *flag, const char *v, int *out, int max, int lo, int hi) {
-    char *copy = strdup(v), *save = NULL;
-    int n = 0;
-    for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (n == max) cli_usage_error("%s: more than %d values", flag, max);
-        out[n++] = (int)cli_int(flag, t, lo, hi);
-    }
-    free(copy);
-    if (n == 0) cli_usage_error("%s needs at least one value", flag);
-    return n;
-}
-
 int cli_tasks(const char *v, int *out) {
-    char *copy = strdup(v), *save = NULL;
+    char copy[1024], *save = NULL;   // on the stack, as cli_strategies
+    if (snprintf(copy, sizeof copy, "%s", v) >= (int)sizeof copy) cli_usage_error("--tasks: the list is too long");
     int n = 0;
     for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         int k = eval_task_find(t);
@@ -579,7 +539,6 @@ int cli_tasks(const char *v, int *out) {
             if (out[i] == k) cli_usage_error("task '%s' given twice", t);
         out[n++] = k;
     }
-    free(copy);
     if (n == 0) cli_usage_error("--tasks needs at least one name");
     return n;
 }
@@ -613,6 +572,12 @@ int cli_write_outputs(const char *const *paths, const char *const *flags, int n,
         }
     }
     return rc;
+}
+
+int cli_stdout_to(const char *path) {
+    if (!path || freopen(path, "w", stdout)) return 0;
+    fprintf(stderr, "sift: error: -o %s: %s\n", path, strerror(errno));
+    return -1;
 }
 
 int cli_finish_stdout(int rc) {

@@ -17,24 +17,17 @@
 #endif
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
-// ---- flags (each exits 2 with "sift: error: ... (see sift --help)" on bad input) ----
+// ---- flags (each exits 2 with "sift: error: ... (see sift SUB --help)" on bad input; the table
+// and its parser are cmd/flags.h) ----
+extern const char *cli_help_name;   // "sift bench": whose --help the errors name
 void cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 long long cli_int(const char *flag, const char *s, long long lo, long long hi);
 float cli_float(const char *flag, const char *s, double lo, double hi);
-int cli_is_flag(const char *a, const char *short_name, const char *long_name);
 // --strategy NAME[,NAME...] | all -> out (up to MAX_STRATEGIES); the count.
 int cli_strategies(const char *v, const strategy **out);
-// A strategy parameter flag a with value v into so (or *draft_path): 1 if a is one, else 0.
-int cli_strategy_flag(const char *a, const char *v, strategy_opts *so, const char **draft_path);
-int cli_is_strategy_flag(const char *a);
-// The strategy parameters' lines of --help, from the table (policies/policy.h).
-void cli_strategy_help(FILE *out);
 // One line of --help: indent spaces and head, then text from column 26, wrapped at 96 columns
 // (on the next line when head reaches past column 26).
 void cli_help_line(FILE *out, int indent, const char *head, const char *text);
-// A comma list of integers in [lo, hi] (at most max) into out; the count (a usage error on bad
-// input or none).
-int cli_int_list(const char *flag, const char *v, int *out, int max, int lo, int hi);
 // --tasks niah,multikey,...: eval_task values into out (EVAL_N_TASKS room); the count.
 int cli_tasks(const char *v, int *out);
 // s ends with suffix, ignoring ASCII case.
@@ -53,6 +46,9 @@ int cli_write_outputs(const char *const *paths, const char *const *flags, int n,
 // write to stdout: ..." and exit code 1 — unless rc is already non-zero (whatever failed said
 // so): then nothing more is printed. Returns the exit code.
 int cli_finish_stdout(int rc);
+// -o FILE of a command that prints its result on stdout (bench, ppl): stdout reopened onto path
+// (NULL: stdout stays). 0, or -1 (error printed). Check path first with cli_check_outputs.
+int cli_stdout_to(const char *path);
 // --haystack FILE (NULL: the built-in filler) into h: 0, or -1 (error printed).
 struct eval_haystack;
 int cli_load_haystack(const char *path, struct eval_haystack *h);

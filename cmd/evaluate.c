@@ -12,6 +12,7 @@
 #include "../eval/eval.h"
 #include "../util/check.h"
 #include "cmd.h"
+#include "flags.h"
 
 #define MAX_CTXS 16
 
@@ -22,29 +23,11 @@ typedef struct {
     int n_strategies;
     int tasks[EVAL_N_TASKS], n_tasks;
     int ctxs[MAX_CTXS], n_ctxs;
-    int samples, threads, dump, quiet;
+    int samples, threads, dump, quiet, ctx;   // ctx: -c (0: the model's)
     unsigned long long seed;
     strategy_opts so;
     strategy_run run;          // the draft and end-of-generation test (cli_load)
 } eval_opts;
-
-static void eval_help(void) {
-    printf("usage: sift eval [-m MODEL] [--strategy all|NAME,...] [--tasks niah,...]\n"
-           "                 [--ctx 1024,2048,4096] [--samples 5] [--seed 1] [--haystack FILE]\n"
-           "                 [-o results.json] [--csv results.csv] [--plot results.svg]\n"
-           "                 [-t N] [--device D] [--weights native|fast|exact|f32] [-q] [--dump-prompts] [strategy flags, see sift --help]\n\n"
-           "Long-context tasks in RULER's shapes, generated from --seed: niah (one needle at a\n"
-           "depth spread over the samples), multikey (asked needle among 3 others), multivalue\n"
-           "(4 values of one key), vt (variable chain of 5 names), cwe (5 most common words).\n"
-           "Each prompt fills --ctx tokens (prompt + answer) with the haystack (built-in filler,\n"
-           "or FILE's whole sentences, repeated when short), in the model's chat template.\n"
-           "Every strategy runs greedily on the same tokens; `full` always runs as the reference.\n"
-           "Reported per strategy x task x ctx: accuracy (share of expected strings in the\n"
-           "answer), first-token and greedy agreement with full, KL(full || strategy) of the\n"
-           "first token's distribution, TTFT, TPOT, KV MiB. --dump-prompts prints the prompts\n"
-           "(JSON Lines) without running any strategy. Ctrl-C reports what was measured.\n"
-           "tasks: %s\nstrategies: %s\n", eval_task_names(), strategy_names());
-}
 
 // `full` is the reference every fidelity number needs: make it run first.
 static void full_first(eval_opts *e) {
@@ -59,37 +42,26 @@ static void full_first(eval_opts *e) {
 }
 
 static void eval_parse(int argc, char **argv, eval_opts *e) {
-    *e = (eval_opts){.device = "auto", .n_tasks = EVAL_N_TASKS, .ctxs = {1024, 2048, 4096}, .n_ctxs = 3,
-                     .samples = 5, .seed = 1, .so = strategy_opts_default()};
-    for (int i = 0; i < EVAL_N_TASKS; i++) e->tasks[i] = i;
-    e->n_strategies = cli_strategies("all", e->strategies);
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        if (cli_is_flag(a, "-h", "--help")) {
-            eval_help();
-            exit(cli_finish_stdout(0));
-        }
-        if (cli_is_flag(a, NULL, "--dump-prompts")) { e->dump = 1; continue; }
-        if (cli_is_flag(a, "-q", "--quiet")) { e->quiet = 1; continue; }
-        if (a[0] != '-') cli_usage_error("eval: unexpected argument '%s'", a);
-        if (i + 1 >= argc) cli_usage_error("eval: %s needs a value (or is unknown)", a);
-        const char *v = argv[++i];
-        if (cli_is_flag(a, "-m", "--model")) e->model = v;
-        else if (cli_is_flag(a, NULL, "--strategy")) e->n_strategies = cli_strategies(v, e->strategies);
-        else if (cli_is_flag(a, NULL, "--tasks")) e->n_tasks = cli_tasks(v, e->tasks);
-        else if (cli_is_flag(a, NULL, "--ctx")) e->n_ctxs = cli_int_list(a, v, e->ctxs, MAX_CTXS, 64, 1 << 20);
-        else if (cli_is_flag(a, NULL, "--samples")) e->samples = (int)cli_int(a, v, 1, 100000);
-        else if (cli_is_flag(a, "-s", "--seed")) e->seed = (unsigned long long)cli_int(a, v, 0, UINT32_MAX);
-        else if (cli_is_flag(a, NULL, "--haystack")) e->haystack = v;
-        else if (cli_is_flag(a, "-o", "--output")) e->json_path = v;
-        else if (cli_is_flag(a, NULL, "--csv")) e->csv_path = v;
-        else if (cli_is_flag(a, NULL, "--plot")) e->plot_path = v;
-        else if (cli_is_flag(a, "-t", "--threads")) e->threads = (int)cli_int(a, v, 1, 1024);
-        else if (cli_is_flag(a, NULL, "--device")) e->device = cli_device(v);
-        else if (cli_is_flag(a, NULL, "--weights")) e->weights = cli_weights(v);
-        else if (!cli_strategy_flag(a, v, &e->so, &e->draft_path))
-            cli_usage_error("eval: unknown flag '%s'", a);
-    }
+    flag_set f;
+    flags_parse(&f, SUB_EVAL, argc, argv, 2);
+    const flag_val *v = f.v;
+    *e = (eval_opts){.model = v[FL_MODEL].s, .device = cli_device(v[FL_DEVICE].s),
+                     .weights = cli_weights(v[FL_WEIGHTS].s), .samples = (int)v[FL_SAMPLES].i,
+                     .seed = (unsigned long long)v[FL_SEED].i, .haystack = v[FL_HAYSTACK].s,
+                     .json_path = v[FL_OUTPUT].s, .csv_path = v[FL_CSV].s, .plot_path = v[FL_PLOT].s,
+                     .threads = (int)v[FL_THREADS].i, .ctx = (int)v[FL_CTX].i,
+                     .dump = v[FL_DUMP].given > 0, .quiet = flag_verbosity == 0, .so = f.so,
+                     .draft_path = f.so.draft_path, .n_ctxs = v[FL_N_PROMPT].n};
+    memcpy(e->ctxs, v[FL_N_PROMPT].list, sizeof e->ctxs);
+    for (int i = 0; i < e->n_ctxs; i++)
+        if (e->ctxs[i] < 64) cli_usage_error("--n-prompt %d: eval's prompts are at least 64 tokens", e->ctxs[i]);
+    if (v[FL_SEED].i < 0) cli_usage_error("--seed -1 (random) is sift run's; eval's prompts come from a fixed seed");
+    if (strcmp(v[FL_TASKS].s, "all") == 0) {
+        for (int i = 0; i < EVAL_N_TASKS; i++) e->tasks[i] = i;
+        e->n_tasks = EVAL_N_TASKS;
+    } else e->n_tasks = cli_tasks(v[FL_TASKS].s, e->tasks);
+    e->n_strategies = cli_strategies(v[FL_STRATEGY].s, e->strategies);
+    flags_check_strategy_params(&f, e->strategies, e->n_strategies);
     if (e->plot_path && !cli_ends_with(e->plot_path, ".svg"))
         cli_usage_error("--plot %s: only SVG is written (name the file .svg; convert it to PNG "
                         "with e.g. rsvg-convert)", e->plot_path);
@@ -97,6 +69,7 @@ static void eval_parse(int argc, char **argv, eval_opts *e) {
         cli_usage_error("--draft and --draft-layers exclude each other");
     if (e->threads == 0) e->threads = backend_cpu_default_threads(NULL);
     full_first(e);
+    flags_done(&f);
 }
 
 // ---- one strategy on one prompt ----
@@ -273,13 +246,14 @@ int cmd_eval(int argc, char **argv) {
     eval_run R = {.e = &e};
     if (cli_load_haystack(e.haystack, &R.hay)) return 1;
     loaded L;
-    cli_hw hw = {e.device, e.threads, e.weights, 0, GGML_F32};
+    cli_hw hw = {e.device, e.threads, e.weights, e.ctx, GGML_F32};
     int rc = cli_load(&L, e.model, e.draft_path, &hw, e.strategies, e.n_strategies,
                       &e.so, &e.run);
+    int limit = rc ? 0 : e.ctx > 0 ? e.ctx : L.m->cfg.ctx_len;
     for (int i = 0; i < e.n_ctxs && rc == 0; i++)
-        if (e.ctxs[i] > L.m->cfg.ctx_len) {
-            fprintf(stderr, "sift: error: --ctx %d is beyond the model's context %d\n", e.ctxs[i],
-                    L.m->cfg.ctx_len);
+        if (e.ctxs[i] > limit) {
+            fprintf(stderr, "sift: error: --n-prompt %d is beyond the %s %d\n", e.ctxs[i],
+                    e.ctx > 0 ? "context size -c" : "model's context", limit);
             rc = 2;
         }
     if (rc == 0) {

@@ -1,5 +1,5 @@
 // cmd/fit_phi.c — `sift fit-phi`: learns topk+phi's feature maps for a model by distillation
-// (specs/topk-phi.md, "Training the maps"). One full prefill of --ctx tokens of --data text logs,
+// (specs/topk-phi.md, "Training the maps"). One full prefill of -c tokens of --data text logs,
 // per layer, the post-RoPE queries of sampled positions and every key; then per layer and KV
 // group the maps are fitted with Adam on the spec's loss (fit/phi_fit.c), support = each
 // query's mid region. The output file is rewritten after every layer with a FILE.progress
@@ -21,6 +21,7 @@
 #include "../util/check.h"
 #include "../util/outfile.h"
 #include "cmd.h"
+#include "flags.h"
 
 typedef struct {
     const char *model, *data, *out, *device;
@@ -28,8 +29,8 @@ typedef struct {
     int ctx, steps, queries, batch, d_phi, sink, tail, threads, positions;
     int check;   // --check N: held-out tokens of the end-to-end check (0: none)
     float lr, cal, margin;
-    int recal;   // --recalibrate: keep --out's maps, redo only the calibration
-    int verify;  // --verify: keep --out's maps as they are, run only the end-to-end check
+    int recal;   // --recalibrate: keep -o's maps, redo only the calibration
+    int verify;  // --verify: keep -o's maps as they are, run only the end-to-end check
     uint64_t seed;
 } fit_opts;
 
@@ -42,77 +43,31 @@ typedef struct {   // what the prefill logged
 } fit_log;
 
 static void fit_parse(int argc, char **argv, fit_opts *o) {
-    *o = (fit_opts){.ctx = 1024, .steps = 150, .queries = 48, .batch = 16, .sink = 4, .tail = 16,
-                    .lr = 3e-3f, .cal = 0.02f, .margin = 1.0f, .seed = 1, .device = "cpu", .check = 4096};
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        if (cli_is_flag(a, "-h", "--help")) {
-            printf("usage: sift fit-phi [-m MODEL] --data TEXT --out FILE.phi [--ctx 1024]\n"
-                   "         [--steps 150] [--queries 48] [--batch 16] [--lr 0.003] [--seed 1]\n"
-                   "         [--d-phi HEAD_DIM] [--sink 4] [--tail 16] [--calibrate 0.02]\n"
-                   "         [--margin 1] [--positions N] [--check 4096] [--recalibrate | --verify]\n"
-                   "         [-t N] [--device D] [--weights native|fast|exact|f32]\n"
-                   "learns topk+phi's feature maps on the first --ctx tokens of TEXT; use them with\n"
-                   "--strategy topk+phi --phi FILE.phi. The maps read post-RoPE vectors, so each step\n"
-                   "also shows them the data at positions shifted by up to --positions - ctx (RoPE is\n"
-                   "relative: scores do not change), and every other step the queries alone shifted\n"
-                   "further (the distances of a longer prompt); default the model's context length.\n"
-                   "--calibrate F, --margin M: each query head's log-mass error on the mid region\n"
-                   "minus its top F share of keys (what decode estimates after top-K retrieval; 0: all\n"
-                   "of it) is shifted to mean -M standard deviations, so overestimates are rare; then\n"
-                   "per head a gate keeps the offset (+1..-8) or turns the completion off, whichever\n"
-                   "decode step is closest to full attention on the training queries.\n"
-                   "--check N: then decode up to N tokens of TEXT after the fit's (held out) with the\n"
-                   "maps vs random features vs topk at the same budget, against full; keeps the maps'\n"
-                   "log-mass offset that does best and records the verdict in the file (topk+phi prints\n"
-                   "it); 0: no check. Give TEXT at least --ctx + 512 tokens.\n"
-                   "--recalibrate: keep the maps in --out and redo only that calibration (and the check).\n"
-                   "--verify: keep the maps in --out as they are (any .phi file) and run only the check\n"
-                   "on TEXT after its first --ctx tokens; records its verdict in the file.\n"
-                   "--device cpu|cuda|auto: where the logging prefill runs (default cpu: fp32 logs, the\n"
-                   "same maps on every machine; cuda: bf16 logs, for a long --ctx). The fit itself runs\n"
-                   "on the CPU with -t threads. Rerun the same command to resume.\n");
-            exit(cli_finish_stdout(0));
-        }
-        if (cli_is_flag(a, NULL, "--recalibrate")) {
-            o->recal = 1;
-            continue;
-        }
-        if (cli_is_flag(a, NULL, "--verify")) {
-            o->verify = 1;
-            continue;
-        }
-        if (i + 1 >= argc) cli_usage_error("fit-phi: %s needs a value", a);
-        const char *v = argv[++i];
-        if (cli_is_flag(a, "-m", "--model")) o->model = v;
-        else if (cli_is_flag(a, NULL, "--data")) o->data = v;
-        else if (cli_is_flag(a, "-o", "--out")) o->out = v;
-        else if (cli_is_flag(a, "-c", "--ctx")) o->ctx = (int)cli_int(a, v, 64, 1 << 20);
-        else if (cli_is_flag(a, NULL, "--steps")) o->steps = (int)cli_int(a, v, 1, 1 << 20);
-        else if (cli_is_flag(a, NULL, "--queries")) o->queries = (int)cli_int(a, v, 4, 1 << 16);
-        else if (cli_is_flag(a, NULL, "--batch")) o->batch = (int)cli_int(a, v, 1, 1 << 16);
-        else if (cli_is_flag(a, NULL, "--lr")) o->lr = cli_float(a, v, 1e-7, 1);
-        else if (cli_is_flag(a, "-s", "--seed")) o->seed = (uint64_t)cli_int(a, v, 0, 1LL << 62);
-        else if (cli_is_flag(a, NULL, "--d-phi")) o->d_phi = (int)cli_int(a, v, 1, 4096);
-        else if (cli_is_flag(a, NULL, "--sink")) o->sink = (int)cli_int(a, v, 0, 1 << 20);
-        else if (cli_is_flag(a, NULL, "--tail")) o->tail = (int)cli_int(a, v, 0, 1 << 20);
-        else if (cli_is_flag(a, NULL, "--calibrate")) o->cal = cli_float(a, v, 0, 0.5);
-        else if (cli_is_flag(a, NULL, "--margin")) o->margin = cli_float(a, v, 0, 10);
-        else if (cli_is_flag(a, NULL, "--positions")) o->positions = (int)cli_int(a, v, 64, 1 << 26);
-        else if (cli_is_flag(a, NULL, "--check")) o->check = (int)cli_int(a, v, 0, 1 << 20);
-        else if (cli_is_flag(a, "-t", "--threads")) o->threads = (int)cli_int(a, v, 1, 1024);
-        else if (cli_is_flag(a, NULL, "--device")) o->device = cli_device(v);
-        else if (cli_is_flag(a, NULL, "--weights")) o->weights = cli_weights(v);
-        else cli_usage_error("fit-phi: unknown flag '%s'", a);
-    }
-    if (!o->data || !o->out) cli_usage_error("fit-phi needs --data TEXT and --out FILE.phi");
+    flag_set f;
+    flags_parse(&f, SUB_FIT, argc, argv, 2);
+    const flag_val *v = f.v;
+    *o = (fit_opts){.model = v[FL_MODEL].s, .data = v[FL_DATA].s, .out = v[FL_OUTPUT].s,
+                    .device = cli_device(v[FL_DEVICE].s), .weights = cli_weights(v[FL_WEIGHTS].s),
+                    .ctx = (int)v[FL_CTX].i, .steps = (int)v[FL_STEPS].i, .queries = (int)v[FL_QUERIES].i,
+                    .batch = (int)v[FL_FIT_BATCH].i, .d_phi = (int)v[FL_D_PHI].i, .sink = f.so.sink,
+                    .tail = f.so.tail, .threads = (int)v[FL_THREADS].i, .positions = (int)v[FL_POSITIONS].i,
+                    .check = (int)v[FL_CHECK].i, .lr = (float)v[FL_LR].f, .cal = (float)v[FL_CALIBRATE].f,
+                    .margin = (float)v[FL_MARGIN].f, .recal = v[FL_RECAL].given > 0,
+                    .verify = v[FL_VERIFY].given > 0, .seed = (uint64_t)v[FL_SEED].i};
+    for (int k = 0; k < f.n_sp; k++)   // the table gives fit-phi topk+phi's --sink and --tail only
+        if (f.sp[k].d->offset != offsetof(strategy_opts, sink) && f.sp[k].d->offset != offsetof(strategy_opts, tail))
+            cli_usage_error("fit-phi does not take %s", f.sp[k].d->flag);
+    if (v[FL_SEED].i < 0) cli_usage_error("fit-phi: --seed -1 (random) is sift run's; the fit is seeded");
+    if (o->ctx < 64) cli_usage_error("fit-phi: -c %d: the fit reads at least 64 tokens", o->ctx);
+    if (!o->data || !o->out) cli_usage_error("fit-phi needs --data TEXT and -o FILE.phi");
     if (o->verify && o->recal) cli_usage_error("fit-phi: --verify and --recalibrate exclude each other");
     if (o->verify && o->check == 0) cli_usage_error("fit-phi: --verify runs the check: --check must be > 0");
     if (o->threads == 0) o->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    flags_done(&f);
 }
 
 // The data file's tokens (BOS first when the model wants one) into ids (*total of them); returns
-// how many the fit uses (the first --ctx), -1 on error.
+// how many the fit uses (the first -c), -1 on error.
 static int fit_tokens(const fit_opts *o, const loaded *L, int **ids, int *total_out) {
     char err[512];
     size_t len;
@@ -127,7 +82,7 @@ static int fit_tokens(const fit_opts *o, const loaded *L, int **ids, int *total_
     int bos = tok_add_bos(L->t) && tok_bos(L->t) >= 0, total = n + bos;
     int need = o->sink + o->tail + 64, use = total < o->ctx ? total : o->ctx;
     if (use < need || use > L->m->cfg.ctx_len) {
-        fprintf(stderr, "sift: error: fit-phi: %s gives %d tokens; need %d to %d (--ctx %d, the "
+        fprintf(stderr, "sift: error: fit-phi: %s gives %d tokens; need %d to %d (-c %d, the "
                 "model's context %d)\n", o->data, total, need, L->m->cfg.ctx_len, o->ctx,
                 L->m->cfg.ctx_len);
         free(raw);
@@ -222,7 +177,7 @@ static void show_progress(void *ctx, int step, double loss) {
     (void)step;
 #pragma omp atomic capture
     done = ++p->done;
-    if (!p->tty || (done % 10 && done != p->total)) return;
+    if (!p->tty || flag_verbosity < 1 || (done % 10 && done != p->total)) return;
     double frac = (p->layer + (double)done / p->total) / p->n_layer;
     char bar[31];
     for (int i = 0; i < 30; i++) bar[i] = i < (int)(frac * 30) ? '#' : '.';
@@ -273,7 +228,7 @@ static void fit_group(phi_maps *p, const phi_maps *prf, const fit_log *g, int l,
                      g->inv_freq, g->neox, g->shift_max};
     uint64_t seed = mix(o->seed * 1000003 + (uint64_t)l * 64 + kvh);
     group_progress gp = {prog, kvh};
-    if (o->recal)   // the maps as they are in --out
+    if (o->recal)   // the maps as they are in -o
         for (int j = 0; j <= group; j++)
             memcpy(theta + (size_t)j * np, j < group ? phi_par_q(p, l, kvh * group + j) : phi_par_k(p, l, kvh),
                    (size_t)np * 4);
@@ -315,7 +270,7 @@ static void fit_layer(phi_maps *p, const phi_maps *prf, const fit_log *g, int l,
         for (int i = 0; i < FIT_NQ; i++) qual[i] += part[(size_t)kvh * FIT_NQ + i];
     free(part);
     if (!prog.tty)   // a log gets one line per layer, not a bar's carriage returns
-        fprintf(stderr, "fit-phi: layer %d/%d %s (held-out KL %.4f, random features %.4f; completion "
+        if (flag_verbosity >= 1) fprintf(stderr, "fit-phi: layer %d/%d %s (held-out KL %.4f, random features %.4f; completion "
                 "off in %.0f of %d query heads)\n", l + 1, p->n_layer, o->recal ? "recalibrated" : "fitted",
                 qual[0], qual[1], qual[8], p->n_head);
 }
@@ -375,7 +330,7 @@ static void fit_check(model *m, phi_maps *p, const int *held, int n_held, int n_
         snprintf(p->verdict, sizeof p->verdict, "unchecked: %d held-out tokens after the fit's %d "
                  "(the check needs %d)", n_held, n_fit, CHECK_MIN);
         fprintf(stderr, "fit-phi: warning: %s has %d tokens after the %d the fit used; the "
-                "end-to-end check needs %d: give more text (%d tokens or more) or a smaller --ctx\n",
+                "end-to-end check needs %d: give more text (%d tokens or more) or a smaller -c\n",
                 o->data, n_held, n_fit, CHECK_MIN, n_fit + CHECK_MIN);
         return;
     }
@@ -393,7 +348,7 @@ static void fit_check(model *m, phi_maps *p, const int *held, int n_held, int n_
     char err[512];
     for (int si = 0; si < n_pos; si++) {
         int pos0 = si ? p->n_ctx - n : 0;
-        fprintf(stderr, "fit-phi: end-to-end check %d/%d: %d held-out tokens at positions %d-%d\n",
+        if (flag_verbosity >= 1) fprintf(stderr, "fit-phi: end-to-end check %d/%d: %d held-out tokens at positions %d-%d\n",
                 si + 1, n_pos, n, pos0, pos0 + n - 1);
         topk_cmp *cmp = topk_cmp_begin(m, held, n, pos0, o->sink, o->tail, CHECK_ROWS, 0, err, sizeof err);
         if (!cmp) {
@@ -448,7 +403,7 @@ static void fit_check(model *m, phi_maps *p, const int *held, int n_held, int n_
     if (f > kl[1])   // worse than no map at all
         fprintf(stderr, "fit-phi: warning: the maps in %s lose to random features on held-out text: use "
                 "--strategy topk+phi without --phi, or fit on more text (--data with several thousand "
-                "tokens after the first --ctx, --ctx 2048, --steps 300)\n", o->out);
+                "tokens after the first -c, -c 2048, --steps 300)\n", o->out);
     else if (f > kl[0])
         fprintf(stderr, "fit-phi: note: topk at the same budget did better on this text (K %d vs %d: the phi "
                 "cache's %d token-equivalents buy more as retrieved tokens at %d tokens)\n", k_topk,
@@ -463,7 +418,7 @@ int cmd_fit_phi(int argc, char **argv) {
     char prog[4096], key[512], err[512];
     snprintf(prog, sizeof prog, "%s.progress", o.out);
     // the maps and the progress file are written after each layer: a bad path fails now
-    const char *outs[2] = {o.out, prog}, *names[2] = {"--out", "progress file"};
+    const char *outs[2] = {o.out, prog}, *names[2] = {"-o", "progress file"};
     if (cli_check_outputs(outs, names, 2)) return 1;
     loaded L;
     strategy_opts so = strategy_opts_default();
@@ -498,9 +453,9 @@ int cmd_fit_phi(int argc, char **argv) {
             if (o.verify) start = c->n_layer;   // nothing to fit
         }
     } else if (!rc && (start = resume_point(prog, key, &o, &p)) > 0) {
-        if (start < c->n_layer)
+        if (start < c->n_layer && flag_verbosity >= 1)
             fprintf(stderr, "fit-phi: resuming %s at layer %d (from %s)\n", o.out, start + 1, prog);
-        else
+        else if (flag_verbosity >= 1)
             fprintf(stderr, "fit-phi: resuming %s: every layer is fitted, the check is left (%s)\n",
                     o.out, prog);
     }
@@ -510,7 +465,7 @@ int cmd_fit_phi(int argc, char **argv) {
     g.shift_max = o.positions > n ? o.positions - n : 0;
     double *kl = xcalloc(FIT_NQ * (size_t)c->n_layer, sizeof(double));   // per layer: fit_layer's
     if (!rc && start < c->n_layer) {
-        fprintf(stderr, "fit-phi: logging queries and keys of %d tokens of %s (full prefill)\n", n, o.data);
+        if (flag_verbosity >= 1) fprintf(stderr, "fit-phi: logging queries and keys of %d tokens of %s (full prefill)\n", n, o.data);
         fit_collect(L.m, ids, n, &o, &g);
     }
     for (int l = start; l < c->n_layer && !rc; l++) {

@@ -12,48 +12,35 @@
 
 #include "../util/check.h"
 #include "cmd.h"
+#include "flags.h"
 
 #define PPL_BATCH 256   // rows per forward pass (their logits: 256 x vocab floats)
 
 typedef struct {
-    const char *model, *file, *device;
+    const char *model, *file, *device, *out;   // out: -o FILE (else stdout)
     enum bk_weights weights;   // --weights native|fast|exact|f32 (CPU)
-    int ctx, threads, json, quiet;
+    int ctx, threads, json, quiet, chunks;     // chunks: --chunks N (0: all)
     const strategy *s;
 } ppl_opts;
 
 static void ppl_parse(int argc, char **argv, ppl_opts *p) {
-    *p = (ppl_opts){.ctx = 512, .device = "auto", .s = strategy_find("full")};
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        if (cli_is_flag(a, "-h", "--help")) {
-            printf("usage: sift ppl [-m MODEL] -f TEXT [--ctx 512] [--strategy full] [-t N] [--device D] [--weights native|fast|exact|f32] [--json] [-q]\n"
-                   "perplexity in llama-perplexity's convention: chunks of --ctx tokens, BOS at each\n"
-                   "chunk's start, the second half of each chunk scored\n");
-            exit(cli_finish_stdout(0));
-        }
-        if (cli_is_flag(a, NULL, "--json")) { p->json = 1; continue; }
-        if (cli_is_flag(a, "-q", "--quiet")) { p->quiet = 1; continue; }
-        if (a[0] != '-') cli_usage_error("ppl: unexpected argument '%s'", a);
-        if (i + 1 >= argc) cli_usage_error("ppl: %s needs a value (or is unknown)", a);
-        const char *v = argv[++i];
-        if (cli_is_flag(a, "-m", "--model")) p->model = v;
-        else if (cli_is_flag(a, "-f", "--file")) p->file = v;
-        else if (cli_is_flag(a, "-c", "--ctx") || cli_is_flag(a, NULL, "--ctx-size"))
-            p->ctx = (int)cli_int(a, v, 4, 1 << 20);
-        else if (cli_is_flag(a, "-t", "--threads")) p->threads = (int)cli_int(a, v, 1, 1024);
-        else if (cli_is_flag(a, NULL, "--device")) p->device = cli_device(v);
-        else if (cli_is_flag(a, NULL, "--weights")) p->weights = cli_weights(v);
-        else if (cli_is_flag(a, NULL, "--strategy")) {
-            p->s = strategy_find(v);
-            if (!p->s) cli_usage_error("unknown strategy '%s' (available: %s)", v, strategy_names());
-            if (strcmp(v, "full") != 0)
-                cli_usage_error("ppl: strategy '%s' changes the prompt's forward pass, so it has "
-                                "no logits at every position to score; ppl supports: full", v);
-        } else cli_usage_error("ppl: unknown flag '%s'", a);
-    }
-    if (!p->file) cli_usage_error("ppl: no text: give -f FILE");
+    flag_set f;
+    flags_parse(&f, SUB_PPL, argc, argv, 2);
+    const flag_val *v = f.v;
+    *p = (ppl_opts){.model = v[FL_MODEL].s, .ctx = (int)v[FL_CTX].i, .device = cli_device(v[FL_DEVICE].s),
+                    .weights = cli_weights(v[FL_WEIGHTS].s), .threads = (int)v[FL_THREADS].i,
+                    .json = v[FL_JSON].given > 0, .quiet = flag_verbosity == 0, .out = v[FL_OUTPUT].s,
+                    .chunks = v[FL_CHUNKS].given ? (int)v[FL_CHUNKS].i : 0, .s = strategy_find(v[FL_STRATEGY].s)};
+    if (!p->s) cli_usage_error("unknown strategy '%s' (available: %s)", v[FL_STRATEGY].s, strategy_names());
+    if (strcmp(p->s->name, "full") != 0)
+        cli_usage_error("ppl: strategy '%s' changes the prompt's forward pass, so it has no logits at "
+                        "every position to score; ppl supports: full", p->s->name);
+    if (f.n_files > 1) cli_usage_error("ppl scores one text: give one -f FILE");
+    if (f.n_files == 0) cli_usage_error("ppl: no text: give -f FILE");
+    p->file = f.files[0];
+    if (p->ctx < 4) cli_usage_error("ppl: -c %d: a chunk needs at least 4 tokens", p->ctx);
     if (p->threads == 0) p->threads = backend_cpu_default_threads(NULL);
+    flags_done(&f);
 }
 
 // -log softmax(logits)[target]
@@ -113,14 +100,15 @@ static int run_ppl(const ppl_opts *p, loaded *L) {
     int n_chunk = n / p->ctx, scored = p->ctx - 1 - p->ctx / 2;
     if (n_chunk == 0 || p->ctx > L->m->cfg.ctx_len) {
         if (n_chunk == 0)
-            fprintf(stderr, "sift: error: %s has %d token%s, fewer than one chunk of --ctx %d\n",
+            fprintf(stderr, "sift: error: %s has %d token%s, fewer than one chunk of -c %d\n",
                     p->file, n, plural_s(n), p->ctx);
         else
-            fprintf(stderr, "sift: error: --ctx %d is beyond the model's context %d\n", p->ctx,
+            fprintf(stderr, "sift: error: -c %d is beyond the model's context %d\n", p->ctx,
                     L->m->cfg.ctx_len);
         free(ids);
         return n_chunk == 0 ? 1 : 2;
     }
+    if (p->chunks > 0 && p->chunks < n_chunk) n_chunk = p->chunks;   // --chunks: the first N
     if (!p->quiet)
         fprintf(stderr, "sift: ppl: %d token%s, %d chunk%s of %d; scoring the second half of each "
                         "chunk (%d token%s), BOS at each chunk's start (llama-perplexity's convention)\n",
@@ -142,6 +130,10 @@ static int run_ppl(const ppl_opts *p, loaded *L) {
     double N = (double)n_chunk * scored, mean = sum / N, var = sum2 / N - mean * mean;
     double ppl = exp(mean), sd = N > 1 && var > 0 ? ppl * sqrt(var / (N - 1)) : 0;
     double ms = now_ms() - t0;
+    if (cli_stdout_to(p->out)) {
+        free(ids);
+        return 1;
+    }
     if (p->json)
         printf("{\"file\":\"%s\",\"model\":\"%s\",\"strategy\":\"%s\",\"ctx\":%d,\"chunks\":%d,"
                "\"tokens_scored\":%.0f,\"nll_mean\":%.6f,\"ppl\":%.6f,\"ppl_stderr\":%.6f,"
@@ -160,6 +152,7 @@ int cmd_ppl(int argc, char **argv) {
     ppl_opts p;
     ppl_parse(argc, argv, &p);
     if (cli_refuse_synthetic(p.model, "ppl")) return 2;
+    if (cli_check_outputs(&p.out, (const char *[]){"-o"}, 1)) return 1;
     loaded L;
     strategy_opts so = strategy_opts_default();
     cli_hw hw = {p.device, p.threads, p.weights, p.ctx, GGML_F32};

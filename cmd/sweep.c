@@ -17,6 +17,7 @@
 #include "../eval/pareto.h"
 #include "../util/check.h"
 #include "cmd.h"
+#include "flags.h"
 
 #define SWEEP_MAX_SETTINGS 256
 #define SWEEP_MAX_PARAMS 8
@@ -57,7 +58,8 @@ typedef struct sweep_opts {
     enum bk_weights weights;
     run_opts r;                       // the user's prompts: -f, --batch, --prompts, --chat, --system
     int tasks[EVAL_N_TASKS], n_tasks; // --tasks (0: the user's prompts)
-    int ctx, samples;
+    int ctx, samples;                 // ctx: --n-prompt, the tasks' prompt length
+    int ctx_size;                     // -c: the longest prompt + answer (0: the model's)
     unsigned long long seed;
     int n_predict, threads, threads_given, parallel, quiet, fidelity, speed;
     double min_agreement;             // < 0: not asked
@@ -68,35 +70,6 @@ typedef struct sweep_opts {
     char **strs;                      // strings the settings point into (--grid values)
     int n_strs;
 } sweep_opts;
-
-static void sweep_help(void) {
-    printf("usage: sift sweep [-m MODEL] (-f FILE... | --batch DIR | --prompts FILE.jsonl |\n"
-           "                  --tasks niah,multikey [--ctx 4096] [--samples 2] [--seed 1] [--haystack FILE])\n"
-           "                 [--grid SPEC | --strategy LIST] [--draft MODEL] [-n 16] [--chat] [--system TEXT]\n"
-           "                 [--fidelity greedy|first|accuracy] [--speed total|ttft|tpot] [--min-agreement X]\n"
-           "                 [-o sweep.json] [--csv sweep.csv] [--plot sweep.svg] [--parallel N]\n"
-           "                 [-t N] [--device D] [--weights native|fast|exact|f32] [-q] [strategy flags, see sift --help]\n\n"
-           "Runs `full` once per prompt as the reference, then every setting of the grid greedily\n"
-           "(temp 0, -n tokens) on the same tokens, and reports per setting the means over the\n"
-           "prompts: first-token and greedy agreement with full (share of full's tokens matched\n"
-           "position by position), KL(full || setting) of the first token, task accuracy (--tasks),\n"
-           "TTFT, TPOT, their ratios against full and end to end (full's TTFT + n TPOT over the\n"
-           "setting's), KV MiB, KV MiB read per decode step, prompt rows %% of full (draft work\n"
-           "included) and the Pareto frontier of fidelity (--fidelity, default greedy) against\n"
-           "speedup (--speed, default total).\n\n"
-           "--grid 'fastkv:kv-rate=0.05,0.1:tsp-rate=0.1,0.2;specprefill:keep=0.1,0.3;speed'\n"
-           "  strategies separated by ';'; each NAME[:PARAM=V1,V2...]..., PARAM a strategy flag\n"
-           "  without --; several parameters of one strategy form their cross product.\n"
-           "Default grid (L = the model's layers): speed speed-depth=ceil(0.75L),ceil(0.875L);\n"
-           "  fastkv kv-rate=0.05,0.1,0.2; specprefill keep=0.1,0.3 self-drafted and again with\n"
-           "  draft-layers=L (or draft=MODEL with --draft); topk budget=0.02,0.05; topk+phi\n"
-           "  budget=0.02; fastkv+topk; specprefill+topk+phi budget=0.02. A strategy this build\n"
-           "  does not know is skipped with a note. --strategy LIST keeps those strategies of it.\n"
-           "--min-agreement X (0..1): prints the fastest setting whose fidelity is at least X as\n"
-           "  the sift command line that runs it. --parallel N decodes N settings of a prompt as\n"
-           "  one batch: TPOT is then the batch's, shared. Ctrl-C reports what was measured.\n"
-           "tasks: %s\nstrategies: %s\n", eval_task_names(), strategy_names());
-}
 
 // ---- the grid ----
 
@@ -230,7 +203,7 @@ static void sw_parse_entry(sweep_opts *w, char *entry, int skip_unknown) {
 
 // --grid SPEC (or the default grid's text) into w->set after full.
 static void sw_parse_grid(sweep_opts *w, const char *spec, int skip_unknown) {
-    char *copy = strdup(spec), *at = copy;
+    char *at = sw_keep(w, spec, strlen(spec));   // kept with the grid's strings: an error exits
     for (;;) {
         char *semi = strchr(at, ';');
         if (semi) *semi = 0;
@@ -238,7 +211,6 @@ static void sw_parse_grid(sweep_opts *w, const char *spec, int skip_unknown) {
         if (!semi) break;
         at = semi + 1;
     }
-    free(copy);
 }
 
 // Does the comma list `only` name name (n chars)?
@@ -278,65 +250,43 @@ static void sw_default_grid(sweep_opts *w, int n_layer) {
 
 // ---- flags ----
 
-static int sw_choice(const char *flag, const char *v, const char *const *names, int n) {
-    for (int i = 0; i < n; i++)
-        if (strcmp(v, names[i]) == 0) return i;
-    cli_usage_error("%s must be %s, %s or %s (got '%s')", flag, names[0], names[1], names[2], v);
-}
-
 static void sweep_parse(int argc, char **argv, sweep_opts *w) {
-    *w = (sweep_opts){.device = "auto", .ctx = 4096, .samples = 2, .seed = 1, .n_predict = 16,
-                      .parallel = 1, .min_agreement = -1, .so = strategy_opts_default()};
-    w->r.so = &w->so;
+    flag_set f;
+    flags_parse(&f, SUB_SWEEP, argc, argv, 2);
+    const flag_val *v = f.v;
+    *w = (sweep_opts){.model = v[FL_MODEL].s, .device = cli_device(v[FL_DEVICE].s),
+                      .weights = cli_weights(v[FL_WEIGHTS].s), .batch_dir = v[FL_BATCH].s,
+                      .ctx = (int)v[FL_N_PROMPT].i, .ctx_size = (int)v[FL_CTX].i,
+                      .samples = (int)v[FL_SAMPLES].i, .seed = (unsigned long long)v[FL_SEED].i,
+                      .haystack = v[FL_HAYSTACK].s, .grid = v[FL_GRID].s, .only = v[FL_STRATEGY].s,
+                      .draft_path = f.so.draft_path, .n_predict = (int)v[FL_N_PREDICT].i,
+                      .fidelity = (int)v[FL_FIDELITY].i, .speed = (int)v[FL_SPEED].i,
+                      .min_agreement = v[FL_MIN_AGREE].given ? v[FL_MIN_AGREE].f : -1,
+                      .json_path = v[FL_OUTPUT].s, .csv_path = v[FL_CSV].s, .plot_path = v[FL_PLOT].s,
+                      .parallel = (int)v[FL_PARALLEL].i, .threads = (int)v[FL_THREADS].i,
+                      .threads_given = v[FL_THREADS].given > 0, .quiet = flag_verbosity == 0, .so = f.so};
+    w->so.draft_path = NULL;   // --draft is the grid's draft model (specprefill's entry), not a base
+    w->r = (run_opts){.so = &w->so, .prompts_path = v[FL_PROMPTS].s, .system = v[FL_SYSTEM].s,
+                      .chat = v[FL_CHAT].given || v[FL_SYSTEM].s};
+    for (int i = 0; i < f.n_files; i++) jobs_add_file(&w->r, f.files[i]);
     w->set = xcalloc(SWEEP_MAX_SETTINGS, sizeof *w->set);
-    int task_flags = 0;
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        if (cli_is_flag(a, "-h", "--help")) {
-            sweep_help();
-            exit(cli_finish_stdout(0));
-        }
-        if (cli_is_flag(a, "-q", "--quiet")) { w->quiet = 1; continue; }
-        if (cli_is_flag(a, NULL, "--chat")) { w->r.chat = 1; continue; }
-        if (a[0] != '-') cli_usage_error("sweep: unexpected argument '%s'", a);
-        if (i + 1 >= argc) cli_usage_error("sweep: %s needs a value (or is unknown)", a);
-        const char *v = argv[++i];
-        if (cli_is_flag(a, "-m", "--model")) w->model = v;
-        else if (cli_is_flag(a, "-f", "--file")) jobs_add_file(&w->r, v);
-        else if (cli_is_flag(a, NULL, "--batch")) w->batch_dir = v;
-        else if (cli_is_flag(a, NULL, "--prompts")) w->r.prompts_path = v;
-        else if (cli_is_flag(a, NULL, "--system")) w->r.system = v, w->r.chat = 1;
-        else if (cli_is_flag(a, NULL, "--tasks")) w->n_tasks = cli_tasks(v, w->tasks);
-        else if (cli_is_flag(a, NULL, "--ctx")) w->ctx = (int)cli_int(a, v, 64, 1 << 20), task_flags++;
-        else if (cli_is_flag(a, NULL, "--samples")) w->samples = (int)cli_int(a, v, 1, 100000), task_flags++;
-        else if (cli_is_flag(a, "-s", "--seed")) w->seed = (unsigned long long)cli_int(a, v, 0, UINT32_MAX), task_flags++;
-        else if (cli_is_flag(a, NULL, "--haystack")) w->haystack = v, task_flags++;
-        else if (cli_is_flag(a, NULL, "--grid")) w->grid = v;
-        else if (cli_is_flag(a, NULL, "--strategy")) w->only = v;
-        else if (cli_is_flag(a, NULL, "--draft")) w->draft_path = v;
-        else if (cli_is_flag(a, "-n", "--n-predict")) w->n_predict = (int)cli_int(a, v, 1, 1 << 20);
-        else if (cli_is_flag(a, NULL, "--fidelity")) w->fidelity = sw_choice(a, v, SW_FIDELITY, 3);
-        else if (cli_is_flag(a, NULL, "--speed")) w->speed = sw_choice(a, v, SW_SPEED, 3);
-        else if (cli_is_flag(a, NULL, "--min-agreement")) w->min_agreement = cli_float(a, v, 0, 1);
-        else if (cli_is_flag(a, "-o", "--output")) w->json_path = v;
-        else if (cli_is_flag(a, NULL, "--csv")) w->csv_path = v;
-        else if (cli_is_flag(a, NULL, "--plot")) w->plot_path = v;
-        else if (cli_is_flag(a, NULL, "--parallel")) w->parallel = (int)cli_int(a, v, 1, FWD_MAX_BATCH);
-        else if (cli_is_flag(a, "-t", "--threads")) w->threads = (int)cli_int(a, v, 1, 1024), w->threads_given = 1;
-        else if (cli_is_flag(a, NULL, "--device")) w->device = cli_device(v);
-        else if (cli_is_flag(a, NULL, "--weights")) w->weights = cli_weights(v);
-        else if (cli_strategy_flag(a, v, &w->so, NULL)) {
-            char q[300];
-            size_t used = strlen(w->base_flags);
-            sw_quote(q, sizeof q, v);
-            snprintf(w->base_flags + used, sizeof w->base_flags - used, " %s %s", a, q);
-        } else cli_usage_error("sweep: unknown flag '%s'", a);
+    if (v[FL_TASKS].s) w->n_tasks = cli_tasks(v[FL_TASKS].s, w->tasks);
+    int task_flags = v[FL_N_PROMPT].given + v[FL_SAMPLES].given + v[FL_SEED].given + v[FL_HAYSTACK].given;
+    if (w->n_predict < 1) cli_usage_error("sweep: -n %d: generate at least one token", w->n_predict);
+    if (w->ctx < 64) cli_usage_error("--n-prompt %d: a task prompt is at least 64 tokens", w->ctx);
+    if (v[FL_SEED].i < 0) cli_usage_error("--seed -1 (random) is sift run's; sweep's prompts come from a fixed seed");
+    for (int k = 0; k < f.n_sp; k++) {   // the base strategy flags, as given (the printed command line)
+        if (f.sp[k].d->offset == offsetof(strategy_opts, draft_path)) continue;
+        char q[300];
+        size_t used = strlen(w->base_flags);
+        sw_quote(q, sizeof q, f.sp[k].v);
+        snprintf(w->base_flags + used, sizeof w->base_flags - used, " %s %s", f.sp[k].d->flag, q);
     }
     int user = w->r.n_files > 0 || w->batch_dir || w->r.prompts_path;
     if (!user && !w->n_tasks)
         cli_usage_error("sweep: no prompts: give -f FILE, --batch DIR, --prompts FILE.jsonl or --tasks LIST");
     if (user && w->n_tasks) cli_usage_error("sweep: --tasks generates its prompts: leave out -f, --batch and --prompts");
-    if (!w->n_tasks && task_flags) cli_usage_error("sweep: --ctx, --samples, --seed and --haystack go with --tasks");
+    if (!w->n_tasks && task_flags) cli_usage_error("sweep: --n-prompt, --samples, --seed and --haystack go with --tasks");
     if (w->n_tasks && w->r.chat) cli_usage_error("sweep: --tasks prompts come in the chat template already (no --chat, --system)");
     if (w->fidelity == SW_FID_ACCURACY && !w->n_tasks)
         cli_usage_error("sweep: --fidelity accuracy needs known answers (--tasks)");
@@ -361,6 +311,21 @@ static void sweep_parse(int argc, char **argv, sweep_opts *w) {
     w->set[0] = (sweep_setting){.s = strategy_find("full"), .so = w->so};
     w->n_set = 1;
     if (w->grid) sw_parse_grid(w, w->grid, 0);
+    // the strategies the sweep may run: the grid's, else --strategy's, else the default grid's;
+    // a strategy flag none of them reads is said (it would change no setting)
+    const strategy *may[SWEEP_MAX_SETTINGS];
+    int n_may = 0;
+    for (int i = 1; i < w->n_set; i++) may[n_may++] = w->set[i].s;
+    for (int i = 0; !w->grid && i < (w->only ? 1 : SW_N_DEFAULT); i++) {
+        char names[300];
+        snprintf(names, sizeof names, "%s", w->only ? w->only : SW_DEFAULT_GRID[i]);
+        if (!w->only) names[strcspn(names, ":")] = 0;
+        char *save = NULL;
+        for (char *t = strtok_r(names, ",", &save); t && n_may < SWEEP_MAX_SETTINGS; t = strtok_r(NULL, ",", &save))
+            if (strategy_find(t)) may[n_may++] = strategy_find(t);
+    }
+    if (n_may) flags_check_strategy_params(&f, may, n_may);
+    flags_done(&f);
 }
 
 static void sweep_free(sweep_opts *w) {
@@ -685,7 +650,7 @@ static void sw_command(const sweep_run *R, int s, char *out, size_t len) {
         j += (size_t)snprintf(out + j, len - j, " --tasks ");
         for (int i = 0; i < w->n_tasks; i++)
             j += (size_t)snprintf(out + j, len - j, "%s%s", i ? "," : "", eval_task_name(w->tasks[i]));
-        j += (size_t)snprintf(out + j, len - j, " --ctx %d --samples %d --seed %llu", w->ctx, w->samples, w->seed);
+        j += (size_t)snprintf(out + j, len - j, " --n-prompt %d --samples %d --seed %llu", w->ctx, w->samples, w->seed);
         if (w->haystack) sw_quote(q, sizeof q, w->haystack), j += (size_t)snprintf(out + j, len - j, " --haystack %s", q);
         return;
     }
@@ -939,7 +904,7 @@ int cmd_sweep(int argc, char **argv) {
     const char *outs[3] = {w.json_path, w.csv_path, w.plot_path};
     if (cli_check_outputs(outs, SW_OUT_FLAGS, 3)) return 1;
     loaded L;
-    cli_hw hw = {w.device, w.threads, w.weights, 0, GGML_F32};
+    cli_hw hw = {w.device, w.threads, w.weights, w.ctx_size, GGML_F32};
     strategy_run run = {0};
     sweep_run R = {.w = &w};
     int rc = cli_load(&L, w.model, w.draft_path, &hw, &w.set[0].s, 1, &w.so, &run);
@@ -953,12 +918,13 @@ int cmd_sweep(int argc, char **argv) {
         R.L = &L;
         if (w.n_tasks ? sw_task_prompts(&R) : sw_user_prompts(&R)) rc = 1;
     }
+    int limit = rc ? 0 : w.ctx_size > 0 ? w.ctx_size : L.m->cfg.ctx_len;
     for (int i = 0; i < R.n_p && rc == 0; i++)
-        if ((long)R.p[i].n_ids + w.n_predict > L.m->cfg.ctx_len) {
+        if ((long)R.p[i].n_ids + w.n_predict > limit) {
             fprintf(stderr, "sift: error: sweep: prompt '%s' has %d token%s; with -n %d that exceeds "
-                            "the model's context %d (%s)\n", R.p[i].id, R.p[i].n_ids, plural_s(R.p[i].n_ids),
-                    w.n_predict,
-                    L.m->cfg.ctx_len, w.n_tasks ? "a smaller --ctx or -n" : "a smaller -n");
+                            "the %s %d (%s)\n", R.p[i].id, R.p[i].n_ids, plural_s(R.p[i].n_ids),
+                    w.n_predict, w.ctx_size > 0 ? "context size -c" : "model's context",
+                    limit, w.n_tasks ? "a smaller --n-prompt or -n" : "a smaller -n");
             rc = 2;
         }
     if (rc == 0) {

@@ -313,7 +313,7 @@ static long fit(const plan *pl, const tok *t, int budget, char *err, size_t errl
     if (t0 < 0) return -1;
     if (t0 > budget)
         return err_printf(err, errlen, "%s needs %d prompt tokens before any filler, more than "
-                          "--ctx %d leaves (%d after the answer's %d)",
+                          "--n-prompt %d leaves (%d after the answer's %d)",
                           eval_task_name(pl->spec->task), t0, pl->spec->ctx, budget,
                           eval_task_n_gen(pl->spec->task));
     long k = (budget - t0) / 16 + 1;

@@ -281,7 +281,7 @@ void phi_fit_rotate(const phi_fit_set *d, double delta, float *k_out, float *q_o
 // [D] The shifts the calibration and the gate average over, as fractions of shift_max: keys
 // and queries together (the absolute angles of later positions), and queries alone (the same
 // keys seen from up to shift_max further away: the relative distances of a long prompt, which
-// a fit on --ctx tokens never shows).
+// a fit on -c tokens never shows).
 static const double EVAL_SHIFTS[][2] = {{0, 0}, {1 / 3.0, 1 / 3.0}, {2 / 3.0, 2 / 3.0}, {1, 1},
                                         {0, 0.5}, {0, 1}};
 #define N_EVAL_SHIFTS ((int)(sizeof EVAL_SHIFTS / sizeof *EVAL_SHIFTS))

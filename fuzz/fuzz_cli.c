@@ -1,5 +1,5 @@
-// fuzz/fuzz_cli.c — libFuzzer target: the command-line parsers of `sift`, `sift bench`, `sift eval`,
-// `sift sweep` (its --grid included), `sift ppl` and `sift fit-phi` on arbitrary argument lists (the input split at NUL bytes, at most
+// fuzz/fuzz_cli.c — libFuzzer target: the one flag table's parser (cmd/flags.c) as `sift`, `sift bench`,
+// `sift eval`, `sift sweep` (its --grid included), `sift ppl` and `sift fit-phi` read it, on arbitrary argument lists (the input split at NUL bytes, at most
 // 32 arguments). A parser either returns options inside their documented ranges or ends the process with exit code 2 (usage
 // error) or 0 (--help, --version). Here exit() is renamed (this translation unit only) to a
 // longjmp back into the harness, so every path through the parsers can be explored; no model is
@@ -21,6 +21,7 @@ static void fuzz_exit(int code) __attribute__((noreturn));
 #include "../cmd/evaluate.c"
 #include "../cmd/ppl.c"
 #include "../cmd/fit_phi.c"
+#include "../cmd/flags.c"
 #include "../cmd/sweep.c"
 #include "../main.c"
 #undef main

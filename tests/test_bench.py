@@ -63,14 +63,14 @@ PUBLISHED = {
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_synthetic_param_count(name):
-    r = run("bench", "-m", f"synthetic:{name}", "--ctx", "1024", "--dry-run", "-o", "json")
+    r = run("bench", "-m", f"synthetic:{name}", "-p", "1024", "--dry-run", "--format", "json")
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     assert rows[0]["n_params"] == PUBLISHED[name]
 
 
 def test_synthetic_loaded_count_and_message():
-    r = run("bench", "-m", "synthetic:smollm2-135m@3", "--ctx", "8", "-n", "2", "-r", "1", "-o", "json")
+    r = run("bench", "-m", "synthetic:smollm2-135m@3", "-p", "8", "-n", "2", "-r", "1", "--format", "json")
     assert r.returncode == 0, r.stderr
     assert "134.5M params" in r.stderr and "0.50 GiB" in r.stderr
     assert json.loads(r.stdout)[0]["model"] == "synthetic:smollm2-135m@3"
@@ -168,7 +168,7 @@ def test_synthetic_smollm2_activations_finite():
 # ---- FLOP and byte formulas -------------------------------------------------------------------
 
 def test_dry_run_formulas_tiny(tiny):
-    r = run("bench", "-m", tiny, "--ctx", "10,100", "-n", "4", "--dry-run", "-o", "json")
+    r = run("bench", "-m", tiny, "-p", "10,100", "-n", "4", "--dry-run", "--format", "json")
     assert r.returncode == 0, r.stderr
     a, b = json.loads(r.stdout)
     # tiny: L 2, d 64, heads 4 x hd 16 (qd 64), KV heads 2 (kvd 32), d_ff 128, vocab 262, tied.
@@ -188,8 +188,8 @@ def test_dry_run_formulas_tiny(tiny):
 
 
 def test_dry_run_bf16_bytes():
-    r = run("bench", "-m", "synthetic:llama-3.1-8b", "--ctx", "130944", "-n", "128", "--dry-run",
-            "--elem-bytes", "2", "-o", "json")
+    r = run("bench", "-m", "synthetic:llama-3.1-8b", "-p", "130944", "-n", "128", "--dry-run",
+            "--elem-bytes", "2", "--format", "json")
     assert r.returncode == 0, r.stderr
     row = json.loads(r.stdout)[0]
     # untied: the embedding is gathered, not read; everything else once at 2 bytes
@@ -206,8 +206,8 @@ def test_dry_run_bf16_bytes():
 def test_dry_run_quantised_synthetic_bytes():
     # --wtype q4_k: the matrices as Q4_K blocks (144 bytes per 256 weights), the 2*16 + 1 norm
     # vectors of d = 2048 as fp32; Llama-3.2-1B is tied, so a decode step reads them all
-    r = run("bench", "-m", "synthetic:llama-3.2-1b", "--wtype", "q4_k", "--ctx", "1024", "-n",
-            "128", "--dry-run", "-o", "json")
+    r = run("bench", "-m", "synthetic:llama-3.2-1b", "--wtype", "q4_k", "-p", "1024", "-n",
+            "128", "--dry-run", "--format", "json")
     assert r.returncode == 0, r.stderr
     row = json.loads(r.stdout)[0]
     vec = 33 * 2048
@@ -217,15 +217,15 @@ def test_dry_run_quantised_synthetic_bytes():
 
 
 def test_wtype_errors():
-    assert_error(run("bench", "-m", "synthetic:smollm2-135m", "--wtype", "q4_k", "--ctx", "16",
+    assert_error(run("bench", "-m", "synthetic:smollm2-135m", "--wtype", "q4_k", "-p", "16",
                      "--dry-run"), "whole blocks of 256", "576", code=1)
-    assert_error(run("bench", "-m", "synthetic:smollm2-135m", "--wtype", "q9_9", "--ctx", "16"),
-                 "unknown --wtype 'q9_9'", code=2)
+    assert_error(run("bench", "-m", "synthetic:smollm2-135m", "--wtype", "q9_9", "-p", "16"),
+                 "--wtype must be one of f32, f16", "(got 'q9_9')", code=2)
 
 
 def test_quantised_synthetic_runs():
-    r = run("bench", "-m", "synthetic:smollm2-135m", "--wtype", "q8_0", "--ctx", "16", "-n", "4",
-            "-r", "1", "-t", "2", "-o", "json")
+    r = run("bench", "-m", "synthetic:smollm2-135m", "--wtype", "q8_0", "-p", "16", "-n", "4",
+            "-r", "1", "-t", "2", "--format", "json")
     assert r.returncode == 0, r.stderr
     row = json.loads(r.stdout)[0]
     assert row["tg_avg_ts"] > 0 and row["pp_avg_ts"] > 0
@@ -235,15 +235,15 @@ def test_quantised_synthetic_runs():
 def test_thread_list_runs_the_table_per_count():
     """-t 1,2: one pass per thread count (its own ceilings), rows in that order; the outputs
     are the same computation (greedy on the same seeded tokens), only faster or slower."""
-    r = run("bench", "-m", "synthetic:smollm2-135m", "--wtype", "q8_0", "--ctx", "16", "-n", "2",
-            "-r", "1", "-t", "1,2", "-o", "json")
+    r = run("bench", "-m", "synthetic:smollm2-135m", "--wtype", "q8_0", "-p", "16", "-n", "2",
+            "-r", "1", "-t", "1,2", "--format", "json")
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     assert [x["threads"] for x in rows] == [1, 2]
     assert all(x["pp_avg_ts"] > 0 and x["tg_avg_ts"] > 0 for x in rows)
     assert r.stderr.count("bench: ceilings on cpu") == 2
-    for bad, msg in (("0", "-t"), ("2000", "at most 1024"), ("1,,2", "empty")):
-        assert_error(run("bench", "-m", "synthetic:smollm2-135m", "--ctx", "16", "-t", bad), msg, code=2)
+    for bad, msg in (("0", "-t"), ("2000", "-t 2000 is out of range [1, 1024]"), ("1,,2", "empty")):
+        assert_error(run("bench", "-m", "synthetic:smollm2-135m", "-p", "16", "-t", bad), msg, code=2)
 
 
 # ---- output formats ---------------------------------------------------------------------------
@@ -253,12 +253,12 @@ FIELDS = ["model", "strategy", "backend", "threads", "n_prompt", "n_gen", "paral
           "tg_stddev_ts", "agg_tg_ts", "agg_tg_stddev_ts", "agg_x_par1", "kv_bytes", "kv_gib", "rows_pct_of_full", "pp_x_full", "tg_x_full",
           "prefill_flops_full_eq", "prefill_tflops_full_eq", "peak_tflops", "mfu_pct_full_eq",
           "decode_bytes_per_token", "decode_gbs", "peak_gbs", "mbu_pct"]
-BENCH = ["--ctx", "16,24", "-n", "4", "-r", "2", "--strategy", "full,streamingllm"]
+BENCH = ["-p", "16,24", "-n", "4", "-r", "2", "--strategy", "full,streamingllm"]
 
 
 @pytest.fixture(scope="module")
 def bench_json(tiny):
-    r = run("bench", "-m", tiny, *BENCH, "-o", "json")
+    r = run("bench", "-m", tiny, *BENCH, "--format", "json")
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout), r.stderr
 
@@ -285,12 +285,12 @@ def test_json_is_one_document(bench_json):
 
 
 def test_csv_and_jsonl(tiny):
-    r = run("bench", "-m", tiny, *BENCH, "-o", "csv")
+    r = run("bench", "-m", tiny, *BENCH, "--format", "csv")
     assert r.returncode == 0, r.stderr
     rows = list(csv.DictReader(io.StringIO(r.stdout)))
     assert len(rows) == 4 and list(rows[0]) == FIELDS
     assert rows[1]["strategy"] == "streamingllm" and float(rows[0]["pp_x_full"]) == 1
-    r = run("bench", "-m", tiny, "--ctx", "16", "-n", "2", "-r", "1", "-o", "jsonl")
+    r = run("bench", "-m", tiny, "-p", "16", "-n", "2", "-r", "1", "--format", "jsonl")
     assert r.returncode == 0, r.stderr
     rows = [json.loads(l) for l in r.stdout.splitlines()]
     assert [list(x) for x in rows] == [FIELDS]
@@ -312,8 +312,8 @@ def test_markdown_table(tiny):
 def test_parallel_rows(tiny):
     # --parallel 1,3: per strategy a row for 1 sequence and one for 3 decoded together; the
     # aggregate rate is the 3 sequences' tokens over the shared steps' time
-    r = run("bench", "-m", tiny, "--ctx", "16", "-n", "6", "-r", "1", "--parallel", "1,3",
-            "--strategy", "full,topk", "-o", "json")
+    r = run("bench", "-m", tiny, "-p", "16", "-n", "6", "-r", "1", "--parallel", "1,3",
+            "--strategy", "full,topk", "--format", "json")
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     assert [(x["parallel"], x["strategy"]) for x in rows] == [
@@ -327,7 +327,7 @@ def test_parallel_rows(tiny):
 
 
 def test_no_decode_gives_nulls(tiny):
-    r = run("bench", "-m", tiny, "--ctx", "8", "-n", "1", "-r", "1", "-o", "json")
+    r = run("bench", "-m", tiny, "-p", "8", "-n", "1", "-r", "1", "--format", "json")
     assert r.returncode == 0, r.stderr
     row = json.loads(r.stdout)[0]
     assert row["tpot_ms"] is None and row["tg_avg_ts"] is None and row["mbu_pct"] is None
@@ -336,13 +336,13 @@ def test_no_decode_gives_nulls(tiny):
 # ---- bad input --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args,needle", [
-    (["--ctx", "1024,,2048"], "empty"),
-    (["--ctx", "12a"], "invalid integer"),
-    (["--ctx", "0"], "out of range"),
-    (["--ctx", ",".join(["8"] * 17)], "more than 16"),
-    (["-o", "xml"], "-o must be"),
+    (["-p", "1024,,2048"], "empty"),
+    (["-p", "12a"], "invalid integer"),
+    (["-p", "0"], "out of range"),
+    (["-p", ",".join(["8"] * 17)], "more than 16"),
+    (["--format", "xml"], "--format must be one of md, json, jsonl, csv"),
     (["-r", "0"], "out of range"),
-    (["--ctx"], "needs a value"),
+    (["-p"], "needs a value"),
     (["--elem-bytes", "2"], "--dry-run"),
     (["--bogus", "1"], "unknown flag"),
 ])
@@ -351,9 +351,9 @@ def test_bad_flags(tiny, args, needle):
 
 
 def test_ctx_beyond_model(tiny):
-    assert_error(run("bench", "-m", tiny, "--ctx", "16,250", "-n", "10"), "260", "context of 256",
-                 "largest --ctx is 246", code=2)
-    assert_error(run("bench", "-m", tiny, "--ctx", "250", "-n", "10", "--dry-run"), "256", code=2)
+    assert_error(run("bench", "-m", tiny, "-p", "16,250", "-n", "10"), "260", "context of 256",
+                 "largest -p is 246", code=2)
+    assert_error(run("bench", "-m", tiny, "-p", "250", "-n", "10", "--dry-run"), "256", code=2)
 
 
 def test_kv_beyond_memory(tmp_path):
@@ -364,7 +364,7 @@ def test_kv_beyond_memory(tmp_path):
     avail = int([l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemAvailable")][0])
     if avail * 1024 > 100 << 30:
         pytest.skip("more than 100 GiB available")
-    assert_error(run("bench", "-m", path, "--ctx", "4000000", "-n", "1"), "GiB", "KV cache",
+    assert_error(run("bench", "-m", path, "-p", "4000000", "-n", "1"), "GiB", "KV cache",
                  "available", code=1)
 
 
@@ -378,7 +378,7 @@ def test_synthetic_weights_beyond_memory():
     avail = int([l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemAvailable")][0])
     if avail * 1024 > 28 << 30:
         pytest.skip("enough memory for 8B fp32 weights: would really load them")
-    assert_error(run("bench", "-m", "synthetic:llama-3.1-8b", "--ctx", "16", "-n", "2"),
+    assert_error(run("bench", "-m", "synthetic:llama-3.1-8b", "-p", "16", "-n", "2"),
                  "29.92 GiB", "available")   # 8030261248 * 4 / 2**30
 
 

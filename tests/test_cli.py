@@ -166,7 +166,7 @@ def test_prompt_over_context(tiny):
     (["-p", "hi", "-n", "abc"], "invalid integer"),
     (["-p", "hi", "--temp", "-1"], "out of range"),
     (["-p", "hi", "--top-p", "1.5"], "out of range"),
-    (["-p", "hi", "--device", "tpu"], "unknown device"),
+    (["-p", "hi", "--device", "tpu"], "--device must be one of auto, cpu, cuda"),
     (["-p"], "needs a value"),
     ([], "no prompt"),
 ])
@@ -291,21 +291,21 @@ def test_kv_beyond_memory_fails_up_front():
     (["-p", "x", "--spec-pool", "2"], "must be odd"),
     (["-p", "x", "--swiftkv-norm", "mine"], "--swiftkv-norm must be own or shared"),
     (["-p", "x", "stray"], "unexpected argument 'stray'"),
-    (["--device", "tpu", "-p", "x"], "unknown device 'tpu'"),
-    (["bench", "--ctx", "1,,2"], "empty or overlong entry"),
-    (["bench", "-o", "yaml"], "-o must be md, json, jsonl or csv"),
-    (["bench", "--device", "tpu"], "unknown device 'tpu'"),
-    (["eval", "stray"], "eval: unexpected argument 'stray'"),
+    (["--device", "tpu", "-p", "x"], "--device must be one of auto, cpu, cuda (got 'tpu')"),
+    (["bench", "-p", "1,,2"], "empty or overlong entry"),
+    (["bench", "--format", "yaml"], "--format must be one of md, json, jsonl, csv"),
+    (["bench", "--device", "tpu"], "--device must be one of auto, cpu, cuda (got 'tpu')"),
+    (["eval", "stray"], "unexpected argument 'stray' (see sift eval --help)"),
     (["eval", "--tasks", "niah,niah"], "task 'niah' given twice"),
     (["eval", "--tasks", "nope"], "unknown task 'nope'"),
-    (["eval", "--ctx", "0"], "--ctx 0 is out of range"),
+    (["eval", "--n-prompt", "0"], "--n-prompt 0 is out of range"),
     (["eval", "--plot", "r.png"], "only SVG is written"),
-    (["eval", "--device", "tpu"], "unknown device 'tpu'"),
+    (["eval", "--device", "tpu"], "--device must be one of auto, cpu, cuda (got 'tpu')"),
     (["ppl"], "no text: give -f FILE"),
-    (["ppl", "-f", "a.txt", "stray"], "ppl: unexpected argument 'stray'"),
-    (["fit-phi", "--data", "a.txt"], "fit-phi needs --data TEXT and --out FILE.phi"),
-    (["fit-phi", "--out"], "fit-phi: --out needs a value"),
-    (["fit-phi", "--bogus", "1"], "fit-phi: unknown flag '--bogus'"),
+    (["ppl", "-f", "a.txt", "stray"], "unexpected argument 'stray' (see sift ppl --help)"),
+    (["fit-phi", "--data", "a.txt"], "fit-phi needs --data TEXT and -o FILE.phi"),
+    (["fit-phi", "-o"], "-o needs a value (see sift fit-phi --help)"),
+    (["fit-phi", "--bogus", "1"], "unknown flag '--bogus' (see sift fit-phi --help)"),
 ])
 def test_usage_errors(args, needle):
     r = sift(*args)
@@ -419,10 +419,10 @@ def test_output_into_a_missing_directory_fails_up_front(tiny, tmp_path, flag):
 
 
 def test_failed_eval_prints_no_tables(tiny):
-    """niah needs ~300 prompt tokens before its filler; --ctx 64 cannot hold them: the error, and
+    """niah needs ~300 prompt tokens before its filler; --n-prompt 64 cannot hold them: the error, and
     nothing on stdout after it."""
-    r = sift("eval", "-m", tiny, "--ctx", "64", "--samples", "1", "-t", "1")
-    assert_error(r, "eval: niah needs", "more than --ctx 64 leaves", code=1)
+    r = sift("eval", "-m", tiny, "--n-prompt", "64", "--samples", "1", "-t", "1")
+    assert_error(r, "eval: niah needs", "more than --n-prompt 64 leaves", code=1)
     assert r.stdout == ""
 
 

@@ -1,7 +1,7 @@
 """`sift eval` and `sift ppl` on the default model, checked independently of sift's code:
 - the generated prompts (sift eval --dump-prompts): every expected answer is in the prompt as
   often as the task says (counted here), the needle sits at the requested depth (sentences
-  counted here), the prompt + answer budget fills --ctx within one filler sentence (tokens
+  counted here), the prompt + answer budget fills --n-prompt within one filler sentence (tokens
   counted with Hugging Face `tokenizers` built from the GGUF's vocabulary and merges), the same
   seed gives the same prompts and another seed other ones, a --haystack file supplies the text;
 - an end-to-end run with `full` at ctx 1024 finds the needle, and the JSON / CSV / SVG outputs
@@ -64,7 +64,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def prompts():
-    return dump("--ctx", "1024,2048", "--samples", 3, "--seed", 7)
+    return dump("--n-prompt", "1024,2048", "--samples", 3, "--seed", 7)
 
 
 def user_part(text):
@@ -145,9 +145,9 @@ def test_needle_depth(prompts):
 
 
 def test_same_seed_same_prompts_other_seed_others(prompts):
-    again = dump("--ctx", "1024,2048", "--samples", 3, "--seed", 7)
+    again = dump("--n-prompt", "1024,2048", "--samples", 3, "--seed", 7)
     assert again == prompts
-    other = dump("--ctx", "1024", "--samples", 1, "--seed", 8, "--tasks", "niah")
+    other = dump("--n-prompt", "1024", "--samples", 1, "--seed", 8, "--tasks", "niah")
     assert other[0]["text"] != prompts[0]["text"]
     assert other[0]["answers"] != prompts[0]["answers"]
 
@@ -157,7 +157,7 @@ def test_haystack_file(tmp_path):
                  ("one", "two", "three", "four", "five")]
     hay = tmp_path / "hay.txt"
     hay.write_text("  ".join(sentences[:3]) + "\n" + " ".join(sentences[3:]) + " trailing words")
-    [p] = dump("--ctx", 512, "--samples", 1, "--tasks", "niah", "--haystack", hay)
+    [p] = dump("--n-prompt", 512, "--samples", 1, "--tasks", "niah", "--haystack", hay)
     body = user_part(p["text"]).split("\n\n")[1]
     parts = [s for s in re.split(r"(?<=\.) ", body) if not s.startswith("The secret code")]
     assert len(parts) > 10  # the short file repeats, whole sentences only, in order
@@ -168,7 +168,7 @@ def test_haystack_file(tmp_path):
 @pytest.fixture(scope="module")
 def e2e(tmp_path_factory):
     d = tmp_path_factory.mktemp("eval")
-    r = sift("eval", "-m", MODEL, "--strategy", "full", "--tasks", "niah", "--ctx", 1024,
+    r = sift("eval", "-m", MODEL, "--strategy", "full", "--tasks", "niah", "--n-prompt", 1024,
              "--samples", 1, "-t", 2, "-o", d / "r.json", "--csv", d / "r.csv", "--plot", d / "r.svg")
     assert r.returncode == 0, r.stderr
     return d, r
@@ -219,7 +219,7 @@ def test_csv_and_svg(e2e):
 
 def test_every_registered_strategy_runs(tmp_path):
     """--strategy all iterates the registry; fidelity of full to itself is exact."""
-    r = sift("eval", "-m", MODEL, "--tasks", "niah", "--ctx", 256, "--samples", 1, "-t", 2,
+    r = sift("eval", "-m", MODEL, "--tasks", "niah", "--n-prompt", 256, "--samples", 1, "-t", 2,
              "-o", tmp_path / "r.json")
     assert r.returncode == 0, r.stderr
     res = json.loads((tmp_path / "r.json").read_text())
@@ -231,7 +231,7 @@ def test_every_registered_strategy_runs(tmp_path):
 
 
 def test_interrupt_reports_partial(tmp_path):
-    args = ["eval", "-m", MODEL, "--strategy", "full", "--tasks", "niah", "--ctx", 512,
+    args = ["eval", "-m", MODEL, "--strategy", "full", "--tasks", "niah", "--n-prompt", 512,
             "--samples", 50, "-t", 2, "-o", tmp_path / "r.json"]
     p = subprocess.Popen([str(SIFT), *map(str, args)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
@@ -256,7 +256,7 @@ def test_ppl_matches_numpy_from_logits(tmp_path, tokenizer):
     text = tmp_path / "t.txt"
     text.write_text(PPL_TEXT)
     ctx = 64
-    r = sift("ppl", "-m", MODEL, "-f", text, "--ctx", ctx, "--json", "-t", 2)
+    r = sift("ppl", "-m", MODEL, "-f", text, "-c", ctx, "--json", "-t", 2)
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
     assert "second half" in r.stderr
@@ -279,12 +279,12 @@ def test_ppl_matches_numpy_from_logits(tmp_path, tokenizer):
 @pytest.mark.parametrize("args,needle,code", [
     (["eval", "--tasks", "niah,qa"], "unknown task 'qa'", 2),
     (["eval", "--plot", "x.png"], "only SVG", 2),
-    (["eval", "--ctx", "abc"], "invalid integer", 2),
-    (["eval", "--ctx", "100000"], "beyond the model's context", 2),
+    (["eval", "--n-prompt", "abc"], "invalid integer", 2),
+    (["eval", "--n-prompt", "100000"], "beyond the model's context", 2),
     (["eval", "--strategy", "nope"], "unknown strategy 'nope'", 2),
     (["eval", "--haystack", "/nonexistent/h.txt"], "/nonexistent/h.txt", 1),
     (["eval", "-o", "/nonexistent/dir/r.json"], "cannot write -o '/nonexistent/dir/r.json': directory '/nonexistent/dir': No such file or directory", 1),
-    (["eval", "--ctx", "64", "--tasks", "multivalue"], "more than --ctx 64 leaves", 1),
+    (["eval", "--n-prompt", "64", "--tasks", "multivalue"], "more than --n-prompt 64 leaves", 1),
     (["ppl"], "no text", 2),
     (["ppl", "-f", "x.txt", "--strategy", "speed"], "ppl supports: full", 2),
     (["ppl", "-f", "/nonexistent/t.txt"], "/nonexistent/t.txt", 1),
@@ -300,8 +300,8 @@ def test_bad_input(args, needle, code):
 def test_ppl_text_shorter_than_a_chunk(tmp_path):
     t = tmp_path / "short.txt"
     t.write_text("Just a few words.")
-    r = sift("ppl", "-m", MODEL, "-f", t, "--ctx", 512)
-    assert r.returncode == 1 and "fewer than one chunk of --ctx 512" in r.stderr
+    r = sift("ppl", "-m", MODEL, "-f", t, "-c", 512)
+    assert r.returncode == 1 and "fewer than one chunk of -c 512" in r.stderr
 
 
 def test_haystack_without_sentences(tmp_path):

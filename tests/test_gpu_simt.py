@@ -315,8 +315,8 @@ def test_fit_phi_logging_prefill_on_cuda(tmp_path):
     means = {}
     for dev, binary in (("cpu", SIFT), ("cuda", SIFT_SIMT)):
         p = subprocess.run([binary, "fit-phi", "-m", model, "--data", os.path.join(ROOT, "README.md"),
-                            "--ctx", "256", "--steps", "2", "--queries", "4", "--check", "64",
-                            "--device", dev, "--out", str(tmp_path / f"{dev}.phi"), "-t", "2"],
+                            "-c", "256", "--steps", "2", "--queries", "4", "--check", "64",
+                            "--device", dev, "-o", str(tmp_path / f"{dev}.phi"), "-t", "2"],
                            capture_output=True, text=True, timeout=600)
         assert p.returncode == 0, (dev, p.stderr[-3000:])
         row = [ln for ln in p.stdout.splitlines() + p.stderr.splitlines() if ln.startswith("| mean")]

@@ -3,7 +3,7 @@ against the fp32 reference path (--weights f32) on the default model, end to end
 
 The issue's acceptance measures, on a text no test was tuned on (the first 16 KB of the GPL-3 text
 Debian ships in /usr/share/common-licenses):
-  * perplexity (`sift ppl --ctx 512`, llama-perplexity's chunks): native within 0.5 % of f32,
+  * perplexity (`sift ppl -c 512`, llama-perplexity's chunks): native within 0.5 % of f32,
     on the default prefill path (this CPU's wide path: AMX bf16 tiles, the two-digit VNNI GEMM or
     sgemm on dequantised tiles) and on `--weights fast` (with AVX-512: one-digit activations, as
     llama.cpp's), and `--weights exact` (every product through the two-digit row kernels) within
@@ -51,7 +51,7 @@ def run(args, env_extra=None, timeout=900):
 
 
 def ppl(text, weights, env_extra=None):
-    r = run(["ppl", "-m", str(MODEL), "-f", str(text), "--ctx", "512", "--json", "-q",
+    r = run(["ppl", "-m", str(MODEL), "-f", str(text), "-c", "512", "--json", "-q",
              "--weights", weights], env_extra)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
@@ -192,7 +192,7 @@ def test_half_precision_hf_stays_16_bit(tmp_path, dtype):
     assert rel.max() <= 1e-4, rel
     planned = {}
     for w in ("f32", "native"):   # the memory plan's weight bytes
-        r = run(["bench", "-m", str(hf), "--ctx", "8", "--dry-run", "-o", "json", "--weights", w])
+        r = run(["bench", "-m", str(hf), "-p", "8", "--dry-run", "--format", "json", "--weights", w])
         assert r.returncode == 0, r.stderr
         planned[w] = json.loads(r.stdout)[0]["weight_bytes"]
     params = json.loads(r.stdout)[0]["n_params"]
@@ -202,7 +202,7 @@ def test_half_precision_hf_stays_16_bit(tmp_path, dtype):
 
 def test_tuned_paths_are_listed(text):
     """SIFT_PREFILL=tune times both product paths per shape and sift bench lists every choice."""
-    r = run(["bench", "-m", str(MODEL), "--ctx", "40", "-n", "2", "-r", "1", "-o", "json"],
+    r = run(["bench", "-m", str(MODEL), "-p", "40", "-n", "2", "-r", "1", "--format", "json"],
             {"SIFT_PREFILL": "tune"})
     assert r.returncode == 0, r.stderr
     rows = [l for l in r.stderr.splitlines() if " rows: " in l]

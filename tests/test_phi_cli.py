@@ -134,32 +134,32 @@ def test_phi_bad_version_and_nan(prompt, tmp_path):
 def test_fit_phi_bad_input(tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("too short")
-    one_error(sift("fit-phi", "--data", short, "--out", tmp_path / "o.phi"), "need")
-    one_error(sift("fit-phi", "--data", tmp_path / "none.txt", "--out", tmp_path / "o.phi"), "cannot read")
-    r = sift("fit-phi", "--out", tmp_path / "o.phi")
+    one_error(sift("fit-phi", "--data", short, "-o", tmp_path / "o.phi"), "need")
+    one_error(sift("fit-phi", "--data", tmp_path / "none.txt", "-o", tmp_path / "o.phi"), "cannot read")
+    r = sift("fit-phi", "-o", tmp_path / "o.phi")
     assert r.returncode == 2 and r.stderr.startswith("sift: error:")
-    r = sift("fit-phi", "--data", short, "--out", tmp_path / "o.phi", "--device", "tpu")
-    assert r.returncode == 2 and "unknown device 'tpu'" in r.stderr
+    r = sift("fit-phi", "--data", short, "-o", tmp_path / "o.phi", "--device", "tpu")
+    assert r.returncode == 2 and "--device must be one of auto, cpu, cuda (got 'tpu')" in r.stderr
 
 
-FIT = ["--ctx", 160, "--steps", 3, "--queries", 8, "--seed", 3, "--positions", 160]
+FIT = ["-c", 160, "--steps", 3, "--queries", 8, "--seed", 3, "--positions", 160]
 
 
 def test_fit_phi_resume_is_identical_and_loads(prompt, tmp_path):
     data = tmp_path / "data.txt"
     data.write_text(TEXT)
     a, b = tmp_path / "a.phi", tmp_path / "b.phi"
-    r = sift("fit-phi", "--data", data, "--out", a, *FIT)
+    r = sift("fit-phi", "--data", data, "-o", a, *FIT)
     assert r.returncode == 0, r.stderr
     assert "| mean |" in r.stdout and "held-out queries: KL" in r.stdout
     assert not Path(str(a) + ".progress").exists()
     # An interrupted run: b holds the first 10 layers as a run saves them (before the check's
     # offset: the same fit with --check 0) and a progress note saying so.
-    r = sift("fit-phi", "--data", data, "--out", b, *FIT, "--check", 0)
+    r = sift("fit-phi", "--data", data, "-o", b, *FIT, "--check", 0)
     assert r.returncode == 0, r.stderr
     key = f"{MODEL.name} 160 3 8 16 0.003 3 64 4 16 0.02 1 160"
     Path(str(b) + ".progress").write_text(f"10 {key}\n")
-    r = sift("fit-phi", "--data", data, "--out", b, *FIT)
+    r = sift("fit-phi", "--data", data, "-o", b, *FIT)
     assert r.returncode == 0, r.stderr
     assert "resuming" in r.stderr and "at layer 11" in r.stderr
     assert a.read_bytes() == b.read_bytes()
@@ -201,10 +201,10 @@ def test_fit_phi_recalibrate_moves_only_the_query_biases(tmp_path):
     data = tmp_path / "data.txt"
     data.write_text(TEXT)
     a, b = tmp_path / "a.phi", tmp_path / "b.phi"
-    r = sift("fit-phi", "--data", data, "--out", a, *FIT)
+    r = sift("fit-phi", "--data", data, "-o", a, *FIT)
     assert r.returncode == 0, r.stderr
     b.write_bytes(a.read_bytes())
-    r = sift("fit-phi", "--data", data, "--out", b, *FIT, "--recalibrate", "--margin", 3)
+    r = sift("fit-phi", "--data", data, "-o", b, *FIT, "--recalibrate", "--margin", 3)
     assert r.returncode == 0, r.stderr
     shape = (30, 9, 3, 64, 64, 128, 64)
     npar = mlp_floats(1, 1, 0, *shape[3:])   # one parameter block
@@ -218,7 +218,7 @@ def test_fit_phi_recalibrate_moves_only_the_query_biases(tmp_path):
     # on what the gate then finds best, so only the form is checked here)
     assert np.allclose(shift, shift[:, :1], atol=1e-4), "one shift per head"
     assert np.any(shift != 0)
-    one_error(sift("fit-phi", "--data", data, "--out", tmp_path / "none.phi", "--recalibrate"),
+    one_error(sift("fit-phi", "--data", data, "-o", tmp_path / "none.phi", "--recalibrate"),
               "recalibrate", "cannot open")
 
 
@@ -230,7 +230,7 @@ def test_fit_phi_check_verdict(prompt, tmp_path):
     data = tmp_path / "data.txt"
     data.write_text(TEXT)
     a = tmp_path / "a.phi"
-    r = sift("fit-phi", "--data", data, "--out", a, *FIT, "--check", 600)
+    r = sift("fit-phi", "--data", data, "-o", a, *FIT, "--check", 600)
     assert r.returncode == 0, r.stderr
     assert "\r" not in r.stderr, "off a terminal: no bar"
     assert "fit-phi: layer 1/30 fitted" in r.stderr and "fit-phi: layer 30/30 fitted" in r.stderr
@@ -250,7 +250,7 @@ def test_fit_phi_check_verdict(prompt, tmp_path):
     p[:30 * 9, -64:] += 30
     bad = tmp_path / "bad.phi"
     bad.write_bytes(a.read_bytes()[:48] + p.tobytes())
-    r = sift("fit-phi", "--data", data, "--out", bad, *FIT, "--check", 600, "--verify")
+    r = sift("fit-phi", "--data", data, "-o", bad, *FIT, "--check", 600, "--verify")
     assert r.returncode == 0, r.stderr
     rows = check_rows(r.stdout)
     damaged = rows[f"topk+phi, the maps in {bad}"]
@@ -266,7 +266,7 @@ def test_fit_phi_check_verdict(prompt, tmp_path):
     t = subprocess.run([str(ROOT / "build" / "tests" / "tool_phi"), "prf", str(MODEL), str(prf)],
                        capture_output=True, text=True)
     assert t.returncode == 0, t.stderr
-    r = sift("fit-phi", "--data", data, "--out", prf, *FIT, "--check", 600, "--verify")
+    r = sift("fit-phi", "--data", data, "-o", prf, *FIT, "--check", 600, "--verify")
     assert r.returncode == 0, r.stderr
     rows = check_rows(r.stdout)
     assert rows[f"topk+phi, the maps in {prf}"] == rows["topk+phi, random features (no --phi)"]
@@ -277,7 +277,7 @@ def test_fit_phi_too_little_text_for_the_check(tmp_path):
     data = tmp_path / "data.txt"
     data.write_text(TEXT[:len(TEXT) // 3])
     a = tmp_path / "a.phi"
-    r = sift("fit-phi", "--data", data, "--out", a, *FIT)
+    r = sift("fit-phi", "--data", data, "-o", a, *FIT)
     assert r.returncode == 0, r.stderr
     assert "warning:" in r.stderr and "the end-to-end check needs 512" in r.stderr
     assert verdict(a).startswith("unchecked:")

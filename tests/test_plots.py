@@ -266,7 +266,7 @@ def test_sweep_real_run(tmp_path):
 def test_eval_real_run_one_context(tmp_path):
     out = tmp_path / "eval-real.svg"
     r = subprocess.run([str(SIFT), "eval", "-m", str(MODEL), "--strategy", "full,speed,streamingllm,topk",
-                        "--tasks", "niah", "--ctx", "256", "--samples", "1", "-t", "1", "-q",
+                        "--tasks", "niah", "--n-prompt", "256", "--samples", "1", "-t", "1", "-q",
                         "-o", str(tmp_path / "e.json"), "--plot", str(out)],
                        capture_output=True, text=True, timeout=300, env=ENV)
     assert r.returncode == 0, r.stderr

@@ -71,7 +71,7 @@ def prompt_files(tmp_path_factory):
     (["-f", "x.txt", "--speed", "fast"], "--speed"),
     (["-f", "x.txt", "--min-agreement", "1.5"], "out of range"),
     (["-f", "x.txt", "--plot", "p.png"], "SVG"),
-    (["-f", "x.txt", "--ctx", "4096"], "go with --tasks"),
+    (["-f", "x.txt", "--n-prompt", "4096"], "go with --tasks"),
     (["-f", "x.txt", "--bogus", "1"], "unknown flag"),
     (["--tasks", "niah", "--system", "be brief"], "chat template"),
 ])
@@ -214,7 +214,7 @@ def test_min_agreement_none_keeps_it(prompt_files, tmp_path):
 
 
 def test_tasks_accuracy(tmp_path):
-    r = sift("sweep", "-m", MODEL, "--tasks", "niah", "--ctx", 256, "--samples", 1, "--grid",
+    r = sift("sweep", "-m", MODEL, "--tasks", "niah", "--n-prompt", 256, "--samples", 1, "--grid",
              "fastkv:kv-rate=0.5", "-n", 8, "-t", 2, "--fidelity", "accuracy", "--parallel", 2,
              "-o", tmp_path / "t.json", "-q")
     assert r.returncode == 0, r.stderr

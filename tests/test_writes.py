@@ -33,7 +33,7 @@ ENV.pop("SIFT_MODEL", None)
 FULL_DEV = os.makedev(1, 7)
 DATA = ("The river carried stones from the mountains to the sea, and every stone remembered "
         "a different winter. ") * 40
-FIT = ["--ctx", 160, "--steps", 3, "--queries", 8, "--seed", 3, "--positions", 160, "--check", 0]
+FIT = ["-c", 160, "--steps", 3, "--queries", 8, "--seed", 3, "--positions", 160, "--check", 0]
 SUMMARY_KEYS = {"prompts", "done", "failed", "left", "wall_s", "decode_tokens", "model", "format"}
 
 pytestmark = pytest.mark.skipif(not MODEL.exists(), reason="default model missing (make model)")
@@ -75,7 +75,7 @@ def temporaries(d):
 
 
 def eval_args(tmp_path):
-    return ["eval", "-m", MODEL, "--strategy", "full", "--tasks", "niah", "--ctx", 256,
+    return ["eval", "-m", MODEL, "--strategy", "full", "--tasks", "niah", "--n-prompt", 256,
             "--samples", 1, "-t", 2, "-q"]
 
 
@@ -124,7 +124,7 @@ def test_fit_phi_maps_to_full_device(tmp_path):
     data = tmp_path / "data.txt"
     data.write_text(DATA)
     node = full_node(tmp_path / "maps.phi")
-    r = sift("fit-phi", "-m", MODEL, "--data", data, "--out", node, *FIT)
+    r = sift("fit-phi", "-m", MODEL, "--data", data, "-o", node, *FIT)
     assert r.returncode != 0
     errors = [l for l in r.stderr.splitlines() if l.startswith("sift: error:")]
     assert errors == [f"sift: error: fit-phi: cannot write phi file '{node}': No space left on device"]
@@ -259,7 +259,7 @@ def test_old_reports_intact_when_eval_and_sweep_fail_early(tmp_path):
     olds = {tmp_path / n: f"old {n}\n" for n in ("r.json", "r.csv", "r.svg", "s.json")}
     for p, t in olds.items():
         p.write_text(t)
-    r = sift("eval", "-m", MODEL, "--ctx", 100000, "-o", tmp_path / "r.json", "--csv",
+    r = sift("eval", "-m", MODEL, "--n-prompt", 100000, "-o", tmp_path / "r.json", "--csv",
              tmp_path / "r.csv", "--plot", tmp_path / "r.svg")
     assert r.returncode == 2 and "beyond the model's context" in r.stderr
     r = sift("sweep", "-m", MODEL, "-f", tmp_path / "none.txt", "-n", 2, "-o", tmp_path / "s.json")
