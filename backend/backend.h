@@ -189,3 +189,6 @@ const char *backend_cpu_blas_core(void);
 // On success msg holds the device's description; NULL with the reason in msg when there is no
 // usable GPU, driver or cuBLASLt.
 backend *backend_cuda_create(char *msg, size_t len);
+// A CUDA backend for planning only, no GPU needed: name, elem_bytes and weight_bytes (the bytes
+// each tensor would take on a device: GGUF blocks or bf16) are set, nothing else; destroy frees it.
+backend *backend_cuda_plan(void);

@@ -127,6 +127,17 @@ static int pick_device(cudaDeviceProp *prop, char *msg, size_t len) {
     return 0;
 }
 
+static void plan_destroy_backend(backend *b) { free(b); }
+
+backend *backend_cuda_plan(void) {
+    backend *b = (backend *)xcalloc(1, sizeof *b);
+    b->name = "cuda";
+    b->elem_bytes = 2;
+    b->weight_bytes = cuda_weight_bytes;
+    b->destroy = plan_destroy_backend;
+    return b;
+}
+
 backend *backend_cuda_create(char *msg, size_t len) {
     cudaDeviceProp prop;
     lt_api lt;

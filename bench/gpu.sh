@@ -15,7 +15,7 @@ set -u
 BENCH=(
     "-m synthetic:llama-3.1-8b --device cuda --strategy full -p 8192,32768 -n 64 -r 2"
     "-m synthetic:llama-3.1-8b --device cuda --strategy full,speed,fastkv,swiftkv,specprefill,topk,topk+phi -p 32768 -n 32 -r 1"
-    "-m synthetic:llama-3.1-8b --wtype q4_k --device cuda --strategy full -p 1024 -n 16 -r 1"
+    "-m synthetic:llama-3.1-8b --wtype q4_k --device cuda --strategy full -p 1024,8192 -n 32 -r 2"
     "-m synthetic:llama-3.1-8b --device cuda --strategy full -p 1024 -n 32 -r 1 --parallel 1,8,64"
 )
 LIMIT_S=${GPU_LIMIT_S:-530}   # stop starting new steps after this many seconds
@@ -105,6 +105,11 @@ done
 step "compute-sanitizer memcheck+racecheck" 150 sanitize.log bash tests/gpu_sanitize.sh "$CHECK"
 step "sift --device cpu (tiny GGUF)" 60 smoke_cpu.log "$SIFT" -m "$TINY" --device cpu \
     -p "the cat sat on the mat" -n 24 --temp 0 --strategy full,speed,fastkv,snapkv,streamingllm,specprefill
+
+# bench 3's GGUF blocks against the same weights converted to bf16 at load (the A/B of
+# backend/qmatmul_cuda.cu)
+step "sift bench 3, SIFT_CUDA_WEIGHTS=bf16" 120 bench_3_bf16.log env SIFT_CUDA_WEIGHTS=bf16 "$SIFT" bench \
+    -m synthetic:llama-3.1-8b --wtype q4_k --device cuda --strategy full -p 1024,8192 -n 32 -r 2
 
 # the decode step replayed as a CUDA graph (the default) against the same launches run eagerly
 step "sift bench 1, SIFT_CUDA_GRAPHS=0" 120 bench_nographs.log env SIFT_CUDA_GRAPHS=0 "$SIFT" bench \

@@ -202,12 +202,15 @@ static int max_ctx(const bench_opts *b) {
 
 static int bench_dry_run(const bench_opts *b, const model_config *c) {
     bench_out o = {out_format(b->format), 0};
-    double avail = (double)host_mem_available(), e = b->elem_bytes, weights;
+    // the memory plan: weights as the backend of --device keeps them (cuda: GGUF blocks or bf16,
+    // bf16 KV and activations, no GPU needed; otherwise the CPU's, --weights and --wtype), or
+    // every parameter at --elem-bytes when that is given
+    const int cuda = b->device && strcmp(b->device, "cuda") == 0;
+    double avail = cuda ? NAN : (double)host_mem_available(), e = cuda ? 2 : b->elem_bytes, weights;
     char err[512];
-    // the memory plan: weights as the CPU backend keeps them (--weights, --wtype), or every
-    // parameter at --elem-bytes when that is given (a bf16 device)
-    if (e != 4) weights = cost_n_params(c) * e;
-    else if (cli_cpu_weight_bytes(b->model, b->weights, b->wtype, &weights, err, sizeof err) != 0) {
+    if (b->elem_bytes != 4) weights = cost_n_params(c) * (e = b->elem_bytes);
+    else if (cli_plan_weight_bytes(b->model, b->device, b->weights, b->wtype, &weights, err,
+                                   sizeof err) != 0) {
         fprintf(stderr, "sift: error: %s\n", err);
         return 1;
     }
@@ -217,6 +220,7 @@ static int bench_dry_run(const bench_opts *b, const model_config *c) {
         double kv_tok = cost_kv_token_bytes(c, (size_t)e);
         bench_field f[] = {
             {"model", "model", name, 0, 0, NULL, NULL},
+            {"device", "device", cuda ? "cuda" : "cpu", 0, 0, NULL, NULL},
             {"n_params", "params", NULL, cost_n_params(c), 0, "%.0f", NULL},
             {"elem_bytes", "elem bytes", NULL, e, 0, "%.0f", NULL},
             {"n_prompt", "ctx", NULL, (double)P, 0, "%.0f", NULL},

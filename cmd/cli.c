@@ -377,10 +377,20 @@ static void hf_weight_bytes(const hf_dir *h, backend *bk, double *on_bk, double 
 
 #define TO_GIB(x) ((x) / 1073741824.0)
 
-int cli_cpu_weight_bytes(const char *path, enum bk_weights w, uint32_t wtype, double *bytes,
-                         char *err, size_t errlen) {
+int cli_plan_weight_bytes(const char *path, const char *device, enum bk_weights w, uint32_t wtype,
+                          double *bytes, char *err, size_t errlen) {
+    backend *bk;
+    if (device && strcmp(device, "cuda") == 0) {
+#ifdef SIFT_CUDA
+        bk = backend_cuda_plan();
+#else
+        snprintf(err, errlen, "this sift has no CUDA backend to plan for (built without nvcc)");
+        return -1;
+#endif
+    } else {
+        bk = backend_cpu_create(0, w);
+    }
     char *p = path ? strdup(path) : cli_default_model_path();
-    backend *bk = backend_cpu_create(0, w);
     double stored;
     int rc = -1;
     if (cli_is_synthetic(p)) {

@@ -109,10 +109,11 @@ typedef struct {
 // options); error printed.
 int cli_load(loaded *L, const char *path, const char *draft_path, const cli_hw *hw,
              const strategy *const *list, int n_list, const strategy_opts *so, strategy_run *run);
-// The resident weight bytes of path (GGUF, HF directory or synthetic:NAME with wtype) on the CPU
-// backend in mode w, without loading: what the memory plan counts. 0 or -1 + err.
-int cli_cpu_weight_bytes(const char *path, enum bk_weights w, uint32_t wtype, double *bytes,
-                         char *err, size_t errlen);
+// The resident weight bytes of path (GGUF, HF directory or synthetic:NAME with wtype) on device
+// "cuda" (as a GPU would keep them, no GPU needed: backend_cuda_plan) or else on the CPU backend
+// in mode w, without loading: what the memory plan counts. 0 or -1 + err.
+int cli_plan_weight_bytes(const char *path, const char *device, enum bk_weights w, uint32_t wtype,
+                          double *bytes, char *err, size_t errlen);
 // --wtype NAME (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k): the ggml type, or
 // a usage error.
 uint32_t cli_wtype(const char *v);

@@ -55,6 +55,8 @@ PUBLISHED = {
     "llama-3.2-3b": 3_212_749_824,
     # 2*128256*4096 + 4096 + 32*(2*4096 + 4096*4096 + 2*4096*1024 + 4096*4096 + 3*4096*14336)
     "llama-3.1-8b": 8_030_261_248,
+    # 2*128256*8192 + 8192 + 80*(2*8192 + 8192*8192 + 2*8192*1024 + 8192*8192 + 3*8192*28672)
+    "llama-3.1-70b": 70_553_706_496,
     # 2*152064*3584 + 3584 + 28*(2*3584 + 3584*3584 + 2*3584*512 + 3584*3584 + 3*3584*18944
     #                            + 3584 + 2*512)
     "qwen2.5-7b": 7_615_616_512,
@@ -67,6 +69,28 @@ def test_synthetic_param_count(name):
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     assert rows[0]["n_params"] == PUBLISHED[name]
+
+
+def test_70b_q4_k_plans_to_fit_an_80_gb_gpu():
+    """--dry-run --device cuda plans with the bytes a GPU keeps, no GPU needed: Q4_K blocks (144
+    bytes per 256 weights) for every matrix, each norm vector as bf16 + an fp32 copy (6 bytes per
+    element), bf16 KV (2 x 80 layers x 1024 x 2 bytes per token). Llama-3.1-70B at 8K fits 80 GB."""
+    r = run("bench", "-m", "synthetic:llama-3.1-70b", "--wtype", "q4_k", "--device", "cuda", "-p", "8192",
+            "-n", "128", "--dry-run", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    row = json.loads(r.stdout)[0]
+    vec = (2 * 80 + 1) * 8192
+    mats = PUBLISHED["llama-3.1-70b"] - vec
+    assert row["device"] == "cuda" and row["elem_bytes"] == 2
+    assert row["weight_bytes"] == mats * 144 // 256 + vec * 6
+    assert row["kv_token_bytes"] == 2 * 80 * 1024 * 2
+    assert row["kv_bytes"] == (8192 + 128) * 2 * 80 * 1024 * 2
+    assert row["plan_bytes"] < 80e9, row   # 43.9 GB: weights + KV + prefill activations
+    # the same model converted to bf16 would not: 141 GB of weights
+    r = run("bench", "-m", "synthetic:llama-3.1-70b", "--device", "cuda", "-p", "8192", "--dry-run",
+            "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)[0]["weight_bytes"] == (PUBLISHED["llama-3.1-70b"] - vec) * 2 + vec * 6
 
 
 def test_synthetic_loaded_count_and_message():
