@@ -28,7 +28,8 @@ if [ "${1:-}" = --pack ]; then   # plus a small GGUF (tokenizer included) for th
     done
     .venv/bin/python -c "import sys; sys.path.insert(0, 'tests'); import tiny_gguf, gguf; \
 tiny_gguf.write('$PACK/tiny-llama.gguf', n_layer=4, d=256, n_head=4, n_kv=2, ff=512, ctx=4096, \
-dtype=gguf.GGMLQuantizationType.F16, seed=3)" || exit 1
+dtype=gguf.GGMLQuantizationType.F16, seed=3); \
+import test_gpu_simt; test_gpu_simt.mixed_gguf('$PACK/tiny-mixed.gguf')" || exit 1
     ls -l "$PACK"
     exit 0
 fi
@@ -92,6 +93,8 @@ TINY=$PACK/tiny-llama.gguf
 step "sift --device cuda (tiny GGUF)" 60 smoke_cuda.log "$SIFT" -m "$TINY" --device cuda \
     -p "the cat sat on the mat" -n 24 --temp 0 --strategy full,speed,fastkv,snapkv,streamingllm,specprefill
 step "test-gpu (ops + strategies)" 200 test_gpu.log "$CHECK" "$TINY"
+# every strategy on a model whose weights stay in five GGUF block types (backend/qmatmul_cuda.cu)
+step "test-gpu on GGUF blocks (tiny-mixed.gguf)" 60 test_gpu_mixed.log "$CHECK" --only gguf "$PACK/tiny-mixed.gguf"
 i=0
 for b in "${BENCH[@]}"; do
     i=$((i + 1))
@@ -124,7 +127,7 @@ done
 
 echo
 echo "## gpu.sh on $(tail -n 1 "$OUT/nvidia-smi.txt"), $(date -u +%F), $(head -c 40 "$OUT/version.txt")"
-grep -h "passed, .* failed" "$OUT"/test_gpu.log 2>/dev/null
+grep -h "passed, .* failed" "$OUT"/test_gpu.log "$OUT"/test_gpu_mixed.log 2>/dev/null
 grep -h "test_simt:\|FAIL" "$OUT"/tables.log 2>/dev/null
 for dev in cpu cuda; do echo "$dev: $(grep -h "^| full\|^| speed" "$OUT/smoke_$dev.log" 2>/dev/null | cut -c1-150)"; done
 grep -h "FAIL" "$OUT"/test_gpu.log 2>/dev/null | head -n 20

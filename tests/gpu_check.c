@@ -1427,15 +1427,15 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[1], "--small") == 0) small = 1;
         else {
             fprintf(stderr, "usage: gpu_check [--self | --self-fault] [--ops-only] [--small] [--only ops|"
-                    "attention|topk|phi|decode|models|speed] [--case TEXT] [MODEL.gguf]\n");
+                    "attention|topk|phi|decode|models|gguf|speed] [--case TEXT] [MODEL.gguf]\n");
             return 2;
         }
     }
-    const char *sections[] = {"ops", "attention", "topk", "phi", "decode", "models", "speed"};
+    const char *sections[] = {"ops", "attention", "topk", "phi", "decode", "models", "gguf", "speed"};
     int known = !only;
-    for (int i = 0; i < 7 && !known; i++) known = strcmp(only, sections[i]) == 0;
+    for (int i = 0; i < 8 && !known; i++) known = strcmp(only, sections[i]) == 0;
     if (!known) {
-        fprintf(stderr, "gpu_check: --only %s: expected ops, attention, topk, phi, decode, models or speed\n", only);
+        fprintf(stderr, "gpu_check: --only %s: expected ops, attention, topk, phi, decode, models, gguf or speed\n", only);
         return 2;
     }
     setenv("SIFT_CUDA_SOFT_FAIL", "1", 1);   // a GEMM cuBLASLt refuses: a failed row, not the end
@@ -1485,6 +1485,9 @@ int main(int argc, char **argv) {
                    "-", "-", "-", "-");
         else test_gguf_model(bk, path);
     }
+    // only when asked for by name: the GGUF file alone, also under --small (a tiny file whose
+    // weights are of several block types: tests/test_gpu_simt.py, bench/gpu.sh)
+    if (!ops_only && only && strcmp(only, "gguf") == 0) test_gguf_model(bk, path);
     if (section(only, "ops")) test_matmul(bk, 3, 90, 34, 1);   // rows not 16-byte aligned: refused, fails its row
     bk[GPU]->destroy(bk[GPU]);
     bk[CPU]->destroy(bk[CPU]);

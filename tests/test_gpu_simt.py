@@ -340,3 +340,34 @@ def test_attention_bounds_hold_under_truncating_tensor_cores():
     t = subprocess.run([os.path.join(ROOT, "build", "tests", "test_simt")], capture_output=True, text=True,
                        timeout=300, env=dict(os.environ, SIMT_TC_ACCUM="trunc"))
     assert t.returncode == 0 and "1 + 0 * 2^-23" in t.stdout, t.stdout[-2000:]   # the mode acted
+
+
+def mixed_gguf(path):
+    """A tiny llama GGUF whose matrices take five block types, as real files mix them: q and k
+    Q4_0, v Q8_0 (so q|k|v are not fused: their types differ), o Q5_1, gate and up Q4_1 (fused),
+    down Q5_0, the embedding (also the tied LM head) Q8_0."""
+    import sys
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import gguf
+    import tiny_gguf
+    Q = gguf.GGMLQuantizationType
+    tiny_gguf.write(path, n_layer=2, d=256, n_head=4, n_kv=2, ff=512, ctx=2048, dtype=Q.F32, seed=5,
+                    dtypes={"attn_q.weight": Q.Q4_0, "attn_k.weight": Q.Q4_0, "attn_v.weight": Q.Q8_0,
+                            "attn_output.weight": Q.Q5_1, "ffn_gate.weight": Q.Q4_1,
+                            "ffn_up.weight": Q.Q4_1, "ffn_down.weight": Q.Q5_0,
+                            "token_embd.weight": Q.Q8_0})
+
+
+@needs_check
+def test_mixed_block_types_model(tmp_path):
+    """A model whose weights stay in five GGUF block types on the emulated device: every strategy's
+    prefill logits, kept positions, decode step logits and greedy prefix against the CPU backend
+    (gpu_check's model rows; the CPU reference dequantises to fp32)."""
+    model = str(tmp_path / "mixed.gguf")
+    mixed_gguf(model)
+    p = subprocess.run([GPU_CHECK, "--small", "--only", "gguf", model], cwd=ROOT, capture_output=True,
+                       text=True, timeout=1800)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+    m = re.search(r"gpu_check: (\d+) passed, 0 failed", p.stdout)
+    assert m and int(m.group(1)) >= 20, p.stdout[-3000:]
+    assert "greedy same prefix" in p.stdout

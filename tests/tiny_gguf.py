@@ -42,8 +42,10 @@ def tokenizer_fields(w, pre):
 
 def write(path, arch="llama", n_layer=2, d=64, n_head=4, n_kv=2, ff=128, ctx=256,
           dtype=gguf.GGMLQuantizationType.F32, rope_freqs=False, tied=True, drop=None,
-          meta=None, seed=0, pre=None):
-    """Writes a model; `drop` names a tensor to leave out, `meta` overrides metadata ints."""
+          meta=None, seed=0, pre=None, dtypes=None):
+    """Writes a model; `drop` names a tensor to leave out, `meta` overrides metadata ints;
+    `dtypes` maps a tensor name's suffix ("attn_v.weight", "token_embd.weight") to its type, in
+    place of `dtype` (files mix types: a Q4_K_M keeps attn_v and ffn_down at Q6_K)."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(path, arch)
     meta = dict(meta or {})
@@ -64,15 +66,16 @@ def write(path, arch="llama", n_layer=2, d=64, n_head=4, n_kv=2, ff=128, ctx=256
     def add(name, arr):
         if name == drop:
             return
-        if arr.ndim == 2 and dtype in (gguf.GGMLQuantizationType.Q2_K,
+        dtype_of = next((t for k, t in (dtypes or {}).items() if name.endswith(k)), dtype)
+        if arr.ndim == 2 and dtype_of in (gguf.GGMLQuantizationType.Q2_K,
                                        gguf.GGMLQuantizationType.Q3_K):
             # no quantiser in the gguf package: random blocks of the right size
-            block, size = gguf.GGML_QUANT_SIZES[dtype]
+            block, size = gguf.GGML_QUANT_SIZES[dtype_of]
             raw = rng.integers(0, 256, (arr.shape[0], arr.shape[1] // block * size), np.uint8)
-            w.add_tensor(name, raw, raw_dtype=dtype)
-        elif arr.ndim == 2 and dtype != gguf.GGMLQuantizationType.F32:
-            q = gguf.quants.quantize(arr, dtype)
-            w.add_tensor(name, q, raw_dtype=dtype)
+            w.add_tensor(name, raw, raw_dtype=dtype_of)
+        elif arr.ndim == 2 and dtype_of != gguf.GGMLQuantizationType.F32:
+            q = gguf.quants.quantize(arr, dtype_of)
+            w.add_tensor(name, q, raw_dtype=dtype_of)
         else:
             w.add_tensor(name, arr)
 
