@@ -442,7 +442,10 @@ def test_readme_and_bench_sh_commands_parse(workdir):
 def test_make_install(tmp_path):
     for args, root in [([f"PREFIX={tmp_path}/a"], tmp_path / "a"),
                        (["PREFIX=/usr", f"DESTDIR={tmp_path}/b"], tmp_path / "b/usr")]:
-        r = subprocess.run(["make", "-s", "install", *args], cwd=ROOT, capture_output=True, text=True)
+        # -o sift: install the binary the suite runs, never relink it here (a relink while another
+        # worker executes ./sift fails that test: the file is not executable until linked)
+        r = subprocess.run(["make", "-s", "-o", "sift", "install", *args], cwd=ROOT, capture_output=True,
+                           text=True)
         assert r.returncode == 0, r.stderr
         for f in ("bin/sift", "share/man/man1/sift.1", "share/bash-completion/completions/sift",
                   "share/zsh/site-functions/_sift"):
