@@ -181,9 +181,6 @@ static bk_weight *weight_new(cuda_impl *c, size_t rows, size_t cols) {
     return w;
 }
 
-// t in its file encoding: whole rows are dequantised on the host into one fp32 chunk of at most
-// WEIGHT_CHUNK elements (an F32 tensor is read in place), uploaded, rounded to bf16 on the
-// device; peak host memory is one chunk, not the tensor.
 // Whether t stays in its GGUF blocks on the device: a matrix of a type the kernels take
 // (qmatmul_cuda.cu), unless SIFT_CUDA_WEIGHTS=bf16 asks for the bf16 conversion (A/B runs).
 static int keeps_blocks(bk_tensor t) {
@@ -192,19 +189,22 @@ static int keeps_blocks(bk_tensor t) {
     return t.rows >= 2 && cuda_qtype(t.type) && t.cols % 32 == 0;
 }
 
+// The device storage of a weight: its blocks or its bf16 values.
+static void *storage(const bk_weight *w) { return w->q ? (void *)w->q : (void *)w->h; }
+
+// t in its file encoding. Kept in blocks: the file's bytes copied as they are. Otherwise whole
+// rows are dequantised on the host into one fp32 chunk of at most WEIGHT_CHUNK elements (an F32
+// tensor is read in place), uploaded, rounded to bf16 on the device; peak host memory is one
+// chunk, not the tensor.
 bk_weight *cuda_weight(backend *b, bk_tensor t) {
     cuda_impl *c = impl(b);
-    if (keeps_blocks(t)) {   // the file's bytes, uploaded as they are, a chunk at a time
+    if (keeps_blocks(t)) {
         bk_weight *w = (bk_weight *)xcalloc(1, sizeof *w);
         w->rows = t.rows, w->cols = t.cols, w->qtype = t.type, w->row_bytes = dq_bytes(t.type, t.cols);
-        size_t total = w->rows * w->row_bytes;
-        w->q = (uint8_t *)dev_alloc(c, total, "the model's weights");
-        for (size_t o = 0; o < total; o += WEIGHT_CHUNK * sizeof(float)) {
-            size_t k = total - o < WEIGHT_CHUNK * sizeof(float) ? total - o : WEIGHT_CHUNK * sizeof(float);
-            const void *d = stage(c, STAGE_AUX, (const uint8_t *)t.data + o, k);
-            CUDA_CHECK(cudaMemcpyAsync(w->q + o, d, k, cudaMemcpyDeviceToDevice, c->stream));
-        }
-        CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        w->q = (uint8_t *)dev_alloc(c, w->rows * w->row_bytes, "the model's weights");
+        CUDA_CHECK(cudaMemcpyAsync(w->q, t.data, w->rows * w->row_bytes, cudaMemcpyHostToDevice,
+                                   c->stream));
+        CUDA_CHECK(cudaStreamSynchronize(c->stream));   // t.data may be freed next
         if (t.owned) free((void *)t.data);
         return w;
     }
@@ -264,7 +264,7 @@ bk_weight *cuda_weight_fuse(backend *b, bk_weight *const *w, int k) {
     if (w[0]->q) fw->q = p;
     else fw->h = (bf16 *)p;
     for (int j = 0, r = 0; j < k; r += (int)w[j]->rows, j++) {
-        void *old = w[j]->q ? (void *)w[j]->q : (void *)w[j]->h;
+        void *old = storage(w[j]);
         CUDA_CHECK(cudaMemcpyAsync(p + (size_t)r * rb, old, w[j]->rows * rb, cudaMemcpyDeviceToDevice,
                                    c->stream));
         dev_free_after(c->stream, old);
@@ -281,7 +281,7 @@ void cuda_weight_free(backend *b, bk_weight *w) {
         free(w);
         return;
     }
-    dev_free_after(impl(b)->stream, w->q ? (void *)w->q : (void *)w->h);
+    dev_free_after(impl(b)->stream, storage(w));
     if (w->f) CUDA_CHECK(cudaFree(w->f));
     free(w);
 }

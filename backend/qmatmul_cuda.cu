@@ -35,7 +35,19 @@ __device__ static inline uint32_t u16at(const uint8_t *p) { return *(const uint1
 __device__ static inline uint32_t u32at2(const uint8_t *p) { return u16at(p) | u16at(p + 2) << 16; }
 __device__ static inline uint32_t u32at(const uint8_t *p) { return *(const uint32_t *)p; }   // 4-aligned
 
-__device__ static inline float f16f(uint32_t h) { return f16_to_f32(h); }   // cvt.f32.f16: exact
+// Where a 32-element format keeps its parts (weights/dequant.c's layouts), byte offsets in a
+// block: d at 0, m (Q4_1, Q5_1) at 2, the 32 fifth bits (Q5_0, Q5_1) at qh, the 16 nibble bytes
+// (or Q8_0's 32 int8) at qs. Rows start at multiples of the block size, so a 4-byte read at qs + 4i
+// is aligned exactly when qs and the block size are multiples of 4 (Q4_1, Q5_1).
+template <uint32_t T> struct blk32 {
+    static constexpr bool m = T == GGML_Q4_1 || T == GGML_Q5_1, five = T == GGML_Q5_0 || T == GGML_Q5_1;
+    static constexpr int qh = m ? 4 : 2, qs = 2 + 2 * m + 4 * five;
+    static constexpr int bytes = T == GGML_Q8_0 ? 34 : qs + 16;
+    static constexpr bool aligned4 = qs % 4 == 0 && bytes % 4 == 0;
+};
+template <uint32_t T> __device__ static inline uint32_t word(const uint8_t *p) {   // 4 bytes at p
+    return blk32<T>::aligned4 ? u32at(p) : u32at2(p);
+}
 
 // q (0 <= q < 2^23) as a float: 2^23 + q has q in its mantissa; subtracting 2^23 is exact
 __device__ static inline float qf(uint32_t q) { return __int_as_float((int)(0x4B000000u | q)) - 8388608.0f; }
@@ -65,27 +77,24 @@ __device__ static inline void k4_scale_min(const uint8_t *s12, int j, int *sc, i
 template <uint32_t T>
 __device__ static inline void decode4(const uint8_t *row, int e, float *q, float *a, float *b) {
     if (T == GGML_Q4_0 || T == GGML_Q4_1 || T == GGML_Q5_0 || T == GGML_Q5_1 || T == GGML_Q8_0) {
-        const int bs = T == GGML_Q4_0 ? 18 : T == GGML_Q4_1 ? 20 : T == GGML_Q5_0 ? 22 : T == GGML_Q5_1 ? 24 : 34;
-        const uint8_t *B = row + (size_t)(e >> 5) * bs;
+        typedef blk32<T> L;
+        const uint8_t *B = row + (size_t)(e >> 5) * L::bytes;
         const int l = e & 31;
-        const float d = f16f(u16at(B));
+        const float d = f16_to_f32(u16at(B));
         if (T == GGML_Q8_0) {   // int8 v as v + 128: d (v + 128) - 128 d = d v, exact
-            quads(u32at2(B + 2 + l) ^ 0x80808080u, 0, 0xFF, q);
+            quads(word<T>(B + L::qs + l) ^ 0x80808080u, 0, 0xFF, q);
             *a = d, *b = -128.0f * d;
             return;
         }
-        const int has_m = T == GGML_Q4_1 || T == GGML_Q5_1, five = T == GGML_Q5_0 || T == GGML_Q5_1;
-        const uint8_t *qs = B + 2 + 2 * has_m + 4 * five;   // Q4_0 2, Q4_1 4, Q5_0 6, Q5_1 8
         // element l: low nibble of qs[l] (l < 16) or high nibble of qs[l - 16]
-        const uint32_t w = has_m && !five ? u32at(qs + (l & 15)) : u32at2(qs + (l & 15));
-        quads(w, l < 16 ? 0 : 4, 0xF, q);
-        if (five) {   // bit 4 of element l is bit l of qh
-            const uint32_t qh = (has_m ? u32at(B + 4) : u32at2(B + 2)) >> l;
+        quads(word<T>(B + L::qs + (l & 15)), l < 16 ? 0 : 4, 0xF, q);
+        if (L::five) {   // bit 4 of element l is bit l of qh
+            const uint32_t qh = word<T>(B + L::qh) >> l;
 #pragma unroll
             for (int i = 0; i < 4; i++) q[i] += (float)(16 * ((qh >> i) & 1));
         }
         // Q4_0 (q - 8) d, Q5_0 (q - 16) d: d q exact, so fma(d, q, -8 d) rounds once as the CPU
-        *a = d, *b = has_m ? f16f(u16at(B + 2)) : -(five ? 16.0f : 8.0f) * d;
+        *a = d, *b = L::m ? f16_to_f32(u16at(B + 2)) : -(L::five ? 16.0f : 8.0f) * d;
     } else if (T == GGML_Q4_K || T == GGML_Q5_K) {
         const uint8_t *B = row + (size_t)(e >> 8) * (T == GGML_Q4_K ? 144 : 176);
         const int j = (e >> 5) & 7, l = e & 31;   // sub-block, element in it
@@ -98,7 +107,7 @@ __device__ static inline void decode4(const uint8_t *row, int e, float *q, float
             q[0] += (float)(16 * (h & 1)), q[1] += (float)(16 * (h >> 8 & 1));
             q[2] += (float)(16 * (h >> 16 & 1)), q[3] += (float)(16 * (h >> 24));
         }
-        *a = f16f(dd & 0xFFFF) * (float)sc, *b = -(f16f(dd >> 16) * (float)mn);
+        *a = f16_to_f32(dd & 0xFFFF) * (float)sc, *b = -(f16_to_f32(dd >> 16) * (float)mn);
     } else {   // Q6_K: 210-byte blocks, 2-byte aligned
         const uint8_t *B = row + (size_t)(e >> 8) * 210;
         const int r = e & 255, half = r >> 7, k = (r >> 5) & 3, l = r & 31;
@@ -107,7 +116,7 @@ __device__ static inline void decode4(const uint8_t *row, int e, float *q, float
         q[0] += (float)(16 * (h & 3)), q[1] += (float)(16 * (h >> 8 & 3));
         q[2] += (float)(16 * (h >> 16 & 3)), q[3] += (float)(16 * (h >> 24 & 3));
         const float sc = (float)((const int8_t *)B)[192 + 8 * half + 2 * k + l / 16];
-        *a = f16f(u16at(B + 208)) * sc, *b = -32.0f * *a;   // d sc (q - 32)
+        *a = f16_to_f32(u16at(B + 208)) * sc, *b = -32.0f * *a;   // d sc (q - 32)
     }
 }
 
@@ -121,24 +130,23 @@ __device__ static inline uint32_t spread4(uint32_t x) {   // bits 0..3 of x to b
 template <uint32_t T>
 __device__ static inline void decode32(const uint8_t *row, int g, uint32_t *qw, float *a, float *b) {
     if (T == GGML_Q4_0 || T == GGML_Q4_1 || T == GGML_Q5_0 || T == GGML_Q5_1) {
-        const int bs = T == GGML_Q4_0 ? 18 : T == GGML_Q4_1 ? 20 : T == GGML_Q5_0 ? 22 : 24;
-        const int has_m = T == GGML_Q4_1 || T == GGML_Q5_1, five = T == GGML_Q5_0 || T == GGML_Q5_1;
-        const uint8_t *B = row + (size_t)g * bs, *qs = B + 2 + 2 * has_m + 4 * five;
-        const uint32_t qh = five ? (has_m ? u32at(B + 4) : u32at2(B + 2)) : 0;
+        typedef blk32<T> L;
+        const uint8_t *B = row + (size_t)g * L::bytes, *qs = B + L::qs;
+        const uint32_t qh = L::five ? word<T>(B + L::qh) : 0;
 #pragma unroll
         for (int i = 0; i < 4; i++) {   // element j: low nibble of qs[j], j + 16: its high nibble
-            const uint32_t w = has_m && !five ? u32at(qs + 4 * i) : u32at2(qs + 4 * i);
+            const uint32_t w = word<T>(qs + 4 * i);
             qw[i] = w & 0x0F0F0F0Fu, qw[4 + i] = (w >> 4) & 0x0F0F0F0Fu;
-            if (five) qw[i] |= spread4(qh >> (4 * i)) << 4, qw[4 + i] |= spread4(qh >> (16 + 4 * i)) << 4;
+            if (L::five) qw[i] |= spread4(qh >> (4 * i)) << 4, qw[4 + i] |= spread4(qh >> (16 + 4 * i)) << 4;
         }
-        const float d = f16f(u16at(B));
+        const float d = f16_to_f32(u16at(B));
         a[0] = a[1] = d;
-        b[0] = b[1] = has_m ? f16f(u16at(B + 2)) : -(five ? 16.0f : 8.0f) * d;
+        b[0] = b[1] = L::m ? f16_to_f32(u16at(B + 2)) : -(L::five ? 16.0f : 8.0f) * d;
     } else if (T == GGML_Q8_0) {
-        const uint8_t *B = row + (size_t)g * 34;
+        const uint8_t *B = row + (size_t)g * blk32<T>::bytes;
 #pragma unroll
-        for (int i = 0; i < 8; i++) qw[i] = u32at2(B + 2 + 4 * i);
-        a[0] = a[1] = f16f(u16at(B)), b[0] = b[1] = 0;
+        for (int i = 0; i < 8; i++) qw[i] = word<T>(B + blk32<T>::qs + 4 * i);
+        a[0] = a[1] = f16_to_f32(u16at(B)), b[0] = b[1] = 0;
     } else if (T == GGML_Q4_K || T == GGML_Q5_K) {
         const int j = g & 7, shift = 4 * (j & 1);
         const uint8_t *B = row + (size_t)(g >> 3) * (T == GGML_Q4_K ? 144 : 176);
@@ -156,7 +164,7 @@ __device__ static inline void decode32(const uint8_t *row, int g, uint32_t *qw, 
         int sc, mn;
         k4_scale_min(B + 4, j, &sc, &mn);
         const uint32_t dd = u32at(B);
-        a[0] = a[1] = f16f(dd & 0xFFFF) * (float)sc, b[0] = b[1] = -(f16f(dd >> 16) * (float)mn);
+        a[0] = a[1] = f16_to_f32(dd & 0xFFFF) * (float)sc, b[0] = b[1] = -(f16_to_f32(dd >> 16) * (float)mn);
     } else {   // Q6_K: 210-byte blocks, 2-byte aligned
         const int j = g & 7, half = j >> 2, k = j & 3;
         const uint8_t *B = row + (size_t)(g >> 3) * 210;
@@ -165,7 +173,7 @@ __device__ static inline void decode32(const uint8_t *row, int g, uint32_t *qw, 
         for (int i = 0; i < 8; i++)
             qw[i] = ((u32at2(ql + 4 * i) >> (4 * (k >> 1))) & 0x0F0F0F0Fu) |
                     ((u32at2(qh + 4 * i) >> (2 * k)) & 0x03030303u) << 4;
-        const float d = f16f(u16at(B + 208));
+        const float d = f16_to_f32(u16at(B + 208));
         const int8_t *sc = (const int8_t *)(B + 192 + 8 * half + 2 * k);
         a[0] = d * (float)sc[0], a[1] = d * (float)sc[1];
         b[0] = -32.0f * a[0], b[1] = -32.0f * a[1];   // d sc (q - 32)

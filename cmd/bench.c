@@ -205,10 +205,11 @@ static int bench_dry_run(const bench_opts *b, const model_config *c) {
     // the memory plan: weights as the backend of --device keeps them (cuda: GGUF blocks or bf16,
     // bf16 KV and activations, no GPU needed; otherwise the CPU's, --weights and --wtype), or
     // every parameter at --elem-bytes when that is given
-    const int cuda = b->device && strcmp(b->device, "cuda") == 0;
-    double avail = cuda ? NAN : (double)host_mem_available(), e = cuda ? 2 : b->elem_bytes, weights;
+    const int cuda = b->device && strcmp(b->device, "cuda") == 0, given = b->elem_bytes != 4;
+    double avail = cuda ? NAN : (double)host_mem_available(), weights;
+    double e = given ? b->elem_bytes : cuda ? 2 : 4;
     char err[512];
-    if (b->elem_bytes != 4) weights = cost_n_params(c) * (e = b->elem_bytes);
+    if (given) weights = cost_n_params(c) * e;
     else if (cli_plan_weight_bytes(b->model, b->device, b->weights, b->wtype, &weights, err,
                                    sizeof err) != 0) {
         fprintf(stderr, "sift: error: %s\n", err);

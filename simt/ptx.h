@@ -69,7 +69,8 @@ static inline int dp4a_s32(int a, int b, int c) {
     return (int)s;
 }
 // cvt.f32.f16 of the low 16 bits of h: exact (every f16, subnormals included, is an fp32; NaN
-// keeps its payload's top bits)
+// keeps its payload's top bits). The same rule as weights/dequant.c's dq_f16_to_f32, restated:
+// simt/ includes nothing of sift's (it emulates the instruction, not sift's loader)
 static inline float f16_to_f32(uint32_t h) {
     uint32_t sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
     if (e == 0x1f) bits = sign | 0x7f800000u | man << 13;
