@@ -13,8 +13,13 @@
 // (plus fp32 summation error), the bound tests/test_qgemm.c checks. Why two digits, not one as
 // llama.cpp's Q8 activations: bench/RESULTS.md (one digit moved perplexity and flipped greedy
 // answers of the default model; the second costs little at decode, which reads weights).
-// The most used types (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) have fused AVX-512 kernels that read the
-// blocks directly; the others unpack a row to (u, s, m) first.
+// The most used types (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) have fused kernels that read the blocks
+// directly, AVX-512 (vpdpbusd) and AVX2 (the digits joined into int16, vpmaddwd); the others
+// unpack a row to (u, s, m) first. On AVX-512, Q4_K and Q6_K take one activation step per
+// 256-block instead of 32 (q_act_block): the same two digits, so their sub-block scales apply in
+// int32 (vpmaddubsw, vpdpwssd) and the fp32 fix-up runs once per super-block, not per 4 products
+// (bench/RESULTS.md: 8.5 % less CPU per decoded token on the 1B shape); the bound above then
+// holds with that block's d.
 // F16/BF16 rows are converted to fp32 on the fly (F16C / shifts) and dotted with fp32 activations.
 // Prefill-sized products (many rows) may instead dequantise tiles of weight rows to fp32 and
 // call sgemm (exact weights), on a CPU with AMX multiply bf16 tiles (qgemm_amx.c), or on AVX-512
@@ -60,6 +65,11 @@ void q_matmul_cpu(enum q_isa isa, int sgemm, float *out, const float *x, int n, 
 void q_matmul_multi(enum q_isa isa, int k, float *const *out, const float *x, int n, int in,
                     const uint32_t *type, const void *const *w, const size_t *row_bytes,
                     const int *o, q_scratch *scratch);
+
+// The activations' block on the int8 path for a type (the elements one step d covers): 32, or 256
+// for Q4_K and Q6_K on AVX-512 (their kernels apply the sub-block scales in int32 and convert
+// once per super-block; the same two digits, |x - x^| <= d / 256 with the 256-block's d).
+int q_act_block(enum q_isa isa, uint32_t type, int in);
 
 // The activations' two-digit form, exposed for the tests: row x (cols,) -> q (2 cols,): the high
 // digits, then the low ones; d (cols/32,) = max |x| / 127 / 256 of each 32-block (the unit of

@@ -116,6 +116,43 @@ quantize_row_avx512(const float *x, int cols, int8_t *q, float *d, float *a) {
     }
 }
 
+// The K-quant kernels' form of one row (cols % 256 == 0; q_act's K form): per 256-block step
+// d = max|x| / 127 and quantize_row_avx512's two digits; q6 (2 cols): high digits then low, in
+// element order; q4 (2 cols): the same with the middle two 32-chunks of every 128 swapped (Q4_K's
+// nibble order); kd (cols/256) = d / 256; s32 (cols/32), s16 (cols/16) = kd * sums of 256 q + l.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void
+quantize_row_k(const float *x, int cols, int8_t *q6, int8_t *q4, float *kd, float *s32, float *s16) {
+    const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
+    static const int chunk[4] = {0, 64, 32, 96};   // where 32-chunk c of a 128 goes in Q4_K's order
+    for (int b = 0; b < cols; b += 256) {
+        __m512 mx = _mm512_setzero_ps();
+        for (int k = 0; k < 256; k += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(x + b + k)));
+        float amax = _mm512_reduce_max_ps(mx);
+        float step = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+        __m512 vstep = _mm512_set1_ps(step), vinv = _mm512_set1_ps(inv);
+        kd[b / 256] = step / 256.0f;
+        int pair = 0;
+        for (int k = 0; k < 256; k += 16) {
+            __m512 xv = _mm512_loadu_ps(x + b + k);
+            __m512i h = _mm512_cvtps_epi32(_mm512_mul_ps(xv, vinv));
+            h = _mm512_max_epi32(_mm512_min_epi32(h, lim), nlim);
+            __m512 r = _mm512_sub_ps(xv, _mm512_mul_ps(_mm512_cvtepi32_ps(h), vstep));
+            __m512i l = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(r, vinv), _mm512_set1_ps(256.0f)));
+            l = _mm512_max_epi32(_mm512_min_epi32(l, lim), nlim);
+            __m128i h8 = _mm512_cvtepi32_epi8(h), l8 = _mm512_cvtepi32_epi8(l);
+            int at = b + (k / 128) * 128 + chunk[(k % 128) / 32] + k % 32;
+            _mm_storeu_si128((__m128i *)(q6 + b + k), h8);
+            _mm_storeu_si128((__m128i *)(q6 + cols + b + k), l8);
+            _mm_storeu_si128((__m128i *)(q4 + at), h8);
+            _mm_storeu_si128((__m128i *)(q4 + cols + at), l8);
+            int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(h, 8), l));
+            s16[(b + k) / 16] = kd[b / 256] * (float)sum;
+            if (k % 32 == 0) pair = sum;
+            else s32[(b + k) / 32] = kd[b / 256] * (float)(pair + sum);
+        }
+    }
+}
+
 void q_quantize_row(enum q_isa isa, const float *x, int cols, int8_t *q, float *d, float *a) {
     if (isa == Q_ISA_AVX512) quantize_row_avx512(x, cols, q, d, a);
     else quantize_row_scalar(x, cols, q, d, a);
@@ -523,72 +560,70 @@ static inline __m256 u8x8_to_ps(uint64_t v) {
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)v)));
 }
 
-// Q4_K: per 64 elements, 32 bytes of qs hold sub-blocks 2p (low nibbles) and 2p+1 (high).
-// Sub-block scales d*sc_j*d_act_j for all 8 at once; mins as a vector term.
-AVX512 static float dot_q4_k_avx512(const uint8_t *b, const int8_t *q, const int8_t *ql,
-                                    const float *d, const float *a, int cols) {
-    const __m512i pick[4] = PICK_PAIRS;
-    const float *a32 = a + cols / G;   // the 32-block sums after the row's group sums
-    __m512 acc = _mm512_setzero_ps();
-    __m256 accm = _mm256_setzero_ps();
-    for (int i = 0; i < cols; i += 256, b += 144, q += 256, ql += 256, d += 8) {
-        _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)b + PREFETCH + 128, _MM_HINT_T0);
-        const float dd = _cvtsh_ss(*(const uint16_t *)b), dmin = _cvtsh_ss(*(const uint16_t *)(b + 2));
-        uint64_t sc, mn;
-        k_scales8(b + 4, &sc, &mn);
-        __m256 ws = _mm256_mul_ps(_mm256_mul_ps(u8x8_to_ps(sc), _mm256_set1_ps(dd)), _mm256_loadu_ps(d));
-        __m512 ws16 = _mm512_castps256_ps512(ws);
-        accm = _mm256_fmadd_ps(_mm256_mul_ps(u8x8_to_ps(mn), _mm256_set1_ps(-dmin)),
-                               _mm256_loadu_ps(a32 + i / 32), accm);
-        for (int p = 0; p < 4; p++) {
-            __m512i u = nibbles64(_mm256_loadu_si256((const __m256i *)(b + 16 + 32 * p)));
-            __m512i s = dot2(u, q + 64 * p, ql + 64 * p);
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_permutexvar_ps(pick[p], ws16), acc);
-        }
-    }
-    return _mm512_reduce_add_ps(acc) + hsum256(accm);
+// ---- K-quants on AVX-512: one activation step per 256-block, integer sub-block scales -------
+// The 32-block kernels above turn every 4-element int32 lane into fp32 with its group's scale
+// (cvt, permute, FMA per 64 products); on AMD Zen 4 that fix-up, not the multiplies, bounds them.
+// For Q4_K and Q6_K the activations take one step per 256-block instead (q_act's K form: the same
+// two digits, |x - x^| <= d_256 / 256), so the sub-block scales, small integers, apply in int:
+// vpmaddubsw multiplies the 8-bit weights with a digit and adds pairs (|sum| <= 2 * 63 * 127,
+// no saturation), vpdpwssd multiplies those with the int16 scales and accumulates in int32 (per
+// lane and super-block at most 16002 * 128 * 8 for Q6_K, 3810 * 63 * 8 for Q4_K), and each digit's
+// sum becomes fp32 once per super-block: y += d_w d_x (256 S_hi + S_lo).
+
+// int16 lane indices for vpermw: 16 lanes of index a, then 16 of index b
+AVX512 static inline __m512i idx16x2(int a, int b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)a)), _mm256_set1_epi16((short)b), 1);
+}
+// 8 lanes each of a, a+1, a+2, a+3
+AVX512 static inline __m512i idx8x4(int a) {
+    return _mm512_set_epi16(a + 3, a + 3, a + 3, a + 3, a + 3, a + 3, a + 3, a + 3, a + 2, a + 2, a + 2,
+                            a + 2, a + 2, a + 2, a + 2, a + 2, a + 1, a + 1, a + 1, a + 1, a + 1, a + 1,
+                            a + 1, a + 1, a, a, a, a, a, a, a, a);
 }
 
-// dot_q4_k_avx512 for four activation rows: super-block scales and nibbles decoded once; each
-// row's arithmetic (and so its result, bit for bit) as the one-row kernel's.
-AVX512 static void dot4_q4_k_avx512(const uint8_t *b, const act_row *x, int cols, float *out) {
-    const __m512i pick[4] = PICK_PAIRS;
-    __m512 acc[4];
-    __m256 accm[4];
-    for (int r = 0; r < 4; r++) acc[r] = _mm512_setzero_ps(), accm[r] = _mm256_setzero_ps();
+// Q4_K, R activation rows in the K form with Q4_K's element order (x[r].q: high digits, .ql: low,
+// both with the middle 32-chunks of every 128 swapped; .d: steps per 256; .a: 32-block sums).
+// A 64-byte load of qs holds, in its low nibbles, sub-blocks 4h and 4h+2 (elements 0-31, 64-95 of
+// half h), in its high nibbles 4h+1 and 4h+3 — matched by that order. Mins: -dmin mn_j s_j.
+AVX512 static inline __attribute__((always_inline)) void
+q4k_rows(int R, const uint8_t *b, const act_row *x, int cols, float *out) {
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    const __m512i ilo[2] = {idx16x2(0, 2), idx16x2(4, 6)}, ihi[2] = {idx16x2(1, 3), idx16x2(5, 7)};
+    __m512 facc[4];
+    __m256 macc[4];
+    for (int r = 0; r < R; r++) facc[r] = _mm512_setzero_ps(), macc[r] = _mm256_setzero_ps();
     for (int i = 0; i < cols; i += 256, b += 144) {
         _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);
         _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);
         _mm_prefetch((const char *)b + PREFETCH + 128, _MM_HINT_T0);
-        const float dd = _cvtsh_ss(*(const uint16_t *)b), dmin = _cvtsh_ss(*(const uint16_t *)(b + 2));
+        const float dd = f16(b), dmin = f16(b + 2);
         uint64_t sc, mn;
         k_scales8(b + 4, &sc, &mn);
-        __m256 scd = _mm256_mul_ps(u8x8_to_ps(sc), _mm256_set1_ps(dd));
+        __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc)));
         __m256 mnd = _mm256_mul_ps(u8x8_to_ps(mn), _mm256_set1_ps(-dmin));
-        __m512 ws16[4];
-        for (int r = 0; r < 4; r++) {
-            ws16[r] = _mm512_castps256_ps512(_mm256_mul_ps(scd, _mm256_loadu_ps(x[r].d + i / 32)));
-            accm[r] = _mm256_fmadd_ps(mnd, _mm256_loadu_ps(x[r].a + cols / G + i / 32), accm[r]);
-        }
-        for (int p = 0; p < 4; p++) {
-            __m512i u = nibbles64(_mm256_loadu_si256((const __m256i *)(b + 16 + 32 * p)));
-            for (int r = 0; r < 4; r++) {
-                __m512i sv = dot2(u, x[r].q + i + 64 * p, x[r].ql + i + 64 * p);
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sv), _mm512_permutexvar_ps(pick[p], ws16[r]), acc[r]);
+        __m512i hi_acc[4], lo_acc[4];
+        for (int r = 0; r < R; r++) hi_acc[r] = lo_acc[r] = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            __m512i v = _mm512_loadu_si512(b + 16 + 64 * h);
+            __m512i ul = _mm512_and_si512(v, lo4), uh = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+            __m512i sl = _mm512_permutexvar_epi16(ilo[h], sc16), sh = _mm512_permutexvar_epi16(ihi[h], sc16);
+            for (int r = 0; r < R; r++) {
+                const int8_t *q = x[r].q + i + 128 * h, *ql = x[r].ql + i + 128 * h;
+                hi_acc[r] = _mm512_dpwssd_epi32(hi_acc[r], _mm512_maddubs_epi16(ul, _mm512_loadu_si512(q)), sl);
+                hi_acc[r] = _mm512_dpwssd_epi32(hi_acc[r], _mm512_maddubs_epi16(uh, _mm512_loadu_si512(q + 64)), sh);
+                lo_acc[r] = _mm512_dpwssd_epi32(lo_acc[r], _mm512_maddubs_epi16(ul, _mm512_loadu_si512(ql)), sl);
+                lo_acc[r] = _mm512_dpwssd_epi32(lo_acc[r], _mm512_maddubs_epi16(uh, _mm512_loadu_si512(ql + 64)), sh);
             }
         }
+        for (int r = 0; r < R; r++) {
+            __m512 s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi_acc[r]), _mm512_set1_ps(256.0f),
+                                       _mm512_cvtepi32_ps(lo_acc[r]));
+            facc[r] = _mm512_fmadd_ps(s, _mm512_set1_ps(dd * x[r].d[i / 256]), facc[r]);
+            macc[r] = _mm256_fmadd_ps(mnd, _mm256_loadu_ps(x[r].a + i / 32), macc[r]);
+        }
     }
-    for (int r = 0; r < 4; r++) out[r] = _mm512_reduce_add_ps(acc[r]) + hsum256(accm[r]);
+    for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(facc[r]) + hsum256(macc[r]);
 }
-
-// lane picks: 4 lanes of scale k (k = 0..15), four at a time
-#define PICK_QUADS                                                                             \
-    {_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),                         \
-     _mm512_set_epi32(7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4),                         \
-     _mm512_set_epi32(11, 11, 11, 11, 10, 10, 10, 10, 9, 9, 9, 9, 8, 8, 8, 8),                 \
-     _mm512_set_epi32(15, 15, 15, 15, 14, 14, 14, 14, 13, 13, 13, 13, 12, 12, 12, 12)}
 
 // The 128 u6 of half `half` of a Q6_K super-block at b: elements 0..63 (u01) and 64..127 (u23).
 AVX512 static inline void q6k_half(const uint8_t *b, int half, __m512i *u01, __m512i *u23) {
@@ -609,64 +644,64 @@ AVX512 static inline void q6k_half(const uint8_t *b, int half, __m512i *u01, __m
     *u23 = _mm512_inserti64x4(_mm512_castsi256_si512(k2), k3, 1);
 }
 
-// Q6_K: per half of 128, ql[0..32) / ql[32..64) low/high nibbles and qh's 2-bit fields give
-// elements 32k..32k+31 (k = 0..3); scales per 16 (all 16 as one vector), mins -32 * scale.
-AVX512 static float dot_q6_k_avx512(const uint8_t *b, const int8_t *q, const int8_t *ql,
-                                    const float *d, const float *a, int cols) {
-    const __m512i pick[4] = PICK_QUADS;
-    const __m512i d_of_group = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-    __m512 acc = _mm512_setzero_ps(), accm = _mm512_setzero_ps();
-    for (int i = 0; i < cols; i += 256, b += 210, q += 256, ql += 256, d += 8, a += 16) {
-        for (int k = 0; k < 4; k++) _mm_prefetch((const char *)b + PREFETCH + 64 * k, _MM_HINT_T0);
-        const float dd = _cvtsh_ss(*(const uint16_t *)(b + 208));
-        __m512 sc = _mm512_mul_ps(
-            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 192)))),
-            _mm512_set1_ps(dd));
-        __m512 ws = _mm512_mul_ps(sc, _mm512_permutexvar_ps(d_of_group,
-                                                            _mm512_castps256_ps512(_mm256_loadu_ps(d))));
-        accm = _mm512_fmadd_ps(sc, _mm512_loadu_ps(a), accm);
-        for (int half = 0; half < 2; half++) {
-            __m512i u01, u23;
-            q6k_half(b, half, &u01, &u23);
-            const int8_t *qq = q + 128 * half, *qql = ql + 128 * half;
-            __m512i p01 = dot2(u01, qq, qql), p23 = dot2(u23, qq + 64, qql + 64);
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p01), _mm512_permutexvar_ps(pick[2 * half], ws), acc);
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p23), _mm512_permutexvar_ps(pick[2 * half + 1], ws), acc);
-        }
-    }
-    return _mm512_reduce_add_ps(acc) - 32 * _mm512_reduce_add_ps(accm);
-}
-
-// dot_q6_k_avx512 for four activation rows (each row's arithmetic as the one-row kernel's).
-AVX512 static void dot4_q6_k_avx512(const uint8_t *b, const act_row *x, int cols, float *out) {
-    const __m512i pick[4] = PICK_QUADS;
-    const __m512i d_of_group = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-    __m512 acc[4], accm[4];
-    for (int r = 0; r < 4; r++) acc[r] = _mm512_setzero_ps(), accm[r] = _mm512_setzero_ps();
+// Q6_K, R activation rows in the K form, element order (.a: 16-group sums): w = d sc_g (u - 32);
+// the maddubs pair sums of u01 / u23 take the scales of their 16-groups (8 lanes each), the -32
+// offsets the activation's 16-group sums.
+AVX512 static inline __attribute__((always_inline)) void
+q6k_rows(int R, const uint8_t *b, const act_row *x, int cols, float *out) {
+    const __m512i i01[2] = {idx8x4(0), idx8x4(8)}, i23[2] = {idx8x4(4), idx8x4(12)};
+    __m512 facc[4], macc[4];
+    for (int r = 0; r < R; r++) facc[r] = macc[r] = _mm512_setzero_ps();
     for (int i = 0; i < cols; i += 256, b += 210) {
         for (int k = 0; k < 4; k++) _mm_prefetch((const char *)b + PREFETCH + 64 * k, _MM_HINT_T0);
-        const float dd = _cvtsh_ss(*(const uint16_t *)(b + 208));
-        __m512 sc = _mm512_mul_ps(
-            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 192)))),
-            _mm512_set1_ps(dd));
-        __m512 ws[4];
-        for (int r = 0; r < 4; r++) {
-            ws[r] = _mm512_mul_ps(sc, _mm512_permutexvar_ps(
-                                          d_of_group, _mm512_castps256_ps512(_mm256_loadu_ps(x[r].d + i / 32))));
-            accm[r] = _mm512_fmadd_ps(sc, _mm512_loadu_ps(x[r].a + i / 16), accm[r]);
-        }
-        for (int half = 0; half < 2; half++) {
+        const float dq = f16(b + 208);
+        __m128i sc8 = _mm_loadu_si128((const __m128i *)(b + 192));
+        __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc8));
+        __m512 scf = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc8)), _mm512_set1_ps(dq));
+        __m512i hi_acc[4], lo_acc[4];
+        for (int r = 0; r < R; r++) hi_acc[r] = lo_acc[r] = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
             __m512i u01, u23;
-            q6k_half(b, half, &u01, &u23);
-            for (int r = 0; r < 4; r++) {
-                const int8_t *qq = x[r].q + i + 128 * half, *qql = x[r].ql + i + 128 * half;
-                __m512i p01 = dot2(u01, qq, qql), p23 = dot2(u23, qq + 64, qql + 64);
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p01), _mm512_permutexvar_ps(pick[2 * half], ws[r]), acc[r]);
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p23), _mm512_permutexvar_ps(pick[2 * half + 1], ws[r]), acc[r]);
+            q6k_half(b, h, &u01, &u23);
+            __m512i s01 = _mm512_permutexvar_epi16(i01[h], sc16), s23 = _mm512_permutexvar_epi16(i23[h], sc16);
+            for (int r = 0; r < R; r++) {
+                const int8_t *q = x[r].q + i + 128 * h, *ql = x[r].ql + i + 128 * h;
+                hi_acc[r] = _mm512_dpwssd_epi32(hi_acc[r], _mm512_maddubs_epi16(u01, _mm512_loadu_si512(q)), s01);
+                hi_acc[r] = _mm512_dpwssd_epi32(hi_acc[r], _mm512_maddubs_epi16(u23, _mm512_loadu_si512(q + 64)), s23);
+                lo_acc[r] = _mm512_dpwssd_epi32(lo_acc[r], _mm512_maddubs_epi16(u01, _mm512_loadu_si512(ql)), s01);
+                lo_acc[r] = _mm512_dpwssd_epi32(lo_acc[r], _mm512_maddubs_epi16(u23, _mm512_loadu_si512(ql + 64)), s23);
             }
         }
+        for (int r = 0; r < R; r++) {
+            __m512 s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi_acc[r]), _mm512_set1_ps(256.0f),
+                                       _mm512_cvtepi32_ps(lo_acc[r]));
+            facc[r] = _mm512_fmadd_ps(s, _mm512_set1_ps(dq * x[r].d[i / 256]), facc[r]);
+            macc[r] = _mm512_fmadd_ps(scf, _mm512_loadu_ps(x[r].a + i / 16), macc[r]);
+        }
     }
-    for (int r = 0; r < 4; r++) out[r] = _mm512_reduce_add_ps(acc[r]) - 32 * _mm512_reduce_add_ps(accm[r]);
+    for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(facc[r]) - 32 * _mm512_reduce_add_ps(macc[r]);
+}
+
+// One-row and four-row forms (the same arithmetic per row: bit-identical outputs)
+AVX512 static float dot_q4_k_avx512(const uint8_t *b, const int8_t *q, const int8_t *ql,
+                                    const float *d, const float *a, int cols) {
+    act_row x = {q, ql, d, a};
+    float y;
+    q4k_rows(1, b, &x, cols, &y);
+    return y;
+}
+AVX512 static void dot4_q4_k_avx512(const uint8_t *b, const act_row *x, int cols, float *out) {
+    q4k_rows(4, b, x, cols, out);
+}
+AVX512 static float dot_q6_k_avx512(const uint8_t *b, const int8_t *q, const int8_t *ql,
+                                    const float *d, const float *a, int cols) {
+    act_row x = {q, ql, d, a};
+    float y;
+    q6k_rows(1, b, &x, cols, &y);
+    return y;
+}
+AVX512 static void dot4_q6_k_avx512(const uint8_t *b, const act_row *x, int cols, float *out) {
+    q6k_rows(4, b, x, cols, out);
 }
 
 static dot_blk_fn fused_dot(enum q_isa isa, uint32_t type) {
@@ -877,18 +912,64 @@ void *q_scratch_get(q_scratch *s, size_t n) {
 // row 2 in digits (xq), in/32 steps (xd) and the sums (xa, stride xs = 3 in/32): in/16 group
 // sums, then in/32 block sums (a32: what the 32-block kernels' offsets multiply, added once here
 // instead of in every weight row's kernel).
-// With `joined`, also x16 (n, in): the digits joined, 256 q + l (the AVX2 kernels' form).
-typedef struct { int8_t *xq; float *xd, *xa; int16_t *x16; uint8_t *extra; size_t ng, xs; } q_act;
+// With `joined`, also x16 (n, in): the digits joined, 256 q + l (the AVX2 kernels' form). With
+// `kform` (AVX-512, in % 256 == 0), also the K-quant kernels' form (quantize_row_k): per row kq6,
+// kq4 (2 in each), kd (in/256), ks32 (in/32), ks16 (in/16).
+typedef struct {
+    int8_t *xq;
+    float *xd, *xa;
+    int16_t *x16;
+    int8_t *kq6, *kq4;
+    float *kd, *ks32, *ks16;
+    uint8_t *extra;
+    size_t ng, xs;
+} q_act;
 
-static q_act quantize_act(enum q_isa isa, const float *x, int n, int in, int joined, size_t extra,
-                          q_scratch *sc) {
+// The activation form type's kernels read (row i): per-32 digits, or the K form in Q4_K's / Q6_K's
+// element order.
+static inline act_row act_of(const q_act *a, uint32_t type, int i, int in) {
+    if (a->kd && type == GGML_Q4_K) {
+        const int8_t *q = a->kq4 + (size_t)i * 2 * in;
+        return (act_row){q, q + in, a->kd + (size_t)i * (in / 256), a->ks32 + (size_t)i * (in / 32)};
+    }
+    if (a->kd && type == GGML_Q6_K) {
+        const int8_t *q = a->kq6 + (size_t)i * 2 * in;
+        return (act_row){q, q + in, a->kd + (size_t)i * (in / 256), a->ks16 + (size_t)i * (in / 16)};
+    }
+    const int8_t *q = a->xq + (size_t)i * 2 * in;
+    return (act_row){q, q + in, a->xd + i * a->ng / 2, a->xa + i * a->xs};
+}
+
+// 1 when the K-quant kernels (and their activation form) serve `type` here
+static int k_form(enum q_isa isa, uint32_t type, int in) {
+    return isa == Q_ISA_AVX512 && in % 256 == 0 && (type == GGML_Q4_K || type == GGML_Q6_K);
+}
+
+int q_act_block(enum q_isa isa, uint32_t type, int in) { return k_form(isa, type, in) ? 256 : 32; }
+
+static q_act quantize_act(enum q_isa isa, const float *x, int n, int in, int joined, int kform,
+                          size_t extra, q_scratch *sc) {
     size_t ng = (size_t)in / G, xs = ng + ng / 2;
     size_t act = (size_t)n * (2 * in + (ng / 2 + xs) * sizeof(float));
     size_t act16 = joined ? (size_t)n * in * sizeof(int16_t) : 0;
-    uint8_t *buf = q_scratch_get(sc, act + act16 + extra + 64);
-    q_act a = {NULL, (float *)buf, (float *)buf + (size_t)n * ng / 2, NULL, buf + act + act16, ng, xs};
+    size_t actk = kform ? (size_t)n * (4 * in + (in / 256 + in / 32 + in / 16) * sizeof(float)) : 0;
+    uint8_t *buf = q_scratch_get(sc, act + act16 + actk + extra + 64);
+    q_act a = {NULL, (float *)buf, (float *)buf + (size_t)n * ng / 2, NULL, NULL, NULL, NULL, NULL, NULL,
+               buf + act + act16 + actk, ng, xs};
     a.xq = (int8_t *)(a.xa + (size_t)n * xs);
     if (joined) a.x16 = (int16_t *)(buf + act);   // act is a multiple of 4 (in % 32 == 0)
+    if (kform) {
+        a.kd = (float *)(buf + act + act16);
+        a.ks32 = a.kd + (size_t)n * (in / 256);
+        a.ks16 = a.ks32 + (size_t)n * (in / 32);
+        a.kq6 = (int8_t *)(a.ks16 + (size_t)n * (in / 16));
+        a.kq4 = a.kq6 + (size_t)n * 2 * in;
+#pragma omp parallel for if (n > 1)
+        for (int i = 0; i < n; i++)
+            quantize_row_k(x + (size_t)i * in, in, a.kq6 + (size_t)i * 2 * in, a.kq4 + (size_t)i * 2 * in,
+                           a.kd + (size_t)i * (in / 256), a.ks32 + (size_t)i * (in / 32),
+                           a.ks16 + (size_t)i * (in / 16));
+    }
 #pragma omp parallel for if (n > 1)
     for (int i = 0; i < n; i++) {
         float *sums = a.xa + i * xs;
@@ -904,28 +985,26 @@ static q_act quantize_act(enum q_isa isa, const float *x, int n, int in, int joi
     return a;
 }
 
-// one output of a fused kernel: W row `row` . activation row i (its a32 follows its a16)
-static inline float fused_one(dot_blk_fn fused, const uint8_t *row, const q_act *a, int i, int in) {
-    const int8_t *q = a->xq + (size_t)i * 2 * in;
-    return fused(row, q, q + in, a->xd + i * a->ng / 2, a->xa + i * a->xs, in);
+// one output of a fused kernel: W row `row` (of `type`) . activation row i in its form
+static inline float fused_one(dot_blk_fn fused, uint32_t type, const uint8_t *row, const q_act *a,
+                              int i, int in) {
+    act_row x = act_of(a, type, i, in);
+    return fused(row, x.q, x.ql, x.d, x.a, in);
 }
 
 // W row `row` . every activation row: out[i * stride] for i < n; four rows at a time where the
 // type has a four-row kernel (the same bits as one at a time)
-static inline void fused_rows(dot_blk_fn fused, dot4_fn fused4, const uint8_t *row, const q_act *a,
-                              int n, int in, float *out, size_t stride) {
+static inline void fused_rows(dot_blk_fn fused, dot4_fn fused4, uint32_t type, const uint8_t *row,
+                              const q_act *a, int n, int in, float *out, size_t stride) {
     int i = 0;
     for (; fused4 && i + 4 <= n; i += 4) {
         act_row x[4];
         float r4[4];
-        for (int r = 0; r < 4; r++) {
-            const int8_t *q = a->xq + (size_t)(i + r) * 2 * in;
-            x[r] = (act_row){q, q + in, a->xd + (i + r) * a->ng / 2, a->xa + (i + r) * a->xs};
-        }
+        for (int r = 0; r < 4; r++) x[r] = act_of(a, type, i + r, in);
         fused4(row, x, in, r4);
         for (int r = 0; r < 4; r++) out[(size_t)(i + r) * stride] = r4[r];
     }
-    for (; i < n; i++) out[(size_t)i * stride] = fused_one(fused, row, a, i, in);
+    for (; i < n; i++) out[(size_t)i * stride] = fused_one(fused, type, row, a, i, in);
 }
 
 // W row `row` . every activation row through an AVX2 kernel (on x16): out[i * stride]
@@ -954,7 +1033,9 @@ void q_matmul_multi(enum q_isa isa, int k, float *const *out, const float *x, in
     }
     for (int j = 0; j < k; j++) start[j] = total, total += o[j];
     start[k] = total;
-    q_act a = quantize_act(isa, x, n, in, joined, 0, sc);
+    int kform = 0;
+    for (int j = 0; j < k; j++) kform |= k_form(isa, type[j], in);
+    q_act a = quantize_act(isa, x, n, in, joined, kform, 0, sc);
     int n_blocks = (total + ROW_BLOCK - 1) / ROW_BLOCK;
     // one static split of all the products' rows: one barrier, contiguous streams per thread
 #pragma omp parallel for schedule(static)
@@ -965,7 +1046,7 @@ void q_matmul_multi(enum q_isa isa, int k, float *const *out, const float *x, in
             int r = g - start[j];
             const uint8_t *row = (const uint8_t *)w[j] + (size_t)r * row_bytes[j];
             if (joined) fused16_rows(f16k[j], row, &a, n, in, out[j] + r, (size_t)o[j]);
-            else fused_rows(fused[j], fused4[j], row, &a, n, in, out[j] + r, (size_t)o[j]);
+            else fused_rows(fused[j], fused4[j], type[j], row, &a, n, in, out[j] + r, (size_t)o[j]);
         }
     }
 }
@@ -979,7 +1060,7 @@ static void matmul_int8(enum q_isa isa, float *out, const float *x, int n, int i
     dot16_fn f16k = fused16_dot(isa, type);
     size_t ng = (size_t)in / G, unpacked = (size_t)in + 2 * ng * sizeof(float);
     int nt = omp_get_max_threads();
-    q_act a = quantize_act(isa, x, n, in, f16k != NULL, (size_t)nt * ROW_BLOCK * unpacked, sc);
+    q_act a = quantize_act(isa, x, n, in, f16k != NULL, k_form(isa, type, in), (size_t)nt * ROW_BLOCK * unpacked, sc);
     int8_t *xq = a.xq;
     float *xd = a.xd, *xa = a.xa;
     uint8_t *rows = a.extra;
@@ -998,7 +1079,7 @@ static void matmul_int8(enum q_isa isa, float *out, const float *x, int n, int i
         for (int rb = 0; rb < n_blocks; rb++) {
             int r0 = rb * ROW_BLOCK, nr = o - r0 < ROW_BLOCK ? o - r0 : ROW_BLOCK;
             for (int r = r0; r < r0 + nr; r++)
-                fused_rows(fused, fused4, w + (size_t)r * row_bytes, &a, n, in, out + r, (size_t)o);
+                fused_rows(fused, fused4, type, w + (size_t)r * row_bytes, &a, n, in, out + r, (size_t)o);
         }
         return;
     }

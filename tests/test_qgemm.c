@@ -82,14 +82,17 @@ static void check_case(uint32_t type, const char *name, enum q_isa isa, enum q_p
     // VNNI8: one 8-bit digit per activation (error <= d/2 each, uniform: variance d^2/12)
     int one = path == Q_PATH_VNNI8;
     int exact_w = !amx && (path == Q_PATH_SGEMM || type == GGML_F16 || type == GGML_BF16);
+    // the int8 path's activation block: 32, or 256 where the K-quant kernels take one step per
+    // super-block (the same two digits; the bound with that block's step)
+    int blk = path == Q_PATH_INT8 ? q_act_block(isa, type, in) : 32;
     int bad = 0;
     double worst = 0, mean_bound = 0, mean_mag = 0, sq_err = 0, sq_pred = 0;
     for (int i = 0; i < n; i++) {
         const float *xi = x + (size_t)i * in;
         float dblk[in / 32 + 1];
-        for (int b = 0; b * 32 < in; b++) {
+        for (int b = 0; b * blk < in; b++) {
             float amax = 0;
-            for (int k = b * 32; k < b * 32 + 32 && k < in; k++) amax = fmaxf(amax, fabsf(xi[k]));
+            for (int k = b * blk; k < b * blk + blk && k < in; k++) amax = fmaxf(amax, fabsf(xi[k]));
             dblk[b] = amax / 127.0f;
         }
         for (int r = 0; r < o; r++) {
@@ -99,7 +102,7 @@ static void check_case(uint32_t type, const char *name, enum q_isa isa, enum q_p
                 ref += (double)wr[k] * xi[k];
                 mag += fabs((double)wr[k] * xi[k]);
                 sq += (double)wr[k] * xi[k] * wr[k] * xi[k];
-                double step = one ? dblk[k / 32] : dblk[k / 32] / 256;
+                double step = one ? dblk[k / blk] : dblk[k / blk] / 256;
                 rounding += fabs((double)wr[k]) * (one ? step / 2 : step);
                 var += (double)wr[k] * wr[k] * step * step / 12;
             }
