@@ -133,6 +133,8 @@ backend *backend_cpu_create(int n_threads, enum bk_weights weights) {
                 : path && strcmp(path, "vnni8") == 0 && c->isa == Q_ISA_AVX512 ? Q_PATH_VNNI8
                 : path && strcmp(path, "tune") == 0  ? -2
                                                      : -1;
+    // --weights fast: one activation digit in decode's row kernels too (llama.cpp's precision)
+    c->rows = weights == BK_WEIGHTS_FAST ? Q_PATH_INT8_1 : Q_PATH_INT8;
     *b = (backend){
         .name = "cpu", .impl = c, .elem_bytes = sizeof(float), .destroy = cpu_destroy,
         .alloc = cpu_alloc, .free = cpu_free, .to_host = cpu_to_host,

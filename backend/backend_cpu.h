@@ -26,6 +26,7 @@ typedef struct {
     enum q_isa isa;
     int amx;                     // q_amx_available(): prefill products on AMX tiles
     int forced;                  // enum q_path SIFT_PREFILL names; -1: the row rule; -2: tune
+    enum q_path rows;            // the row kernels: Q_PATH_INT8 (two digits), _INT8_1 (--weights fast)
     tune_entry tune[TUNE_MAX];
     int n_tune;
     q_scratch scratch;

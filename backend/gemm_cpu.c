@@ -87,7 +87,7 @@ void cpu_matmul(backend *b, void *out, const void *x, const bk_weight *w,
         if (t) {   // a new shape: both paths timed on a slice of W's rows, into a scratch output
             int rows = o / 8 > 128 ? o / 8 : o < 128 ? o : 128;
             float *tmp = xmalloc((size_t)n * rows * sizeof(float));
-            enum q_path paths[2] = {Q_PATH_INT8, wide_path(c)};
+            enum q_path paths[2] = {c->rows, wide_path(c)};
             for (int p = 0; p < 2; p++) {
                 double t0 = omp_get_wtime();
                 q_matmul(c->isa, paths[p], tmp, x, n, in, w->type, w->data, w->row_bytes, rows, sc);
@@ -96,6 +96,7 @@ void cpu_matmul(backend *b, void *out, const void *x, const bk_weight *w,
             free(tmp);
             path = t->path = t->ms[1] <= t->ms[0] ? paths[1] : Q_PATH_INT8;
         }
+        if (path == Q_PATH_INT8) path = c->rows;   // the row kernels at the backend's digits
         q_matmul(c->isa, path, y, x, n, in, w->type, w->data, w->row_bytes, o, sc);
         q_scratch_free(&local);
     } else if (n == 1)
@@ -125,7 +126,7 @@ void cpu_matmul_multi(backend *b, int k, void *const *out, const void *x,
     const void *data[Q_MULTI_MAX];
     size_t rb[Q_MULTI_MAX];
     for (int j = 0; j < k; j++) type[j] = w[j]->type, data[j] = w[j]->data, rb[j] = w[j]->row_bytes;
-    q_matmul_multi(c->isa, k, (float *const *)out, x, n, in, type, data, rb, o, &c->scratch);
+    q_matmul_multi(c->isa, c->rows == Q_PATH_INT8_1 ? 1 : 2, k, (float *const *)out, x, n, in, type, data, rb, o, &c->scratch);
     for (int j = 0; j < k; j++)
         if (bias[j]) add_bias(out[j], bias[j], n, o[j]);
 }

@@ -131,9 +131,9 @@ static const flag_row BASE[] = {
      "those busy; more than the CPUs warns); bench: a comma list, the table once per count", B, 0,
      NULL, NULL},
     {FL_WEIGHTS, SUB_ALL, NULL, "--weights", NULL, "W", FT_ENUM, 0, 0, "native|fast|exact|f32",
-     "native", NULL, "CPU weights: native (as stored) | fast (8-bit activations with AVX-512 VNNI "
-     "in prefill, llama.cpp's precision) | exact (16-bit activations) | f32 (dequantised, the "
-     "reference)", 0, 0, NULL, NULL},
+     "native", NULL, "CPU weights: native (as stored) | fast (8-bit activations, llama.cpp's "
+     "precision: AVX-512 VNNI in prefill, the row kernels in decode) | exact (16-bit activations) "
+     "| f32 (dequantised, the reference)", 0, 0, NULL, NULL},
     {FL_WTYPE, B, NULL, "--wtype", NULL, "T", FT_ENUM, 0, 0,
      "f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k", "f32", NULL,
      "a synthetic model's matrices as random blocks of that type", 0, 0, NULL, NULL},

@@ -21,5 +21,5 @@ void q_matmul(enum q_isa isa, enum q_path path, float *out, const float *x, int 
         path = Q_PATH_SGEMM;
     }
     if (path == Q_PATH_AMX) q_matmul_amx(out, x, n, in, type, w, row_bytes, o, scratch);
-    else q_matmul_cpu(isa, path == Q_PATH_SGEMM, out, x, n, in, type, w, row_bytes, o, scratch);
+    else q_matmul_cpu(isa, path, out, x, n, in, type, w, row_bytes, o, scratch);
 }

@@ -30,7 +30,10 @@
 #include <stdint.h>
 
 enum q_isa { Q_ISA_SCALAR = 0, Q_ISA_AVX2 = 1, Q_ISA_AVX512 = 2 };
-enum q_path { Q_PATH_INT8 = 0, Q_PATH_SGEMM = 1, Q_PATH_AMX = 2, Q_PATH_VNNI = 3, Q_PATH_VNNI8 = 4 };
+// INT8: the row kernels on two-digit activations; INT8_1: the same kernels on the high digit
+// alone (one 8-bit digit per element: llama.cpp's precision); SGEMM, AMX, VNNI, VNNI8: below.
+enum q_path { Q_PATH_INT8 = 0, Q_PATH_SGEMM = 1, Q_PATH_AMX = 2, Q_PATH_VNNI = 3, Q_PATH_VNNI8 = 4,
+              Q_PATH_INT8_1 = 5 };
 
 // The best ISA this CPU runs (cpuid: AVX-512 F/BW/VL/DQ + VNNI, else AVX2 + FMA + F16C, else
 // scalar); the environment variable SIFT_ISA=scalar|avx2|avx512 lowers it (never raises it
@@ -53,16 +56,17 @@ void *q_scratch_get(q_scratch *s, size_t n);   // at least n bytes (contents not
 // the sgemm tiles)
 void q_matmul(enum q_isa isa, enum q_path path, float *out, const float *x, int n, int in,
               uint32_t type, const void *w, size_t row_bytes, int o, q_scratch *scratch);
-// The int8 / fp16 row kernels (sgemm 0) or the sgemm tiles (1) of qgemm/qgemm_cpu.c, which
-// q_matmul dispatches to.
-void q_matmul_cpu(enum q_isa isa, int sgemm, float *out, const float *x, int n, int in,
+// The int8 / fp16 row kernels (path Q_PATH_INT8 or Q_PATH_INT8_1) or the sgemm tiles
+// (Q_PATH_SGEMM) of qgemm/qgemm_cpu.c, which q_matmul dispatches to.
+void q_matmul_cpu(enum q_isa isa, enum q_path path, float *out, const float *x, int n, int in,
                   uint32_t type, const void *w, size_t row_bytes, int o, q_scratch *scratch);
 
 // k <= Q_MULTI_MAX int8 products sharing x: out[j] (n, o[j]) = x (n, in) @ W_j (o[j], in)^T, W_j
-// of type[j]. With fused kernels for every type: x quantised once and all rows in one parallel
-// region (decode's Q/K/V and gate/up: fewer barriers); else k q_matmul calls.
+// of type[j], on `digits` (2, or 1: Q_PATH_INT8_1's) activation digits. With fused kernels for
+// every type: x quantised once and all rows in one parallel region (decode's Q/K/V and gate/up:
+// fewer barriers); else k q_matmul calls.
 #define Q_MULTI_MAX 4
-void q_matmul_multi(enum q_isa isa, int k, float *const *out, const float *x, int n, int in,
+void q_matmul_multi(enum q_isa isa, int digits, int k, float *const *out, const float *x, int n, int in,
                     const uint32_t *type, const void *const *w, const size_t *row_bytes,
                     const int *o, q_scratch *scratch);
 

@@ -120,8 +120,10 @@ quantize_row_avx512(const float *x, int cols, int8_t *q, float *d, float *a) {
 // d = max|x| / 127 and quantize_row_avx512's two digits; q6 (2 cols): high digits then low, in
 // element order; q4 (2 cols): the same with the middle two 32-chunks of every 128 swapped (Q4_K's
 // nibble order); kd (cols/256) = d / 256; s32 (cols/32), s16 (cols/16) = kd * sums of 256 q + l.
+// digits 1: the low digits zero (llama.cpp's Q8_K rounding, |x - x^| <= d / 2).
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void
-quantize_row_k(const float *x, int cols, int8_t *q6, int8_t *q4, float *kd, float *s32, float *s16) {
+quantize_row_k(const float *x, int cols, int digits, int8_t *q6, int8_t *q4, float *kd, float *s32,
+               float *s16) {
     const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
     static const int chunk[4] = {0, 64, 32, 96};   // where 32-chunk c of a 128 goes in Q4_K's order
     for (int b = 0; b < cols; b += 256) {
@@ -139,6 +141,7 @@ quantize_row_k(const float *x, int cols, int8_t *q6, int8_t *q4, float *kd, floa
             __m512 r = _mm512_sub_ps(xv, _mm512_mul_ps(_mm512_cvtepi32_ps(h), vstep));
             __m512i l = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(r, vinv), _mm512_set1_ps(256.0f)));
             l = _mm512_max_epi32(_mm512_min_epi32(l, lim), nlim);
+            if (digits == 1) l = _mm512_setzero_si512();   // the high digit alone: x^ = q d
             __m128i h8 = _mm512_cvtepi32_epi8(h), l8 = _mm512_cvtepi32_epi8(l);
             int at = b + (k / 128) * 128 + chunk[(k % 128) / 32] + k % 32;
             _mm_storeu_si128((__m128i *)(q6 + b + k), h8);
@@ -586,7 +589,7 @@ AVX512 static inline __m512i idx8x4(int a) {
 // A 64-byte load of qs holds, in its low nibbles, sub-blocks 4h and 4h+2 (elements 0-31, 64-95 of
 // half h), in its high nibbles 4h+1 and 4h+3 — matched by that order. Mins: -dmin mn_j s_j.
 AVX512 static inline __attribute__((always_inline)) void
-q4k_rows(int R, const uint8_t *b, const act_row *x, int cols, float *out) {
+q4k_rows(int R, int digits, const uint8_t *b, const act_row *x, int cols, float *out) {
     const __m512i lo4 = _mm512_set1_epi8(0x0F);
     const __m512i ilo[2] = {idx16x2(0, 2), idx16x2(4, 6)}, ihi[2] = {idx16x2(1, 3), idx16x2(5, 7)};
     __m512 facc[4];
@@ -611,6 +614,7 @@ q4k_rows(int R, const uint8_t *b, const act_row *x, int cols, float *out) {
                 const int8_t *q = x[r].q + i + 128 * h, *ql = x[r].ql + i + 128 * h;
                 hi_acc[r] = _mm512_dpwssd_epi32(hi_acc[r], _mm512_maddubs_epi16(ul, _mm512_loadu_si512(q)), sl);
                 hi_acc[r] = _mm512_dpwssd_epi32(hi_acc[r], _mm512_maddubs_epi16(uh, _mm512_loadu_si512(q + 64)), sh);
+                if (digits == 1) continue;   // the low digits are zero
                 lo_acc[r] = _mm512_dpwssd_epi32(lo_acc[r], _mm512_maddubs_epi16(ul, _mm512_loadu_si512(ql)), sl);
                 lo_acc[r] = _mm512_dpwssd_epi32(lo_acc[r], _mm512_maddubs_epi16(uh, _mm512_loadu_si512(ql + 64)), sh);
             }
@@ -648,7 +652,7 @@ AVX512 static inline void q6k_half(const uint8_t *b, int half, __m512i *u01, __m
 // the maddubs pair sums of u01 / u23 take the scales of their 16-groups (8 lanes each), the -32
 // offsets the activation's 16-group sums.
 AVX512 static inline __attribute__((always_inline)) void
-q6k_rows(int R, const uint8_t *b, const act_row *x, int cols, float *out) {
+q6k_rows(int R, int digits, const uint8_t *b, const act_row *x, int cols, float *out) {
     const __m512i i01[2] = {idx8x4(0), idx8x4(8)}, i23[2] = {idx8x4(4), idx8x4(12)};
     __m512 facc[4], macc[4];
     for (int r = 0; r < R; r++) facc[r] = macc[r] = _mm512_setzero_ps();
@@ -668,6 +672,7 @@ q6k_rows(int R, const uint8_t *b, const act_row *x, int cols, float *out) {
                 const int8_t *q = x[r].q + i + 128 * h, *ql = x[r].ql + i + 128 * h;
                 hi_acc[r] = _mm512_dpwssd_epi32(hi_acc[r], _mm512_maddubs_epi16(u01, _mm512_loadu_si512(q)), s01);
                 hi_acc[r] = _mm512_dpwssd_epi32(hi_acc[r], _mm512_maddubs_epi16(u23, _mm512_loadu_si512(q + 64)), s23);
+                if (digits == 1) continue;
                 lo_acc[r] = _mm512_dpwssd_epi32(lo_acc[r], _mm512_maddubs_epi16(u01, _mm512_loadu_si512(ql)), s01);
                 lo_acc[r] = _mm512_dpwssd_epi32(lo_acc[r], _mm512_maddubs_epi16(u23, _mm512_loadu_si512(ql + 64)), s23);
             }
@@ -682,50 +687,48 @@ q6k_rows(int R, const uint8_t *b, const act_row *x, int cols, float *out) {
     for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(facc[r]) - 32 * _mm512_reduce_add_ps(macc[r]);
 }
 
-// One-row and four-row forms (the same arithmetic per row: bit-identical outputs)
-AVX512 static float dot_q4_k_avx512(const uint8_t *b, const int8_t *q, const int8_t *ql,
-                                    const float *d, const float *a, int cols) {
-    act_row x = {q, ql, d, a};
-    float y;
-    q4k_rows(1, b, &x, cols, &y);
-    return y;
-}
-AVX512 static void dot4_q4_k_avx512(const uint8_t *b, const act_row *x, int cols, float *out) {
-    q4k_rows(4, b, x, cols, out);
-}
-AVX512 static float dot_q6_k_avx512(const uint8_t *b, const int8_t *q, const int8_t *ql,
-                                    const float *d, const float *a, int cols) {
-    act_row x = {q, ql, d, a};
-    float y;
-    q6k_rows(1, b, &x, cols, &y);
-    return y;
-}
-AVX512 static void dot4_q6_k_avx512(const uint8_t *b, const act_row *x, int cols, float *out) {
-    q6k_rows(4, b, x, cols, out);
-}
+// One-row and four-row forms per digit count D (the same arithmetic per row: bit-identical outputs)
+#define K_KERNELS(name, D)                                                                         \
+    AVX512 static float dot_##name##_avx512_##D(const uint8_t *b, const int8_t *q, const int8_t *ql, \
+                                                 const float *d, const float *a, int cols) {       \
+        act_row x = {q, ql, d, a};                                                                 \
+        float y;                                                                                   \
+        name##_rows(1, D, b, &x, cols, &y);                                                        \
+        return y;                                                                                  \
+    }                                                                                              \
+    AVX512 static void dot4_##name##_avx512_##D(const uint8_t *b, const act_row *x, int cols,      \
+                                                 float *out) {                                     \
+        name##_rows(4, D, b, x, cols, out);                                                        \
+    }
+K_KERNELS(q4k, 2)
+K_KERNELS(q6k, 2)
+K_KERNELS(q4k, 1)
+K_KERNELS(q6k, 1)
 
-static dot_blk_fn fused_dot(enum q_isa isa, uint32_t type) {
+// (digits: the K-quant kernels skip the low digits' products at 1; the 32-block kernels read
+// them, zero)
+static dot_blk_fn fused_dot(enum q_isa isa, uint32_t type, int digits) {
     if (isa != Q_ISA_AVX512) return NULL;
     switch (type) {
     case GGML_Q4_0: return dot_q4_0_avx512;
     case GGML_Q4_1: return dot_q4_1_avx512;
     case GGML_Q8_0: return dot_q8_0_avx512;
-    case GGML_Q4_K: return dot_q4_k_avx512;
-    case GGML_Q6_K: return dot_q6_k_avx512;
+    case GGML_Q4_K: return digits == 1 ? dot_q4k_avx512_1 : dot_q4k_avx512_2;
+    case GGML_Q6_K: return digits == 1 ? dot_q6k_avx512_1 : dot_q6k_avx512_2;
     default: return NULL;
     }
 }
 
 // The four-row kernel of a type (AVX-512: every type with a fused kernel), or NULL: rows go one
 // at a time.
-static dot4_fn fused_dot4(enum q_isa isa, uint32_t type) {
+static dot4_fn fused_dot4(enum q_isa isa, uint32_t type, int digits) {
     if (isa != Q_ISA_AVX512) return NULL;
     switch (type) {
     case GGML_Q4_0: return dot4_q4_0_avx512;
     case GGML_Q4_1: return dot4_q4_1_avx512;
     case GGML_Q8_0: return dot4_q8_0_avx512;
-    case GGML_Q4_K: return dot4_q4_k_avx512;
-    case GGML_Q6_K: return dot4_q6_k_avx512;
+    case GGML_Q4_K: return digits == 1 ? dot4_q4k_avx512_1 : dot4_q4k_avx512_2;
+    case GGML_Q6_K: return digits == 1 ? dot4_q6k_avx512_1 : dot4_q6k_avx512_2;
     default: return NULL;
     }
 }
@@ -947,8 +950,11 @@ static int k_form(enum q_isa isa, uint32_t type, int in) {
 
 int q_act_block(enum q_isa isa, uint32_t type, int in) { return k_form(isa, type, in) ? 256 : 32; }
 
-static q_act quantize_act(enum q_isa isa, const float *x, int n, int in, int joined, int kform,
-                          size_t extra, q_scratch *sc) {
+// digits 1: the low digits zeroed and every sum taken over the high digits alone (256 q), so each
+// kernel computes the product of the one-digit activations x^ = q d (|x - x^| <= d / 2: llama.cpp's
+// Q8_0 rounding per 32-block, its Q8_K per 256-block), offsets included.
+static q_act quantize_act(enum q_isa isa, const float *x, int n, int in, int digits, int joined,
+                          int kform, size_t extra, q_scratch *sc) {
     size_t ng = (size_t)in / G, xs = ng + ng / 2;
     size_t act = (size_t)n * (2 * in + (ng / 2 + xs) * sizeof(float));
     size_t act16 = joined ? (size_t)n * in * sizeof(int16_t) : 0;
@@ -966,7 +972,7 @@ static q_act quantize_act(enum q_isa isa, const float *x, int n, int in, int joi
         a.kq4 = a.kq6 + (size_t)n * 2 * in;
 #pragma omp parallel for if (n > 1)
         for (int i = 0; i < n; i++)
-            quantize_row_k(x + (size_t)i * in, in, a.kq6 + (size_t)i * 2 * in, a.kq4 + (size_t)i * 2 * in,
+            quantize_row_k(x + (size_t)i * in, in, digits, a.kq6 + (size_t)i * 2 * in, a.kq4 + (size_t)i * 2 * in,
                            a.kd + (size_t)i * (in / 256), a.ks32 + (size_t)i * (in / 32),
                            a.ks16 + (size_t)i * (in / 16));
     }
@@ -975,6 +981,15 @@ static q_act quantize_act(enum q_isa isa, const float *x, int n, int in, int joi
         float *sums = a.xa + i * xs;
         q_quantize_row(isa, x + (size_t)i * in, in, a.xq + (size_t)i * 2 * in, a.xd + i * ng / 2,
                        sums);
+        if (digits == 1) {
+            int8_t *q = a.xq + (size_t)i * 2 * in;
+            memset(q + in, 0, (size_t)in);
+            for (size_t g = 0; g < ng; g++) {
+                int sum = 0;
+                for (int k = 0; k < G; k++) sum += q[g * G + k];
+                sums[g] = a.xd[i * ng / 2 + g / 2] * (float)(256 * sum);
+            }
+        }
         for (size_t j = 0; j < ng / 2; j++) sums[ng + j] = sums[2 * j] + sums[2 * j + 1];
         if (joined) {
             const int8_t *q = a.xq + (size_t)i * 2 * in;
@@ -1014,28 +1029,29 @@ static inline void fused16_rows(dot16_fn f, const uint8_t *row, const q_act *a, 
         out[(size_t)i * stride] = f(row, a->x16 + (size_t)i * in, a->xd + i * a->ng / 2, a->xa + i * a->xs, in);
 }
 
-void q_matmul_multi(enum q_isa isa, int k, float *const *out, const float *x, int n, int in,
-                    const uint32_t *type, const void *const *w, const size_t *row_bytes,
+void q_matmul_multi(enum q_isa isa, int digits, int k, float *const *out, const float *x, int n,
+                    int in, const uint32_t *type, const void *const *w, const size_t *row_bytes,
                     const int *o, q_scratch *sc) {
     dot_blk_fn fused[Q_MULTI_MAX];
     dot4_fn fused4[Q_MULTI_MAX];
     dot16_fn f16k[Q_MULTI_MAX];
     int all = k <= Q_MULTI_MAX, total = 0, start[Q_MULTI_MAX + 1], joined = isa == Q_ISA_AVX2;
     for (int j = 0; all && j < k; j++) {
-        fused[j] = fused_dot(isa, type[j]), f16k[j] = fused16_dot(isa, type[j]);
+        fused[j] = fused_dot(isa, type[j], digits), f16k[j] = fused16_dot(isa, type[j]);
         all = joined ? f16k[j] != NULL : fused[j] != NULL;
     }
-    for (int j = 0; all && j < k; j++) fused4[j] = fused_dot4(isa, type[j]);
+    for (int j = 0; all && j < k; j++) fused4[j] = fused_dot4(isa, type[j], digits);
     if (!all) {
         for (int j = 0; j < k; j++)
-            q_matmul_cpu(isa, 0, out[j], x, n, in, type[j], w[j], row_bytes[j], o[j], sc);
+            q_matmul_cpu(isa, digits == 1 ? Q_PATH_INT8_1 : Q_PATH_INT8, out[j], x, n, in, type[j], w[j],
+                         row_bytes[j], o[j], sc);
         return;
     }
     for (int j = 0; j < k; j++) start[j] = total, total += o[j];
     start[k] = total;
     int kform = 0;
     for (int j = 0; j < k; j++) kform |= k_form(isa, type[j], in);
-    q_act a = quantize_act(isa, x, n, in, joined, kform, 0, sc);
+    q_act a = quantize_act(isa, x, n, in, digits, joined, kform, 0, sc);
     int n_blocks = (total + ROW_BLOCK - 1) / ROW_BLOCK;
     // one static split of all the products' rows: one barrier, contiguous streams per thread
 #pragma omp parallel for schedule(static)
@@ -1051,16 +1067,17 @@ void q_matmul_multi(enum q_isa isa, int k, float *const *out, const float *x, in
     }
 }
 
-static void matmul_int8(enum q_isa isa, float *out, const float *x, int n, int in, uint32_t type,
-                        const uint8_t *w, size_t row_bytes, int o, q_scratch *sc) {
+static void matmul_int8(enum q_isa isa, int digits, float *out, const float *x, int n, int in,
+                        uint32_t type, const uint8_t *w, size_t row_bytes, int o, q_scratch *sc) {
     dot_q8_fn dot = isa == Q_ISA_AVX512 ? dot_q8_avx512 : isa == Q_ISA_AVX2 ? dot_q8_avx2
                                                                               : dot_q8_scalar;
-    dot_blk_fn fused = fused_dot(isa, type);
-    dot4_fn fused4 = fused_dot4(isa, type);
+    dot_blk_fn fused = fused_dot(isa, type, digits);
+    dot4_fn fused4 = fused_dot4(isa, type, digits);
     dot16_fn f16k = fused16_dot(isa, type);
     size_t ng = (size_t)in / G, unpacked = (size_t)in + 2 * ng * sizeof(float);
     int nt = omp_get_max_threads();
-    q_act a = quantize_act(isa, x, n, in, f16k != NULL, k_form(isa, type, in), (size_t)nt * ROW_BLOCK * unpacked, sc);
+    q_act a = quantize_act(isa, x, n, in, digits, f16k != NULL, k_form(isa, type, in),
+                           (size_t)nt * ROW_BLOCK * unpacked, sc);
     int8_t *xq = a.xq;
     float *xd = a.xd, *xa = a.xa;
     uint8_t *rows = a.extra;
@@ -1135,9 +1152,11 @@ static void matmul_sgemm(float *out, const float *x, int n, int in, uint32_t typ
     }
 }
 
-void q_matmul_cpu(enum q_isa isa, int sgemm, float *out, const float *x, int n, int in,
+void q_matmul_cpu(enum q_isa isa, enum q_path path, float *out, const float *x, int n, int in,
                   uint32_t type, const void *w, size_t row_bytes, int o, q_scratch *scratch) {
-    if (sgemm) matmul_sgemm(out, x, n, in, type, w, row_bytes, o, scratch);
+    CHECK_INTERNAL(path == Q_PATH_INT8 || path == Q_PATH_INT8_1 || path == Q_PATH_SGEMM,
+                   "q_matmul_cpu: path %d", (int)path);
+    if (path == Q_PATH_SGEMM) matmul_sgemm(out, x, n, in, type, w, row_bytes, o, scratch);
     else if (is_float16(type)) matmul_f16(isa, out, x, n, in, type, w, row_bytes, o);
-    else matmul_int8(isa, out, x, n, in, type, w, row_bytes, o, scratch);
+    else matmul_int8(isa, path == Q_PATH_INT8_1 ? 1 : 2, out, x, n, in, type, w, row_bytes, o, scratch);
 }

@@ -79,12 +79,13 @@ static void check_case(uint32_t type, const char *name, enum q_isa isa, enum q_p
     // AMX: weights and activations each rounded to bf16 (8 significant bits: relative error
     // <= 2^-8 each), products summed in fp32
     int amx = path == Q_PATH_AMX;
-    // VNNI8: one 8-bit digit per activation (error <= d/2 each, uniform: variance d^2/12)
-    int one = path == Q_PATH_VNNI8;
+    // VNNI8 and the one-digit row kernels: one 8-bit digit per activation (error <= d/2 each,
+    // uniform: variance d^2/12)
+    int one = path == Q_PATH_VNNI8 || path == Q_PATH_INT8_1;
     int exact_w = !amx && (path == Q_PATH_SGEMM || type == GGML_F16 || type == GGML_BF16);
     // the int8 path's activation block: 32, or 256 where the K-quant kernels take one step per
     // super-block (the same two digits; the bound with that block's step)
-    int blk = path == Q_PATH_INT8 ? q_act_block(isa, type, in) : 32;
+    int blk = path == Q_PATH_INT8 || path == Q_PATH_INT8_1 ? q_act_block(isa, type, in) : 32;
     int bad = 0;
     double worst = 0, mean_bound = 0, mean_mag = 0, sq_err = 0, sq_pred = 0;
     for (int i = 0; i < n; i++) {
@@ -172,7 +173,8 @@ static void test_quantize_isas(enum q_isa best) {
 
 // Several products of one x (Q4_K, Q6_K, Q4_1 mixed, odd row counts) give exactly what each
 // q_matmul gives alone: the same kernels on the same quantised x, only scheduled together.
-static void test_multi(enum q_isa isa) {
+static void test_multi(enum q_isa isa, int digits) {
+    const enum q_path path = digits == 1 ? Q_PATH_INT8_1 : Q_PATH_INT8;
     enum { N = 3, IN = 512 };
     const uint32_t types[3] = {GGML_Q4_K, GGML_Q6_K, GGML_Q4_1};
     const int o[3] = {37, 5, 70};
@@ -188,15 +190,15 @@ static void test_multi(enum q_isa isa) {
         sep[j] = malloc(sizeof(float) * N * o[j]);
         multi[j] = malloc(sizeof(float) * N * o[j]);
         q_scratch sc = {0};
-        q_matmul(isa, Q_PATH_INT8, sep[j], x, N, IN, types[j], w[j], rb[j], o[j], &sc);
+        q_matmul(isa, path, sep[j], x, N, IN, types[j], w[j], rb[j], o[j], &sc);
         q_scratch_free(&sc);
     }
     q_scratch sc = {0};
-    q_matmul_multi(isa, 3, multi, x, N, IN, types, (const void *const *)w, rb, o, &sc);
+    q_matmul_multi(isa, digits, 3, multi, x, N, IN, types, (const void *const *)w, rb, o, &sc);
     q_scratch_free(&sc);
     for (int j = 0; j < 3; j++) {
-        CHECK(memcmp(sep[j], multi[j], sizeof(float) * N * o[j]) == 0, "multi %s product %d",
-              q_isa_name(isa), j);
+        CHECK(memcmp(sep[j], multi[j], sizeof(float) * N * o[j]) == 0, "multi %s digits %d product %d",
+              q_isa_name(isa), digits, j);
         free(w[j]), free(sep[j]), free(multi[j]);
     }
 }
@@ -205,7 +207,7 @@ static void test_multi(enum q_isa isa) {
 // (AVX-512: Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) must do each row's arithmetic as the one-row kernel does,
 // so that a batched decode step's tokens equal each sequence's alone (9 rows: two groups of four
 // and one left over).
-static void test_rows_alone(enum q_isa isa) {
+static void test_rows_alone(enum q_isa isa, enum q_path path) {
     enum { N = 9, O = 13 };
     for (size_t t = 0; t < sizeof TYPES / sizeof *TYPES; t++) {
         uint32_t type = TYPES[t].type;
@@ -216,10 +218,10 @@ static void test_rows_alone(enum q_isa isa) {
         float *x = malloc(sizeof(float) * N * in), all[N * O], one[O];
         for (int i = 0; i < N * in; i++) x[i] = frnd();
         q_scratch sc = {0};
-        q_matmul(isa, Q_PATH_INT8, all, x, N, in, type, w, rb, O, &sc);
+        q_matmul(isa, path, all, x, N, in, type, w, rb, O, &sc);
         int same = 1;
         for (int i = 0; i < N; i++) {
-            q_matmul(isa, Q_PATH_INT8, one, x + (size_t)i * in, 1, in, type, w, rb, O, &sc);
+            q_matmul(isa, path, one, x + (size_t)i * in, 1, in, type, w, rb, O, &sc);
             same &= memcmp(one, all + (size_t)i * O, sizeof one) == 0;
         }
         q_scratch_free(&sc);
@@ -233,8 +235,11 @@ int main(void) {
     enum q_isa best = q_isa_pick(NULL);
     printf("test_qgemm: ISA paths up to %s\n", q_isa_name(best));
     test_quantize_isas(best);
-    for (int isa = Q_ISA_SCALAR; isa <= (int)best; isa++) test_multi((enum q_isa)isa);
-    for (int isa = Q_ISA_SCALAR; isa <= (int)best; isa++) test_rows_alone((enum q_isa)isa);
+    for (int isa = Q_ISA_SCALAR; isa <= (int)best; isa++)
+        for (int digits = 2; digits >= 1; digits--) {
+            test_multi((enum q_isa)isa, digits);
+            test_rows_alone((enum q_isa)isa, digits == 1 ? Q_PATH_INT8_1 : Q_PATH_INT8);
+        }
     for (size_t t = 0; t < sizeof TYPES / sizeof *TYPES; t++) {
         uint32_t type = TYPES[t].type;
         int be = (int)dq_block_elems(type), in_odd = be == 256 ? 768 : 96 + 64 * 3;   // 352: 11 32-blocks
@@ -243,6 +248,9 @@ int main(void) {
             check_case(type, TYPES[t].name, (enum q_isa)isa, Q_PATH_INT8, 1, in_odd, 37);
             check_case(type, TYPES[t].name, (enum q_isa)isa, Q_PATH_INT8, 3, be == 256 ? 512 : 256, 19);
             check_case(type, TYPES[t].name, (enum q_isa)isa, Q_PATH_INT8, 64, be == 256 ? 512 : 256, 24);
+            if (type == GGML_F16 || type == GGML_BF16) continue;   // no activation digits
+            check_case(type, TYPES[t].name, (enum q_isa)isa, Q_PATH_INT8_1, 1, in_odd, 37);
+            check_case(type, TYPES[t].name, (enum q_isa)isa, Q_PATH_INT8_1, 64, be == 256 ? 512 : 256, 24);
         }
         check_case(type, TYPES[t].name, best, Q_PATH_SGEMM, 33, in_odd, 70);
         if (q_amx_available()) {   // ragged edges (33 tokens, 70 rows), then whole 32 x 32 blocks
