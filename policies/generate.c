@@ -62,7 +62,7 @@ int gen_begin(gen_seq *g, const strategy *s, model *m, const strategy_opts *o,
               run_token_fn on_token, void *ctx, float *first_logits, char *err, size_t errlen) {
     *g = (gen_seq){.m = m, .smp = smp, .on_token = on_token, .ctx = ctx, .n_prompt = n,
                    .n_predict = n_predict};
-    g->st.prompt_n = n;
+    g->st.prompt_n = n, g->st.prefill_shared = 1;
     g->logits = xmalloc((size_t)m->cfg.vocab * sizeof(float));
     double t0 = now_ms();
     strategy_run r = run ? *run : (strategy_run){0};   // the request's sampling, for tokens
@@ -131,6 +131,7 @@ int gen_prefill_packed(gen_seq *const *g, int k, int max_rows) {
         gen_seq *s = g[pick[j]];
         s->info.rows_done = s->st.rows_done = seqs[j].rows_done;
         s->st.kv_bytes = kv_bytes(s->kv);
+        s->st.prefill_shared = b;
         s->fed = 1, s->ids = NULL;
         gen_first(s, s->smp, s->on_token, s->ctx);
         s->st.prompt_ms = now_ms() - s->t_open;

@@ -84,7 +84,9 @@ const char *strategy_names(void);
 
 typedef struct run_stats {
     int prompt_n;          // prompt tokens
-    double prompt_ms;      // prefill + first token = time to first token
+    double prompt_ms;      // prefill + first token = time to first token (a packed prefill's:
+                           // from gen_open, its wait for the shared pass included)
+    int prefill_shared;    // prompts prefilled in the pass that prefilled this one (1: alone)
     int predicted_n;       // tokens generated (sampled), including a final end-of-generation one
     int decode_runs;       // forward passes after the first token
     double decode_ms;      // time of those passes and their sampling
