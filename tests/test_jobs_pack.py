@@ -150,24 +150,34 @@ STRATS = "full,topk,full,fastkv,full,speed"
 
 
 @need_model
-@pytest.mark.parametrize("case", ["native", "int8", "int8-cap", "f32"])
+@pytest.mark.parametrize("case", ["native", "int8-cap", "f32"])
 def test_packed_prefill_logits_bit_identical(case):
-    # tool_batch's pack mode: 12 prompts (lengths 40 + 37 i, every third 4 + i), strategy i % 6
+    # tool_batch's pack mode: 9 prompts (lengths 40 + 37 i, every third 4 + i), strategy i % 6
     env = {"SIFT_WEIGHTS": "f32" if case == "f32" else "native"}
-    if case.startswith("int8"):
+    if case == "int8-cap":
         env["SIFT_PREFILL"] = "int8"   # every row count one class: the rule packs by rows alone
     max_rows = 300 if case == "int8-cap" else 2048
-    rows, passes, packed = run_tool(STRATS, 12, max_rows, env)
+    rows, passes, packed = run_tool(STRATS, 9, max_rows, env)
     names = STRATS.split(",")
-    assert [r[0] for r in rows] == [names[i % 6] for i in range(12)]
-    for name, alone, batched, (max_abs, _) in rows:
-        assert alone == batched and max_abs == 0, name
-    full_len = [4 + i if i % 3 == 1 else 40 + 37 * i for i in range(12) if names[i % 6] == "full"]
-    assert packed == len(full_len) == 6
-    if case.startswith("int8"):
-        assert passes == greedy_passes(full_len, max_rows)
-        assert passes < packed
+    assert [r[0] for r in rows] == [names[i % 6] for i in range(9)]
+    for name, alone, batched, (max_abs, max_rel) in rows:
+        assert alone == batched, name
+        if case == "f32":   # the shared decode steps: OpenBLAS over more rows (tests/test_batch.py)
+            assert max_rel <= 1e-4, name
+        else:
+            assert max_abs == 0, name
+    full_len = [4 + i if i % 3 == 1 else 40 + 37 * i for i in range(9) if names[i % 6] == "full"]
+    assert packed == len(full_len) == 5
+    if case == "int8-cap":
+        assert passes == greedy_passes(full_len, max_rows) == 3
     elif case == "f32":
         assert passes == packed   # OpenBLAS's rounding may depend on the rows: never packed
-    else:
-        assert 1 <= passes <= packed
+    else:   # 40, 114, 262 and 336 rows share one pass (the wide class); 8 rows alone
+        assert passes == 2 if wide_from_16() else 1 <= passes <= packed
+
+
+def wide_from_16():
+    """Whether this CPU's wide products start at 16 rows (AVX-512 VNNI or AMX; else sgemm tiles from
+    64, whose rounding is OpenBLAS's: not packed)."""
+    flags = open("/proc/cpuinfo").read()
+    return " avx512_vnni" in flags or " amx_bf16" in flags
