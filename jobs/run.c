@@ -598,7 +598,7 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
     for (;;) {
         if (stop_signal && !announced && !o->quiet) {
             fprintf(stderr, "\nsift: interrupted: %s %d sequence%s in flight, no new prompts%s\n",
-                    n_signals > 1 ? "dropping" : "finishing", n_active, plural_s(n_active),
+                    n_signals > 1 ? "dropping" : "finishing", n_active + n_pend, plural_s(n_active + n_pend),
                     n_signals > 1 ? "" : " (Ctrl-C again to drop them)");
             announced = 1;
         }
@@ -693,7 +693,7 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
             else if (!o->unordered) break;
             if (J->written && j == next_write) next_write++;
         }
-        progress(&R, n_active, 0);
+        progress(&R, n_active + n_pend, 0);
         if (n_active == 0 && n_pend == 0 && (next_job >= n_jobs || stop_signal)) break;
     }
     for (int i = 0; i < n_active; i++) unit_finish(active[i]);   // dropped: rerun on --resume
