@@ -590,8 +590,9 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
     if (ab && !stop_signal) (void)run_warm_up(o->strategies[0], m, o->so, o->run, 32, err, sizeof err);
     R.cpu_mark = cpu_now();
     int slots = o->parallel > 0 ? o->parallel : 1, json = o->json || o->output;
-    // packed prefill: with --parallel, not in an A/B comparison (each strategy's TTFT its own)
-    R.pack_rows = slots > 1 && !ab ? pack_rows : 0;
+    // packed prefill: with --parallel, not in an A/B comparison of strategies or repetitions
+    // (each strategy's TTFT its own; a request's n > 1 choices are no comparison)
+    R.pack_rows = slots > 1 && o->n_strategies <= 1 && o->reps <= 1 ? pack_rows : 0;
     unit **active = xmalloc((size_t)(slots + MAX_STRATEGIES * 100) * sizeof *active);
     unit **pend = xmalloc((size_t)(slots + MAX_STRATEGIES * 100) * sizeof *pend);   // opened, not prefilled
     int n_active = 0, n_pend = 0, next_job = 0, next_write = 0, announced = 0;
