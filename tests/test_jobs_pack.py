@@ -181,3 +181,27 @@ def wide_from_16():
     64, whose rounding is OpenBLAS's: not packed)."""
     flags = open("/proc/cpuinfo").read()
     return " avx512_vnni" in flags or " amx_bf16" in flags
+
+
+def test_packed_job_with_choices_batch_api(tiny, tmp_path):
+    # the Batch API's shape: one request of n = 3 choices (its prefill alone, copied by its later
+    # choices) among one-answer requests that pack; seeded, so every choice draws its own stream
+    lines = []
+    for i in range(8):
+        body = {"prompt": " ".join(WORDS[(i + j) % len(WORDS)] for j in range([3, 50, 80, 4, 120, 60, 2, 90][i])),
+                "max_tokens": 6 + i, "temperature": 0.9, "seed": 40 + i}
+        if i == 2:
+            body["n"] = 3
+        lines.append({"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions", "body": body})
+    path = tmp_path / "b.jsonl"
+    path.write_text("".join(json.dumps(l) + "\n" for l in lines))
+    def answers(parallel):
+        r = sift("-m", tiny, "--prompts", str(path), "--json", "-q", "--parallel", str(parallel))
+        assert r.returncode == 0, r.stderr
+        recs = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
+        assert [x["custom_id"] for x in recs] == [l["custom_id"] for l in lines]
+        return [[(c["index"], c["text"], c["finish_reason"]) for c in x["response"]["body"]["choices"]]
+                for x in recs]
+    one, packed = answers(1), answers(4)
+    assert packed == one
+    assert [len(a) for a in one] == [1, 1, 3, 1, 1, 1, 1, 1]
