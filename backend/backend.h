@@ -79,6 +79,11 @@ struct backend {
     void (*matmul_multi)(backend *b, int k, void *const *out, const void *x,
                          const bk_weight *const *w, const bk_weight *const *bias, int n, int i,
                          const int *o);
+    // Optional: the rounding class of a product on w over n rows: two row counts of one class
+    // >= 0 give every row the same products bit for bit (the row's own, whatever rows share the
+    // call); -1: a row's rounding may depend on the row count (never pack rows of separate
+    // requests into one product, model/forward.h: fwd_row_class). NULL: -1.
+    int (*row_class)(backend *b, const bk_weight *w, int n);
     // rotate x (n, heads, hd) in place at positions pos (n,)
     void (*rope)(backend *b, void *x, const int *pos, int n, int heads, int hd, const float *inv_freq,
                  enum rope_style style);

@@ -142,6 +142,7 @@ backend *backend_cpu_create(int n_threads, enum bk_weights weights) {
         .vector_to_host = cpu_vector_to_host,
         .report = cpu_report, .matmul_multi = cpu_matmul_multi,
         .embed = cpu_embed, .rmsnorm = cpu_rmsnorm, .matmul = cpu_matmul, .rope = cpu_rope,
+        .row_class = cpu_row_class,
         .swiglu = cpu_swiglu, .add = cpu_add, .gather_rows = cpu_gather_rows,
         .kv_append = cpu_kv_append, .attention = cpu_attention,
         .attention_multi = cpu_attention_multi, .attn_probs = cpu_attn_probs,

@@ -54,6 +54,7 @@ size_t cpu_mem_available(backend *b);
 bk_weight *cpu_weight_synth(backend *b, uint64_t seed, uint64_t tensor, size_t rows, size_t cols,
                             float scale, float offset);
 // gemm_cpu.c
+int cpu_row_class(backend *b, const bk_weight *w, int n);
 void cpu_matmul(backend *b, void *out, const void *x, const bk_weight *w, const bk_weight *bias,
                 int n, int in, int o);
 void cpu_matmul_multi(backend *b, int k, void *const *out, const void *x, const bk_weight *const *w,

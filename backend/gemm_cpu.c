@@ -75,6 +75,19 @@ static enum q_path pick_path(cpu_impl *c, const bk_weight *w, int n, int in, int
     return Q_PATH_INT8;
 }
 
+// The rounding class of a product on w over n rows: the fixed rule's path (the int8 row kernels
+// and the VNNI and AMX GEMMs round each row by itself: README "How the CPU keeps weights"); -1
+// where OpenBLAS multiplies (fp32 weights, sgemm tiles: its kernels are chosen by shape) or the
+// path is timed per row bucket (SIFT_PREFILL=tune).
+int cpu_row_class(backend *b, const bk_weight *w, int n) {
+    cpu_impl *c = impl(b);
+    if (w->type == GGML_F32 || c->forced == -2) return -1;
+    tune_entry *t;
+    enum q_path p = pick_path(c, w, n, (int)w->cols, (int)w->rows, &t);
+    CHECK_INTERNAL(!t, "a product timed under a fixed rule");
+    return p == Q_PATH_SGEMM ? -1 : (int)p;
+}
+
 void cpu_matmul(backend *b, void *out, const void *x, const bk_weight *w,
                 const bk_weight *bias, int n, int in, int o) {
     cpu_impl *c = impl(b);

@@ -92,6 +92,8 @@ typedef struct unit {
     int first_agree;         // first token equals full's (-1: full not run)
     double greedy_agree;     // % of full's generated tokens matched at the same step (-1: n/a)
     keptmap *km;             // --kept-map: what it kept (captured after prefill and decode)
+    int packed;              // its prefill waits for (or ran in) a pass shared with other prompts
+                             // (gen_open, gen_prefill_packed; jobs/run.c)
 } unit;
 
 // CPU time of the whole machine (all CPUs, seconds: busy and stolen) and of this process, at wall
@@ -113,7 +115,9 @@ typedef struct runner {
     // totals for progress and the summary
     int n_req, n_done, n_failed;
     long prompt_tok, gen_tok, decode_tok;   // decode_tok: tokens of the shared decode steps
-    double prefill_ms, decode_ms, t0, last_progress;
+    double prefill_ms, decode_ms, t0, last_progress;   // prefill_ms: packed passes' wall time
+                                                       // + the other prompts' TTFT
+    int pack_rows;           // rows of a packed prefill pass at most (0: each prompt alone)
     cpu_sample cpu_mark;     // the machine's CPU time at the last A/B table (or the start)
 } runner;
 

@@ -16,6 +16,11 @@
 
 #include "internal.h"
 
+// Rows of one packed prefill pass at most (SIFT_PACK_ROWS overrides): several queued prompts'
+// whole prefills share a pass up to this many rows (a longer prompt runs alone), so that the
+// sequences in flight wait at most about one such pass for their next decode step.
+#define PACK_ROWS 2048
+
 // Text written to stdout so far is out: a failed write or flush (a full disk, a closed pipe) ends
 // the run with exit 1 and the reason, never a silent exit 0.
 static void stdout_check(void) {
@@ -171,7 +176,9 @@ static int choice_start(unit *u) {
 }
 
 // Tokenizes and prefills u (its first token sampled); 0, or -1 (u->err set, u done). A later
-// choice of an n > 1 request copies choice 0's prefill instead (choice_start).
+// choice of an n > 1 request copies choice 0's prefill instead (choice_start). With packing on
+// (R->pack_rows), a plain prefill (gen_packs) of a one-answer request with no kept map is only
+// opened (u->packed): the loop runs it in a pass shared with other queued prompts.
 static int unit_start(runner *R, unit *u, int stream) {
     const run_opts *o = R->o;
     request *q = u->rq;
@@ -205,6 +212,15 @@ static int unit_start(runner *R, unit *u, int stream) {
     u->stream = stream;
     u->state = 1;
     if (u->choice > 0) return choice_start(u);
+    if (R->pack_rows > 0 && q->n_choices == 1 && !o->kept_map && !stream && gen_packs(u->s)) {
+        if (gen_open(&u->g, u->s, R->m, u->ids, u->n_ids, u->n_gen, &u->smp, on_token, u, u->err,
+                     sizeof u->err)) {
+            sampler_free(&u->smp);
+            return unit_failed(u, "server_error");
+        }
+        u->packed = 1;
+        return 0;
+    }
     if (gen_begin(&u->g, u->s, R->m, o->so, o->run, u->ids, u->n_ids, u->n_gen, &u->smp, on_token, u, NULL,
                   u->err, sizeof u->err)) {
         sampler_free(&u->smp);
@@ -292,7 +308,7 @@ static void emit_job(runner *R, job *J) {
         }
         if (!u->rc && !o->quiet && o->parallel == 1) print_timing(R, u);
         R->prompt_tok += u->g.st.prompt_n;
-        R->prefill_ms += u->g.st.prompt_ms;
+        if (!u->packed) R->prefill_ms += u->g.st.prompt_ms;   // a packed one's pass is counted
         R->gen_tok += u->rc ? 0 : u->g.st.predicted_n;
     }
     if (J->n_units > 1 && J->rq->n_choices == 1 && !json) {
@@ -455,6 +471,18 @@ static int outputs_close(outputs *w, const run_opts *o, const request_list *all,
 int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const char *model_name,
              double load_ms, int n_ctx) {
     char err[512];
+    // SIFT_PACK_ROWS: rows of a packed prefill pass at most (0: every prompt prefilled alone)
+    long pack_rows = PACK_ROWS;
+    const char *env = getenv("SIFT_PACK_ROWS");
+    if (env) {
+        char *end;
+        errno = 0;
+        pack_rows = strtol(env, &end, 10);
+        if (errno || end == env || *end || pack_rows < 0 || pack_rows > (1 << 20)) {
+            fprintf(stderr, "sift: error: SIFT_PACK_ROWS='%s' is not a row count (0 to %d)\n", env, 1 << 20);
+            return 2;
+        }
+    }
     request_list all = jobs_collect(o);
     // this process's shard: a contiguous slice, so shard outputs concatenate in input order
     int lo = 0, hi = all.n;
@@ -562,18 +590,22 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
     if (ab && !stop_signal) (void)run_warm_up(o->strategies[0], m, o->so, o->run, 32, err, sizeof err);
     R.cpu_mark = cpu_now();
     int slots = o->parallel > 0 ? o->parallel : 1, json = o->json || o->output;
+    // packed prefill: with --parallel, not in an A/B comparison of strategies or repetitions
+    // (each strategy's TTFT its own; a request's n > 1 choices are no comparison)
+    R.pack_rows = slots > 1 && o->n_strategies <= 1 && o->reps <= 1 ? pack_rows : 0;
     unit **active = xmalloc((size_t)(slots + MAX_STRATEGIES * 100) * sizeof *active);
-    int n_active = 0, next_job = 0, next_write = 0, announced = 0;
+    unit **pend = xmalloc((size_t)(slots + MAX_STRATEGIES * 100) * sizeof *pend);   // opened, not prefilled
+    int n_active = 0, n_pend = 0, next_job = 0, next_write = 0, announced = 0;
     for (;;) {
         if (stop_signal && !announced && !o->quiet) {
             fprintf(stderr, "\nsift: interrupted: %s %d sequence%s in flight, no new prompts%s\n",
-                    n_signals > 1 ? "dropping" : "finishing", n_active, plural_s(n_active),
+                    n_signals > 1 ? "dropping" : "finishing", n_active + n_pend, plural_s(n_active + n_pend),
                     n_signals > 1 ? "" : " (Ctrl-C again to drop them)");
             announced = 1;
         }
         if (n_signals > 1) break;
         // admit: fill the free slots with the next units in input order (prefill each)
-        while (!stop_signal && n_active < slots && next_job < n_jobs) {
+        while (!stop_signal && n_active + n_pend < slots && next_job < n_jobs) {
             job *J = &jobs[next_job];
             if (J->rq->error) {
                 next_job++;
@@ -595,12 +627,37 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
                 stdout_check();
             }
             unit_start(&R, u, stream);
-            if (u->state == 1 && !u->g.done) active[n_active++] = u;
+            if (u->state == 1 && u->packed) pend[n_pend++] = u;
+            else if (u->state == 1 && !u->g.done) active[n_active++] = u;
             else {   // failed, or done with its first token: written before anything else starts
                 unit_finish(u);
                 if (stream && !u->rc) printf("\n");
                 J->n_left--;
                 break;
+            }
+        }
+        // one pass prefilling the first opened prompt and those that can share its pass (up to
+        // pack_rows rows: the decode steps of the sequences in flight wait one pass at most)
+        if (n_pend > 0) {
+            double t0 = now_ms();
+            gen_seq *gs[FWD_MAX_BATCH];
+            int k = n_pend < FWD_MAX_BATCH ? n_pend : FWD_MAX_BATCH;
+            for (int i = 0; i < k; i++) gs[i] = &pend[i]->g;
+            gen_prefill_packed(gs, k, R.pack_rows);
+            R.prefill_ms += now_ms() - t0;
+            for (int i = 0; i < n_pend;) {
+                unit *u = pend[i];
+                if (!u->g.fed) {
+                    i++;
+                    continue;
+                }
+                memmove(pend + i, pend + i + 1, (size_t)(n_pend - i - 1) * sizeof *pend);   // keep order
+                n_pend--;
+                if (!u->g.done) active[n_active++] = u;
+                else {   // done with its first token
+                    unit_finish(u);
+                    jobs[u->job].n_left--;
+                }
             }
         }
         // one decode step over every sequence in flight
@@ -637,10 +694,11 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
             else if (!o->unordered) break;
             if (J->written && j == next_write) next_write++;
         }
-        progress(&R, n_active, 0);
-        if (n_active == 0 && (next_job >= n_jobs || stop_signal)) break;
+        progress(&R, n_active + n_pend, 0);
+        if (n_active == 0 && n_pend == 0 && (next_job >= n_jobs || stop_signal)) break;
     }
     for (int i = 0; i < n_active; i++) unit_finish(active[i]);   // dropped: rerun on --resume
+    for (int i = 0; i < n_pend; i++) unit_finish(pend[i]);
     // in input order, a job held back by an unfinished earlier one is written now if complete
     for (int j = 0; j < n_jobs; j++)
         if (!jobs[j].written && !jobs[j].rq->error && jobs[j].n_left == 0) emit_job(&R, &jobs[j]);
@@ -657,7 +715,7 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
         for (int k = 0; k < jobs[j].n_units; k++) unit_free(&jobs[j].u[k]);
         free(jobs[j].u);
     }
-    free(jobs), free(active);
+    free(jobs), free(active), free(pend);
     for (int i = 0; i < all.n; i++) req_free(&all.r[i]);
     free(all.r);
     done_free(&done);

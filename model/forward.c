@@ -229,6 +229,20 @@ long fwd_run(model *m, kv_cache *kv, const int *tokens, const int *pos, int n,
 
 int fwd_run_batch(model *m, fwd_seq *seqs, int B) { return run_pass(m, seqs, B, 0); }
 
+int fwd_row_class(const model *m, int n) {
+    backend *bk = m->bk;
+    if (!bk->row_class || n < 1) return -1;
+    int cls = bk->row_class(bk, m->lm_head, n);
+    for (int l = 0; l < m->cfg.n_layer && cls >= 0; l++) {
+        const layer_weights *w = &m->layers[l];
+        const bk_weight *ws[] = {w->wq, w->wk, w->wv, w->wo, w->w_gate, w->w_up, w->w_down,
+                                 w->wqkv, w->w_gate_up};
+        for (size_t i = 0; i < sizeof ws / sizeof *ws && cls >= 0; i++)
+            if (ws[i] && bk->row_class(bk, ws[i], n) != cls) cls = -1;
+    }
+    return cls;
+}
+
 void fwd_free(model *m) {
     fwd_decode_free(m);
     if (m->run) run_state_free(m->bk, m->run);

@@ -72,6 +72,12 @@ typedef struct fwd_seq {
 // rows. 0, or -1 when a hook aborted.
 int fwd_run_batch(model *m, fwd_seq *seqs, int B);
 
+// The rounding class of m's products over n rows (the backend's row_class, over every matrix
+// weight of m): rows run through passes of two row counts of one class >= 0 get the same products
+// bit for bit, so several sequences whose row counts alone are of class C may share a pass of
+// class C with the logits each gets alone; -1: unknown (never share a pass across classes).
+int fwd_row_class(const model *m, int n);
+
 // A decode step: fwd_run_batch for B sequences of one row each. Where the backend records
 // steps (backend.h: step_bind, graph_*) and no sequence's hooks act at decode (none, or hooks
 // with no functions: a dense decode over the cache the strategy kept), the step runs in the

@@ -1,7 +1,8 @@
 // policies/generate.c — the generation loop all strategies share: prefill (the strategy's) ->
 // sample -> decode one token at a time at position n + t, one sequence (run_generate) or many
-// sharing each decode pass (gen_begin, gen_step, gen_end); a sequence's copy after its prefill
-// (gen_fork, gen_first), so that several answers share one prefill.
+// sharing each decode pass (gen_begin, gen_step, gen_end); several full prefills packed into one
+// pass (gen_open, gen_prefill_packed); a sequence's copy after its prefill (gen_fork, gen_first),
+// so that several answers share one prefill.
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -61,7 +62,7 @@ int gen_begin(gen_seq *g, const strategy *s, model *m, const strategy_opts *o,
               run_token_fn on_token, void *ctx, float *first_logits, char *err, size_t errlen) {
     *g = (gen_seq){.m = m, .smp = smp, .on_token = on_token, .ctx = ctx, .n_prompt = n,
                    .n_predict = n_predict};
-    g->st.prompt_n = n;
+    g->st.prompt_n = n, g->st.prefill_shared = 1;
     g->logits = xmalloc((size_t)m->cfg.vocab * sizeof(float));
     double t0 = now_ms();
     strategy_run r = run ? *run : (strategy_run){0};   // the request's sampling, for tokens
@@ -80,6 +81,62 @@ int gen_begin(gen_seq *g, const strategy *s, model *m, const strategy_opts *o,
     gen_first(g, smp, on_token, ctx);
     g->st.prompt_ms = now_ms() - t0;
     return 0;
+}
+
+int gen_packs(const strategy *s) {
+    return s->phase == PHASE_NONE && !s->prefill_part && !s->decode_part;   // full
+}
+
+int gen_open(gen_seq *g, const strategy *s, model *m, const int *ids, int n, int n_predict,
+             sampler *smp, run_token_fn on_token, void *ctx, char *err, size_t errlen) {
+    CHECK_INTERNAL(gen_packs(s) && n >= 1, "strategy '%s' opened for a packed prefill", s->name);
+    *g = (gen_seq){.m = m, .smp = smp, .on_token = on_token, .ctx = ctx, .n_prompt = n,
+                   .n_predict = n_predict, .ids = ids, .t_open = now_ms()};
+    g->st.prompt_n = n;
+    int L = m->cfg.n_layer, *caps = xmalloc((size_t)L * sizeof(int));
+    for (int l = 0; l < L; l++) caps[l] = n + n_predict;   // as prefill_run gives full
+    g->kv = fwd_kv_create(m, caps, err, errlen);
+    free(caps);
+    if (!g->kv) return -1;
+    g->logits = xmalloc((size_t)m->cfg.vocab * sizeof(float));
+    return 0;
+}
+
+int gen_prefill_packed(gen_seq *const *g, int k, int max_rows) {
+    model *m = g[0]->m;
+    CHECK_INTERNAL(k >= 1 && !g[0]->fed && g[0]->ids, "a packed prefill of %d sequences", k);
+    // g[0]'s rounding class, and the LM head's (one row per prompt: one alone)
+    int cls = fwd_row_class(m, g[0]->n_prompt), head = fwd_row_class(m, 1);
+    int pick[FWD_MAX_BATCH], b = 1, rows = g[0]->n_prompt, longest = rows;
+    pick[0] = 0;
+    for (int i = 1; i < k && cls >= 0 && head >= 0 && b < FWD_MAX_BATCH; i++) {
+        const gen_seq *s = g[i];
+        int n = s->n_prompt;
+        if (s->fed || !s->ids || s->m != m || rows + n > max_rows || fwd_row_class(m, n) != cls ||
+            fwd_row_class(m, rows + n) != cls || fwd_row_class(m, b + 1) != head)
+            continue;
+        pick[b++] = i, rows += n;
+        if (n > longest) longest = n;
+    }
+    int *pos = xmalloc((size_t)longest * sizeof(int));   // every prompt from position 0
+    for (int i = 0; i < longest; i++) pos[i] = i;
+    fwd_seq seqs[FWD_MAX_BATCH];
+    for (int j = 0; j < b; j++) {
+        gen_seq *s = g[pick[j]];
+        seqs[j] = (fwd_seq){s->kv, s->ids, pos, s->n_prompt, NULL, s->logits, 0, NULL, 0};
+    }
+    CHECK_INTERNAL(fwd_run_batch(m, seqs, b) == 0, "a packed prefill without hooks aborted");
+    free(pos);
+    for (int j = 0; j < b; j++) {   // what gen_begin does after its prefill
+        gen_seq *s = g[pick[j]];
+        s->info.rows_done = s->st.rows_done = seqs[j].rows_done;
+        s->st.kv_bytes = kv_bytes(s->kv);
+        s->st.prefill_shared = b;
+        s->fed = 1, s->ids = NULL;
+        gen_first(s, s->smp, s->on_token, s->ctx);
+        s->st.prompt_ms = now_ms() - s->t_open;
+    }
+    return b;
 }
 
 void gen_first(gen_seq *g, sampler *smp, run_token_fn on_token, void *ctx) {

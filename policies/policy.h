@@ -84,7 +84,9 @@ const char *strategy_names(void);
 
 typedef struct run_stats {
     int prompt_n;          // prompt tokens
-    double prompt_ms;      // prefill + first token = time to first token
+    double prompt_ms;      // prefill + first token = time to first token (a packed prefill's:
+                           // from gen_open, its wait for the shared pass included)
+    int prefill_shared;    // prompts prefilled in the pass that prefilled this one (1: alone)
     int predicted_n;       // tokens generated (sampled), including a final end-of-generation one
     int decode_runs;       // forward passes after the first token
     double decode_ms;      // time of those passes and their sampling
@@ -126,6 +128,9 @@ typedef struct gen_seq {
     int done;             // on_token asked to stop, or n_predict tokens are out
     run_stats st;         // decode_ms: the sum of the (shared) steps it took part in
     double read_sum;      // bytes of KV the plain decode steps read
+    const int *ids;       // gen_open: the prompt (borrowed) until its packed prefill ran
+    double t_open;        // gen_open: when it was admitted (its TTFT counts from here)
+    int fed;              // gen_open: 0 until its packed prefill ran (gen_prefill_packed)
 } gen_seq;
 
 // Prefill with s, sample the first token, call on_token. 0, or -1 with err (nothing to free).
@@ -141,6 +146,25 @@ void gen_first(gen_seq *g, sampler *smp, run_token_fn on_token, void *ctx);
 // nothing but the cache (no hooks, decode state or cache side data); else -2 with err naming
 // strategy_name. 0, or -1 with err (out of memory for the cache).
 int gen_fork(gen_seq *dst, const gen_seq *src, const char *strategy_name, char *err, size_t errlen);
+// Packed prefill (jobs/run.c with --parallel): the prompts of several sequences in one forward
+// pass (fwd_run_batch), each prompt whole (never split across passes) with the logits it gets
+// alone, bit for bit. Whether s's prefill may share a pass: only the plain prefill (every prompt
+// row through every layer, no hooks, nothing kept but the cache: full); a strategy whose prefill
+// hooks read attention, drop rows, stop early or draw tokens runs alone (gen_begin).
+int gen_packs(const strategy *s);
+// gen_begin up to its prefill (s: gen_packs): g keeps ids (borrowed until its prefill ran) and
+// a new cache with room for n + n_predict entries; gen_prefill_packed runs the prefill. Its TTFT
+// (st.prompt_ms) counts from this call: the wait for a shared pass is part of it. 0, or -1 with
+// err (nothing to free).
+int gen_open(gen_seq *g, const strategy *s, model *m, const int *ids, int n, int n_predict,
+             sampler *smp, run_token_fn on_token, void *ctx, char *err, size_t errlen);
+// One pass prefilling g[0] and those of the opened sequences g[1..k) (in that order) that can
+// share it without changing any row's products: each prompt's row count alone, the pass's total
+// and the number of prompts in it (the LM head's rows) all of g[0]'s rounding class
+// (fwd_row_class; -1: g[0] alone), at most max_rows rows in all (g[0] whatever its length) and
+// FWD_MAX_BATCH prompts. Each one run draws its first token (gen_first) and gets fed = 1.
+// Returns how many it ran.
+int gen_prefill_packed(gen_seq *const *g, int k, int max_rows);
 // One decode step of every unfinished sequence among g[0..k) (one model), as one forward pass.
 void gen_step(gen_seq *const *g, int k);
 // The decode report into st.note; frees the cache and the strategy's decode state.

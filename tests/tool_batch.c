@@ -1,6 +1,6 @@
 // tests/tool_batch.c — batched decode (gen_step over many sequences, one forward pass per step)
 // against each sequence run alone (gen_step over one), for the Python tests.
-// usage: tool_batch MODEL.gguf STRATEGY[,STRATEGY...] [N_PROMPTS]
+// usage: tool_batch MODEL.gguf STRATEGY[,STRATEGY...] [N_PROMPTS [pack MAX_ROWS]]
 // Prompts: N_PROMPTS (default 5) id sequences of different lengths (40 + 37 i tokens, ids from a
 // fixed hash) with different n_predict (6 + 3 i), so they finish at different steps; greedy.
 // When a list of strategies is given, prompt i runs strategy i % count (a mixed batch, as the
@@ -9,6 +9,12 @@
 // whether decode read the same keys as often in both (per cache layer and prompt position:
 // strategy_run.count_selected; 1 same, 0 not, - no selection), then `batch steps S` (the
 // shared passes the batch took).
+// pack: the batched side prefills every prompt whose strategy packs (gen_packs) in shared passes
+// (gen_open, then gen_prefill_packed of at most MAX_ROWS rows over the prompts not yet prefilled,
+// one pass before each decode step, as jobs/run.c does), and every third prompt is short (5, 8,
+// 11, ... tokens: the row kernels' class where the long ones take the wide products); then
+// `prefill passes P` (shared passes that prefilled packed prompts) and `packed K` (prompts they
+// prefilled) close the output.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +61,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     int np = argc > 3 ? atoi(argv[3]) : 5;
+    int pack = argc > 5 && !strcmp(argv[4], "pack"), max_rows = pack ? atoi(argv[5]) : 0;
     const strategy *ss[16];
     int ns = 0;
     char *list = strdup(argv[2]);
@@ -78,7 +85,7 @@ int main(int argc, char **argv) {
     int **ids = xcalloc((size_t)np, sizeof *ids), *len = xcalloc((size_t)np, sizeof *len);
     int *npred = xcalloc((size_t)np, sizeof *npred);
     for (int i = 0; i < np; i++) {
-        len[i] = 40 + 37 * i, npred[i] = 6 + 3 * i;
+        len[i] = pack && i % 3 == 1 ? 4 + i : 40 + 37 * i, npred[i] = 6 + 3 * i;
         ids[i] = xmalloc((size_t)len[i] * sizeof(int));
         for (int j = 0; j < len[i]; j++) ids[i][j] = (int)((j * 7919u + i * 104729u + 13) % (unsigned)vocab);
     }
@@ -106,18 +113,34 @@ int main(int argc, char **argv) {
         gen_end(g[0]);
     }
     // batched: every prompt begun, then shared steps until all are done (they finish apart)
-    gen_seq **all = xmalloc((size_t)np * sizeof *all);
+    gen_seq **all = xmalloc((size_t)np * sizeof *all), **wait = xmalloc((size_t)np * sizeof *wait);
+    int n_wait = 0;
     for (int i = 0; i < np; i++) {
-        all[i] = &gb[i];
-        if (gen_begin(&gb[i], ss[i % ns], m, &o, &run, ids[i], len[i], npred[i], &sb[i], on_tok,
-                      &batch[i], NULL, err, sizeof err)) {
-            fprintf(stderr, "%s: %s\n", ss[i % ns]->name, err);
+        const strategy *s = ss[i % ns];
+        int rc = pack && gen_packs(s)
+                     ? gen_open(&gb[i], s, m, ids[i], len[i], npred[i], &sb[i], on_tok, &batch[i], err, sizeof err)
+                     : gen_begin(&gb[i], s, m, &o, &run, ids[i], len[i], npred[i], &sb[i], on_tok,
+                                 &batch[i], NULL, err, sizeof err);
+        if (rc) {
+            fprintf(stderr, "%s: %s\n", s->name, err);
             return 1;
         }
+        if (pack && gen_packs(s)) wait[n_wait++] = &gb[i];
     }
-    int steps = 0, left = np;
+    int steps = 0, left = np, passes = 0, packed = n_wait;
     while (left > 0) {
-        gen_step(all, np);
+        if (n_wait > 0) {   // one shared prefill pass, then the decode step of the prefilled
+            gen_prefill_packed(wait, n_wait, max_rows);
+            passes++;
+            int k = 0;
+            for (int i = 0; i < n_wait; i++)
+                if (!wait[i]->fed) wait[k++] = wait[i];
+            n_wait = k;
+        }
+        int b = 0;
+        for (int i = 0; i < np; i++)
+            if (!gb[i].ids) all[b++] = &gb[i];   // prefilled (gen_begin, or a packed pass)
+        gen_step(all, b);
         steps++;
         left = 0;
         for (int i = 0; i < np; i++) left += !gb[i].done;
@@ -151,7 +174,8 @@ int main(int argc, char **argv) {
         free(ids[i]);
     }
     printf("batch steps %d\n", steps);
-    free(all), free(ga), free(gb), free(sa), free(sb), free(alone), free(batch);
+    if (pack) printf("prefill passes %d\npacked %d\n", passes, packed);
+    free(wait), free(all), free(ga), free(gb), free(sa), free(sb), free(alone), free(batch);
     free(ids), free(len), free(npred), free(list);
     model_free(m);
     bk->destroy(bk);
