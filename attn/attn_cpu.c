@@ -16,6 +16,7 @@
 
 #define ATTN_QB 128
 #define ATTN_SMALL 8   // up to this many query rows per call: loops, not sgemm
+#define ATTN_KT 64     // keys (values) a typed prefill decodes into its tile at a time
 
 // softmax of s[0..m) in place over entries whose key is visible (kpos <= qp); others become 0.
 static void masked_softmax(float *s, const int *kpos, int m, int qp) {
@@ -92,6 +93,101 @@ static void attn_rows(float *out, const float *q, int ld, const int *qpos, int q
     }
 }
 
+// attn_rows over typed K and V rows (krow, vrow bytes each; kvrow.h): the same products on the
+// decoded values. tile: scratch of ATTN_KT * hd floats.
+static void attn_rows_typed(float *out, const float *q, int ld, const int *qpos, int qstride,
+                            int nb, const char *k, enum kv_type kt, const char *v, enum kv_type vt,
+                            const int *kpos, int len, int hd, float *s, float *tile) {
+    size_t krow = kv_row_bytes(kt, hd), vrow = kv_row_bytes(vt, hd);
+    int qmax = qpos[0];
+    for (int i = 1; i < nb; i++)
+        if (qpos[i * qstride] > qmax) qmax = qpos[i * qstride];
+    int m = visible_prefix(kpos, len, qmax);
+    if (m == 0) {
+        for (int i = 0; i < nb; i++) memset(out + (size_t)i * ld, 0, hd * sizeof(float));
+        return;
+    }
+    float scale = 1.0f / sqrtf((float)hd);
+    if (nb > ATTN_SMALL) {   // prefill: tiles of keys, then of values, through sgemm
+        for (int j0 = 0; j0 < m; j0 += ATTN_KT) {
+            int jn = m - j0 < ATTN_KT ? m - j0 : ATTN_KT;
+            kv_rows_decode(kt, tile, k + (size_t)j0 * krow, jn, hd);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, jn, hd, scale, q, ld, tile, hd,
+                        0.0f, s + j0, m);
+        }
+        for (int i = 0; i < nb; i++) masked_softmax(s + (size_t)i * m, kpos, m, qpos[i * qstride]);
+        for (int j0 = 0; j0 < m; j0 += ATTN_KT) {
+            int jn = m - j0 < ATTN_KT ? m - j0 : ATTN_KT;
+            kv_rows_decode(vt, tile, v + (size_t)j0 * vrow, jn, hd);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, hd, jn, 1.0f, s + j0, m, tile,
+                        hd, j0 ? 1.0f : 0.0f, out, ld);
+        }
+        return;
+    }
+    // a decode step: each key row decoded once (into L1) for all nb query rows
+    for (int j = 0; j < m; j++) {
+        kv_row_decode(kt, tile, k + (size_t)j * krow, hd);
+        for (int i = 0; i < nb; i++) {
+            const float *qi = q + (size_t)i * ld;
+            float d = 0;
+#pragma omp simd reduction(+ : d)
+            for (int c = 0; c < hd; c++) d += qi[c] * tile[c];
+            s[(size_t)i * m + j] = d * scale;
+        }
+    }
+    for (int i = 0; i < nb; i++) {
+        masked_softmax(s + (size_t)i * m, kpos, m, qpos[i * qstride]);
+        memset(out + (size_t)i * ld, 0, (size_t)hd * sizeof(float));
+    }
+    for (int j = 0; j < m; j++) {
+        int any = 0;
+        for (int i = 0; i < nb; i++) any |= s[(size_t)i * m + j] != 0;
+        if (!any) continue;   // invisible to every row
+        kv_row_decode(vt, tile, v + (size_t)j * vrow, hd);
+        for (int i = 0; i < nb; i++) {
+            const float p = s[(size_t)i * m + j];
+            float *oi = out + (size_t)i * ld;
+#pragma omp simd
+            for (int c = 0; c < hd; c++) oi[c] += p * tile[c];
+        }
+    }
+}
+
+void attn_causal_cpu_typed(float *out, const float *q, const int *qpos, int n, int heads,
+                           const void *k, enum kv_type kt, const void *v, enum kv_type vt,
+                           const int *kpos, int len, int cap, int n_kv_head, int hd) {
+    if (kt == KV_F32 && vt == KV_F32) {
+        attn_causal_cpu(out, q, qpos, n, heads, k, v, kpos, len, cap, n_kv_head, hd);
+        return;
+    }
+    int group = heads / n_kv_head, decode = n == 1;
+    int rows = decode ? group : ATTN_QB;
+    int tasks = decode ? n_kv_head : heads * ((n + ATTN_QB - 1) / ATTN_QB);
+    size_t krow = kv_row_bytes(kt, hd), vrow = kv_row_bytes(vt, hd);
+    size_t per_thread = (size_t)rows * (size_t)(len > 0 ? len : 1) + (size_t)ATTN_KT * hd;
+    float *scratch = xmalloc((size_t)omp_get_max_threads() * per_thread * sizeof(float));
+#pragma omp parallel for schedule(dynamic)
+    for (int t = 0; t < tasks; t++) {
+        float *s = scratch + (size_t)omp_get_thread_num() * per_thread;
+        float *tile = s + (size_t)rows * (size_t)(len > 0 ? len : 1);
+        int g = decode ? t : (t % heads) / group;
+        const char *kg = (const char *)k + (size_t)g * cap * krow,
+                   *vg = (const char *)v + (size_t)g * cap * vrow;
+        const int *pg = kpos + (size_t)g * cap;
+        if (decode) {
+            size_t o = (size_t)g * group * hd;
+            attn_rows_typed(out + o, q + o, hd, qpos, 0, group, kg, kt, vg, vt, pg, len, hd, s, tile);
+        } else {
+            int h = t % heads, i0 = (t / heads) * ATTN_QB;
+            int nb = n - i0 < ATTN_QB ? n - i0 : ATTN_QB;
+            size_t o = (size_t)i0 * heads * hd + (size_t)h * hd;
+            attn_rows_typed(out + o, q + o, heads * hd, qpos + i0, 1, nb, kg, kt, vg, vt, pg, len, hd,
+                            s, tile);
+        }
+    }
+    free(scratch);
+}
+
 void attn_causal_cpu(float *out, const float *q, const int *qpos, int n, int heads,
                      const float *k, const float *v, const int *kpos, int len, int cap,
                      int n_kv_head, int hd) {
@@ -140,4 +236,35 @@ void attn_probs_cpu(float *probs, const float *q, const int *qpos, int n, int he
                     ld, k + (size_t)g * cap * hd, hd, 0.0f, p, ldp);
         for (int r = 0; r < rows; r++) masked_softmax(p + (size_t)r * ldp, pg, m, qpos[decode ? 0 : r]);
     }
+}
+
+void attn_probs_cpu_typed(float *probs, const float *q, const int *qpos, int n, int heads,
+                          const void *k, enum kv_type kt, const int *kpos, int m, int cap,
+                          int n_kv_head, int hd) {
+    if (kt == KV_F32) {
+        attn_probs_cpu(probs, q, qpos, n, heads, k, kpos, m, cap, n_kv_head, hd);
+        return;
+    }
+    int group = heads / n_kv_head, decode = n == 1, tasks = decode ? n_kv_head : heads;
+    float scale = 1.0f / sqrtf((float)hd);
+    size_t krow = kv_row_bytes(kt, hd);
+    if (m <= 0) return;
+    float *tiles = xmalloc((size_t)omp_get_max_threads() * ATTN_KT * hd * sizeof(float));
+    // the tasks of attn_probs_cpu; K_g decoded ATTN_KT rows at a time into the thread's tile
+#pragma omp parallel for schedule(dynamic) if (tasks > 1)
+    for (int t = 0; t < tasks; t++) {
+        int g = decode ? t : t / group, h0 = decode ? t * group : t, rows = decode ? group : n;
+        int ld = decode ? hd : heads * hd, ldp = decode ? m : heads * m;
+        const int *pg = kpos + (size_t)g * cap;
+        const char *kg = (const char *)k + (size_t)g * cap * krow;
+        float *p = probs + (size_t)h0 * m, *tile = tiles + (size_t)omp_get_thread_num() * ATTN_KT * hd;
+        for (int j0 = 0; j0 < m; j0 += ATTN_KT) {
+            int jn = m - j0 < ATTN_KT ? m - j0 : ATTN_KT;
+            kv_rows_decode(kt, tile, kg + (size_t)j0 * krow, jn, hd);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, jn, hd, scale,
+                        q + (size_t)h0 * hd, ld, tile, hd, 0.0f, p + j0, ldp);
+        }
+        for (int r = 0; r < rows; r++) masked_softmax(p + (size_t)r * ldp, pg, m, qpos[decode ? 0 : r]);
+    }
+    free(tiles);
 }
