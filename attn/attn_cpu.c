@@ -13,6 +13,10 @@
 
 #include "../util/check.h"
 #include "../util/fastexp.h"
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define ATTN_X86 1
+#endif
 
 #define ATTN_QB 128
 #define ATTN_SMALL 8   // up to this many query rows per call: loops, not sgemm
@@ -93,6 +97,100 @@ static void attn_rows(float *out, const float *q, int ld, const int *qpos, int q
     }
 }
 
+#ifdef ATTN_X86
+// Elements c..c+7 of a stored row of type t as fp32 (hd a multiple of 8; q8_0: c's block scale).
+static inline __attribute__((always_inline)) __m256 load8(enum kv_type t, const char *row, int c) {
+    switch (t) {
+    case KV_BF16:
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 2 * c))), 16));
+    case KV_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * c)));
+    case KV_Q8_0: {
+        const char *b = row + (size_t)(c / 32) * 34;
+        uint16_t dh;
+        memcpy(&dh, b, 2);
+        __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + c % 32))));
+        return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(dh)), q);
+    }
+    default: return _mm256_loadu_ps((const float *)row + c);
+    }
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+// A decode step's scores and weighted sum straight on the stored rows (kt, vt constant where it
+// is inlined): per key row, 8 elements at a time converted in registers and multiplied by up to 4
+// query rows at once; then per value row the same into the output rows. s (nb, m): scores, then
+// probabilities. hd a multiple of 8.
+static inline __attribute__((always_inline)) void decode_rows_t(
+    enum kv_type kt, enum kv_type vt, float *out, const float *q, int ld, const int *qpos,
+    int qstride, int nb, const char *k, const char *v, const int *kpos, int m, int hd, float *s) {
+    size_t krow = kv_row_bytes(kt, hd), vrow = kv_row_bytes(vt, hd);
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int i0 = 0; i0 < nb; i0 += 4) {
+        int ni = nb - i0 < 4 ? nb - i0 : 4;
+        const float *q0 = q + (size_t)i0 * ld, *q1 = ni > 1 ? q0 + ld : q0, *q2 = ni > 2 ? q0 + 2 * ld : q0,
+                    *q3 = ni > 3 ? q0 + 3 * ld : q0;
+        for (int j = 0; j < m; j++) {
+            const char *row = k + (size_t)j * krow;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int c = 0; c < hd; c += 8) {
+                __m256 x = load8(kt, row, c);
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + c), x, a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + c), x, a1);
+                a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + c), x, a2);
+                a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + c), x, a3);
+            }
+            float d[4] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
+            for (int i = 0; i < ni; i++) s[(size_t)(i0 + i) * m + j] = d[i] * scale;
+        }
+    }
+    for (int i = 0; i < nb; i++) {
+        masked_softmax(s + (size_t)i * m, kpos, m, qpos[i * qstride]);
+        memset(out + (size_t)i * ld, 0, (size_t)hd * sizeof(float));
+    }
+    for (int j = 0; j < m; j++) {
+        int any = 0;
+        for (int i = 0; i < nb; i++) any |= s[(size_t)i * m + j] != 0;
+        if (!any) continue;   // invisible to every row
+        const char *row = v + (size_t)j * vrow;
+        for (int c = 0; c < hd; c += 8) {
+            __m256 x = load8(vt, row, c);
+            for (int i = 0; i < nb; i++) {
+                float *o = out + (size_t)i * ld + c;
+                _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_set1_ps(s[(size_t)i * m + j]), x, _mm256_loadu_ps(o)));
+            }
+        }
+    }
+}
+
+// decode_rows_t with the types as constants: one instance per (K, V) pair
+#define DR(a, b) decode_rows_t(a, b, out, q, ld, qpos, qstride, nb, k, v, kpos, m, hd, s)
+#define DR_V(a)                                                                    \
+    switch (vt) {                                                                  \
+    case KV_F32: DR(a, KV_F32); break;                                             \
+    case KV_BF16: DR(a, KV_BF16); break;                                           \
+    case KV_F16: DR(a, KV_F16); break;                                             \
+    case KV_Q8_0: DR(a, KV_Q8_0); break;                                           \
+    }
+static void decode_rows(enum kv_type kt, enum kv_type vt, float *out, const float *q, int ld,
+                        const int *qpos, int qstride, int nb, const char *k, const char *v,
+                        const int *kpos, int m, int hd, float *s) {
+    switch (kt) {
+    case KV_F32: DR_V(KV_F32); break;
+    case KV_BF16: DR_V(KV_BF16); break;
+    case KV_F16: DR_V(KV_F16); break;
+    case KV_Q8_0: DR_V(KV_Q8_0); break;
+    }
+}
+#undef DR_V
+#undef DR
+#endif
+
 // attn_rows over typed K and V rows (krow, vrow bytes each; kvrow.h): the same products on the
 // decoded values. tile: scratch of ATTN_KT * hd floats.
 static void attn_rows_typed(float *out, const float *q, int ld, const int *qpos, int qstride,
@@ -124,7 +222,13 @@ static void attn_rows_typed(float *out, const float *q, int ld, const int *qpos,
         }
         return;
     }
-    // a decode step: each key row decoded once (into L1) for all nb query rows
+#ifdef ATTN_X86
+    if (hd % 8 == 0) {   // converted in registers, no scratch row
+        decode_rows(kt, vt, out, q, ld, qpos, qstride, nb, k, v, kpos, m, hd, s);
+        return;
+    }
+#endif
+    // a decode step (portable form): each key row decoded once (into L1) for all nb query rows
     for (int j = 0; j < m; j++) {
         kv_row_decode(kt, tile, k + (size_t)j * krow, hd);
         for (int i = 0; i < nb; i++) {

@@ -293,13 +293,14 @@ static void ref_and_bound(const float *q, const int *qpos, int n, int heads, con
 }
 
 enum plant { PLANT_NONE, PLANT_Q8_SCALE_SHIFT, PLANT_F16_AS_BF16 };
+static int case_hd = 64;   // head_dim of attn_case (a multiple of 8: the x86 decode kernel)
 
 // attention of n queries over len cached entries of types kt/vt against the float64 reference;
 // returns the elements (outputs and probabilities) beyond their bounds. plant: a fault put into
 // the cache (or its reading) first.
 static long attn_case(backend *bk, enum kv_type kt, enum kv_type vt, int n, int len, enum plant plant,
                       double *worst) {
-    const int heads = 6, hkv = 2, hd = 64;
+    const int heads = 6, hkv = 2, hd = case_hd;
     int group = heads / hkv;
     float *K = malloc(sizeof(float) * hkv * len * hd), *V = malloc(sizeof(float) * hkv * len * hd);
     float *q = malloc(sizeof(float) * n * heads * hd), *out = malloc(sizeof(float) * n * heads * hd);
@@ -407,6 +408,15 @@ static void test_attention(backend *bk) {
                                    kv_type_name(kt), kv_type_name(vt), worst);
             }
         }
+    // head_dim 36 (not a multiple of 8): the portable decode loop, bf16 and f16
+    case_hd = 36;
+    for (int t = KV_BF16; t <= KV_F16; t++)
+        for (int s = 0; s < 2; s++) {
+            long bad = attn_case(bk, t, t, shapes[s][0], shapes[s][1], PLANT_NONE, NULL);
+            CHECK(bad == 0, "hd 36 %s n %d: %ld elements beyond the bound", kv_type_name(t),
+                  shapes[s][0], bad);
+        }
+    case_hd = 64;
     // planted faults: the same check fails
     for (int s = 0; s < 3; s += 2) {
         long bad = attn_case(bk, KV_Q8_0, KV_Q8_0, (int[]){1, 0, 150}[s], (int[]){200, 0, 300}[s],
