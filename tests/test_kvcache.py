@@ -6,8 +6,12 @@ faults are in tests/test_kvcache.c."""
 import json
 import os
 import subprocess
+import sys
 
 import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import tiny_gguf  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIFT = os.path.join(ROOT, "sift")
@@ -137,3 +141,15 @@ def test_cuda_takes_bf16_only():
     assert "--cache-type-k q8_0: the cuda backend's KV cache is bf16 only" in r.stderr
     assert sift("bench", "-m", "synthetic:llama-3.2-1b", "--device", "cuda", "--dry-run", "-p", 128,
                 "-n", 1, "-ctk", "bf16", "-ctv", "bf16").returncode == 0
+
+
+def test_q8_0_needs_head_dim_multiple_of_32(tmp_path):
+    # tiny_gguf's default: d 64, 4 heads: head_dim 16 (q8_0 blocks are 32 wide); bf16 is fine
+    tiny = tiny_gguf.write(str(tmp_path / "tiny.gguf"))
+    r = sift("-m", tiny, "-p", "hi", "-n", 2, "--temp", 0, "-ctv", "q8_0")
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("sift: error")]
+    assert lines == [f"sift: error: --cache-type-v q8_0 needs a head_dim that is a multiple of 32; "
+                     f"{tiny} has 16"], r.stderr
+    r = sift("-m", tiny, "-p", "hi", "-n", 2, "--temp", 0, "-ctk", "bf16", "-ctv", "f16")
+    assert r.returncode == 0, r.stderr
