@@ -21,6 +21,7 @@
 typedef struct {
     const char *model, *device, *batch_dir, *draft_path;
     enum bk_weights weights;   // --weights native|fast|exact|f32 (CPU)
+    const char *cache_k, *cache_v;   // --cache-type-k/-v (kvrow.h names; "auto": the backend's)
     int ctx;
     run_opts r;                // what runs: prompts, sampling, strategies, output
     strategy_opts so;
@@ -56,7 +57,8 @@ static void parse_args(int argc, char **argv, options *o) {
     const flag_val *v = f.v;
     *o = (options){.device = cli_device(v[FL_DEVICE].s), .so = f.so, .model = v[FL_MODEL].s,
                    .batch_dir = v[FL_BATCH].s, .draft_path = f.so.draft_path,
-                   .weights = cli_weights(v[FL_WEIGHTS].s), .ctx = (int)v[FL_CTX].i};
+                   .weights = cli_weights(v[FL_WEIGHTS].s), .cache_k = v[FL_CACHE_TYPE_K].s,
+                      .cache_v = v[FL_CACHE_TYPE_V].s, .ctx = (int)v[FL_CTX].i};
     run_opts *r = &o->r;
     *r = (run_opts){.so = &o->so, .run = &o->run, .prompt = v[FL_PROMPT].s,
                     .prompts_path = v[FL_PROMPTS].s, .chat = v[FL_CHAT].given || v[FL_SYSTEM].s,
@@ -141,7 +143,7 @@ int main(int argc, char **argv) {
     if (bad_out) return 2;
     double t0 = now_ms();
     loaded L;
-    cli_hw hw = {o.device, o.r.threads, o.weights, o.ctx, GGML_F32};
+    cli_hw hw = {o.device, o.r.threads, o.weights, o.ctx, GGML_F32, o.cache_k, o.cache_v};
     int rc = cli_load(&L, o.model, o.draft_path, &hw, o.r.strategies, o.r.n_strategies, &o.so,
                     &o.run);
     if (rc == 0) {

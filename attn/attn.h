@@ -1,5 +1,6 @@
 // attn/attn.h — attention kernels. CPU versions here (attn_cpu.c); CUDA twins beside them.
 #pragma once
+#include "../weights/kvrow.h"
 
 // Causal attention by position (fp32, CPU).
 // q (n, heads, hd) at qpos (n,); K, V (n_kv_head, cap, hd) with kpos (n_kv_head, cap), len used.
@@ -15,3 +16,15 @@ void attn_causal_cpu(float *out, const float *q, const int *qpos, int n, int hea
 // invisible keys get probability 0. K (n_kv_head, cap, hd), kpos (n_kv_head, cap).
 void attn_probs_cpu(float *probs, const float *q, const int *qpos, int n, int heads,
                     const float *k, const int *kpos, int m, int cap, int n_kv_head, int hd);
+
+// The same two over a cache whose K rows are of type kt and V rows of type vt (weights/kvrow.h;
+// K and V (n_kv_head, cap) rows of kv_row_bytes each). Both f32: the functions above. Otherwise a
+// decode step decodes one key (value) row at a time into a row of scratch and takes every query
+// of the group against it; a prefill decodes ATTN_KT keys at a time into a tile and multiplies it
+// by sgemm. The results are those of the fp32 functions on the decoded cache.
+void attn_causal_cpu_typed(float *out, const float *q, const int *qpos, int n, int heads,
+                           const void *k, enum kv_type kt, const void *v, enum kv_type vt,
+                           const int *kpos, int len, int cap, int n_kv_head, int hd);
+void attn_probs_cpu_typed(float *probs, const float *q, const int *qpos, int n, int heads,
+                          const void *k, enum kv_type kt, const int *kpos, int m, int cap,
+                          int n_kv_head, int hd);

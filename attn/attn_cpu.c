@@ -13,9 +13,14 @@
 
 #include "../util/check.h"
 #include "../util/fastexp.h"
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define ATTN_X86 1
+#endif
 
 #define ATTN_QB 128
 #define ATTN_SMALL 8   // up to this many query rows per call: loops, not sgemm
+#define ATTN_KT 64     // keys (values) a typed prefill decodes into its tile at a time
 
 // softmax of s[0..m) in place over entries whose key is visible (kpos <= qp); others become 0.
 static void masked_softmax(float *s, const int *kpos, int m, int qp) {
@@ -92,6 +97,201 @@ static void attn_rows(float *out, const float *q, int ld, const int *qpos, int q
     }
 }
 
+#ifdef ATTN_X86
+// Elements c..c+7 of a stored row of type t as fp32 (hd a multiple of 8; q8_0: c's block scale).
+static inline __attribute__((always_inline)) __m256 load8(enum kv_type t, const char *row, int c) {
+    switch (t) {
+    case KV_BF16:
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 2 * c))), 16));
+    case KV_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * c)));
+    case KV_Q8_0: {
+        const char *b = row + (size_t)(c / 32) * 34;
+        uint16_t dh;
+        memcpy(&dh, b, 2);
+        __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + c % 32))));
+        return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(dh)), q);
+    }
+    default: return _mm256_loadu_ps((const float *)row + c);
+    }
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+// A decode step's scores and weighted sum straight on the stored rows (kt, vt constant where it
+// is inlined): per key row, 8 elements at a time converted in registers and multiplied by up to 4
+// query rows at once; then per value row the same into the output rows. s (nb, m): scores, then
+// probabilities. hd a multiple of 8.
+static inline __attribute__((always_inline)) void decode_rows_t(
+    enum kv_type kt, enum kv_type vt, float *out, const float *q, int ld, const int *qpos,
+    int qstride, int nb, const char *k, const char *v, const int *kpos, int m, int hd, float *s) {
+    size_t krow = kv_row_bytes(kt, hd), vrow = kv_row_bytes(vt, hd);
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int i0 = 0; i0 < nb; i0 += 4) {
+        int ni = nb - i0 < 4 ? nb - i0 : 4;
+        const float *q0 = q + (size_t)i0 * ld, *q1 = ni > 1 ? q0 + ld : q0, *q2 = ni > 2 ? q0 + 2 * ld : q0,
+                    *q3 = ni > 3 ? q0 + 3 * ld : q0;
+        for (int j = 0; j < m; j++) {
+            const char *row = k + (size_t)j * krow;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int c = 0; c < hd; c += 8) {
+                __m256 x = load8(kt, row, c);
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + c), x, a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + c), x, a1);
+                a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + c), x, a2);
+                a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + c), x, a3);
+            }
+            float d[4] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
+            for (int i = 0; i < ni; i++) s[(size_t)(i0 + i) * m + j] = d[i] * scale;
+        }
+    }
+    for (int i = 0; i < nb; i++) {
+        masked_softmax(s + (size_t)i * m, kpos, m, qpos[i * qstride]);
+        memset(out + (size_t)i * ld, 0, (size_t)hd * sizeof(float));
+    }
+    for (int j = 0; j < m; j++) {
+        int any = 0;
+        for (int i = 0; i < nb; i++) any |= s[(size_t)i * m + j] != 0;
+        if (!any) continue;   // invisible to every row
+        const char *row = v + (size_t)j * vrow;
+        for (int c = 0; c < hd; c += 8) {
+            __m256 x = load8(vt, row, c);
+            for (int i = 0; i < nb; i++) {
+                float *o = out + (size_t)i * ld + c;
+                _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_set1_ps(s[(size_t)i * m + j]), x, _mm256_loadu_ps(o)));
+            }
+        }
+    }
+}
+
+// decode_rows_t with the types as constants: one instance per (K, V) pair
+#define DR(a, b) decode_rows_t(a, b, out, q, ld, qpos, qstride, nb, k, v, kpos, m, hd, s)
+#define DR_V(a)                                                                    \
+    switch (vt) {                                                                  \
+    case KV_F32: DR(a, KV_F32); break;                                             \
+    case KV_BF16: DR(a, KV_BF16); break;                                           \
+    case KV_F16: DR(a, KV_F16); break;                                             \
+    case KV_Q8_0: DR(a, KV_Q8_0); break;                                           \
+    }
+static void decode_rows(enum kv_type kt, enum kv_type vt, float *out, const float *q, int ld,
+                        const int *qpos, int qstride, int nb, const char *k, const char *v,
+                        const int *kpos, int m, int hd, float *s) {
+    switch (kt) {
+    case KV_F32: DR_V(KV_F32); break;
+    case KV_BF16: DR_V(KV_BF16); break;
+    case KV_F16: DR_V(KV_F16); break;
+    case KV_Q8_0: DR_V(KV_Q8_0); break;
+    }
+}
+#undef DR_V
+#undef DR
+#endif
+
+// attn_rows over typed K and V rows (krow, vrow bytes each; kvrow.h): the same products on the
+// decoded values. tile: scratch of ATTN_KT * hd floats.
+static void attn_rows_typed(float *out, const float *q, int ld, const int *qpos, int qstride,
+                            int nb, const char *k, enum kv_type kt, const char *v, enum kv_type vt,
+                            const int *kpos, int len, int hd, float *s, float *tile) {
+    size_t krow = kv_row_bytes(kt, hd), vrow = kv_row_bytes(vt, hd);
+    int qmax = qpos[0];
+    for (int i = 1; i < nb; i++)
+        if (qpos[i * qstride] > qmax) qmax = qpos[i * qstride];
+    int m = visible_prefix(kpos, len, qmax);
+    if (m == 0) {
+        for (int i = 0; i < nb; i++) memset(out + (size_t)i * ld, 0, hd * sizeof(float));
+        return;
+    }
+    float scale = 1.0f / sqrtf((float)hd);
+    if (nb > ATTN_SMALL) {   // prefill: tiles of keys, then of values, through sgemm
+        for (int j0 = 0; j0 < m; j0 += ATTN_KT) {
+            int jn = m - j0 < ATTN_KT ? m - j0 : ATTN_KT;
+            kv_rows_decode(kt, tile, k + (size_t)j0 * krow, jn, hd);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, jn, hd, scale, q, ld, tile, hd,
+                        0.0f, s + j0, m);
+        }
+        for (int i = 0; i < nb; i++) masked_softmax(s + (size_t)i * m, kpos, m, qpos[i * qstride]);
+        for (int j0 = 0; j0 < m; j0 += ATTN_KT) {
+            int jn = m - j0 < ATTN_KT ? m - j0 : ATTN_KT;
+            kv_rows_decode(vt, tile, v + (size_t)j0 * vrow, jn, hd);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, hd, jn, 1.0f, s + j0, m, tile,
+                        hd, j0 ? 1.0f : 0.0f, out, ld);
+        }
+        return;
+    }
+#ifdef ATTN_X86
+    if (hd % 8 == 0) {   // converted in registers, no scratch row
+        decode_rows(kt, vt, out, q, ld, qpos, qstride, nb, k, v, kpos, m, hd, s);
+        return;
+    }
+#endif
+    // a decode step (portable form): each key row decoded once (into L1) for all nb query rows
+    for (int j = 0; j < m; j++) {
+        kv_row_decode(kt, tile, k + (size_t)j * krow, hd);
+        for (int i = 0; i < nb; i++) {
+            const float *qi = q + (size_t)i * ld;
+            float d = 0;
+#pragma omp simd reduction(+ : d)
+            for (int c = 0; c < hd; c++) d += qi[c] * tile[c];
+            s[(size_t)i * m + j] = d * scale;
+        }
+    }
+    for (int i = 0; i < nb; i++) {
+        masked_softmax(s + (size_t)i * m, kpos, m, qpos[i * qstride]);
+        memset(out + (size_t)i * ld, 0, (size_t)hd * sizeof(float));
+    }
+    for (int j = 0; j < m; j++) {
+        int any = 0;
+        for (int i = 0; i < nb; i++) any |= s[(size_t)i * m + j] != 0;
+        if (!any) continue;   // invisible to every row
+        kv_row_decode(vt, tile, v + (size_t)j * vrow, hd);
+        for (int i = 0; i < nb; i++) {
+            const float p = s[(size_t)i * m + j];
+            float *oi = out + (size_t)i * ld;
+#pragma omp simd
+            for (int c = 0; c < hd; c++) oi[c] += p * tile[c];
+        }
+    }
+}
+
+void attn_causal_cpu_typed(float *out, const float *q, const int *qpos, int n, int heads,
+                           const void *k, enum kv_type kt, const void *v, enum kv_type vt,
+                           const int *kpos, int len, int cap, int n_kv_head, int hd) {
+    if (kt == KV_F32 && vt == KV_F32) {
+        attn_causal_cpu(out, q, qpos, n, heads, k, v, kpos, len, cap, n_kv_head, hd);
+        return;
+    }
+    int group = heads / n_kv_head, decode = n == 1;
+    int rows = decode ? group : ATTN_QB;
+    int tasks = decode ? n_kv_head : heads * ((n + ATTN_QB - 1) / ATTN_QB);
+    size_t krow = kv_row_bytes(kt, hd), vrow = kv_row_bytes(vt, hd);
+    size_t per_thread = (size_t)rows * (size_t)(len > 0 ? len : 1) + (size_t)ATTN_KT * hd;
+    float *scratch = xmalloc((size_t)omp_get_max_threads() * per_thread * sizeof(float));
+#pragma omp parallel for schedule(dynamic)
+    for (int t = 0; t < tasks; t++) {
+        float *s = scratch + (size_t)omp_get_thread_num() * per_thread;
+        float *tile = s + (size_t)rows * (size_t)(len > 0 ? len : 1);
+        int g = decode ? t : (t % heads) / group;
+        const char *kg = (const char *)k + (size_t)g * cap * krow,
+                   *vg = (const char *)v + (size_t)g * cap * vrow;
+        const int *pg = kpos + (size_t)g * cap;
+        if (decode) {
+            size_t o = (size_t)g * group * hd;
+            attn_rows_typed(out + o, q + o, hd, qpos, 0, group, kg, kt, vg, vt, pg, len, hd, s, tile);
+        } else {
+            int h = t % heads, i0 = (t / heads) * ATTN_QB;
+            int nb = n - i0 < ATTN_QB ? n - i0 : ATTN_QB;
+            size_t o = (size_t)i0 * heads * hd + (size_t)h * hd;
+            attn_rows_typed(out + o, q + o, heads * hd, qpos + i0, 1, nb, kg, kt, vg, vt, pg, len, hd,
+                            s, tile);
+        }
+    }
+    free(scratch);
+}
+
 void attn_causal_cpu(float *out, const float *q, const int *qpos, int n, int heads,
                      const float *k, const float *v, const int *kpos, int len, int cap,
                      int n_kv_head, int hd) {
@@ -140,4 +340,35 @@ void attn_probs_cpu(float *probs, const float *q, const int *qpos, int n, int he
                     ld, k + (size_t)g * cap * hd, hd, 0.0f, p, ldp);
         for (int r = 0; r < rows; r++) masked_softmax(p + (size_t)r * ldp, pg, m, qpos[decode ? 0 : r]);
     }
+}
+
+void attn_probs_cpu_typed(float *probs, const float *q, const int *qpos, int n, int heads,
+                          const void *k, enum kv_type kt, const int *kpos, int m, int cap,
+                          int n_kv_head, int hd) {
+    if (kt == KV_F32) {
+        attn_probs_cpu(probs, q, qpos, n, heads, k, kpos, m, cap, n_kv_head, hd);
+        return;
+    }
+    int group = heads / n_kv_head, decode = n == 1, tasks = decode ? n_kv_head : heads;
+    float scale = 1.0f / sqrtf((float)hd);
+    size_t krow = kv_row_bytes(kt, hd);
+    if (m <= 0) return;
+    float *tiles = xmalloc((size_t)omp_get_max_threads() * ATTN_KT * hd * sizeof(float));
+    // the tasks of attn_probs_cpu; K_g decoded ATTN_KT rows at a time into the thread's tile
+#pragma omp parallel for schedule(dynamic) if (tasks > 1)
+    for (int t = 0; t < tasks; t++) {
+        int g = decode ? t : t / group, h0 = decode ? t * group : t, rows = decode ? group : n;
+        int ld = decode ? hd : heads * hd, ldp = decode ? m : heads * m;
+        const int *pg = kpos + (size_t)g * cap;
+        const char *kg = (const char *)k + (size_t)g * cap * krow;
+        float *p = probs + (size_t)h0 * m, *tile = tiles + (size_t)omp_get_thread_num() * ATTN_KT * hd;
+        for (int j0 = 0; j0 < m; j0 += ATTN_KT) {
+            int jn = m - j0 < ATTN_KT ? m - j0 : ATTN_KT;
+            kv_rows_decode(kt, tile, kg + (size_t)j0 * krow, jn, hd);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, jn, hd, scale,
+                        q + (size_t)h0 * hd, ld, tile, hd, 0.0f, p + j0, ldp);
+        }
+        for (int r = 0; r < rows; r++) masked_softmax(p + (size_t)r * ldp, pg, m, qpos[decode ? 0 : r]);
+    }
+    free(tiles);
 }

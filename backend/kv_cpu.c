@@ -5,17 +5,24 @@
 #include "../kv/kv.h"
 #include "backend_cpu.h"
 
-// append k, v (n, n_kv_head, hd) to L at L->len
+// Row j of KV head g of L's keys (values), as stored.
+static const char *k_row(const kv_layer *L, int g, size_t j) {
+    return (const char *)L->k + ((size_t)g * L->cap + j) * L->k_row;
+}
+static const char *v_row(const kv_layer *L, int g, size_t j) {
+    return (const char *)L->v + ((size_t)g * L->cap + j) * L->v_row;
+}
+
+// append k, v (n, n_kv_head, hd) to L at L->len, each row encoded in L's K (V) type
 void cpu_kv_append(backend *b, kv_layer *L, const void *k, const void *v, const int *pos, int n) {
     (void)b;
     CHECK_INTERNAL(L->len + n <= L->cap, "KV layer overflow: %d + %d > %d", L->len, n, L->cap);
     int hd = L->head_dim;
     for (int g = 0; g < L->n_kv_head; g++)
         for (int i = 0; i < n; i++) {
-            size_t dst = ((size_t)g * L->cap + L->len + i) * hd;
             size_t src = ((size_t)i * L->n_kv_head + g) * hd;
-            memcpy((float *)L->k + dst, (const float *)k + src, hd * sizeof(float));
-            memcpy((float *)L->v + dst, (const float *)v + src, hd * sizeof(float));
+            kv_row_encode(L->k_type, (char *)k_row(L, g, L->len + i), (const float *)k + src, hd);
+            kv_row_encode(L->v_type, (char *)v_row(L, g, L->len + i), (const float *)v + src, hd);
         }
     kv_note_append(L, pos, n);
 }
@@ -23,8 +30,8 @@ void cpu_kv_append(backend *b, kv_layer *L, const void *k, const void *v, const 
 void cpu_attention(backend *b, void *out, const void *q, const int *qpos, int n, int heads,
                    const kv_layer *L) {
     (void)b;
-    attn_causal_cpu(out, q, qpos, n, heads, L->k, L->v, L->pos, L->len, L->cap, L->n_kv_head,
-                    L->head_dim);
+    attn_causal_cpu_typed(out, q, qpos, n, heads, L->k, L->k_type, L->v, L->v_type, L->pos,
+                          L->len, L->cap, L->n_kv_head, L->head_dim);
 }
 
 // The sequences spread over the threads (each one's attention then runs on one thread: the
@@ -39,22 +46,24 @@ void cpu_attention_multi(backend *b, int k, void *const *out, const void *const 
 void cpu_attn_probs(backend *b, float *probs, const void *q, const int *qpos, int n,
                     int heads, const kv_layer *L, int m) {
     (void)b;
-    attn_probs_cpu(probs, q, qpos, n, heads, L->k, L->pos, m, L->cap, L->n_kv_head, L->head_dim);
+    attn_probs_cpu_typed(probs, q, qpos, n, heads, L->k, L->k_type, L->pos, m, L->cap, L->n_kv_head,
+                         L->head_dim);
 }
 
-// L keeps per KV head g the entries idx[g*k + j], moved into buffers of capacity new_cap
+// L keeps per KV head g the entries idx[g*k + j], moved into buffers of capacity new_cap (rows
+// move as stored: a q8_0 row with its block scales)
 void cpu_kv_keep(backend *b, kv_layer *L, const int *idx, int k, int new_cap) {
     (void)b;
-    int hd = L->head_dim, nh = L->n_kv_head;
+    int nh = L->n_kv_head;
     size_t n = (size_t)nh * (new_cap > 0 ? new_cap : 1);
-    float *nk = xmalloc(n * hd * sizeof(float)), *nv = xmalloc(n * hd * sizeof(float));
+    char *nk = xmalloc(n * L->k_row), *nv = xmalloc(n * L->v_row);
     int *np = xmalloc(n * sizeof(int));
     for (int g = 0; g < nh; g++)
         for (int j = 0; j < k; j++) {
-            size_t src = (size_t)g * L->cap + idx[g * k + j], dst = (size_t)g * new_cap + j;
-            memcpy(nk + dst * hd, (float *)L->k + src * hd, hd * sizeof(float));
-            memcpy(nv + dst * hd, (float *)L->v + src * hd, hd * sizeof(float));
-            np[dst] = L->pos[src];
+            size_t dst = (size_t)g * new_cap + j;
+            memcpy(nk + dst * L->k_row, k_row(L, g, idx[g * k + j]), L->k_row);
+            memcpy(nv + dst * L->v_row, v_row(L, g, idx[g * k + j]), L->v_row);
+            np[dst] = L->pos[(size_t)g * L->cap + idx[g * k + j]];
         }
     free(L->k);
     free(L->v);
@@ -66,40 +75,80 @@ void cpu_kv_keep(backend *b, kv_layer *L, const int *idx, int k, int new_cap) {
     L->len = k;
 }
 
+// fp32 views of the rows of KV head g that the group's heads select (sel of heads g*group ..
+// +group, n_sel each): a buffer of L->len rows (stride hd) where only those rows are decoded (the
+// others are never read; their pages are never touched), so a step decodes what it reads.
+static float *decode_selected(const kv_layer *L, int is_v, int g, const int *sel, int group,
+                              int n_sel) {
+    int hd = L->head_dim;
+    float *f = xmalloc((size_t)(L->len > 0 ? L->len : 1) * hd * sizeof(float));
+    const int *s = sel + (size_t)g * group * n_sel;
+    for (int i = 0; i < group * n_sel; i++)
+        kv_row_decode(is_v ? L->v_type : L->k_type, f + (size_t)s[i] * hd,
+                      is_v ? v_row(L, g, s[i]) : k_row(L, g, s[i]), hd);
+    return f;
+}
+
 void cpu_attn_select(backend *b, void *out, const void *q, int heads, const kv_layer *L,
                      const int *sel, int n_sel, int n_sub, const phi_completion *comp) {
     (void)b;
-    int hd = L->head_dim, group = heads / L->n_kv_head;
+    int hd = L->head_dim, nh = L->n_kv_head, group = heads / nh;
+    int typed = L->k_type != KV_F32 || L->v_type != KV_F32;
+    // per KV head the fp32 rows the kernels read: the cache itself, or the selected rows decoded
+    const float **kb = xmalloc((size_t)nh * sizeof *kb), **vb = xmalloc((size_t)nh * sizeof *vb);
+    float **own = xcalloc((size_t)2 * nh, sizeof *own);
+#pragma omp parallel for if (typed && nh > 1)
+    for (int g = 0; g < nh; g++) {
+        if (typed) {
+            kb[g] = own[2 * g] = decode_selected(L, 0, g, sel, group, n_sel);
+            vb[g] = own[2 * g + 1] = decode_selected(L, 1, g, sel, group, n_sel);
+        } else {
+            kb[g] = (const float *)L->k + (size_t)g * L->cap * hd;
+            vb[g] = (const float *)L->v + (size_t)g * L->cap * hd;
+        }
+    }
     if (comp && comp->maps) {   // log phi_k of the retrieved keys, once per key per request
-#pragma omp parallel for if (L->n_kv_head > 1)
-        for (int g = 0; g < L->n_kv_head; g++)
+#pragma omp parallel for if (nh > 1)
+        for (int g = 0; g < nh; g++)
             if (comp->sum[g].n > n_sub)
                 for (int h = g * group; h < (g + 1) * group; h++)
                     phi_summary_memo(&comp->sum[g], comp->maps, phi_par_k(comp->maps, comp->layer, g),
-                                     (const float *)L->k + (size_t)g * L->cap * hd,
-                                     sel + (size_t)h * n_sel, n_sub, hd);
+                                     kb[g], sel + (size_t)h * n_sel, n_sub, hd);
     }
 #pragma omp parallel for if (heads > 1)
     for (int h = 0; h < heads; h++) {
         int g = h / group;
-        size_t off = (size_t)g * L->cap * hd;
         const phi_maps *p = comp ? comp->maps : NULL;
-        phi_attend_head((float *)out + (size_t)h * hd, (const float *)q + (size_t)h * hd,
-                        (const float *)L->k + off, (const float *)L->v + off,
+        phi_attend_head((float *)out + (size_t)h * hd, (const float *)q + (size_t)h * hd, kb[g], vb[g],
                         sel + (size_t)h * n_sel, n_sel, hd, n_sub, p,
                         p ? phi_par_q(p, comp->layer, h) : NULL,
                         p ? phi_par_k(p, comp->layer, g) : NULL, comp ? &comp->sum[g] : NULL);
     }
+    for (int i = 0; i < 2 * nh; i++) free(own[i]);
+    free(own);
+    free(kb);
+    free(vb);
 }
 
+// Summaries read K and V of [lo, hi) once each: typed rows are decoded into fp32 first.
 void cpu_phi_summarize(backend *b, phi_summary *out, const phi_maps *p, int layer,
                        const kv_layer *L, int lo, int hi) {
     (void)b;
-    int hd = L->head_dim;
+    int hd = L->head_dim, n = hi - lo;
+    int typed = L->k_type != KV_F32 || L->v_type != KV_F32;
 #pragma omp parallel for
     for (int g = 0; g < L->n_kv_head; g++) {
-        size_t off = ((size_t)g * L->cap + lo) * hd;
-        phi_summary_build(&out[g], p, phi_par_k(p, layer, g), (const float *)L->k + off,
-                          (const float *)L->v + off, hi - lo, hd, hd);
+        float *kf = NULL, *vf = NULL;
+        if (typed && n > 0) {
+            kf = xmalloc((size_t)n * hd * sizeof(float));
+            vf = xmalloc((size_t)n * hd * sizeof(float));
+            kv_rows_decode(L->k_type, kf, k_row(L, g, lo), n, hd);
+            kv_rows_decode(L->v_type, vf, v_row(L, g, lo), n, hd);
+        }
+        phi_summary_build(&out[g], p, phi_par_k(p, layer, g),
+                          kf ? kf : (const float *)k_row(L, g, lo),
+                          vf ? vf : (const float *)v_row(L, g, lo), n, hd, hd);
+        free(kf);
+        free(vf);
     }
 }

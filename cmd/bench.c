@@ -32,6 +32,7 @@
 typedef struct {
     const char *model, *format, *draft_path, *device, *out;   // out: -o FILE (else stdout)
     enum bk_weights weights;   // --weights native|fast|exact|f32 (CPU)
+    const char *cache_k, *cache_v;   // --cache-type-k/-v (kvrow.h names; "auto": the backend's)
     uint32_t wtype;            // --wtype: a synthetic model's weight type (GGML_F32 default)
     int ctx[MAX_CTX], n_ctx, n_gen, reps, threads, dry_run, elem_bytes;   // ctx: -p (--n-prompt)
     int ctx_size;              // -c: the longest prompt + decode (0: the model's context)
@@ -159,7 +160,8 @@ static void bench_parse(int argc, char **argv, bench_opts *b) {
     flags_parse(&f, SUB_BENCH, argc, argv, 2);
     const flag_val *v = f.v;
     *b = (bench_opts){.model = v[FL_MODEL].s, .format = v[FL_FORMAT].s, .out = v[FL_OUTPUT].s,
-                      .device = cli_device(v[FL_DEVICE].s), .weights = cli_weights(v[FL_WEIGHTS].s),
+                      .device = cli_device(v[FL_DEVICE].s), .weights = cli_weights(v[FL_WEIGHTS].s), .cache_k = v[FL_CACHE_TYPE_K].s,
+                      .cache_v = v[FL_CACHE_TYPE_V].s,
                       .wtype = cli_wtype(v[FL_WTYPE].s), .n_gen = (int)v[FL_N_PREDICT].i,
                       .reps = (int)v[FL_REPEAT].i, .ctx_size = (int)v[FL_CTX].i,
                       .dry_run = v[FL_DRY_RUN].given > 0, .elem_bytes = (int)v[FL_ELEM_BYTES].i,
@@ -216,14 +218,31 @@ static int bench_dry_run(const bench_opts *b, const model_config *c) {
         return 1;
     }
     const char *name = b->model ? b->model : "default model";
+    // the KV cache: --cache-type-k/-v (as the backend of --device takes them), else e bytes
+    enum kv_type kt, vt;
+    int typed = (b->cache_k && strcmp(b->cache_k, "auto")) || (b->cache_v && strcmp(b->cache_v, "auto"));
+    if (cli_kv_types(b->cache_k, b->cache_v, cuda ? "cuda" : "cpu", cuda ? 2 : 4, &kt, &vt, err,
+                     sizeof err) != 0) {
+        fprintf(stderr, "sift: error: bench: %s\n", err);
+        return 1;
+    }
+    double kv_tok = typed ? cost_kv_token_bytes_typed(c, kt, vt) : cost_kv_token_bytes(c, (size_t)e);
+    if (kv_tok <= 0) {
+        fprintf(stderr, "sift: error: bench: a q8_0 KV cache needs a head_dim that is a multiple of "
+                "32; this shape has %d\n", c->head_dim);
+        return 1;
+    }
+    char types[32];
+    snprintf(types, sizeof types, "%s/%s", typed ? kv_type_name(kt) : e == 2 ? "bf16" : e == 4 ? "f32" : "elem",
+             typed ? kv_type_name(vt) : e == 2 ? "bf16" : e == 4 ? "f32" : "elem");
     for (int i = 0; i < b->n_ctx; i++) {
         long P = b->ctx[i];
-        double kv_tok = cost_kv_token_bytes(c, (size_t)e);
         bench_field f[] = {
             {"model", "model", name, 0, 0, NULL, NULL},
             {"device", "device", cuda ? "cuda" : "cpu", 0, 0, NULL, NULL},
             {"n_params", "params", NULL, cost_n_params(c), 0, "%.0f", NULL},
             {"elem_bytes", "elem bytes", NULL, e, 0, "%.0f", NULL},
+            {"kv_types", "KV K/V", types, 0, 0, NULL, NULL},
             {"n_prompt", "ctx", NULL, (double)P, 0, "%.0f", NULL},
             {"n_gen", "gen", NULL, b->n_gen, 0, "%.0f", NULL},
             {"parallel", "par", NULL, 1, 0, "%.0f", NULL},
@@ -234,10 +253,13 @@ static int bench_dry_run(const bench_opts *b, const model_config *c) {
             {"kv_token_bytes", "KV bytes/token", NULL, kv_tok, 0, "%.0f", NULL},
             {"kv_bytes", "KV bytes", NULL, (P + b->n_gen) * kv_tok, 0, "%.0f", NULL},
             {"prefill_mem_bytes", "prefill memory", NULL,
-             cost_prefill_mem_bytes(c, P, b->n_gen, (size_t)e), 0, "%.0f", NULL},
+             cost_prefill_mem_bytes_kv(c, P, b->n_gen, (size_t)e, kv_tok), 0, "%.0f", NULL},
             {"weight_bytes", "weights", NULL, weights, 0, "%.0f", NULL},
             {"plan_bytes", "plan (weights + prefill)", NULL,
-             weights + cost_prefill_mem_bytes(c, P, b->n_gen, (size_t)e), 0, "%.0f", NULL},
+             weights + cost_prefill_mem_bytes_kv(c, P, b->n_gen, (size_t)e, kv_tok), 0, "%.0f", NULL},
+            // what a decode at this depth holds: the weights and the KV cache (no prefill rows)
+            {"decode_plan_bytes", "plan (weights + KV)", NULL, weights + (P + b->n_gen) * kv_tok, 0,
+             "%.0f", NULL},
             {"mem_available_bytes", "available", NULL, avail > 0 ? avail : NAN, 0, "%.0f", NULL},
         };
         put_row(&o, f, sizeof f / sizeof *f);
@@ -398,7 +420,9 @@ static void print_cell(const bench_opts *b, const model *m, const bench_env *env
     mean_sd(cs->agg, R, &agg, &agg_sd);
     if (par1) mean_sd(par1->agg, R, &agg1, &sd);
     double flops = cost_prefill_flops(c, P), tflops = flops / (ttft * 1e-3) / 1e12;
-    double kv_tok = cost_kv_token_bytes(c, m->bk->elem_bytes);
+    enum kv_type kt, vt;
+    fwd_kv_types(m, &kt, &vt);
+    double kv_tok = cost_kv_token_bytes_typed(c, kt, vt);
     double kv_read = fmax(0, (double)cs->kv_bytes - b->n_gen / 2.0 * kv_tok);
     // the weights as loaded (a quantised file reads its blocks), the untied embedding one row
     double dec_bytes = m->weight_bytes - (c->tied ? 0 : m->embd_bytes) + kv_read;
@@ -457,8 +481,12 @@ static int check_memory(const bench_opts *b, const model *m) {
     int P = max_ctx(b);
     int B = 1;   // --parallel: that many caches at once
     for (int k = 0; k < b->n_par; k++) B = b->par[k] > B ? b->par[k] : B;
-    double kv = (double)B * (P + b->n_gen) * cost_kv_token_bytes(&m->cfg, m->bk->elem_bytes);
-    double need = cost_prefill_mem_bytes(&m->cfg, P, b->n_gen, m->bk->elem_bytes) + kv / B * (B - 1);
+    enum kv_type kt, vt;
+    fwd_kv_types(m, &kt, &vt);
+    double kv_tok = cost_kv_token_bytes_typed(&m->cfg, kt, vt);
+    double kv = (double)B * (P + b->n_gen) * kv_tok;
+    double need = cost_prefill_mem_bytes_kv(&m->cfg, P, b->n_gen, m->bk->elem_bytes, kv_tok) +
+                  kv / B * (B - 1);
     if (need <= avail) return 0;
     fprintf(stderr, "sift: error: bench: ctx %d needs %.2f GiB (KV cache %.2f GiB + activations "
                     "%.2f GiB) but only %.2f GiB of memory is available after loading the model\n",
@@ -554,7 +582,7 @@ int cmd_bench(int argc, char **argv) {
     free(c.inv_freq);
     if (b.dry_run || rc) return rc;
     loaded L;
-    cli_hw hw = {b.device, b.threads, b.weights, b.ctx_size, b.wtype};
+    cli_hw hw = {b.device, b.threads, b.weights, b.ctx_size, b.wtype, b.cache_k, b.cache_v};
     rc = cli_load(&L, b.model, b.draft_path, &hw, b.strategies, b.n_strategies, &b.so, &b.run);
     if (rc == 0) rc = bench_run(&b, &L);
     cli_unload(&L);

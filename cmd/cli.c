@@ -419,19 +419,27 @@ int cli_plan_weight_bytes(const char *path, const char *device, enum bk_weights 
 // The memory plan, before any weight is allocated: the weights as bk keeps them, plus with
 // ctx > 0 the KV cache and activations of a prefill of ctx tokens (model/cost.h), against what
 // bk can still allocate. 0, or -1 with one line naming the numbers and what would fit.
+// The KV cache counts L's row types (--cache-type-k/-v).
 static int plan_memory(const loaded *L, const model_config *c, double weights, double as_stored,
                        int ctx, char *err, size_t errlen) {
     double avail = L->bk->mem_available ? (double)L->bk->mem_available(L->bk) : 0;
-    double rest = ctx > 0 ? cost_prefill_mem_bytes(c, ctx, 0, L->bk->elem_bytes) : 0;
+    double kv_tok = cost_kv_token_bytes_typed(c, L->kv_k, L->kv_v);
+    size_t e = L->bk->elem_bytes;
+    double rest = ctx > 0 ? cost_prefill_mem_bytes_kv(c, ctx, 0, e, kv_tok) : 0;
     if (avail <= 0 || weights + rest <= avail) return 0;
-    char parts[160], hint[160];
+    char parts[200], hint[160];
     snprintf(parts, sizeof parts, "weights %.2f GiB", TO_GIB(weights));
     if (ctx > 0)
         snprintf(parts + strlen(parts), sizeof parts - strlen(parts),
-                 " + KV cache and activations for -c %d: %.2f GiB", ctx, TO_GIB(rest));
-    double fixed = (double)c->vocab * L->bk->elem_bytes,
-           per_tok = cost_prefill_mem_bytes(c, 1, 0, L->bk->elem_bytes) - fixed;
-    if (weights + fixed < avail && ctx > 0)
+                 " + KV cache (K %s, V %s: %.2f GiB) and activations for -c %d: %.2f GiB",
+                 kv_type_name(L->kv_k), kv_type_name(L->kv_v), TO_GIB(ctx * kv_tok), ctx,
+                 TO_GIB(rest));
+    double fixed = (double)c->vocab * e, per_tok = cost_prefill_mem_bytes_kv(c, 1, 0, e, kv_tok) - fixed;
+    double q8_tok = cost_kv_token_bytes_typed(c, KV_Q8_0, KV_Q8_0);
+    if (ctx > 0 && q8_tok > 0 && q8_tok < kv_tok && strcmp(L->bk->name, "cpu") == 0 &&
+        weights + cost_prefill_mem_bytes_kv(c, ctx, 0, e, q8_tok) <= avail)
+        snprintf(hint, sizeof hint, "; --cache-type-k q8_0 --cache-type-v q8_0 would fit");
+    else if (weights + fixed < avail && ctx > 0)
         snprintf(hint, sizeof hint, "; -c %ld would fit", (long)((avail - weights - fixed) / per_tok));
     else if (as_stored + rest < avail && as_stored < weights && strcmp(L->bk->name, "cpu") == 0)
         snprintf(hint, sizeof hint, "; --weights native (%.2f GiB) would fit", TO_GIB(as_stored));
@@ -487,6 +495,37 @@ uint32_t cli_wtype(const char *v) {
                     "q5_k, q6_k)", v);
 }
 
+int cli_kv_types(const char *cache_k, const char *cache_v, const char *bk_name, size_t elem_bytes,
+                 enum kv_type *k, enum kv_type *v, char *err, size_t errlen) {
+    const char *given[2] = {cache_k, cache_v}, *flag[2] = {"--cache-type-k", "--cache-type-v"};
+    enum kv_type *out[2] = {k, v}, native = kv_native_type(elem_bytes);
+    for (int i = 0; i < 2; i++) {
+        int t = !given[i] || strcmp(given[i], "auto") == 0 ? (int)native : kv_type_parse(given[i]);
+        if (t < 0) return err_printf(err, errlen, "unknown %s '%s' (auto, f32, bf16, f16, q8_0)",
+                                     flag[i], given[i]);
+        if (strcmp(bk_name, "cpu") != 0 && t != (int)native)
+            return err_printf(err, errlen, "%s %s: the %s backend's KV cache is %s only (use %s "
+                              "%s or --device cpu)", flag[i], given[i], bk_name,
+                              kv_type_name(native), flag[i], kv_type_name(native));
+        *out[i] = (enum kv_type)t;
+    }
+    return 0;
+}
+
+// The cache types of L on model m: refused (one line, 2) when m's head_dim does not fit them.
+static int apply_kv_types(const loaded *L, model *m) {
+    if (!m) return 0;
+    enum kv_type t[2] = {L->kv_k, L->kv_v};
+    for (int i = 0; i < 2; i++)
+        if (kv_row_bytes(t[i], m->cfg.head_dim) == 0) {
+            fprintf(stderr, "sift: error: --cache-type-%c %s needs a head_dim that is a multiple of "
+                    "32; %s has %d\n", i ? 'v' : 'k', kv_type_name(t[i]), L->path, m->cfg.head_dim);
+            return 2;
+        }
+    m->kv_typed = 1, m->kv_k = L->kv_k, m->kv_v = L->kv_v;
+    return 0;
+}
+
 int cli_load(loaded *L, const char *path, const char *draft_path, const cli_hw *hw,
              const strategy *const *list, int n_list, const strategy_opts *so, strategy_run *run) {
     char err[512];
@@ -495,6 +534,11 @@ int cli_load(loaded *L, const char *path, const char *draft_path, const cli_hw *
     *L = (loaded){.path = path ? strdup(path) : cli_default_model_path(),
                   .bk = cli_backend(hw->device, hw->threads, hw->weights)};
     if (!L->bk) return 1;
+    if (cli_kv_types(hw->cache_k, hw->cache_v, L->bk->name, L->bk->elem_bytes, &L->kv_k, &L->kv_v,
+                     err, sizeof err) != 0) {
+        fprintf(stderr, "sift: error: %s\n", err);
+        return 2;
+    }
     if (cli_is_synthetic(L->path)) {
         if (draft_path) {
             fprintf(stderr, "sift: error: --draft needs a tokenizer to match; a synthetic model "
@@ -502,6 +546,7 @@ int cli_load(loaded *L, const char *path, const char *draft_path, const cli_hw *
             return 2;
         }
         if (load_synthetic(L, hw->synth_wtype) != 0) return 1;
+        if (apply_kv_types(L, L->m)) return 2;
         return check_strategies(list, n_list, so, L->m) ? 2 : 0;
     }
     if (!path && stat(L->path, &sb) != 0)
@@ -518,6 +563,7 @@ int cli_load(loaded *L, const char *path, const char *draft_path, const cli_hw *
         fprintf(stderr, "sift: error: %s\n", err);
     else {
         if (run) run->draft = L->draft, run->is_eog = eog_test, run->eog_ctx = L->t;
+        if (apply_kv_types(L, L->m) || apply_kv_types(L, L->draft)) return 2;
         return check_strategies(list, n_list, so, L->m) ? 2 : 0;
     }
     return 1;

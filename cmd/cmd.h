@@ -85,6 +85,7 @@ typedef struct loaded {
     tok *t, *dt;
     backend *bk;
     model *m, *draft;
+    enum kv_type kv_k, kv_v;   // the KV caches' row types (--cache-type-k/-v, resolved)
 } loaded;
 
 // The backend for --device auto|cpu|cuda: auto takes the GPU when one is usable and says on
@@ -92,13 +93,16 @@ typedef struct loaded {
 backend *cli_backend(const char *device, int threads, enum bk_weights weights);
 // Where and how a model runs: --device, -t (0: all cores), --weights; plan_ctx: the tokens of KV
 // cache and activations the memory plan reserves besides the weights (-c; 0: none, each prompt
-// checks its own); synth_wtype: a synthetic model's weight type (`sift bench --wtype`).
+// checks its own); cache_k/cache_v below; synth_wtype: a synthetic model's weight type (`sift bench --wtype`).
 typedef struct {
     const char *device;
     int threads;
     enum bk_weights weights;
     int plan_ctx;
     uint32_t synth_wtype;
+    // --cache-type-k/-v: a KV row type (weights/kvrow.h) for K and for V; NULL or "auto": the
+    // backend's own element. CUDA takes bf16 only.
+    const char *cache_k, *cache_v;
 } cli_hw;
 
 // Loads path (NULL: $SIFT_MODEL or the default model beside the binary) and draft_path (may be
@@ -114,6 +118,11 @@ int cli_load(loaded *L, const char *path, const char *draft_path, const cli_hw *
 // in mode w, without loading: what the memory plan counts. 0 or -1 + err.
 int cli_plan_weight_bytes(const char *path, const char *device, enum bk_weights w, uint32_t wtype,
                           double *bytes, char *err, size_t errlen);
+// --cache-type-k/-v values (NULL or "auto": the backend's own element) for a backend named
+// bk_name whose element is elem_bytes: the K and V row types. 0, or -1 + one-line err naming the
+// flag and the device (CUDA's cache is bf16 only).
+int cli_kv_types(const char *cache_k, const char *cache_v, const char *bk_name, size_t elem_bytes,
+                 enum kv_type *k, enum kv_type *v, char *err, size_t errlen);
 // --wtype NAME (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k): the ggml type, or
 // a usage error.
 uint32_t cli_wtype(const char *v);

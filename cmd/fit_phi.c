@@ -150,10 +150,20 @@ static void fit_collect(model *m, const int *ids, int n, const fit_opts *o, fit_
         size_t per = (size_t)n * c->head_dim;
         g->k[l] = xmalloc((size_t)c->n_kv_head * per * sizeof(float));
         g->v[l] = xmalloc((size_t)c->n_kv_head * per * sizeof(float));
+        int native = L->k_type == kv_native_type(m->bk->elem_bytes) &&
+                     L->v_type == kv_native_type(m->bk->elem_bytes);
+        CHECK_INTERNAL(native || strcmp(m->bk->name, "cpu") == 0, "a %s KV cache on %s",
+                       kv_type_name(L->k_type), m->bk->name);
         for (int h = 0; h < c->n_kv_head; h++) {
-            size_t off = (size_t)h * L->cap * c->head_dim * m->bk->elem_bytes;
-            m->bk->to_host(m->bk, g->k[l] + h * per, (const char *)L->k + off, per);
-            m->bk->to_host(m->bk, g->v[l] + h * per, (const char *)L->v + off, per);
+            const char *kh = (const char *)L->k + (size_t)h * L->cap * L->k_row,
+                       *vh = (const char *)L->v + (size_t)h * L->cap * L->v_row;
+            if (native) {
+                m->bk->to_host(m->bk, g->k[l] + h * per, kh, per);
+                m->bk->to_host(m->bk, g->v[l] + h * per, vh, per);
+            } else {   // a typed cache on the CPU: host memory, decoded row by row
+                kv_rows_decode(L->k_type, g->k[l] + h * per, kh, n, c->head_dim);
+                kv_rows_decode(L->v_type, g->v[l] + h * per, vh, n, c->head_dim);
+            }
         }
     }
     kv_free(kv);
@@ -424,7 +434,7 @@ int cmd_fit_phi(int argc, char **argv) {
     strategy_opts so = strategy_opts_default();
     // the prefill that logs queries and keys runs on --device (default the fp32 CPU reference);
     // the fit runs on the CPU
-    cli_hw hw = {o.device, o.threads, o.weights, o.ctx, GGML_F32};
+    cli_hw hw = {o.device, o.threads, o.weights, o.ctx, GGML_F32, NULL, NULL};   // fp32 K and V: the fit reads them
     if (cli_load(&L, o.model, NULL, &hw, NULL, 0, &so, NULL) != 0) {
         cli_unload(&L);
         return 1;

@@ -137,6 +137,14 @@ static const flag_row BASE[] = {
     {FL_WTYPE, B, NULL, "--wtype", NULL, "T", FT_ENUM, 0, 0,
      "f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k", "f32", NULL,
      "a synthetic model's matrices as random blocks of that type", 0, 0, NULL, NULL},
+    {FL_CACHE_TYPE_K, R | B | E | W | P, NULL, "--cache-type-k", "-ctk", "T", FT_ENUM, 0, 0,
+     "auto|f32|bf16|f16|q8_0", "auto", NULL, "KV cache keys: auto (the backend's own: f32 on the "
+     "CPU, bf16 on CUDA) | bf16 | f16 (2 bytes, rounded to nearest even) | q8_0 (GGUF's blocks: 32 "
+     "int8 and an f16 scale, 34 bytes per 32; head_dim a multiple of 32). CUDA takes bf16 only",
+     0, 0, NULL, NULL},
+    {FL_CACHE_TYPE_V, R | B | E | W | P, NULL, "--cache-type-v", "-ctv", "T", FT_ENUM, 0, 0,
+     "auto|f32|bf16|f16|q8_0", "auto", NULL, "KV cache values: as --cache-type-k", 0, 0, NULL,
+     NULL},
     {FL_PARALLEL, R | B | W, NULL, "--parallel", NULL, "N", FT_INT, 1, FWD_MAX_BATCH, NULL, "1",
      NULL, "run: up to N prompts in flight, each decode step one pass over all; sweep: N settings "
      "of a prompt decoded as one batch; bench: a comma list of sequences decoded together", B, 0,

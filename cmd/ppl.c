@@ -19,6 +19,7 @@
 typedef struct {
     const char *model, *file, *device, *out;   // out: -o FILE (else stdout)
     enum bk_weights weights;   // --weights native|fast|exact|f32 (CPU)
+    const char *cache_k, *cache_v;   // --cache-type-k/-v (kvrow.h names; "auto": the backend's)
     int ctx, threads, json, quiet, chunks;     // chunks: --chunks N (0: all)
     const strategy *s;
 } ppl_opts;
@@ -28,7 +29,8 @@ static void ppl_parse(int argc, char **argv, ppl_opts *p) {
     flags_parse(&f, SUB_PPL, argc, argv, 2);
     const flag_val *v = f.v;
     *p = (ppl_opts){.model = v[FL_MODEL].s, .ctx = (int)v[FL_CTX].i, .device = cli_device(v[FL_DEVICE].s),
-                    .weights = cli_weights(v[FL_WEIGHTS].s), .threads = (int)v[FL_THREADS].i,
+                    .weights = cli_weights(v[FL_WEIGHTS].s), .cache_k = v[FL_CACHE_TYPE_K].s,
+                      .cache_v = v[FL_CACHE_TYPE_V].s, .threads = (int)v[FL_THREADS].i,
                     .json = v[FL_JSON].given > 0, .quiet = flag_verbosity == 0, .out = v[FL_OUTPUT].s,
                     .chunks = v[FL_CHUNKS].given ? (int)v[FL_CHUNKS].i : 0, .s = strategy_find(v[FL_STRATEGY].s)};
     if (!p->s) cli_usage_error("unknown strategy '%s' (available: %s)", v[FL_STRATEGY].s, strategy_names());
@@ -155,7 +157,7 @@ int cmd_ppl(int argc, char **argv) {
     if (cli_check_outputs(&p.out, (const char *[]){"-o"}, 1)) return 1;
     loaded L;
     strategy_opts so = strategy_opts_default();
-    cli_hw hw = {p.device, p.threads, p.weights, p.ctx, GGML_F32};
+    cli_hw hw = {p.device, p.threads, p.weights, p.ctx, GGML_F32, p.cache_k, p.cache_v};
     int rc = cli_load(&L, p.model, NULL, &hw, &p.s, 1, &so, NULL);
     if (rc == 0) rc = run_ppl(&p, &L);
     cli_unload(&L);

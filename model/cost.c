@@ -30,9 +30,18 @@ double cost_kv_token_bytes(const model_config *c, size_t elem) {
     return (double)c->n_layer * 2 * kv_dim(c) * (double)elem;
 }
 
-double cost_prefill_mem_bytes(const model_config *c, long n, long n_gen, size_t elem) {
+double cost_kv_token_bytes_typed(const model_config *c, enum kv_type k, enum kv_type v) {
+    return (double)c->n_layer * c->n_kv_head *
+           (double)(kv_row_bytes(k, c->head_dim) + kv_row_bytes(v, c->head_dim));
+}
+
+double cost_prefill_mem_bytes_kv(const model_config *c, long n, long n_gen, size_t elem,
+                                 double kv_tok) {
     double d = c->d_model, q = q_dim(c), kv = kv_dim(c);
     double per_row = 2 * (d > q ? d : q) + q + 2 * kv + q + 2.0 * c->d_ff;
-    return (double)(n + n_gen) * cost_kv_token_bytes(c, elem) +
-           ((double)n * per_row + c->vocab) * (double)elem;
+    return (double)(n + n_gen) * kv_tok + ((double)n * per_row + c->vocab) * (double)elem;
+}
+
+double cost_prefill_mem_bytes(const model_config *c, long n, long n_gen, size_t elem) {
+    return cost_prefill_mem_bytes_kv(c, n, n_gen, elem, cost_kv_token_bytes(c, elem));
 }

@@ -28,8 +28,14 @@ double cost_decode_weight_bytes(const model_config *c, size_t elem);
 
 // Bytes of one token's K and V over all layers.
 double cost_kv_token_bytes(const model_config *c, size_t elem);
+// The same for K rows of type k and V rows of type v as the cache stores them (kv_row_bytes:
+// q8_0's block scales and row padding included); 0 when head_dim does not fit a type.
+double cost_kv_token_bytes_typed(const model_config *c, enum kv_type k, enum kv_type v);
 
 // Memory a full prefill of n tokens with room for n_gen more needs besides the weights: the KV
 // cache (n + n_gen tokens) plus the activations forward.c holds for n rows (residual and normed
 // rows, each max(d, qd) wide, Q, K, V, attention output, gate, up) and the logits.
 double cost_prefill_mem_bytes(const model_config *c, long n, long n_gen, size_t elem);
+// The same with kv_tok bytes per token of KV cache (cost_kv_token_bytes_typed).
+double cost_prefill_mem_bytes_kv(const model_config *c, long n, long n_gen, size_t elem,
+                                 double kv_tok);

@@ -371,18 +371,26 @@ static void kv_mem_free(void *ctx, void *p) {
     bk->free(bk, p);
 }
 
+void fwd_kv_types(const model *m, enum kv_type *k, enum kv_type *v) {
+    *k = m->kv_typed ? m->kv_k : kv_native_type(m->bk->elem_bytes);
+    *v = m->kv_typed ? m->kv_v : kv_native_type(m->bk->elem_bytes);
+}
+
 kv_cache *fwd_kv_create(model *m, const int *caps, char *err, size_t errlen) {
     const model_config *c = &m->cfg;
-    size_t need = kv_bytes_for(c->n_layer, c->n_kv_head, c->head_dim, caps, m->bk->elem_bytes);
+    enum kv_type kt, vt;
+    fwd_kv_types(m, &kt, &vt);
+    size_t need = kv_bytes_for(c->n_layer, c->n_kv_head, c->head_dim, caps, kt, vt);
     size_t avail = m->bk->mem_available(m->bk);
     if (avail > 0 && need > avail) {
         long most = 0;
         for (int l = 0; l < c->n_layer; l++) most = caps[l] > most ? caps[l] : most;
-        snprintf(err, errlen, "the KV cache for %ld tokens needs %.2f GiB but only %.2f GiB of %s "
-                 "memory is available (lower -c or -n)", most, need / 1073741824.0,
+        snprintf(err, errlen, "the KV cache for %ld tokens (K %s, V %s) needs %.2f GiB but only "
+                 "%.2f GiB of %s memory is available (lower -c or -n, or a smaller --cache-type-k/-v)",
+                 most, kv_type_name(kt), kv_type_name(vt), need / 1073741824.0,
                  avail / 1073741824.0, m->bk->name);
         return NULL;
     }
-    return kv_create(c->n_layer, c->n_kv_head, c->head_dim, caps, m->bk->elem_bytes, kv_mem_alloc,
-                     kv_mem_free, m->bk, err, errlen);
+    return kv_create_typed(c->n_layer, c->n_kv_head, c->head_dim, caps, m->bk->elem_bytes, kt, vt,
+                           kv_mem_alloc, kv_mem_free, m->bk, err, errlen);
 }

@@ -136,3 +136,6 @@ void fwd_phi_summarize(model *m, kv_cache *kv, int l, const phi_maps *p, int lo,
 
 // A KV cache on m's backend with capacity caps[l] per layer (NULL + err if out of memory).
 kv_cache *fwd_kv_create(model *m, const int *caps, char *err, size_t errlen);
+// The K and V row types of the caches fwd_kv_create makes for m (its kv_k/kv_v, or the
+// backend's own element).
+void fwd_kv_types(const model *m, enum kv_type *k, enum kv_type *v);

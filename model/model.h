@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include "../backend/backend.h"
 #include "../weights/gguf.h"
+#include "../weights/kvrow.h"
 #include "../weights/synthetic.h"
 
 // Limits that reject absurd metadata before anything is allocated from it.
@@ -63,6 +64,10 @@ typedef struct model {
     void *on_layer_ctx;
     struct fwd_run_state *run;     // the forward pass's buffers (model/pass.h; NULL until used)
     struct fwd_decoder *decoder;   // fwd_decode's recorded step (NULL until used)
+    // The row types of the KV caches fwd_kv_create makes (--cache-type-k/-v): with kv_typed, K
+    // rows of kv_k and V rows of kv_v (weights/kvrow.h); 0: the backend's own element.
+    int kv_typed;
+    enum kv_type kv_k, kv_v;
     void *derived;   // a strategy's state derived once from these weights (e.g. a layer plan)
     void (*derived_free)(void *derived);   // frees it first thing in model_free
 } model;

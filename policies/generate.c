@@ -178,11 +178,13 @@ int gen_fork(gen_seq *dst, const gen_seq *src, const char *strategy_name, char *
             for (int j = n_idx; j < x->len; j++) idx[j] = j;
             n_idx = x->len;
         }
+        // rows as stored (a typed row is a whole number of backend elements: kv/kv.h)
+        int kd = (int)(x->k_row / a->elem_bytes), vd = (int)(x->v_row / a->elem_bytes);
         for (int g = 0; g < x->n_kv_head; g++) {
-            size_t off = (size_t)g * x->cap * x->head_dim * a->elem_bytes;
+            size_t ko = (size_t)g * x->cap * x->k_row, vo = (size_t)g * x->cap * x->v_row;
             if (x->len) {
-                m->bk->gather_rows(m->bk, (char *)y->k + off, (const char *)x->k + off, idx, x->len, x->head_dim);
-                m->bk->gather_rows(m->bk, (char *)y->v + off, (const char *)x->v + off, idx, x->len, x->head_dim);
+                m->bk->gather_rows(m->bk, (char *)y->k + ko, (const char *)x->k + ko, idx, x->len, kd);
+                m->bk->gather_rows(m->bk, (char *)y->v + vo, (const char *)x->v + vo, idx, x->len, vd);
             }
             memcpy(y->pos + (size_t)g * x->cap, x->pos + (size_t)g * x->cap, (size_t)x->len * sizeof(int));
         }
@@ -221,9 +223,9 @@ void gen_step(gen_seq *const *g, int k) {
             double e = 0;
             for (int l = 0; l < kv->n_layer; l++) {
                 const kv_layer *y = &kv->layers[l];
-                e += (double)(y->len + (y->cap > y->len)) * y->n_kv_head * 2 * y->head_dim;
+                e += (double)(y->len + (y->cap > y->len)) * y->n_kv_head * (y->k_row + y->v_row);
             }
-            live[i]->read_sum += e * kv->elem_bytes;
+            live[i]->read_sum += e;
         }
     double t0 = now_ms();
     fwd_decode(live[0]->m, seqs, b);

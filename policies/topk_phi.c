@@ -28,7 +28,7 @@ typedef struct {
 
 typedef struct {
     int n_layer, n_kv_head, head_dim;
-    size_t elem_bytes;
+    double entry_bytes;            // one cached entry's K and V rows, as stored
     topk_layer *ly;                // (n_layer,)
     const phi_maps *maps;          // NULL: selection only (`topk`)
     phi_maps *own_maps;            // maps when freed with the state, else NULL
@@ -155,13 +155,13 @@ static int topk_attention(void *ctx, fwd_state *s, int kl, const void *q, void *
 static double topk_read_bytes(void *ctx) {   // mean per decode step, all layers
     topk_state *t = ctx;
     double steps = (double)t->layer_steps / t->n_layer;
-    return steps > 0 ? t->read_entries * 2.0 * t->head_dim * t->elem_bytes / steps : 0;
+    return steps > 0 ? t->read_entries * t->entry_bytes / steps : 0;
 }
 
 static void topk_report(void *ctx, char *buf, size_t len) {
     topk_state *t = ctx;
     if (t->layer_steps == 0) return;
-    double per_entry = 2.0 * t->head_dim * t->elem_bytes;
+    double per_entry = t->entry_bytes;
     double read = t->read_entries / t->layer_steps * per_entry / 1024;
     double full = t->full_entries / t->layer_steps * per_entry / 1024;
     int n = snprintf(buf, len, "decode read %.1f KiB of KV per step per layer exactly (cached "
@@ -205,7 +205,7 @@ static topk_state *topk_attach(model *m, kv_cache *kv, int sink, int tail, int k
     const model_config *c = &m->cfg;
     topk_state *t = xcalloc(1, sizeof *t);
     *t = (topk_state){.n_layer = kv->n_layer, .n_kv_head = c->n_kv_head, .head_dim = c->head_dim,
-                      .elem_bytes = kv->elem_bytes, .maps = maps, .own_maps = own_maps,
+                      .entry_bytes = (double)(kv->layers[0].k_row + kv->layers[0].v_row), .maps = maps, .own_maps = own_maps,
                       .ly = xcalloc((size_t)kv->n_layer, sizeof(topk_layer))};
     for (int l = 0; l < kv->n_layer; l++) {
         topk_layer *y = &t->ly[l];
