@@ -446,8 +446,11 @@ static int plan_memory(const loaded *L, const model_config *c, double weights, d
     else
         snprintf(hint, sizeof hint, "; the weights alone do not fit (a smaller quantisation%s)",
                  strcmp(L->bk->name, "cpu") ? "" : " or a GPU");
-    snprintf(err, errlen, "needs %.2f GiB on %s (%s) but %.2f GiB is available%s",
-             TO_GIB(weights + rest), L->bk->name, parts, TO_GIB(avail), hint);
+    // (a message longer than err is cut: the return value is looked at, so GCC's truncation
+    // warning, which the sanitized -O1 build raises here, does not apply)
+    if (snprintf(err, errlen, "needs %.2f GiB on %s (%s) but %.2f GiB is available%s",
+                 TO_GIB(weights + rest), L->bk->name, parts, TO_GIB(avail), hint) < 0)
+        err[0] = 0;
     return -1;
 }
 
