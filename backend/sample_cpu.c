@@ -1,4 +1,6 @@
-// backend/sample_cpu.c — see sample.h. Candidates are sorted only when a filter needs the order.
+// backend/sample_cpu.c — see sample.h. Candidates are ordered only when a filter needs the order:
+// with top-k on, only the k best are found (one pass, a heap of k) and sorted, so a default draw
+// over a 128K vocabulary costs a pass over the logits, not a sort of them.
 #include "sample.h"
 
 #include <math.h>
@@ -43,6 +45,36 @@ static int by_logit_desc(const void *a, const void *b) {
     return x->id - y->id;
 }
 
+// a ranks before b in by_logit_desc's order (higher logit; equal logits: lower id)
+static int ranks_before(struct sample_cand a, struct sample_cand b) {
+    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+}
+
+// h (k,) a heap whose root ranks last; restores it below index i
+static void sift_down(struct sample_cand *h, int k, int i) {
+    for (;;) {
+        int worst = i, l = 2 * i + 1, r = l + 1;
+        if (l < k && ranks_before(h[worst], h[l])) worst = l;
+        if (r < k && ranks_before(h[worst], h[r])) worst = r;
+        if (worst == i) return;
+        struct sample_cand t = h[i];
+        h[i] = h[worst], h[worst] = t, i = worst;
+    }
+}
+
+// s->cand[0 .. k) = the k best of logits (n,) in by_logit_desc's order: the same k candidates, in
+// the same order, as sorting all n would leave first.
+static void best_k(sampler *s, const float *logits, int n, int k) {
+    struct sample_cand *h = s->cand;
+    for (int i = 0; i < k; i++) h[i] = (struct sample_cand){logits[i], i};
+    for (int i = k / 2 - 1; i >= 0; i--) sift_down(h, k, i);
+    for (int i = k; i < n; i++) {
+        struct sample_cand c = {logits[i], i};
+        if (ranks_before(c, h[0])) h[0] = c, sift_down(h, k, 0);
+    }
+    qsort(h, (size_t)k, sizeof *h, by_logit_desc);
+}
+
 static int draw(sampler *s, const float *logits);
 
 int sample_next(sampler *s, const float *logits) {
@@ -61,9 +93,13 @@ static int draw(sampler *s, const float *logits) {
     const sample_params *p = &s->p;
     int n = s->n_vocab;
     if (p->temp <= 0) return sample_argmax(logits, n);
-    for (int i = 0; i < n; i++) s->cand[i] = (struct sample_cand){logits[i], i};
-    qsort(s->cand, (size_t)n, sizeof *s->cand, by_logit_desc);
-    if (p->top_k > 0 && p->top_k < n) n = p->top_k;
+    if (p->top_k > 0 && p->top_k < n) {
+        best_k(s, logits, n, p->top_k);
+        n = p->top_k;
+    } else {
+        for (int i = 0; i < n; i++) s->cand[i] = (struct sample_cand){logits[i], i};
+        qsort(s->cand, (size_t)n, sizeof *s->cand, by_logit_desc);
+    }
     // probabilities at temperature 1 for the filters, as llama.cpp's chain does
     double mx = s->cand[0].logit, sum = 0;
     for (int i = 0; i < n; i++) sum += exp(s->cand[i].logit - mx);

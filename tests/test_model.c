@@ -214,6 +214,71 @@ static void test_sampling(void) {
     sampler_free(&a), sampler_free(&b2), sampler_free(&d);
 }
 
+// The filters re-implemented from sample.h's words over a full sort of the vocabulary (the
+// order: higher logit first, equal logits by lower id), drawing with the uniform u.
+static int ref_cmp(const void *a, const void *b) {
+    const float *x = a, *y = b;   // (logit, id) pairs
+    if (x[0] != y[0]) return x[0] < y[0] ? 1 : -1;
+    return (int)x[1] - (int)y[1];
+}
+// ref_ids (may be NULL) receives the full order's first top_k ids.
+static int ref_draw(const sample_params *p, const float *logits, int n, float u, int *ref_ids) {
+    float(*c)[2] = malloc(sizeof(float[2]) * n);
+    for (int i = 0; i < n; i++) c[i][0] = logits[i], c[i][1] = (float)i;
+    qsort(c, n, sizeof *c, ref_cmp);
+    if (p->top_k > 0 && p->top_k < n) n = p->top_k;
+    for (int i = 0; i < n && ref_ids; i++) ref_ids[i] = (int)c[i][1];
+    double mx = c[0][0], sum = 0, cum = 0;
+    for (int i = 0; i < n; i++) sum += exp(c[i][0] - mx);
+    for (int i = 0; i < n && p->top_p < 1.0f; i++)
+        if ((cum += exp(c[i][0] - mx) / sum) >= p->top_p) n = i + 1;
+    int keep = 1;
+    while (p->min_p > 0 && keep < n && c[keep][0] >= mx + log(p->min_p)) keep++;
+    if (p->min_p > 0) n = keep;
+    double z = 0, acc = 0;
+    for (int i = 0; i < n; i++) z += exp((c[i][0] - mx) / p->temp);
+    int t = (int)c[n - 1][1];
+    for (int i = 0; i < n; i++)
+        if (u * z < (acc += exp((c[i][0] - mx) / p->temp))) {
+            t = (int)c[i][1];
+            break;
+        }
+    free(c);
+    return t;
+}
+
+// top-k finds its k candidates without sorting the vocabulary: every draw equals the full sort's,
+// on logits with many ties (ids decide among equal logits), for k below, at and above the vocab.
+static void test_sampling_top_k(void) {
+    enum { V = 3000 };
+    static float lg[V];
+    uint64_t st = 99;
+    static int ids[V];
+    int ks[] = {1, 2, 40, 41, 1000, V - 1, V, V + 5}, bad = 0, draws = 0, bad_sets = 0;
+    for (int round = 0; round < 20; round++) {
+        for (int i = 0; i < V; i++)   // ties; every third round rising, so the heap keeps evicting
+            lg[i] = (float)(sample_pcg32(&st) % 200) / 16.0f + (round % 3 == 2 ? i / 64.0f : 0);
+        if (round % 2) lg[round * 7] = 40;   // one clear favourite in half the rounds
+        for (size_t j = 0; j < sizeof ks / sizeof *ks; j++) {
+            sample_params p = {.temp = 0.8f, .top_k = ks[j], .top_p = round % 3 ? 0.95f : 1,
+                               .min_p = round % 4 ? 0.05f : 0, .seed = (uint64_t)round};
+            sampler s;
+            sampler_init(&s, &p, V);
+            for (int d = 0; d < 5; d++, draws++) {
+                uint64_t copy = s.state;
+                float u = (sample_pcg32(&copy) >> 8) * (1.0f / 16777216.0f);
+                int want = ref_draw(&p, lg, V, u, ids), got = sample_next(&s, lg);
+                bad += got != want;
+                // the candidates the filters saw: the full order's first k, in that order
+                for (int i = 0; i < (ks[j] < V ? ks[j] : V); i++) bad_sets += s.cand[i].id != ids[i];
+            }
+            sampler_free(&s);
+        }
+    }
+    CHECK(bad == 0, "top-k draws against a full sort: %d of %d differ", bad, draws);
+    CHECK(bad_sets == 0, "top-k candidates against a full sort's first k: %d differ", bad_sets);
+}
+
 // OpenAI's penalties, by hand: logit[j] - c[j] * frequency - (c[j] > 0) * presence, c[j] the
 // draws of j so far, applied before the choice (greedy included).
 static void test_penalties(void) {
@@ -278,6 +343,7 @@ int main(void) {
     test_swiglu();
     test_phi_rotate();
     test_sampling();
+    test_sampling_top_k();
     test_penalties();
     test_kv_bytes();
     return check_summary("test_model");
