@@ -584,6 +584,32 @@ AVX512 static inline __m512i idx8x4(int a) {
                             a + 1, a + 1, a, a, a, a, a, a, a, a);
 }
 
+// One half (128 elements) of a K super-block against R activation rows at element off: u0, u1
+// the unsigned weights of elements [off, off+64) and [off+64, off+128) in the activations' order,
+// s0, s1 their sub-block scales per int16 pair lane. hi[r] / lo[r] (int32) accumulate the high /
+// low digit's products (digits 1: the low digits are zero and skipped).
+AVX512 static inline __attribute__((always_inline)) void
+k_half(int R, int digits, __m512i u0, __m512i u1, __m512i s0, __m512i s1, const act_row *x, int off,
+       __m512i *hi, __m512i *lo) {
+    for (int r = 0; r < R; r++) {
+        const int8_t *q = x[r].q + off, *ql = x[r].ql + off;
+        hi[r] = _mm512_dpwssd_epi32(hi[r], _mm512_maddubs_epi16(u0, _mm512_loadu_si512(q)), s0);
+        hi[r] = _mm512_dpwssd_epi32(hi[r], _mm512_maddubs_epi16(u1, _mm512_loadu_si512(q + 64)), s1);
+        if (digits == 1) continue;
+        lo[r] = _mm512_dpwssd_epi32(lo[r], _mm512_maddubs_epi16(u0, _mm512_loadu_si512(ql)), s0);
+        lo[r] = _mm512_dpwssd_epi32(lo[r], _mm512_maddubs_epi16(u1, _mm512_loadu_si512(ql + 64)), s1);
+    }
+}
+
+// The super-block's fp32 fix-up, once per row: facc[r] += d_w d_x[blk] (256 hi[r] + lo[r]).
+AVX512 static inline __attribute__((always_inline)) void
+k_fixup(int R, const __m512i *hi, const __m512i *lo, float dw, const act_row *x, int blk, __m512 *facc) {
+    for (int r = 0; r < R; r++) {
+        __m512 s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi[r]), _mm512_set1_ps(256.0f), _mm512_cvtepi32_ps(lo[r]));
+        facc[r] = _mm512_fmadd_ps(s, _mm512_set1_ps(dw * x[r].d[blk]), facc[r]);
+    }
+}
+
 // Q4_K, R activation rows in the K form with Q4_K's element order (x[r].q: high digits, .ql: low,
 // both with the middle 32-chunks of every 128 swapped; .d: steps per 256; .a: 32-block sums).
 // A 64-byte load of qs holds, in its low nibbles, sub-blocks 4h and 4h+2 (elements 0-31, 64-95 of
@@ -609,22 +635,11 @@ q4k_rows(int R, int digits, const uint8_t *b, const act_row *x, int cols, float 
         for (int h = 0; h < 2; h++) {
             __m512i v = _mm512_loadu_si512(b + 16 + 64 * h);
             __m512i ul = _mm512_and_si512(v, lo4), uh = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
-            __m512i sl = _mm512_permutexvar_epi16(ilo[h], sc16), sh = _mm512_permutexvar_epi16(ihi[h], sc16);
-            for (int r = 0; r < R; r++) {
-                const int8_t *q = x[r].q + i + 128 * h, *ql = x[r].ql + i + 128 * h;
-                hi_acc[r] = _mm512_dpwssd_epi32(hi_acc[r], _mm512_maddubs_epi16(ul, _mm512_loadu_si512(q)), sl);
-                hi_acc[r] = _mm512_dpwssd_epi32(hi_acc[r], _mm512_maddubs_epi16(uh, _mm512_loadu_si512(q + 64)), sh);
-                if (digits == 1) continue;   // the low digits are zero
-                lo_acc[r] = _mm512_dpwssd_epi32(lo_acc[r], _mm512_maddubs_epi16(ul, _mm512_loadu_si512(ql)), sl);
-                lo_acc[r] = _mm512_dpwssd_epi32(lo_acc[r], _mm512_maddubs_epi16(uh, _mm512_loadu_si512(ql + 64)), sh);
-            }
+            k_half(R, digits, ul, uh, _mm512_permutexvar_epi16(ilo[h], sc16),
+                   _mm512_permutexvar_epi16(ihi[h], sc16), x, i + 128 * h, hi_acc, lo_acc);
         }
-        for (int r = 0; r < R; r++) {
-            __m512 s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi_acc[r]), _mm512_set1_ps(256.0f),
-                                       _mm512_cvtepi32_ps(lo_acc[r]));
-            facc[r] = _mm512_fmadd_ps(s, _mm512_set1_ps(dd * x[r].d[i / 256]), facc[r]);
-            macc[r] = _mm256_fmadd_ps(mnd, _mm256_loadu_ps(x[r].a + i / 32), macc[r]);
-        }
+        k_fixup(R, hi_acc, lo_acc, dd, x, i / 256, facc);
+        for (int r = 0; r < R; r++) macc[r] = _mm256_fmadd_ps(mnd, _mm256_loadu_ps(x[r].a + i / 32), macc[r]);
     }
     for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(facc[r]) + hsum256(macc[r]);
 }
@@ -667,22 +682,11 @@ q6k_rows(int R, int digits, const uint8_t *b, const act_row *x, int cols, float 
         for (int h = 0; h < 2; h++) {
             __m512i u01, u23;
             q6k_half(b, h, &u01, &u23);
-            __m512i s01 = _mm512_permutexvar_epi16(i01[h], sc16), s23 = _mm512_permutexvar_epi16(i23[h], sc16);
-            for (int r = 0; r < R; r++) {
-                const int8_t *q = x[r].q + i + 128 * h, *ql = x[r].ql + i + 128 * h;
-                hi_acc[r] = _mm512_dpwssd_epi32(hi_acc[r], _mm512_maddubs_epi16(u01, _mm512_loadu_si512(q)), s01);
-                hi_acc[r] = _mm512_dpwssd_epi32(hi_acc[r], _mm512_maddubs_epi16(u23, _mm512_loadu_si512(q + 64)), s23);
-                if (digits == 1) continue;
-                lo_acc[r] = _mm512_dpwssd_epi32(lo_acc[r], _mm512_maddubs_epi16(u01, _mm512_loadu_si512(ql)), s01);
-                lo_acc[r] = _mm512_dpwssd_epi32(lo_acc[r], _mm512_maddubs_epi16(u23, _mm512_loadu_si512(ql + 64)), s23);
-            }
+            k_half(R, digits, u01, u23, _mm512_permutexvar_epi16(i01[h], sc16),
+                   _mm512_permutexvar_epi16(i23[h], sc16), x, i + 128 * h, hi_acc, lo_acc);
         }
-        for (int r = 0; r < R; r++) {
-            __m512 s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi_acc[r]), _mm512_set1_ps(256.0f),
-                                       _mm512_cvtepi32_ps(lo_acc[r]));
-            facc[r] = _mm512_fmadd_ps(s, _mm512_set1_ps(dq * x[r].d[i / 256]), facc[r]);
-            macc[r] = _mm512_fmadd_ps(scf, _mm512_loadu_ps(x[r].a + i / 16), macc[r]);
-        }
+        k_fixup(R, hi_acc, lo_acc, dq, x, i / 256, facc);
+        for (int r = 0; r < R; r++) macc[r] = _mm512_fmadd_ps(scf, _mm512_loadu_ps(x[r].a + i / 16), macc[r]);
     }
     for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(facc[r]) - 32 * _mm512_reduce_add_ps(macc[r]);
 }
