@@ -13,6 +13,7 @@
 #include "../util/check.h"
 #include "../weights/dequant.h"
 #include "../weights/gguf.h"
+#include "kblock.h"
 
 #define G 16   // elements per scale group
 
@@ -198,22 +199,29 @@ static void unpack_row(uint32_t type, const uint8_t *b, int cols, uint8_t *u, fl
         }
         return;
     }
-    case GGML_Q4_K: case GGML_Q5_K:
+    case GGML_Q4_K: case GGML_Q5_K:   // sub-blocks j, j+1: the low, high nibbles of 32 bytes
         for (int i = 0; i < cols; i += 256) {
+            const int q5 = type == GGML_Q5_K;
             const float d = f16(b), dmin = f16(b + 2);
-            const uint8_t *sc = b + 4, *qh = type == GGML_Q5_K ? b + 16 : NULL;
-            const uint8_t *qs = b + (type == GGML_Q5_K ? 48 : 16);
-            for (int j = 0; j < 8; j++, u += 32, s += 2, m += 2) {
-                int a, mn;
-                dq_k4_scale_min(sc, j, &a, &mn);
-                const uint8_t *q = qs + 32 * (j / 2);
-                const int shift = 4 * (j % 2);
-                for (int l = 0; l < 32; l++)
-                    u[l] = (uint8_t)(((q[l] >> shift) & 0xF) | (qh ? ((qh[l] >> j) & 1) << 4 : 0));
-                s[0] = s[1] = d * (float)a;
-                m[0] = m[1] = -dmin * (float)mn;
+            uint64_t sc8, mn8;
+            k_scales8(b + 4, &sc8, &mn8);
+            float sc[8], mn[8];
+            _mm256_storeu_ps(sc, _mm256_mul_ps(_mm256_set1_ps(d), u8x8_to_ps(sc8)));
+            _mm256_storeu_ps(mn, _mm256_mul_ps(_mm256_set1_ps(-dmin), u8x8_to_ps(mn8)));
+            const __m256i lo4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+            const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+            const uint8_t *qs = b + (q5 ? 48 : 16);
+            for (int j = 0; j < 8; j += 2, u += 64, s += 4, m += 4) {
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 16 * j));
+                const __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(qh, j), one),
+                              h1 = _mm256_and_si256(_mm256_srli_epi16(qh, j + 1), one);
+                _mm256_storeu_si256((__m256i *)u, _mm256_or_si256(_mm256_and_si256(q, lo4), _mm256_slli_epi16(h0, 4)));
+                _mm256_storeu_si256((__m256i *)(u + 32), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), lo4),
+                                                                         _mm256_slli_epi16(h1, 4)));
+                s[0] = s[1] = sc[j], s[2] = s[3] = sc[j + 1];
+                m[0] = m[1] = mn[j], m[2] = m[3] = mn[j + 1];
             }
-            b += type == GGML_Q5_K ? 176 : 144;
+            b += q5 ? 176 : 144;
         }
         return;
     case GGML_Q6_K:
@@ -222,13 +230,11 @@ static void unpack_row(uint32_t type, const uint8_t *b, int cols, uint8_t *u, fl
             const int8_t *sc = (const int8_t *)(b + 192);
             for (int half = 0; half < 2; half++) {
                 const uint8_t *ql = b + 64 * half, *qh = b + 128 + 32 * half;
-                for (int k = 0; k < 4; k++) {
-                    const uint8_t *lo = ql + 32 * (k % 2);
-                    const int shift = 4 * (k / 2);
-                    for (int l = 0; l < 32; l++)
-                        u[128 * half + 32 * k + l] =
-                            (uint8_t)(((lo[l] >> shift) & 0xF) | ((qh[l] >> (2 * k)) & 3) << 4);
-                }
+                const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql),
+                              l1 = _mm256_loadu_si256((const __m256i *)(ql + 32)),
+                              hb = _mm256_loadu_si256((const __m256i *)qh);
+                for (int k = 0; k < 4; k++)
+                    _mm256_storeu_si256((__m256i *)(u + 128 * half + 32 * k), q6k_u32(l0, l1, hb, k));
             }
             for (int g = 0; g < 16; g++) {
                 s[g] = d * (float)sc[g];
@@ -546,23 +552,6 @@ AVX512 static float dot_q8_0_avx512(const uint8_t *b, const int8_t *q, const int
     return dot_blk32_avx512(GGML_Q8_0, b, q, ql, d, a, cols);
 }
 
-// The 6-bit scales and mins of a Q4_K / Q5_K super-block as two 8-byte vectors (dq_k4_scale_min's
-// rule on 32-bit words: bytes 0-3 hold sc0-3 and the top bits of sc4-7, 4-7 m0-3 and the top
-// bits of m4-7, 8-11 the low nibbles of sc4-7 | m4-7).
-static inline void k_scales8(const uint8_t *s, uint64_t *sc, uint64_t *mn) {
-    uint32_t w0, w1, w2;
-    memcpy(&w0, s, 4), memcpy(&w1, s + 4, 4), memcpy(&w2, s + 8, 4);
-    uint32_t sc_lo = w0 & 0x3f3f3f3fu, m_lo = w1 & 0x3f3f3f3fu;
-    uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | ((w0 >> 6) & 0x03030303u) << 4;
-    uint32_t m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 6) & 0x03030303u) << 4;
-    *sc = sc_lo | (uint64_t)sc_hi << 32;
-    *mn = m_lo | (uint64_t)m_hi << 32;
-}
-
-static inline __m256 u8x8_to_ps(uint64_t v) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)v)));
-}
-
 // ---- K-quants on AVX-512: one activation step per 256-block, integer sub-block scales -------
 // The 32-block kernels above turn every 4-element int32 lane into fp32 with its group's scale
 // (cvt, permute, FMA per 64 products); on AMD Zen 4 that fix-up, not the multiplies, bounds them.
@@ -646,21 +635,12 @@ q4k_rows(int R, int digits, const uint8_t *b, const act_row *x, int cols, float 
 
 // The 128 u6 of half `half` of a Q6_K super-block at b: elements 0..63 (u01) and 64..127 (u23).
 AVX512 static inline void q6k_half(const uint8_t *b, int half, __m512i *u01, __m512i *u23) {
-    const __m256i lo4 = _mm256_set1_epi8(0x0F), lo2 = _mm256_set1_epi8(0x03);
     const uint8_t *lq = b + 64 * half, *qh = b + 128 + 32 * half;
     __m256i l0 = _mm256_loadu_si256((const __m256i *)lq);
     __m256i l1 = _mm256_loadu_si256((const __m256i *)(lq + 32));
     __m256i h = _mm256_loadu_si256((const __m256i *)qh);
-    __m256i k0 = _mm256_or_si256(_mm256_and_si256(l0, lo4),
-                                 _mm256_slli_epi16(_mm256_and_si256(h, lo2), 4));
-    __m256i k1 = _mm256_or_si256(_mm256_and_si256(l1, lo4),
-                                 _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), lo2), 4));
-    __m256i k2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), lo4),
-                                 _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), lo2), 4));
-    __m256i k3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4),
-                                 _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), lo2), 4));
-    *u01 = _mm512_inserti64x4(_mm512_castsi256_si512(k0), k1, 1);
-    *u23 = _mm512_inserti64x4(_mm512_castsi256_si512(k2), k3, 1);
+    *u01 = _mm512_inserti64x4(_mm512_castsi256_si512(q6k_u32(l0, l1, h, 0)), q6k_u32(l0, l1, h, 1), 1);
+    *u23 = _mm512_inserti64x4(_mm512_castsi256_si512(q6k_u32(l0, l1, h, 2)), q6k_u32(l0, l1, h, 3), 1);
 }
 
 // Q6_K, R activation rows in the K form, element order (.a: 16-group sums): w = d sc_g (u - 32);
@@ -847,7 +827,6 @@ static float dot_q4_k_avx2(const uint8_t *b, const int16_t *x, const float *d, c
 // per vpmaddwd; 16 scales d sc_g (times d_x of their 32-block for the main term), offsets -32 s_g
 // against the activation's 16-group sums.
 static float dot_q6_k_avx2(const uint8_t *b, const int16_t *x, const float *d, const float *a, int cols) {
-    const __m256i lo4 = _mm256_set1_epi8(0x0F), lo2 = _mm256_set1_epi8(0x03);
     const __m256i d_of_group = _mm256_set_epi32(3, 3, 2, 2, 1, 1, 0, 0);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int i = 0; i < cols; i += 256, b += 210, x += 256, d += 8, a += 16) {
@@ -867,10 +846,7 @@ static float dot_q6_k_avx2(const uint8_t *b, const int16_t *x, const float *d, c
             __m256i l1 = _mm256_loadu_si256((const __m256i *)(lq + 32));
             __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
             for (int k = 0; k < 4; k++) {
-                __m256i lo = k % 2 ? l1 : l0;
-                if (k >= 2) lo = _mm256_srli_epi16(lo, 4);
-                __m256i u = _mm256_or_si256(_mm256_and_si256(lo, lo4),
-                                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * k), lo2), 4));
+                __m256i u = q6k_u32(l0, l1, hb, k);
                 const int16_t *xk = x + 128 * half + 32 * k;
                 __m256i s0 = madd_u8(_mm256_castsi256_si128(u), xk);
                 __m256i s1 = madd_u8(_mm256_extracti128_si256(u, 1), xk + 16);

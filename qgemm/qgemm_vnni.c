@@ -34,6 +34,7 @@
 #include "../util/check.h"
 #include "../weights/dequant.h"
 #include "../weights/gguf.h"
+#include "kblock.h"
 #include "qgemm.h"
 
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c")))
@@ -131,28 +132,35 @@ VNNI static void quantize_tokens(int digits, const float *x, int n, int in, int 
 
 // ---- weights -------------------------------------------------------------------------------------
 
-// A unit: w (RU, in) row-major (int16 u for digits 2, int8 w' for digits 1), and per group g the
-// RU rows' init, s and c2 at [g * RU + r].
-typedef struct { void *w; int32_t *init; float *s, *c2; } unit;
+// A unit: w (RU, in) row-major with a row stride of ld elements (int16 u for digits 2, int8 w' for
+// digits 1), and per group g the RU rows' init, s and c2 at [g * RU + r]. ld is in plus one cache
+// line: at a stride of a power of two (4 KB for 2048 columns) a micro tile's 12 rows at the same
+// column fall in one set of the 8-way L1 and evict each other.
+typedef struct { void *w; int ld; int32_t *init; float *s, *c2; } unit;
 
 static void unit_group(unit *u, int g, int r, int32_t init, float s, float c2) {
     u->init[g * RU + r] = init, u->s[g * RU + r] = s, u->c2[g * RU + r] = c2;
 }
 
-// One Q4_K row straight from its blocks into unit row r (u = nibble, s = d sc_j, m = -dmin m_j).
+// One Q4_K row straight from its blocks into unit row r (u = nibble, s = d sc_j, m = -dmin m_j;
+// the 8 sub-blocks' scales and mins decoded at once).
 VNNI static void q4_k_unit_row(int digits, const uint8_t *b, int in, unit *u, int r) {
     const __m256i lo4 = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
     for (int i = 0; i < in; i += 256, b += 144) {
         uint16_t h[2];
         memcpy(h, b, 4);
         const float d = _cvtsh_ss(h[0]), dmin = _cvtsh_ss(h[1]);
+        uint64_t sc8, mn8;
+        k_scales8(b + 4, &sc8, &mn8);
+        float sc[8], mn[8];
+        _mm256_storeu_ps(sc, _mm256_mul_ps(_mm256_set1_ps(d), u8x8_to_ps(sc8)));
+        _mm256_storeu_ps(mn, _mm256_mul_ps(_mm256_set1_ps(-dmin), u8x8_to_ps(mn8)));
         for (int j = 0; j < 8; j++) {
             __m256i q = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (j / 2)));
             q = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(q, 4) : q, lo4);
-            int sc, mn, g = i / 32 + j;
-            dq_k4_scale_min(b + 4, j, &sc, &mn);
-            const float s = d * (float)sc, m = -dmin * (float)mn;
-            const size_t at = (size_t)r * in + i + 32 * j;
+            const int g = i / 32 + j;
+            const float s = sc[j], m = mn[j];
+            const size_t at = (size_t)r * u->ld + i + 32 * j;
             if (digits == 2) {
                 _mm512_storeu_si512((int16_t *)u->w + at, _mm512_cvtepu8_epi16(q));
                 unit_group(u, g, r, 0, s, m);
@@ -175,7 +183,7 @@ VNNI static void unpack_unit(int digits, uint32_t type, const uint8_t *w, size_t
     float *s16 = (float *)(tmp + in), *m16 = s16 + in / 16;
     for (int r = 0; r < RU; r++) {
         if (r >= nr) {
-            memset((uint8_t *)u->w + (size_t)r * in * digits, 0, (size_t)in * digits);
+            memset((uint8_t *)u->w + (size_t)r * u->ld * digits, 0, (size_t)in * digits);
             for (int g = 0; g < ng; g++) unit_group(u, g, r, 0, 0, 0);
             continue;
         }
@@ -188,13 +196,13 @@ VNNI static void unpack_unit(int digits, uint32_t type, const uint8_t *w, size_t
             const float s = s16[g * step], m = m16[g * step];
             const __m256i ug = _mm256_loadu_si256((const __m256i *)(tmp + g * gs));   // (GS 16: half)
             if (digits == 2) {
-                int16_t *wg = (int16_t *)u->w + (size_t)r * in + g * gs;
+                int16_t *wg = (int16_t *)u->w + (size_t)r * u->ld + g * gs;
                 if (gs == 32) _mm512_storeu_si512(wg, _mm512_cvtepu8_epi16(ug));
                 else _mm256_storeu_si256((__m256i *)wg, _mm256_cvtepu8_epi16(_mm256_castsi256_si128(ug)));
                 unit_group(u, g, r, 0, s, m);
                 continue;
             }
-            int8_t *wg = (int8_t *)u->w + (size_t)r * in + g * gs;
+            int8_t *wg = (int8_t *)u->w + (size_t)r * u->ld + g * gs;
             int sum = 0;
             for (int k = 0; k < gs; k++) sum += (wg[k] = (int8_t)(tmp[g * gs + k] - c));
             unit_group(u, g, r, -128 * sum, s, s * (float)c + m);
@@ -204,12 +212,12 @@ VNNI static void unpack_unit(int digits, uint32_t type, const uint8_t *w, size_t
 
 // ---- the micro kernel and the driver -------------------------------------------------------------
 
-// acc (mr rows x NT tokens, fp32, row-major) += groups [g0, g1) of mr unit rows (w: the first row;
-// init/s/c2 offset to the tile's first row) x one token group (a, d, dq at its start), of which
-// tv vectors of 16 tokens are used: 6 rows x 32 tokens, or for at most 16 tokens 12 rows x 16.
-// first: acc starts at 0.
+// acc (mr rows x NT tokens, fp32, row-major) += groups [g0, g1) of mr unit rows (w: the first row,
+// rows ld elements apart; init/s/c2 offset to the tile's first row) x one token group (a, d, dq at
+// its start), of which tv vectors of 16 tokens are used: 6 rows x 32 tokens, or for at most 16
+// tokens 12 rows x 16. first: acc starts at 0.
 VNNI static inline __attribute__((always_inline)) void
-micro(const int digits, const int gs, const int tv, const uint8_t *w, int in, const int32_t *init,
+micro(const int digits, const int gs, const int tv, const uint8_t *w, int ld, const int32_t *init,
       const float *s, const float *c2, const uint8_t *a, const float *d, const float *dq, int g0,
       int g1, float *acc, int first) {
     const int mr = tv == 2 ? MR : 2 * MR, words = gs * digits / 4;   // 4-byte words per group
@@ -228,7 +236,7 @@ micro(const int digits, const int gs, const int tv, const uint8_t *w, int in, co
             for (int v = 0; v < tv; v++) x[v] = _mm512_loadu_si512(ag + k * NT * 4 + 64 * v);
             for (int r = 0; r < mr; r++) {
                 int32_t wv;
-                memcpy(&wv, wg + (size_t)r * in * digits + 4 * k, 4);
+                memcpy(&wv, wg + (size_t)r * ld * digits + 4 * k, 4);
                 const __m512i wb = _mm512_set1_epi32(wv);
                 for (int v = 0; v < tv; v++)
                     c[r][v] = digits == 2 ? _mm512_dpwssd_epi32(c[r][v], x[v], wb)
@@ -252,10 +260,10 @@ micro(const int digits, const int gs, const int tv, const uint8_t *w, int in, co
 typedef void (*micro_fn)(const uint8_t *, int, const int32_t *, const float *, const float *,
                          const uint8_t *, const float *, const float *, int, int, float *, int);
 #define MICRO(name, digits, gs, tv)                                                                \
-    VNNI static void name(const uint8_t *w, int in, const int32_t *init, const float *s,             \
+    VNNI static void name(const uint8_t *w, int ld, const int32_t *init, const float *s,             \
                           const float *c2, const uint8_t *a, const float *d, const float *dq,       \
                           int g0, int g1, float *acc, int first) {                                  \
-        micro(digits, gs, tv, w, in, init, s, c2, a, d, dq, g0, g1, acc, first);                     \
+        micro(digits, gs, tv, w, ld, init, s, c2, a, d, dq, g0, g1, acc, first);                     \
     }
 MICRO(micro_2_32x2, 2, 32, 2)
 MICRO(micro_2_16x2, 2, 16, 2)
@@ -278,7 +286,8 @@ VNNI void q_matmul_vnni(float *out, const float *x, int n, int in, uint32_t type
     const size_t a_bytes = (size_t)n_tg * NT * in * digits, d_bytes = (size_t)n_tg * NT * (in / 32) * 4,
                  dq_bytes = (size_t)n_tg * NT * ng * 4,
                  qt_bytes = (size_t)nt * ((size_t)2 * in + (size_t)in / 32 * 4 + (size_t)in / 16 * 4);
-    const size_t unit_bytes = (size_t)RU * in * digits + (size_t)ng * RU * 12,
+    const int ld = in + 64 / digits;   // (unit)
+    const size_t unit_bytes = (size_t)RU * ld * digits + (size_t)ng * RU * 12,
                  tmp_bytes = (size_t)in + in / 16 * 8, acc_bytes = (size_t)n_tg * RU * NT * 4,
                  per = unit_bytes + tmp_bytes + acc_bytes + 192;
     uint8_t *buf = q_scratch_get(sc, a_bytes + d_bytes + dq_bytes + qt_bytes + (size_t)nt * per + 64);
@@ -292,8 +301,8 @@ VNNI void q_matmul_vnni(float *out, const float *x, int n, int in, uint32_t type
 #pragma omp parallel
     {
         uint8_t *mine = (uint8_t *)(((uintptr_t)(per_thread + (size_t)omp_get_thread_num() * per) + 63) & ~(uintptr_t)63);
-        unit u = {mine, NULL, NULL, NULL};
-        u.init = (int32_t *)(mine + (size_t)RU * in * digits);
+        unit u = {mine, ld, NULL, NULL, NULL};
+        u.init = (int32_t *)(mine + (size_t)RU * ld * digits);
         u.s = (float *)(u.init + (size_t)ng * RU);
         u.c2 = u.s + (size_t)ng * RU;
         uint8_t *tmp = (uint8_t *)(u.c2 + (size_t)ng * RU);
@@ -306,7 +315,7 @@ VNNI void q_matmul_vnni(float *out, const float *x, int n, int in, uint32_t type
                 const int g1 = ng - g0 < kc_groups ? ng : g0 + kc_groups;
                 for (int tg = 0; tg < n_tg; tg++)
                     for (int m = 0; m < nr; m += mr)
-                        tile((const uint8_t *)u.w + (size_t)m * in * digits, in, u.init + m, u.s + m,
+                        tile((const uint8_t *)u.w + (size_t)m * ld * digits, ld, u.init + m, u.s + m,
                              u.c2 + m, a + (size_t)tg * in * digits * NT, d + (size_t)tg * (in / 32) * NT,
                              dq + (size_t)tg * ng * NT, g0, g1, acc + ((size_t)tg * RU + m) * NT, g0 == 0);
             }
