@@ -142,11 +142,11 @@ static void unit_group(unit *u, int g, int r, int32_t init, float s, float c2) {
     u->init[g * RU + r] = init, u->s[g * RU + r] = s, u->c2[g * RU + r] = c2;
 }
 
-// One Q4_K row straight from its blocks into unit row r (u = nibble, s = d sc_j, m = -dmin m_j;
-// the 8 sub-blocks' scales and mins decoded at once).
-VNNI static void q4_k_unit_row(int digits, const uint8_t *b, int in, unit *u, int r) {
+// One Q4_K super-block b (columns i .. i+255) straight into unit row r (u = nibble, s = d sc_j, m =
+// -dmin m_j; the 8 sub-blocks' scales and mins decoded at once).
+VNNI static void q4_k_unit_block(int digits, const uint8_t *b, int i, unit *u, int r) {
     const __m256i lo4 = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
-    for (int i = 0; i < in; i += 256, b += 144) {
+    {
         uint16_t h[2];
         memcpy(h, b, 4);
         const float d = _cvtsh_ss(h[0]), dmin = _cvtsh_ss(h[1]);
@@ -175,22 +175,66 @@ VNNI static void q4_k_unit_row(int digits, const uint8_t *b, int in, unit *u, in
     }
 }
 
+// One Q6_K super-block b (columns i .. i+255) straight into unit row r (u = the 6-bit value, s =
+// d sc_g and m = -32 s per 16-group g; digits 1: w' = u - 32, so init = -128 sum_g w' and c2 =
+// 32 s + m = 0).
+VNNI static void q6_k_unit_block(int digits, const uint8_t *b, int i, unit *u, int r) {
+    {
+        uint16_t h;
+        memcpy(&h, b + 208, 2);
+        const __m128i sc = _mm_loadu_si128((const __m128i *)(b + 192));
+        float s16[16];
+        _mm512_storeu_ps(s16, _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(h)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc))));
+        for (int half = 0; half < 2; half++) {
+            const uint8_t *ql = b + 64 * half;
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql),
+                          l1 = _mm256_loadu_si256((const __m256i *)(ql + 32)),
+                          hb = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * half));
+            for (int k = 0; k < 4; k++) {
+                const __m256i q = q6k_u32(l0, l1, hb, k);   // groups j, j + 1 of the super-block
+                const int j = 8 * half + 2 * k, g = i / 16 + j;
+                const size_t at = (size_t)r * u->ld + i + 16 * j;
+                if (digits == 2) {
+                    _mm512_storeu_si512((int16_t *)u->w + at, _mm512_cvtepu8_epi16(q));
+                    unit_group(u, g, r, 0, s16[j], -32.0f * s16[j]);
+                    unit_group(u, g + 1, r, 0, s16[j + 1], -32.0f * s16[j + 1]);
+                    continue;
+                }
+                _mm256_storeu_si256((__m256i *)((int8_t *)u->w + at), _mm256_sub_epi8(q, _mm256_set1_epi8(32)));
+                __m256i s4 = _mm256_sad_epu8(q, _mm256_setzero_si256());   // 8-byte sums of u
+                __m128i lo = _mm256_castsi256_si128(s4), hi = _mm256_extracti128_si256(s4, 1);
+                int sum0 = (int)(_mm_cvtsi128_si64(lo) + _mm_extract_epi64(lo, 1)) - 32 * 16;
+                int sum1 = (int)(_mm_cvtsi128_si64(hi) + _mm_extract_epi64(hi, 1)) - 32 * 16;
+                unit_group(u, g, r, -128 * sum0, s16[j], s16[j] * 32.0f + -32.0f * s16[j]);
+                unit_group(u, g + 1, r, -128 * sum1, s16[j + 1], s16[j + 1] * 32.0f + -32.0f * s16[j + 1]);
+            }
+        }
+    }
+}
+
 // rows r0 .. r0 + nr of W (nr <= RU) -> u; rows past nr are zero (their outputs are not written).
 // tmp: in + in/16 * 8 bytes.
 VNNI static void unpack_unit(int digits, uint32_t type, const uint8_t *w, size_t row_bytes, int r0,
                              int nr, int in, int gs, unit *u, uint8_t *tmp) {
     const int ng = in / gs, c = mid_of(type), step = gs / 16;
     float *s16 = (float *)(tmp + in), *m16 = s16 + in / 16;
-    for (int r = 0; r < RU; r++) {
-        if (r >= nr) {
-            memset((uint8_t *)u->w + (size_t)r * u->ld * digits, 0, (size_t)in * digits);
-            for (int g = 0; g < ng; g++) unit_group(u, g, r, 0, 0, 0);
-            continue;
-        }
-        if (type == GGML_Q4_K) {
-            q4_k_unit_row(digits, w + (size_t)(r0 + r) * row_bytes, in, u, r);
-            continue;
-        }
+    for (int r = nr; r < RU; r++) {
+        memset((uint8_t *)u->w + (size_t)r * u->ld * digits, 0, (size_t)in * digits);
+        for (int g = 0; g < ng; g++) unit_group(u, g, r, 0, 0, 0);
+    }
+    if (type == GGML_Q4_K || type == GGML_Q6_K) {
+        // super-block by super-block, the rows inner: the rows' init, s and c2 of a group land
+        // side by side ([g * RU + r]), not a cache line apart row after row
+        const size_t bb = type == GGML_Q4_K ? 144 : 210;
+        for (int i = 0; i < in; i += 256)
+            for (int r = 0; r < nr; r++) {
+                const uint8_t *b = w + (size_t)(r0 + r) * row_bytes + (size_t)(i / 256) * bb;
+                if (type == GGML_Q4_K) q4_k_unit_block(digits, b, i, u, r);
+                else q6_k_unit_block(digits, b, i, u, r);
+            }
+        return;
+    }
+    for (int r = 0; r < nr; r++) {
         q_unpack_row(type, w + (size_t)(r0 + r) * row_bytes, in, tmp, s16, m16);
         for (int g = 0; g < ng; g++) {   // GS 32: both 16-groups share s, m
             const float s = s16[g * step], m = m16[g * step];
@@ -313,6 +357,15 @@ VNNI void q_matmul_vnni(float *out, const float *x, int n, int in, uint32_t type
             unpack_unit(digits, type, (const uint8_t *)w, row_bytes, r0, nr, in, gs, &u, tmp);
             for (int g0 = 0; g0 < ng; g0 += kc_groups) {
                 const int g1 = ng - g0 < kc_groups ? ng : g0 + kc_groups;
+                // the next unit's blocks, a pass's share of each row, on their way while this
+                // pass computes (its unpacking would otherwise wait on memory for every line)
+                if (un + 1 < n_units) {
+                    const int rn = o - r0 - RU < RU ? o - r0 - RU : RU;
+                    const size_t lo = row_bytes * g0 / ng, hi = row_bytes * g1 / ng;
+                    for (int r = 0; r < rn; r++)
+                        for (size_t at = lo; at < hi; at += 64)
+                            _mm_prefetch((const char *)w + (size_t)(r0 + RU + r) * row_bytes + at, _MM_HINT_T0);
+                }
                 for (int tg = 0; tg < n_tg; tg++)
                     for (int m = 0; m < nr; m += mr)
                         tile((const uint8_t *)u.w + (size_t)m * ld * digits, ld, u.init + m, u.s + m,
