@@ -142,6 +142,12 @@ static void unit_group(unit *u, int g, int r, int32_t init, float s, float c2) {
     u->init[g * RU + r] = init, u->s[g * RU + r] = s, u->c2[g * RU + r] = c2;
 }
 
+// The cache lines of [p, p + bytes) on their way to L1.
+static inline void prefetch_lines(const uint8_t *p, size_t bytes) {
+    for (uintptr_t at = (uintptr_t)p & ~(uintptr_t)63; at < (uintptr_t)p + bytes; at += 64)
+        _mm_prefetch((const char *)at, _MM_HINT_T0);
+}
+
 // One Q4_K super-block b (columns i .. i+255) straight into unit row r (u = nibble, s = d sc_j, m =
 // -dmin m_j; the 8 sub-blocks' scales and mins decoded at once).
 VNNI static void q4_k_unit_block(int digits, const uint8_t *b, int i, unit *u, int r) {
@@ -229,6 +235,8 @@ VNNI static void unpack_unit(int digits, uint32_t type, const uint8_t *w, size_t
         for (int i = 0; i < in; i += 256)
             for (int r = 0; r < nr; r++) {
                 const uint8_t *b = w + (size_t)(r0 + r) * row_bytes + (size_t)(i / 256) * bb;
+                if (i + 256 < in) prefetch_lines(b + bb, bb);   // the row's next super-block,
+                                                                 // wanted after the other rows'
                 if (type == GGML_Q4_K) q4_k_unit_block(digits, b, i, u, r);
                 else q6_k_unit_block(digits, b, i, u, r);
             }
@@ -363,8 +371,7 @@ VNNI void q_matmul_vnni(float *out, const float *x, int n, int in, uint32_t type
                     const int rn = o - r0 - RU < RU ? o - r0 - RU : RU;
                     const size_t lo = row_bytes * g0 / ng, hi = row_bytes * g1 / ng;
                     for (int r = 0; r < rn; r++)
-                        for (size_t at = lo; at < hi; at += 64)
-                            _mm_prefetch((const char *)w + (size_t)(r0 + RU + r) * row_bytes + at, _MM_HINT_T0);
+                        prefetch_lines((const uint8_t *)w + (size_t)(r0 + RU + r) * row_bytes + lo, hi - lo);
                 }
                 for (int tg = 0; tg < n_tg; tg++)
                     for (int m = 0; m < nr; m += mr)
