@@ -987,19 +987,26 @@ static inline float fused_one(dot_blk_fn fused, uint32_t type, const uint8_t *ro
     return fused(row, x.q, x.ql, x.d, x.a, in);
 }
 
-// W row `row` . every activation row: out[i * stride] for i < n; four rows at a time where the
-// type has a four-row kernel (the same bits as one at a time)
+// W rows row[0 .. nr) (row_bytes apart) . every activation row: out[i * stride + r] for i < n;
+// four activation rows at a time where the type has a four-row kernel (the same bits as one at a
+// time), each four against all nr weight rows before the next four: the four stay in L1 (at 8
+// rows and more, all of them would not) and the nr rows come from L1/L2 after the first four.
 static inline void fused_rows(dot_blk_fn fused, dot4_fn fused4, uint32_t type, const uint8_t *row,
-                              const q_act *a, int n, int in, float *out, size_t stride) {
+                              size_t row_bytes, int nr, const q_act *a, int n, int in, float *out,
+                              size_t stride) {
     int i = 0;
     for (; fused4 && i + 4 <= n; i += 4) {
         act_row x[4];
-        float r4[4];
-        for (int r = 0; r < 4; r++) x[r] = act_of(a, type, i + r, in);
-        fused4(row, x, in, r4);
-        for (int r = 0; r < 4; r++) out[(size_t)(i + r) * stride] = r4[r];
+        for (int q = 0; q < 4; q++) x[q] = act_of(a, type, i + q, in);
+        for (int r = 0; r < nr; r++) {
+            float r4[4];
+            fused4(row + (size_t)r * row_bytes, x, in, r4);
+            for (int q = 0; q < 4; q++) out[(size_t)(i + q) * stride + r] = r4[q];
+        }
     }
-    for (; i < n; i++) out[(size_t)i * stride] = fused_one(fused, type, row, a, i, in);
+    for (; i < n; i++)
+        for (int r = 0; r < nr; r++)
+            out[(size_t)i * stride + r] = fused_one(fused, type, row + (size_t)r * row_bytes, a, i, in);
 }
 
 // W row `row` . every activation row through an AVX2 kernel (on x16): out[i * stride]
@@ -1037,12 +1044,15 @@ void q_matmul_multi(enum q_isa isa, int digits, int k, float *const *out, const 
 #pragma omp parallel for schedule(static)
     for (int rb = 0; rb < n_blocks; rb++) {
         int g1 = (rb + 1) * ROW_BLOCK < total ? (rb + 1) * ROW_BLOCK : total, j = 0;
-        for (int g = rb * ROW_BLOCK; g < g1; g++) {
+        for (int g = rb * ROW_BLOCK, run; g < g1; g += run) {   // runs of rows of one product
             while (g >= start[j + 1]) j++;
             int r = g - start[j];
+            run = (g1 < start[j + 1] ? g1 : start[j + 1]) - g;
             const uint8_t *row = (const uint8_t *)w[j] + (size_t)r * row_bytes[j];
-            if (joined) fused16_rows(f16k[j], row, &a, n, in, out[j] + r, (size_t)o[j]);
-            else fused_rows(fused[j], fused4[j], type[j], row, &a, n, in, out[j] + r, (size_t)o[j]);
+            if (joined)
+                for (int q = 0; q < run; q++)
+                    fused16_rows(f16k[j], row + (size_t)q * row_bytes[j], &a, n, in, out[j] + r + q, (size_t)o[j]);
+            else fused_rows(fused[j], fused4[j], type[j], row, row_bytes[j], run, &a, n, in, out[j] + r, (size_t)o[j]);
         }
     }
 }
@@ -1075,8 +1085,7 @@ static void matmul_int8(enum q_isa isa, int digits, float *out, const float *x, 
 #pragma omp parallel for schedule(static)
         for (int rb = 0; rb < n_blocks; rb++) {
             int r0 = rb * ROW_BLOCK, nr = o - r0 < ROW_BLOCK ? o - r0 : ROW_BLOCK;
-            for (int r = r0; r < r0 + nr; r++)
-                fused_rows(fused, fused4, type, w + (size_t)r * row_bytes, &a, n, in, out + r, (size_t)o);
+            fused_rows(fused, fused4, type, w + (size_t)r0 * row_bytes, row_bytes, nr, &a, n, in, out + r0, (size_t)o);
         }
         return;
     }
