@@ -91,11 +91,22 @@ static void quantize_row_scalar(const float *x, int cols, int8_t *q, float *d, f
     }
 }
 
+// The two digits of 16 values x at a block's step (vinv = 1 / step, or 0 for a zero block), as
+// quantize_row_scalar computes them: h = round(x / step), l = round((x - h step) / step * 256),
+// both clamped to +-127, so that x ~ (256 h + l) step / 256.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline void
+two_digits16(__m512 xv, __m512 vstep, __m512 vinv, __m512i *h, __m512i *l) {
+    const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
+    *h = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(xv, vinv)), lim), nlim);
+    __m512 r = _mm512_sub_ps(xv, _mm512_mul_ps(_mm512_cvtepi32_ps(*h), vstep));
+    *l = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(r, vinv), _mm512_set1_ps(256.0f)));
+    *l = _mm512_max_epi32(_mm512_min_epi32(*l, lim), nlim);
+}
+
 // The same, 16 lanes at a time, in the same fp32 operations (no contraction): bit-identical.
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void
 quantize_row_avx512(const float *x, int cols, int8_t *q, float *d, float *a) {
     int8_t *lo = q + cols;
-    const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
     for (int b = 0; b < cols; b += 32) {
         __m512 x0 = _mm512_loadu_ps(x + b), x1 = _mm512_loadu_ps(x + b + 16);
         float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
@@ -103,12 +114,8 @@ quantize_row_avx512(const float *x, int cols, int8_t *q, float *d, float *a) {
         __m512 vstep = _mm512_set1_ps(step), vinv = _mm512_set1_ps(inv);
         d[b / 32] = step / 256.0f;
         for (int k = 0; k < 2; k++) {
-            __m512 xv = k ? x1 : x0;
-            __m512i h = _mm512_cvtps_epi32(_mm512_mul_ps(xv, vinv));
-            h = _mm512_max_epi32(_mm512_min_epi32(h, lim), nlim);
-            __m512 r = _mm512_sub_ps(xv, _mm512_mul_ps(_mm512_cvtepi32_ps(h), vstep));
-            __m512i l = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(r, vinv), _mm512_set1_ps(256.0f)));
-            l = _mm512_max_epi32(_mm512_min_epi32(l, lim), nlim);
+            __m512i h, l;
+            two_digits16(k ? x1 : x0, vstep, vinv, &h, &l);
             _mm_storeu_si128((__m128i *)(q + b + 16 * k), _mm512_cvtepi32_epi8(h));
             _mm_storeu_si128((__m128i *)(lo + b + 16 * k), _mm512_cvtepi32_epi8(l));
             int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(h, 8), l));
@@ -125,7 +132,6 @@ quantize_row_avx512(const float *x, int cols, int8_t *q, float *d, float *a) {
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void
 quantize_row_k(const float *x, int cols, int digits, int8_t *q6, int8_t *q4, float *kd, float *s32,
                float *s16) {
-    const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
     static const int chunk[4] = {0, 64, 32, 96};   // where 32-chunk c of a 128 goes in Q4_K's order
     for (int b = 0; b < cols; b += 256) {
         __m512 mx = _mm512_setzero_ps();
@@ -136,12 +142,8 @@ quantize_row_k(const float *x, int cols, int digits, int8_t *q6, int8_t *q4, flo
         kd[b / 256] = step / 256.0f;
         int pair = 0;
         for (int k = 0; k < 256; k += 16) {
-            __m512 xv = _mm512_loadu_ps(x + b + k);
-            __m512i h = _mm512_cvtps_epi32(_mm512_mul_ps(xv, vinv));
-            h = _mm512_max_epi32(_mm512_min_epi32(h, lim), nlim);
-            __m512 r = _mm512_sub_ps(xv, _mm512_mul_ps(_mm512_cvtepi32_ps(h), vstep));
-            __m512i l = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(r, vinv), _mm512_set1_ps(256.0f)));
-            l = _mm512_max_epi32(_mm512_min_epi32(l, lim), nlim);
+            __m512i h, l;
+            two_digits16(_mm512_loadu_ps(x + b + k), vstep, vinv, &h, &l);
             if (digits == 1) l = _mm512_setzero_si512();   // the high digit alone: x^ = q d
             __m128i h8 = _mm512_cvtepi32_epi8(h), l8 = _mm512_cvtepi32_epi8(l);
             int at = b + (k / 128) * 128 + chunk[(k % 128) / 32] + k % 32;
