@@ -1011,11 +1011,15 @@ static inline void fused_rows(dot_blk_fn fused, dot4_fn fused4, uint32_t type, c
             out[(size_t)i * stride + r] = fused_one(fused, type, row + (size_t)r * row_bytes, a, i, in);
 }
 
-// W row `row` . every activation row through an AVX2 kernel (on x16): out[i * stride]
-static inline void fused16_rows(dot16_fn f, const uint8_t *row, const q_act *a, int n, int in,
-                                float *out, size_t stride) {
+// W rows row[0 .. nr) (row_bytes apart) . every activation row through an AVX2 kernel (on x16):
+// out[i * stride + r]; each activation row against all nr weight rows before the next (as
+// fused_rows: it stays in L1)
+static inline void fused16_rows(dot16_fn f, const uint8_t *row, size_t row_bytes, int nr,
+                                const q_act *a, int n, int in, float *out, size_t stride) {
     for (int i = 0; i < n; i++)
-        out[(size_t)i * stride] = f(row, a->x16 + (size_t)i * in, a->xd + i * a->ng / 2, a->xa + i * a->xs, in);
+        for (int r = 0; r < nr; r++)
+            out[(size_t)i * stride + r] = f(row + (size_t)r * row_bytes, a->x16 + (size_t)i * in,
+                                            a->xd + i * a->ng / 2, a->xa + i * a->xs, in);
 }
 
 void q_matmul_multi(enum q_isa isa, int digits, int k, float *const *out, const float *x, int n,
@@ -1051,9 +1055,7 @@ void q_matmul_multi(enum q_isa isa, int digits, int k, float *const *out, const 
             int r = g - start[j];
             run = (g1 < start[j + 1] ? g1 : start[j + 1]) - g;
             const uint8_t *row = (const uint8_t *)w[j] + (size_t)r * row_bytes[j];
-            if (joined)
-                for (int q = 0; q < run; q++)
-                    fused16_rows(f16k[j], row + (size_t)q * row_bytes[j], &a, n, in, out[j] + r + q, (size_t)o[j]);
+            if (joined) fused16_rows(f16k[j], row, row_bytes[j], run, &a, n, in, out[j] + r, (size_t)o[j]);
             else fused_rows(fused[j], fused4[j], type[j], row, row_bytes[j], run, &a, n, in, out[j] + r, (size_t)o[j]);
         }
     }
@@ -1078,8 +1080,7 @@ static void matmul_int8(enum q_isa isa, int digits, float *out, const float *x, 
 #pragma omp parallel for schedule(static)
         for (int rb = 0; rb < n_blocks; rb++) {
             int r0 = rb * ROW_BLOCK, nr = o - r0 < ROW_BLOCK ? o - r0 : ROW_BLOCK;
-            for (int r = r0; r < r0 + nr; r++)
-                fused16_rows(f16k, w + (size_t)r * row_bytes, &a, n, in, out + r, (size_t)o);
+            fused16_rows(f16k, w + (size_t)r0 * row_bytes, row_bytes, nr, &a, n, in, out + r0, (size_t)o);
         }
         return;
     }
