@@ -27,8 +27,8 @@ int strategy_check(const strategy *s, const model *m, const strategy_opts *o, ch
 // fastkv) or run a draft that scores every prompt token at once (specprefill).
 int strategy_chunks(const strategy *s);
 // --ubatch's default: rows of one chunk (bench/RESULTS.md, "Chunked prefill")
-#define PREFILL_UBATCH 4096
-#define PREFILL_UBATCH_TEXT "4096"
+#define PREFILL_UBATCH 2048
+#define PREFILL_UBATCH_TEXT "2048"
 // The rows of activations s's prefill of n tokens holds at once with --ubatch U (U <= 0: one
 // pass): min(n, U) where s chunks, else n. The memory plans count these (model/cost.h).
 long strategy_prefill_rows(const strategy *s, long n, int ubatch);

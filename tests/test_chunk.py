@@ -3,8 +3,8 @@ at most U rows appending to one cache, so that long prompts run and plan in the 
 rows.
 
 * The memory plan by formula (bench --dry-run, nothing allocated): the Llama-3.1-8B shape at 128K
-  with a q8_0 cache, its numbers hand-computed from the shape — with the default U = 4096 the
-  activations of 4096 rows, weights + KV + activations under 24 GiB; without chunking (--ubatch 0,
+  with a q8_0 cache, its numbers hand-computed from the shape — with the default U = 2048 the
+  activations of 2048 rows, weights + KV + activations under 24 GiB; without chunking (--ubatch 0,
   U >= n, or a strategy that keeps one pass) all n rows, over 24 GiB.
 * The plan before loading (sift -c N): a -c whose one-pass activations exceed this machine's whole
   memory is refused with the numbers (the rows counted named), and runs with the default U.
@@ -70,9 +70,10 @@ def test_8b_at_128k_q8_0_plans_under_24gib_in_chunks():
     row = dry()
     assert row["kv_bytes"] == N * KV_TOK == 8.5 * GIB
     assert row["weight_bytes"] == WEIGHTS
-    assert row["prefill_rows"] == 4096
-    assert row["prefill_mem_bytes"] == plan(4096)
-    assert row["plan_bytes"] == WEIGHTS + plan(4096) < 24 * GIB
+    assert row["prefill_rows"] == 2048
+    assert row["prefill_mem_bytes"] == plan(2048)
+    assert row["plan_bytes"] == WEIGHTS + plan(2048) < 24 * GIB
+    assert dry("--ubatch", 4096)["plan_bytes"] == WEIGHTS + plan(4096) < 24 * GIB
     assert dry("--ubatch", 1000)["plan_bytes"] == WEIGHTS + plan(1000)
     # one pass: all 131071 rows of activations (23 GiB of them), over 24 GiB
     for extra in (["--ubatch", 0], ["-ub", 131071], ["--ubatch-size", 200000],
@@ -81,7 +82,7 @@ def test_8b_at_128k_q8_0_plans_under_24gib_in_chunks():
         assert row["prefill_rows"] == 131071, extra
         assert row["plan_bytes"] == WEIGHTS + plan(131071) > 24 * GIB, extra
     # the decode strategies prefill like full (the prompt but its last token): they chunk
-    assert dry("--strategy", "topk,topk+phi,full+topk")["prefill_rows"] == 4096
+    assert dry("--strategy", "topk,topk+phi,full+topk")["prefill_rows"] == 2048
 
 
 def meminfo(key):
@@ -113,8 +114,8 @@ def test_plan_refuses_one_pass_and_runs_chunked():
     r = sift("-c", ctx, "-ctk", "q8_0", "-ctv", "q8_0", "--strategy", "speed", "-p", "hi", "-n", 1)
     assert r.returncode != 0 and f"activations ({ctx} rows)" in r.stderr
     assert "--ubatch" not in r.stderr
-    # in chunks of 4096 rows: KV of ctx tokens and the activations of 4096 rows
-    chunked = ctx * kv_tok + 4096 * act + 49152 * 4 + 0.2 * GIB   # + the weights, generously
+    # in chunks of 2048 rows: KV of ctx tokens and the activations of 2048 rows
+    chunked = ctx * kv_tok + 2048 * act + 49152 * 4 + 0.2 * GIB   # + the weights, generously
     if meminfo("MemAvailable") < chunked * 1.2:
         pytest.skip("too little memory available now to plan the chunked run")
     r = sift("-c", ctx, "-ctk", "q8_0", "-ctv", "q8_0", "-p", "hi", "-n", 1, "--temp", 0)

@@ -283,12 +283,12 @@ def test_kv_beyond_memory_fails_up_front():
     assert_error(r, f"-c {ctx}: {rest:.2f} GiB", "GiB is available", "would fit", code=1)
     fit = int(r.stderr.rsplit("-c ", 1)[1].split()[0])      # "...; -c N would fit"
     assert 0 < fit < ctx and fit * per_tok / 2**30 <= mem_available_gib() * 1.05
-    # in chunks of the default 4096 rows (tests/test_chunk.py): the KV of ctx tokens and the
-    # activations of 4096 rows; a -c that fits is then bounded by the KV alone
+    # in chunks of the default 2048 rows (tests/test_chunk.py): the KV of ctx tokens and the
+    # activations of 2048 rows; a -c that fits is then bounded by the KV alone
     kv_tok, act = 30 * 3 * 2 * 64 * 4, (576 * 4 + 2 * 192 + 2 * 1536) * 4
-    rest = (ctx * kv_tok + 4096 * act + 49152 * 4) / 2**30
+    rest = (ctx * kv_tok + 2048 * act + 49152 * 4) / 2**30
     r = sift("-m", MODEL, "-p", "hi", "-c", str(ctx), "-n", "-1", "-q")
-    assert_error(r, f"activations (4096 rows) for -c {ctx}: {rest:.2f} GiB", "would fit", code=1)
+    assert_error(r, f"activations (2048 rows) for -c {ctx}: {rest:.2f} GiB", "would fit", code=1)
     fit = int(r.stderr.rsplit("-c ", 1)[1].split()[0])
     assert 0 < fit < ctx and fit * kv_tok / 2**30 <= mem_available_gib() * 1.05
 
