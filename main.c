@@ -22,6 +22,7 @@ typedef struct {
     const char *model, *device, *batch_dir, *draft_path;
     enum bk_weights weights;   // --weights native|fast|exact|f32 (CPU)
     const char *cache_k, *cache_v;   // --cache-type-k/-v (kvrow.h names; "auto": the backend's)
+    int ubatch;                      // --ubatch: rows of one prefill pass (0: one pass)
     int ctx;
     run_opts r;                // what runs: prompts, sampling, strategies, output
     strategy_opts so;
@@ -58,7 +59,8 @@ static void parse_args(int argc, char **argv, options *o) {
     *o = (options){.device = cli_device(v[FL_DEVICE].s), .so = f.so, .model = v[FL_MODEL].s,
                    .batch_dir = v[FL_BATCH].s, .draft_path = f.so.draft_path,
                    .weights = cli_weights(v[FL_WEIGHTS].s), .cache_k = v[FL_CACHE_TYPE_K].s,
-                      .cache_v = v[FL_CACHE_TYPE_V].s, .ctx = (int)v[FL_CTX].i};
+                      .cache_v = v[FL_CACHE_TYPE_V].s, .ctx = (int)v[FL_CTX].i,
+                   .ubatch = (int)v[FL_UBATCH].i};
     run_opts *r = &o->r;
     *r = (run_opts){.so = &o->so, .run = &o->run, .prompt = v[FL_PROMPT].s,
                     .prompts_path = v[FL_PROMPTS].s, .chat = v[FL_CHAT].given || v[FL_SYSTEM].s,
@@ -115,8 +117,12 @@ static void parse_args(int argc, char **argv, options *o) {
 
 // Prefill progress on an interactive stderr: "prefill: layer 12/30".
 static void show_layer(void *ctx, int layer, int n_layer, int rows) {
-    (void)ctx;
-    fprintf(stderr, "\rprefill: layer %d/%d (%d row%s)   ", layer + 1, n_layer, rows, plural_s(rows));
+    const model *m = ctx;
+    if (m->prefill_total)   // a chunked prefill (--ubatch): which rows of the prompt
+        fprintf(stderr, "\rprefill: rows %ld-%ld of %ld, layer %d/%d   ", m->prefill_done + 1,
+                m->prefill_done + rows, m->prefill_total, layer + 1, n_layer);
+    else
+        fprintf(stderr, "\rprefill: layer %d/%d (%d row%s)   ", layer + 1, n_layer, rows, plural_s(rows));
     if (layer + 1 == n_layer) fprintf(stderr, "\r%40s\r", "");
 }
 
@@ -143,14 +149,14 @@ int main(int argc, char **argv) {
     if (bad_out) return 2;
     double t0 = now_ms();
     loaded L;
-    cli_hw hw = {o.device, o.r.threads, o.weights, o.ctx, GGML_F32, o.cache_k, o.cache_v};
+    cli_hw hw = {o.device, o.r.threads, o.weights, o.ctx, GGML_F32, o.cache_k, o.cache_v, o.ubatch};
     int rc = cli_load(&L, o.model, o.draft_path, &hw, o.r.strategies, o.r.n_strategies, &o.so,
                     &o.run);
     if (rc == 0) {
         model *m = L.m;
         const char *dev = L.bk->name;
         double load_ms = now_ms() - t0;
-        if (!o.r.quiet && isatty(2) && o.r.parallel == 1) m->on_layer = show_layer;
+        if (!o.r.quiet && isatty(2) && o.r.parallel == 1) m->on_layer = show_layer, m->on_layer_ctx = m;
         // the model as the user named it (the file), the name it carries inside beside it
         char label[300];
         const char *inside;

@@ -33,6 +33,7 @@ typedef struct {
     const char *model, *format, *draft_path, *device, *out;   // out: -o FILE (else stdout)
     enum bk_weights weights;   // --weights native|fast|exact|f32 (CPU)
     const char *cache_k, *cache_v;   // --cache-type-k/-v (kvrow.h names; "auto": the backend's)
+    int ubatch;                      // --ubatch: rows of one prefill pass (0: one pass)
     uint32_t wtype;            // --wtype: a synthetic model's weight type (GGML_F32 default)
     int ctx[MAX_CTX], n_ctx, n_gen, reps, threads, dry_run, elem_bytes;   // ctx: -p (--n-prompt)
     int ctx_size;              // -c: the longest prompt + decode (0: the model's context)
@@ -161,7 +162,7 @@ static void bench_parse(int argc, char **argv, bench_opts *b) {
     const flag_val *v = f.v;
     *b = (bench_opts){.model = v[FL_MODEL].s, .format = v[FL_FORMAT].s, .out = v[FL_OUTPUT].s,
                       .device = cli_device(v[FL_DEVICE].s), .weights = cli_weights(v[FL_WEIGHTS].s), .cache_k = v[FL_CACHE_TYPE_K].s,
-                      .cache_v = v[FL_CACHE_TYPE_V].s,
+                      .cache_v = v[FL_CACHE_TYPE_V].s, .ubatch = (int)v[FL_UBATCH].i,
                       .wtype = cli_wtype(v[FL_WTYPE].s), .n_gen = (int)v[FL_N_PREDICT].i,
                       .reps = (int)v[FL_REPEAT].i, .ctx_size = (int)v[FL_CTX].i,
                       .dry_run = v[FL_DRY_RUN].given > 0, .elem_bytes = (int)v[FL_ELEM_BYTES].i,
@@ -200,6 +201,17 @@ static int max_ctx(const bench_opts *b) {
     return m;
 }
 
+// The most rows of activations one prefill pass of P tokens holds over b's strategies (--ubatch:
+// min(P, U) for those that chunk, P for the others).
+static long plan_rows(const bench_opts *b, long P) {
+    long rows = 0;
+    for (int k = 0; k < b->n_strategies; k++) {
+        long r = strategy_prefill_rows(b->strategies[k], P, b->ubatch);
+        rows = r > rows ? r : rows;
+    }
+    return rows;
+}
+
 // ---- dry run: the formulas only ----
 
 static int bench_dry_run(const bench_opts *b, const model_config *c) {
@@ -236,7 +248,7 @@ static int bench_dry_run(const bench_opts *b, const model_config *c) {
     snprintf(types, sizeof types, "%s/%s", typed ? kv_type_name(kt) : e == 2 ? "bf16" : e == 4 ? "f32" : "elem",
              typed ? kv_type_name(vt) : e == 2 ? "bf16" : e == 4 ? "f32" : "elem");
     for (int i = 0; i < b->n_ctx; i++) {
-        long P = b->ctx[i];
+        long P = b->ctx[i], R = plan_rows(b, P);
         bench_field f[] = {
             {"model", "model", name, 0, 0, NULL, NULL},
             {"device", "device", cuda ? "cuda" : "cpu", 0, 0, NULL, NULL},
@@ -252,11 +264,13 @@ static int bench_dry_run(const bench_opts *b, const model_config *c) {
              cost_decode_weight_bytes(c, 1) * (weights / cost_n_params(c)), 0, "%.0f", NULL},
             {"kv_token_bytes", "KV bytes/token", NULL, kv_tok, 0, "%.0f", NULL},
             {"kv_bytes", "KV bytes", NULL, (P + b->n_gen) * kv_tok, 0, "%.0f", NULL},
+            // rows of activations one prefill pass holds (--ubatch chunks: at most U)
+            {"prefill_rows", "prefill rows", NULL, (double)R, 0, "%.0f", NULL},
             {"prefill_mem_bytes", "prefill memory", NULL,
-             cost_prefill_mem_bytes_kv(c, P, b->n_gen, (size_t)e, kv_tok), 0, "%.0f", NULL},
+             cost_prefill_mem_bytes_rows(c, P, b->n_gen, R, (size_t)e, kv_tok), 0, "%.0f", NULL},
             {"weight_bytes", "weights", NULL, weights, 0, "%.0f", NULL},
             {"plan_bytes", "plan (weights + prefill)", NULL,
-             weights + cost_prefill_mem_bytes_kv(c, P, b->n_gen, (size_t)e, kv_tok), 0, "%.0f", NULL},
+             weights + cost_prefill_mem_bytes_rows(c, P, b->n_gen, R, (size_t)e, kv_tok), 0, "%.0f", NULL},
             // what a decode at this depth holds: the weights and the KV cache (no prefill rows)
             {"decode_plan_bytes", "plan (weights + KV)", NULL, weights + (P + b->n_gen) * kv_tok, 0,
              "%.0f", NULL},
@@ -284,12 +298,17 @@ static void mean_sd(const double *x, int n, double *mean, double *sd) {
 // Progress on stderr: the cell being measured, and the prefill layer when stderr is a terminal.
 typedef struct {
     char cell[160];
+    const model *m;   // its chunked prefill's rows so far (model.prefill_done)
 } bench_progress;
 
 static void bench_show_layer(void *ctx, int layer, int n_layer, int rows) {
     const bench_progress *p = ctx;
-    fprintf(stderr, "\r%s: prefill layer %d/%d (%d row%s)   ", p->cell, layer + 1, n_layer, rows,
-            plural_s(rows));
+    if (p->m->prefill_total)   // a chunked prefill: which rows of the prompt
+        fprintf(stderr, "\r%s: prefill rows %ld-%ld of %ld, layer %d/%d   ", p->cell,
+                p->m->prefill_done + 1, p->m->prefill_done + rows, p->m->prefill_total, layer + 1, n_layer);
+    else
+        fprintf(stderr, "\r%s: prefill layer %d/%d (%d row%s)   ", p->cell, layer + 1, n_layer, rows,
+                plural_s(rows));
 }
 
 static void show_cell(bench_progress *p, int tty, int P, int ci, int n_ctx, int rep, int reps,
@@ -485,8 +504,8 @@ static int check_memory(const bench_opts *b, const model *m) {
     fwd_kv_types(m, &kt, &vt);
     double kv_tok = cost_kv_token_bytes_typed(&m->cfg, kt, vt);
     double kv = (double)B * (P + b->n_gen) * kv_tok;
-    double need = cost_prefill_mem_bytes_kv(&m->cfg, P, b->n_gen, m->bk->elem_bytes, kv_tok) +
-                  kv / B * (B - 1);
+    double need = cost_prefill_mem_bytes_rows(&m->cfg, P, b->n_gen, plan_rows(b, P),
+                                              m->bk->elem_bytes, kv_tok) + kv / B * (B - 1);
     if (need <= avail) return 0;
     fprintf(stderr, "sift: error: bench: ctx %d needs %.2f GiB (KV cache %.2f GiB + activations "
                     "%.2f GiB) but only %.2f GiB of memory is available after loading the model\n",
@@ -521,7 +540,7 @@ static int bench_run(const bench_opts *b, loaded *L) {
     model *m = L->m;
     bench_env env = {m->name ? m->name : cli_base_name(L->path), NAN, NAN};
     int tty = isatty(2) && flag_verbosity >= 1, rc = check_memory(b, m), full = -1;
-    bench_progress pr = {""};
+    bench_progress pr = {"", m};
     if (tty) {
         m->on_layer = bench_show_layer;
         m->on_layer_ctx = &pr;
@@ -582,7 +601,7 @@ int cmd_bench(int argc, char **argv) {
     free(c.inv_freq);
     if (b.dry_run || rc) return rc;
     loaded L;
-    cli_hw hw = {b.device, b.threads, b.weights, b.ctx_size, b.wtype, b.cache_k, b.cache_v};
+    cli_hw hw = {b.device, b.threads, b.weights, b.ctx_size, b.wtype, b.cache_k, b.cache_v, b.ubatch};
     rc = cli_load(&L, b.model, b.draft_path, &hw, b.strategies, b.n_strategies, &b.so, &b.run);
     if (rc == 0) rc = bench_run(&b, &L);
     cli_unload(&L);

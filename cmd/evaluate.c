@@ -20,6 +20,7 @@ typedef struct {
     const char *model, *haystack, *json_path, *csv_path, *plot_path, *draft_path, *device;
     enum bk_weights weights;   // --weights native|fast|exact|f32 (CPU)
     const char *cache_k, *cache_v;   // --cache-type-k/-v (kvrow.h names; "auto": the backend's)
+    int ubatch;                      // --ubatch: rows of one prefill pass (0: one pass)
     const strategy *strategies[MAX_STRATEGIES];
     int n_strategies;
     int tasks[EVAL_N_TASKS], n_tasks;
@@ -48,7 +49,7 @@ static void eval_parse(int argc, char **argv, eval_opts *e) {
     const flag_val *v = f.v;
     *e = (eval_opts){.model = v[FL_MODEL].s, .device = cli_device(v[FL_DEVICE].s),
                      .weights = cli_weights(v[FL_WEIGHTS].s), .cache_k = v[FL_CACHE_TYPE_K].s,
-                      .cache_v = v[FL_CACHE_TYPE_V].s, .samples = (int)v[FL_SAMPLES].i,
+                      .cache_v = v[FL_CACHE_TYPE_V].s, .ubatch = (int)v[FL_UBATCH].i, .samples = (int)v[FL_SAMPLES].i,
                      .seed = (unsigned long long)v[FL_SEED].i, .haystack = v[FL_HAYSTACK].s,
                      .json_path = v[FL_OUTPUT].s, .csv_path = v[FL_CSV].s, .plot_path = v[FL_PLOT].s,
                      .threads = (int)v[FL_THREADS].i, .ctx = (int)v[FL_CTX].i,
@@ -248,7 +249,7 @@ int cmd_eval(int argc, char **argv) {
     eval_run R = {.e = &e};
     if (cli_load_haystack(e.haystack, &R.hay)) return 1;
     loaded L;
-    cli_hw hw = {e.device, e.threads, e.weights, e.ctx, GGML_F32, e.cache_k, e.cache_v};
+    cli_hw hw = {e.device, e.threads, e.weights, e.ctx, GGML_F32, e.cache_k, e.cache_v, e.ubatch};
     int rc = cli_load(&L, e.model, e.draft_path, &hw, e.strategies, e.n_strategies,
                       &e.so, &e.run);
     int limit = rc ? 0 : e.ctx > 0 ? e.ctx : L.m->cfg.ctx_len;

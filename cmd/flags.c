@@ -149,6 +149,10 @@ static const flag_row BASE[] = {
      NULL, "run: up to N prompts in flight, each decode step one pass over all; sweep: N settings "
      "of a prompt decoded as one batch; bench: a comma list of sequences decoded together", B, 0,
      NULL, NULL},
+    {FL_UBATCH, R | B | E | W, "-ub", "--ubatch", "--ubatch-size", "N", FT_INT, 0, MODEL_MAX_CTX,
+     NULL, PREFILL_UBATCH_TEXT, NULL, "rows of one prefill pass: a longer prompt runs in chunks of N rows "
+     "appending to its cache, in activation memory for N rows (the memory plan counts them); "
+     "strategies full, topk and topk+phi (the others one pass); 0: one pass", 0, 0, NULL, NULL},
     {FL_STRAT_OPT, SUB_STRATS, NULL, NULL, NULL, NULL, FT_STRAT, 0, 0, NULL, NULL, NULL, NULL, 0,
      0, "strategy parameters (defaults from each strategy's paper)", NULL},
     {FL_TASKS, E | W, NULL, "--tasks", NULL, "LIST", FT_NAMES, 0, 0, NULL, "|eval=all", NULL,
@@ -257,8 +261,8 @@ static const struct {
     {"--repeat-penalty|--repeat-last-n",
      "sift has no multiplicative repeat penalty; a --prompts request may set OpenAI's "
      "frequency_penalty and presence_penalty"},
-    {"-b|--batch-size|-ub|--ubatch-size", "sift sizes prompt batches itself; --parallel N sets the "
-     "prompts in flight"},
+    {"-b|--batch-size", "sift sizes prompt batches itself; --parallel N sets the prompts in "
+     "flight, --ubatch N the rows of one prefill pass"},
     {"--log-disable", "use -q"},
     {"-co|--color", "sift's output is plain text"},
 };

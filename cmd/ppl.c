@@ -157,7 +157,7 @@ int cmd_ppl(int argc, char **argv) {
     if (cli_check_outputs(&p.out, (const char *[]){"-o"}, 1)) return 1;
     loaded L;
     strategy_opts so = strategy_opts_default();
-    cli_hw hw = {p.device, p.threads, p.weights, p.ctx, GGML_F32, p.cache_k, p.cache_v};
+    cli_hw hw = {p.device, p.threads, p.weights, p.ctx, GGML_F32, p.cache_k, p.cache_v, 0};   // ppl runs its own 256-row passes
     int rc = cli_load(&L, p.model, NULL, &hw, &p.s, 1, &so, NULL);
     if (rc == 0) rc = run_ppl(&p, &L);
     cli_unload(&L);

@@ -57,6 +57,7 @@ typedef struct sweep_opts {
         *haystack, *batch_dir;
     enum bk_weights weights;
     const char *cache_k, *cache_v;   // --cache-type-k/-v (kvrow.h names; "auto": the backend's)
+    int ubatch;                       // --ubatch: rows of one prefill pass (0: one pass)
     run_opts r;                       // the user's prompts: -f, --batch, --prompts, --chat, --system
     int tasks[EVAL_N_TASKS], n_tasks; // --tasks (0: the user's prompts)
     int ctx, samples;                 // ctx: --n-prompt, the tasks' prompt length
@@ -257,7 +258,7 @@ static void sweep_parse(int argc, char **argv, sweep_opts *w) {
     const flag_val *v = f.v;
     *w = (sweep_opts){.model = v[FL_MODEL].s, .device = cli_device(v[FL_DEVICE].s),
                       .weights = cli_weights(v[FL_WEIGHTS].s), .cache_k = v[FL_CACHE_TYPE_K].s,
-                      .cache_v = v[FL_CACHE_TYPE_V].s, .batch_dir = v[FL_BATCH].s,
+                      .cache_v = v[FL_CACHE_TYPE_V].s, .ubatch = (int)v[FL_UBATCH].i, .batch_dir = v[FL_BATCH].s,
                       .ctx = (int)v[FL_N_PROMPT].i, .ctx_size = (int)v[FL_CTX].i,
                       .samples = (int)v[FL_SAMPLES].i, .seed = (unsigned long long)v[FL_SEED].i,
                       .haystack = v[FL_HAYSTACK].s, .grid = v[FL_GRID].s, .only = v[FL_STRATEGY].s,
@@ -906,7 +907,7 @@ int cmd_sweep(int argc, char **argv) {
     const char *outs[3] = {w.json_path, w.csv_path, w.plot_path};
     if (cli_check_outputs(outs, SW_OUT_FLAGS, 3)) return 1;
     loaded L;
-    cli_hw hw = {w.device, w.threads, w.weights, w.ctx_size, GGML_F32, w.cache_k, w.cache_v};
+    cli_hw hw = {w.device, w.threads, w.weights, w.ctx_size, GGML_F32, w.cache_k, w.cache_v, w.ubatch};
     strategy_run run = {0};
     sweep_run R = {.w = &w};
     int rc = cli_load(&L, w.model, w.draft_path, &hw, &w.set[0].s, 1, &w.so, &run);

@@ -35,11 +35,16 @@ double cost_kv_token_bytes_typed(const model_config *c, enum kv_type k, enum kv_
            (double)(kv_row_bytes(k, c->head_dim) + kv_row_bytes(v, c->head_dim));
 }
 
-double cost_prefill_mem_bytes_kv(const model_config *c, long n, long n_gen, size_t elem,
-                                 double kv_tok) {
+double cost_prefill_mem_bytes_rows(const model_config *c, long n, long n_gen, long rows,
+                                   size_t elem, double kv_tok) {
     double d = c->d_model, q = q_dim(c), kv = kv_dim(c);
     double per_row = 2 * (d > q ? d : q) + q + 2 * kv + q + 2.0 * c->d_ff;
-    return (double)(n + n_gen) * kv_tok + ((double)n * per_row + c->vocab) * (double)elem;
+    return (double)(n + n_gen) * kv_tok + ((double)rows * per_row + c->vocab) * (double)elem;
+}
+
+double cost_prefill_mem_bytes_kv(const model_config *c, long n, long n_gen, size_t elem,
+                                 double kv_tok) {
+    return cost_prefill_mem_bytes_rows(c, n, n_gen, n, elem, kv_tok);
 }
 
 double cost_prefill_mem_bytes(const model_config *c, long n, long n_gen, size_t elem) {

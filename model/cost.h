@@ -39,3 +39,7 @@ double cost_prefill_mem_bytes(const model_config *c, long n, long n_gen, size_t 
 // The same with kv_tok bytes per token of KV cache (cost_kv_token_bytes_typed).
 double cost_prefill_mem_bytes_kv(const model_config *c, long n, long n_gen, size_t elem,
                                  double kv_tok);
+// The same with the activations of `rows` rows instead of n: a chunked prefill (--ubatch U)
+// holds one chunk's, rows = min(n, U), while its KV cache still grows to n + n_gen tokens.
+double cost_prefill_mem_bytes_rows(const model_config *c, long n, long n_gen, long rows,
+                                   size_t elem, double kv_tok);

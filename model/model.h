@@ -62,6 +62,12 @@ typedef struct model {
     // Optional: called after each layer of a multi-row pass (progress display).
     void (*on_layer)(void *ctx, int layer, int n_layer, int rows);
     void *on_layer_ctx;
+    // Chunked prefill (--ubatch, policies/generate.c prefill_run): a plain prefill runs its
+    // prompt in passes of at most prefill_ubatch rows (0: one pass, whatever its length). While
+    // one runs, the prompt's rows before the current pass and its length (for on_layer's
+    // display; both 0 outside a chunked prefill).
+    int prefill_ubatch;
+    long prefill_done, prefill_total;
     struct fwd_run_state *run;     // the forward pass's buffers (model/pass.h; NULL until used)
     struct fwd_decoder *decoder;   // fwd_decode's recorded step (NULL until used)
     // The row types of the KV caches fwd_kv_create makes (--cache-type-k/-v): with kv_typed, K

@@ -10,6 +10,23 @@
 #include "../util/check.h"
 #include "policy.h"
 
+// ids (n,) at pos (n,) into kv without hooks, in passes of at most m->prefill_ubatch rows (0:
+// one pass); only the last pass computes logits (its last row's, into logits: may be NULL).
+// Rows over layers, as fwd_run.
+static long run_chunked(model *m, kv_cache *kv, const int *ids, const int *pos, int n,
+                        float *logits) {
+    int U = m->prefill_ubatch > 0 && m->prefill_ubatch < n ? m->prefill_ubatch : n;
+    long rows = 0;
+    if (U < n) m->prefill_total = n;
+    for (int b = 0; b < n; b += U) {
+        int nb = n - b < U ? n - b : U;
+        m->prefill_done = U < n ? b : 0;
+        rows += fwd_run(m, kv, ids + b, pos + b, nb, NULL, b + nb == n ? logits : NULL, 0);
+    }
+    m->prefill_done = m->prefill_total = 0;
+    return rows;
+}
+
 kv_cache *prefill_run(model *m, const int *ids, int n, int n_gen, const int *caps,
                       const fwd_hooks *hooks, float *logits, prefill_info *info, char *err,
                       size_t errlen) {
@@ -18,7 +35,8 @@ kv_cache *prefill_run(model *m, const int *ids, int n, int n_gen, const int *cap
     for (int l = 0; l < L; l++) all[l] = caps ? caps[l] : n + n_gen;
     for (int i = 0; i < n; i++) pos[i] = i;
     kv_cache *kv = fwd_kv_create(m, all, err, errlen);
-    if (kv) info->rows_done = fwd_run(m, kv, ids, pos, n, hooks, logits, 0);
+    if (kv && hooks) info->rows_done = fwd_run(m, kv, ids, pos, n, hooks, logits, 0);
+    else if (kv) info->rows_done = run_chunked(m, kv, ids, pos, n, logits);
     free(all);
     free(pos);
     return kv;
@@ -102,9 +120,31 @@ int gen_open(gen_seq *g, const strategy *s, model *m, const int *ids, int n, int
     return 0;
 }
 
+// What gen_begin does after its prefill, for s prefilled in a pass shared by `shared` prompts.
+static void packed_done(gen_seq *s, int shared) {
+    s->st.kv_bytes = kv_bytes(s->kv);
+    s->st.prefill_shared = shared;
+    s->fed = 1, s->ids = NULL;
+    gen_first(s, s->smp, s->on_token, s->ctx);
+    s->st.prompt_ms = now_ms() - s->t_open;
+}
+
 int gen_prefill_packed(gen_seq *const *g, int k, int max_rows) {
     model *m = g[0]->m;
     CHECK_INTERNAL(k >= 1 && !g[0]->fed && g[0]->ids, "a packed prefill of %d sequences", k);
+    // with --ubatch U a pass holds at most U rows: a longer g[0] runs alone in chunks (as
+    // prefill_run would run it), the others pack up to U rows
+    int U = m->prefill_ubatch;
+    if (U > 0 && g[0]->n_prompt > U) {
+        gen_seq *s = g[0];
+        int *pos = xmalloc((size_t)s->n_prompt * sizeof(int));
+        for (int i = 0; i < s->n_prompt; i++) pos[i] = i;
+        s->info.rows_done = s->st.rows_done = run_chunked(m, s->kv, s->ids, pos, s->n_prompt, s->logits);
+        free(pos);
+        packed_done(s, 1);
+        return 1;
+    }
+    if (U > 0 && max_rows > U) max_rows = U;
     // g[0]'s rounding class, and the LM head's (one row per prompt: one alone)
     int cls = fwd_row_class(m, g[0]->n_prompt), head = fwd_row_class(m, 1);
     int pick[FWD_MAX_BATCH], b = 1, rows = g[0]->n_prompt, longest = rows;
@@ -127,14 +167,10 @@ int gen_prefill_packed(gen_seq *const *g, int k, int max_rows) {
     }
     CHECK_INTERNAL(fwd_run_batch(m, seqs, b) == 0, "a packed prefill without hooks aborted");
     free(pos);
-    for (int j = 0; j < b; j++) {   // what gen_begin does after its prefill
+    for (int j = 0; j < b; j++) {
         gen_seq *s = g[pick[j]];
         s->info.rows_done = s->st.rows_done = seqs[j].rows_done;
-        s->st.kv_bytes = kv_bytes(s->kv);
-        s->st.prefill_shared = b;
-        s->fed = 1, s->ids = NULL;
-        gen_first(s, s->smp, s->on_token, s->ctx);
-        s->st.prompt_ms = now_ms() - s->t_open;
+        packed_done(s, b);
     }
     return b;
 }

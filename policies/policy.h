@@ -18,8 +18,29 @@ kv_cache *strategy_prefill(const strategy *s, model *m, const int *ids, int n, i
 int strategy_check(const strategy *s, const model *m, const strategy_opts *o, char *err,
                    size_t errlen);
 
+// Whether s's prefill runs in chunks of m->prefill_ubatch rows (--ubatch): those whose prefill
+// is plain (prefill_run without hooks: every prompt row through every layer, nothing read but
+// the cache), i.e. full and the decode strategies alone (topk, topk+phi: a full prefill of the
+// prompt but its last token), and a composition whose prefill part does (full+Y is Y). The
+// others keep one pass: their prefill hooks drop rows (speed, fastkv, swiftkv), read the
+// attention of the prompt's last rows over all of it to edit the cache (snapkv, streamingllm,
+// fastkv) or run a draft that scores every prompt token at once (specprefill).
+int strategy_chunks(const strategy *s);
+// --ubatch's default: rows of one chunk (bench/RESULTS.md, "Chunked prefill")
+#define PREFILL_UBATCH 2048
+#define PREFILL_UBATCH_TEXT "2048"
+// The rows of activations s's prefill of n tokens holds at once with --ubatch U (U <= 0: one
+// pass): min(n, U) where s chunks, else n. The memory plans count these (model/cost.h).
+long strategy_prefill_rows(const strategy *s, long n, int ubatch);
+
 // The common prefill: ids (n,) at positions 0..n-1 into a new cache of capacity caps[l] per
 // layer (caps NULL: n + n_gen everywhere), through hooks (may be NULL); sets info->rows_done.
+// Without hooks and with m->prefill_ubatch = U > 0, the prompt runs as passes over rows
+// [b, b + U) at their positions, each appending to the same cache and attending to it (the
+// rows before the pass included), only the last pass computing logits: the same cache and
+// logits as one pass up to the rounding of products over fewer rows (fwd_row_class) and of
+// attention's summation order, in the activations of U rows. A degenerate form of a strategy
+// with hooks (too short a prompt: "ran full") takes this path too.
 kv_cache *prefill_run(model *m, const int *ids, int n, int n_gen, const int *caps,
                       const fwd_hooks *hooks, float *logits, prefill_info *info, char *err,
                       size_t errlen);
@@ -162,8 +183,9 @@ int gen_open(gen_seq *g, const strategy *s, model *m, const int *ids, int n, int
 // share it without changing any row's products: each prompt's row count alone, the pass's total
 // and the number of prompts in it (the LM head's rows) all of g[0]'s rounding class
 // (fwd_row_class; -1: g[0] alone), at most max_rows rows in all (g[0] whatever its length) and
-// FWD_MAX_BATCH prompts. Each one run draws its first token (gen_first) and gets fed = 1.
-// Returns how many it ran.
+// FWD_MAX_BATCH prompts. With m->prefill_ubatch = U > 0: at most U rows in all, and a g[0]
+// longer than U runs alone in chunks (prefill_run's). Each one run draws its first token
+// (gen_first) and gets fed = 1. Returns how many it ran.
 int gen_prefill_packed(gen_seq *const *g, int k, int max_rows);
 // One decode step of every unfinished sequence among g[0..k) (one model), as one forward pass.
 void gen_step(gen_seq *const *g, int k);

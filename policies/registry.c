@@ -84,6 +84,15 @@ kv_cache *strategy_prefill(const strategy *s, model *m, const int *ids, int n, i
     return s->prefill(m, ids, n, n_gen, o, run, logits, info, err, errlen);
 }
 
+int strategy_chunks(const strategy *s) {
+    if (s->prefill_part) return strategy_chunks(s->prefill_part);   // full+Y runs Y's prefill
+    return s->phase == PHASE_NONE || s->phase == PHASE_DECODE;
+}
+
+long strategy_prefill_rows(const strategy *s, long n, int ubatch) {
+    return strategy_chunks(s) && ubatch > 0 && ubatch < n ? ubatch : n;
+}
+
 int strategy_check(const strategy *s, const model *m, const strategy_opts *o, char *err,
                    size_t errlen) {
     if (s->decode_part) return compose_check(s->prefill_part, s->decode_part, m, o, err, errlen);

@@ -278,10 +278,19 @@ def test_kv_beyond_memory_fails_up_front():
     rest = (ctx * per_tok + 49152 * 4) / 2**30
     if mem_available_gib() > rest * 0.8:
         pytest.skip("this machine could hold the cache")
-    r = sift("-m", MODEL, "-p", "hi", "-c", str(ctx), "-n", "-1", "-q")
+    # in one pass (--ubatch 0): the activations of all ctx rows
+    r = sift("-m", MODEL, "-p", "hi", "-c", str(ctx), "-n", "-1", "-q", "--ubatch", "0")
     assert_error(r, f"-c {ctx}: {rest:.2f} GiB", "GiB is available", "would fit", code=1)
     fit = int(r.stderr.rsplit("-c ", 1)[1].split()[0])      # "...; -c N would fit"
     assert 0 < fit < ctx and fit * per_tok / 2**30 <= mem_available_gib() * 1.05
+    # in chunks of the default 2048 rows (tests/test_chunk.py): the KV of ctx tokens and the
+    # activations of 2048 rows; a -c that fits is then bounded by the KV alone
+    kv_tok, act = 30 * 3 * 2 * 64 * 4, (576 * 4 + 2 * 192 + 2 * 1536) * 4
+    rest = (ctx * kv_tok + 2048 * act + 49152 * 4) / 2**30
+    r = sift("-m", MODEL, "-p", "hi", "-c", str(ctx), "-n", "-1", "-q")
+    assert_error(r, f"activations (2048 rows) for -c {ctx}: {rest:.2f} GiB", "would fit", code=1)
+    fit = int(r.stderr.rsplit("-c ", 1)[1].split()[0])
+    assert 0 < fit < ctx and fit * kv_tok / 2**30 <= mem_available_gib() * 1.05
 
 
 # ---- usage errors of every subcommand (exit 2, one line, before any model is loaded) ----------

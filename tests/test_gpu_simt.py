@@ -11,7 +11,8 @@ same test:
   `--small` scales the shapes to CI (README, "Tests") and leaves the GGUF model to the sift-simt
   tests below; a "skip:" row is gpu_check's own verdict (kept sets that differ on a near-tie make
   logits incomparable).
-* build/sift-simt --device cuda answers `make run`'s prompt with the CPU backend's text.
+* build/sift-simt --device cuda answers `make run`'s prompt with the CPU backend's text, and a
+  prompt prefilled in chunks (--ubatch 17) with one pass's.
 * one batch per backend (--prompts, --parallel 4): every strategy of the registry on one prompt
   (settings under which each of them processes fewer rows, keeps a smaller cache or reads less of
   it than full, checked), and four different short prompts, each record's text equal to the CPU
@@ -296,6 +297,25 @@ def test_every_strategy_and_parallel_batch_same_text(tmp_path):
             if why:
                 differ.append((rid, cpu, gpu, why))
     assert not differ, differ
+
+
+@needs_sift
+@needs_model
+def test_chunked_prefill_same_text_on_cuda():
+    """--ubatch 17 on the emulated device: a 42-token prompt as passes of 17, 17 and 8 rows, the
+    later ones attending to the cache entries before them (17 rows take the prefill kernels, 8 the
+    split-K decode kernel), gives one pass's text on the device and the CPU's (no near-tie: 4
+    greedy tokens of the same prompt on both, measured identical)."""
+    prompt = ("The river runs past the old mill and into the valley, where the farmers grow wheat "
+              "and barley. In spring the water rises and the children watch the boats go by. "
+              "Every autumn the village holds a fair.")
+    args = ["-p", prompt, "-n", "4", "--json", "-q"]
+    whole, _ = sift(SIFT_SIMT, "cuda", *args, "--ubatch", "0")
+    chunked, _ = sift(SIFT_SIMT, "cuda", *args, "--ubatch", "17")
+    cpu, _ = sift(SIFT, "cpu", *args, "--ubatch", "0")
+    w, c, ref = (json.loads(x.strip().splitlines()[-1]) for x in (whole, chunked, cpu))
+    assert w["device"] == c["device"] == "cuda" and w["timings"]["prompt_n"] == 42
+    assert c["text"] == w["text"] == ref["text"], (c["text"], w["text"], ref["text"])
 
 
 @needs_sift

@@ -6,7 +6,9 @@
 // (plain full pass). With --strategy: writes the logits (vocab,) the strategy's prefill gives
 // for the first generated token. --greedy N also prints the N greedily generated ids (strategy
 // full unless --strategy) on one line; --steps FILE with it writes those N tokens' logits
-// (N, vocab) there (row 0 the prefill's, row t decode step t's). --set keys: the strategy_opts fields speed_depth, anchor,
+// (N, vocab) there (row 0 the prefill's, row t decode step t's). --ubatch U: a plain prefill
+// (prefill_run without hooks) runs in chunks of U rows (model.prefill_ubatch; default 0: one
+// pass). --class N prints fwd_row_class of N rows on stderr ("class N C"). --set keys: the strategy_opts fields speed_depth, anchor,
 // tsp_layer, tsp_rate, kv_rate, window, pool_kernel, pool (0 max, 1 avg), kv_len, tsp_len, keep,
 // lookahead, chunk, spec_pool, draft_layers, keep_last, swiftkv_layers, swiftkv_group,
 // swiftkv_fold, sink, tail, topk, budget; --draft PATH loads a draft model. --temp T (with
@@ -78,7 +80,7 @@ int main(int argc, char **argv) {
                         "[--set K=V]... [--draft PATH] ID...\n");
         return 2;
     }
-    int a = 3, greedy = 0;
+    int a = 3, greedy = 0, ubatch = 0, cls_rows = 0;
     float temp = -1;
     unsigned long long seed = 0;
     const char *sname = NULL, *draft_path = NULL, *steps_path = NULL;
@@ -90,6 +92,8 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[a], "--temp") == 0) temp = (float)atof(argv[a + 1]);
         else if (strcmp(argv[a], "--seed") == 0) seed = strtoull(argv[a + 1], NULL, 10);
         else if (strcmp(argv[a], "--steps") == 0) steps_path = argv[a + 1];
+        else if (strcmp(argv[a], "--ubatch") == 0) ubatch = atoi(argv[a + 1]);
+        else if (strcmp(argv[a], "--class") == 0) cls_rows = atoi(argv[a + 1]);
         else if (strcmp(argv[a], "--set") != 0 || set_opt(&o, argv[a + 1]) != 0) {
             fprintf(stderr, "bad option %s %s\n", argv[a], argv[a + 1]);
             return 2;
@@ -107,6 +111,8 @@ int main(int argc, char **argv) {
     hf_dir *h, *dh = NULL;
     model *m = load(argv[1], bk, &f, &h), *draft = draft_path ? load(draft_path, bk, &df, &dh) : NULL;
     strategy_run run = {.draft = draft};
+    m->prefill_ubatch = ubatch;
+    if (cls_rows > 0) fprintf(stderr, "class %d %d\n", cls_rows, fwd_row_class(m, cls_rows));
     const strategy *s = strategy_find(sname ? sname : "full");
     char err[512];
     if (!s || (strategy_check(s, m, &o, err, sizeof err) != 0)) {
