@@ -501,8 +501,8 @@ uint32_t cli_wtype(const char *v) {
 enum kv_type cli_kv_default(const char *bk_name, size_t elem_bytes) {
     // The CPU cache is f16 unless asked otherwise: half f32's bytes, so decode at depth reads half
     // as much (1B shape at 8K: 1.30x faster) for a perplexity within 0.0001 of f32's on the
-    // default model (bench/RESULTS.md); bf16 measured the same but keeps 8 bits of mantissa to
-    // f16's 11, so f16 is the closer copy of post-RoPE keys, which stay far below f16's 65504.
+    // default model, and the same needle answers (bench/RESULTS.md). bf16 is as small but keeps
+    // 8 bits of mantissa to f16's 11; f16's range ends at 65504 (-ctk bf16 keeps f32's range).
     // Other backends store their own element only (CUDA: bf16).
     return strcmp(bk_name, "cpu") == 0 ? KV_F16 : kv_native_type(elem_bytes);
 }
