@@ -21,7 +21,7 @@
 typedef struct {
     const char *model, *device, *batch_dir, *draft_path;
     enum bk_weights weights;   // --weights native|fast|exact|f32 (CPU)
-    const char *cache_k, *cache_v;   // --cache-type-k/-v (kvrow.h names; "auto": the backend's)
+    const char *cache_k, *cache_v;   // --cache-type-k/-v (kvrow.h names; "auto": cli_kv_default)
     int ubatch;                      // --ubatch: rows of one prefill pass (0: one pass)
     int ctx;
     run_opts r;                // what runs: prompts, sampling, strategies, output

@@ -32,10 +32,11 @@
 typedef struct {
     const char *model, *format, *draft_path, *device, *out;   // out: -o FILE (else stdout)
     enum bk_weights weights;   // --weights native|fast|exact|f32 (CPU)
-    const char *cache_k, *cache_v;   // --cache-type-k/-v (kvrow.h names; "auto": the backend's)
+    const char *cache_k, *cache_v;   // --cache-type-k/-v (kvrow.h names; "auto": cli_kv_default)
     int ubatch;                      // --ubatch: rows of one prefill pass (0: one pass)
     uint32_t wtype;            // --wtype: a synthetic model's weight type (GGML_F32 default)
     int ctx[MAX_CTX], n_ctx, n_gen, reps, threads, dry_run, elem_bytes;   // ctx: -p (--n-prompt)
+    int elem_given;            // --elem-bytes was given (even as its default 4)
     int ctx_size;              // -c: the longest prompt + decode (0: the model's context)
     int par[MAX_CTX], n_par;   // --parallel: sequences decoded together (1 = run_generate alone)
     int thr[MAX_CTX], n_thr;   // -t 1,2,...: CPU thread counts, each a pass of the whole table
@@ -166,6 +167,7 @@ static void bench_parse(int argc, char **argv, bench_opts *b) {
                       .wtype = cli_wtype(v[FL_WTYPE].s), .n_gen = (int)v[FL_N_PREDICT].i,
                       .reps = (int)v[FL_REPEAT].i, .ctx_size = (int)v[FL_CTX].i,
                       .dry_run = v[FL_DRY_RUN].given > 0, .elem_bytes = (int)v[FL_ELEM_BYTES].i,
+                      .elem_given = v[FL_ELEM_BYTES].given > 0,
                       .n_ctx = v[FL_N_PROMPT].n, .n_par = v[FL_PARALLEL].n, .n_thr = v[FL_THREADS].n,
                       .so = f.so, .draft_path = f.so.draft_path};
     memcpy(b->ctx, v[FL_N_PROMPT].list, sizeof b->ctx);
@@ -183,7 +185,7 @@ static void bench_parse(int argc, char **argv, bench_opts *b) {
     if (b->n_gen < 1) cli_usage_error("bench: -n %d: decode at least one token", b->n_gen);
     if (b->wtype != GGML_F32 && !cli_is_synthetic(b->model))
         cli_usage_error("bench: --wtype applies to synthetic models (a file has its own types)");
-    if (b->elem_bytes != 4 && !b->dry_run)
+    if (b->elem_given && !b->dry_run)
         cli_usage_error("bench: --elem-bytes only applies to --dry-run (a run uses the backend's)");
     if (b->threads == 0) b->threads = backend_cpu_default_threads(NULL);
     if (b->n_thr == 0) b->thr[0] = b->threads, b->n_thr = 1;
@@ -219,7 +221,7 @@ static int bench_dry_run(const bench_opts *b, const model_config *c) {
     // the memory plan: weights as the backend of --device keeps them (cuda: GGUF blocks or bf16,
     // bf16 KV and activations, no GPU needed; otherwise the CPU's, --weights and --wtype), or
     // every parameter at --elem-bytes when that is given
-    const int cuda = b->device && strcmp(b->device, "cuda") == 0, given = b->elem_bytes != 4;
+    const int cuda = b->device && strcmp(b->device, "cuda") == 0, given = b->elem_given;
     double avail = cuda ? NAN : (double)host_mem_available(), weights;
     double e = given ? b->elem_bytes : cuda ? 2 : 4;
     char err[512];
@@ -230,9 +232,11 @@ static int bench_dry_run(const bench_opts *b, const model_config *c) {
         return 1;
     }
     const char *name = b->model ? b->model : "default model";
-    // the KV cache: --cache-type-k/-v (as the backend of --device takes them), else e bytes
+    // the KV cache: --cache-type-k/-v as the backend of --device takes them (auto: f16 on the
+    // CPU, bf16 on CUDA, 2 bytes either way); --elem-bytes without a cache type: e bytes
     enum kv_type kt, vt;
-    int typed = (b->cache_k && strcmp(b->cache_k, "auto")) || (b->cache_v && strcmp(b->cache_v, "auto"));
+    int typed = (b->cache_k && strcmp(b->cache_k, "auto")) ||
+                (b->cache_v && strcmp(b->cache_v, "auto")) || !given;
     if (cli_kv_types(b->cache_k, b->cache_v, cuda ? "cuda" : "cpu", cuda ? 2 : 4, &kt, &vt, err,
                      sizeof err) != 0) {
         fprintf(stderr, "sift: error: bench: %s\n", err);

@@ -100,8 +100,9 @@ typedef struct {
     enum bk_weights weights;
     int plan_ctx;
     uint32_t synth_wtype;
-    // --cache-type-k/-v: a KV row type (weights/kvrow.h) for K and for V; NULL or "auto": the
-    // backend's own element. CUDA takes bf16 only.
+    // --cache-type-k/-v: a KV row type (weights/kvrow.h) for K and for V; NULL or "auto": f16
+    // on the CPU, the backend's own element elsewhere (cli_kv_default); "native": the backend's
+    // own element everywhere. CUDA takes bf16 only.
     const char *cache_k, *cache_v;
     // --ubatch: rows of one prefill pass of a strategy that chunks (model.prefill_ubatch; 0: one
     // pass); the memory plan counts that many rows of activations for it
@@ -122,7 +123,12 @@ int cli_load(loaded *L, const char *path, const char *draft_path, const cli_hw *
 // in mode w, without loading: what the memory plan counts. 0 or -1 + err.
 int cli_plan_weight_bytes(const char *path, const char *device, enum bk_weights w, uint32_t wtype,
                           double *bytes, char *err, size_t errlen);
-// --cache-type-k/-v values (NULL or "auto": the backend's own element) for a backend named
+// The KV row type "auto" means on a backend named bk_name whose element is elem_bytes: f16 on
+// the CPU (chosen from measured fidelity and speed at depth: bench/RESULTS.md), else the
+// backend's own element (CUDA: bf16).
+enum kv_type cli_kv_default(const char *bk_name, size_t elem_bytes);
+// --cache-type-k/-v values (NULL or "auto": cli_kv_default; "native", from callers only: the
+// backend's own element, f32 on the CPU) for a backend named
 // bk_name whose element is elem_bytes: the K and V row types. 0, or -1 + one-line err naming the
 // flag and the device (CUDA's cache is bf16 only).
 int cli_kv_types(const char *cache_k, const char *cache_v, const char *bk_name, size_t elem_bytes,

@@ -19,7 +19,7 @@
 typedef struct {
     const char *model, *haystack, *json_path, *csv_path, *plot_path, *draft_path, *device;
     enum bk_weights weights;   // --weights native|fast|exact|f32 (CPU)
-    const char *cache_k, *cache_v;   // --cache-type-k/-v (kvrow.h names; "auto": the backend's)
+    const char *cache_k, *cache_v;   // --cache-type-k/-v (kvrow.h names; "auto": cli_kv_default)
     int ubatch;                      // --ubatch: rows of one prefill pass (0: one pass)
     const strategy *strategies[MAX_STRATEGIES];
     int n_strategies;

@@ -434,7 +434,9 @@ int cmd_fit_phi(int argc, char **argv) {
     strategy_opts so = strategy_opts_default();
     // the prefill that logs queries and keys runs on --device (default the fp32 CPU reference);
     // the fit runs on the CPU
-    cli_hw hw = {o.device, o.threads, o.weights, o.ctx, GGML_F32, NULL, NULL, 0};   // fp32 K and V: the fit reads them
+    // the KV cache in the backend's own element, not the f16 default: fp32 K and V on the CPU,
+    // which the fit reads
+    cli_hw hw = {o.device, o.threads, o.weights, o.ctx, GGML_F32, "native", "native", 0};
     if (cli_load(&L, o.model, NULL, &hw, NULL, 0, &so, NULL) != 0) {
         cli_unload(&L);
         return 1;

@@ -138,9 +138,10 @@ static const flag_row BASE[] = {
      "f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k", "f32", NULL,
      "a synthetic model's matrices as random blocks of that type", 0, 0, NULL, NULL},
     {FL_CACHE_TYPE_K, R | B | E | W | P, NULL, "--cache-type-k", "-ctk", "T", FT_ENUM, 0, 0,
-     "auto|f32|bf16|f16|q8_0", "auto", NULL, "KV cache keys: auto (the backend's own: f32 on the "
-     "CPU, bf16 on CUDA) | bf16 | f16 (2 bytes, rounded to nearest even) | q8_0 (GGUF's blocks: 32 "
-     "int8 and an f16 scale, 34 bytes per 32; head_dim a multiple of 32). CUDA takes bf16 only",
+     "auto|f32|bf16|f16|q8_0", "auto", NULL, "KV cache keys: auto (f16 on the CPU, as close to f32 "
+     "in perplexity and retrieval and faster at depth; bf16 on CUDA) | f32 | bf16 | f16 (2 bytes, "
+     "rounded to nearest even) | q8_0 (GGUF's blocks: 32 int8 and an f16 scale, 34 bytes per 32; "
+     "head_dim a multiple of 32). CUDA takes bf16 only",
      0, 0, NULL, NULL},
     {FL_CACHE_TYPE_V, R | B | E | W | P, NULL, "--cache-type-v", "-ctv", "T", FT_ENUM, 0, 0,
      "auto|f32|bf16|f16|q8_0", "auto", NULL, "KV cache values: as --cache-type-k", 0, 0, NULL,
@@ -174,7 +175,8 @@ static const flag_row BASE[] = {
     {FL_DRY_RUN, B, NULL, "--dry-run", NULL, NULL, FT_SWITCH, 0, 0, NULL, NULL, NULL,
      "parameters, FLOPs and bytes by formula, without loading weights", 0, 0, "bench and ppl", NULL},
     {FL_ELEM_BYTES, B, NULL, "--elem-bytes", NULL, "N", FT_INT, 1, 8, NULL, "4", NULL,
-     "--dry-run's bytes per activation and KV element", 0, 0, NULL, NULL},
+     "--dry-run's bytes per parameter, activation and KV element (not given: the weights as "
+     "kept, the KV cache as --cache-type-k/-v)", 0, 0, NULL, NULL},
     {FL_CHUNKS, P, NULL, "--chunks", NULL, "N", FT_INT, 1, INT_MAX, NULL, NULL, NULL,
      "score at most the first N chunks (default: all; llama-perplexity's --chunks)", 0, 0, NULL, NULL},
     {FL_DATA, F, NULL, "--data", NULL, "TEXT", FT_PATH, 0, 0, NULL, NULL, NULL,

@@ -19,7 +19,7 @@
 typedef struct {
     const char *model, *file, *device, *out;   // out: -o FILE (else stdout)
     enum bk_weights weights;   // --weights native|fast|exact|f32 (CPU)
-    const char *cache_k, *cache_v;   // --cache-type-k/-v (kvrow.h names; "auto": the backend's)
+    const char *cache_k, *cache_v;   // --cache-type-k/-v (kvrow.h names; "auto": cli_kv_default)
     int ctx, threads, json, quiet, chunks;     // chunks: --chunks N (0: all)
     const strategy *s;
 } ppl_opts;

@@ -56,7 +56,7 @@ typedef struct sweep_opts {
     const char *model, *device, *draft_path, *grid, *only, *json_path, *csv_path, *plot_path,
         *haystack, *batch_dir;
     enum bk_weights weights;
-    const char *cache_k, *cache_v;   // --cache-type-k/-v (kvrow.h names; "auto": the backend's)
+    const char *cache_k, *cache_v;   // --cache-type-k/-v (kvrow.h names; "auto": cli_kv_default)
     int ubatch;                       // --ubatch: rows of one prefill pass (0: one pass)
     run_opts r;                       // the user's prompts: -f, --batch, --prompts, --chat, --system
     int tasks[EVAL_N_TASKS], n_tasks; // --tasks (0: the user's prompts)

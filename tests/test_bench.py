@@ -205,10 +205,19 @@ def test_dry_run_formulas_tiny(tiny):
     assert b["prefill_flops"] == pytest.approx(2 * (7372800 + 1292800) + 33536, rel=1e-6)
     # a decode step reads every weight once (tied: the table is the LM head), fp32
     assert a["decode_weight_bytes"] == 90816 * 4
-    # K and V per token: 2 layers * 2 * 32 * 4 bytes
-    assert a["kv_token_bytes"] == 512 and a["kv_bytes"] == 512 * 14
+    # K and V per token in the CPU's default f16 cache: 2 layers * 2 * 32 * 2 bytes
+    assert a["kv_token_bytes"] == 256 and a["kv_bytes"] == 256 * 14 and a["kv_types"] == "f16/f16"
     # KV + activations for 10 rows (x, xb, q, k, v, att, gate, up) + logits, fp32
-    assert a["prefill_mem_bytes"] == 512 * 14 + (10 * (64 + 64 + 64 + 64 + 64 + 256) + 262) * 4
+    assert a["prefill_mem_bytes"] == 256 * 14 + (10 * (64 + 64 + 64 + 64 + 64 + 256) + 262) * 4
+    # an f32 cache asked for: 2 layers * 2 * 32 * 4 bytes; and --elem-bytes alone sets the KV
+    # element too (its help: bytes per parameter, activation and KV element)
+    for flags in (["-ctk", "f32", "-ctv", "f32"], ["--elem-bytes", "4"]):
+        r = run("bench", "-m", tiny, "-p", "10", "-n", "4", "--dry-run", "--format", "json", *flags)
+        assert r.returncode == 0, r.stderr
+        f = json.loads(r.stdout)[0]
+        assert f["kv_token_bytes"] == 512 and f["kv_bytes"] == 512 * 14
+        assert f["kv_types"] == "f32/f32"
+        assert f["prefill_mem_bytes"] == 512 * 14 + (10 * (64 + 64 + 64 + 64 + 64 + 256) + 262) * 4
 
 
 def test_dry_run_bf16_bytes():
@@ -296,9 +305,10 @@ def test_json_is_one_document(bench_json):
         assert x["backend"] == "cpu" and x["reps"] == 2 and x["n_gen"] == 4
     full = rows[0]
     assert full["pp_x_full"] == 1 and full["tg_x_full"] == 1 and full["rows_pct_of_full"] == 100
-    # measured cache = (16 + 4) tokens * 512 bytes; decode reads the weights + mid-decode KV
-    assert full["kv_bytes"] == 20 * 512
-    assert full["decode_bytes_per_token"] == pytest.approx(90816 * 4 + (20 - 2) * 512, rel=1e-6)
+    # measured cache = (16 + 4) tokens * 256 bytes (2 layers * 2 * 32 elements of the default
+    # f16 cache); decode reads the weights + mid-decode KV
+    assert full["kv_bytes"] == 20 * 256
+    assert full["decode_bytes_per_token"] == pytest.approx(90816 * 4 + (20 - 2) * 256, rel=1e-6)
     assert full["prefill_flops_full_eq"] == pytest.approx(
         2 * (16 * 73728 + 256 * 16 * 17 / 2) + 33536, rel=1e-6)
     # the CPU backend measures its ceilings: MFU and MBU are numbers, consistent with the rates
@@ -382,7 +392,7 @@ def test_ctx_beyond_model(tiny):
 
 def test_kv_beyond_memory(tmp_path):
     # one layer, one head of dimension 1024, a context of 4M tokens: the KV cache alone at 4M
-    # tokens is 4M * 2 * 1024 * 4 bytes = 32 GiB, plus the activations
+    # tokens is 4M * 2 * 1024 * 2 bytes (the default f16 cache) = 16 GiB, plus the activations
     path = tiny_gguf.write(str(tmp_path / "wide.gguf"), n_layer=1, d=1024, n_head=1, n_kv=1,
                            ff=64, ctx=1 << 22)
     avail = int([l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemAvailable")][0])

@@ -231,12 +231,16 @@ def test_stdin_and_seed_reproducible(tiny):
     assert ja["text"] == jb["text"] and ja["seed"] == 7
 
 
-def test_kv_bytes_measured(tiny):
-    # tiny: 2 layers, 2 KV heads, head dim 16, fp32; capacity = prompt + n_predict
-    r = sift("-m", tiny, "-p", "the cat", "--json", "-q", "-n", "5", "--temp", "0")
+@pytest.mark.parametrize("flags, elem", [([], 2), (["-ctk", "auto", "-ctv", "auto"], 2),
+                                         (["-ctk", "f32", "-ctv", "f32"], 4),
+                                         (["-ctk", "bf16", "-ctv", "f32"], (2 + 4) / 2)])
+def test_kv_bytes_measured(tiny, flags, elem):
+    # tiny: 2 layers, 2 KV heads, head dim 16; capacity = prompt + n_predict; K and V of elem
+    # bytes (the CPU's default cache is f16: 2; f32 asked for: 4; bf16 K and f32 V: 2 and 4)
+    r = sift("-m", tiny, "-p", "the cat", "--json", "-q", "-n", "5", "--temp", "0", *flags)
     j = json.loads(r.stdout)
     cap = j["timings"]["prompt_n"] + 5
-    assert j["kv_bytes"] == 2 * 2 * 2 * 16 * cap * 4
+    assert j["kv_bytes"] == 2 * 2 * 2 * 16 * cap * elem
 
 
 def test_timing_block(tiny):
@@ -267,27 +271,28 @@ def mem_available_gib():
 
 
 @need_model
-def test_kv_beyond_memory_fails_up_front():
+@pytest.mark.parametrize("flags, kv_elem", [([], 2), (["-ctk", "f32", "-ctv", "f32"], 4)])
+def test_kv_beyond_memory_fails_up_front(flags, kv_elem):
     # The memory plan at -c 4194304, by hand for SmolLM2-135M (30 layers, d 576, 9 heads and 3 KV
-    # heads of 64, d_ff 1536, vocab 49152), fp32: per token the K and V of every layer
-    # (30 * 3 * 2 * 64 * 4 bytes) and the prefill activations of one row (residual, normed row,
-    # Q, K, V, attention output, gate, up: 576 + 576 + 576 + 2*192 + 576 + 2*1536 floats), plus
-    # one row of logits.
+    # heads of 64, d_ff 1536, vocab 49152): per token the K and V of every layer
+    # (30 * 3 * 2 * 64 * kv_elem bytes: the default f16 cache 2, f32 4) and the fp32 prefill
+    # activations of one row (residual, normed row, Q, K, V, attention output, gate, up:
+    # 576 + 576 + 576 + 2*192 + 576 + 2*1536 floats), plus one row of logits.
     ctx = 4194304
-    per_tok = 30 * 3 * 2 * 64 * 4 + (576 * 4 + 2 * 192 + 2 * 1536) * 4
+    per_tok = 30 * 3 * 2 * 64 * kv_elem + (576 * 4 + 2 * 192 + 2 * 1536) * 4
     rest = (ctx * per_tok + 49152 * 4) / 2**30
     if mem_available_gib() > rest * 0.8:
         pytest.skip("this machine could hold the cache")
     # in one pass (--ubatch 0): the activations of all ctx rows
-    r = sift("-m", MODEL, "-p", "hi", "-c", str(ctx), "-n", "-1", "-q", "--ubatch", "0")
+    r = sift("-m", MODEL, "-p", "hi", "-c", str(ctx), "-n", "-1", "-q", "--ubatch", "0", *flags)
     assert_error(r, f"-c {ctx}: {rest:.2f} GiB", "GiB is available", "would fit", code=1)
     fit = int(r.stderr.rsplit("-c ", 1)[1].split()[0])      # "...; -c N would fit"
     assert 0 < fit < ctx and fit * per_tok / 2**30 <= mem_available_gib() * 1.05
     # in chunks of the default 2048 rows (tests/test_chunk.py): the KV of ctx tokens and the
     # activations of 2048 rows; a -c that fits is then bounded by the KV alone
-    kv_tok, act = 30 * 3 * 2 * 64 * 4, (576 * 4 + 2 * 192 + 2 * 1536) * 4
+    kv_tok, act = 30 * 3 * 2 * 64 * kv_elem, (576 * 4 + 2 * 192 + 2 * 1536) * 4
     rest = (ctx * kv_tok + 2048 * act + 49152 * 4) / 2**30
-    r = sift("-m", MODEL, "-p", "hi", "-c", str(ctx), "-n", "-1", "-q")
+    r = sift("-m", MODEL, "-p", "hi", "-c", str(ctx), "-n", "-1", "-q", *flags)
     assert_error(r, f"activations (2048 rows) for -c {ctx}: {rest:.2f} GiB", "would fit", code=1)
     fit = int(r.stderr.rsplit("-c ", 1)[1].split()[0])
     assert 0 < fit < ctx and fit * kv_tok / 2**30 <= mem_available_gib() * 1.05
@@ -333,16 +338,17 @@ def model_kv_shape(path):
 
 
 @need_model
-def test_kv_read_per_step_by_hand(tmp_path):
+@pytest.mark.parametrize("flags, elem", [([], 2), (["-ctk", "f32", "-ctv", "f32"], 4)])
+def test_kv_read_per_step_by_hand(tmp_path, flags, elem):
     """kv_read_per_step against hand counts: full reads every cached entry (the prompt, the
     decoded tokens and the step's own) of every layer; topk --topk 0 reads sink + tail + the
     decode tokens, where the prompt's last token is its first query (a step of its own)."""
     L, kvh, hd = model_kv_shape(MODEL)
-    entry = 2 * hd * 4 * kvh * L          # K and V, fp32 on the CPU, every KV head and layer
+    entry = 2 * hd * elem * kvh * L       # K and V (the CPU's default f16, or f32), every head and layer
     p = tmp_path / "p.txt"
     p.write_text("The quick brown fox jumps over the lazy dog. " * 12)
     r = sift("-m", MODEL, "-f", str(p), "-n", "6", "--temp", "0", "--strategy", "full,topk",
-             "--topk", "0", "--sink", "3", "--tail", "5", "--json", "-q")
+             "--topk", "0", "--sink", "3", "--tail", "5", "--json", "-q", *flags)
     assert r.returncode == 0, r.stderr
     full, topk = [json.loads(l) for l in r.stdout.splitlines()]
     n, d = full["timings"]["prompt_n"], 5            # 6 tokens: the first from prefill, 5 steps

@@ -1,6 +1,7 @@
-"""tests/test_kvcache.py — KV cache types end to end (--cache-type-k/-v): perplexity and greedy text
-of the default model with each type against the f32 cache, the bytes the cache takes (counted by
-hand from GGUF's Q8_0 layout), the memory plan of the Llama-3.1-8B shape at 128K by formula
+"""tests/test_kvcache.py — KV cache types end to end (--cache-type-k/-v): perplexity, greedy text
+and a needle-in-a-haystack answer of the default model with each type against the f32 cache, the
+CPU's default (f16), the bytes the cache takes (counted by hand from GGUF's Q8_0 layout), the
+memory plan of the Llama-3.1-8B shape at 128K by formula
 (bench --dry-run: nothing allocated), and the refusals. The kernels' error bounds and planted
 faults are in tests/test_kvcache.c."""
 import json
@@ -78,16 +79,49 @@ def test_greedy_capital_of_france(k, v):
     assert "Paris" in r.stdout, r.stdout
 
 
+def run_json(prompt_file, t, n=16):
+    r = sift("-m", MODEL, "-f", prompt_file, "--chat", "-n", n, "--temp", 0, "-ctk", t, "-ctv", t,
+             "--json", "-q")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.splitlines()[0])
+
+
+@need_model
+def test_needle_per_cache_type(tmp_path):
+    # Needle in a haystack: a pass code planted halfway through ~1000 tokens of filler (TEXT's
+    # sentences three times over), then the question. The expectation is the planted fact itself:
+    # the f32 cache's answer holds the code; each other type answers greedily with the same text.
+    # A control without the needle shows the code comes from the cache (not the question), and
+    # the records' kv_bytes (rows of 256, 128, 128, 68 bytes: head_dim 64) show each type ran.
+    sents = TEXT.split(". ") * 3
+    code, fact = "4817", "The pass code for the blue door is 4817"
+    question = "\n\nQuestion: What is the pass code for the blue door?"
+    f = tmp_path / "needle.txt"
+    f.write_text(". ".join(sents[:len(sents) // 2] + [fact] + sents[len(sents) // 2:]) + question)
+    ref = run_json(f, "f32")
+    assert 900 <= ref["timings"]["prompt_n"] <= 2048
+    assert code in ref["text"], ref["text"]
+    row = {"f32": 256, "bf16": 128, "f16": 128, "q8_0": 68}
+    for t in ("bf16", "f16", "q8_0"):
+        got = run_json(f, t)
+        assert got["text"] == ref["text"], (t, got["text"], ref["text"])
+        assert got["kv_bytes"] * row["f32"] == ref["kv_bytes"] * row[t], t
+    f.write_text(". ".join(sents) + question)
+    assert code not in run_json(f, "f16")["text"]
+
+
 @need_model
 def test_cache_bytes_by_type():
     # SmolLM2-135M: 30 layers, 3 KV heads, head_dim 64. A row: f32 256 bytes, bf16 128,
     # q8_0 2 blocks of 34 = 68. The record's kv_bytes: layers * heads * capacity * (K row + V row).
+    # No flag (auto) is f16 on the CPU: 128 bytes a row.
     seen = {}
-    for k, v in (("f32", "f32"), ("q8_0", "bf16"), ("q8_0", "q8_0")):
-        r = sift("-m", MODEL, "-p", "hi", "-n", 1, "--json", "-ctk", k, "-ctv", v)
+    for k, v in (("f32", "f32"), ("q8_0", "bf16"), ("q8_0", "q8_0"), ("auto", "auto"), (None, None)):
+        flags = ["-ctk", k, "-ctv", v] if k else []
+        r = sift("-m", MODEL, "-p", "hi", "-n", 1, "--json", *flags)
         assert r.returncode == 0, r.stderr
         seen[k, v] = json.loads(r.stdout.splitlines()[0])["kv_bytes"]
-    row = {"f32": 256, "bf16": 128, "q8_0": 68}
+    row = {"f32": 256, "bf16": 128, "q8_0": 68, "auto": 128, None: 128}
     cap = seen["f32", "f32"] / (30 * 3 * 512)
     assert cap == int(cap) and cap >= 1
     for (k, v), got in seen.items():
@@ -107,6 +141,9 @@ def test_plan_8b_at_128k_fits_24gib_with_q8_0():
     # 136 bytes, so 131072 * 32 * 8 * 2 * 136 = 8.5 GiB.
     f32, q8 = dry("f32"), dry("q8_0")
     assert f32["kv_types"] == "f32/f32" and q8["kv_types"] == "q8_0/q8_0"
+    # the default (auto) plans the CPU's f16 cache: 2 bytes an element, 16 GiB
+    f16 = dry("auto")
+    assert f16["kv_types"] == "f16/f16" and f16["kv_bytes"] == 131072 * 32 * 8 * 2 * 128 * 2 == 16 * GIB
     assert f32["kv_bytes"] == 131072 * 32 * 8 * 2 * 128 * 4 == 32 * GIB
     assert q8["kv_bytes"] == 131072 * 32 * 8 * 2 * 136 == 8.5 * GIB
     assert f32["kv_token_bytes"] == 32 * 8 * 2 * 128 * 4 and q8["kv_token_bytes"] == 32 * 8 * 2 * 136

@@ -12,8 +12,8 @@
   recent), written here from the spec on top of ref_llama's weights: sift's first-token logits
   (<= 1e-4) and greedy ids match.
 * The KV bytes and prompt rows `sift --json` reports equal the spec's formulas, computed here:
-  B_l = floor(n_l * rho_l) or the fixed --kv-len, bytes = sum_l 2 * n_kv * head_dim * 4 *
-  (min(B_l, n_l) + n_gen), rows = (L_TSP + 1) * N + (L - L_TSP - 1) * T; too-short prompts run
+  B_l = floor(n_l * rho_l) or the fixed --kv-len, bytes = sum_l 2 * n_kv * head_dim * e *
+  (min(B_l, n_l) + n_gen) with e the cache's bytes per element (the CPU's default f16: 2; f32: 4), rows = (L_TSP + 1) * N + (L - L_TSP - 1) * T; too-short prompts run
   uncompressed with a note, and so do prompts that fit the fixed budgets.
 """
 import json
@@ -274,8 +274,9 @@ def sift_json(model, text, tmp_path, strategy, n_gen, *flags):
 
 
 def expected(strategy, n, n_gen, tsp_layer=1, tsp_rate=0.2, kv_rate=0.1, window=8, kv_len=0,
-             tsp_len=0):
-    """(kv_bytes, rows) from the spec: per-layer budgets and row counts."""
+             tsp_len=0, elem=2):
+    """(kv_bytes, rows) from the spec: per-layer budgets and row counts; elem bytes per cached
+    element (2: the CPU's default f16 cache)."""
     t = tsp_len or f32_budget(n, tsp_rate)
     lengths, rows = [], 0
     for li in range(L_TINY):
@@ -285,7 +286,7 @@ def expected(strategy, n, n_gen, tsp_layer=1, tsp_rate=0.2, kv_rate=0.1, window=
             b = max(b, window)
         lengths.append(min(b, n_l))
         rows += n_l
-    return sum(2 * N_KV * HD * 4 * (b + n_gen) for b in lengths), rows
+    return sum(2 * N_KV * HD * elem * (b + n_gen) for b in lengths), rows
 
 
 TEXT = ("Sift reads a prompt, runs one strategy over a small model and prints what it wrote. "
@@ -305,6 +306,9 @@ TEXT = ("Sift reads a prompt, runs one strategy over a small model and prints wh
     ("snapkv", ["--kv-len", "40", "--pool", "avg"], {"kv_len": 40}),
     ("streamingllm", [], {}),
     ("streamingllm", ["--kv-rate", "0.5"], {"kv_rate": 0.5}),
+    # an f32 cache asked for: 4 bytes an element
+    ("fastkv", ["-ctk", "f32", "-ctv", "f32"], {"elem": 4}),
+    ("snapkv", ["--kv-rate", "0.25", "-ctk", "f32", "-ctv", "f32"], {"kv_rate": 0.25, "elem": 4}),
 ])
 def test_kv_bytes_and_rows(tiny, tmp_path, strategy, flags, params):
     j = sift_json(tiny, TEXT, tmp_path, strategy, 4, *flags)
@@ -314,7 +318,8 @@ def test_kv_bytes_and_rows(tiny, tmp_path, strategy, flags, params):
     assert j["kv_bytes"] == kv
     assert j["rows_processed"] == rows
     assert j["note"] == ""
-    full = sift_json(tiny, TEXT, tmp_path, "full", 4)
+    cache = flags[flags.index("-ctk"):] if "-ctk" in flags else []   # full with the same cache
+    full = sift_json(tiny, TEXT, tmp_path, "full", 4, *cache)
     assert j["kv_bytes"] < full["kv_bytes"]
 
 

@@ -286,13 +286,20 @@ def run_json(tiny, prompt, *flags):
     return json.loads(r.stdout)
 
 
-@pytest.mark.parametrize("K,anchor", [(2, "bos"), (5, "bos"), (3, "none"), (L_TINY, "bos")])
-def test_speed_kv_bytes_and_rows(tiny, ref, tmp_path, K, anchor):
+# elem: bytes of a cached element, 2 in the CPU's default f16 cache, 4 with -ctk/-ctv f32
+F32 = ("-ctk", "f32", "-ctv", "f32")
+
+
+@pytest.mark.parametrize("K,anchor,cache,elem", [(2, "bos", (), 2), (5, "bos", (), 2),
+                                                 (3, "none", (), 2), (L_TINY, "bos", (), 2),
+                                                 (2, "bos", F32, 4)])
+def test_speed_kv_bytes_and_rows(tiny, ref, tmp_path, K, anchor, cache, elem):
     prompt, ids = byte_prompt(tmp_path, 90)
-    j = run_json(tiny, prompt, "--strategy", "speed", "--speed-depth", K, "--anchor", anchor)
+    j = run_json(tiny, prompt, "--strategy", "speed", "--speed-depth", K, "--anchor", anchor,
+                 *cache)
     N, L, A = len(ids), L_TINY, int(anchor == "bos")
     assert j["timings"]["prompt_n"] == N
-    assert j["kv_bytes"] == 2 * ref.n_kv * ref.head_dim * 4 * (
+    assert j["kv_bytes"] == 2 * ref.n_kv * ref.head_dim * elem * (
         K * (N + N_GEN) + (L - K) * (A + 1 + N_GEN))
     assert j["rows_processed"] == K * N + (L - K) * (A + 1)
 
@@ -316,8 +323,13 @@ def ref_lookahead(m, ids, depth, lookahead):
                                                             (0.3, 16, 4, "off")])
 def test_specprefill_kv_bytes_and_rows(tiny, ref, tmp_path, keep, chunk, lookahead, keep_last):
     prompt, ids = byte_prompt(tmp_path, 100)
+    # The chunks kept follow the self-draft's attention, which the float64 reference below
+    # recomputes: an fp32 cache (4 bytes an element) keeps that comparison to the strategy, not
+    # the cache's rounding; keep = 1 keeps every chunk whatever the scores, so it runs on the
+    # default f16 cache (2 bytes).
+    cache, elem = ((), 2) if keep == 1 else (F32, 4)
     j = run_json(tiny, prompt, "--strategy", "specprefill", "--keep", keep, "--chunk", chunk,
-                 "--lookahead", lookahead, "--draft-layers", 2, "--keep-last", keep_last)
+                 "--lookahead", lookahead, "--draft-layers", 2, "--keep-last", keep_last, *cache)
     kept = ref_specprefill(ref, ids, 2, lookahead, 13, chunk, keep, keep_last == "on")
     if keep == 1:
         assert len(kept) == len(ids)
@@ -326,7 +338,7 @@ def test_specprefill_kv_bytes_and_rows(tiny, ref, tmp_path, keep, chunk, lookahe
     # model's kept rows through all 6
     draft = 2 * (len(ids) + lookahead - 1)
     assert j["rows_processed"] == draft + len(kept) * L_TINY
-    assert j["kv_bytes"] == 2 * ref.n_kv * ref.head_dim * 4 * L_TINY * (len(kept) + N_GEN)
+    assert j["kv_bytes"] == 2 * ref.n_kv * ref.head_dim * elem * L_TINY * (len(kept) + N_GEN)
     assert j["note"] == f"self-draft: first 2 of {L_TINY} layers"
     assert j["settings"]["keep_last"] == keep_last   # by its name, as the flag takes it
 
