@@ -391,9 +391,10 @@ def test_ctx_beyond_model(tiny):
 
 
 def test_kv_beyond_memory(tmp_path):
-    # one layer, one head of dimension 1024, a context of 4M tokens: the KV cache alone at 4M
-    # tokens is 4M * 2 * 1024 * 2 bytes (the default f16 cache) = 16 GiB, plus the activations
-    path = tiny_gguf.write(str(tmp_path / "wide.gguf"), n_layer=1, d=1024, n_head=1, n_kv=1,
+    # one layer, two heads of dimension 1024, a context of 4M tokens: the KV cache alone at 4M
+    # tokens is 4M * 2 * 2 * 1024 * 2 bytes (the default f16 cache) = 32 GiB, plus the activations
+    # (of 2048 rows: the prefill runs in chunks, so the cache alone must exceed the memory)
+    path = tiny_gguf.write(str(tmp_path / "wide.gguf"), n_layer=1, d=2048, n_head=2, n_kv=2,
                            ff=64, ctx=1 << 22)
     avail = int([l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemAvailable")][0])
     if avail * 1024 > 100 << 30:
