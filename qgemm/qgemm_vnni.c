@@ -12,7 +12,7 @@
 //
 // digits 2 (the default): the int8 path's two digits per element (q_quantize_row: x ~ (256 q + l)
 //   d, d = max|x_blk| / 127 / 256), joined into one int16 a = 256 q + l, 32 tokens x 2 int16 per
-//   2 columns; weights u as int16; init = 0, c2 = m. One vpdpwssd adds 16 tokens' 2 products a u
+//   2 columns; weights u as int16 (Q6_K: u - 32, so that c2 = 0); init = 0, c2 = m. One vpdpwssd adds 16 tokens' 2 products a u
 //   into each int32 lane — exact: |a| <= 32639, u <= 255, a group's sum < 2^31. Error against the
 //   fp32 product of the dequantised weights: the int8 path's, sum_i |w_i| d_blk(i) + fp32
 //   summation.
@@ -24,6 +24,8 @@
 //   fp32 summation. llama.cpp's precision — which turned the default model's greedy chat answer
 //   into nonsense, as llama.cpp's own run does (bench/RESULTS.md): not the default.
 //
+// Q6_K's groups of 16 have c2 = 0 in both forms (its offset -32 s is in the integers), so their
+// fix-up is one FMA, not two.
 // Micro tile: 6 weight rows x 32 tokens (12 x 16 for at most 16 tokens: batched decode), 12 int32
 // + 12 fp32 accumulators, over `in` in passes of KC columns. tests/test_qgemm.c checks both bounds.
 #include <immintrin.h>
@@ -200,10 +202,11 @@ VNNI static void q6_k_unit_block(int digits, const uint8_t *b, int i, unit *u, i
                 const __m256i q = q6k_u32(l0, l1, hb, k);   // groups j, j + 1 of the super-block
                 const int j = 8 * half + 2 * k, g = i / 16 + j;
                 const size_t at = (size_t)r * u->ld + i + 16 * j;
-                if (digits == 2) {
-                    _mm512_storeu_si512((int16_t *)u->w + at, _mm512_cvtepu8_epi16(q));
-                    unit_group(u, g, r, 0, s16[j], -32.0f * s16[j]);
-                    unit_group(u, g + 1, r, 0, s16[j + 1], -32.0f * s16[j + 1]);
+                if (digits == 2) {   // u - 32 as int16: the offset in the integer sum, c2 = 0
+                    _mm512_storeu_si512((int16_t *)u->w + at,
+                                        _mm512_sub_epi16(_mm512_cvtepu8_epi16(q), _mm512_set1_epi16(32)));
+                    unit_group(u, g, r, 0, s16[j], 0.0f);
+                    unit_group(u, g + 1, r, 0, s16[j + 1], 0.0f);
                     continue;
                 }
                 _mm256_storeu_si256((__m256i *)((int8_t *)u->w + at), _mm256_sub_epi8(q, _mm256_set1_epi8(32)));
@@ -222,7 +225,7 @@ VNNI static void q6_k_unit_block(int digits, const uint8_t *b, int i, unit *u, i
 // tmp: in + in/16 * 8 bytes.
 VNNI static void unpack_unit(int digits, uint32_t type, const uint8_t *w, size_t row_bytes, int r0,
                              int nr, int in, int gs, unit *u, uint8_t *tmp) {
-    const int ng = in / gs, c = mid_of(type), step = gs / 16;
+    const int ng = in / gs, c = mid_of(type);
     float *s16 = (float *)(tmp + in), *m16 = s16 + in / 16;
     for (int r = nr; r < RU; r++) {
         memset((uint8_t *)u->w + (size_t)r * u->ld * digits, 0, (size_t)in * digits);
@@ -242,15 +245,14 @@ VNNI static void unpack_unit(int digits, uint32_t type, const uint8_t *w, size_t
             }
         return;
     }
+    CHECK_INTERNAL(gs == 32, "q_matmul_vnni: type %u unpacked by rows with groups of %d", type, gs);
     for (int r = 0; r < nr; r++) {
         q_unpack_row(type, w + (size_t)(r0 + r) * row_bytes, in, tmp, s16, m16);
-        for (int g = 0; g < ng; g++) {   // GS 32: both 16-groups share s, m
-            const float s = s16[g * step], m = m16[g * step];
-            const __m256i ug = _mm256_loadu_si256((const __m256i *)(tmp + g * gs));   // (GS 16: half)
+        for (int g = 0; g < ng; g++) {   // both 16-groups of a 32-group share s, m
+            const float s = s16[2 * g], m = m16[2 * g];
+            const __m256i ug = _mm256_loadu_si256((const __m256i *)(tmp + g * gs));
             if (digits == 2) {
-                int16_t *wg = (int16_t *)u->w + (size_t)r * u->ld + g * gs;
-                if (gs == 32) _mm512_storeu_si512(wg, _mm512_cvtepu8_epi16(ug));
-                else _mm256_storeu_si256((__m256i *)wg, _mm256_cvtepu8_epi16(_mm256_castsi256_si128(ug)));
+                _mm512_storeu_si512((int16_t *)u->w + (size_t)r * u->ld + g * gs, _mm512_cvtepu8_epi16(ug));
                 unit_group(u, g, r, 0, s, m);
                 continue;
             }
@@ -280,7 +282,8 @@ micro(const int digits, const int gs, const int tv, const uint8_t *w, int ld, co
     for (int g = g0; g < g1; g++) {
         __m512i c[2 * MR][2];
         for (int r = 0; r < mr; r++)
-            for (int v = 0; v < tv; v++) c[r][v] = _mm512_set1_epi32(init[g * RU + r]);
+            for (int v = 0; v < tv; v++)   // (digits 2: init is 0)
+                c[r][v] = digits == 2 ? _mm512_setzero_si512() : _mm512_set1_epi32(init[g * RU + r]);
         const uint8_t *ag = a + (size_t)g * words * NT * 4, *wg = w + (size_t)g * words * 4;
 #pragma GCC unroll 16   // whole: a rolled loop made GCC copy every accumulator each step
         for (int k = 0; k < words; k++) {
@@ -301,7 +304,7 @@ micro(const int digits, const int gs, const int tv, const uint8_t *w, int ld, co
             for (int r = 0; r < mr; r++) {
                 const __m512 sr = _mm512_set1_ps(s[g * RU + r]), cr = _mm512_set1_ps(c2[g * RU + r]);
                 f[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c[r][v]), _mm512_mul_ps(sr, dv), f[r][v]);
-                f[r][v] = _mm512_fmadd_ps(cr, qv, f[r][v]);
+                if (gs == 32) f[r][v] = _mm512_fmadd_ps(cr, qv, f[r][v]);   // (GS 16, Q6_K: c2 = 0)
             }
         }
     }
