@@ -120,8 +120,8 @@ void cpu_matmul(backend *b, void *out, const void *x, const bk_weight *w,
     if (bias) add_bias(y, bias, n, o);
 }
 
-// k products of one x: one quantisation and one parallel region on the int8 path (decode);
-// otherwise one cpu_matmul each
+// k products of one x: one quantisation and one parallel region on the int8 path (decode) and
+// on the VNNI GEMM under the fixed rule (batched decode, prefill); otherwise one cpu_matmul each
 void cpu_matmul_multi(backend *b, int k, void *const *out, const void *x,
                       const bk_weight *const *w, const bk_weight *const *bias, int n, int in,
                       const int *o) {
@@ -129,9 +129,14 @@ void cpu_matmul_multi(backend *b, int k, void *const *out, const void *x,
     // int8 for sure, without a lookup or a timing (pick_path's rules for few rows)
     int few = c->forced == Q_PATH_INT8 ? 1 : c->forced >= 0 ? n < 2
             : c->forced == -1 ? n < wide_min_rows(c) : n < TUNE_MIN_ROWS;
-    int int8 = k <= Q_MULTI_MAX && few && !omp_in_parallel();
-    for (int j = 0; j < k && int8; j++) int8 = w[j]->type != GGML_F32;
-    if (!int8) {
+    // the VNNI GEMM for sure: the fixed rule's wide path (or the one forced) at these rows
+    enum q_path wide = wide_path(c);
+    int vnni = !few && (wide == Q_PATH_VNNI || wide == Q_PATH_VNNI8) && c->isa == Q_ISA_AVX512 &&
+               (c->forced == -1 ? n >= wide_min_rows(c) : c->forced == (int)wide);
+    int shared = k <= Q_MULTI_MAX && (few || vnni) && !omp_in_parallel();
+    for (int j = 0; j < k && shared; j++)
+        shared = w[j]->type != GGML_F32 && (few || q_vnni_supported(w[j]->type));
+    if (!shared) {
         for (int j = 0; j < k; j++) cpu_matmul(b, out[j], x, w[j], bias[j], n, in, o[j]);
         return;
     }
@@ -139,7 +144,12 @@ void cpu_matmul_multi(backend *b, int k, void *const *out, const void *x,
     const void *data[Q_MULTI_MAX];
     size_t rb[Q_MULTI_MAX];
     for (int j = 0; j < k; j++) type[j] = w[j]->type, data[j] = w[j]->data, rb[j] = w[j]->row_bytes;
-    q_matmul_multi(c->isa, c->rows == Q_PATH_INT8_1 ? 1 : 2, k, (float *const *)out, x, n, in, type, data, rb, o, &c->scratch);
+    if (few)
+        q_matmul_multi(c->isa, c->rows == Q_PATH_INT8_1 ? 1 : 2, k, (float *const *)out, x, n, in, type,
+                       data, rb, o, &c->scratch);
+    else
+        q_matmul_vnni_multi(k, (float *const *)out, x, n, in, type, data, rb, o,
+                            wide == Q_PATH_VNNI8 ? 1 : 2, &c->scratch);
     for (int j = 0; j < k; j++)
         if (bias[j]) add_bias(out[j], bias[j], n, o[j]);
 }

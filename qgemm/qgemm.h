@@ -104,3 +104,7 @@ int q_vnni_supported(uint32_t type);
 double q_vnni_peak_tops(int digits, int steps);   // the instruction's peak on all threads
 void q_matmul_vnni(float *out, const float *x, int n, int in, uint32_t type, const void *w,
                    size_t row_bytes, int o, int digits, q_scratch *scratch);
+// k <= Q_MULTI_MAX products sharing x, as q_matmul_multi: x quantised once, one parallel region.
+void q_matmul_vnni_multi(int k, float *const *out, const float *x, int n, int in,
+                         const uint32_t *type, const void *const *w, const size_t *row_bytes,
+                         const int *o, int digits, q_scratch *scratch);

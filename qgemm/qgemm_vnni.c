@@ -66,13 +66,14 @@ int q_vnni_supported(uint32_t type) {
 
 // Token t of the call (tg = t / NT, lane = t % NT) has its 4-byte column words at
 // a + (tg * in/per * NT + k/per * NT + lane) * 4 (per = 4 / digits elements a word), its steps at
-// d[(tg * in/32 + b) * NT + lane], its scaled group sums at dq[(tg * in/gs + g) * NT + lane].
+// d[(tg * in/32 + b) * NT + lane], its scaled sums of 32-blocks at dq[(tg * in/32 + b) * NT + lane]
+// (the c2 term of the types with 32-groups; Q6_K's 16-groups have c2 = 0 and read none).
 
 // digits 2: the digits are q_quantize_row's (the int8 path's, bit for bit); tmp: per thread
 // 2 in + in/32 * 4 + in/16 * 4 bytes.
-VNNI static void tokens_two(const float *x, int t, int in, int gs, uint32_t *at, float *dt,
-                            float *qt, uint8_t *tmp) {
-    const int nb = in / 32, ng = in / gs;
+VNNI static void tokens_two(const float *x, int t, int in, uint32_t *at, float *dt, float *qt,
+                            uint8_t *tmp) {
+    const int nb = in / 32;
     int8_t *q = (int8_t *)tmp;
     float *db = (float *)(q + 2 * in), *a16 = db + nb;
     q_quantize_row(Q_ISA_AVX512, x + (size_t)t * in, in, q, db, a16);
@@ -83,12 +84,11 @@ VNNI static void tokens_two(const float *x, int t, int in, int gs, uint32_t *at,
         _mm256_storeu_si256((__m256i *)pair, _mm256_add_epi16(_mm256_slli_epi16(hi, 8), lo));
         for (int j = 0; j < 8; j++) at[(size_t)(k / 2 + j) * NT] = pair[j];
     }
-    for (int b = 0; b < nb; b++) dt[b * NT] = db[b];
-    for (int g = 0; g < ng; g++) qt[g * NT] = gs == 16 ? a16[g] : a16[2 * g] + a16[2 * g + 1];
+    for (int b = 0; b < nb; b++) dt[b * NT] = db[b], qt[b * NT] = a16[2 * b] + a16[2 * b + 1];
 }
 
 // digits 1: q = round(x / d) per 32-block, stored as q + 128.
-VNNI static void tokens_one(const float *x, int t, int in, int gs, uint32_t *pt, float *dt, float *qt) {
+VNNI static void tokens_one(const float *x, int t, int in, uint32_t *pt, float *dt, float *qt) {
     const float *xt = x + (size_t)t * in;
     for (int b = 0; b < in / 32; b++) {
         __m512 x0 = _mm512_loadu_ps(xt + 32 * b), x1 = _mm512_loadu_ps(xt + 32 * b + 16);
@@ -105,30 +105,28 @@ VNNI static void tokens_one(const float *x, int t, int in, int gs, uint32_t *pt,
             for (int j = 0; j < 4; j++) pt[(size_t)(8 * b + 4 * h + j) * NT] = quad[j];
             sum[h] = _mm512_reduce_add_epi32(q);
         }
-        if (gs == 16) qt[2 * b * NT] = step * (float)sum[0], qt[(2 * b + 1) * NT] = step * (float)sum[1];
-        else qt[b * NT] = step * (float)(sum[0] + sum[1]);
+        qt[b * NT] = step * (float)(sum[0] + sum[1]);
     }
 }
 
 // x (n, in) -> a, d, dq for n_tg groups of NT tokens; tokens past n contribute nothing (a zero
 // digit: 0, or 128 unsigned; d = dq = 0).
-VNNI static void quantize_tokens(int digits, const float *x, int n, int in, int gs, int n_tg,
+VNNI static void quantize_tokens(int digits, const float *x, int n, int in, int n_tg,
                                  uint32_t *a, float *d, float *dq, uint8_t *tmp) {
-    const int nb = in / 32, ng = in / gs, words = in / (4 / digits);
+    const int nb = in / 32, words = in / (4 / digits);
     const size_t per = (size_t)2 * in + (size_t)nb * 4 + (size_t)in / 16 * 4;
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < n_tg * NT; t++) {
         const int tg = t / NT, lane = t % NT;
         uint32_t *at = a + (size_t)tg * words * NT + lane;
-        float *dt = d + (size_t)tg * nb * NT + lane, *qt = dq + (size_t)tg * ng * NT + lane;
+        float *dt = d + (size_t)tg * nb * NT + lane, *qt = dq + (size_t)tg * nb * NT + lane;
         if (t >= n) {
             for (int k = 0; k < words; k++) at[(size_t)k * NT] = digits == 2 ? 0 : 0x80808080u;
-            for (int b = 0; b < nb; b++) dt[b * NT] = 0;
-            for (int g = 0; g < ng; g++) qt[g * NT] = 0;
+            for (int b = 0; b < nb; b++) dt[b * NT] = qt[b * NT] = 0;
         } else if (digits == 2)
-            tokens_two(x, t, in, gs, at, dt, qt, tmp + (size_t)omp_get_thread_num() * per);
+            tokens_two(x, t, in, at, dt, qt, tmp + (size_t)omp_get_thread_num() * per);
         else
-            tokens_one(x, t, in, gs, at, dt, qt);
+            tokens_one(x, t, in, at, dt, qt);
     }
 }
 
@@ -300,7 +298,7 @@ micro(const int digits, const int gs, const int tv, const uint8_t *w, int ld, co
         }
         const int blk = g * gs / 32;
         for (int v = 0; v < tv; v++) {
-            const __m512 dv = _mm512_loadu_ps(d + blk * NT + 16 * v), qv = _mm512_loadu_ps(dq + g * NT + 16 * v);
+            const __m512 dv = _mm512_loadu_ps(d + blk * NT + 16 * v), qv = _mm512_loadu_ps(dq + blk * NT + 16 * v);
             for (int r = 0; r < mr; r++) {
                 const __m512 sr = _mm512_set1_ps(s[g * RU + r]), cr = _mm512_set1_ps(c2[g * RU + r]);
                 f[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c[r][v]), _mm512_mul_ps(sr, dv), f[r][v]);
@@ -333,62 +331,81 @@ static const micro_fn MICROS[2][2][2] = {   // [digits - 1][gs == 32][tv - 1]
     {{micro_2_16x1, micro_2_16x2}, {micro_2_32x1, micro_2_32x2}},
 };
 
-VNNI void q_matmul_vnni(float *out, const float *x, int n, int in, uint32_t type, const void *w,
-                        size_t row_bytes, int o, int digits, q_scratch *sc) {
-    CHECK_INTERNAL(in % 32 == 0 && q_vnni_supported(type) && (digits == 1 || digits == 2),
-                   "q_matmul_vnni: type %u, %d columns, %d digits", type, in, digits);
-    const int gs = group_of(type), ng = in / gs, n_tg = (n + NT - 1) / NT, nt = omp_get_max_threads();
-    const size_t a_bytes = (size_t)n_tg * NT * in * digits, d_bytes = (size_t)n_tg * NT * (in / 32) * 4,
-                 dq_bytes = (size_t)n_tg * NT * ng * 4,
+// k products sharing x (decode's Q/K/V and gate/up: the activations quantised once, every
+// matrix's units in one parallel region). Unit un of the call is matrix j's unit un - first[j].
+VNNI void q_matmul_vnni_multi(int k, float *const *out, const float *x, int n, int in,
+                              const uint32_t *type, const void *const *w, const size_t *row_bytes,
+                              const int *o, int digits, q_scratch *sc) {
+    CHECK_INTERNAL(k >= 1 && k <= Q_MULTI_MAX && in % 32 == 0 && (digits == 1 || digits == 2),
+                   "q_matmul_vnni: %d products, %d columns, %d digits", k, in, digits);
+    int first[Q_MULTI_MAX + 1] = {0}, ng_max = in / 32;
+    for (int j = 0; j < k; j++) {
+        CHECK_INTERNAL(q_vnni_supported(type[j]), "q_matmul_vnni: type %u", type[j]);
+        first[j + 1] = first[j] + (o[j] + RU - 1) / RU;
+        if (in / group_of(type[j]) > ng_max) ng_max = in / group_of(type[j]);
+    }
+    const int nb = in / 32, n_tg = (n + NT - 1) / NT, nt = omp_get_max_threads(), n_units = first[k];
+    const size_t a_bytes = (size_t)n_tg * NT * in * digits, d_bytes = (size_t)n_tg * NT * nb * 4,
                  qt_bytes = (size_t)nt * ((size_t)2 * in + (size_t)in / 32 * 4 + (size_t)in / 16 * 4);
     const int ld = in + 64 / digits;   // (unit)
-    const size_t unit_bytes = (size_t)RU * ld * digits + (size_t)ng * RU * 12,
+    const size_t unit_bytes = (size_t)RU * ld * digits + (size_t)ng_max * RU * 12,
                  tmp_bytes = (size_t)in + in / 16 * 8, acc_bytes = (size_t)n_tg * RU * NT * 4,
                  per = unit_bytes + tmp_bytes + acc_bytes + 192;
-    uint8_t *buf = q_scratch_get(sc, a_bytes + d_bytes + dq_bytes + qt_bytes + (size_t)nt * per + 64);
+    uint8_t *buf = q_scratch_get(sc, a_bytes + 2 * d_bytes + qt_bytes + (size_t)nt * per + 64);
     uint8_t *a = (uint8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
     float *d = (float *)(a + a_bytes), *dq = (float *)((uint8_t *)d + d_bytes);
-    uint8_t *qtmp = (uint8_t *)dq + dq_bytes, *per_thread = qtmp + qt_bytes;
-    quantize_tokens(digits, x, n, in, gs, n_tg, (uint32_t *)a, d, dq, qtmp);
+    uint8_t *qtmp = (uint8_t *)dq + d_bytes, *per_thread = qtmp + qt_bytes;
+    quantize_tokens(digits, x, n, in, n_tg, (uint32_t *)a, d, dq, qtmp);
     const int tv = n <= 16 ? 1 : 2, mr = tv == 2 ? MR : 2 * MR;   // at most 16 tokens: 12 x 16 tiles
-    const micro_fn tile = MICROS[digits - 1][gs == 32][tv - 1];
-    const int n_units = (o + RU - 1) / RU, kc_groups = KC / gs;
 #pragma omp parallel
     {
         uint8_t *mine = (uint8_t *)(((uintptr_t)(per_thread + (size_t)omp_get_thread_num() * per) + 63) & ~(uintptr_t)63);
         unit u = {mine, ld, NULL, NULL, NULL};
         u.init = (int32_t *)(mine + (size_t)RU * ld * digits);
-        u.s = (float *)(u.init + (size_t)ng * RU);
-        u.c2 = u.s + (size_t)ng * RU;
-        uint8_t *tmp = (uint8_t *)(u.c2 + (size_t)ng * RU);
+        u.s = (float *)(u.init + (size_t)ng_max * RU);
+        u.c2 = u.s + (size_t)ng_max * RU;
+        uint8_t *tmp = (uint8_t *)(u.c2 + (size_t)ng_max * RU);
         float *acc = (float *)(((uintptr_t)(tmp + tmp_bytes) + 63) & ~(uintptr_t)63);   // (n_tg, RU, NT)
 #pragma omp for schedule(static)
         for (int un = 0; un < n_units; un++) {
-            const int r0 = un * RU, nr = o - r0 < RU ? o - r0 : RU;
-            unpack_unit(digits, type, (const uint8_t *)w, row_bytes, r0, nr, in, gs, &u, tmp);
+            int j = 0;
+            while (un >= first[j + 1]) j++;
+            const int gs = group_of(type[j]), ng = in / gs, kc_groups = KC / gs;
+            const int r0 = (un - first[j]) * RU, nr = o[j] - r0 < RU ? o[j] - r0 : RU;
+            const uint8_t *wj = w[j];
+            const micro_fn tile = MICROS[digits - 1][gs == 32][tv - 1];
+            // the next unit, maybe of the next matrix: rows [rn0, rn0 + rn) of wn
+            int jn = j, rn0 = r0 + RU;
+            if (rn0 >= o[j]) jn = j + 1, rn0 = 0;
+            const int rn = un + 1 >= n_units ? 0 : o[jn] - rn0 < RU ? o[jn] - rn0 : RU;
+            unpack_unit(digits, type[j], wj, row_bytes[j], r0, nr, in, gs, &u, tmp);
             for (int g0 = 0; g0 < ng; g0 += kc_groups) {
                 const int g1 = ng - g0 < kc_groups ? ng : g0 + kc_groups;
                 // the next unit's blocks, a pass's share of each row, on their way while this
                 // pass computes (its unpacking would otherwise wait on memory for every line)
-                if (un + 1 < n_units) {
-                    const int rn = o - r0 - RU < RU ? o - r0 - RU : RU;
-                    const size_t lo = row_bytes * g0 / ng, hi = row_bytes * g1 / ng;
+                if (rn > 0) {
+                    const size_t lo = row_bytes[jn] * g0 / ng, hi = row_bytes[jn] * g1 / ng;
                     for (int r = 0; r < rn; r++)
-                        prefetch_lines((const uint8_t *)w + (size_t)(r0 + RU + r) * row_bytes + lo, hi - lo);
+                        prefetch_lines((const uint8_t *)w[jn] + (size_t)(rn0 + r) * row_bytes[jn] + lo, hi - lo);
                 }
                 for (int tg = 0; tg < n_tg; tg++)
                     for (int m = 0; m < nr; m += mr)
                         tile((const uint8_t *)u.w + (size_t)m * ld * digits, ld, u.init + m, u.s + m,
-                             u.c2 + m, a + (size_t)tg * in * digits * NT, d + (size_t)tg * (in / 32) * NT,
-                             dq + (size_t)tg * ng * NT, g0, g1, acc + ((size_t)tg * RU + m) * NT, g0 == 0);
+                             u.c2 + m, a + (size_t)tg * in * digits * NT, d + (size_t)tg * nb * NT,
+                             dq + (size_t)tg * nb * NT, g0, g1, acc + ((size_t)tg * RU + m) * NT, g0 == 0);
             }
             for (int t = 0; t < n; t++) {
                 const float *src = acc + (size_t)(t / NT) * RU * NT + t % NT;
-                float *dst = out + (size_t)t * o + r0;
+                float *dst = out[j] + (size_t)t * o[j] + r0;
                 for (int r = 0; r < nr; r++) dst[r] = src[r * NT];
             }
         }
     }
+}
+
+VNNI void q_matmul_vnni(float *out, const float *x, int n, int in, uint32_t type, const void *w,
+                        size_t row_bytes, int o, int digits, q_scratch *sc) {
+    q_matmul_vnni_multi(1, &out, x, n, in, &type, &w, &row_bytes, &o, digits, sc);
 }
 
 // The peak of vpdpbusd (digits 1) or vpdpwssd (2) on all threads: 12 independent accumulators

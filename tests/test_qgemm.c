@@ -172,15 +172,18 @@ static void test_quantize_isas(enum q_isa best) {
 }
 
 // Several products of one x (Q4_K, Q6_K, Q4_1 mixed, odd row counts) give exactly what each
-// q_matmul gives alone: the same kernels on the same quantised x, only scheduled together.
-static void test_multi(enum q_isa isa, int digits) {
-    const enum q_path path = digits == 1 ? Q_PATH_INT8_1 : Q_PATH_INT8;
-    enum { N = 3, IN = 512 };
+// q_matmul gives alone: the same kernels on the same quantised x, only scheduled together. The
+// row kernels' q_matmul_multi (N = 3), or with vnni the VNNI GEMM's (N = 7: 12 x 16 tiles; 20:
+// 6 x 32), whose units run on from one matrix into the next.
+static void test_multi(enum q_isa isa, int digits, int vnni, int N) {
+    const enum q_path path = vnni ? (digits == 1 ? Q_PATH_VNNI8 : Q_PATH_VNNI)
+                                  : digits == 1 ? Q_PATH_INT8_1 : Q_PATH_INT8;
+    enum { IN = 512 };
     const uint32_t types[3] = {GGML_Q4_K, GGML_Q6_K, GGML_Q4_1};
     const int o[3] = {37, 5, 70};
     uint8_t *w[3];
     size_t rb[3];
-    float x[N * IN], *sep[3], *multi[3];
+    float *x = malloc(sizeof(float) * N * IN), *sep[3], *multi[3];
     for (int i = 0; i < N * IN; i++) x[i] = frnd();
     for (int j = 0; j < 3; j++) {
         rb[j] = dq_bytes(types[j], IN);
@@ -194,13 +197,15 @@ static void test_multi(enum q_isa isa, int digits) {
         q_scratch_free(&sc);
     }
     q_scratch sc = {0};
-    q_matmul_multi(isa, digits, 3, multi, x, N, IN, types, (const void *const *)w, rb, o, &sc);
+    if (vnni) q_matmul_vnni_multi(3, multi, x, N, IN, types, (const void *const *)w, rb, o, digits, &sc);
+    else q_matmul_multi(isa, digits, 3, multi, x, N, IN, types, (const void *const *)w, rb, o, &sc);
     q_scratch_free(&sc);
     for (int j = 0; j < 3; j++) {
-        CHECK(memcmp(sep[j], multi[j], sizeof(float) * N * o[j]) == 0, "multi %s digits %d product %d",
-              q_isa_name(isa), digits, j);
+        CHECK(memcmp(sep[j], multi[j], sizeof(float) * N * o[j]) == 0, "multi %s%s digits %d rows %d product %d",
+              q_isa_name(isa), vnni ? " vnni" : "", digits, N, j);
         free(w[j]), free(sep[j]), free(multi[j]);
     }
+    free(x);
 }
 
 // A batch of rows gives each row exactly what that row gives alone: the four-row kernels
@@ -237,8 +242,9 @@ int main(void) {
     test_quantize_isas(best);
     for (int isa = Q_ISA_SCALAR; isa <= (int)best; isa++)
         for (int digits = 2; digits >= 1; digits--) {
-            test_multi((enum q_isa)isa, digits);
+            test_multi((enum q_isa)isa, digits, 0, 3);
             test_rows_alone((enum q_isa)isa, digits == 1 ? Q_PATH_INT8_1 : Q_PATH_INT8);
+            if (isa == Q_ISA_AVX512) test_multi(Q_ISA_AVX512, digits, 1, 7), test_multi(Q_ISA_AVX512, digits, 1, 20);
         }
     for (size_t t = 0; t < sizeof TYPES / sizeof *TYPES; t++) {
         uint32_t type = TYPES[t].type;
