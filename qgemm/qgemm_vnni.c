@@ -142,10 +142,12 @@ static void unit_group(unit *u, int g, int r, int32_t init, float s, float c2) {
     u->init[g * RU + r] = init, u->s[g * RU + r] = s, u->c2[g * RU + r] = c2;
 }
 
-// The cache lines of [p, p + bytes) on their way to L1.
-static inline void prefetch_lines(const uint8_t *p, size_t bytes) {
+// The cache lines of [p, p + bytes) on their way to L1 (l2: to L2 only, which holds more
+// misses in flight without stalling the core).
+static inline void prefetch_lines(const uint8_t *p, size_t bytes, int l2) {
     for (uintptr_t at = (uintptr_t)p & ~(uintptr_t)63; at < (uintptr_t)p + bytes; at += 64)
-        _mm_prefetch((const char *)at, _MM_HINT_T0);
+        if (l2) _mm_prefetch((const char *)at, _MM_HINT_T1);
+        else _mm_prefetch((const char *)at, _MM_HINT_T0);
 }
 
 // One Q4_K super-block b (columns i .. i+255) straight into unit row r (u = nibble, s = d sc_j, m =
@@ -236,7 +238,7 @@ VNNI static void unpack_unit(int digits, uint32_t type, const uint8_t *w, size_t
         for (int i = 0; i < in; i += 256)
             for (int r = 0; r < nr; r++) {
                 const uint8_t *b = w + (size_t)(r0 + r) * row_bytes + (size_t)(i / 256) * bb;
-                if (i + 256 < in) prefetch_lines(b + bb, bb);   // the row's next super-block,
+                if (i + 256 < in) prefetch_lines(b + bb, bb, 0);   // the row's next super-block,
                                                                  // wanted after the other rows'
                 if (type == GGML_Q4_K) q4_k_unit_block(digits, b, i, u, r);
                 else q6_k_unit_block(digits, b, i, u, r);
@@ -386,7 +388,7 @@ VNNI void q_matmul_vnni_multi(int k, float *const *out, const float *x, int n, i
                 if (rn > 0) {
                     const size_t lo = row_bytes[jn] * g0 / ng, hi = row_bytes[jn] * g1 / ng;
                     for (int r = 0; r < rn; r++)
-                        prefetch_lines((const uint8_t *)w[jn] + (size_t)(rn0 + r) * row_bytes[jn] + lo, hi - lo);
+                        prefetch_lines((const uint8_t *)w[jn] + (size_t)(rn0 + r) * row_bytes[jn] + lo, hi - lo, 1);
                 }
                 for (int tg = 0; tg < n_tg; tg++)
                     for (int m = 0; m < nr; m += mr)
