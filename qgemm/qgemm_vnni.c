@@ -3,31 +3,33 @@
 //   out (n, o) = x (n, in) @ W (o, in)^T, W in any block type with an 8-bit form (q_unpack_row).
 //
 // Weights, per unit of RU rows per thread: the 8-bit form (w = s u + m, s and m per scale group g
-// of GS = 32 elements, 16 for Q6_K) unpacked row-major, with per row and group s, c2 and init.
-// Activations, once per call, interleaved for 32 tokens so that one zmm holds 16 tokens x 4 bytes.
-// The int32 lanes of a group start at init; per group, after its products:
+// of GS = 32 elements, 16 for Q6_K) unpacked row-major as w' = u - c (c: the type's midpoint, so
+// w' fits 8 bits), with per row and group s, c2 = s c + m and init. Activations, once per call,
+// interleaved for 32 tokens so that one zmm holds 16 tokens x 4 bytes. The int32 lanes of a
+// group start at init; per group, after its products (sum_g w' a, exact):
 //   y += s d (lanes) + c2 (d Q)
-// with d the activations' step of that 32-block and d Q their scaled sum over the group, both
-// per token and precomputed. Two forms:
+// with d the activations' step of that 32-block and d Q their scaled sum over it, both per token
+// and precomputed (Q6_K: c2 = 32 s - 32 s = 0, one FMA per group, not two). Two precisions:
 //
 // digits 2 (the default): the int8 path's two digits per element (q_quantize_row: x ~ (256 q + l)
-//   d, d = max|x_blk| / 127 / 256), joined into one int16 a = 256 q + l, 32 tokens x 2 int16 per
-//   2 columns; weights u as int16 (Q6_K: u - 32, so that c2 = 0); init = 0, c2 = m. One vpdpwssd adds 16 tokens' 2 products a u
-//   into each int32 lane — exact: |a| <= 32639, u <= 255, a group's sum < 2^31. Error against the
-//   fp32 product of the dequantised weights: the int8 path's, sum_i |w_i| d_blk(i) + fp32
-//   summation.
+//   d, d = max|x_blk| / 127 / 256). Tiles of 32 tokens (W_I16): a = 256 q + l as int16, 32 tokens
+//   x 2 int16 per 2 columns, w' as int16, init = 0; one vpdpwssd adds 16 tokens' 2 products a w'
+//   into each int32 lane — exact: |a| <= 32639, |w'| <= 255, a group's sum < 2^31. At most 16
+//   tokens (batched decode, short prompts: W_B2): w' as int8 and each digit + 128 apart, vpdpbusd
+//   per digit into two sums from init = -128 W' (W' = sum_g w'), joined as 256 S_hi + S_lo — the
+//   same integer, so the same outputs bit for bit, with half the bytes to unpack and broadcast.
+//   Error against the fp32 product of the dequantised weights: the int8 path's, sum_i |w_i|
+//   d_blk(i) + fp32 summation.
 // digits 1 (--weights fast): one 8-bit digit, q = round(x / d), d = max|x_blk| / 127 (llama.cpp's
-//   Q8_0 rounding), stored unsigned p = q + 128, 32 tokens x 4 bytes per 4 columns; weights
-//   w' = u - c (c: the type's midpoint, so w' fits 8 bits) as int8; init = -128 W' (W' = sum_g w'),
-//   c2 = s c + m, since sum_g q u = (sum_g p w' - 128 W') + c Q. One vpdpbusd adds 4 products per
-//   lane: twice vpdpwssd's. Error: |q d - x| <= d / 2 per element, sum_i |w_i| d_blk(i) / 2 +
+//   Q8_0 rounding), stored unsigned p = q + 128, 32 tokens x 4 bytes per 4 columns; w' as int8,
+//   init = -128 W', since sum_g q u = (sum_g p w' - 128 W') + c Q. One vpdpbusd adds 4 products
+//   per lane: twice vpdpwssd's. Error: |q d - x| <= d / 2 per element, sum_i |w_i| d_blk(i) / 2 +
 //   fp32 summation. llama.cpp's precision — which turned the default model's greedy chat answer
 //   into nonsense, as llama.cpp's own run does (bench/RESULTS.md): not the default.
 //
-// Q6_K's groups of 16 have c2 = 0 in both forms (its offset -32 s is in the integers), so their
-// fix-up is one FMA, not two.
-// Micro tile: 6 weight rows x 32 tokens (12 x 16 for at most 16 tokens: batched decode), 12 int32
-// + 12 fp32 accumulators, over `in` in passes of KC columns. tests/test_qgemm.c checks both bounds.
+// Micro tiles: 6 weight rows x 32 tokens (12 x 16 for at most 16 tokens; W_B2: 8 x 16), int32 and
+// fp32 accumulators, over `in` in passes of KC columns. tests/test_qgemm.c checks both bounds and
+// that the two forms of digits 2 agree bit for bit.
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
@@ -46,6 +48,15 @@
 #define NT 32         // tokens per micro tile (two vectors of 16)
 #define KC 256        // columns per pass: a pass's slice of a token group and of the unit's rows
                       // stay in L1 while the unit's micro tiles reuse them
+
+// The weights' form in a unit, all of w' = u - c (c: the type's midpoint) with c2 = s c + m:
+// W_S8 (digits 1) and W_B2 (digits 2, at most 16 tokens): w' as int8, init = -128 W' (W' = sum_g
+// w'); W_I16 (digits 2, tiles of 32 tokens): w' as int16, init = 0. W_B2 multiplies each digit
+// (stored + 128, unsigned) apart by vpdpbusd into two int32 sums that start at init, joined per
+// group as 256 S_hi + S_lo = sum_g w' (256 q + l): W_I16's vpdpwssd sum, so that both forms give
+// the same outputs bit for bit, with half the bytes to unpack and to broadcast.
+enum { W_S8 = 1, W_I16 = 2, W_B2 = 3 };
+static int wbytes(int wf) { return wf == W_I16 ? 2 : 1; }
 
 // The scale group of a type's 8-bit form, and its midpoint (digits 1: u - c fits a signed byte).
 static int group_of(uint32_t type) { return type == GGML_Q6_K ? 16 : 32; }
@@ -87,6 +98,24 @@ VNNI static void tokens_two(const float *x, int t, int in, uint32_t *at, float *
     for (int b = 0; b < nb; b++) dt[b * NT] = db[b], qt[b * NT] = a16[2 * b] + a16[2 * b + 1];
 }
 
+// digits 2 for the byte tiles (W_B2): the same digits + 128 (unsigned), per 4 columns a word of
+// the 4 high digits, then a word of the 4 low ones.
+VNNI static void tokens_bytes(const float *x, int t, int in, uint32_t *at, float *dt, float *qt,
+                              uint8_t *tmp) {
+    const int nb = in / 32;
+    int8_t *q = (int8_t *)tmp;
+    float *db = (float *)(q + 2 * in), *a16 = db + nb;
+    q_quantize_row(Q_ISA_AVX512, x + (size_t)t * in, in, q, db, a16);
+    for (int k = 0; k < in; k += 16) {
+        const __m128i b128 = _mm_set1_epi8((char)0x80);   // + 128 = flipping the sign bit
+        uint32_t hi[4], lo[4];
+        _mm_storeu_si128((__m128i *)hi, _mm_xor_si128(_mm_loadu_si128((const __m128i *)(q + k)), b128));
+        _mm_storeu_si128((__m128i *)lo, _mm_xor_si128(_mm_loadu_si128((const __m128i *)(q + in + k)), b128));
+        for (int j = 0; j < 4; j++) at[(size_t)(k / 2 + 2 * j) * NT] = hi[j], at[(size_t)(k / 2 + 2 * j + 1) * NT] = lo[j];
+    }
+    for (int b = 0; b < nb; b++) dt[b * NT] = db[b], qt[b * NT] = a16[2 * b] + a16[2 * b + 1];
+}
+
 // digits 1: q = round(x / d) per 32-block, stored as q + 128.
 VNNI static void tokens_one(const float *x, int t, int in, uint32_t *pt, float *dt, float *qt) {
     const float *xt = x + (size_t)t * in;
@@ -109,11 +138,11 @@ VNNI static void tokens_one(const float *x, int t, int in, uint32_t *pt, float *
     }
 }
 
-// x (n, in) -> a, d, dq for n_tg groups of NT tokens; tokens past n contribute nothing (a zero
-// digit: 0, or 128 unsigned; d = dq = 0).
-VNNI static void quantize_tokens(int digits, const float *x, int n, int in, int n_tg,
-                                 uint32_t *a, float *d, float *dq, uint8_t *tmp) {
-    const int nb = in / 32, words = in / (4 / digits);
+// x (n, in) -> a, d, dq for n_tg groups of NT tokens, in the activations' form for the weights'
+// form wf; tokens past n contribute nothing (a zero digit: 0, or 128 unsigned; d = dq = 0).
+VNNI static void quantize_tokens(int wf, const float *x, int n, int in, int n_tg, uint32_t *a,
+                                 float *d, float *dq, uint8_t *tmp) {
+    const int digits = wf == W_S8 ? 1 : 2, nb = in / 32, words = in / (4 / digits);
     const size_t per = (size_t)2 * in + (size_t)nb * 4 + (size_t)in / 16 * 4;
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < n_tg * NT; t++) {
@@ -121,9 +150,11 @@ VNNI static void quantize_tokens(int digits, const float *x, int n, int in, int 
         uint32_t *at = a + (size_t)tg * words * NT + lane;
         float *dt = d + (size_t)tg * nb * NT + lane, *qt = dq + (size_t)tg * nb * NT + lane;
         if (t >= n) {
-            for (int k = 0; k < words; k++) at[(size_t)k * NT] = digits == 2 ? 0 : 0x80808080u;
+            for (int k = 0; k < words; k++) at[(size_t)k * NT] = wf == W_I16 ? 0 : 0x80808080u;
             for (int b = 0; b < nb; b++) dt[b * NT] = qt[b * NT] = 0;
-        } else if (digits == 2)
+        } else if (wf == W_B2)
+            tokens_bytes(x, t, in, at, dt, qt, tmp + (size_t)omp_get_thread_num() * per);
+        else if (wf == W_I16)
             tokens_two(x, t, in, at, dt, qt, tmp + (size_t)omp_get_thread_num() * per);
         else
             tokens_one(x, t, in, at, dt, qt);
@@ -132,8 +163,7 @@ VNNI static void quantize_tokens(int digits, const float *x, int n, int in, int 
 
 // ---- weights -------------------------------------------------------------------------------------
 
-// A unit: w (RU, in) row-major with a row stride of ld elements (int16 u for digits 2, int8 w' for
-// digits 1), and per group g the RU rows' init, s and c2 at [g * RU + r]. ld is in plus one cache
+// A unit: w (RU, in) row-major with a row stride of ld elements (w' as int16 for W_I16, else int8), and per group g the RU rows' init, s and c2 at [g * RU + r]. ld is in plus one cache
 // line: at a stride of a power of two (4 KB for 2048 columns) a micro tile's 12 rows at the same
 // column fall in one set of the 8-way L1 and evict each other.
 typedef struct { void *w; int ld; int32_t *init; float *s, *c2; } unit;
@@ -152,7 +182,7 @@ static inline void prefetch_lines(const uint8_t *p, size_t bytes, int l2) {
 
 // One Q4_K super-block b (columns i .. i+255) straight into unit row r (u = nibble, s = d sc_j, m =
 // -dmin m_j; the 8 sub-blocks' scales and mins decoded at once).
-VNNI static void q4_k_unit_block(int digits, const uint8_t *b, int i, unit *u, int r) {
+VNNI static void q4_k_unit_block(int wf, const uint8_t *b, int i, unit *u, int r) {
     const __m256i lo4 = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
     {
         uint16_t h[2];
@@ -169,9 +199,9 @@ VNNI static void q4_k_unit_block(int digits, const uint8_t *b, int i, unit *u, i
             const int g = i / 32 + j;
             const float s = sc[j], m = mn[j];
             const size_t at = (size_t)r * u->ld + i + 32 * j;
-            if (digits == 2) {
-                _mm512_storeu_si512((int16_t *)u->w + at, _mm512_cvtepu8_epi16(q));
-                unit_group(u, g, r, 0, s, m);
+            if (wf == W_I16) {
+                _mm512_storeu_si512((int16_t *)u->w + at, _mm512_cvtepi8_epi16(_mm256_sub_epi8(q, eight)));
+                unit_group(u, g, r, 0, s, s * 8.0f + m);
                 continue;
             }
             _mm256_storeu_si256((__m256i *)((int8_t *)u->w + at), _mm256_sub_epi8(q, eight));
@@ -186,7 +216,7 @@ VNNI static void q4_k_unit_block(int digits, const uint8_t *b, int i, unit *u, i
 // One Q6_K super-block b (columns i .. i+255) straight into unit row r (u = the 6-bit value, s =
 // d sc_g and m = -32 s per 16-group g; digits 1: w' = u - 32, so init = -128 sum_g w' and c2 =
 // 32 s + m = 0).
-VNNI static void q6_k_unit_block(int digits, const uint8_t *b, int i, unit *u, int r) {
+VNNI static void q6_k_unit_block(int wf, const uint8_t *b, int i, unit *u, int r) {
     {
         uint16_t h;
         memcpy(&h, b + 208, 2);
@@ -202,11 +232,11 @@ VNNI static void q6_k_unit_block(int digits, const uint8_t *b, int i, unit *u, i
                 const __m256i q = q6k_u32(l0, l1, hb, k);   // groups j, j + 1 of the super-block
                 const int j = 8 * half + 2 * k, g = i / 16 + j;
                 const size_t at = (size_t)r * u->ld + i + 16 * j;
-                if (digits == 2) {   // u - 32 as int16: the offset in the integer sum, c2 = 0
+                if (wf == W_I16) {
                     _mm512_storeu_si512((int16_t *)u->w + at,
                                         _mm512_sub_epi16(_mm512_cvtepu8_epi16(q), _mm512_set1_epi16(32)));
-                    unit_group(u, g, r, 0, s16[j], 0.0f);
-                    unit_group(u, g + 1, r, 0, s16[j + 1], 0.0f);
+                    unit_group(u, g, r, 0, s16[j], s16[j] * 32.0f + -32.0f * s16[j]);
+                    unit_group(u, g + 1, r, 0, s16[j + 1], s16[j + 1] * 32.0f + -32.0f * s16[j + 1]);
                     continue;
                 }
                 _mm256_storeu_si256((__m256i *)((int8_t *)u->w + at), _mm256_sub_epi8(q, _mm256_set1_epi8(32)));
@@ -223,12 +253,12 @@ VNNI static void q6_k_unit_block(int digits, const uint8_t *b, int i, unit *u, i
 
 // rows r0 .. r0 + nr of W (nr <= RU) -> u; rows past nr are zero (their outputs are not written).
 // tmp: in + in/16 * 8 bytes.
-VNNI static void unpack_unit(int digits, uint32_t type, const uint8_t *w, size_t row_bytes, int r0,
+VNNI static void unpack_unit(int wf, uint32_t type, const uint8_t *w, size_t row_bytes, int r0,
                              int nr, int in, int gs, unit *u, uint8_t *tmp) {
     const int ng = in / gs, c = mid_of(type);
     float *s16 = (float *)(tmp + in), *m16 = s16 + in / 16;
     for (int r = nr; r < RU; r++) {
-        memset((uint8_t *)u->w + (size_t)r * u->ld * digits, 0, (size_t)in * digits);
+        memset((uint8_t *)u->w + (size_t)r * u->ld * wbytes(wf), 0, (size_t)in * wbytes(wf));
         for (int g = 0; g < ng; g++) unit_group(u, g, r, 0, 0, 0);
     }
     if (type == GGML_Q4_K || type == GGML_Q6_K) {
@@ -240,8 +270,8 @@ VNNI static void unpack_unit(int digits, uint32_t type, const uint8_t *w, size_t
                 const uint8_t *b = w + (size_t)(r0 + r) * row_bytes + (size_t)(i / 256) * bb;
                 if (i + 256 < in) prefetch_lines(b + bb, bb, 0);   // the row's next super-block,
                                                                  // wanted after the other rows'
-                if (type == GGML_Q4_K) q4_k_unit_block(digits, b, i, u, r);
-                else q6_k_unit_block(digits, b, i, u, r);
+                if (type == GGML_Q4_K) q4_k_unit_block(wf, b, i, u, r);
+                else q6_k_unit_block(wf, b, i, u, r);
             }
         return;
     }
@@ -251,9 +281,10 @@ VNNI static void unpack_unit(int digits, uint32_t type, const uint8_t *w, size_t
         for (int g = 0; g < ng; g++) {   // both 16-groups of a 32-group share s, m
             const float s = s16[2 * g], m = m16[2 * g];
             const __m256i ug = _mm256_loadu_si256((const __m256i *)(tmp + g * gs));
-            if (digits == 2) {
-                _mm512_storeu_si512((int16_t *)u->w + (size_t)r * u->ld + g * gs, _mm512_cvtepu8_epi16(ug));
-                unit_group(u, g, r, 0, s, m);
+            if (wf == W_I16) {   // (u - c as int16: -c <= u - c <= 255 - c)
+                __m512i v = _mm512_sub_epi16(_mm512_cvtepu8_epi16(ug), _mm512_set1_epi16((short)c));
+                _mm512_storeu_si512((int16_t *)u->w + (size_t)r * u->ld + g * gs, v);
+                unit_group(u, g, r, 0, s, s * (float)c + m);
                 continue;
             }
             int8_t *wg = (int8_t *)u->w + (size_t)r * u->ld + g * gs;
@@ -312,6 +343,44 @@ micro(const int digits, const int gs, const int tv, const uint8_t *w, int ld, co
         for (int v = 0; v < tv; v++) _mm512_storeu_ps(acc + r * NT + 16 * v, f[r][v]);
 }
 
+// The byte form's tile (W_B2, at most 16 tokens): acc (MB rows x NT, the first 16 tokens used) +=
+// groups [g0, g1) of MB unit rows of int8 w' (rows ld bytes apart) x one token group whose words
+// alternate 4 high and 4 low digits + 128. Per group and row the two digits' products run in two
+// int32 sums from init, joined as 256 S_hi + S_lo (W_I16's integer), then W_I16's fp32 fix-up.
+#define MB 8
+VNNI static inline __attribute__((always_inline)) void
+micro_b2(const int gs, const uint8_t *w, int ld, const int32_t *init, const float *s, const float *c2,
+         const uint8_t *a, const float *d, const float *dq, int g0, int g1, float *acc, int first) {
+    const int quads = gs / 4;   // 4-column steps per group
+    __m512 f[MB];
+    for (int r = 0; r < MB; r++) f[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + r * NT);
+    for (int g = g0; g < g1; g++) {
+        __m512i h[MB], l[MB];
+        for (int r = 0; r < MB; r++) h[r] = l[r] = _mm512_set1_epi32(init[g * RU + r]);
+        const uint8_t *ag = a + (size_t)g * quads * 2 * NT * 4, *wg = w + (size_t)g * gs;
+#pragma GCC unroll 8
+        for (int k = 0; k < quads; k++) {
+            const __m512i xh = _mm512_loadu_si512(ag + 2 * k * NT * 4),
+                          xl = _mm512_loadu_si512(ag + (2 * k + 1) * NT * 4);
+            for (int r = 0; r < MB; r++) {
+                int32_t wv;
+                memcpy(&wv, wg + (size_t)r * ld + 4 * k, 4);
+                const __m512i wb = _mm512_set1_epi32(wv);
+                h[r] = _mm512_dpbusd_epi32(h[r], xh, wb);
+                l[r] = _mm512_dpbusd_epi32(l[r], xl, wb);
+            }
+        }
+        const int blk = g * gs / 32;
+        const __m512 dv = _mm512_loadu_ps(d + blk * NT), qv = _mm512_loadu_ps(dq + blk * NT);
+        for (int r = 0; r < MB; r++) {
+            const __m512i c = _mm512_add_epi32(_mm512_slli_epi32(h[r], 8), l[r]);
+            f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), _mm512_mul_ps(_mm512_set1_ps(s[g * RU + r]), dv), f[r]);
+            if (gs == 32) f[r] = _mm512_fmadd_ps(_mm512_set1_ps(c2[g * RU + r]), qv, f[r]);
+        }
+    }
+    for (int r = 0; r < MB; r++) _mm512_storeu_ps(acc + r * NT, f[r]);
+}
+
 typedef void (*micro_fn)(const uint8_t *, int, const int32_t *, const float *, const float *,
                          const uint8_t *, const float *, const float *, int, int, float *, int);
 #define MICRO(name, digits, gs, tv)                                                                \
@@ -320,6 +389,14 @@ typedef void (*micro_fn)(const uint8_t *, int, const int32_t *, const float *, c
                           int g0, int g1, float *acc, int first) {                                  \
         micro(digits, gs, tv, w, ld, init, s, c2, a, d, dq, g0, g1, acc, first);                     \
     }
+#define MICRO_B2(name, gs)                                                                         \
+    VNNI static void name(const uint8_t *w, int ld, const int32_t *init, const float *s,             \
+                          const float *c2, const uint8_t *a, const float *d, const float *dq,       \
+                          int g0, int g1, float *acc, int first) {                                  \
+        micro_b2(gs, w, ld, init, s, c2, a, d, dq, g0, g1, acc, first);                              \
+    }
+MICRO_B2(micro_b2_32, 32)
+MICRO_B2(micro_b2_16, 16)
 MICRO(micro_2_32x2, 2, 32, 2)
 MICRO(micro_2_16x2, 2, 16, 2)
 MICRO(micro_2_32x1, 2, 32, 1)
@@ -347,23 +424,25 @@ VNNI void q_matmul_vnni_multi(int k, float *const *out, const float *x, int n, i
         if (in / group_of(type[j]) > ng_max) ng_max = in / group_of(type[j]);
     }
     const int nb = in / 32, n_tg = (n + NT - 1) / NT, nt = omp_get_max_threads(), n_units = first[k];
+    const int tv = n <= 16 ? 1 : 2;   // at most 16 tokens: one vector of tokens per tile
+    const int wf = digits == 1 ? W_S8 : tv == 1 ? W_B2 : W_I16, wb = wbytes(wf);
+    const int mr = wf == W_B2 ? MB : tv == 2 ? MR : 2 * MR;
     const size_t a_bytes = (size_t)n_tg * NT * in * digits, d_bytes = (size_t)n_tg * NT * nb * 4,
                  qt_bytes = (size_t)nt * ((size_t)2 * in + (size_t)in / 32 * 4 + (size_t)in / 16 * 4);
-    const int ld = in + 64 / digits;   // (unit)
-    const size_t unit_bytes = (size_t)RU * ld * digits + (size_t)ng_max * RU * 12,
+    const int ld = in + 64 / wb;   // (unit)
+    const size_t unit_bytes = (size_t)RU * ld * wb + (size_t)ng_max * RU * 12,
                  tmp_bytes = (size_t)in + in / 16 * 8, acc_bytes = (size_t)n_tg * RU * NT * 4,
                  per = unit_bytes + tmp_bytes + acc_bytes + 192;
     uint8_t *buf = q_scratch_get(sc, a_bytes + 2 * d_bytes + qt_bytes + (size_t)nt * per + 64);
     uint8_t *a = (uint8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
     float *d = (float *)(a + a_bytes), *dq = (float *)((uint8_t *)d + d_bytes);
     uint8_t *qtmp = (uint8_t *)dq + d_bytes, *per_thread = qtmp + qt_bytes;
-    quantize_tokens(digits, x, n, in, n_tg, (uint32_t *)a, d, dq, qtmp);
-    const int tv = n <= 16 ? 1 : 2, mr = tv == 2 ? MR : 2 * MR;   // at most 16 tokens: 12 x 16 tiles
+    quantize_tokens(wf, x, n, in, n_tg, (uint32_t *)a, d, dq, qtmp);
 #pragma omp parallel
     {
         uint8_t *mine = (uint8_t *)(((uintptr_t)(per_thread + (size_t)omp_get_thread_num() * per) + 63) & ~(uintptr_t)63);
         unit u = {mine, ld, NULL, NULL, NULL};
-        u.init = (int32_t *)(mine + (size_t)RU * ld * digits);
+        u.init = (int32_t *)(mine + (size_t)RU * ld * wb);
         u.s = (float *)(u.init + (size_t)ng_max * RU);
         u.c2 = u.s + (size_t)ng_max * RU;
         uint8_t *tmp = (uint8_t *)(u.c2 + (size_t)ng_max * RU);
@@ -375,12 +454,13 @@ VNNI void q_matmul_vnni_multi(int k, float *const *out, const float *x, int n, i
             const int gs = group_of(type[j]), ng = in / gs, kc_groups = KC / gs;
             const int r0 = (un - first[j]) * RU, nr = o[j] - r0 < RU ? o[j] - r0 : RU;
             const uint8_t *wj = w[j];
-            const micro_fn tile = MICROS[digits - 1][gs == 32][tv - 1];
+            const micro_fn tile = wf == W_B2 ? (gs == 32 ? micro_b2_32 : micro_b2_16)
+                                             : MICROS[digits - 1][gs == 32][tv - 1];
             // the next unit, maybe of the next matrix: rows [rn0, rn0 + rn) of wn
             int jn = j, rn0 = r0 + RU;
             if (rn0 >= o[j]) jn = j + 1, rn0 = 0;
             const int rn = un + 1 >= n_units ? 0 : o[jn] - rn0 < RU ? o[jn] - rn0 : RU;
-            unpack_unit(digits, type[j], wj, row_bytes[j], r0, nr, in, gs, &u, tmp);
+            unpack_unit(wf, type[j], wj, row_bytes[j], r0, nr, in, gs, &u, tmp);
             for (int g0 = 0; g0 < ng; g0 += kc_groups) {
                 const int g1 = ng - g0 < kc_groups ? ng : g0 + kc_groups;
                 // the next unit's blocks, a pass's share of each row, on their way while this
@@ -392,7 +472,7 @@ VNNI void q_matmul_vnni_multi(int k, float *const *out, const float *x, int n, i
                 }
                 for (int tg = 0; tg < n_tg; tg++)
                     for (int m = 0; m < nr; m += mr)
-                        tile((const uint8_t *)u.w + (size_t)m * ld * digits, ld, u.init + m, u.s + m,
+                        tile((const uint8_t *)u.w + (size_t)m * ld * wb, ld, u.init + m, u.s + m,
                              u.c2 + m, a + (size_t)tg * in * digits * NT, d + (size_t)tg * nb * NT,
                              dq + (size_t)tg * nb * NT, g0, g1, acc + ((size_t)tg * RU + m) * NT, g0 == 0);
             }

@@ -235,6 +235,33 @@ static void test_rows_alone(enum q_isa isa, enum q_path path) {
     }
 }
 
+// The VNNI GEMM's two-digit forms agree bit for bit: at most 16 rows take the byte tiles (each
+// digit by vpdpbusd), more the int16 tiles (vpdpwssd), and packed prefill lets rows share a pass
+// of either count only when both give each row the same products (forward.h: fwd_row_class).
+// Rows 0..n of a 20-row call must equal an n-row call's, for n = 16 and 5, every VNNI type.
+static void test_vnni_forms(void) {
+    enum { N = 20, O = 30 };
+    for (size_t t = 0; t < sizeof TYPES / sizeof *TYPES; t++) {
+        uint32_t type = TYPES[t].type;
+        if (!q_vnni_supported(type)) continue;
+        int in = dq_block_elems(type) == 256 ? 768 : 352;
+        size_t rb = dq_bytes(type, in), bb = dq_block_bytes(type);
+        uint8_t *w = malloc(rb * O);
+        for (size_t at = 0; at < rb * O; at += bb) random_block(type, w + at, bb);
+        float *x = malloc(sizeof(float) * N * in), all[N * O], few[16 * O];
+        for (int i = 0; i < N * in; i++) x[i] = frnd() * (i % 29 == 0 ? 30.0f : 1.0f);
+        q_scratch sc = {0};
+        q_matmul(Q_ISA_AVX512, Q_PATH_VNNI, all, x, N, in, type, w, rb, O, &sc);
+        for (int n = 16; n >= 5; n -= 11) {
+            q_matmul(Q_ISA_AVX512, Q_PATH_VNNI, few, x, n, in, type, w, rb, O, &sc);
+            CHECK(memcmp(few, all, sizeof(float) * n * O) == 0, "vnni %s: %d rows differ from the same rows in %d",
+                  TYPES[t].name, n, N);
+        }
+        q_scratch_free(&sc);
+        free(w), free(x);
+    }
+}
+
 int main(void) {
     test_quantize_row();
     enum q_isa best = q_isa_pick(NULL);
@@ -276,6 +303,7 @@ int main(void) {
             check_case(type, TYPES[t].name, best, path, 64, k256 ? 512 : 256, 96);
         }
     }
+    if (best == Q_ISA_AVX512) test_vnni_forms();
     printf("test_qgemm: VNNI GEMMs (two digits, one digit) %s\n", best == Q_ISA_AVX512 ? "checked" : "not on this CPU: skipped");
     printf("test_qgemm: AMX tiles %s\n", q_amx_available() ? "checked" : "not on this CPU: skipped");
     return check_summary("test_qgemm");
