@@ -447,7 +447,7 @@ VNNI void q_matmul_vnni_multi(int k, float *const *out, const float *x, int n, i
         u.c2 = u.s + (size_t)ng_max * RU;
         uint8_t *tmp = (uint8_t *)(u.c2 + (size_t)ng_max * RU);
         float *acc = (float *)(((uintptr_t)(tmp + tmp_bytes) + 63) & ~(uintptr_t)63);   // (n_tg, RU, NT)
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
         for (int un = 0; un < n_units; un++) {
             int j = 0;
             while (un >= first[j + 1]) j++;
