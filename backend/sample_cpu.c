@@ -1,10 +1,13 @@
 // backend/sample_cpu.c — see sample.h. Candidates are ordered only when a filter needs the order:
 // with top-k on, only the k best are found (one pass, a heap of k) and sorted, so a default draw
-// over a 128K vocabulary costs a pass over the logits, not a sort of them.
+// over a 128K vocabulary costs a pass over the logits, not a sort of them; with top-k off the
+// whole vocabulary is ordered by a radix sort of 64-bit keys (linear, not qsort's n log n
+// comparisons through a function pointer), into the same order.
 #include "sample.h"
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "../util/check.h"
 
@@ -12,6 +15,7 @@ void sampler_init(sampler *s, const sample_params *p, int n_vocab) {
     s->p = *p;
     s->state = p->seed * 6364136223846793005ULL + 1442695040888963407ULL;
     s->cand = xmalloc((size_t)n_vocab * sizeof *s->cand);
+    s->keys = xmalloc(((size_t)n_vocab * 2 + (1 << 15)) * sizeof *s->keys);   // + sort_all's counts
     s->n_vocab = n_vocab;
     s->counts = NULL, s->pen = NULL;
     if (sample_penalised(p)) {
@@ -21,8 +25,8 @@ void sampler_init(sampler *s, const sample_params *p, int n_vocab) {
 }
 
 void sampler_free(sampler *s) {
-    free(s->cand), free(s->counts), free(s->pen);
-    s->cand = NULL, s->counts = NULL, s->pen = NULL;
+    free(s->cand), free(s->keys), free(s->counts), free(s->pen);
+    s->cand = NULL, s->keys = NULL, s->counts = NULL, s->pen = NULL;
 }
 
 float sample_uniform(sampler *s) { return (sample_pcg32(&s->state) >> 8) * (1.0f / 16777216.0f); }
@@ -75,6 +79,42 @@ static void best_k(sampler *s, const float *logits, int n, int k) {
     qsort(h, (size_t)k, sizeof *h, by_logit_desc);
 }
 
+// A key per candidate, smaller for the one by_logit_desc puts first: the logit's bits made
+// order-preserving and inverted (larger logit, smaller key; -0 as +0, as == compares them) above
+// the id (equal logits: lower id first).
+static uint64_t rank_key(float logit, int id) {
+    uint32_t u;
+    memcpy(&u, &logit, 4);
+    if ((u << 1) == 0) u = 0;
+    u = u & 0x80000000u ? ~u : u | 0x80000000u;   // ascending with the logit
+    return (uint64_t)~u << 32 | (uint32_t)id;
+}
+
+// s->cand[0 .. n) = all of logits (n,) in by_logit_desc's order: an LSD radix sort of rank_key by
+// 16-bit digits (4 stable passes; a pass whose digit is the same for every key is skipped).
+static void sort_all(sampler *s, const float *logits, int n) {
+    uint64_t *a = s->keys, *b = s->keys + n;
+    uint32_t *count = (uint32_t *)(s->keys + 2 * (size_t)s->n_vocab);   // (1 << 16,)
+    for (int i = 0; i < n; i++) a[i] = rank_key(logits[i], i);
+    for (int shift = 0; shift < 64; shift += 16) {
+        memset(count, 0, sizeof *count << 16);
+        for (int i = 0; i < n; i++) count[(a[i] >> shift) & 0xffff]++;
+        if (count[(a[0] >> shift) & 0xffff] == (uint32_t)n) continue;   // one digit: order kept
+        uint32_t at = 0;
+        for (int d = 0; d < 1 << 16; d++) {
+            uint32_t c = count[d];
+            count[d] = at, at += c;
+        }
+        for (int i = 0; i < n; i++) b[count[(a[i] >> shift) & 0xffff]++] = a[i];
+        uint64_t *t = a;
+        a = b, b = t;
+    }
+    for (int i = 0; i < n; i++) {
+        int id = (int)(uint32_t)a[i];
+        s->cand[i] = (struct sample_cand){logits[id], id};
+    }
+}
+
 static int draw(sampler *s, const float *logits);
 
 int sample_next(sampler *s, const float *logits) {
@@ -96,10 +136,8 @@ static int draw(sampler *s, const float *logits) {
     if (p->top_k > 0 && p->top_k < n) {
         best_k(s, logits, n, p->top_k);
         n = p->top_k;
-    } else {
-        for (int i = 0; i < n; i++) s->cand[i] = (struct sample_cand){logits[i], i};
-        qsort(s->cand, (size_t)n, sizeof *s->cand, by_logit_desc);
-    }
+    } else
+        sort_all(s, logits, n);
     // probabilities at temperature 1 for the filters, as llama.cpp's chain does
     double mx = s->cand[0].logit, sum = 0;
     for (int i = 0; i < n; i++) sum += exp(s->cand[i].logit - mx);

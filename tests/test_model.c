@@ -247,8 +247,9 @@ static int ref_draw(const sample_params *p, const float *logits, int n, float u,
     return t;
 }
 
-// top-k finds its k candidates without sorting the vocabulary: every draw equals the full sort's,
-// on logits with many ties (ids decide among equal logits), for k below, at and above the vocab.
+// top-k finds its k candidates without sorting the vocabulary, and top-k off orders it by a radix
+// sort: every draw equals qsort's full sort's, on logits with many ties (ids decide among equal
+// logits, -0 and +0 among them), for k below, at and above the vocab.
 static void test_sampling_top_k(void) {
     enum { V = 3000 };
     static float lg[V];
@@ -259,6 +260,8 @@ static void test_sampling_top_k(void) {
         for (int i = 0; i < V; i++)   // ties; every third round rising, so the heap keeps evicting
             lg[i] = (float)(sample_pcg32(&st) % 200) / 16.0f + (round % 3 == 2 ? i / 64.0f : 0);
         if (round % 2) lg[round * 7] = 40;   // one clear favourite in half the rounds
+        if (round % 5 == 4)   // negative logits, and zeros of both signs (equal: ids decide)
+            for (int i = 0; i < V; i++) lg[i] = i % 97 == 0 ? (i % 2 ? -0.0f : 0.0f) : -lg[i];
         for (size_t j = 0; j < sizeof ks / sizeof *ks; j++) {
             sample_params p = {.temp = 0.8f, .top_k = ks[j], .top_p = round % 3 ? 0.95f : 1,
                                .min_p = round % 4 ? 0.05f : 0, .seed = (uint64_t)round};
