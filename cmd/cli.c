@@ -537,9 +537,11 @@ int cli_kv_types(const char *cache_k, const char *cache_v, const char *bk_name, 
     return 0;
 }
 
-// The cache types of L on model m: refused (one line, 2) when m's head_dim does not fit them.
-static int apply_kv_types(const loaded *L, model *m) {
+// The run settings of model m (may be NULL) that are not in its file: --ubatch, and the cache
+// types of L, refused (one line, 2) when m's head_dim does not fit them.
+static int apply_run_settings(const loaded *L, const cli_hw *hw, model *m) {
     if (!m) return 0;
+    m->prefill_ubatch = hw->ubatch;
     enum kv_type t[2] = {L->kv_k, L->kv_v};
     for (int i = 0; i < 2; i++)
         if (kv_row_bytes(t[i], m->cfg.head_dim) == 0) {
@@ -579,8 +581,7 @@ int cli_load(loaded *L, const char *path, const char *draft_path, const cli_hw *
             return 2;
         }
         if (load_synthetic(L, hw->synth_wtype) != 0) return 1;
-        L->m->prefill_ubatch = hw->ubatch;
-        if (apply_kv_types(L, L->m)) return 2;
+        if (apply_run_settings(L, hw, L->m)) return 2;
         return check_strategies(list, n_list, so, L->m) ? 2 : 0;
     }
     if (!path && stat(L->path, &sb) != 0)
@@ -597,9 +598,7 @@ int cli_load(loaded *L, const char *path, const char *draft_path, const cli_hw *
         fprintf(stderr, "sift: error: %s\n", err);
     else {
         if (run) run->draft = L->draft, run->is_eog = eog_test, run->eog_ctx = L->t;
-        L->m->prefill_ubatch = hw->ubatch;
-        if (L->draft) L->draft->prefill_ubatch = hw->ubatch;
-        if (apply_kv_types(L, L->m) || apply_kv_types(L, L->draft)) return 2;
+        if (apply_run_settings(L, hw, L->m) || apply_run_settings(L, hw, L->draft)) return 2;
         return check_strategies(list, n_list, so, L->m) ? 2 : 0;
     }
     return 1;

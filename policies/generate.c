@@ -10,13 +10,18 @@
 #include "../util/check.h"
 #include "policy.h"
 
-// ids (n,) at pos (n,) into kv without hooks, in passes of at most m->prefill_ubatch rows (0:
-// one pass); only the last pass computes logits (its last row's, into logits: may be NULL).
-// Rows over layers, as fwd_run.
+// ids (n,) at pos (n,; NULL: 0 .. n-1) into kv without hooks, in passes of at most
+// m->prefill_ubatch rows (0: one pass); only the last pass computes logits (its last row's, into
+// logits: may be NULL). Rows over layers, as fwd_run.
 static long run_chunked(model *m, kv_cache *kv, const int *ids, const int *pos, int n,
                         float *logits) {
     int U = m->prefill_ubatch > 0 && m->prefill_ubatch < n ? m->prefill_ubatch : n;
     long rows = 0;
+    int *own = NULL;
+    if (!pos) {
+        pos = own = xmalloc((size_t)n * sizeof(int));
+        for (int i = 0; i < n; i++) own[i] = i;
+    }
     if (U < n) m->prefill_total = n;
     for (int b = 0; b < n; b += U) {
         int nb = n - b < U ? n - b : U;
@@ -24,6 +29,7 @@ static long run_chunked(model *m, kv_cache *kv, const int *ids, const int *pos, 
         rows += fwd_run(m, kv, ids + b, pos + b, nb, NULL, b + nb == n ? logits : NULL, 0);
     }
     m->prefill_done = m->prefill_total = 0;
+    free(own);
     return rows;
 }
 
@@ -137,10 +143,7 @@ int gen_prefill_packed(gen_seq *const *g, int k, int max_rows) {
     int U = m->prefill_ubatch;
     if (U > 0 && g[0]->n_prompt > U) {
         gen_seq *s = g[0];
-        int *pos = xmalloc((size_t)s->n_prompt * sizeof(int));
-        for (int i = 0; i < s->n_prompt; i++) pos[i] = i;
-        s->info.rows_done = s->st.rows_done = run_chunked(m, s->kv, s->ids, pos, s->n_prompt, s->logits);
-        free(pos);
+        s->info.rows_done = s->st.rows_done = run_chunked(m, s->kv, s->ids, NULL, s->n_prompt, s->logits);
         packed_done(s, 1);
         return 1;
     }
