@@ -80,38 +80,29 @@ int q_vnni_supported(uint32_t type) {
 // d[(tg * in/32 + b) * NT + lane], its scaled sums of 32-blocks at dq[(tg * in/32 + b) * NT + lane]
 // (the c2 term of the types with 32-groups; Q6_K's 16-groups have c2 = 0 and read none).
 
-// digits 2: the digits are q_quantize_row's (the int8 path's, bit for bit); tmp: per thread
-// 2 in + in/32 * 4 + in/16 * 4 bytes.
-VNNI static void tokens_two(const float *x, int t, int in, uint32_t *at, float *dt, float *qt,
-                            uint8_t *tmp) {
-    const int nb = in / 32;
-    int8_t *q = (int8_t *)tmp;
-    float *db = (float *)(q + 2 * in), *a16 = db + nb;
-    q_quantize_row(Q_ISA_AVX512, x + (size_t)t * in, in, q, db, a16);
-    for (int k = 0; k < in; k += 16) {   // 256 hi + lo as int16, as pairs (k, k + 1)
-        __m256i hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + k)));
-        __m256i lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + in + k)));
-        uint32_t pair[8];
-        _mm256_storeu_si256((__m256i *)pair, _mm256_add_epi16(_mm256_slli_epi16(hi, 8), lo));
-        for (int j = 0; j < 8; j++) at[(size_t)(k / 2 + j) * NT] = pair[j];
-    }
-    for (int b = 0; b < nb; b++) dt[b * NT] = db[b], qt[b * NT] = a16[2 * b] + a16[2 * b + 1];
-}
-
-// digits 2 for the byte tiles (W_B2): the same digits + 128 (unsigned), per 4 columns a word of
-// the 4 high digits, then a word of the 4 low ones.
-VNNI static void tokens_bytes(const float *x, int t, int in, uint32_t *at, float *dt, float *qt,
-                              uint8_t *tmp) {
+// digits 2: the digits are q_quantize_row's (the int8 path's, bit for bit): for the int16 tiles
+// (W_I16) joined as 256 hi + lo, int16 pairs (k, k + 1); for the byte tiles (W_B2) + 128
+// (unsigned), per 4 columns a word of the 4 high digits, then a word of the 4 low ones. tmp: per
+// thread 2 in + in/32 * 4 + in/16 * 4 bytes.
+VNNI static void tokens_two(int wf, const float *x, int t, int in, uint32_t *at, float *dt,
+                            float *qt, uint8_t *tmp) {
     const int nb = in / 32;
     int8_t *q = (int8_t *)tmp;
     float *db = (float *)(q + 2 * in), *a16 = db + nb;
     q_quantize_row(Q_ISA_AVX512, x + (size_t)t * in, in, q, db, a16);
     for (int k = 0; k < in; k += 16) {
-        const __m128i b128 = _mm_set1_epi8((char)0x80);   // + 128 = flipping the sign bit
-        uint32_t hi[4], lo[4];
-        _mm_storeu_si128((__m128i *)hi, _mm_xor_si128(_mm_loadu_si128((const __m128i *)(q + k)), b128));
-        _mm_storeu_si128((__m128i *)lo, _mm_xor_si128(_mm_loadu_si128((const __m128i *)(q + in + k)), b128));
-        for (int j = 0; j < 4; j++) at[(size_t)(k / 2 + 2 * j) * NT] = hi[j], at[(size_t)(k / 2 + 2 * j + 1) * NT] = lo[j];
+        const __m128i hi = _mm_loadu_si128((const __m128i *)(q + k)),
+                      lo = _mm_loadu_si128((const __m128i *)(q + in + k));
+        uint32_t w[8];
+        if (wf == W_B2) {   // + 128 = flipping the sign bit
+            _mm_storeu_si128((__m128i *)w, _mm_xor_si128(hi, _mm_set1_epi8((char)0x80)));
+            _mm_storeu_si128((__m128i *)(w + 4), _mm_xor_si128(lo, _mm_set1_epi8((char)0x80)));
+            for (int j = 0; j < 4; j++) at[(size_t)(k / 2 + 2 * j) * NT] = w[j], at[(size_t)(k / 2 + 2 * j + 1) * NT] = w[4 + j];
+        } else {
+            _mm256_storeu_si256((__m256i *)w, _mm256_add_epi16(_mm256_slli_epi16(_mm256_cvtepi8_epi16(hi), 8),
+                                                               _mm256_cvtepi8_epi16(lo)));
+            for (int j = 0; j < 8; j++) at[(size_t)(k / 2 + j) * NT] = w[j];
+        }
     }
     for (int b = 0; b < nb; b++) dt[b * NT] = db[b], qt[b * NT] = a16[2 * b] + a16[2 * b + 1];
 }
@@ -152,10 +143,8 @@ VNNI static void quantize_tokens(int wf, const float *x, int n, int in, int n_tg
         if (t >= n) {
             for (int k = 0; k < words; k++) at[(size_t)k * NT] = wf == W_I16 ? 0 : 0x80808080u;
             for (int b = 0; b < nb; b++) dt[b * NT] = qt[b * NT] = 0;
-        } else if (wf == W_B2)
-            tokens_bytes(x, t, in, at, dt, qt, tmp + (size_t)omp_get_thread_num() * per);
-        else if (wf == W_I16)
-            tokens_two(x, t, in, at, dt, qt, tmp + (size_t)omp_get_thread_num() * per);
+        } else if (wf != W_S8)
+            tokens_two(wf, x, t, in, at, dt, qt, tmp + (size_t)omp_get_thread_num() * per);
         else
             tokens_one(x, t, in, at, dt, qt);
     }
@@ -300,7 +289,7 @@ VNNI static void unpack_unit(int wf, uint32_t type, const uint8_t *w, size_t row
 // acc (mr rows x NT tokens, fp32, row-major) += groups [g0, g1) of mr unit rows (w: the first row,
 // rows ld elements apart; init/s/c2 offset to the tile's first row) x one token group (a, d, dq at
 // its start), of which tv vectors of 16 tokens are used: 6 rows x 32 tokens, or for at most 16
-// tokens 12 rows x 16. first: acc starts at 0.
+// tokens 12 rows x 16 (digits 1; digits 2 there takes micro_b2). first: acc starts at 0.
 VNNI static inline __attribute__((always_inline)) void
 micro(const int digits, const int gs, const int tv, const uint8_t *w, int ld, const int32_t *init,
       const float *s, const float *c2, const uint8_t *a, const float *d, const float *dq, int g0,
@@ -399,15 +388,13 @@ MICRO_B2(micro_b2_32, 32)
 MICRO_B2(micro_b2_16, 16)
 MICRO(micro_2_32x2, 2, 32, 2)
 MICRO(micro_2_16x2, 2, 16, 2)
-MICRO(micro_2_32x1, 2, 32, 1)
-MICRO(micro_2_16x1, 2, 16, 1)
 MICRO(micro_1_32x2, 1, 32, 2)
 MICRO(micro_1_16x2, 1, 16, 2)
 MICRO(micro_1_32x1, 1, 32, 1)
 MICRO(micro_1_16x1, 1, 16, 1)
 static const micro_fn MICROS[2][2][2] = {   // [digits - 1][gs == 32][tv - 1]
     {{micro_1_16x1, micro_1_16x2}, {micro_1_32x1, micro_1_32x2}},
-    {{micro_2_16x1, micro_2_16x2}, {micro_2_32x1, micro_2_32x2}},
+    {{micro_b2_16, micro_2_16x2}, {micro_b2_32, micro_2_32x2}},   // (at most 16 tokens: W_B2)
 };
 
 // k products sharing x (decode's Q/K/V and gate/up: the activations quantised once, every
@@ -454,8 +441,7 @@ VNNI void q_matmul_vnni_multi(int k, float *const *out, const float *x, int n, i
             const int gs = group_of(type[j]), ng = in / gs, kc_groups = KC / gs;
             const int r0 = (un - first[j]) * RU, nr = o[j] - r0 < RU ? o[j] - r0 : RU;
             const uint8_t *wj = w[j];
-            const micro_fn tile = wf == W_B2 ? (gs == 32 ? micro_b2_32 : micro_b2_16)
-                                             : MICROS[digits - 1][gs == 32][tv - 1];
+            const micro_fn tile = MICROS[digits - 1][gs == 32][tv - 1];
             // the next unit, maybe of the next matrix: rows [rn0, rn0 + rn) of wn
             int jn = j, rn0 = r0 + RU;
             if (rn0 >= o[j]) jn = j + 1, rn0 = 0;
