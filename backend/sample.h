@@ -35,7 +35,7 @@ typedef struct {
     sample_params p;
     uint64_t state;  // PCG32 state
     struct sample_cand { float logit; int id; } *cand;
-    uint64_t *keys;  // the radix sort's keys, their copy and its counts (top-k off)
+    uint64_t *keys;  // the radix sort's keys, their copy and its counts (top-k off; NULL until used)
     int n_vocab;
     int *counts;     // penalties on: draws per token so far (else NULL)
     float *pen;      // penalties on: the penalised row

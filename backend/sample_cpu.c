@@ -15,7 +15,7 @@ void sampler_init(sampler *s, const sample_params *p, int n_vocab) {
     s->p = *p;
     s->state = p->seed * 6364136223846793005ULL + 1442695040888963407ULL;
     s->cand = xmalloc((size_t)n_vocab * sizeof *s->cand);
-    s->keys = xmalloc(((size_t)n_vocab * 2 + (1 << 15)) * sizeof *s->keys);   // + sort_all's counts
+    s->keys = NULL;   // sort_all's, on its first use
     s->n_vocab = n_vocab;
     s->counts = NULL, s->pen = NULL;
     if (sample_penalised(p)) {
@@ -93,6 +93,7 @@ static uint64_t rank_key(float logit, int id) {
 // s->cand[0 .. n) = all of logits (n,) in by_logit_desc's order: an LSD radix sort of rank_key by
 // 16-bit digits (4 stable passes; a pass whose digit is the same for every key is skipped).
 static void sort_all(sampler *s, const float *logits, int n) {
+    if (!s->keys) s->keys = xmalloc(((size_t)s->n_vocab * 2 + (1 << 15)) * sizeof *s->keys);
     uint64_t *a = s->keys, *b = s->keys + n;
     uint32_t *count = (uint32_t *)(s->keys + 2 * (size_t)s->n_vocab);   // (1 << 16,)
     for (int i = 0; i < n; i++) a[i] = rank_key(logits[i], i);
