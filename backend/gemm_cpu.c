@@ -57,13 +57,20 @@ static const char *path_name(enum q_path p) {
                                : "int8";
 }
 
+// The path the fixed rules give a quantised product of n rows, or -1 where SIFT_PREFILL=tune
+// times it per shape (pick_path).
+static int fixed_path(const cpu_impl *c, int n) {
+    if (c->forced >= 0) return c->forced != Q_PATH_INT8 && n >= 2 ? c->forced : Q_PATH_INT8;
+    if (c->forced == -1) return n < wide_min_rows(c) ? Q_PATH_INT8 : (int)wide_path(c);
+    return n < TUNE_MIN_ROWS ? Q_PATH_INT8 : -1;
+}
+
 // The path for a quantised product of n rows (see TUNE_MIN_ROWS); NULL *e: decided, else the
 // entry to fill by timing both.
 static enum q_path pick_path(cpu_impl *c, const bk_weight *w, int n, int in, int o, tune_entry **e) {
     *e = NULL;
-    if (c->forced >= 0) return c->forced != Q_PATH_INT8 && n >= 2 ? (enum q_path)c->forced : Q_PATH_INT8;
-    if (c->forced == -1) return n < wide_min_rows(c) ? Q_PATH_INT8 : wide_path(c);
-    if (n < TUNE_MIN_ROWS) return Q_PATH_INT8;
+    int fixed = fixed_path(c, n);
+    if (fixed >= 0) return (enum q_path)fixed;
     int bucket = floor_log2(n);
     for (int i = 0; i < c->n_tune; i++) {
         tune_entry *t = &c->tune[i];
@@ -126,13 +133,9 @@ void cpu_matmul_multi(backend *b, int k, void *const *out, const void *x,
                       const bk_weight *const *w, const bk_weight *const *bias, int n, int in,
                       const int *o) {
     cpu_impl *c = impl(b);
-    // int8 for sure, without a lookup or a timing (pick_path's rules for few rows)
-    int few = c->forced == Q_PATH_INT8 ? 1 : c->forced >= 0 ? n < 2
-            : c->forced == -1 ? n < wide_min_rows(c) : n < TUNE_MIN_ROWS;
-    // the VNNI GEMM for sure: the fixed rule's wide path (or the one forced) at these rows
-    enum q_path wide = wide_path(c);
-    int vnni = !few && (wide == Q_PATH_VNNI || wide == Q_PATH_VNNI8) && c->isa == Q_ISA_AVX512 &&
-               (c->forced == -1 ? n >= wide_min_rows(c) : c->forced == (int)wide);
+    // the int8 row kernels or the VNNI GEMM by the fixed rules (not timed per shape)
+    int path = fixed_path(c, n), few = path == Q_PATH_INT8;
+    int vnni = (path == Q_PATH_VNNI || path == Q_PATH_VNNI8) && c->isa == Q_ISA_AVX512;
     int shared = k <= Q_MULTI_MAX && (few || vnni) && !omp_in_parallel();
     for (int j = 0; j < k && shared; j++)
         shared = w[j]->type != GGML_F32 && (few || q_vnni_supported(w[j]->type));
@@ -149,7 +152,7 @@ void cpu_matmul_multi(backend *b, int k, void *const *out, const void *x,
                        data, rb, o, &c->scratch);
     else
         q_matmul_vnni_multi(k, (float *const *)out, x, n, in, type, data, rb, o,
-                            wide == Q_PATH_VNNI8 ? 1 : 2, &c->scratch);
+                            path == Q_PATH_VNNI8 ? 1 : 2, &c->scratch);
     for (int j = 0; j < k; j++)
         if (bias[j]) add_bias(out[j], bias[j], n, o[j]);
 }
