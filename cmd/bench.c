@@ -206,12 +206,7 @@ static int max_ctx(const bench_opts *b) {
 // The most rows of activations one prefill pass of P tokens holds over b's strategies (--ubatch:
 // min(P, U) for those that chunk, P for the others).
 static long plan_rows(const bench_opts *b, long P) {
-    long rows = 0;
-    for (int k = 0; k < b->n_strategies; k++) {
-        long r = strategy_prefill_rows(b->strategies[k], P, b->ubatch);
-        rows = r > rows ? r : rows;
-    }
-    return rows;
+    return strategies_prefill_rows(b->strategies, b->n_strategies, P, b->ubatch, NULL);
 }
 
 // ---- dry run: the formulas only ----

@@ -558,14 +558,8 @@ int cli_load(loaded *L, const char *path, const char *draft_path, const cli_hw *
     char err[512];
     struct stat sb;
     int plan_ctx = hw->plan_ctx;
-    long plan_rows = 0;   // the most rows of activations one prefill pass of a strategy holds
-    int chunks = n_list > 0;   // whether every strategy could run in chunks
-    for (int i = 0; i < n_list; i++) {
-        long r = strategy_prefill_rows(list[i], plan_ctx, hw->ubatch);
-        plan_rows = r > plan_rows ? r : plan_rows;
-        chunks &= strategy_chunks(list[i]);
-    }
-    if (n_list <= 0) plan_rows = plan_ctx;
+    int chunks;   // whether every strategy could run in chunks
+    long plan_rows = strategies_prefill_rows(list, n_list, plan_ctx, hw->ubatch, &chunks);
     *L = (loaded){.path = path ? strdup(path) : cli_default_model_path(),
                   .bk = cli_backend(hw->device, hw->threads, hw->weights)};
     if (!L->bk) return 1;

@@ -42,11 +42,6 @@ double cost_prefill_mem_bytes_rows(const model_config *c, long n, long n_gen, lo
     return (double)(n + n_gen) * kv_tok + ((double)rows * per_row + c->vocab) * (double)elem;
 }
 
-double cost_prefill_mem_bytes_kv(const model_config *c, long n, long n_gen, size_t elem,
-                                 double kv_tok) {
-    return cost_prefill_mem_bytes_rows(c, n, n_gen, n, elem, kv_tok);
-}
-
 double cost_prefill_mem_bytes(const model_config *c, long n, long n_gen, size_t elem) {
-    return cost_prefill_mem_bytes_kv(c, n, n_gen, elem, cost_kv_token_bytes(c, elem));
+    return cost_prefill_mem_bytes_rows(c, n, n_gen, n, elem, cost_kv_token_bytes(c, elem));
 }

@@ -36,10 +36,8 @@ double cost_kv_token_bytes_typed(const model_config *c, enum kv_type k, enum kv_
 // cache (n + n_gen tokens) plus the activations forward.c holds for n rows (residual and normed
 // rows, each max(d, qd) wide, Q, K, V, attention output, gate, up) and the logits.
 double cost_prefill_mem_bytes(const model_config *c, long n, long n_gen, size_t elem);
-// The same with kv_tok bytes per token of KV cache (cost_kv_token_bytes_typed).
-double cost_prefill_mem_bytes_kv(const model_config *c, long n, long n_gen, size_t elem,
-                                 double kv_tok);
-// The same with the activations of `rows` rows instead of n: a chunked prefill (--ubatch U)
-// holds one chunk's, rows = min(n, U), while its KV cache still grows to n + n_gen tokens.
+// The same with kv_tok bytes per token of KV cache (cost_kv_token_bytes_typed) and the
+// activations of `rows` rows instead of n: a chunked prefill (--ubatch U) holds one chunk's,
+// rows = min(n, U), while its KV cache still grows to n + n_gen tokens.
 double cost_prefill_mem_bytes_rows(const model_config *c, long n, long n_gen, long rows,
                                    size_t elem, double kv_tok);

@@ -32,6 +32,9 @@ int strategy_chunks(const strategy *s);
 // The rows of activations s's prefill of n tokens holds at once with --ubatch U (U <= 0: one
 // pass): min(n, U) where s chunks, else n. The memory plans count these (model/cost.h).
 long strategy_prefill_rows(const strategy *s, long n, int ubatch);
+// The most of strategy_prefill_rows over the n strategies of list (none: n_tok, one pass), and in
+// *chunks (may be NULL) whether every one of them chunks (0 for none).
+long strategies_prefill_rows(const strategy *const *list, int n, long n_tok, int ubatch, int *chunks);
 
 // The common prefill: ids (n,) at positions 0..n-1 into a new cache of capacity caps[l] per
 // layer (caps NULL: n + n_gen everywhere), through hooks (may be NULL); sets info->rows_done.

@@ -93,6 +93,18 @@ long strategy_prefill_rows(const strategy *s, long n, int ubatch) {
     return strategy_chunks(s) && ubatch > 0 && ubatch < n ? ubatch : n;
 }
 
+long strategies_prefill_rows(const strategy *const *list, int n, long n_tok, int ubatch, int *chunks) {
+    long rows = n > 0 ? 0 : n_tok;
+    int all = n > 0;
+    for (int i = 0; i < n; i++) {
+        long r = strategy_prefill_rows(list[i], n_tok, ubatch);
+        rows = r > rows ? r : rows;
+        all &= strategy_chunks(list[i]);
+    }
+    if (chunks) *chunks = all;
+    return rows;
+}
+
 int strategy_check(const strategy *s, const model *m, const strategy_opts *o, char *err,
                    size_t errlen) {
     if (s->decode_part) return compose_check(s->prefill_part, s->decode_part, m, o, err, errlen);
