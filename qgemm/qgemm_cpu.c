@@ -673,6 +673,147 @@ q6k_rows(int R, int digits, const uint8_t *b, const act_row *x, int cols, float 
     for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(facc[r]) - 32 * _mm512_reduce_add_ps(macc[r]);
 }
 
+// ---- Q4_K, 16 weight rows at once: the rows in the lanes (AVX-512) ---------------------------
+// The row kernels above keep one weight row per vector, so each 64 products need vpmaddubsw and
+// vpdpwssd (the sub-block scales differ within the vector). Here a strip of 16 rows is transposed
+// on the fly: lane r of a vector holds 4 bytes of row r's quants at one offset of the super-block,
+// so one vpdpbusd per digit (the activation's 4 bytes at that offset broadcast) adds 4 products
+// to every row, and a sub-block's sums — each row's in its own lane — meet their scale once
+// (vpmulld by the 16 rows' sc), not once per 64 products. The integers are the row kernel's
+// (hi = sum_j sc_j sum u q, lo likewise, the K form's two digits per 256-block), so is the fp32
+// fix-up once per super-block; only the order of the fp32 sums differs.
+// acc += u . the 4 bytes at p broadcast (vpdpbusd with an embedded broadcast: one instruction, the
+// load folded in, which GCC does not form from the intrinsics)
+AVX512 static inline __m512i dpbusd_b(__m512i acc, __m512i u, const int8_t *p) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)p));
+    return acc;
+}
+
+// Lane l of a strip's vectors holds row sigma(l) of the strip: lanes 0-3 rows 0-3, 4-7 rows 8-11,
+// 8-11 rows 4-7, 12-15 rows 12-15 (what the transposes below give without a last permute).
+// 32 bytes at offset off of each super-block (16 rows, row_bytes apart from b) -> raw[8]: raw[d]
+// lane l = row sigma(l)'s dword d of those bytes. Two rows per load (r in the low 256 bits, r + 8
+// in the high), then an 8 x 8 transpose within each 256-bit half.
+AVX512 static inline __attribute__((always_inline)) void
+strip_t8(const uint8_t *b, size_t row_bytes, int off, __m512i *raw) {
+    __m512i z[8], a[8];
+    for (int r = 0; r < 8; r++)
+        z[r] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b + r * row_bytes + off))),
+                                  _mm256_loadu_si256((const __m256i *)(b + (r + 8) * row_bytes + off)), 1);
+    for (int i = 0; i < 4; i++)
+        a[2 * i] = _mm512_unpacklo_epi32(z[2 * i], z[2 * i + 1]), a[2 * i + 1] = _mm512_unpackhi_epi32(z[2 * i], z[2 * i + 1]);
+    for (int i = 0; i < 2; i++) {   // z[4i + k]: rows 4i..4i+3 (and + 8), dword k (128-bit lanes 0, 2) and k + 4 (1, 3)
+        z[4 * i + 0] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
+        z[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
+        z[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+        z[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+    }
+    for (int k = 0; k < 4; k++) {
+        raw[k] = _mm512_shuffle_i32x4(z[k], z[4 + k], 0x88);
+        raw[k + 4] = _mm512_shuffle_i32x4(z[k], z[4 + k], 0xDD);
+    }
+}
+
+// R activation rows (K form, Q4_K order) x 16 weight rows of Q4_K (row_bytes apart) from w:
+// out[t * stride + r].
+AVX512 static inline __attribute__((always_inline)) void
+q4k_strip(int R, int digits, const uint8_t *w, size_t row_bytes, const act_row *x, int cols,
+          float *out, size_t stride) {
+    const __m512i lo4 = _mm512_set1_epi8(0x0F), m3f = _mm512_set1_epi32(0x3F3F3F3F),
+                  m0f = _mm512_set1_epi32(0x0F0F0F0F), m30 = _mm512_set1_epi32(0x30303030),
+                  ff = _mm512_set1_epi32(0xFF);
+    __m512 facc[4];
+    for (int t = 0; t < R; t++) facc[t] = _mm512_setzero_ps();
+    for (int i = 0; i < cols; i += 256) {
+        const uint8_t *b = w + (size_t)(i / 256) * 144;
+        // the 16 rows' first 16 bytes (d, dmin, 12 scale bytes): wk[k] lane l = row sigma(l)'s dword k
+        __m512i q4[4], wk[4];
+        for (int m = 0; m < 4; m++) {
+            __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(b + m * row_bytes)));
+            v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(b + (8 + m) * row_bytes)), 1);
+            v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(b + (4 + m) * row_bytes)), 2);
+            q4[m] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(b + (12 + m) * row_bytes)), 3);
+        }
+        {
+            const __m512i t0 = _mm512_unpacklo_epi32(q4[0], q4[1]), t1 = _mm512_unpackhi_epi32(q4[0], q4[1]),
+                          t2 = _mm512_unpacklo_epi32(q4[2], q4[3]), t3 = _mm512_unpackhi_epi32(q4[2], q4[3]);
+            wk[0] = _mm512_unpacklo_epi64(t0, t2), wk[1] = _mm512_unpackhi_epi64(t0, t2);
+            wk[2] = _mm512_unpacklo_epi64(t1, t3), wk[3] = _mm512_unpackhi_epi64(t1, t3);
+        }
+        {   // the next strip (the 16 rows after these, contiguous) a share per super-block: one
+            // stream a strip ahead, as the row kernels' along their row
+            const uint8_t *p = w + 16 * row_bytes + (size_t)(i / 256) * 16 * 144;
+            for (int l = 0; l < 16 * 144; l += 64) _mm_prefetch((const char *)p + l, _MM_HINT_T1);
+        }
+        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(wk[0])),
+                     ndmin = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(wk[0], 16))));
+        const __m512i sc03 = _mm512_and_si512(wk[1], m3f), mn03 = _mm512_and_si512(wk[2], m3f);
+        const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(wk[3], m0f), _mm512_and_si512(_mm512_srli_epi32(wk[1], 2), m30));
+        const __m512i mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(wk[3], 4), m0f),
+                                             _mm512_and_si512(_mm512_srli_epi32(wk[2], 2), m30));
+        __m512i shi[4], slo[4];
+        for (int t = 0; t < R; t++) shi[t] = slo[t] = _mm512_setzero_si512();
+        for (int c = 0; c < 2; c++)
+            for (int g = 0; g < 2; g++) {   // qs bytes [64c + 32g, + 32): sub-blocks 4c + 2g (low nibbles), + 1 (high)
+                const int jl = 4 * c + 2 * g;
+                const __m512i scl = _mm512_and_si512(_mm512_srli_epi32(jl < 4 ? sc03 : sc47, 8 * (jl % 4)), ff),
+                              sch = _mm512_and_si512(_mm512_srli_epi32(jl < 4 ? sc03 : sc47, 8 * (jl % 4 + 1)), ff);
+                const __m512 mnl = _mm512_mul_ps(ndmin, _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(jl < 4 ? mn03 : mn47, 8 * (jl % 4)), ff))),
+                             mnh = _mm512_mul_ps(ndmin, _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(jl < 4 ? mn03 : mn47, 8 * (jl % 4 + 1)), ff)));
+                __m512i raw[8];
+                strip_t8(b, row_bytes, 16 + 64 * c + 32 * g, raw);
+                __m512i hl[4], ll[4], hh[4], lh[4];
+                for (int t = 0; t < R; t++) hl[t] = ll[t] = hh[t] = lh[t] = _mm512_setzero_si512();
+                for (int d = 0; d < 8; d++) {
+                    const __m512i ul = _mm512_and_si512(raw[d], lo4), uh = _mm512_and_si512(_mm512_srli_epi16(raw[d], 4), lo4);
+                    const int at = i + 128 * c + 32 * g + 4 * d;   // position in the K form's Q4_K order
+                    for (int t = 0; t < R; t++) {
+                        hl[t] = dpbusd_b(hl[t], ul, x[t].q + at), hh[t] = dpbusd_b(hh[t], uh, x[t].q + at + 64);
+                        if (digits == 2)
+                            ll[t] = dpbusd_b(ll[t], ul, x[t].ql + at), lh[t] = dpbusd_b(lh[t], uh, x[t].ql + at + 64);
+                    }
+                }
+                for (int t = 0; t < R; t++) {
+                    shi[t] = _mm512_add_epi32(shi[t], _mm512_add_epi32(_mm512_mullo_epi32(hl[t], scl), _mm512_mullo_epi32(hh[t], sch)));
+                    if (digits == 2)
+                        slo[t] = _mm512_add_epi32(slo[t], _mm512_add_epi32(_mm512_mullo_epi32(ll[t], scl), _mm512_mullo_epi32(lh[t], sch)));
+                    // mins: -dmin mn_j a_j (a: the K form's 32-block sums, natural order)
+                    facc[t] = _mm512_fmadd_ps(mnl, _mm512_set1_ps(x[t].a[i / 32 + jl]), facc[t]);
+                    facc[t] = _mm512_fmadd_ps(mnh, _mm512_set1_ps(x[t].a[i / 32 + jl + 1]), facc[t]);
+                }
+            }
+        for (int t = 0; t < R; t++) {
+            __m512 s = _mm512_cvtepi32_ps(shi[t]);
+            if (digits == 2) s = _mm512_fmadd_ps(s, _mm512_set1_ps(256.0f), _mm512_cvtepi32_ps(slo[t]));
+            else s = _mm512_mul_ps(s, _mm512_set1_ps(256.0f));
+            facc[t] = _mm512_fmadd_ps(s, _mm512_mul_ps(dw, _mm512_set1_ps(x[t].d[i / 256])), facc[t]);
+        }
+    }
+    const __m512i sigma = _mm512_set_epi32(15, 14, 13, 12, 7, 6, 5, 4, 11, 10, 9, 8, 3, 2, 1, 0);
+    for (int t = 0; t < R; t++) _mm512_storeu_ps(out + (size_t)t * stride, _mm512_permutexvar_ps(sigma, facc[t]));
+}
+
+typedef void (*strip_fn)(int R, const uint8_t *w, size_t row_bytes, const act_row *x, int cols, float *out,
+                         size_t stride);
+#define STRIP_KERNEL(name, D)                                                                      \
+    AVX512 static void strip_##name##_##D(int R, const uint8_t *w, size_t row_bytes, const act_row *x, \
+                                          int cols, float *out, size_t stride) {                    \
+        switch (R) {                                                                               \
+        case 1: name##_strip(1, D, w, row_bytes, x, cols, out, stride); break;                     \
+        case 2: name##_strip(2, D, w, row_bytes, x, cols, out, stride); break;                     \
+        case 3: name##_strip(3, D, w, row_bytes, x, cols, out, stride); break;                     \
+        default: name##_strip(4, D, w, row_bytes, x, cols, out, stride); break;                    \
+        }                                                                                          \
+    }
+STRIP_KERNEL(q4k, 1)
+STRIP_KERNEL(q4k, 2)
+
+static strip_fn fused_strip(enum q_isa isa, uint32_t type, int digits, int in) {
+    if (isa != Q_ISA_AVX512 || in % 256 || getenv("SIFT_NOSTRIP")) return NULL;
+    if (type == GGML_Q4_K) return digits == 1 ? strip_q4k_1 : strip_q4k_2;
+    return NULL;
+}
+
 // One-row and four-row forms per digit count D (the same arithmetic per row: bit-identical outputs)
 #define K_KERNELS(name, D)                                                                         \
     AVX512 static float dot_##name##_avx512_##D(const uint8_t *b, const int8_t *q, const int8_t *ql, \
@@ -889,7 +1030,7 @@ void *q_scratch_get(q_scratch *s, size_t n) {
     return s->p;
 }
 
-#define ROW_BLOCK 8   // weight rows per unit of work (unpacked once, dotted with every x row)
+#define ROW_BLOCK 16   // weight rows per unit of work (unpacked once, dotted with every x row; a Q4_K strip)
 
 // int8 path: quantise x once, then each thread unpacks blocks of ROW_BLOCK weight rows and
 // dots them with all n activation rows.
@@ -993,9 +1134,20 @@ static inline float fused_one(dot_blk_fn fused, uint32_t type, const uint8_t *ro
 // four activation rows at a time where the type has a four-row kernel (the same bits as one at a
 // time), each four against all nr weight rows before the next four: the four stay in L1 (at 8
 // rows and more, all of them would not) and the nr rows come from L1/L2 after the first four.
-static inline void fused_rows(dot_blk_fn fused, dot4_fn fused4, uint32_t type, const uint8_t *row,
-                              size_t row_bytes, int nr, const q_act *a, int n, int in, float *out,
-                              size_t stride) {
+static inline void fused_rows(dot_blk_fn fused, dot4_fn fused4, strip_fn strip, uint32_t type,
+                              const uint8_t *row, size_t row_bytes, int nr, const q_act *a, int n,
+                              int in, float *out, size_t stride) {
+    if (strip && nr >= 16) {
+        for (int r = 0; r + 16 <= nr; r += 16)
+            for (int i = 0; i < n; i += 4) {
+                act_row x[4];
+                const int R = n - i < 4 ? n - i : 4;
+                for (int q = 0; q < R; q++) x[q] = act_of(a, type, i + q, in);
+                strip(R, row + (size_t)r * row_bytes, row_bytes, x, in, out + (size_t)i * stride + r, stride);
+            }
+        const int done = nr - nr % 16;
+        row += (size_t)done * row_bytes, out += done, nr -= done;
+    }
     int i = 0;
     for (; fused4 && i + 4 <= n; i += 4) {
         act_row x[4];
@@ -1040,24 +1192,22 @@ void q_matmul_multi(enum q_isa isa, int digits, int k, float *const *out, const 
                          row_bytes[j], o[j], sc);
         return;
     }
-    for (int j = 0; j < k; j++) start[j] = total, total += o[j];
+    strip_fn strip[Q_MULTI_MAX];
+    for (int j = 0; j < k; j++) start[j] = total, total += (o[j] + ROW_BLOCK - 1) / ROW_BLOCK;
     start[k] = total;
     int kform = 0;
-    for (int j = 0; j < k; j++) kform |= k_form(isa, type[j], in);
+    for (int j = 0; j < k; j++) kform |= k_form(isa, type[j], in), strip[j] = fused_strip(isa, type[j], digits, in);
     q_act a = quantize_act(isa, x, n, in, digits, joined, kform, 0, sc);
-    int n_blocks = (total + ROW_BLOCK - 1) / ROW_BLOCK;
-    // one static split of all the products' rows: one barrier, contiguous streams per thread
+    // one static split of all the products' blocks of rows (each product's own blocks from its
+    // row 0, as q_matmul's: the same rows take the same kernels): one barrier, contiguous streams
 #pragma omp parallel for schedule(static)
-    for (int rb = 0; rb < n_blocks; rb++) {
-        int g1 = (rb + 1) * ROW_BLOCK < total ? (rb + 1) * ROW_BLOCK : total, j = 0;
-        for (int g = rb * ROW_BLOCK, run; g < g1; g += run) {   // runs of rows of one product
-            while (g >= start[j + 1]) j++;
-            int r = g - start[j];
-            run = (g1 < start[j + 1] ? g1 : start[j + 1]) - g;
-            const uint8_t *row = (const uint8_t *)w[j] + (size_t)r * row_bytes[j];
-            if (joined) fused16_rows(f16k[j], row, row_bytes[j], run, &a, n, in, out[j] + r, (size_t)o[j]);
-            else fused_rows(fused[j], fused4[j], type[j], row, row_bytes[j], run, &a, n, in, out[j] + r, (size_t)o[j]);
-        }
+    for (int rb = 0; rb < total; rb++) {
+        int j = 0;
+        while (rb >= start[j + 1]) j++;
+        const int r = (rb - start[j]) * ROW_BLOCK, run = o[j] - r < ROW_BLOCK ? o[j] - r : ROW_BLOCK;
+        const uint8_t *row = (const uint8_t *)w[j] + (size_t)r * row_bytes[j];
+        if (joined) fused16_rows(f16k[j], row, row_bytes[j], run, &a, n, in, out[j] + r, (size_t)o[j]);
+        else fused_rows(fused[j], fused4[j], strip[j], type[j], row, row_bytes[j], run, &a, n, in, out[j] + r, (size_t)o[j]);
     }
 }
 
@@ -1067,6 +1217,7 @@ static void matmul_int8(enum q_isa isa, int digits, float *out, const float *x, 
                                                                               : dot_q8_scalar;
     dot_blk_fn fused = fused_dot(isa, type, digits);
     dot4_fn fused4 = fused_dot4(isa, type, digits);
+    strip_fn strip = fused_strip(isa, type, digits, in);
     dot16_fn f16k = fused16_dot(isa, type);
     size_t ng = (size_t)in / G, unpacked = (size_t)in + 2 * ng * sizeof(float);
     int nt = omp_get_max_threads();
@@ -1088,7 +1239,7 @@ static void matmul_int8(enum q_isa isa, int digits, float *out, const float *x, 
 #pragma omp parallel for schedule(static)
         for (int rb = 0; rb < n_blocks; rb++) {
             int r0 = rb * ROW_BLOCK, nr = o - r0 < ROW_BLOCK ? o - r0 : ROW_BLOCK;
-            fused_rows(fused, fused4, type, w + (size_t)r0 * row_bytes, row_bytes, nr, &a, n, in, out + r0, (size_t)o);
+            fused_rows(fused, fused4, strip, type, w + (size_t)r0 * row_bytes, row_bytes, nr, &a, n, in, out + r0, (size_t)o);
         }
         return;
     }
