@@ -809,7 +809,7 @@ STRIP_KERNEL(q4k, 1)
 STRIP_KERNEL(q4k, 2)
 
 static strip_fn fused_strip(enum q_isa isa, uint32_t type, int digits, int in) {
-    if (isa != Q_ISA_AVX512 || in % 256 || getenv("SIFT_NOSTRIP")) return NULL;
+    if (isa != Q_ISA_AVX512 || in % 256) return NULL;
     if (type == GGML_Q4_K) return digits == 1 ? strip_q4k_1 : strip_q4k_2;
     return NULL;
 }
