@@ -751,43 +751,37 @@ q4k_strip(int R, int digits, const uint8_t *w, size_t row_bytes, const act_row *
         const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(wk[3], m0f), _mm512_and_si512(_mm512_srli_epi32(wk[1], 2), m30));
         const __m512i mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(wk[3], 4), m0f),
                                              _mm512_and_si512(_mm512_srli_epi32(wk[2], 2), m30));
-        __m512i shi[4], slo[4];
-        for (int t = 0; t < R; t++) shi[t] = slo[t] = _mm512_setzero_si512();
+        float dx[4];
+        for (int t = 0; t < R; t++) dx[t] = x[t].d[i / 256];
         for (int c = 0; c < 2; c++)
             for (int g = 0; g < 2; g++) {   // qs bytes [64c + 32g, + 32): sub-blocks 4c + 2g (low nibbles), + 1 (high)
-                const int jl = 4 * c + 2 * g;
-                const __m512i scl = _mm512_and_si512(_mm512_srli_epi32(jl < 4 ? sc03 : sc47, 8 * (jl % 4)), ff),
-                              sch = _mm512_and_si512(_mm512_srli_epi32(jl < 4 ? sc03 : sc47, 8 * (jl % 4 + 1)), ff);
-                const __m512 mnl = _mm512_mul_ps(ndmin, _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(jl < 4 ? mn03 : mn47, 8 * (jl % 4)), ff))),
-                             mnh = _mm512_mul_ps(ndmin, _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(jl < 4 ? mn03 : mn47, 8 * (jl % 4 + 1)), ff)));
                 __m512i raw[8];
                 strip_t8(b, row_bytes, 16 + 64 * c + 32 * g, raw);
-                __m512i hl[4], ll[4], hh[4], lh[4];
-                for (int t = 0; t < R; t++) hl[t] = ll[t] = hh[t] = lh[t] = _mm512_setzero_si512();
-                for (int d = 0; d < 8; d++) {
-                    const __m512i ul = _mm512_and_si512(raw[d], lo4), uh = _mm512_and_si512(_mm512_srli_epi16(raw[d], 4), lo4);
-                    const int at = i + 128 * c + 32 * g + 4 * d;   // position in the K form's Q4_K order
+                for (int nh = 0; nh < 2; nh++) {   // low nibbles: sub-block j = 4c + 2g, high: j + 1
+                    const int j = 4 * c + 2 * g + nh;
+                    const __m512i sc = _mm512_and_si512(_mm512_srli_epi32(j < 4 ? sc03 : sc47, 8 * (j % 4)), ff),
+                                  mn = _mm512_and_si512(_mm512_srli_epi32(j < 4 ? mn03 : mn47, 8 * (j % 4)), ff);
+                    const __m512 dsc = _mm512_mul_ps(dw, _mm512_cvtepi32_ps(sc)), dmn = _mm512_mul_ps(ndmin, _mm512_cvtepi32_ps(mn));
+                    __m512i ah[4], al[4];
+                    for (int t = 0; t < R; t++) ah[t] = al[t] = _mm512_setzero_si512();
+                    for (int d = 0; d < 8; d++) {
+                        const __m512i u = nh ? _mm512_and_si512(_mm512_srli_epi16(raw[d], 4), lo4) : _mm512_and_si512(raw[d], lo4);
+                        const int at = i + 128 * c + 32 * g + 64 * nh + 4 * d;   // position in the K form's Q4_K order
+                        for (int t = 0; t < R; t++) {
+                            ah[t] = dpbusd_b(ah[t], u, x[t].q + at);
+                            if (digits == 2) al[t] = dpbusd_b(al[t], u, x[t].ql + at);
+                        }
+                    }
+                    // per row: d sc_j dx (256 hi + lo) - dmin mn_j a_j; 256 hi + lo < 2^24 (32 products of
+                    // at most 15 * 127 per digit), so its conversion is exact
                     for (int t = 0; t < R; t++) {
-                        hl[t] = dpbusd_b(hl[t], ul, x[t].q + at), hh[t] = dpbusd_b(hh[t], uh, x[t].q + at + 64);
-                        if (digits == 2)
-                            ll[t] = dpbusd_b(ll[t], ul, x[t].ql + at), lh[t] = dpbusd_b(lh[t], uh, x[t].ql + at + 64);
+                        __m512i v = _mm512_slli_epi32(ah[t], 8);
+                        if (digits == 2) v = _mm512_add_epi32(v, al[t]);
+                        facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(dsc, _mm512_set1_ps(dx[t])), facc[t]);
+                        facc[t] = _mm512_fmadd_ps(dmn, _mm512_set1_ps(x[t].a[i / 32 + j]), facc[t]);
                     }
                 }
-                for (int t = 0; t < R; t++) {
-                    shi[t] = _mm512_add_epi32(shi[t], _mm512_add_epi32(_mm512_mullo_epi32(hl[t], scl), _mm512_mullo_epi32(hh[t], sch)));
-                    if (digits == 2)
-                        slo[t] = _mm512_add_epi32(slo[t], _mm512_add_epi32(_mm512_mullo_epi32(ll[t], scl), _mm512_mullo_epi32(lh[t], sch)));
-                    // mins: -dmin mn_j a_j (a: the K form's 32-block sums, natural order)
-                    facc[t] = _mm512_fmadd_ps(mnl, _mm512_set1_ps(x[t].a[i / 32 + jl]), facc[t]);
-                    facc[t] = _mm512_fmadd_ps(mnh, _mm512_set1_ps(x[t].a[i / 32 + jl + 1]), facc[t]);
-                }
             }
-        for (int t = 0; t < R; t++) {
-            __m512 s = _mm512_cvtepi32_ps(shi[t]);
-            if (digits == 2) s = _mm512_fmadd_ps(s, _mm512_set1_ps(256.0f), _mm512_cvtepi32_ps(slo[t]));
-            else s = _mm512_mul_ps(s, _mm512_set1_ps(256.0f));
-            facc[t] = _mm512_fmadd_ps(s, _mm512_mul_ps(dw, _mm512_set1_ps(x[t].d[i / 256])), facc[t]);
-        }
     }
     const __m512i sigma = _mm512_set_epi32(15, 14, 13, 12, 7, 6, 5, 4, 11, 10, 9, 8, 3, 2, 1, 0);
     for (int t = 0; t < R; t++) _mm512_storeu_ps(out + (size_t)t * stride, _mm512_permutexvar_ps(sigma, facc[t]));
