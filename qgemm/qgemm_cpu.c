@@ -753,10 +753,13 @@ q4k_strip(int R, int digits, const uint8_t *w, size_t row_bytes, const act_row *
                                              _mm512_and_si512(_mm512_srli_epi32(wk[2], 2), m30));
         float dx[4];
         for (int t = 0; t < R; t++) dx[t] = x[t].d[i / 256];
+#pragma GCC unroll 2
         for (int c = 0; c < 2; c++)
+#pragma GCC unroll 2
             for (int g = 0; g < 2; g++) {   // qs bytes [64c + 32g, + 32): sub-blocks 4c + 2g (low nibbles), + 1 (high)
                 __m512i raw[8];
                 strip_t8(b, row_bytes, 16 + 64 * c + 32 * g, raw);
+#pragma GCC unroll 2
                 for (int nh = 0; nh < 2; nh++) {   // low nibbles: sub-block j = 4c + 2g, high: j + 1
                     const int j = 4 * c + 2 * g + nh;
                     const __m512i sc = _mm512_and_si512(_mm512_srli_epi32(j < 4 ? sc03 : sc47, 8 * (j % 4)), ff),
@@ -764,6 +767,7 @@ q4k_strip(int R, int digits, const uint8_t *w, size_t row_bytes, const act_row *
                     const __m512 dsc = _mm512_mul_ps(dw, _mm512_cvtepi32_ps(sc)), dmn = _mm512_mul_ps(ndmin, _mm512_cvtepi32_ps(mn));
                     __m512i ah[4], al[4];
                     for (int t = 0; t < R; t++) ah[t] = al[t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
                     for (int d = 0; d < 8; d++) {
                         const __m512i u = nh ? _mm512_and_si512(_mm512_srli_epi16(raw[d], 4), lo4) : _mm512_and_si512(raw[d], lo4);
                         const int at = i + 128 * c + 32 * g + 64 * nh + 4 * d;   // position in the K form's Q4_K order

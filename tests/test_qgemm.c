@@ -180,7 +180,7 @@ static void test_multi(enum q_isa isa, int digits, int vnni, int N) {
                                   : digits == 1 ? Q_PATH_INT8_1 : Q_PATH_INT8;
     enum { IN = 512 };
     const uint32_t types[3] = {GGML_Q4_K, GGML_Q6_K, GGML_Q4_1};
-    const int o[3] = {37, 5, 70};
+    const int o[3] = {37, 21, 70};
     uint8_t *w[3];
     size_t rb[3];
     float *x = malloc(sizeof(float) * N * IN), *sep[3], *multi[3];
