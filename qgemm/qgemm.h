@@ -19,7 +19,12 @@
 // 256-block instead of 32 (q_act_block): the same two digits, so their sub-block scales apply in
 // int32 (vpmaddubsw, vpdpwssd) and the fp32 fix-up runs once per super-block, not per 4 products
 // (bench/RESULTS.md: 8.5 % less CPU per decoded token on the 1B shape); the bound above then
-// holds with that block's d.
+// holds with that block's d. Q4_K's rows go 16 at a time there (q4k_strip): the strip's blocks
+// are transposed on the fly so that each vector lane holds one weight row, one vpdpbusd per digit
+// adds 4 products to each of the 16 rows, and a sub-block's sums meet their scale once per
+// sub-block instead of once per 64 products (bench/RESULTS.md: faster at one activation row, and
+// most for batched decode). The integers are the same; the fp32 sums run in another order, the
+// same for every row count, so a row's result never depends on the batch it is in.
 // F16/BF16 rows are converted to fp32 on the fly (F16C / shifts) and dotted with fp32 activations.
 // Prefill-sized products (many rows) may instead dequantise tiles of weight rows to fp32 and
 // call sgemm (exact weights), on a CPU with AMX multiply bf16 tiles (qgemm_amx.c), or on AVX-512

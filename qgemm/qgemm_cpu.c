@@ -675,13 +675,16 @@ q6k_rows(int R, int digits, const uint8_t *b, const act_row *x, int cols, float 
 
 // ---- Q4_K, 16 weight rows at once: the rows in the lanes (AVX-512) ---------------------------
 // The row kernels above keep one weight row per vector, so each 64 products need vpmaddubsw and
-// vpdpwssd (the sub-block scales differ within the vector). Here a strip of 16 rows is transposed
-// on the fly: lane r of a vector holds 4 bytes of row r's quants at one offset of the super-block,
-// so one vpdpbusd per digit (the activation's 4 bytes at that offset broadcast) adds 4 products
-// to every row, and a sub-block's sums — each row's in its own lane — meet their scale once
-// (vpmulld by the 16 rows' sc), not once per 64 products. The integers are the row kernel's
-// (hi = sum_j sc_j sum u q, lo likewise, the K form's two digits per 256-block), so is the fp32
-// fix-up once per super-block; only the order of the fp32 sums differs.
+// vpdpwssd (the sub-block scales differ within the vector). q4k_strip transposes a strip of 16
+// rows on the fly instead: lane l of a vector holds 4 bytes of one row's quants at one offset of
+// the super-block, so one vpdpbusd per digit (the activation's 4 bytes at that offset broadcast)
+// adds 4 products to each of the 16 rows, and a sub-block's 32 products per row end in one int32
+// lane, meeting their scale once per sub-block: y += d sc_j d_x (256 hi_j + lo_j) - dmin mn_j a_j,
+// with 256 hi_j + lo_j < 2^24 (32 products of at most 15 * 127 per digit) converted exactly. The
+// activations are the K form's (two digits per 256-block), so the bound of qgemm.h holds as for
+// q4k_rows; the fp32 sums run per sub-block, the same for every row count. Per activation row it
+// keeps two int32 sums and one fp32 sum, so four rows share each transpose in the registers.
+// Measured against q4k_rows: bench/RESULTS.md.
 // acc += u . the 4 bytes at p broadcast (vpdpbusd with an embedded broadcast: one instruction, the
 // load folded in, which GCC does not form from the intrinsics)
 AVX512 static inline __m512i dpbusd_b(__m512i acc, __m512i u, const int8_t *p) {
@@ -1132,6 +1135,9 @@ static inline float fused_one(dot_blk_fn fused, uint32_t type, const uint8_t *ro
 // four activation rows at a time where the type has a four-row kernel (the same bits as one at a
 // time), each four against all nr weight rows before the next four: the four stay in L1 (at 8
 // rows and more, all of them would not) and the nr rows come from L1/L2 after the first four.
+// With a strip kernel (Q4_K on AVX-512), each whole 16 of the nr rows goes through it, up to four
+// activation rows per pass; the rest as above. Which rows take a strip depends on nr alone (the
+// caller's blocks of ROW_BLOCK from each product's row 0), never on n.
 static inline void fused_rows(dot_blk_fn fused, dot4_fn fused4, strip_fn strip, uint32_t type,
                               const uint8_t *row, size_t row_bytes, int nr, const q_act *a, int n,
                               int in, float *out, size_t stride) {
