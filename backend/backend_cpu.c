@@ -169,7 +169,7 @@ backend *backend_cpu_create(int n_threads, enum bk_weights weights) {
                                      : c->amx                    ? "amx bf16 tiles from 16 rows"
                                      : c->isa == Q_ISA_AVX512 && weights == BK_WEIGHTS_FAST
                                          ? "vnni one-digit gemm from 16 rows (--weights fast)"
-                                     : c->isa == Q_ISA_AVX512    ? "vnni two-digit gemm from 16 rows"
+                                     : c->isa == Q_ISA_AVX512    ? "vnni two-digit gemm from 16 rows (Q4_K from 32)"
                                                                  : "sgemm tiles from 64 rows");
     return b;
 }

@@ -9,7 +9,8 @@
 // Which path a quantised product of n rows takes. Decode (n = 1) and short products: int8. Wider
 // ones, from 16 rows: on a CPU with AMX, bf16 tiles (they won from 16 rows on the 1B shape,
 // bench/RESULTS.md); else with AVX-512 VNNI, the integer GEMM on the int8 path's two digits
-// (vpdpwssd; it won from 12-16 rows) — or with --weights fast on one digit (vpdpbusd: twice as
+// (vpdpwssd; it won from 12-16 rows; Q4_K's 16-row strips win up to 31, so Q4_K from 32) — or
+// with --weights fast on one digit (vpdpbusd: twice as
 // fast, llama.cpp's precision, which turned the default model's greedy chat answer into nonsense
 // as llama.cpp's own run does); elsewhere sgemm on dequantised tiles from SGEMM_MIN_ROWS (below
 // 64 rows either may win, from 64 sgemm tiles won on every shape measured). A fixed rule, so the
@@ -22,6 +23,8 @@
 #define SGEMM_MIN_ROWS 64
 #define AMX_MIN_ROWS 16
 #define VNNI_MIN_ROWS 16
+#define VNNI_Q4K_MIN_ROWS 32   // Q4_K's row kernels take 16 weight rows at a time (q4k_strip) and
+                               // beat the two-digit VNNI GEMM below 32 rows (bench/RESULTS.md)
 #define TUNE_MIN_ROWS 8
 
 // out (n, o) = x (n, i) @ W (o, i)^T + bias
@@ -57,11 +60,17 @@ static const char *path_name(enum q_path p) {
                                : "int8";
 }
 
-// The path the fixed rules give a quantised product of n rows, or -1 where SIFT_PREFILL=tune
-// times it per shape (pick_path).
-static int fixed_path(const cpu_impl *c, int n) {
+// The path the fixed rules give a quantised product of n rows of `type`, or -1 where
+// SIFT_PREFILL=tune times it per shape (pick_path). Q4_K on AVX-512 keeps the row kernels (their
+// 16-row strips) up to 31 rows when the wide path is the two-digit VNNI GEMM.
+static int fixed_path(const cpu_impl *c, int n, uint32_t type) {
     if (c->forced >= 0) return c->forced != Q_PATH_INT8 && n >= 2 ? c->forced : Q_PATH_INT8;
-    if (c->forced == -1) return n < wide_min_rows(c) ? Q_PATH_INT8 : (int)wide_path(c);
+    if (c->forced == -1) {
+        enum q_path wide = wide_path(c);
+        int min = type == GGML_Q4_K && wide == Q_PATH_VNNI && c->isa == Q_ISA_AVX512 ? VNNI_Q4K_MIN_ROWS
+                                                                                     : wide_min_rows(c);
+        return n < min ? Q_PATH_INT8 : (int)wide;
+    }
     return n < TUNE_MIN_ROWS ? Q_PATH_INT8 : -1;
 }
 
@@ -69,7 +78,7 @@ static int fixed_path(const cpu_impl *c, int n) {
 // entry to fill by timing both.
 static enum q_path pick_path(cpu_impl *c, const bk_weight *w, int n, int in, int o, tune_entry **e) {
     *e = NULL;
-    int fixed = fixed_path(c, n);
+    int fixed = fixed_path(c, n, w->type);
     if (fixed >= 0) return (enum q_path)fixed;
     int bucket = floor_log2(n);
     for (int i = 0; i < c->n_tune; i++) {
@@ -133,12 +142,14 @@ void cpu_matmul_multi(backend *b, int k, void *const *out, const void *x,
                       const bk_weight *const *w, const bk_weight *const *bias, int n, int in,
                       const int *o) {
     cpu_impl *c = impl(b);
-    // the int8 row kernels or the VNNI GEMM by the fixed rules (not timed per shape)
-    int path = fixed_path(c, n), few = path == Q_PATH_INT8;
+    // the int8 row kernels or the VNNI GEMM by the fixed rules (not timed per shape), the same
+    // path for every matrix (Q4_K's may differ from the others' at 16-31 rows)
+    int path = fixed_path(c, n, w[0]->type), few = path == Q_PATH_INT8;
     int vnni = (path == Q_PATH_VNNI || path == Q_PATH_VNNI8) && c->isa == Q_ISA_AVX512;
     int shared = k <= Q_MULTI_MAX && (few || vnni) && !omp_in_parallel();
     for (int j = 0; j < k && shared; j++)
-        shared = w[j]->type != GGML_F32 && (few || q_vnni_supported(w[j]->type));
+        shared = w[j]->type != GGML_F32 && fixed_path(c, n, w[j]->type) == path &&
+                 (few || q_vnni_supported(w[j]->type));
     if (!shared) {
         for (int j = 0; j < k; j++) cpu_matmul(b, out[j], x, w[j], bias[j], n, in, o[j]);
         return;
