@@ -23,8 +23,9 @@
 #define SGEMM_MIN_ROWS 64
 #define AMX_MIN_ROWS 16
 #define VNNI_MIN_ROWS 16
-#define VNNI_Q4K_MIN_ROWS 32   // Q4_K's row kernels take 16 weight rows at a time (q4k_strip) and
-                               // beat the two-digit VNNI GEMM below 32 rows (bench/RESULTS.md)
+#define VNNI_STRIP_MIN_ROWS 32   // types whose row kernels take 16 weight rows at a time
+                                 // (q_rows_strip) beat the two-digit VNNI GEMM below 32 rows
+                                 // (bench/RESULTS.md)
 #define TUNE_MIN_ROWS 8
 
 // out (n, o) = x (n, i) @ W (o, i)^T + bias
@@ -61,14 +62,13 @@ static const char *path_name(enum q_path p) {
 }
 
 // The path the fixed rules give a quantised product of n rows of `type`, or -1 where
-// SIFT_PREFILL=tune times it per shape (pick_path). Q4_K on AVX-512 keeps the row kernels (their
-// 16-row strips) up to 31 rows when the wide path is the two-digit VNNI GEMM.
+// SIFT_PREFILL=tune times it per shape (pick_path). A type the row kernels take in 16-row strips
+// (Q4_K on AVX-512) keeps them up to 31 rows when the wide path is the two-digit VNNI GEMM.
 static int fixed_path(const cpu_impl *c, int n, uint32_t type) {
     if (c->forced >= 0) return c->forced != Q_PATH_INT8 && n >= 2 ? c->forced : Q_PATH_INT8;
     if (c->forced == -1) {
         enum q_path wide = wide_path(c);
-        int min = type == GGML_Q4_K && wide == Q_PATH_VNNI && c->isa == Q_ISA_AVX512 ? VNNI_Q4K_MIN_ROWS
-                                                                                     : wide_min_rows(c);
+        int min = wide == Q_PATH_VNNI && q_rows_strip(c->isa, type) ? VNNI_STRIP_MIN_ROWS : wide_min_rows(c);
         return n < min ? Q_PATH_INT8 : (int)wide;
     }
     return n < TUNE_MIN_ROWS ? Q_PATH_INT8 : -1;

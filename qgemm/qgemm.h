@@ -79,6 +79,9 @@ void q_matmul_multi(enum q_isa isa, int digits, int k, float *const *out, const 
 // for Q4_K and Q6_K on AVX-512 (their kernels apply the sub-block scales in int32 and convert
 // once per super-block; the same two digits, |x - x^| <= d / 256 with the 256-block's d).
 int q_act_block(enum q_isa isa, uint32_t type, int in);
+// 1 when the int8 row kernels take `type`'s weight rows 16 at a time on this ISA (q4k_strip: Q4_K
+// on AVX-512), which beats the two-digit VNNI GEMM below 32 rows (backend/gemm_cpu.c's rule).
+int q_rows_strip(enum q_isa isa, uint32_t type);
 
 // The activations' two-digit form, exposed for the tests: row x (cols,) -> q (2 cols,): the high
 // digits, then the low ones; d (cols/32,) = max |x| / 127 / 256 of each 32-block (the unit of

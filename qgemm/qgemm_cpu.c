@@ -809,10 +809,11 @@ typedef void (*strip_fn)(int R, const uint8_t *w, size_t row_bytes, const act_ro
 STRIP_KERNEL(q4k, 1)
 STRIP_KERNEL(q4k, 2)
 
-static strip_fn fused_strip(enum q_isa isa, uint32_t type, int digits, int in) {
-    if (isa != Q_ISA_AVX512 || in % 256) return NULL;
-    if (type == GGML_Q4_K) return digits == 1 ? strip_q4k_1 : strip_q4k_2;
-    return NULL;
+int q_rows_strip(enum q_isa isa, uint32_t type) { return isa == Q_ISA_AVX512 && type == GGML_Q4_K; }
+
+static strip_fn fused_strip(enum q_isa isa, uint32_t type, int digits) {   // (Q4_K rows: whole 256-blocks)
+    if (!q_rows_strip(isa, type)) return NULL;
+    return digits == 1 ? strip_q4k_1 : strip_q4k_2;
 }
 
 // One-row and four-row forms per digit count D (the same arithmetic per row: bit-identical outputs)
@@ -1031,7 +1032,7 @@ void *q_scratch_get(q_scratch *s, size_t n) {
     return s->p;
 }
 
-#define ROW_BLOCK 16   // weight rows per unit of work (unpacked once, dotted with every x row; a Q4_K strip)
+#define ROW_BLOCK 16   // weight rows per unit of work (unpacked once, dotted with every x row; a Q4_K strip's 16)
 
 // int8 path: quantise x once, then each thread unpacks blocks of ROW_BLOCK weight rows and
 // dots them with all n activation rows.
@@ -1135,22 +1136,20 @@ static inline float fused_one(dot_blk_fn fused, uint32_t type, const uint8_t *ro
 // four activation rows at a time where the type has a four-row kernel (the same bits as one at a
 // time), each four against all nr weight rows before the next four: the four stay in L1 (at 8
 // rows and more, all of them would not) and the nr rows come from L1/L2 after the first four.
-// With a strip kernel (Q4_K on AVX-512), each whole 16 of the nr rows goes through it, up to four
-// activation rows per pass; the rest as above. Which rows take a strip depends on nr alone (the
-// caller's blocks of ROW_BLOCK from each product's row 0), never on n.
+// With a strip kernel (Q4_K on AVX-512), a whole block of ROW_BLOCK = 16 rows goes through it, up
+// to four activation rows per pass; a product's last, partial block as above. Which rows take a
+// strip depends on the callers' blocks (ROW_BLOCK from each product's row 0) alone, never on n.
 static inline void fused_rows(dot_blk_fn fused, dot4_fn fused4, strip_fn strip, uint32_t type,
                               const uint8_t *row, size_t row_bytes, int nr, const q_act *a, int n,
                               int in, float *out, size_t stride) {
-    if (strip && nr >= 16) {
-        for (int r = 0; r + 16 <= nr; r += 16)
-            for (int i = 0; i < n; i += 4) {
-                act_row x[4];
-                const int R = n - i < 4 ? n - i : 4;
-                for (int q = 0; q < R; q++) x[q] = act_of(a, type, i + q, in);
-                strip(R, row + (size_t)r * row_bytes, row_bytes, x, in, out + (size_t)i * stride + r, stride);
-            }
-        const int done = nr - nr % 16;
-        row += (size_t)done * row_bytes, out += done, nr -= done;
+    if (strip && nr == ROW_BLOCK) {   // a whole block: one strip
+        for (int i = 0; i < n; i += 4) {
+            act_row x[4];
+            const int R = n - i < 4 ? n - i : 4;
+            for (int q = 0; q < R; q++) x[q] = act_of(a, type, i + q, in);
+            strip(R, row, row_bytes, x, in, out + (size_t)i * stride, stride);
+        }
+        return;
     }
     int i = 0;
     for (; fused4 && i + 4 <= n; i += 4) {
@@ -1200,7 +1199,7 @@ void q_matmul_multi(enum q_isa isa, int digits, int k, float *const *out, const 
     for (int j = 0; j < k; j++) start[j] = total, total += (o[j] + ROW_BLOCK - 1) / ROW_BLOCK;
     start[k] = total;
     int kform = 0;
-    for (int j = 0; j < k; j++) kform |= k_form(isa, type[j], in), strip[j] = fused_strip(isa, type[j], digits, in);
+    for (int j = 0; j < k; j++) kform |= k_form(isa, type[j], in), strip[j] = fused_strip(isa, type[j], digits);
     q_act a = quantize_act(isa, x, n, in, digits, joined, kform, 0, sc);
     // one static split of all the products' blocks of rows (each product's own blocks from its
     // row 0, as q_matmul's: the same rows take the same kernels): one barrier, contiguous streams
@@ -1221,7 +1220,7 @@ static void matmul_int8(enum q_isa isa, int digits, float *out, const float *x, 
                                                                               : dot_q8_scalar;
     dot_blk_fn fused = fused_dot(isa, type, digits);
     dot4_fn fused4 = fused_dot4(isa, type, digits);
-    strip_fn strip = fused_strip(isa, type, digits, in);
+    strip_fn strip = fused_strip(isa, type, digits);
     dot16_fn f16k = fused16_dot(isa, type);
     size_t ng = (size_t)in / G, unpacked = (size_t)in + 2 * ng * sizeof(float);
     int nt = omp_get_max_threads();
