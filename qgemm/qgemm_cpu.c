@@ -743,11 +743,6 @@ q4k_strip(int R, int digits, const uint8_t *w, size_t row_bytes, const act_row *
             wk[0] = _mm512_unpacklo_epi64(t0, t2), wk[1] = _mm512_unpackhi_epi64(t0, t2);
             wk[2] = _mm512_unpacklo_epi64(t1, t3), wk[3] = _mm512_unpackhi_epi64(t1, t3);
         }
-        {   // the next strip (the 16 rows after these, contiguous) a share per super-block: one
-            // stream a strip ahead, as the row kernels' along their row
-            const uint8_t *p = w + 16 * row_bytes + (size_t)(i / 256) * 16 * 144;
-            for (int l = 0; l < 16 * 144; l += 64) _mm_prefetch((const char *)p + l, _MM_HINT_T1);
-        }
         const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(wk[0])),
                      ndmin = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(wk[0], 16))));
         const __m512i sc03 = _mm512_and_si512(wk[1], m3f), mn03 = _mm512_and_si512(wk[2], m3f);
@@ -787,6 +782,17 @@ q4k_strip(int R, int digits, const uint8_t *w, size_t row_bytes, const act_row *
                         facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(dsc, _mm512_set1_ps(dx[t])), facc[t]);
                         facc[t] = _mm512_fmadd_ps(dmn, _mm512_set1_ps(x[t].a[i / 32 + j]), facc[t]);
                     }
+                }
+                if (c == 0 && g == 0) {
+                    // The next strip (the 16 rows after these, contiguous), a share per
+                    // super-block: one stream a strip ahead, as the row kernels' along their row.
+                    // To L2 (to L1 ran at half the rate from DRAM here), and issued after the
+                    // first quarter's loads and work: issued before the super-block's own loads,
+                    // they held those back (the asm fences keep the compiler from hoisting them).
+                    __asm__ volatile("" ::: "memory");
+                    const uint8_t *p = w + 16 * row_bytes + (size_t)(i / 256) * 16 * 144;
+                    for (int l = 0; l < 16 * 144; l += 64) _mm_prefetch((const char *)p + l, _MM_HINT_T1);
+                    __asm__ volatile("" ::: "memory");
                 }
             }
     }
