@@ -205,3 +205,35 @@ def test_packed_job_with_choices_batch_api(tiny, tmp_path):
     one, packed = answers(1), answers(4)
     assert packed == one
     assert [len(a) for a in one] == [1, 1, 3, 1, 1, 1, 1, 1]
+
+
+@pytest.mark.skipif(not wide_from_16(), reason="wide products from 16 rows on AVX-512 VNNI or AMX only")
+def test_packed_job_on_k_quants(tmp_path):
+    # A Q4_K_M-like file (Q4_K matrices, attn_v, ffn_down and the LM head Q6_K): packed prompts
+    # keep the texts of one at a time through the K-quant kernels (Q4_K's 16-row strips below 32
+    # rows where the VNNI GEMM is the wide path, the GEMM above). Long prompts (32 rows and more:
+    # the chat template makes these 263-395) share a pass; one of 16-31 rows (17, 26) runs alone
+    # where Q4_K's row kernels reach 31 rows: with any other prompt its pass has 32 rows or more,
+    # where Q4_K takes the GEMM.
+    Q = tiny_gguf.gguf.GGMLQuantizationType
+    model = tiny_gguf.write(str(tmp_path / "q4km.gguf"), n_layer=2, d=256, n_head=4, n_kv=2, ff=512,
+                            ctx=1024, dtype=Q.Q4_K, tied=False,
+                            dtypes={"attn_v.weight": Q.Q6_K, "ffn_down.weight": Q.Q6_K,
+                                    "token_embd.weight": Q.Q8_0, "output.weight": Q.Q6_K})
+    lengths = [3, 40, 18, 4, 60, 20, 2, 50]
+    reqs = [{"id": f"k{i}", "prompt": " ".join(WORDS[(i + j) % len(WORDS)] for j in range(n)),
+             "n_predict": 5, "temp": 0} for i, n in enumerate(lengths)]
+    path = tmp_path / "k.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in reqs))
+    one = run_job(model, str(path), 1)
+    packed = run_job(model, str(path), 8)
+    assert [r["text"] for r in packed] == [r["text"] for r in one]
+    assert len({r["text"] for r in one}) > 1   # the answers differ: not a constant output
+    rows = [r["timings"]["prompt_n"] for r in one]
+    strips_to_31 = "amx_bf16" not in open("/proc/cpuinfo").read()
+    assert sum(16 <= n < 32 for n in rows) == 2 and sum(n >= 32 for n in rows) == 5, rows
+    for r, n in zip(packed, rows):
+        if n >= 32:
+            assert r["prefill_shared"] >= 2, (n, r["prefill_shared"])
+        elif n >= 16 and strips_to_31:
+            assert r["prefill_shared"] == 1, (n, r["prefill_shared"])

@@ -73,6 +73,18 @@ def write(path, arch="llama", n_layer=2, d=64, n_head=4, n_kv=2, ff=128, ctx=256
             block, size = gguf.GGML_QUANT_SIZES[dtype_of]
             raw = rng.integers(0, 256, (arr.shape[0], arr.shape[1] // block * size), np.uint8)
             w.add_tensor(name, raw, raw_dtype=dtype_of)
+        elif arr.ndim == 2 and dtype_of in (gguf.GGMLQuantizationType.Q4_K,
+                                         gguf.GGMLQuantizationType.Q6_K):
+            # no quantiser in the gguf package either: random quants and scales, the f16 super-block
+            # scales set so that rows have about unit norm (Q4_K: d, dmin at bytes 0-3; Q6_K: d at 208)
+            block, size = gguf.GGML_QUANT_SIZES[dtype_of]
+            raw = rng.integers(0, 256, (arr.shape[0], arr.shape[1] // block, size), np.uint8)
+            k4 = dtype_of == gguf.GGMLQuantizationType.Q4_K
+            d = np.float16(1.0 / np.sqrt(arr.shape[1]) / (500.0 if k4 else 2000.0))
+            at = [0, 2] if k4 else [208]
+            for o in at:
+                raw[:, :, o:o + 2] = np.frombuffer(d.tobytes(), np.uint8)
+            w.add_tensor(name, raw.reshape(arr.shape[0], -1), raw_dtype=dtype_of)
         elif arr.ndim == 2 and dtype_of != gguf.GGMLQuantizationType.F32:
             q = gguf.quants.quantize(arr, dtype_of)
             w.add_tensor(name, q, raw_dtype=dtype_of)
