@@ -67,24 +67,20 @@ def write(path, arch="llama", n_layer=2, d=64, n_head=4, n_kv=2, ff=128, ctx=256
         if name == drop:
             return
         dtype_of = next((t for k, t in (dtypes or {}).items() if name.endswith(k)), dtype)
-        if arr.ndim == 2 and dtype_of in (gguf.GGMLQuantizationType.Q2_K,
-                                       gguf.GGMLQuantizationType.Q3_K):
-            # no quantiser in the gguf package: random blocks of the right size
+        Q = gguf.GGMLQuantizationType
+        # f16 super-block scales of the K-quants written as random blocks: their byte offsets
+        scales = {Q.Q2_K: [], Q.Q3_K: [], Q.Q4_K: [0, 2], Q.Q6_K: [208]}
+        if arr.ndim == 2 and dtype_of in scales:
+            # no quantiser in the gguf package: random blocks of the right size; where the scales'
+            # offsets are given, those set so that rows have about unit norm (Q2_K and Q3_K keep
+            # random scales: the tests only load them to see them refused)
             block, size = gguf.GGML_QUANT_SIZES[dtype_of]
             raw = rng.integers(0, 256, (arr.shape[0], arr.shape[1] // block * size), np.uint8)
+            d = np.float16(1.0 / np.sqrt(arr.shape[1]) / (500.0 if dtype_of == Q.Q4_K else 2000.0))
+            blocks = raw.reshape(arr.shape[0], -1, size)
+            for o in scales[dtype_of]:
+                blocks[:, :, o:o + 2] = np.frombuffer(d.tobytes(), np.uint8)
             w.add_tensor(name, raw, raw_dtype=dtype_of)
-        elif arr.ndim == 2 and dtype_of in (gguf.GGMLQuantizationType.Q4_K,
-                                         gguf.GGMLQuantizationType.Q6_K):
-            # no quantiser in the gguf package either: random quants and scales, the f16 super-block
-            # scales set so that rows have about unit norm (Q4_K: d, dmin at bytes 0-3; Q6_K: d at 208)
-            block, size = gguf.GGML_QUANT_SIZES[dtype_of]
-            raw = rng.integers(0, 256, (arr.shape[0], arr.shape[1] // block, size), np.uint8)
-            k4 = dtype_of == gguf.GGMLQuantizationType.Q4_K
-            d = np.float16(1.0 / np.sqrt(arr.shape[1]) / (500.0 if k4 else 2000.0))
-            at = [0, 2] if k4 else [208]
-            for o in at:
-                raw[:, :, o:o + 2] = np.frombuffer(d.tobytes(), np.uint8)
-            w.add_tensor(name, raw.reshape(arr.shape[0], -1), raw_dtype=dtype_of)
         elif arr.ndim == 2 and dtype_of != gguf.GGMLQuantizationType.F32:
             q = gguf.quants.quantize(arr, dtype_of)
             w.add_tensor(name, q, raw_dtype=dtype_of)
