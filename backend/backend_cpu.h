@@ -29,6 +29,8 @@ typedef struct {
     enum q_path rows;            // the row kernels: Q_PATH_INT8 (two digits), _INT8_1 (--weights fast)
     tune_entry tune[TUNE_MAX];
     int n_tune;
+    int strip;                   // q_strip_prefetch's level once set (SIFT_STRIP_PREFETCH or timed), else 0
+    double strip_ms[2];          // q_strip_tune's times (L1, L2); NaN when the variable set it
     q_scratch scratch;
 } cpu_impl;
 

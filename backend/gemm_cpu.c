@@ -2,6 +2,7 @@
 // chosen by the rule below, or timed per shape), on fp32 weights sgemm / sgemv; the ceilings
 // `sift bench` measures, and the report of the timed paths.
 #include <cblas.h>
+#include <math.h>
 #include <omp.h>
 
 #include "backend_cpu.h"
@@ -225,6 +226,12 @@ int cpu_ceilings(backend *b, double *tflops, double *gbps) {
 
 void cpu_report(backend *b, FILE *out) {
     cpu_impl *c = impl(b);
+    if (c->strip && !isnan(c->strip_ms[0]))
+        fprintf(out, "sift: cpu Q4_K strips prefetch to %s (timed on 64 MiB and more: L1 %.2f ms, L2 %.2f ms)\n",
+                c->strip == 1 ? "L1" : "L2", c->strip_ms[0], c->strip_ms[1]);
+    else if (c->strip)
+        fprintf(out, "sift: cpu Q4_K strips prefetch to %s (%s)\n", c->strip == 1 ? "L1" : "L2",
+                getenv("SIFT_STRIP_PREFETCH") ? "SIFT_STRIP_PREFETCH" : "set earlier in this process");
     if (c->n_tune) fprintf(out, "sift: cpu product paths timed per shape (SIFT_PREFILL=tune):\n");
     for (int i = 0; i < c->n_tune; i++) {
         const tune_entry *t = &c->tune[i];

@@ -74,7 +74,9 @@ __attribute__((target("avx512f,fma"))) static inline __m512 exp16(__m512 x) {
     return _mm512_scalef_ps(p, k);
 }
 
-// out = silu(gate) * up, 16 lanes at a time; 1 / (1 + e^-g) by rcp14 and one Newton step. Gates
+// out = silu(gate) * up, 16 lanes at a time; 1 / (1 + e^-g) by an IEEE division, not rcp14 and a
+// Newton step: rcp14's bits differ between CPUs (AMD Zen 4 and Zen 5 do), and so did every
+// output after the first MLP — `--weights fast`'s perplexity moved 0.3 % with them. Gates
 // beyond the clamp: silu(g) = g for g > 87 as the scalar form, 0 for g < -80 (true |silu| <
 // 1e-33 there; a NaN gate stays NaN).
 __attribute__((target("avx512f,fma"))) static void swiglu_avx512(float *o, const float *g,
@@ -83,8 +85,7 @@ __attribute__((target("avx512f,fma"))) static void swiglu_avx512(float *o, const
     for (size_t i = 0; i < n / 16 * 16; i += 16) {
         __m512 gv = _mm512_loadu_ps(g + i);
         __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
-        __m512 den = _mm512_add_ps(_mm512_set1_ps(1.0f), e), r = _mm512_rcp14_ps(den);
-        r = _mm512_mul_ps(r, _mm512_fnmadd_ps(den, r, _mm512_set1_ps(2.0f)));   // Newton: 2^-27
+        __m512 den = _mm512_add_ps(_mm512_set1_ps(1.0f), e), r = _mm512_div_ps(_mm512_set1_ps(1.0f), den);
         __mmask16 tiny = _mm512_cmp_ps_mask(gv, _mm512_set1_ps(-80.0f), _CMP_LT_OQ);
         __m512 s = _mm512_maskz_mul_ps((__mmask16)~tiny, gv, r);   // silu(g < -80) = 0 (< 1e-33)
         _mm512_storeu_ps(o + i, _mm512_mul_ps(s, _mm512_loadu_ps(u + i)));

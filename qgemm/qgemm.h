@@ -82,6 +82,17 @@ int q_act_block(enum q_isa isa, uint32_t type, int in);
 // 1 when the int8 row kernels take `type`'s weight rows 16 at a time on this ISA (q4k_strip: Q4_K
 // on AVX-512), which beats the two-digit VNNI GEMM below 32 rows (backend/gemm_cpu.c's rule).
 int q_rows_strip(enum q_isa isa, uint32_t type);
+// Where q4k_strip prefetches its next strip's blocks: 2, L2 (prefetcht1), or 1, L1 (prefetcht0).
+// Which streams faster from DRAM depends on the core (bench/RESULTS.md: L2 about twice L1 on AMD
+// Zen 4, L1 1.1x L2 on Zen 5), so the CPU backend times both once per process (q_strip_tune)
+// unless SIFT_STRIP_PREFETCH=l1|l2 sets it. The outputs are the same bits at either level.
+// q_strip_tune: each level's best time in ms over one pass of a Q4_K matrix of at least 64 MiB
+// and twice the last-level cache -> ms[0] (L1), ms[1] (L2); keeps L1 only when it is at least 2 %
+// faster (L2 is what the kernel was first measured with) and returns the level kept; without
+// AVX-512 or the memory for the matrix: 0, nothing timed or changed (ms NaN).
+int q_strip_prefetch(void);
+void q_strip_set_prefetch(int level);
+int q_strip_tune(double ms[2]);
 
 // The activations' two-digit form, exposed for the tests: row x (cols,) -> q (2 cols,): the high
 // digits, then the low ones; d (cols/32,) = max |x| / 127 / 256 of each 32-block (the unit of

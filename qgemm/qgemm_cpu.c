@@ -6,9 +6,12 @@
 #include <cblas.h>
 #include <cpuid.h>
 #include <immintrin.h>
+#include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "../util/check.h"
 #include "../weights/dequant.h"
@@ -720,7 +723,7 @@ strip_t8(const uint8_t *b, size_t row_bytes, int off, __m512i *raw) {
 // R activation rows (K form, Q4_K order) x 16 weight rows of Q4_K (row_bytes apart) from w:
 // out[t * stride + r].
 AVX512 static inline __attribute__((always_inline)) void
-q4k_strip(int R, int digits, const uint8_t *w, size_t row_bytes, const act_row *x, int cols,
+q4k_strip(int R, int digits, int l1, const uint8_t *w, size_t row_bytes, const act_row *x, int cols,
           float *out, size_t stride) {
     const __m512i lo4 = _mm512_set1_epi8(0x0F), m3f = _mm512_set1_epi32(0x3F3F3F3F),
                   m0f = _mm512_set1_epi32(0x0F0F0F0F), m30 = _mm512_set1_epi32(0x30303030),
@@ -786,12 +789,15 @@ q4k_strip(int R, int digits, const uint8_t *w, size_t row_bytes, const act_row *
                 if (c == 0 && g == 0) {
                     // The next strip (the 16 rows after these, contiguous), a share per
                     // super-block: one stream a strip ahead, as the row kernels' along their row.
-                    // To L2 (to L1 ran at half the rate from DRAM here), and issued after the
-                    // first quarter's loads and work: issued before the super-block's own loads,
-                    // they held those back (the asm fences keep the compiler from hoisting them).
+                    // Issued after the first quarter's loads and work: issued before the
+                    // super-block's own loads, they held those back (the asm fences keep the
+                    // compiler from hoisting them). To L2 or to L1 (l1), as q_strip_prefetch says:
+                    // which streams faster depends on the core.
                     __asm__ volatile("" ::: "memory");
                     const uint8_t *p = w + 16 * row_bytes + (size_t)(i / 256) * 16 * 144;
-                    for (int l = 0; l < 16 * 144; l += 64) _mm_prefetch((const char *)p + l, _MM_HINT_T1);
+                    for (int l = 0; l < 16 * 144; l += 64)
+                        if (l1) _mm_prefetch((const char *)p + l, _MM_HINT_T0);
+                        else _mm_prefetch((const char *)p + l, _MM_HINT_T1);
                     __asm__ volatile("" ::: "memory");
                 }
             }
@@ -802,24 +808,36 @@ q4k_strip(int R, int digits, const uint8_t *w, size_t row_bytes, const act_row *
 
 typedef void (*strip_fn)(int R, const uint8_t *w, size_t row_bytes, const act_row *x, int cols, float *out,
                          size_t stride);
-#define STRIP_KERNEL(name, D)                                                                      \
-    AVX512 static void strip_##name##_##D(int R, const uint8_t *w, size_t row_bytes, const act_row *x, \
-                                          int cols, float *out, size_t stride) {                    \
+#define STRIP_KERNEL(name, D, L1)                                                                  \
+    AVX512 static void strip_##name##_##D##_##L1(int R, const uint8_t *w, size_t row_bytes,        \
+                                                 const act_row *x, int cols, float *out, size_t stride) { \
         switch (R) {                                                                               \
-        case 1: name##_strip(1, D, w, row_bytes, x, cols, out, stride); break;                     \
-        case 2: name##_strip(2, D, w, row_bytes, x, cols, out, stride); break;                     \
-        case 3: name##_strip(3, D, w, row_bytes, x, cols, out, stride); break;                     \
-        default: name##_strip(4, D, w, row_bytes, x, cols, out, stride); break;                    \
+        case 1: name##_strip(1, D, L1, w, row_bytes, x, cols, out, stride); break;                 \
+        case 2: name##_strip(2, D, L1, w, row_bytes, x, cols, out, stride); break;                 \
+        case 3: name##_strip(3, D, L1, w, row_bytes, x, cols, out, stride); break;                 \
+        default: name##_strip(4, D, L1, w, row_bytes, x, cols, out, stride); break;                \
         }                                                                                          \
     }
-STRIP_KERNEL(q4k, 1)
-STRIP_KERNEL(q4k, 2)
+STRIP_KERNEL(q4k, 1, 0)
+STRIP_KERNEL(q4k, 2, 0)
+STRIP_KERNEL(q4k, 1, 1)
+STRIP_KERNEL(q4k, 2, 1)
+
+// Where q4k_strip prefetches its next strip: 2 (prefetcht1, L2) until q_strip_tune or
+// q_strip_set_prefetch says otherwise.
+static int strip_level = 2;
+int q_strip_prefetch(void) { return strip_level; }
+void q_strip_set_prefetch(int level) {
+    CHECK_INTERNAL(level == 1 || level == 2, "q_strip_set_prefetch: level %d", level);
+    strip_level = level;
+}
 
 int q_rows_strip(enum q_isa isa, uint32_t type) { return isa == Q_ISA_AVX512 && type == GGML_Q4_K; }
 
 static strip_fn fused_strip(enum q_isa isa, uint32_t type, int digits) {   // (Q4_K rows: whole 256-blocks)
     if (!q_rows_strip(isa, type)) return NULL;
-    return digits == 1 ? strip_q4k_1 : strip_q4k_2;
+    if (strip_level == 1) return digits == 1 ? strip_q4k_1_1 : strip_q4k_2_1;
+    return digits == 1 ? strip_q4k_1_0 : strip_q4k_2_0;
 }
 
 // One-row and four-row forms per digit count D (the same arithmetic per row: bit-identical outputs)
@@ -1311,4 +1329,49 @@ void q_matmul_cpu(enum q_isa isa, enum q_path path, float *out, const float *x, 
     if (path == Q_PATH_SGEMM) matmul_sgemm(out, x, n, in, type, w, row_bytes, o, scratch);
     else if (is_float16(type)) matmul_f16(isa, out, x, n, in, type, w, row_bytes, o);
     else matmul_int8(isa, path == Q_PATH_INT8_1 ? 1 : 2, out, x, n, in, type, w, row_bytes, o, scratch);
+}
+
+// Times q4k_strip's two prefetch levels (see qgemm.h): one activation row against a Q4_K matrix
+// of 4096 columns filling max(64 MiB, twice the last-level cache), so that it streams from DRAM
+// as decode does; one untimed pass of each, then five alternations, each level's best kept.
+int q_strip_tune(double ms[2]) {
+    ms[0] = ms[1] = NAN;
+    if (cpu_best_isa() != Q_ISA_AVX512) return 0;
+    // the last-level cache this core shares (sysfs; glibc's sysconf counts the whole socket's)
+    size_t bytes = (size_t)64 << 20, l3 = 0;
+    char unit = 0;
+    FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r");
+    if (f && fscanf(f, "%zu%c", &l3, &unit) == 2)
+        l3 <<= unit == 'K' ? 10 : unit == 'M' ? 20 : 0;
+    if (f) fclose(f);
+    if (2 * l3 > bytes) bytes = 2 * l3 < (size_t)256 << 20 ? 2 * l3 : (size_t)256 << 20;
+    const int in = 4096;
+    const size_t rb = in / 256 * 144;
+    const int o = (int)(bytes / rb) / 16 * 16;
+    const size_t wbytes = ((size_t)o * rb + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
+    uint8_t *w = mmap(NULL, wbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    float *x = malloc(in * sizeof *x), *y = malloc((size_t)o * sizeof *y);
+    if (w == MAP_FAILED || !x || !y) {
+        if (w != MAP_FAILED) munmap(w, wbytes);
+        free(x), free(y);
+        return 0;
+    }
+    madvise(w, wbytes, MADV_HUGEPAGE);   // (where the kernel allows: fewer page faults to fill it)
+    memset(w, 0x11, (size_t)o * rb);   // (d and dmin 0x1111 as fp16, scales and quants small)
+    for (int i = 0; i < in; i++) x[i] = (float)((i * 37) % 29 - 14) / 14.0f;
+    q_scratch sc = {0};
+    double best[2] = {INFINITY, INFINITY};
+    for (int rep = 0; rep < 12; rep++) {
+        strip_level = rep % 2 ? 1 : 2;
+        const double t0 = omp_get_wtime();
+        q_matmul_cpu(Q_ISA_AVX512, Q_PATH_INT8, y, x, 1, in, GGML_Q4_K, w, rb, o, &sc);
+        const double t = (omp_get_wtime() - t0) * 1e3;
+        if (rep >= 2 && t < best[strip_level - 1]) best[strip_level - 1] = t;
+    }
+    q_scratch_free(&sc);
+    munmap(w, wbytes);
+    free(x), free(y);
+    ms[0] = best[0], ms[1] = best[1];
+    strip_level = best[0] < 0.98 * best[1] ? 1 : 2;
+    return strip_level;
 }

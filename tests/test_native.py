@@ -114,6 +114,14 @@ def test_bad_isa_is_refused():
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("value", ["l3", "L1", ""])
+def test_bad_strip_prefetch_is_refused(value):
+    r = run(["-m", str(MODEL), "-p", "hi", "-n", "1"], {"SIFT_STRIP_PREFETCH": value})
+    assert r.returncode != 0
+    assert f"SIFT_STRIP_PREFETCH must be l1 or l2 (it is '{value}')" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
 def test_model_larger_than_memory_is_refused_up_front(tmp_path):
     """A GGUF whose weights exceed MemAvailable (a sparse file: tensor data never written) is
     refused by the memory plan with its numbers, exit 1, before any weight is touched."""

@@ -262,6 +262,39 @@ static void test_vnni_forms(void) {
     }
 }
 
+// q4k_strip's prefetch level (L1 or L2, timed per machine by q_strip_tune) moves no arithmetic:
+// 1 and 4 activation rows (both digit counts) x 37 Q4_K rows (two strips and 5 rows alone) give
+// the same bits at either level, and q_strip_tune keeps the level its own times name.
+static void test_strip_levels(void) {
+    enum { N = 4, O = 37, IN = 768 };
+    const size_t rb = dq_bytes(GGML_Q4_K, IN), bb = dq_block_bytes(GGML_Q4_K);
+    uint8_t *w = malloc(rb * O);
+    for (size_t at = 0; at < rb * O; at += bb) random_block(GGML_Q4_K, w + at, bb);
+    float x[N * IN], l2[N * O], l1[N * O];
+    for (int i = 0; i < N * IN; i++) x[i] = frnd();
+    q_scratch sc = {0};
+    for (int digits = 2; digits >= 1; digits--)
+        for (int n = 1; n <= N; n += N - 1) {
+            const enum q_path path = digits == 2 ? Q_PATH_INT8 : Q_PATH_INT8_1;
+            q_strip_set_prefetch(2);
+            q_matmul(Q_ISA_AVX512, path, l2, x, n, IN, GGML_Q4_K, w, rb, O, &sc);
+            q_strip_set_prefetch(1);
+            q_matmul(Q_ISA_AVX512, path, l1, x, n, IN, GGML_Q4_K, w, rb, O, &sc);
+            CHECK(memcmp(l1, l2, sizeof(float) * n * O) == 0, "q4k strips: L1 and L2 prefetch differ (%d digits, %d rows)",
+                  digits, n);
+        }
+    q_scratch_free(&sc);
+    free(w);
+    double ms[2];
+    const int level = q_strip_tune(ms);
+    CHECK((level == 1 || level == 2) && ms[0] > 0 && ms[1] > 0 && isfinite(ms[0]) && isfinite(ms[1]),
+          "q_strip_tune: level %d, %g / %g ms", level, ms[0], ms[1]);
+    CHECK(level == (ms[0] < 0.98 * ms[1] ? 1 : 2) && q_strip_prefetch() == level,
+          "q_strip_tune kept level %d (now %d) from L1 %g ms, L2 %g ms", level, q_strip_prefetch(), ms[0], ms[1]);
+    printf("test_qgemm: q_strip_tune: L1 %.2f ms, L2 %.2f ms -> L%d\n", ms[0], ms[1], level);
+    q_strip_set_prefetch(2);
+}
+
 int main(void) {
     test_quantize_row();
     enum q_isa best = q_isa_pick(NULL);
@@ -290,6 +323,13 @@ int main(void) {
             check_case(type, TYPES[t].name, best, Q_PATH_AMX, 33, in_odd, 70);
             check_case(type, TYPES[t].name, best, Q_PATH_AMX, 64, be == 256 ? 512 : 256, 96);
         }
+    }
+    if (best == Q_ISA_AVX512) {   // the derived bounds at the other prefetch level too
+        test_strip_levels();
+        q_strip_set_prefetch(1);
+        check_case(GGML_Q4_K, "q4_k (strips to L1)", best, Q_PATH_INT8, 1, 768, 37);
+        check_case(GGML_Q4_K, "q4_k (strips to L1)", best, Q_PATH_INT8, 3, 512, 19);
+        q_strip_set_prefetch(2);
     }
     for (size_t t = 0; t < sizeof TYPES / sizeof *TYPES && best == Q_ISA_AVX512; t++) {
         uint32_t type = TYPES[t].type;
