@@ -134,12 +134,9 @@ backend *backend_cpu_create(int n_threads, enum bk_weights weights) {
                 : path && strcmp(path, "vnni8") == 0 && c->isa == Q_ISA_AVX512 ? Q_PATH_VNNI8
                 : path && strcmp(path, "tune") == 0  ? -2
                                                      : -1;
-    const char *strip = getenv("SIFT_STRIP_PREFETCH");   // (cli_backend refuses other values)
-    if (strip && (strcmp(strip, "l1") == 0 || strcmp(strip, "l2") == 0)) {
-        c->strip = strip[1] - '0';
-        c->strip_ms[0] = c->strip_ms[1] = NAN;
-        q_strip_set_prefetch(c->strip);
-    }
+    c->strip = q_strip_env(NULL);   // (cli_backend refuses another value)
+    c->strip_ms[0] = c->strip_ms[1] = NAN;
+    if (c->strip) q_strip_set_prefetch(c->strip);
     // --weights fast: one activation digit in decode's row kernels too (llama.cpp's precision)
     c->rows = weights == BK_WEIGHTS_FAST ? Q_PATH_INT8_1 : Q_PATH_INT8;
     *b = (backend){

@@ -30,7 +30,7 @@ typedef struct {
     tune_entry tune[TUNE_MAX];
     int n_tune;
     int strip;                   // q_strip_prefetch's level once set (SIFT_STRIP_PREFETCH or timed), else 0
-    double strip_ms[2];          // q_strip_tune's times (L1, L2); NaN when the variable set it
+    double strip_ms[2];          // q_strip_tune's times (L1, L2); NaN unless timed
     q_scratch scratch;
 } cpu_impl;
 

@@ -230,8 +230,7 @@ void cpu_report(backend *b, FILE *out) {
         fprintf(out, "sift: cpu Q4_K strips prefetch to %s (timed on 64 MiB and more: L1 %.2f ms, L2 %.2f ms)\n",
                 c->strip == 1 ? "L1" : "L2", c->strip_ms[0], c->strip_ms[1]);
     else if (c->strip)
-        fprintf(out, "sift: cpu Q4_K strips prefetch to %s (%s)\n", c->strip == 1 ? "L1" : "L2",
-                getenv("SIFT_STRIP_PREFETCH") ? "SIFT_STRIP_PREFETCH" : "set earlier in this process");
+        fprintf(out, "sift: cpu Q4_K strips prefetch to %s (SIFT_STRIP_PREFETCH)\n", c->strip == 1 ? "L1" : "L2");
     if (c->n_tune) fprintf(out, "sift: cpu product paths timed per shape (SIFT_PREFILL=tune):\n");
     for (int i = 0; i < c->n_tune; i++) {
         const tune_entry *t = &c->tune[i];

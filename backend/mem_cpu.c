@@ -1,6 +1,5 @@
 // backend/mem_cpu.c — the CPU backend's memory: activation buffers (malloc), weights in their
 // file encoding (borrowed from the mapping, read ahead) or dequantised to fp32, synthetic weights.
-#include <math.h>
 #include <sys/mman.h>
 
 #include "../weights/dequant.h"
@@ -58,14 +57,10 @@ bk_weight *cpu_weight(backend *b, bk_tensor t) {
     }
     if (w->type == GGML_F32) w->f = (float *)w->data;
     // The first Q4_K matrix that streams from DRAM (1 MiB and more: not a test's tiny one) on
-    // AVX-512: time where the strip kernel's prefetches go (qgemm.h), once per process.
+    // AVX-512: time where the strip kernel's prefetches go (qgemm.h; timed once per process).
     cpu_impl *c = impl(b);
-    static int strip_timed;
-    if (w->type == GGML_Q4_K && c->isa == Q_ISA_AVX512 && !c->strip && rows * w->row_bytes >= ((size_t)1 << 20)) {
-        if (!strip_timed) q_strip_tune(c->strip_ms), strip_timed = 1;
-        else c->strip_ms[0] = c->strip_ms[1] = NAN;
-        c->strip = q_strip_prefetch();
-    }
+    if (w->type == GGML_Q4_K && c->isa == Q_ISA_AVX512 && !c->strip && rows * w->row_bytes >= ((size_t)1 << 20))
+        c->strip = q_strip_tune(c->strip_ms);
     if (!w->owned) {   // borrowed pages of the mapping: start reading them in now, not at first use
         uintptr_t at = (uintptr_t)w->data & ~(uintptr_t)4095;
         madvise((void *)at, (uintptr_t)w->data + rows * w->row_bytes - at, MADV_WILLNEED);

@@ -177,9 +177,9 @@ backend *cli_backend(const char *device, int threads, enum bk_weights weights) {
         fprintf(stderr, "sift: error: %s (it is '%s')\n", bad, getenv("SIFT_ISA"));
         return NULL;
     }
-    const char *strip = getenv("SIFT_STRIP_PREFETCH");
-    if (strip && strcmp(strip, "l1") != 0 && strcmp(strip, "l2") != 0) {
-        fprintf(stderr, "sift: error: SIFT_STRIP_PREFETCH must be l1 or l2 (it is '%s')\n", strip);
+    q_strip_env(&bad);
+    if (bad) {
+        fprintf(stderr, "sift: error: %s (it is '%s')\n", bad, getenv("SIFT_STRIP_PREFETCH"));
         return NULL;
     }
     if (strcmp(device, "cpu") == 0) return backend_cpu_create(threads, weights);

@@ -88,11 +88,15 @@ int q_rows_strip(enum q_isa isa, uint32_t type);
 // unless SIFT_STRIP_PREFETCH=l1|l2 sets it. The outputs are the same bits at either level.
 // q_strip_tune: each level's best time in ms over one pass of a Q4_K matrix of at least 64 MiB
 // and twice the last-level cache -> ms[0] (L1), ms[1] (L2); keeps L1 only when it is at least 2 %
-// faster (L2 is what the kernel was first measured with) and returns the level kept; without
-// AVX-512 or the memory for the matrix: 0, nothing timed or changed (ms NaN).
+// faster (L2 is what the kernel was first measured with) and returns the level kept; later calls
+// return the first one's times and level (and set that level again); without AVX-512 or the
+// memory for the matrix: 0, nothing timed or changed (ms NaN).
+// q_strip_env: the level SIFT_STRIP_PREFETCH names (1, 2), 0 when it is unset; another value:
+// *err set (a message for the user), 0 returned.
 int q_strip_prefetch(void);
 void q_strip_set_prefetch(int level);
 int q_strip_tune(double ms[2]);
+int q_strip_env(const char **err);
 
 // The activations' two-digit form, exposed for the tests: row x (cols,) -> q (2 cols,): the high
 // digits, then the low ones; d (cols/32,) = max |x| / 127 / 256 of each 32-block (the unit of

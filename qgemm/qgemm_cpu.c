@@ -831,6 +831,14 @@ void q_strip_set_prefetch(int level) {
     CHECK_INTERNAL(level == 1 || level == 2, "q_strip_set_prefetch: level %d", level);
     strip_level = level;
 }
+int q_strip_env(const char **err) {
+    const char *v = getenv("SIFT_STRIP_PREFETCH");
+    if (err) *err = NULL;
+    if (!v) return 0;
+    if (strcmp(v, "l1") == 0 || strcmp(v, "l2") == 0) return v[1] - '0';
+    if (err) *err = "SIFT_STRIP_PREFETCH must be l1 or l2";
+    return 0;
+}
 
 int q_rows_strip(enum q_isa isa, uint32_t type) { return isa == Q_ISA_AVX512 && type == GGML_Q4_K; }
 
@@ -1335,6 +1343,12 @@ void q_matmul_cpu(enum q_isa isa, enum q_path path, float *out, const float *x, 
 // of 4096 columns filling max(64 MiB, twice the last-level cache), so that it streams from DRAM
 // as decode does; one untimed pass of each, then five alternations, each level's best kept.
 int q_strip_tune(double ms[2]) {
+    static int tuned;   // the first call's level, once it timed
+    static double tuned_ms[2];
+    if (tuned) {
+        ms[0] = tuned_ms[0], ms[1] = tuned_ms[1];
+        return strip_level = tuned;
+    }
     ms[0] = ms[1] = NAN;
     if (cpu_best_isa() != Q_ISA_AVX512) return 0;
     // the last-level cache this core shares (sysfs; glibc's sysconf counts the whole socket's)
@@ -1371,7 +1385,6 @@ int q_strip_tune(double ms[2]) {
     q_scratch_free(&sc);
     munmap(w, wbytes);
     free(x), free(y);
-    ms[0] = best[0], ms[1] = best[1];
-    strip_level = best[0] < 0.98 * best[1] ? 1 : 2;
-    return strip_level;
+    ms[0] = tuned_ms[0] = best[0], ms[1] = tuned_ms[1] = best[1];
+    return strip_level = tuned = best[0] < 0.98 * best[1] ? 1 : 2;
 }
