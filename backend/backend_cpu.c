@@ -135,8 +135,8 @@ backend *backend_cpu_create(int n_threads, enum bk_weights weights) {
                 : path && strcmp(path, "tune") == 0  ? -2
                                                      : -1;
     c->strip = q_strip_env(NULL);   // (cli_backend refuses another value)
-    c->strip_ms[0] = c->strip_ms[1] = NAN;
-    if (c->strip) q_strip_set_prefetch(c->strip);
+    c->strip_ms[0] = c->strip_ms[1] = c->strip_ms[2] = NAN;
+    if (c->strip.level && c->strip.rows8 >= 0) q_strip_set(c->strip);
     // --weights fast: one activation digit in decode's row kernels too (llama.cpp's precision)
     c->rows = weights == BK_WEIGHTS_FAST ? Q_PATH_INT8_1 : Q_PATH_INT8;
     *b = (backend){

@@ -29,8 +29,9 @@ typedef struct {
     enum q_path rows;            // the row kernels: Q_PATH_INT8 (two digits), _INT8_1 (--weights fast)
     tune_entry tune[TUNE_MAX];
     int n_tune;
-    int strip;                   // q_strip_prefetch's level once set (SIFT_STRIP_PREFETCH or timed), else 0
-    double strip_ms[2];          // q_strip_tune's times (L1, L2); NaN unless timed
+    q_strip_form strip;          // how Q4_K's 16-row blocks run (qgemm.h): each field as its variable set it
+                                 // (SIFT_STRIP_PREFETCH, SIFT_STRIP_ROWS8) or as timed; level 0 / rows8 -1 until then
+    double strip_ms[3];          // q_strip_tune's times (strips L1, L2, 8-row groups); NaN unless timed
     q_scratch scratch;
 } cpu_impl;
 

@@ -226,11 +226,18 @@ int cpu_ceilings(backend *b, double *tflops, double *gbps) {
 
 void cpu_report(backend *b, FILE *out) {
     cpu_impl *c = impl(b);
-    if (c->strip && !isnan(c->strip_ms[0]))
-        fprintf(out, "sift: cpu Q4_K strips prefetch to %s (timed on 64 MiB and more: L1 %.2f ms, L2 %.2f ms)\n",
-                c->strip == 1 ? "L1" : "L2", c->strip_ms[0], c->strip_ms[1]);
-    else if (c->strip)
-        fprintf(out, "sift: cpu Q4_K strips prefetch to %s (SIFT_STRIP_PREFETCH)\n", c->strip == 1 ? "L1" : "L2");
+    if (c->strip.level && c->strip.rows8 >= 0) {
+        fprintf(out, "sift: cpu Q4_K strips prefetch to %s, one activation row %s", c->strip.level == 1 ? "L1" : "L2",
+                c->strip.rows8 ? "in 8-row groups" : "through the strips");
+        if (!isnan(c->strip_ms[0]))
+            fprintf(out, " (timed on a Q4_K matrix of 64-256 MiB: strips L1 %.2f ms, L2 %.2f ms, 8-row groups %.2f ms)",
+                    c->strip_ms[0], c->strip_ms[1], c->strip_ms[2]);
+        if (getenv("SIFT_STRIP_PREFETCH") || getenv("SIFT_STRIP_ROWS8"))
+            fprintf(out, " (set: %s%s%s)", getenv("SIFT_STRIP_PREFETCH") ? "SIFT_STRIP_PREFETCH" : "",
+                    getenv("SIFT_STRIP_PREFETCH") && getenv("SIFT_STRIP_ROWS8") ? ", " : "",
+                    getenv("SIFT_STRIP_ROWS8") ? "SIFT_STRIP_ROWS8" : "");
+        fputc('\n', out);
+    }
     if (c->n_tune) fprintf(out, "sift: cpu product paths timed per shape (SIFT_PREFILL=tune):\n");
     for (int i = 0; i < c->n_tune; i++) {
         const tune_entry *t = &c->tune[i];

@@ -57,10 +57,18 @@ bk_weight *cpu_weight(backend *b, bk_tensor t) {
     }
     if (w->type == GGML_F32) w->f = (float *)w->data;
     // The first Q4_K matrix that streams from DRAM (1 MiB and more: not a test's tiny one) on
-    // AVX-512: time where the strip kernel's prefetches go (qgemm.h; timed once per process).
+    // AVX-512: time the forms of its 16-row blocks (qgemm.h; timed once per process) and keep the
+    // faster where no variable set them.
     cpu_impl *c = impl(b);
-    if (w->type == GGML_Q4_K && c->isa == Q_ISA_AVX512 && !c->strip && rows * w->row_bytes >= ((size_t)1 << 20))
-        c->strip = q_strip_tune(c->strip_ms);
+    if (w->type == GGML_Q4_K && c->isa == Q_ISA_AVX512 && (!c->strip.level || c->strip.rows8 < 0) &&
+        rows * w->row_bytes >= ((size_t)1 << 20)) {
+        const q_strip_form t = q_strip_tune(c->strip_ms);
+        if (t.level) {
+            if (!c->strip.level) c->strip.level = t.level;
+            if (c->strip.rows8 < 0) c->strip.rows8 = t.rows8;
+            q_strip_set(c->strip);
+        }
+    }
     if (!w->owned) {   // borrowed pages of the mapping: start reading them in now, not at first use
         uintptr_t at = (uintptr_t)w->data & ~(uintptr_t)4095;
         madvise((void *)at, (uintptr_t)w->data + rows * w->row_bytes - at, MADV_WILLNEED);

@@ -82,21 +82,30 @@ int q_act_block(enum q_isa isa, uint32_t type, int in);
 // 1 when the int8 row kernels take `type`'s weight rows 16 at a time on this ISA (q4k_strip: Q4_K
 // on AVX-512), which beats the two-digit VNNI GEMM below 32 rows (backend/gemm_cpu.c's rule).
 int q_rows_strip(enum q_isa isa, uint32_t type);
-// Where q4k_strip prefetches its next strip's blocks: 2, L2 (prefetcht1), or 1, L1 (prefetcht0).
-// Which streams faster from DRAM depends on the core (bench/RESULTS.md: L2 about twice L1 on AMD
-// Zen 4, L1 1.1x L2 on Zen 5), so the CPU backend times both once per process (q_strip_tune)
-// unless SIFT_STRIP_PREFETCH=l1|l2 sets it. The outputs are the same bits at either level.
-// q_strip_tune: each level's best time in ms over one pass of a Q4_K matrix of at least 64 MiB
-// and twice the last-level cache -> ms[0] (L1), ms[1] (L2); keeps L1 only when it is at least 2 %
-// faster (L2 is what the kernel was first measured with) and returns the level kept; later calls
-// return the first one's times and level (and set that level again); without AVX-512 or the
-// memory for the matrix: 0, nothing timed or changed (ms NaN).
-// q_strip_env: the level SIFT_STRIP_PREFETCH names (1, 2), 0 when it is unset; another value:
-// *err set (a message for the user), 0 returned.
-int q_strip_prefetch(void);
-void q_strip_set_prefetch(int level);
-int q_strip_tune(double ms[2]);
-int q_strip_env(const char **err);
+// How those 16-row blocks run; every form gives the same bits. level: where q4k_strip prefetches
+// its next strip's blocks, 2 (L2, prefetcht1) or 1 (L1, prefetcht0). rows8: 1 when one activation
+// row (decode) meets a block as two groups of 8 rows, each row read along its blocks (q4k_rows8),
+// 0 when it goes through the strip too. Which streams faster from DRAM depends on the core
+// (bench/RESULTS.md: L2 about twice L1 on AMD Zen 4, L1 1.1x L2 on Zen 5; the 8-row groups
+// 1.05-1.2x the strips at the 8B shape on Zen 5), so the CPU backend times the forms once per
+// process (q_strip_tune) unless SIFT_STRIP_PREFETCH=l1|l2 and SIFT_STRIP_ROWS8=on|off set them.
+// q_strip_tune: the best time in ms of each form over one pass of a Q4_K matrix of 64 MiB or 8x
+// the last-level cache, up to 256 MiB (at 2x, a 32 MiB L3 still held enough of it to favour the
+// strips), one activation row -> ms[0] (strips, L1), ms[1] (strips,
+// L2), ms[2] (8-row groups); keeps L1 only when it is at least 2 % faster than L2 (L2 is what the
+// kernel was first measured with), the 8-row groups only when 2 % faster than the better strip,
+// and returns the form kept; later calls return the first one's times and form (and set it
+// again); without AVX-512 or the memory for the matrix: {0, -1}, nothing timed or changed (ms NaN).
+// q_strip_env: what SIFT_STRIP_PREFETCH and SIFT_STRIP_ROWS8 name (level 1 or 2, rows8 1 or 0), a
+// field 0 (level) or -1 (rows8) where its variable is unset; another value: *err set (a message for
+// the user).
+typedef struct {
+    int level, rows8;
+} q_strip_form;
+q_strip_form q_strip_get(void);
+void q_strip_set(q_strip_form f);
+q_strip_form q_strip_tune(double ms[3]);
+q_strip_form q_strip_env(const char **err);
 
 // The activations' two-digit form, exposed for the tests: row x (cols,) -> q (2 cols,): the high
 // digits, then the low ones; d (cols/32,) = max |x| / 127 / 256 of each 32-block (the unit of

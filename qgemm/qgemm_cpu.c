@@ -720,38 +720,66 @@ strip_t8(const uint8_t *b, size_t row_bytes, int off, __m512i *raw) {
     }
 }
 
+// A strip's super-block scales, lane l for row sigma(l): d, -dmin, and the 8 six-bit scales and
+// mins packed as Q4_K packs them (sub-blocks 0-3 and 4-7, one byte each per lane)
+typedef struct {
+    __m512 dw, ndmin;
+    __m512i sc03, mn03, sc47, mn47;
+} strip_scales;
+
+// the 16 rows' first 16 bytes of the super-block at b (rows row_bytes apart): d, dmin, 12 scale bytes
+AVX512 static inline __attribute__((always_inline)) strip_scales strip_head(const uint8_t *b, size_t row_bytes) {
+    const __m512i m3f = _mm512_set1_epi32(0x3F3F3F3F), m0f = _mm512_set1_epi32(0x0F0F0F0F),
+                  m30 = _mm512_set1_epi32(0x30303030);
+    __m512i q4[4], wk[4];   // wk[k] lane l = row sigma(l)'s dword k
+    for (int m = 0; m < 4; m++) {
+        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(b + m * row_bytes)));
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(b + (8 + m) * row_bytes)), 1);
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(b + (4 + m) * row_bytes)), 2);
+        q4[m] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(b + (12 + m) * row_bytes)), 3);
+    }
+    const __m512i t0 = _mm512_unpacklo_epi32(q4[0], q4[1]), t1 = _mm512_unpackhi_epi32(q4[0], q4[1]),
+                  t2 = _mm512_unpacklo_epi32(q4[2], q4[3]), t3 = _mm512_unpackhi_epi32(q4[2], q4[3]);
+    wk[0] = _mm512_unpacklo_epi64(t0, t2), wk[1] = _mm512_unpackhi_epi64(t0, t2);
+    wk[2] = _mm512_unpacklo_epi64(t1, t3), wk[3] = _mm512_unpackhi_epi64(t1, t3);
+    strip_scales h;
+    h.dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(wk[0]));
+    h.ndmin = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(wk[0], 16))));
+    h.sc03 = _mm512_and_si512(wk[1], m3f), h.mn03 = _mm512_and_si512(wk[2], m3f);
+    h.sc47 = _mm512_or_si512(_mm512_and_si512(wk[3], m0f), _mm512_and_si512(_mm512_srli_epi32(wk[1], 2), m30));
+    h.mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(wk[3], 4), m0f),
+                             _mm512_and_si512(_mm512_srli_epi32(wk[2], 2), m30));
+    return h;
+}
+
+// Sub-block j of the super-block at element i, per activation row t (v[t] lane l: row sigma(l)'s
+// 256 hi_j + lo_j, its digits' exact sums; < 2^24: 32 products of at most 15 * 127 per digit, so
+// the conversion is exact): facc[t] += d sc_j dx (256 hi_j + lo_j), then += -dmin mn_j a_j.
+// The fp32 steps of a row run in this order, sub-block after sub-block, whichever kernel formed v.
+AVX512 static inline __attribute__((always_inline)) void
+strip_sub(int R, const strip_scales *h, int j, const __m512i *v, const act_row *x, int i, const float *dx,
+          __m512 *facc) {
+    const __m512i ff = _mm512_set1_epi32(0xFF);
+    const __m512i sc = _mm512_and_si512(_mm512_srli_epi32(j < 4 ? h->sc03 : h->sc47, 8 * (j % 4)), ff),
+                  mn = _mm512_and_si512(_mm512_srli_epi32(j < 4 ? h->mn03 : h->mn47, 8 * (j % 4)), ff);
+    const __m512 dsc = _mm512_mul_ps(h->dw, _mm512_cvtepi32_ps(sc)), dmn = _mm512_mul_ps(h->ndmin, _mm512_cvtepi32_ps(mn));
+    for (int t = 0; t < R; t++) {
+        facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v[t]), _mm512_mul_ps(dsc, _mm512_set1_ps(dx[t])), facc[t]);
+        facc[t] = _mm512_fmadd_ps(dmn, _mm512_set1_ps(x[t].a[i / 32 + j]), facc[t]);
+    }
+}
+
 // R activation rows (K form, Q4_K order) x 16 weight rows of Q4_K (row_bytes apart) from w:
 // out[t * stride + r].
 AVX512 static inline __attribute__((always_inline)) void
 q4k_strip(int R, int digits, int l1, const uint8_t *w, size_t row_bytes, const act_row *x, int cols,
           float *out, size_t stride) {
-    const __m512i lo4 = _mm512_set1_epi8(0x0F), m3f = _mm512_set1_epi32(0x3F3F3F3F),
-                  m0f = _mm512_set1_epi32(0x0F0F0F0F), m30 = _mm512_set1_epi32(0x30303030),
-                  ff = _mm512_set1_epi32(0xFF);
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
     __m512 facc[4];
     for (int t = 0; t < R; t++) facc[t] = _mm512_setzero_ps();
     for (int i = 0; i < cols; i += 256) {
         const uint8_t *b = w + (size_t)(i / 256) * 144;
-        // the 16 rows' first 16 bytes (d, dmin, 12 scale bytes): wk[k] lane l = row sigma(l)'s dword k
-        __m512i q4[4], wk[4];
-        for (int m = 0; m < 4; m++) {
-            __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(b + m * row_bytes)));
-            v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(b + (8 + m) * row_bytes)), 1);
-            v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(b + (4 + m) * row_bytes)), 2);
-            q4[m] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(b + (12 + m) * row_bytes)), 3);
-        }
-        {
-            const __m512i t0 = _mm512_unpacklo_epi32(q4[0], q4[1]), t1 = _mm512_unpackhi_epi32(q4[0], q4[1]),
-                          t2 = _mm512_unpacklo_epi32(q4[2], q4[3]), t3 = _mm512_unpackhi_epi32(q4[2], q4[3]);
-            wk[0] = _mm512_unpacklo_epi64(t0, t2), wk[1] = _mm512_unpackhi_epi64(t0, t2);
-            wk[2] = _mm512_unpacklo_epi64(t1, t3), wk[3] = _mm512_unpackhi_epi64(t1, t3);
-        }
-        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(wk[0])),
-                     ndmin = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(wk[0], 16))));
-        const __m512i sc03 = _mm512_and_si512(wk[1], m3f), mn03 = _mm512_and_si512(wk[2], m3f);
-        const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(wk[3], m0f), _mm512_and_si512(_mm512_srli_epi32(wk[1], 2), m30));
-        const __m512i mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(wk[3], 4), m0f),
-                                             _mm512_and_si512(_mm512_srli_epi32(wk[2], 2), m30));
+        const strip_scales hd = strip_head(b, row_bytes);
         float dx[4];
         for (int t = 0; t < R; t++) dx[t] = x[t].d[i / 256];
 #pragma GCC unroll 2
@@ -763,9 +791,6 @@ q4k_strip(int R, int digits, int l1, const uint8_t *w, size_t row_bytes, const a
 #pragma GCC unroll 2
                 for (int nh = 0; nh < 2; nh++) {   // low nibbles: sub-block j = 4c + 2g, high: j + 1
                     const int j = 4 * c + 2 * g + nh;
-                    const __m512i sc = _mm512_and_si512(_mm512_srli_epi32(j < 4 ? sc03 : sc47, 8 * (j % 4)), ff),
-                                  mn = _mm512_and_si512(_mm512_srli_epi32(j < 4 ? mn03 : mn47, 8 * (j % 4)), ff);
-                    const __m512 dsc = _mm512_mul_ps(dw, _mm512_cvtepi32_ps(sc)), dmn = _mm512_mul_ps(ndmin, _mm512_cvtepi32_ps(mn));
                     __m512i ah[4], al[4];
                     for (int t = 0; t < R; t++) ah[t] = al[t] = _mm512_setzero_si512();
 #pragma GCC unroll 8
@@ -777,21 +802,18 @@ q4k_strip(int R, int digits, int l1, const uint8_t *w, size_t row_bytes, const a
                             if (digits == 2) al[t] = dpbusd_b(al[t], u, x[t].ql + at);
                         }
                     }
-                    // per row: d sc_j dx (256 hi + lo) - dmin mn_j a_j; 256 hi + lo < 2^24 (32 products of
-                    // at most 15 * 127 per digit), so its conversion is exact
                     for (int t = 0; t < R; t++) {
-                        __m512i v = _mm512_slli_epi32(ah[t], 8);
-                        if (digits == 2) v = _mm512_add_epi32(v, al[t]);
-                        facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(dsc, _mm512_set1_ps(dx[t])), facc[t]);
-                        facc[t] = _mm512_fmadd_ps(dmn, _mm512_set1_ps(x[t].a[i / 32 + j]), facc[t]);
+                        ah[t] = _mm512_slli_epi32(ah[t], 8);
+                        if (digits == 2) ah[t] = _mm512_add_epi32(ah[t], al[t]);
                     }
+                    strip_sub(R, &hd, j, ah, x, i, dx, facc);
                 }
                 if (c == 0 && g == 0) {
                     // The next strip (the 16 rows after these, contiguous), a share per
                     // super-block: one stream a strip ahead, as the row kernels' along their row.
                     // Issued after the first quarter's loads and work: issued before the
                     // super-block's own loads, they held those back (the asm fences keep the
-                    // compiler from hoisting them). To L2 or to L1 (l1), as q_strip_prefetch says:
+                    // compiler from hoisting them). To L2 or to L1 (l1), as q_strip_get says:
                     // which streams faster depends on the core.
                     __asm__ volatile("" ::: "memory");
                     const uint8_t *p = w + 16 * row_bytes + (size_t)(i / 256) * 16 * 144;
@@ -804,6 +826,105 @@ q4k_strip(int R, int digits, int l1, const uint8_t *w, size_t row_bytes, const a
     }
     const __m512i sigma = _mm512_set_epi32(15, 14, 13, 12, 7, 6, 5, 4, 11, 10, 9, 8, 3, 2, 1, 0);
     for (int t = 0; t < R; t++) _mm512_storeu_ps(out + (size_t)t * stride, _mm512_permutexvar_ps(sigma, facc[t]));
+}
+
+// One activation row (decode) against the same 16 rows in the same arithmetic, 8 rows at a time
+// along their super-blocks (q4k_strip_rows). The strip's loads per weight byte are many: each
+// dpbusd broadcasts 4 activation bytes from memory, 13 loads per 144-byte block; on a core whose
+// load queue fills with them behind the weights' misses, fewer weight bytes are in flight and the
+// stream slows (bench/RESULTS.md). Here a super-block's activations are loaded once (8 vectors,
+// 4 at one digit) for 8 rows, each row's 144 bytes in 3 loads: about 4 loads per block. Per row,
+// vpdpbusd forms the 8 sub-block sums 256 hi_j + lo_j exactly (int32, as the strip's lanes hold
+// them); 8 rows' sums are transposed to the lanes (lane r: row r) and strip_sub's fp32 steps run
+// on them in the strip's order: the same bits as q4k_strip for every row and digit count. Which
+// of the two streams faster depends on the core, so q_strip_tune times both.
+// One 64-byte load of qs holds sub-blocks 4h, 4h+2 (low nibbles, lanes 0-7 and 8-15) and 4h+1,
+// 4h+3 (high); the K form's Q4_K order matches each with its 64 activation bytes.
+AVX512 static inline __attribute__((always_inline)) void
+q4k_rows8(int digits, const uint8_t *w, size_t row_bytes, const act_row *x, int cols, float *out) {
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    const __m256i m3f = _mm256_set1_epi32(0x3F3F3F3F), m0f = _mm256_set1_epi32(0x0F0F0F0F),
+                  m30 = _mm256_set1_epi32(0x30303030), ff = _mm256_set1_epi32(0xFF);
+    __m256 facc = _mm256_setzero_ps();
+    for (int i = 0; i < cols; i += 256) {
+        const uint8_t *b0 = w + (size_t)(i / 256) * 144;
+        __m512i aq[4], al[4];
+        for (int k = 0; k < 4; k++) {
+            aq[k] = _mm512_loadu_si512(x->q + i + 64 * k);
+            if (digits == 2) al[k] = _mm512_loadu_si512(x->ql + i + 64 * k);
+        }
+        __m256i e[8];   // e[r]: row r's 8 sub-block sums, sub-blocks 0, 1, 4, 5, 2, 3, 6, 7
+        for (int r = 0; r < 8; r++) {
+            const uint8_t *b = b0 + r * row_bytes;
+            const __m512i v0 = _mm512_loadu_si512(b + 16), v1 = _mm512_loadu_si512(b + 80);
+            const __m512i u[4] = {_mm512_and_si512(v0, lo4), _mm512_and_si512(_mm512_srli_epi16(v0, 4), lo4),
+                                  _mm512_and_si512(v1, lo4), _mm512_and_si512(_mm512_srli_epi16(v1, 4), lo4)};
+            __m512i p[4];   // u[k] against elements 64k of the K form: sub-blocks (0, 2), (1, 3), (4, 6), (5, 7), 8 lanes each
+            for (int k = 0; k < 4; k++) {
+                p[k] = _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u[k], aq[k]), 8);
+                if (digits == 2) p[k] = _mm512_dpbusd_epi32(p[k], u[k], al[k]);
+            }
+            // each 8-lane group to one sum: per 128-bit lane the sums of p0..p3, then lanes 0 + 1, 2 + 3
+            const __m512i a = _mm512_add_epi32(_mm512_unpacklo_epi32(p[0], p[1]), _mm512_unpackhi_epi32(p[0], p[1])),
+                          c = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2], p[3]), _mm512_unpackhi_epi32(p[2], p[3]));
+            const __m512i z = _mm512_add_epi32(_mm512_unpacklo_epi64(a, c), _mm512_unpackhi_epi64(a, c));
+            e[r] = _mm512_castsi512_si256(_mm512_add_epi32(_mm512_shuffle_i32x4(z, z, 0x08), _mm512_shuffle_i32x4(z, z, 0x0D)));
+        }
+        {   // the next 8 rows (contiguous), a share per super-block, to L1: one stream 8 rows ahead, as
+            // q4k_strip prefetches its next strip (a prefetch per row a few blocks ahead instead
+            // streamed at half this rate here). The fences keep them after this block's loads.
+            __asm__ volatile("" ::: "memory");
+            const uint8_t *pn = w + 8 * row_bytes + (size_t)(i / 256) * 8 * 144;
+            for (int l = 0; l < 8 * 144; l += 64) _mm_prefetch((const char *)pn + l, _MM_HINT_T0);
+            __asm__ volatile("" ::: "memory");
+        }
+        // the 8 rows' first 16 bytes: hw[k] lane r = row r's dword k (d | dmin, then the 12 scale bytes)
+        __m256i q4[4], hw[4];
+        for (int m = 0; m < 4; m++)
+            q4[m] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + m * row_bytes))),
+                                            _mm_loadu_si128((const __m128i *)(b0 + (4 + m) * row_bytes)), 1);
+        {
+            const __m256i t0 = _mm256_unpacklo_epi32(q4[0], q4[1]), t1 = _mm256_unpackhi_epi32(q4[0], q4[1]),
+                          t2 = _mm256_unpacklo_epi32(q4[2], q4[3]), t3 = _mm256_unpackhi_epi32(q4[2], q4[3]);
+            hw[0] = _mm256_unpacklo_epi64(t0, t2), hw[1] = _mm256_unpackhi_epi64(t0, t2);
+            hw[2] = _mm256_unpacklo_epi64(t1, t3), hw[3] = _mm256_unpackhi_epi64(t1, t3);
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(hw[0])),
+                     ndmin = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(hw[0], 16))));
+        const __m256i sc03 = _mm256_and_si256(hw[1], m3f), mn03 = _mm256_and_si256(hw[2], m3f);
+        const __m256i sc47 = _mm256_or_si256(_mm256_and_si256(hw[3], m0f), _mm256_and_si256(_mm256_srli_epi32(hw[1], 2), m30));
+        const __m256i mn47 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(hw[3], 4), m0f),
+                                             _mm256_and_si256(_mm256_srli_epi32(hw[2], 2), m30));
+        // e (8 rows x 8 sums) -> v[k] lane r = row r's sum k
+        __m256i v[8];
+        {
+            __m256i t[8];
+            for (int k = 0; k < 4; k++)
+                t[2 * k] = _mm256_unpacklo_epi32(e[2 * k], e[2 * k + 1]), t[2 * k + 1] = _mm256_unpackhi_epi32(e[2 * k], e[2 * k + 1]);
+            __m256i g[8];   // g[4h + k]: rows 4h..4h+3 (h = 0: 0-3 via t 0..3, h = 1: 4-7), sums k and k + 4 in the 128-bit halves
+            for (int h = 0; h < 2; h++) {
+                g[4 * h + 0] = _mm256_unpacklo_epi64(t[4 * h], t[4 * h + 2]);
+                g[4 * h + 1] = _mm256_unpackhi_epi64(t[4 * h], t[4 * h + 2]);
+                g[4 * h + 2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+                g[4 * h + 3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+            }
+            for (int k = 0; k < 4; k++) {
+                v[k] = _mm256_permute2x128_si256(g[k], g[4 + k], 0x20);
+                v[k + 4] = _mm256_permute2x128_si256(g[k], g[4 + k], 0x31);
+            }
+        }
+        static const int at[8] = {0, 1, 4, 5, 2, 3, 6, 7};   // sub-block j's sum: v[at[j]]
+        const __m256 dx = _mm256_set1_ps(x->d[i / 256]);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {   // strip_sub's steps, 8 lanes
+            const __m256i sc = _mm256_and_si256(_mm256_srli_epi32(j < 4 ? sc03 : sc47, 8 * (j % 4)), ff),
+                          mn = _mm256_and_si256(_mm256_srli_epi32(j < 4 ? mn03 : mn47, 8 * (j % 4)), ff);
+            const __m256 dsc = _mm256_mul_ps(dw, _mm256_cvtepi32_ps(sc)), dmn = _mm256_mul_ps(ndmin, _mm256_cvtepi32_ps(mn));
+            facc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v[at[j]]), _mm256_mul_ps(dsc, dx), facc);
+            facc = _mm256_fmadd_ps(dmn, _mm256_set1_ps(x->a[i / 32 + j]), facc);
+        }
+    }
+    _mm256_storeu_ps(out, facc);
 }
 
 typedef void (*strip_fn)(int R, const uint8_t *w, size_t row_bytes, const act_row *x, int cols, float *out,
@@ -822,29 +943,50 @@ STRIP_KERNEL(q4k, 1, 0)
 STRIP_KERNEL(q4k, 2, 0)
 STRIP_KERNEL(q4k, 1, 1)
 STRIP_KERNEL(q4k, 2, 1)
+// A strip through q4k_rows8 at one activation row (two groups of 8 rows), through the strip at
+// more (its prefetch level L1)
+#define ROWS8_KERNEL(D, L1)                                                                        \
+    AVX512 static void strip_rows8_##D##_##L1(int R, const uint8_t *w, size_t row_bytes, const act_row *x, \
+                                              int cols, float *out, size_t stride) {               \
+        if (R > 1) {                                                                               \
+            strip_q4k_##D##_##L1(R, w, row_bytes, x, cols, out, stride);                           \
+            return;                                                                                \
+        }                                                                                          \
+        q4k_rows8(D, w, row_bytes, x, cols, out);                                                  \
+        q4k_rows8(D, w + 8 * row_bytes, row_bytes, x, cols, out + 8);                              \
+    }
+ROWS8_KERNEL(1, 0)
+ROWS8_KERNEL(2, 0)
+ROWS8_KERNEL(1, 1)
+ROWS8_KERNEL(2, 1)
 
-// Where q4k_strip prefetches its next strip: 2 (prefetcht1, L2) until q_strip_tune or
-// q_strip_set_prefetch says otherwise.
-static int strip_level = 2;
-int q_strip_prefetch(void) { return strip_level; }
-void q_strip_set_prefetch(int level) {
-    CHECK_INTERNAL(level == 1 || level == 2, "q_strip_set_prefetch: level %d", level);
-    strip_level = level;
+// How whole 16-row blocks of Q4_K run (qgemm.h): strips prefetching to L2, one activation row
+// through them too, until q_strip_tune or q_strip_set says otherwise.
+static q_strip_form strip_form = {2, 0};
+q_strip_form q_strip_get(void) { return strip_form; }
+void q_strip_set(q_strip_form f) {
+    CHECK_INTERNAL((f.level == 1 || f.level == 2) && (f.rows8 == 0 || f.rows8 == 1), "q_strip_set: level %d, rows8 %d",
+                   f.level, f.rows8);
+    strip_form = f;
 }
-int q_strip_env(const char **err) {
-    const char *v = getenv("SIFT_STRIP_PREFETCH");
+q_strip_form q_strip_env(const char **err) {
+    const char *v = getenv("SIFT_STRIP_PREFETCH"), *r = getenv("SIFT_STRIP_ROWS8");
+    q_strip_form f = {0, -1};
     if (err) *err = NULL;
-    if (!v) return 0;
-    if (strcmp(v, "l1") == 0 || strcmp(v, "l2") == 0) return v[1] - '0';
-    if (err) *err = "SIFT_STRIP_PREFETCH must be l1 or l2";
-    return 0;
+    if (v && (strcmp(v, "l1") == 0 || strcmp(v, "l2") == 0)) f.level = v[1] - '0';
+    else if (v && err) *err = "SIFT_STRIP_PREFETCH must be l1 or l2";
+    if (r && (strcmp(r, "on") == 0 || strcmp(r, "off") == 0)) f.rows8 = r[1] == 'n';
+    else if (r && err && !*err) *err = "SIFT_STRIP_ROWS8 must be on or off";
+    return f;
 }
 
 int q_rows_strip(enum q_isa isa, uint32_t type) { return isa == Q_ISA_AVX512 && type == GGML_Q4_K; }
 
 static strip_fn fused_strip(enum q_isa isa, uint32_t type, int digits) {   // (Q4_K rows: whole 256-blocks)
     if (!q_rows_strip(isa, type)) return NULL;
-    if (strip_level == 1) return digits == 1 ? strip_q4k_1_1 : strip_q4k_2_1;
+    if (strip_form.rows8) return digits == 1 ? (strip_form.level == 1 ? strip_rows8_1_1 : strip_rows8_1_0)
+                                             : (strip_form.level == 1 ? strip_rows8_2_1 : strip_rows8_2_0);
+    if (strip_form.level == 1) return digits == 1 ? strip_q4k_1_1 : strip_q4k_2_1;
     return digits == 1 ? strip_q4k_1_0 : strip_q4k_2_0;
 }
 
@@ -1339,18 +1481,19 @@ void q_matmul_cpu(enum q_isa isa, enum q_path path, float *out, const float *x, 
     else matmul_int8(isa, path == Q_PATH_INT8_1 ? 1 : 2, out, x, n, in, type, w, row_bytes, o, scratch);
 }
 
-// Times q4k_strip's two prefetch levels (see qgemm.h): one activation row against a Q4_K matrix
-// of 4096 columns filling max(64 MiB, twice the last-level cache), so that it streams from DRAM
-// as decode does; one untimed pass of each, then five alternations, each level's best kept.
-int q_strip_tune(double ms[2]) {
-    static int tuned;   // the first call's level, once it timed
-    static double tuned_ms[2];
-    if (tuned) {
-        ms[0] = tuned_ms[0], ms[1] = tuned_ms[1];
-        return strip_level = tuned;
+// Times the three forms of a strip at one activation row (see qgemm.h): q4k_strip prefetching to
+// L1, to L2, and q4k_rows8, against a Q4_K matrix of 4096 columns filling max(64 MiB, 8x the
+// last-level cache) up to 256 MiB, so that it streams from DRAM as decode does; one untimed pass of each, then
+// five rounds of the three, each form's best kept.
+q_strip_form q_strip_tune(double ms[3]) {
+    static q_strip_form tuned;   // the first call's choice, once it timed
+    static double tuned_ms[3];
+    if (tuned.level) {
+        for (int k = 0; k < 3; k++) ms[k] = tuned_ms[k];
+        return strip_form = tuned;
     }
-    ms[0] = ms[1] = NAN;
-    if (cpu_best_isa() != Q_ISA_AVX512) return 0;
+    ms[0] = ms[1] = ms[2] = NAN;
+    if (cpu_best_isa() != Q_ISA_AVX512) return (q_strip_form){0, -1};
     // the last-level cache this core shares (sysfs; glibc's sysconf counts the whole socket's)
     size_t bytes = (size_t)64 << 20, l3 = 0;
     char unit = 0;
@@ -1358,7 +1501,7 @@ int q_strip_tune(double ms[2]) {
     if (f && fscanf(f, "%zu%c", &l3, &unit) == 2)
         l3 <<= unit == 'K' ? 10 : unit == 'M' ? 20 : 0;
     if (f) fclose(f);
-    if (2 * l3 > bytes) bytes = 2 * l3 < (size_t)256 << 20 ? 2 * l3 : (size_t)256 << 20;
+    if (8 * l3 > bytes) bytes = 8 * l3 < (size_t)256 << 20 ? 8 * l3 : (size_t)256 << 20;
     const int in = 4096;
     const size_t rb = in / 256 * 144;
     const int o = (int)(bytes / rb) / 16 * 16;
@@ -1368,23 +1511,28 @@ int q_strip_tune(double ms[2]) {
     if (w == MAP_FAILED || !x || !y) {
         if (w != MAP_FAILED) munmap(w, wbytes);
         free(x), free(y);
-        return 0;
+        return (q_strip_form){0, -1};
     }
     madvise(w, wbytes, MADV_HUGEPAGE);   // (where the kernel allows: fewer page faults to fill it)
     memset(w, 0x11, (size_t)o * rb);   // (d and dmin 0x1111 as fp16, scales and quants small)
     for (int i = 0; i < in; i++) x[i] = (float)((i * 37) % 29 - 14) / 14.0f;
     q_scratch sc = {0};
-    double best[2] = {INFINITY, INFINITY};
-    for (int rep = 0; rep < 12; rep++) {
-        strip_level = rep % 2 ? 1 : 2;
+    double best[3] = {INFINITY, INFINITY, INFINITY};
+    const q_strip_form form[3] = {{1, 0}, {2, 0}, {1, 1}};
+    for (int rep = 0; rep < 18; rep++) {
+        strip_form = form[rep % 3];
         const double t0 = omp_get_wtime();
         q_matmul_cpu(Q_ISA_AVX512, Q_PATH_INT8, y, x, 1, in, GGML_Q4_K, w, rb, o, &sc);
         const double t = (omp_get_wtime() - t0) * 1e3;
-        if (rep >= 2 && t < best[strip_level - 1]) best[strip_level - 1] = t;
+        if (rep >= 3 && t < best[rep % 3]) best[rep % 3] = t;
     }
     q_scratch_free(&sc);
     munmap(w, wbytes);
     free(x), free(y);
-    ms[0] = tuned_ms[0] = best[0], ms[1] = tuned_ms[1] = best[1];
-    return strip_level = tuned = best[0] < 0.98 * best[1] ? 1 : 2;
+    for (int k = 0; k < 3; k++) ms[k] = tuned_ms[k] = best[k];
+    // L1 only when 2 % faster than L2 (L2 is what the strips were first measured with), 8-row
+    // groups only when 2 % faster than the better strip
+    tuned.level = best[0] < 0.98 * best[1] ? 1 : 2;
+    tuned.rows8 = best[2] < 0.98 * fmin(best[0], best[1]);
+    return strip_form = tuned;
 }

@@ -122,6 +122,14 @@ def test_bad_strip_prefetch_is_refused(value):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("value", ["1", "ON", ""])
+def test_bad_strip_rows8_is_refused(value):
+    r = run(["-m", str(MODEL), "-p", "hi", "-n", "1"], {"SIFT_STRIP_ROWS8": value})
+    assert r.returncode != 0
+    assert f"SIFT_STRIP_ROWS8 must be on or off (it is '{value}')" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
 def test_model_larger_than_memory_is_refused_up_front(tmp_path):
     """A GGUF whose weights exceed MemAvailable (a sparse file: tensor data never written) is
     refused by the memory plan with its numbers, exit 1, before any weight is touched."""

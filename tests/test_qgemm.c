@@ -262,37 +262,48 @@ static void test_vnni_forms(void) {
     }
 }
 
-// q4k_strip's prefetch level (L1 or L2, timed per machine by q_strip_tune) moves no arithmetic:
-// 1 and 4 activation rows (both digit counts) x 37 Q4_K rows (two strips and 5 rows alone) give
-// the same bits at either level, and q_strip_tune keeps the level its own times name.
-static void test_strip_levels(void) {
+// The forms of a Q4_K strip (q4k_strip prefetching to L1 or L2; one activation row through
+// q4k_rows8's two groups of 8 rows; timed per machine by q_strip_tune) move no arithmetic: 1, 2
+// and 4 activation rows (both digit counts) x 37 Q4_K rows (two strips and 5 rows alone) give the
+// same bits in every form, and q_strip_tune keeps the form its own times name.
+static void test_strip_forms(void) {
     enum { N = 4, O = 37, IN = 768 };
     const size_t rb = dq_bytes(GGML_Q4_K, IN), bb = dq_block_bytes(GGML_Q4_K);
     uint8_t *w = malloc(rb * O);
     for (size_t at = 0; at < rb * O; at += bb) random_block(GGML_Q4_K, w + at, bb);
-    float x[N * IN], l2[N * O], l1[N * O];
+    float x[N * IN], ref[N * O], got[N * O];
     for (int i = 0; i < N * IN; i++) x[i] = frnd();
+    const q_strip_form forms[3] = {{1, 0}, {2, 1}, {1, 1}};
     q_scratch sc = {0};
     for (int digits = 2; digits >= 1; digits--)
-        for (int n = 1; n <= N; n += N - 1) {
+        for (int n = 1; n <= N; n *= 2) {
             const enum q_path path = digits == 2 ? Q_PATH_INT8 : Q_PATH_INT8_1;
-            q_strip_set_prefetch(2);
-            q_matmul(Q_ISA_AVX512, path, l2, x, n, IN, GGML_Q4_K, w, rb, O, &sc);
-            q_strip_set_prefetch(1);
-            q_matmul(Q_ISA_AVX512, path, l1, x, n, IN, GGML_Q4_K, w, rb, O, &sc);
-            CHECK(memcmp(l1, l2, sizeof(float) * n * O) == 0, "q4k strips: L1 and L2 prefetch differ (%d digits, %d rows)",
-                  digits, n);
+            q_strip_set((q_strip_form){2, 0});
+            q_matmul(Q_ISA_AVX512, path, ref, x, n, IN, GGML_Q4_K, w, rb, O, &sc);
+            for (int f = 0; f < 3; f++) {
+                q_strip_set(forms[f]);
+                q_matmul(Q_ISA_AVX512, path, got, x, n, IN, GGML_Q4_K, w, rb, O, &sc);
+                CHECK(memcmp(got, ref, sizeof(float) * n * O) == 0,
+                      "q4k strips: level %d rows8 %d differs from level 2 (%d digits, %d rows)", forms[f].level,
+                      forms[f].rows8, digits, n);
+            }
         }
     q_scratch_free(&sc);
     free(w);
-    double ms[2];
-    const int level = q_strip_tune(ms);
-    CHECK((level == 1 || level == 2) && ms[0] > 0 && ms[1] > 0 && isfinite(ms[0]) && isfinite(ms[1]),
-          "q_strip_tune: level %d, %g / %g ms", level, ms[0], ms[1]);
-    CHECK(level == (ms[0] < 0.98 * ms[1] ? 1 : 2) && q_strip_prefetch() == level,
-          "q_strip_tune kept level %d (now %d) from L1 %g ms, L2 %g ms", level, q_strip_prefetch(), ms[0], ms[1]);
-    printf("test_qgemm: q_strip_tune: L1 %.2f ms, L2 %.2f ms -> L%d\n", ms[0], ms[1], level);
-    q_strip_set_prefetch(2);
+    double ms[3];
+    const q_strip_form t = q_strip_tune(ms);
+    int timed = 1;
+    for (int k = 0; k < 3; k++) timed &= ms[k] > 0 && isfinite(ms[k]);
+    CHECK((t.level == 1 || t.level == 2) && (t.rows8 == 0 || t.rows8 == 1) && timed,
+          "q_strip_tune: level %d rows8 %d, %g / %g / %g ms", t.level, t.rows8, ms[0], ms[1], ms[2]);
+    const q_strip_form now = q_strip_get();
+    CHECK(t.level == (ms[0] < 0.98 * ms[1] ? 1 : 2) && t.rows8 == (ms[2] < 0.98 * fmin(ms[0], ms[1])) &&
+              now.level == t.level && now.rows8 == t.rows8,
+          "q_strip_tune kept level %d rows8 %d (now %d, %d) from %g / %g / %g ms", t.level, t.rows8, now.level,
+          now.rows8, ms[0], ms[1], ms[2]);
+    printf("test_qgemm: q_strip_tune: strips L1 %.2f ms, L2 %.2f ms, 8-row groups %.2f ms -> L%d%s\n", ms[0], ms[1],
+           ms[2], t.level, t.rows8 ? ", 8-row groups" : "");
+    q_strip_set((q_strip_form){2, 0});
 }
 
 int main(void) {
@@ -324,12 +335,16 @@ int main(void) {
             check_case(type, TYPES[t].name, best, Q_PATH_AMX, 64, be == 256 ? 512 : 256, 96);
         }
     }
-    if (best == Q_ISA_AVX512) {   // the derived bounds at the other prefetch level too
-        test_strip_levels();
-        q_strip_set_prefetch(1);
+    if (best == Q_ISA_AVX512) {   // the derived bounds in the strips' other forms too
+        test_strip_forms();
+        q_strip_set((q_strip_form){1, 0});
         check_case(GGML_Q4_K, "q4_k (strips to L1)", best, Q_PATH_INT8, 1, 768, 37);
         check_case(GGML_Q4_K, "q4_k (strips to L1)", best, Q_PATH_INT8, 3, 512, 19);
-        q_strip_set_prefetch(2);
+        q_strip_set((q_strip_form){2, 1});
+        check_case(GGML_Q4_K, "q4_k (8-row groups)", best, Q_PATH_INT8, 1, 768, 37);
+        check_case(GGML_Q4_K, "q4_k (8-row groups)", best, Q_PATH_INT8_1, 1, 4096, 35);
+        check_case(GGML_Q4_K, "q4_k (8-row groups)", best, Q_PATH_INT8, 3, 512, 19);
+        q_strip_set((q_strip_form){2, 0});
     }
     for (size_t t = 0; t < sizeof TYPES / sizeof *TYPES && best == Q_ISA_AVX512; t++) {
         uint32_t type = TYPES[t].type;
