@@ -727,17 +727,12 @@ typedef struct {
     __m512i sc03, mn03, sc47, mn47;
 } strip_scales;
 
-// the 16 rows' first 16 bytes of the super-block at b (rows row_bytes apart): d, dmin, 12 scale bytes
-AVX512 static inline __attribute__((always_inline)) strip_scales strip_head(const uint8_t *b, size_t row_bytes) {
+// The scales of 16 rows from their first 16 bytes (d, dmin, 12 scale bytes): q4[m]'s 128-bit
+// lane k holds the bytes of the row that lanes 4k..4k+3 take from q4[0..3] (lane 4k + m: q4[m])
+AVX512 static inline __attribute__((always_inline)) strip_scales strip_scales_of(const __m512i *q4) {
     const __m512i m3f = _mm512_set1_epi32(0x3F3F3F3F), m0f = _mm512_set1_epi32(0x0F0F0F0F),
                   m30 = _mm512_set1_epi32(0x30303030);
-    __m512i q4[4], wk[4];   // wk[k] lane l = row sigma(l)'s dword k
-    for (int m = 0; m < 4; m++) {
-        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(b + m * row_bytes)));
-        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(b + (8 + m) * row_bytes)), 1);
-        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(b + (4 + m) * row_bytes)), 2);
-        q4[m] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(b + (12 + m) * row_bytes)), 3);
-    }
+    __m512i wk[4];   // wk[k] lane l = lane l's row's dword k
     const __m512i t0 = _mm512_unpacklo_epi32(q4[0], q4[1]), t1 = _mm512_unpackhi_epi32(q4[0], q4[1]),
                   t2 = _mm512_unpacklo_epi32(q4[2], q4[3]), t3 = _mm512_unpackhi_epi32(q4[2], q4[3]);
     wk[0] = _mm512_unpacklo_epi64(t0, t2), wk[1] = _mm512_unpackhi_epi64(t0, t2);
@@ -750,6 +745,18 @@ AVX512 static inline __attribute__((always_inline)) strip_scales strip_head(cons
     h.mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(wk[3], 4), m0f),
                              _mm512_and_si512(_mm512_srli_epi32(wk[2], 2), m30));
     return h;
+}
+
+// the 16 rows' scales of the super-block at b (rows row_bytes apart), lane l for row sigma(l)
+AVX512 static inline __attribute__((always_inline)) strip_scales strip_head(const uint8_t *b, size_t row_bytes) {
+    __m512i q4[4];
+    for (int m = 0; m < 4; m++) {
+        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(b + m * row_bytes)));
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(b + (8 + m) * row_bytes)), 1);
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(b + (4 + m) * row_bytes)), 2);
+        q4[m] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(b + (12 + m) * row_bytes)), 3);
+    }
+    return strip_scales_of(q4);
 }
 
 // Sub-block j of the super-block at element i, per activation row t (v[t] lane l: row sigma(l)'s
@@ -829,7 +836,7 @@ q4k_strip(int R, int digits, int l1, const uint8_t *w, size_t row_bytes, const a
 }
 
 // One activation row (decode) against the same 16 rows in the same arithmetic, 8 rows at a time
-// along their super-blocks (q4k_strip_rows). The strip's loads per weight byte are many: each
+// along their super-blocks (q4k_rows8). The strip's loads per weight byte are many: each
 // dpbusd broadcasts 4 activation bytes from memory, 13 loads per 144-byte block; on a core whose
 // load queue fills with them behind the weights' misses, fewer weight bytes are in flight and the
 // stream slows (bench/RESULTS.md). Here a super-block's activations are loaded once (8 vectors,
@@ -843,9 +850,7 @@ q4k_strip(int R, int digits, int l1, const uint8_t *w, size_t row_bytes, const a
 AVX512 static inline __attribute__((always_inline)) void
 q4k_rows8(int digits, const uint8_t *w, size_t row_bytes, const act_row *x, int cols, float *out) {
     const __m512i lo4 = _mm512_set1_epi8(0x0F);
-    const __m256i m3f = _mm256_set1_epi32(0x3F3F3F3F), m0f = _mm256_set1_epi32(0x0F0F0F0F),
-                  m30 = _mm256_set1_epi32(0x30303030), ff = _mm256_set1_epi32(0xFF);
-    __m256 facc = _mm256_setzero_ps();
+    __m512 facc = _mm512_setzero_ps();
     for (int i = 0; i < cols; i += 256) {
         const uint8_t *b0 = w + (size_t)(i / 256) * 144;
         __m512i aq[4], al[4];
@@ -878,23 +883,13 @@ q4k_rows8(int digits, const uint8_t *w, size_t row_bytes, const act_row *x, int 
             for (int l = 0; l < 8 * 144; l += 64) _mm_prefetch((const char *)pn + l, _MM_HINT_T0);
             __asm__ volatile("" ::: "memory");
         }
-        // the 8 rows' first 16 bytes: hw[k] lane r = row r's dword k (d | dmin, then the 12 scale bytes)
-        __m256i q4[4], hw[4];
+        // the 8 rows' scales, lane r for row r (lanes 8-15 repeat them)
+        __m512i q4[4];
         for (int m = 0; m < 4; m++)
-            q4[m] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + m * row_bytes))),
-                                            _mm_loadu_si128((const __m128i *)(b0 + (4 + m) * row_bytes)), 1);
-        {
-            const __m256i t0 = _mm256_unpacklo_epi32(q4[0], q4[1]), t1 = _mm256_unpackhi_epi32(q4[0], q4[1]),
-                          t2 = _mm256_unpacklo_epi32(q4[2], q4[3]), t3 = _mm256_unpackhi_epi32(q4[2], q4[3]);
-            hw[0] = _mm256_unpacklo_epi64(t0, t2), hw[1] = _mm256_unpackhi_epi64(t0, t2);
-            hw[2] = _mm256_unpacklo_epi64(t1, t3), hw[3] = _mm256_unpackhi_epi64(t1, t3);
-        }
-        const __m256 dw = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(hw[0])),
-                     ndmin = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(hw[0], 16))));
-        const __m256i sc03 = _mm256_and_si256(hw[1], m3f), mn03 = _mm256_and_si256(hw[2], m3f);
-        const __m256i sc47 = _mm256_or_si256(_mm256_and_si256(hw[3], m0f), _mm256_and_si256(_mm256_srli_epi32(hw[1], 2), m30));
-        const __m256i mn47 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(hw[3], 4), m0f),
-                                             _mm256_and_si256(_mm256_srli_epi32(hw[2], 2), m30));
+            q4[m] = _mm512_broadcast_i64x4(_mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + m * row_bytes))),
+                _mm_loadu_si128((const __m128i *)(b0 + (4 + m) * row_bytes)), 1));
+        const strip_scales hd = strip_scales_of(q4);
         // e (8 rows x 8 sums) -> v[k] lane r = row r's sum k
         __m256i v[8];
         {
@@ -914,17 +909,14 @@ q4k_rows8(int digits, const uint8_t *w, size_t row_bytes, const act_row *x, int 
             }
         }
         static const int at[8] = {0, 1, 4, 5, 2, 3, 6, 7};   // sub-block j's sum: v[at[j]]
-        const __m256 dx = _mm256_set1_ps(x->d[i / 256]);
+        const float dx = x->d[i / 256];
 #pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) {   // strip_sub's steps, 8 lanes
-            const __m256i sc = _mm256_and_si256(_mm256_srli_epi32(j < 4 ? sc03 : sc47, 8 * (j % 4)), ff),
-                          mn = _mm256_and_si256(_mm256_srli_epi32(j < 4 ? mn03 : mn47, 8 * (j % 4)), ff);
-            const __m256 dsc = _mm256_mul_ps(dw, _mm256_cvtepi32_ps(sc)), dmn = _mm256_mul_ps(ndmin, _mm256_cvtepi32_ps(mn));
-            facc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v[at[j]]), _mm256_mul_ps(dsc, dx), facc);
-            facc = _mm256_fmadd_ps(dmn, _mm256_set1_ps(x->a[i / 32 + j]), facc);
+        for (int j = 0; j < 8; j++) {   // the strip's steps; lanes 8-15 unused
+            const __m512i vj = _mm512_castsi256_si512(v[at[j]]);
+            strip_sub(1, &hd, j, &vj, x, i, &dx, &facc);
         }
     }
-    _mm256_storeu_ps(out, facc);
+    _mm256_storeu_ps(out, _mm512_castps512_ps256(facc));
 }
 
 typedef void (*strip_fn)(int R, const uint8_t *w, size_t row_bytes, const act_row *x, int cols, float *out,
@@ -1483,8 +1475,8 @@ void q_matmul_cpu(enum q_isa isa, enum q_path path, float *out, const float *x, 
 
 // Times the three forms of a strip at one activation row (see qgemm.h): q4k_strip prefetching to
 // L1, to L2, and q4k_rows8, against a Q4_K matrix of 4096 columns filling max(64 MiB, 8x the
-// last-level cache) up to 256 MiB, so that it streams from DRAM as decode does; one untimed pass of each, then
-// five rounds of the three, each form's best kept.
+// last-level cache) up to 256 MiB, so that it streams from DRAM as decode does; one untimed pass
+// of each, then five rounds of the three, each form's best kept.
 q_strip_form q_strip_tune(double ms[3]) {
     static q_strip_form tuned;   // the first call's choice, once it timed
     static double tuned_ms[3];
