@@ -95,7 +95,8 @@ int q_rows_strip(enum q_isa isa, uint32_t type);
 // L2), ms[2] (8-row groups); keeps L1 only when it is at least 2 % faster than L2 (L2 is what the
 // kernel was first measured with), the 8-row groups only when 2 % faster than the better strip,
 // and returns the form kept; later calls return the first one's times and form (and set it
-// again); without AVX-512 or the memory for the matrix: {0, -1}, nothing timed or changed (ms NaN).
+// again); without AVX-512, or when the matrix would take more than an eighth of the memory
+// available (64 MiB at least): {0, -1}, nothing timed or changed (ms NaN).
 // q_strip_env: what SIFT_STRIP_PREFETCH and SIFT_STRIP_ROWS8 name (level 1 or 2, rows8 1 or 0), a
 // field 0 (level) or -1 (rows8) where its variable is unset; another value: *err set (a message for
 // the user).

@@ -1494,6 +1494,11 @@ q_strip_form q_strip_tune(double ms[3]) {
         l3 <<= unit == 'K' ? 10 : unit == 'M' ? 20 : 0;
     if (f) fclose(f);
     if (8 * l3 > bytes) bytes = 8 * l3 < (size_t)256 << 20 ? 8 * l3 : (size_t)256 << 20;
+    // at most an eighth of the memory available now (the model's own pages come next); below 64
+    // MiB it would not stream from DRAM, so nothing is timed
+    const size_t avail = host_mem_available();
+    if (avail && bytes > avail / 8) bytes = avail / 8;
+    if (bytes < (size_t)64 << 20) return (q_strip_form){0, -1};
     const int in = 4096;
     const size_t rb = in / 256 * 144;
     const int o = (int)(bytes / rb) / 16 * 16;
