@@ -232,10 +232,10 @@ void cpu_report(backend *b, FILE *out) {
         if (!isnan(c->strip_ms[0]))
             fprintf(out, " (timed on a Q4_K matrix of 64-256 MiB: strips L1 %.2f ms, L2 %.2f ms, 8-row groups %.2f ms)",
                     c->strip_ms[0], c->strip_ms[1], c->strip_ms[2]);
-        if (getenv("SIFT_STRIP_PREFETCH") || getenv("SIFT_STRIP_ROWS8"))
-            fprintf(out, " (set: %s%s%s)", getenv("SIFT_STRIP_PREFETCH") ? "SIFT_STRIP_PREFETCH" : "",
-                    getenv("SIFT_STRIP_PREFETCH") && getenv("SIFT_STRIP_ROWS8") ? ", " : "",
-                    getenv("SIFT_STRIP_ROWS8") ? "SIFT_STRIP_ROWS8" : "");
+        const q_strip_form set = q_strip_env(NULL);   // (the fields its variables fixed)
+        if (set.level || set.rows8 >= 0)
+            fprintf(out, " (set: %s%s%s)", set.level ? "SIFT_STRIP_PREFETCH" : "", set.level && set.rows8 >= 0 ? ", " : "",
+                    set.rows8 >= 0 ? "SIFT_STRIP_ROWS8" : "");
         fputc('\n', out);
     }
     if (c->n_tune) fprintf(out, "sift: cpu product paths timed per shape (SIFT_PREFILL=tune):\n");

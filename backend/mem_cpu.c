@@ -58,16 +58,14 @@ bk_weight *cpu_weight(backend *b, bk_tensor t) {
     if (w->type == GGML_F32) w->f = (float *)w->data;
     // The first Q4_K matrix that streams from DRAM (1 MiB and more: not a test's tiny one) on
     // AVX-512: time the forms of its 16-row blocks (qgemm.h; timed once per process) and keep the
-    // faster where no variable set them.
+    // faster where no variable set them; a variable set alone applies even when nothing was timed.
     cpu_impl *c = impl(b);
     if (w->type == GGML_Q4_K && c->isa == Q_ISA_AVX512 && (!c->strip.level || c->strip.rows8 < 0) &&
         rows * w->row_bytes >= ((size_t)1 << 20)) {
-        const q_strip_form t = q_strip_tune(c->strip_ms);
-        if (t.level) {
-            if (!c->strip.level) c->strip.level = t.level;
-            if (c->strip.rows8 < 0) c->strip.rows8 = t.rows8;
-            q_strip_set(c->strip);
-        }
+        const q_strip_form t = q_strip_tune(c->strip_ms);   // ({0, -1}: not timed; the defaults then)
+        if (!c->strip.level) c->strip.level = t.level ? t.level : 2;
+        if (c->strip.rows8 < 0) c->strip.rows8 = t.level ? t.rows8 : 0;
+        q_strip_set(c->strip);
     }
     if (!w->owned) {   // borrowed pages of the mapping: start reading them in now, not at first use
         uintptr_t at = (uintptr_t)w->data & ~(uintptr_t)4095;

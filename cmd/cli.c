@@ -179,8 +179,7 @@ backend *cli_backend(const char *device, int threads, enum bk_weights weights) {
     }
     q_strip_env(&bad);
     if (bad) {
-        const char *var = strstr(bad, "ROWS8") ? "SIFT_STRIP_ROWS8" : "SIFT_STRIP_PREFETCH";
-        fprintf(stderr, "sift: error: %s (it is '%s')\n", bad, getenv(var));
+        fprintf(stderr, "sift: error: %s\n", bad);
         return NULL;
     }
     if (strcmp(device, "cpu") == 0) return backend_cpu_create(threads, weights);

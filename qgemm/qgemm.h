@@ -99,7 +99,7 @@ int q_rows_strip(enum q_isa isa, uint32_t type);
 // available (64 MiB at least): {0, -1}, nothing timed or changed (ms NaN).
 // q_strip_env: what SIFT_STRIP_PREFETCH and SIFT_STRIP_ROWS8 name (level 1 or 2, rows8 1 or 0), a
 // field 0 (level) or -1 (rows8) where its variable is unset; another value: *err set (a message for
-// the user).
+// the user, naming the variable and its value).
 typedef struct {
     int level, rows8;
 } q_strip_form;

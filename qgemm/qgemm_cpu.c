@@ -963,12 +963,13 @@ void q_strip_set(q_strip_form f) {
 }
 q_strip_form q_strip_env(const char **err) {
     const char *v = getenv("SIFT_STRIP_PREFETCH"), *r = getenv("SIFT_STRIP_ROWS8");
+    static char msg[160];
     q_strip_form f = {0, -1};
     if (err) *err = NULL;
     if (v && (strcmp(v, "l1") == 0 || strcmp(v, "l2") == 0)) f.level = v[1] - '0';
-    else if (v && err) *err = "SIFT_STRIP_PREFETCH must be l1 or l2";
+    else if (v && err) snprintf(msg, sizeof msg, "SIFT_STRIP_PREFETCH must be l1 or l2 (it is '%.64s')", v), *err = msg;
     if (r && (strcmp(r, "on") == 0 || strcmp(r, "off") == 0)) f.rows8 = r[1] == 'n';
-    else if (r && err && !*err) *err = "SIFT_STRIP_ROWS8 must be on or off";
+    else if (r && err && !*err) snprintf(msg, sizeof msg, "SIFT_STRIP_ROWS8 must be on or off (it is '%.64s')", r), *err = msg;
     return f;
 }
 
