@@ -569,6 +569,14 @@ typedef struct sweep_agg {
 
 static double sw_div(double a, double b) { return b > 0 && a > 0 ? a / b : NAN; }
 
+// v as the JSON prints it (4 decimals), read back; NaN stays NaN
+static double sw_as_printed(double v) {
+    char b[64];
+    if (isnan(v)) return v;
+    snprintf(b, sizeof b, "%.4f", v);
+    return strtod(b, NULL);
+}
+
 static void sw_aggregate(const sweep_run *R, sweep_agg *agg) {
     const sweep_opts *w = R->w;
     for (int s = 0; s < w->n_set; s++) {
@@ -607,9 +615,12 @@ static void sw_aggregate(const sweep_run *R, sweep_agg *agg) {
         g->fidelity = w->fidelity == SW_FID_GREEDY ? g->greedy : w->fidelity == SW_FID_FIRST ? g->first : g->acc;
         g->speedup = w->speed == SW_SPEED_TOTAL ? g->x_total : w->speed == SW_SPEED_TTFT ? g->x_ttft : g->x_tpot;
     }
+    // the frontier of the values as reported (the JSON prints 4 decimals): a setting whose speedup
+    // is 1.00004 against full's 1 ties with it in the output, so it does not push full off
     pareto_point pts[SWEEP_MAX_SETTINGS];
     int on[SWEEP_MAX_SETTINGS];
-    for (int s = 0; s < w->n_set; s++) pts[s] = (pareto_point){agg[s].speedup, agg[s].fidelity};
+    for (int s = 0; s < w->n_set; s++)
+        pts[s] = (pareto_point){sw_as_printed(agg[s].speedup), sw_as_printed(agg[s].fidelity)};
     pareto_frontier(pts, w->n_set, on);
     for (int s = 0; s < w->n_set; s++) agg[s].frontier = on[s];
 }
