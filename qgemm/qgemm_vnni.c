@@ -152,13 +152,20 @@ VNNI static void quantize_tokens(int wf, const float *x, int n, int in, int n_tg
 
 // ---- weights -------------------------------------------------------------------------------------
 
-// A unit: w (RU, in) row-major with a row stride of ld elements (w' as int16 for W_I16, else int8), and per group g the RU rows' init, s and c2 at [g * RU + r]. ld is in plus one cache
-// line: at a stride of a power of two (4 KB for 2048 columns) a micro tile's 12 rows at the same
-// column fall in one set of the 8-way L1 and evict each other.
-typedef struct { void *w; int ld; int32_t *init; float *s, *c2; } unit;
+// A unit: w (RU, in) row-major with a row stride of ld elements (w' as int16 for W_I16, else
+// int8), and per row r and group g its init, s and c2: at [g * RU + r], a group's rows side by
+// side, which micro's tiles address from one pointer; for the byte form (W_B2, at most 16
+// tokens) at [r * gn + g], a row's groups side by side, so that a K-quant super-block's are
+// written as one vector each (there the unpacking costs about as much as the products; in
+// micro's tiles that layout took 3 % more time at 128 tokens). ld is in plus one cache line: at a
+// stride of a power of two (4 KB for 2048 columns) a micro tile's 12 rows at the same column fall
+// in one set of the 8-way L1 and evict each other.
+typedef struct { void *w; int ld, gn, by_row; int32_t *init; float *s, *c2; } unit;
 
+static size_t unit_at(const unit *u, int g, int r) { return u->by_row ? (size_t)r * u->gn + g : (size_t)g * RU + r; }
 static void unit_group(unit *u, int g, int r, int32_t init, float s, float c2) {
-    u->init[g * RU + r] = init, u->s[g * RU + r] = s, u->c2[g * RU + r] = c2;
+    const size_t at = unit_at(u, g, r);
+    u->init[at] = init, u->s[at] = s, u->c2[at] = c2;
 }
 
 // The cache lines of [p, p + bytes) on their way to L1 (l2: to L2 only, which holds more
@@ -240,6 +247,68 @@ VNNI static void q6_k_unit_block(int wf, const uint8_t *b, int i, unit *u, int r
     }
 }
 
+// The byte form (W_B2) of one Q4_K super-block b (columns i .. i+255) of unit row r: as
+// q4_k_unit_block, with the 8 sub-blocks' s, c2 and init formed and stored as one vector each
+// (the unit's [r * gn + g] layout).
+VNNI static void q4_k_unit_block_b2(const uint8_t *b, int i, unit *u, int r) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0F);
+    uint16_t h[2];
+    memcpy(h, b, 4);
+    uint64_t sc8, mn8;
+    k_scales8(b + 4, &sc8, &mn8);
+    const size_t at = (size_t)r * u->gn + i / 32;   // (the super-block's first group)
+    const __m256 s = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(h[0])), u8x8_to_ps(sc8)),
+                 m = _mm256_mul_ps(_mm256_set1_ps(-_cvtsh_ss(h[1])), u8x8_to_ps(mn8));
+    _mm256_storeu_ps(u->s + at, s);
+    _mm256_storeu_ps(u->c2 + at, _mm256_add_ps(_mm256_mul_ps(s, _mm256_set1_ps(8.0f)), m));   // (8 s: exact)
+    __m512i sums[4];   // sums[c]: dwords 0 and 8 = the sums of u over sub-blocks 2c and 2c + 1
+    for (int c = 0; c < 4; c++) {   // qs bytes [32c, + 32): sub-blocks 2c (low nibbles), 2c + 1 (high)
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
+        const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, lo4)),
+                                             _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4), 1);
+        _mm512_storeu_si512((int8_t *)u->w + (size_t)r * u->ld + i + 64 * c, _mm512_sub_epi8(q, _mm512_set1_epi8(8)));
+        __m512i t = _mm512_sad_epu8(q, _mm512_setzero_si512());                  // 4 qwords per sub-block
+        t = _mm512_add_epi64(t, _mm512_shuffle_epi32(t, _MM_PERM_BADC));         // per 128 bits
+        sums[c] = _mm512_add_epi64(t, _mm512_shuffle_i64x2(t, t, _MM_SHUFFLE(2, 3, 0, 1)));
+    }
+    const __m512i pick = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 24, 16, 8, 0);
+    const __m512i lo = _mm512_permutex2var_epi32(sums[0], pick, sums[1]),   // dwords 0-3: sub-blocks 0-3
+                  hi = _mm512_permutex2var_epi32(sums[2], pick, sums[3]);   // 4-7
+    const __m256i all = _mm256_set_m128i(_mm512_castsi512_si128(hi), _mm512_castsi512_si128(lo));
+    // init = -128 (sum u - 8 * 32)
+    _mm256_storeu_si256((__m256i *)(u->init + at), _mm256_slli_epi32(_mm256_sub_epi32(_mm256_set1_epi32(256), all), 7));
+}
+
+// The byte form (W_B2) of one Q6_K super-block b (columns i .. i+255) of unit row r: as
+// q6_k_unit_block, with the 16 groups' s, c2 (0) and init formed and stored as one vector each.
+VNNI static void q6_k_unit_block_b2(const uint8_t *b, int i, unit *u, int r) {
+    uint16_t h;
+    memcpy(&h, b + 208, 2);
+    const size_t at = (size_t)r * u->gn + i / 16;   // (the super-block's first group)
+    _mm512_storeu_ps(u->s + at, _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(h)),
+                                              _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 192))))));
+    _mm512_storeu_ps(u->c2 + at, _mm512_setzero_ps());
+    __m512i sums[4];   // sums[2 half + k/2]: dword 4l = the sum of u over group 8 half + 4 (k/2) + l
+    for (int half = 0; half < 2; half++) {
+        const uint8_t *ql = b + 64 * half;
+        const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql),
+                      l1 = _mm256_loadu_si256((const __m256i *)(ql + 32)),
+                      hb = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * half));
+        for (int k = 0; k < 4; k += 2) {   // groups 8 half + 2k .. + 3: 64 elements
+            const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(q6k_u32(l0, l1, hb, k)), q6k_u32(l0, l1, hb, k + 1), 1);
+            _mm512_storeu_si512((int8_t *)u->w + (size_t)r * u->ld + i + 128 * half + 32 * k, _mm512_sub_epi8(q, _mm512_set1_epi8(32)));
+            const __m512i sad = _mm512_sad_epu8(q, _mm512_setzero_si512());   // 2 qwords per group
+            sums[2 * half + k / 2] = _mm512_add_epi64(sad, _mm512_shuffle_epi32(sad, _MM_PERM_BADC));
+        }
+    }
+    const __m512i pick = _mm512_set_epi32(28, 24, 20, 16, 12, 8, 4, 0, 28, 24, 20, 16, 12, 8, 4, 0);
+    const __m512i lo = _mm512_permutex2var_epi32(sums[0], pick, sums[1]),   // groups 0-7 (twice)
+                  hi = _mm512_permutex2var_epi32(sums[2], pick, sums[3]);   // groups 8-15
+    const __m512i all = _mm512_inserti64x4(lo, _mm512_castsi512_si256(hi), 1);
+    // init = -128 (sum u - 32 * 16)
+    _mm512_storeu_si512(u->init + at, _mm512_slli_epi32(_mm512_sub_epi32(_mm512_set1_epi32(512), all), 7));
+}
+
 // rows r0 .. r0 + nr of W (nr <= RU) -> u; rows past nr are zero (their outputs are not written).
 // tmp: in + in/16 * 8 bytes.
 VNNI static void unpack_unit(int wf, uint32_t type, const uint8_t *w, size_t row_bytes, int r0,
@@ -251,15 +320,18 @@ VNNI static void unpack_unit(int wf, uint32_t type, const uint8_t *w, size_t row
         for (int g = 0; g < ng; g++) unit_group(u, g, r, 0, 0, 0);
     }
     if (type == GGML_Q4_K || type == GGML_Q6_K) {
-        // super-block by super-block, the rows inner: the rows' init, s and c2 of a group land
-        // side by side ([g * RU + r]), not a cache line apart row after row
+        // super-block by super-block, the rows inner (in the [g * RU + r] layout a group's rows'
+        // init, s and c2 land side by side, not a cache line apart row after row)
         const size_t bb = type == GGML_Q4_K ? 144 : 210;
         for (int i = 0; i < in; i += 256)
             for (int r = 0; r < nr; r++) {
                 const uint8_t *b = w + (size_t)(r0 + r) * row_bytes + (size_t)(i / 256) * bb;
                 if (i + 256 < in) prefetch_lines(b + bb, bb, 0);   // the row's next super-block,
                                                                  // wanted after the other rows'
-                if (type == GGML_Q4_K) q4_k_unit_block(wf, b, i, u, r);
+                if (wf == W_B2)
+                    if (type == GGML_Q4_K) q4_k_unit_block_b2(b, i, u, r);
+                    else q6_k_unit_block_b2(b, i, u, r);
+                else if (type == GGML_Q4_K) q4_k_unit_block(wf, b, i, u, r);
                 else q6_k_unit_block(wf, b, i, u, r);
             }
         return;
@@ -276,9 +348,12 @@ VNNI static void unpack_unit(int wf, uint32_t type, const uint8_t *w, size_t row
                 unit_group(u, g, r, 0, s, s * (float)c + m);
                 continue;
             }
-            int8_t *wg = (int8_t *)u->w + (size_t)r * u->ld + g * gs;
-            int sum = 0;
-            for (int k = 0; k < gs; k++) sum += (wg[k] = (int8_t)(tmp[g * gs + k] - c));
+            // (w' = u - c as int8: each type's u lies within c - 128 .. c + 127, mid_of)
+            _mm256_storeu_si256((__m256i *)((int8_t *)u->w + (size_t)r * u->ld + g * gs),
+                                _mm256_sub_epi8(ug, _mm256_set1_epi8((char)c)));
+            const __m256i s4 = _mm256_sad_epu8(ug, _mm256_setzero_si256());   // 4 partial sums of u
+            const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
+            const int sum = (int)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - c * gs;
             unit_group(u, g, r, -128 * sum, s, s * (float)c + m);
         }
     }
@@ -291,10 +366,11 @@ VNNI static void unpack_unit(int wf, uint32_t type, const uint8_t *w, size_t row
 // its start), of which tv vectors of 16 tokens are used: 6 rows x 32 tokens, or for at most 16
 // tokens 12 rows x 16 (digits 1; digits 2 there takes micro_b2). first: acc starts at 0.
 VNNI static inline __attribute__((always_inline)) void
-micro(const int digits, const int gs, const int tv, const uint8_t *w, int ld, const int32_t *init,
+micro(const int digits, const int gs, const int tv, const uint8_t *w, int ld, int gn, const int32_t *init,
       const float *s, const float *c2, const uint8_t *a, const float *d, const float *dq, int g0,
       int g1, float *acc, int first) {
     const int mr = tv == 2 ? MR : 2 * MR, words = gs * digits / 4;   // 4-byte words per group
+    (void)gn;   // (init, s, c2 at [g * RU + r])
     __m512 f[2 * MR][2];
     for (int r = 0; r < mr; r++)
         for (int v = 0; v < tv; v++)
@@ -338,14 +414,14 @@ micro(const int digits, const int gs, const int tv, const uint8_t *w, int ld, co
 // int32 sums from init, joined as 256 S_hi + S_lo (W_I16's integer), then W_I16's fp32 fix-up.
 #define MB 8
 VNNI static inline __attribute__((always_inline)) void
-micro_b2(const int gs, const uint8_t *w, int ld, const int32_t *init, const float *s, const float *c2,
+micro_b2(const int gs, const uint8_t *w, int ld, int gn, const int32_t *init, const float *s, const float *c2,
          const uint8_t *a, const float *d, const float *dq, int g0, int g1, float *acc, int first) {
     const int quads = gs / 4;   // 4-column steps per group
     __m512 f[MB];
     for (int r = 0; r < MB; r++) f[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + r * NT);
     for (int g = g0; g < g1; g++) {
         __m512i h[MB], l[MB];
-        for (int r = 0; r < MB; r++) h[r] = l[r] = _mm512_set1_epi32(init[g * RU + r]);
+        for (int r = 0; r < MB; r++) h[r] = l[r] = _mm512_set1_epi32(init[r * gn + g]);
         const uint8_t *ag = a + (size_t)g * quads * 2 * NT * 4, *wg = w + (size_t)g * gs;
 #pragma GCC unroll 8
         for (int k = 0; k < quads; k++) {
@@ -363,26 +439,26 @@ micro_b2(const int gs, const uint8_t *w, int ld, const int32_t *init, const floa
         const __m512 dv = _mm512_loadu_ps(d + blk * NT), qv = _mm512_loadu_ps(dq + blk * NT);
         for (int r = 0; r < MB; r++) {
             const __m512i c = _mm512_add_epi32(_mm512_slli_epi32(h[r], 8), l[r]);
-            f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), _mm512_mul_ps(_mm512_set1_ps(s[g * RU + r]), dv), f[r]);
-            if (gs == 32) f[r] = _mm512_fmadd_ps(_mm512_set1_ps(c2[g * RU + r]), qv, f[r]);
+            f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), _mm512_mul_ps(_mm512_set1_ps(s[r * gn + g]), dv), f[r]);
+            if (gs == 32) f[r] = _mm512_fmadd_ps(_mm512_set1_ps(c2[r * gn + g]), qv, f[r]);
         }
     }
     for (int r = 0; r < MB; r++) _mm512_storeu_ps(acc + r * NT, f[r]);
 }
 
-typedef void (*micro_fn)(const uint8_t *, int, const int32_t *, const float *, const float *,
+typedef void (*micro_fn)(const uint8_t *, int, int, const int32_t *, const float *, const float *,
                          const uint8_t *, const float *, const float *, int, int, float *, int);
 #define MICRO(name, digits, gs, tv)                                                                \
-    VNNI static void name(const uint8_t *w, int ld, const int32_t *init, const float *s,             \
+    VNNI static void name(const uint8_t *w, int ld, int gn, const int32_t *init, const float *s,     \
                           const float *c2, const uint8_t *a, const float *d, const float *dq,       \
                           int g0, int g1, float *acc, int first) {                                  \
-        micro(digits, gs, tv, w, ld, init, s, c2, a, d, dq, g0, g1, acc, first);                     \
+        micro(digits, gs, tv, w, ld, gn, init, s, c2, a, d, dq, g0, g1, acc, first);                 \
     }
 #define MICRO_B2(name, gs)                                                                         \
-    VNNI static void name(const uint8_t *w, int ld, const int32_t *init, const float *s,             \
+    VNNI static void name(const uint8_t *w, int ld, int gn, const int32_t *init, const float *s,     \
                           const float *c2, const uint8_t *a, const float *d, const float *dq,       \
                           int g0, int g1, float *acc, int first) {                                  \
-        micro_b2(gs, w, ld, init, s, c2, a, d, dq, g0, g1, acc, first);                              \
+        micro_b2(gs, w, ld, gn, init, s, c2, a, d, dq, g0, g1, acc, first);                          \
     }
 MICRO_B2(micro_b2_32, 32)
 MICRO_B2(micro_b2_16, 16)
@@ -428,7 +504,7 @@ VNNI void q_matmul_vnni_multi(int k, float *const *out, const float *x, int n, i
 #pragma omp parallel
     {
         uint8_t *mine = (uint8_t *)(((uintptr_t)(per_thread + (size_t)omp_get_thread_num() * per) + 63) & ~(uintptr_t)63);
-        unit u = {mine, ld, NULL, NULL, NULL};
+        unit u = {mine, ld, ng_max, wf == W_B2, NULL, NULL, NULL};
         u.init = (int32_t *)(mine + (size_t)RU * ld * wb);
         u.s = (float *)(u.init + (size_t)ng_max * RU);
         u.c2 = u.s + (size_t)ng_max * RU;
@@ -458,8 +534,8 @@ VNNI void q_matmul_vnni_multi(int k, float *const *out, const float *x, int n, i
                 }
                 for (int tg = 0; tg < n_tg; tg++)
                     for (int m = 0; m < nr; m += mr)
-                        tile((const uint8_t *)u.w + (size_t)m * ld * wb, ld, u.init + m, u.s + m,
-                             u.c2 + m, a + (size_t)tg * in * digits * NT, d + (size_t)tg * nb * NT,
+                        tile((const uint8_t *)u.w + (size_t)m * ld * wb, ld, ng_max, u.init + unit_at(&u, 0, m),
+                             u.s + unit_at(&u, 0, m), u.c2 + unit_at(&u, 0, m), a + (size_t)tg * in * digits * NT, d + (size_t)tg * nb * NT,
                              dq + (size_t)tg * nb * NT, g0, g1, acc + ((size_t)tg * RU + m) * NT, g0 == 0);
             }
             for (int t = 0; t < n; t++) {
