@@ -328,10 +328,10 @@ VNNI static void unpack_unit(int wf, uint32_t type, const uint8_t *w, size_t row
                 const uint8_t *b = w + (size_t)(r0 + r) * row_bytes + (size_t)(i / 256) * bb;
                 if (i + 256 < in) prefetch_lines(b + bb, bb, 0);   // the row's next super-block,
                                                                  // wanted after the other rows'
-                if (wf == W_B2)
+                if (wf == W_B2) {
                     if (type == GGML_Q4_K) q4_k_unit_block_b2(b, i, u, r);
                     else q6_k_unit_block_b2(b, i, u, r);
-                else if (type == GGML_Q4_K) q4_k_unit_block(wf, b, i, u, r);
+                } else if (type == GGML_Q4_K) q4_k_unit_block(wf, b, i, u, r);
                 else q6_k_unit_block(wf, b, i, u, r);
             }
         return;
@@ -362,7 +362,8 @@ VNNI static void unpack_unit(int wf, uint32_t type, const uint8_t *w, size_t row
 // ---- the micro kernel and the driver -------------------------------------------------------------
 
 // acc (mr rows x NT tokens, fp32, row-major) += groups [g0, g1) of mr unit rows (w: the first row,
-// rows ld elements apart; init/s/c2 offset to the tile's first row) x one token group (a, d, dq at
+// rows ld elements apart; init/s/c2 offset to the tile's first row, at [g * RU + r]; gn unused,
+// micro_b2's) x one token group (a, d, dq at
 // its start), of which tv vectors of 16 tokens are used: 6 rows x 32 tokens, or for at most 16
 // tokens 12 rows x 16 (digits 1; digits 2 there takes micro_b2). first: acc starts at 0.
 VNNI static inline __attribute__((always_inline)) void
@@ -370,7 +371,7 @@ micro(const int digits, const int gs, const int tv, const uint8_t *w, int ld, in
       const float *s, const float *c2, const uint8_t *a, const float *d, const float *dq, int g0,
       int g1, float *acc, int first) {
     const int mr = tv == 2 ? MR : 2 * MR, words = gs * digits / 4;   // 4-byte words per group
-    (void)gn;   // (init, s, c2 at [g * RU + r])
+    (void)gn;
     __m512 f[2 * MR][2];
     for (int r = 0; r < mr; r++)
         for (int v = 0; v < tv; v++)
@@ -409,8 +410,8 @@ micro(const int digits, const int gs, const int tv, const uint8_t *w, int ld, in
 }
 
 // The byte form's tile (W_B2, at most 16 tokens): acc (MB rows x NT, the first 16 tokens used) +=
-// groups [g0, g1) of MB unit rows of int8 w' (rows ld bytes apart) x one token group whose words
-// alternate 4 high and 4 low digits + 128. Per group and row the two digits' products run in two
+// groups [g0, g1) of MB unit rows of int8 w' (rows ld bytes apart; init, s, c2 of row r and group
+// g at [r * gn + g]) x one token group whose words alternate 4 high and 4 low digits + 128. Per group and row the two digits' products run in two
 // int32 sums from init, joined as 256 S_hi + S_lo (W_I16's integer), then W_I16's fp32 fix-up.
 #define MB 8
 VNNI static inline __attribute__((always_inline)) void
