@@ -1170,6 +1170,195 @@ static float dot_q6_k_avx2(const uint8_t *b, const int16_t *x, const float *d, c
     return hsum256(_mm256_add_ps(acc0, acc1)) - 32 * hsum256(accm);
 }
 
+// ---- the AVX2 kernels for FOUR activation rows at once (batched decode) ---------------------------
+// As the AVX-512 dot4 kernels: a weight block's loads, its scales' conversion and its quants'
+// unpacking and widening to int16 are done once for the four rows; every row's arithmetic is its
+// one-row kernel's above, in the same order (the same vectors, the same FMA chains, the same
+// horizontal sums), so each out[r] is bit-identical to that kernel's result (tests/test_qgemm.c:
+// test_rows_alone). A row's per-block scales are broadcast from a small array instead of
+// permuted out of a register (the same float): four rows' accumulators fill the 16 ymm registers.
+typedef struct {
+    const int16_t *x;
+    const float *d, *a;
+} act16_row;
+typedef void (*dot16x4_fn)(const uint8_t *row, const act16_row *x, int cols, float *out);
+
+// u16 (16 x i16, widened quants) . x16 (16) -> 8 x i32: madd_u8 on a widened vector
+static inline __m256i madd16(__m256i u16, const int16_t *x) {
+    return _mm256_madd_epi16(u16, _mm256_loadu_si256((const __m256i *)x));
+}
+
+// the 32 quants of a Q4_0 / Q4_1 / Q8_0 block widened to int16: elements 0-15 and 16-31
+static inline void blk32_u16(uint32_t type, const uint8_t *b, __m256i *u) {
+    if (type == GGML_Q8_0) {
+        __m256i v = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)), _mm256_set1_epi8((char)0x80));
+        u[0] = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v)), u[1] = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1));
+        return;
+    }
+    const __m128i lo4 = _mm_set1_epi8(0x0F);
+    __m128i v = _mm_loadu_si128((const __m128i *)(b + (type == GGML_Q4_0 ? 2 : 4)));
+    u[0] = _mm256_cvtepu8_epi16(_mm_and_si128(v, lo4)), u[1] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(v, 4), lo4));
+}
+
+static inline __attribute__((always_inline)) void
+dot4_blk32_avx2(uint32_t type, const uint8_t *b, const act16_row *x, int cols, float *out) {
+    const int bb = type == GGML_Q4_0 ? 18 : type == GGML_Q4_1 ? 20 : 34;
+    const __m256 moff = _mm256_set1_ps(type == GGML_Q4_0 ? -8.0f : -128.0f);
+    __m256 acc0[4], acc1[4], accm[4];
+    #pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) acc0[r] = acc1[r] = accm[r] = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 256 <= cols; i += 256, b += 8 * bb) {
+        _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + PREFETCH + 128, _MM_HINT_T0);
+        if (bb > 20) _mm_prefetch((const char *)b + PREFETCH + 192, _MM_HINT_T0);
+        __m256 dw = f16x8(b, bb);
+        __m256 mw = type == GGML_Q4_1 ? f16x8(b + 2, bb) : _mm256_mul_ps(dw, moff);
+        float ws[4][8];
+        #pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            accm[r] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(x[r].a + cols / G + i / 32), accm[r]);
+            _mm256_storeu_ps(ws[r], _mm256_mul_ps(dw, _mm256_loadu_ps(x[r].d + i / 32)));
+        }
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {   // even blocks into acc0, odd into acc1 (the one-row kernel's pairs)
+            __m256i u[2];
+            blk32_u16(type, b + k * bb, u);
+            #pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) {
+                const int16_t *xk = x[r].x + i + 32 * k;
+                __m256i s = _mm256_add_epi32(madd16(u[0], xk), madd16(u[1], xk + 16));
+                if (k % 2 == 0) acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_broadcast_ss(&ws[r][k]), acc0[r]);
+                else acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_broadcast_ss(&ws[r][k]), acc1[r]);
+            }
+        }
+    }
+    float tail[4] = {0, 0, 0, 0};
+    for (; i < cols; i += 32, b += bb) {
+        float d0 = f16(b), m0 = type == GGML_Q4_1 ? f16(b + 2) : type == GGML_Q4_0 ? -8 * d0 : -128 * d0;
+        __m256i u[2];
+        blk32_u16(type, b, u);
+        #pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const int16_t *xk = x[r].x + i;
+            __m256i s0 = _mm256_add_epi32(madd16(u[0], xk), madd16(u[1], xk + 16));
+            acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(d0 * x[r].d[i / 32]), acc0[r]);
+            tail[r] += m0 * (x[r].a + cols / G)[i / 32];
+        }
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) out[r] = hsum256(_mm256_add_ps(acc0[r], acc1[r])) + hsum256(accm[r]) + tail[r];
+}
+
+static void dot4_q4_0_avx2(const uint8_t *b, const act16_row *x, int cols, float *out) {
+    dot4_blk32_avx2(GGML_Q4_0, b, x, cols, out);
+}
+static void dot4_q4_1_avx2(const uint8_t *b, const act16_row *x, int cols, float *out) {
+    dot4_blk32_avx2(GGML_Q4_1, b, x, cols, out);
+}
+static void dot4_q8_0_avx2(const uint8_t *b, const act16_row *x, int cols, float *out) {
+    dot4_blk32_avx2(GGML_Q8_0, b, x, cols, out);
+}
+
+static void dot4_q4_k_avx2(const uint8_t *b, const act16_row *x, int cols, float *out) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0F);
+    __m256 acc0[4], acc1[4], accm[4];
+    #pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) acc0[r] = acc1[r] = accm[r] = _mm256_setzero_ps();
+    for (int i = 0; i < cols; i += 256, b += 144) {
+        _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + PREFETCH + 128, _MM_HINT_T0);
+        const float dd = f16(b), dmin = f16(b + 2);
+        uint64_t sc, mn;
+        k_scales8(b + 4, &sc, &mn);
+        const __m256 scd = _mm256_mul_ps(u8x8_to_ps(sc), _mm256_set1_ps(dd)),
+                     mnd = _mm256_mul_ps(u8x8_to_ps(mn), _mm256_set1_ps(-dmin));
+        float ws[4][8];
+        #pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            _mm256_storeu_ps(ws[r], _mm256_mul_ps(scd, _mm256_loadu_ps(x[r].d + i / 32)));
+            accm[r] = _mm256_fmadd_ps(mnd, _mm256_loadu_ps(x[r].a + cols / G + i / 32), accm[r]);
+        }
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * p));
+            __m256i lo = _mm256_and_si256(v, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+            const __m256i l0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(lo)), l1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(lo, 1)),
+                          h0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(hi)), h1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(hi, 1));
+            #pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) {
+                const int16_t *xp = x[r].x + i + 64 * p;
+                __m256i s0 = _mm256_add_epi32(madd16(l0, xp), madd16(l1, xp + 16));
+                __m256i s1 = _mm256_add_epi32(madd16(h0, xp + 32), madd16(h1, xp + 48));
+                acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_broadcast_ss(&ws[r][2 * p]), acc0[r]);
+                acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_broadcast_ss(&ws[r][2 * p + 1]), acc1[r]);
+            }
+        }
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) out[r] = hsum256(_mm256_add_ps(acc0[r], acc1[r])) + hsum256(accm[r]);
+}
+
+static void dot4_q6_k_avx2(const uint8_t *b, const act16_row *x, int cols, float *out) {
+    const __m256i d_of_group = _mm256_set_epi32(3, 3, 2, 2, 1, 1, 0, 0);
+    __m256 acc0[4], acc1[4], accm[4];
+    #pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) acc0[r] = acc1[r] = accm[r] = _mm256_setzero_ps();
+    for (int i = 0; i < cols; i += 256, b += 210) {
+        for (int k = 0; k < 4; k++) _mm_prefetch((const char *)b + PREFETCH + 64 * k, _MM_HINT_T0);
+        const __m256 dd = _mm256_set1_ps(f16(b + 208));
+        __m128i sc8 = _mm_loadu_si128((const __m128i *)(b + 192));
+        float ws[4][16];
+        for (int h = 0; h < 2; h++) {
+            const __m256 sc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h ? _mm_srli_si128(sc8, 8) : sc8)), dd);
+            #pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) {
+                const float *d = x[r].d + i / 32;
+                _mm256_storeu_ps(ws[r] + 8 * h, _mm256_mul_ps(sc, _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(d + 4 * h)),
+                                                                                          d_of_group)));
+                accm[r] = _mm256_fmadd_ps(sc, _mm256_loadu_ps(x[r].a + i / 16 + 8 * h), accm[r]);
+            }
+        }
+#pragma GCC unroll 2
+        for (int half = 0; half < 2; half++) {
+            const uint8_t *lq = b + 64 * half, *qh = b + 128 + 32 * half;
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)lq);
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(lq + 32));
+            __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                __m256i u = q6k_u32(l0, l1, hb, k);
+                const __m256i u0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(u)),
+                              u1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(u, 1));
+                #pragma GCC unroll 4
+                for (int r = 0; r < 4; r++) {
+                    const int16_t *xk = x[r].x + i + 128 * half + 32 * k;
+                    acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(madd16(u0, xk)), _mm256_broadcast_ss(&ws[r][8 * half + 2 * k]), acc0[r]);
+                    acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(madd16(u1, xk + 16)), _mm256_broadcast_ss(&ws[r][8 * half + 2 * k + 1]),
+                                              acc1[r]);
+                }
+            }
+        }
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) out[r] = hsum256(_mm256_add_ps(acc0[r], acc1[r])) - 32 * hsum256(accm[r]);
+}
+
+// The AVX2 four-row kernel of a type, or NULL (one row at a time)
+static dot16x4_fn fused16_dot4(enum q_isa isa, uint32_t type) {
+    if (isa != Q_ISA_AVX2) return NULL;
+    switch (type) {
+    case GGML_Q4_0: return dot4_q4_0_avx2;
+    case GGML_Q4_1: return dot4_q4_1_avx2;
+    case GGML_Q8_0: return dot4_q8_0_avx2;
+    case GGML_Q4_K: return dot4_q4_k_avx2;
+    case GGML_Q6_K: return dot4_q6_k_avx2;
+    default: return NULL;
+    }
+}
+
 // The AVX2 kernel of a type (on q_act's x16), or NULL: the generic path.
 static dot16_fn fused16_dot(enum q_isa isa, uint32_t type) {
     if (isa != Q_ISA_AVX2) return NULL;
@@ -1334,11 +1523,22 @@ static inline void fused_rows(dot_blk_fn fused, dot4_fn fused4, strip_fn strip, 
 }
 
 // W rows row[0 .. nr) (row_bytes apart) . every activation row through an AVX2 kernel (on x16):
-// out[i * stride + r]; each activation row against all nr weight rows before the next (as
-// fused_rows: it stays in L1)
-static inline void fused16_rows(dot16_fn f, const uint8_t *row, size_t row_bytes, int nr,
+// out[i * stride + r]; four activation rows at a time through f4 (the same bits as f), then one
+// at a time, each four (or one) against all nr weight rows before the next (as fused_rows: they
+// stay in L1)
+static inline void fused16_rows(dot16_fn f, dot16x4_fn f4, const uint8_t *row, size_t row_bytes, int nr,
                                 const q_act *a, int n, int in, float *out, size_t stride) {
-    for (int i = 0; i < n; i++)
+    int i = 0;
+    for (; f4 && i + 4 <= n; i += 4) {
+        act16_row x[4];
+        for (int q = 0; q < 4; q++) x[q] = (act16_row){a->x16 + (size_t)(i + q) * in, a->xd + (i + q) * a->ng / 2, a->xa + (i + q) * a->xs};
+        for (int r = 0; r < nr; r++) {
+            float r4[4];
+            f4(row + (size_t)r * row_bytes, x, in, r4);
+            for (int q = 0; q < 4; q++) out[(size_t)(i + q) * stride + r] = r4[q];
+        }
+    }
+    for (; i < n; i++)
         for (int r = 0; r < nr; r++)
             out[(size_t)i * stride + r] = f(row + (size_t)r * row_bytes, a->x16 + (size_t)i * in,
                                             a->xd + i * a->ng / 2, a->xa + i * a->xs, in);
@@ -1376,7 +1576,7 @@ void q_matmul_multi(enum q_isa isa, int digits, int k, float *const *out, const 
         while (rb >= start[j + 1]) j++;
         const int r = (rb - start[j]) * ROW_BLOCK, run = o[j] - r < ROW_BLOCK ? o[j] - r : ROW_BLOCK;
         const uint8_t *row = (const uint8_t *)w[j] + (size_t)r * row_bytes[j];
-        if (joined) fused16_rows(f16k[j], row, row_bytes[j], run, &a, n, in, out[j] + r, (size_t)o[j]);
+        if (joined) fused16_rows(f16k[j], fused16_dot4(isa, type[j]), row, row_bytes[j], run, &a, n, in, out[j] + r, (size_t)o[j]);
         else fused_rows(fused[j], fused4[j], strip[j], type[j], row, row_bytes[j], run, &a, n, in, out[j] + r, (size_t)o[j]);
     }
 }
@@ -1401,7 +1601,7 @@ static void matmul_int8(enum q_isa isa, int digits, float *out, const float *x, 
 #pragma omp parallel for schedule(static)
         for (int rb = 0; rb < n_blocks; rb++) {
             int r0 = rb * ROW_BLOCK, nr = o - r0 < ROW_BLOCK ? o - r0 : ROW_BLOCK;
-            fused16_rows(f16k, w + (size_t)r0 * row_bytes, row_bytes, nr, &a, n, in, out + r0, (size_t)o);
+            fused16_rows(f16k, fused16_dot4(isa, type), w + (size_t)r0 * row_bytes, row_bytes, nr, &a, n, in, out + r0, (size_t)o);
         }
         return;
     }
