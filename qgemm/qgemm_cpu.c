@@ -1055,10 +1055,6 @@ static inline __m256i blk32_madd(uint32_t type, const uint8_t *b, const int16_t 
                             madd_u8(_mm_and_si128(_mm_srli_epi16(v, 4), lo4), x + 16));
 }
 
-static inline __m256 lane_ps(__m256 v, int k) {   // lane k of v in all 8 lanes
-    return _mm256_permutevar8x32_ps(v, _mm256_set1_epi32(k));
-}
-
 // Q4_0 / Q4_1 / Q8_0: eight 32-blocks per step (their scales d_w d_x as one vector, the offsets'
 // terms as a vector FMA with the activation's 32-block sums), single blocks at the end.
 static inline __attribute__((always_inline)) float
@@ -1077,12 +1073,13 @@ dot_blk32_avx2(uint32_t type, const uint8_t *b, const int16_t *x, const float *d
         __m256 dw = f16x8(b, bb);
         __m256 mw = type == GGML_Q4_1 ? f16x8(b + 2, bb) : _mm256_mul_ps(dw, moff);
         accm = _mm256_fmadd_ps(mw, _mm256_loadu_ps(a32 + i / 32), accm);
-        __m256 ws = _mm256_mul_ps(dw, _mm256_loadu_ps(d + i / 32));
+        float ws[8];   // (broadcast from memory: a load, where a lane permute took a shuffle port)
+        _mm256_storeu_ps(ws, _mm256_mul_ps(dw, _mm256_loadu_ps(d + i / 32)));
         for (int k = 0; k < 8; k += 2) {
             __m256i s0 = blk32_madd(type, b + k * bb, x + i + 32 * k);
             __m256i s1 = blk32_madd(type, b + (k + 1) * bb, x + i + 32 * k + 32);
-            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), lane_ps(ws, k), acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), lane_ps(ws, k + 1), acc1);
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_broadcast_ss(&ws[k]), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_broadcast_ss(&ws[k + 1]), acc1);
         }
     }
     float tail = 0;
@@ -1120,6 +1117,8 @@ static float dot_q4_k_avx2(const uint8_t *b, const int16_t *x, const float *d, c
         __m256 ws = _mm256_mul_ps(_mm256_mul_ps(u8x8_to_ps(sc), _mm256_set1_ps(dd)), _mm256_loadu_ps(d));
         accm = _mm256_fmadd_ps(_mm256_mul_ps(u8x8_to_ps(mn), _mm256_set1_ps(-dmin)),
                                _mm256_loadu_ps(a32 + i / 32), accm);
+        float wsa[8];   // (broadcast from memory: a load, where a lane permute took a shuffle port)
+        _mm256_storeu_ps(wsa, ws);
         for (int p = 0; p < 4; p++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * p));
             __m256i lo = _mm256_and_si256(v, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
@@ -1128,8 +1127,8 @@ static float dot_q4_k_avx2(const uint8_t *b, const int16_t *x, const float *d, c
                                           madd_u8(_mm256_extracti128_si256(lo, 1), xp + 16));
             __m256i s1 = _mm256_add_epi32(madd_u8(_mm256_castsi256_si128(hi), xp + 32),
                                           madd_u8(_mm256_extracti128_si256(hi, 1), xp + 48));
-            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), lane_ps(ws, 2 * p), acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), lane_ps(ws, 2 * p + 1), acc1);
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_broadcast_ss(&wsa[2 * p]), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_broadcast_ss(&wsa[2 * p + 1]), acc1);
         }
     }
     return hsum256(_mm256_add_ps(acc0, acc1)) + hsum256(accm);
@@ -1145,11 +1144,12 @@ static float dot_q6_k_avx2(const uint8_t *b, const int16_t *x, const float *d, c
         for (int k = 0; k < 4; k++) _mm_prefetch((const char *)b + PREFETCH + 64 * k, _MM_HINT_T0);
         const __m256 dd = _mm256_set1_ps(f16(b + 208));
         __m128i sc8 = _mm_loadu_si128((const __m128i *)(b + 192));
-        __m256 sc[2], ws[2];
+        __m256 sc[2];
+        float ws[16];   // (broadcast from memory: a load, where a lane permute took a shuffle port)
         for (int h = 0; h < 2; h++) {   // groups 8h..8h+7: their scales, times d_x of their 32-block
             sc[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h ? _mm_srli_si128(sc8, 8) : sc8)), dd);
-            ws[h] = _mm256_mul_ps(sc[h], _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(d + 4 * h)),
-                                                                   d_of_group));
+            _mm256_storeu_ps(ws + 8 * h, _mm256_mul_ps(sc[h], _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(d + 4 * h)),
+                                                                                       d_of_group)));
             accm = _mm256_fmadd_ps(sc[h], _mm256_loadu_ps(a + 8 * h), accm);
         }
         for (int half = 0; half < 2; half++) {
@@ -1162,8 +1162,8 @@ static float dot_q6_k_avx2(const uint8_t *b, const int16_t *x, const float *d, c
                 const int16_t *xk = x + 128 * half + 32 * k;
                 __m256i s0 = madd_u8(_mm256_castsi256_si128(u), xk);
                 __m256i s1 = madd_u8(_mm256_extracti128_si256(u, 1), xk + 16);
-                acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), lane_ps(ws[half], 2 * k), acc0);
-                acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), lane_ps(ws[half], 2 * k + 1), acc1);
+                acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_broadcast_ss(&ws[8 * half + 2 * k]), acc0);
+                acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_broadcast_ss(&ws[8 * half + 2 * k + 1]), acc1);
             }
         }
     }
@@ -1175,8 +1175,8 @@ static float dot_q6_k_avx2(const uint8_t *b, const int16_t *x, const float *d, c
 // unpacking and widening to int16 are done once for the four rows; every row's arithmetic is its
 // one-row kernel's above, in the same order (the same vectors, the same FMA chains, the same
 // horizontal sums), so each out[r] is bit-identical to that kernel's result (tests/test_qgemm.c:
-// test_rows_alone). A row's per-block scales are broadcast from a small array instead of
-// permuted out of a register (the same float): four rows' accumulators fill the 16 ymm registers.
+// test_rows_alone). A row's per-block scales are broadcast from a small array, as there: four
+// rows' accumulators fill the 16 ymm registers, so the loops are unrolled to keep them there.
 typedef struct {
     const int16_t *x;
     const float *d, *a;
