@@ -434,6 +434,30 @@ AVX512 static inline __m256i block32_u(uint32_t type, const uint8_t *b) {
     return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)), _mm256_set1_epi8((char)0x80));
 }
 
+// A Q4_K super-block's head, every row kernel's step: its lines PREFETCH ahead on their way, d,
+// dmin, and the 8 six-bit scales and mins (k_scales8)
+static inline __attribute__((always_inline)) void q4k_head(const uint8_t *b, float *dd, float *dmin, uint64_t *sc,
+                                                            uint64_t *mn) {
+    _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);
+    _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);
+    _mm_prefetch((const char *)b + PREFETCH + 128, _MM_HINT_T0);
+    *dd = f16(b), *dmin = f16(b + 2);
+    k_scales8(b + 4, sc, mn);
+}
+
+// Eight 32-blocks of Q4_0 / Q4_1 / Q8_0 at b (bb bytes each), the head of every kernel's step:
+// the lines PREFETCH ahead on their way, the blocks' d (dw) and offsets m (mw: Q4_1's own, else
+// -8 d or -128 d) as floats
+static inline __attribute__((always_inline)) void blk32_head8(uint32_t type, const uint8_t *b, int bb,
+                                                               __m256 *dw, __m256 *mw) {
+    _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);
+    _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);
+    _mm_prefetch((const char *)b + PREFETCH + 128, _MM_HINT_T0);
+    if (bb > 20) _mm_prefetch((const char *)b + PREFETCH + 192, _MM_HINT_T0);
+    *dw = f16x8(b, bb);
+    *mw = type == GGML_Q4_1 ? f16x8(b + 2, bb) : _mm256_mul_ps(*dw, _mm256_set1_ps(type == GGML_Q4_0 ? -8.0f : -128.0f));
+}
+
 // Q4_0 / Q4_1 / Q8_0 (w = d u + m, m = -8 d | the block's m | -128 d): eight 32-blocks per step,
 // their d as one vector, lanes scaled per block; the m terms as a vector FMA with the activation's
 // 32-block sums; single blocks at the end.
@@ -443,17 +467,12 @@ dot_blk32_avx512(uint32_t type, const uint8_t *b, const int8_t *q, const int8_t 
     const int bb = type == GGML_Q4_0 ? 18 : type == GGML_Q4_1 ? 20 : 34;
     const float *a32 = a + cols / G;   // the 32-block sums after the row's group sums
     const __m512i pick[4] = PICK_PAIRS;
-    const __m256 moff = _mm256_set1_ps(type == GGML_Q4_0 ? -8.0f : -128.0f);
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();
     int i = 0;
     for (; i + 256 <= cols; i += 256, b += 8 * bb) {
-        _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)b + PREFETCH + 128, _MM_HINT_T0);
-        if (bb > 20) _mm_prefetch((const char *)b + PREFETCH + 192, _MM_HINT_T0);
-        __m256 dw = f16x8(b, bb);
-        __m256 mw = type == GGML_Q4_1 ? f16x8(b + 2, bb) : _mm256_mul_ps(dw, moff);
+        __m256 dw, mw;
+        blk32_head8(type, b, bb, &dw, &mw);
         accm = _mm256_fmadd_ps(mw, _mm256_loadu_ps(a32 + i / 32), accm);
         __m512 ws = _mm512_castps256_ps512(_mm256_mul_ps(dw, _mm256_loadu_ps(d + i / 32)));
         for (int p = 0; p < 4; p++) {
@@ -488,18 +507,13 @@ AVX512 static inline __attribute__((always_inline)) void
 dot4_blk32_avx512(uint32_t type, const uint8_t *b, const act_row *x, int cols, float *out) {
     const int bb = type == GGML_Q4_0 ? 18 : type == GGML_Q4_1 ? 20 : 34;
     const __m512i pick[4] = PICK_PAIRS;
-    const __m256 moff = _mm256_set1_ps(type == GGML_Q4_0 ? -8.0f : -128.0f);
     __m512 acc[4];
     __m256 accm[4];
     for (int r = 0; r < 4; r++) acc[r] = _mm512_setzero_ps(), accm[r] = _mm256_setzero_ps();
     int i = 0;
     for (; i + 256 <= cols; i += 256, b += 8 * bb) {
-        _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)b + PREFETCH + 128, _MM_HINT_T0);
-        if (bb > 20) _mm_prefetch((const char *)b + PREFETCH + 192, _MM_HINT_T0);
-        __m256 dw = f16x8(b, bb);
-        __m256 mw = type == GGML_Q4_1 ? f16x8(b + 2, bb) : _mm256_mul_ps(dw, moff);
+        __m256 dw, mw;
+        blk32_head8(type, b, bb, &dw, &mw);
         __m512 ws[4];
         for (int r = 0; r < 4; r++) {
             const float *a32 = x[r].a + cols / G;
@@ -616,12 +630,9 @@ q4k_rows(int R, int digits, const uint8_t *b, const act_row *x, int cols, float 
     __m256 macc[4];
     for (int r = 0; r < R; r++) facc[r] = _mm512_setzero_ps(), macc[r] = _mm256_setzero_ps();
     for (int i = 0; i < cols; i += 256, b += 144) {
-        _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)b + PREFETCH + 128, _MM_HINT_T0);
-        const float dd = f16(b), dmin = f16(b + 2);
+        float dd, dmin;
         uint64_t sc, mn;
-        k_scales8(b + 4, &sc, &mn);
+        q4k_head(b, &dd, &dmin, &sc, &mn);
         __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc)));
         __m256 mnd = _mm256_mul_ps(u8x8_to_ps(mn), _mm256_set1_ps(-dmin));
         __m512i hi_acc[4], lo_acc[4];
@@ -1062,16 +1073,11 @@ dot_blk32_avx2(uint32_t type, const uint8_t *b, const int16_t *x, const float *d
                int cols) {
     const int bb = type == GGML_Q4_0 ? 18 : type == GGML_Q4_1 ? 20 : 34;
     const float *a32 = a + cols / G;
-    const __m256 moff = _mm256_set1_ps(type == GGML_Q4_0 ? -8.0f : -128.0f);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     int i = 0;
     for (; i + 256 <= cols; i += 256, b += 8 * bb) {
-        _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)b + PREFETCH + 128, _MM_HINT_T0);
-        if (bb > 20) _mm_prefetch((const char *)b + PREFETCH + 192, _MM_HINT_T0);
-        __m256 dw = f16x8(b, bb);
-        __m256 mw = type == GGML_Q4_1 ? f16x8(b + 2, bb) : _mm256_mul_ps(dw, moff);
+        __m256 dw, mw;
+        blk32_head8(type, b, bb, &dw, &mw);
         accm = _mm256_fmadd_ps(mw, _mm256_loadu_ps(a32 + i / 32), accm);
         float ws[8];   // (broadcast from memory: a load, where a lane permute took a shuffle port)
         _mm256_storeu_ps(ws, _mm256_mul_ps(dw, _mm256_loadu_ps(d + i / 32)));
@@ -1108,12 +1114,9 @@ static float dot_q4_k_avx2(const uint8_t *b, const int16_t *x, const float *d, c
     const __m256i lo4 = _mm256_set1_epi8(0x0F);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int i = 0; i < cols; i += 256, b += 144, x += 256, d += 8) {
-        _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)b + PREFETCH + 128, _MM_HINT_T0);
-        const float dd = f16(b), dmin = f16(b + 2);
+        float dd, dmin;
         uint64_t sc, mn;
-        k_scales8(b + 4, &sc, &mn);
+        q4k_head(b, &dd, &dmin, &sc, &mn);
         __m256 ws = _mm256_mul_ps(_mm256_mul_ps(u8x8_to_ps(sc), _mm256_set1_ps(dd)), _mm256_loadu_ps(d));
         accm = _mm256_fmadd_ps(_mm256_mul_ps(u8x8_to_ps(mn), _mm256_set1_ps(-dmin)),
                                _mm256_loadu_ps(a32 + i / 32), accm);
@@ -1203,20 +1206,15 @@ static inline void blk32_u16(uint32_t type, const uint8_t *b, __m256i *u) {
 static inline __attribute__((always_inline)) void
 dot4_blk32_avx2(uint32_t type, const uint8_t *b, const act16_row *x, int cols, float *out) {
     const int bb = type == GGML_Q4_0 ? 18 : type == GGML_Q4_1 ? 20 : 34;
-    const __m256 moff = _mm256_set1_ps(type == GGML_Q4_0 ? -8.0f : -128.0f);
     __m256 acc0[4], acc1[4], accm[4];
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int r = 0; r < 4; r++) acc0[r] = acc1[r] = accm[r] = _mm256_setzero_ps();
     int i = 0;
     for (; i + 256 <= cols; i += 256, b += 8 * bb) {
-        _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)b + PREFETCH + 128, _MM_HINT_T0);
-        if (bb > 20) _mm_prefetch((const char *)b + PREFETCH + 192, _MM_HINT_T0);
-        __m256 dw = f16x8(b, bb);
-        __m256 mw = type == GGML_Q4_1 ? f16x8(b + 2, bb) : _mm256_mul_ps(dw, moff);
+        __m256 dw, mw;
+        blk32_head8(type, b, bb, &dw, &mw);
         float ws[4][8];
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
             accm[r] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(x[r].a + cols / G + i / 32), accm[r]);
             _mm256_storeu_ps(ws[r], _mm256_mul_ps(dw, _mm256_loadu_ps(x[r].d + i / 32)));
@@ -1225,7 +1223,7 @@ dot4_blk32_avx2(uint32_t type, const uint8_t *b, const act16_row *x, int cols, f
         for (int k = 0; k < 8; k++) {   // even blocks into acc0, odd into acc1 (the one-row kernel's pairs)
             __m256i u[2];
             blk32_u16(type, b + k * bb, u);
-            #pragma GCC unroll 4
+#pragma GCC unroll 4
             for (int r = 0; r < 4; r++) {
                 const int16_t *xk = x[r].x + i + 32 * k;
                 __m256i s = _mm256_add_epi32(madd16(u[0], xk), madd16(u[1], xk + 16));
@@ -1239,7 +1237,7 @@ dot4_blk32_avx2(uint32_t type, const uint8_t *b, const act16_row *x, int cols, f
         float d0 = f16(b), m0 = type == GGML_Q4_1 ? f16(b + 2) : type == GGML_Q4_0 ? -8 * d0 : -128 * d0;
         __m256i u[2];
         blk32_u16(type, b, u);
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
             const int16_t *xk = x[r].x + i;
             __m256i s0 = _mm256_add_epi32(madd16(u[0], xk), madd16(u[1], xk + 16));
@@ -1247,7 +1245,7 @@ dot4_blk32_avx2(uint32_t type, const uint8_t *b, const act16_row *x, int cols, f
             tail[r] += m0 * (x[r].a + cols / G)[i / 32];
         }
     }
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int r = 0; r < 4; r++) out[r] = hsum256(_mm256_add_ps(acc0[r], acc1[r])) + hsum256(accm[r]) + tail[r];
 }
 
@@ -1264,19 +1262,16 @@ static void dot4_q8_0_avx2(const uint8_t *b, const act16_row *x, int cols, float
 static void dot4_q4_k_avx2(const uint8_t *b, const act16_row *x, int cols, float *out) {
     const __m256i lo4 = _mm256_set1_epi8(0x0F);
     __m256 acc0[4], acc1[4], accm[4];
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int r = 0; r < 4; r++) acc0[r] = acc1[r] = accm[r] = _mm256_setzero_ps();
     for (int i = 0; i < cols; i += 256, b += 144) {
-        _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)b + PREFETCH + 128, _MM_HINT_T0);
-        const float dd = f16(b), dmin = f16(b + 2);
+        float dd, dmin;
         uint64_t sc, mn;
-        k_scales8(b + 4, &sc, &mn);
+        q4k_head(b, &dd, &dmin, &sc, &mn);
         const __m256 scd = _mm256_mul_ps(u8x8_to_ps(sc), _mm256_set1_ps(dd)),
                      mnd = _mm256_mul_ps(u8x8_to_ps(mn), _mm256_set1_ps(-dmin));
         float ws[4][8];
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
             _mm256_storeu_ps(ws[r], _mm256_mul_ps(scd, _mm256_loadu_ps(x[r].d + i / 32)));
             accm[r] = _mm256_fmadd_ps(mnd, _mm256_loadu_ps(x[r].a + cols / G + i / 32), accm[r]);
@@ -1287,7 +1282,7 @@ static void dot4_q4_k_avx2(const uint8_t *b, const act16_row *x, int cols, float
             __m256i lo = _mm256_and_si256(v, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
             const __m256i l0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(lo)), l1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(lo, 1)),
                           h0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(hi)), h1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(hi, 1));
-            #pragma GCC unroll 4
+#pragma GCC unroll 4
             for (int r = 0; r < 4; r++) {
                 const int16_t *xp = x[r].x + i + 64 * p;
                 __m256i s0 = _mm256_add_epi32(madd16(l0, xp), madd16(l1, xp + 16));
@@ -1297,14 +1292,14 @@ static void dot4_q4_k_avx2(const uint8_t *b, const act16_row *x, int cols, float
             }
         }
     }
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int r = 0; r < 4; r++) out[r] = hsum256(_mm256_add_ps(acc0[r], acc1[r])) + hsum256(accm[r]);
 }
 
 static void dot4_q6_k_avx2(const uint8_t *b, const act16_row *x, int cols, float *out) {
     const __m256i d_of_group = _mm256_set_epi32(3, 3, 2, 2, 1, 1, 0, 0);
     __m256 acc0[4], acc1[4], accm[4];
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int r = 0; r < 4; r++) acc0[r] = acc1[r] = accm[r] = _mm256_setzero_ps();
     for (int i = 0; i < cols; i += 256, b += 210) {
         for (int k = 0; k < 4; k++) _mm_prefetch((const char *)b + PREFETCH + 64 * k, _MM_HINT_T0);
@@ -1313,7 +1308,7 @@ static void dot4_q6_k_avx2(const uint8_t *b, const act16_row *x, int cols, float
         float ws[4][16];
         for (int h = 0; h < 2; h++) {
             const __m256 sc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h ? _mm_srli_si128(sc8, 8) : sc8)), dd);
-            #pragma GCC unroll 4
+#pragma GCC unroll 4
             for (int r = 0; r < 4; r++) {
                 const float *d = x[r].d + i / 32;
                 _mm256_storeu_ps(ws[r] + 8 * h, _mm256_mul_ps(sc, _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(d + 4 * h)),
@@ -1332,7 +1327,7 @@ static void dot4_q6_k_avx2(const uint8_t *b, const act16_row *x, int cols, float
                 __m256i u = q6k_u32(l0, l1, hb, k);
                 const __m256i u0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(u)),
                               u1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(u, 1));
-                #pragma GCC unroll 4
+#pragma GCC unroll 4
                 for (int r = 0; r < 4; r++) {
                     const int16_t *xk = x[r].x + i + 128 * half + 32 * k;
                     acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(madd16(u0, xk)), _mm256_broadcast_ss(&ws[r][8 * half + 2 * k]), acc0[r]);
@@ -1342,7 +1337,7 @@ static void dot4_q6_k_avx2(const uint8_t *b, const act16_row *x, int cols, float
             }
         }
     }
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int r = 0; r < 4; r++) out[r] = hsum256(_mm256_add_ps(acc0[r], acc1[r])) - 32 * hsum256(accm[r]);
 }
 
