@@ -17,7 +17,8 @@
 #include "backend_cuda.cuh"
 
 #define QW 4            // warps (output rows) per qgemv block
-#define QV_MAX 4        // x rows per qgemv launch (more run in several launches)
+#define QV_MAX 8        // x rows per qgemv launch, 8, 4, 2 or 1 (more run in several launches:
+                        // each launch reads the weights once)
 #define QV_ROWS 16      // up to this many x rows take qgemv; more take dequant + cuBLASLt
 #define DQ_SCRATCH (32u << 20)   // bf16 elements of the dequantisation scratch (64 MiB)
 
@@ -298,7 +299,8 @@ static void gemv(cuda_impl *c, bf16 *out, const int8_t *xq, const float4 *xs, co
     unsigned grid = cuda_blocks((size_t)o, QW);
     const uint8_t *q = w->q;
     size_t rb = w->row_bytes;
-    if (nv == 4) CUDA_LAUNCH((qgemv_kernel<T, 4>), grid, QW * 32, 0, c->stream, out, xq, xs, q, rb, in, o);
+    if (nv == 8) CUDA_LAUNCH((qgemv_kernel<T, 8>), grid, QW * 32, 0, c->stream, out, xq, xs, q, rb, in, o);
+    else if (nv == 4) CUDA_LAUNCH((qgemv_kernel<T, 4>), grid, QW * 32, 0, c->stream, out, xq, xs, q, rb, in, o);
     else if (nv == 2) CUDA_LAUNCH((qgemv_kernel<T, 2>), grid, QW * 32, 0, c->stream, out, xq, xs, q, rb, in, o);
     else CUDA_LAUNCH((qgemv_kernel<T, 1>), grid, QW * 32, 0, c->stream, out, xq, xs, q, rb, in, o);
 }
@@ -331,7 +333,8 @@ void cuda_qmatmul(cuda_impl *c, void *out, const void *x, const bk_weight *w, in
         CUDA_LAUNCH(xq8_kernel, cuda_blocks(nb * 32, THREADS), THREADS, 0, c->stream, xq, xs, xb, nb);
         const int ng = in / 32;
         for (int v0 = 0; v0 < n;) {
-            int nv = n - v0 >= QV_MAX ? QV_MAX : n - v0 >= 2 ? 2 : 1;
+            int nv = QV_MAX;   // the widest launch the rows left fill: 8, 4, 2, 1
+            while (nv > n - v0) nv /= 2;
 #define GEMV(T) gemv<T>(c, y + (size_t)v0 * o, xq + (size_t)v0 * in, xs + (size_t)v0 * ng, w, nv, in, o)
             FOR_TYPE(w->qtype, GEMV)
 #undef GEMV

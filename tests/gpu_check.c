@@ -1300,9 +1300,10 @@ static void test_weight_type(backend *bk[2], uint32_t type, int rows, int cols) 
     snprintf(name, sizeof name, "weight %s: embed", gguf_type_name(type));
     snprintf(shape, sizeof shape, "%d x %d, rows 0 3 %d 7 %d", rows, cols, rows - 1, rows / 2);
     check_op(bk, name, shape, op_embed, &c, NULL, NULL, 0, 5, cols);
-    // 1 and 5 rows of x: the quantised decode kernel (5 = a launch of 4 and one of 1); 20: the
-    // weight dequantised in chunks of 16 rows (SIFT_CUDA_DQ_ROWS; 37 rows: 16 + 16 + 5) for cuBLASLt
-    static const int ns[] = {1, 5, 20};
+    // 1 and 15 rows of x: the quantised decode kernel (15 = launches of 8, 4, 2 and 1 rows); 20:
+    // the weight dequantised in chunks of 16 rows (SIFT_CUDA_DQ_ROWS; 37 rows: 16 + 16 + 5) for
+    // cuBLASLt
+    static const int ns[] = {1, 15, 20};
     for (int k = 0; k < 3; k++) {
         int n = ns[k];
         c.n = n;
