@@ -17,6 +17,7 @@ BENCH=(
     "-m synthetic:llama-3.1-8b --device cuda --strategy full,speed,fastkv,swiftkv,specprefill,topk,topk+phi -p 32768 -n 32 -r 1"
     "-m synthetic:llama-3.1-8b --wtype q4_k --device cuda --strategy full -p 1024,8192 -n 32 -r 2"
     "-m synthetic:llama-3.1-8b --device cuda --strategy full -p 1024 -n 32 -r 1 --parallel 1,8,64"
+    "-m synthetic:llama-3.1-8b --wtype q4_k --device cuda --strategy full -p 1024 -n 32 -r 1 --parallel 1,8,16,64"
 )
 LIMIT_S=${GPU_LIMIT_S:-530}   # stop starting new steps after this many seconds
 PACK=.gpu
