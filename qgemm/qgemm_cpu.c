@@ -1048,145 +1048,20 @@ static dot4_fn fused_dot4(enum q_isa isa, uint32_t type, int digits) {
 // 255 * 32639); per 32-block (K-quants: per sub-block or 16-group) one conversion and FMA with
 // its scale. Versus unpacking each row first (the generic path), 4-8x the products per second.
 
-// u (16 u8) . x16 (16) -> 8 x i32 (adjacent pairs summed)
-static inline __m256i madd_u8(__m128i u, const int16_t *x) {
-    return _mm256_madd_epi16(_mm256_cvtepu8_epi16(u), _mm256_loadu_si256((const __m256i *)x));
-}
-
-// the 32 u8 of a Q4_0 / Q4_1 / Q8_0 block . x16 (32) -> 8 x i32
-static inline __m256i blk32_madd(uint32_t type, const uint8_t *b, const int16_t *x) {
-    if (type == GGML_Q8_0) {
-        __m256i u = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)), _mm256_set1_epi8((char)0x80));
-        return _mm256_add_epi32(madd_u8(_mm256_castsi256_si128(u), x),
-                                madd_u8(_mm256_extracti128_si256(u, 1), x + 16));
-    }
-    const __m128i lo4 = _mm_set1_epi8(0x0F);
-    __m128i v = _mm_loadu_si128((const __m128i *)(b + (type == GGML_Q4_0 ? 2 : 4)));
-    return _mm256_add_epi32(madd_u8(_mm_and_si128(v, lo4), x),
-                            madd_u8(_mm_and_si128(_mm_srli_epi16(v, 4), lo4), x + 16));
-}
-
-// Q4_0 / Q4_1 / Q8_0: eight 32-blocks per step (their scales d_w d_x as one vector, the offsets'
-// terms as a vector FMA with the activation's 32-block sums), single blocks at the end.
-static inline __attribute__((always_inline)) float
-dot_blk32_avx2(uint32_t type, const uint8_t *b, const int16_t *x, const float *d, const float *a,
-               int cols) {
-    const int bb = type == GGML_Q4_0 ? 18 : type == GGML_Q4_1 ? 20 : 34;
-    const float *a32 = a + cols / G;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 256 <= cols; i += 256, b += 8 * bb) {
-        __m256 dw, mw;
-        blk32_head8(type, b, bb, &dw, &mw);
-        accm = _mm256_fmadd_ps(mw, _mm256_loadu_ps(a32 + i / 32), accm);
-        float ws[8];   // (broadcast from memory: a load, where a lane permute took a shuffle port)
-        _mm256_storeu_ps(ws, _mm256_mul_ps(dw, _mm256_loadu_ps(d + i / 32)));
-        for (int k = 0; k < 8; k += 2) {
-            __m256i s0 = blk32_madd(type, b + k * bb, x + i + 32 * k);
-            __m256i s1 = blk32_madd(type, b + (k + 1) * bb, x + i + 32 * k + 32);
-            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_broadcast_ss(&ws[k]), acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_broadcast_ss(&ws[k + 1]), acc1);
-        }
-    }
-    float tail = 0;
-    for (; i < cols; i += 32, b += bb) {
-        float d0 = f16(b), m0 = type == GGML_Q4_1 ? f16(b + 2) : type == GGML_Q4_0 ? -8 * d0 : -128 * d0;
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(blk32_madd(type, b, x + i)), _mm256_set1_ps(d0 * d[i / 32]), acc0);
-        tail += m0 * a32[i / 32];
-    }
-    return hsum256(_mm256_add_ps(acc0, acc1)) + hsum256(accm) + tail;
-}
-
-static float dot_q4_0_avx2(const uint8_t *b, const int16_t *x, const float *d, const float *a, int cols) {
-    return dot_blk32_avx2(GGML_Q4_0, b, x, d, a, cols);
-}
-static float dot_q4_1_avx2(const uint8_t *b, const int16_t *x, const float *d, const float *a, int cols) {
-    return dot_blk32_avx2(GGML_Q4_1, b, x, d, a, cols);
-}
-static float dot_q8_0_avx2(const uint8_t *b, const int16_t *x, const float *d, const float *a, int cols) {
-    return dot_blk32_avx2(GGML_Q8_0, b, x, d, a, cols);
-}
-
-// Q4_K: per 64 elements, 32 bytes of qs: low nibbles = sub-block 2p, high = 2p+1; the 8
-// sub-block scales d sc_j d_x,j as one vector, mins as a vector term.
-static float dot_q4_k_avx2(const uint8_t *b, const int16_t *x, const float *d, const float *a, int cols) {
-    const float *a32 = a + cols / G;
-    const __m256i lo4 = _mm256_set1_epi8(0x0F);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
-    for (int i = 0; i < cols; i += 256, b += 144, x += 256, d += 8) {
-        float dd, dmin;
-        uint64_t sc, mn;
-        q4k_head(b, &dd, &dmin, &sc, &mn);
-        __m256 ws = _mm256_mul_ps(_mm256_mul_ps(u8x8_to_ps(sc), _mm256_set1_ps(dd)), _mm256_loadu_ps(d));
-        accm = _mm256_fmadd_ps(_mm256_mul_ps(u8x8_to_ps(mn), _mm256_set1_ps(-dmin)),
-                               _mm256_loadu_ps(a32 + i / 32), accm);
-        float wsa[8];   // (broadcast from memory: a load, where a lane permute took a shuffle port)
-        _mm256_storeu_ps(wsa, ws);
-        for (int p = 0; p < 4; p++) {
-            __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * p));
-            __m256i lo = _mm256_and_si256(v, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
-            const int16_t *xp = x + 64 * p;
-            __m256i s0 = _mm256_add_epi32(madd_u8(_mm256_castsi256_si128(lo), xp),
-                                          madd_u8(_mm256_extracti128_si256(lo, 1), xp + 16));
-            __m256i s1 = _mm256_add_epi32(madd_u8(_mm256_castsi256_si128(hi), xp + 32),
-                                          madd_u8(_mm256_extracti128_si256(hi, 1), xp + 48));
-            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_broadcast_ss(&wsa[2 * p]), acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_broadcast_ss(&wsa[2 * p + 1]), acc1);
-        }
-    }
-    return hsum256(_mm256_add_ps(acc0, acc1)) + hsum256(accm);
-}
-
-// Q6_K: per half of 128, the 6-bit values of elements 32k..32k+31 (as q6k_half), one 16-group
-// per vpmaddwd; 16 scales d sc_g (times d_x of their 32-block for the main term), offsets -32 s_g
-// against the activation's 16-group sums.
-static float dot_q6_k_avx2(const uint8_t *b, const int16_t *x, const float *d, const float *a, int cols) {
-    const __m256i d_of_group = _mm256_set_epi32(3, 3, 2, 2, 1, 1, 0, 0);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
-    for (int i = 0; i < cols; i += 256, b += 210, x += 256, d += 8, a += 16) {
-        for (int k = 0; k < 4; k++) _mm_prefetch((const char *)b + PREFETCH + 64 * k, _MM_HINT_T0);
-        const __m256 dd = _mm256_set1_ps(f16(b + 208));
-        __m128i sc8 = _mm_loadu_si128((const __m128i *)(b + 192));
-        __m256 sc[2];
-        float ws[16];   // (broadcast from memory: a load, where a lane permute took a shuffle port)
-        for (int h = 0; h < 2; h++) {   // groups 8h..8h+7: their scales, times d_x of their 32-block
-            sc[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h ? _mm_srli_si128(sc8, 8) : sc8)), dd);
-            _mm256_storeu_ps(ws + 8 * h, _mm256_mul_ps(sc[h], _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(d + 4 * h)),
-                                                                                       d_of_group)));
-            accm = _mm256_fmadd_ps(sc[h], _mm256_loadu_ps(a + 8 * h), accm);
-        }
-        for (int half = 0; half < 2; half++) {
-            const uint8_t *lq = b + 64 * half, *qh = b + 128 + 32 * half;
-            __m256i l0 = _mm256_loadu_si256((const __m256i *)lq);
-            __m256i l1 = _mm256_loadu_si256((const __m256i *)(lq + 32));
-            __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
-            for (int k = 0; k < 4; k++) {
-                __m256i u = q6k_u32(l0, l1, hb, k);
-                const int16_t *xk = x + 128 * half + 32 * k;
-                __m256i s0 = madd_u8(_mm256_castsi256_si128(u), xk);
-                __m256i s1 = madd_u8(_mm256_extracti128_si256(u, 1), xk + 16);
-                acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_broadcast_ss(&ws[8 * half + 2 * k]), acc0);
-                acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_broadcast_ss(&ws[8 * half + 2 * k + 1]), acc1);
-            }
-        }
-    }
-    return hsum256(_mm256_add_ps(acc0, acc1)) - 32 * hsum256(accm);
-}
-
-// ---- the AVX2 kernels for FOUR activation rows at once (batched decode) ---------------------------
-// As the AVX-512 dot4 kernels: a weight block's loads, its scales' conversion and its quants'
-// unpacking and widening to int16 are done once for the four rows; every row's arithmetic is its
-// one-row kernel's above, in the same order (the same vectors, the same FMA chains, the same
-// horizontal sums), so each out[r] is bit-identical to that kernel's result (tests/test_qgemm.c:
-// test_rows_alone). A row's per-block scales are broadcast from a small array, as there: four
-// rows' accumulators fill the 16 ymm registers, so the loops are unrolled to keep them there.
+// Each kernel takes R = 1 (decode) or 4 (batched decode) activation rows: a weight block's loads,
+// its scales' conversion and its quants' unpacking and widening to int16 are done once for the R
+// rows, and every row's arithmetic is the same code whatever R, so a row of a batch gives the
+// bits it gives alone (tests/test_qgemm.c: test_rows_alone). A row's per-block scales are
+// broadcast from a small array (a load; a lane permute would take the shuffle port the widening
+// takes): four rows' accumulators fill the 16 ymm registers, so the loops are unrolled to keep
+// them there.
 typedef struct {
     const int16_t *x;
     const float *d, *a;
 } act16_row;
 typedef void (*dot16x4_fn)(const uint8_t *row, const act16_row *x, int cols, float *out);
 
-// u16 (16 x i16, widened quants) . x16 (16) -> 8 x i32: madd_u8 on a widened vector
+// u16 (16 x i16, widened quants) . x16 (16) -> 8 x i32 (adjacent pairs summed)
 static inline __m256i madd16(__m256i u16, const int16_t *x) {
     return _mm256_madd_epi16(u16, _mm256_loadu_si256((const __m256i *)x));
 }
@@ -1204,18 +1079,18 @@ static inline void blk32_u16(uint32_t type, const uint8_t *b, __m256i *u) {
 }
 
 static inline __attribute__((always_inline)) void
-dot4_blk32_avx2(uint32_t type, const uint8_t *b, const act16_row *x, int cols, float *out) {
+blk32_rows_avx2(const int R, uint32_t type, const uint8_t *b, const act16_row *x, int cols, float *out) {
     const int bb = type == GGML_Q4_0 ? 18 : type == GGML_Q4_1 ? 20 : 34;
-    __m256 acc0[4], acc1[4], accm[4];
+    __m256 acc0[4], acc1[4], accm[4];   // (R <= 4)
 #pragma GCC unroll 4
-    for (int r = 0; r < 4; r++) acc0[r] = acc1[r] = accm[r] = _mm256_setzero_ps();
+    for (int r = 0; r < R; r++) acc0[r] = acc1[r] = accm[r] = _mm256_setzero_ps();
     int i = 0;
     for (; i + 256 <= cols; i += 256, b += 8 * bb) {
         __m256 dw, mw;
         blk32_head8(type, b, bb, &dw, &mw);
-        float ws[4][8];
+        float ws[R][8];
 #pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) {
+        for (int r = 0; r < R; r++) {
             accm[r] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(x[r].a + cols / G + i / 32), accm[r]);
             _mm256_storeu_ps(ws[r], _mm256_mul_ps(dw, _mm256_loadu_ps(x[r].d + i / 32)));
         }
@@ -1224,7 +1099,7 @@ dot4_blk32_avx2(uint32_t type, const uint8_t *b, const act16_row *x, int cols, f
             __m256i u[2];
             blk32_u16(type, b + k * bb, u);
 #pragma GCC unroll 4
-            for (int r = 0; r < 4; r++) {
+            for (int r = 0; r < R; r++) {
                 const int16_t *xk = x[r].x + i + 32 * k;
                 __m256i s = _mm256_add_epi32(madd16(u[0], xk), madd16(u[1], xk + 16));
                 if (k % 2 == 0) acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_broadcast_ss(&ws[r][k]), acc0[r]);
@@ -1232,13 +1107,13 @@ dot4_blk32_avx2(uint32_t type, const uint8_t *b, const act16_row *x, int cols, f
             }
         }
     }
-    float tail[4] = {0, 0, 0, 0};
+    float tail[4] = {0, 0, 0, 0};   // (R <= 4)
     for (; i < cols; i += 32, b += bb) {
         float d0 = f16(b), m0 = type == GGML_Q4_1 ? f16(b + 2) : type == GGML_Q4_0 ? -8 * d0 : -128 * d0;
         __m256i u[2];
         blk32_u16(type, b, u);
 #pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) {
+        for (int r = 0; r < R; r++) {
             const int16_t *xk = x[r].x + i;
             __m256i s0 = _mm256_add_epi32(madd16(u[0], xk), madd16(u[1], xk + 16));
             acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(d0 * x[r].d[i / 32]), acc0[r]);
@@ -1246,33 +1121,26 @@ dot4_blk32_avx2(uint32_t type, const uint8_t *b, const act16_row *x, int cols, f
         }
     }
 #pragma GCC unroll 4
-    for (int r = 0; r < 4; r++) out[r] = hsum256(_mm256_add_ps(acc0[r], acc1[r])) + hsum256(accm[r]) + tail[r];
+    for (int r = 0; r < R; r++) out[r] = hsum256(_mm256_add_ps(acc0[r], acc1[r])) + hsum256(accm[r]) + tail[r];
 }
 
-static void dot4_q4_0_avx2(const uint8_t *b, const act16_row *x, int cols, float *out) {
-    dot4_blk32_avx2(GGML_Q4_0, b, x, cols, out);
-}
-static void dot4_q4_1_avx2(const uint8_t *b, const act16_row *x, int cols, float *out) {
-    dot4_blk32_avx2(GGML_Q4_1, b, x, cols, out);
-}
-static void dot4_q8_0_avx2(const uint8_t *b, const act16_row *x, int cols, float *out) {
-    dot4_blk32_avx2(GGML_Q8_0, b, x, cols, out);
-}
-
-static void dot4_q4_k_avx2(const uint8_t *b, const act16_row *x, int cols, float *out) {
+// Q4_K: per 64 elements, 32 bytes of qs: low nibbles = sub-block 2p, high = 2p+1; the 8
+// sub-block scales d sc_j d_x,j, mins as a vector term.
+static inline __attribute__((always_inline)) void
+q4k_rows_avx2(const int R, const uint8_t *b, const act16_row *x, int cols, float *out) {
     const __m256i lo4 = _mm256_set1_epi8(0x0F);
-    __m256 acc0[4], acc1[4], accm[4];
+    __m256 acc0[4], acc1[4], accm[4];   // (R <= 4)
 #pragma GCC unroll 4
-    for (int r = 0; r < 4; r++) acc0[r] = acc1[r] = accm[r] = _mm256_setzero_ps();
+    for (int r = 0; r < R; r++) acc0[r] = acc1[r] = accm[r] = _mm256_setzero_ps();
     for (int i = 0; i < cols; i += 256, b += 144) {
         float dd, dmin;
         uint64_t sc, mn;
         q4k_head(b, &dd, &dmin, &sc, &mn);
         const __m256 scd = _mm256_mul_ps(u8x8_to_ps(sc), _mm256_set1_ps(dd)),
                      mnd = _mm256_mul_ps(u8x8_to_ps(mn), _mm256_set1_ps(-dmin));
-        float ws[4][8];
+        float ws[R][8];
 #pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) {
+        for (int r = 0; r < R; r++) {
             _mm256_storeu_ps(ws[r], _mm256_mul_ps(scd, _mm256_loadu_ps(x[r].d + i / 32)));
             accm[r] = _mm256_fmadd_ps(mnd, _mm256_loadu_ps(x[r].a + cols / G + i / 32), accm[r]);
         }
@@ -1283,7 +1151,7 @@ static void dot4_q4_k_avx2(const uint8_t *b, const act16_row *x, int cols, float
             const __m256i l0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(lo)), l1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(lo, 1)),
                           h0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(hi)), h1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(hi, 1));
 #pragma GCC unroll 4
-            for (int r = 0; r < 4; r++) {
+            for (int r = 0; r < R; r++) {
                 const int16_t *xp = x[r].x + i + 64 * p;
                 __m256i s0 = _mm256_add_epi32(madd16(l0, xp), madd16(l1, xp + 16));
                 __m256i s1 = _mm256_add_epi32(madd16(h0, xp + 32), madd16(h1, xp + 48));
@@ -1293,23 +1161,27 @@ static void dot4_q4_k_avx2(const uint8_t *b, const act16_row *x, int cols, float
         }
     }
 #pragma GCC unroll 4
-    for (int r = 0; r < 4; r++) out[r] = hsum256(_mm256_add_ps(acc0[r], acc1[r])) + hsum256(accm[r]);
+    for (int r = 0; r < R; r++) out[r] = hsum256(_mm256_add_ps(acc0[r], acc1[r])) + hsum256(accm[r]);
 }
 
-static void dot4_q6_k_avx2(const uint8_t *b, const act16_row *x, int cols, float *out) {
+// Q6_K: per half of 128, the 6-bit values of elements 32k..32k+31 (as q6k_half), one 16-group
+// per vpmaddwd; 16 scales d sc_g (times d_x of their 32-block for the main term), offsets -32 s_g
+// against the activation's 16-group sums.
+static inline __attribute__((always_inline)) void
+q6k_rows_avx2(const int R, const uint8_t *b, const act16_row *x, int cols, float *out) {
     const __m256i d_of_group = _mm256_set_epi32(3, 3, 2, 2, 1, 1, 0, 0);
-    __m256 acc0[4], acc1[4], accm[4];
+    __m256 acc0[4], acc1[4], accm[4];   // (R <= 4)
 #pragma GCC unroll 4
-    for (int r = 0; r < 4; r++) acc0[r] = acc1[r] = accm[r] = _mm256_setzero_ps();
+    for (int r = 0; r < R; r++) acc0[r] = acc1[r] = accm[r] = _mm256_setzero_ps();
     for (int i = 0; i < cols; i += 256, b += 210) {
         for (int k = 0; k < 4; k++) _mm_prefetch((const char *)b + PREFETCH + 64 * k, _MM_HINT_T0);
         const __m256 dd = _mm256_set1_ps(f16(b + 208));
         __m128i sc8 = _mm_loadu_si128((const __m128i *)(b + 192));
-        float ws[4][16];
+        float ws[R][16];
         for (int h = 0; h < 2; h++) {
             const __m256 sc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h ? _mm_srli_si128(sc8, 8) : sc8)), dd);
 #pragma GCC unroll 4
-            for (int r = 0; r < 4; r++) {
+            for (int r = 0; r < R; r++) {
                 const float *d = x[r].d + i / 32;
                 _mm256_storeu_ps(ws[r] + 8 * h, _mm256_mul_ps(sc, _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(d + 4 * h)),
                                                                                           d_of_group)));
@@ -1328,7 +1200,7 @@ static void dot4_q6_k_avx2(const uint8_t *b, const act16_row *x, int cols, float
                 const __m256i u0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(u)),
                               u1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(u, 1));
 #pragma GCC unroll 4
-                for (int r = 0; r < 4; r++) {
+                for (int r = 0; r < R; r++) {
                     const int16_t *xk = x[r].x + i + 128 * half + 32 * k;
                     acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(madd16(u0, xk)), _mm256_broadcast_ss(&ws[r][8 * half + 2 * k]), acc0[r]);
                     acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(madd16(u1, xk + 16)), _mm256_broadcast_ss(&ws[r][8 * half + 2 * k + 1]),
@@ -1338,8 +1210,27 @@ static void dot4_q6_k_avx2(const uint8_t *b, const act16_row *x, int cols, float
         }
     }
 #pragma GCC unroll 4
-    for (int r = 0; r < 4; r++) out[r] = hsum256(_mm256_add_ps(acc0[r], acc1[r])) - 32 * hsum256(accm[r]);
+    for (int r = 0; r < R; r++) out[r] = hsum256(_mm256_add_ps(acc0[r], acc1[r])) - 32 * hsum256(accm[r]);
 }
+
+// The one-row (dot16_fn) and four-row (dot16x4_fn) entries: one code, so every row's arithmetic is
+// the same in both by construction
+#define AVX2_ROWS(name, CALL)                                                                          \
+    static float dot_##name##_avx2(const uint8_t *b, const int16_t *x, const float *d, const float *a, int cols) { \
+        const act16_row r = {x, d, a};                                                                  \
+        float y;                                                                                        \
+        CALL(1, b, &r, cols, &y);                                                                       \
+        return y;                                                                                       \
+    }                                                                                                   \
+    static void dot4_##name##_avx2(const uint8_t *b, const act16_row *x, int cols, float *out) { CALL(4, b, x, cols, out); }
+#define BLK32_Q4_0(R, ...) blk32_rows_avx2(R, GGML_Q4_0, __VA_ARGS__)
+#define BLK32_Q4_1(R, ...) blk32_rows_avx2(R, GGML_Q4_1, __VA_ARGS__)
+#define BLK32_Q8_0(R, ...) blk32_rows_avx2(R, GGML_Q8_0, __VA_ARGS__)
+AVX2_ROWS(q4_0, BLK32_Q4_0)
+AVX2_ROWS(q4_1, BLK32_Q4_1)
+AVX2_ROWS(q8_0, BLK32_Q8_0)
+AVX2_ROWS(q4_k, q4k_rows_avx2)
+AVX2_ROWS(q6_k, q6k_rows_avx2)
 
 // The AVX2 four-row kernel of a type, or NULL (one row at a time)
 static dot16x4_fn fused16_dot4(enum q_isa isa, uint32_t type) {
