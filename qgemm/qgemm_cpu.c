@@ -1436,9 +1436,11 @@ void q_matmul_multi(enum q_isa isa, int digits, int k, float *const *out, const 
     dot_blk_fn fused[Q_MULTI_MAX];
     dot4_fn fused4[Q_MULTI_MAX];
     dot16_fn f16k[Q_MULTI_MAX];
+    dot16x4_fn f16k4[Q_MULTI_MAX];
     int all = k <= Q_MULTI_MAX, total = 0, start[Q_MULTI_MAX + 1], joined = isa == Q_ISA_AVX2;
     for (int j = 0; all && j < k; j++) {
-        fused[j] = fused_dot(isa, type[j], digits), f16k[j] = fused16_dot(isa, type[j]);
+        fused[j] = fused_dot(isa, type[j], digits);
+        f16k[j] = fused16_dot(isa, type[j]), f16k4[j] = fused16_dot4(isa, type[j]);
         all = joined ? f16k[j] != NULL : fused[j] != NULL;
     }
     for (int j = 0; all && j < k; j++) fused4[j] = fused_dot4(isa, type[j], digits);
@@ -1462,7 +1464,7 @@ void q_matmul_multi(enum q_isa isa, int digits, int k, float *const *out, const 
         while (rb >= start[j + 1]) j++;
         const int r = (rb - start[j]) * ROW_BLOCK, run = o[j] - r < ROW_BLOCK ? o[j] - r : ROW_BLOCK;
         const uint8_t *row = (const uint8_t *)w[j] + (size_t)r * row_bytes[j];
-        if (joined) fused16_rows(f16k[j], fused16_dot4(isa, type[j]), row, row_bytes[j], run, &a, n, in, out[j] + r, (size_t)o[j]);
+        if (joined) fused16_rows(f16k[j], f16k4[j], row, row_bytes[j], run, &a, n, in, out[j] + r, (size_t)o[j]);
         else fused_rows(fused[j], fused4[j], strip[j], type[j], row, row_bytes[j], run, &a, n, in, out[j] + r, (size_t)o[j]);
     }
 }
@@ -1475,6 +1477,7 @@ static void matmul_int8(enum q_isa isa, int digits, float *out, const float *x, 
     dot4_fn fused4 = fused_dot4(isa, type, digits);
     strip_fn strip = fused_strip(isa, type, digits);
     dot16_fn f16k = fused16_dot(isa, type);
+    dot16x4_fn f16k4 = fused16_dot4(isa, type);
     size_t ng = (size_t)in / G, unpacked = (size_t)in + 2 * ng * sizeof(float);
     int nt = omp_get_max_threads();
     q_act a = quantize_act(isa, x, n, in, digits, f16k != NULL, k_form(isa, type, in),
@@ -1487,7 +1490,7 @@ static void matmul_int8(enum q_isa isa, int digits, float *out, const float *x, 
 #pragma omp parallel for schedule(static)
         for (int rb = 0; rb < n_blocks; rb++) {
             int r0 = rb * ROW_BLOCK, nr = o - r0 < ROW_BLOCK ? o - r0 : ROW_BLOCK;
-            fused16_rows(f16k, fused16_dot4(isa, type), w + (size_t)r0 * row_bytes, row_bytes, nr, &a, n, in, out + r0, (size_t)o);
+            fused16_rows(f16k, f16k4, w + (size_t)r0 * row_bytes, row_bytes, nr, &a, n, in, out + r0, (size_t)o);
         }
         return;
     }
