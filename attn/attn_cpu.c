@@ -22,6 +22,14 @@
 #define ATTN_SMALL 8   // up to this many query rows per call: loops, not sgemm
 #define ATTN_KT 64     // keys (values) a typed prefill decodes into its tile at a time
 
+#ifdef ATTN_X86
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#endif
+
 // softmax of s[0..m) in place over entries whose key is visible (kpos <= qp); others become 0.
 static void masked_softmax(float *s, const int *kpos, int m, int qp) {
     float mx = -INFINITY;
@@ -35,8 +43,17 @@ static void masked_softmax(float *s, const int *kpos, int m, int qp) {
         return;
     }
     float sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int j = 0; j < m; j++) {
+    int j = 0;
+#ifdef ATTN_X86
+    __m256 sum8 = _mm256_setzero_ps();
+    for (; j + 8 <= m; j += 8) {
+        const __m256 e = exp8_nonpos(_mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(mx)));
+        _mm256_storeu_ps(s + j, e);
+        sum8 = _mm256_add_ps(sum8, e);
+    }
+    sum = hsum8(sum8);
+#endif
+    for (; j < m; j++) {
         s[j] = exp_nonpos(s[j] - mx);
         sum += s[j];
     }
@@ -116,11 +133,6 @@ static inline __attribute__((always_inline)) __m256 load8(enum kv_type t, const 
     }
 }
 
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
 
 // A decode step's scores and weighted sum straight on the stored rows (kt, vt constant where it
 // is inlined): per key row, 8 elements at a time converted in registers and multiplied by up to 4

@@ -5,6 +5,8 @@
 //   q8_0 rows: GGUF's layout read byte by byte (per 32 elements an f16 scale, then 32 int8), the
 //     scale max|x|/127 to f16 rounding, every element within d/2.
 //   append / keep round trips on the CPU backend, byte counts by hand.
+//   the softmax's exp: exp8_nonpos lane for lane bit-identical to exp_nonpos, and exp_nonpos
+//     within 1e-6 relative of double exp on [-87, 0] (the eps_p below relies on it), 0 below.
 //   attention (decode and prefill, GQA, masks), attn_probs and attn_select of each type against a
 //     float64 attention of the unrounded inputs, within a bound derived below from the types'
 //     rounding, with planted faults (q8_0 scales shifted by one block; keys stored as f16 but
@@ -36,6 +38,7 @@
 #include "../backend/backend.h"
 #include "../kv/kv.h"
 #include "../weights/dequant.h"
+#include "../util/fastexp.h"
 #include "../weights/kvrow.h"
 #include "check.h"
 
@@ -428,8 +431,42 @@ static void test_attention(backend *bk) {
     }
 }
 
+// ---- the softmax's exp ----
+
+static void test_exp(void) {
+    enum { N = 1 << 20 };
+    static float x[N + 16];
+    int k = 0;
+    const float special[] = {-INFINITY, NAN, -1000.0f, -87.0f, -86.99999f, -0.0f, 0.0f, -1e-30f, -1e-7f,
+                             -0.34657359f, -0.6931472f, -1.0f, -20.0f, -86.5f, -87.00001f, -88.0f};
+    for (int i = 0; i < 16; i++) x[k++] = special[i];
+    for (int i = 0; i < N; i++) x[k++] = (float)(-100.0 * i / N);   // (includes whole multiples of ln 2's neighbours)
+    long diff = 0, far = 0;
+    double worst = 0;
+    for (int i = 0; i + 8 <= k; i += 8) {
+        float v[8];
+#if defined(__AVX2__)
+        _mm256_storeu_ps(v, exp8_nonpos(_mm256_loadu_ps(x + i)));
+#else
+        for (int l = 0; l < 8; l++) v[l] = exp_nonpos(x[i + l]);
+#endif
+        for (int l = 0; l < 8; l++) {
+            const float e = exp_nonpos(x[i + l]);
+            uint32_t a, b;
+            memcpy(&a, &v[l], 4), memcpy(&b, &e, 4);
+            diff += a != b;
+            const double ref = x[i + l] > -87.0f ? exp((double)x[i + l]) : 0.0, rel = ref > 0 ? fabs(e - ref) / ref : fabs(e);
+            if (rel > worst) worst = rel;
+            far += !(rel <= 1e-6);
+        }
+    }
+    CHECK(diff == 0, "exp8_nonpos differs from exp_nonpos in %ld of %d lanes", diff, k);
+    CHECK(far == 0, "exp_nonpos: %ld values beyond 1e-6 relative of exp (worst %.3g)", far, worst);
+}
+
 int main(void) {
     backend *bk = backend_cpu_create(2, BK_WEIGHTS_F32);
+    test_exp();
     test_conversions();
     test_q8_layout();
     test_append_keep(bk);
