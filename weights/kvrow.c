@@ -75,12 +75,23 @@ static void q8_encode(uint8_t *dst, const float *x, int hd) {
     }
 }
 
+// F16C's conversion rounds to nearest even as kv_f32_to_f16 does (tests/test_kvcache.c: the same
+// bits on every exponent); 8 at a time (the scalar loop had been 3 % of a batch job's time)
+static void f16_encode(uint16_t *h, const float *x, int hd) {
+    int i = 0;
+#ifdef __F16C__
+    for (; i + 8 <= hd; i += 8)
+        _mm_storeu_si128((__m128i *)(h + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; i < hd; i++) h[i] = kv_f32_to_f16(x[i]);
+}
+
 void kv_row_encode(enum kv_type t, void *dst, const float *src, int hd) {
     uint16_t *h = dst;
     switch (t) {
     case KV_F32: memcpy(dst, src, (size_t)hd * 4); break;
     case KV_BF16: for (int i = 0; i < hd; i++) h[i] = kv_f32_to_bf16(src[i]); break;
-    case KV_F16: for (int i = 0; i < hd; i++) h[i] = kv_f32_to_f16(src[i]); break;
+    case KV_F16: f16_encode(h, src, hd); break;
     case KV_Q8_0: q8_encode(dst, src, hd); break;
     }
 }
