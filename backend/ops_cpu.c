@@ -22,7 +22,9 @@ void cpu_rmsnorm(backend *b, void *out, const void *x, const bk_weight *w, int n
     for (int i = 0; i < n; i++) {
         const float *xi = (const float *)x + (size_t)i * d;
         float *oi = (float *)out + (size_t)i * d;
-        double ss = 0;
+        double ss = 0;   // (the squares exact in double; summed in lanes: without the simd
+                         // reduction the adds ran one after another, 4 cycles each)
+#pragma omp simd reduction(+ : ss)
         for (int j = 0; j < d; j++) ss += (double)xi[j] * xi[j];
         float r = (float)(1.0 / sqrt(ss / d + eps));
         for (int j = 0; j < d; j++) oi[j] = xi[j] * r * w->f[j];
