@@ -28,6 +28,27 @@ static inline float hsum8(__m256 v) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
+
+// s[j] = exp(s[j] - mx) for j < m16 (a multiple of 16), 16 lanes at a time; their sum
+__attribute__((target("avx512f"))) static float exp_sum16(float *s, int m16, float mx) {
+    __m512 sum = _mm512_setzero_ps();
+    for (int j = 0; j < m16; j += 16) {
+        const __m512 e = exp16_nonpos(_mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(mx)));
+        _mm512_storeu_ps(s + j, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+
+// the softmax's exp on 16 lanes: AVX-512F present and SIFT_ISA (qgemm.h) not lowered below it
+static int avx512_exp(void) {
+    static int on = -1;   // (a race here writes the same value)
+    if (on < 0) {
+        const char *isa = getenv("SIFT_ISA");
+        on = __builtin_cpu_supports("avx512f") && !(isa && (!strcmp(isa, "avx2") || !strcmp(isa, "scalar")));
+    }
+    return on;
+}
 #endif
 
 // softmax of s[0..m) in place over entries whose key is visible (kpos <= qp); others become 0.
@@ -45,13 +66,18 @@ static void masked_softmax(float *s, const int *kpos, int m, int qp) {
     float sum = 0;
     int j = 0;
 #ifdef ATTN_X86
-    __m256 sum8 = _mm256_setzero_ps();
-    for (; j + 8 <= m; j += 8) {
-        const __m256 e = exp8_nonpos(_mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(mx)));
-        _mm256_storeu_ps(s + j, e);
-        sum8 = _mm256_add_ps(sum8, e);
+    if (avx512_exp()) {
+        j = m & ~15;
+        sum = exp_sum16(s, j, mx);
+    } else {
+        __m256 sum8 = _mm256_setzero_ps();
+        for (; j + 8 <= m; j += 8) {
+            const __m256 e = exp8_nonpos(_mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(mx)));
+            _mm256_storeu_ps(s + j, e);
+            sum8 = _mm256_add_ps(sum8, e);
+        }
+        sum = hsum8(sum8);
     }
-    sum = hsum8(sum8);
 #endif
     for (; j < m; j++) {
         s[j] = exp_nonpos(s[j] - mx);
