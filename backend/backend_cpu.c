@@ -14,6 +14,7 @@
 
 static void cpu_destroy(backend *b) {
     q_scratch_free(&impl(b)->scratch);
+    free(impl(b)->rope.pos), free(impl(b)->rope.inv_freq), free(impl(b)->rope.cs);
     free(b->impl);
     free(b);
 }

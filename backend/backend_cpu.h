@@ -33,6 +33,11 @@ typedef struct {
                                  // (SIFT_STRIP_PREFETCH, SIFT_STRIP_ROWS8) or as timed; level 0 / rows8 -1 until then
     double strip_ms[3];          // q_strip_tune's times (strips L1, L2, 8-row groups); NaN unless timed
     q_scratch scratch;
+    struct {                     // cpu_rope's angles of the last call: the layers of a pass
+        int n, half, cap;        // rotate the same positions, so they are computed once a pass
+        int *pos;
+        float *inv_freq, *cs;    // (n, half) cosines then (n, half) sines
+    } rope;
 } cpu_impl;
 
 struct bk_weight {

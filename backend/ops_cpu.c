@@ -31,19 +31,43 @@ void cpu_rmsnorm(backend *b, void *out, const void *x, const bk_weight *w, int n
     }
 }
 
+// The angles' cosines and sines of rows pos[0..n) (n, half each), computed in double as before
+// and kept: the next call with the same positions and frequencies (every layer's q and k in a
+// pass) reuses them.
+static const float *rope_angles(cpu_impl *c, const int *pos, int n, int half, const float *inv_freq) {
+    if (c->rope.n == n && c->rope.half == half && !memcmp(c->rope.pos, pos, (size_t)n * sizeof *pos) &&
+        !memcmp(c->rope.inv_freq, inv_freq, (size_t)half * sizeof *inv_freq))
+        return c->rope.cs;
+    if ((size_t)n * half > (size_t)c->rope.cap || c->rope.half != half) {
+        free(c->rope.cs), free(c->rope.pos), free(c->rope.inv_freq);
+        c->rope.cap = n * half;
+        c->rope.cs = xmalloc((size_t)2 * n * half * sizeof(float));
+        c->rope.pos = xmalloc((size_t)n * sizeof(int));
+        c->rope.inv_freq = xmalloc((size_t)half * sizeof(float));
+    }
+    float *cs = c->rope.cs, *sn = cs + (size_t)n * half;
+#pragma omp parallel for if (n > 16)
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < half; j++) {
+            double theta = (double)pos[i] * inv_freq[j];
+            cs[(size_t)i * half + j] = (float)cos(theta);
+            sn[(size_t)i * half + j] = (float)sin(theta);
+        }
+    memcpy(c->rope.pos, pos, (size_t)n * sizeof *pos);
+    memcpy(c->rope.inv_freq, inv_freq, (size_t)half * sizeof *inv_freq);
+    c->rope.n = n, c->rope.half = half;
+    return cs;
+}
+
 // rotate x (n, heads, hd) in place; pair (a, b) = (2j, 2j+1) for NORM, (j, j + hd/2) for NEOX
 void cpu_rope(backend *b, void *x, const int *pos, int n, int heads, int hd,
               const float *inv_freq, enum rope_style style) {
-    (void)b;
     int half = hd / 2;
+    if (n <= 0 || half <= 0) return;
+    const float *cs = rope_angles(impl(b), pos, n, half, inv_freq), *sn = cs + (size_t)n * half;
 #pragma omp parallel for if (n > 16)
     for (int i = 0; i < n; i++) {
-        float c[half], s[half];
-        for (int j = 0; j < half; j++) {
-            double theta = (double)pos[i] * inv_freq[j];
-            c[j] = (float)cos(theta);
-            s[j] = (float)sin(theta);
-        }
+        const float *c = cs + (size_t)i * half, *s = sn + (size_t)i * half;
         for (int h = 0; h < heads; h++) {
             float *xh = (float *)x + ((size_t)i * heads + h) * hd;
             for (int j = 0; j < half; j++) {

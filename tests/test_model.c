@@ -109,6 +109,24 @@ static void test_rope(void) {
             CHECK_CLOSE(perm[h * HD + 2 * j], orig[h * HD + j], 1e-6);
             CHECK_CLOSE(perm[h * HD + 2 * j + 1], orig[h * HD + j + HD / 2], 1e-6);
         }
+    // the backend keeps the last call's angles (a pass's layers reuse them): the same positions
+    // with other frequencies, or other positions, must rotate by their own angles (hand-made)
+    float y[4] = {1, 0, 1, 0}, f2[2] = {0.5f, 0.25f};
+    int pos2[2] = {3, 3};
+    b->rope(b, y, pos2, 2, 1, 2, inv1, ROPE_NORM);   // angle 3 per row
+    CHECK_CLOSE(y[0], cos(3.0), 1e-6); CHECK_CLOSE(y[3], sin(3.0), 1e-6);
+    inv1[0] = 0.5f;   // the same address, another frequency: angle 1.5
+    y[0] = 1, y[1] = 0, y[2] = 1, y[3] = 0;
+    b->rope(b, y, pos2, 2, 1, 2, inv1, ROPE_NORM);
+    CHECK_CLOSE(y[0], cos(1.5), 1e-6); CHECK_CLOSE(y[3], sin(1.5), 1e-6);
+    pos2[1] = 4;   // another position in the second row: angle 2
+    y[0] = 1, y[1] = 0, y[2] = 1, y[3] = 0;
+    b->rope(b, y, pos2, 2, 1, 2, inv1, ROPE_NORM);
+    CHECK_CLOSE(y[1], sin(1.5), 1e-6); CHECK_CLOSE(y[2], cos(2.0), 1e-6);
+    float z[4] = {1, 0, 0, 1};   // a head of 4 (half 2): angles 4 * 0.5 and 4 * 0.25
+    b->rope(b, z, pos2 + 1, 1, 1, 4, f2, ROPE_NORM);
+    CHECK_CLOSE(z[0], cos(2.0), 1e-6); CHECK_CLOSE(z[1], sin(2.0), 1e-6);
+    CHECK_CLOSE(z[2], -sin(1.0), 1e-6); CHECK_CLOSE(z[3], cos(1.0), 1e-6);
     b->destroy(b);
 }
 
