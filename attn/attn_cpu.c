@@ -29,26 +29,30 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-// s[j] = exp(s[j] - mx) for j < m16 (a multiple of 16), 16 lanes at a time; their sum
-__attribute__((target("avx512f"))) static float exp_sum16(float *s, int m16, float mx) {
-    __m512 sum = _mm512_setzero_ps();
-    for (int j = 0; j < m16; j += 16) {
-        const __m512 e = exp16_nonpos(_mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(mx)));
-        _mm512_storeu_ps(s + j, e);
-        sum = _mm512_add_ps(sum, e);
+// s[j] = exp(s[j] - mx) for j < m, 8 lanes at a time, and their sum. The last vector is loaded
+// under a mask with -inf in the lanes past m (exp: 0), so element j always adds into lane j % 8
+// and keys past a row's last visible one add exact zeros: a row's sum is the same bits whatever
+// m its block has (chunked prefill and decode give one pass's logits bit for bit,
+// tests/test_chunk.py).
+static float exp_sum8(float *s, int m, float mx) {
+    const __m256 vmx = _mm256_set1_ps(mx);
+    __m256 sum = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 8 <= m; j += 8) {
+        const __m256 e = exp8_nonpos(_mm256_sub_ps(_mm256_loadu_ps(s + j), vmx));
+        _mm256_storeu_ps(s + j, e);
+        sum = _mm256_add_ps(sum, e);
     }
-    return _mm512_reduce_add_ps(sum);
+    if (j < m) {
+        const __m256i k = _mm256_cmpgt_epi32(_mm256_set1_epi32(m - j), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256 x = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(s + j, k), _mm256_castsi256_ps(k));
+        const __m256 e = exp8_nonpos(_mm256_sub_ps(x, vmx));
+        _mm256_maskstore_ps(s + j, k, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    return hsum8(sum);
 }
 
-// the softmax's exp on 16 lanes: AVX-512F present and SIFT_ISA (qgemm.h) not lowered below it
-static int avx512_exp(void) {
-    static int on = -1;   // (a race here writes the same value)
-    if (on < 0) {
-        const char *isa = getenv("SIFT_ISA");
-        on = __builtin_cpu_supports("avx512f") && !(isa && (!strcmp(isa, "avx2") || !strcmp(isa, "scalar")));
-    }
-    return on;
-}
 #endif
 
 // softmax of s[0..m) in place over entries whose key is visible (kpos <= qp); others become 0.
@@ -63,26 +67,15 @@ static void masked_softmax(float *s, const int *kpos, int m, int qp) {
         memset(s, 0, (size_t)m * sizeof *s);
         return;
     }
-    float sum = 0;
-    int j = 0;
 #ifdef ATTN_X86
-    if (avx512_exp()) {
-        j = m & ~15;
-        sum = exp_sum16(s, j, mx);
-    } else {
-        __m256 sum8 = _mm256_setzero_ps();
-        for (; j + 8 <= m; j += 8) {
-            const __m256 e = exp8_nonpos(_mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(mx)));
-            _mm256_storeu_ps(s + j, e);
-            sum8 = _mm256_add_ps(sum8, e);
-        }
-        sum = hsum8(sum8);
-    }
-#endif
-    for (; j < m; j++) {
+    const float sum = exp_sum8(s, m, mx);
+#else
+    float sum = 0;   // (in order: the same bits whatever m, as the lanes above)
+    for (int j = 0; j < m; j++) {
         s[j] = exp_nonpos(s[j] - mx);
         sum += s[j];
     }
+#endif
     float inv = 1.0f / sum;
 #pragma omp simd
     for (int j = 0; j < m; j++) s[j] *= inv;

@@ -24,7 +24,7 @@ static inline float exp_nonpos(float x) {
 #include <immintrin.h>
 // exp_nonpos on 8 lanes: its operations in its order, each multiply and add rounded on its own
 // (C11 mode contracts none into an fma), so every lane is bit-identical to exp_nonpos of it
-// (tests/test_attn.c). Masked keys' -inf (and anything below -87) give 0.
+// (tests/test_kvcache.c). Masked keys' -inf (and anything below -87) give 0.
 static inline __m256 exp8_nonpos(__m256 x) {
     const __m256 lim = _mm256_set1_ps(-87.0f), magic = _mm256_set1_ps(12582912.0f);
     const __m256 keep = _mm256_cmp_ps(x, lim, _CMP_GT_OQ);
@@ -42,28 +42,5 @@ static inline __m256 exp8_nonpos(__m256 x) {
     // 2^n: t = 1.5 * 2^23 + n holds n in its low bits
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(127 - 0x4B400000)), 23);
     return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
-}
-#endif
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-// exp8_nonpos on 16 lanes (AVX-512F; callers check the CPU): the same operations, so every lane is
-// again exp_nonpos's bits
-__attribute__((target("avx512f"))) static inline __m512 exp16_nonpos(__m512 x) {
-    const __m512 lim = _mm512_set1_ps(-87.0f), magic = _mm512_set1_ps(12582912.0f);
-    const __mmask16 keep = _mm512_cmp_ps_mask(x, lim, _CMP_GT_OQ);
-    const __m512 xc = _mm512_mask_blend_ps(keep, lim, x);
-    const __m512 t = _mm512_add_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504f)), magic);
-    const __m512 n = _mm512_sub_ps(t, magic);
-    const __m512 r = _mm512_sub_ps(_mm512_sub_ps(xc, _mm512_mul_ps(n, _mm512_set1_ps(0.693145752f))),
-                                   _mm512_mul_ps(n, _mm512_set1_ps(1.42860677e-6f)));
-    __m512 p = _mm512_add_ps(_mm512_set1_ps(1.0f / 120), _mm512_mul_ps(r, _mm512_set1_ps(1.0f / 720)));
-    p = _mm512_add_ps(_mm512_set1_ps(1.0f / 24), _mm512_mul_ps(r, p));
-    p = _mm512_add_ps(_mm512_set1_ps(1.0f / 6), _mm512_mul_ps(r, p));
-    p = _mm512_add_ps(_mm512_set1_ps(0.5f), _mm512_mul_ps(r, p));
-    p = _mm512_add_ps(_mm512_set1_ps(1.0f), _mm512_mul_ps(r, p));
-    p = _mm512_add_ps(_mm512_set1_ps(1.0f), _mm512_mul_ps(r, p));
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(127 - 0x4B400000)), 23);
-    return _mm512_maskz_mul_ps(keep, p, _mm512_castsi512_ps(e));
 }
 #endif

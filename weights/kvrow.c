@@ -76,7 +76,7 @@ static void q8_encode(uint8_t *dst, const float *x, int hd) {
 }
 
 // F16C's conversion rounds to nearest even as kv_f32_to_f16 does (tests/test_kvcache.c: the same
-// bits on every exponent); 8 at a time (the scalar loop had been 3 % of a batch job's time)
+// bits on every finite value and infinity; a NaN keeps part of its payload); 8 at a time (the scalar loop had been 3 % of a batch job's time)
 static void f16_encode(uint16_t *h, const float *x, int hd) {
     int i = 0;
 #ifdef __F16C__
