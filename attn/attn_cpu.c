@@ -28,31 +28,6 @@ static inline float hsum8(__m256 v) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
-
-// s[j] = exp(s[j] - mx) for j < m, 8 lanes at a time, and their sum. The last vector is loaded
-// under a mask with -inf in the lanes past m (exp: 0), so element j always adds into lane j % 8
-// and keys past a row's last visible one add exact zeros: a row's sum is the same bits whatever
-// m its block has (chunked prefill and decode give one pass's logits bit for bit,
-// tests/test_chunk.py).
-static float exp_sum8(float *s, int m, float mx) {
-    const __m256 vmx = _mm256_set1_ps(mx);
-    __m256 sum = _mm256_setzero_ps();
-    int j = 0;
-    for (; j + 8 <= m; j += 8) {
-        const __m256 e = exp8_nonpos(_mm256_sub_ps(_mm256_loadu_ps(s + j), vmx));
-        _mm256_storeu_ps(s + j, e);
-        sum = _mm256_add_ps(sum, e);
-    }
-    if (j < m) {
-        const __m256i k = _mm256_cmpgt_epi32(_mm256_set1_epi32(m - j), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        const __m256 x = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(s + j, k), _mm256_castsi256_ps(k));
-        const __m256 e = exp8_nonpos(_mm256_sub_ps(x, vmx));
-        _mm256_maskstore_ps(s + j, k, e);
-        sum = _mm256_add_ps(sum, e);
-    }
-    return hsum8(sum);
-}
-
 #endif
 
 // softmax of s[0..m) in place over entries whose key is visible (kpos <= qp); others become 0.
@@ -68,7 +43,7 @@ static void masked_softmax(float *s, const int *kpos, int m, int qp) {
         return;
     }
 #ifdef ATTN_X86
-    const float sum = exp_sum8(s, m, mx);
+    const float sum = exp8_sum(s, s, m, mx);   // (a row's sum whatever m: util/fastexp.h)
 #else
     float sum = 0;   // (in order: the same bits whatever m, as the lanes above)
     for (int j = 0; j < m; j++) {

@@ -57,29 +57,22 @@ static double dot_scaled(const float *q, const float *k, int hd) {
 }
 
 // log sum_c exp(a_c + b_c) over f features (the student's log kernel); e (may be NULL) =
-// softmax_c(a_c + b_c). In float, the exp 8 lanes at a time (exp8_nonpos: GCC keeps a loop over
+// softmax_c(a_c + b_c). In float, the exp 8 lanes at a time (exp8_sum: GCC keeps a loop over
 // exp_nonpos scalar).
 static double lse_sum(const float *a, const float *b, int f, float *e) {
     float mx = -INFINITY, z = 0, t[f];
 #pragma omp simd reduction(max : mx)
     for (int c = 0; c < f; c++) mx = a[c] + b[c] > mx ? a[c] + b[c] : mx;
-    int c = 0;
 #if defined(__AVX2__)
-    __m256 z8 = _mm256_setzero_ps();
-    for (; c + 8 <= f; c += 8) {
-        const __m256 v = _mm256_sub_ps(_mm256_add_ps(_mm256_loadu_ps(a + c), _mm256_loadu_ps(b + c)), _mm256_set1_ps(mx));
-        const __m256 ex = exp8_nonpos(v);
-        _mm256_storeu_ps(t + c, ex);
-        z8 = _mm256_add_ps(z8, ex);
-    }
-    float z8s[8];
-    _mm256_storeu_ps(z8s, z8);
-    for (int l = 0; l < 8; l++) z += z8s[l];
-#endif
-    for (; c < f; c++) {
+#pragma omp simd
+    for (int c = 0; c < f; c++) t[c] = a[c] + b[c];
+    z = exp8_sum(t, t, f, mx);
+#else
+    for (int c = 0; c < f; c++) {
         t[c] = exp_nonpos(a[c] + b[c] - mx);
         z += t[c];
     }
+#endif
     if (e)
         for (int c = 0; c < f; c++) e[c] = t[c] / z;
     return mx + log((double)z);

@@ -1,6 +1,7 @@
 // util/fastexp.h — exp for arguments <= 0 (softmax and log-sum-exp after subtracting the max)
 // in plain float arithmetic (libm's exp and expf are calls), one lane or eight.
 #pragma once
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -42,5 +43,30 @@ static inline __m256 exp8_nonpos(__m256 x) {
     // 2^n: t = 1.5 * 2^23 + n holds n in its low bits
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(127 - 0x4B400000)), 23);
     return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
+}
+
+// y[j] = exp(x[j] - mx) for j < n (y may be x), 8 lanes at a time; returns their sum. The last
+// vector is loaded under a mask with -inf in the lanes past n (exp: 0), so element j always adds
+// into lane j % 8 and trailing -inf elements add exact zeros: the sum's bits do not depend on
+// how many such elements follow (attention's rows in blocks of any length: tests/test_chunk.py).
+static inline float exp8_sum(float *y, const float *x, int n, float mx) {
+    const __m256 vmx = _mm256_set1_ps(mx);
+    __m256 sum = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const __m256 e = exp8_nonpos(_mm256_sub_ps(_mm256_loadu_ps(x + j), vmx));
+        _mm256_storeu_ps(y + j, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    if (j < n) {
+        const __m256i k = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - j), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256 v = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(x + j, k), _mm256_castsi256_ps(k));
+        const __m256 e = exp8_nonpos(_mm256_sub_ps(v, vmx));
+        _mm256_maskstore_ps(y + j, k, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
 }
 #endif
