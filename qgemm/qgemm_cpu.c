@@ -1043,39 +1043,47 @@ static dot4_fn fused_dot4(enum q_isa isa, uint32_t type, int digits) {
 // ---- fused AVX2 kernels: blocks read directly, 16 products per vpmaddwd -----------------------
 // For CPUs without AVX-512 (and under SIFT_ISA=avx2): the products of the AVX-512 kernels above,
 // in the same form (sum_g s_g d_g sum_i u_i x16_i + the offsets' terms), on the activations' two
-// digits joined into int16, x16 = 256 q + l (q_act's x16): 16 weights widened to int16
-// (vpmovzxbw) and multiplied with 16 x16, pairs added (vpmaddwd: exact in int32, |u x16| <=
-// 255 * 32639); per 32-block (K-quants: per sub-block or 16-group) one conversion and FMA with
-// its scale. Versus unpacking each row first (the generic path), 4-8x the products per second.
+// digits joined into int16, x16 = 256 q + l (q_act's x16), each 32-block's 16 even elements first,
+// then its 16 odd ones (x16[32b + j] = x[32b + 2j], x16[32b + 16 + j] = x[32b + 2j + 1]). In that
+// order the weights need no widening shuffles: a 16-bit lane of their bytes holds an even element
+// in its low byte and the next odd one in its high byte, so a mask gives the evens as int16 and a
+// shift the odds (nibbles: a shift and a mask each). Each vpmaddwd multiplies 16 weights with 16
+// x16, pairs added (exact in int32, |u x16| <= 255 * 32639); per 32-block (K-quants: per
+// sub-block or pair of 16-groups) one conversion and FMA with its scale. Versus unpacking each row
+// first (the generic path), 4-8x the products per second.
 
 // Each kernel takes R = 1 (decode) or 4 (batched decode) activation rows: a weight block's loads,
-// its scales' conversion and its quants' unpacking and widening to int16 are done once for the R
-// rows, and every row's arithmetic is the same code whatever R, so a row of a batch gives the
-// bits it gives alone (tests/test_qgemm.c: test_rows_alone). A row's per-block scales are
-// broadcast from a small array (a load; a lane permute would take the shuffle port the widening
-// takes): four rows' accumulators fill the 16 ymm registers, so the loops are unrolled to keep
-// them there.
+// its scales' conversion and its quants' unpacking to int16 are done once for the R rows, and
+// every row's arithmetic is the same code whatever R, so a row of a batch gives the bits it gives
+// alone (tests/test_qgemm.c: test_rows_alone). A row's per-block scales are broadcast from a small
+// array (a load; a lane permute would take the shuffle port): four rows' accumulators fill the 16
+// ymm registers, so the loops are unrolled to keep them there.
 typedef struct {
     const int16_t *x;
     const float *d, *a;
 } act16_row;
 typedef void (*dot16x4_fn)(const uint8_t *row, const act16_row *x, int cols, float *out);
 
-// u16 (16 x i16, widened quants) . x16 (16) -> 8 x i32 (adjacent pairs summed)
+// u16 (16 x i16, quants) . x16 (16) -> 8 x i32 (adjacent pairs summed)
 static inline __m256i madd16(__m256i u16, const int16_t *x) {
     return _mm256_madd_epi16(u16, _mm256_loadu_si256((const __m256i *)x));
 }
 
-// the 32 quants of a Q4_0 / Q4_1 / Q8_0 block widened to int16: elements 0-15 and 16-31
+// The even (u[0]) and odd (u[1]) quants of a Q4_0 / Q4_1 / Q8_0 block as int16, x16's order. Q8_0:
+// the 32 bytes' low and high byte of each 16-bit lane. Q4_0 / Q4_1: byte k holds element k (low
+// nibble) and 16 + k (high), so with the 16 bytes in both halves, the 16-bit lane j of the low half
+// shifted by 0 / 8 gives elements 2j / 2j + 1, of the high half by 4 / 12 elements 16 + 2j / 17 + 2j
+// (per-dword shifts: the upper word's bits that reach the lower word lie above its mask).
 static inline void blk32_u16(uint32_t type, const uint8_t *b, __m256i *u) {
     if (type == GGML_Q8_0) {
         __m256i v = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)), _mm256_set1_epi8((char)0x80));
-        u[0] = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v)), u[1] = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1));
+        u[0] = _mm256_and_si256(v, _mm256_set1_epi16(0xFF)), u[1] = _mm256_srli_epi16(v, 8);
         return;
     }
-    const __m128i lo4 = _mm_set1_epi8(0x0F);
-    __m128i v = _mm_loadu_si128((const __m128i *)(b + (type == GGML_Q4_0 ? 2 : 4)));
-    u[0] = _mm256_cvtepu8_epi16(_mm_and_si128(v, lo4)), u[1] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(v, 4), lo4));
+    const __m256i m4 = _mm256_set1_epi16(0x0F);
+    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + (type == GGML_Q4_0 ? 2 : 4))));
+    u[0] = _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_set_epi32(4, 4, 4, 4, 0, 0, 0, 0)), m4);
+    u[1] = _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_set_epi32(12, 12, 12, 12, 8, 8, 8, 8)), m4);
 }
 
 static inline __attribute__((always_inline)) void
@@ -1124,11 +1132,12 @@ blk32_rows_avx2(const int R, uint32_t type, const uint8_t *b, const act16_row *x
     for (int r = 0; r < R; r++) out[r] = hsum256(_mm256_add_ps(acc0[r], acc1[r])) + hsum256(accm[r]) + tail[r];
 }
 
-// Q4_K: per 64 elements, 32 bytes of qs: low nibbles = sub-block 2p, high = 2p+1; the 8
-// sub-block scales d sc_j d_x,j, mins as a vector term.
+// Q4_K: per 64 elements, 32 bytes of qs: low nibbles = sub-block 2p, high = 2p+1, byte k holding
+// element k of each; its 16-bit lane j: bits 0-3, 8-11 = elements 2j, 2j + 1 of sub-block 2p,
+// bits 4-7, 12-15 those of 2p+1. The 8 sub-block scales d sc_j d_x,j, mins as a vector term.
 static inline __attribute__((always_inline)) void
 q4k_rows_avx2(const int R, const uint8_t *b, const act16_row *x, int cols, float *out) {
-    const __m256i lo4 = _mm256_set1_epi8(0x0F);
+    const __m256i m4 = _mm256_set1_epi16(0x0F);
     __m256 acc0[4], acc1[4], accm[4];   // (R <= 4)
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) acc0[r] = acc1[r] = accm[r] = _mm256_setzero_ps();
@@ -1146,16 +1155,19 @@ q4k_rows_avx2(const int R, const uint8_t *b, const act16_row *x, int cols, float
         }
 #pragma GCC unroll 4
         for (int p = 0; p < 4; p++) {
-            __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * p));
-            __m256i lo = _mm256_and_si256(v, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
-            const __m256i l0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(lo)), l1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(lo, 1)),
-                          h0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(hi)), h1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(hi, 1));
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * p));
+            const __m256i l0 = _mm256_and_si256(v, m4), l1 = _mm256_and_si256(_mm256_srli_epi16(v, 8), m4);
 #pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
+            for (int r = 0; r < R; r++) {   // sub-block 2p (low nibbles)
                 const int16_t *xp = x[r].x + i + 64 * p;
                 __m256i s0 = _mm256_add_epi32(madd16(l0, xp), madd16(l1, xp + 16));
-                __m256i s1 = _mm256_add_epi32(madd16(h0, xp + 32), madd16(h1, xp + 48));
                 acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_broadcast_ss(&ws[r][2 * p]), acc0[r]);
+            }
+            const __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4), h1 = _mm256_srli_epi16(v, 12);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {   // sub-block 2p + 1 (high nibbles)
+                const int16_t *xp = x[r].x + i + 64 * p + 32;
+                __m256i s1 = _mm256_add_epi32(madd16(h0, xp), madd16(h1, xp + 16));
                 acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_broadcast_ss(&ws[r][2 * p + 1]), acc1[r]);
             }
         }
@@ -1164,12 +1176,14 @@ q4k_rows_avx2(const int R, const uint8_t *b, const act16_row *x, int cols, float
     for (int r = 0; r < R; r++) out[r] = hsum256(_mm256_add_ps(acc0[r], acc1[r])) + hsum256(accm[r]);
 }
 
-// Q6_K: per half of 128, the 6-bit values of elements 32k..32k+31 (as q6k_half), one 16-group
-// per vpmaddwd; 16 scales d sc_g (times d_x of their 32-block for the main term), offsets -32 s_g
-// against the activation's 16-group sums.
+// Q6_K: per half of 128, the 6-bit values of elements 32k..32k+31 (as q6k_half), their evens and
+// odds (the low and high byte of each 16-bit lane) against x16's; a product's lanes 0-3 are sums in
+// 16-group 2k of the half, lanes 4-7 in 2k+1, so one FMA takes both groups' scales d sc_g (times
+// d_x of their 32-block for the main term) as one vector; offsets -32 s_g against the activation's
+// 16-group sums.
 static inline __attribute__((always_inline)) void
 q6k_rows_avx2(const int R, const uint8_t *b, const act16_row *x, int cols, float *out) {
-    const __m256i d_of_group = _mm256_set_epi32(3, 3, 2, 2, 1, 1, 0, 0);
+    const __m256i d_of_group = _mm256_set_epi32(3, 3, 2, 2, 1, 1, 0, 0), lo8 = _mm256_set1_epi16(0xFF);
     __m256 acc0[4], acc1[4], accm[4];   // (R <= 4)
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) acc0[r] = acc1[r] = accm[r] = _mm256_setzero_ps();
@@ -1177,14 +1191,18 @@ q6k_rows_avx2(const int R, const uint8_t *b, const act16_row *x, int cols, float
         for (int k = 0; k < 4; k++) _mm_prefetch((const char *)b + PREFETCH + 64 * k, _MM_HINT_T0);
         const __m256 dd = _mm256_set1_ps(f16(b + 208));
         __m128i sc8 = _mm_loadu_si128((const __m128i *)(b + 192));
-        float ws[R][16];
+        // per row, per 32-chunk c (groups 2c, 2c+1): 4 lanes of each group's scale
+        float ws[R][8][8];
         for (int h = 0; h < 2; h++) {
             const __m256 sc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h ? _mm_srli_si128(sc8, 8) : sc8)), dd);
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
                 const float *d = x[r].d + i / 32;
-                _mm256_storeu_ps(ws[r] + 8 * h, _mm256_mul_ps(sc, _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(d + 4 * h)),
-                                                                                          d_of_group)));
+                const __m256 w8 = _mm256_mul_ps(sc, _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(d + 4 * h)), d_of_group));
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++)
+                    _mm256_storeu_ps(ws[r][4 * h + c], _mm256_permutevar8x32_ps(w8, _mm256_set_epi32(2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1,
+                                                                                                    2 * c, 2 * c, 2 * c, 2 * c)));
                 accm[r] = _mm256_fmadd_ps(sc, _mm256_loadu_ps(x[r].a + i / 16 + 8 * h), accm[r]);
             }
         }
@@ -1196,15 +1214,14 @@ q6k_rows_avx2(const int R, const uint8_t *b, const act16_row *x, int cols, float
             __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
-                __m256i u = q6k_u32(l0, l1, hb, k);
-                const __m256i u0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(u)),
-                              u1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(u, 1));
+                const __m256i u = q6k_u32(l0, l1, hb, k);
+                const __m256i ue = _mm256_and_si256(u, lo8), uo = _mm256_srli_epi16(u, 8);
 #pragma GCC unroll 4
                 for (int r = 0; r < R; r++) {
                     const int16_t *xk = x[r].x + i + 128 * half + 32 * k;
-                    acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(madd16(u0, xk)), _mm256_broadcast_ss(&ws[r][8 * half + 2 * k]), acc0[r]);
-                    acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(madd16(u1, xk + 16)), _mm256_broadcast_ss(&ws[r][8 * half + 2 * k + 1]),
-                                              acc1[r]);
+                    const __m256 s = _mm256_cvtepi32_ps(_mm256_add_epi32(madd16(ue, xk), madd16(uo, xk + 16)));
+                    if (k % 2 == 0) acc0[r] = _mm256_fmadd_ps(s, _mm256_loadu_ps(ws[r][4 * half + k]), acc0[r]);
+                    else acc1[r] = _mm256_fmadd_ps(s, _mm256_loadu_ps(ws[r][4 * half + k]), acc1[r]);
                 }
             }
         }
@@ -1282,7 +1299,8 @@ void *q_scratch_get(q_scratch *s, size_t n) {
 // row 2 in digits (xq), in/32 steps (xd) and the sums (xa, stride xs = 3 in/32): in/16 group
 // sums, then in/32 block sums (a32: what the 32-block kernels' offsets multiply, added once here
 // instead of in every weight row's kernel).
-// With `joined`, also x16 (n, in): the digits joined, 256 q + l (the AVX2 kernels' form). With
+// With `joined`, also x16 (n, in): the digits joined, 256 q + l, each 32-block's even elements
+// then its odd ones (the AVX2 kernels' form). With
 // `kform` (AVX-512, in % 256 == 0), also the K-quant kernels' form (quantize_row_k): per row kq6,
 // kq4 (2 in each), kd (in/256), ks32 (in/32), ks16 (in/16).
 typedef struct {
@@ -1361,7 +1379,8 @@ static q_act quantize_act(enum q_isa isa, const float *x, int n, int in, int dig
         if (joined) {
             const int8_t *q = a.xq + (size_t)i * 2 * in;
             int16_t *x16 = a.x16 + (size_t)i * in;
-            for (int k = 0; k < in; k++) x16[k] = (int16_t)(256 * q[k] + q[in + k]);
+            for (int k = 0; k < in; k++)   // each 32-block's evens, then its odds (the AVX2 kernels)
+                x16[(k & ~31) + (k & 1) * 16 + (k & 31) / 2] = (int16_t)(256 * q[k] + q[in + k]);
         }
     }
     return a;
