@@ -128,48 +128,118 @@ static inline __attribute__((always_inline)) __m256 load8(enum kv_type t, const 
 }
 
 
-// A decode step's scores and weighted sum straight on the stored rows (kt, vt constant where it
-// is inlined): per key row, 8 elements at a time converted in registers and multiplied by up to 4
-// query rows at once; then per value row the same into the output rows. s (nb, m): scores, then
-// probabilities. hd a multiple of 8.
-static inline __attribute__((always_inline)) void decode_rows_t(
-    enum kv_type kt, enum kv_type vt, float *out, const float *q, int ld, const int *qpos,
-    int qstride, int nb, const char *k, const char *v, const int *kpos, int m, int hd, float *s) {
-    size_t krow = kv_row_bytes(kt, hd), vrow = kv_row_bytes(vt, hd);
-    float scale = 1.0f / sqrtf((float)hd);
-    for (int i0 = 0; i0 < nb; i0 += 4) {
-        int ni = nb - i0 < 4 ? nb - i0 : 4;
-        const float *q0 = q + (size_t)i0 * ld, *q1 = ni > 1 ? q0 + ld : q0, *q2 = ni > 2 ? q0 + 2 * ld : q0,
-                    *q3 = ni > 3 ? q0 + 3 * ld : q0;
-        for (int j = 0; j < m; j++) {
-            const char *row = k + (size_t)j * krow;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int c = 0; c < hd; c += 8) {
-                __m256 x = load8(kt, row, c);
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + c), x, a0);
-                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + c), x, a1);
-                a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + c), x, a2);
-                a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + c), x, a3);
-            }
-            float d[4] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
-            for (int i = 0; i < ni; i++) s[(size_t)(i0 + i) * m + j] = d[i] * scale;
+// Eight dot products' lanes summed at once, each in hsum8's order (lo + hi halves, then lanes
+// 0 + 2 and 1 + 3, then those two): the same bits as hsum8 on each. v[2k] and v[2k+1] -> lanes k
+// and 4 + k of the result.
+static inline __attribute__((always_inline)) __m256 hsum8x8(const __m256 *v) {
+    __m256 a[4];
+    for (int k = 0; k < 4; k++)
+        a[k] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * k], v[2 * k + 1], 0x20),
+                             _mm256_permute2f128_ps(v[2 * k], v[2 * k + 1], 0x31));
+    const __m256 d01 = _mm256_add_ps(_mm256_shuffle_ps(a[0], a[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                     _mm256_shuffle_ps(a[0], a[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 d23 = _mm256_add_ps(_mm256_shuffle_ps(a[2], a[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                     _mm256_shuffle_ps(a[2], a[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm256_add_ps(_mm256_shuffle_ps(d01, d23, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm256_shuffle_ps(d01, d23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// Scores of NI (<= 4) query rows q[i * ld] against keys j0 .. j0 + 1 (one key when `two` is 0),
+// 8 elements at a time converted in registers: s[i * m + j] = (q_i . k_j) * scale, each dot
+// product summed in hsum8's order (hsum8x8 on the four rows' two keys).
+static inline __attribute__((always_inline)) void qk_pair(const int NI, enum kv_type kt, const float *q, int ld,
+                                                          const char *k, size_t krow, int j0, int two, int hd,
+                                                          float scale, float *s, int m) {
+    __m256 acc[8];
+    for (int t = 0; t < 8; t++) acc[t] = _mm256_setzero_ps();
+    const char *r0 = k + (size_t)j0 * krow, *r1 = two ? r0 + krow : r0;
+    for (int c = 0; c < hd; c += 8) {
+        const __m256 x0 = load8(kt, r0, c), x1 = load8(kt, r1, c);
+#pragma GCC unroll 4
+        for (int i = 0; i < NI; i++) {
+            const __m256 qi = _mm256_loadu_ps(q + (size_t)i * ld + c);
+            acc[2 * i] = _mm256_fmadd_ps(qi, x0, acc[2 * i]);
+            acc[2 * i + 1] = _mm256_fmadd_ps(qi, x1, acc[2 * i + 1]);
         }
     }
-    for (int i = 0; i < nb; i++) {
+    float d[8];
+    _mm256_storeu_ps(d, _mm256_mul_ps(hsum8x8(acc), _mm256_set1_ps(scale)));
+    for (int i = 0; i < NI; i++) {
+        s[(size_t)i * m + j0] = d[i];
+        if (two) s[(size_t)i * m + j0 + 1] = d[4 + i];
+    }
+}
+
+// out rows i < NI (columns c .. c + 8 CW) += sum over keys j0 .. j1 of s[i * m + j] v_j, the
+// accumulators in registers across the keys: per element the same FMA chain in key order as one
+// key at a time through memory.
+static inline __attribute__((always_inline)) void pv_cols(const int NI, const int CW, enum kv_type vt, float *out,
+                                                          int ld, const float *s, int m, const char *v, size_t vrow,
+                                                          int j0, int j1, int c) {
+    __m256 acc[4][2];
+#pragma GCC unroll 4
+    for (int i = 0; i < NI; i++)
+        for (int w = 0; w < CW; w++) acc[i][w] = _mm256_loadu_ps(out + (size_t)i * ld + c + 8 * w);
+    for (int j = j0; j < j1; j++) {
+        int any = 0;
+        for (int i = 0; i < NI; i++) any |= s[(size_t)i * m + j] != 0;
+        if (!any) continue;   // invisible to these rows (as one key at a time skips it)
+        const char *row = v + (size_t)j * vrow;
+        __m256 x[2];
+        for (int w = 0; w < CW; w++) x[w] = load8(vt, row, c + 8 * w);
+#pragma GCC unroll 4
+        for (int i = 0; i < NI; i++) {
+            const __m256 p = _mm256_set1_ps(s[(size_t)i * m + j]);
+            for (int w = 0; w < CW; w++) acc[i][w] = _mm256_fmadd_ps(p, x[w], acc[i][w]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < NI; i++)
+        for (int w = 0; w < CW; w++) _mm256_storeu_ps(out + (size_t)i * ld + c + 8 * w, acc[i][w]);
+}
+
+#define DECODE_KT 64   // keys per tile of the weighted sum: their value rows stay in L1 across columns
+
+// NI (<= 4) query rows of a decode step straight on the stored rows (kt, vt constant where it is
+// inlined): the scores two keys at a time (qk_pair), the softmax, then the weighted sum per tile
+// of DECODE_KT keys and 16 columns at a time, accumulators in registers (pv_cols). Row i's result
+// depends on row i alone: the same bits in a group of 1, 2, 3 or 4. hd a multiple of 8.
+static inline __attribute__((always_inline)) void decode_ni(const int NI, enum kv_type kt, enum kv_type vt,
+                                                            float *out, const float *q, int ld, const int *qpos,
+                                                            int qstride, const char *k, const char *v,
+                                                            const int *kpos, int m, int hd, float *s) {
+    const size_t krow = kv_row_bytes(kt, hd), vrow = kv_row_bytes(vt, hd);
+    const float scale = 1.0f / sqrtf((float)hd);
+    int j = 0;
+    for (; j + 2 <= m; j += 2) qk_pair(NI, kt, q, ld, k, krow, j, 1, hd, scale, s, m);
+    if (j < m) qk_pair(NI, kt, q, ld, k, krow, j, 0, hd, scale, s, m);
+    for (int i = 0; i < NI; i++) {
         masked_softmax(s + (size_t)i * m, kpos, m, qpos[i * qstride]);
         memset(out + (size_t)i * ld, 0, (size_t)hd * sizeof(float));
     }
-    for (int j = 0; j < m; j++) {
-        int any = 0;
-        for (int i = 0; i < nb; i++) any |= s[(size_t)i * m + j] != 0;
-        if (!any) continue;   // invisible to every row
-        const char *row = v + (size_t)j * vrow;
-        for (int c = 0; c < hd; c += 8) {
-            __m256 x = load8(vt, row, c);
-            for (int i = 0; i < nb; i++) {
-                float *o = out + (size_t)i * ld + c;
-                _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_set1_ps(s[(size_t)i * m + j]), x, _mm256_loadu_ps(o)));
-            }
+    for (int j0 = 0; j0 < m; j0 += DECODE_KT) {
+        const int j1 = m - j0 < DECODE_KT ? m : j0 + DECODE_KT;
+        int c = 0;
+        for (; c + 16 <= hd; c += 16) pv_cols(NI, 2, vt, out, ld, s, m, v, vrow, j0, j1, c);
+        if (c < hd) pv_cols(NI, 1, vt, out, ld, s, m, v, vrow, j0, j1, c);
+    }
+}
+
+// A decode step's scores and weighted sum straight on the stored rows, up to four query rows at
+// a time (decode_ni). s (nb, m): scores, then probabilities. hd a multiple of 8.
+static inline __attribute__((always_inline)) void decode_rows_t(
+    enum kv_type kt, enum kv_type vt, float *out, const float *q, int ld, const int *qpos,
+    int qstride, int nb, const char *k, const char *v, const int *kpos, int m, int hd, float *s) {
+    for (int i0 = 0; i0 < nb; i0 += 4) {
+        const int ni = nb - i0 < 4 ? nb - i0 : 4;
+        float *o = out + (size_t)i0 * ld, *si = s + (size_t)i0 * m;
+        const float *qi = q + (size_t)i0 * ld;
+        const int *pi = qpos + (size_t)i0 * qstride;
+        switch (ni) {
+        case 1: decode_ni(1, kt, vt, o, qi, ld, pi, qstride, k, v, kpos, m, hd, si); break;
+        case 2: decode_ni(2, kt, vt, o, qi, ld, pi, qstride, k, v, kpos, m, hd, si); break;
+        case 3: decode_ni(3, kt, vt, o, qi, ld, pi, qstride, k, v, kpos, m, hd, si); break;
+        default: decode_ni(4, kt, vt, o, qi, ld, pi, qstride, k, v, kpos, m, hd, si); break;
         }
     }
 }

@@ -431,6 +431,14 @@ static void test_attention(backend *bk) {
             CHECK(bad == 0, "hd 36 %s n %d: %ld elements beyond the bound", kv_type_name(t),
                   shapes[s][0], bad);
         }
+    // head_dim 40 (eight columns past the x86 kernel's 16-column steps) and odd key counts (the
+    // scores' last key alone): decode and a short prefill
+    case_hd = 40;
+    for (int t = KV_BF16; t <= KV_F16; t++)
+        for (int s = 0; s < 2; s++) {
+            long bad = attn_case(bk, t, t, (int[]){1, 7}[s], (int[]){77, 41}[s], PLANT_NONE, NULL);
+            CHECK(bad == 0, "hd 40 %s n %d: %ld elements beyond the bound", kv_type_name(t), (int[]){1, 7}[s], bad);
+        }
     case_hd = 64;
     // planted faults: the same check fails
     for (int s = 0; s < 3; s += 2) {

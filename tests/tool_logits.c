@@ -8,7 +8,8 @@
 // full unless --strategy) on one line; --steps FILE with it writes those N tokens' logits
 // (N, vocab) there (row 0 the prefill's, row t decode step t's). --ubatch U: a plain prefill
 // (prefill_run without hooks) runs in chunks of U rows (model.prefill_ubatch; default 0: one
-// pass). --class N prints fwd_row_class of N rows on stderr ("class N C"). --set keys: the strategy_opts fields speed_depth, anchor,
+// pass). --cache T: the KV cache of type T (f32, bf16, f16, q8_0) for K and V, as sift's
+// --cache-type-k/-v. --class N prints fwd_row_class of N rows on stderr ("class N C"). --set keys: the strategy_opts fields speed_depth, anchor,
 // tsp_layer, tsp_rate, kv_rate, window, pool_kernel, pool (0 max, 1 avg), kv_len, tsp_len, keep,
 // lookahead, chunk, spec_pool, draft_layers, keep_last, swiftkv_layers, swiftkv_group,
 // swiftkv_fold, sink, tail, topk, budget; --draft PATH loads a draft model. --temp T (with
@@ -23,6 +24,7 @@
 #include "../util/check.h"
 #include "tool_weights.h"
 #include "../weights/hf.h"
+#include "../weights/kvrow.h"
 
 static int collect(void *ctx, int id) {
     (void)ctx;
@@ -80,7 +82,7 @@ int main(int argc, char **argv) {
                         "[--set K=V]... [--draft PATH] ID...\n");
         return 2;
     }
-    int a = 3, greedy = 0, ubatch = 0, cls_rows = 0;
+    int a = 3, greedy = 0, ubatch = 0, cls_rows = 0, cache = -1;
     float temp = -1;
     unsigned long long seed = 0;
     const char *sname = NULL, *draft_path = NULL, *steps_path = NULL;
@@ -94,6 +96,7 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[a], "--steps") == 0) steps_path = argv[a + 1];
         else if (strcmp(argv[a], "--ubatch") == 0) ubatch = atoi(argv[a + 1]);
         else if (strcmp(argv[a], "--class") == 0) cls_rows = atoi(argv[a + 1]);
+        else if (strcmp(argv[a], "--cache") == 0 && kv_type_parse(argv[a + 1]) >= 0) cache = kv_type_parse(argv[a + 1]);
         else if (strcmp(argv[a], "--set") != 0 || set_opt(&o, argv[a + 1]) != 0) {
             fprintf(stderr, "bad option %s %s\n", argv[a], argv[a + 1]);
             return 2;
@@ -112,6 +115,7 @@ int main(int argc, char **argv) {
     model *m = load(argv[1], bk, &f, &h), *draft = draft_path ? load(draft_path, bk, &df, &dh) : NULL;
     strategy_run run = {.draft = draft};
     m->prefill_ubatch = ubatch;
+    if (cache >= 0) m->kv_typed = 1, m->kv_k = m->kv_v = (enum kv_type)cache;
     if (cls_rows > 0) fprintf(stderr, "class %d %d\n", cls_rows, fwd_row_class(m, cls_rows));
     const strategy *s = strategy_find(sname ? sname : "full");
     char err[512];
