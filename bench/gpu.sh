@@ -115,6 +115,20 @@ step "sift --device cpu (tiny GGUF)" 60 smoke_cpu.log "$SIFT" -m "$TINY" --devic
 step "sift bench 3, SIFT_CUDA_WEIGHTS=bf16" 120 bench_3_bf16.log env SIFT_CUDA_WEIGHTS=bf16 "$SIFT" bench \
     -m synthetic:llama-3.1-8b --wtype q4_k --device cuda --strategy full -p 1024,8192 -n 32 -r 2
 
+# what holds the GGUF-block decode kernel back (issue 38: Q4_K decode read 29 % of the bandwidth
+# and no profiler had run): Nsight Compute's throughput, memory, warp-state and occupancy sections
+# on one layer's qgemv launches of an 8B Q4_K decode (eager launches: no graph to look inside;
+# --clock-control none: ncu would otherwise lock the clocks, and the card's settings stay as they are)
+NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute*/ncu 2>/dev/null | head -n 1)
+if [ -n "$NCU" ]; then
+    step "ncu: qgemv of the 8B Q4_K decode" 150 ncu_qgemv.log env SIFT_CUDA_GRAPHS=0 "$NCU" \
+        --clock-control none --kernel-name regex:qgemv --launch-skip 40 --launch-count 8 --section SpeedOfLight \
+        --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
+        "$SIFT" bench -m synthetic:llama-3.1-8b --wtype q4_k --device cuda --strategy full -p 1 -n 8 -r 1
+else
+    row "ncu: qgemv of the 8B Q4_K decode" skipped "no ncu on this machine"
+fi
+
 # the decode step replayed as a CUDA graph (the default) against the same launches run eagerly
 step "sift bench 1, SIFT_CUDA_GRAPHS=0" 120 bench_nographs.log env SIFT_CUDA_GRAPHS=0 "$SIFT" bench \
     -m synthetic:llama-3.1-8b --device cuda --strategy full -p 8192 -n 64 -r 2
@@ -136,6 +150,8 @@ grep -h "ERROR SUMMARY\|failed" "$OUT"/sanitize.log 2>/dev/null | head -n 6
 for dev in cpu cuda; do echo "fit-phi $dev: $(grep -h "^| mean" "$OUT/fit_$dev.log" 2>/dev/null)"; done
 grep -h "^| attn \(prefill\|decode\)\|^| ceilings" "$OUT"/test_gpu.log 2>/dev/null
 for f in "$OUT"/bench_*.log "$OUT"/torch.log; do [ -f "$f" ] && grep -h "^|" "$f" | grep -v "^|---"; done
+grep -h "qgemv_kernel\|DRAM Throughput\|Memory Throughput\|Achieved Occupancy\|Registers Per Thread\|Warp Cycles Per Issued" \
+    "$OUT"/ncu_qgemv.log 2>/dev/null | head -n 24
 echo
 echo "| step | result | detail |"
 echo "|---|---|---|"
