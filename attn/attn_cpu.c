@@ -183,7 +183,8 @@ static inline __attribute__((always_inline)) void pv_cols(const int NI, const in
     for (int j = j0; j < j1; j++) {
         int any = 0;
         for (int i = 0; i < NI; i++) any |= s[(size_t)i * m + j] != 0;
-        if (!any) continue;   // invisible to these rows (as one key at a time skips it)
+        if (!any) continue;   // invisible to these rows: skipped, as before (adding 0 x v changes nothing
+                              // for a finite v; the old loop decided over all nb rows, this over the group)
         const char *row = v + (size_t)j * vrow;
         __m256 x[2];
         for (int w = 0; w < CW; w++) x[w] = load8(vt, row, c + 8 * w);
@@ -202,8 +203,9 @@ static inline __attribute__((always_inline)) void pv_cols(const int NI, const in
 
 // NI (<= 4) query rows of a decode step straight on the stored rows (kt, vt constant where it is
 // inlined): the scores two keys at a time (qk_pair), the softmax, then the weighted sum per tile
-// of DECODE_KT keys and 16 columns at a time, accumulators in registers (pv_cols). Row i's result
-// depends on row i alone: the same bits in a group of 1, 2, 3 or 4. hd a multiple of 8.
+// of DECODE_KT keys and 16 columns at a time, accumulators in registers (pv_cols). Row i's values
+// depend on row i alone (for finite caches): the same bits in a group of 1, 2, 3 or 4. hd a
+// multiple of 8.
 static inline __attribute__((always_inline)) void decode_ni(const int NI, enum kv_type kt, enum kv_type vt,
                                                             float *out, const float *q, int ld, const int *qpos,
                                                             int qstride, const char *k, const char *v,

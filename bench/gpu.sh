@@ -117,12 +117,13 @@ step "sift bench 3, SIFT_CUDA_WEIGHTS=bf16" 120 bench_3_bf16.log env SIFT_CUDA_W
 
 # what holds the GGUF-block decode kernel back (issue 38: Q4_K decode read 29 % of the bandwidth
 # and no profiler had run): Nsight Compute's throughput, memory, warp-state and occupancy sections
-# on one layer's qgemv launches of an 8B Q4_K decode (eager launches: no graph to look inside;
+# on 8 qgemv launches of an 8B Q4_K decode step (a layer takes 7; the one-token prefill's 224 are
+# skipped; eager launches: no graph to look inside;
 # --clock-control none: ncu would otherwise lock the clocks, and the card's settings stay as they are)
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute*/ncu 2>/dev/null | head -n 1)
 if [ -n "$NCU" ]; then
     step "ncu: qgemv of the 8B Q4_K decode" 150 ncu_qgemv.log env SIFT_CUDA_GRAPHS=0 "$NCU" \
-        --clock-control none --kernel-name regex:qgemv --launch-skip 40 --launch-count 8 --section SpeedOfLight \
+        --clock-control none --kernel-name regex:qgemv --launch-skip 240 --launch-count 8 --section SpeedOfLight \
         --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
         "$SIFT" bench -m synthetic:llama-3.1-8b --wtype q4_k --device cuda --strategy full -p 1 -n 8 -r 1
 else

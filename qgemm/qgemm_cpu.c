@@ -1056,8 +1056,9 @@ static dot4_fn fused_dot4(enum q_isa isa, uint32_t type, int digits) {
 // its scales' conversion and its quants' unpacking to int16 are done once for the R rows, and
 // every row's arithmetic is the same code whatever R, so a row of a batch gives the bits it gives
 // alone (tests/test_qgemm.c: test_rows_alone). A row's per-block scales are broadcast from a small
-// array (a load; a lane permute would take the shuffle port): four rows' accumulators fill the 16
-// ymm registers, so the loops are unrolled to keep them there.
+// array (a load, not a lane permute in the inner loop; Q6_K's pairs of group scales are permuted
+// into vectors once per 256-block and loaded): four rows' accumulators fill the 16 ymm registers,
+// so the loops are unrolled to keep them there.
 typedef struct {
     const int16_t *x;
     const float *d, *a;

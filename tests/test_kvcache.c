@@ -435,9 +435,9 @@ static void test_attention(backend *bk) {
     // scores' last key alone): decode and a short prefill
     case_hd = 40;
     for (int t = KV_BF16; t <= KV_F16; t++)
-        for (int s = 0; s < 2; s++) {
-            long bad = attn_case(bk, t, t, (int[]){1, 7}[s], (int[]){77, 41}[s], PLANT_NONE, NULL);
-            CHECK(bad == 0, "hd 40 %s n %d: %ld elements beyond the bound", kv_type_name(t), (int[]){1, 7}[s], bad);
+        for (int s = 0; s < 3; s++) {   // (n 7 and 6: query groups of 4 + 3 and 4 + 2 rows)
+            long bad = attn_case(bk, t, t, (int[]){1, 7, 6}[s], (int[]){77, 41, 30}[s], PLANT_NONE, NULL);
+            CHECK(bad == 0, "hd 40 %s n %d: %ld elements beyond the bound", kv_type_name(t), (int[]){1, 7, 6}[s], bad);
         }
     case_hd = 64;
     // planted faults: the same check fails

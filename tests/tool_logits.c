@@ -1,6 +1,6 @@
 // tests/tool_logits.c — drives sift's forward pass for the Python tests.
 // usage: tool_logits MODEL OUT.f32 [--greedy N] [--strategy NAME] [--set KEY=VALUE]...
-//                    [--temp T --seed S] ID...
+//                    [--temp T --seed S] [--cache T] ID...
 // (MODEL: a GGUF file or a Hugging Face directory)
 // Without --strategy: writes float32 logits (n_ids, vocab), row-major, of every prompt position
 // (plain full pass). With --strategy: writes the logits (vocab,) the strategy's prefill gives
@@ -79,7 +79,7 @@ static model *load(const char *path, backend *bk, gguf_file **f, hf_dir **h) {
 int main(int argc, char **argv) {
     if (argc < 4) {
         fprintf(stderr, "usage: tool_logits MODEL OUT.f32 [--greedy N] [--strategy S] "
-                        "[--set K=V]... [--draft PATH] ID...\n");
+                        "[--set K=V]... [--draft PATH] [--cache T] ID...\n");
         return 2;
     }
     int a = 3, greedy = 0, ubatch = 0, cls_rows = 0, cache = -1;
