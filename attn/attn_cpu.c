@@ -22,13 +22,6 @@
 #define ATTN_SMALL 8   // up to this many query rows per call: loops, not sgemm
 #define ATTN_KT 64     // keys (values) a typed prefill decodes into its tile at a time
 
-#ifdef ATTN_X86
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-#endif
 
 // softmax of s[0..m) in place over entries whose key is visible (kpos <= qp); others become 0.
 static void masked_softmax(float *s, const int *kpos, int m, int qp) {
@@ -128,7 +121,7 @@ static inline __attribute__((always_inline)) __m256 load8(enum kv_type t, const 
 }
 
 
-// Eight dot products' lanes summed at once, each in hsum8's order (lo + hi halves, then lanes
+// Eight dot products' lanes summed at once, each in hsum8's order (util/fastexp.h) (lo + hi halves, then lanes
 // 0 + 2 and 1 + 3, then those two): the same bits as hsum8 on each. v[2k] and v[2k+1] -> lanes k
 // and 4 + k of the result.
 static inline __attribute__((always_inline)) __m256 hsum8x8(const __m256 *v) {

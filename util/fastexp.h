@@ -1,5 +1,6 @@
 // util/fastexp.h — exp for arguments <= 0 (softmax and log-sum-exp after subtracting the max)
-// in plain float arithmetic (libm's exp and expf are calls), one lane or eight.
+// in plain float arithmetic (libm's exp and expf are calls), one lane or eight;
+// and hsum8, the sum of 8 lanes that exp8_sum and attention's decode take.
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -45,6 +46,14 @@ static inline __m256 exp8_nonpos(__m256 x) {
     return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
 }
 
+// The sum of v's 8 lanes in a fixed order: lo + hi halves, then lanes 0 + 2 and 1 + 3, then those
+// two (attention's hsum8x8 gives these bits for eight vectors at once)
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
 // y[j] = exp(x[j] - mx) for j < n (y may be x), 8 lanes at a time; returns their sum. The last
 // vector is loaded under a mask with -inf in the lanes past n (exp: 0), so element j always adds
 // into lane j % 8 and trailing -inf elements add exact zeros: the sum's bits do not depend on
@@ -65,8 +74,6 @@ static inline float exp8_sum(float *y, const float *x, int n, float mx) {
         _mm256_maskstore_ps(y + j, k, e);
         sum = _mm256_add_ps(sum, e);
     }
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+    return hsum8(sum);
 }
 #endif
