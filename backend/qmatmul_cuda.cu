@@ -7,6 +7,8 @@
 //    CPU's --weights fast do) with dp4a, the block scales applied once per group. One pass over
 //    the blocks: the bytes read are the file's. (fp32 dequantisation per element measured 11.5
 //    ms per 8B Q4_K token on an H200, instruction-bound, against 5.8 ms for bf16 weights.)
+//    Q4_K and Q5_K take qgemv_k_kernel instead (a lane per 16 bytes of quants, a row's loads
+//    issued before its products; SIFT_CUDA_QGEMV=group: qgemv_kernel, the A/B);
 //  - many rows (prefill, n > QV_ROWS): the weight is dequantised to bf16 a chunk of rows at a time
 //    into one scratch buffer (dequant_kernel: the same values as the CPU's dequantisation,
 //    rounded to bf16 as the bf16 path rounds them at upload) and multiplied by cuBLASLt;
@@ -185,7 +187,7 @@ __device__ static inline void decode32(const uint8_t *row, int g, uint32_t *qw, 
 
 // x (n, in) bf16 -> int8 blocks of 32 for the integer product (llama.cpp's q8_1 idea): per block
 // dx = max |x| / 127, xq = round(x / dx) (|x - dx xq| <= dx / 2), and xs = {dx, dx * the sum of
-// xq over elements 0..15, the same over 16..31}. A warp per block, a lane per element (a thread
+// xq over elements 0..15, dx, the same over 16..31}: each half's pair is one aligned float2. A warp per block, a lane per element (a thread
 // per block ran 128 threads for a 4096-wide x: ~1 ms of every 8B token on an H200).
 __global__ void xq8_kernel(int8_t *xq, float4 *xs, const bf16 *x, size_t blocks) {
     const size_t b = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
@@ -201,7 +203,7 @@ __global__ void xq8_kernel(int8_t *xq, float4 *xs, const bf16 *x, size_t blocks)
     int sum = q;   // over this lane's half: lanes 0..15, 16..31
     for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     const int hi = __shfl_sync(0xffffffffu, sum, 16);
-    if (lane == 0) xs[b] = make_float4(dx, dx * (float)sum, dx * (float)hi, 0.0f);
+    if (lane == 0) xs[b] = make_float4(dx, dx * (float)sum, dx, dx * (float)hi);
 }
 
 // out (NV, o) = x (NV, in) @ W (o, in)^T, W quantised (row_bytes per row), x as xq8_kernel's
@@ -235,7 +237,92 @@ qgemv_kernel(bf16 *out, const int8_t *xq, const float4 *xs, const uint8_t *w, si
             int i1 = dp4a_s32((int)qw[4], (int)x1.x, 0);
             i1 = dp4a_s32((int)qw[5], (int)x1.y, i1), i1 = dp4a_s32((int)qw[6], (int)x1.z, i1);
             i1 = dp4a_s32((int)qw[7], (int)x1.w, i1);
-            acc[v] += s.x * (a[0] * (float)i0 + a[1] * (float)i1) + b[0] * s.y + b[1] * s.z;
+            acc[v] += s.x * (a[0] * (float)i0 + a[1] * (float)i1) + b[0] * s.y + b[1] * s.w;
+        }
+    }
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+        float t = acc[v];
+        for (int x = 16; x > 0; x >>= 1) t += __shfl_xor_sync(0xffffffffu, t, x);
+        if (lane == 0) out[(size_t)v * o + r] = __float2bfloat16(t);
+    }
+}
+
+// The same product for Q4_K and Q5_K with a lane per 16 bytes of quants instead of per 32-element
+// group. A 256-element block keeps its 128 quant bytes as 4 runs of 32: run p holds sub-block 2p
+// in the low nibbles and 2p + 1 in the high ones, so the 16 bytes of chunk c = 2p + h (h = 0, 1)
+// are elements 16h .. 16h + 15 of both sub-blocks: 32 weights, every byte loaded once (the group
+// kernel's lane loads the 32-byte run for its one nibble). 8 lanes per block, 4 blocks per warp
+// step; a lane loads its chunk and the block's 16-byte head (d, dmin, the 12 scale bytes: one
+// address for 8 lanes) for KU steps before it multiplies, so a 4096-wide row (16 blocks) is one
+// round trip to memory; the two sub-blocks' scales are decoded without a branch (the group kernel
+// splits a warp between sub-blocks 0-3 and 4-7). grid ceil(o / QW), QW * 32 threads, a warp per row.
+#define KU 4   // warp steps (4 blocks each) whose loads are issued together
+template <uint32_t T, int NV>
+__global__ void __launch_bounds__(QW * 32)
+qgemv_k_kernel(bf16 *out, const int8_t *xq, const float4 *xs, const uint8_t *w, size_t row_bytes,
+               int in, int o) {
+    static_assert(T == GGML_Q4_K || T == GGML_Q5_K, "K-quant blocks of 256");
+    constexpr int BYTES = T == GGML_Q4_K ? 144 : 176, QS = T == GGML_Q4_K ? 16 : 48;
+    const int lane = threadIdx.x % 32, r = blockIdx.x * QW + threadIdx.x / 32;
+    if (r >= o) return;
+    const int c = lane % 8, p = c / 2, h = c % 2;   // chunk, run (sub-blocks 2p, 2p + 1), half
+    const uint8_t *row = w + (size_t)r * row_bytes;
+    const int nb = in / 256, ng = in / 32;
+    float acc[NV];
+#pragma unroll
+    for (int v = 0; v < NV; v++) acc[v] = 0;
+    for (int b0 = lane / 8; b0 < nb; b0 += 4 * KU) {
+        uint4 q[KU], hd[KU], qh[KU];   // quants, head, Q5_K's fifth bits of elements 16h .. 16h + 15
+#pragma unroll
+        for (int u = 0; u < KU; u++) {   // every load of the KU steps first
+            const int b = b0 + 4 * u;
+            q[u] = hd[u] = qh[u] = make_uint4(0, 0, 0, 0);
+            if (b < nb) {
+                const uint8_t *B = row + (size_t)b * BYTES;
+                hd[u] = ld_stream16(B);
+                q[u] = ld_stream16(B + QS + 16 * c);
+                if (T == GGML_Q5_K) qh[u] = ld_stream16(B + 16 + 16 * h);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < KU; u++) {
+            const int b = b0 + 4 * u;
+            if (b >= nb) continue;
+            // scales and mins of sub-blocks 2p, 2p + 1 (dq_k4_scale_min) as byte pairs: for j < 4
+            // scale bytes j and mins j + 4 (6 bits); for j >= 4 the low 4 bits from byte j + 4,
+            // the top 2 from bits 6-7 of byte j - 4 (scale) or byte j (min)
+            const int sh = 16 * (p % 2);
+            const uint32_t w0 = hd[u].y >> sh, w1 = hd[u].z >> sh, w2 = hd[u].w >> sh;
+            const uint32_t sc = p < 2 ? w0 & 0x3F3Fu : (w2 & 0x0F0Fu) | (w0 & 0xC0C0u) >> 2;
+            const uint32_t mn = p < 2 ? w1 & 0x3F3Fu : (w2 >> 4 & 0x0F0Fu) | (w1 & 0xC0C0u) >> 2;
+            const float d = f16_to_f32(hd[u].x & 0xFFFF), dmin = f16_to_f32(hd[u].x >> 16);
+            const float a0 = d * (float)(sc & 0xFF), a1 = d * (float)(sc >> 8 & 0xFF);
+            const float m0 = dmin * (float)(mn & 0xFF), m1 = dmin * (float)(mn >> 8 & 0xFF);
+            const uint32_t qw[4] = {q[u].x, q[u].y, q[u].z, q[u].w}, hw[4] = {qh[u].x, qh[u].y, qh[u].z, qh[u].w};
+            uint32_t lo[4], hi[4];   // elements 16h + 4i .. + 3 of sub-block 2p, of 2p + 1
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                lo[i] = qw[i] & 0x0F0F0F0Fu, hi[i] = qw[i] >> 4 & 0x0F0F0F0Fu;
+                if (T == GGML_Q5_K)   // bit 4 of element l of sub-block j: bit j of qh[l]
+                    lo[i] |= (hw[i] >> (2 * p) & 0x01010101u) << 4, hi[i] |= (hw[i] >> (2 * p + 1) & 0x01010101u) << 4;
+            }
+            const int g = 8 * b + 2 * p;   // x's block of sub-block 2p
+#pragma unroll
+            for (int v = 0; v < NV; v++) {
+                const int8_t *xv = xq + (size_t)v * in + (size_t)g * 32 + 16 * h;
+                const uint4 x0 = *(const uint4 *)xv, x1 = *(const uint4 *)(xv + 32);
+                // {dx, dx * the sum of this half's xq} of x blocks g and g + 1
+                const float2 s0 = ((const float2 *)(xs + (size_t)v * ng + g))[h];
+                const float2 s1 = ((const float2 *)(xs + (size_t)v * ng + g + 1))[h];
+                int i0 = dp4a_s32((int)lo[0], (int)x0.x, 0);
+                i0 = dp4a_s32((int)lo[1], (int)x0.y, i0), i0 = dp4a_s32((int)lo[2], (int)x0.z, i0);
+                i0 = dp4a_s32((int)lo[3], (int)x0.w, i0);
+                int i1 = dp4a_s32((int)hi[0], (int)x1.x, 0);
+                i1 = dp4a_s32((int)hi[1], (int)x1.y, i1), i1 = dp4a_s32((int)hi[2], (int)x1.z, i1);
+                i1 = dp4a_s32((int)hi[3], (int)x1.w, i1);
+                acc[v] += s0.x * (a0 * (float)i0) + s1.x * (a1 * (float)i1) - (m0 * s0.y + m1 * s1.y);
+            }
         }
     }
 #pragma unroll
@@ -293,12 +380,29 @@ __global__ void embed_q_kernel(bf16 *out, const uint8_t *table, size_t row_bytes
     default: CHECK_INTERNAL(0, "no device kernel for GGUF type %u", (unsigned)(T));                 \
     }
 
+// Which decode kernel takes Q4_K and Q5_K: SIFT_CUDA_QGEMV=chunk (qgemv_k_kernel) or group
+// (qgemv_kernel, as every other type); read at each product, so gpu_check and bench/gpu.sh can A/B
+// them in one process.
+static int k_chunks(void) {
+    const char *e = getenv("SIFT_CUDA_QGEMV");
+    return !(e && strcmp(e, "group") == 0);
+}
+
 template <uint32_t T>
 static void gemv(cuda_impl *c, bf16 *out, const int8_t *xq, const float4 *xs, const bk_weight *w,
                  int nv, int in, int o) {
     unsigned grid = cuda_blocks((size_t)o, QW);
     const uint8_t *q = w->q;
     size_t rb = w->row_bytes;
+    if constexpr (T == GGML_Q4_K || T == GGML_Q5_K) {
+        if (k_chunks()) {
+            if (nv == 8) CUDA_LAUNCH((qgemv_k_kernel<T, 8>), grid, QW * 32, 0, c->stream, out, xq, xs, q, rb, in, o);
+            else if (nv == 4) CUDA_LAUNCH((qgemv_k_kernel<T, 4>), grid, QW * 32, 0, c->stream, out, xq, xs, q, rb, in, o);
+            else if (nv == 2) CUDA_LAUNCH((qgemv_k_kernel<T, 2>), grid, QW * 32, 0, c->stream, out, xq, xs, q, rb, in, o);
+            else CUDA_LAUNCH((qgemv_k_kernel<T, 1>), grid, QW * 32, 0, c->stream, out, xq, xs, q, rb, in, o);
+            return;
+        }
+    }
     if (nv == 8) CUDA_LAUNCH((qgemv_kernel<T, 8>), grid, QW * 32, 0, c->stream, out, xq, xs, q, rb, in, o);
     else if (nv == 4) CUDA_LAUNCH((qgemv_kernel<T, 4>), grid, QW * 32, 0, c->stream, out, xq, xs, q, rb, in, o);
     else if (nv == 2) CUDA_LAUNCH((qgemv_kernel<T, 2>), grid, QW * 32, 0, c->stream, out, xq, xs, q, rb, in, o);

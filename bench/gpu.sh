@@ -105,6 +105,11 @@ for b in "${BENCH[@]}"; do
         step "pytorch peer (bench/torch_peer.py)" 150 torch.log python3 bench/torch_peer.py \
             --shape llama-3.1-8b --ctx 8192,32768 -n 64
     fi
+    if [ $i = 3 ]; then   # Q4_K decode by the group kernel, the A/B of the chunk kernel (the default)
+        # shellcheck disable=SC2086
+        step "sift bench 3, SIFT_CUDA_QGEMV=group" 120 bench_3_group.log env SIFT_CUDA_QGEMV=group \
+            "$SIFT" bench $b
+    fi
 done
 step "compute-sanitizer memcheck+racecheck" 150 sanitize.log bash tests/gpu_sanitize.sh "$CHECK"
 step "sift --device cpu (tiny GGUF)" 60 smoke_cpu.log "$SIFT" -m "$TINY" --device cpu \
@@ -120,15 +125,19 @@ step "sift bench 3, SIFT_CUDA_WEIGHTS=bf16" 120 bench_3_bf16.log env SIFT_CUDA_W
 # on 8 qgemv launches of an 8B Q4_K decode step (a layer takes 7; the one-token prefill's 224 are
 # skipped; eager launches: no graph to look inside;
 # --clock-control none: ncu would otherwise lock the clocks, and the card's settings stay as they are)
+# (the chunk kernel, the default, then the group kernel)
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute*/ncu 2>/dev/null | head -n 1)
-if [ -n "$NCU" ]; then
-    step "ncu: qgemv of the 8B Q4_K decode" 150 ncu_qgemv.log env SIFT_CUDA_GRAPHS=0 "$NCU" \
-        --clock-control none --kernel-name regex:qgemv --launch-skip 240 --launch-count 8 --section SpeedOfLight \
-        --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
-        "$SIFT" bench -m synthetic:llama-3.1-8b --wtype q4_k --device cuda --strategy full -p 1 -n 8 -r 1
-else
-    row "ncu: qgemv of the 8B Q4_K decode" skipped "no ncu on this machine"
-fi
+for k in chunk group; do
+    if [ -n "$NCU" ]; then
+        step "ncu: qgemv ($k) of the 8B Q4_K decode" 150 ncu_qgemv_$k.log env SIFT_CUDA_GRAPHS=0 SIFT_CUDA_QGEMV=$k \
+            "$NCU" --clock-control none --kernel-name regex:qgemv --launch-skip 240 --launch-count 8 \
+            --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+            --section LaunchStats \
+            "$SIFT" bench -m synthetic:llama-3.1-8b --wtype q4_k --device cuda --strategy full -p 1 -n 8 -r 1
+    else
+        row "ncu: qgemv ($k) of the 8B Q4_K decode" skipped "no ncu on this machine"
+    fi
+done
 
 # the decode step replayed as a CUDA graph (the default) against the same launches run eagerly
 step "sift bench 1, SIFT_CUDA_GRAPHS=0" 120 bench_nographs.log env SIFT_CUDA_GRAPHS=0 "$SIFT" bench \
@@ -150,9 +159,13 @@ grep -h "FAIL" "$OUT"/test_gpu.log 2>/dev/null | head -n 20
 grep -h "ERROR SUMMARY\|failed" "$OUT"/sanitize.log 2>/dev/null | head -n 6
 for dev in cpu cuda; do echo "fit-phi $dev: $(grep -h "^| mean" "$OUT/fit_$dev.log" 2>/dev/null)"; done
 grep -h "^| attn \(prefill\|decode\)\|^| ceilings" "$OUT"/test_gpu.log 2>/dev/null
-for f in "$OUT"/bench_*.log "$OUT"/torch.log; do [ -f "$f" ] && grep -h "^|" "$f" | grep -v "^|---"; done
-grep -h "qgemv_kernel\|DRAM Throughput\|Memory Throughput\|Achieved Occupancy\|Registers Per Thread\|Warp Cycles Per Issued" \
-    "$OUT"/ncu_qgemv.log 2>/dev/null | head -n 24
+for f in "$OUT"/bench_*.log "$OUT"/torch.log; do
+    [ -f "$f" ] && echo "$(basename "$f"):" && grep -h "^|" "$f" | grep -v "^|---"
+done
+for k in chunk group; do
+    grep -h "qgemv\|DRAM Throughput\|Memory Throughput\|Achieved Occupancy\|Registers Per Thread\|Warp Cycles Per Issued" \
+        "$OUT"/ncu_qgemv_$k.log 2>/dev/null | head -n 24
+done
 echo
 echo "| step | result | detail |"
 echo "|---|---|---|"

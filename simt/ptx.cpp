@@ -59,6 +59,13 @@ void simt_cp_async16(void *dst, const void *src, bool valid) {
     profile_count(&counters::cp_async, 1);
 }
 
+void simt_ld_global_check(const void *p, unsigned n, const char *what) {
+    thread_rec *t = self_or_die(what);
+    const void *site = __builtin_return_address(0);
+    if ((uintptr_t)p % n) finding_at(t, site, "%s address %p is not %u-byte aligned", what, p, n);
+    if (!is_global(p)) finding_at(t, site, "%s address %p is not global memory", what, p);
+}
+
 void simt_cp_async_commit() {
     thread_rec *t = self_or_die("cp.async.commit_group");
     async_groups(t).push_back(std::move(async_open(t)));

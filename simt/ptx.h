@@ -60,6 +60,13 @@ static inline void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b
 static inline float ex2(float x) {
     return simt_ex2_approx_ftz(x);
 }
+// ld.global.nc.L1::no_allocate.v4.u32: the address must be 16-byte aligned and in global memory
+// (checked; the load itself is traced as every other, bounds and races)
+void simt_ld_global_check(const void *p, unsigned n, const char *what);
+static inline uint4 ld_stream16(const void *p) {
+    simt_ld_global_check(p, 16, "ld.global.nc");
+    return *(const uint4 *)p;
+}
 // dp4a.s32.s32: c + sum over bytes k of (int8) a_k * (int8) b_k (PTX ISA: signed bytes, 32-bit
 // wrap-around add)
 static inline int dp4a_s32(int a, int b, int c) {

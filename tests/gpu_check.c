@@ -796,6 +796,54 @@ static void test_attn_speed(backend *bk[2], int N) {
     free(kh), free(vh), free(qh), free(pos);
 }
 
+// The decode products on GGUF blocks alone (backend/qmatmul_cuda.cu) at the Llama-3.1-8B layer's
+// shapes (in -> out: q|k|v 4096 -> 6144, o 4096 -> 4096, gate|up 4096 -> 28672, down 14336 ->
+// 4096): GB/s of weight bytes read and the share of the copy ceiling, each Q4_K shape by the chunk
+// and the group kernel (SIFT_CUDA_QGEMV), gate|up also at 8 rows of x and in Q6_K and Q8_0.
+// Informational rows (bench/RESULTS.md records them); the values are checked by test_weight_type.
+static void test_qgemv_speed(backend *bk[2]) {
+    backend *g = bk[GPU];
+    struct { uint32_t type; int in, out, n; const char *kernel; } runs[] = {
+        {GGML_Q4_K, 4096, 6144, 1, "chunk"},  {GGML_Q4_K, 4096, 6144, 1, "group"},
+        {GGML_Q4_K, 4096, 4096, 1, "chunk"},  {GGML_Q4_K, 4096, 4096, 1, "group"},
+        {GGML_Q4_K, 4096, 28672, 1, "chunk"}, {GGML_Q4_K, 4096, 28672, 1, "group"},
+        {GGML_Q4_K, 14336, 4096, 1, "chunk"}, {GGML_Q4_K, 14336, 4096, 1, "group"},
+        {GGML_Q4_K, 4096, 28672, 8, "chunk"}, {GGML_Q4_K, 4096, 28672, 8, "group"},
+        {GGML_Q6_K, 4096, 28672, 1, "group"}, {GGML_Q8_0, 4096, 28672, 1, "group"},
+    };
+    for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
+        const uint32_t type = runs[k].type;
+        const int in = runs[k].in, out = runs[k].out, n = runs[k].n;
+        size_t bytes = out * dq_bytes(type, in);
+        uint8_t *blocks = xmalloc(bytes);
+        CHECK_INTERNAL(synth_blocks(type, blocks, out, in, 7, type, 1.0f / sqrtf((float)in)) == 0, "synth_blocks");
+        bk_weight *w = g->weight(g, (bk_tensor){type, blocks, (size_t)out, (size_t)in, 0});
+        float *xh = rand_host((size_t)n * in, 1);
+        void *x = upload(g, xh, n, in), *o = g->alloc(g, (size_t)n * out);
+        setenv("SIFT_CUDA_QGEMV", runs[k].kernel, 1);
+        float one;
+        g->matmul(g, o, x, w, NULL, n, in, out);   // warm-up
+        g->to_host(g, &one, o, 1);
+        const int reps = 20;
+        double t0 = now_s();
+        for (int r = 0; r < reps; r++) g->matmul(g, o, x, w, NULL, n, in, out);
+        g->to_host(g, &one, o, 1);
+        double sec = (now_s() - t0) / reps, gbps = bytes / sec / 1e9;
+        unsetenv("SIFT_CUDA_QGEMV");
+        char name[40], shape[64], v1[16], v2[16];
+        snprintf(name, sizeof name, "qgemv [%s] %s", runs[k].kernel, gguf_type_name(type));
+        snprintf(shape, sizeof shape, "(%d x %d) @ (%d x %d)^T, %.1f MB", n, in, out, in, bytes / 1e6);
+        snprintf(v1, sizeof v1, "%.0f GB/s", gbps);
+        snprintf(v2, sizeof v2, "%.0f %%", ceil_gbps > 0 ? 100 * gbps / ceil_gbps : 0.0);
+        printf("| %-22s | %-44s | %9s | %9s | %7.3f ms | %7s | info: %s |\n", name, shape, v1, v2, sec * 1e3,
+               "-", "GB/s of weight blocks, % of the copy ceiling");
+        fflush(stdout);
+        g->free(g, x), g->free(g, o);
+        g->weight_free(g, w);
+        free(xh), free(blocks);
+    }
+}
+
 // ---- models and strategies ---------------------------------------------------------------------
 
 typedef struct tiny_shape {
@@ -1242,7 +1290,7 @@ static void test_gguf_model(backend *bk[2], const char *path) {
 //   + 2^-8 |y| + 2^-20 sum |w_i x_i|                      (bf16 output, fp32 sums)
 // Reports the worst error as a fraction of its bound (<= 1 passes).
 static void check_int8_bound(backend *g, const bk_weight *w, const float *deq, const float *x, int n,
-                             int rows, int cols, uint32_t type) {
+                             int rows, int cols, uint32_t type, const char *tag) {
     void *dx = upload(g, x, n, cols), *o = g->alloc(g, (size_t)n * rows);
     poison(g, o, n, rows);
     g->matmul(g, o, dx, w, NULL, n, cols, rows);
@@ -1264,7 +1312,7 @@ static void check_int8_bound(backend *g, const bk_weight *w, const float *deq, c
             worst = isnan(e) ? INFINITY : fmax(worst, e);
         }
     char name[40], shape[64];
-    snprintf(name, sizeof name, "weight %s: int8-x bound", gguf_type_name(type));
+    snprintf(name, sizeof name, "weight %s: int8-x bound%s", gguf_type_name(type), tag);
     snprintf(shape, sizeof shape, "(%d x %d) @ (%d x %d)^T, worst err / bound", n, cols, rows, cols);
     int ok = worst <= 1;
     printf("| %-22s | %-44s | %9.3f | %9s | %9s | %7s | %s |\n", name, shape, worst, "-", "-", "-",
@@ -1278,7 +1326,7 @@ static void check_int8_bound(backend *g, const bk_weight *w, const float *deq, c
 // keeps it its own way (the CPU reference dequantises to fp32 on the host with weights/dequant.c;
 // CUDA keeps the blocks of the types qmatmul_cuda.cu takes and decodes them in its kernels, and
 // converts F16/BF16 to bf16). Rows per type: embed (the table's rows) and matmuls against it.
-static void test_weight_type(backend *bk[2], uint32_t type, int rows, int cols) {
+static void test_weight_type(backend *bk[2], uint32_t type, int rows, int cols, const char *tag) {
     size_t bytes = rows * dq_bytes(type, cols);
     uint8_t *blocks = xmalloc(bytes);
     CHECK_INTERNAL(synth_blocks(type, blocks, rows, cols, 7, type, 1.0f / sqrtf((float)cols)) == 0,
@@ -1297,7 +1345,7 @@ static void test_weight_type(backend *bk[2], uint32_t type, int rows, int cols) 
     int ids[5] = {0, 3, rows - 1, 7 % rows, rows / 2};
     c.idx = ids;
     char name[40], shape[64];
-    snprintf(name, sizeof name, "weight %s: embed", gguf_type_name(type));
+    snprintf(name, sizeof name, "weight %s: embed%s", gguf_type_name(type), tag);
     snprintf(shape, sizeof shape, "%d x %d, rows 0 3 %d 7 %d", rows, cols, rows - 1, rows / 2);
     check_op(bk, name, shape, op_embed, &c, NULL, NULL, 0, 5, cols);
     // 1 and 15 rows of x: the quantised decode kernel (15 = launches of 8, 4, 2 and 1 rows); 20:
@@ -1308,12 +1356,12 @@ static void test_weight_type(backend *bk[2], uint32_t type, int rows, int cols) 
         int n = ns[k];
         c.n = n;
         float *x = rand_host((size_t)n * cols, 1);
-        snprintf(name, sizeof name, "weight %s: matmul", gguf_type_name(type));
+        snprintf(name, sizeof name, "weight %s: matmul%s", gguf_type_name(type), tag);
         snprintf(shape, sizeof shape, "(%d x %d) @ (%d x %d)^T", n, cols, rows, cols);
         if (n == 20) setenv("SIFT_CUDA_DQ_ROWS", "16", 1);
         check_op(bk, name, shape, op_matmul, &c, &x, (const int[][2]){{n, cols}}, 1, n, rows);
         unsetenv("SIFT_CUDA_DQ_ROWS");
-        if (n <= 16 && type != GGML_F16 && type != GGML_BF16) check_int8_bound(bk[GPU], c.w[GPU], deq, x, n, rows, cols, type);
+        if (n <= 16 && type != GGML_F16 && type != GGML_BF16) check_int8_bound(bk[GPU], c.w[GPU], deq, x, n, rows, cols, type, tag);
         free(x);
     }
     free(deq);
@@ -1324,7 +1372,19 @@ static void test_weight_type(backend *bk[2], uint32_t type, int rows, int cols) 
 static void test_weight_types(backend *bk[2]) {
     static const uint32_t types[] = {GGML_F16,  GGML_BF16, GGML_Q4_0, GGML_Q4_1, GGML_Q5_0,
                                      GGML_Q5_1, GGML_Q8_0, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K};
-    for (size_t i = 0; i < sizeof types / sizeof *types; i++) test_weight_type(bk, types[i], 37, 512);
+    for (size_t i = 0; i < sizeof types / sizeof *types; i++) test_weight_type(bk, types[i], 37, 512, "");
+    // Q4_K and Q5_K have two decode kernels (SIFT_CUDA_QGEMV): each on rows of 19 blocks (the
+    // chunk kernel's warp takes 4 blocks a step and issues KU = 4 steps' loads at once: one full
+    // round of 16 blocks, then 3 with a quarter of the lanes idle)
+    static const char *kernels[] = {"chunk", "group"};
+    for (int k = 0; k < 2; k++) {
+        char tag[16];
+        snprintf(tag, sizeof tag, " [%s]", kernels[k]);
+        setenv("SIFT_CUDA_QGEMV", kernels[k], 1);
+        test_weight_type(bk, GGML_Q4_K, 37, 19 * 256, tag);
+        test_weight_type(bk, GGML_Q5_K, 37, 19 * 256, tag);
+    }
+    unsetenv("SIFT_CUDA_QGEMV");
 }
 
 static void test_ops(backend *bk[2]) {
@@ -1470,11 +1530,13 @@ int main(int argc, char **argv) {
     }
     if (only && strcmp(only, "speed") == 0 && !self) {   // the timing rows alone
         for (int n = 8192; n <= 32768; n *= 4) test_attn_speed(bk, n);
+        test_qgemv_speed(bk);
     }
     if (!only && bk[GPU]->ceilings && !ops_only && !self) {   // GPU-scale measurements
         test_ceilings(bk);
         test_attn_speed(bk, 8192);
         test_attn_speed(bk, 32768);
+        test_qgemv_speed(bk);
     }
     const char *env = getenv("SIFT_MODEL");
     const char *path = argc > 1 ? argv[1] : env && *env ? env : "models/SmolLM2-135M-Instruct.Q4_1.gguf";

@@ -450,6 +450,12 @@ __global__ void ldmatrix_global_kernel(int *out, const int *g) {   // ldmatrix r
     ldsm_x1(r, g + 4 * (threadIdx.x % 8));
     out[threadIdx.x] = (int)r[0];
 }
+__global__ void ldnc_shared_kernel(int *out) {   // ld.global.nc reads .global only
+    __shared__ __align__(16) int s[4];
+    if (threadIdx.x < 4) s[threadIdx.x] = 1;
+    __syncthreads();
+    out[threadIdx.x] = (int)ld_stream16(s).x;
+}
 __global__ void cp_async_src_shared_kernel(int *out) {   // cp.async's source is .global
     __shared__ __align__(16) int s[2][4];
     if (threadIdx.x == 0) s[0][0] = s[0][1] = s[0][2] = s[0][3] = 1;
@@ -496,6 +502,8 @@ static int run_case(const char *name) {
         CUDA_LAUNCH(ldmatrix_global_kernel, 1, 32, 0, 0, d, src);
     else if (!strcmp(name, "cp-async-src-shared"))
         CUDA_LAUNCH(cp_async_src_shared_kernel, 1, 32, 0, 0, d);
+    else if (!strcmp(name, "ldnc-shared"))
+        CUDA_LAUNCH(ldnc_shared_kernel, 1, 32, 0, 0, d);
     else if (!strcmp(name, "wmma-misaligned") || !strcmp(name, "wmma-ldm")) {
         __nv_bfloat16 *A = dev<__nv_bfloat16>(16 * 32 + 16);
         CUDA_CHECK(cudaMemset(A, 0, (16 * 32 + 16) * sizeof(__nv_bfloat16)));
@@ -527,7 +535,7 @@ int main(int argc, char **argv) {
     if (argc == 2 && !strcmp(argv[1], "--list")) {
         puts("race uninit partial-barrier divergent-barrier shfl-exited global-oob use-after-free "
              "dyn-shared-oob misaligned async-early async-race host-deref smem-attribute grid-y "
-             "capture-sync ldmatrix-global cp-async-src-shared wmma-misaligned wmma-ldm");
+             "capture-sync ldmatrix-global cp-async-src-shared ldnc-shared wmma-misaligned wmma-ldm");
         return 0;
     }
     if (argc == 3 && !strcmp(argv[1], "--case")) {

@@ -32,15 +32,17 @@ CASES = {
     "capture-sync": "cudaErrorStreamCaptureUnsupported",
     "ldmatrix-global": "ldmatrix row address",   # ... is not shared memory
     "cp-async-src-shared": "cp.async source",     # ... is not global memory
+    "ldnc-shared": "ld.global.nc address",        # ... is not global memory
     "wmma-misaligned": "pointer",                 # ... is not 32-byte aligned
     "wmma-ldm": "ldm 12 is not a multiple of 8 elements (16 bytes)",
 }
 # the second half of each report the cases above abbreviate (an address sits between)
 TAILS = {"ldmatrix-global": "is not shared memory", "cp-async-src-shared": "is not global memory",
+         "ldnc-shared": "is not global memory",
          "wmma-misaligned": "is not 32-byte aligned"}
 KERNEL_FINDINGS = {"race", "uninit", "partial-barrier", "divergent-barrier", "shfl-exited", "global-oob",
                    "use-after-free", "dyn-shared-oob", "misaligned", "async-early", "async-race",
-                   "ldmatrix-global", "cp-async-src-shared", "wmma-misaligned", "wmma-ldm"}
+                   "ldmatrix-global", "cp-async-src-shared", "ldnc-shared", "wmma-misaligned", "wmma-ldm"}
 
 
 def test_every_case_is_listed():

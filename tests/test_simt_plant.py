@@ -34,8 +34,21 @@ PLANTS = {
         "backend/qmatmul_cuda.cu", [("spread4(qh >> (16 + 4 * i)) << 4", "spread4(qh >> (12 + 4 * i)) << 4", 1)],
         "ops:", "rows", "Q5_0/Q5_1's decode product takes the fifth bit of the wrong element"),
     "qgemv-reduction-drops-a-lane": (
-        "backend/qmatmul_cuda.cu", [("for (int x = 16; x > 0; x >>= 1) t += __shfl_xor_sync", "for (int x = 16; x > 1; x >>= 1) t += __shfl_xor_sync", 1)],
-        "ops:", "rows", "the decode kernel's warp sum leaves out the last shuffle"),
+        "backend/qmatmul_cuda.cu", [("for (int x = 16; x > 0; x >>= 1) t += __shfl_xor_sync", "for (int x = 16; x > 1; x >>= 1) t += __shfl_xor_sync", 2)],
+        "ops:", "rows", "the decode kernels' warp sums leave out the last shuffle"),
+    "q4k-chunk-scale-top-bits": (
+        "backend/qmatmul_cuda.cu", [("(w2 & 0x0F0Fu) | (w0 & 0xC0C0u) >> 2", "(w2 & 0x0F0Fu) | (w1 & 0xC0C0u) >> 2", 1)],
+        "ops:", "rows", "the chunk kernel takes sub-blocks 4-7's top scale bits from the min bytes"),
+    "q5k-chunk-fifth-bit": (
+        "backend/qmatmul_cuda.cu", [("hi[i] |= (hw[i] >> (2 * p + 1) & 0x01010101u) << 4", "hi[i] |= (hw[i] >> (2 * p) & 0x01010101u) << 4", 1)],
+        "ops:", "rows", "the chunk kernel gives odd sub-blocks the fifth bits of the even ones"),
+    "qgemv-chunk-skips-blocks": (
+        "backend/qmatmul_cuda.cu", [("b0 < nb; b0 += 4 * KU)", "b0 < nb; b0 += 4 * KU + 4)", 1)],
+        "ops:", "rows", "the chunk kernel's warp skips 4 blocks after each round of loads"),
+    "qgemv-chunk-min-half": (
+        "backend/qmatmul_cuda.cu", [("const float2 s1 = ((const float2 *)(xs + (size_t)v * ng + g + 1))[h];",
+                                     "const float2 s1 = ((const float2 *)(xs + (size_t)v * ng + g + 1))[0];", 1)],
+        "ops:", "rows", "the chunk kernel's mins take the first half's x sum for both halves"),
     "dequant-chunks-skip-rows": (
         "backend/qmatmul_cuda.cu", [("for (int r0 = 0; r0 < o; r0 += cr) {", "for (int r0 = 0; r0 < o; r0 += cr + 8) {", 1)],
         "ops:", "rows", "the chunked dequantisation skips 8 rows after each chunk"),

@@ -102,6 +102,17 @@ __device__ static inline float ex2(float x) {   // 2^x; -inf -> 0
     return y;
 }
 
+// 16 bytes of global memory read once and not changed while the kernel runs, kept out of L1
+// (ld.global.nc.L1::no_allocate; p 16-byte aligned): a stream of weights that should not evict
+// what the block re-reads
+__device__ static inline uint4 ld_stream16(const void *p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
 // c + the sum of the four products of a's and b's signed bytes (dp4a.s32.s32)
 __device__ static inline int dp4a_s32(int a, int b, int c) {
     int d;
