@@ -7,8 +7,8 @@
 //    CPU's --weights fast do) with dp4a, the block scales applied once per group. One pass over
 //    the blocks: the bytes read are the file's. (fp32 dequantisation per element measured 11.5
 //    ms per 8B Q4_K token on an H200, instruction-bound, against 5.8 ms for bf16 weights.)
-//    Q4_K and Q5_K take qgemv_k_kernel instead (a lane per 16 bytes of quants, a row's loads
-//    issued before its products; SIFT_CUDA_QGEMV=group: qgemv_kernel, the A/B);
+//    Q4_K, Q5_K and Q6_K take qgemv_k_kernel instead (a lane per 16 bytes of quants, a row's
+//    loads issued before its products; SIFT_CUDA_QGEMV=group: qgemv_kernel, the A/B);
 //  - many rows (prefill, n > QV_ROWS): the weight is dequantised to bf16 a chunk of rows at a time
 //    into one scratch buffer (dequant_kernel: the same values as the CPU's dequantisation,
 //    rounded to bf16 as the bf16 path rounds them at upload) and multiplied by cuBLASLt;
@@ -248,80 +248,147 @@ qgemv_kernel(bf16 *out, const int8_t *xq, const float4 *xs, const uint8_t *w, si
     }
 }
 
-// The same product for Q4_K and Q5_K with a lane per 16 bytes of quants instead of per 32-element
-// group. A 256-element block keeps its 128 quant bytes as 4 runs of 32: run p holds sub-block 2p
-// in the low nibbles and 2p + 1 in the high ones, so the 16 bytes of chunk c = 2p + h (h = 0, 1)
-// are elements 16h .. 16h + 15 of both sub-blocks: 32 weights, every byte loaded once (the group
-// kernel's lane loads the 32-byte run for its one nibble). 8 lanes per block, 4 blocks per warp
-// step; a lane loads its chunk and the block's 16-byte head (d, dmin, the 12 scale bytes: one
-// address for 8 lanes) for KU steps before it multiplies, so a 4096-wide row (16 blocks) is one
-// round trip to memory; the two sub-blocks' scales are decoded without a branch (the group kernel
-// splits a warp between sub-blocks 0-3 and 4-7). grid ceil(o / QW), QW * 32 threads, a warp per row.
+// The same product for the 256-element K types with a lane per 16 bytes of quants instead of per
+// 32-element group: 8 lanes per block, 4 blocks per warp step, a warp per row. A lane's 16 bytes
+// hold 32 weights, 16 consecutive elements of two sub-groups in the low and high nibbles, and the
+// lane uses every bit it loads (the group kernel's lane loads a 32-byte run for one nibble of
+// each byte, Q6_K's high bits for two of each 8). A lane loads KU steps' blocks before it
+// multiplies, so a 4096-wide row (16 blocks) is one round trip to memory, and decodes its two
+// sub-groups' scales without a branch (the group kernel splits a warp between sub-blocks 0-3 and
+// 4-7). grid ceil(o / QW), QW * 32 threads.
+//  - Q4_K / Q5_K: run p (bytes 32p .. 32p + 31 of qs) holds sub-block 2p in the low nibbles and
+//    2p + 1 in the high ones; chunk c = 2p + h is elements 16h .. 16h + 15 of both. The block's
+//    16-byte head (d, dmin, the 12 scale bytes) is one address for its 8 lanes; Q5_K's fifth bits
+//    of those elements are qh bytes 16h .. 16h + 15 (bit j for sub-block j). 16-byte loads that
+//    skip L1 (ld_stream16): every byte is loaded once, and x's blocks, re-read by every row, stay.
+//  - Q6_K: chunk c is ql bytes 16c .. 16c + 15: half c / 4, sub-groups k = c / 2 % 2 (low
+//    nibbles) and k + 2 (high), elements 16h .. 16h + 15 (h = c % 2); their top two bits are qh
+//    bytes 32 half + 16h .. + 15 (bits 2k, 2k + 4), their scales int8 8 half + 2k + h and + 4.
+//    Blocks of 210 bytes are only 2-byte aligned: each 16-byte run is 5 aligned words shifted
+//    by 0 or 16 bits (the words overlap between lanes: L1 serves the repeats, so plain loads).
 #define KU 4   // warp steps (4 blocks each) whose loads are issued together
+template <uint32_t T> struct kchunk {   // one lane's loaded bytes of one block
+    static constexpr int bytes = T == GGML_Q4_K ? 144 : T == GGML_Q5_K ? 176 : 210;
+    uint32_t w[T == GGML_Q6_K ? 12 : T == GGML_Q5_K ? 12 : 8];
+};
+
+// the 16 bytes at p (2-byte aligned) as 4 words, from the 5 aligned words around them
+__device__ static inline void words16_2(const uint8_t *p, uint32_t *w) {
+    const int off = (int)((uintptr_t)p & 3);   // 0 or 2
+    const uint32_t *a = (const uint32_t *)(p - off);   // (p - off keeps p's state space: LDG)
+    const int sh = 8 * off;
+    uint32_t u[5];
+#pragma unroll
+    for (int i = 0; i < 5; i++) u[i] = a[i];
+#pragma unroll
+    for (int i = 0; i < 4; i++) w[i] = sh ? (u[i] >> 16 | u[i + 1] << 16) : u[i];
+}
+
+template <uint32_t T> __device__ static inline void kchunk_load(const uint8_t *B, int c, kchunk<T> *k) {
+    const int h = c % 2;
+    if constexpr (T == GGML_Q6_K) {
+        const int half = c / 4, kk = c / 2 % 2;
+        words16_2(B + 16 * c, k->w);
+        words16_2(B + 128 + 32 * half + 16 * h, k->w + 4);
+        const int8_t *sc = (const int8_t *)(B + 192 + 8 * half + 2 * kk + h);
+        k->w[8] = (uint32_t)(int32_t)sc[0], k->w[9] = (uint32_t)(int32_t)sc[4];
+        k->w[10] = u16at(B + 208);
+    } else {
+        constexpr int QS = T == GGML_Q4_K ? 16 : 48;
+        const uint4 hd = ld_stream16(B), q = ld_stream16(B + QS + 16 * c);
+        k->w[0] = hd.x, k->w[1] = hd.y, k->w[2] = hd.z, k->w[3] = hd.w;
+        k->w[4] = q.x, k->w[5] = q.y, k->w[6] = q.z, k->w[7] = q.w;
+        if constexpr (T == GGML_Q5_K) {
+            const uint4 qh = ld_stream16(B + 16 + 16 * h);
+            k->w[8] = qh.x, k->w[9] = qh.y, k->w[10] = qh.z, k->w[11] = qh.w;
+        }
+    }
+}
+
+// The chunk's two sub-groups: quants lo[4], hi[4] (4 per word, unsigned, < 64 or < 32), the
+// weights y = a q - m, and dg: x's block of hi's sub-group minus lo's
+template <uint32_t T>
+__device__ static inline void kchunk_decode(const kchunk<T> &k, int c, uint32_t *lo, uint32_t *hi, float *a,
+                                            float *m, int *dg) {
+    if constexpr (T == GGML_Q6_K) {
+        const int kk = c / 2 % 2;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            lo[i] = (k.w[i] & 0x0F0F0F0Fu) | (k.w[4 + i] >> (2 * kk) & 0x03030303u) << 4;
+            hi[i] = (k.w[i] >> 4 & 0x0F0F0F0Fu) | (k.w[4 + i] >> (2 * kk + 4) & 0x03030303u) << 4;
+        }
+        const float d = f16_to_f32(k.w[10]);
+        a[0] = d * (float)(int32_t)k.w[8], a[1] = d * (float)(int32_t)k.w[9];
+        m[0] = 32.0f * a[0], m[1] = 32.0f * a[1];   // d sc (q - 32)
+        *dg = 2;
+    } else {
+        // scales and mins of sub-blocks 2p, 2p + 1 (dq_k4_scale_min) as byte pairs: for j < 4
+        // scale bytes j and mins j + 4 (6 bits); for j >= 4 the low 4 bits from byte j + 4,
+        // the top 2 from bits 6-7 of byte j - 4 (scale) or byte j (min)
+        const int p = c / 2, sh = 16 * (p % 2);
+        const uint32_t w0 = k.w[1] >> sh, w1 = k.w[2] >> sh, w2 = k.w[3] >> sh;
+        const uint32_t sc = p < 2 ? w0 & 0x3F3Fu : (w2 & 0x0F0Fu) | (w0 & 0xC0C0u) >> 2;
+        const uint32_t mn = p < 2 ? w1 & 0x3F3Fu : (w2 >> 4 & 0x0F0Fu) | (w1 & 0xC0C0u) >> 2;
+        const float d = f16_to_f32(k.w[0] & 0xFFFF), dmin = f16_to_f32(k.w[0] >> 16);
+        a[0] = d * (float)(sc & 0xFF), a[1] = d * (float)(sc >> 8 & 0xFF);
+        m[0] = dmin * (float)(mn & 0xFF), m[1] = dmin * (float)(mn >> 8 & 0xFF);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            lo[i] = k.w[4 + i] & 0x0F0F0F0Fu, hi[i] = k.w[4 + i] >> 4 & 0x0F0F0F0Fu;
+            if constexpr (T == GGML_Q5_K)   // bit 4 of element l of sub-block j: bit j of qh[l]
+                lo[i] |= (k.w[8 + i] >> (2 * p) & 0x01010101u) << 4,
+                hi[i] |= (k.w[8 + i] >> (2 * p + 1) & 0x01010101u) << 4;
+        }
+        *dg = 1;
+    }
+}
+
 template <uint32_t T, int NV>
-__global__ void __launch_bounds__(QW * 32)
+__global__ void __launch_bounds__(QW * 32, NV == 1 && T == GGML_Q4_K ? 8 : 1)   // 1 row of Q4_K: <= 64 registers
 qgemv_k_kernel(bf16 *out, const int8_t *xq, const float4 *xs, const uint8_t *w, size_t row_bytes,
                int in, int o) {
-    static_assert(T == GGML_Q4_K || T == GGML_Q5_K, "K-quant blocks of 256");
-    constexpr int BYTES = T == GGML_Q4_K ? 144 : 176, QS = T == GGML_Q4_K ? 16 : 48;
+    static_assert(T == GGML_Q4_K || T == GGML_Q5_K || T == GGML_Q6_K, "K-quant blocks of 256");
     const int lane = threadIdx.x % 32, r = blockIdx.x * QW + threadIdx.x / 32;
     if (r >= o) return;
-    const int c = lane % 8, p = c / 2, h = c % 2;   // chunk, run (sub-blocks 2p, 2p + 1), half
+    const int c = lane % 8, h = c % 2;   // chunk, half of its x blocks
+    // x's block of the chunk's low sub-group within a weight block: Q4_K/Q5_K sub-block 2p,
+    // Q6_K half * 4 + k
+    const int g_lo = T == GGML_Q6_K ? c / 4 * 4 + c / 2 % 2 : c / 2 * 2;
     const uint8_t *row = w + (size_t)r * row_bytes;
     const int nb = in / 256, ng = in / 32;
     float acc[NV];
 #pragma unroll
     for (int v = 0; v < NV; v++) acc[v] = 0;
     for (int b0 = lane / 8; b0 < nb; b0 += 4 * KU) {
-        uint4 q[KU], hd[KU], qh[KU];   // quants, head, Q5_K's fifth bits of elements 16h .. 16h + 15
+        kchunk<T> k[KU];
 #pragma unroll
         for (int u = 0; u < KU; u++) {   // every load of the KU steps first
             const int b = b0 + 4 * u;
-            q[u] = hd[u] = qh[u] = make_uint4(0, 0, 0, 0);
-            if (b < nb) {
-                const uint8_t *B = row + (size_t)b * BYTES;
-                hd[u] = ld_stream16(B);
-                q[u] = ld_stream16(B + QS + 16 * c);
-                if (T == GGML_Q5_K) qh[u] = ld_stream16(B + 16 + 16 * h);
-            }
+            if (b < nb) kchunk_load<T>(row + (size_t)b * kchunk<T>::bytes, c, &k[u]);
         }
 #pragma unroll
         for (int u = 0; u < KU; u++) {
             const int b = b0 + 4 * u;
             if (b >= nb) continue;
-            // scales and mins of sub-blocks 2p, 2p + 1 (dq_k4_scale_min) as byte pairs: for j < 4
-            // scale bytes j and mins j + 4 (6 bits); for j >= 4 the low 4 bits from byte j + 4,
-            // the top 2 from bits 6-7 of byte j - 4 (scale) or byte j (min)
-            const int sh = 16 * (p % 2);
-            const uint32_t w0 = hd[u].y >> sh, w1 = hd[u].z >> sh, w2 = hd[u].w >> sh;
-            const uint32_t sc = p < 2 ? w0 & 0x3F3Fu : (w2 & 0x0F0Fu) | (w0 & 0xC0C0u) >> 2;
-            const uint32_t mn = p < 2 ? w1 & 0x3F3Fu : (w2 >> 4 & 0x0F0Fu) | (w1 & 0xC0C0u) >> 2;
-            const float d = f16_to_f32(hd[u].x & 0xFFFF), dmin = f16_to_f32(hd[u].x >> 16);
-            const float a0 = d * (float)(sc & 0xFF), a1 = d * (float)(sc >> 8 & 0xFF);
-            const float m0 = dmin * (float)(mn & 0xFF), m1 = dmin * (float)(mn >> 8 & 0xFF);
-            const uint32_t qw[4] = {q[u].x, q[u].y, q[u].z, q[u].w}, hw[4] = {qh[u].x, qh[u].y, qh[u].z, qh[u].w};
-            uint32_t lo[4], hi[4];   // elements 16h + 4i .. + 3 of sub-block 2p, of 2p + 1
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                lo[i] = qw[i] & 0x0F0F0F0Fu, hi[i] = qw[i] >> 4 & 0x0F0F0F0Fu;
-                if (T == GGML_Q5_K)   // bit 4 of element l of sub-block j: bit j of qh[l]
-                    lo[i] |= (hw[i] >> (2 * p) & 0x01010101u) << 4, hi[i] |= (hw[i] >> (2 * p + 1) & 0x01010101u) << 4;
-            }
-            const int g = 8 * b + 2 * p;   // x's block of sub-block 2p
+            uint32_t lo[4], hi[4];
+            float a[2], m[2];
+            int dg;
+            kchunk_decode<T>(k[u], c, lo, hi, a, m, &dg);
+            const int g = 8 * b + g_lo;   // x's block of the low sub-group; g + dg the high's
 #pragma unroll
             for (int v = 0; v < NV; v++) {
                 const int8_t *xv = xq + (size_t)v * in + (size_t)g * 32 + 16 * h;
-                const uint4 x0 = *(const uint4 *)xv, x1 = *(const uint4 *)(xv + 32);
-                // {dx, dx * the sum of this half's xq} of x blocks g and g + 1
+                const uint4 x0 = *(const uint4 *)xv, x1 = *(const uint4 *)(xv + 32 * dg);
+                // {dx, dx * the sum of this half's xq} of x blocks g and g + dg
                 const float2 s0 = ((const float2 *)(xs + (size_t)v * ng + g))[h];
-                const float2 s1 = ((const float2 *)(xs + (size_t)v * ng + g + 1))[h];
+                const float2 s1 = ((const float2 *)(xs + (size_t)v * ng + g + dg))[h];
                 int i0 = dp4a_s32((int)lo[0], (int)x0.x, 0);
                 i0 = dp4a_s32((int)lo[1], (int)x0.y, i0), i0 = dp4a_s32((int)lo[2], (int)x0.z, i0);
                 i0 = dp4a_s32((int)lo[3], (int)x0.w, i0);
                 int i1 = dp4a_s32((int)hi[0], (int)x1.x, 0);
                 i1 = dp4a_s32((int)hi[1], (int)x1.y, i1), i1 = dp4a_s32((int)hi[2], (int)x1.z, i1);
                 i1 = dp4a_s32((int)hi[3], (int)x1.w, i1);
-                acc[v] += s0.x * (a0 * (float)i0) + s1.x * (a1 * (float)i1) - (m0 * s0.y + m1 * s1.y);
+                acc[v] += s0.x * (a[0] * (float)i0) + s1.x * (a[1] * (float)i1) - (m[0] * s0.y + m[1] * s1.y);
             }
         }
     }
@@ -380,7 +447,7 @@ __global__ void embed_q_kernel(bf16 *out, const uint8_t *table, size_t row_bytes
     default: CHECK_INTERNAL(0, "no device kernel for GGUF type %u", (unsigned)(T));                 \
     }
 
-// Which decode kernel takes Q4_K and Q5_K: SIFT_CUDA_QGEMV=chunk (qgemv_k_kernel) or group
+// Which decode kernel takes Q4_K, Q5_K and Q6_K: SIFT_CUDA_QGEMV=chunk (qgemv_k_kernel) or group
 // (qgemv_kernel, as every other type); read at each product, so gpu_check and bench/gpu.sh can A/B
 // them in one process.
 static int k_chunks(void) {
@@ -394,7 +461,7 @@ static void gemv(cuda_impl *c, bf16 *out, const int8_t *xq, const float4 *xs, co
     unsigned grid = cuda_blocks((size_t)o, QW);
     const uint8_t *q = w->q;
     size_t rb = w->row_bytes;
-    if constexpr (T == GGML_Q4_K || T == GGML_Q5_K) {
+    if constexpr (T == GGML_Q4_K || T == GGML_Q5_K || T == GGML_Q6_K) {
         if (k_chunks()) {
             if (nv == 8) CUDA_LAUNCH((qgemv_k_kernel<T, 8>), grid, QW * 32, 0, c->stream, out, xq, xs, q, rb, in, o);
             else if (nv == 4) CUDA_LAUNCH((qgemv_k_kernel<T, 4>), grid, QW * 32, 0, c->stream, out, xq, xs, q, rb, in, o);

@@ -799,7 +799,7 @@ static void test_attn_speed(backend *bk[2], int N) {
 // The decode products on GGUF blocks alone (backend/qmatmul_cuda.cu) at the Llama-3.1-8B layer's
 // shapes (in -> out: q|k|v 4096 -> 6144, o 4096 -> 4096, gate|up 4096 -> 28672, down 14336 ->
 // 4096): GB/s of weight bytes read and the share of the copy ceiling, each Q4_K shape by the chunk
-// and the group kernel (SIFT_CUDA_QGEMV), gate|up also at 8 rows of x and in Q6_K and Q8_0.
+// and the group kernel (SIFT_CUDA_QGEMV), gate|up also at 8 rows of x, in Q6_K (both) and Q8_0.
 // Informational rows (bench/RESULTS.md records them); the values are checked by test_weight_type.
 static void test_qgemv_speed(backend *bk[2]) {
     backend *g = bk[GPU];
@@ -809,7 +809,8 @@ static void test_qgemv_speed(backend *bk[2]) {
         {GGML_Q4_K, 4096, 28672, 1, "chunk"}, {GGML_Q4_K, 4096, 28672, 1, "group"},
         {GGML_Q4_K, 14336, 4096, 1, "chunk"}, {GGML_Q4_K, 14336, 4096, 1, "group"},
         {GGML_Q4_K, 4096, 28672, 8, "chunk"}, {GGML_Q4_K, 4096, 28672, 8, "group"},
-        {GGML_Q6_K, 4096, 28672, 1, "group"}, {GGML_Q8_0, 4096, 28672, 1, "group"},
+        {GGML_Q6_K, 4096, 28672, 1, "chunk"}, {GGML_Q6_K, 4096, 28672, 1, "group"},
+        {GGML_Q8_0, 4096, 28672, 1, "group"},
     };
     for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
         const uint32_t type = runs[k].type;
@@ -1373,7 +1374,7 @@ static void test_weight_types(backend *bk[2]) {
     static const uint32_t types[] = {GGML_F16,  GGML_BF16, GGML_Q4_0, GGML_Q4_1, GGML_Q5_0,
                                      GGML_Q5_1, GGML_Q8_0, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K};
     for (size_t i = 0; i < sizeof types / sizeof *types; i++) test_weight_type(bk, types[i], 37, 512, "");
-    // Q4_K and Q5_K have two decode kernels (SIFT_CUDA_QGEMV): each on rows of 19 blocks (the
+    // Q4_K, Q5_K and Q6_K have two decode kernels (SIFT_CUDA_QGEMV): each on rows of 19 blocks (the
     // chunk kernel's warp takes 4 blocks a step and issues KU = 4 steps' loads at once: one full
     // round of 16 blocks, then 3 with a quarter of the lanes idle)
     static const char *kernels[] = {"chunk", "group"};
@@ -1383,6 +1384,7 @@ static void test_weight_types(backend *bk[2]) {
         setenv("SIFT_CUDA_QGEMV", kernels[k], 1);
         test_weight_type(bk, GGML_Q4_K, 37, 19 * 256, tag);
         test_weight_type(bk, GGML_Q5_K, 37, 19 * 256, tag);
+        test_weight_type(bk, GGML_Q6_K, 37, 19 * 256, tag);
     }
     unsetenv("SIFT_CUDA_QGEMV");
 }

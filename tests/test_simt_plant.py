@@ -40,14 +40,20 @@ PLANTS = {
         "backend/qmatmul_cuda.cu", [("(w2 & 0x0F0Fu) | (w0 & 0xC0C0u) >> 2", "(w2 & 0x0F0Fu) | (w1 & 0xC0C0u) >> 2", 1)],
         "ops:", "rows", "the chunk kernel takes sub-blocks 4-7's top scale bits from the min bytes"),
     "q5k-chunk-fifth-bit": (
-        "backend/qmatmul_cuda.cu", [("hi[i] |= (hw[i] >> (2 * p + 1) & 0x01010101u) << 4", "hi[i] |= (hw[i] >> (2 * p) & 0x01010101u) << 4", 1)],
+        "backend/qmatmul_cuda.cu", [("hi[i] |= (k.w[8 + i] >> (2 * p + 1) & 0x01010101u) << 4", "hi[i] |= (k.w[8 + i] >> (2 * p) & 0x01010101u) << 4", 1)],
         "ops:", "rows", "the chunk kernel gives odd sub-blocks the fifth bits of the even ones"),
+    "q6k-chunk-high-bits": (
+        "backend/qmatmul_cuda.cu", [("(k.w[4 + i] >> (2 * kk + 4) & 0x03030303u) << 4", "(k.w[4 + i] >> (2 * kk + 2) & 0x03030303u) << 4", 1)],
+        "ops:", "rows", "the chunk kernel gives Q6_K's high-nibble sub-groups the top bits of the next sub-group"),
+    "q6k-chunk-unaligned-words": (
+        "backend/qmatmul_cuda.cu", [("w[i] = sh ? (u[i] >> 16 | u[i + 1] << 16) : u[i];", "w[i] = u[i];", 1)],
+        "ops:", "rows", "the chunk kernel reads Q6_K's odd blocks 2 bytes early"),
     "qgemv-chunk-skips-blocks": (
         "backend/qmatmul_cuda.cu", [("b0 < nb; b0 += 4 * KU)", "b0 < nb; b0 += 4 * KU + 4)", 1)],
         "ops:", "rows", "the chunk kernel's warp skips 4 blocks after each round of loads"),
     "qgemv-chunk-min-half": (
-        "backend/qmatmul_cuda.cu", [("const float2 s1 = ((const float2 *)(xs + (size_t)v * ng + g + 1))[h];",
-                                     "const float2 s1 = ((const float2 *)(xs + (size_t)v * ng + g + 1))[0];", 1)],
+        "backend/qmatmul_cuda.cu", [("const float2 s1 = ((const float2 *)(xs + (size_t)v * ng + g + dg))[h];",
+                                     "const float2 s1 = ((const float2 *)(xs + (size_t)v * ng + g + dg))[0];", 1)],
         "ops:", "rows", "the chunk kernel's mins take the first half's x sum for both halves"),
     "dequant-chunks-skip-rows": (
         "backend/qmatmul_cuda.cu", [("for (int r0 = 0; r0 < o; r0 += cr) {", "for (int r0 = 0; r0 < o; r0 += cr + 8) {", 1)],
