@@ -46,8 +46,8 @@ PLANTS = {
         "backend/qmatmul_cuda.cu", [("(k.w[4 + i] >> (2 * kk + 4) & 0x03030303u) << 4", "(k.w[4 + i] >> (2 * kk + 2) & 0x03030303u) << 4", 1)],
         "ops:", "rows", "the chunk kernel gives Q6_K's high-nibble sub-groups the top bits of the next sub-group"),
     "q6k-chunk-unaligned-words": (
-        "backend/qmatmul_cuda.cu", [("w[i] = sh ? (u[i] >> 16 | u[i + 1] << 16) : u[i];", "w[i] = u[i];", 1)],
-        "ops:", "rows", "the chunk kernel reads Q6_K's odd blocks 2 bytes early"),
+        "backend/qmatmul_cuda.cu", [("w[i] = sh ? (u[i] >> 16 | u[i + 1] << 16) : u[i];", "w[i] = sh ? (u[i + 1] >> 16 | u[i] << 16) : u[i];", 1)],
+        "ops:", "rows", "the chunk kernel joins the halves of Q6_K's unaligned words the wrong way round"),
     "qgemv-chunk-skips-blocks": (
         "backend/qmatmul_cuda.cu", [("b0 < nb; b0 += 4 * KU)", "b0 < nb; b0 += 4 * KU + 4)", 1)],
         "ops:", "rows", "the chunk kernel's warp skips 4 blocks after each round of loads"),
