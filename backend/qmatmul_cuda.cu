@@ -9,7 +9,9 @@
 //    ms per 8B Q4_K token on an H200, instruction-bound, against 5.8 ms for bf16 weights.)
 //    Q4_K, Q5_K and Q6_K take qgemv_k_kernel instead (a lane per 16 bytes of quants, a row's
 //    loads issued before its products; SIFT_CUDA_QGEMV=group: qgemv_kernel, the A/B);
-//  - many rows (prefill, n > QV_ROWS): the weight is dequantised to bf16 a chunk of rows at a time
+//  - a batch of rows (QV_ROWS < n <= QT_ROWS: batched decode, short prefills): qgemm_kernel, 64 x
+//    64 tiles of out, W dequantised into shared memory a 256-wide step at a time, mma.sync;
+//  - many rows (prefill, n > QT_ROWS): the weight is dequantised to bf16 a chunk of rows at a time
 //    into one scratch buffer (dequant_kernel: the same values as the CPU's dequantisation,
 //    rounded to bf16 as the bf16 path rounds them at upload) and multiplied by cuBLASLt;
 //  - embed: the table's rows for the tokens, dequantised (embed_q_kernel).
@@ -21,7 +23,7 @@
 #define QW 4            // warps (output rows) per qgemv block
 #define QV_MAX 8        // x rows per qgemv launch, 8, 4, 2 or 1 (more run in several launches:
                         // each launch reads the weights once)
-#define QV_ROWS 16      // up to this many x rows take qgemv; more take dequant + cuBLASLt
+#define QV_ROWS 16      // up to this many x rows take qgemv; more take qgemm_kernel or dequant + cuBLASLt
 #define DQ_SCRATCH (32u << 20)   // bf16 elements of the dequantisation scratch (64 MiB)
 
 int cuda_qtype(uint32_t type) {
@@ -253,7 +255,7 @@ qgemv_kernel(bf16 *out, const int8_t *xq, const float4 *xs, const uint8_t *w, si
 // hold 32 weights, 16 consecutive elements of two sub-groups in the low and high nibbles, and the
 // lane uses every bit it loads (the group kernel's lane loads a 32-byte run for one nibble of
 // each byte, Q6_K's high bits for two of each 8). A lane loads KU steps' blocks before it
-// multiplies, so a 4096-wide row (16 blocks) is one round trip to memory, and decodes its two
+// multiplies, so for one row of x a 4096-wide row of W (16 blocks) is one round trip to memory, and decodes its two
 // sub-groups' scales without a branch (the group kernel splits a warp between sub-blocks 0-3 and
 // 4-7). grid ceil(o / QW), QW * 32 threads.
 //  - Q4_K / Q5_K: run p (bytes 32p .. 32p + 31 of qs) holds sub-block 2p in the low nibbles and
@@ -266,7 +268,6 @@ qgemv_kernel(bf16 *out, const int8_t *xq, const float4 *xs, const uint8_t *w, si
 //    bytes 32 half + 16h .. + 15 (bits 2k, 2k + 4), their scales int8 8 half + 2k + h and + 4.
 //    Blocks of 210 bytes are only 2-byte aligned: each 16-byte run is 5 aligned words shifted
 //    by 0 or 16 bits (the words overlap between lanes: L1 serves the repeats, so plain loads).
-#define KU 4   // warp steps (4 blocks each) whose loads are issued together
 template <uint32_t T> struct kchunk {   // one lane's loaded bytes of one block
     static constexpr int bytes = T == GGML_Q4_K ? 144 : T == GGML_Q5_K ? 176 : 210;
     uint32_t w[T == GGML_Q6_K ? 12 : T == GGML_Q5_K ? 12 : 8];
@@ -344,7 +345,7 @@ __device__ static inline void kchunk_decode(const kchunk<T> &k, int c, uint32_t 
 }
 
 template <uint32_t T, int NV>
-__global__ void __launch_bounds__(QW * 32, NV == 1 && T == GGML_Q4_K ? 8 : 1)   // 1 row of Q4_K: <= 64 registers
+__global__ void __launch_bounds__(QW * 32, NV == 1 && T == GGML_Q4_K ? 8 : NV == 8 ? 4 : 1)   // <= 64, <= 128 registers
 qgemv_k_kernel(bf16 *out, const int8_t *xq, const float4 *xs, const uint8_t *w, size_t row_bytes,
                int in, int o) {
     static_assert(T == GGML_Q4_K || T == GGML_Q5_K || T == GGML_Q6_K, "K-quant blocks of 256");
@@ -356,6 +357,10 @@ qgemv_k_kernel(bf16 *out, const int8_t *xq, const float4 *xs, const uint8_t *w, 
     const int g_lo = T == GGML_Q6_K ? c / 4 * 4 + c / 2 % 2 : c / 2 * 2;
     const uint8_t *row = w + (size_t)r * row_bytes;
     const int nb = in / 256, ng = in / 32;
+    // warp steps (4 blocks each) whose loads are issued together: 4 for one row of x (a 4096-wide
+    // row in one round trip); fewer for more rows, whose x loads and products take the registers
+    // and the time (ptxas for sm_90 gave 193 registers to 8 rows at 4 steps)
+    constexpr int KU = NV == 1 ? 4 : NV == 2 ? 2 : 1;
     float acc[NV];
 #pragma unroll
     for (int v = 0; v < NV; v++) acc[v] = 0;
@@ -432,6 +437,82 @@ __global__ void embed_q_kernel(bf16 *out, const uint8_t *table, size_t row_bytes
     }
 }
 
+// out (n, o) = x (n, in) @ W (o, in)^T for a batch of rows (batched decode, short prefills: QV_ROWS
+// < n <= QT_ROWS) without the bf16 copy of W: a block computes a 64 x 64 tile of out (64 rows of
+// x, 64 of W) in steps of 256 along in. Each step the block dequantises its 64 rows of W into shared
+// memory (decode4: the values dequant_kernel gives, rounded to bf16 as it rounds them), copies x's
+// 64 x 256 bf16 tile beside it (cp.async), and each warp multiplies its 16 rows of x by the 64 of W
+// with mma.sync (m16n8k16, fp32 accumulators; ldmatrix fragments as attn_fa2_kernel's Q K^T). The
+// weights are read once per 64 rows of x, where the dequantise-then-cuBLASLt path writes and reads
+// a bf16 copy of every weight each product. grid (ceil(o / 64), ceil(n / 64)), 128 threads,
+// sizeof(qt_smem) dynamic shared memory (67.6 KB: opted in above 48 KB).
+#define QT 64         // rows of x and of W per block
+#define QT_K 256      // elements of in per step
+#define QT_ROWS 256   // up to this many x rows take qgemm_kernel (SIFT_CUDA_QGEMM_ROWS overrides)
+struct qt_smem {
+    static constexpr int LD = QT_K + 8;   // padded row, bf16 elements (ldmatrix rows conflict-free)
+    bf16 x[QT * LD];
+    bf16 w[QT * LD];
+};
+
+template <uint32_t T>
+__global__ void __launch_bounds__(128)
+qgemm_kernel(bf16 *out, const bf16 *x, const uint8_t *w, size_t row_bytes, int n, int in, int o) {
+    SHARED_DYNAMIC(unsigned char, smem_raw);
+    qt_smem &sm = *(qt_smem *)smem_raw;
+    constexpr int LD = qt_smem::LD;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gr = lane / 4, tq = lane % 4;
+    const int r0 = blockIdx.x * QT, i0 = blockIdx.y * QT;   // first row of W, of x
+    float acc[QT / 8][4];   // out rows i0 + 16 warp + gr (+ 8), columns r0 + 8 nt + 2 tq (+ 1)
+#pragma unroll
+    for (int nt = 0; nt < QT / 8; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0;
+    for (int k0 = 0; k0 < in; k0 += QT_K) {
+        // x's tile: 64 rows x 32 chunks of 8 (rows past n and columns past in read as zeros)
+        for (int e = tid; e < QT * (QT_K / 8); e += 128) {
+            const int r = e / (QT_K / 8), c = e % (QT_K / 8) * 8, i = i0 + r, k = k0 + c;
+            const bool ok = i < n && k < in;
+            cp_async16(&sm.x[r * LD + c], x + (ok ? (size_t)i * in + k : 0), ok);
+        }
+        cp_async_commit();
+        // W's tile, dequantised: 64 rows x 64 quads
+        for (int e = tid; e < QT * (QT_K / 4); e += 128) {
+            const int r = e / (QT_K / 4), c = e % (QT_K / 4) * 4, k = k0 + c;
+            bf16 *dst = &sm.w[r * LD + c];
+            if (r0 + r < o && k < in) {
+                float q[4], a, b;
+                decode4<T>(w + (size_t)(r0 + r) * row_bytes, k, q, &a, &b);
+                store4(dst, q, a, b);
+            } else {
+                *(uint2 *)dst = make_uint2(0, 0);
+            }
+        }
+        cp_async_wait<0>();
+        __syncthreads();
+#pragma unroll 4
+        for (int kk = 0; kk < QT_K / 16; kk++) {
+            uint32_t af[4];   // x rows 16 warp .. + 15, columns kk 16 .. + 15
+            ldsm_x4(af, &sm.x[(warp * 16 + lane % 16) * LD + kk * 16 + lane / 16 * 8]);
+#pragma unroll
+            for (int n2 = 0; n2 < QT / 16; n2++) {
+                uint32_t bf[4];   // W rows n2 16 + 0..7 (bf0, bf1) and + 8..15 (bf2, bf3)
+                ldsm_x4(bf, &sm.w[(n2 * 16 + lane % 8 + lane / 16 * 8) * LD + kk * 16 + lane / 8 % 2 * 8]);
+                mma16816(acc[2 * n2], af, bf[0], bf[1]);
+                mma16816(acc[2 * n2 + 1], af, bf[2], bf[3]);
+            }
+        }
+        __syncthreads();   // the tiles are overwritten next step
+    }
+#pragma unroll
+    for (int nt = 0; nt < QT / 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int i = i0 + warp * 16 + gr + 8 * e, r = r0 + nt * 8 + 2 * tq;
+            if (i >= n) continue;
+            if (r < o) out[(size_t)i * o + r] = __float2bfloat16(acc[nt][2 * e]);
+            if (r + 1 < o) out[(size_t)i * o + r + 1] = __float2bfloat16(acc[nt][2 * e + 1]);
+        }
+}
+
 // ---- host side --------------------------------------------------------------------------------
 
 #define FOR_TYPE(T, CALL)                                                                          \
@@ -483,6 +564,25 @@ static void dequant_rows(cuda_impl *c, bf16 *dst, const bk_weight *w, int in, in
                 w->row_bytes, in, r0, nr);
 }
 
+template <uint32_t T>
+static void gemm_tiles(cuda_impl *c, bf16 *out, const bf16 *x, const bk_weight *w, int n, int in, int o) {
+    const size_t smem = sizeof(qt_smem);
+    static bool configured;   // opt in to > 48 KiB of dynamic shared memory, once per type
+    if (!configured) {
+        CUDA_CHECK(cudaFuncSetAttribute(qgemm_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        configured = true;
+    }
+    dim3 grid((unsigned)((o + QT - 1) / QT), (unsigned)((n + QT - 1) / QT));
+    CUDA_LAUNCH(qgemm_kernel<T>, grid, 128, smem, c->stream, out, x, w->q, w->row_bytes, n, in, o);
+}
+
+// x rows up to which qgemm_kernel takes a product (more: dequantise + cuBLASLt); 0 sends every
+// product past QV_ROWS to the dequantisation (bench/gpu.sh's A/B)
+static int tile_rows(void) {
+    const char *e = getenv("SIFT_CUDA_QGEMM_ROWS");
+    return e && *e ? atoi(e) : QT_ROWS;
+}
+
 // Rows per dequantised chunk: what the scratch holds, a multiple of 8 (16-byte aligned output
 // columns); SIFT_CUDA_DQ_ROWS overrides it (gpu_check: several chunks on small weights).
 static int chunk_rows(int in) {
@@ -511,6 +611,12 @@ void cuda_qmatmul(cuda_impl *c, void *out, const void *x, const bk_weight *w, in
 #undef GEMV
             v0 += nv;
         }
+        return;
+    }
+    if (n <= tile_rows()) {
+#define TILES(T) gemm_tiles<T>(c, y, xb, w, n, in, o)
+        FOR_TYPE(w->qtype, TILES)
+#undef TILES
         return;
     }
     const int cr = chunk_rows(in);

@@ -105,6 +105,11 @@ for b in "${BENCH[@]}"; do
         step "pytorch peer (bench/torch_peer.py)" 150 torch.log python3 bench/torch_peer.py \
             --shape llama-3.1-8b --ctx 8192,32768 -n 64
     fi
+    if [ $i = 5 ]; then   # batched Q4_K decode by dequantisation + cuBLASLt, the A/B of the tile kernel
+        # shellcheck disable=SC2086
+        step "sift bench 5, SIFT_CUDA_QGEMM_ROWS=0" 120 bench_5_dq.log env SIFT_CUDA_QGEMM_ROWS=0 \
+            "$SIFT" bench $b
+    fi
     if [ $i = 3 ]; then   # Q4_K decode by the group kernel, the A/B of the chunk kernel (the default)
         # shellcheck disable=SC2086
         step "sift bench 3, SIFT_CUDA_QGEMV=group" 120 bench_3_group.log env SIFT_CUDA_QGEMV=group \

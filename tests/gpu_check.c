@@ -799,9 +799,11 @@ static void test_attn_speed(backend *bk[2], int N) {
 // The decode products on GGUF blocks alone (backend/qmatmul_cuda.cu) at the Llama-3.1-8B layer's
 // shapes (in -> out: q|k|v 4096 -> 6144, o 4096 -> 4096, gate|up 4096 -> 28672, down 14336 ->
 // 4096): GB/s of weight bytes read and the share of the copy ceiling, each Q4_K shape by the chunk
-// and the group kernel (SIFT_CUDA_QGEMV), gate|up also at 8 rows of x, in Q6_K (both) and Q8_0.
+// and the group kernel (SIFT_CUDA_QGEMV), gate|up also at 8 rows of x, in Q6_K (both) and Q8_0;
+// gate|up and down at 64 rows of x by the tile kernel and by dequantisation + cuBLASLt
+// (SIFT_CUDA_QGEMM_ROWS=0).
 // Informational rows (bench/RESULTS.md records them); the values are checked by test_weight_type.
-static void test_qgemv_speed(backend *bk[2]) {
+static void test_qmatmul_speed(backend *bk[2]) {
     backend *g = bk[GPU];
     struct { uint32_t type; int in, out, n; const char *kernel; } runs[] = {
         {GGML_Q4_K, 4096, 6144, 1, "chunk"},  {GGML_Q4_K, 4096, 6144, 1, "group"},
@@ -811,6 +813,9 @@ static void test_qgemv_speed(backend *bk[2]) {
         {GGML_Q4_K, 4096, 28672, 8, "chunk"}, {GGML_Q4_K, 4096, 28672, 8, "group"},
         {GGML_Q6_K, 4096, 28672, 1, "chunk"}, {GGML_Q6_K, 4096, 28672, 1, "group"},
         {GGML_Q8_0, 4096, 28672, 1, "group"},
+        // 64 rows of x (batched decode): the tile kernel against dequantisation + cuBLASLt
+        {GGML_Q4_K, 4096, 28672, 64, "tile"}, {GGML_Q4_K, 4096, 28672, 64, "dq"},
+        {GGML_Q4_K, 14336, 4096, 64, "tile"}, {GGML_Q4_K, 14336, 4096, 64, "dq"},
     };
     for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
         const uint32_t type = runs[k].type;
@@ -821,7 +826,8 @@ static void test_qgemv_speed(backend *bk[2]) {
         bk_weight *w = g->weight(g, (bk_tensor){type, blocks, (size_t)out, (size_t)in, 0});
         float *xh = rand_host((size_t)n * in, 1);
         void *x = upload(g, xh, n, in), *o = g->alloc(g, (size_t)n * out);
-        setenv("SIFT_CUDA_QGEMV", runs[k].kernel, 1);
+        if (strcmp(runs[k].kernel, "dq") == 0) setenv("SIFT_CUDA_QGEMM_ROWS", "0", 1);
+        else setenv("SIFT_CUDA_QGEMV", runs[k].kernel, 1);
         float one;
         g->matmul(g, o, x, w, NULL, n, in, out);   // warm-up
         g->to_host(g, &one, o, 1);
@@ -830,9 +836,9 @@ static void test_qgemv_speed(backend *bk[2]) {
         for (int r = 0; r < reps; r++) g->matmul(g, o, x, w, NULL, n, in, out);
         g->to_host(g, &one, o, 1);
         double sec = (now_s() - t0) / reps, gbps = bytes / sec / 1e9;
-        unsetenv("SIFT_CUDA_QGEMV");
+        unsetenv("SIFT_CUDA_QGEMV"), unsetenv("SIFT_CUDA_QGEMM_ROWS");
         char name[40], shape[64], v1[16], v2[16];
-        snprintf(name, sizeof name, "qgemv [%s] %s", runs[k].kernel, gguf_type_name(type));
+        snprintf(name, sizeof name, "%s [%s] %s", n <= 16 ? "qgemv" : "qgemm", runs[k].kernel, gguf_type_name(type));
         snprintf(shape, sizeof shape, "(%d x %d) @ (%d x %d)^T, %.1f MB", n, in, out, in, bytes / 1e6);
         snprintf(v1, sizeof v1, "%.0f GB/s", gbps);
         snprintf(v2, sizeof v2, "%.0f %%", ceil_gbps > 0 ? 100 * gbps / ceil_gbps : 0.0);
@@ -1349,19 +1355,20 @@ static void test_weight_type(backend *bk[2], uint32_t type, int rows, int cols, 
     snprintf(name, sizeof name, "weight %s: embed%s", gguf_type_name(type), tag);
     snprintf(shape, sizeof shape, "%d x %d, rows 0 3 %d 7 %d", rows, cols, rows - 1, rows / 2);
     check_op(bk, name, shape, op_embed, &c, NULL, NULL, 0, 5, cols);
-    // 1 and 15 rows of x: the quantised decode kernel (15 = launches of 8, 4, 2 and 1 rows); 20:
-    // the weight dequantised in chunks of 16 rows (SIFT_CUDA_DQ_ROWS; 37 rows: 16 + 16 + 5) for
-    // cuBLASLt
-    static const int ns[] = {1, 15, 20};
-    for (int k = 0; k < 3; k++) {
-        int n = ns[k];
+    // 1 and 15 rows of x: the quantised decode kernel (15 = launches of 8, 4, 2 and 1 rows); 20
+    // and 70: the tile kernel (qgemm_kernel: one and two tiles of 64 rows of x, W's 37 rows a
+    // partial tile); 20 with SIFT_CUDA_QGEMM_ROWS=0: the weight dequantised in chunks of 16 rows
+    // (SIFT_CUDA_DQ_ROWS; 37 rows: 16 + 16 + 5) for cuBLASLt
+    static const int ns[] = {1, 15, 20, 70, 20};
+    for (int k = 0; k < 5; k++) {
+        int n = ns[k], dq = k == 4;
         c.n = n;
         float *x = rand_host((size_t)n * cols, 1);
-        snprintf(name, sizeof name, "weight %s: matmul%s", gguf_type_name(type), tag);
+        snprintf(name, sizeof name, "weight %s: matmul%s%s", gguf_type_name(type), tag, dq ? " [dq]" : "");
         snprintf(shape, sizeof shape, "(%d x %d) @ (%d x %d)^T", n, cols, rows, cols);
-        if (n == 20) setenv("SIFT_CUDA_DQ_ROWS", "16", 1);
+        if (dq) setenv("SIFT_CUDA_DQ_ROWS", "16", 1), setenv("SIFT_CUDA_QGEMM_ROWS", "0", 1);
         check_op(bk, name, shape, op_matmul, &c, &x, (const int[][2]){{n, cols}}, 1, n, rows);
-        unsetenv("SIFT_CUDA_DQ_ROWS");
+        unsetenv("SIFT_CUDA_DQ_ROWS"), unsetenv("SIFT_CUDA_QGEMM_ROWS");
         if (n <= 16 && type != GGML_F16 && type != GGML_BF16) check_int8_bound(bk[GPU], c.w[GPU], deq, x, n, rows, cols, type, tag);
         free(x);
     }
@@ -1374,6 +1381,9 @@ static void test_weight_types(backend *bk[2]) {
     static const uint32_t types[] = {GGML_F16,  GGML_BF16, GGML_Q4_0, GGML_Q4_1, GGML_Q5_0,
                                      GGML_Q5_1, GGML_Q8_0, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K};
     for (size_t i = 0; i < sizeof types / sizeof *types; i++) test_weight_type(bk, types[i], 37, 512, "");
+    // rows of 576 (the default model's width: 18 groups of 32, 2.25 steps of the tile kernel)
+    test_weight_type(bk, GGML_Q4_1, 37, 576, "");
+    test_weight_type(bk, GGML_Q8_0, 37, 576, "");
     // Q4_K, Q5_K and Q6_K have two decode kernels (SIFT_CUDA_QGEMV): each on rows of 19 blocks (the
     // chunk kernel's warp takes 4 blocks a step and issues KU = 4 steps' loads at once: one full
     // round of 16 blocks, then 3 with a quarter of the lanes idle)
@@ -1532,13 +1542,13 @@ int main(int argc, char **argv) {
     }
     if (only && strcmp(only, "speed") == 0 && !self) {   // the timing rows alone
         for (int n = 8192; n <= 32768; n *= 4) test_attn_speed(bk, n);
-        test_qgemv_speed(bk);
+        test_qmatmul_speed(bk);
     }
     if (!only && bk[GPU]->ceilings && !ops_only && !self) {   // GPU-scale measurements
         test_ceilings(bk);
         test_attn_speed(bk, 8192);
         test_attn_speed(bk, 32768);
-        test_qgemv_speed(bk);
+        test_qmatmul_speed(bk);
     }
     const char *env = getenv("SIFT_MODEL");
     const char *path = argc > 1 ? argv[1] : env && *env ? env : "models/SmolLM2-135M-Instruct.Q4_1.gguf";

@@ -55,6 +55,15 @@ PLANTS = {
         "backend/qmatmul_cuda.cu", [("const float2 s1 = ((const float2 *)(xs + (size_t)v * ng + g + dg))[h];",
                                      "const float2 s1 = ((const float2 *)(xs + (size_t)v * ng + g + dg))[0];", 1)],
         "ops:", "rows", "the chunk kernel's mins take the first half's x sum for both halves"),
+    "qgemm-no-barrier-after-step": (
+        "backend/qmatmul_cuda.cu", [("        __syncthreads();   // the tiles are overwritten next step\n", "", 1)],
+        "ops:", "checker", "the tile kernel overwrites its tiles while other warps still read them"),
+    "qgemm-output-columns": (
+        "backend/qmatmul_cuda.cu", [("r = r0 + nt * 8 + 2 * tq;", "r = r0 + nt * 8 + tq;", 1)],
+        "ops:", "rows", "the tile kernel writes its accumulators to the wrong columns"),
+    "qgemm-k-tail-unmasked": (
+        "backend/qmatmul_cuda.cu", [("const bool ok = i < n && k < in;", "const bool ok = i < n;", 1)],
+        "ops:", "any", "the tile kernel copies x past the end of its rows in the last step"),
     "dequant-chunks-skip-rows": (
         "backend/qmatmul_cuda.cu", [("for (int r0 = 0; r0 < o; r0 += cr) {", "for (int r0 = 0; r0 < o; r0 += cr + 8) {", 1)],
         "ops:", "rows", "the chunked dequantisation skips 8 rows after each chunk"),
