@@ -406,10 +406,13 @@ qgemv_k_kernel(bf16 *out, const int8_t *xq, const float4 *xs, const uint8_t *w, 
 }
 
 // 4 bf16 of y = a * q + b (one rounding each, as the CPU's dequantisation, then bf16's)
+// as one 8-byte store (y 8-byte aligned: e % 4 == 0 in rows of a multiple of 32; two 4-byte
+// stores were 2-way bank conflicts in qgemm_kernel's shared tile)
 __device__ static inline void store4(bf16 *y, const float *q, float a, float b) {
-    __nv_bfloat162 lo = __floats2bfloat162_rn(fmaf(a, q[0], b), fmaf(a, q[1], b));
-    __nv_bfloat162 hi = __floats2bfloat162_rn(fmaf(a, q[2], b), fmaf(a, q[3], b));
-    *(__nv_bfloat162 *)y = lo, *(__nv_bfloat162 *)(y + 2) = hi;
+    union { __nv_bfloat162 h[2]; uint2 u; } v;
+    v.h[0] = __floats2bfloat162_rn(fmaf(a, q[0], b), fmaf(a, q[1], b));
+    v.h[1] = __floats2bfloat162_rn(fmaf(a, q[2], b), fmaf(a, q[3], b));
+    *(uint2 *)y = v.u;
 }
 
 // dst (nr, in) bf16 = rows r0 .. r0 + nr of W dequantised; a thread per 4 elements

@@ -800,8 +800,8 @@ static void test_attn_speed(backend *bk[2], int N) {
 // shapes (in -> out: q|k|v 4096 -> 6144, o 4096 -> 4096, gate|up 4096 -> 28672, down 14336 ->
 // 4096): GB/s of weight bytes read and the share of the copy ceiling, each Q4_K shape by the chunk
 // and the group kernel (SIFT_CUDA_QGEMV), gate|up also at 8 rows of x, in Q6_K (both) and Q8_0;
-// gate|up and down at 64 rows of x by the tile kernel and by dequantisation + cuBLASLt
-// (SIFT_CUDA_QGEMM_ROWS=0).
+// gate|up and down at 64 rows of x (gate|up also 256) by the tile kernel and by dequantisation +
+// cuBLASLt (SIFT_CUDA_QGEMM_ROWS=0).
 // Informational rows (bench/RESULTS.md records them); the values are checked by test_weight_type.
 static void test_qmatmul_speed(backend *bk[2]) {
     backend *g = bk[GPU];
@@ -816,6 +816,8 @@ static void test_qmatmul_speed(backend *bk[2]) {
         // 64 rows of x (batched decode): the tile kernel against dequantisation + cuBLASLt
         {GGML_Q4_K, 4096, 28672, 64, "tile"}, {GGML_Q4_K, 4096, 28672, 64, "dq"},
         {GGML_Q4_K, 14336, 4096, 64, "tile"}, {GGML_Q4_K, 14336, 4096, 64, "dq"},
+        // 256 rows (QT_ROWS, the tile kernel's limit): where the two paths should cross
+        {GGML_Q4_K, 4096, 28672, 256, "tile"}, {GGML_Q4_K, 4096, 28672, 256, "dq"},
     };
     for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
         const uint32_t type = runs[k].type;
