@@ -440,10 +440,34 @@ __global__ void embed_q_kernel(bf16 *out, const uint8_t *table, size_t row_bytes
     }
 }
 
+// 32 bf16 at dst (16-byte aligned) = group g of row dequantised: y = a * q + b from decode32's
+// quants and scales, one rounding to fp32 (fmaf) and one to bf16: the values decode4 + store4
+// give (the same a, b and q; Q8_0's signed q with b = 0 there is q + 128 with b = -128 a, and
+// both fmaf round the exact a q once)
+template <uint32_t T> __device__ static inline void dequant32(uint4 *dst, const uint8_t *row, int g) {
+    uint32_t qw[8];
+    float a[2], b[2];
+    decode32<T>(row, g, qw, a, b);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {   // elements 8i .. 8i + 7: words 2i, 2i + 1, half i / 2
+        union { __nv_bfloat162 h[4]; uint4 u; } v;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uint32_t word = qw[2 * i + j / 2];
+            const int s0 = 16 * (j % 2);
+            float q0, q1;
+            if (T == GGML_Q8_0) q0 = (float)(int8_t)(word >> s0), q1 = (float)(int8_t)(word >> (s0 + 8));
+            else q0 = qf(word >> s0 & 0xFF), q1 = qf(word >> (s0 + 8) & 0xFF);
+            v.h[j] = __floats2bfloat162_rn(fmaf(a[i / 2], q0, b[i / 2]), fmaf(a[i / 2], q1, b[i / 2]));
+        }
+        dst[i] = v.u;
+    }
+}
+
 // out (n, o) = x (n, in) @ W (o, in)^T for a batch of rows (batched decode, short prefills: QV_ROWS
 // < n <= QT_ROWS) without the bf16 copy of W: a block computes a 64 x 64 tile of out (64 rows of
 // x, 64 of W) in steps of 256 along in. Each step the block dequantises its 64 rows of W into shared
-// memory (decode4: the values dequant_kernel gives, rounded to bf16 as it rounds them), copies x's
+// memory (dequant32: the values dequant_kernel gives, rounded to bf16 as it rounds them), copies x's
 // 64 x 256 bf16 tile beside it (cp.async), and each warp multiplies its 16 rows of x by the 64 of W
 // with mma.sync (m16n8k16, fp32 accumulators; ldmatrix fragments as attn_fa2_kernel's Q K^T). The
 // weights are read once per 64 rows of x, where the dequantise-then-cuBLASLt path writes and reads
@@ -477,18 +501,20 @@ qgemm_kernel(bf16 *out, const bf16 *x, const uint8_t *w, size_t row_bytes, int n
             cp_async16(&sm.x[r * LD + c], x + (ok ? (size_t)i * in + k : 0), ok);
         }
         cp_async_commit();
-        // W's tile, dequantised: 64 rows x 64 quads
-        for (int e = tid; e < QT * (QT_K / 4); e += 128) {
-            const int r = e / (QT_K / 4), c = e % (QT_K / 4) * 4, k = k0 + c;
-            bf16 *dst = &sm.w[r * LD + c];
+        // W's tile, dequantised: 64 rows x 8 groups of 32, a group per thread and pass (its
+        // scales decoded once, not per 4 elements as decode4 would)
+        for (int e = tid; e < QT * (QT_K / 32); e += 128) {
+            const int r = e / (QT_K / 32), c = e % (QT_K / 32) * 32, k = k0 + c;
+            uint4 *dst = (uint4 *)&sm.w[r * LD + c];
             if (r0 + r < o && k < in) {
-                float q[4], a, b;
-                decode4<T>(w + (size_t)(r0 + r) * row_bytes, k, q, &a, &b);
-                store4(dst, q, a, b);
-            } else {
-                *(uint2 *)dst = make_uint2(0, 0);
+                dequant32<T>(dst, w + (size_t)(r0 + r) * row_bytes, k / 32);
+            } else {   // zeros (cp.async's zero fill: four plain 16-byte stores of zeros became
+                       // one memset in the emulation build, which its store hooks do not see)
+#pragma unroll
+                for (int i = 0; i < 4; i++) cp_async16(dst + i, w, false);
             }
         }
+        cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();
 #pragma unroll 4
