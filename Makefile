@@ -44,7 +44,9 @@ CFLAGS  += -DSIFT_CUDA
 LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart_static -lrt -Wl,-Bstatic -lstdc++ -Wl,-Bdynamic
 GPU_BIN := build/tests/gpu_check build/tests/gpu_tables
 # The SIMT emulation build (simt/, clang++): the same .cu sources compiled as C++ for the
-# CPU, every load and store instrumented (-fsanitize-coverage) for the emulator's checkers;
+# CPU, every load and store instrumented (-fsanitize-coverage) for the emulator's checkers
+# (-fno-builtin: no stores merged into a memset or memcpy, which the hooks would not see;
+# test_simt's case zero-fill-oob);
 # build/sift-simt and build/tests/gpu_check-simt run the CUDA backend on the CPU, and
 # build/tests/test_simt checks the emulator itself. Linked -no-pie (reports name source lines
 # through addr2line) and -rdynamic (gemm_cuda.cu finds the emulated cuBLASLt by dlsym).
@@ -54,7 +56,7 @@ ifneq ($(strip $(SIMT_CXX)),)
 SIMT_FLAGS := -std=c++17 -DSIFT_SIMT -D__CUDACC__ -Isimt/include -O2 -g -fno-pie \
               -ffp-contract=off -fno-vectorize -fno-slp-vectorize -fno-optimize-sibling-calls \
               -Wall -Wextra -Werror -MMD -MP
-SIMT_COV   := -fsanitize-coverage=func,trace-loads,trace-stores
+SIMT_COV   := -fsanitize-coverage=func,trace-loads,trace-stores -fno-builtin
 SIMT_RT    := $(patsubst %.cpp,build/simt/%.o,$(wildcard simt/*.cpp)) build/simt/simt/switch.o
 SIMT_KOBJ  := $(CU_SRC:%.cu=build/simt/%.o)
 C_OBJ      := $(filter-out $(CU_SRC:%.cu=build/%.o),$(LIB_OBJ))

@@ -508,8 +508,7 @@ qgemm_kernel(bf16 *out, const bf16 *x, const uint8_t *w, size_t row_bytes, int n
             uint4 *dst = (uint4 *)&sm.w[r * LD + c];
             if (r0 + r < o && k < in) {
                 dequant32<T>(dst, w + (size_t)(r0 + r) * row_bytes, k / 32);
-            } else {   // zeros (cp.async's zero fill: four plain 16-byte stores of zeros became
-                       // one memset in the emulation build, which its store hooks do not see)
+            } else {   // zeros, by cp.async's zero fill (in the group the wait below covers)
 #pragma unroll
                 for (int i = 0; i < 4; i++) cp_async16(dst + i, w, false);
             }

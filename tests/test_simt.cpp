@@ -418,6 +418,13 @@ __global__ void shfl_exited_kernel(int *out) {
 __global__ void oob_kernel(int *out, int n) {
     out[threadIdx.x] = out[threadIdx.x + n];
 }
+// four 16-byte stores of zeros, one past a 48-byte buffer: clang merges them into one memset,
+// which the store hooks would not see unless the kernels are compiled -fno-builtin (Makefile)
+__global__ void zero_fill_oob_kernel(uint4 *out) {
+    if (threadIdx.x == 0)
+#pragma unroll
+        for (int i = 0; i < 4; i++) out[i] = make_uint4(0, 0, 0, 0);
+}
 __global__ void dyn_oob_kernel(int *out) {
     SHARED_DYNAMIC(int, s);
     s[threadIdx.x] = 1;
@@ -502,7 +509,10 @@ static int run_case(const char *name) {
         CUDA_LAUNCH(ldmatrix_global_kernel, 1, 32, 0, 0, d, src);
     else if (!strcmp(name, "cp-async-src-shared"))
         CUDA_LAUNCH(cp_async_src_shared_kernel, 1, 32, 0, 0, d);
-    else if (!strcmp(name, "ldnc-shared"))
+    else if (!strcmp(name, "zero-fill-oob")) {
+        uint4 *z = dev<uint4>(3);
+        CUDA_LAUNCH(zero_fill_oob_kernel, 1, 32, 0, 0, z);
+    } else if (!strcmp(name, "ldnc-shared"))
         CUDA_LAUNCH(ldnc_shared_kernel, 1, 32, 0, 0, d);
     else if (!strcmp(name, "wmma-misaligned") || !strcmp(name, "wmma-ldm")) {
         __nv_bfloat16 *A = dev<__nv_bfloat16>(16 * 32 + 16);
@@ -535,7 +545,8 @@ int main(int argc, char **argv) {
     if (argc == 2 && !strcmp(argv[1], "--list")) {
         puts("race uninit partial-barrier divergent-barrier shfl-exited global-oob use-after-free "
              "dyn-shared-oob misaligned async-early async-race host-deref smem-attribute grid-y "
-             "capture-sync ldmatrix-global cp-async-src-shared ldnc-shared wmma-misaligned wmma-ldm");
+             "capture-sync ldmatrix-global cp-async-src-shared ldnc-shared wmma-misaligned wmma-ldm "
+             "zero-fill-oob");
         return 0;
     }
     if (argc == 3 && !strcmp(argv[1], "--case")) {

@@ -21,6 +21,7 @@ CASES = {
     "divergent-barrier": "wait at different barriers",
     "shfl-exited": "shuffle with mask 0xffffffff: lane 31 has exited",
     "global-oob": "invalid global read of 4 bytes",
+    "zero-fill-oob": "invalid global write of 16 bytes",   # stores clang would merge into a memset
     "use-after-free": "(freed)",
     "dyn-shared-oob": "past the launch's 64 bytes of dynamic shared memory",
     "misaligned": "misaligned global read of 4 bytes",
@@ -40,7 +41,7 @@ CASES = {
 TAILS = {"ldmatrix-global": "is not shared memory", "cp-async-src-shared": "is not global memory",
          "ldnc-shared": "is not global memory",
          "wmma-misaligned": "is not 32-byte aligned"}
-KERNEL_FINDINGS = {"race", "uninit", "partial-barrier", "divergent-barrier", "shfl-exited", "global-oob",
+KERNEL_FINDINGS = {"race", "uninit", "partial-barrier", "divergent-barrier", "shfl-exited", "global-oob", "zero-fill-oob",
                    "use-after-free", "dyn-shared-oob", "misaligned", "async-early", "async-race",
                    "ldmatrix-global", "cp-async-src-shared", "ldnc-shared", "wmma-misaligned", "wmma-ldm"}
 
