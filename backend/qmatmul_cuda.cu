@@ -187,6 +187,14 @@ __device__ static inline void decode32(const uint8_t *row, int g, uint32_t *qw, 
 
 // ---- kernels ----------------------------------------------------------------------------------
 
+// the integer dot product of 16 quants (4 per word of q, bytes dp4a takes as signed) with 16 of
+// x's int8, in one dp4a chain
+__device__ static inline int dot16(const uint32_t *q, uint4 x) {
+    int i = dp4a_s32((int)q[0], (int)x.x, 0);
+    i = dp4a_s32((int)q[1], (int)x.y, i), i = dp4a_s32((int)q[2], (int)x.z, i);
+    return dp4a_s32((int)q[3], (int)x.w, i);
+}
+
 // x (n, in) bf16 -> int8 blocks of 32 for the integer product (llama.cpp's q8_1 idea): per block
 // dx = max |x| / 127, xq = round(x / dx) (|x - dx xq| <= dx / 2), and xs = {dx, dx * the sum of
 // xq over elements 0..15, dx, the same over 16..31}: each half's pair is one aligned float2. A warp per block, a lane per element (a thread
@@ -233,12 +241,7 @@ qgemv_kernel(bf16 *out, const int8_t *xq, const float4 *xs, const uint8_t *w, si
             const uint4 *xv = (const uint4 *)(xq + (size_t)v * in + (size_t)g * 32);
             const uint4 x0 = xv[0], x1 = xv[1];
             const float4 s = xs[(size_t)v * ng + g];
-            int i0 = dp4a_s32((int)qw[0], (int)x0.x, 0);
-            i0 = dp4a_s32((int)qw[1], (int)x0.y, i0), i0 = dp4a_s32((int)qw[2], (int)x0.z, i0);
-            i0 = dp4a_s32((int)qw[3], (int)x0.w, i0);
-            int i1 = dp4a_s32((int)qw[4], (int)x1.x, 0);
-            i1 = dp4a_s32((int)qw[5], (int)x1.y, i1), i1 = dp4a_s32((int)qw[6], (int)x1.z, i1);
-            i1 = dp4a_s32((int)qw[7], (int)x1.w, i1);
+            const int i0 = dot16(qw, x0), i1 = dot16(qw + 4, x1);
             acc[v] += s.x * (a[0] * (float)i0 + a[1] * (float)i1) + b[0] * s.y + b[1] * s.w;
         }
     }
@@ -387,12 +390,7 @@ qgemv_k_kernel(bf16 *out, const int8_t *xq, const float4 *xs, const uint8_t *w, 
                 // {dx, dx * the sum of this half's xq} of x blocks g and g + dg
                 const float2 s0 = ((const float2 *)(xs + (size_t)v * ng + g))[h];
                 const float2 s1 = ((const float2 *)(xs + (size_t)v * ng + g + dg))[h];
-                int i0 = dp4a_s32((int)lo[0], (int)x0.x, 0);
-                i0 = dp4a_s32((int)lo[1], (int)x0.y, i0), i0 = dp4a_s32((int)lo[2], (int)x0.z, i0);
-                i0 = dp4a_s32((int)lo[3], (int)x0.w, i0);
-                int i1 = dp4a_s32((int)hi[0], (int)x1.x, 0);
-                i1 = dp4a_s32((int)hi[1], (int)x1.y, i1), i1 = dp4a_s32((int)hi[2], (int)x1.z, i1);
-                i1 = dp4a_s32((int)hi[3], (int)x1.w, i1);
+                const int i0 = dot16(lo, x0), i1 = dot16(hi, x1);
                 acc[v] += s0.x * (a[0] * (float)i0) + s1.x * (a[1] * (float)i1) - (m[0] * s0.y + m[1] * s1.y);
             }
         }
