@@ -67,8 +67,9 @@ SIMT_BIN   := build/sift-simt build/tests/gpu_check-simt build/tests/test_simt
 endif
 
 .DEFAULT_GOAL := all
-# Objects are rebuilt when the configuration changes (CUDA on or off, target architectures).
-FLAGS_STAMP := build/flags-$(if $(strip $(NVCC)),cuda,cpu)-$(shell echo '$(ARCH) $(CUARCH) $(SIMT_FLAGS)' | md5sum | cut -c1-8)
+# Objects are rebuilt when the configuration changes (CUDA on or off, target architectures, the
+# emulation build's flags).
+FLAGS_STAMP := build/flags-$(if $(strip $(NVCC)),cuda,cpu)-$(shell echo '$(ARCH) $(CUARCH) $(SIMT_FLAGS) $(SIMT_COV)' | md5sum | cut -c1-8)
 $(FLAGS_STAMP):
 	@mkdir -p build && rm -f build/flags-* && touch $@
 # The two objects that print the version are rebuilt when it changes (a new commit, or the tree

@@ -404,8 +404,7 @@ qgemv_k_kernel(bf16 *out, const int8_t *xq, const float4 *xs, const uint8_t *w, 
 }
 
 // 4 bf16 of y = a * q + b (one rounding each, as the CPU's dequantisation, then bf16's)
-// as one 8-byte store (y 8-byte aligned: e % 4 == 0 in rows of a multiple of 32; two 4-byte
-// stores were 2-way bank conflicts in qgemm_kernel's shared tile)
+// as one 8-byte store (y 8-byte aligned: e % 4 == 0 in rows of a multiple of 32)
 __device__ static inline void store4(bf16 *y, const float *q, float a, float b) {
     union { __nv_bfloat162 h[2]; uint2 u; } v;
     v.h[0] = __floats2bfloat162_rn(fmaf(a, q[0], b), fmaf(a, q[1], b));
@@ -508,7 +507,7 @@ qgemm_kernel(bf16 *out, const bf16 *x, const uint8_t *w, size_t row_bytes, int n
                 dequant32<T>(dst, w + (size_t)(r0 + r) * row_bytes, k / 32);
             } else {   // zeros, by cp.async's zero fill (in the group the wait below covers)
 #pragma unroll
-                for (int i = 0; i < 4; i++) cp_async16(dst + i, w, false);
+                for (int i = 0; i < 4; i++) cp_async16(dst + i, x, false);   // x: 16-byte aligned
             }
         }
         cp_async_commit();

@@ -1386,6 +1386,9 @@ static void test_weight_types(backend *bk[2]) {
     // rows of 576 (the default model's width: 18 groups of 32, 2.25 steps of the tile kernel)
     test_weight_type(bk, GGML_Q4_1, 37, 576, "");
     test_weight_type(bk, GGML_Q8_0, 37, 576, "");
+    // 101 rows of W: the tile kernel's second block of 64 rows (r0 > 0)
+    test_weight_type(bk, GGML_Q4_K, 101, 512, "");
+    test_weight_type(bk, GGML_Q6_K, 101, 512, "");
     // Q4_K, Q5_K and Q6_K have two decode kernels (SIFT_CUDA_QGEMV): each on rows of 19 blocks (the
     // chunk kernel's warp takes 4 blocks a step and issues KU = 4 steps' loads at once: one full
     // round of 16 blocks, then 3 with a quarter of the lanes idle)
