@@ -34,7 +34,9 @@ LIB_OBJ := $(LIB_SRC:%.c=build/%.o)
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 ifneq ($(strip $(NVCC)),)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
-CUARCH  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+# sm_90a (H100/H200: sm_90 plus wgmma, which the code guards with SIFT_WGMMA); compute_90 PTX
+# for later GPUs, where the guarded bodies are empty and the host never launches them.
+CUARCH  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a \
            -gencode arch=compute_90,code=compute_90
 NVFLAGS ?= -O3 -g -lineinfo
 NVFLAGS += -std=c++17 $(CUARCH) -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings -MMD -MP

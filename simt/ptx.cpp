@@ -11,6 +11,9 @@
 //    A a0:(g, 2t..2t+1) a1:(g+8, 2t..) a2:(g, 2t+8..) a3:(g+8, 2t+8..), the lower column in the
 //    low 16 bits; B b0:(k 2t..2t+1, n g) b1:(k 2t+8.., n g); C/D c0,c1:(g, 2t..2t+1) c2,c3:(g+8,
 //    ..);
+//  - wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16 (sm_90a), A from a descriptor or
+//    registers, B from a descriptor; see "wgmma" below for the layouts; fence, commit_group,
+//    wait_group N;
 //  - ex2.approx.ftz.f32; the nvcuda::wmma operations (whole tiles per lane, mma.h).
 #include <float.h>
 #include <limits.h>
@@ -235,6 +238,187 @@ float simt_ex2_approx_ftz(float x) {
     if (fabsf(x) < FLT_MIN) x = 0; // .ftz: subnormal in, zero out
     float y = exp2f(x);
     return y < FLT_MIN ? 0.0f : y;
+}
+
+// ---- wgmma.mma_async m64nNk16 bf16 -> fp32 (sm_90a)
+// -------------------------------------------------------------
+// A warpgroup (4 consecutive warps, warp rank % 4 = w) computes D (64 x N) += A (64 x 16) B (16 x
+// N); warp w owns rows 16w .. 16w+15, and its lanes' registers follow the mma.m16n8k16 tables:
+//  - D, N/2 fp32 per lane: d[i] = (16w + g + 8 ((i >> 1) & 1), 8 (i >> 2) + 2t + (i & 1));
+//  - A from registers, 4 per lane: a0..a3 as mma.m16n8k16's A for the warp's 16 rows.
+// An operand in shared memory is named by a 64-bit descriptor: bits 0-13 the start address >> 4,
+// 16-29 the leading dimension byte offset (LBO) >> 4, 32-45 the stride dimension byte offset
+// (SBO) >> 4, 49-51 the base offset, 62-63 the swizzle mode. Only the canonical layout without
+// swizzling (mode 0, base offset 0) is emulated; another is a finding. It is made of "core
+// matrices" of 8 rows x 16 bytes stored as 128 contiguous bytes:
+//  - K-major (no transpose): element (r, k) of an R x 16 operand (R = 64 for A, N for B) at
+//    start + (r / 8) SBO + (k / 8) LBO + (r % 8) 16 + (k % 8) 2 bytes;
+//  - MN-major (imm-trans = 1): start + (r / 8) SBO + (k / 8) LBO + (k % 8) 16 + (r % 8) 2.
+// (PTX ISA, "Shared Memory Matrix Layout" for wgmma, the no-swizzle canonical layouts
+// ((8,m),(T,2)):((1T,SBO),(1,LBO)) and ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO)), T = 8 bf16.)
+// The product is asynchronous: the emulator computes it when issued but keeps the result from
+// the registers (NaN there) until a wait_group completes its group, and reports a shared byte
+// it read that changed before then (a GPU may read it at any time in between). Each warp counts
+// and race-checks a quarter of B's 16-byte rows (the warpgroup reads B once) and its own A rows.
+// Not modelled: the wgmma.fence rule (registers written by other instructions since the last
+// fence must not feed a wgmma); fence is accepted anywhere.
+
+namespace {
+struct wgmma_arg {
+    float *d;
+    int n, trans_b, acc;
+    const uint32_t *a;
+    uint64_t da, db;
+    const void *site;
+};
+const unsigned char *desc_elem(uint64_t desc, int r, int k, int mn_major) {
+    const uint32_t start = (uint32_t)(desc & 0x3fff) << 4, lbo = (uint32_t)(desc >> 16 & 0x3fff) << 4,
+                   sbo = (uint32_t)(desc >> 32 & 0x3fff) << 4;
+    uint32_t off = start + (uint32_t)(r / 8) * sbo + (uint32_t)(k / 8) * lbo +
+                   (mn_major ? (k % 8) * 16 + (r % 8) * 2 : (r % 8) * 16 + (k % 8) * 2);
+    return (const unsigned char *)shared_at(off);
+}
+// The 16-byte row of the core matrix holding element (r, k), checked: in shared memory, read by
+// lane `lane` (race and bounds checks, counted), and remembered for the completion check.
+bool desc_row(const wgmma_arg *x, uint64_t desc, int r, int k, int mn_major, int lane,
+              std::vector<std::pair<const unsigned char *, std::vector<unsigned char>>> &read) {
+    const unsigned char *p = desc_elem(desc, mn_major ? r - r % 8 : r, mn_major ? k : k - k % 8, mn_major);
+    if (!p) {
+        finding_at(op_lane(lane), x->site,
+                   "wgmma descriptor 0x%016llx names shared address %u, outside this block's "
+                   "shared memory",
+                   (unsigned long long)desc, (unsigned)((desc & 0x3fff) << 4));
+        return false;
+    }
+    check_access(op_lane(lane), p, 16, 0, x->site);
+    read.push_back({p, std::vector<unsigned char>(p, p + 16)});
+    return true;
+}
+float bf16_at(const unsigned char *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return __uint_as_float((uint32_t)h << 16);
+}
+bool desc_ok(const wgmma_arg *x, uint64_t desc) {
+    if (desc >> 62 || (desc >> 49 & 7)) {
+        finding_at(op_lane(0), x->site,
+                   "wgmma descriptor 0x%016llx: swizzle mode %d, base offset %d (only the "
+                   "no-swizzle canonical layout is emulated)",
+                   (unsigned long long)desc, (int)(desc >> 62), (int)(desc >> 49 & 7));
+        return false;
+    }
+    return true;
+}
+void wgmma_op(void *const *args, unsigned mask) {
+    const wgmma_arg *x0 = (const wgmma_arg *)args[0];
+    thread_rec *t0 = op_lane(0);
+    if (mask != 0xffffffffu) {
+        finding_at(t0, x0->site, "wgmma.mma_async needs the whole warp (mask 0x%08x)", mask);
+        return;
+    }
+    const int nthreads = block_threads();
+    if (nthreads % 128) {
+        finding_at(t0, x0->site, "wgmma.mma_async in a block of %d threads: not whole warpgroups of 128",
+                   nthreads);
+        return;
+    }
+    for (int l = 1; l < 32; l++) {
+        const wgmma_arg *x = (const wgmma_arg *)args[l];
+        if (x->n != x0->n || x->trans_b != x0->trans_b || x->acc != x0->acc || !x->a != !x0->a ||
+            x->da != x0->da || x->db != x0->db) {
+            finding_at(op_lane(l), x->site, "wgmma.mma_async: lanes disagree on the shape, operands or scale-d");
+            return;
+        }
+    }
+    const int n = x0->n, w = warp_index(t0) % 4;
+    if ((x0->a == NULL && !desc_ok(x0, x0->da)) || !desc_ok(x0, x0->db)) return;
+    std::vector<std::pair<const unsigned char *, std::vector<unsigned char>>> read;
+    float A[16][16], B[16][256];
+    if (x0->a) {   // registers: mma.m16n8k16's A table
+        for (int l = 0; l < 32; l++) {
+            const wgmma_arg *x = (const wgmma_arg *)args[l];
+            int g = l / 4, t = l % 4;
+            for (int h = 0; h < 2; h++) {
+                A[g][2 * t + h] = h ? bf16_hi(x->a[0]) : bf16_lo(x->a[0]);
+                A[g + 8][2 * t + h] = h ? bf16_hi(x->a[1]) : bf16_lo(x->a[1]);
+                A[g][2 * t + 8 + h] = h ? bf16_hi(x->a[2]) : bf16_lo(x->a[2]);
+                A[g + 8][2 * t + 8 + h] = h ? bf16_hi(x->a[3]) : bf16_lo(x->a[3]);
+            }
+        }
+    } else {   // this warp's 16 rows, K-major: 32 16-byte rows of core matrices, one per lane
+        for (int c = 0; c < 32; c++)
+            if (!desc_row(x0, x0->da, 16 * w + c % 16, c / 16 * 8, 0, c, read)) return;
+        for (int r = 0; r < 16; r++)
+            for (int k = 0; k < 16; k++) A[r][k] = bf16_at(desc_elem(x0->da, 16 * w + r, k, 0));
+    }
+    // B: 2N 16-byte rows; this warp takes every fourth
+    const int rows = 2 * n;
+    for (int c = w, j = 0; c < rows; c += 4, j++) {
+        int r, k;   // a core-matrix row: K-major (n, k0 .. k0+7); MN-major (n0 .. n0+7, k)
+        if (x0->trans_b) r = c / 16 * 8, k = c % 16;
+        else r = c / 2, k = c % 2 * 8;
+        if (!desc_row(x0, x0->db, r, k, x0->trans_b, j % 32, read)) return;
+    }
+    for (int k = 0; k < 16; k++)
+        for (int c = 0; c < n; c++) B[k][c] = bf16_at(desc_elem(x0->db, c, k, x0->trans_b));
+    for (int l = 0; l < 32; l++) {
+        const wgmma_arg *x = (const wgmma_arg *)args[l];
+        thread_rec *t = op_lane(l);
+        // the accumulator's current value: the latest pending result for these registers
+        const float *cur = x->d;
+        for (auto &g : wgmma_groups(t))
+            for (auto &p : g)
+                if (p.d == x->d) cur = p.val.data();
+        for (auto &p : wgmma_open(t))
+            if (p.d == x->d) cur = p.val.data();
+        wgmma_pending p{x->d, std::vector<float>(n / 2), {}, x->site};
+        const int g = l / 4, tq = l % 4;
+        for (int i = 0; i < n / 2; i++) {
+            int r = g + 8 * (i >> 1 & 1), c = 8 * (i >> 2) + 2 * tq + (i & 1);
+            p.val[i] = simt_tc_dot(x->acc ? cur[i] : 0.0f, &A[r][0], 1, &B[0][c], 256, 16);
+        }
+        if (l == 0) p.read = std::move(read);
+        for (int i = 0; i < n / 2; i++) x->d[i] = NAN;   // until wait_group
+        wgmma_open(t).push_back(std::move(p));
+    }
+}
+} // namespace
+
+void simt::wgmma_complete(thread_rec *t, std::vector<wgmma_pending> &g) {
+    for (wgmma_pending &p : g) {
+        for (auto &r : p.read)
+            if (memcmp(r.first, r.second.data(), 16)) {
+                finding_at(t, p.site,
+                           "shared memory at %p read by wgmma.mma_async changed before the "
+                           "wait_group that completes it",
+                           (const void *)r.first);
+                break;
+            }
+        memcpy(p.d, p.val.data(), p.val.size() * sizeof(float));
+    }
+    g.clear();
+}
+
+void simt_wgmma(float *d, int n, const uint32_t *a, uint64_t da, uint64_t db, int trans_b, int acc) {
+    profile_count(&counters::mma, n / 8 / 32.0);   // per warp: N/8 m16n8k16's worth
+    wgmma_arg x = {d, n, trans_b, acc, a, da, db, __builtin_return_address(0)};
+    simt_warp_op("wgmma.mma_async", 0xffffffffu, &x, wgmma_op);
+}
+void simt_wgmma_fence() {
+    self_or_die("wgmma.fence");
+}
+void simt_wgmma_commit() {
+    thread_rec *t = self_or_die("wgmma.commit_group");
+    wgmma_groups(t).push_back(std::move(wgmma_open(t)));
+    wgmma_open(t).clear();
+}
+void simt_wgmma_wait(int n) {
+    thread_rec *t = self_or_die("wgmma.wait_group");
+    auto &g = wgmma_groups(t);
+    while ((int)g.size() > n) {
+        wgmma_complete(t, g.front());
+        g.erase(g.begin());
+    }
 }
 
 // ---- nvcuda::wmma

@@ -2,7 +2,8 @@
 // dynamic shared memory, and the PTX wrappers (one per instruction) executed by runtime.cpp from
 // the PTX ISA's definitions: cp.async (delayed until its group is waited for; the destination
 // poisoned and marked pending meanwhile), ldmatrix and mma.sync (warp-collective, fragments per
-// the ISA's tables), ex2.approx.ftz.
+// the ISA's tables), wgmma.mma_async (sm_90a; each warp's share of the warpgroup's product,
+// its result held back until wait_group), ex2.approx.ftz.
 #pragma once
 #include "simt.h"
 
@@ -23,6 +24,10 @@ void simt_cp_async_wait(int n);
 void simt_ldmatrix(uint32_t *r, const void *p, int n, int trans);
 void simt_mma_m16n8k16_bf16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1);
 float simt_ex2_approx_ftz(float x);
+void simt_wgmma(float *d, int n, const uint32_t *a, uint64_t da, uint64_t db, int trans_b, int acc);
+void simt_wgmma_fence();
+void simt_wgmma_commit();
+void simt_wgmma_wait(int n);
 
 static inline uint32_t smem_u32(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
@@ -59,6 +64,31 @@ static inline void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b
 }
 static inline float ex2(float x) {
     return simt_ex2_approx_ftz(x);
+}
+// wgmma (cuda_util.cuh has the instructions' text): every body compiled in this build
+#define SIFT_WGMMA 1
+static inline uint64_t wg_desc(const void *p, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)(smem_u32(p) >> 4 & 0x3fff) | (uint64_t)(lbo >> 4 & 0x3fff) << 16 |
+           (uint64_t)(sbo >> 4 & 0x3fff) << 32;
+}
+static inline void wg_fence() {
+    simt_wgmma_fence();
+}
+static inline void wg_commit() {
+    simt_wgmma_commit();
+}
+template <int N> static inline void wg_wait() {
+    simt_wgmma_wait(N);
+}
+template <int N> static inline void wg_hold(float *) {}
+static inline void wgmma_m64n64k16_ss(float *d, uint64_t da, uint64_t db, int acc) {
+    simt_wgmma(d, 64, NULL, da, db, 0, acc);
+}
+static inline void wgmma_m64n128k16_rs_tb(float *d, const uint32_t *a, uint64_t db, int acc) {
+    simt_wgmma(d, 128, a, 0, db, 1, acc);
+}
+static inline void wgmma_m64n64k16_rs_tb(float *d, const uint32_t *a, uint64_t db, int acc) {
+    simt_wgmma(d, 64, a, 0, db, 1, acc);
 }
 // ld.global.nc.L1::no_allocate.v4.u32: the address must be 16-byte aligned and in global memory
 // (checked; the load itself is traced as every other, bounds and races)

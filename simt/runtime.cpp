@@ -204,6 +204,8 @@ struct thread_rec {
     int bar_kind, pred, result;
     std::vector<async_copy> open;                // cp.async not yet committed
     std::vector<std::vector<async_copy>> groups; // committed groups, oldest first
+    std::vector<wgmma_pending> wg_open;              // wgmma.mma_async not yet committed
+    std::vector<std::vector<wgmma_pending>> wg_groups; // committed, oldest first
     struct logged {                              // accesses since the warp's last request count
         const void *site;
         uintptr_t a;
@@ -325,6 +327,18 @@ std::vector<async_copy> &async_open(thread_rec *t) {
 }
 std::vector<std::vector<async_copy>> &async_groups(thread_rec *t) {
     return t->groups;
+}
+int warp_index(thread_rec *t) {
+    return t->warp;
+}
+int block_threads() {
+    return cur ? cur->n_threads : 0;
+}
+std::vector<wgmma_pending> &wgmma_open(thread_rec *t) {
+    return t->wg_open;
+}
+std::vector<std::vector<wgmma_pending>> &wgmma_groups(thread_rec *t) {
+    return t->wg_groups;
 }
 
 // ---- findings
@@ -582,15 +596,25 @@ void *simt_dynamic_shared() {
     return (void *)self_or_die("dynamic shared memory")->w->dyn;
 }
 
+// Shared addresses as PTX sees them: the launch's dynamic shared memory from 0 (so that a
+// wgmma descriptor's 18-bit address reaches all of it), the static (thread_local) shared
+// variables after DYN_MAX. A GPU puts static first; no kernel may depend on the order.
 size_t simt_shared_offset(const void *p) {
     thread_rec *t = self_or_die("__cvta_generic_to_shared");
     worker *w = t->w;
     uintptr_t a = (uintptr_t)p;
-    if (a - w->tls_r.lo < w->tls_r.span) return a - w->tls_r.lo;
-    if (a - w->dyn_r.lo < DYN_MAX)
-        return ((w->tls_r.span + 1023) & ~(size_t)1023) + (a - w->dyn_r.lo);
+    if (a - w->dyn_r.lo < DYN_MAX) return a - w->dyn_r.lo;
+    if (a - w->tls_r.lo < w->tls_r.span) return DYN_MAX + (a - w->tls_r.lo);
     finding(w, t, __builtin_return_address(0), "%p is not a shared-memory address", p);
     return 0;
+}
+
+void *simt::shared_at(uint32_t off) {
+    worker *w = cur;
+    if (!w) return NULL;
+    if (off < w->dyn_r.span) return (void *)(w->dyn_r.lo + off);
+    if (off >= DYN_MAX && off - DYN_MAX < w->tls_r.span) return (void *)(w->tls_r.lo + (off - DYN_MAX));
+    return NULL;
 }
 
 // ---- scheduling points
@@ -706,6 +730,9 @@ static void finish_thread(thread_rec *t) {
         async_complete(t, g); // copies still in flight land now
     t->groups.clear();
     if (!t->open.empty()) async_complete(t, t->open);
+    for (auto &g : t->wg_groups) wgmma_complete(t, g);
+    t->wg_groups.clear();
+    t->wg_open.clear();
     t->state = DONE;
 }
 

@@ -2,6 +2,8 @@
 // profiler's counters, ptx.cpp, cublaslt.cpp); kernels never include it.
 #pragma once
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "simt.h"
 
@@ -44,6 +46,23 @@ struct async_copy {
 std::vector<async_copy> &async_open(thread_rec *t);
 std::vector<std::vector<async_copy>> &async_groups(thread_rec *t);
 void async_complete(thread_rec *t, std::vector<async_copy> &g); // ptx.cpp: the copies land
+// The thread's wgmma.mma_async state (ptx.cpp): each issued product's result for this lane's
+// accumulator registers, held back until a wait_group completes its group (the registers hold
+// NaN meanwhile), and (lane 0 of each warp) the shared bytes it read, compared at completion.
+struct wgmma_pending {
+    float *d;
+    std::vector<float> val;
+    std::vector<std::pair<const unsigned char *, std::vector<unsigned char>>> read;
+    const void *site;
+};
+std::vector<wgmma_pending> &wgmma_open(thread_rec *t);
+std::vector<std::vector<wgmma_pending>> &wgmma_groups(thread_rec *t);
+void wgmma_complete(thread_rec *t, std::vector<wgmma_pending> &g); // ptx.cpp: results land
+// The linear index of t's warp in its block; the running block's thread count.
+int warp_index(thread_rec *t);
+int block_threads();
+// The shared-memory address a descriptor names (simt_shared_offset's inverse), NULL if none.
+void *shared_at(uint32_t offset);
 
 // Host side (cuBLASLt): 0 when [p, p + bytes) lies in one live allocation, else -1 after a
 // report naming `what`.

@@ -189,6 +189,107 @@ static void test_ldmatrix() {
     cudaFree(d);
 }
 
+// wgmma.mma_async m64nNk16 (sm_90a; simt/ptx.cpp restates the ISA): a warpgroup of 4 warps, A (64
+// x 16) and B (16 x N) placed in shared memory by the no-swizzle canonical layouts, restated:
+// core matrices of 8 rows x 16 bytes, 128 contiguous bytes each, lbo bytes apart along K and sbo
+// along M or N; K-major: element (r, k) at (r/8) sbo + (k/8) lbo + (r%8) 16 + (k%8) 2; MN-major
+// (B with imm-trans-b = 1): (r/8) sbo + (k/8) lbo + (k%8) 16 + (r%8) 2, r the N index.
+// D: warp w, lane l, register i: row 16w + l/4 + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 (l % 4)
+// + (i & 1). A from registers: warp w's rows 16w.. by mma.m16n8k16's A table. `twice` issues the
+// product twice in one group (the second accumulates on the first's pending result).
+#define WG_B_OFF 16384
+__host__ __device__ [[maybe_unused]] static inline uint32_t wg_at(int r, int k, int mn_major, uint32_t lbo, uint32_t sbo) {
+    return (uint32_t)(r / 8) * sbo + (uint32_t)(k / 8) * lbo +
+           (mn_major ? (k % 8) * 16 + (r % 8) * 2 : (r % 8) * 16 + (k % 8) * 2);
+}
+__global__ void wgmma_table_kernel(float *D, const float *A, const float *B, const float *C, int n,
+                                   int rs, int twice, uint4 off) {   // off: a lbo, a sbo, b lbo, b sbo
+#if SIFT_WGMMA
+    SHARED_DYNAMIC(unsigned char, sm);
+    const int tid = threadIdx.x, w = tid / 32, l = tid % 32;
+    for (int e = tid; e < 64 * 16; e += 128) {
+        *(uint16_t *)(sm + wg_at(e / 16, e % 16, 0, off.x, off.y)) = bf16_bits(A[e]);
+    }
+    for (int e = tid; e < 16 * n; e += 128) {   // B[k][c]: K-major for ss, MN-major for rs
+        *(uint16_t *)(sm + WG_B_OFF + wg_at(e % n, e / n, rs, off.z, off.w)) = bf16_bits(B[e]);
+    }
+    __syncthreads();
+    float d[64];
+    uint32_t a[4];
+    for (int i = 0; i < n / 2; i++)
+        d[i] = C[(16 * w + l / 4 + 8 * (i >> 1 & 1)) * n + 8 * (i >> 2) + 2 * (l % 4) + (i & 1)];
+    for (int j = 0; j < 4; j++)
+        a[j] = bf16_bits(A[(16 * w + a_row(l, 2 * j)) * 16 + a_col(l, 2 * j)]) |
+               (uint32_t)bf16_bits(A[(16 * w + a_row(l, 2 * j + 1)) * 16 + a_col(l, 2 * j + 1)]) << 16;
+    const uint64_t da = wg_desc(sm, off.x, off.y), db = wg_desc(sm + WG_B_OFF, off.z, off.w);
+    wg_fence();
+    for (int rep = 0; rep <= twice; rep++) {
+        if (!rs) wgmma_m64n64k16_ss(d, da, db, 1);
+        else if (n == 64) wgmma_m64n64k16_rs_tb(d, a, db, 1);
+        else wgmma_m64n128k16_rs_tb(d, a, db, 1);
+    }
+    wg_commit();
+    wg_wait<0>();
+    wg_hold<64>(d);
+    for (int i = 0; i < n / 2; i++)
+        D[(16 * w + l / 4 + 8 * (i >> 1 & 1)) * n + 8 * (i >> 2) + 2 * (l % 4) + (i & 1)] = d[i];
+#endif
+}
+
+static bool has_wgmma() {   // sm_90a code runs on compute capability 9.0 only
+    if (CUDA_EMULATED) return true;
+    cudaDeviceProp p;
+    CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
+    return p.major == 9 && p.minor == 0;
+}
+
+static void test_wgmma() {
+    if (!has_wgmma()) {
+        printf("test_simt: wgmma tables skipped (not a compute capability 9.0 device)\n");
+        return;
+    }
+    static float A[64 * 16], B[16 * 128], C[64 * 128], D[64 * 128];
+    for (int i = 0; i < 64 * 16; i++) A[i] = (float)((i * 7) % 13 - 6);
+    for (int i = 0; i < 16 * 128; i++) B[i] = (float)((i * 5) % 11 - 5);
+    for (int i = 0; i < 64 * 128; i++) C[i] = (float)(i % 9 - 4);
+    float *dA = dev<float>(64 * 16), *dB = dev<float>(16 * 128), *dC = dev<float>(64 * 128),
+          *dD = dev<float>(64 * 128);
+    up(dA, A, 64 * 16), up(dB, B, 16 * 128);
+    struct {
+        int n, rs, twice;
+        uint4 off;
+        const char *what;
+    } cases[] = {
+        // A: the two K halves adjacent (lbo 128), 8-row groups 256 apart; B K-major with the K
+        // halves far apart (lbo 1024) and 8-key groups adjacent (sbo 128)
+        {64, 0, 0, make_uint4(128, 256, 1024, 128), "m64n64k16 A, B K-major (shared)"},
+        {64, 0, 1, make_uint4(1024, 128, 128, 256), "m64n64k16 twice in one group"},
+        // B MN-major: 8-column groups 256 apart, K halves 128 apart (and the reverse)
+        {64, 1, 0, make_uint4(128, 256, 128, 256), "m64n64k16 A registers, B MN-major"},
+        {128, 1, 0, make_uint4(128, 256, 2048, 128), "m64n128k16 A registers, B MN-major"},
+    };
+    for (auto &c : cases) {
+        for (int i = 0; i < 64 * c.n; i++) C[i] = (float)(i % 9 - 4);
+        up(dC, C, 64 * c.n);
+        CUDA_CHECK(cudaMemset(dD, 0xff, 64 * 128 * sizeof(float)));
+        CUDA_CHECK(cudaFuncSetAttribute(wgmma_table_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        WG_B_OFF + 16384));
+        CUDA_LAUNCH(wgmma_table_kernel, 1, 128, WG_B_OFF + 16384, 0, dD, dA, dB, dC, c.n, c.rs,
+                    c.twice, c.off);
+        down(D, dD, 64 * c.n);
+        int bad = 0;
+        for (int i = 0; i < 64; i++)
+            for (int j = 0; j < c.n; j++) {
+                double s = 0;
+                for (int k = 0; k < 16; k++) s += (double)A[i * 16 + k] * B[k * c.n + j];
+                bad += D[i * c.n + j] != C[i * c.n + j] + (c.twice + 1) * s;
+            }
+        EXPECT(bad == 0, "wgmma %s: %d of %d outputs differ from A B + C by the ISA's layouts", c.what,
+               bad, 64 * c.n);
+    }
+    cudaFree(dA), cudaFree(dB), cudaFree(dC), cudaFree(dD);
+}
+
 // cp.async: three groups; wait_group 2, 1, 0 make the oldest groups land one by one; a source
 // size of 0 zero-fills.
 __global__ void async_kernel(int *out, const int *src) {
@@ -478,6 +579,32 @@ __global__ void wmma_misaligned_kernel(float *out, const __nv_bfloat16 *A, int o
     out[threadIdx.x] = __bfloat162float(a.x[0]);
 }
 
+// wgmma's planted bugs: B overwritten by another warpgroup before the issuing one waits; a
+// descriptor past the launch's shared memory; a block that is not whole warpgroups
+__global__ void wgmma_case_kernel(int *out, int what) {
+#if SIFT_WGMMA
+    SHARED_DYNAMIC(unsigned char, sm);
+    const int tid = threadIdx.x;
+    for (int e = tid; e < 1024; e += blockDim.x) ((uint32_t *)sm)[e] = 0;
+    __syncthreads();
+    float d[32];
+    for (int i = 0; i < 32; i++) d[i] = 0;
+    const uint64_t da = wg_desc(sm, 128, 256), db = wg_desc(sm + (what == 1 ? 8192 : 2048), 128, 256);
+    if (what != 0 || tid < 128) {
+        wg_fence();
+        wgmma_m64n64k16_ss(d, da, db, 0);
+        wg_commit();
+    }
+    if (what == 0) {   // the second warpgroup writes B while the first's product is in flight
+        __syncthreads();
+        if (tid == 128) ((uint32_t *)sm)[512] = 0x3f80;
+        __syncthreads();
+    }
+    wg_wait<0>();
+    out[tid % 64] = (int)d[0];
+#endif
+}
+
 static int run_case(const char *name) {
     int *d = dev<int>(64), *src = dev<int>(8);
     CUDA_CHECK(cudaMemset(d, 0, 64 * sizeof(int)));
@@ -512,6 +639,10 @@ static int run_case(const char *name) {
     else if (!strcmp(name, "zero-fill-oob")) {
         uint4 *z = dev<uint4>(3);
         CUDA_LAUNCH(zero_fill_oob_kernel, 1, 32, 0, 0, z);
+    } else if (!strcmp(name, "wgmma-changed") || !strcmp(name, "wgmma-desc-oob") ||
+               !strcmp(name, "wgmma-warpgroup")) {
+        int what = !strcmp(name, "wgmma-changed") ? 0 : !strcmp(name, "wgmma-desc-oob") ? 1 : 2;
+        CUDA_LAUNCH(wgmma_case_kernel, 1, what == 2 ? 96 : 256, 4096, 0, d, what);
     } else if (!strcmp(name, "ldnc-shared"))
         CUDA_LAUNCH(ldnc_shared_kernel, 1, 32, 0, 0, d);
     else if (!strcmp(name, "wmma-misaligned") || !strcmp(name, "wmma-ldm")) {
@@ -546,7 +677,7 @@ int main(int argc, char **argv) {
         puts("race uninit partial-barrier divergent-barrier shfl-exited global-oob use-after-free "
              "dyn-shared-oob misaligned async-early async-race host-deref smem-attribute grid-y "
              "capture-sync ldmatrix-global cp-async-src-shared ldnc-shared wmma-misaligned wmma-ldm "
-             "zero-fill-oob");
+             "zero-fill-oob wgmma-changed wgmma-desc-oob wgmma-warpgroup");
         return 0;
     }
     if (argc == 3 && !strcmp(argv[1], "--case")) {
@@ -562,6 +693,7 @@ int main(int argc, char **argv) {
     test_collectives();
     test_shfl_table();
     test_wmma();
+    test_wgmma();
     test_graph();
     printf("test_simt: %d checks, %d failed\n", checks, fails);
     return fails ? 1 : 0;
