@@ -400,8 +400,8 @@ static int split_count(const attn_cuda_args *a, int n_sm) {
     return s < 1 ? 1 : s;
 }
 
-enum kernel { K_FA2, K_FA2W, K_WMMA, K_FLASH, K_GROUP, K_SPLIT };
-static const char *kernel_names[] = {"fa2", "fa2w", "wmma", "flash", "group", "split"};
+enum kernel { K_FA2, K_FA2W, K_WG, K_WMMA, K_FLASH, K_GROUP, K_SPLIT };
+static const char *kernel_names[] = {"fa2", "fa2w", "wg", "wmma", "flash", "group", "split"};
 
 // $name when set to one of the choices, else the first choice; an unknown value is an error.
 static int env_choice(const char *name, const char *const *choices, int n) {
@@ -424,11 +424,13 @@ static enum kernel pick(const attn_cuda_args *a) {
         int k = env_choice("SIFT_ATTN_DECODE", dec, 2);
         return k == 0 && attn_group_takes(a) ? K_GROUP : K_SPLIT;
     }
-    static const char *const pre[] = {"fa2w", "fa2", "wmma", "flash"};
-    int k = env_choice("SIFT_ATTN_PREFILL", pre, 4);
+    static const char *const pre[] = {"fa2w", "fa2", "wg", "wmma", "flash"};
+    int k = env_choice("SIFT_ATTN_PREFILL", pre, 5);
     if (k == 0 && attn_fa2_takes(a)) return K_FA2W;
     if (k == 1 && attn_fa2_takes(a)) return K_FA2;
-    if (k == 2 && (a->hd == 64 || a->hd == 128)) return K_WMMA;
+    if (k == 2 && attn_wg_takes(a)) return K_WG;
+    if (k == 2 && attn_fa2_takes(a)) return K_FA2W;   // wg's head dims on a GPU without wgmma
+    if (k == 3 && (a->hd == 64 || a->hd == 128)) return K_WMMA;
     return K_FLASH;
 }
 
@@ -437,7 +439,8 @@ const char *attn_cuda_kernel(const attn_cuda_args *a) { return kernel_names[pick
 size_t attn_cuda_work_floats(const attn_cuda_args *a, int n_sm) {
     switch (pick(a)) {
     case K_FA2:
-    case K_FA2W: return attn_fa2_work_floats(a);
+    case K_FA2W:
+    case K_WG: return attn_fa2_work_floats(a);
     case K_GROUP: return (size_t)a->n * a->heads * attn_group_splits(a, n_sm) * (a->hd + 2);
     case K_SPLIT: return (size_t)a->n * a->heads * split_count(a, n_sm) * (a->hd + 2);
     default: return 0;
@@ -495,7 +498,8 @@ void attn_causal_cuda(void *out, const attn_cuda_args *a, float *work, int n_sm,
         exit(3);
     }
     int split = k == K_SPLIT;
-    if (k == K_FA2 || k == K_FA2W) attn_fa2_cuda(o, a, k == K_FA2W ? 32 : 16, work, st);
+    if (k == K_FA2 || k == K_FA2W || k == K_WG)
+        attn_fa2_cuda(o, a, k == K_WG ? 64 : k == K_FA2W ? 32 : 16, work, st);
     else if (k == K_GROUP) {
         int splits = attn_group_splits(a, n_sm);
         attn_group_cuda(work, a, splits, st);

@@ -38,7 +38,8 @@ size_t attn_cuda_work_floats(const attn_cuda_args *a, int n_sm);
 // The kernel for each case is picked per call; environment variables select the older ones
 // (kept beside the new, so a kernel that fails on a device does not stop the rest of a run):
 //   SIFT_ATTN_PREFILL=fa2w (default; head dims 64, 128; 32 query rows per warp) | fa2 (64, 128;
-//   16 rows per warp) | wmma (64, 128) | flash (any)
+//   16 rows per warp) | wg (64, 128; wgmma, 64 rows per warpgroup; compute capability 9.0 only,
+//   elsewhere fa2w) | wmma (64, 128) | flash (any)
 //   SIFT_ATTN_DECODE=group (default; head dims 64, 128, 256) | split (any)
 // A head dimension the chosen kernel does not take runs `flash` or `split`.
 void attn_causal_cuda(void *out, const attn_cuda_args *a, float *work, int n_sm,
@@ -53,13 +54,15 @@ size_t attn_decode_multi_work_floats(const attn_cuda_args *a, int n_sm);
 void attn_decode_multi_cuda(void *out, const attn_cuda_args *a, const attn_cuda_cache *rows,
                             float *work, int n_sm, cudaStream_t stream);
 
-// The kernel attn_causal_cuda runs for a: "fa2", "fa2w", "wmma", "flash", "group" or "split".
+// The kernel attn_causal_cuda runs for a: "fa2", "fa2w", "wg", "wmma", "flash", "group" or
+// "split".
 const char *attn_cuda_kernel(const attn_cuda_args *a);
 
 // -- the kernels' own files (called through attn_causal_cuda) --
-// attn_prefill_cuda.cu: FlashAttention-2 form, mma.sync tiles, 16 or 32 query rows per warp;
-// work: attn_fa2_work_floats.
+// attn_prefill_cuda.cu: FlashAttention-2 form, mma.sync tiles, 16 or 32 query rows per warp, or
+// (rows_per_warp 64) wgmma tiles of 64 rows per warpgroup; work: attn_fa2_work_floats.
 int attn_fa2_takes(const attn_cuda_args *a);
+int attn_wg_takes(const attn_cuda_args *a);
 size_t attn_fa2_work_floats(const attn_cuda_args *a);
 void attn_fa2_cuda(void *out, const attn_cuda_args *a, int rows_per_warp, float *work,
                    cudaStream_t stream);

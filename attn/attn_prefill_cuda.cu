@@ -286,6 +286,212 @@ attn_fa2_kernel(bf16 *out, attn_cuda_args a, const int2 *mm, float scale_log2) {
     }
 }
 
+// ---- the warpgroup kernel ("wg", sm_90a) -------------------------------------------------------
+
+// The same pass with Hopper's wgmma: a block = WG warpgroups of 64 query rows; a warpgroup's S =
+// Q K^T and O += P V are m64nNk16 products whose B operand (K, V) the tensor cores read from
+// shared memory once for all 64 rows (fa2w's warps each ldmatrix the whole tile for 32), and
+// whose A operand is Q in shared memory (S) or P in registers (O: the S accumulator's layout is
+// the A fragment's, as in fa2). Q, K, V sit in shared memory in the no-swizzle canonical layout:
+// core matrices of 8 rows x 16 bytes, 128 contiguous bytes each; for Q and K (K-major) core
+// matrix (row / 8, dim / 8) at (row / 8) * HD * 16 + (dim / 8) * 128; for V (MN-major: keys
+// along K, dims along N) core matrix (dim / 8, key / 8) at (dim / 8) * BC * 16 + (key / 8) * 128.
+// Per 64-key tile a warpgroup reads 48 KB of shared memory (Q, K, V once) and the block writes
+// 32 KB (K, V) for 4.2 MFLOP: 33 FLOP per shared byte at HD = 128 with WG = 2 (fa2w: 20).
+#define WG 2   // warpgroups per block
+
+template <int HD>
+struct wg_smem {
+    bf16 q[WG * 64 * HD];
+    bf16 k[2][BC * HD];
+    bf16 v[2][BC * HD];
+    int kp[2][BC];
+};
+
+// byte offset of the 16-byte row holding (row r, dims c8 * 8 ..) of a K-major tile, and of
+// (key j, dims c8 * 8 ..) of a V tile
+template <int HD> __device__ static inline int kmaj(int r, int c8) {
+    return (r / 8) * HD * 16 + c8 * 128 + (r % 8) * 16;
+}
+[[maybe_unused]] __device__ static inline int vmaj(int j, int c8) { return c8 * BC * 16 + (j / 8) * 128 + (j % 8) * 16; }
+
+// q (n, heads, HD), K/V (n_kv_head, cap, HD) -> out (n, heads, HD); grid (ceil(n / (64 WG)),
+// heads), WG * 128 threads, sizeof(wg_smem<HD>) dynamic shared memory. mm: tile_minmax_kernel's.
+// __launch_bounds__(., 2): two blocks (16 warps) per SM; ptxas for sm_90a then holds HD = 128 to
+// 128 registers with 36 bytes of spills (157 registers unbounded: one block, 8 warps)
+template <int HD>
+__global__ void __launch_bounds__(WG * 128, 2)
+attn_wg_kernel(bf16 *out, attn_cuda_args a, const int2 *mm, float scale_log2) {
+#if SIFT_WGMMA
+    SHARED_DYNAMIC(unsigned char, smem_raw);
+    typedef wg_smem<HD> smem_t;
+    smem_t &sm = *(smem_t *)smem_raw;
+    constexpr int CH = HD / 8, ROWS = WG * 64, NT = WG * 128;
+    __shared__ int qlo_s[WG * 4], qhi_s[WG * 4];
+    const int nqb = gridDim.x, qb = nqb - 1 - blockIdx.x;   // the longest rows start first
+    const int h = blockIdx.y, g = h / (a.heads / a.n_kv_head), i0 = qb * ROWS;
+    const int tid = threadIdx.x, warp = tid / 32, wg = warp / 4, lane = tid % 32, gr = lane / 4,
+              tq = lane % 4;
+    const int ntiles = (a.len + BC - 1) / BC;
+    const bf16 *q = (const bf16 *)a.q, *kg = (const bf16 *)a.k + (size_t)g * a.cap * HD;
+    const bf16 *vg = (const bf16 *)a.v + (size_t)g * a.cap * HD;
+    const int2 *mmg = mm + (size_t)g * ntiles;
+    unsigned char *qs = (unsigned char *)sm.q;
+
+    // Q tile (rows past n read as zeros); thread e takes row e % 8 of core matrix e / 8 (8
+    // threads fill one 128-byte core matrix)
+    for (int e = tid; e < ROWS * CH; e += NT) {
+        int r = e / (8 * CH) * 8 + e % 8, c8 = e / 8 % CH, i = i0 + r;
+        const bf16 *src = q + ((size_t)(i < a.n ? i : 0) * a.heads + h) * HD + c8 * 8;
+        cp_async16(qs + kmaj<HD>(r, c8), src, i < a.n);
+    }
+    // this thread's rows: row(0) and row(1) (8 below), of its warp's 16 in the warpgroup's 64
+    auto row = [&](int e) { return i0 + warp * 16 + gr + 8 * e; };
+    int qp[2], lo = INT_MAX, hi = INT_MIN;
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const int i = row(e);
+        qp[e] = i < a.n ? a.qpos[i] : INT_MIN;
+        if (i < a.n) lo = min(lo, qp[e]);
+        hi = max(hi, qp[e]);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+        hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+    }
+    if (lane == 0) qlo_s[warp] = lo, qhi_s[warp] = hi;
+    __syncthreads();
+    int qmax = INT_MIN;
+    for (int w = 0; w < WG * 4; w++) qmax = max(qmax, qhi_s[w]);
+    const int wlo = qlo_s[warp];   // every row of this warp sees a key at position <= wlo
+
+    auto load_tile = [&](int t, int b) {
+        const int j0 = t * BC;
+        unsigned char *ks = (unsigned char *)sm.k[b], *vs = (unsigned char *)sm.v[b];
+        for (int e = tid; e < BC * CH; e += NT) {
+            int rr = e / (8 * CH) * 8 + e % 8, c8 = e / 8 % CH, j = j0 + rr;
+            size_t o = (size_t)(j < a.len ? j : 0) * HD + c8 * 8;
+            cp_async16(ks + kmaj<HD>(rr, c8), kg + o, j < a.len);
+            cp_async16(vs + vmaj(rr, c8), vg + o, j < a.len);
+        }
+        if (tid < BC) {
+            int j = j0 + tid;
+            sm.kp[b][tid] = j < a.len ? a.kpos[(size_t)g * a.cap + j] : INT_MAX;
+        }
+    };
+    auto next_visible = [&](int t) {
+        while (t < ntiles && mmg[t].x > qmax) t++;
+        return t;
+    };
+
+    int t = next_visible(0);
+    if (t < ntiles) load_tile(t, 0);
+    cp_async_commit();
+
+    // O (64 x HD per warpgroup): the accumulator layout, o[d][0..1] row gr, o[d][2..3] row gr + 8,
+    // columns d * 8 + 2 tq + 0..1 (mma.m16n8k16's C per 8 columns)
+    float o[HD / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
+#pragma unroll
+    for (int d = 0; d < HD / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0;
+    // A descriptors of this warpgroup's Q rows; LBO 128 (dims 8 apart), SBO HD * 16 (rows 8 apart)
+    const uint64_t dq = wg_desc(qs + kmaj<HD>(wg * 64, 0), 128, HD * 16);
+
+    for (int b = 0; t < ntiles; b ^= 1) {
+        int tn = next_visible(t + 1);
+        if (tn < ntiles) load_tile(tn, b ^ 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const int *kp = sm.kp[b];
+        const uint64_t dk = wg_desc(sm.k[b], 128, HD * 16), dv = wg_desc(sm.v[b], 128, BC * 16);
+
+        // S (64 x BC) = Q K^T, HD / 16 products of K = 16 dims (descriptors advance 2 core
+        // matrices = 256 bytes along K)
+        float s[BC / 8][4];
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+            wgmma_m64n64k16_ss(&s[0][0], dq + (uint64_t)(kk * 256 >> 4), dk + (uint64_t)(kk * 256 >> 4), kk > 0);
+        wg_commit();
+        wg_wait<0>();
+        wg_hold<BC / 2>(&s[0][0]);
+
+        // mask, scale (base 2), running max (as fa2)
+        const bool full = mmg[t].y <= wlo && (t + 1) * BC <= a.len;
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < BC / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int pj = kp[n * 8 + 2 * tq + e];
+                s[n][e] = full || pj <= qp[0] ? s[n][e] * scale_log2 : -INFINITY;
+                s[n][2 + e] = full || pj <= qp[1] ? s[n][2 + e] * scale_log2 : -INFINITY;
+                mx0 = fmaxf(mx0, s[n][e]), mx1 = fmaxf(mx1, s[n][2 + e]);
+            }
+#pragma unroll
+        for (int x = 1; x < 4; x <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+        }
+        const float mn0 = fmaxf(m[0], mx0), mn1 = fmaxf(m[1], mx1);
+        const float base0 = mn0 == -INFINITY ? 0.0f : mn0, base1 = mn1 == -INFINITY ? 0.0f : mn1;
+        const float c0 = ex2(m[0] - base0), c1 = ex2(m[1] - base1);
+        m[0] = mn0, m[1] = mn1;
+        l[0] *= c0, l[1] *= c1;
+#pragma unroll
+        for (int d = 0; d < HD / 8; d++) o[d][0] *= c0, o[d][1] *= c0, o[d][2] *= c1, o[d][3] *= c1;
+
+        // P = 2^(s - m) as bf16 A fragments, 16 keys each
+        uint32_t pa[BC / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) {
+            float p[8];
+#pragma unroll
+            for (int h2 = 0; h2 < 2; h2++) {
+                const float *sn = s[2 * kk + h2];
+                p[4 * h2 + 0] = ex2(sn[0] - base0), p[4 * h2 + 1] = ex2(sn[1] - base0);
+                p[4 * h2 + 2] = ex2(sn[2] - base1), p[4 * h2 + 3] = ex2(sn[3] - base1);
+                l[0] += p[4 * h2] + p[4 * h2 + 1], l[1] += p[4 * h2 + 2] + p[4 * h2 + 3];
+            }
+            pa[kk][0] = pack_bf16(p[0], p[1]), pa[kk][1] = pack_bf16(p[2], p[3]);
+            pa[kk][2] = pack_bf16(p[4], p[5]), pa[kk][3] = pack_bf16(p[6], p[7]);
+        }
+
+        // O += P V, BC / 16 products of K = 16 keys (V descriptors advance 2 core matrices)
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) {
+            if (HD == 128) wgmma_m64n128k16_rs_tb(&o[0][0], pa[kk], dv + (uint64_t)(kk * 256 >> 4), 1);
+            else wgmma_m64n64k16_rs_tb(&o[0][0], pa[kk], dv + (uint64_t)(kk * 256 >> 4), 1);
+        }
+        wg_commit();
+        wg_wait<0>();
+        wg_hold<HD / 2>(&o[0][0]);
+        __syncthreads();   // buffer b is read; the prefetch after next overwrites it
+        t = tn;
+    }
+    cp_async_wait<0>();
+
+    float inv[2];
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        float le = l[e];
+#pragma unroll
+        for (int x = 1; x < 4; x <<= 1) le += __shfl_xor_sync(0xffffffffu, le, x);
+        inv[e] = le > 0 ? 1.0f / le : 0.0f;
+    }
+#pragma unroll
+    for (int d = 0; d < HD / 8; d++) {
+        int c = d * 8 + 2 * tq;
+#pragma unroll
+        for (int e = 0; e < 2; e++)
+            if (row(e) < a.n)
+                *(__nv_bfloat162 *)&out[((size_t)row(e) * a.heads + h) * HD + c] =
+                    __floats2bfloat162_rn(o[d][2 * e] * inv[e], o[d][2 * e + 1] * inv[e]);
+    }
+#endif
+}
+
 // ---- host side --------------------------------------------------------------------------------
 
 size_t attn_fa2_work_floats(const attn_cuda_args *a) {
@@ -310,8 +516,33 @@ static void launch(bf16 *out, const attn_cuda_args *a, int2 *mm, cudaStream_t st
 
 int attn_fa2_takes(const attn_cuda_args *a) { return a->hd == 64 || a->hd == 128; }
 
+// wgmma runs on compute capability 9.0 only (the sm_90a code); the emulator runs it anywhere
+int attn_wg_takes(const attn_cuda_args *a) {
+    static int cc90 = -1;
+    if (cc90 < 0) {
+        cudaDeviceProp p;
+        CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
+        cc90 = CUDA_EMULATED || (p.major == 9 && p.minor == 0);
+    }
+    return cc90 && (a->hd == 64 || a->hd == 128);
+}
+
+template <int HD>
+static void launch_wg(bf16 *out, const attn_cuda_args *a, int2 *mm, cudaStream_t st) {
+    size_t smem = sizeof(wg_smem<HD>);
+    static bool configured;
+    if (!configured) {
+        CUDA_CHECK(cudaFuncSetAttribute(attn_wg_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem));
+        configured = true;
+    }
+    dim3 grid((unsigned)((a->n + WG * 64 - 1) / (WG * 64)), (unsigned)a->heads);
+    CUDA_LAUNCH(attn_wg_kernel<HD>, grid, WG * 128, smem, st, out, *a, mm,
+                1.4426950408889634f / sqrtf((float)HD));
+}
+
 void attn_fa2_cuda(void *out, const attn_cuda_args *a, int rows_per_warp, float *work,
-                   cudaStream_t st) {
+                   cudaStream_t st) {   // rows_per_warp 16, 32, or 64: the warpgroup kernel
     if (a->n == 0) return;
     int tiles = (a->len + BC - 1) / BC;
     int2 *mm = (int2 *)work;
@@ -320,6 +551,7 @@ void attn_fa2_cuda(void *out, const attn_cuda_args *a, int rows_per_warp, float 
                     mm, a->kpos, a->len, a->cap);
     }
     bf16 *o = (bf16 *)out;
-    if (rows_per_warp == 32) a->hd == 64 ? launch<64, 2>(o, a, mm, st) : launch<128, 2>(o, a, mm, st);
+    if (rows_per_warp == 64) a->hd == 64 ? launch_wg<64>(o, a, mm, st) : launch_wg<128>(o, a, mm, st);
+    else if (rows_per_warp == 32) a->hd == 64 ? launch<64, 2>(o, a, mm, st) : launch<128, 2>(o, a, mm, st);
     else a->hd == 64 ? launch<64, 1>(o, a, mm, st) : launch<128, 1>(o, a, mm, st);
 }

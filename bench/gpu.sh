@@ -104,6 +104,11 @@ for b in "${BENCH[@]}"; do
     if [ $i = 1 ]; then   # the PyTorch peer on bench 1's shape and contexts, in the same call
         step "pytorch peer (bench/torch_peer.py)" 150 torch.log python3 bench/torch_peer.py \
             --shape llama-3.1-8b --ctx 8192,32768 -n 64
+        # full's prefill attention by the wgmma kernel (SIFT_ATTN_PREFILL=wg), the A/B of fa2w
+        # (the default) against the same peer
+        # shellcheck disable=SC2086
+        step "sift bench 1, SIFT_ATTN_PREFILL=wg" 120 bench_1_wg.log env SIFT_ATTN_PREFILL=wg \
+            "$SIFT" bench $b
     fi
     if [ $i = 5 ]; then   # batched Q4_K decode by dequantisation + cuBLASLt, the A/B of the tile kernel
         # shellcheck disable=SC2086

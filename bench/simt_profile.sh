@@ -7,7 +7,7 @@
 # leaves most of the key positions and the per-tile bounds unwritten (their upload kernels are
 # sampled too), so every sampled prefill block computes all key tiles: the blocks are alike and a
 # few suffice (simt_roofline.py halves the prefill counts to the causal triangle). Then compiles the
-# kernel sources with nvcc --resource-usage for sm_90 (the Makefile's NVFLAGS) into a temporary
+# kernel sources with nvcc --resource-usage for sm_90a (the Makefile's NVFLAGS) into a temporary
 # directory and writes per kernel: registers, static shared memory, stack and spill bytes.
 # Finally bench/simt_roofline.py joins the two into markdown tables (bench/CUDA.md).
 # Usage: bench/simt_profile.sh [OUTDIR]   (default build/simt_profile; env SAMPLE, NVCC)
@@ -25,13 +25,13 @@ t0=$(date +%s)
 SIMT_PROFILE="$out/profile.json" SIMT_SAMPLE_BLOCKS="$sample" "$bin" --only speed > "$out/speed.txt"
 echo "emulated run: $(( $(date +%s) - t0 )) s at SIMT_SAMPLE_BLOCKS=$sample" | tee "$out/run.txt"
 
-# ptxas prints, per entry function: "Compiling entry function 'MANGLED' for 'sm_90'", then
+# ptxas prints, per entry function: "Compiling entry function 'MANGLED' for 'sm_90a'", then
 # "N bytes stack frame, N bytes spill stores, N bytes spill loads", then
 # "Used N registers, used N barriers, N bytes smem". One TSV row each, the name demangled last.
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 for f in attn/*.cu backend/*.cu; do
-    "$nvcc" -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 --resource-usage \
+    "$nvcc" -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a --resource-usage \
         -c "$f" -o "$tmp/$(basename "$f" .cu).o" 2>&1
 done > "$tmp/ptxas.txt"
 {

@@ -46,7 +46,7 @@ def occupancy(threads, regs, smem):
 
 
 def kind(k):
-    for name, what in (("attn_fa2_kernel", "prefill"), ("attn_wmma_kernel", "prefill"),
+    for name, what in (("attn_fa2_kernel", "prefill"), ("attn_wg_kernel", "prefill"), ("attn_wmma_kernel", "prefill"),
                        ("attn_group_kernel", "decode"), ("attn_split_kernel", "decode")):
         if k.startswith(name):
             return what

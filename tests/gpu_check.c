@@ -470,7 +470,7 @@ static float *kv_rows(backend *b, const kv_layer *L, const void *p) {
 }
 
 // The kernels the CUDA backend can run for a case (attn_cuda.h), picked by environment variable.
-static const char *const prefill_kernels[] = {"fa2", "fa2w", "wmma", "flash"};
+static const char *const prefill_kernels[] = {"fa2", "fa2w", "wg", "wmma", "flash"};
 static const char *const decode_kernels[] = {"group", "split"};
 #define SPLIT_MAX_ROWS 16   // attn_cuda.cu: up to this many query rows run a decode kernel
 
@@ -492,10 +492,10 @@ static void test_attention(backend *bk[2], const attn_case *t) {
         for (int c = 0; p > qmin && c < kvd; c++)
             v[(size_t)j * kvd + c] *= 64;
     }
-    int decode = t->n <= SPLIT_MAX_ROWS, n_var = decode ? 2 : 4;
+    int decode = t->n <= SPLIT_MAX_ROWS, n_var = decode ? 2 : 5;
     const char *const *vars = decode ? decode_kernels : prefill_kernels;
     const char *env = decode ? "SIFT_ATTN_DECODE" : "SIFT_ATTN_PREFILL";
-    float *kc[2], *vc[2], *out[2][4], *pr[2][2];
+    float *kc[2], *vc[2], *out[2][5], *pr[2][2];
     int len = 0, m[2], *posr[2];
     for (int b = 0; b < 2; b++) {
         backend *B = bk[b];
@@ -770,11 +770,11 @@ static void test_attn_speed(backend *bk[2], int N) {
     void *dk = upload(g, kh, N, kvd), *dv = upload(g, vh, N, kvd), *dq = upload(g, qh, N, qd);
     void *o = g->alloc(g, (size_t)N * qd);
     g->kv_append(g, L, dk, dv, pos, N);
-    // fa2, fa2w and wmma on N causal rows (the CUDA-core flash kernel is far slower), group and
-    // split on one row
+    // fa2, fa2w, wg and wmma on N causal rows (the CUDA-core flash kernel is far slower), group
+    // and split on one row
     struct { const char *env, *kind; int prefill; } runs[] = {
         {"SIFT_ATTN_PREFILL", prefill_kernels[0], 1}, {"SIFT_ATTN_PREFILL", prefill_kernels[1], 1},
-        {"SIFT_ATTN_PREFILL", prefill_kernels[2], 1},
+        {"SIFT_ATTN_PREFILL", prefill_kernels[2], 1}, {"SIFT_ATTN_PREFILL", prefill_kernels[3], 1},
         {"SIFT_ATTN_DECODE", decode_kernels[0], 0}, {"SIFT_ATTN_DECODE", decode_kernels[1], 0}};
     for (size_t w = 0; w < sizeof runs / sizeof *runs; w++) {
         int pf = runs[w].prefill;

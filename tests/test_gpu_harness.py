@@ -35,7 +35,7 @@ def test_self_every_row_passes():
     assert re.search(r"gpu_check: (\d+) passed, 0 failed", p.stdout)
     table = rows(p.stdout)
     checks = {c for c, _, _ in table}
-    for k in ("fa2", "fa2w", "wmma", "flash", "group", "split"):
+    for k in ("fa2", "fa2w", "wg", "wmma", "flash", "group", "split"):
         assert f"attention [{k}]" in checks, k
     # every strategy: prefill logits, kept positions, decode step logits, greedy prefix
     for c in ("kept positions agree", "decode step logits", "greedy same prefix"):

@@ -111,12 +111,12 @@ def test_gpu_check_section(section):
         for t in ("F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"):
             assert {f"weight {t}: embed", f"weight {t}: matmul"} <= checks, t
     elif section == "attention":
-        for k in ("fa2", "fa2w", "wmma", "flash", "group", "split"):
+        for k in ("fa2", "fa2w", "wg", "wmma", "flash", "group", "split"):
             assert f"attention [{k}]" in checks, k
         for c in ("kv_append K", "kv_append V", "kv_append+kv_keep K", "attn_probs"):
             assert c in checks, c
         trap = {c for c, s, _ in table if c.startswith("attention [") and "trap" in s}
-        assert len(trap) == 6, trap   # every kernel has a case with keys it must not see
+        assert len(trap) == 7, trap   # every kernel has a case with keys it must not see
     elif section == "topk":
         assert sum(c == "attn_topk (share agreeing)" for c, _, _ in table) >= 4
     elif section == "phi":

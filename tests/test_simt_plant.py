@@ -86,6 +86,16 @@ PLANTS = {
         [("cp_async_wait<1>();   // everything but", "cp_async_wait<2>();   // everything but", 1)],
         "prefill GQA 8/2 hd128 400 trap", "checker",
         "wait_group 2 where 1 is needed: the tile about to be read may be in flight"),
+    "wg-causal-mask-off-by-one": (
+        "attn/attn_prefill_cuda.cu",
+        [("pj <= qp[0] ?", "pj <= qp[0] + 1 ?", 1), ("pj <= qp[1] ?", "pj <= qp[1] + 1 ?", 1)],
+        "prefill GQA 8/2 hd128 400 trap", "rows", "the wgmma prefill kernel lets each query see the key after it"),
+    "wg-v-layout": (
+        "attn/attn_prefill_cuda.cu", [("dv = wg_desc(sm.v[b], 128, BC * 16)", "dv = wg_desc(sm.v[b], 128, BC * 8)", 1)],
+        "prefill GQA 8/2 hd128 400 trap", "any", "the V descriptor's stride between 8-dim core matrices is half the layout's"),
+    "wg-s-read-before-wait": (
+        "attn/attn_prefill_cuda.cu", [("        wg_wait<0>();\n        wg_hold<BC / 2>(&s[0][0]);\n", "", 1)],
+        "prefill GQA 8/2 hd128 400 trap", "rows", "the scores are read before wgmma.wait_group completes them"),
     "combine-drops-last-split": (
         "attn/attn_cuda.cu",
         lambda text: COMBINE.sub(lambda m: m.group(0).replace("s < splits;", "s < splits - 1;"), text),
