@@ -259,7 +259,9 @@ float simt_ex2_approx_ftz(float x) {
 // The product is asynchronous: the emulator computes it when issued but keeps the result from
 // the registers (NaN there) until a wait_group completes its group, and reports a shared byte
 // it read that changed before then (a GPU may read it at any time in between). Each warp counts
-// and race-checks a quarter of B's 16-byte rows (the warpgroup reads B once) and its own A rows.
+// and race-checks a quarter of B's core matrices (the warpgroup reads B once) and its own A rows,
+// a core matrix per 8 lanes (how the tensor cores read shared memory is not documented: this
+// models whole 128-byte core matrices as conflict-free wavefronts).
 // Not modelled: the wgmma.fence rule (registers written by other instructions since the last
 // fence must not feed a wgmma); fence is accepted anywhere.
 
@@ -351,13 +353,14 @@ void wgmma_op(void *const *args, unsigned mask) {
         for (int r = 0; r < 16; r++)
             for (int k = 0; k < 16; k++) A[r][k] = bf16_at(desc_elem(x0->da, 16 * w + r, k, 0));
     }
-    // B: 2N 16-byte rows; this warp takes every fourth
-    const int rows = 2 * n;
-    for (int c = w, j = 0; c < rows; c += 4, j++) {
-        int r, k;   // a core-matrix row: K-major (n, k0 .. k0+7); MN-major (n0 .. n0+7, k)
-        if (x0->trans_b) r = c / 16 * 8, k = c % 16;
-        else r = c / 2, k = c % 2 * 8;
-        if (!desc_row(x0, x0->db, r, k, x0->trans_b, j % 32, read)) return;
+    // B: N / 4 core matrices of 8 16-byte rows; this warp takes a quarter of them, 8 lanes per
+    // core matrix (one 128-byte wavefront each)
+    const int rows = 2 * n, per = rows / 4;
+    for (int c = w * per; c < (w + 1) * per; c++) {
+        const int cm = c / 8, i = c % 8, nb = cm / 2, kb = cm % 2;
+        // the row: K-major (n = 8 nb + i, k 8 kb .. + 7); MN-major (n 8 nb .. + 7, k = 8 kb + i)
+        const int r = x0->trans_b ? 8 * nb : 8 * nb + i, k = x0->trans_b ? 8 * kb + i : 8 * kb;
+        if (!desc_row(x0, x0->db, r, k, x0->trans_b, (c - w * per) % 32, read)) return;
     }
     for (int k = 0; k < 16; k++)
         for (int c = 0; c < n; c++) B[k][c] = bf16_at(desc_elem(x0->db, c, k, x0->trans_b));
