@@ -393,8 +393,6 @@ attn_wg_kernel(bf16 *out, attn_cuda_args a, const int2 *mm, float scale_log2) {
     float o[HD / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
 #pragma unroll
     for (int d = 0; d < HD / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0;
-    // A descriptors of this warpgroup's Q rows; LBO 128 (dims 8 apart), SBO HD * 16 (rows 8 apart)
-    const uint64_t dq = wg_desc(qs + kmaj<HD>(wg * 64, 0), 128, HD * 16);
 
     for (int b = 0; t < ntiles; b ^= 1) {
         int tn = next_visible(t + 1);
@@ -403,6 +401,9 @@ attn_wg_kernel(bf16 *out, attn_cuda_args a, const int2 *mm, float scale_log2) {
         cp_async_wait<1>();
         __syncthreads();
         const int *kp = sm.kp[b];
+        // descriptors: LBO 128 (core matrices 8 dims or 8 keys apart along K), SBO the stride
+        // between 8-row groups (Q, K: HD * 16 bytes) or 8-dim groups (V: BC * 16)
+        const uint64_t dq = wg_desc(qs + kmaj<HD>(wg * 64, 0), 128, HD * 16);
         const uint64_t dk = wg_desc(sm.k[b], 128, HD * 16), dv = wg_desc(sm.v[b], 128, BC * 16);
 
         // S (64 x BC) = Q K^T, HD / 16 products of K = 16 dims (descriptors advance 2 core
