@@ -7,8 +7,9 @@
 //    CPU's --weights fast do) with dp4a, the block scales applied once per group. One pass over
 //    the blocks: the bytes read are the file's. (fp32 dequantisation per element measured 11.5
 //    ms per 8B Q4_K token on an H200, instruction-bound, against 5.8 ms for bf16 weights.)
-//    Q4_K, Q5_K and Q6_K take qgemv_k_kernel instead (a lane per 16 bytes of quants, a row's
-//    loads issued before its products; SIFT_CUDA_QGEMV=group: qgemv_kernel, the A/B);
+//    Q4_K, Q5_K and Q6_K take qgemv_k_kernel instead, Q8_0 qgemv_q8_kernel (a lane per 16 bytes
+//    of quants, a row's loads issued before its products; SIFT_CUDA_QGEMV=group: qgemv_kernel,
+//    the A/B);
 //  - a batch of rows (QV_ROWS < n <= QT_ROWS: batched decode, short prefills): qgemm_kernel, 64 x
 //    64 tiles of out, W dequantised into shared memory a 256-wide step at a time, mma.sync;
 //  - many rows (prefill, n > QT_ROWS): the weight is dequantised to bf16 a chunk of rows at a time
@@ -403,6 +404,74 @@ qgemv_k_kernel(bf16 *out, const int8_t *xq, const float4 *xs, const uint8_t *w, 
     }
 }
 
+// Q8_0's decode product with a lane per 16 quant bytes (half a 34-byte block) instead of a lane
+// per block: 2 lanes per block, 16 blocks per warp step, a warp per row. Blocks of 34 bytes are
+// only 2-byte aligned, so the group kernel reads a block as 16 two-byte pairs, each load of the
+// warp spread over 32 blocks (1088 bytes, 34 sectors for 64 bytes used). Here a lane reads its 16
+// bytes as 4 aligned words and a 2-byte tail, shifted by 0 or 16 bits (q8_half_load), and its
+// block's d; each load of the warp spans 16 blocks (544 bytes). At one row of x a lane issues KU =
+// 8 steps' loads (a 4096-wide row: 128 blocks) before its first product. grid ceil(o / QW),
+// QW * 32 threads.
+// The 16 bytes at p (2-byte aligned) as 4 words; reads [p - 2, p + 16) at most (never past p + 16,
+// so the last block of a tensor is not overrun)
+__device__ static inline void q8_half_load(const uint8_t *p, uint32_t *w) {
+    const int off = (int)((uintptr_t)p & 3);   // 0 or 2
+    const uint32_t *a = (const uint32_t *)(p - off);
+    const uint32_t tail = u16at(p + 14);
+    uint32_t u[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) u[i] = a[i];
+#pragma unroll
+    for (int i = 0; i < 3; i++) w[i] = off ? (u[i] >> 16 | u[i + 1] << 16) : u[i];
+    w[3] = off ? (u[3] >> 16 | tail << 16) : u[3];
+}
+
+template <uint32_t T, int NV>
+__global__ void __launch_bounds__(QW * 32, NV == 1 ? 8 : 1)   // one row of x: <= 64 registers
+qgemv_q8_kernel(bf16 *out, const int8_t *xq, const float4 *xs, const uint8_t *w, size_t row_bytes,
+                int in, int o) {
+    static_assert(T == GGML_Q8_0, "Q8_0 blocks");
+    const int lane = threadIdx.x % 32, r = blockIdx.x * QW + threadIdx.x / 32;
+    if (r >= o) return;
+    const int h = lane % 2;   // the block's half: quants 16h .. 16h + 15
+    const uint8_t *row = w + (size_t)r * row_bytes;
+    const int ng = in / 32;
+    constexpr int KU = NV == 1 ? 8 : NV == 2 ? 4 : NV == 4 ? 2 : 1;
+    float acc[NV];
+#pragma unroll
+    for (int v = 0; v < NV; v++) acc[v] = 0;
+    for (int g0 = lane / 2; g0 < ng; g0 += 16 * KU) {
+        uint32_t q[KU][4], dh[KU];
+#pragma unroll
+        for (int u = 0; u < KU; u++) {   // every load of the KU steps first
+            const int g = g0 + 16 * u;
+            if (g < ng) {
+                const uint8_t *B = row + (size_t)g * 34;
+                q8_half_load(B + 2 + 16 * h, q[u]);
+                dh[u] = u16at(B);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < KU; u++) {
+            const int g = g0 + 16 * u;
+            if (g >= ng) continue;
+            const float d = f16_to_f32(dh[u]);
+#pragma unroll
+            for (int v = 0; v < NV; v++) {
+                const uint4 x = *(const uint4 *)(xq + (size_t)v * in + (size_t)g * 32 + 16 * h);
+                const float dx = xs[(size_t)v * ng + g].x;   // x's block scale (both halves')
+                acc[v] += dx * (d * (float)dot16(q[u], x));
+            }
+        }
+    }
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+        float t = acc[v];
+        for (int x = 16; x > 0; x >>= 1) t += __shfl_xor_sync(0xffffffffu, t, x);
+        if (lane == 0) out[(size_t)v * o + r] = __float2bfloat16(t);
+    }
+}
+
 // 4 bf16 of y = a * q + b (one rounding each, as the CPU's dequantisation, then bf16's)
 // as one 8-byte store (y 8-byte aligned: e % 4 == 0 in rows of a multiple of 32)
 __device__ static inline void store4(bf16 *y, const float *q, float a, float b) {
@@ -553,13 +622,22 @@ qgemm_kernel(bf16 *out, const bf16 *x, const uint8_t *w, size_t row_bytes, int n
     default: CHECK_INTERNAL(0, "no device kernel for GGUF type %u", (unsigned)(T));                 \
     }
 
-// Which decode kernel takes Q4_K, Q5_K and Q6_K: SIFT_CUDA_QGEMV=chunk (qgemv_k_kernel) or group
-// (qgemv_kernel, as every other type); read at each product, so gpu_check and bench/gpu.sh can A/B
-// them in one process.
+// Which decode kernel takes Q4_K, Q5_K, Q6_K and Q8_0: SIFT_CUDA_QGEMV=chunk (qgemv_k_kernel,
+// qgemv_q8_kernel) or group (qgemv_kernel, as every other type); read at each product, so
+// gpu_check and bench/gpu.sh can A/B them in one process.
 static int k_chunks(void) {
     const char *e = getenv("SIFT_CUDA_QGEMV");
     return !(e && strcmp(e, "group") == 0);
 }
+
+// kernel K<T, nv> for nv = 8, 4, 2 or 1 rows of x
+#define LAUNCH_NV(K)                                                                               \
+    do {                                                                                           \
+        if (nv == 8) CUDA_LAUNCH((K<T, 8>), grid, QW * 32, 0, c->stream, out, xq, xs, q, rb, in, o); \
+        else if (nv == 4) CUDA_LAUNCH((K<T, 4>), grid, QW * 32, 0, c->stream, out, xq, xs, q, rb, in, o); \
+        else if (nv == 2) CUDA_LAUNCH((K<T, 2>), grid, QW * 32, 0, c->stream, out, xq, xs, q, rb, in, o); \
+        else CUDA_LAUNCH((K<T, 1>), grid, QW * 32, 0, c->stream, out, xq, xs, q, rb, in, o);     \
+    } while (0)
 
 template <uint32_t T>
 static void gemv(cuda_impl *c, bf16 *out, const int8_t *xq, const float4 *xs, const bk_weight *w,
@@ -569,18 +647,18 @@ static void gemv(cuda_impl *c, bf16 *out, const int8_t *xq, const float4 *xs, co
     size_t rb = w->row_bytes;
     if constexpr (T == GGML_Q4_K || T == GGML_Q5_K || T == GGML_Q6_K) {
         if (k_chunks()) {
-            if (nv == 8) CUDA_LAUNCH((qgemv_k_kernel<T, 8>), grid, QW * 32, 0, c->stream, out, xq, xs, q, rb, in, o);
-            else if (nv == 4) CUDA_LAUNCH((qgemv_k_kernel<T, 4>), grid, QW * 32, 0, c->stream, out, xq, xs, q, rb, in, o);
-            else if (nv == 2) CUDA_LAUNCH((qgemv_k_kernel<T, 2>), grid, QW * 32, 0, c->stream, out, xq, xs, q, rb, in, o);
-            else CUDA_LAUNCH((qgemv_k_kernel<T, 1>), grid, QW * 32, 0, c->stream, out, xq, xs, q, rb, in, o);
+            LAUNCH_NV(qgemv_k_kernel);
+            return;
+        }
+    } else if constexpr (T == GGML_Q8_0) {
+        if (k_chunks()) {
+            LAUNCH_NV(qgemv_q8_kernel);
             return;
         }
     }
-    if (nv == 8) CUDA_LAUNCH((qgemv_kernel<T, 8>), grid, QW * 32, 0, c->stream, out, xq, xs, q, rb, in, o);
-    else if (nv == 4) CUDA_LAUNCH((qgemv_kernel<T, 4>), grid, QW * 32, 0, c->stream, out, xq, xs, q, rb, in, o);
-    else if (nv == 2) CUDA_LAUNCH((qgemv_kernel<T, 2>), grid, QW * 32, 0, c->stream, out, xq, xs, q, rb, in, o);
-    else CUDA_LAUNCH((qgemv_kernel<T, 1>), grid, QW * 32, 0, c->stream, out, xq, xs, q, rb, in, o);
+    LAUNCH_NV(qgemv_kernel);
 }
+#undef LAUNCH_NV
 
 template <uint32_t T>
 static void dequant_rows(cuda_impl *c, bf16 *dst, const bk_weight *w, int in, int r0, int nr) {

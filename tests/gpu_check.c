@@ -21,6 +21,7 @@
 #include "../policies/policy.h"
 #include "../util/check.h"
 #include "../weights/dequant.h"
+#include "../weights/kvrow.h"
 #include "../weights/synthetic.h"
 
 #define TOL 2e-2         // one op in bf16
@@ -799,7 +800,7 @@ static void test_attn_speed(backend *bk[2], int N) {
 // The decode products on GGUF blocks alone (backend/qmatmul_cuda.cu) at the Llama-3.1-8B layer's
 // shapes (in -> out: q|k|v 4096 -> 6144, o 4096 -> 4096, gate|up 4096 -> 28672, down 14336 ->
 // 4096): GB/s of weight bytes read and the share of the copy ceiling, each Q4_K shape by the chunk
-// and the group kernel (SIFT_CUDA_QGEMV), gate|up also at 8 rows of x, in Q6_K (both) and Q8_0;
+// and the group kernel (SIFT_CUDA_QGEMV), gate|up also at 8 rows of x, in Q6_K and Q8_0 (both);
 // gate|up and down at 64 rows of x (gate|up also 256) by the tile kernel and by dequantisation +
 // cuBLASLt (SIFT_CUDA_QGEMM_ROWS=0).
 // Informational rows (bench/RESULTS.md records them); the values are checked by test_weight_type.
@@ -812,7 +813,7 @@ static void test_qmatmul_speed(backend *bk[2]) {
         {GGML_Q4_K, 14336, 4096, 1, "chunk"}, {GGML_Q4_K, 14336, 4096, 1, "group"},
         {GGML_Q4_K, 4096, 28672, 8, "chunk"}, {GGML_Q4_K, 4096, 28672, 8, "group"},
         {GGML_Q6_K, 4096, 28672, 1, "chunk"}, {GGML_Q6_K, 4096, 28672, 1, "group"},
-        {GGML_Q8_0, 4096, 28672, 1, "group"},
+        {GGML_Q8_0, 4096, 28672, 1, "chunk"}, {GGML_Q8_0, 4096, 28672, 1, "group"},
         // 64 rows of x (batched decode): the tile kernel against dequantisation + cuBLASLt
         {GGML_Q4_K, 4096, 28672, 64, "tile"}, {GGML_Q4_K, 4096, 28672, 64, "dq"},
         {GGML_Q4_K, 14336, 4096, 64, "tile"}, {GGML_Q4_K, 14336, 4096, 64, "dq"},
@@ -1331,6 +1332,27 @@ static void check_int8_bound(backend *g, const bk_weight *w, const float *deq, c
     free(got);
 }
 
+// synth_blocks gives every block of a tensor the same scale; here block k's f16 scale (and its
+// min or dmin) is multiplied by 1, 2, 0.5, 3 or 1.5 by k % 5, so that a kernel taking another
+// block's scale gives wrong rows
+static void vary_block_scales(uint32_t type, uint8_t *blocks, size_t nblocks) {
+    int off[2] = {0, -1};
+    switch (type) {
+    case GGML_Q4_0: case GGML_Q5_0: case GGML_Q8_0: break;
+    case GGML_Q4_1: case GGML_Q5_1: case GGML_Q4_K: case GGML_Q5_K: off[1] = 2; break;
+    case GGML_Q6_K: off[0] = 208; break;
+    default: return;   // F16, BF16: no block scale
+    }
+    static const float f[5] = {1.0f, 2.0f, 0.5f, 3.0f, 1.5f};
+    const size_t bb = dq_block_bytes(type);
+    for (size_t k = 0; k < nblocks; k++)
+        for (int j = 0; j < 2 && off[j] >= 0; j++) {
+            uint8_t *p = blocks + k * bb + off[j];
+            uint16_t h = kv_f32_to_f16(dq_f16_to_f32((uint16_t)(p[0] | p[1] << 8)) * f[k % 5]);
+            p[0] = (uint8_t)h, p[1] = (uint8_t)(h >> 8);
+        }
+}
+
 // A weight handed over in a GGUF block encoding (random blocks, weights/synthetic.c): each backend
 // keeps it its own way (the CPU reference dequantises to fp32 on the host with weights/dequant.c;
 // CUDA keeps the blocks of the types qmatmul_cuda.cu takes and decodes them in its kernels, and
@@ -1340,6 +1362,7 @@ static void test_weight_type(backend *bk[2], uint32_t type, int rows, int cols, 
     uint8_t *blocks = xmalloc(bytes);
     CHECK_INTERNAL(synth_blocks(type, blocks, rows, cols, 7, type, 1.0f / sqrtf((float)cols)) == 0,
                    "synth_blocks %s", gguf_type_name(type));
+    vary_block_scales(type, blocks, bytes / dq_block_bytes(type));
     // the blocks must hold values: a scale flushed to zero would make every row below vacuous
     float *deq = xmalloc((size_t)rows * cols * sizeof(float));
     size_t nonzero = 0;
@@ -1389,9 +1412,11 @@ static void test_weight_types(backend *bk[2]) {
     // 101 rows of W: the tile kernel's second block of 64 rows (r0 > 0)
     test_weight_type(bk, GGML_Q4_K, 101, 512, "");
     test_weight_type(bk, GGML_Q6_K, 101, 512, "");
-    // Q4_K, Q5_K and Q6_K have two decode kernels (SIFT_CUDA_QGEMV): each on rows of 19 blocks (the
-    // chunk kernel's warp takes 4 blocks a step and issues KU = 4 steps' loads at once: one full
-    // round of 16 blocks, then 3 with a quarter of the lanes idle)
+    // Q4_K, Q5_K, Q6_K and Q8_0 have two decode kernels (SIFT_CUDA_QGEMV): each on rows of 19
+    // blocks of 256 (the K chunk kernel's warp takes 4 blocks a step and issues KU = 4 steps'
+    // loads at once: one full round of 16 blocks, then 3 with a quarter of the lanes idle) or 145
+    // blocks of 32 (the Q8_0 kernel's warp takes 16 a step, KU = 8 steps at one row of x, 4 at
+    // two: full rounds, then 17 blocks; odd and even blocks, whose quants start 4-aligned or not)
     static const char *kernels[] = {"chunk", "group"};
     for (int k = 0; k < 2; k++) {
         char tag[16];
@@ -1400,6 +1425,7 @@ static void test_weight_types(backend *bk[2]) {
         test_weight_type(bk, GGML_Q4_K, 37, 19 * 256, tag);
         test_weight_type(bk, GGML_Q5_K, 37, 19 * 256, tag);
         test_weight_type(bk, GGML_Q6_K, 37, 19 * 256, tag);
+        test_weight_type(bk, GGML_Q8_0, 37, 145 * 32, tag);
     }
     unsetenv("SIFT_CUDA_QGEMV");
 }

@@ -55,6 +55,16 @@ PLANTS = {
         "backend/qmatmul_cuda.cu", [("const float2 s1 = ((const float2 *)(xs + (size_t)v * ng + g + dg))[h];",
                                      "const float2 s1 = ((const float2 *)(xs + (size_t)v * ng + g + dg))[0];", 1)],
         "ops:", "rows", "the chunk kernel's mins take the first half's x sum for both halves"),
+    "q8-chunk-tail": (
+        "backend/qmatmul_cuda.cu", [("w[3] = off ? (u[3] >> 16 | tail << 16) : u[3];", "w[3] = off ? (u[3] >> 16 | tail << 8) : u[3];", 1)],
+        "ops:", "rows", "the Q8_0 chunk kernel puts the last two quants of a 2-aligned half in the wrong bytes"),
+    "q8-chunk-neighbour-scale": (
+        "backend/qmatmul_cuda.cu", [("dh[u] = u16at(B);", "dh[u] = u16at(row + (size_t)(g & ~1) * 34);", 1)],
+        "ops:", "rows", "the Q8_0 chunk kernel gives odd blocks the scale of the even block before them "
+                        "(caught because gpu_check varies the scale from block to block)"),
+    "q8-chunk-skips-blocks": (
+        "backend/qmatmul_cuda.cu", [("g0 < ng; g0 += 16 * KU)", "g0 < ng; g0 += 16 * KU + 16)", 1)],
+        "ops:", "rows", "the Q8_0 chunk kernel's warp skips 16 blocks after each round of loads"),
     "qgemm-no-barrier-after-step": (
         "backend/qmatmul_cuda.cu", [("        __syncthreads();   // the tiles are overwritten next step\n", "", 1)],
         "ops:", "checker", "the tile kernel overwrites its tiles while other warps still read them"),
