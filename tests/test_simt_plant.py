@@ -34,7 +34,7 @@ PLANTS = {
         "backend/qmatmul_cuda.cu", [("spread4(qh >> (16 + 4 * i)) << 4", "spread4(qh >> (12 + 4 * i)) << 4", 1)],
         "ops:", "rows", "Q5_0/Q5_1's decode product takes the fifth bit of the wrong element"),
     "qgemv-reduction-drops-a-lane": (
-        "backend/qmatmul_cuda.cu", [("for (int x = 16; x > 0; x >>= 1) t += __shfl_xor_sync", "for (int x = 16; x > 1; x >>= 1) t += __shfl_xor_sync", 2)],
+        "backend/qmatmul_cuda.cu", [("for (int x = 16; x > 0; x >>= 1) t += __shfl_xor_sync", "for (int x = 16; x > 1; x >>= 1) t += __shfl_xor_sync", 3)],
         "ops:", "rows", "the decode kernels' warp sums leave out the last shuffle"),
     "q4k-chunk-scale-top-bits": (
         "backend/qmatmul_cuda.cu", [("(w2 & 0x0F0Fu) | (w0 & 0xC0C0u) >> 2", "(w2 & 0x0F0Fu) | (w1 & 0xC0C0u) >> 2", 1)],
