@@ -54,6 +54,80 @@ __global__ void tile_minmax_kernel(int2 *mm, const int *kpos, int len, int cap) 
     }
 }
 
+// ---- one 16-row tile's softmax and output (both kernels; s, o in the accumulator layout:
+// [n][0..1] row gr, [n][2..3] row gr + 8, columns 8n + 2 tq + 0..1) ---------------------------
+
+// The online-softmax step of a tile of BC scores: mask by position (key j is visible to a row iff
+// kp[j] <= its position qp[0] or qp[1]; full: every key visible), scale to base 2, update the
+// running maxima m and sums l, rescale O; base: the new maxima (0 while a row sees nothing)
+template <int HD>
+__device__ static inline void softmax_step(float (*s)[4], const int *kp, const int *qp, bool full,
+                                           float scale_log2, float *m, float *l, float (*o)[4],
+                                           float *base, int tq) {
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < BC / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            int pj = kp[n * 8 + 2 * tq + e];
+            s[n][e] = full || pj <= qp[0] ? s[n][e] * scale_log2 : -INFINITY;
+            s[n][2 + e] = full || pj <= qp[1] ? s[n][2 + e] * scale_log2 : -INFINITY;
+            mx0 = fmaxf(mx0, s[n][e]), mx1 = fmaxf(mx1, s[n][2 + e]);
+        }
+#pragma unroll
+    for (int x = 1; x < 4; x <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+    }
+    const float mn0 = fmaxf(m[0], mx0), mn1 = fmaxf(m[1], mx1);
+    base[0] = mn0 == -INFINITY ? 0.0f : mn0, base[1] = mn1 == -INFINITY ? 0.0f : mn1;
+    const float c0 = ex2(m[0] - base[0]), c1 = ex2(m[1] - base[1]);   // m = -inf: 0
+    m[0] = mn0, m[1] = mn1;
+    l[0] *= c0, l[1] *= c1;
+#pragma unroll
+    for (int d = 0; d < HD / 8; d++) o[d][0] *= c0, o[d][1] *= c0, o[d][2] *= c1, o[d][3] *= c1;
+}
+
+// P = 2^(s - base) of keys 16 kk .. 16 kk + 15 as the bf16 A fragment of P V (the accumulator
+// of two 8-key tiles is, element for element, mma.m16n8k16's A); l += their sums
+__device__ static inline void p_fragment(const float (*s)[4], int kk, const float *base, float *l,
+                                         uint32_t *pa) {
+    float p[8];
+#pragma unroll
+    for (int h2 = 0; h2 < 2; h2++) {
+        const float *sn = s[2 * kk + h2];
+        p[4 * h2 + 0] = ex2(sn[0] - base[0]), p[4 * h2 + 1] = ex2(sn[1] - base[0]);
+        p[4 * h2 + 2] = ex2(sn[2] - base[1]), p[4 * h2 + 3] = ex2(sn[3] - base[1]);
+        l[0] += p[4 * h2] + p[4 * h2 + 1], l[1] += p[4 * h2 + 2] + p[4 * h2 + 3];
+    }
+    pa[0] = pack_bf16(p[0], p[1]), pa[1] = pack_bf16(p[2], p[3]);
+    pa[2] = pack_bf16(p[4], p[5]), pa[3] = pack_bf16(p[6], p[7]);
+}
+
+// out rows rr[0] (gr) and rr[1] (gr + 8) = O / l, l summed over the row's 4 lanes (rows with no
+// visible key: zeros; rows past n: not written)
+template <int HD>
+__device__ static inline void store_rows(bf16 *out, const float (*o)[4], const float *l, const int *rr,
+                                         const attn_cuda_args &a, int h, int tq) {
+    float inv[2];
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        float le = l[e];
+#pragma unroll
+        for (int x = 1; x < 4; x <<= 1) le += __shfl_xor_sync(0xffffffffu, le, x);
+        inv[e] = le > 0 ? 1.0f / le : 0.0f;
+    }
+#pragma unroll
+    for (int d = 0; d < HD / 8; d++) {
+        int c = d * 8 + 2 * tq;
+#pragma unroll
+        for (int e = 0; e < 2; e++)
+            if (rr[e] < a.n)
+                *(__nv_bfloat162 *)&out[((size_t)rr[e] * a.heads + h) * HD + c] =
+                    __floats2bfloat162_rn(o[d][2 * e] * inv[e], o[d][2 * e + 1] * inv[e]);
+    }
+}
+
 // ---- the kernel -------------------------------------------------------------------------------
 
 // MT = 16-row tiles of queries per warp: 1 (block of 64 rows, "fa2") or 2 (128 rows, "fa2w"). With
@@ -203,50 +277,15 @@ attn_fa2_kernel(bf16 *out, attn_cuda_args a, const int2 *mm, float scale_log2) {
         const bool full = mmg[t].y <= wlo && (t + 1) * BC <= a.len;
         float base[MT][2];
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-            for (int n = 0; n < BC / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    int pj = kp[n * 8 + 2 * tq + e];
-                    float *sn = s[mt][n];
-                    sn[e] = full || pj <= qp[mt][0] ? sn[e] * scale_log2 : -INFINITY;
-                    sn[2 + e] = full || pj <= qp[mt][1] ? sn[2 + e] * scale_log2 : -INFINITY;
-                    mx0 = fmaxf(mx0, sn[e]), mx1 = fmaxf(mx1, sn[2 + e]);
-                }
-#pragma unroll
-            for (int x = 1; x < 4; x <<= 1) {
-                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
-                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
-            }
-            const float mn0 = fmaxf(m[mt][0], mx0), mn1 = fmaxf(m[mt][1], mx1);
-            base[mt][0] = mn0 == -INFINITY ? 0.0f : mn0, base[mt][1] = mn1 == -INFINITY ? 0.0f : mn1;
-            const float c0 = ex2(m[mt][0] - base[mt][0]), c1 = ex2(m[mt][1] - base[mt][1]);   // m = -inf: 0
-            m[mt][0] = mn0, m[mt][1] = mn1;
-            l[mt][0] *= c0, l[mt][1] *= c1;
-#pragma unroll
-            for (int d = 0; d < HD / 8; d++)
-                o[mt][d][0] *= c0, o[mt][d][1] *= c0, o[mt][d][2] *= c1, o[mt][d][3] *= c1;
-        }
+        for (int mt = 0; mt < MT; mt++)
+            softmax_step<HD>(s[mt], kp, qp[mt], full, scale_log2, m[mt], l[mt], o[mt], base[mt], tq);
 
         // P = 2^(s - m) in bf16 A fragments; O += P V: each V fragment feeds the MT query tiles
 #pragma unroll
         for (int kk = 0; kk < BC / 16; kk++) {
             uint32_t pa[MT][4];
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                float p[8];
-#pragma unroll
-                for (int h2 = 0; h2 < 2; h2++) {
-                    const float *sn = s[mt][2 * kk + h2];
-                    p[4 * h2 + 0] = ex2(sn[0] - base[mt][0]), p[4 * h2 + 1] = ex2(sn[1] - base[mt][0]);
-                    p[4 * h2 + 2] = ex2(sn[2] - base[mt][1]), p[4 * h2 + 3] = ex2(sn[3] - base[mt][1]);
-                    l[mt][0] += p[4 * h2] + p[4 * h2 + 1], l[mt][1] += p[4 * h2 + 2] + p[4 * h2 + 3];
-                }
-                pa[mt][0] = pack_bf16(p[0], p[1]), pa[mt][1] = pack_bf16(p[2], p[3]);
-                pa[mt][2] = pack_bf16(p[4], p[5]), pa[mt][3] = pack_bf16(p[6], p[7]);
-            }
+            for (int mt = 0; mt < MT; mt++) p_fragment(s[mt], kk, base[mt], l[mt], pa[mt]);
 #pragma unroll
             for (int d2 = 0; d2 < HD / 16; d2++) {
                 uint32_t vb[4];   // dims d2*16 + 0..7 (vb0, vb1) and + 8..15 (vb2, vb3)
@@ -263,26 +302,10 @@ attn_fa2_kernel(bf16 *out, attn_cuda_args a, const int2 *mm, float scale_log2) {
     }
     cp_async_wait<0>();
 
-    // row sums over the 4 lanes of a row; out = O / l (rows with no visible key: zeros)
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
-        float inv[2];
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            float le = l[mt][e];
-#pragma unroll
-            for (int x = 1; x < 4; x <<= 1) le += __shfl_xor_sync(0xffffffffu, le, x);
-            inv[e] = le > 0 ? 1.0f / le : 0.0f;
-        }
-#pragma unroll
-        for (int d = 0; d < HD / 8; d++) {
-            int c = d * 8 + 2 * tq;
-#pragma unroll
-            for (int e = 0; e < 2; e++)
-                if (row(mt, e) < a.n)
-                    *(__nv_bfloat162 *)&out[((size_t)row(mt, e) * a.heads + h) * HD + c] =
-                        __floats2bfloat162_rn(o[mt][d][2 * e] * inv[e], o[mt][d][2 * e + 1] * inv[e]);
-        }
+        const int rr[2] = {row(mt, 0), row(mt, 1)};
+        store_rows<HD>(out, o[mt], l[mt], rr, a, h, tq);
     }
 }
 
@@ -417,46 +440,13 @@ attn_wg_kernel(bf16 *out, attn_cuda_args a, const int2 *mm, float scale_log2) {
         wg_wait<0>();
         wg_hold<BC / 2>(&s[0][0]);
 
-        // mask, scale (base 2), running max (as fa2)
+        // mask, scale (base 2), running max; P = 2^(s - m) as bf16 A fragments, 16 keys each
         const bool full = mmg[t].y <= wlo && (t + 1) * BC <= a.len;
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int n = 0; n < BC / 8; n++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                int pj = kp[n * 8 + 2 * tq + e];
-                s[n][e] = full || pj <= qp[0] ? s[n][e] * scale_log2 : -INFINITY;
-                s[n][2 + e] = full || pj <= qp[1] ? s[n][2 + e] * scale_log2 : -INFINITY;
-                mx0 = fmaxf(mx0, s[n][e]), mx1 = fmaxf(mx1, s[n][2 + e]);
-            }
-#pragma unroll
-        for (int x = 1; x < 4; x <<= 1) {
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
-        }
-        const float mn0 = fmaxf(m[0], mx0), mn1 = fmaxf(m[1], mx1);
-        const float base0 = mn0 == -INFINITY ? 0.0f : mn0, base1 = mn1 == -INFINITY ? 0.0f : mn1;
-        const float c0 = ex2(m[0] - base0), c1 = ex2(m[1] - base1);
-        m[0] = mn0, m[1] = mn1;
-        l[0] *= c0, l[1] *= c1;
-#pragma unroll
-        for (int d = 0; d < HD / 8; d++) o[d][0] *= c0, o[d][1] *= c0, o[d][2] *= c1, o[d][3] *= c1;
-
-        // P = 2^(s - m) as bf16 A fragments, 16 keys each
+        float base[2];
+        softmax_step<HD>(s, kp, qp, full, scale_log2, m, l, o, base, tq);
         uint32_t pa[BC / 16][4];
 #pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++) {
-            float p[8];
-#pragma unroll
-            for (int h2 = 0; h2 < 2; h2++) {
-                const float *sn = s[2 * kk + h2];
-                p[4 * h2 + 0] = ex2(sn[0] - base0), p[4 * h2 + 1] = ex2(sn[1] - base0);
-                p[4 * h2 + 2] = ex2(sn[2] - base1), p[4 * h2 + 3] = ex2(sn[3] - base1);
-                l[0] += p[4 * h2] + p[4 * h2 + 1], l[1] += p[4 * h2 + 2] + p[4 * h2 + 3];
-            }
-            pa[kk][0] = pack_bf16(p[0], p[1]), pa[kk][1] = pack_bf16(p[2], p[3]);
-            pa[kk][2] = pack_bf16(p[4], p[5]), pa[kk][3] = pack_bf16(p[6], p[7]);
-        }
+        for (int kk = 0; kk < BC / 16; kk++) p_fragment(s, kk, base, l, pa[kk]);
 
         // O += P V, BC / 16 products of K = 16 keys (V descriptors advance 2 core matrices)
         wg_fence();
@@ -472,24 +462,8 @@ attn_wg_kernel(bf16 *out, attn_cuda_args a, const int2 *mm, float scale_log2) {
         t = tn;
     }
     cp_async_wait<0>();
-
-    float inv[2];
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-        float le = l[e];
-#pragma unroll
-        for (int x = 1; x < 4; x <<= 1) le += __shfl_xor_sync(0xffffffffu, le, x);
-        inv[e] = le > 0 ? 1.0f / le : 0.0f;
-    }
-#pragma unroll
-    for (int d = 0; d < HD / 8; d++) {
-        int c = d * 8 + 2 * tq;
-#pragma unroll
-        for (int e = 0; e < 2; e++)
-            if (row(e) < a.n)
-                *(__nv_bfloat162 *)&out[((size_t)row(e) * a.heads + h) * HD + c] =
-                    __floats2bfloat162_rn(o[d][2 * e] * inv[e], o[d][2 * e + 1] * inv[e]);
-    }
+    const int rr[2] = {row(0), row(1)};
+    store_rows<HD>(out, o, l, rr, a, h, tq);
 #endif
 }
 

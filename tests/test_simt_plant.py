@@ -79,8 +79,8 @@ PLANTS = {
         "ops:", "rows", "the chunked dequantisation skips 8 rows after each chunk"),
     "causal-mask-off-by-one": (
         "attn/attn_prefill_cuda.cu",
-        [("pj <= qp[mt][0] ?", "pj <= qp[mt][0] + 1 ?", 1), ("pj <= qp[mt][1] ?", "pj <= qp[mt][1] + 1 ?", 1)],
-        "prefill GQA 8/2 hd128 400 trap", "rows", "the FA2 prefill kernel lets each query see the key after it"),
+        [("pj <= qp[0] ?", "pj <= qp[0] + 1 ?", 1), ("pj <= qp[1] ?", "pj <= qp[1] + 1 ?", 1)],
+        "prefill GQA 8/2 hd128 400 trap", "rows", "the prefill kernels' softmax step lets each query see the key after it"),
     "deleted-syncthreads": (
         "attn/attn_prefill_cuda.cu",
         [("cp_async_wait<1>();   // everything but the prefetch just issued has landed\n        __syncthreads();",
@@ -96,10 +96,6 @@ PLANTS = {
         [("cp_async_wait<1>();   // everything but", "cp_async_wait<2>();   // everything but", 1)],
         "prefill GQA 8/2 hd128 400 trap", "checker",
         "wait_group 2 where 1 is needed: the tile about to be read may be in flight"),
-    "wg-causal-mask-off-by-one": (
-        "attn/attn_prefill_cuda.cu",
-        [("pj <= qp[0] ?", "pj <= qp[0] + 1 ?", 1), ("pj <= qp[1] ?", "pj <= qp[1] + 1 ?", 1)],
-        "prefill GQA 8/2 hd128 400 trap", "rows", "the wgmma prefill kernel lets each query see the key after it"),
     "wg-v-layout": (
         "attn/attn_prefill_cuda.cu", [("dv = wg_desc(sm.v[b], 128, BC * 16)", "dv = wg_desc(sm.v[b], 128, BC * 8)", 1)],
         "prefill GQA 8/2 hd128 400 trap", "any", "the V descriptor's stride between 8-dim core matrices is half the layout's"),
