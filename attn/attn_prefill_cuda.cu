@@ -128,6 +128,22 @@ __device__ static inline void store_rows(bf16 *out, const float (*o)[4], const f
     }
 }
 
+// The block's largest query position (qmax) and its warp's smallest (wlo), from this lane's
+// lo and hi over its rows; qlo_s, qhi_s: nw ints of shared memory each. A block barrier.
+__device__ static inline void position_bounds(int lo, int hi, int *qlo_s, int *qhi_s, int nw, int *qmax,
+                                              int *wlo) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int o = 16; o > 0; o >>= 1) {
+        lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+        hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+    }
+    if (lane == 0) qlo_s[warp] = lo, qhi_s[warp] = hi;
+    __syncthreads();
+    int m = INT_MIN;
+    for (int w = 0; w < nw; w++) m = max(m, qhi_s[w]);
+    *qmax = m, *wlo = qlo_s[warp];
+}
+
 // ---- the kernel -------------------------------------------------------------------------------
 
 // MT = 16-row tiles of queries per warp: 1 (block of 64 rows, "fa2") or 2 (128 rows, "fa2w"). With
@@ -183,15 +199,8 @@ attn_fa2_kernel(bf16 *out, attn_cuda_args a, const int2 *mm, float scale_log2) {
             if (i < a.n) lo = min(lo, qp[mt][e]);
             hi = max(hi, qp[mt][e]);
         }
-    for (int o = 16; o > 0; o >>= 1) {
-        lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
-        hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
-    }
-    if (lane == 0) qlo_s[warp] = lo, qhi_s[warp] = hi;
-    __syncthreads();
-    int qmax = INT_MIN;
-    for (int w = 0; w < NW; w++) qmax = max(qmax, qhi_s[w]);
-    const int wlo = qlo_s[warp];   // every row of this warp sees a key at position <= wlo
+    int qmax, wlo;   // every row of this warp sees a key at position <= wlo
+    position_bounds(lo, hi, qlo_s, qhi_s, NW, &qmax, &wlo);
 
     // K/V/positions of tile t into buffer b
     auto load_tile = [&](int t, int b) {
@@ -378,15 +387,8 @@ attn_wg_kernel(bf16 *out, attn_cuda_args a, const int2 *mm, float scale_log2) {
         if (i < a.n) lo = min(lo, qp[e]);
         hi = max(hi, qp[e]);
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
-        hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
-    }
-    if (lane == 0) qlo_s[warp] = lo, qhi_s[warp] = hi;
-    __syncthreads();
-    int qmax = INT_MIN;
-    for (int w = 0; w < WG * 4; w++) qmax = max(qmax, qhi_s[w]);
-    const int wlo = qlo_s[warp];   // every row of this warp sees a key at position <= wlo
+    int qmax, wlo;   // every row of this warp sees a key at position <= wlo
+    position_bounds(lo, hi, qlo_s, qhi_s, WG * 4, &qmax, &wlo);
 
     auto load_tile = [&](int t, int b) {
         const int j0 = t * BC;
