@@ -424,6 +424,7 @@ attn_wg_kernel(bf16 *out, attn_cuda_args a, const int2 *mm, float scale_log2) {
         if (tn < ntiles) load_tile(tn, b ^ 1);
         cp_async_commit();
         cp_async_wait<1>();
+        fence_proxy_async();   // this thread's landed copies (Q, K, V), visible to wgmma
         __syncthreads();
         const int *kp = sm.kp[b];
         // descriptors: LBO 128 (core matrices 8 dims or 8 keys apart along K), SBO the stride
@@ -450,11 +451,14 @@ attn_wg_kernel(bf16 *out, attn_cuda_args a, const int2 *mm, float scale_log2) {
 #pragma unroll
         for (int kk = 0; kk < BC / 16; kk++) p_fragment(s, kk, base, l, pa[kk]);
 
-        // O += P V, BC / 16 products of K = 16 keys (V descriptors advance 2 core matrices)
+        // O += P V, BC / 16 products of K = 16 keys (V descriptors advance 2 core matrices);
+        // O (rescaled) and P were just written by ordinary instructions: held, then the fence
+        wg_hold<HD / 2>(&o[0][0]);
+        wg_hold_u<BC / 4>(&pa[0][0]);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < BC / 16; kk++) {
-            if (HD == 128) wgmma_m64n128k16_rs_tb(&o[0][0], pa[kk], dv + (uint64_t)(kk * 256 >> 4), 1);
+            if constexpr (HD == 128) wgmma_m64n128k16_rs_tb(&o[0][0], pa[kk], dv + (uint64_t)(kk * 256 >> 4), 1);
             else wgmma_m64n64k16_rs_tb(&o[0][0], pa[kk], dv + (uint64_t)(kk * 256 >> 4), 1);
         }
         wg_commit();
@@ -466,6 +470,8 @@ attn_wg_kernel(bf16 *out, attn_cuda_args a, const int2 *mm, float scale_log2) {
     cp_async_wait<0>();
     const int rr[2] = {row(0), row(1)};
     store_rows<HD>(out, o, l, rr, a, h, tq);
+#else
+    __trap();   // built without sm_90a (a CUARCH override): never answer with an empty kernel
 #endif
 }
 
@@ -497,8 +503,10 @@ int attn_fa2_takes(const attn_cuda_args *a) { return a->hd == 64 || a->hd == 128
 int attn_wg_takes(const attn_cuda_args *a) {
     static int cc90 = -1;
     if (cc90 < 0) {
+        int dev = 0;
         cudaDeviceProp p;
-        CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
         cc90 = CUDA_EMULATED || (p.major == 9 && p.minor == 0);
     }
     return cc90 && (a->hd == 64 || a->hd == 128);

@@ -263,7 +263,9 @@ float simt_ex2_approx_ftz(float x) {
 // a core matrix per 8 lanes (how the tensor cores read shared memory is not documented: this
 // models whole 128-byte core matrices as conflict-free wavefronts).
 // Not modelled: the wgmma.fence rule (registers written by other instructions since the last
-// fence must not feed a wgmma); fence is accepted anywhere.
+// fence must not feed a wgmma) and the async proxy (shared memory written by ordinary stores or
+// cp.async must be published by fence.proxy.async before a wgmma reads it); both fences are
+// accepted anywhere.
 
 namespace {
 struct wgmma_arg {
@@ -362,8 +364,18 @@ void wgmma_op(void *const *args, unsigned mask) {
         const int r = x0->trans_b ? 8 * nb : 8 * nb + i, k = x0->trans_b ? 8 * kb + i : 8 * kb;
         if (!desc_row(x0, x0->db, r, k, x0->trans_b, (c - w * per) % 32, read)) return;
     }
-    for (int k = 0; k < 16; k++)
-        for (int c = 0; c < n; c++) B[k][c] = bf16_at(desc_elem(x0->db, c, k, x0->trans_b));
+    for (int k = 0; k < 16; k++)   // every element: another warp's quarter may leave shared memory
+        for (int c = 0; c < n; c++) {
+            const unsigned char *p = desc_elem(x0->db, c, k, x0->trans_b);
+            if (!p) {
+                finding_at(t0, x0->site,
+                           "wgmma descriptor 0x%016llx reaches past this block's shared memory (B "
+                           "row %d, column %d)",
+                           (unsigned long long)x0->db, k, c);
+                return;
+            }
+            B[k][c] = bf16_at(p);
+        }
     for (int l = 0; l < 32; l++) {
         const wgmma_arg *x = (const wgmma_arg *)args[l];
         thread_rec *t = op_lane(l);

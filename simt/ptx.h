@@ -81,6 +81,8 @@ template <int N> static inline void wg_wait() {
     simt_wgmma_wait(N);
 }
 template <int N> static inline void wg_hold(float *) {}
+template <int N> static inline void wg_hold_u(uint32_t *) {}
+static inline void fence_proxy_async() {}
 static inline void wgmma_m64n64k16_ss(float *d, uint64_t da, uint64_t db, int acc) {
     simt_wgmma(d, 64, NULL, da, db, 0, acc);
 }

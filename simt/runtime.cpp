@@ -1209,6 +1209,10 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev) {
 cudaError_t cudaSetDevice(int dev) {
     return dev == 0 ? status() : set_last(cudaErrorInvalidValue);
 }
+cudaError_t cudaGetDevice(int *dev) {   // one emulated device
+    *dev = 0;
+    return status();
+}
 cudaError_t cudaDeviceSynchronize() {
     return status();
 }

@@ -267,6 +267,7 @@ struct cudaDeviceProp {
 cudaError_t cudaGetDeviceCount(int *n);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev);
 cudaError_t cudaSetDevice(int dev);
+cudaError_t cudaGetDevice(int *dev);
 cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaMalloc(void **p, size_t bytes);
 template <typename T> static inline cudaError_t cudaMalloc(T **p, size_t bytes) {

@@ -213,6 +213,7 @@ __global__ void wgmma_table_kernel(float *D, const float *A, const float *B, con
     for (int e = tid; e < 16 * n; e += 128) {   // B[k][c]: K-major for ss, MN-major for rs
         *(uint16_t *)(sm + WG_B_OFF + wg_at(e % n, e / n, rs, off.z, off.w)) = bf16_bits(B[e]);
     }
+    fence_proxy_async();   // the stores, visible to wgmma
     __syncthreads();
     float d[64];
     uint32_t a[4];
@@ -222,6 +223,8 @@ __global__ void wgmma_table_kernel(float *D, const float *A, const float *B, con
         a[j] = bf16_bits(A[(16 * w + a_row(l, 2 * j)) * 16 + a_col(l, 2 * j)]) |
                (uint32_t)bf16_bits(A[(16 * w + a_row(l, 2 * j + 1)) * 16 + a_col(l, 2 * j + 1)]) << 16;
     const uint64_t da = wg_desc(sm, off.x, off.y), db = wg_desc(sm + WG_B_OFF, off.z, off.w);
+    wg_hold<64>(d);
+    wg_hold_u<4>(a);
     wg_fence();
     for (int rep = 0; rep <= twice; rep++) {
         if (!rs) wgmma_m64n64k16_ss(d, da, db, 1);
@@ -580,7 +583,8 @@ __global__ void wmma_misaligned_kernel(float *out, const __nv_bfloat16 *A, int o
 }
 
 // wgmma's planted bugs: B overwritten by another warpgroup before the issuing one waits; a
-// descriptor past the launch's shared memory; a block that is not whole warpgroups
+// descriptor past the launch's shared memory (what 1), or starting inside it and running past its
+// end beyond the issuing warp's quarter of B (what 3); a block that is not whole warpgroups
 __global__ void wgmma_case_kernel(int *out, int what) {
 #if SIFT_WGMMA
     SHARED_DYNAMIC(unsigned char, sm);
@@ -589,7 +593,7 @@ __global__ void wgmma_case_kernel(int *out, int what) {
     __syncthreads();
     float d[32];
     for (int i = 0; i < 32; i++) d[i] = 0;
-    const uint64_t da = wg_desc(sm, 128, 256), db = wg_desc(sm + (what == 1 ? 8192 : 2048), 128, 256);
+    const uint64_t da = wg_desc(sm, 128, 256), db = wg_desc(sm + (what == 1 ? 8192 : what == 3 ? 3072 : 2048), 128, 256);
     if (what != 0 || tid < 128) {
         wg_fence();
         wgmma_m64n64k16_ss(d, da, db, 0);
@@ -640,8 +644,11 @@ static int run_case(const char *name) {
         uint4 *z = dev<uint4>(3);
         CUDA_LAUNCH(zero_fill_oob_kernel, 1, 32, 0, 0, z);
     } else if (!strcmp(name, "wgmma-changed") || !strcmp(name, "wgmma-desc-oob") ||
-               !strcmp(name, "wgmma-warpgroup")) {
-        int what = !strcmp(name, "wgmma-changed") ? 0 : !strcmp(name, "wgmma-desc-oob") ? 1 : 2;
+               !strcmp(name, "wgmma-warpgroup") || !strcmp(name, "wgmma-desc-partial")) {
+        int what = !strcmp(name, "wgmma-changed")    ? 0
+                   : !strcmp(name, "wgmma-desc-oob") ? 1
+                   : !strcmp(name, "wgmma-warpgroup") ? 2
+                                                      : 3;
         CUDA_LAUNCH(wgmma_case_kernel, 1, what == 2 ? 96 : 256, 4096, 0, d, what);
     } else if (!strcmp(name, "ldnc-shared"))
         CUDA_LAUNCH(ldnc_shared_kernel, 1, 32, 0, 0, d);
@@ -677,7 +684,7 @@ int main(int argc, char **argv) {
         puts("race uninit partial-barrier divergent-barrier shfl-exited global-oob use-after-free "
              "dyn-shared-oob misaligned async-early async-race host-deref smem-attribute grid-y "
              "capture-sync ldmatrix-global cp-async-src-shared ldnc-shared wmma-misaligned wmma-ldm "
-             "zero-fill-oob wgmma-changed wgmma-desc-oob wgmma-warpgroup");
+             "zero-fill-oob wgmma-changed wgmma-desc-oob wgmma-desc-partial wgmma-warpgroup");
         return 0;
     }
     if (argc == 3 && !strcmp(argv[1], "--case")) {

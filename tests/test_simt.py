@@ -38,6 +38,7 @@ CASES = {
     "wmma-ldm": "ldm 12 is not a multiple of 8 elements (16 bytes)",
     "wgmma-changed": "read by wgmma.mma_async changed before the wait_group that completes it",
     "wgmma-desc-oob": "names shared address 8192, outside this block's shared memory",
+    "wgmma-desc-partial": "reaches past this block's shared memory",
     "wgmma-warpgroup": "wgmma.mma_async in a block of 96 threads: not whole warpgroups of 128",
 }
 # the second half of each report the cases above abbreviate (an address sits between)
@@ -47,7 +48,7 @@ TAILS = {"ldmatrix-global": "is not shared memory", "cp-async-src-shared": "is n
 KERNEL_FINDINGS = {"race", "uninit", "partial-barrier", "divergent-barrier", "shfl-exited", "global-oob", "zero-fill-oob",
                    "use-after-free", "dyn-shared-oob", "misaligned", "async-early", "async-race",
                    "ldmatrix-global", "cp-async-src-shared", "ldnc-shared", "wmma-misaligned", "wmma-ldm",
-                   "wgmma-changed", "wgmma-desc-oob", "wgmma-warpgroup"}
+                   "wgmma-changed", "wgmma-desc-oob", "wgmma-desc-partial", "wgmma-warpgroup"}
 
 
 def test_every_case_is_listed():

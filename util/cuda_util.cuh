@@ -131,9 +131,12 @@ __device__ static inline float f16_to_f32(uint32_t h) {
 // A warpgroup (4 warps) multiplies asynchronously: D (64 x N, fp32, N/2 registers per lane) +=
 // A (64 x 16 bf16: shared memory by descriptor, or 4 registers per lane) B (16 x N bf16, shared
 // memory by descriptor). Register tables and descriptor layouts: simt/ptx.cpp ("wgmma"). Order:
-// wg_fence() before the first product that reads registers written since (A fragments,
-// accumulators), the products, wg_commit(), wg_wait<N>() before the accumulators are read;
-// wg_hold(d) after the wait keeps the compiler from moving their reads above it.
+// shared operands written by stores or cp.async are published to the tensor cores' (async)
+// proxy by fence_proxy_async() before the barrier that precedes the products; wg_hold on the
+// registers a product reads (accumulators, A fragments) and wg_fence() after their last
+// ordinary write; the products, wg_commit(), wg_wait<N>(), and wg_hold(d) again so that no read
+// of the accumulators moves above the wait (wg_hold: an empty asm the compiler must keep in
+// order, as CUTLASS's warpgroup_fence_operand).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define SIFT_WGMMA 1
 #else
@@ -158,6 +161,14 @@ template <int N>
 __device__ static inline void wg_hold(float *d) {
 #pragma unroll
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int N>
+__device__ static inline void wg_hold_u(uint32_t *r) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+r"(r[i])::"memory");
+}
+__device__ static inline void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 // A and B K-major (imm-trans-a = imm-trans-b = 0); acc = 0: D = A B
 __device__ static inline void wgmma_m64n64k16_ss(float *d, uint64_t da, uint64_t db, int acc) {
