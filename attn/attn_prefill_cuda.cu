@@ -14,6 +14,10 @@
 //  - masking by positions (key j visible to query i iff kpos[j] <= qpos[i]); a small pre-kernel
 //    writes each 64-key tile's (min, max) position, so blocks skip tiles no query of theirs sees
 //    (the causal upper triangle) and unmask tiles every row of a warp sees.
+// A third kernel, attn_wg_kernel ("wg", sm_90a; below), runs the same pass on Hopper's wgmma:
+// warpgroups of 64 rows whose K and V the tensor cores read from shared memory once for all 64.
+// The softmax step, P's fragments, the output and the position bounds are device functions all
+// three share.
 // Fragment layouts are PTX ISA's for mma.m16n8k16 (.bf16): g = lane / 4, t = lane % 4;
 // A (16x16): a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..);
 // B (16x8):  b0 (k 2t..2t+1, n g), b1 (k 2t+8.., n g); C (16x8): c0,c1 (g, 2t..), c2,c3 (g+8, 2t..).
