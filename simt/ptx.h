@@ -65,12 +65,8 @@ static inline void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b
 static inline float ex2(float x) {
     return simt_ex2_approx_ftz(x);
 }
-// wgmma (cuda_util.cuh has the instructions' text): every body compiled in this build
+// wgmma (cuda_util.cuh has the instructions' text and wg_desc): every body compiled in this build
 #define SIFT_WGMMA 1
-static inline uint64_t wg_desc(const void *p, uint32_t lbo, uint32_t sbo) {
-    return (uint64_t)(smem_u32(p) >> 4 & 0x3fff) | (uint64_t)(lbo >> 4 & 0x3fff) << 16 |
-           (uint64_t)(sbo >> 4 & 0x3fff) << 32;
-}
 static inline void wg_fence() {
     simt_wgmma_fence();
 }

@@ -142,12 +142,6 @@ __device__ static inline float f16_to_f32(uint32_t h) {
 #else
 #define SIFT_WGMMA 0
 #endif
-// A shared-memory operand in the no-swizzle canonical layout: core matrices (8 rows x 16 bytes,
-// 128 contiguous bytes) lbo bytes apart along K and sbo bytes apart along M or N.
-__device__ static inline uint64_t wg_desc(const void *p, uint32_t lbo, uint32_t sbo) {
-    return (uint64_t)(smem_u32(p) >> 4 & 0x3fff) | (uint64_t)(lbo >> 4 & 0x3fff) << 16 |
-           (uint64_t)(sbo >> 4 & 0x3fff) << 32;
-}
 #if SIFT_WGMMA
 __device__ static inline void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ static inline void wg_commit() {
@@ -199,6 +193,14 @@ __device__ static inline void wgmma_m64n128k16_rs_tb(float *d, const uint32_t *a
 #endif
 
 #ifdef __CUDACC__
+// wgmma's descriptor of a shared-memory operand in the no-swizzle canonical layout (both builds):
+// core matrices (8 rows x 16 bytes, 128 contiguous bytes) lbo bytes apart along K and sbo bytes
+// apart along M or N; bits 0-13 the address >> 4, 16-29 lbo >> 4, 32-45 sbo >> 4, the rest 0
+__device__ static inline uint64_t wg_desc(const void *p, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)(smem_u32(p) >> 4 & 0x3fff) | (uint64_t)(lbo >> 4 & 0x3fff) << 16 |
+           (uint64_t)(sbo >> 4 & 0x3fff) << 32;
+}
+
 __device__ static inline float warp_max(float x) {
     for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
     return x;
