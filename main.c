@@ -76,6 +76,9 @@ static void parse_args(int argc, char **argv, options *o) {
                     .format = (int)v[FL_OUTPUT_FORMAT].i == 0 ? RUN_FORMAT_AUTO
                               : v[FL_OUTPUT_FORMAT].i == 1 ? RUN_FORMAT_SIFT : RUN_FORMAT_OPENAI,
                     .quiet = flag_verbosity == 0};
+    r->given = (v[FL_TEMP].given ? RUN_GIVEN_TEMP : 0) | (v[FL_TOP_K].given ? RUN_GIVEN_TOP_K : 0) |
+               (v[FL_TOP_P].given ? RUN_GIVEN_TOP_P : 0) | (v[FL_MIN_P].given ? RUN_GIVEN_MIN_P : 0) |
+               (v[FL_N_PREDICT].given ? RUN_GIVEN_N_PREDICT : 0);
     r->n_strategies = cli_strategies(v[FL_STRATEGY].s, r->strategies);
     for (int i = 0; i < f.n_files; i++) jobs_add_file(r, f.files[i]);
     if (v[FL_SHARD].s) parse_shard(v[FL_SHARD].s, r);

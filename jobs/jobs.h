@@ -17,6 +17,9 @@
 // objects; auto: the Batch API's when the --prompts lines are Batch API requests.
 enum run_format { RUN_FORMAT_AUTO, RUN_FORMAT_SIFT, RUN_FORMAT_OPENAI };
 
+enum { RUN_GIVEN_TEMP = 1, RUN_GIVEN_TOP_K = 2, RUN_GIVEN_TOP_P = 4, RUN_GIVEN_MIN_P = 8,
+       RUN_GIVEN_N_PREDICT = 16 };
+
 typedef struct run_opts {
     const char *prompt, *system;   // -p, --system
     char **files;                  // -f (repeatable), then --batch DIR's .txt files
@@ -35,6 +38,10 @@ typedef struct run_opts {
     int n_predict, chat, json, quiet, threads;
     long long seed;
     sample_params sp;
+    unsigned given;                // RUN_GIVEN_* bits: the flags of sp and -n given on the command
+                                   // line (else a Batch API request takes OpenAI's defaults)
+    const char **stop;             // --stop / -r STR (repeatable): the answer ends before the first
+    int n_stop;                    // (a request's own 'stop' replaces them)
     const strategy *strategies[MAX_STRATEGIES];   // --strategy a,b,c (A/B comparison)
     int n_strategies;
     strategy_opts *so;
