@@ -2,6 +2,7 @@
 // unit (one request run by one strategy), a job (a request and its units), the runner (the run's
 // state and totals), and the functions each file gives the others.
 #pragma once
+#include <signal.h>
 #include <stdio.h>
 
 #include "../util/check.h"
@@ -21,6 +22,8 @@ typedef struct request {
     int n_predict;          // -2: the run's -n
     float temp;             // < 0: the run's --temp
     float top_p;            // < 0: the run's --top-p
+    int top_k;              // < 0: the run's --top-k
+    float min_p;            // < 0: the run's --min-p
     long long seed;         // -1: the run's -s
     const strategy *strategy;   // NULL: the run's --strategy list
     char *error;            // set: this request is an error record, not a run
@@ -34,13 +37,16 @@ typedef struct request {
     int parsed;             // --prompts: the line is JSON (a line that is not is no vote on the format)
     int announced;          // its "N prompt tokens" line is out (once per prompt, not per strategy
                             // or repetition)
+    char digest[17];        // the request as normalised (request_settle): its records carry it, and
+                            // --resume reruns a request whose record holds another
 } request;
 
 // The Batch API error codes sift writes (README lists them): a line that cannot be read or holds a
 // bad value; a field, URL or method sift does not implement; a prompt too long for the context;
-// a failure while running.
+// a failure while running; a request a signal stopped in flight (--resume runs it again).
 #define JOBS_ERROR_CODES "invalid_request", "unsupported_parameter", "unsupported_url", \
-                         "unsupported_method", "context_length_exceeded", "server_error"
+                         "unsupported_method", "context_length_exceeded", "server_error", \
+                         "batch_cancelled"
 #define JOBS_MAX_CHOICES 128   // OpenAI's limit on n
 #define JOBS_MAX_STOP 4        // and on stop strings
 
@@ -94,7 +100,17 @@ typedef struct unit {
     keptmap *km;             // --kept-map: what it kept (captured after prefill and decode)
     int packed;              // its prefill waits for (or ran in) a pass shared with other prompts
                              // (gen_open, gen_prefill_packed; jobs/run.c)
+    int interrupted;         // a signal stopped it: 1 in flight (its record says so, --resume reruns
+                             // it), 2 before it started (no record: --resume runs it)
+    size_t shown;            // bytes of its text on stdout (streamed)
+    const struct unit *reps; // -r: its job's units (the other repetitions' timings), or NULL
+    int n_reps_units;
 } unit;
+
+// Signals (jobs/run.c): how many arrived, and whether a record is being written (a second signal
+// then waits for it to be whole: jobs_exit_if_asked after the write).
+extern volatile sig_atomic_t jobs_signals, jobs_writing;
+void jobs_exit_if_asked(void);
 
 // CPU time of the whole machine (all CPUs, seconds: busy and stolen) and of this process, at wall
 // time `wall` (0: unknown).
@@ -114,6 +130,9 @@ typedef struct runner {
     int n_km;
     // totals for progress and the summary
     int n_req, n_done, n_failed;
+    int n_failed_before;     // error records an earlier run wrote that --resume keeps (the job's
+                             // exit code and summary count them: the file's truth)
+    int n_stopped;           // requests written as interrupted (a signal)
     long prompt_tok, gen_tok, decode_tok;   // decode_tok: tokens of the shared decode steps
     double prefill_ms, decode_ms, t0, last_progress;   // prefill_ms: packed passes' wall time
                                                        // + the other prompts' TTFT
@@ -139,6 +158,13 @@ void requests_read(request_list *l, FILE *fp, const char *path, int chat);
 void requests_mark_duplicates(request_list *l, const char *path);
 // Every request of the run, in input order; duplicate ids become error records.
 request_list jobs_collect(const run_opts *o);
+// q's values that the run's flags or OpenAI's defaults decide (n_predict, temp, top_p, top_k,
+// min_p, seed, stop; a Batch API request takes OpenAI's defaults where the command line gave
+// none), then q->digest: the hash of the request as it runs (its prompt, a -f file's bytes,
+// system, messages, sampling, stop strings, n, penalties, its own strategy).
+void request_settle(request *q, const run_opts *o);
+// The hash of strategy s and its settings in this run (o->so): a record's options_digest.
+void options_digest(const run_opts *o, const strategy *s, char out[17]);
 void req_free(request *q);
 
 // ---- jobs/resume.c (--resume, and the lock of an output) ----
@@ -159,6 +185,8 @@ typedef struct out_record {
     int shape;               // SHAPE_SIFT or SHAPE_OPENAI
     int line_error;          // may be a request line's error (sift: no strategy; Batch API: a code
                              // other than a run's failure, context_length_exceeded or server_error)
+    char *digest, *options;  // request_digest, options_digest (NULL: a record of an older sift)
+    int interrupted;         // a signal stopped it (sift: stop "interrupted"; Batch: batch_cancelled)
     int line;                // 1-based
     long long off, len;      // its bytes in the file, the newline included
     int file;                // 0 --output, 1 --errors
@@ -173,6 +201,8 @@ typedef struct out_scan {
     int exists;
     int quiet;               // no report on stderr (the fuzz target)
     int n_dropped, n_reported, n_retried;   // lines dropped (each reported), failures rerun
+    int n_changed, n_interrupted;           // records of requests changed since, or interrupted
+    int n_failed_kept;                      // kept records that are errors
     int torn;                // the last line has no newline (a write cut short)
     long long good_end;      // the end of the last line with a newline
     long long size;          // bytes read

@@ -68,6 +68,10 @@ void jobs_prompts_free(run_prompt *p, int n);
 // NULL when FILE is a device or pipe (there is no "beside" it: the data stays inside the page).
 char *jobs_kept_map_json(const char *path);
 
+// Whether another sift holds the lock of output file target (FILE.lock, jobs/resume.c): 1 with
+// its pid in pid[0..n), else 0.
+int jobs_output_locked(const char *target, char *pid, size_t n);
+
 // Runs every request of o (this shard, less what --resume finds done) on the loaded model;
 // the exit code: 0, 1 (a request failed), or 128 + the signal that interrupted the run.
 int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const char *model_name,

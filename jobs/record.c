@@ -44,20 +44,71 @@ static void json_head(FILE *f, const request *q) {
     if (q->line) fprintf(f, ",\"line\":%d", q->line);
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+// The median of x[0..n) (sorted in place; n >= 1), and the spread (max - min) / median in %.
+static double median_spread(double *x, int n, double *spread) {
+    qsort(x, (size_t)n, sizeof *x, cmp_double);
+    double med = n % 2 ? x[n / 2] : (x[n / 2 - 1] + x[n / 2]) / 2;
+    *spread = med > 0 ? 100.0 * (x[n - 1] - x[0]) / med : 0;
+    return med;
+}
+
+// The TTFT (prompt_ms) and TPOT (ms per decode step) of every repetition of u's strategy that
+// succeeded, in repetition order, into ttft and tpot (n_reps_units each at most); their counts.
+static void rep_times(const unit *u, double *ttft, int *k, double *tpot, int *kd) {
+    *k = *kd = 0;
+    for (int j = 0; j < u->n_reps_units; j++) {
+        const unit *v = &u->reps[j];
+        if (v->s != u->s || v->rc || v->interrupted) continue;
+        ttft[(*k)++] = v->g.st.prompt_ms;
+        if (v->g.st.decode_runs) tpot[(*kd)++] = v->g.st.decode_ms / v->g.st.decode_runs;
+    }
+}
+
+// -r N: "repetitions": every run's TTFT and TPOT (ms) and their medians and spreads (the A/B
+// table's columns), beside the repetition-0 record's own timings.
+static void json_reps(FILE *f, const unit *u) {
+    double *t = xmalloc((size_t)u->n_reps_units * 2 * sizeof *t), *d = t + u->n_reps_units;
+    int k, kd;
+    rep_times(u, t, &k, d, &kd);
+    fprintf(f, ",\"repetitions\":{\"runs\":%d,\"prompt_ms\":[", k);
+    for (int i = 0; i < k; i++) fprintf(f, "%s%.3f", i ? "," : "", t[i]);
+    fprintf(f, "],\"predicted_per_token_ms\":[");
+    for (int i = 0; i < kd; i++) fprintf(f, "%s%.4f", i ? "," : "", d[i]);
+    double sp_t = 0, sp_d = 0, m_t = k ? median_spread(t, k, &sp_t) : 0, m_d = kd ? median_spread(d, kd, &sp_d) : 0;
+    if (k) fprintf(f, "],\"prompt_ms_median\":%.3f,\"prompt_ms_spread_pct\":%.2f", m_t, sp_t);
+    else fprintf(f, "],\"prompt_ms_median\":null,\"prompt_ms_spread_pct\":null");
+    if (kd) fprintf(f, ",\"predicted_per_token_ms_median\":%.4f,\"predicted_per_token_ms_spread_pct\":%.2f}", m_d, sp_d);
+    else fprintf(f, ",\"predicted_per_token_ms_median\":null,\"predicted_per_token_ms_spread_pct\":null}");
+    free(t);
+}
+
 // sift's record of u: the text, the strategy and its settings, timings, agreement with full.
 static void json_unit(FILE *f, const runner *R, const unit *u) {
     const run_stats *st = &u->g.st;
+    char opts[17];
+    options_digest(R->o, u->s, opts);
     json_head(f, u->rq);
     if (u->rc) {
-        fprintf(f, ",\"strategy\":\"%s\",\"error\":", u->s->name);
+        fprintf(f, ",\"strategy\":\"%s\",\"request_digest\":\"%s\",\"options_digest\":\"%s\","
+                "\"error\":", u->s->name, u->rq->digest, opts);
         tok_json_str(f, u->err, strlen(u->err));
         fprintf(f, "}\n");
         return;
     }
     fprintf(f, ",\"text\":");
     tok_json_str(f, u->ans.text ? u->ans.text : "", u->ans.len);
-    fprintf(f, ",\"stop\":\"%s\",\"strategy\":\"%s\",\"device\":\"%s\",\"model\":",
-            u->hit_eog ? "eos" : u->hit_stop ? "stop_string" : "limit", u->s->name, R->dev);
+    // stop: why the answer ended (interrupted: a signal stopped it; --resume runs it again);
+    // finish_reason: the same in OpenAI's words
+    const char *stop = u->interrupted ? "interrupted" : u->hit_eog ? "eos" : u->hit_stop ? "stop_string" : "limit";
+    fprintf(f, ",\"stop\":\"%s\",\"finish_reason\":\"%s\",\"strategy\":\"%s\",\"request_digest\":\"%s\","
+            "\"options_digest\":\"%s\",\"device\":\"%s\",\"model\":", stop,
+            u->interrupted ? "interrupted" : u->hit_eog || u->hit_stop ? "stop" : "length", u->s->name,
+            u->rq->digest, opts, R->dev);
     tok_json_str(f, R->model_name, strlen(R->model_name));
     fprintf(f, ",\"note\":");
     tok_json_str(f, st->note, strlen(st->note));
@@ -77,10 +128,12 @@ static void json_unit(FILE *f, const runner *R, const unit *u) {
     fprintf(f, "\"prefill_shared\":%d,", st->prefill_shared);
     fprintf(f, "\"timings\":{\"prompt_n\":%d,\"prompt_ms\":%.3f,\"prompt_per_token_ms\":%.4f,"
             "\"prompt_per_second\":%.3f,\"predicted_n\":%d,\"predicted_ms\":%.3f,"
-            "\"predicted_per_token_ms\":%.4f,\"predicted_per_second\":%.3f}}\n",
+            "\"predicted_per_token_ms\":%.4f,\"predicted_per_second\":%.3f}",
             st->prompt_n, st->prompt_ms, per_token(st->prompt_n, st->prompt_ms),
             per_second(st->prompt_n, st->prompt_ms), st->predicted_n, st->decode_ms,
             per_token(st->decode_runs, st->decode_ms), per_second(st->decode_runs, st->decode_ms));
+    if (u->reps) json_reps(f, u);
+    fprintf(f, "}\n");
 }
 
 // FNV-1a of s: the Batch API record's ids are derived from custom_id, so that a rerun, a resumed
@@ -100,16 +153,32 @@ static unsigned long long id_hash(const char *s, unsigned long long salt) {
 static void openai_record(FILE *f, const runner *R, const request *q, const unit *u, const char *code,
                           const char *message) {
     int nc = u && q->n_choices > 1 ? q->n_choices : 1;
+    char cancelled[200];
     for (int k = 0; k < nc && !message; k++)
         if (u[k].rc) code = u[k].code, message = u[k].err;
+    for (int k = 0; k < nc && !message && u; k++)
+        if (u[k].interrupted) {   // the Batch API's word for a request a cancelled batch left undone
+            snprintf(cancelled, sizeof cancelled, "interrupted by a signal after %d generated token%s: "
+                     "--resume runs it again", u[k].ans.n_ids, plural_s(u[k].ans.n_ids));
+            code = "batch_cancelled", message = cancelled;
+        }
     if (message && !code) code = "invalid_request";
     unsigned long long h = id_hash(q->id, 0);
     fprintf(f, "{\"id\":\"batch_req_%016llx\",\"custom_id\":", h);
     tok_json_str(f, q->id, strlen(q->id));
+    // sift's own key (README: the Batch API's readers ignore it): the strategy and the digests
+    // --resume compares (a request line's own error has none: its message is its digest)
+    char sift[120] = "";
+    if (u) {
+        char opts[17];
+        options_digest(R->o, u->s, opts);
+        snprintf(sift, sizeof sift, ",\"sift\":{\"strategy\":\"%s\",\"request_digest\":\"%s\","
+                 "\"options_digest\":\"%s\"}", u->s->name, q->digest, opts);
+    }
     if (message) {
         fprintf(f, ",\"response\":null,\"error\":{\"code\":\"%s\",\"message\":", code);
         tok_json_str(f, message, strlen(message));
-        fprintf(f, "}}\n");
+        fprintf(f, "}%s}\n", sift);
         return;
     }
     const run_stats *st = &u->g.st;
@@ -136,8 +205,8 @@ static void openai_record(FILE *f, const runner *R, const request *q, const unit
         fprintf(f, ",\"finish_reason\":\"%s\"}", c->hit_eog || c->hit_stop ? "stop" : "length");
     }
     fprintf(f, "],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d},"
-            "\"system_fingerprint\":\"sift-%s-%s\"}},\"error\":null}\n",
-            st->prompt_n, completion, st->prompt_n + completion, SIFT_VERSION, u->s->name);
+            "\"system_fingerprint\":\"sift-%s-%s\"}},\"error\":null%s}\n",
+            st->prompt_n, completion, st->prompt_n + completion, SIFT_VERSION, u->s->name, sift);
 }
 
 // Writes the record buf[0..n) to s in one write and flushes it (stdout) or, at most once a second,
@@ -146,9 +215,12 @@ static void openai_record(FILE *f, const runner *R, const request *q, const unit
 // file back to the end of its last whole record: what was written stays whole.
 static void write_whole(rec_sink *s, const char *buf, size_t n) {
     int bad = 0, e = 0;
+    jobs_writing = 1;   // a second Ctrl-C waits for this record to be whole
     if (s->f) bad = fwrite(buf, 1, n, s->f) != n || fflush(s->f) != 0;
     e = errno;
     if (!s->f && (e = outfile_write_all(s->fd, buf, n)) != 0) bad = 1;
+    jobs_writing = 0;
+    if (!bad) jobs_exit_if_asked();
     if (!bad && s->regular && now_ms() - s->last_sync >= 1000) {
         bad = fdatasync(s->fd) != 0, e = errno;
         s->last_sync = now_ms();
@@ -197,21 +269,28 @@ int write_summary(runner *R, int slots, int interrupted) {
     const run_opts *o = R->o;
     double wall = (now_ms() - R->t0) / 1e3;
     double pp = per_second((int)R->prompt_tok, R->prefill_ms), tg = per_second((int)R->decode_tok, R->decode_ms);
+    int failed = R->n_failed + R->n_failed_before, done = R->n_done - R->n_stopped;
     if (!o->quiet && (R->n_req > 1 || slots > 1))
         fprintf(stderr, "sift: %d prompt%s (%d failed) in %.2f s, parallel %d: prefill %ld token%s at "
-                "%.1f tok/s, decode %ld token%s at %.1f tok/s (aggregate)%s\n", R->n_done,
-                plural_s(R->n_done), R->n_failed, wall, slots, R->prompt_tok, plural_s(R->prompt_tok),
+                "%.1f tok/s, decode %ld token%s at %.1f tok/s (aggregate)%s\n", done,
+                plural_s(done), R->n_failed, wall, slots, R->prompt_tok, plural_s(R->prompt_tok),
                 pp, R->decode_tok, plural_s(R->decode_tok), tg, interrupted ? "; interrupted" : "");
+    if (!o->quiet && R->n_failed_before)
+        fprintf(stderr, "sift: %d failure%s recorded by an earlier run (kept; --retry-failed reruns "
+                "them): the job is not clean\n", R->n_failed_before, plural_s(R->n_failed_before));
     if (!o->summary) return 0;
     char *buf = NULL;
     size_t n = 0;
     FILE *mem = open_memstream(&buf, &n);
-    fprintf(mem, "{\"prompts\":%d,\"done\":%d,\"failed\":%d,\"left\":%d,\"done_before\":%d,"
+    // failed: every failure on file (this run's and those an earlier run recorded), as the exit
+    // code counts them; done: this run's requests answered whole; stopped: written as interrupted
+    fprintf(mem, "{\"prompts\":%d,\"done\":%d,\"failed\":%d,\"failed_before\":%d,\"left\":%d,"
+            "\"done_before\":%d,\"stopped\":%d,"
             "\"interrupted\":%s,\"wall_s\":%.3f,\"prompt_tokens\":%ld,\"prefill_ms\":%.3f,"
             "\"prefill_per_second\":%.3f,\"decode_tokens\":%ld,\"decode_ms\":%.3f,"
             "\"decode_per_second\":%.3f,\"generated_tokens\":%ld,\"parallel\":%d,\"device\":\"%s\","
-            "\"model\":", R->n_req + R->n_skipped, R->n_done, R->n_failed, R->n_req - R->n_done,
-            R->n_skipped, interrupted ? "true" : "false", wall, R->prompt_tok, R->prefill_ms, pp,
+            "\"model\":", R->n_req + R->n_skipped, done, failed, R->n_failed_before, R->n_req - done,
+            R->n_skipped, R->n_stopped, interrupted ? "true" : "false", wall, R->prompt_tok, R->prefill_ms, pp,
             R->decode_tok, R->decode_ms, tg, R->gen_tok, slots, R->dev);
     tok_json_str(mem, R->model_name, strlen(R->model_name));
     fprintf(mem, ",\"format\":\"%s\",\"output\":", R->openai ? "openai" : "sift");
@@ -253,20 +332,72 @@ void print_timing(const runner *R, const unit *u) {
             st->prompt_n + st->predicted_n);
 }
 
-// A table row's end: 1st token = full, greedy agree %, the answer's first line (60 bytes at most).
-static void print_row_end(const unit *u) {
-    const char *text = u->ans.text ? u->ans.text : "";
-    while (*text == '\n' || *text == ' ') text++;
-    int line = (int)strcspn(text, "\n|");
+// The successful full unit among u[0..n), or NULL.
+static const unit *full_of(const unit *u, int n) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(u[i].s->name, "full") == 0 && u[i].rc == 0 && u[i].rep == 0) return &u[i];
+    return NULL;
+}
+
+// s[0..n) into a table cell: a newline or '|' as a space, and never cut inside a character.
+static void cell_text(const char *s, size_t n) {
+    while (n > 0 && ((unsigned char)s[n] & 0xc0) == 0x80) n--;   // s[n]: a character's start (or the end)
+    for (size_t i = 0; i < n; i++) putchar(s[i] == '\n' || s[i] == '\r' || s[i] == '|' ? ' ' : s[i]);
+}
+
+#define CELL_BYTES 60
+
+// The answer column: full's (or, without full, each) answer's first 60 bytes; another strategy's
+// "= full" when its text is full's, else from where it first differs: "word W: ...CONTEXT
+// >>DIFFERENT<<", so that answers differing only at their end do not look the same.
+static void print_answer_cell(const unit *u, const unit *full) {
+    const char *t = u->ans.text ? u->ans.text : "";
+    size_t n = u->ans.len;
+    if (!full || full == u || u->rc) {
+        while (n > 0 && (*t == '\n' || *t == ' ')) t++, n--;
+        cell_text(t, n < CELL_BYTES ? n : CELL_BYTES);
+        return;
+    }
+    const char *f = full->ans.text ? full->ans.text : "";
+    size_t d = 0;
+    while (d < n && d < full->ans.len && t[d] == f[d]) d++;
+    if (d == n && d == full->ans.len) {
+        printf("= full");
+        return;
+    }
+    while (d > 0 && t[d - 1] != ' ' && t[d - 1] != '\n') d--;   // the differing word's start
+    int word = 1;
+    for (size_t i = 1; i < d; i++) word += (t[i - 1] == ' ' || t[i - 1] == '\n') && t[i] != ' ' && t[i] != '\n';
+    size_t c = d;
+    for (int w = 0; w < 3 && c > 0; w++) {   // up to three words before it
+        c--;
+        while (c > 0 && t[c - 1] != ' ' && t[c - 1] != '\n') c--;
+    }
+    printf("word %d: %s", d < n ? word : word + 1, c > 0 ? "..." : "");
+    cell_text(t + c, d - c);
+    if (d == n) {   // this answer ends where full's goes on
+        printf(">>(ends; full goes on)<<");
+        return;
+    }
+    printf(">>");
+    size_t rest = n - d < 40 ? n - d : 40;
+    cell_text(t + d, rest);
+    printf("%s<<", d + rest < n ? "..." : "");
+}
+
+// A table row's end: 1st token = full, greedy agree %, the answer cell.
+static void print_row_end(const unit *u, const unit *full) {
     printf("%s | ", u->first_agree < 0 ? "-" : u->first_agree ? "yes" : "no");
     if (u->greedy_agree < 0) printf("- | ");
     else printf("%.1f | ", u->greedy_agree);
-    printf("%.*s |\n", line > 60 ? 60 : line, text);
+    print_answer_cell(u, full);
+    printf(" |\n");
 }
 
 void print_table(const unit *u, int n) {
+    const unit *full = full_of(u, n);
     printf("\n| strategy | rows %% of full | KV MiB | KV read/step MiB | TTFT ms | prefill tok/s | TPOT ms "
-           "| decode tok/s | 1st token = full | greedy agree %% | first line |\n"
+           "| decode tok/s | 1st token = full | greedy agree %% | answer (others: where it differs from full) |\n"
            "|---|---:|---:|---:|---:|---:|---:|---:|:---:|---:|---|\n");
     for (int i = 0; i < n; i++) {
         const run_stats *st = &u[i].g.st;
@@ -280,22 +411,9 @@ void print_table(const unit *u, int n) {
         else printf("- | ");
         printf("%.1f | %.1f | %.2f | %.2f | ", st->prompt_ms, per_second(st->prompt_n, st->prompt_ms),
                per_token(st->decode_runs, st->decode_ms), per_second(st->decode_runs, st->decode_ms));
-        print_row_end(&u[i]);
+        print_row_end(&u[i], full);
     }
     fflush(stdout);
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-// The median of x[0..n) (sorted in place; n >= 1), and the spread (max - min) / median in %.
-static double median_spread(double *x, int n, double *spread) {
-    qsort(x, (size_t)n, sizeof *x, cmp_double);
-    double med = n % 2 ? x[n / 2] : (x[n / 2 - 1] + x[n / 2]) / 2;
-    *spread = med > 0 ? 100.0 * (x[n - 1] - x[0]) / med : 0;
-    return med;
 }
 
 // The A/B table of a repeated run (-r): every column of print_table's, per strategy (its
@@ -304,18 +422,17 @@ static double median_spread(double *x, int n, double *spread) {
 void print_table_reps(const unit *u, int n, int reps) {
     printf("\n| strategy | runs | rows %% of full | KV MiB | KV read/step MiB | TTFT ms (median) "
            "| TTFT spread %% | prefill tok/s | TPOT ms (median) | TPOT spread %% | decode tok/s "
-           "| 1st token = full | greedy agree %% | first line |\n"
+           "| 1st token = full | greedy agree %% | answer (others: where it differs from full) |\n"
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---:|---|\n");
-    double *ttft = xmalloc((size_t)reps * sizeof *ttft), *tpot = xmalloc((size_t)reps * sizeof *tpot);
+    double *ttft = xmalloc((size_t)n * sizeof *ttft), *tpot = xmalloc((size_t)n * sizeof *tpot);
+    (void)reps;
+    const unit *full = full_of(u, n);
     for (int i = 0; i < n; i++) {
         if (u[i].rep != 0) continue;
         int k = 0, kd = 0;
-        for (int j = 0; j < n; j++) {
-            const run_stats *st = &u[j].g.st;
-            if (u[j].s != u[i].s || u[j].rc) continue;
-            ttft[k++] = st->prompt_ms;
-            if (st->decode_runs) tpot[kd++] = st->decode_ms / st->decode_runs;
-        }
+        unit peer = u[i];
+        peer.reps = u, peer.n_reps_units = n;
+        rep_times(&peer, ttft, &k, tpot, &kd);
         if (u[i].rc || k == 0) {
             printf("| %s | 0 | error: %s ||||||||||||\n", u[i].s->name, u[i].err);
             continue;
@@ -330,7 +447,7 @@ void print_table_reps(const unit *u, int n, int reps) {
         printf("%.1f | %.1f | %.1f | ", m_ttft, sp_ttft, per_second(st->prompt_n, m_ttft));
         if (kd) printf("%.2f | %.1f | %.2f | ", m_tpot, sp_tpot, 1000.0 / m_tpot);
         else printf("- | - | - | ");
-        print_row_end(&u[i]);
+        print_row_end(&u[i], full);
     }
     free(ttft);
     free(tpot);
@@ -354,10 +471,9 @@ void machine_note(runner *R) {
         double steal = (now.steal - was->steal) / wall;
         other = other < 0 ? 0 : other;
         long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-        printf("\nmachine: other processes used %.2f of %ld CPU%s and %.2f were stolen during these runs%s\n",
+        fprintf(stderr, "\nmachine: other processes used %.2f of %ld CPU%s and %.2f were stolen during these runs%s\n",
                other, ncpu, plural_s(ncpu), steal,
                other + steal > 0.25 ? " — busy: these timings are not an idle machine's" : " (idle)");
-        fflush(stdout);
     }
     R->cpu_mark = cpu_now();
 }

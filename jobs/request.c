@@ -17,7 +17,8 @@ static request *req_new(request_list *l) {
         l->r = xrealloc(l->r, (size_t)l->cap * sizeof *l->r);
     }
     request *q = &l->r[l->n];
-    *q = (request){.index = l->n, .n_predict = -2, .temp = -1, .top_p = -1, .seed = -1, .n_choices = 1};
+    *q = (request){.index = l->n, .n_predict = -2, .temp = -1, .top_p = -1, .top_k = -1, .min_p = -1,
+                   .seed = -1, .n_choices = 1};
     l->n++;
     return q;
 }
@@ -195,8 +196,8 @@ static char *parse_batch(request *q, json_t *url, json_t *method, json_t *body, 
         } else if (!strcmp(key, "max_tokens") || !strcmp(key, "max_completion_tokens")) {
             e = int_field(v, key, 1, 1 << 22, &ll);
             q->n_predict = (int)ll;
-        } else if (!strcmp(key, "temperature")) e = num_field(v, key, 0, 100, &q->temp);
-        else if (!strcmp(key, "top_p")) e = num_field(v, key, 1e-6, 1, &q->top_p);
+        } else if (!strcmp(key, "temperature")) e = num_field(v, key, 0, 2, &q->temp);   // OpenAI's range
+        else if (!strcmp(key, "top_p")) e = num_field(v, key, 0, 1, &q->top_p);
         else if (!strcmp(key, "seed")) {
             e = int_field(v, key, 0, UINT32_MAX, &ll);
             q->seed = ll;
@@ -210,6 +211,13 @@ static char *parse_batch(request *q, json_t *url, json_t *method, json_t *body, 
     }
     if (!e && q->completions && !q->text) e = fmt("no prompt: a /v1/completions body needs 'prompt'");
     return e;
+}
+
+// The ids sift invents: "line-N" (N a line number). Refused in input, so that an invented id never
+// equals a real one.
+static int reserved_id(const char *id) {
+    if (strncmp(id, "line-", 5) || !id[5]) return 0;
+    return strspn(id + 5, "0123456789") == strlen(id + 5);
 }
 
 // One request line: sift's fields, or the OpenAI Batch API request shape. NULL or the error (the
@@ -228,6 +236,11 @@ static char *parse_line(request *q, json_t *o, int chat_flag) {
             else if (json_is_string(v)) q->id = strdup(json_string_value(v));
             else if (json_is_integer(v)) q->id = fmt("%lld", (long long)json_integer_value(v));
             else e = fmt("'%s' must be a string or an integer", key);
+            if (q->id && reserved_id(q->id)) {
+                e = fmt("%s '%s' is reserved: sift names a line that has none (or cannot be read, or "
+                        "repeats an earlier id) line-N", key, q->id);
+                free(q->id), q->id = NULL;
+            }
         } else if (!strcmp(key, "prompt")) {
             if (!json_is_string(v)) e = fmt("'prompt' must be a string");
             else q->text = strdup(json_string_value(v));
@@ -319,7 +332,9 @@ static int by_id(const void *a, const void *b) {
 }
 
 // duplicates: the requests (not already errors) sorted by id, then input order; a run of equal
-// ids keeps its first
+// ids keeps its first. A later --prompts line with the same id is that line's error record under
+// the id "line-N" (no custom_id appears twice in the output, so a reader keyed on it keeps the
+// first line's answer; the Batch API refuses such a file whole).
 void requests_mark_duplicates(request_list *l, const char *path) {
     request **by = xmalloc((size_t)(l->n ? l->n : 1) * sizeof *by);
     int nb = 0;
@@ -331,10 +346,17 @@ void requests_mark_duplicates(request_list *l, const char *path) {
             first = i;
             continue;
         }
-        by[i]->code = "invalid_request";
-        by[i]->error = by[i]->line ? fmt("%s line %d: duplicate id '%s' (first at line %d)",
-                                         path, by[i]->line, by[i]->id, by[first]->line)
-                                   : fmt("duplicate prompt '%s'", by[i]->id);
+        request *q = by[i];
+        q->code = "invalid_request";
+        if (!q->line) {
+            q->error = fmt("duplicate prompt '%s'", q->id);
+            continue;
+        }
+        q->error = fmt("%s line %d: duplicate %s '%s' (first at line %d)%s; this line is not run",
+                       path, q->line, q->openai ? "custom_id" : "id", q->id, by[first]->line,
+                       q->openai ? ": the Batch API refuses a file that repeats a custom_id" : "");
+        free(q->id);
+        q->id = fmt("line-%d", q->line);
     }
     free(by);
 }
@@ -384,4 +406,86 @@ int jobs_add_batch_dir(run_opts *o, const char *dir, char *err, size_t errlen) {
     if (o->n_files == first) return err_printf(err, errlen, "no .txt files in --batch directory '%s'", dir);
     qsort(o->files + first, (size_t)(o->n_files - first), sizeof *o->files, by_path);
     return 0;
+}
+
+// ---- a request's settled values and its digest -------------------------------------------------
+
+// FNV-1a, 64 bits, over fields each framed by a tag and a length (no two requests hash the same
+// bytes): the digests' hash. Not a cryptographic one: it tells an edited request from its
+// record, not an adversary's.
+typedef struct { unsigned long long h; } digest_h;
+
+static void dg_bytes(digest_h *d, char tag, const void *p, size_t n) {
+    unsigned char head[9] = {(unsigned char)tag};
+    for (int i = 0; i < 8; i++) head[1 + i] = (unsigned char)(n >> (8 * i));
+    for (int i = 0; i < 9; i++) d->h = (d->h ^ head[i]) * 1099511628211ULL;
+    for (size_t i = 0; i < n; i++) d->h = (d->h ^ ((const unsigned char *)p)[i]) * 1099511628211ULL;
+}
+
+static void dg_str(digest_h *d, char tag, const char *s) { dg_bytes(d, tag, s ? s : "", s ? strlen(s) : 0); }
+
+static void dg_num(digest_h *d, char tag, double x) {
+    char b[40];
+    dg_str(d, tag, (snprintf(b, sizeof b, "%.9g", x), b));
+}
+
+static void dg_out(const digest_h *d, char out[17]) { snprintf(out, 17, "%016llx", d->h); }
+
+// A -f file's bytes into d (one it cannot read: its error, so a file that becomes readable counts
+// as changed; the run reports the error itself).
+static void dg_file(digest_h *d, const char *path) {
+    FILE *fp = strcmp(path, "-") ? fopen(path, "rb") : NULL;
+    if (!fp) {
+        dg_str(d, 'F', strcmp(path, "-") ? strerror(errno) : "stdin");
+        return;
+    }
+    char buf[1 << 16];
+    size_t n;
+    digest_h c = {1469598103934665603ULL};
+    while ((n = fread(buf, 1, sizeof buf, fp)) > 0) dg_bytes(&c, 'b', buf, n);
+    fclose(fp);
+    dg_bytes(d, 'F', &c.h, sizeof c.h);
+}
+
+void request_settle(request *q, const run_opts *o) {
+    // OpenAI's defaults for a Batch API request (max_tokens: up to the context; temperature 1,
+    // top_p 1, no top-k or min-p), unless the command line gave the value; sift's own otherwise
+    int oa = q->openai;
+    if (q->n_predict == -2) q->n_predict = oa && !(o->given & RUN_GIVEN_N_PREDICT) ? -1 : o->n_predict;
+    if (q->temp < 0) q->temp = oa && !(o->given & RUN_GIVEN_TEMP) ? 1.0f : o->sp.temp;
+    if (q->top_p < 0) q->top_p = oa && !(o->given & RUN_GIVEN_TOP_P) ? 1.0f : o->sp.top_p;
+    if (q->top_k < 0) q->top_k = oa && !(o->given & RUN_GIVEN_TOP_K) ? 0 : o->sp.top_k;
+    if (q->min_p < 0) q->min_p = oa && !(o->given & RUN_GIVEN_MIN_P) ? 0.0f : o->sp.min_p;
+    if (q->seed < 0 && o->seed >= 0) q->seed = o->seed;
+    if (!q->n_stop && o->n_stop > 0) {   // --stop: for the requests that name none
+        q->stop = xcalloc((size_t)o->n_stop, sizeof *q->stop);
+        for (int i = 0; i < o->n_stop; i++) q->stop[q->n_stop++] = strdup(o->stop[i]);
+    }
+    digest_h d = {1469598103934665603ULL};
+    if (q->file && !q->text) dg_file(&d, q->file);
+    dg_str(&d, 'p', q->text);
+    dg_str(&d, 's', q->chat ? (q->system ? q->system : o->system) : NULL);
+    for (int i = 0; i < q->n_turns; i++) dg_str(&d, 'r', q->roles[i]), dg_str(&d, 'c', q->contents[i]);
+    dg_num(&d, 'C', q->chat), dg_num(&d, 'X', q->completions), dg_num(&d, 'n', q->n_predict);
+    dg_num(&d, 't', q->temp), dg_num(&d, 'P', q->top_p), dg_num(&d, 'k', q->top_k), dg_num(&d, 'm', q->min_p);
+    if (q->seed >= 0) dg_num(&d, 'S', (double)q->seed);
+    else dg_str(&d, 'S', "random");
+    for (int i = 0; i < q->n_stop; i++) dg_str(&d, 'z', q->stop[i]);
+    dg_num(&d, 'N', q->n_choices), dg_num(&d, 'f', q->freq_pen), dg_num(&d, 'e', q->pres_pen);
+    dg_str(&d, 'y', q->strategy ? q->strategy->name : NULL);
+    dg_out(&d, q->digest);
+}
+
+void options_digest(const run_opts *o, const strategy *s, char out[17]) {
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *mem = open_memstream(&buf, &n);
+    CHECK_INTERNAL(mem, "out of memory");
+    if (o->so) strategy_settings_json(mem, o->so, s->name);
+    fclose(mem);
+    digest_h d = {1469598103934665603ULL};
+    dg_str(&d, 'y', s->name);
+    dg_bytes(&d, 'o', buf, n);
+    free(buf);
+    dg_out(&d, out);
 }

@@ -92,14 +92,35 @@ static long long next_line(line_reader *L, char **buf, size_t *cap, size_t max, 
 
 #define MAX_REPORTS 20
 
-static void damage(out_scan *s, const char *name, int line, long long off, const char *what) {
+// Reports (at most MAX_REPORTS a file) and counts a line dropped from file `name`; then: what
+// becomes of its request ("its request runs again", or "the first record is kept").
+static void dropped(out_scan *s, const char *name, int line, long long off, const char *what, const char *then) {
     s->n_dropped++;
     if (s->quiet) return;
     if (s->n_reported++ < MAX_REPORTS)
-        fprintf(stderr, "sift: --resume: %s line %d (byte offset %lld): %s; dropped, its request "
-                "runs again\n", name, line, off, what);
+        fprintf(stderr, "sift: --resume: %s line %d (byte offset %lld): %s; dropped, %s\n", name, line,
+                off, what, then);
     else if (s->n_reported == MAX_REPORTS + 1)
-        fprintf(stderr, "sift: --resume: %s: more damaged lines (not shown)\n", name);
+        fprintf(stderr, "sift: --resume: %s: more dropped lines (not shown)\n", name);
+}
+
+static void damage(out_scan *s, const char *name, int line, long long off, const char *what) {
+    dropped(s, name, line, off, what, "its request runs again");
+}
+
+// The digests (and, in the Batch API's shape, the strategy) of object o into r: each absent, or a
+// string (a record of an older sift has none). 0, or -1.
+static int record_digests(json_t *o, out_record *r) {
+    json_t *d = json_object_get(o, "request_digest"), *op = json_object_get(o, "options_digest");
+    if ((d && !json_is_string(d)) || (op && !json_is_string(op))) return -1;
+    if (d) r->digest = strdup(json_string_value(d));
+    if (op) r->options = strdup(json_string_value(op));
+    if (r->shape == SHAPE_OPENAI) {
+        json_t *s = json_object_get(o, "strategy");
+        if (s && !json_is_string(s)) return -1;
+        if (s) r->strategy = strdup(json_string_value(s));
+    }
+    return 0;
 }
 
 // A record's fields, or -1: sift's shape (id and index; strategy and error when it has them) or
@@ -114,15 +135,21 @@ static int parse_record(json_t *o, out_record *r) {
             return -1;
         r->shape = SHAPE_OPENAI;
         r->id = strdup(json_string_value(cid));
+        json_t *own = json_object_get(o, "sift");   // sift's key: strategy and digests
+        if (own && !json_is_object(own)) return -1;
+        if (own && record_digests(own, r)) return -1;
         if (json_is_object(err)) {
             json_t *code = json_object_get(err, "code"), *msg = json_object_get(err, "message");
             if (!json_is_string(code) || !json_is_string(msg)) return -1;
             r->error = strdup(json_string_value(msg));
             // a run's failure (jobs/run.c's unit_failed) is an outcome; any other code may be a
             // request line's error, which is its outcome only while the line is the same (an
-            // unknown code is at worst run again, never kept wrongly)
+            // unknown code is at worst run again, never kept wrongly); batch_cancelled: a
+            // request a signal stopped, run again
             const char *c = json_string_value(code);
-            r->line_error = strcmp(c, "context_length_exceeded") != 0 && strcmp(c, "server_error") != 0;
+            r->interrupted = strcmp(c, "batch_cancelled") == 0;
+            r->line_error = !r->interrupted && strcmp(c, "context_length_exceeded") != 0 &&
+                            strcmp(c, "server_error") != 0;
         }
         return 0;
     }
@@ -135,7 +162,9 @@ static int parse_record(json_t *o, out_record *r) {
     r->id = strdup(json_string_value(id));
     r->strategy = s ? strdup(json_string_value(s)) : NULL;
     if (err) r->error = strdup(json_string_value(err)), r->line_error = !s;
-    return 0;
+    json_t *stop = json_object_get(o, "stop");
+    r->interrupted = json_is_string(stop) && !strcmp(json_string_value(stop), "interrupted");
+    return record_digests(o, r);
 }
 
 int resume_scan(FILE *fp, const char *name, int file, size_t max_line, out_scan *s) {
@@ -177,7 +206,7 @@ int resume_scan(FILE *fp, const char *name, int file, size_t max_line, out_scan 
         int bad = parse_record(o, &r);
         json_decref(o);
         if (bad) {
-            free(r.id), free(r.strategy), free(r.error);
+            free(r.id), free(r.strategy), free(r.error), free(r.digest), free(r.options);
             damage(s, name, ln, off, "not a record of sift's shape or the Batch API's");
             continue;
         }
@@ -201,7 +230,8 @@ int resume_read(const char *path, int file, size_t max_line, out_scan *s, char *
 }
 
 void scan_free(out_scan *s) {
-    for (int i = 0; i < s->n; i++) free(s->r[i].id), free(s->r[i].strategy), free(s->r[i].error);
+    for (int i = 0; i < s->n; i++)
+        free(s->r[i].id), free(s->r[i].strategy), free(s->r[i].error), free(s->r[i].digest), free(s->r[i].options);
     free(s->r);
     *s = (out_scan){0};
 }
@@ -215,6 +245,7 @@ typedef struct {
     int in_shard;
     long long order;    // the record's place in input order
     int taken;
+    const strategy *s;  // the strategy of the outcome (NULL: q's error)
 } run_entry;
 
 static int cmp_entry(const void *a, const void *b) {
@@ -245,13 +276,15 @@ static run_entry *entries(const request *all, int n_all, int lo, int hi, const r
         int in = i >= lo && i < hi;
         long long base = (long long)q->index * (MAX_STRATEGIES + 1);
         if (q->error || shape == SHAPE_OPENAI) {
-            e[(*n)++] = (run_entry){unit_key(q->id, NULL), q, q->error != NULL, in, base, 0};
+            const strategy *s = q->error ? NULL : q->strategy ? q->strategy : o->strategies[0];
+            e[(*n)++] = (run_entry){unit_key(q->id, NULL), q, q->error != NULL, in, base, 0, s};
             continue;
         }
         int ns = q->strategy ? 1 : o->n_strategies;
-        for (int s = 0; s < ns; s++)
-            e[(*n)++] = (run_entry){unit_key(q->id, (q->strategy ? q->strategy : o->strategies[s])->name),
-                                    q, 0, in, base + s, 0};
+        for (int k = 0; k < ns; k++) {
+            const strategy *s = q->strategy ? q->strategy : o->strategies[k];
+            e[(*n)++] = (run_entry){unit_key(q->id, s->name), q, 0, in, base + k, 0, s};
+        }
     }
     qsort(e, (size_t)*n, sizeof *e, cmp_entry);
     return e;
@@ -264,6 +297,23 @@ static int by_order(const void *a, const void *b) {
 }
 
 static const char *shape_name(int shape) { return shape == SHAPE_OPENAI ? "the Batch API's" : "sift's"; }
+
+// Record r answers outcome m, but by another strategy (the Batch API's shape: sift's key names
+// it) or with other settings than this run's: a file of another run, refused (-1 + err) in both
+// shapes; else 0.
+static int other_run(const out_record *r, const run_entry *m, const char *name, const char *from,
+                     const run_opts *o, char *err, size_t errlen) {
+    if (r->strategy && strcmp(r->strategy, m->s->name) != 0)
+        return err_printf(err, errlen, "'%s' line %d holds a record of '%s' by strategy '%s', but "
+                          "this run of %s runs '%s' for it: resume with the same --strategy, or write "
+                          "to a new file", name, r->line, r->id, r->strategy, from, m->s->name);
+    char mine[17];
+    if (!r->options || (options_digest(o, m->s, mine), strcmp(mine, r->options) == 0)) return 0;
+    return err_printf(err, errlen, "'%s' line %d holds a record of '%s' by '%s' with other settings "
+                      "(options digest %s; this run's %s): resume with the same strategy "
+                      "parameters, or write to a new file", name, r->line, r->id, m->s->name,
+                      r->options, mine);
+}
 
 int resume_plan(out_scan *sc, int n_sc, const char *const *names, int shape, const request *all, int n_all,
                 int lo, int hi, const run_opts *o, int final, done_set *done, int *action, char *err,
@@ -334,9 +384,18 @@ int resume_plan(out_scan *sc, int n_sc, const char *const *names, int shape, con
                 damage(s, names[f], r->line, r->off, what);
                 continue;
             }
+            if (!m->line_error && (rc = other_run(r, m, names[f], from, o, err, errlen))) break;
             if (m->taken) {
                 snprintf(what, sizeof what, "a second record of '%.200s'", r->id);
-                damage(s, names[f], r->line, r->off, what);
+                dropped(s, names[f], r->line, r->off, what, "the first one is kept");
+                continue;
+            }
+            if (r->interrupted) {   // stopped by a signal in flight: it runs again
+                s->n_dropped++, s->n_interrupted++;
+                continue;
+            }
+            if (r->digest && strcmp(r->digest, m->q->digest) != 0) {   // the request changed since
+                s->n_dropped++, s->n_changed++;
                 continue;
             }
             if (r->error && o->retry_failed && !final) {   // --retry-failed: failures run again
@@ -345,6 +404,7 @@ int resume_plan(out_scan *sc, int n_sc, const char *const *names, int shape, con
                 continue;
             }
             m->taken = 1, r->keep = 1, r->order = m->order;
+            s->n_failed_kept += r->error != NULL;
             if (done) done_add(done, m->line_error ? error_key(m->q) : strdup(m->key), &cap_done);
         }
     }
@@ -368,6 +428,13 @@ int resume_plan(out_scan *sc, int n_sc, const char *const *names, int shape, con
         if (s->n_retried && !o->quiet)
             fprintf(stderr, "sift: --resume --retry-failed: %s: %d failed requests run again\n", names[f],
                     s->n_retried);
+        if (s->n_changed && !o->quiet && !final)
+            fprintf(stderr, "sift: --resume: %s: %d record%s of requests that changed since (in %s, or "
+                    "their settings): %s again\n", names[f], s->n_changed, plural_s(s->n_changed), from,
+                    s->n_changed == 1 ? "it runs" : "they run");
+        if (s->n_interrupted && !o->quiet && !final)
+            fprintf(stderr, "sift: --resume: %s: %d request%s a signal stopped in flight: run again\n",
+                    names[f], s->n_interrupted, plural_s(s->n_interrupted));
     }
     return 0;
 }
@@ -511,6 +578,22 @@ int out_lock_take(out_lock *l, const char *target, int wait, int quiet, char *er
         }
     if (!registered++) atexit(release_at_exit);
     return 0;
+}
+
+int jobs_output_locked(const char *target, char *pid, size_t n) {
+    char *path = joined(target, "", ".lock");
+    int fd = open(path, O_RDONLY | O_CLOEXEC), held = 0;
+    free(path);
+    if (fd < 0) return 0;
+    if (flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+        held = 1;
+        ssize_t got = pread(fd, pid, n - 1, 0);
+        pid[got > 0 ? got : 0] = 0;
+        pid[strcspn(pid, "\n")] = 0;
+        if (!pid[0]) snprintf(pid, n, "?");
+    }
+    close(fd);   // a shared lock taken here is dropped at once
+    return held;
 }
 
 void out_lock_release(out_lock *l) {

@@ -3,9 +3,10 @@
 // step is one forward pass over every sequence in flight, policies' gen_step; a finished
 // sequence's slot takes the next request at once). Results: text blocks, or one record per
 // (request, strategy) written whole and flushed (jobs/record.c), in input order (--unordered: as
-// they finish); progress and a summary on stderr (and --summary FILE). Ctrl-C: finish the
-// sequences in flight, then stop (again: drop them); SIGTERM drops them at once. Either way the
-// output holds only whole records.
+// they finish); progress and a summary on stderr (and --summary FILE). Ctrl-C or SIGTERM: the
+// sequences in flight stop after the step under way, what they made is printed or recorded as
+// interrupted (--resume runs them again), and the exit code is 128 + the signal; a second signal
+// exits at once, after the record being written (if any) is whole.
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -50,14 +51,28 @@ static int stop_cut(unit *u, size_t len) {
     return u->hit_stop = 1;
 }
 
+// Bytes at the end of s[0..n) that begin a UTF-8 character not yet complete (0 to 3): held back
+// from stdout until the next token completes it (a byte that can never begin one is not held).
+static size_t utf8_held(const char *s, size_t n) {
+    for (size_t k = 1; k <= 3 && k <= n; k++) {
+        unsigned char c = (unsigned char)s[n - k];
+        if ((c & 0xc0) == 0x80) continue;   // a continuation byte: look further back
+        size_t want = (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 1;
+        return want > k ? k : 0;
+    }
+    return 0;
+}
+
 static int on_token(void *ctx, int id) {
     unit *u = ctx;
     size_t len = u->ans.len;
     if (tok_answer_token(&u->ans, id)) return u->hit_eog = 1;
     if (stop_cut(u, len)) return 1;
-    if (u->stream) {
-        fwrite(u->ans.text + len, 1, u->ans.len - len, stdout);
-        stdout_check();
+    if (u->stream) {   // what completes a character is out now; a character's first bytes wait
+        size_t end = u->ans.len - utf8_held(u->ans.text, u->ans.len);
+        if (end > u->shown) fwrite(u->ans.text + u->shown, 1, end - u->shown, stdout);
+        if (end > u->shown) stdout_check();
+        u->shown = end > u->shown ? end : u->shown;
     }
     return 0;
 }
@@ -184,7 +199,7 @@ static int unit_start(runner *R, unit *u, int stream) {
     request *q = u->rq;
     u->ans.t = R->t;
     u->n_ids = prompt_ids(R, q, &u->ids, u->err, sizeof u->err);
-    int want = q->n_predict != -2 ? q->n_predict : o->n_predict;
+    int want = q->n_predict;   // settled (request_settle): -1 up to the context
     u->n_gen = want < 0 ? R->n_ctx - u->n_ids : want;
     if (u->n_ids >= 0 && (u->n_gen < 1 || (long)u->n_ids + u->n_gen > R->n_ctx)) {
         snprintf(u->err, sizeof u->err,
@@ -194,11 +209,9 @@ static int unit_start(runner *R, unit *u, int stream) {
         return unit_failed(u, "context_length_exceeded");
     }
     if (u->n_ids < 0) return unit_failed(u, "invalid_request");
-    sample_params sp = o->sp;
-    if (q->temp >= 0) sp.temp = q->temp;
-    if (q->top_p >= 0) sp.top_p = q->top_p;
+    sample_params sp = o->sp;   // the request's settled values (request_settle)
+    sp.temp = q->temp, sp.top_p = q->top_p, sp.top_k = q->top_k, sp.min_p = q->min_p;
     sp.freq_pen = q->freq_pen, sp.pres_pen = q->pres_pen;
-    if (q->seed < 0 && o->seed >= 0) q->seed = o->seed;
     if (q->seed < 0)   // one random seed per request: an A/B run's strategies sample alike
         q->seed = (long long)(((unsigned long long)(now_ms() * 1000) + (unsigned)q->index * 7919u) & 0xffffffffULL);
     u->seed = choice_seed((unsigned long long)q->seed, u->choice);
@@ -241,7 +254,15 @@ static int unit_start(runner *R, unit *u, int stream) {
     return 0;
 }
 
+// u is done (or stopped): its cache freed; an answer that ends inside a character (the token
+// limit fell there) ends before it, so that neither stdout nor a record ends mid-character.
 static void unit_finish(unit *u) {
+    if (u->state == 1 && u->ans.text) {
+        u->ans.len -= utf8_held(u->ans.text, u->ans.len);
+        u->ans.text[u->ans.len] = 0;
+        if (u->stream && u->ans.len > u->shown) fwrite(u->ans.text + u->shown, 1, u->ans.len - u->shown, stdout);
+        u->shown = u->ans.len;
+    }
     if (u->state == 1) {
         km_capture_decode(u);
         gen_end(&u->g);
@@ -262,12 +283,46 @@ static void unit_free(unit *u) {
     u->km = NULL;
 }
 
-static volatile sig_atomic_t stop_signal, n_signals;
+static volatile sig_atomic_t stop_signal;
+volatile sig_atomic_t jobs_signals, jobs_writing;
 
+// SIGINT, SIGTERM: the first stops the run after the step under way (jobs_run); a second exits at
+// once (128 + the first signal), or, while a record is being written, as soon as it is whole
+// (jobs/record.c's write_whole).
 static void on_signal(int sig) {
     if (!stop_signal) stop_signal = sig;
-    n_signals++;
-    if (sig == SIGTERM) n_signals = 2;   // SIGTERM: drop what is in flight at once
+    if (++jobs_signals > 1 && !jobs_writing) _exit(128 + stop_signal);
+}
+
+void jobs_exit_if_asked(void) {
+    if (jobs_signals > 1) _exit(128 + stop_signal);
+}
+
+// A signal: the sequences in flight stop where they are (their text so far kept, their records
+// marked interrupted), and so do the units of their jobs that had not started (no record: a later
+// --resume runs them); jobs not begun are left for --resume.
+static void interrupt_in_flight(runner *R, job *jobs, int n_jobs, unit **active, int n_active,
+                                unit **pend, int n_pend) {
+    int n = 0;
+    for (int k = 0; k < n_active + n_pend; k++) {
+        unit *u = k < n_active ? active[k] : pend[k - n_active];
+        u->interrupted = 1;
+        unit_finish(u);
+        if (u->stream) printf("\n");
+        jobs[u->job].n_left--;
+        n++;
+    }
+    for (int j = 0; j < n_jobs; j++) {
+        job *J = &jobs[j];
+        if (J->rq->error || J->written || J->n_left == J->n_units) continue;   // not begun
+        for (int i = 0; i < J->n_units; i++)
+            if (J->u[i].state == 0) J->u[i].state = 2, J->u[i].interrupted = 2, J->n_left--;
+    }
+    if (!R->o->quiet)
+        fprintf(stderr, "\nsift: interrupted (%s): %d sequence%s stopped in flight%s; --resume runs "
+                "what is not done (again: exit at once)\n", stop_signal == SIGTERM ? "SIGTERM" : "SIGINT",
+                n, plural_s(n), n && (R->o->json || R->o->output) ? ", recorded as interrupted" : "");
+    stdout_check();
 }
 
 // Outputs job J (all its units done).
@@ -277,6 +332,7 @@ static void emit_job(runner *R, job *J) {
     int json = o->json || o->output;
     for (int i = 0; i < J->n_units; i++) {
         unit *u = &J->u[i];
+        if (u->interrupted == 2) continue;   // a signal came before it started: no record
         if (u->rep > 0) {   // a repetition: its timings go into the table only
             R->prompt_tok += u->g.st.prompt_n;
             R->prefill_ms += u->g.st.prompt_ms;
@@ -294,7 +350,8 @@ static void emit_job(runner *R, job *J) {
             fprintf(stderr, "sift: error: %s%s%s\n", J->n_units > nc ? u->s->name : "",
                     J->n_units > nc ? ": " : "", bad->err);
         }
-        if (!u->rc) km_keep(R, u);
+        if (!u->rc && !u->interrupted) km_keep(R, u);
+        if (o->reps > 1) u->reps = J->u, u->n_reps_units = J->n_units;   // medians in its record
         if (json && u->choice == 0) record_unit(R, u);
         else if (!json && !u->stream && !u->rc) {   // text mode, not streamed: the whole block now
             char label[64];
@@ -318,6 +375,11 @@ static void emit_job(runner *R, job *J) {
         stdout_check();
     }
     R->n_done++;
+    for (int i = 0; i < J->n_units; i++)
+        if (J->u[i].interrupted) {
+            R->n_stopped++;
+            break;
+        }
     J->written = 1;
     for (int i = 0; i < J->n_units; i++) {   // written: only the figures above are kept
         unit_free(&J->u[i]);
@@ -369,7 +431,7 @@ typedef struct outputs {
 // pipe is written in place (never truncated, unlinked or renamed), a resumed file is appended to.
 // 0, or -1 (the error printed).
 static int outputs_open(outputs *w, const run_opts *o, const request_list *all, int lo, int hi, int shape,
-                        int n_ctx, done_set *done) {
+                        int n_ctx, done_set *done, int *failed_before) {
     char err[1024];
     const char *flag[2] = {"--output", "--errors"};
     int regular[2] = {1, 1};
@@ -397,6 +459,7 @@ static int outputs_open(outputs *w, const run_opts *o, const request_list *all, 
                 rc = resume_read(w->path[f], f, max_record(n_ctx), &sc[f], err, sizeof err);
             }
         if (!rc) rc = resume_plan(sc, 2, names, shape, all->r, all->n, lo, hi, o, 0, done, action, err, sizeof err);
+        *failed_before = rc ? 0 : sc[0].n_failed_kept + sc[1].n_failed_kept;
         for (int f = 0; f < 2 && !rc; f++) {
             if (action[f] == RESUME_KEEP) continue;
             rc = resume_rewrite(w->path[f], &sc[f], action[f], err, sizeof err);
@@ -504,6 +567,8 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
     R.openai = o->format == RUN_FORMAT_OPENAI ||
                (o->format == RUN_FORMAT_AUTO && n_batch > 0 && n_other == 0 && o->n_strategies == 1);
     int shape = R.openai ? SHAPE_OPENAI : SHAPE_SIFT;
+    for (int i = 0; i < all.n; i++)   // the run's flags or OpenAI's defaults, and the digest
+        if (!all.r[i].error) request_settle(&all.r[i], o);
     // n > 1: one record holds every choice, so only the Batch API's shape with one strategy and
     // no -r answers it, and the choices copy one prefill's cache, so not a strategy with decode
     // state (topk, topk+phi, X+topk); elsewhere it is the line's error, decided before --resume
@@ -528,7 +593,7 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
     done_set done = {0};
     outputs w = {.path = {o->output, o->errors}};
     rec_sink out_stdout = {.f = stdout, .fd = -1, .name = "stdout"};
-    if (outputs_open(&w, o, &all, lo, hi, shape, n_ctx, &done)) {
+    if (outputs_open(&w, o, &all, lo, hi, shape, n_ctx, &done, &R.n_failed_before)) {
         outputs_close(&w, o, &all, lo, hi, shape, n_ctx, 0);
         for (int i = 0; i < all.n; i++) req_free(&all.r[i]);
         free(all.r);
@@ -572,9 +637,12 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
         n_jobs++;
     }
     R.n_req = n_jobs, R.n_skipped = skipped;
-    if (!o->quiet && (skipped || o->shard_n > 0))
+    if (!o->quiet && o->resume)
         fprintf(stderr, "sift: %d request%s%s: %d to run, %d done before (--resume)\n", hi - lo,
                 plural_s(hi - lo), o->shard_n > 0 ? " in this shard" : "", n_jobs, skipped);
+    else if (!o->quiet && o->shard_n > 0)
+        fprintf(stderr, "sift: %d request%s in this shard (--shard %d/%d)\n", hi - lo, plural_s(hi - lo),
+                o->shard_k, o->shard_n);
 
     struct sigaction sa = {0}, ign = {0}, old_int, old_term, old_xfsz;
     sa.sa_handler = on_signal;
@@ -595,15 +663,13 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
     R.pack_rows = slots > 1 && o->n_strategies <= 1 && o->reps <= 1 ? pack_rows : 0;
     unit **active = xmalloc((size_t)(slots + MAX_STRATEGIES * 100) * sizeof *active);
     unit **pend = xmalloc((size_t)(slots + MAX_STRATEGIES * 100) * sizeof *pend);   // opened, not prefilled
-    int n_active = 0, n_pend = 0, next_job = 0, next_write = 0, announced = 0;
+    int n_active = 0, n_pend = 0, next_job = 0, next_write = 0;
     for (;;) {
-        if (stop_signal && !announced && !o->quiet) {
-            fprintf(stderr, "\nsift: interrupted: %s %d sequence%s in flight, no new prompts%s\n",
-                    n_signals > 1 ? "dropping" : "finishing", n_active + n_pend, plural_s(n_active + n_pend),
-                    n_signals > 1 ? "" : " (Ctrl-C again to drop them)");
-            announced = 1;
+        if (stop_signal) {   // stop now: what is in flight is written as interrupted
+            interrupt_in_flight(&R, jobs, n_jobs, active, n_active, pend, n_pend);
+            n_active = n_pend = 0;
+            break;
         }
-        if (n_signals > 1) break;
         // admit: fill the free slots with the next units in input order (prefill each)
         while (!stop_signal && n_active + n_pend < slots && next_job < n_jobs) {
             job *J = &jobs[next_job];
@@ -697,8 +763,6 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
         progress(&R, n_active + n_pend, 0);
         if (n_active == 0 && n_pend == 0 && (next_job >= n_jobs || stop_signal)) break;
     }
-    for (int i = 0; i < n_active; i++) unit_finish(active[i]);   // dropped: rerun on --resume
-    for (int i = 0; i < n_pend; i++) unit_finish(pend[i]);
     // in input order, a job held back by an unfinished earlier one is written now if complete
     for (int j = 0; j < n_jobs; j++)
         if (!jobs[j].written && !jobs[j].rq->error && jobs[j].n_left == 0) emit_job(&R, &jobs[j]);
@@ -720,5 +784,6 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
     free(all.r);
     done_free(&done);
     if (stop_signal) return 128 + stop_signal;
-    return R.n_failed || km_failed || summary_failed || out_failed ? 1 : 0;
+    // the job's truth: a failure an earlier run recorded (and --resume kept) fails it too
+    return R.n_failed || R.n_failed_before || km_failed || summary_failed || out_failed ? 1 : 0;
 }
