@@ -45,7 +45,7 @@ static void check_records_file(const char *flag, const char *path, int resume) {
     if (!path || stat(path, &st) != 0) return;   // a new file (or one jobs_run reports it cannot open)
     if (S_ISDIR(st.st_mode)) cli_usage_error("%s '%s' is a directory", flag, path);
     char pid[32];
-    if (S_ISREG(st.st_mode) && jobs_output_locked(path, pid, sizeof pid))
+    if (S_ISREG(st.st_mode) && !resume && jobs_output_locked(path, pid, sizeof pid))
         cli_usage_error("%s '%s' is being written by another sift (pid %s, lock '%s.lock'): wait for "
                         "it to end (--wait-lock waits), then --resume continues it", flag, path, pid, path);
     if (S_ISREG(st.st_mode) && !resume)

@@ -76,13 +76,13 @@ static void json_reps(FILE *f, const unit *u) {
     int k, kd;
     rep_times(u, t, &k, d, &kd);
     fprintf(f, ",\"repetitions\":{\"runs\":%d,\"prompt_ms\":[", k);
-    for (int i = 0; i < k; i++) fprintf(f, "%s%.3f", i ? "," : "", t[i]);
+    for (int i = 0; i < k; i++) fprintf(f, "%s%.6f", i ? "," : "", t[i]);
     fprintf(f, "],\"predicted_per_token_ms\":[");
-    for (int i = 0; i < kd; i++) fprintf(f, "%s%.4f", i ? "," : "", d[i]);
+    for (int i = 0; i < kd; i++) fprintf(f, "%s%.6f", i ? "," : "", d[i]);
     double sp_t = 0, sp_d = 0, m_t = k ? median_spread(t, k, &sp_t) : 0, m_d = kd ? median_spread(d, kd, &sp_d) : 0;
-    if (k) fprintf(f, "],\"prompt_ms_median\":%.3f,\"prompt_ms_spread_pct\":%.2f", m_t, sp_t);
+    if (k) fprintf(f, "],\"prompt_ms_median\":%.6f,\"prompt_ms_spread_pct\":%.3f", m_t, sp_t);
     else fprintf(f, "],\"prompt_ms_median\":null,\"prompt_ms_spread_pct\":null");
-    if (kd) fprintf(f, ",\"predicted_per_token_ms_median\":%.4f,\"predicted_per_token_ms_spread_pct\":%.2f}", m_d, sp_d);
+    if (kd) fprintf(f, ",\"predicted_per_token_ms_median\":%.6f,\"predicted_per_token_ms_spread_pct\":%.3f}", m_d, sp_d);
     else fprintf(f, ",\"predicted_per_token_ms_median\":null,\"predicted_per_token_ms_spread_pct\":null}");
     free(t);
 }
@@ -366,14 +366,15 @@ static void print_answer_cell(const unit *u, const unit *full) {
         return;
     }
     while (d > 0 && t[d - 1] != ' ' && t[d - 1] != '\n') d--;   // the differing word's start
-    int word = 1;
-    for (size_t i = 1; i < d; i++) word += (t[i - 1] == ' ' || t[i - 1] == '\n') && t[i] != ' ' && t[i] != '\n';
+    int word = 1;   // the differing word's number: the words before it, plus one
+    for (size_t i = 0; i < d; i++)
+        word += t[i] != ' ' && t[i] != '\n' && (i == 0 || t[i - 1] == ' ' || t[i - 1] == '\n');
     size_t c = d;
     for (int w = 0; w < 3 && c > 0; w++) {   // up to three words before it
         c--;
         while (c > 0 && t[c - 1] != ' ' && t[c - 1] != '\n') c--;
     }
-    printf("word %d: %s", d < n ? word : word + 1, c > 0 ? "..." : "");
+    printf("word %d: %s", word, c > 0 ? "..." : "");
     cell_text(t + c, d - c);
     if (d == n) {   // this answer ends where full's goes on
         printf(">>(ends; full goes on)<<");

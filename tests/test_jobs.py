@@ -111,7 +111,8 @@ def test_bad_lines_are_error_records(tiny, tmp_path):
              "--summary", str(tmp_path / "s.json"))
     assert r.returncode == 1
     recs, summ = records(r.stdout), [summary(tmp_path / "s.json")]
-    assert [x["id"] for x in recs] == ["ok1", "line-2", "t", "u", "e", "ok1", "s", "n", "ok2"]
+    # the repeated id's line is named line-6: no id appears twice among the records
+    assert [x["id"] for x in recs] == ["ok1", "line-2", "t", "u", "e", "line-6", "s", "n", "ok2"]
     assert [x["line"] for x in recs] == list(range(1, 10))
     want = {2: "invalid JSON", 3: "'n_predict' must be an integer", 4: "unknown field 'colour'",
             5: "is empty", 6: "duplicate id 'ok1' (first at line 1)", 7: "'strategy' must name",
@@ -160,6 +161,7 @@ BATCH_OUTPUT = {
     "required": ["id", "custom_id", "response", "error"],
     "additionalProperties": False,
     "properties": {
+        "sift": {"type": "object"},   # sift's documented key (strategy, digests)
         "id": {"type": "string"},
         "custom_id": {"type": "string"},
         "response": {"oneOf": [{"type": "null"}, {
@@ -263,9 +265,10 @@ def test_resume_after_kill(small, tmp_path):
     out = tmp_path / "out.jsonl"
     rc, _ = start_and_signal([*base, "--output", str(out), "--summary", str(tmp_path / "s1.json")],
                              out, signal.SIGTERM)
-    assert rc == 128 + signal.SIGTERM   # SIGTERM drops the sequences in flight at once
-    partial = records(out.read_text())   # every line whole
-    assert 2 <= len(partial) < 40
+    assert rc == 128 + signal.SIGTERM   # SIGTERM stops the sequences in flight at once
+    written = records(out.read_text())   # every line whole
+    partial = [x for x in written if x.get("stop") != "interrupted"]
+    assert 2 <= len(partial) < 40 and 1 <= len(written) - len(partial) <= 3   # those in flight
     with open(out, "a") as f:   # a record cut short by a harder kill: --resume drops it
         f.write('{"id": "r39", "text": "cut sh')
     again = sift(*base, "--output", str(out), "--resume", "--summary", str(tmp_path / "s2.json"))
@@ -281,16 +284,44 @@ def test_resume_after_kill(small, tmp_path):
     assert r.returncode == 0 and records(out.read_text()) == merged
 
 
-def test_ctrl_c_finishes_in_flight(small, tmp_path):
+def test_ctrl_c_stops_in_flight_and_resume_completes(small, tmp_path):
+    # one Ctrl-C stops the generation now: the sequences in flight are written with what they
+    # made, marked interrupted; exit 130; --resume reruns exactly those and the ones not begun
     p = write_jsonl(tmp_path / "r.jsonl", requests(40, lo=60))
-    out = tmp_path / "out.jsonl"
-    rc, err = start_and_signal(["-m", small, "--prompts", p, "--temp", "0", "--parallel", "3",
-                                "--output", str(out), "--summary", str(tmp_path / "s.json")], out,
+    out, whole = tmp_path / "out.jsonl", tmp_path / "whole.jsonl"
+    base = ["-m", small, "--prompts", p, "--temp", "0", "--parallel", "3"]
+    assert sift(*base, "-q", "--output", str(whole)).returncode == 0
+    rc, err = start_and_signal([*base, "--output", str(out), "--summary", str(tmp_path / "s.json")], out,
                                signal.SIGINT)
-    assert rc == 128 + signal.SIGINT and "finishing" in err
-    recs, summ = records(out.read_text()), [summary(tmp_path / "s.json")]
-    assert summ[0]["interrupted"] and 2 <= len(recs) < 40
-    assert all("text" in r for r in recs)   # the ones in flight ran to their end
+    assert rc == 128 + signal.SIGINT and "interrupted (SIGINT)" in err, err
+    recs, summ = records(out.read_text()), summary(tmp_path / "s.json")
+    stopped = [r for r in recs if r["stop"] == "interrupted"]
+    assert summ["interrupted"] and summ["stopped"] == len(stopped) and 2 <= len(recs) < 40
+    assert 1 <= len(stopped) <= 3 and all(r["finish_reason"] == "interrupted" for r in stopped)
+    ref = {r["id"]: r["text"] for r in records(whole.read_text())}
+    for r in stopped:   # what it made so far: a strict beginning of the whole answer
+        assert ref[r["id"]].startswith(r["text"]) and len(r["text"]) < len(ref[r["id"]])
+        assert r["timings"]["predicted_n"] < 60 + 3 * (int(r["id"][1:]) % 5)
+    again = sift(*base, "--output", str(out), "--resume")
+    assert again.returncode == 0 and f"{len(stopped)} request" in again.stderr, again.stderr
+    assert texts(records(out.read_text())) == texts(records(whole.read_text()))
+
+
+def test_second_signal_exits_at_once(small, tmp_path):
+    # a long prompt's prefill is under way: the first Ctrl-C waits for it, a second exits now
+    # and leaves whole records only
+    p = write_jsonl(tmp_path / "r.jsonl", requests(40, lo=200))
+    out = tmp_path / "out.jsonl"
+    e = dict(os.environ)
+    e.pop("SIFT_MODEL", None)
+    proc = subprocess.Popen([SIFT, "-m", small, "--prompts", p, "--temp", "0", "--output", str(out), "-q"],
+                            env=e, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: out.exists() and out.read_text().count("\n") >= 1, "a first record")
+    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 128 + signal.SIGINT
+    records(out.read_text())   # every line a whole record
+    assert out.read_text().endswith("\n")
 
 
 def test_shards_together_equal_one_run(tiny, tmp_path):
@@ -345,7 +376,8 @@ def test_resume_keeps_failed_runs(tiny, tmp_path):
     assert sift(*base).returncode == 1
     first = records(out.read_text())
     assert [(r["id"], "error" in r) for r in first] == [("long", True), ("ok", False)]
-    assert sift(*base, "--resume").returncode == 0
+    again = sift(*base, "--resume")   # nothing to run, but the job is not clean: exit 1
+    assert again.returncode == 1 and "not clean" in again.stderr, again.stderr
     assert records(out.read_text()) == first
 
 
@@ -380,7 +412,7 @@ def test_bad_line_keeps_batch_shape_and_fix_resume(tiny, tmp_path):
     base = ["-m", tiny, "--prompts", str(p), "--output", str(out), "-q"]
     assert sift(*base).returncode == 1   # line 5 fails
     recs = records(out.read_text())
-    assert all(set(r) == {"id", "custom_id", "response", "error"} for r in recs)   # one shape
+    assert all(set(r) - {"sift"} == {"id", "custom_id", "response", "error"} for r in recs)   # one shape
     assert [r["custom_id"] for r in recs] == [f"req-{i}" for i in range(1, 5)] + ["line-5"] + \
         [f"req-{i}" for i in range(6, 13)]
     assert recs[4]["error"]["code"] == "invalid_request" and "line 5" in recs[4]["error"]["message"]
@@ -484,7 +516,8 @@ def test_errors_file_and_retry_failed(tiny, tmp_path):
     assert [(x["id"], "error" in x) for x in e1] == [("long", True), ("line-3", True)]
     # --resume reads both: nothing runs again
     r = sift(*base, "-c", "64", "--resume", "--summary", str(tmp_path / "s.json"))
-    assert r.returncode == 0 and summary(tmp_path / "s.json")["done_before"] == 4
+    s = summary(tmp_path / "s.json")   # the failures on file still fail the job
+    assert r.returncode == 1 and s["done_before"] == 4 and (s["failed"], s["failed_before"]) == (2, 2)
     assert records(errs.read_text()) == e1
     # --retry-failed: the failed requests run again (here with room for the long prompt); their old
     # error records are removed, the rest kept
@@ -513,6 +546,10 @@ def test_second_writer_refused_or_waits(small, tmp_path):
     # a requeued copy of the job while the first still runs: refused with the holder's pid
     r = sift(*base, "--resume")
     assert_error(r, f"pid {first.pid}", "--wait-lock")
+    # without --resume: the lock is named first, not "add --resume"
+    r = sift(*base)
+    assert_error(r, f"pid {first.pid}", "another sift", code=2)
+    assert "add --resume" not in r.stderr
     assert first.poll() is None
     # --wait-lock: it waits (says so), then continues the completed file: nothing twice
     second = subprocess.Popen([SIFT, *base, "--resume", "--wait-lock"], env=e, stdout=subprocess.DEVNULL,

@@ -35,7 +35,7 @@ TOOL_LOGITS = os.path.join(ROOT, "build", "tests", "tool_logits")
 TOOL_TOKENIZE = os.path.join(ROOT, "build", "tests", "tool_tokenize")
 SIFT_SIMT = os.path.join(ROOT, "build", "sift-simt")
 CODES = {"invalid_request", "unsupported_parameter", "unsupported_url", "unsupported_method",
-         "context_length_exceeded", "server_error"}   # README's list
+         "context_length_exceeded", "server_error", "batch_cancelled"}   # README's list
 COUNT = "Count from one to ten in words."
 REPEAT = "one one one one one one one one"   # greedy continues "-to-many-to-many": a repetition
 
@@ -84,7 +84,13 @@ BATCH_OUTPUT = {
                            "body": {"oneOf": [CHAT_COMPLETION, TEXT_COMPLETION]}}}]},
         "error": {"oneOf": [{"type": "null"}, {
             "type": "object", "required": ["code", "message"],
-            "properties": {"code": {"enum": sorted(CODES)}, "message": {"type": "string"}}}]}}}
+            "properties": {"code": {"enum": sorted(CODES)}, "message": {"type": "string"}}}]},
+        # sift's own documented key (README, "Batch jobs"): what --resume compares
+        "sift": {"type": "object", "required": ["strategy", "request_digest", "options_digest"],
+                 "additionalProperties": False,
+                 "properties": {"strategy": {"type": "string"},
+                                "request_digest": {"type": "string", "pattern": "^[0-9a-f]{16}$"},
+                                "options_digest": {"type": "string", "pattern": "^[0-9a-f]{16}$"}}}}}
 
 
 def chat(cid, content=COUNT, url="/v1/chat/completions", method="POST", **body):
@@ -215,7 +221,7 @@ def test_resume_of_a_finished_job_changes_nothing(tmp_path):
     before = out.read_bytes()
     r = sift("-m", MODEL, "--prompts", str(tmp_path / "r.jsonl"), "--output", str(out),
              "--output-format", "openai", "--resume", "-t", "1")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1 and "3 failures recorded by an earlier run" in r.stderr, r.stderr   # not clean
     assert "--resume:" not in r.stderr, r.stderr   # no line reported as damaged or changed
     assert "0 to run, 4 done before" in r.stderr, r.stderr
     assert out.read_bytes() == before
