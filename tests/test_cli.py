@@ -414,11 +414,10 @@ def test_threads_above_the_cpus_warn_once(tiny):
 
 def test_prompt_file_is_a_directory_or_missing(tiny, tmp_path):
     r = sift("-m", tiny, "-f", str(tmp_path), "-n", "2")
-    assert_error(r, f"cannot read prompt file '{tmp_path}': it is a directory", code=1)
+    assert_error(r, f"-f '{tmp_path}' is a directory, not a file", code=2)
     assert "read error" not in r.stderr
     r = sift("-m", tiny, "-f", str(tmp_path / "none.txt"), "-n", "2")
-    assert_error(r, f"cannot read prompt file '{tmp_path / 'none.txt'}': No such file or directory",
-                 code=1)
+    assert_error(r, f"cannot read -f '{tmp_path / 'none.txt'}': No such file or directory", code=2)
 
 
 @pytest.mark.parametrize("flag", ["--kept-map", "--summary", "--output", "--errors"])
