@@ -75,7 +75,7 @@ static int edit_distance(const char *a, int la, const char *b, int lb) {
 const char *cli_suggest(const char *word, const char *list, int quote, char *out, size_t len) {
     const char *w = word + strspn(word, "-"), *found[3];
     int lw = (int)strlen(w), n = 0, best = 99;
-    int most = lw <= 2 ? 0 : lw <= 5 ? 1 : lw <= 8 ? 2 : 3;   // edits allowed: about a third
+    int most = lw <= 3 ? 0 : lw <= 5 ? 1 : lw <= 8 ? 2 : 3;   // edits allowed: about a third
     for (int pass = 0; pass < 2 && n == 0; pass++)   // prefixes first, then the nearest edits
         for (const char *p = list + strspn(list, "|, "); *p; p += strspn(p, "|, ")) {
             int l = (int)strcspn(p, "|, "), dashes = (int)strspn(p, "-"), dup = 0;

@@ -25,7 +25,8 @@ long long cli_int(const char *flag, const char *s, long long lo, long long hi);
 float cli_float(const char *flag, const char *s, double lo, double hi);
 // Did you mean: the names of list (separated by '|', ',' or spaces) near word, leading dashes
 // ignored: those word is a prefix of or that are a prefix of it (3 characters or more), else those
-// fewest edits away (Damerau-Levenshtein, at most about a third of word's length); up to 3, as
+// fewest edits away (Damerau-Levenshtein, at most about a third of word's length, none for 3
+// letters or fewer: 'gpu' is not 'cpu'); up to 3, as
 // "did you mean X?" / "did you mean X or Y?" into out (each 'quoted' with quote). "" when none.
 const char *cli_suggest(const char *word, const char *list, int quote, char *out, size_t len);
 // --strategy NAME[,NAME...] | all -> out (up to MAX_STRATEGIES); the count.

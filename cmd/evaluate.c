@@ -246,7 +246,7 @@ int cmd_eval(int argc, char **argv) {
     if (cli_check_outputs((const char *[]){e.json_path, e.csv_path, e.plot_path}, OUT_FLAGS, 3))
         return 2;
     eval_run R = {.e = &e};
-    if (cli_load_haystack(e.haystack, &R.hay)) return 2;
+    if (cli_load_haystack(e.haystack, &R.hay)) return 1;   // its content (flags_done checked the file)
     loaded L;
     cli_hw hw = {e.device, e.threads, e.weights, e.ctx, GGML_F32, e.cache_k, e.cache_v, e.ubatch};
     int rc = cli_load(&L, e.model, e.draft_path, &hw, e.strategies, e.n_strategies,

@@ -507,12 +507,12 @@ static int sw_run_all(sweep_run *R) {
 
 // ---- prompts ----
 
-// The generated prompts of --tasks: 0, -1 (error printed) or -2 (--haystack or --n-prompt
-// unusable: a usage error, printed).
+// The generated prompts of --tasks: 0, -1 (error printed) or -2 (--n-prompt too small for a task:
+// a usage error, printed).
 static int sw_task_prompts(sweep_run *R) {
     const sweep_opts *w = R->w;
     eval_haystack hay;
-    if (cli_load_haystack(w->haystack, &hay)) return -2;
+    if (cli_load_haystack(w->haystack, &hay)) return -1;   // its content (flags_done checked the file)
     int rc = 0;
     R->p = xcalloc((size_t)w->n_tasks * w->samples, sizeof *R->p);
     for (int k = 0; k < w->n_tasks && !rc; k++)
@@ -932,7 +932,7 @@ int cmd_sweep(int argc, char **argv) {
     if (rc == 0) {
         R.L = &L;
         int made = w.n_tasks ? sw_task_prompts(&R) : sw_user_prompts(&R);
-        rc = made == -2 ? 2 : made ? 1 : 0;   // -2: --haystack or --n-prompt unusable (usage)
+        rc = made == -2 ? 2 : made ? 1 : 0;   // -2: --n-prompt too small for a task (usage)
     }
     int limit = rc ? 0 : w.ctx_size > 0 ? w.ctx_size : L.m->cfg.ctx_len;
     for (int i = 0; i < R.n_p && rc == 0; i++)

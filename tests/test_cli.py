@@ -436,7 +436,7 @@ def test_failed_eval_prints_no_tables(tiny):
     """niah needs ~300 prompt tokens before its filler; --n-prompt 64 cannot hold them: the error, and
     nothing on stdout after it."""
     r = sift("eval", "-m", tiny, "--n-prompt", "64", "--samples", "1", "-t", "1")
-    assert_error(r, "eval: niah needs", "more than --n-prompt 64 leaves", code=1)
+    assert_error(r, "eval: niah needs", "more than --n-prompt 64 leaves", code=2)   # a usage error
     assert r.stdout == ""
 
 

@@ -499,7 +499,7 @@ def test_help_subcommand():
     (["-p", "x", "--weights", "exakt"], "did you mean 'exact'?"),
     (["-p", "x", "--anchor", "nonee"], "did you mean 'none'?"),
     (["eval", "--tasks", "niah,multikye"], "unknown task 'multikye'; did you mean 'multikey'?"),
-    (["bench", "--format", "jsn"], "did you mean 'json'?"),
+    (["bench", "--format", "josn"], "did you mean 'json'?"),
     (["bench", "--stop", "x"], "sift bench does not take --stop (a flag of: sift (run))"),
 ])
 def test_suggestions(args, needle):
@@ -507,7 +507,7 @@ def test_suggestions(args, needle):
 
 
 def test_no_far_fetched_suggestion():
-    for args in (["-p", "x", "--zzzzzz", "1"], ["-p", "x", "--device", "tpuu"], ["-p", "x", "-y"]):
+    for args in (["-p", "x", "--zzzzzz", "1"], ["-p", "x", "--device", "gpu"], ["-p", "x", "-y"]):
         r = sift(*args)
         assert r.returncode == 2 and "did you mean" not in r.stderr, r.stderr
 
