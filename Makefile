@@ -193,15 +193,17 @@ build/sift.1: sift
 	./sift --man > $@
 
 # make install PREFIX=/usr/local (DESTDIR=... for a staged install): the binary, the man page and
-# the bash and zsh completions.
+# the bash, zsh and fish completions.
 PREFIX ?= /usr/local
 install: sift build/sift.1
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 \
-	    $(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/site-functions
+	    $(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/site-functions \
+	    $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d
 	install -m 755 sift $(DESTDIR)$(PREFIX)/bin/sift
 	install -m 644 build/sift.1 $(DESTDIR)$(PREFIX)/share/man/man1/sift.1
 	./sift --completion bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/sift
 	./sift --completion zsh > $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_sift
+	./sift --completion fish > $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/sift.fish
 
 deps:
 	@bash tests/setup.sh

@@ -1,6 +1,7 @@
 // main.c — the sift command line: flags -> load model -> run the prompts (jobs/: tokenize -> run the
 // strategy -> print text (stdout) and timing (stderr), or one JSON line per prompt (--json).
-// Never interactive. Exit codes: 0 ok, 1 a prompt or the model failed, 2 bad usage.
+// Never interactive. Exit codes (README's table): 0 ok, 1 a request, the model or a write failed,
+// 2 bad usage, 128 + the signal's number when interrupted.
 #include <dirent.h>
 #include <stddef.h>
 #include <errno.h>
@@ -85,6 +86,11 @@ static void parse_args(int argc, char **argv, options *o) {
                (v[FL_N_PREDICT].given ? RUN_GIVEN_N_PREDICT : 0);
     r->n_strategies = cli_strategies(v[FL_STRATEGY].s, r->strategies);
     for (int i = 0; i < f.n_files; i++) jobs_add_file(r, f.files[i]);
+    if (f.n_stops) {   // --stop / -r: the batch runner reads them (a request's own stop replaces them)
+        r->stop = xmalloc((size_t)f.n_stops * sizeof *r->stop);
+        memcpy(r->stop, f.stops, (size_t)f.n_stops * sizeof *r->stop);
+        r->n_stop = f.n_stops;
+    }
     if (v[FL_SHARD].s) parse_shard(v[FL_SHARD].s, r);
     if (r->parallel > FWD_MAX_BATCH - MAX_STRATEGIES)
         cli_usage_error("--parallel %d: at most %d in sift run", r->parallel, FWD_MAX_BATCH - MAX_STRATEGIES);
@@ -137,6 +143,7 @@ static void show_layer(void *ctx, int layer, int n_layer, int rows) {
 // error, not exit 0. (The early returns are errors already.)
 int main(int argc, char **argv) {
     backend_cpu_blas_init(argv);
+    if (argc > 1 && strcmp(argv[1], "help") == 0) flags_help_command(argc, argv);
     if (argc > 1 && strcmp(argv[1], "bench") == 0) return cli_finish_stdout(cmd_bench(argc, argv));
     if (argc > 1 && strcmp(argv[1], "eval") == 0) return cli_finish_stdout(cmd_eval(argc, argv));
     if (argc > 1 && strcmp(argv[1], "sweep") == 0) return cli_finish_stdout(cmd_sweep(argc, argv));
@@ -183,5 +190,6 @@ int main(int argc, char **argv) {
     cli_unload(&L);
     for (int i = 0; i < o.r.n_files; i++) free(o.r.files[i]);
     free(o.r.files);
+    free(o.r.stop);
     return cli_finish_stdout(rc);
 }

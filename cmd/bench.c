@@ -233,15 +233,15 @@ static int bench_dry_run(const bench_opts *b, const model_config *c) {
     int typed = (b->cache_k && strcmp(b->cache_k, "auto")) ||
                 (b->cache_v && strcmp(b->cache_v, "auto")) || !given;
     if (cli_kv_types(b->cache_k, b->cache_v, cuda ? "cuda" : "cpu", cuda ? 2 : 4, &kt, &vt, err,
-                     sizeof err) != 0) {
+                     sizeof err) != 0) {   // a cache type the device cannot take: usage, as cli_load
         fprintf(stderr, "sift: error: bench: %s\n", err);
-        return 1;
+        return 2;
     }
     double kv_tok = typed ? cost_kv_token_bytes_typed(c, kt, vt) : cost_kv_token_bytes(c, (size_t)e);
     if (kv_tok <= 0) {
         fprintf(stderr, "sift: error: bench: a q8_0 KV cache needs a head_dim that is a multiple of "
                 "32; this shape has %d\n", c->head_dim);
-        return 1;
+        return 2;
     }
     char types[32];
     snprintf(types, sizeof types, "%s/%s", typed ? kv_type_name(kt) : e == 2 ? "bf16" : e == 4 ? "f32" : "elem",
@@ -595,7 +595,8 @@ int cmd_bench(int argc, char **argv) {
         return 1;
     }
     int rc = check_ctx(&b, &c);
-    if (rc == 0 && (cli_check_outputs(&b.out, (const char *[]){"-o"}, 1) || cli_stdout_to(b.out))) rc = 1;
+    if (rc == 0 && cli_check_outputs(&b.out, (const char *[]){"-o"}, 1)) rc = 2;   // as sift run's
+    if (rc == 0 && cli_stdout_to(b.out)) rc = 1;
     if (rc == 0 && b.dry_run) rc = bench_dry_run(&b, &c);
     free(c.inv_freq);
     if (b.dry_run || rc) return rc;

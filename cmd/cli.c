@@ -51,6 +51,54 @@ float cli_float(const char *flag, const char *s, double lo, double hi) {
     return (float)v;
 }
 
+// The optimal string alignment distance (Damerau-Levenshtein where an adjacent swap costs 1) of
+// a (la) and b (lb), capped at 99 for names longer than 62.
+static int edit_distance(const char *a, int la, const char *b, int lb) {
+    int d[3][64];   // rows i-2, i-1, i (mod 3)
+    if (la > 62 || lb > 62) return 99;
+    for (int j = 0; j <= lb; j++) d[0][j] = j;
+    for (int i = 1; i <= la; i++) {
+        int *c = d[i % 3], *p = d[(i + 2) % 3], *pp = d[(i + 1) % 3];
+        c[0] = i;
+        for (int j = 1; j <= lb; j++) {
+            int best = p[j - 1] + (a[i - 1] != b[j - 1]);
+            if (p[j] + 1 < best) best = p[j] + 1;
+            if (c[j - 1] + 1 < best) best = c[j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && pp[j - 2] + 1 < best)
+                best = pp[j - 2] + 1;
+            c[j] = best;
+        }
+    }
+    return d[la % 3][lb];
+}
+
+const char *cli_suggest(const char *word, const char *list, int quote, char *out, size_t len) {
+    const char *w = word + strspn(word, "-"), *found[3];
+    int lw = (int)strlen(w), n = 0, best = 99;
+    int most = lw <= 3 ? 0 : lw <= 5 ? 1 : lw <= 8 ? 2 : 3;   // edits allowed: about a third
+    for (int pass = 0; pass < 2 && n == 0; pass++)   // prefixes first, then the nearest edits
+        for (const char *p = list + strspn(list, "|, "); *p; p += strspn(p, "|, ")) {
+            int l = (int)strcspn(p, "|, "), dashes = (int)strspn(p, "-"), dup = 0;
+            const char *name = p + dashes;
+            int ln = l - dashes, shorter = lw < ln ? lw : ln;
+            int d = pass ? edit_distance(w, lw, name, ln)
+                         : shorter >= 3 && strncmp(w, name, (size_t)shorter) == 0 ? 0 : 99;
+            for (int k = 0; k < n; k++) dup |= (int)strcspn(found[k], "|, ") == l && strncmp(found[k], p, (size_t)l) == 0;
+            if (!dup && d <= (pass ? most : 0) && d < ln) {
+                if (d < best) n = 0, best = d;
+                if (d == best && n < 3) found[n++] = p;
+            }
+            p += l;
+        }
+    size_t j = 0;
+    out[0] = 0;
+    for (int k = 0; k < n && j < len; k++)
+        j += (size_t)snprintf(out + j, len - j, "%s%s%.*s%s%s", k == 0 ? "did you mean " : k + 1 == n ? " or " : ", ",
+                              quote ? "'" : "", (int)strcspn(found[k], "|, "), found[k],
+                              quote ? "'" : "", k + 1 == n ? "?" : "");
+    return out;
+}
+
 volatile sig_atomic_t cli_interrupted;
 
 void cli_on_sigint(int sig) {
@@ -71,8 +119,10 @@ int cli_strategies(const char *v, const strategy **out) {
     for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         const strategy *s = strategy_find(t);
         if (!s && strategy_refusal(t)) cli_usage_error("strategy %s", strategy_refusal(t));
-        if (!s) cli_usage_error("unknown strategy '%s' (available: %s, or all; or PREFILL+DECODE, "
-                                "e.g. fastkv+topk)", t, strategy_names());
+        char hint[160];
+        if (!s) cli_usage_error("unknown strategy '%s'%s%s (available: %s, or all; or PREFILL+DECODE, "
+                                "e.g. fastkv+topk)", t, *cli_suggest(t, strategy_names(), 1, hint, sizeof hint) ? "; " : "",
+                                hint, strategy_names());
         for (int i = 0; i < n; i++)
             if (out[i] == s) cli_usage_error("strategy '%s' given twice", t);
         if (n == MAX_STRATEGIES) cli_usage_error("more than %d strategies", MAX_STRATEGIES);
@@ -619,12 +669,19 @@ void cli_unload(loaded *L) {
 // ---- shared by sift eval and sift sweep ----
 
 int cli_tasks(const char *v, int *out) {
+    if (strcmp(v, "all") == 0) {
+        for (int i = 0; i < EVAL_N_TASKS; i++) out[i] = i;
+        return EVAL_N_TASKS;
+    }
     char copy[1024], *save = NULL;   // on the stack, as cli_strategies
     if (snprintf(copy, sizeof copy, "%s", v) >= (int)sizeof copy) cli_usage_error("--tasks: the list is too long");
     int n = 0;
     for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         int k = eval_task_find(t);
-        if (k < 0) cli_usage_error("unknown task '%s' (available: %s)", t, eval_task_names());
+        char hint[160];
+        if (k < 0) cli_usage_error("unknown task '%s'%s%s (available: %s)", t,
+                                   *cli_suggest(t, eval_task_names(), 1, hint, sizeof hint) ? "; " : "", hint,
+                                   eval_task_names());
         for (int i = 0; i < n; i++)
             if (out[i] == k) cli_usage_error("task '%s' given twice", t);
         out[n++] = k;

@@ -23,12 +23,18 @@ extern const char *cli_help_name;   // "sift bench": whose --help the errors nam
 void cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 long long cli_int(const char *flag, const char *s, long long lo, long long hi);
 float cli_float(const char *flag, const char *s, double lo, double hi);
+// Did you mean: the names of list (separated by '|', ',' or spaces) near word, leading dashes
+// ignored: those word is a prefix of or that are a prefix of it (3 characters or more), else those
+// fewest edits away (Damerau-Levenshtein, at most about a third of word's length, none for 3
+// letters or fewer: 'gpu' is not 'cpu'); up to 3, as
+// "did you mean X?" / "did you mean X or Y?" into out (each 'quoted' with quote). "" when none.
+const char *cli_suggest(const char *word, const char *list, int quote, char *out, size_t len);
 // --strategy NAME[,NAME...] | all -> out (up to MAX_STRATEGIES); the count.
 int cli_strategies(const char *v, const strategy **out);
 // One line of --help: indent spaces and head, then text from column 26, wrapped at 96 columns
 // (on the next line when head reaches past column 26).
 void cli_help_line(FILE *out, int indent, const char *head, const char *text);
-// --tasks niah,multikey,...: eval_task values into out (EVAL_N_TASKS room); the count.
+// --tasks niah,multikey,... | all: eval_task values into out (EVAL_N_TASKS room); the count.
 int cli_tasks(const char *v, int *out);
 // s ends with suffix, ignoring ASCII case.
 int cli_ends_with(const char *s, const char *suffix);

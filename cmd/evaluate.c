@@ -59,10 +59,7 @@ static void eval_parse(int argc, char **argv, eval_opts *e) {
     for (int i = 0; i < e->n_ctxs; i++)
         if (e->ctxs[i] < 64) cli_usage_error("--n-prompt %d: eval's prompts are at least 64 tokens", e->ctxs[i]);
     if (v[FL_SEED].i < 0) cli_usage_error("--seed -1 (random) is sift run's; eval's prompts come from a fixed seed");
-    if (strcmp(v[FL_TASKS].s, "all") == 0) {
-        for (int i = 0; i < EVAL_N_TASKS; i++) e->tasks[i] = i;
-        e->n_tasks = EVAL_N_TASKS;
-    } else e->n_tasks = cli_tasks(v[FL_TASKS].s, e->tasks);
+    e->n_tasks = cli_tasks(v[FL_TASKS].s, e->tasks);
     e->n_strategies = cli_strategies(v[FL_STRATEGY].s, e->strategies);
     flags_check_strategy_params(&f, e->strategies, e->n_strategies);
     if (e->plot_path && !cli_ends_with(e->plot_path, ".svg"))
@@ -176,7 +173,8 @@ static void dump_prompt(const eval_spec *spec, const eval_prompt *p) {
     printf("}\n");
 }
 
-// Every prompt in order; stops early on Ctrl-C or an error. 0, -1 (error) or 1 (interrupted).
+// Every prompt in order; stops early on Ctrl-C or an error. 0, -1 (error), -2 (--n-prompt too small
+// for a task: a usage error) or 1 (interrupted).
 static int eval_run_all(eval_run *R) {
     const eval_opts *e = R->e;
     int total = e->n_ctxs * e->n_tasks * e->samples, done = 0;
@@ -190,9 +188,10 @@ static int eval_run_all(eval_run *R) {
                                   .chat = tok_chat_kind(R->L->t) != TOK_CHAT_NONE};
                 eval_prompt p;
                 char err[512];
-                if (eval_make_prompt(R->L->t, &R->hay, &spec, &p, err, sizeof err)) {
+                int made = eval_make_prompt(R->L->t, &R->hay, &spec, &p, err, sizeof err);
+                if (made) {
                     fprintf(stderr, "sift: error: eval: %s\n", err);
-                    return -1;
+                    return made;
                 }
                 if (e->dump) dump_prompt(&spec, &p);
                 for (int i = 0; i < e->n_strategies && !e->dump; i++) {
@@ -245,9 +244,9 @@ int cmd_eval(int argc, char **argv) {
     eval_parse(argc, argv, &e);
     if (cli_refuse_synthetic(e.model, "eval")) return 2;
     if (cli_check_outputs((const char *[]){e.json_path, e.csv_path, e.plot_path}, OUT_FLAGS, 3))
-        return 1;
+        return 2;
     eval_run R = {.e = &e};
-    if (cli_load_haystack(e.haystack, &R.hay)) return 1;
+    if (cli_load_haystack(e.haystack, &R.hay)) return 1;   // its content (flags_done checked the file)
     loaded L;
     cli_hw hw = {e.device, e.threads, e.weights, e.ctx, GGML_F32, e.cache_k, e.cache_v, e.ubatch};
     int rc = cli_load(&L, e.model, e.draft_path, &hw, e.strategies, e.n_strategies,
@@ -268,7 +267,7 @@ int cmd_eval(int argc, char **argv) {
         signal(SIGINT, SIG_DFL);
         // a run that failed has said why; no tables of what it did not measure follow its error
         int written = e.dump || run < 0 ? 0 : write_report(&e, &R, L.m->name ? L.m->name : cli_base_name(L.path), run != 1);
-        rc = run < 0 || written ? 1 : run == 1 ? 130 : 0;
+        rc = run == -2 ? 2 : run < 0 || written ? 1 : run == 1 ? 130 : 0;
     }
     for (int i = 0; i < R.n_recs; i++) free(R.recs[i].answer);
     free(R.recs);

@@ -429,7 +429,7 @@ int cmd_fit_phi(int argc, char **argv) {
     snprintf(prog, sizeof prog, "%s.progress", o.out);
     // the maps and the progress file are written after each layer: a bad path fails now
     const char *outs[2] = {o.out, prog}, *names[2] = {"-o", "progress file"};
-    if (cli_check_outputs(outs, names, 2)) return 1;
+    if (cli_check_outputs(outs, names, 2)) return 2;
     loaded L;
     strategy_opts so = strategy_opts_default();
     // the prefill that logs queries and keys runs on --device (default the fp32 CPU reference);

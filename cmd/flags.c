@@ -1,10 +1,13 @@
 // cmd/flags.c — the one flag table (cmd/flags.h) and everything made from it: the parser every
 // subcommand uses, --help, did-you-mean, the refusals of llama.cpp flags sift lacks, the old
 // spellings, and the generated outputs (README's table, completions, man page, a flag list).
+#include <errno.h>
 #include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "../eval/eval.h"
 #include "../util/check.h"
@@ -116,13 +119,18 @@ static const flag_row BASE[] = {
     {FL_SEED, R | E | W | F, "-s", "--seed", NULL, "N", FT_INT, -1, UINT32_MAX, NULL,
      "-1|eval=1|sweep=1|fit-phi=1", NULL, "run: the sampling seed (-1 = random, reported); eval, "
      "sweep: the generated prompts' seed; fit-phi: every draw of the fit", 0, 0, NULL, NULL},
+    {FL_STOP, R, "-r", "--stop", "--reverse-prompt", "STR", FT_STR, 0, 0, NULL, NULL, NULL,
+     "end the answer before the first STR it produces; may be given several times; a --prompts "
+     "request's own stop replaces them (-r and --reverse-prompt are llama-cli's names)", 0, 0,
+     NULL, NULL},
     {FL_STRATEGY, R | B | E | W | P, NULL, "--strategy", NULL, "LIST", FT_NAMES, 0, 0, NULL,
      "full|eval=all|sweep=", NULL, "one strategy, or a comma list / all for an A/B comparison on "
      "the same tokens; or PREFILL+DECODE (e.g. fastkv+topk); sweep: those of the default grid; "
      "ppl: full only", 0, 0, "strategy and device", NULL},
     {FL_REPEAT, R | B, "-r", "--repeat", "--repetitions", "N", FT_INT, 1, 1000, NULL, "1|bench=5",
      NULL, "run each strategy N times per prompt (run: rotating order after an untimed warm-up, "
-     "medians and spreads; bench: mean and sd)", 0, 0, NULL, NULL},
+     "medians and spreads; bench: mean and sd); -r in bench only, as in llama-bench (run's -r is "
+     "--stop, as in llama-cli)", 0, B, NULL, NULL},
     {FL_DEVICE, SUB_ALL, NULL, "--device", NULL, "D", FT_ENUM, 0, 0, "auto|cpu|cuda",
      "auto|fit-phi=cpu", NULL, "auto: cuda when a GPU is usable (--device cuda says why one is "
      "not)", 0, 0, NULL, NULL},
@@ -157,7 +165,8 @@ static const flag_row BASE[] = {
     {FL_STRAT_OPT, SUB_STRATS, NULL, NULL, NULL, NULL, FT_STRAT, 0, 0, NULL, NULL, NULL, NULL, 0,
      0, "strategy parameters (defaults from each strategy's paper)", NULL},
     {FL_TASKS, E | W, NULL, "--tasks", NULL, "LIST", FT_NAMES, 0, 0, NULL, "|eval=all", NULL,
-     "generated tasks (niah, multikey, multivalue, vt, cwe)", 0, 0, "tasks and sweeps", NULL},
+     "generated tasks (niah, multikey, multivalue, vt, cwe; all: every one)", 0, 0,
+     "tasks and sweeps", NULL},
     {FL_SAMPLES, E | W, NULL, "--samples", NULL, "N", FT_INT, 1, 100000, NULL, "5|sweep=2", NULL,
      "prompts per task and length", 0, 0, NULL, NULL},
     {FL_HAYSTACK, E | W, NULL, "--haystack", NULL, "FILE", FT_PATH, 0, 0, NULL, NULL, NULL,
@@ -244,8 +253,9 @@ static const flag_row BASE[] = {
     {FL_HELP, SUB_ALL, "-h", "--help", NULL, NULL, FT_SWITCH, 0, 0, NULL, NULL, NULL,
      "this help", 0, 0, NULL, NULL},
     {FL_VERSION, R, NULL, "--version", NULL, NULL, FT_SWITCH, 0, 0, NULL, NULL, NULL,
-     "version and backends; sift --help-markdown, --list-flags, --completion bash|zsh and --man "
-     "print this table in other forms", 0, 0, NULL, NULL},
+     "version and backends; sift help [SUBCOMMAND] is SUBCOMMAND's --help; sift --help-markdown, "
+     "--list-flags, --completion bash|zsh|fish and --man print this table in other forms", 0, 0,
+     NULL, NULL},
 };
 #define N_BASE (int)(sizeof BASE / sizeof *BASE)
 
@@ -357,24 +367,30 @@ static const char *row_default(const flag_row *r, int sub, char *buf, size_t len
 
 // ---- errors: did you mean, the subcommands that take a flag, llama.cpp's flags ----
 
-static int edit_distance(const char *a, const char *b) {
-    int la = (int)strlen(a), lb = (int)strlen(b), d[64];
-    if (la > 62 || lb > 62) return 99;
-    for (int j = 0; j <= lb; j++) d[j] = j;
-    for (int i = 1; i <= la; i++) {
-        int diag = d[0];
-        d[0] = i;
-        for (int j = 1; j <= lb; j++) {
-            int up = d[j], best = diag + (a[i - 1] != b[j - 1]);
-            if (up + 1 < best) best = up + 1;
-            if (d[j - 1] + 1 < best) best = d[j - 1] + 1;
-            diag = up, d[j] = best;
-        }
+// The names sub takes, separated by spaces, into buf.
+static const char *sub_flag_names(int sub, char *buf, size_t len) {
+    size_t j = 0;
+    buf[0] = 0;
+    for (int i = 0; i < N_ROWS && j < len; i++) {
+        const flag_row *r = &ROWS[i];
+        if (!(r->subs & sub)) continue;
+        const char *names[3] = {r->l, r->alias, !r->short_subs || (r->short_subs & sub) ? r->s : NULL};
+        for (int k = 0; k < 3 && j < len; k++)
+            if (names[k]) j += (size_t)snprintf(buf + j, len - j, "%s ", names[k]);
     }
-    return d[lb];
+    return buf;
 }
 
 static void unknown_flag(int sub, const char *a) {
+    const char *eq = strchr(a, '=');
+    if (eq && a[1] != '-') {   // -ctk=f16: NAME=VALUE is for the --long names
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)(eq - a), a);
+        const flag_row *r = find_row(sub, name);
+        if (r && r->type != FT_SWITCH)
+            cli_usage_error("'%s': NAME=VALUE is for the --long names: %s=%s or %s %s", a, r->l,
+                            eq + 1, name, eq + 1);
+    }
     for (size_t i = 0; i < sizeof LLAMA / sizeof *LLAMA; i++) {
         const char *p = LLAMA[i].names;
         for (size_t n = strlen(a); *p; p += strcspn(p, "|"), p += *p == '|')
@@ -391,20 +407,10 @@ static void unknown_flag(int sub, const char *a) {
                          others[0] ? ", " : "", SUBS[k].sub == R ? "(run)" : SUBS[k].name);
     if (others[0]) cli_usage_error("sift%s%s does not take %s (a flag of: %s)", sub == R ? "" : " ",
                                    SUBS[sub_index(sub)].name, a, others);
-    const char *best = NULL;
-    int bd = 99;
-    for (int i = 0; i < N_ROWS; i++) {
-        if (!(ROWS[i].subs & sub)) continue;
-        const char *names[3] = {ROWS[i].l, ROWS[i].alias,
-                                !ROWS[i].short_subs || (ROWS[i].short_subs & sub) ? ROWS[i].s : NULL};
-        for (int k = 0; k < 3; k++) {
-            int d = names[k] ? edit_distance(a, names[k]) : 99;
-            if (d < bd) bd = d, best = names[k];
-        }
-    }
-    if (best && bd <= 1 + (int)strlen(a) / 5 && bd < (int)strlen(a) - 1)
-        cli_usage_error("unknown flag '%s'; did you mean %s?", a, best);
-    cli_usage_error("unknown flag '%s'", a);
+    static char names[8192];
+    char hint[200];
+    cli_suggest(a, sub_flag_names(sub, names, sizeof names), 0, hint, sizeof hint);
+    cli_usage_error("unknown flag '%s'%s%s", a, hint[0] ? "; " : "", hint);
 }
 
 // ---- parsing ----
@@ -431,7 +437,11 @@ static void int_list(const char *flag, const char *s, const flag_row *r, flag_va
 static void set_value(flag_set *f, const flag_row *r, const char *flag, const char *s, int check) {
     if (r->type == FT_STRAT) {
         char err[256];
-        if (strategy_opt_set(&f->so, r->opt, s, err, sizeof err)) cli_usage_error("%s", err);
+        char hint[160] = "";
+        if (strategy_opt_set(&f->so, r->opt, s, err, sizeof err)) {
+            if (r->opt->type == OPT_CHOICE) cli_suggest(s, r->metavar, 1, hint, sizeof hint);
+            cli_usage_error("%s%s%s", err, hint[0] ? "; " : "", hint);
+        }
         if (check && f->n_sp < (int)(sizeof f->sp / sizeof *f->sp))
             f->sp[f->n_sp].d = r->opt, f->sp[f->n_sp++].v = s;
         return;
@@ -442,6 +452,11 @@ static void set_value(flag_set *f, const flag_row *r, const char *flag, const ch
         if (f->n_files == (int)(sizeof f->files / sizeof *f->files))
             cli_usage_error("%s: more than %d files (name a directory with --batch)", flag, f->n_files);
         f->files[f->n_files++] = s;
+    }
+    if (check && r->id == FL_STOP && *s) {
+        if (f->n_stops == (int)(sizeof f->stops / sizeof *f->stops))
+            cli_usage_error("%s: more than %d stop strings", flag, f->n_stops);
+        f->stops[f->n_stops++] = s;
     }
     if (r->type == FT_INT && (r->list_subs & f->sub)) int_list(flag, s, r, v, check);
     else if (r->type == FT_INT) {
@@ -459,20 +474,29 @@ static void set_value(flag_set *f, const flag_row *r, const char *flag, const ch
                 v->i = k;
                 return;
             }
-        char names[160];
+        char names[160], hint[160];
         snprintf(names, sizeof names, "%s", r->choices);
         for (char *c = strchr(names, '|'); c; c = strchr(c, '|')) memmove(c + 2, c + 1, strlen(c)), c[0] = ',', c[1] = ' ';
-        cli_usage_error("%s must be one of %s (got '%s')", flag, names, s);
+        cli_suggest(s, r->choices, 1, hint, sizeof hint);
+        cli_usage_error("%s must be one of %s (got '%s'%s%s)", flag, names, s, hint[0] ? "; " : "", hint);
     } else if (check && (r->type == FT_STR || r->type == FT_PATH || r->type == FT_NAMES) && !*s)
         cli_usage_error("%s needs a value (got an empty one)", flag);
 }
+
+// The name of r that a is (a static string): its short name, alias or long name.
+static const char *row_spelling(const flag_row *r, const char *a) {
+    if (r->s && strcmp(a, r->s) == 0) return r->s;
+    return r->alias && strcmp(a, r->alias) == 0 ? r->alias : r->l;
+}
+
+#define SUB_NAMES "run bench eval sweep ppl fit-phi help"
 
 static void print_version(void) {
     printf("sift %s (backends: %s)\n", SIFT_VERSION, CLI_BACKENDS);
     exit(cli_finish_stdout(0));
 }
 
-static int top_output(const char *a, const char *v);
+static int top_output(const char *a, const char *eq, const char *next);
 
 void flags_parse(flag_set *f, int sub, int argc, char **argv, int first) {
     rows_init();
@@ -490,18 +514,31 @@ void flags_parse(flag_set *f, int sub, int argc, char **argv, int first) {
         }
     }
     int verbose = 0;
+    const char *r_digits = NULL;   // run's -r given digits: a stop string now, said once
     for (int i = first; i < argc; i++) {
-        const char *a = argv[i];
-        if (sub == R && i == first && top_output(a, i + 1 < argc ? argv[i + 1] : NULL)) exit(cli_finish_stdout(0));
+        const char *a = argv[i], *eq = NULL;   // eq: the value of --flag=value
+        char name[64];
+        if (a[0] == '-' && a[1] == '-' && strchr(a, '=') && strcspn(a, "=") < sizeof name) {
+            snprintf(name, sizeof name, "%.*s", (int)strcspn(a, "="), a);
+            eq = a + strlen(name) + 1, a = name;
+        }
+        if (sub == R && i == first && top_output(a, eq, i + 1 < argc ? argv[i + 1] : NULL))
+            exit(cli_finish_stdout(0));
         for (int k = 1; sub == R && k < FLAG_N_SUBS; k++)
             if (strcmp(a, SUBS[k].name) == 0)
                 cli_usage_error("unexpected argument '%s': a subcommand comes first (sift %s ...)", a, a);
-        if (a[0] != '-' || !a[1]) cli_usage_error("unexpected argument '%s'", a);
+        if (a[0] != '-' || !a[1]) {
+            char hint[160];
+            if (sub == R && i == first && *cli_suggest(a, SUB_NAMES, 1, hint, sizeof hint))
+                cli_usage_error("unknown subcommand '%s'; %s", a, hint);
+            cli_usage_error("unexpected argument '%s'", a);
+        }
         if (strcmp(a, "-vv") == 0) {
             verbose += 2;
             continue;
         }
         const flag_row *r = find_row(sub, a);
+        const char *as = r ? row_spelling(r, a) : NULL;   // a, as a string that outlives argv[i]'s copy
         for (size_t k = 0; !r && k < sizeof OLD / sizeof *OLD; k++)
             if ((OLD[k].subs & sub) && strcmp(a, OLD[k].old) == 0) {
                 const flag_row *now = row_of(OLD[k].now);
@@ -509,10 +546,11 @@ void flags_parse(flag_set *f, int sub, int argc, char **argv, int first) {
                     cli_usage_error("%s is now %s in sift %s: %s", a, now->l, sub_word(sub), OLD[k].why);
                 fprintf(stderr, "sift: warning: %s is now %s (%s); the old name still works\n", a,
                         now->l, OLD[k].why);
-                r = now;
+                r = now, as = OLD[k].old;
             }
         if (!r) unknown_flag(sub, a);
         if (r->type == FT_SWITCH) {
+            if (eq) cli_usage_error("%s is a switch: it takes no value (got '%s')", as, argv[i]);
             f->v[r->id].given++;
             f->v[r->id].i++;
             if (r->id == FL_VERBOSE) verbose++;
@@ -523,14 +561,20 @@ void flags_parse(flag_set *f, int sub, int argc, char **argv, int first) {
             if (r->id == FL_VERSION) print_version();
             continue;
         }
-        if (i + 1 >= argc) cli_usage_error("%s needs a value", a);
+        if (!eq && i + 1 >= argc) cli_usage_error("%s needs a value", as);
+        const char *val = eq ? eq : argv[++i];
         if (r->type != FT_STRAT) f->v[r->id].given++;
-        set_value(f, r, a, argv[++i], 1);
+        set_value(f, r, as, val, 1);
+        if (r->id == FL_STOP && strcmp(as, "-r") == 0 && !r_digits && val[strspn(val, "0123456789")] == 0)
+            r_digits = val;
         if (f->n_trace < (int)(sizeof f->trace / sizeof *f->trace))   // for -vv
-            f->trace[f->n_trace].as = a, f->trace[f->n_trace].row = r->l, f->trace[f->n_trace++].v = argv[i];
+            f->trace[f->n_trace].as = as, f->trace[f->n_trace].row = r->l, f->trace[f->n_trace++].v = val;
     }
     flag_verbosity = f->v[FL_QUIET].given ? 0 : verbose > 2 ? 3 : 1 + verbose;
     if (f->v[FL_QUIET].given && verbose) cli_usage_error("-q and -v exclude each other");
+    if (r_digits && flag_verbosity > 0)   // sift -r 3 meant repetitions before -r was llama-cli's
+        fprintf(stderr, "sift: note: -r is --reverse-prompt (llama-cli's) in sift run: '%s' is a stop "
+                        "string; for repetitions use --repeat %s\n", r_digits, r_digits);
     for (int k = 0; f->v[FL_THREADS].given && k < f->v[FL_THREADS].n; k++)   // more than the CPUs
         cli_threads_check("-t", f->v[FL_THREADS].list[k]);
 }
@@ -546,6 +590,16 @@ void flags_check_strategy_params(const flag_set *f, const strategy *const *list,
         fprintf(stderr, "sift: warning: %s is read by %s; no chosen strategy (%s) reads it: ignored\n",
                 f->sp[k].d->flag, f->sp[k].d->used_by, names);
     }
+}
+
+// An input file given on the command line: readable and not a directory ('-': stdin), else a usage
+// error.
+static void check_input(const char *flag, const char *path) {
+    struct stat st;
+    if (strcmp(path, "-") == 0) return;
+    if (stat(path, &st) != 0 || access(path, R_OK) != 0)
+        cli_usage_error("cannot read %s '%s': %s", flag, path, strerror(errno));
+    if (S_ISDIR(st.st_mode)) cli_usage_error("%s '%s' is a directory, not a file", flag, path);
 }
 
 void flags_done(const flag_set *f) {
@@ -567,6 +621,27 @@ void flags_done(const flag_set *f) {
         fprintf(stderr, "sift: %s: the command line parses (SIFT_PARSE_ONLY=1)\n", sub_word(f->sub));
         exit(cli_finish_stdout(0));
     }
+    for (int k = 0; k < f->n_files; k++) check_input("-f", f->files[k]);
+    static const flag_id INPUTS[] = {FL_PROMPTS, FL_HAYSTACK, FL_DATA};
+    for (size_t k = 0; k < sizeof INPUTS / sizeof *INPUTS; k++)
+        if (f->v[INPUTS[k]].given) check_input(row_of(INPUTS[k])->l, f->v[INPUTS[k]].s);
+}
+
+void flags_help_command(int argc, char **argv) {
+    rows_init();
+    cli_help_name = "sift";
+    const char *a = argc > 2 ? argv[2] : "run";
+    if (argc > 3) cli_usage_error("sift help takes one subcommand (got '%s' after '%s')", argv[3], a);
+    if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) a = "run";
+    for (int k = 0; k < FLAG_N_SUBS; k++)
+        if (strcmp(a, sub_word(SUBS[k].sub)) == 0) {
+            flags_help(stdout, SUBS[k].sub);
+            exit(cli_finish_stdout(0));
+        }
+    char hint[160];
+    cli_suggest(a, SUB_NAMES, 1, hint, sizeof hint);
+    cli_usage_error("unknown subcommand '%s'%s%s; sift help takes run, bench, eval, sweep, ppl or "
+                    "fit-phi", a, hint[0] ? "; " : "", hint);
 }
 
 // ---- help and the generated forms ----
@@ -704,48 +779,102 @@ static void help_markdown(void) {
     }
 }
 
-// zsh's _arguments text: no ' [ ] :
-static void zsh_text(const char *s) {
-    for (int n = 0; *s && n < 70; s++, n++)
-        if (!strchr("'[]:\\`$", *s)) putchar(*s);
+// ---- completions ----
+
+// The values completion offers after r (space-separated) into buf: an enumerated flag's choices,
+// the strategies (and all) for --strategy, the tasks (and all) for --tasks, a strategy parameter's
+// choices; "" for none (then a path completes files, anything else nothing).
+static const char *row_values(const flag_row *r, char *buf, size_t len) {
+    const char *v = r->type == FT_ENUM                                   ? r->choices
+                  : r->id == FL_STRATEGY                                 ? strategy_names()
+                  : r->id == FL_TASKS                                    ? eval_task_names()
+                  : r->type == FT_STRAT && r->opt->type == OPT_CHOICE    ? r->metavar
+                                                                         : "";
+    int j = snprintf(buf, len, "%s", r->type == FT_NAMES ? "all " : "");
+    for (; *v && j + 1 < (int)len; v++)
+        if (*v == '|' || *v == ',') buf[j++] = ' ';
+        else if (*v != ' ' || (j && buf[j - 1] != ' ')) buf[j++] = *v;
+    buf[j] = 0;
+    return buf;
 }
 
-static void completion(const char *shell) {
-    if (strcmp(shell, "bash") == 0) {
-        printf("# bash completion for sift (sift --completion bash)\n_sift() {\n"
-               "    local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]} sub=run opts\n"
-               "    case ${COMP_WORDS[1]} in bench|eval|sweep|ppl|fit-phi) sub=${COMP_WORDS[1]};; esac\n"
-               "    if [ \"$COMP_CWORD\" = 1 ] && [[ $cur != -* ]]; then\n"
-               "        COMPREPLY=($(compgen -W \"bench eval sweep ppl fit-phi\" -- \"$cur\")); return; fi\n"
-               "    case $prev in\n");
-        for (int i = 0; i < N_ROWS; i++) {
-            const flag_row *r = &ROWS[i];
-            if (r->type != FT_ENUM && r->type != FT_PATH) continue;
-            printf("        %s%s%s) COMPREPLY=($(compgen %s", r->s ? r->s : "", r->s ? "|" : "", r->l,
-                   r->type == FT_PATH ? "-f" : "-W \"");
-            for (const char *p = r->type == FT_ENUM ? r->choices : ""; *p; p++) putchar(*p == '|' ? ' ' : *p);
-            printf("%s -- \"$cur\")); return;;\n", r->type == FT_ENUM ? "\"" : "");
+static int row_is_path(const flag_row *r) {
+    return r->type == FT_PATH || (r->type == FT_STRAT && r->opt->type == OPT_PATH);
+}
+
+// A description for zsh and fish: r's help up to max characters, cut at a word boundary with an
+// ellipsis (never mid-word), into buf.
+static const char *short_help(const flag_row *r, int max, char *buf, size_t len) {
+    snprintf(buf, len, "%s", r->help);
+    if ((int)strlen(buf) <= max) return buf;
+    int cut = max;
+    while (cut > 0 && buf[cut] != ' ') cut--;
+    while (cut > 0 && strchr(" ,;:(|", buf[cut - 1])) cut--;   // no dangling punctuation
+    snprintf(buf + cut, len - (size_t)cut, "…");
+    return buf;
+}
+
+// s inside a shell single-quoted word: ' as '\''; for zsh's _arguments also \ [ ] : escaped with a
+// backslash (esc: those characters).
+static void sq_text(const char *s, const char *esc) {
+    for (; *s; s++) {
+        if (*s == '\'') fputs("'\\''", stdout);
+        else {
+            if (strchr(esc, *s)) putchar('\\');
+            putchar(*s);
         }
-        printf("    esac\n    case $sub in\n");
-        for (int k = 0; k < FLAG_N_SUBS; k++) {
-            printf("        %s) opts=\"", sub_word(SUBS[k].sub));
-            int first = 1;
-            for (int i = 0; i < N_ROWS; i++) {
-                const char *names[3];
-                if (!(ROWS[i].subs & SUBS[k].sub)) continue;
-                int n = row_names(&ROWS[i], SUBS[k].sub, names);
-                for (int j = 0; j < n; j++) printf("%s%s", first ? "" : " ", names[j]), first = 0;
-            }
-            printf("\";;\n");
-        }
-        printf("    esac\n    COMPREPLY=($(compgen -W \"$opts\" -- \"$cur\"))\n}\n"
-               "complete -o default -F _sift sift\n");
-        return;
     }
+}
+
+static void bash_completion(void) {
+    printf("# bash completion for sift (sift --completion bash)\n"
+           "_sift_list() {   # a comma list: the name after the last comma\n"
+           "    local pre=\n    [[ $cur == *,* ]] && pre=${cur%%,*},\n"
+           "    COMPREPLY=($(compgen -P \"$pre\" -W \"$1\" -- \"${cur##*,}\"))\n}\n"
+           "_sift() {\n"
+           "    local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]} sub=run opts\n"
+           "    # --flag=VALUE: readline makes '=' a word of its own\n"
+           "    if [[ $cur == = ]]; then cur=; elif [[ $prev == = ]]; then prev=${COMP_WORDS[COMP_CWORD-2]}; fi\n"
+           "    case ${COMP_WORDS[1]} in bench|eval|sweep|ppl|fit-phi) sub=${COMP_WORDS[1]};; esac\n"
+           "    if [ \"$COMP_CWORD\" = 1 ] && [[ $cur != -* ]]; then\n"
+           "        COMPREPLY=($(compgen -W \"bench eval sweep ppl fit-phi help\" -- \"$cur\")); return; fi\n"
+           "    if [ \"$COMP_CWORD\" = 2 ] && [ \"${COMP_WORDS[1]}\" = help ]; then\n"
+           "        COMPREPLY=($(compgen -W \"run bench eval sweep ppl fit-phi\" -- \"$cur\")); return; fi\n"
+           "    case $prev in\n");
+    for (int i = 0; i < N_ROWS; i++) {
+        const flag_row *r = &ROWS[i];
+        char vals[400];
+        row_values(r, vals, sizeof vals);
+        if (!vals[0] && !row_is_path(r)) continue;
+        printf("        %s%s%s%s%s) ", r->s ? r->s : "", r->s ? "|" : "", r->l, r->alias ? "|" : "",
+               r->alias ? r->alias : "");
+        if (!vals[0]) printf("COMPREPLY=($(compgen -f -- \"$cur\")); return;;\n");
+        else if (r->type == FT_NAMES) printf("_sift_list \"%s\"; return;;\n", vals);
+        else printf("COMPREPLY=($(compgen -W \"%s\" -- \"$cur\")); return;;\n", vals);
+    }
+    printf("    esac\n    case $sub in\n");
+    for (int k = 0; k < FLAG_N_SUBS; k++) {
+        printf("        %s) opts=\"", sub_word(SUBS[k].sub));
+        int first = 1;
+        for (int i = 0; i < N_ROWS; i++) {
+            const char *names[3];
+            if (!(ROWS[i].subs & SUBS[k].sub)) continue;
+            int n = row_names(&ROWS[i], SUBS[k].sub, names);
+            for (int j = 0; j < n; j++) printf("%s%s", first ? "" : " ", names[j]), first = 0;
+        }
+        printf("\";;\n");
+    }
+    printf("    esac\n    COMPREPLY=($(compgen -W \"$opts\" -- \"$cur\"))\n}\n"
+           "complete -o default -F _sift sift\n");
+}
+
+static void zsh_completion(void) {
     printf("#compdef sift\n# zsh completion for sift (sift --completion zsh)\n_sift() {\n"
            "    local sub=run\n"
            "    if (( CURRENT == 2 )) && [[ $words[2] != -* ]]; then\n"
-           "        _values subcommand bench eval sweep ppl fit-phi; return; fi\n"
+           "        _values subcommand bench eval sweep ppl fit-phi help; return; fi\n"
+           "    if [[ $words[2] == help ]]; then\n"
+           "        (( CURRENT == 3 )) && _values subcommand run bench eval sweep ppl fit-phi; return; fi\n"
            "    case $words[2] in bench|eval|sweep|ppl|fit-phi) sub=$words[2]; shift words; (( CURRENT-- ));; esac\n"
            "    case $sub in\n");
     for (int k = 0; k < FLAG_N_SUBS; k++) {
@@ -755,17 +884,20 @@ static void completion(const char *shell) {
             const char *names[3];
             if (!(r->subs & SUBS[k].sub)) continue;
             int n = row_names(r, SUBS[k].sub, names);
+            char help[200], vals[400];
+            short_help(r, 80, help, sizeof help);
+            row_values(r, vals, sizeof vals);
             for (int j = 0; j < n; j++) {
-                printf(" \\\n            '%s%s[", r->id == FL_VERBOSE || r->id == FL_FILE ? "*" : "",
-                       names[j]);
-                zsh_text(r->help);
+                int many = r->id == FL_VERBOSE || r->id == FL_FILE || r->id == FL_STOP;
+                printf(" \\\n            '%s%s%s[", many ? "*" : "", names[j],
+                       r->type != FT_SWITCH && names[j][1] == '-' ? "=" : "");
+                sq_text(help, "\\[]:");
                 printf("]");
-                if (r->type == FT_PATH) printf(":%s:_files", r->metavar);
-                else if (r->type == FT_ENUM) {
-                    printf(":%s:(", r->metavar);
-                    for (const char *p = r->choices; *p; p++) putchar(*p == '|' ? ' ' : *p);
-                    printf(")");
-                } else if (r->type != FT_SWITCH) printf(":%s: ", r->metavar);
+                if (r->type == FT_SWITCH) {
+                } else if (r->type == FT_NAMES) printf(":%s: _sequence compadd - %s", r->metavar, vals);
+                else if (vals[0]) printf(":%s:(%s)", r->metavar, vals);
+                else if (row_is_path(r)) printf(":%s:_files", r->metavar);
+                else printf(":%s: ", r->metavar);
                 printf("'");
             }
         }
@@ -774,6 +906,47 @@ static void completion(const char *shell) {
     printf("    esac\n}\n_sift \"$@\"\n");
 }
 
+static void fish_completion(void) {
+    printf("# fish completion for sift (sift --completion fish)\n"
+           "function __sift_sub --description 'the sift subcommand being completed (run: none)'\n"
+           "    set -l words (commandline -opc)\n"
+           "    if set -q words[2]; and contains -- $words[2] bench eval sweep ppl fit-phi\n"
+           "        echo $words[2]\n    else\n        echo run\n    end\nend\n"
+           "complete -c sift -f\n"
+           "complete -c sift -n 'test (count (commandline -opc)) -eq 1' -a 'bench eval sweep ppl "
+           "fit-phi help' -d subcommand\n"
+           "complete -c sift -n 'test (count (commandline -opc)) -eq 2; and contains -- help "
+           "(commandline -opc)' -a 'run bench eval sweep ppl fit-phi' -d subcommand\n");
+    for (int k = 0; k < FLAG_N_SUBS; k++)
+        for (int i = 0; i < N_ROWS; i++) {
+            const flag_row *r = &ROWS[i];
+            const char *names[3];
+            if (!(r->subs & SUBS[k].sub)) continue;
+            int n = row_names(r, SUBS[k].sub, names);
+            char help[200], vals[400];
+            printf("complete -c sift -n 'test (__sift_sub) = %s'", sub_word(SUBS[k].sub));
+            for (int j = 0; j < n; j++)   // -s x, -o ctk (one dash, several letters), -l name
+                printf(" -%c %s", names[j][1] == '-' ? 'l' : names[j][2] ? 'o' : 's',
+                       names[j] + (names[j][1] == '-' ? 2 : 1));
+            printf(" -d '");
+            sq_text(short_help(r, 80, help, sizeof help), "\\");
+            printf("'");
+            row_values(r, vals, sizeof vals);
+            if (vals[0]) printf(" -x -a '%s'", vals);
+            else if (row_is_path(r)) printf(" -r -F");
+            else if (r->type != FT_SWITCH) printf(" -x");
+            printf("\n");
+        }
+}
+
+static void completion_script(const char *shell) {
+    if (strcmp(shell, "bash") == 0) bash_completion();
+    else if (strcmp(shell, "zsh") == 0) zsh_completion();
+    else fish_completion();
+}
+
+// ---- the man page ----
+
 static void roff(const char *s) {
     for (; *s; s++) {
         if (*s == '-' || *s == '\\') putchar('\\');
@@ -781,11 +954,13 @@ static void roff(const char *s) {
     }
 }
 
-// sift --man: a man page (section 1) from the table, one section per subcommand.
+// sift --man: a man page (section 1) from the table, one section per subcommand, then the exit
+// status, the environment (the table's env column), files and every subcommand's examples.
 static void man_page(void) {
     printf(".TH SIFT 1 \"\" \"sift %s\" \"User Commands\"\n.SH NAME\nsift \\- run and measure "
            "long\\-context strategies on Llama\\-family models\n.SH SYNOPSIS\n", SIFT_VERSION);
     for (int k = 0; k < FLAG_N_SUBS; k++) printf(".B "), roff(SUBS[k].usage), printf("\n.br\n");
+    printf(".B sift help\n.RI [ SUBCOMMAND ]\n");
     for (int k = 0; k < FLAG_N_SUBS; k++) {
         printf(".SH \"%s\"\n", k ? SUBS[k].name : "SIFT (RUN)");
         roff(SUBS[k].about), printf("\n");
@@ -803,21 +978,52 @@ static void man_page(void) {
             roff(text), printf("\n");
         }
     }
-    printf(".SH ENVIRONMENT\n.TP\nSIFT_MODEL\nthe model when \\-m is not given\n.TP\nOMP_NUM_THREADS\n"
-           "the threads when \\-t is not given\n.TP\nSIFT_PARSE_ONLY=1\ncheck the command line and "
-           "exit 0 without running it\n");
+    printf(".PP\nA flag's value follows it (\\fB\\-\\-top\\-p 0.9\\fR) or, for the \\-\\-long names, "
+           "an = (\\fB\\-\\-top\\-p=0.9\\fR).\n"
+           ".SH EXIT STATUS\n.TP\n0\nsuccess\n.TP\n1\na run failed: a request or prompt that could "
+           "not be run, a model that cannot load, an output that could not be written\n.TP\n2\n"
+           "a usage error (one line on stderr naming the subcommand's \\-\\-help): an unknown flag "
+           "or value, a value out of range or too small for the task, flags that exclude each "
+           "other, a missing input file or output directory\n.TP\n130, 143\ninterrupted by SIGINT "
+           "or SIGTERM (128 + the signal's number)\n.SH ENVIRONMENT\n");
+    for (int i = 0; i < N_ROWS; i++)
+        if (ROWS[i].env) {
+            printf(".TP\n.B "), roff(ROWS[i].env), printf("\nthe default of "), roff(ROWS[i].l);
+            printf(" ("), roff(ROWS[i].s ? ROWS[i].s : ROWS[i].l), printf("): "), roff(ROWS[i].help);
+            printf("\n");
+        }
+    printf(".TP\n.B SIFT_PARSE_ONLY\n1: check the command line and exit 0 without loading a model "
+           "or opening its files\n.SH FILES\n.TP\n.I ");
+    roff(DEFAULT_MODEL);
+    printf("\nbeside the sift binary: the model when neither \\-m nor $SIFT_MODEL names one\n.TP\n"
+           ".I FILE.lock\nbeside \\fBsift \\-o\\fR \\fIFILE\\fR: the pid of the sift writing FILE\n"
+           ".TP\n.I FILE.progress\nbeside \\fBsift fit\\-phi \\-o\\fR \\fIFILE\\fR: the fit's "
+           "progress, for a rerun to resume\n.SH EXAMPLES\n");
+    for (int k = 0; k < FLAG_N_SUBS; k++) {
+        printf(".PP\n.nf\n");
+        for (const char *e = SUBS[k].examples; *e; e += strcspn(e, "\n") + 1) {
+            char line[400];
+            snprintf(line, sizeof line, "%.*s", (int)strcspn(e, "\n"), e);
+            roff(line), printf("\n");
+        }
+        printf(".fi\n");
+    }
 }
 
-// The top-level outputs of the table; 1 when a was one (printed).
-static int top_output(const char *a, const char *v) {
-    if (strcmp(a, "--help-markdown") == 0) help_markdown();
+// The top-level outputs of the table; 1 when a was one (printed). eq: the value of a=VALUE, next:
+// the argument after a.
+static int top_output(const char *a, const char *eq, const char *next) {
+    int completion = strcmp(a, "--completion") == 0;
+    if (!completion && strcmp(a, "--help-markdown") && strcmp(a, "--list-flags") && strcmp(a, "--man"))
+        return 0;
+    if (eq && !completion) cli_usage_error("%s takes no value (got '%s=%s')", a, a, eq);
+    const char *v = eq ? eq : next;
+    if (completion && (!v || (strcmp(v, "bash") && strcmp(v, "zsh") && strcmp(v, "fish"))))
+        cli_usage_error("--completion needs bash, zsh or fish");
+    if (completion) completion_script(v);
+    else if (strcmp(a, "--help-markdown") == 0) help_markdown();
     else if (strcmp(a, "--list-flags") == 0) list_flags();
-    else if (strcmp(a, "--man") == 0) man_page();
-    else if (strcmp(a, "--completion") == 0) {
-        if (!v || (strcmp(v, "bash") && strcmp(v, "zsh")))
-            cli_usage_error("--completion needs bash or zsh");
-        completion(v);
-    } else return 0;
+    else man_page();
     return 1;
 }
 

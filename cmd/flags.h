@@ -1,9 +1,9 @@
 // cmd/flags.h — sift's one flag table: every flag of every subcommand is one row (the
 // subcommands it applies to, its type, range, default, environment variable, help), after the
 // model of llama.cpp's common/arg.cpp. Every subcommand parses its argv with flags_parse, which
-// validates types and ranges and answers --help; --help, the bash and zsh completions, the man page
-// and README's flag table are printed from the same rows (sift --help-markdown, --completion
-// bash|zsh, --man, --list-flags). The strategy parameters are rows too: policies/options.c keeps
+// validates types and ranges and answers --help; --help, the bash, zsh and fish completions, the man
+// page and README's flag table are printed from the same rows (sift --help-markdown, --completion
+// bash|zsh|fish, --man, --list-flags). The strategy parameters are rows too: policies/options.c keeps
 // them (which strategy reads which, the settings echo), and the table takes them in as rows.
 #pragma once
 #include <stdio.h>
@@ -20,7 +20,7 @@ enum {
 // Every flag a subcommand reads, by what it means.
 typedef enum {
     FL_MODEL, FL_PROMPT, FL_FILE, FL_BATCH, FL_PROMPTS, FL_CHAT, FL_SYSTEM,
-    FL_N_PREDICT, FL_CTX, FL_N_PROMPT, FL_TEMP, FL_TOP_K, FL_TOP_P, FL_MIN_P, FL_SEED,
+    FL_N_PREDICT, FL_CTX, FL_N_PROMPT, FL_TEMP, FL_TOP_K, FL_TOP_P, FL_MIN_P, FL_SEED, FL_STOP,
     FL_STRATEGY, FL_REPEAT, FL_DEVICE, FL_THREADS, FL_WEIGHTS, FL_WTYPE, FL_CACHE_TYPE_K, FL_CACHE_TYPE_V, FL_PARALLEL, FL_UBATCH,
     FL_TASKS, FL_SAMPLES, FL_HAYSTACK, FL_DUMP, FL_GRID, FL_FIDELITY, FL_SPEED, FL_MIN_AGREE,
     FL_CHUNKS, FL_DATA, FL_STEPS, FL_QUERIES, FL_FIT_BATCH, FL_LR, FL_D_PHI, FL_CALIBRATE,
@@ -81,6 +81,8 @@ typedef struct flag_set {
     int n_sp;
     const char *files[256];       // every -f, in order
     int n_files;
+    const char *stops[64];        // every --stop / -r STR, in order
+    int n_stops;
     struct { const char *as, *row, *v; } trace[64];   // the flags with a value, as read (-vv)
     int n_trace;
 } flag_set;
@@ -90,17 +92,23 @@ typedef struct flag_set {
 // was read: the table row it matched).
 extern int flag_verbosity;
 
-// Parses argv[first..] for subcommand sub (SUB_*): every value typed and range-checked, --help
-// printed (exit 0), a bad command line one line naming the subcommand's help (exit 2). With
-// SIFT_PARSE_ONLY=1 in the environment the caller's flags_done ends the process (exit 0) once its
-// own checks pass: the commands of bench/gpu.sh are checked that way without a model.
+// Parses argv[first..] for subcommand sub (SUB_*): "--flag value" or "--flag=value", every value
+// typed and range-checked, --help printed (exit 0), a bad command line one line naming the
+// subcommand's help, with a did-you-mean where a name or value is near one the table knows (exit
+// 2). With SIFT_PARSE_ONLY=1 in the environment the caller's flags_done ends the process (exit 0)
+// once its own checks pass: the commands of bench/gpu.sh are checked that way without a model
+// and without their files.
 void flags_parse(flag_set *f, int sub, int argc, char **argv, int first);
-// End of a subcommand's own checks: exit 0 under SIFT_PARSE_ONLY=1.
+// End of a subcommand's own checks: exit 0 under SIFT_PARSE_ONLY=1; else the input files given
+// (-f, --prompts, --haystack, --data; '-' is stdin) must be readable files (a usage error, exit 2).
 void flags_done(const flag_set *f);
+// sift help [SUBCOMMAND] (argv[1] is "help"): the subcommand's --help (exit 0); an unknown one is a
+// usage error with a did-you-mean.
+void flags_help_command(int argc, char **argv) __attribute__((noreturn));
 // Warns (one line each) about the strategy parameters given that none of the n strategies reads.
 void flags_check_strategy_params(const flag_set *f, const strategy *const *list, int n);
 
-// sift --help-markdown | --list-flags | --completion bash|zsh | --man (as sift's first argument)
+// sift --help-markdown | --list-flags | --completion bash|zsh|fish | --man (as sift's first argument)
 // print the table in those forms: flags_parse answers them for SUB_RUN.
 // The help of subcommand sub (its usage, prose and the table's rows for it) on out.
 void flags_help(FILE *out, int sub);

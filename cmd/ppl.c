@@ -154,7 +154,7 @@ int cmd_ppl(int argc, char **argv) {
     ppl_opts p;
     ppl_parse(argc, argv, &p);
     if (cli_refuse_synthetic(p.model, "ppl")) return 2;
-    if (cli_check_outputs(&p.out, (const char *[]){"-o"}, 1)) return 1;
+    if (cli_check_outputs(&p.out, (const char *[]){"-o"}, 1)) return 2;
     loaded L;
     strategy_opts so = strategy_opts_default();
     cli_hw hw = {p.device, p.threads, p.weights, p.ctx, GGML_F32, p.cache_k, p.cache_v, 0};   // ppl runs its own 256-row passes

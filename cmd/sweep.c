@@ -507,10 +507,12 @@ static int sw_run_all(sweep_run *R) {
 
 // ---- prompts ----
 
+// The generated prompts of --tasks: 0, -1 (error printed) or -2 (--n-prompt too small for a task:
+// a usage error, printed).
 static int sw_task_prompts(sweep_run *R) {
     const sweep_opts *w = R->w;
     eval_haystack hay;
-    if (cli_load_haystack(w->haystack, &hay)) return -1;
+    if (cli_load_haystack(w->haystack, &hay)) return -1;   // its content (flags_done checked the file)
     int rc = 0;
     R->p = xcalloc((size_t)w->n_tasks * w->samples, sizeof *R->p);
     for (int k = 0; k < w->n_tasks && !rc; k++)
@@ -519,9 +521,8 @@ static int sw_task_prompts(sweep_run *R) {
                               .n_samples = w->samples, .chat = tok_chat_kind(R->L->t) != TOK_CHAT_NONE};
             eval_prompt ep;
             char err[512];
-            if (eval_make_prompt(R->L->t, &hay, &spec, &ep, err, sizeof err)) {
+            if ((rc = eval_make_prompt(R->L->t, &hay, &spec, &ep, err, sizeof err))) {
                 fprintf(stderr, "sift: error: sweep: %s\n", err);
-                rc = -1;
                 break;
             }
             sweep_prompt *p = &R->p[R->n_p++];
@@ -916,7 +917,7 @@ int cmd_sweep(int argc, char **argv) {
     sweep_parse(argc, argv, &w);
     if (cli_refuse_synthetic(w.model, "sweep")) return 2;
     const char *outs[3] = {w.json_path, w.csv_path, w.plot_path};
-    if (cli_check_outputs(outs, SW_OUT_FLAGS, 3)) return 1;
+    if (cli_check_outputs(outs, SW_OUT_FLAGS, 3)) return 2;
     loaded L;
     cli_hw hw = {w.device, w.threads, w.weights, w.ctx_size, GGML_F32, w.cache_k, w.cache_v, w.ubatch};
     strategy_run run = {0};
@@ -930,7 +931,8 @@ int cmd_sweep(int argc, char **argv) {
     if (rc == 0) rc = sw_bind(&w, L.m, &run);
     if (rc == 0) {
         R.L = &L;
-        if (w.n_tasks ? sw_task_prompts(&R) : sw_user_prompts(&R)) rc = 1;
+        int made = w.n_tasks ? sw_task_prompts(&R) : sw_user_prompts(&R);
+        rc = made == -2 ? 2 : made ? 1 : 0;   // -2: --n-prompt too small for a task (usage)
     }
     int limit = rc ? 0 : w.ctx_size > 0 ? w.ctx_size : L.m->cfg.ctx_len;
     for (int i = 0; i < R.n_p && rc == 0; i++)

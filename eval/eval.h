@@ -58,7 +58,8 @@ typedef struct eval_spec {
 } eval_spec;
 
 // Builds the prompt of spec: the largest number of haystack sentences (cwe: list entries) whose
-// prompt still fits ctx. 0, or -1 + err (ctx too small for the task, tokenizer failure).
+// prompt still fits ctx. 0, or + err: -2 (ctx too small for the task: --n-prompt's fault) or -1
+// (tokenizer failure).
 int eval_make_prompt(const tok *t, const eval_haystack *h, const eval_spec *spec, eval_prompt *p,
                      char *err, size_t errlen);
 void eval_prompt_free(eval_prompt *p);

@@ -307,15 +307,18 @@ static int count(const plan *pl, const tok *t, long k, char *err, size_t errlen)
     return n;
 }
 
-// The largest k whose prompt has at most budget tokens; -1 + err if not even k = 0 fits.
+// The largest k whose prompt has at most budget tokens; -2 + err if not even k = 0 fits, -1 + err
+// on a tokenizer failure.
 static long fit(const plan *pl, const tok *t, int budget, char *err, size_t errlen) {
     int t0 = count(pl, t, 0, err, errlen);
     if (t0 < 0) return -1;
-    if (t0 > budget)
-        return err_printf(err, errlen, "%s needs %d prompt tokens before any filler, more than "
-                          "--n-prompt %d leaves (%d after the answer's %d)",
-                          eval_task_name(pl->spec->task), t0, pl->spec->ctx, budget,
-                          eval_task_n_gen(pl->spec->task));
+    if (t0 > budget) {
+        err_printf(err, errlen, "%s needs %d prompt tokens before any filler, more than "
+                   "--n-prompt %d leaves (%d after the answer's %d)",
+                   eval_task_name(pl->spec->task), t0, pl->spec->ctx, budget,
+                   eval_task_n_gen(pl->spec->task));
+        return -2;
+    }
     long k = (budget - t0) / 16 + 1;
     for (int it = 0; it < 6; it++) {   // secant steps on tokens(k) = t0 + k * per_unit
         int tk = count(pl, t, k, err, errlen);
@@ -347,7 +350,7 @@ int eval_make_prompt(const tok *t, const eval_haystack *h, const eval_spec *spec
     default: plan_cwe(&pl, p); break;
     }
     long k = fit(&pl, t, spec->ctx - eval_task_n_gen(spec->task), err, errlen);
-    if (k < 0) return -1;
+    if (k < 0) return (int)k;
     p->text = build(&pl, t, k);
     p->n_ids = tok_encode_prompt(t, p->text, strlen(p->text), 1, &p->ids, err, errlen);
     return p->n_ids < 0 ? -1 : 0;

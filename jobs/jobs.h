@@ -34,7 +34,7 @@ typedef struct run_opts {
     int retry_failed, wait_lock;   // --retry-failed (with --resume), --wait-lock
     int shard_k, shard_n;          // --shard K/N (0-based K; n 0: no sharding)
     int parallel;                  // --parallel N: sequences in flight
-    int reps;                      // -r N: each strategy N times per prompt, in rotating order
+    int reps;                      // --repeat N: each strategy N times per prompt, in rotating order
     int n_predict, chat, json, quiet, threads;
     long long seed;
     sample_params sp;

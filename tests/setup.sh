@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing need, only when missing: Debian packages (OpenBLAS, PCRE2,
 # stb, jansson; chromium for the --kept-map page test; Slurm and munge for the array job test;
-# zsh and groff for the completion and man page checks) and the Python reference packages (numpy, gguf, tokenizers, pytest) into .venv.
+# zsh, fish and groff for the completion and man page checks) and the Python reference packages (numpy, gguf, tokenizers, pytest) into .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
@@ -18,6 +18,7 @@ command -v sbatch >/dev/null || need+=(slurm-client)
 command -v munged >/dev/null || need+=(munge)
 command -v zsh >/dev/null || need+=(zsh)            # zsh -n on the generated completion
 command -v groff >/dev/null || need+=(groff-base)   # the generated man page renders cleanly
+command -v fish >/dev/null || need+=(fish)          # fish -n on the generated completion
 ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || need+=(libclang-rt-14-dev)
 if [ ${#need[@]} -gt 0 ]; then
     echo "setup: installing ${need[*]}" >&2

@@ -1,4 +1,4 @@
-"""tests/test_ab.py — A/B runs repeated (`-r N`, jobs/run.c): every strategy runs N times per
+"""tests/test_ab.py — A/B runs repeated (`--repeat N`, jobs/run.c): every strategy runs N times per
 prompt in rotating order after an untimed warm-up; the table shows per strategy the runs, every
 column of the single-run table (the timings as medians) and the spreads of TTFT and TPOT, and a
 line on how busy the rest of the machine was. The texts and JSON records are repetition 0's
@@ -27,7 +27,7 @@ def table(stdout):
 
 
 def test_repeated_table_medians_and_machine_line():
-    r = sift("--strategy", "full,speed", "-r", 3, "-q")
+    r = sift("--strategy", "full,speed", "--repeat", 3, "-q")
     assert r.returncode == 0, r.stderr
     head = next(l for l in r.stdout.splitlines() if l.startswith("| strategy"))
     assert "TTFT ms (median)" in head and "TPOT spread %" in head
@@ -47,7 +47,7 @@ def test_repeated_table_medians_and_machine_line():
 
 
 def test_repeated_json_records_once_per_strategy():
-    r = sift("--strategy", "full,speed", "-r", 2, "--json", "-q")
+    r = sift("--strategy", "full,speed", "--repeat", 2, "--json", "-q")
     assert r.returncode == 0, r.stderr
     recs = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
     assert sorted(x["strategy"] for x in recs if "strategy" in x) == ["full", "speed"]
@@ -58,7 +58,7 @@ def test_repeated_json_records_once_per_strategy():
 
 
 def test_single_strategy_repeated():
-    r = sift("-r", 2, "-q")
+    r = sift("--repeat", 2, "-q")
     assert r.returncode == 0, r.stderr
     rows = table(r.stdout)
     assert len(rows) == 1 and rows[0][0] == "full" and rows[0][1] == "2"
@@ -66,8 +66,8 @@ def test_single_strategy_repeated():
 
 def test_bad_repeat_count():
     for bad in ("0", "-2", "x"):
-        r = sift("-r", bad)
-        assert r.returncode == 2 and "-r" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        r = sift("--repeat", bad)
+        assert r.returncode == 2 and "--repeat" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 def header(stdout):
@@ -77,7 +77,7 @@ def header(stdout):
 
 def test_repeated_table_keeps_every_column_of_the_single_table():
     one = sift("--strategy", "full,topk", "-q")
-    rep = sift("--strategy", "full,topk", "-r", 2, "-q")
+    rep = sift("--strategy", "full,topk", "--repeat", 2, "-q")
     assert one.returncode == 0 and rep.returncode == 0, one.stderr + rep.stderr
     single, reps = header(one.stdout), header(rep.stdout)
     # every single-run column, in the same order; its timings as medians; runs and spreads added
@@ -101,7 +101,7 @@ def test_prompt_line_once_per_prompt(tmp_path):
     a.write_text(PROMPT)
     b.write_text("One two three.")
     args = ["-m", MODEL, "-f", str(a), "-f", str(b), "-n", "6", "--temp", "0", "-t", "2", "-s", "5"]
-    r = subprocess.run([SIFT, *args, "--strategy", "full,speed,fastkv", "-r", "3"],
+    r = subprocess.run([SIFT, *args, "--strategy", "full,speed,fastkv", "--repeat", "3"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     recs = [json.loads(l) for l in subprocess.run(

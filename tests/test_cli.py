@@ -414,11 +414,10 @@ def test_threads_above_the_cpus_warn_once(tiny):
 
 def test_prompt_file_is_a_directory_or_missing(tiny, tmp_path):
     r = sift("-m", tiny, "-f", str(tmp_path), "-n", "2")
-    assert_error(r, f"cannot read prompt file '{tmp_path}': it is a directory", code=1)
+    assert_error(r, f"-f '{tmp_path}' is a directory, not a file", code=2)
     assert "read error" not in r.stderr
     r = sift("-m", tiny, "-f", str(tmp_path / "none.txt"), "-n", "2")
-    assert_error(r, f"cannot read prompt file '{tmp_path / 'none.txt'}': No such file or directory",
-                 code=1)
+    assert_error(r, f"cannot read -f '{tmp_path / 'none.txt'}': No such file or directory", code=2)
 
 
 @pytest.mark.parametrize("flag", ["--kept-map", "--summary", "--output", "--errors"])
@@ -437,7 +436,7 @@ def test_failed_eval_prints_no_tables(tiny):
     """niah needs ~300 prompt tokens before its filler; --n-prompt 64 cannot hold them: the error, and
     nothing on stdout after it."""
     r = sift("eval", "-m", tiny, "--n-prompt", "64", "--samples", "1", "-t", "1")
-    assert_error(r, "eval: niah needs", "more than --n-prompt 64 leaves", code=1)
+    assert_error(r, "eval: niah needs", "more than --n-prompt 64 leaves", code=2)   # a usage error
     assert r.stdout == ""
 
 

@@ -285,12 +285,12 @@ def test_ppl_matches_numpy_from_logits(tmp_path, tokenizer):
     (["eval", "--n-prompt", "abc"], "invalid integer", 2),
     (["eval", "--n-prompt", "100000"], "beyond the model's context", 2),
     (["eval", "--strategy", "nope"], "unknown strategy 'nope'", 2),
-    (["eval", "--haystack", "/nonexistent/h.txt"], "/nonexistent/h.txt", 1),
-    (["eval", "-o", "/nonexistent/dir/r.json"], "cannot write -o '/nonexistent/dir/r.json': directory '/nonexistent/dir': No such file or directory", 1),
-    (["eval", "--n-prompt", "64", "--tasks", "multivalue"], "more than --n-prompt 64 leaves", 1),
+    (["eval", "--haystack", "/nonexistent/h.txt"], "/nonexistent/h.txt", 2),
+    (["eval", "-o", "/nonexistent/dir/r.json"], "cannot write -o '/nonexistent/dir/r.json': directory '/nonexistent/dir': No such file or directory", 2),
+    (["eval", "--n-prompt", "64", "--tasks", "multivalue"], "more than --n-prompt 64 leaves", 2),
     (["ppl"], "no text", 2),
     (["ppl", "-f", "x.txt", "--strategy", "speed"], "ppl supports: full", 2),
-    (["ppl", "-f", "/nonexistent/t.txt"], "/nonexistent/t.txt", 1),
+    (["ppl", "-f", "/nonexistent/t.txt"], "/nonexistent/t.txt", 2),
 ])
 def test_bad_input(args, needle, code):
     r = sift(args[0], "-m", MODEL, *args[1:], "--samples", 1) if args[0] == "eval" else \

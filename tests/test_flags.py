@@ -120,7 +120,7 @@ def test_zsh_completion_lists_the_table(tmp_path):
     blocks = re.findall(r"^    ([\w-]+)\)\n        _arguments(.*?);;", r.stdout, re.M | re.S)
     assert [b[0] for b in blocks] == SUBS
     for sub, body in blocks:
-        assert sorted(re.findall(r"'\*?(-[\w-]+)\[", body)) == sorted(TABLE[sub]), sub
+        assert sorted(re.findall(r"'\*?(-[\w-]+)=?\[", body)) == sorted(TABLE[sub]), sub
     if not shutil.which("zsh"):
         pytest.skip("zsh is not installed (the names are checked above; zsh -n needs zsh)")
     f = tmp_path / "_sift"
@@ -131,8 +131,8 @@ def test_zsh_completion_lists_the_table(tmp_path):
 def test_man_page_lists_the_table(tmp_path):
     r = sift("--man")
     assert r.returncode == 0 and r.stdout.startswith(".TH SIFT 1")
-    sections = re.split(r'^\.SH "', r.stdout, flags=re.M)[1:]
-    assert [s.split('"')[0] for s in sections] == ["SIFT (RUN)"] + SUBS[1:]
+    sections = [s for s in re.split(r'^\.SH ', r.stdout, flags=re.M) if s.startswith('"')]
+    assert [s[1:].split('"')[0] for s in sections] == ["SIFT (RUN)"] + SUBS[1:]
     for sub, sec in zip(SUBS, sections):
         names = set()
         for head in re.findall(r"^\.TP\n(.*)$", sec, re.M):
@@ -448,7 +448,249 @@ def test_make_install(tmp_path):
                            text=True)
         assert r.returncode == 0, r.stderr
         for f in ("bin/sift", "share/man/man1/sift.1", "share/bash-completion/completions/sift",
-                  "share/zsh/site-functions/_sift"):
+                  "share/zsh/site-functions/_sift", "share/fish/vendor_completions.d/sift.fish"):
             assert (root / f).is_file() and (root / f).stat().st_size > 0, f
         assert os.access(root / "bin/sift", os.X_OK)
         assert (root / "share/man/man1/sift.1").read_text() == sift("--man").stdout
+
+
+# ---- issue 7: --flag=value, sift help, did-you-mean, --stop / -r, exit 2 for every usage error ----
+
+def test_equals_form_in_every_subcommand(workdir):
+    """--flag=value reads as --flag value in every subcommand (-v shows the value parsed); a switch
+    given =value and NAME=VALUE on a one-dash name are refused."""
+    for sub, extra in [("run", ["-p", "x"]), ("bench", []), ("eval", []), ("sweep", ["--tasks", "niah"]),
+                       ("ppl", ["-f", "x.txt"]), ("fit-phi", ["--data", "t.txt", "-o", "m.phi"])]:
+        r = sift(*sub_argv(sub, *extra, "--device=cpu", "--ctx-size=256", "-v"), parse_only=True, cwd=workdir)
+        assert r.returncode == 0, (sub, r.stderr)
+        assert " --device cpu " in r.stderr and " --ctx-size 256 " in r.stderr, (sub, r.stderr)
+    r = sift("-p", "x", "--top-p=0.5", "--seed=-1", "--system=a=b", "-v", parse_only=True)
+    assert r.returncode == 0 and " --top-p 0.5 " in r.stderr and " --system a=b " in r.stderr, r.stderr
+    one_error(sift("-p", "x", "--chat=yes"), "--chat is a switch: it takes no value (got '--chat=yes')")
+    one_error(sift("bench", "--dry-run=1"), "--dry-run is a switch", "(see sift bench --help)")
+    one_error(sift("-p", "x", "-ctk=f16"), "--cache-type-k=f16 or -ctk f16")
+    one_error(sift("-p", "x", "--top-p=2"), "--top-p 2 is out of range")
+    one_error(sift("-p", "x", "--n-gpu-layers=99"), "llama.cpp's", "--device cuda")
+    r = sift("--completion=bash")
+    assert r.returncode == 0 and "complete -o default -F _sift sift" in r.stdout
+
+
+def test_help_subcommand():
+    for sub in SUBS:
+        want = sift(*sub_argv(sub, "--help"))
+        got = sift("help", sub)
+        assert got.returncode == 0 and got.stdout == want.stdout and got.stderr == "", sub
+    assert sift("help").stdout == sift("--help").stdout
+    one_error(sift("help", "bnech"), "unknown subcommand 'bnech'; did you mean 'bench'?")
+    one_error(sift("help", "zzz"), "unknown subcommand 'zzz'")
+    one_error(sift("help", "bench", "eval"), "sift help takes one subcommand")
+    one_error(sift("bnech", "-p", "5"), "unknown subcommand 'bnech'; did you mean 'bench'?")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["-p", "x", "--ctx", "5"], "unknown flag '--ctx'; did you mean --ctx-size?"),
+    (["-p", "x", "--temperature", "1"], "unknown flag '--temperature'; did you mean --temp?"),
+    (["-p", "x", "--top", "1"], "did you mean --top-k, --top-p"),
+    (["-p", "x", "--seeed", "1"], "did you mean --seed?"),
+    (["-p", "x", "--chta"], "did you mean --chat?"),          # a swap: one edit (Damerau)
+    (["-p", "x", "--strategy", "fastkvv"], "unknown strategy 'fastkvv'; did you mean 'fastkv'?"),
+    (["-p", "x", "--strategy", "full,sepcprefill"], "did you mean 'specprefill'?"),
+    (["-p", "x", "--device", "cdua"], "(got 'cdua'; did you mean 'cuda'?)"),
+    (["-p", "x", "--weights", "exakt"], "did you mean 'exact'?"),
+    (["-p", "x", "--anchor", "nonee"], "did you mean 'none'?"),
+    (["eval", "--tasks", "niah,multikye"], "unknown task 'multikye'; did you mean 'multikey'?"),
+    (["bench", "--format", "josn"], "did you mean 'json'?"),
+    (["bench", "--stop", "x"], "sift bench does not take --stop (a flag of: sift (run))"),
+])
+def test_suggestions(args, needle):
+    one_error(sift(*args), needle)
+
+
+def test_no_far_fetched_suggestion():
+    for args in (["-p", "x", "--zzzzzz", "1"], ["-p", "x", "--device", "gpu"], ["-p", "x", "-y"]):
+        r = sift(*args)
+        assert r.returncode == 2 and "did you mean" not in r.stderr, r.stderr
+
+
+def test_stop_and_reverse_prompt():
+    """--stop is run's (repeatable), -r and --reverse-prompt its llama-cli names; bench keeps -r as
+    --repeat (llama-bench's). Run's -r with digits notes the change once."""
+    r = sift("-p", "x", "--stop", "END", "-r", "User:", "--reverse-prompt=\n\n", "-vv", parse_only=True)
+    assert r.returncode == 0, r.stderr
+    reads = re.findall(r"^sift: run: '(.*?)' read as (\S+)$", r.stderr, re.M)
+    assert ("--stop END", "--stop") in reads and ("-r User:", "--stop") in reads, r.stderr
+    assert "note: -r" not in r.stderr
+    r = sift("-p", "x", "-r", "3", parse_only=True)
+    assert r.returncode == 0
+    notes = [l for l in r.stderr.splitlines() if l.startswith("sift: note:")]
+    assert notes == ["sift: note: -r is --reverse-prompt (llama-cli's) in sift run: '3' is a stop "
+                     "string; for repetitions use --repeat 3"], r.stderr
+    r = sift("-p", "x", "--repeat", "3", "-v", parse_only=True)
+    assert r.returncode == 0 and " --repeat 3 " in r.stderr and "note" not in r.stderr
+    r = sift("bench", "-r", "3", "-v", parse_only=True)
+    assert r.returncode == 0 and " --repeat 3 " in r.stderr and "note" not in r.stderr
+    assert TABLE["run"]["-r"][0] == "string" and TABLE["bench"]["-r"][0] == "int"
+    assert TABLE["run"]["--reverse-prompt"][0] == "string" and "--stop" not in TABLE["bench"]
+    one_error(sift("-p", "x", "--stop", ""), "--stop needs a value")
+
+
+def test_every_usage_error_exits_2(tmp_path):
+    """One bad command line per class of usage error: exit 2 and one line, before any model is
+    loaded (except --n-prompt too small for a task, which needs the model's tokenizer)."""
+    missing = tmp_path / "none.txt"
+    ok = tmp_path / "ok.txt"
+    ok.write_text("The quick brown fox.")
+    cases = [
+        ["-p", "x", "--bogus"],                                  # unknown flag
+        ["-p", "x", "-n"],                                       # missing value
+        ["-p", "x", "-n", "many"],                               # not an integer
+        ["-p", "x", "--top-p", "7"],                             # out of range
+        ["-p", "x", "--device", "tpu"],                          # not one of the choices
+        ["-p", "x", "--strategy", "nope"],                       # unknown strategy
+        ["-p", "x", "--json=1"],                                 # a switch given a value
+        ["help", "nope"],                                        # unknown subcommand
+        ["-p", "x", "stray"],                                    # unexpected argument
+        ["-p", "x", "-q", "-v"],                                 # flags that exclude each other
+        [],                                                      # no prompt
+        ["-p", "x", "-f", ok],                                   # two prompt sources
+        ["-p", "x", "--resume"],                                 # a flag missing its partner
+        ["-f", missing],                                         # missing input file
+        ["-f", tmp_path],                                        # input is a directory
+        ["--prompts", missing],                                  # missing --prompts file
+        ["-p", "x", "-o", tmp_path / "no" / "out.jsonl"],        # missing output directory
+        ["bench", "-o", "md"],                                   # an old meaning refused
+        ["bench", "-m", "synthetic:smollm2-135m", "-p", "96", "-n", "8", "-c", "100", "--dry-run"],
+        ["bench", "-m", "synthetic:smollm2-135m", "--dry-run", "-o", tmp_path / "no" / "t.md"],
+        ["eval", "--haystack", missing],                         # missing --haystack
+        ["eval", "-o", tmp_path / "no" / "r.json"],
+        ["sweep", "--tasks", "niah", "--csv", tmp_path / "no" / "r.csv"],
+        ["ppl", "-f", missing],
+        ["ppl", "-f", ok, "-o", tmp_path / "no" / "p.txt"],
+        ["fit-phi", "--data", missing, "-o", tmp_path / "m.phi"],
+        ["fit-phi", "--data", ok, "-o", tmp_path / "no" / "m.phi"],
+        ["eval", "-m", MODEL, "--n-prompt", "100", "--tasks", "niah", "--samples", "1", "-q"],
+    ]
+    for args in cases:
+        if MODEL in args and not os.path.exists(MODEL):
+            continue
+        r = sift(*args)
+        assert r.returncode == 2, (args, r.returncode, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("sift: error: "), (args, r.stderr)
+    r = sift("eval", "-m", MODEL, "--n-prompt", "100", "--tasks", "niah", "--samples", "1", "-q")
+    assert "more than --n-prompt 100 leaves" in r.stderr
+
+
+def test_readme_has_the_exit_codes():
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    table = dict(re.findall(r"^\| (\d[\d, ]*) \| (.*) \|$", readme, re.M))
+    assert set(table) == {"0", "1", "2", "130, 143"}, table
+    assert "usage" in table["2"] and "SIGINT" in table["130, 143"] and "128 +" in table["130, 143"]
+
+
+# ---- issue 9: completion of values, zsh's and fish's descriptions, the man page's sections ----
+
+def bash_complete(script, *words):
+    words = list(words)
+    cmd = (f"source {script}; COMP_WORDS=({' '.join(shlex.quote(w) for w in words)}); "
+           f"COMP_CWORD={len(words) - 1}; _sift; printf '%s\\n' \"${{COMPREPLY[@]}}\"")
+    r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
+
+
+def test_bash_completes_values(tmp_path):
+    f = tmp_path / "sift.bash"
+    f.write_text(sift("--completion", "bash").stdout)
+    got = bash_complete(f, "sift", "--strategy", "")
+    assert "fastkv" in got and "full" in got and "all" in got and not any(g.startswith("-") for g in got)
+    assert bash_complete(f, "sift", "--strategy", "fast") == ["fastkv"]
+    assert bash_complete(f, "sift", "--strategy", "full,spec") == ["full,specprefill"]
+    assert bash_complete(f, "sift", "--strategy", "=", "fast") == ["fastkv"]   # --strategy=fast
+    assert bash_complete(f, "sift", "--device", "") == ["auto", "cpu", "cuda"]
+    assert bash_complete(f, "sift", "bench", "--format", "") == ["md", "json", "jsonl", "csv"]
+    assert bash_complete(f, "sift", "eval", "--tasks", "multi") == ["multikey", "multivalue"]
+    assert bash_complete(f, "sift", "--anchor", "") == ["bos", "none"]
+    assert bash_complete(f, "sift", "-ctk", "q") == ["q8_0"]
+    assert bash_complete(f, "sift", "help", "be") == ["bench"]
+    (tmp_path / "prompt_one.txt").write_text("x")
+    assert bash_complete(f, "sift", "-f", str(tmp_path / "prompt_")) == [str(tmp_path / "prompt_one.txt")]
+
+
+def test_zsh_descriptions_survive(tmp_path):
+    """zsh itself reads the specs (its _arguments stubbed to print them): apostrophes, colons and
+    brackets come through escaped for _arguments, and a cut description ends on a whole word."""
+    if not shutil.which("zsh"):
+        pytest.skip("zsh is not installed")
+    f = tmp_path / "_sift"
+    f.write_text(sift("--completion", "zsh").stdout)
+    r = subprocess.run(["zsh", "-f", "-c", f"_arguments() {{ print -rl -- \"$@\" }}; words=(sift -p); "
+                        f"CURRENT=3; source {f}"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    specs = {}
+    for spec in r.stdout.splitlines():
+        m = re.match(r"^\*?(-[\w-]+)=?\[(.*?)(?<!\\)\]", spec)
+        assert m, spec
+        specs[m.group(1)] = m.group(2).replace("\\:", ":").replace("\\[", "[").replace("\\]", "]")
+    assert specs["--summary"].startswith("the run's summary (prompts, failures")
+    assert specs["--seed"].startswith("run: the sampling seed")
+    assert "llama.cpp's" in specs["--weights"]
+    words = set(re.findall(r"[\w.'-]+", " ".join(
+        subprocess.run([SIFT, "--help"], capture_output=True, text=True).stdout.split())))
+    for name, d in specs.items():
+        if d.endswith("…"):
+            last = d[:-1].split()[-1].strip(",;:()")
+            assert last in words, (name, d)
+
+
+def test_fish_completion(tmp_path):
+    r = sift("--completion", "fish")
+    assert r.returncode == 0
+    lines = [l for l in r.stdout.splitlines() if l.startswith("complete -c sift -n 'test (__sift_sub) = ")]
+    for sub in SUBS:
+        names = set()
+        for l in lines:
+            if l.startswith(f"complete -c sift -n 'test (__sift_sub) = {sub}'"):
+                for kind, n in re.findall(r" -([slo]) ([\w-]+)", l.split(" -d ")[0]):
+                    names.add(("--" if kind == "l" else "-") + n)
+        assert names == set(TABLE[sub]), sub
+    strat = [l for l in lines if " -l strategy " in l][0]
+    assert "-a 'all full speed fastkv" in strat
+    assert any(" -l device " in l and "-a 'auto cpu cuda'" in l for l in lines)
+    if not shutil.which("fish"):
+        pytest.skip("fish is not installed (apt-get install fish; tests/setup.sh installs it)")
+    f = tmp_path / "sift.fish"
+    f.write_text(r.stdout)
+    assert subprocess.run(["fish", "-n", str(f)]).returncode == 0
+    def fish_complete(line):   # fish's own completion of line: the candidates (without descriptions)
+        out = subprocess.run(["fish", "--no-config", "-c", f"source {f}; complete -C {shlex.quote(line)}"],
+                             capture_output=True, text=True).stdout
+        return [c.split("\t")[0] for c in out.splitlines()]
+    assert fish_complete("sift --device ") == ["auto", "cpu", "cuda"]
+    assert fish_complete("sift --strategy fa") == ["fastkv"]
+    assert fish_complete("sift bench --dry") == ["--dry-run"] and fish_complete("sift --dry") == []
+
+
+def test_man_page_sections(tmp_path):
+    r = sift("--man")
+    heads = re.findall(r"^\.SH (.*)$", r.stdout, re.M)
+    for want in ("EXIT STATUS", "ENVIRONMENT", "FILES", "EXAMPLES"):
+        assert want in heads, heads
+    body = {h: t for h, t in zip(heads, re.split(r"^\.SH .*$", r.stdout, flags=re.M)[1:])}
+    assert re.findall(r"^\.TP\n(.*)$", body["EXIT STATUS"], re.M) == ["0", "1", "2", "130, 143"]
+    env = re.findall(r"^\.TP\n\.B (.*)$", body["ENVIRONMENT"], re.M)
+    assert {"SIFT_MODEL", "OMP_NUM_THREADS", "SIFT_PARSE_ONLY"} <= set(env), env
+    examples = body["EXAMPLES"].replace("\\-", "-")
+    for line in ("sift bench -p 512,2048 -n 128 -r 3 -t 2", "sift ppl -f wiki.test.raw -c 512",
+                 "sift fit-phi --data corpus.txt -c 1024 -o smollm2.phi"):
+        assert line in examples
+    if not shutil.which("groff"):
+        pytest.skip("groff is not installed")
+    f = tmp_path / "sift.1"
+    f.write_text(r.stdout)
+    g = subprocess.run(["groff", "-man", "-ww", "-z", str(f)], capture_output=True, text=True)
+    assert g.returncode == 0 and g.stderr == "", g.stderr
+    text = subprocess.run(["groff", "-man", "-Tutf8", "-P-c", str(f)], capture_output=True,
+                          text=True).stdout
+    text = re.sub(".\b", "", text)   # the terminal's overstrikes (bold, underline)
+    assert "EXIT STATUS" in text and "128 + the signal" in text.replace("\u2010", "-")
