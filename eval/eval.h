@@ -115,8 +115,9 @@ void eval_write_csv(FILE *out, const eval_report *r);
 // caller writes the file whole: cli_write_outputs).
 void eval_write_svg(FILE *f, const eval_report *r);
 // `sift sweep --plot`: a scatter of points p (n,) (x right, y up), coloured by group[i], each
-// labelled; the points with on[i] set (the Pareto frontier) connected in x order and ringed; an
-// SVG document into f.
+// labelled; the points with on[i] set (the Pareto frontier) ringed and, two or more, connected
+// in x order; a legend names each colour by the first word of its first point's label (the
+// strategy: labels[i] starts with it) and says what the ring and lines are; an SVG document into f.
 void eval_write_scatter_svg(FILE *f, const char *x_label, const char *y_label,
                             const pareto_point *p, const char *const *labels, const int *group,
                             const int *on, int n);

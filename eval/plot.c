@@ -1,14 +1,15 @@
 // eval/plot.c — the SVG figures: `sift eval --plot`: two panels side by side, accuracy vs context
 // and TTFT vs context, one coloured line per strategy (contexts evenly spaced in the order given,
 // a single context in the middle), a shared legend underneath; `sift sweep --plot`: fidelity
-// against speedup, one dot per setting, the Pareto frontier connected and ringed, each dot
-// labelled.
+// against speedup, one dot per setting, the Pareto frontier ringed and connected (a frontier of
+// one point: ringed, and the title says so), each dot labelled, a legend for every kind of mark.
 //
 // Readability rules both figures keep (tests/test_plots.py measures them in a browser):
 // - no two texts overlap: text widths are estimated from above (per character, for a wide sans
 //   font) and sweep labels are placed where they clear every placed label and point; a label that
 //   fits nowhere becomes a number at its point, with the label in a key beside the plot;
-// - every point lies inside its plot frame: the axes span the data with padding inside the frame;
+// - every point lies inside its plot frame: the axes span the data with padding inside the frame
+//   (the sweep's: half a tick step beyond each end, so no dot or ring sits on the frame's edge);
 // - no point hides another: sweep settings drawn at the same spot (e.g. two settings raised to
 //   the same floor, which run identically) are one point named after all of them, with a note;
 //   eval strategies at the same value of one context are drawn side by side, with a note.
@@ -333,7 +334,15 @@ void eval_write_svg(FILE *f, const eval_report *r) {
 
 // ---- sift sweep: fidelity against speedup ----
 
-enum { SC_W = 640, SC_H = 420, SC_LEFT = 80, SC_TOP = 40, SC_PAD = 16, SC_R = 5, RING = 8, LABEL_PT = 11 };
+enum { SC_W = 640, SC_H = 420, SC_LEFT = 80, SC_TOP = 40, SC_R = 5, RING = 8, LABEL_PT = 11 };
+#define FRONTIER_RED "#d62728"
+#define LEADER_GREY "#888"
+
+// The span an axis draws: its ticks' range and half a step beyond each end, so that a point at
+// either end (an agreement of 1, the fastest setting) lies inside the frame, not on its edge.
+static double sc_lo(axis a) { return a.lo - a.step / 2; }
+static double sc_x(axis a, double v) { return SC_LEFT + SC_W * (v - sc_lo(a)) / (a.hi - a.lo + a.step); }
+static double sc_y(axis a, double v) { return SC_TOP + SC_H * (1 - (v - sc_lo(a)) / (a.hi - a.lo + a.step)); }
 
 // idx (k,) sorted by the x of their points (insertion sort: tens of points)
 static void sort_by_x(const double *x, int *idx, int k) {
@@ -383,6 +392,69 @@ static void nearest_on(box b, double px, double py, double *x, double *y) {
     *y = py < b.y0 ? b.y0 : py > b.y1 ? b.y1 : py;
 }
 
+// The legend under the sweep plot: what each mark means. A dot per colour (its strategy: the
+// first word of the label of the first point drawn in it), the frontier's ring, the frontier's
+// line (drawn when it joins two points or more) and the leader line (when a label sits apart).
+enum { MARK_DOT, MARK_RING, MARK_LINE, MARK_LEADER };
+static const char *const MARK_NAME[] = {"dot", "ring", "line", "leader"};
+typedef struct { int mark; const char *colour; char *text; double x, y; } legend_entry;
+enum { LEGEND_PT = 12, LEGEND_ROW = 22, SWATCH = 24 };
+
+// The entries (at most n + 3) into e; their count.
+static int scatter_legend(legend_entry *e, const char *const *labels, const int *group,
+                          char *const *text, int n, int n_frontier, int leaders) {
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        if (!text[i]) continue;
+        int seen = 0;
+        for (int j = 0; j < i && !seen; j++) seen = text[j] && group[j] == group[i];
+        if (!seen)
+            e[k++] = (legend_entry){MARK_DOT, COLORS[group[i] % N_COLORS],
+                                    afmt("%.*s", (int)strcspn(labels[i], " "), labels[i]), 0, 0};
+    }
+    if (n_frontier)
+        e[k++] = (legend_entry){MARK_RING, FRONTIER_RED,
+                                afmt("ringed: on the Pareto frontier (no other setting is as good on "
+                                     "both axes and better on one)"), 0, 0};
+    if (n_frontier > 1)
+        e[k++] = (legend_entry){MARK_LINE, FRONTIER_RED, afmt("the frontier, joined left to right"), 0, 0};
+    if (leaders)
+        e[k++] = (legend_entry){MARK_LEADER, LEADER_GREY, afmt("joins a label set apart to its point"), 0, 0};
+    return k;
+}
+static double legend_entry_w(const legend_entry *e) { return SWATCH + text_w(e->text, LEGEND_PT) + 20; }
+
+// Places the entries from (SC_LEFT, y): the dots left to right in rows that wrap before width w,
+// then each frontier or leader mark on a row of its own; the y of the last row.
+static double legend_layout(legend_entry *e, int k, int w, double y) {
+    double x = SC_LEFT;
+    for (int i = 0; i < k; i++) {
+        if (x > SC_LEFT && (e[i].mark != MARK_DOT || x + legend_entry_w(&e[i]) > w - 10))
+            x = SC_LEFT, y += LEGEND_ROW;
+        e[i].x = x, e[i].y = y, x += legend_entry_w(&e[i]);
+    }
+    return y;
+}
+
+static void legend_draw(FILE *f, const legend_entry *e, int k) {
+    for (int i = 0; i < k; i++) {
+        double cx = e[i].x + SWATCH / 2.0 - 2, y = e[i].y;
+        fprintf(f, "<g class=\"legend-entry\" data-mark=\"%s\">\n", MARK_NAME[e[i].mark]);
+        if (e[i].mark == MARK_DOT)
+            fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%d\" fill=\"%s\" stroke=\"white\" "
+                       "class=\"legend-mark\"/>\n", cx, y, SC_R, e[i].colour);
+        else if (e[i].mark == MARK_RING)
+            fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%d\" fill=\"none\" stroke=\"%s\" "
+                       "stroke-width=\"2\" class=\"legend-mark\"/>\n", cx, y, RING, e[i].colour);
+        else
+            fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" "
+                       "stroke-width=\"%s\" class=\"legend-mark\"/>\n", cx - 9, y, cx + 9, y, e[i].colour,
+                    e[i].mark == MARK_LINE ? "2" : "0.8");
+        text_at(f, e[i].x + SWATCH, y - (ASCENT + DESCENT) * LEGEND_PT / 2, LEGEND_PT, "legend", NULL, e[i].text);
+        fputs("</g>\n", f);
+    }
+}
+
 void eval_write_scatter_svg(FILE *f, const char *x_label, const char *y_label,
                             const pareto_point *p, const char *const *labels, const int *group,
                             const int *on, int n) {
@@ -398,8 +470,8 @@ void eval_write_scatter_svg(FILE *f, const char *x_label, const char *y_label,
     double *px = xmalloc((size_t)(n + 1) * sizeof *px), *py = xmalloc((size_t)(n + 1) * sizeof *py);
     for (int i = 0; i < n; i++) {
         int ok = !(isnan(p[i].x) || isnan(p[i].y) || isinf(p[i].x) || isinf(p[i].y));
-        px[i] = ok ? SC_LEFT + SC_PAD + (SC_W - 2 * SC_PAD) * (p[i].x - ax.lo) / (ax.hi - ax.lo) : NAN;
-        py[i] = ok ? SC_TOP + SC_PAD + (SC_H - 2 * SC_PAD) * (1 - (p[i].y - ay.lo) / (ay.hi - ay.lo)) : NAN;
+        px[i] = ok ? sc_x(ax, p[i].x) : NAN;
+        py[i] = ok ? sc_y(ay, p[i].y) : NAN;
     }
     // one drawn point per spot: a point within a marker's radius of an earlier one joins it
     int *rep = xmalloc((size_t)(n + 1) * sizeof *rep), *ring = xcalloc((size_t)n + 1, sizeof *ring);
@@ -464,8 +536,15 @@ void eval_write_scatter_svg(FILE *f, const char *x_label, const char *y_label,
         else
             num[i] = -num[i];   // not even a number fits: the key gives the point's values
     }
-    // the key beside the plot and the notes under it set the figure's size (the notes wide
-    // enough to read in full)
+    // the frontier's drawn points, left to right
+    int *idx = xmalloc((size_t)(n + 1) * sizeof *idx), m = 0, leaders = 0;
+    for (int i = 0; i < n; i++) {
+        if (text[i] && ring[i]) idx[m++] = i;
+        leaders |= text[i] && num[i] >= 0 && far[i];
+    }
+    sort_by_x(px, idx, m);
+    // the key beside the plot, the legend and the notes under it set the figure's size (the
+    // notes wide enough to read in full)
     char **key = xcalloc((size_t)n + 1, sizeof *key);
     double key_w = n_key ? text_w("key (numbered points)", 12) + 10 : 0;
     for (int i = 0; i < n; i++)
@@ -474,14 +553,20 @@ void eval_write_scatter_svg(FILE *f, const char *x_label, const char *y_label,
                                 : afmt("%d  %s (%.4g, %.4g)", -num[i], text[i], p[i].x, p[i].y);
             key_w = fmax(key_w, text_w(key[i], LABEL_PT) + 10);
         }
-    double notes_y = SC_TOP + SC_H + 54;
-    int w = (int)ceil(SC_LEFT + SC_W + 30 + key_w), h = (int)ceil(notes_y + notes_h(&ns) + 10);
+    legend_entry *leg = xmalloc((size_t)(n + 3) * sizeof *leg);
+    int n_leg = scatter_legend(leg, labels, group, text, n, m, leaders);
+    int w = (int)ceil(SC_LEFT + SC_W + 30 + key_w);
     for (int i = 0; i < ns.n; i++) w = (int)fmax(w, ceil(SC_LEFT + text_w(ns.line[i], 12) + 10));
-    if (n_key) h = (int)fmax(h, SC_TOP + 24 + 16 * n_key + 10);
-    // the title centred over the plot, or from the left edge when it is wider
-    char *title = afmt("%s vs %s (Pareto frontier connected)", y_label, x_label);
+    for (int i = 0; i < n_leg; i++) w = (int)fmax(w, ceil(SC_LEFT + legend_entry_w(&leg[i]) + 10));
+    // the title centred over the plot, or from the left edge when it is wider; it says whether
+    // the frontier is a line or a single point
+    char *title = afmt("%s vs %s%s", y_label, x_label,
+                       m > 1 ? " (Pareto frontier connected)" : m ? " (Pareto frontier: one point, ringed)" : "");
     double title_x = fmax(6, SC_LEFT + SC_W / 2.0 - text_w(title, 15) / 2);
     w = (int)fmax(w, ceil(title_x + text_w(title, 15) + 6));
+    double notes_y = (n_leg ? legend_layout(leg, n_leg, w, SC_TOP + SC_H + 58) : SC_TOP + SC_H + 36) + LEGEND_ROW;
+    int h = (int)ceil(notes_y + notes_h(&ns) + 10);
+    if (n_key) h = (int)fmax(h, SC_TOP + 24 + 16 * n_key + 10);
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
                "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\">\n"
                "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", w, h, w, h);
@@ -491,13 +576,13 @@ void eval_write_scatter_svg(FILE *f, const char *x_label, const char *y_label,
                "class=\"plot-area\"/>\n", SC_LEFT, SC_TOP, SC_W, SC_H);
     char buf[64];
     for (int t = (int)ceil(ax.lo / ax.step - 1e-9); t * ax.step <= ax.hi + 1e-9 * ax.step; t++) {
-        double x = SC_LEFT + SC_PAD + (SC_W - 2 * SC_PAD) * (t * ax.step - ax.lo) / (ax.hi - ax.lo);
+        double x = sc_x(ax, t * ax.step);
         tick_text(buf, sizeof buf, t * ax.step, ax.step);
         fprintf(f, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#eee\"/>\n", x, SC_TOP, x, SC_TOP + SC_H);
         text_at(f, x - text_w(buf, 12) / 2, SC_TOP + SC_H + 6, 12, "tick", NULL, buf);
     }
     for (int t = (int)ceil(ay.lo / ay.step - 1e-9); t * ay.step <= ay.hi + 1e-9 * ay.step; t++) {
-        double y = SC_TOP + SC_PAD + (SC_H - 2 * SC_PAD) * (1 - (t * ay.step - ay.lo) / (ay.hi - ay.lo));
+        double y = sc_y(ay, t * ay.step);
         tick_text(buf, sizeof buf, t * ay.step, ay.step);
         fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#eee\"/>\n", SC_LEFT, y, SC_LEFT + SC_W, y);
         text_at(f, SC_LEFT - 6 - text_w(buf, 12), y - (ASCENT + DESCENT) * 6, 12, "tick", NULL, buf);
@@ -507,18 +592,16 @@ void eval_write_scatter_svg(FILE *f, const char *x_label, const char *y_label,
                "transform=\"rotate(-90 20 %d)\">", SC_TOP + SC_H / 2, SC_TOP + SC_H / 2);
     xml_text(f, y_label);
     fputs("</text>\n", f);
-    // the frontier's line, then points, then labels (on top)
-    int *idx = xmalloc((size_t)(n + 1) * sizeof *idx), m = 0;
-    for (int i = 0; i < n; i++)
-        if (text[i] && ring[i]) idx[m++] = i;
-    sort_by_x(px, idx, m);
-    fputs("<polyline fill=\"none\" stroke=\"#d62728\" stroke-width=\"2\" points=\"", f);
-    for (int i = 0; i < m; i++) fprintf(f, "%.1f,%.1f ", px[idx[i]], py[idx[i]]);
-    fputs("\"/>\n", f);
+    // the frontier's line (two points or more), then points, then labels (on top)
+    if (m > 1) {
+        fputs("<polyline fill=\"none\" stroke=\"" FRONTIER_RED "\" stroke-width=\"2\" class=\"frontier-line\" points=\"", f);
+        for (int i = 0; i < m; i++) fprintf(f, "%s%.1f,%.1f", i ? " " : "", px[idx[i]], py[idx[i]]);
+        fputs("\"/>\n", f);
+    }
     for (int i = 0; i < n; i++) {
         if (!text[i]) continue;
         if (ring[i])
-            fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%d\" fill=\"none\" stroke=\"#d62728\" "
+            fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%d\" fill=\"none\" stroke=\"" FRONTIER_RED "\" "
                        "stroke-width=\"2\" class=\"frontier\"/>\n", px[i], py[i], RING);
         fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%d\" fill=\"%s\" stroke=\"white\" "
                    "class=\"point\" data-label=\"", px[i], py[i], SC_R, COLORS[group[i] % N_COLORS]);
@@ -530,7 +613,7 @@ void eval_write_scatter_svg(FILE *f, const char *x_label, const char *y_label,
         if (far[i]) {
             double x, y;
             nearest_on(lb[i], px[i], py[i], &x, &y);
-            fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#888\" "
+            fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"" LEADER_GREY "\" "
                        "stroke-width=\"0.8\" class=\"leader\"/>\n", px[i], py[i], x, y);
         }
         snprintf(buf, sizeof buf, "%d", num[i]);
@@ -544,7 +627,10 @@ void eval_write_scatter_svg(FILE *f, const char *x_label, const char *y_label,
         for (int i = 0; i < n; i++)
             if (key[i]) text_at(f, kx, SC_TOP + 22 + 16 * row++, LABEL_PT, "key", NULL, key[i]);
     }
+    legend_draw(f, leg, n_leg);
     draw_notes(f, &ns, SC_LEFT, notes_y, "points drawn for several settings (each named in its label)");
+    for (int i = 0; i < n_leg; i++) free(leg[i].text);
+    free(leg);
     for (int i = 0; i < n; i++) free(text[i]), free(key[i]);
     free(key), free(text), free(order), free(taken), free(lb), free(far), free(num), free(idx);
     free(rep), free(ring), free(px), free(py);

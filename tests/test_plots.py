@@ -6,11 +6,17 @@ chromium --dump-dom returns. Checked on every plot:
   inside the picture;
 - every point lies inside a plot frame, and no label covers a point;
 - no point hides another: sweep points are at least a marker's radius apart (closer ones are
-  merged into one point), eval points do not touch at all.
+  merged into one point), eval points do not touch at all;
+- sweep plots: every dot and frontier ring at least MARGIN px inside the frame (an agreement of 1
+  or the fastest setting too), the frontier a line through its rings in x order or, when it is
+  one point, a title saying so, and a legend under the plot with an entry for each kind of mark
+  (a dot per colour named after its strategy, the ring, the line, leader lines), each drawn in
+  the mark's own colour.
 Inputs: real small runs on the 135M model (a sweep whose short prompt makes several settings run
 alike; an eval at one context), and crafted data through build/tests/tool_plot (crowded
 near-equal settings, two identical settings, too many settings in one spot for labels, a single
-point, one context, many contexts and strategies).
+point, a one-point frontier, points at both ends of both axes, one context, many contexts and
+strategies).
 SIFT_PLOT_SHOTS=DIR also writes a PNG screenshot of each plot into DIR, to look at.
 Run: .venv/bin/python -m pytest -q tests/test_plots.py
 """
@@ -51,7 +57,21 @@ document.getElementById('geom').textContent = JSON.stringify({
     ({cls: t.getAttribute('class') || '', text: t.textContent, box: box(t)})),
   points: [...svg.querySelectorAll('circle.point')].map(c =>
     ({label: c.dataset.label || '', strategy: c.dataset.strategy || '', ctx: c.dataset.ctx || '',
-      r: +c.getAttribute('r'), box: box(c)})),
+      r: +c.getAttribute('r'), fill: c.getAttribute('fill'), box: box(c)})),
+  circles: [...svg.querySelectorAll('circle')].map(c =>
+    ({cls: c.getAttribute('class') || '', fill: c.getAttribute('fill'), stroke: c.getAttribute('stroke'),
+      box: box(c)})),
+  leaders: [...svg.querySelectorAll('line.leader')].map(l => ({stroke: l.getAttribute('stroke')})),
+  polylines: [...svg.querySelectorAll('polyline')].map(l => {
+    const m = l.getScreenCTM();
+    return {cls: l.getAttribute('class') || '', stroke: l.getAttribute('stroke'),
+            points: [...l.points].map(p => [m.a * p.x + m.c * p.y + m.e, m.b * p.x + m.d * p.y + m.f])};
+  }),
+  legend: [...svg.querySelectorAll('g.legend-entry')].map(g => {
+    const mk = g.querySelector('.legend-mark');
+    return {mark: g.dataset.mark, text: g.querySelector('text').textContent, tag: mk.tagName,
+            fill: mk.getAttribute('fill'), stroke: mk.getAttribute('stroke'), box: box(g)};
+  }),
 });
 </script></body></html>
 """
@@ -112,6 +132,59 @@ def check_readable(g, sweep):
             assert not intersect(a["box"], b["box"], tol=0), (a, b)
 
 
+MARGIN = 12   # px between a sweep mark (a dot, a frontier ring) and its frame's edges, at least
+
+
+def check_marks(g):
+    """A sweep plot's marks: every dot and ring well inside the plot frame (not on its edge); the
+    frontier a line through its rings in x order, or, when it is one ring, a title saying so
+    (and no line); a legend entry, drawn with the mark's own colour, for each kind of mark."""
+    (area,) = g["areas"]
+    marks = [c for c in g["circles"] if c["cls"] in ("point", "frontier")]
+    assert marks
+    for c in marks:
+        b = c["box"]
+        assert b[0] >= area[0] + MARGIN and b[2] <= area[2] - MARGIN, (c, area)
+        assert b[1] >= area[1] + MARGIN and b[3] <= area[3] - MARGIN, (c, area)
+    rings = sorted(centre(c["box"]) for c in g["circles"] if c["cls"] == "frontier")
+    line = [l for l in g["polylines"] if "frontier-line" in l["cls"].split()]
+    (title,) = texts_of(g, "title")
+    if len(rings) >= 2:
+        assert len(line) == 1 and len(line[0]["points"]) == len(rings), line
+        for (x, y), (rx, ry) in zip(sorted(line[0]["points"]), rings):
+            assert abs(x - rx) < 0.6 and abs(y - ry) < 0.6
+        assert "frontier connected" in title, title
+    else:
+        assert len(rings) == 1 and not line
+        assert "one point" in title and "connected" not in title, title
+    legend = g["legend"]
+    area_bottom = area[3]
+    for e in legend:
+        assert e["box"][1] > area_bottom, e   # the legend under the plot, not over it
+    by = lambda mark: [e for e in legend if e["mark"] == mark]
+    # a dot per colour, named after the strategy whose points are drawn in it
+    colours = {p["fill"] for p in g["points"]}
+    assert {e["fill"] for e in by("dot")} == colours, (by("dot"), colours)
+    for e in by("dot"):
+        assert e["tag"] == "circle"
+        assert any(name.split(" ")[0] == e["text"] for p in g["points"] if p["fill"] == e["fill"]
+                   for name in p["label"].split(" = ")), e
+    ring = [c for c in g["circles"] if c["cls"] == "frontier"][0]
+    (r,) = by("ring")
+    assert r["tag"] == "circle" and r["fill"] == "none" and r["stroke"] == ring["stroke"]
+    assert "Pareto frontier" in r["text"]
+    if line:
+        (e,) = by("line")
+        assert e["tag"] == "line" and e["stroke"] == line[0]["stroke"] and "frontier" in e["text"]
+    else:
+        assert not by("line")
+    if g["leaders"]:
+        (e,) = by("leader")
+        assert e["tag"] == "line" and e["stroke"] == g["leaders"][0]["stroke"] and "label" in e["text"]
+    else:
+        assert not by("leader")
+
+
 def texts_of(g, cls):
     return [t["text"] for t in g["texts"] if cls in t["cls"].split()]
 
@@ -147,6 +220,8 @@ def test_sweep_crowded_and_identical(tmp_path):
              (0.95, 0.75, 5, 0, "streamingllm kv-rate=0.5")]
     g = plot(scatter_spec(rows), tmp_path, "sweep-crowded")
     check_readable(g, sweep=True)
+    check_marks(g)
+    assert g["leaders"]   # labels set apart: the legend says what their lines are
     for row in rows:
         assert named(g, row[4]), row[4]
     # the two identical settings: one point named after both, and a note saying so
@@ -167,6 +242,7 @@ def test_sweep_too_crowded_for_labels_uses_numbered_key(tmp_path):
              for i in range(40)]
     g = plot(scatter_spec(rows), tmp_path, "sweep-numbered")
     check_readable(g, sweep=True)
+    check_marks(g)
     numbers = texts_of(g, "number")
     keys = [t for t in texts_of(g, "key") if t != "key (numbered points)"]
     assert numbers and "key (numbered points)" in texts_of(g, "key")
@@ -184,9 +260,33 @@ def test_sweep_too_crowded_for_labels_uses_numbered_key(tmp_path):
 def test_sweep_single_point_centred(tmp_path):
     g = plot(scatter_spec([(1, 1, 0, 1, "full")]), tmp_path, "sweep-single")
     check_readable(g, sweep=True)
+    check_marks(g)
     (p,), area = g["points"], g["areas"][0]
     x, _ = centre(p["box"])
     assert abs(x - (area[0] + area[2]) / 2) < 2   # one speedup: the middle of its axis
+
+
+@need_tool
+def test_sweep_one_point_frontier_says_so(tmp_path):
+    # full is faster and closer than every other setting: the frontier is full alone
+    rows = [(1, 1, 0, 1, "full"), (0.8, 0.6, 1, 0, "fastkv kv-rate=0.1"),
+            (0.9, 0.9, 2, 0, "speed speed-depth=20"), (0.7, 1, 3, 0, "topk budget=0.05")]
+    g = plot(scatter_spec(rows), tmp_path, "sweep-one-frontier")
+    check_readable(g, sweep=True)
+    check_marks(g)
+    assert len([c for c in g["circles"] if c["cls"] == "frontier"]) == 1
+    assert {e["text"] for e in g["legend"] if e["mark"] == "dot"} == {"full", "fastkv", "speed", "topk"}
+
+
+@need_tool
+def test_sweep_extremes_inside_the_frame(tmp_path):
+    # agreement 1 and 0, the slowest and the fastest setting: each at an end of an axis
+    rows = [(1, 1, 0, 1, "full"), (2.5, 0, 1, 1, "speed speed-depth=4"), (1.5, 0.5, 2, 1, "fastkv kv-rate=0.1"),
+            (0.5, 1, 3, 0, "topk budget=0.5"), (0.5, 0, 3, 0, "topk budget=0.01")]
+    g = plot(scatter_spec(rows), tmp_path, "sweep-extremes")
+    check_readable(g, sweep=True)
+    check_marks(g)
+    assert len(g["points"]) == len(rows)
 
 
 # ---- crafted evals ----
@@ -252,6 +352,7 @@ def test_sweep_real_run(tmp_path):
     assert r.returncode == 0, r.stderr
     g = measure(out, tmp_path)
     check_readable(g, sweep=True)
+    check_marks(g)
     settings = json.loads((tmp_path / "s.json").read_text())["settings"]
     for s in settings:
         assert named(g, f"{s['strategy']} {s['grid']}".strip()), s
