@@ -44,8 +44,11 @@ static void check_plan(const char *data, size_t size, int shape) {
          .error = shape == SHAPE_SIFT ? "r.jsonl line 2: invalid JSON at column 19: unexpected token near end of file"
                                       : "r.jsonl line 2: invalid JSON at column 17: string or '}' expected near end of file"},
         {.index = 2, .id = "b", .line = 3, .strategy = &speed},
-        {.index = 3, .id = "a", .line = 4, .error = "r.jsonl line 4: duplicate id 'a' (first at line 1)"},
+        {.index = 3, .id = "line-4", .line = 4, .error = "r.jsonl line 4: duplicate id 'a' (first at line 1); this line is not run"},
     };
+    // the digests of the requests that run (tests/data/resume_seed_*.jsonl's records carry them)
+    snprintf(q[0].digest, sizeof q[0].digest, "%s", "00000000000000aa");
+    snprintf(q[2].digest, sizeof q[2].digest, "%s", "00000000000000bb");
     run_opts o = {.prompts_path = "r.jsonl", .strategies = {&full, &speed}, .n_strategies = 2,
                   .retry_failed = size % 3 == 0};
     out_scan s = {0};
@@ -68,7 +71,13 @@ static void check_plan(const char *data, size_t size, int shape) {
         return;
     }
     int kept = 0;
-    for (int i = 0; i < s.n; i++) kept += s.r[i].keep;
+    for (int i = 0; i < s.n; i++) {
+        const out_record *r = &s.r[i];
+        kept += r->keep;
+        // a kept record with a digest answers the request as it is now
+        if (r->keep && r->digest && !r->error && strcmp(r->digest, !strcmp(r->id, "a") ? q[0].digest : q[2].digest))
+            abort();
+    }
     if (kept != d.n || kept > 6) abort();
     for (int i = 1; i < d.n; i++)
         if (strcmp(d.keys[i - 1], d.keys[i]) >= 0) abort();   // sorted, no outcome twice

@@ -275,7 +275,7 @@ int write_summary(runner *R, int slots, int interrupted) {
                 "%.1f tok/s, decode %ld token%s at %.1f tok/s (aggregate)%s\n", done,
                 plural_s(done), R->n_failed, wall, slots, R->prompt_tok, plural_s(R->prompt_tok),
                 pp, R->decode_tok, plural_s(R->decode_tok), tg, interrupted ? "; interrupted" : "");
-    if (!o->quiet && R->n_failed_before)
+    if (R->n_failed_before)   // even with -q: an exit 1 with nothing run says why
         fprintf(stderr, "sift: %d failure%s recorded by an earlier run (kept; --retry-failed reruns "
                 "them): the job is not clean\n", R->n_failed_before, plural_s(R->n_failed_before));
     if (!o->summary) return 0;
