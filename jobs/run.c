@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "tune.h"
 
 // Rows of one packed prefill pass at most (SIFT_PACK_ROWS overrides): several queued prompts'
 // whole prefills share a pass up to this many rows (a longer prompt runs alone), so that the
@@ -546,6 +547,8 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
             return 2;
         }
     }
+    par_tune tune;   // each pass shared or one sequence at a time, as measured (jobs/tune.h)
+    if (tune_init(&tune, m, o->parallel, o->quiet)) return 2;
     request_list all = jobs_collect(o);
     // this process's shard: a contiguous slice, so shard outputs concatenate in input order
     int lo = 0, hi = all.n;
@@ -709,7 +712,7 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
             gen_seq *gs[FWD_MAX_BATCH];
             int k = n_pend < FWD_MAX_BATCH ? n_pend : FWD_MAX_BATCH;
             for (int i = 0; i < k; i++) gs[i] = &pend[i]->g;
-            gen_prefill_packed(gs, k, R.pack_rows);
+            tune_prefill(&tune, gs, k, R.pack_rows);
             R.prefill_ms += now_ms() - t0;
             for (int i = 0; i < n_pend;) {
                 unit *u = pend[i];
@@ -731,7 +734,7 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
             double t0 = now_ms();
             gen_seq *gs[FWD_MAX_BATCH];
             for (int i = 0; i < n_active; i++) gs[i] = &active[i]->g;
-            gen_step(gs, n_active);
+            tune_step(&tune, gs, n_active);
             R.decode_ms += now_ms() - t0;
             R.decode_tok += n_active;
             for (int i = 0; i < n_active;) {
