@@ -331,15 +331,13 @@ static int by_id(const void *a, const void *b) {
     return c ? c : (x->index > y->index) - (x->index < y->index);
 }
 
-// duplicates: the requests (not already errors) sorted by id, then input order; a run of equal
-// ids keeps its first. A later --prompts line with the same id is that line's error record under
+// duplicates: the requests sorted by id, then input order; a run of equal ids keeps its first. A later --prompts line with the same id is that line's error record under
 // the id "line-N" (no custom_id appears twice in the output, so a reader keyed on it keeps the
 // first line's answer; the Batch API refuses such a file whole).
 void requests_mark_duplicates(request_list *l, const char *path) {
     request **by = xmalloc((size_t)(l->n ? l->n : 1) * sizeof *by);
     int nb = 0;
-    for (int i = 0; i < l->n; i++)
-        if (!l->r[i].error) by[nb++] = &l->r[i];
+    for (int i = 0; i < l->n; i++) by[nb++] = &l->r[i];
     qsort(by, (size_t)nb, sizeof *by, by_id);
     for (int i = 1, first = 0; i < nb; i++) {
         if (strcmp(by[i]->id, by[first]->id) != 0) {
@@ -347,14 +345,21 @@ void requests_mark_duplicates(request_list *l, const char *path) {
             continue;
         }
         request *q = by[i];
-        q->code = "invalid_request";
-        if (!q->line) {
-            q->error = fmt("duplicate prompt '%s'", q->id);
+        if (!q->line) {   // a -f file named twice
+            if (!q->error) q->code = "invalid_request", q->error = fmt("duplicate prompt '%s'", q->id);
             continue;
         }
-        q->error = fmt("%s line %d: duplicate %s '%s' (first at line %d)%s; this line is not run",
-                       path, q->line, q->openai ? "custom_id" : "id", q->id, by[first]->line,
-                       q->openai ? ": the Batch API refuses a file that repeats a custom_id" : "");
+        const char *what = q->openai ? "custom_id" : "id";
+        if (q->error) {   // already the line's error: it keeps it, under its line's name
+            char *e = fmt("%s (and its %s '%s' repeats line %d's)", q->error, what, q->id, by[first]->line);
+            free(q->error);
+            q->error = e;
+        } else {
+            q->code = "invalid_request";
+            q->error = fmt("%s line %d: duplicate %s '%s' (first at line %d)%s; this line is not run",
+                           path, q->line, what, q->id, by[first]->line,
+                           q->openai ? ": the Batch API refuses a file that repeats a custom_id" : "");
+        }
         free(q->id);
         q->id = fmt("line-%d", q->line);
     }

@@ -117,8 +117,17 @@ def run_batch(tmp_path, rows, *args, name="r", binary=None):
              "--output-format", "openai", "-q", "-t", "1", *args, **({"sift_bin": binary} if binary else {}))
     assert r.returncode in (0, 1), r.stderr
     recs = [json.loads(line) for line in out.read_text().splitlines()]
+    openai_types = pytest.importorskip("openai.types")
+    from openai.types.chat import ChatCompletion
     for rec in recs:
         jsonschema.validate(rec, BATCH_OUTPUT)
+        # and the openai client's own models (they keep the unknown 'sift' key as an extra)
+        if rec["response"]:
+            b = rec["response"]["body"]
+            m = (openai_types.Completion if b["object"] == "text_completion" else ChatCompletion).model_validate(b)
+            assert m.id == b["id"] and len(m.choices) == len(b["choices"])
+        else:
+            assert openai_types.BatchError.model_validate(rec["error"]).code == rec["error"]["code"]
     ids = [x["custom_id"] for x in recs]
     assert len(ids) == len(set(ids)) == len(rows), ids   # one record per request
     return {x["custom_id"]: x for x in recs}, json.loads(summ.read_text()), r
