@@ -94,7 +94,7 @@ typedef struct unit {
                              // later choices copy (the last takes it over); else NULL
     int hit_stop;            // the answer ended at a stop string (cut before it)
     double rows_pct;         // prompt rows processed over layers, % of full's n * L
-    int rep;                 // which repetition (-r): only repetition 0 writes text and records
+    int rep;                 // which repetition (--repeat): only repetition 0 writes text and records
     int first_agree;         // first token equals full's (-1: full not run)
     double greedy_agree;     // % of full's generated tokens matched at the same step (-1: n/a)
     keptmap *km;             // --kept-map: what it kept (captured after prefill and decode)
@@ -103,7 +103,7 @@ typedef struct unit {
     int interrupted;         // a signal stopped it: 1 in flight (its record says so, --resume reruns
                              // it), 2 before it started (no record: --resume runs it)
     size_t shown;            // bytes of its text on stdout (streamed)
-    const struct unit *reps; // -r: its job's units (the other repetitions' timings), or NULL
+    const struct unit *reps; // --repeat: its job's units (the other repetitions' timings), or NULL
     int n_reps_units;
 } unit;
 
@@ -250,7 +250,7 @@ void print_timing(const runner *R, const unit *u);
 // u's record (R->format's shape), or the error record of a request that could not run.
 void record_unit(runner *R, const unit *u);
 void record_error(runner *R, const request *q);
-// The A/B table after the texts: one row per strategy (-r: medians and spreads).
+// The A/B table after the texts: one row per strategy (--repeat: medians and spreads).
 void print_table(const unit *u, int n);
 void print_table_reps(const unit *u, int n, int reps);
 cpu_sample cpu_now(void);

@@ -2,7 +2,8 @@
 // sift's shape or the OpenAI Batch API's), this process's shard of them less what --resume finds
 // done, run through up to --parallel sequences at a time (continuous batching), written as
 // records (sift's shape or the Batch API's output objects) with a summary beside them.
-// jobs/request.c reads requests, jobs/resume.c what an earlier run wrote (--resume) and locks an
+// jobs/request.c reads requests (and settles their values and digests), jobs/resume.c what an
+// earlier run wrote (--resume) and locks an
 // output, jobs/record.c writes records, tables and the summary, jobs/run.c schedules the
 // sequences, jobs/keptmap.c draws what each strategy kept.
 #pragma once

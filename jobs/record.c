@@ -69,7 +69,7 @@ static void rep_times(const unit *u, double *ttft, int *k, double *tpot, int *kd
     }
 }
 
-// -r N: "repetitions": every run's TTFT and TPOT (ms) and their medians and spreads (the A/B
+// --repeat N: "repetitions": every run's TTFT and TPOT (ms) and their medians and spreads (the A/B
 // table's columns), beside the repetition-0 record's own timings.
 static void json_reps(FILE *f, const unit *u) {
     double *t = xmalloc((size_t)u->n_reps_units * 2 * sizeof *t), *d = t + u->n_reps_units;
@@ -417,7 +417,7 @@ void print_table(const unit *u, int n) {
     fflush(stdout);
 }
 
-// The A/B table of a repeated run (-r): every column of print_table's, per strategy (its
+// The A/B table of a repeated run (--repeat): every column of print_table's, per strategy (its
 // repetition-0 unit for everything but the timings), with the median TTFT and TPOT over the
 // repetitions that succeeded (the rates from those medians) and their spread beside them.
 void print_table_reps(const unit *u, int n, int reps) {

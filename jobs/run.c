@@ -573,7 +573,7 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
     for (int i = 0; i < all.n; i++)   // the run's flags or OpenAI's defaults, and the digest
         if (!all.r[i].error) request_settle(&all.r[i], o);
     // n > 1: one record holds every choice, so only the Batch API's shape with one strategy and
-    // no -r answers it, and the choices copy one prefill's cache, so not a strategy with decode
+    // no --repeat answers it, and the choices copy one prefill's cache, so not a strategy with decode
     // state (topk, topk+phi, X+topk); elsewhere it is the line's error, decided before --resume
     // reads which are done (gen_fork still refuses any other state it cannot copy, at run time)
     for (int i = 0; i < all.n; i++) {
@@ -585,7 +585,7 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
         if (!(R.openai && ns == 1 && o->reps <= 1)) {
             q->code = "unsupported_parameter";
             q->error = fmt("%s line %d: n > 1 is answered only in the Batch API's output shape, "
-                           "one strategy, no -r (one record holds every choice)", q->src, q->line);
+                           "one strategy, no --repeat (one record holds every choice)", q->src, q->line);
         } else if (decode_state) {
             q->code = "unsupported_parameter";
             q->error = fmt("%s line %d: strategy '%s' keeps per-sequence decode state that cannot "
