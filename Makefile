@@ -174,12 +174,11 @@ build/fuzz/fuzz_requests: fuzz/fuzz_requests.c $(wildcard jobs/*.c jobs/*.h) $(C
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -Wno-unknown-pragmas -I/usr/include/x86_64-linux-gnu/openblas-openmp \
 	    fuzz/fuzz_requests.c $(CLI_LIB_SRC) -o $@ $(OPENBLAS_A) $(PCRE2_A) $(JANSSON_A) -lgomp -lm -lpthread
-# The --resume reader of an earlier run's records (jobs/resume.c), through a FILE* on the input;
-# the library linked (the options digest reads the strategies' settings).
-build/fuzz/fuzz_resume: fuzz/fuzz_resume.c $(wildcard jobs/*.c jobs/*.h) $(CLI_LIB_SRC)
+# The --resume reader of an earlier run's records (jobs/resume.c), through a FILE* on the input.
+build/fuzz/fuzz_resume: fuzz/fuzz_resume.c jobs/resume.c util/check.c util/outfile.c jobs/internal.h jobs/jobs.h
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_FLAGS) -Wno-unknown-pragmas -I/usr/include/x86_64-linux-gnu/openblas-openmp \
-	    fuzz/fuzz_resume.c $(CLI_LIB_SRC) -o $@ $(OPENBLAS_A) $(PCRE2_A) $(JANSSON_A) -lgomp -lm -lpthread
+	$(FUZZ_CC) $(FUZZ_FLAGS) -I/usr/include/x86_64-linux-gnu/openblas-openmp $(filter %.c,$^) -o $@ \
+	    $(JANSSON_A) -lm
 FUZZ_BIN := build/fuzz/fuzz_gguf build/fuzz/fuzz_tok build/fuzz/fuzz_safetensors build/fuzz/fuzz_phi \
             build/fuzz/fuzz_cli build/fuzz/fuzz_requests build/fuzz/fuzz_resume
 

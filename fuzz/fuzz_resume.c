@@ -19,6 +19,14 @@
 
 static strategy full = {.name = "full"}, speed = {.name = "speed"};
 
+// The options digest (jobs/request.c, which reads the strategies' settings from the library this
+// target does not link): here the strategy's name alone, so that a record naming another digest is
+// a record of other settings (refused) and one naming this one is kept.
+void options_digest(const run_opts *o, const strategy *s, char out[17]) {
+    (void)o;
+    snprintf(out, 17, "%016llx", (unsigned long long)strlen(s->name) * 0x9e3779b97f4a7c15ULL);
+}
+
 // Reads n bytes of fd from its start into a new buffer.
 static char *slurp(int fd, size_t *n) {
     *n = (size_t)lseek(fd, 0, SEEK_END);
