@@ -478,7 +478,7 @@ static void set_value(flag_set *f, const flag_row *r, const char *flag, const ch
         snprintf(names, sizeof names, "%s", r->choices);
         for (char *c = strchr(names, '|'); c; c = strchr(c, '|')) memmove(c + 2, c + 1, strlen(c)), c[0] = ',', c[1] = ' ';
         cli_suggest(s, r->choices, 1, hint, sizeof hint);
-        cli_usage_error("%s must be one of %s (got '%s'%s%s)", flag, names, s, hint[0] ? "; " : "", hint);
+        cli_usage_error("%s must be one of %s (got '%s')%s%s", flag, names, s, hint[0] ? "; " : "", hint);
     } else if (check && (r->type == FT_STR || r->type == FT_PATH || r->type == FT_NAMES) && !*s)
         cli_usage_error("%s needs a value (got an empty one)", flag);
 }

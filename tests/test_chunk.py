@@ -161,10 +161,18 @@ def test_chunked_logits_equal_one_pass(tmp_path):
         got, g = logits(tmp_path / f"u{U}.f32", ids, U, greedy=8)
         assert np.array_equal(got, whole), (U, np.abs(got - whole).max())
         assert g == g_whole
-    # U = 100 and 150: the last chunk is the one row 300, of the decode path's products
+    # U = 100 and 150: the last chunk is the one row 300, of the decode path's products. Bit for
+    # bit where the attention's sgemm gives a row the same sums whatever the call's other rows
+    # (OpenBLAS's AVX-512 kernels: tests/run.sh); on a CPU without AVX-512 (its Haswell/Zen
+    # kernels) the one row's sums follow the call's shape, so there the fp32 bound (1e-4 of the
+    # largest logit, DESIGN.md) and the same greedy tokens
+    avx512 = "avx512f" in open("/proc/cpuinfo").read()
     for U in (100, 150):
         got, g = logits(tmp_path / f"u{U}.f32", ids, U, greedy=8)
-        assert np.array_equal(got, decode), (U, np.abs(got - decode).max())
+        if avx512:
+            assert np.array_equal(got, decode), (U, np.abs(got - decode).max())
+        else:
+            assert np.abs(got - decode).max() <= 1e-4 * np.abs(decode).max(), (U, np.abs(got - decode).max())
         assert g == g_whole
     if row_class(1) != row_class(n):   # the check sees a chunked prefill from a whole one
         assert not np.array_equal(decode, whole)

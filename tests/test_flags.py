@@ -495,7 +495,7 @@ def test_help_subcommand():
     (["-p", "x", "--chta"], "did you mean --chat?"),          # a swap: one edit (Damerau)
     (["-p", "x", "--strategy", "fastkvv"], "unknown strategy 'fastkvv'; did you mean 'fastkv'?"),
     (["-p", "x", "--strategy", "full,sepcprefill"], "did you mean 'specprefill'?"),
-    (["-p", "x", "--device", "cdua"], "(got 'cdua'; did you mean 'cuda'?)"),
+    (["-p", "x", "--device", "cdua"], "(got 'cdua'); did you mean 'cuda'?"),
     (["-p", "x", "--weights", "exakt"], "did you mean 'exact'?"),
     (["-p", "x", "--anchor", "nonee"], "did you mean 'none'?"),
     (["eval", "--tasks", "niah,multikye"], "unknown task 'multikye'; did you mean 'multikey'?"),

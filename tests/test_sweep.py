@@ -75,8 +75,9 @@ def prompt_files(tmp_path_factory):
     (["-f", "x.txt", "--bogus", "1"], "unknown flag"),
     (["--tasks", "niah", "--system", "be brief"], "chat template"),
 ])
-def test_bad_input(args, words):
-    r = sift("sweep", *args)
+def test_bad_input(args, words, prompt_files):
+    # x.txt: a prompt file that exists (a missing one is refused first, before the grid's checks)
+    r = sift("sweep", *[str(prompt_files[0]) if a == "x.txt" else a for a in args])
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("sift: error:"), r.stderr
