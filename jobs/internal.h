@@ -252,7 +252,7 @@ void record_unit(runner *R, const unit *u);
 void record_error(runner *R, const request *q);
 // The A/B table after the texts: one row per strategy (--repeat: medians and spreads).
 void print_table(const unit *u, int n);
-void print_table_reps(const unit *u, int n, int reps);
+void print_table_reps(const unit *u, int n);
 cpu_sample cpu_now(void);
 void machine_note(runner *R);
 // The run's summary: a line on stderr (unless -q), and the JSON object into --summary FILE.

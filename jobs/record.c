@@ -57,13 +57,13 @@ static double median_spread(double *x, int n, double *spread) {
     return med;
 }
 
-// The TTFT (prompt_ms) and TPOT (ms per decode step) of every repetition of u's strategy that
-// succeeded, in repetition order, into ttft and tpot (n_reps_units each at most); their counts.
-static void rep_times(const unit *u, double *ttft, int *k, double *tpot, int *kd) {
+// The TTFT (prompt_ms) and TPOT (ms per decode step) of every repetition of strategy s among
+// all[0..n) that succeeded, in repetition order, into ttft and tpot (n each at most); their counts.
+static void rep_times(const unit *all, int n, const strategy *s, double *ttft, int *k, double *tpot, int *kd) {
     *k = *kd = 0;
-    for (int j = 0; j < u->n_reps_units; j++) {
-        const unit *v = &u->reps[j];
-        if (v->s != u->s || v->rc || v->interrupted) continue;
+    for (int j = 0; j < n; j++) {
+        const unit *v = &all[j];
+        if (v->s != s || v->rc || v->interrupted) continue;
         ttft[(*k)++] = v->g.st.prompt_ms;
         if (v->g.st.decode_runs) tpot[(*kd)++] = v->g.st.decode_ms / v->g.st.decode_runs;
     }
@@ -74,7 +74,7 @@ static void rep_times(const unit *u, double *ttft, int *k, double *tpot, int *kd
 static void json_reps(FILE *f, const unit *u) {
     double *t = xmalloc((size_t)u->n_reps_units * 2 * sizeof *t), *d = t + u->n_reps_units;
     int k, kd;
-    rep_times(u, t, &k, d, &kd);
+    rep_times(u->reps, u->n_reps_units, u->s, t, &k, d, &kd);
     fprintf(f, ",\"repetitions\":{\"runs\":%d,\"prompt_ms\":[", k);
     for (int i = 0; i < k; i++) fprintf(f, "%s%.6f", i ? "," : "", t[i]);
     fprintf(f, "],\"predicted_per_token_ms\":[");
@@ -420,20 +420,17 @@ void print_table(const unit *u, int n) {
 // The A/B table of a repeated run (--repeat): every column of print_table's, per strategy (its
 // repetition-0 unit for everything but the timings), with the median TTFT and TPOT over the
 // repetitions that succeeded (the rates from those medians) and their spread beside them.
-void print_table_reps(const unit *u, int n, int reps) {
+void print_table_reps(const unit *u, int n) {
     printf("\n| strategy | runs | rows %% of full | KV MiB | KV read/step MiB | TTFT ms (median) "
            "| TTFT spread %% | prefill tok/s | TPOT ms (median) | TPOT spread %% | decode tok/s "
            "| 1st token = full | greedy agree %% | answer (others: where it differs from full) |\n"
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---:|---|\n");
     double *ttft = xmalloc((size_t)n * sizeof *ttft), *tpot = xmalloc((size_t)n * sizeof *tpot);
-    (void)reps;
     const unit *full = full_of(u, n);
     for (int i = 0; i < n; i++) {
         if (u[i].rep != 0) continue;
         int k = 0, kd = 0;
-        unit peer = u[i];
-        peer.reps = u, peer.n_reps_units = n;
-        rep_times(&peer, ttft, &k, tpot, &kd);
+        rep_times(u, n, u[i].s, ttft, &k, tpot, &kd);
         if (u[i].rc || k == 0) {
             printf("| %s | 0 | error: %s ||||||||||||\n", u[i].s->name, u[i].err);
             continue;

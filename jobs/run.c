@@ -71,9 +71,11 @@ static int on_token(void *ctx, int id) {
     if (stop_cut(u, len)) return 1;
     if (u->stream) {   // what completes a character is out now; a character's first bytes wait
         size_t end = u->ans.len - utf8_held(u->ans.text, u->ans.len);
-        if (end > u->shown) fwrite(u->ans.text + u->shown, 1, end - u->shown, stdout);
-        if (end > u->shown) stdout_check();
-        u->shown = end > u->shown ? end : u->shown;
+        if (end > u->shown) {
+            fwrite(u->ans.text + u->shown, 1, end - u->shown, stdout);
+            stdout_check();
+            u->shown = end;
+        }
     }
     return 0;
 }
@@ -370,7 +372,7 @@ static void emit_job(runner *R, job *J) {
         R->gen_tok += u->rc ? 0 : u->g.st.predicted_n;
     }
     if (J->n_units > 1 && J->rq->n_choices == 1 && !json) {
-        if (o->reps > 1) print_table_reps(J->u, J->n_units, o->reps);
+        if (o->reps > 1) print_table_reps(J->u, J->n_units);
         else print_table(J->u, J->n_units);
         machine_note(R);
         stdout_check();
