@@ -18,6 +18,7 @@
 #include "cmd/flags.h"
 #include "backend/backend.h"
 #include "util/check.h"
+#include "util/tunables.h"
 
 typedef struct {
     const char *model, *device, *batch_dir, *draft_path;
@@ -143,6 +144,11 @@ static void show_layer(void *ctx, int layer, int n_layer, int rows) {
 // error, not exit 0. (The early returns are errors already.)
 int main(int argc, char **argv) {
     backend_cpu_blas_init(argv);
+    char terr[256];   // the developer tunables (util/tunables.h), read once before anything runs
+    if (tunables_load(terr, sizeof terr)) {
+        fprintf(stderr, "sift: error: %s\n", terr);
+        return 2;
+    }
     if (argc > 1 && strcmp(argv[1], "help") == 0) flags_help_command(argc, argv);
     if (argc > 1 && strcmp(argv[1], "bench") == 0) return cli_finish_stdout(cmd_bench(argc, argv));
     if (argc > 1 && strcmp(argv[1], "eval") == 0) return cli_finish_stdout(cmd_eval(argc, argv));

@@ -11,6 +11,7 @@
 
 #include "../eval/eval.h"
 #include "../util/check.h"
+#include "../util/tunables.h"
 #include "cmd.h"
 #include "flags.h"
 
@@ -616,8 +617,7 @@ void flags_done(const flag_set *f) {
     for (int k = 0; flag_verbosity >= 3 && k < f->n_trace; k++)   // -vv: how each flag was read
         fprintf(stderr, "sift: %s: '%s %s' read as %s\n", sub_word(f->sub), f->trace[k].as,
                 f->trace[k].v, f->trace[k].row);
-    const char *po = getenv("SIFT_PARSE_ONLY");
-    if (po && strcmp(po, "1") == 0) {
+    if (tunables()->parse_only) {
         fprintf(stderr, "sift: %s: the command line parses (SIFT_PARSE_ONLY=1)\n", sub_word(f->sub));
         exit(cli_finish_stdout(0));
     }

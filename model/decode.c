@@ -4,6 +4,7 @@
 // call on the same caches and buffers and replayed after (SIFT_CUDA_GRAPHS=0: never recorded);
 // then each sequence's next token drawn, on the device when the backend samples.
 #include "pass.h"
+#include "../util/tunables.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -28,10 +29,7 @@ static int decode_dense(const fwd_seq *q) {
            (!h || (!h->after_attention && !h->after_layer && !h->kv_source && !h->attention));
 }
 
-static int graphs_wanted(void) {
-    const char *e = getenv("SIFT_CUDA_GRAPHS");
-    return !(e && strcmp(e, "0") == 0);
-}
+static int graphs_wanted(void) { return tunables()->cuda_graphs; }
 
 static void drop_graph(backend *bk, struct fwd_decoder *d) {
     if (d->graph) bk->graph_free(bk, d->graph);
