@@ -20,6 +20,7 @@
 #include "../backend/backend.h"
 #include "../policies/policy.h"
 #include "../util/check.h"
+#include "../util/tunables.h"
 #include "../weights/dequant.h"
 #include "../weights/kvrow.h"
 #include "../weights/synthetic.h"
@@ -1160,9 +1161,9 @@ static void test_decode(backend *bk[2]) {
         long rec[4], rep[4];
         int host_ok = 1;
         decode_steps(m[GPU], len, steps, 1, graph, &rec[0], &rep[0], &host_ok);
-        setenv("SIFT_CUDA_GRAPHS", "0", 1);
+        tunables_edit()->cuda_graphs = 0;
         decode_steps(m[GPU], len, steps, 1, eager, &rec[1], &rep[1], &host_ok);
-        unsetenv("SIFT_CUDA_GRAPHS");
+        tunables_edit()->cuda_graphs = 1;
         decode_steps(m[GPU], len, steps, 0, alone, &rec[2], &rep[2], &host_ok);
         decode_steps(m[CPU], len, steps, 1, cpu, &rec[3], &rep[3], &host_ok);
         // bit for bit: every step of every sequence
