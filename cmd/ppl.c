@@ -54,17 +54,18 @@ static double nll(const float *logits, int vocab, int target) {
 }
 
 // NLL of one chunk ids (ctx,) added to *sum / *sum2, scored as in the header; -1 on OOM.
-static int score_chunk(model *m, const int *ids, int ctx, double *sum, double *sum2, char *err,
+static int score_chunk(context *cx, const int *ids, int ctx, double *sum, double *sum2, char *err,
                        size_t errlen) {
+    const model *m = cx->m;
     int vocab = m->cfg.vocab, first = ctx / 2;
     int *caps = xmalloc((size_t)m->cfg.n_layer * sizeof(int)), *pos = xmalloc((size_t)ctx * sizeof(int));
     for (int l = 0; l < m->cfg.n_layer; l++) caps[l] = ctx;
     for (int i = 0; i < ctx; i++) pos[i] = i;
-    kv_cache *kv = fwd_kv_create(m, caps, err, errlen);
+    kv_cache *kv = fwd_kv_create(cx, caps, err, errlen);
     float *logits = kv ? xmalloc((size_t)PPL_BATCH * vocab * sizeof(float)) : NULL;
     for (int b = 0; kv && b < ctx; b += PPL_BATCH) {
         int nb = ctx - b < PPL_BATCH ? ctx - b : PPL_BATCH;
-        fwd_run(m, kv, ids + b, pos + b, nb, NULL, logits, 1);
+        fwd_run(cx, kv, ids + b, pos + b, nb, NULL, logits, 1);
         for (int i = b; i < b + nb; i++)
             if (i >= first && i + 1 < ctx) {   // row i predicts token i + 1
                 double x = nll(logits + (size_t)(i - b) * vocab, vocab, ids[i + 1]);
@@ -121,7 +122,7 @@ static int run_ppl(const ppl_opts *p, loaded *L) {
     for (int c = 0; c < n_chunk; c++) {
         int *chunk = ids + (size_t)c * p->ctx;
         if (tok_add_bos(L->t) && bos >= 0) chunk[0] = bos;
-        if (score_chunk(L->m, chunk, p->ctx, &sum, &sum2, err, sizeof err)) {
+        if (score_chunk(L->cx, chunk, p->ctx, &sum, &sum2, err, sizeof err)) {
             fprintf(stderr, "sift: error: %s\n", err);
             free(ids);
             return 1;

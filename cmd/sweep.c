@@ -433,7 +433,7 @@ static int sw_batch(sweep_run *R, int pi, int s0, int s1) {
         a[i] = (tok_answer){.t = R->L->t};
         sampler_init(&smp[i], &(sample_params){.temp = 0}, vocab);
         float *lg = R->logits + (size_t)(s0 + i == 0 ? 0 : 1 + i) * vocab;
-        if (gen_begin(&g[i], x->s, m, &x->so, &x->run, p->ids, p->n_ids, w->n_predict, &smp[i],
+        if (gen_begin(&g[i], x->s, R->L->cx, &x->so, &x->run, p->ids, p->n_ids, w->n_predict, &smp[i],
                       tok_answer_token, &a[i], lg, err, sizeof err)) {
             r->state = -1;
             snprintf(r->note, sizeof r->note, "%s", err);
@@ -476,7 +476,7 @@ static int sw_run_all(sweep_run *R) {
     const sweep_opts *w = R->w;
     R->total = R->n_p * w->n_set;
     char err[512];   // an unmeasured full run first, so that full's (the reference) is not slowed
-    (void)run_warm_up(w->set[0].s, R->L->m, &w->set[0].so, &w->set[0].run, 32, err, sizeof err);
+    (void)run_warm_up(w->set[0].s, R->L->cx, &w->set[0].so, &w->set[0].run, 32, err, sizeof err);
     R->t0 = now_ms();
     for (int pi = 0; pi < R->n_p; pi++) {
         int at = 0;

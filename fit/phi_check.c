@@ -12,13 +12,13 @@
 // Decodes `steps` tokens from kv (np prefilled) through hooks: the first is ids_np, then
 // forced[i - 1] (forced non-NULL) or the previous row's argmax; rows (steps, vocab); toks
 // (steps,) the argmax of each row. Rewinds kv to np entries afterwards.
-static void decode_from(model *m, kv_cache *kv, int np, int pos0, int id_np, const int *forced,
+static void decode_from(context *cx, kv_cache *kv, int np, int pos0, int id_np, const int *forced,
                         int steps, const fwd_hooks *hooks, float *rows, int *toks) {
-    int vocab = m->cfg.vocab, id = id_np;
+    int vocab = cx->m->cfg.vocab, id = id_np;
     for (int t = 0; t < steps; t++) {
         int pos = pos0 + np + t;
         float *row = rows + (size_t)t * vocab;
-        fwd_run(m, kv, &id, &pos, 1, hooks, row, 0);
+        fwd_run(cx, kv, &id, &pos, 1, hooks, row, 0);
         toks[t] = sample_argmax(row, vocab);
         id = forced ? forced[t] : toks[t];
     }
@@ -26,7 +26,7 @@ static void decode_from(model *m, kv_cache *kv, int np, int pos0, int id_np, con
 }
 
 struct topk_cmp {
-    model *m;
+    context *cx;
     kv_cache *kv;
     const int *ids;
     int np, pos0, sink, tail, rows, n_free;
@@ -34,8 +34,9 @@ struct topk_cmp {
     int *full_tok, *full_free, *toks;
 };
 
-topk_cmp *topk_cmp_begin(model *m, const int *ids, int n, int pos0, int sink, int tail, int rows,
+topk_cmp *topk_cmp_begin(context *cx, const int *ids, int n, int pos0, int sink, int tail, int rows,
                          int n_free, char *err, size_t errlen) {
+    const model *m = cx->m;
     int np = n - 1, vocab = m->cfg.vocab, steps = rows > n_free ? rows : n_free;
     if (np - sink - tail < 1 || rows < 1) {
         err_printf(err, errlen, "prompt of %d tokens has no mid region (sink %d + tail %d)", n, sink, tail);
@@ -44,38 +45,38 @@ topk_cmp *topk_cmp_begin(model *m, const int *ids, int n, int pos0, int sink, in
     int L = m->cfg.n_layer, *caps = xmalloc((size_t)L * sizeof(int)), *pos = xmalloc((size_t)n * sizeof(int));
     for (int l = 0; l < L; l++) caps[l] = n + steps;
     for (int i = 0; i < np; i++) pos[i] = pos0 + i;
-    kv_cache *kv = fwd_kv_create(m, caps, err, errlen);
+    kv_cache *kv = fwd_kv_create(cx, caps, err, errlen);
     free(caps);
     if (!kv) {
         free(pos);
         return NULL;
     }
     topk_cmp *c = xcalloc(1, sizeof *c);
-    *c = (topk_cmp){m, kv, ids, np, pos0, sink, tail, rows, n_free,
+    *c = (topk_cmp){cx, kv, ids, np, pos0, sink, tail, rows, n_free,
                     xmalloc((size_t)rows * vocab * sizeof(float)), xmalloc((size_t)steps * vocab * sizeof(float)),
                     xmalloc((size_t)rows * sizeof(int)), xcalloc((size_t)n_free + 1, sizeof(int)),
                     xmalloc((size_t)steps * sizeof(int))};
-    fwd_run(m, kv, ids, pos, np, NULL, NULL, 0);
+    fwd_run(cx, kv, ids, pos, np, NULL, NULL, 0);
     free(pos);
-    decode_from(m, kv, np, pos0, ids[np], NULL, rows, NULL, c->ref, c->full_tok);
-    if (n_free > 0) decode_from(m, kv, np, pos0, ids[np], NULL, n_free, NULL, c->got, c->full_free);
+    decode_from(cx, kv, np, pos0, ids[np], NULL, rows, NULL, c->ref, c->full_tok);
+    if (n_free > 0) decode_from(cx, kv, np, pos0, ids[np], NULL, n_free, NULL, c->got, c->full_free);
     return c;
 }
 
 const int *topk_cmp_full(const topk_cmp *c, int free_run) { return free_run ? c->full_free : c->full_tok; }
 
 void topk_cmp_run(topk_cmp *c, const phi_maps *maps, int k, double *kl, double *agree, int *free_tok) {
-    int vocab = c->m->cfg.vocab;
+    int vocab = c->cx->m->cfg.vocab;
     kv_cache *kv = c->kv;
-    fwd_hooks h = topk_phi_hooks(c->m, kv, c->sink, c->tail, k, maps);
-    decode_from(c->m, kv, c->np, c->pos0, c->ids[c->np], c->full_tok, c->rows, &h, c->got, c->toks);
+    fwd_hooks h = topk_phi_hooks(c->cx->m, kv, c->sink, c->tail, k, maps);
+    decode_from(c->cx, kv, c->np, c->pos0, c->ids[c->np], c->full_tok, c->rows, &h, c->got, c->toks);
     *agree = 0;
     for (int r = 0; r < c->rows; r++) {
         kl[r] = sample_kl(c->ref + (size_t)r * vocab, c->got + (size_t)r * vocab, vocab);
         *agree += (c->toks[r] == c->full_tok[r]) / (double)c->rows;
     }
     if (c->n_free > 0 && free_tok) {
-        decode_from(c->m, kv, c->np, c->pos0, c->ids[c->np], NULL, c->n_free, &h, c->got, c->toks);
+        decode_from(c->cx, kv, c->np, c->pos0, c->ids[c->np], NULL, c->n_free, &h, c->got, c->toks);
         memcpy(free_tok, c->toks, (size_t)c->n_free * sizeof(int));
     }
     kv->side_free(kv->side);

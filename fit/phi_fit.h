@@ -82,7 +82,7 @@ double phi_fit_run(const phi_maps *p, float *theta, const phi_fit_set *d, const 
 // n_free free greedy steps. Regions as topk+phi's (sink, tail of the n - 1 prefilled tokens).
 // NULL + err when it cannot run.
 typedef struct topk_cmp topk_cmp;
-topk_cmp *topk_cmp_begin(model *m, const int *ids, int n, int pos0, int sink, int tail, int rows,
+topk_cmp *topk_cmp_begin(context *cx, const int *ids, int n, int pos0, int sink, int tail, int rows,
                          int n_free, char *err, size_t errlen);
 // Full's greedy tokens: the forced ones (rows,), or (free_run) its free ones (n_free,).
 const int *topk_cmp_full(const topk_cmp *c, int free_run);

@@ -118,7 +118,8 @@ typedef struct { double busy, steal, self, wall; } cpu_sample;
 
 typedef struct runner {
     const run_opts *o;
-    model *m;
+    context *cx;   // the run every request is a sequence of
+    model *m;      // cx->m
     const tok *t;
     const char *dev, *model_name;
     double load_ms;

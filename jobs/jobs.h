@@ -73,7 +73,8 @@ char *jobs_kept_map_json(const char *path);
 // its pid in pid[0..n), else 0.
 int jobs_output_locked(const char *target, char *pid, size_t n);
 
-// Runs every request of o (this shard, less what --resume finds done) on the loaded model;
+// Runs every request of o (this shard, less what --resume finds done) as sequences of run
+// context cx over the loaded model;
 // the exit code: 0, 1 (a request failed), or 128 + the signal that interrupted the run.
-int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const char *model_name,
+int jobs_run(const run_opts *o, context *cx, const tok *t, const char *dev, const char *model_name,
              double load_ms, int n_ctx);

@@ -229,7 +229,7 @@ static int unit_start(runner *R, unit *u, int stream) {
     u->state = 1;
     if (u->choice > 0) return choice_start(u);
     if (R->pack_rows > 0 && q->n_choices == 1 && !o->kept_map && !stream && gen_packs(u->s)) {
-        if (gen_open(&u->g, u->s, R->m, u->ids, u->n_ids, u->n_gen, &u->smp, on_token, u, u->err,
+        if (gen_open(&u->g, u->s, R->cx, u->ids, u->n_ids, u->n_gen, &u->smp, on_token, u, u->err,
                      sizeof u->err)) {
             sampler_free(&u->smp);
             return unit_failed(u, "server_error");
@@ -237,7 +237,7 @@ static int unit_start(runner *R, unit *u, int stream) {
         u->packed = 1;
         return 0;
     }
-    if (gen_begin(&u->g, u->s, R->m, o->so, o->run, u->ids, u->n_ids, u->n_gen, &u->smp, on_token, u, NULL,
+    if (gen_begin(&u->g, u->s, R->cx, o->so, o->run, u->ids, u->n_ids, u->n_gen, &u->smp, on_token, u, NULL,
                   u->err, sizeof u->err)) {
         sampler_free(&u->smp);
         return unit_failed(u, "server_error");
@@ -534,8 +534,9 @@ static int outputs_close(outputs *w, const run_opts *o, const request_list *all,
     return rc;
 }
 
-int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const char *model_name,
+int jobs_run(const run_opts *o, context *cx, const tok *t, const char *dev, const char *model_name,
              double load_ms, int n_ctx) {
+    model *m = cx->m;
     char err[512];
     // SIFT_PACK_ROWS: rows of a packed prefill pass at most (0: every prompt prefilled alone)
     long pack_rows = PACK_ROWS;
@@ -558,7 +559,7 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
         lo = (int)((long)all.n * o->shard_k / o->shard_n);
         hi = (int)((long)all.n * (o->shard_k + 1) / o->shard_n);
     }
-    runner R = {.o = o, .m = m, .t = t, .dev = dev, .model_name = model_name, .load_ms = load_ms,
+    runner R = {.o = o, .cx = cx, .m = m, .t = t, .dev = dev, .model_name = model_name, .load_ms = load_ms,
                 .n_ctx = n_ctx, .t0 = now_ms()};
     // the records' shape, one per job: --output-format, else the Batch API's when every --prompts
     // line that is JSON is a Batch API request (a line that is not becomes an error record in that
@@ -660,7 +661,7 @@ int jobs_run(const run_opts *o, model *m, const tok *t, const char *dev, const c
     int ab = 0;   // an A/B comparison: several strategies (or repetitions) on a prompt
     for (int j = 0; j < n_jobs; j++) ab |= jobs[j].n_units > 1;
     // untimed, before an A/B comparison, so that the first strategy is not the one that pays
-    if (ab && !stop_signal) (void)run_warm_up(o->strategies[0], m, o->so, o->run, 32, err, sizeof err);
+    if (ab && !stop_signal) (void)run_warm_up(o->strategies[0], cx, o->so, o->run, 32, err, sizeof err);
     R.cpu_mark = cpu_now();
     int slots = o->parallel > 0 ? o->parallel : 1, json = o->json || o->output;
     // packed prefill: with --parallel, not in an A/B comparison of strategies or repetitions

@@ -1,5 +1,5 @@
 // model/decode.c — the decode step (fwd_decode, see forward.h): one row per sequence through the
-// same pass as any other (fwd_forward), in the model's run state planned for the batch, on
+// same pass as any other (fwd_forward), in the context's run state planned for the batch, on
 // positions and tokens bound to the device once per step; recorded as a CUDA graph on its second
 // call on the same caches and buffers and replayed after (SIFT_CUDA_GRAPHS=0: never recorded);
 // then each sequence's next token drawn, on the device when the backend samples.
@@ -68,16 +68,17 @@ static int device_draw(backend *bk, const void *out, fwd_seq *seqs, int B, int v
     return 0;
 }
 
-// The step on the model's run state: bound, then replayed, recorded or run eagerly.
-static void step_fixed(model *m, struct fwd_decoder *d, fwd_seq *seqs, int B) {
+// The step on the context's run state: bound, then replayed, recorded or run eagerly.
+static void step_fixed(context *cx, struct fwd_decoder *d, fwd_seq *seqs, int B) {
+    const model *m = cx->m;
     backend *bk = m->bk;
     int L = m->cfg.n_layer;
-    fwd_run_state *r = fwd_plan(m, B, B);
+    fwd_run_state *r = fwd_plan(cx, B, B);
     if (d->B != B) free(d->lens), d->lens = xmalloc((size_t)B * L * sizeof(int)), d->B = B;
     uint64_t key = step_key(seqs, B, r);
     if (key != d->key) drop_graph(bk, d), d->key = key, d->eager = 0;
     fwd_pass p;
-    fwd_pass_begin(&p, m, seqs, B);
+    fwd_pass_begin(&p, cx, seqs, B);
     bk->step_bind(bk, r->tok, r->pos, B);
     for (int b = 0; b < B; b++)   // a replay appends where the device says: the host checks first
         for (int l = 0; l < L; l++) {
@@ -113,27 +114,27 @@ static void step_fixed(model *m, struct fwd_decoder *d, fwd_seq *seqs, int B) {
     if (device_draw(bk, r->out, seqs, B, m->cfg.vocab) != 0) fwd_logits_to_host(&p, 0);
 }
 
-int fwd_decode(model *m, fwd_seq *seqs, int B) {
-    int fixed = m->bk->step_bind != NULL && B >= 1 && B <= FWD_MAX_BATCH;
+int fwd_decode(context *cx, fwd_seq *seqs, int B) {
+    int fixed = cx->m->bk->step_bind != NULL && B >= 1 && B <= FWD_MAX_BATCH;
     for (int b = 0; b < B && fixed; b++) fixed = decode_dense(&seqs[b]);
     for (int b = 0; b < B; b++) seqs[b].token = -1;
-    if (fixed) step_fixed(m, m->decoder ? m->decoder : (m->decoder = xcalloc(1, sizeof *m->decoder)),
+    if (fixed) step_fixed(cx, cx->decoder ? cx->decoder : (cx->decoder = xcalloc(1, sizeof *cx->decoder)),
                           seqs, B);
-    else if (fwd_run_batch(m, seqs, B) != 0) return -1;
+    else if (fwd_run_batch(cx, seqs, B) != 0) return -1;
     for (int b = 0; b < B; b++)   // the host draws what the device did not
         if (seqs[b].smp && seqs[b].token < 0) seqs[b].token = sample_next(seqs[b].smp, seqs[b].logits);
     return 0;
 }
 
-void fwd_decode_counts(const model *m, long *fixed, long *recorded, long *replayed) {
-    const struct fwd_decoder *d = m->decoder;
+void fwd_decode_counts(const context *cx, long *fixed, long *recorded, long *replayed) {
+    const struct fwd_decoder *d = cx->decoder;
     *fixed = d ? d->fixed : 0, *recorded = d ? d->recorded : 0, *replayed = d ? d->replayed : 0;
 }
 
-void fwd_decode_free(model *m) {
-    if (!m->decoder) return;
-    drop_graph(m->bk, m->decoder);
-    free(m->decoder->lens);
-    free(m->decoder);
-    m->decoder = NULL;
+void fwd_decode_free(context *cx) {
+    if (!cx->decoder) return;
+    drop_graph(cx->m->bk, cx->decoder);
+    free(cx->decoder->lens);
+    free(cx->decoder);
+    cx->decoder = NULL;
 }

@@ -2,7 +2,7 @@
 // reads embed -> per layer: norm, q/k/v, RoPE, cache, attention, output, norm, MLP -> norm, LM
 // head. Around it, the batch (several sequences' rows packed in one pass, each with its own
 // cache and positions) and the strategy hooks, asked per sequence, in small helpers; the run
-// state it works in (model/pass.h), planned once per model. Below the pass: the mechanisms the
+// state it works in (model/pass.h), planned once per run context. Below the pass: the mechanisms the
 // hooks call (fwd_keep_rows, fwd_attn_probs, fwd_kv_keep, fwd_kv_from_stream, ...).
 #include "pass.h"
 #include "../attn/phi.h"
@@ -22,9 +22,10 @@ static void run_state_free(backend *bk, fwd_run_state *r) {
     *r = (fwd_run_state){0};
 }
 
-fwd_run_state *fwd_plan(model *m, int rows, int out_rows) {
-    fwd_run_state *r = m->run ? m->run : (m->run = xcalloc(1, sizeof *r));
+fwd_run_state *fwd_plan(context *cx, int rows, int out_rows) {
+    fwd_run_state *r = cx->run ? cx->run : (cx->run = xcalloc(1, sizeof *r));
     if (rows <= r->rows && out_rows <= r->out_rows) return r;
+    const model *m = cx->m;
     backend *bk = m->bk;
     const model_config *c = &m->cfg;
     size_t n = rows > r->rows ? rows : r->rows, o = out_rows > r->out_rows ? out_rows : r->out_rows;
@@ -46,20 +47,21 @@ static void *row_ptr(const backend *bk, const void *p, long row, long width) {
     return (char *)p + (size_t)row * width * bk->elem_bytes;
 }
 
-void fwd_pass_begin(fwd_pass *p, model *m, fwd_seq *seqs, int B) {
+void fwd_pass_begin(fwd_pass *p, context *cx, fwd_seq *seqs, int B) {
     CHECK_INTERNAL(B >= 1 && B <= FWD_MAX_BATCH, "a pass of %d sequences (1 .. %d)", B, FWD_MAX_BATCH);
-    fwd_run_state *r = m->run;
+    fwd_run_state *r = cx->run;
+    model *m = cx->m;
     int n = 0;
-    p->m = m, p->r = r, p->seqs = seqs, p->B = B, p->progress = 0;
+    p->cx = cx, p->m = m, p->r = r, p->seqs = seqs, p->B = B, p->progress = 0;
     for (int b = 0; b < B; b++) {
         p->off[b] = n, p->hooks[b] = seqs[b].hooks;
         memcpy(r->tok + n, seqs[b].tokens, (size_t)seqs[b].n * sizeof(int));
         memcpy(r->pos + n, seqs[b].pos, (size_t)seqs[b].n * sizeof(int));
-        p->views[b] = (fwd_state){.m = m, .kv = seqs[b].kv, .n = seqs[b].n, .pos = r->pos + n,
+        p->views[b] = (fwd_state){.cx = cx, .m = m, .kv = seqs[b].kv, .n = seqs[b].n, .pos = r->pos + n,
                                   .x = row_ptr(m->bk, r->x, n, m->cfg.d_model), .r = r};
         n += seqs[b].n;
     }
-    p->all = (fwd_state){.m = m, .kv = seqs[0].kv, .n = n, .pos = r->pos, .x = r->x, .r = r};
+    p->all = (fwd_state){.cx = cx, .m = m, .kv = seqs[0].kv, .n = n, .pos = r->pos, .x = r->x, .r = r};
     for (int b = 0; b < B; b++) p->view[b] = B > 1 ? &p->views[b] : &p->all;
 }
 
@@ -190,7 +192,7 @@ int fwd_forward(fwd_pass *p, int all_rows) {
         bk->add(bk, st->x, r->xb, (size_t)n * d);
         for (int b = 0; b < p->B; b++) p->view[b]->rows_done += p->view[b]->n;
         rc = hooks_after(p, l, 1);   // may drop rows (B = 1) or stop the pass (FWD_STOP)
-        if (m->on_layer && p->progress) m->on_layer(m->on_layer_ctx, l, c->n_layer, st->n);
+        if (p->cx->on_layer && p->progress) p->cx->on_layer(p->cx->on_layer_ctx, l, c->n_layer, st->n);
     }
     if (rc < 0) return -1;
     head(p, all_rows);   // logits (k, vocab) = lm_head . rmsnorm(x[wanted rows])
@@ -208,12 +210,12 @@ void fwd_logits_to_host(fwd_pass *p, int all_rows) {
 }
 
 // The pass over B sequences (B = 1: all_rows may ask for every row's logits).
-static int run_pass(model *m, fwd_seq *seqs, int B, int all_rows) {
+static int run_pass(context *cx, fwd_seq *seqs, int B, int all_rows) {
     int n = 0;
     for (int b = 0; b < B; b++) n += seqs[b].n;
-    fwd_plan(m, n, all_rows ? n : B);
+    fwd_plan(cx, n, all_rows ? n : B);
     fwd_pass p;
-    fwd_pass_begin(&p, m, seqs, B);
+    fwd_pass_begin(&p, cx, seqs, B);
     p.progress = n > 1;
     if (fwd_forward(&p, all_rows) != 0) return -1;
     fwd_logits_to_host(&p, all_rows);
@@ -221,13 +223,13 @@ static int run_pass(model *m, fwd_seq *seqs, int B, int all_rows) {
     return 0;
 }
 
-long fwd_run(model *m, kv_cache *kv, const int *tokens, const int *pos, int n,
+long fwd_run(context *cx, kv_cache *kv, const int *tokens, const int *pos, int n,
              const fwd_hooks *hooks, float *logits, int all_rows) {
     fwd_seq one = {kv, tokens, pos, n, hooks, logits, 0, NULL, 0};
-    return run_pass(m, &one, 1, all_rows) < 0 ? -1 : one.rows_done;
+    return run_pass(cx, &one, 1, all_rows) < 0 ? -1 : one.rows_done;
 }
 
-int fwd_run_batch(model *m, fwd_seq *seqs, int B) { return run_pass(m, seqs, B, 0); }
+int fwd_run_batch(context *cx, fwd_seq *seqs, int B) { return run_pass(cx, seqs, B, 0); }
 
 int fwd_row_class(const model *m, int n) {
     backend *bk = m->bk;
@@ -243,11 +245,11 @@ int fwd_row_class(const model *m, int n) {
     return cls;
 }
 
-void fwd_free(model *m) {
-    fwd_decode_free(m);
-    if (m->run) run_state_free(m->bk, m->run);
-    free(m->run);
-    m->run = NULL;
+void fwd_free(context *cx) {
+    fwd_decode_free(cx);
+    if (cx->run) run_state_free(cx->m->bk, cx->run);
+    free(cx->run);
+    cx->run = NULL;
 }
 
 void fwd_keep_rows(fwd_state *s, const int *idx, int k) {
@@ -371,15 +373,15 @@ static void kv_mem_free(void *ctx, void *p) {
     bk->free(bk, p);
 }
 
-void fwd_kv_types(const model *m, enum kv_type *k, enum kv_type *v) {
-    *k = m->kv_typed ? m->kv_k : kv_native_type(m->bk->elem_bytes);
-    *v = m->kv_typed ? m->kv_v : kv_native_type(m->bk->elem_bytes);
+void fwd_kv_types(const context *cx, enum kv_type *k, enum kv_type *v) {
+    ctx_kv_types(&cx->p, cx->m->bk, k, v);
 }
 
-kv_cache *fwd_kv_create(model *m, const int *caps, char *err, size_t errlen) {
+kv_cache *fwd_kv_create(const context *cx, const int *caps, char *err, size_t errlen) {
+    const model *m = cx->m;
     const model_config *c = &m->cfg;
     enum kv_type kt, vt;
-    fwd_kv_types(m, &kt, &vt);
+    fwd_kv_types(cx, &kt, &vt);
     size_t need = kv_bytes_for(c->n_layer, c->n_kv_head, c->head_dim, caps, kt, vt);
     size_t avail = m->bk->mem_available(m->bk);
     if (avail > 0 && need > avail) {
@@ -393,4 +395,38 @@ kv_cache *fwd_kv_create(model *m, const int *caps, char *err, size_t errlen) {
     }
     return kv_create_typed(c->n_layer, c->n_kv_head, c->head_dim, caps, m->bk->elem_bytes, kt, vt,
                            kv_mem_alloc, kv_mem_free, m->bk, err, errlen);
+}
+
+kv_cache *fwd_kv_copy(const context *cx, const kv_cache *a, char *err, size_t errlen) {
+    backend *bk = cx->m->bk;
+    int *caps = xmalloc((size_t)a->n_layer * sizeof(int));
+    for (int l = 0; l < a->n_layer; l++) caps[l] = a->layers[l].cap;
+    kv_cache *kv = fwd_kv_create(cx, caps, err, errlen);
+    free(caps);
+    if (!kv) return NULL;
+    // each layer's K and V, head by head: the first len rows (head_dim elements each) copied on
+    // the backend, with the positions they hold
+    int *idx = NULL, n_idx = 0;
+    for (int l = 0; l < a->n_layer; l++) {
+        const kv_layer *x = &a->layers[l];
+        kv_layer *y = &kv->layers[l];
+        if (x->len > n_idx) {   // the identity 0..len-1, grown to the longest layer so far
+            idx = xrealloc(idx, (size_t)x->len * sizeof(int));
+            for (int j = n_idx; j < x->len; j++) idx[j] = j;
+            n_idx = x->len;
+        }
+        // rows as stored (a typed row is a whole number of backend elements: kv/kv.h)
+        int kd = (int)(x->k_row / a->elem_bytes), vd = (int)(x->v_row / a->elem_bytes);
+        for (int g = 0; g < x->n_kv_head; g++) {
+            size_t ko = (size_t)g * x->cap * x->k_row, vo = (size_t)g * x->cap * x->v_row;
+            if (x->len) {
+                bk->gather_rows(bk, (char *)y->k + ko, (const char *)x->k + ko, idx, x->len, kd);
+                bk->gather_rows(bk, (char *)y->v + vo, (const char *)x->v + vo, idx, x->len, vd);
+            }
+            memcpy(y->pos + (size_t)g * x->cap, x->pos + (size_t)g * x->cap, (size_t)x->len * sizeof(int));
+        }
+        y->len = x->len;
+    }
+    free(idx);
+    return kv;
 }

@@ -2,13 +2,15 @@
 // of ROWS (hidden states) at explicit original POSITIONS through the layers, appending each
 // layer's K/V to that layer's cache, and calls the policy's hooks between layers. Strategy names
 // never appear here: hooks get mechanisms (fwd_keep_rows, the KV cache) and decide. The pass
-// (forward.c) works in buffers planned once per model; the decode step (decode.c) records it.
+// (forward.c) works in a run context's buffers (model/context.h); the decode step (decode.c)
+// records it.
 #pragma once
 #include "../kv/kv.h"
-#include "model.h"
+#include "context.h"
 
 typedef struct fwd_state {
-    model *m;
+    context *cx;      // the run the pass is in
+    model *m;         // cx->m
     kv_cache *kv;
     int n;            // rows alive
     int *pos;         // (n,) original absolute positions, host
@@ -44,7 +46,7 @@ typedef struct fwd_hooks {
 // Runs tokens (n,) at positions pos (n,) through every layer of m, appending K/V to kv.
 // logits (host): the last alive row's logits (vocab,), or every row's (n, vocab) when all_rows
 // (only valid when no hook drops rows). hooks may be NULL. Returns rows processed over layers.
-long fwd_run(model *m, kv_cache *kv, const int *tokens, const int *pos, int n,
+long fwd_run(context *cx, kv_cache *kv, const int *tokens, const int *pos, int n,
              const fwd_hooks *hooks, float *logits, int all_rows);
 
 // One sequence of a batched pass: its tokens (n,) at positions pos (n,) appended to its own
@@ -70,7 +72,7 @@ typedef struct fwd_seq {
 // every sequence's rows; the cache append, attention and hooks per sequence. Each sequence's
 // logits equal what fwd_run gives it alone, up to the backend's rounding of a product over more
 // rows. 0, or -1 when a hook aborted.
-int fwd_run_batch(model *m, fwd_seq *seqs, int B);
+int fwd_run_batch(context *cx, fwd_seq *seqs, int B);
 
 // The rounding class of m's products over n rows (the backend's row_class, over every matrix
 // weight of m): rows run through passes of two row counts of one class >= 0 get the same products
@@ -81,17 +83,17 @@ int fwd_row_class(const model *m, int n);
 // A decode step: fwd_run_batch for B sequences of one row each. Where the backend records
 // steps (backend.h: step_bind, graph_*) and no sequence's hooks act at decode (none, or hooks
 // with no functions: a dense decode over the cache the strategy kept), the step runs in the
-// model's pass buffers (planned for B rows) on the same caches, reads its token and positions
+// context's pass buffers (planned for B rows) on the same caches, reads its token and positions
 // from one upload and the caches' lengths from the device, and is recorded on its second call
 // on the same caches and buffers and replayed after (SIFT_CUDA_GRAPHS=0: never recorded). A replay gives the logits the same
 // launches give eagerly, bit for bit. Elsewhere it is fwd_run_batch. With samplers
 // (fwd_seq.smp) it draws the next tokens. 0, or -1 (a hook aborted).
-int fwd_decode(model *m, fwd_seq *seqs, int B);
-// The model's decode steps so far: run through fwd_decode's fixed buffers, recorded, replayed.
-void fwd_decode_counts(const model *m, long *fixed, long *recorded, long *replayed);
-// Frees the pass's buffers and the recorded decode step (model_free calls it; the backend must
+int fwd_decode(context *cx, fwd_seq *seqs, int B);
+// The context's decode steps so far: run through fwd_decode's fixed buffers, recorded, replayed.
+void fwd_decode_counts(const context *cx, long *fixed, long *recorded, long *replayed);
+// Frees the pass's buffers and the recorded decode step (ctx_free calls it; the backend must
 // still live).
-void fwd_free(model *m);
+void fwd_free(context *cx);
 
 // Keep rows idx (k,) of the alive set, in that order (idx into the current alive rows). Only in
 // after_layer of a one-sequence pass.
@@ -134,8 +136,12 @@ void fwd_attn_select(fwd_state *s, int l, const void *q, const int *sel, int n_s
 void fwd_phi_summarize(model *m, kv_cache *kv, int l, const phi_maps *p, int lo, int hi,
                        phi_summary *out);
 
-// A KV cache on m's backend with capacity caps[l] per layer (NULL + err if out of memory).
-kv_cache *fwd_kv_create(model *m, const int *caps, char *err, size_t errlen);
-// The K and V row types of the caches fwd_kv_create makes for m (its kv_k/kv_v, or the
+// A KV cache on the model's backend with capacity caps[l] per layer, rows of the context's
+// types (NULL + err if out of memory).
+kv_cache *fwd_kv_create(const context *cx, const int *caps, char *err, size_t errlen);
+// A copy of cache a (made in cx) with the same capacities, entries and positions, its rows
+// copied on the backend (NULL + err if out of memory).
+kv_cache *fwd_kv_copy(const context *cx, const kv_cache *a, char *err, size_t errlen);
+// The K and V row types of the caches fwd_kv_create makes in cx (its kv_k/kv_v, or the
 // backend's own element).
-void fwd_kv_types(const model *m, enum kv_type *k, enum kv_type *v);
+void fwd_kv_types(const context *cx, enum kv_type *k, enum kv_type *v);

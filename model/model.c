@@ -202,7 +202,6 @@ void model_fuse(model *m) {
 void model_free(model *m) {
     if (!m) return;
     if (m->derived) m->derived_free(m->derived);
-    fwd_free(m);
     backend *bk = m->bk;
     if (m->layers)
         for (int l = 0; l < m->cfg.n_layer; l++) {

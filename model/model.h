@@ -59,21 +59,8 @@ typedef struct model {
     const struct hf_dir *hf;  // the HF directory it came from (config look-ups), or NULL (GGUF)
     model_extra *extra;       // [n_extra] tensors of an HF checkpoint beyond the architecture's
     int n_extra;
-    // Optional: called after each layer of a multi-row pass (progress display).
-    void (*on_layer)(void *ctx, int layer, int n_layer, int rows);
-    void *on_layer_ctx;
-    // Chunked prefill (--ubatch, policies/generate.c prefill_run): a plain prefill runs its
-    // prompt in passes of at most prefill_ubatch rows (0: one pass, whatever its length). While
-    // one runs, the prompt's rows before the current pass and its length (for on_layer's
-    // display; both 0 outside a chunked prefill).
-    int prefill_ubatch;
-    long prefill_done, prefill_total;
-    struct fwd_run_state *run;     // the forward pass's buffers (model/pass.h; NULL until used)
-    struct fwd_decoder *decoder;   // fwd_decode's recorded step (NULL until used)
-    // The row types of the KV caches fwd_kv_create makes (--cache-type-k/-v): with kv_typed, K
-    // rows of kv_k and V rows of kv_v (weights/kvrow.h); 0: the backend's own element.
-    int kv_typed;
-    enum kv_type kv_k, kv_v;
+    // A run's state (pass buffers, recorded decode step, KV row types, chunk size, progress)
+    // lives in a run context (model/context.h), never here.
     void *derived;   // a strategy's state derived once from these weights (e.g. a layer plan)
     void (*derived_free)(void *derived);   // frees it first thing in model_free
 } model;

@@ -1,6 +1,6 @@
 // model/pass.h — inside the forward pass, for forward.c and decode.c only: the run state (the
-// buffers every pass of a model works in, planned once for the largest pass asked and freed with
-// the model) and one pass over the packed rows of several sequences.
+// buffers every pass of a context works in, planned once for the largest pass asked and freed
+// with the context) and one pass over the packed rows of several sequences.
 #pragma once
 #include "forward.h"
 
@@ -19,7 +19,8 @@ typedef struct fwd_run_state {
 // sequence b as its hooks see it (its cache, rows, positions; B = 1: the pass itself, so its
 // hooks may drop rows). src, fed, wq, bq: layer l's answers of each sequence's kv_source hook.
 typedef struct {
-    model *m;
+    context *cx;
+    model *m;   // cx->m
     fwd_run_state *r;
     fwd_seq *seqs;
     int B, progress, off[FWD_MAX_BATCH];
@@ -29,14 +30,14 @@ typedef struct {
     const bk_weight *wq[FWD_MAX_BATCH], *bq[FWD_MAX_BATCH];
 } fwd_pass;
 
-// m's run state, grown (never shrunk) to at least rows rows and out_rows rows of logits.
-fwd_run_state *fwd_plan(model *m, int rows, int out_rows);
-// p over seqs (B of them) in m's run state, planned for their rows: tokens and positions packed.
-void fwd_pass_begin(fwd_pass *p, model *m, fwd_seq *seqs, int B);
+// cx's run state, grown (never shrunk) to at least rows rows and out_rows rows of logits.
+fwd_run_state *fwd_plan(context *cx, int rows, int out_rows);
+// p over seqs (B of them) in cx's run state, planned for their rows: tokens and positions packed.
+void fwd_pass_begin(fwd_pass *p, context *cx, fwd_seq *seqs, int B);
 // The pass: embed -> every layer -> final norm + LM head; r->out holds the logits of each
 // sequence's last row that asks for them (every row with all_rows). 0, or -1 (a hook aborted).
 int fwd_forward(fwd_pass *p, int all_rows);
 // The sequences' logits from r->out to their hosts' buffers.
 void fwd_logits_to_host(fwd_pass *p, int all_rows);
 // Frees the recorded decode step (decode.c).
-void fwd_decode_free(model *m);
+void fwd_decode_free(context *cx);

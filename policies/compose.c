@@ -80,17 +80,17 @@ static void pair_hooks(prefill_info *info, const prefill_info *a) {
     info->decode_read_bytes = p->b_read ? pair_read : NULL;
 }
 
-kv_cache *compose_prefill(const strategy *pre, const strategy *dec, model *m, const int *ids,
+kv_cache *compose_prefill(const strategy *pre, const strategy *dec, context *cx, const int *ids,
                           int n, int n_gen, const strategy_opts *o, const strategy_run *run,
                           float *logits, prefill_info *info, char *err, size_t errlen) {
     if (pre->phase == PHASE_NONE)   // full+Y: Y alone
-        return dec->prefill(m, ids, n, n_gen, o, run, logits, info, err, errlen);
-    kv_cache *kv = pre->prefill(m, ids, n, n_gen, o, run, logits, info, err, errlen);
+        return dec->prefill(cx, ids, n, n_gen, o, run, logits, info, err, errlen);
+    kv_cache *kv = pre->prefill(cx, ids, n, n_gen, o, run, logits, info, err, errlen);
     if (!kv) return NULL;
     prefill_info mine = *info;   // the prefill part's own decode hooks, if any
     info->decode = (fwd_hooks){0};
     info->decode_report = NULL, info->decode_read_bytes = NULL;
-    if (dec->attach(m, kv, n, o, run, info, err, errlen) != 0) {
+    if (dec->attach(cx, kv, n, o, run, info, err, errlen) != 0) {
         kv_free(kv);
         return NULL;
     }

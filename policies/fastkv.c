@@ -66,9 +66,10 @@ static void fits_note(prefill_info *info, int n, const strategy_opts *o) {
                        : "every row went through every layer");
 }
 
-static kv_cache *fastkv_prefill(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
+static kv_cache *fastkv_prefill(context *cx, const int *ids, int n, int n_gen, const strategy_opts *o,
                                 const strategy_run *run, float *logits, prefill_info *info,
                                 char *err, size_t errlen) {
+    model *m = cx->m;
     (void)run;
     int L = m->cfg.n_layer;
     int t = o->tsp_len ? o->tsp_len : window_budget(n, o->tsp_rate), n_up = t < n ? t : n;
@@ -89,7 +90,7 @@ static kv_cache *fastkv_prefill(model *m, const int *ids, int n, int n_gen, cons
     f.s_tsp = xmalloc((size_t)n * sizeof(float));
     fwd_hooks hooks = {.ctx = &f, .after_attention = fastkv_after_attention,
                        .after_layer = fastkv_after_layer};
-    kv_cache *kv = prefill_run(m, ids, n, n_gen, caps, on ? &hooks : NULL, logits, info, err, errlen);
+    kv_cache *kv = prefill_run(cx, ids, n, n_gen, caps, on ? &hooks : NULL, logits, info, err, errlen);
     free(f.s_tsp);
     free(caps);
     return kv;

@@ -11,38 +11,39 @@
 #include "policy.h"
 
 // ids (n,) at pos (n,; NULL: 0 .. n-1) into kv without hooks, in passes of at most
-// m->prefill_ubatch rows (0: one pass); only the last pass computes logits (its last row's, into
+// cx->p.ubatch rows (0: one pass); only the last pass computes logits (its last row's, into
 // logits: may be NULL). Rows over layers, as fwd_run.
-static long run_chunked(model *m, kv_cache *kv, const int *ids, const int *pos, int n,
+static long run_chunked(context *cx, kv_cache *kv, const int *ids, const int *pos, int n,
                         float *logits) {
-    int U = m->prefill_ubatch > 0 && m->prefill_ubatch < n ? m->prefill_ubatch : n;
+    int U = cx->p.ubatch > 0 && cx->p.ubatch < n ? cx->p.ubatch : n;
     long rows = 0;
     int *own = NULL;
     if (!pos) {
         pos = own = xmalloc((size_t)n * sizeof(int));
         for (int i = 0; i < n; i++) own[i] = i;
     }
-    if (U < n) m->prefill_total = n;
+    if (U < n) cx->prefill_total = n;
     for (int b = 0; b < n; b += U) {
         int nb = n - b < U ? n - b : U;
-        m->prefill_done = U < n ? b : 0;
-        rows += fwd_run(m, kv, ids + b, pos + b, nb, NULL, b + nb == n ? logits : NULL, 0);
+        cx->prefill_done = U < n ? b : 0;
+        rows += fwd_run(cx, kv, ids + b, pos + b, nb, NULL, b + nb == n ? logits : NULL, 0);
     }
-    m->prefill_done = m->prefill_total = 0;
+    cx->prefill_done = cx->prefill_total = 0;
     free(own);
     return rows;
 }
 
-kv_cache *prefill_run(model *m, const int *ids, int n, int n_gen, const int *caps,
+kv_cache *prefill_run(context *cx, const int *ids, int n, int n_gen, const int *caps,
                       const fwd_hooks *hooks, float *logits, prefill_info *info, char *err,
                       size_t errlen) {
+    model *m = cx->m;
     int L = m->cfg.n_layer;
     int *all = xmalloc((size_t)L * sizeof(int)), *pos = xmalloc((size_t)n * sizeof(int));
     for (int l = 0; l < L; l++) all[l] = caps ? caps[l] : n + n_gen;
     for (int i = 0; i < n; i++) pos[i] = i;
-    kv_cache *kv = fwd_kv_create(m, all, err, errlen);
-    if (kv && hooks) info->rows_done = fwd_run(m, kv, ids, pos, n, hooks, logits, 0);
-    else if (kv) info->rows_done = run_chunked(m, kv, ids, pos, n, logits);
+    kv_cache *kv = fwd_kv_create(cx, all, err, errlen);
+    if (kv && hooks) info->rows_done = fwd_run(cx, kv, ids, pos, n, hooks, logits, 0);
+    else if (kv) info->rows_done = run_chunked(cx, kv, ids, pos, n, logits);
     free(all);
     free(pos);
     return kv;
@@ -54,11 +55,11 @@ double now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-int run_generate(const strategy *s, model *m, const strategy_opts *o, const strategy_run *run,
+int run_generate(const strategy *s, context *cx, const strategy_opts *o, const strategy_run *run,
                  const int *ids, int n, int n_predict, sampler *smp, run_token_fn on_token,
                  void *ctx, run_stats *st, float *first_logits, char *err, size_t errlen) {
     gen_seq g;
-    if (gen_begin(&g, s, m, o, run, ids, n, n_predict, smp, on_token, ctx, first_logits, err,
+    if (gen_begin(&g, s, cx, o, run, ids, n, n_predict, smp, on_token, ctx, first_logits, err,
                   errlen))
         return -1;
     gen_seq *one = &g;
@@ -68,30 +69,32 @@ int run_generate(const strategy *s, model *m, const strategy_opts *o, const stra
     return 0;
 }
 
-int run_warm_up(const strategy *s, model *m, const strategy_opts *o, const strategy_run *run, int n,
+int run_warm_up(const strategy *s, context *cx, const strategy_opts *o, const strategy_run *run, int n,
                 char *err, size_t errlen) {
+    model *m = cx->m;
     int *ids = xmalloc((size_t)n * sizeof(int));
     for (int i = 0; i < n; i++) ids[i] = (100 + 7 * i) % m->cfg.vocab;
     sampler smp;
     sampler_init(&smp, &(sample_params){.temp = 0, .seed = 1}, m->cfg.vocab);
     run_stats st;
-    int rc = run_generate(s, m, o, run, ids, n, 2, &smp, NULL, NULL, &st, NULL, err, errlen);
+    int rc = run_generate(s, cx, o, run, ids, n, 2, &smp, NULL, NULL, &st, NULL, err, errlen);
     sampler_free(&smp);
     free(ids);
     return rc;
 }
 
-int gen_begin(gen_seq *g, const strategy *s, model *m, const strategy_opts *o,
+int gen_begin(gen_seq *g, const strategy *s, context *cx, const strategy_opts *o,
               const strategy_run *run, const int *ids, int n, int n_predict, sampler *smp,
               run_token_fn on_token, void *ctx, float *first_logits, char *err, size_t errlen) {
-    *g = (gen_seq){.m = m, .smp = smp, .on_token = on_token, .ctx = ctx, .n_prompt = n,
+    const model *m = cx->m;
+    *g = (gen_seq){.cx = cx, .smp = smp, .on_token = on_token, .ctx = ctx, .n_prompt = n,
                    .n_predict = n_predict};
     g->st.prompt_n = n, g->st.prefill_shared = 1;
     g->logits = xmalloc((size_t)m->cfg.vocab * sizeof(float));
     double t0 = now_ms();
     strategy_run r = run ? *run : (strategy_run){0};   // the request's sampling, for tokens
     r.sampling = smp->p;                                // the strategy draws itself
-    g->kv = strategy_prefill(s, m, ids, n, n_predict, o, &r, g->logits, &g->info, err, errlen);
+    g->kv = strategy_prefill(s, cx, ids, n, n_predict, o, &r, g->logits, &g->info, err, errlen);
     if (!g->kv) {
         free(g->logits);
         return -1;
@@ -111,15 +114,16 @@ int gen_packs(const strategy *s) {
     return s->phase == PHASE_NONE && !s->prefill_part && !s->decode_part;   // full
 }
 
-int gen_open(gen_seq *g, const strategy *s, model *m, const int *ids, int n, int n_predict,
+int gen_open(gen_seq *g, const strategy *s, context *cx, const int *ids, int n, int n_predict,
              sampler *smp, run_token_fn on_token, void *ctx, char *err, size_t errlen) {
+    model *m = cx->m;
     CHECK_INTERNAL(gen_packs(s) && n >= 1, "strategy '%s' opened for a packed prefill", s->name);
-    *g = (gen_seq){.m = m, .smp = smp, .on_token = on_token, .ctx = ctx, .n_prompt = n,
+    *g = (gen_seq){.cx = cx, .smp = smp, .on_token = on_token, .ctx = ctx, .n_prompt = n,
                    .n_predict = n_predict, .ids = ids, .t_open = now_ms()};
     g->st.prompt_n = n;
     int L = m->cfg.n_layer, *caps = xmalloc((size_t)L * sizeof(int));
     for (int l = 0; l < L; l++) caps[l] = n + n_predict;   // as prefill_run gives full
-    g->kv = fwd_kv_create(m, caps, err, errlen);
+    g->kv = fwd_kv_create(cx, caps, err, errlen);
     free(caps);
     if (!g->kv) return -1;
     g->logits = xmalloc((size_t)m->cfg.vocab * sizeof(float));
@@ -136,14 +140,15 @@ static void packed_done(gen_seq *s, int shared) {
 }
 
 int gen_prefill_packed(gen_seq *const *g, int k, int max_rows) {
-    model *m = g[0]->m;
+    context *cx = g[0]->cx;
+    const model *m = cx->m;
     CHECK_INTERNAL(k >= 1 && !g[0]->fed && g[0]->ids, "a packed prefill of %d sequences", k);
     // with --ubatch U a pass holds at most U rows: a longer g[0] runs alone in chunks (as
     // prefill_run would run it), the others pack up to U rows
-    int U = m->prefill_ubatch;
+    int U = cx->p.ubatch;
     if (U > 0 && g[0]->n_prompt > U) {
         gen_seq *s = g[0];
-        s->info.rows_done = s->st.rows_done = run_chunked(m, s->kv, s->ids, NULL, s->n_prompt, s->logits);
+        s->info.rows_done = s->st.rows_done = run_chunked(cx, s->kv, s->ids, NULL, s->n_prompt, s->logits);
         packed_done(s, 1);
         return 1;
     }
@@ -155,7 +160,7 @@ int gen_prefill_packed(gen_seq *const *g, int k, int max_rows) {
     for (int i = 1; i < k && cls >= 0 && head >= 0 && b < FWD_MAX_BATCH; i++) {
         const gen_seq *s = g[i];
         int n = s->n_prompt;
-        if (s->fed || !s->ids || s->m != m || rows + n > max_rows || fwd_row_class(m, n) != cls ||
+        if (s->fed || !s->ids || s->cx != cx || rows + n > max_rows || fwd_row_class(m, n) != cls ||
             fwd_row_class(m, rows + n) != cls || fwd_row_class(m, b + 1) != head)
             continue;
         pick[b++] = i, rows += n;
@@ -168,7 +173,7 @@ int gen_prefill_packed(gen_seq *const *g, int k, int max_rows) {
         gen_seq *s = g[pick[j]];
         seqs[j] = (fwd_seq){s->kv, s->ids, pos, s->n_prompt, NULL, s->logits, 0, NULL, 0};
     }
-    CHECK_INTERNAL(fwd_run_batch(m, seqs, b) == 0, "a packed prefill without hooks aborted");
+    CHECK_INTERNAL(fwd_run_batch(cx, seqs, b) == 0, "a packed prefill without hooks aborted");
     free(pos);
     for (int j = 0; j < b; j++) {
         gen_seq *s = g[pick[j]];
@@ -199,37 +204,9 @@ int gen_fork(gen_seq *dst, const gen_seq *src, const char *strategy_name, char *
         return err_printf(err, errlen, "strategy '%s' keeps per-sequence decode state that cannot "
                           "be copied: several choices (n > 1) need a strategy whose decode reads "
                           "only its cache (full, or a prefill strategy)", strategy_name) - 1;
-    model *m = src->m;
-    const kv_cache *a = src->kv;
-    int *caps = xmalloc((size_t)a->n_layer * sizeof(int));
-    for (int l = 0; l < a->n_layer; l++) caps[l] = a->layers[l].cap;
-    kv_cache *kv = fwd_kv_create(m, caps, err, errlen);
-    free(caps);
+    const model *m = src->cx->m;
+    kv_cache *kv = fwd_kv_copy(src->cx, src->kv, err, errlen);
     if (!kv) return -1;
-    // each layer's K and V, head by head: the first len rows (head_dim elements each) copied on
-    // the backend, with the positions they hold
-    int *idx = NULL, n_idx = 0;
-    for (int l = 0; l < a->n_layer; l++) {
-        const kv_layer *x = &a->layers[l];
-        kv_layer *y = &kv->layers[l];
-        if (x->len > n_idx) {   // the identity 0..len-1, grown to the longest layer so far
-            idx = xrealloc(idx, (size_t)x->len * sizeof(int));
-            for (int j = n_idx; j < x->len; j++) idx[j] = j;
-            n_idx = x->len;
-        }
-        // rows as stored (a typed row is a whole number of backend elements: kv/kv.h)
-        int kd = (int)(x->k_row / a->elem_bytes), vd = (int)(x->v_row / a->elem_bytes);
-        for (int g = 0; g < x->n_kv_head; g++) {
-            size_t ko = (size_t)g * x->cap * x->k_row, vo = (size_t)g * x->cap * x->v_row;
-            if (x->len) {
-                m->bk->gather_rows(m->bk, (char *)y->k + ko, (const char *)x->k + ko, idx, x->len, kd);
-                m->bk->gather_rows(m->bk, (char *)y->v + vo, (const char *)x->v + vo, idx, x->len, vd);
-            }
-            memcpy(y->pos + (size_t)g * x->cap, x->pos + (size_t)g * x->cap, (size_t)x->len * sizeof(int));
-        }
-        y->len = x->len;
-    }
-    free(idx);
     *dst = *src;
     dst->kv = kv;
     dst->logits = xmalloc((size_t)m->cfg.vocab * sizeof(float));
@@ -248,7 +225,7 @@ void gen_step(gen_seq *const *g, int k) {
     int pos[FWD_MAX_BATCH], b = 0;
     for (int i = 0; i < k; i++) {
         if (g[i]->done) continue;
-        CHECK_INTERNAL(b < FWD_MAX_BATCH && g[i]->m == g[0]->m, "a decode step of %d sequences", k);
+        CHECK_INTERNAL(b < FWD_MAX_BATCH && g[i]->cx == g[0]->cx, "a decode step of %d sequences", k);
         live[b] = g[i];
         pos[b] = g[i]->n_prompt + g[i]->st.predicted_n - 1;   // the last sampled token's position
         seqs[b] = (fwd_seq){g[i]->kv, &g[i]->tok, &pos[b], 1, &g[i]->info.decode, g[i]->logits, 0,
@@ -267,7 +244,7 @@ void gen_step(gen_seq *const *g, int k) {
             live[i]->read_sum += e;
         }
     double t0 = now_ms();
-    fwd_decode(live[0]->m, seqs, b);
+    fwd_decode(live[0]->cx, seqs, b);
     for (int i = 0; i < b; i++) {
         gen_seq *s = live[i];
         s->tok = seqs[i].token;

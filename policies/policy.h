@@ -11,14 +11,14 @@
 
 // s's prefill (a composed strategy's: its parts', policies/compose.c), as strategy.prefill
 // (run NULL: a zero strategy_run).
-kv_cache *strategy_prefill(const strategy *s, model *m, const int *ids, int n, int n_gen,
+kv_cache *strategy_prefill(const strategy *s, context *cx, const int *ids, int n, int n_gen,
                            const strategy_opts *o, const strategy_run *run, float *logits,
                            prefill_info *info, char *err, size_t errlen);
 // s's option check (both parts' for a composed strategy): 0, or -1 with err.
 int strategy_check(const strategy *s, const model *m, const strategy_opts *o, char *err,
                    size_t errlen);
 
-// Whether s's prefill runs in chunks of m->prefill_ubatch rows (--ubatch): those whose prefill
+// Whether s's prefill runs in chunks of cx->p.ubatch rows (--ubatch): those whose prefill
 // is plain (prefill_run without hooks: every prompt row through every layer, nothing read but
 // the cache), i.e. full and the decode strategies alone (topk, topk+phi: a full prefill of the
 // prompt but its last token), and a composition whose prefill part does (full+Y is Y). The
@@ -38,13 +38,13 @@ long strategies_prefill_rows(const strategy *const *list, int n, long n_tok, int
 
 // The common prefill: ids (n,) at positions 0..n-1 into a new cache of capacity caps[l] per
 // layer (caps NULL: n + n_gen everywhere), through hooks (may be NULL); sets info->rows_done.
-// Without hooks and with m->prefill_ubatch = U > 0, the prompt runs as passes over rows
+// Without hooks and with cx->p.ubatch = U > 0, the prompt runs as passes over rows
 // [b, b + U) at their positions, each appending to the same cache and attending to it (the
 // rows before the pass included), only the last pass computing logits: the same cache and
 // logits as one pass up to the rounding of products over fewer rows (fwd_row_class) and of
 // attention's summation order, in the activations of U rows. A degenerate form of a strategy
 // with hooks (too short a prompt: "ran full") takes this path too.
-kv_cache *prefill_run(model *m, const int *ids, int n, int n_gen, const int *caps,
+kv_cache *prefill_run(context *cx, const int *ids, int n, int n_gen, const int *caps,
                       const fwd_hooks *hooks, float *logits, prefill_info *info, char *err,
                       size_t errlen);
 
@@ -129,18 +129,18 @@ typedef int (*run_token_fn)(void *ctx, int id);
 // tokens (n_predict >= 1) with smp, calling on_token for each; the prefill's logits (vocab,) —
 // the distribution of the first generated token — into first_logits (NULL: not wanted). 0, or
 // -1 with a one-line err.
-int run_generate(const strategy *s, model *m, const strategy_opts *o, const strategy_run *run,
+int run_generate(const strategy *s, context *cx, const strategy_opts *o, const strategy_run *run,
                  const int *ids, int n, int n_predict, sampler *smp, run_token_fn on_token,
                  void *ctx, run_stats *st, float *first_logits, char *err, size_t errlen);
 // Untimed: s on n made-up tokens, 2 steps (first-touch allocations, thread start-up, the weights
 // paged in), so that the first measured run does not pay for them. 0, or -1 with err.
-int run_warm_up(const strategy *s, model *m, const strategy_opts *o, const strategy_run *run, int n,
+int run_warm_up(const strategy *s, context *cx, const strategy_opts *o, const strategy_run *run, int n,
                 char *err, size_t errlen);
 
 // One sequence's generation in steps, so that many sequences share their decode passes
 // (run_generate is gen_begin, gen_step until done, gen_end):
 typedef struct gen_seq {
-    model *m;
+    context *cx;          // the run it is a sequence of
     sampler *smp;
     run_token_fn on_token;
     void *ctx;
@@ -158,7 +158,7 @@ typedef struct gen_seq {
 } gen_seq;
 
 // Prefill with s, sample the first token, call on_token. 0, or -1 with err (nothing to free).
-int gen_begin(gen_seq *g, const strategy *s, model *m, const strategy_opts *o,
+int gen_begin(gen_seq *g, const strategy *s, context *cx, const strategy_opts *o,
               const strategy_run *run, const int *ids, int n, int n_predict, sampler *smp,
               run_token_fn on_token, void *ctx, float *first_logits, char *err, size_t errlen);
 // For a copy of a sequence: draw its first token from g->logits with smp, call on_token (what
@@ -180,17 +180,17 @@ int gen_packs(const strategy *s);
 // a new cache with room for n + n_predict entries; gen_prefill_packed runs the prefill. Its TTFT
 // (st.prompt_ms) counts from this call: the wait for a shared pass is part of it. 0, or -1 with
 // err (nothing to free).
-int gen_open(gen_seq *g, const strategy *s, model *m, const int *ids, int n, int n_predict,
+int gen_open(gen_seq *g, const strategy *s, context *cx, const int *ids, int n, int n_predict,
              sampler *smp, run_token_fn on_token, void *ctx, char *err, size_t errlen);
 // One pass prefilling g[0] and those of the opened sequences g[1..k) (in that order) that can
 // share it without changing any row's products: each prompt's row count alone, the pass's total
 // and the number of prompts in it (the LM head's rows) all of g[0]'s rounding class
 // (fwd_row_class; -1: g[0] alone), at most max_rows rows in all (g[0] whatever its length) and
-// FWD_MAX_BATCH prompts. With m->prefill_ubatch = U > 0: at most U rows in all, and a g[0]
+// FWD_MAX_BATCH prompts. With cx->p.ubatch = U > 0: at most U rows in all, and a g[0]
 // longer than U runs alone in chunks (prefill_run's). Each one run draws its first token
 // (gen_first) and gets fed = 1. Returns how many it ran.
 int gen_prefill_packed(gen_seq *const *g, int k, int max_rows);
-// One decode step of every unfinished sequence among g[0..k) (one model), as one forward pass.
+// One decode step of every unfinished sequence among g[0..k) (one context), as one forward pass.
 void gen_step(gen_seq *const *g, int k);
 // The decode report into st.note; frees the cache and the strategy's decode state.
 void gen_end(gen_seq *g);

@@ -73,15 +73,15 @@ const strategy *strategy_find(const char *name) {
     return c;
 }
 
-kv_cache *strategy_prefill(const strategy *s, model *m, const int *ids, int n, int n_gen,
+kv_cache *strategy_prefill(const strategy *s, context *cx, const int *ids, int n, int n_gen,
                            const strategy_opts *o, const strategy_run *run, float *logits,
                            prefill_info *info, char *err, size_t errlen) {
     static const strategy_run none;   // no draft, no end test, greedy, nothing counted
     if (!run) run = &none;
     if (s->decode_part)
-        return compose_prefill(s->prefill_part, s->decode_part, m, ids, n, n_gen, o, run, logits,
+        return compose_prefill(s->prefill_part, s->decode_part, cx, ids, n, n_gen, o, run, logits,
                                info, err, errlen);
-    return s->prefill(m, ids, n, n_gen, o, run, logits, info, err, errlen);
+    return s->prefill(cx, ids, n, n_gen, o, run, logits, info, err, errlen);
 }
 
 int strategy_chunks(const strategy *s) {

@@ -23,7 +23,7 @@ static int snapkv_after_attention(void *ctx, fwd_state *s, int l, const void *q)
     return 0;
 }
 
-static kv_cache *snapkv_prefill(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
+static kv_cache *snapkv_prefill(context *cx, const int *ids, int n, int n_gen, const strategy_opts *o,
                                 const strategy_run *run, float *logits, prefill_info *info,
                                 char *err, size_t errlen) {
     (void)run;
@@ -38,7 +38,7 @@ static kv_cache *snapkv_prefill(model *m, const int *ids, int n, int n_gen, cons
                  "compression", n, k.w);
     fwd_hooks hooks = {.ctx = &k, .after_attention = snapkv_after_attention};
     int on = k.b > k.w && k.b < n;   // b >= n: the budget holds every token
-    return prefill_run(m, ids, n, n_gen, NULL, on ? &hooks : NULL, logits, info, err, errlen);
+    return prefill_run(cx, ids, n, n_gen, NULL, on ? &hooks : NULL, logits, info, err, errlen);
 }
 
 static int snapkv_check(const model *m, const strategy_opts *o, char *err, size_t errlen) {

@@ -82,6 +82,9 @@ static void spec_end_row(spec_scorer *sc) {
 // [D] half of them, ceil(L/2). Measured on SmolLM2-135M passkey prompts (tests/test_fidelity.py,
 // 2026-11-22): an 8-layer self-draft (L/4) lost the needle on 1 of the 4 prompts full solved,
 // 15 layers on none. A shallower draft is faster: pass --draft-layers for that trade.
+// The --draft model (NULL: a self-draft).
+static const model *draft_of(const strategy_run *run) { return run->draft ? run->draft->m : NULL; }
+
 static int spec_depth(const model *m, const strategy_opts *o, const model *draft) {
     if (draft) return draft->cfg.n_layer;
     return o->draft_layers > 0 ? o->draft_layers : (m->cfg.n_layer + 1) / 2;
@@ -99,15 +102,16 @@ static void lookahead_sampler(sampler *smp, const strategy_run *run, int vocab) 
 
 // score (m,) of the prompt ids (m,) from the speculator, or NULL + err when out of memory;
 // *rows = the speculator's rows processed summed over its layers (prompt and lookahead passes).
-static float *speculate(model *main_m, const int *ids, int m, const strategy_opts *o,
+static float *speculate(context *main_cx, const int *ids, int m, const strategy_opts *o,
                         const strategy_run *run, long *rows, char *err, size_t errlen) {
-    model *s = run->draft ? run->draft : main_m;
-    int depth = spec_depth(main_m, o, run->draft), steps = o->lookahead - 1;
+    context *sx = run->draft ? run->draft : main_cx;   // the speculator's run
+    const model *s = sx->m;
+    int depth = spec_depth(main_cx->m, o, draft_of(run)), steps = o->lookahead - 1;
     int *caps = xmalloc((size_t)s->cfg.n_layer * sizeof(int));
     int *pos = xmalloc((size_t)m * sizeof(int));
     for (int l = 0; l < s->cfg.n_layer; l++) caps[l] = l < depth ? m + steps : 0;
     for (int i = 0; i < m; i++) pos[i] = i;
-    kv_cache *kv = fwd_kv_create(s, caps, err, errlen);
+    kv_cache *kv = fwd_kv_create(sx, caps, err, errlen);
     free(caps);
     if (!kv) {
         free(pos);
@@ -122,12 +126,12 @@ static float *speculate(model *main_m, const int *ids, int m, const strategy_opt
     float *logits = steps > 0 ? xmalloc((size_t)s->cfg.vocab * sizeof(float)) : NULL;
     sampler smp;
     lookahead_sampler(&smp, run, s->cfg.vocab);
-    *rows = fwd_run(s, kv, ids, pos, m, &hooks, logits, 0);   // A: the last prompt token is row 0
+    *rows = fwd_run(sx, kv, ids, pos, m, &hooks, logits, 0);   // A: the last prompt token is row 0
     spec_end_row(&sc);
     for (int t = 0; t < steps; t++) {                          // B: lookahead rows 1..N-1
         int tok = sample_next(&smp, logits), p = m + t;
         if (run->is_eog && run->is_eog(run->eog_ctx, tok)) break;
-        *rows += fwd_run(s, kv, &tok, &p, 1, &hooks, t + 1 < steps ? logits : NULL, 0);
+        *rows += fwd_run(sx, kv, &tok, &p, 1, &hooks, t + 1 < steps ? logits : NULL, 0);
         spec_end_row(&sc);
     }
     for (int i = 0; i < m; i++) sc.score[i] /= sc.rows;   // E: mean over rows
@@ -174,14 +178,15 @@ static void spec_label(const model *m, const strategy_opts *o, const model *draf
 // prompt token may be dropped, and then, as in the authors' code (their kept set is the top
 // chunks alone, and the engine samples from the last row it prefilled), the first generated
 // token comes from an earlier token's row, still decoded at position M (H).
-static kv_cache *prefill_kept(model *m, const int *ids, const int *keep, int k, int n_gen,
+static kv_cache *prefill_kept(context *cx, const int *ids, const int *keep, int k, int n_gen,
                               float *logits, prefill_info *info, char *err, size_t errlen) {
+    model *m = cx->m;
     int L = m->cfg.n_layer, *caps = xmalloc((size_t)L * sizeof(int));
     int *toks = xmalloc((size_t)k * sizeof(int));
     for (int l = 0; l < L; l++) caps[l] = k + n_gen;
     for (int j = 0; j < k; j++) toks[j] = ids[keep[j]];
-    kv_cache *kv = fwd_kv_create(m, caps, err, errlen);
-    if (kv) info->rows_done = info->draft_rows + fwd_run(m, kv, toks, keep, k, NULL, logits, 0);
+    kv_cache *kv = fwd_kv_create(cx, caps, err, errlen);
+    if (kv) info->rows_done = info->draft_rows + fwd_run(cx, kv, toks, keep, k, NULL, logits, 0);
     free(caps);
     free(toks);
     return kv;
@@ -200,9 +205,10 @@ static int draft_reads(const model *draft, const int *ids, int n, char *err, siz
     return 1;
 }
 
-static kv_cache *specprefill_prefill(model *m, const int *ids, int n, int n_gen,
+static kv_cache *specprefill_prefill(context *cx, const int *ids, int n, int n_gen,
                                      const strategy_opts *o, const strategy_run *run,
                                      float *logits, prefill_info *info, char *err, size_t errlen) {
+    model *m = cx->m;
     int *keep = xmalloc((size_t)n * sizeof(int)), k = n;
     for (int i = 0; i < n; i++) keep[i] = i;
     info->draft_rows = 0;
@@ -211,18 +217,18 @@ static kv_cache *specprefill_prefill(model *m, const int *ids, int n, int n_gen,
                  "ran full", n, o->chunk);
     } else {
         long rows = 0;
-        float *score = draft_reads(run->draft, ids, n, err, errlen)
-                           ? speculate(m, ids, n, o, run, &rows, err, errlen) : NULL;
+        float *score = draft_reads(draft_of(run), ids, n, err, errlen)
+                           ? speculate(cx, ids, n, o, run, &rows, err, errlen) : NULL;
         if (!score) {
             free(keep);
             return NULL;
         }
         k = specprefill_select(score, n, o->chunk, o->keep, o->keep_last, keep);
         free(score);
-        info->draft_rows = draft_rows_as_main(m, run->draft, rows);
-        spec_label(m, o, run->draft, info);
+        info->draft_rows = draft_rows_as_main(m, draft_of(run), rows);
+        spec_label(m, o, draft_of(run), info);
     }
-    kv_cache *kv = prefill_kept(m, ids, keep, k, n_gen, logits, info, err, errlen);
+    kv_cache *kv = prefill_kept(cx, ids, keep, k, n_gen, logits, info, err, errlen);
     free(keep);
     return kv;
 }

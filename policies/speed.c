@@ -31,9 +31,10 @@ static int speed_after_layer(void *ctx, fwd_state *s, int l) {
     return 0;
 }
 
-static kv_cache *speed_prefill(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
+static kv_cache *speed_prefill(context *cx, const int *ids, int n, int n_gen, const strategy_opts *o,
                                const strategy_run *run, float *logits, prefill_info *info,
                                char *err, size_t errlen) {
+    model *m = cx->m;
     (void)run;
     int L = m->cfg.n_layer;
     // With a one-token prompt the anchor is the last prompt token itself.
@@ -41,7 +42,7 @@ static kv_cache *speed_prefill(model *m, const int *ids, int n, int n_gen, const
     int *caps = xmalloc((size_t)L * sizeof(int));
     for (int l = 0; l < L; l++) caps[l] = l < p.depth ? n + n_gen : p.anchors + 1 + n_gen;
     fwd_hooks hooks = {.ctx = &p, .after_layer = speed_after_layer};
-    kv_cache *kv = prefill_run(m, ids, n, n_gen, caps, &hooks, logits, info, err, errlen);
+    kv_cache *kv = prefill_run(cx, ids, n, n_gen, caps, &hooks, logits, info, err, errlen);
     free(caps);
     return kv;
 }

@@ -45,7 +45,8 @@ typedef struct strategy_opts {
 // loaded (cmd/cli.c: cli_load) and what the request asks. Zero (or a NULL pointer): no draft, no
 // end-of-generation test, greedy, nothing counted.
 typedef struct strategy_run {
-    model *draft;           // --draft: a separate model with the same vocabulary, or NULL
+    context *draft;         // --draft: a run context over a separate model with the same
+                            // vocabulary, or NULL
     // end-of-generation test for tokens a strategy draws itself (specprefill lookahead)
     int (*is_eog)(const void *ctx, int id);
     const void *eog_ctx;
@@ -88,7 +89,7 @@ typedef struct strategy {
     // Prefill ids (n,) with options o in context run (never NULL) into a new KV cache with room
     // for n_gen more tokens; write the last prompt row's logits (vocab,). NULL + one-line err on
     // failure (bad parameters for this prompt or model, out of memory).
-    kv_cache *(*prefill)(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
+    kv_cache *(*prefill)(context *cx, const int *ids, int n, int n_gen, const strategy_opts *o,
                          const strategy_run *run, float *logits, prefill_info *info, char *err,
                          size_t errlen);
     // Optional: reject options that cannot work with this model (layer out of range, draft
@@ -106,7 +107,7 @@ typedef struct strategy {
     // kept, per layer and KV head; every entry there now is a prompt entry. Appends its remark
     // to info->note. The caller then runs the decode steps (the prompt's last token first when
     // it is not in kv yet). 0, or -1 with err (kv untouched).
-    int (*attach)(model *m, kv_cache *kv, int n, const strategy_opts *o, const strategy_run *run,
+    int (*attach)(context *cx, kv_cache *kv, int n, const strategy_opts *o, const strategy_run *run,
                   prefill_info *info, char *err, size_t errlen);
     // A composed strategy PREFILL+DECODE (strategy_find makes them): its two parts; NULL else.
     const struct strategy *prefill_part, *decode_part;

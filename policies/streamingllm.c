@@ -26,7 +26,7 @@ static int streaming_after_attention(void *ctx, fwd_state *s, int l, const void 
     return 0;
 }
 
-static kv_cache *streaming_prefill(model *m, const int *ids, int n, int n_gen,
+static kv_cache *streaming_prefill(context *cx, const int *ids, int n, int n_gen,
                                    const strategy_opts *o, const strategy_run *run, float *logits,
                                    prefill_info *info, char *err, size_t errlen) {
     (void)run;
@@ -37,7 +37,7 @@ static kv_cache *streaming_prefill(model *m, const int *ids, int n, int n_gen,
                  "ran it without compression", n, st.b, SINKS);
     fwd_hooks hooks = {.ctx = &st, .after_attention = streaming_after_attention};
     int on = st.b > SINKS && st.b < n;   // b >= n: the budget holds every token
-    return prefill_run(m, ids, n, n_gen, NULL, on ? &hooks : NULL, logits, info, err, errlen);
+    return prefill_run(cx, ids, n, n_gen, NULL, on ? &hooks : NULL, logits, info, err, errlen);
 }
 
 const strategy strategy_streamingllm = {

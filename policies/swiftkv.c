@@ -221,9 +221,10 @@ static int swiftkv_kv_source(void *ctx, int l, int *kv_layer, const bk_weight **
 }
 
 // Prefill: layers < l keep every prompt token; a group leader's cache holds the group's K/V.
-static kv_cache *swiftkv_prefill(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
+static kv_cache *swiftkv_prefill(context *cx, const int *ids, int n, int n_gen, const strategy_opts *o,
                                  const strategy_run *run, float *logits, prefill_info *info,
                                  char *err, size_t errlen) {
+    model *m = cx->m;
     (void)run;
     const swiftkv_plan *p = plan_for(m, o, err, errlen);
     if (!p) return NULL;
@@ -232,7 +233,7 @@ static kv_cache *swiftkv_prefill(model *m, const int *ids, int n, int n_gen, con
         caps[j] = j < p->l || (j - p->l) % p->G == 0 ? n + n_gen : 0;   // non-leaders: none
     fwd_hooks hooks = {.ctx = (void *)p, .after_layer = swiftkv_after_layer,
                        .kv_source = swiftkv_kv_source};
-    kv_cache *kv = prefill_run(m, ids, n, n_gen, caps, &hooks, logits, info, err, errlen);
+    kv_cache *kv = prefill_run(cx, ids, n, n_gen, caps, &hooks, logits, info, err, errlen);
     free(caps);
     if (!kv) return NULL;
     info->decode = hooks;

@@ -235,9 +235,10 @@ fwd_hooks topk_phi_hooks(model *m, kv_cache *kv, int sink, int tail, int k, cons
 }
 
 // attach (policy.h) for topk and topk+phi: n is the prompt's length (for --budget).
-static int topk_attach_run(model *m, kv_cache *kv, int n, const strategy_opts *o,
+static int topk_attach_run(context *cx, kv_cache *kv, int n, const strategy_opts *o,
                            const strategy_run *run, prefill_info *info, char *err, size_t errlen,
                            int with_phi) {
+    model *m = cx->m;
     if (kv->side)
         return err_printf(err, errlen, "the cache already carries another strategy's decode state");
     phi_maps *maps = with_phi ? load_maps(m, o, err, errlen) : NULL;
@@ -287,47 +288,47 @@ static int topk_attach_run(model *m, kv_cache *kv, int n, const strategy_opts *o
     return 0;
 }
 
-static int topk_phi_attach(model *m, kv_cache *kv, int n, const strategy_opts *o,
+static int topk_phi_attach(context *cx, kv_cache *kv, int n, const strategy_opts *o,
                            const strategy_run *run, prefill_info *info, char *err, size_t errlen) {
-    return topk_attach_run(m, kv, n, o, run, info, err, errlen, 1);
+    return topk_attach_run(cx, kv, n, o, run, info, err, errlen, 1);
 }
 
-static int topk_only_attach(model *m, kv_cache *kv, int n, const strategy_opts *o,
+static int topk_only_attach(context *cx, kv_cache *kv, int n, const strategy_opts *o,
                             const strategy_run *run, prefill_info *info, char *err, size_t errlen) {
-    return topk_attach_run(m, kv, n, o, run, info, err, errlen, 0);
+    return topk_attach_run(cx, kv, n, o, run, info, err, errlen, 0);
 }
 
 // Alone: a full prefill of the prompt but its last token, which is the first query — so the
 // first generated token already sees the method. N = n - 1 prefilled tokens define the regions.
-static kv_cache *topk_run(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
+static kv_cache *topk_run(context *cx, const int *ids, int n, int n_gen, const strategy_opts *o,
                           const strategy_run *run, float *logits, prefill_info *info, char *err,
                           size_t errlen, int with_phi) {
     if (n - 1 <= o->sink + o->tail) {
         snprintf(info->note, sizeof info->note, "prompt of %d tokens has no mid region (sink %d + "
                  "tail %d + the last token): ran full", n, o->sink, o->tail);
-        return prefill_run(m, ids, n, n_gen, NULL, NULL, logits, info, err, errlen);
+        return prefill_run(cx, ids, n, n_gen, NULL, NULL, logits, info, err, errlen);
     }
     int np = n - 1;
-    kv_cache *kv = prefill_run(m, ids, np, n_gen + 1, NULL, NULL, NULL, info, err, errlen);
+    kv_cache *kv = prefill_run(cx, ids, np, n_gen + 1, NULL, NULL, NULL, info, err, errlen);
     if (!kv) return NULL;
-    if (topk_attach_run(m, kv, n, o, run, info, err, errlen, with_phi) != 0) {
+    if (topk_attach_run(cx, kv, n, o, run, info, err, errlen, with_phi) != 0) {
         kv_free(kv);
         return NULL;
     }
-    info->rows_done += fwd_run(m, kv, ids + np, &np, 1, &info->decode, logits, 0);
+    info->rows_done += fwd_run(cx, kv, ids + np, &np, 1, &info->decode, logits, 0);
     return kv;
 }
 
-static kv_cache *topk_phi_prefill(model *m, const int *ids, int n, int n_gen,
+static kv_cache *topk_phi_prefill(context *cx, const int *ids, int n, int n_gen,
                                   const strategy_opts *o, const strategy_run *run, float *logits,
                                   prefill_info *info, char *err, size_t errlen) {
-    return topk_run(m, ids, n, n_gen, o, run, logits, info, err, errlen, 1);
+    return topk_run(cx, ids, n, n_gen, o, run, logits, info, err, errlen, 1);
 }
 
-static kv_cache *topk_prefill(model *m, const int *ids, int n, int n_gen, const strategy_opts *o,
+static kv_cache *topk_prefill(context *cx, const int *ids, int n, int n_gen, const strategy_opts *o,
                               const strategy_run *run, float *logits, prefill_info *info,
                               char *err, size_t errlen) {
-    return topk_run(m, ids, n, n_gen, o, run, logits, info, err, errlen, 0);
+    return topk_run(cx, ids, n, n_gen, o, run, logits, info, err, errlen, 0);
 }
 
 static int topk_check(const model *m, const strategy_opts *o, char *err, size_t errlen) {

@@ -955,6 +955,7 @@ static void test_strategy(model *m[2], const strategy *s, const int *ids, int n,
                           const char *model_name) {
     strategy_opts so = strategy_opts_default();
     strategy_run run = {.is_eog = never_eog};
+    context *cx[2] = {ctx_new(m[CPU], NULL), ctx_new(m[GPU], NULL)};
     // topk, topk+phi: K = 0 (sink + tail, and topk+phi's completion over the rest), so that both
     // backends read the same keys at decode: on these tiny models bf16 scores tie often at the
     // top-K boundary, and a tie taken the other way makes the logits incomparable. The top-K
@@ -964,11 +965,13 @@ static void test_strategy(model *m[2], const strategy *s, const int *ids, int n,
     snprintf(label, sizeof label, "%s, %d tokens", model_name, n);
     if (strategy_check(s, m[CPU], &so, err, sizeof err)) {
         printf("| %-22s | %-44s | %9s | %9s | %9s | %7s | skip: %s |\n", s->name, label, "-", "-", "-", "-", err);
+        ctx_free(cx[0]), ctx_free(cx[1]);
         return;
     }
     if (strategy_check(s, m[GPU], &so, err, sizeof err)) {   // runs on the CPU, not here
         printf("| %-22s | %-44s | %9s | %9s | %9s | %7s | FAIL: %s |\n", s->name, label, "-", "-", "-", "-", err);
         n_fail++;
+        ctx_free(cx[0]), ctx_free(cx[1]);
         return;
     }
     int vocab = m[CPU]->cfg.vocab;
@@ -978,7 +981,7 @@ static void test_strategy(model *m[2], const strategy *s, const int *ids, int n,
     for (int b = 0; b < 2; b++) {
         lg[b] = xmalloc((size_t)vocab * sizeof(float));
         for (int i = 0; i < vocab; i++) lg[b][i] = NAN;
-        kv[b] = strategy_prefill(s, m[b], ids, n, n_gen, &so, &run, lg[b], &info[b], err, sizeof err);
+        kv[b] = strategy_prefill(s, cx[b], ids, n, n_gen, &so, &run, lg[b], &info[b], err, sizeof err);
         CHECK_INTERNAL(kv[b], "%s prefill: %s", s->name, err);
     }
     // Logits are compared only where both backends kept the same entries: a selection on bf16
@@ -1000,7 +1003,7 @@ static void test_strategy(model *m[2], const strategy *s, const int *ids, int n,
         for (int b = 0; b < 2; b++) {
             step[b][t] = xmalloc((size_t)vocab * sizeof(float));
             for (int i = 0; i < vocab; i++) step[b][t][i] = NAN;
-            fwd_run(m[b], kv[b], &tok, &pos, 1, &info[b].decode, step[b][t], 0);
+            fwd_run(cx[b], kv[b], &tok, &pos, 1, &info[b].decode, step[b][t], 0);
         }
         tok = argmax(step[CPU][t], vocab);
     }
@@ -1028,7 +1031,7 @@ static void test_strategy(model *m[2], const strategy *s, const int *ids, int n,
         sampler smp;
         sampler_init(&smp, &(sample_params){.temp = 0}, vocab);
         run_stats st;
-        int rc = run_generate(s, m[b], &so, &run, ids, n, n_gen, &smp, log_token, &tl[b], &st, NULL,
+        int rc = run_generate(s, cx[b], &so, &run, ids, n, n_gen, &smp, log_token, &tl[b], &st, NULL,
                               err, sizeof err);
         CHECK_INTERNAL(rc == 0, "%s generate: %s", s->name, err);
         sampler_free(&smp);
@@ -1042,6 +1045,7 @@ static void test_strategy(model *m[2], const strategy *s, const int *ids, int n,
            same, tl[CPU].n, gap, "-", "-", ok ? "ok" : same_sets ? "FAIL" : differ);
     if (ok || same_sets) ok ? n_pass++ : n_fail++;
     free(lg[0]), free(lg[1]);
+    ctx_free(cx[0]), ctx_free(cx[1]);
 }
 
 static void test_model_pair(model *m[2], const char *name, int n, int n_gen) {
@@ -1076,6 +1080,7 @@ static void test_tiny_models(backend *bk[2]) {
 static void decode_steps(model *m, const int *len, int steps, int batched, float **out, long *rec,
                          long *rep, int *host_ok) {
     int vocab = m->cfg.vocab, L = m->cfg.n_layer;
+    context *cx = ctx_new(m, NULL);   // its own run: counts, buffers and recorded step
     kv_cache *kv[DEC_SEQS];
     char err[256];
     int *caps = xmalloc((size_t)L * sizeof(int));
@@ -1084,13 +1089,13 @@ static void decode_steps(model *m, const int *len, int steps, int batched, float
         int *ids = xmalloc((size_t)len[s] * sizeof(int)), *pos = xmalloc((size_t)len[s] * sizeof(int));
         for (int i = 0; i < len[s]; i++) ids[i] = (int)((i * 7919u + 13 + 101u * s) % (unsigned)vocab), pos[i] = i;
         for (int l = 0; l < L; l++) caps[l] = len[s] + steps;
-        kv[s] = fwd_kv_create(m, caps, err, sizeof err);
+        kv[s] = fwd_kv_create(cx, caps, err, sizeof err);
         CHECK_INTERNAL(kv[s], "%s", err);
-        fwd_run(m, kv[s], ids, pos, len[s], NULL, lg, 0);
+        fwd_run(cx, kv[s], ids, pos, len[s], NULL, lg, 0);
         free(ids), free(pos);
     }
     long f0, r0, p0, f1;
-    fwd_decode_counts(m, &f0, &r0, &p0);
+    fwd_decode_counts(cx, &f0, &r0, &p0);
     int tok[DEC_SEQS], pos[DEC_SEQS];
     fwd_seq q[DEC_SEQS];
     for (int a = 0; a < (batched ? steps : DEC_SEQS); a++)
@@ -1100,9 +1105,9 @@ static void decode_steps(model *m, const int *len, int steps, int batched, float
                 tok[s] = (t * 31 + s * 7 + 5) % vocab, pos[s] = len[s] + t;
                 q[s] = (fwd_seq){kv[s], &tok[s], &pos[s], 1, NULL, out[s * steps + t], 0, NULL, 0};
             }
-            CHECK_INTERNAL(fwd_decode(m, q + s0, k) == 0, "a decode step failed");
+            CHECK_INTERNAL(fwd_decode(cx, q + s0, k) == 0, "a decode step failed");
         }
-    fwd_decode_counts(m, &f1, rec, rep);
+    fwd_decode_counts(cx, &f1, rec, rep);
     *rec -= r0, *rep -= p0;
     for (int s = 0; s < DEC_SEQS; s++) {   // the host's notes of the appends a replay made
         for (int l = 0; l < L; l++) {
@@ -1115,6 +1120,7 @@ static void decode_steps(model *m, const int *len, int steps, int batched, float
         kv_free(kv[s]);
     }
     free(caps), free(lg);
+    ctx_free(cx);
 }
 
 static float **logit_rows(int n, int vocab) {

@@ -138,7 +138,8 @@ static void test_layer(void) {
     m.bk = backend_cpu_create(1, BK_WEIGHTS_NATIVE);
     char err[200];
     int cap = N + NGEN, pos[N];
-    kv_cache *kv = fwd_kv_create(&m, &cap, err, sizeof err);
+    context cx = {.m = &m};
+    kv_cache *kv = fwd_kv_create(&cx, &cap, err, sizeof err);
     float k[N][HKV][HD] = {{{0}}}, v[N][HKV][HD], q[N][H][HD];
     k[2][0][0] = 4, k[7][0][0] = 2, k[6][1][0] = 4;
     for (int i = 0; i < N; i++) {
@@ -147,7 +148,7 @@ static void test_layer(void) {
         for (int h = 0; h < H; h++) q[i][h][0] = 1, q[i][h][1] = 0;
     }
     m.bk->kv_append(m.bk, &kv->layers[0], k, v, pos, N);
-    fwd_state s = {.m = &m, .kv = kv, .n = N, .pos = pos};
+    fwd_state s = {.cx = &cx, .m = &m, .kv = kv, .n = N, .pos = pos};
 
     // float64 reference: window rows r = 10, 11; softmax over keys j <= r
     double ref[H][N - W] = {{0}};

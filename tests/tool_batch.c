@@ -81,6 +81,7 @@ int main(int argc, char **argv) {
     }
     strategy_opts o = strategy_opts_default();
     strategy_run run = {.count_selected = 1};
+    context *cx = ctx_new(m, NULL);
     int vocab = m->cfg.vocab;
     int **ids = xcalloc((size_t)np, sizeof *ids), *len = xcalloc((size_t)np, sizeof *len);
     int *npred = xcalloc((size_t)np, sizeof *npred);
@@ -103,7 +104,7 @@ int main(int argc, char **argv) {
             sampler_init(sm[k], &(sample_params){.temp = 0}, vocab);
         }
         // alone: begin, step until done, end — before any batched sequence exists
-        if (gen_begin(g[0], s, m, &o, &run, ids[i], len[i], npred[i], sm[0], on_tok, r[0], NULL, err,
+        if (gen_begin(g[0], s, cx, &o, &run, ids[i], len[i], npred[i], sm[0], on_tok, r[0], NULL, err,
                       sizeof err)) {
             fprintf(stderr, "%s: %s\n", s->name, err);
             return 1;
@@ -118,8 +119,8 @@ int main(int argc, char **argv) {
     for (int i = 0; i < np; i++) {
         const strategy *s = ss[i % ns];
         int rc = pack && gen_packs(s)
-                     ? gen_open(&gb[i], s, m, ids[i], len[i], npred[i], &sb[i], on_tok, &batch[i], err, sizeof err)
-                     : gen_begin(&gb[i], s, m, &o, &run, ids[i], len[i], npred[i], &sb[i], on_tok,
+                     ? gen_open(&gb[i], s, cx, ids[i], len[i], npred[i], &sb[i], on_tok, &batch[i], err, sizeof err)
+                     : gen_begin(&gb[i], s, cx, &o, &run, ids[i], len[i], npred[i], &sb[i], on_tok,
                                  &batch[i], NULL, err, sizeof err);
         if (rc) {
             fprintf(stderr, "%s: %s\n", s->name, err);
@@ -177,6 +178,7 @@ int main(int argc, char **argv) {
     if (pack) printf("prefill passes %d\npacked %d\n", passes, packed);
     free(wait), free(all), free(ga), free(gb), free(sa), free(sb), free(alone), free(batch);
     free(ids), free(len), free(npred), free(list);
+    ctx_free(cx);
     model_free(m);
     bk->destroy(bk);
     gguf_close(f);

@@ -7,7 +7,7 @@
 // for the first generated token. --greedy N also prints the N greedily generated ids (strategy
 // full unless --strategy) on one line; --steps FILE with it writes those N tokens' logits
 // (N, vocab) there (row 0 the prefill's, row t decode step t's). --ubatch U: a plain prefill
-// (prefill_run without hooks) runs in chunks of U rows (model.prefill_ubatch; default 0: one
+// (prefill_run without hooks) runs in chunks of U rows (ctx_params.ubatch; default 0: one
 // pass). --cache T: the KV cache of type T (f32, bf16, f16, q8_0) for K and V, as sift's
 // --cache-type-k/-v. --class N prints fwd_row_class of N rows on stderr ("class N C"). --set keys: the strategy_opts fields speed_depth, anchor,
 // tsp_layer, tsp_rate, kv_rate, window, pool_kernel, pool (0 max, 1 avg), kv_len, tsp_len, keep,
@@ -113,9 +113,10 @@ int main(int argc, char **argv) {
     gguf_file *f, *df = NULL;
     hf_dir *h, *dh = NULL;
     model *m = load(argv[1], bk, &f, &h), *draft = draft_path ? load(draft_path, bk, &df, &dh) : NULL;
-    strategy_run run = {.draft = draft};
-    m->prefill_ubatch = ubatch;
-    if (cache >= 0) m->kv_typed = 1, m->kv_k = m->kv_v = (enum kv_type)cache;
+    ctx_params cp = {.ubatch = ubatch};
+    if (cache >= 0) cp.kv_typed = 1, cp.kv_k = cp.kv_v = (enum kv_type)cache;
+    context *cx = ctx_new(m, &cp), *dcx = draft ? ctx_new(draft, &cp) : NULL;
+    strategy_run run = {.draft = dcx};
     if (cls_rows > 0) fprintf(stderr, "class %d %d\n", cls_rows, fwd_row_class(m, cls_rows));
     const strategy *s = strategy_find(sname ? sname : "full");
     char err[512];
@@ -130,7 +131,7 @@ int main(int argc, char **argv) {
         sampler smp;
         sampler_init(&smp, &(sample_params){.temp = temp, .top_p = 1, .seed = seed}, vocab);
         run_stats st;
-        if (run_generate(s, m, &o, &run, ids, n, 1, &smp, collect, NULL, &st, logits, err,
+        if (run_generate(s, cx, &o, &run, ids, n, 1, &smp, collect, NULL, &st, logits, err,
                          sizeof err) != 0) {
             fprintf(stderr, "%s\n", err);
             return 1;
@@ -139,7 +140,7 @@ int main(int argc, char **argv) {
         sampler_free(&smp);
     } else if (sname) {
         prefill_info info = {0};
-        kv = strategy_prefill(s, m, ids, n, greedy > 0 ? greedy : 1, &o, &run, logits, &info, err, sizeof err);
+        kv = strategy_prefill(s, cx, ids, n, greedy > 0 ? greedy : 1, &o, &run, logits, &info, err, sizeof err);
         if (!kv) {
             fprintf(stderr, "%s\n", err);
             return 1;
@@ -150,8 +151,8 @@ int main(int argc, char **argv) {
         int *caps = xmalloc((size_t)m->cfg.n_layer * sizeof(int)), *pos = xmalloc((size_t)n * sizeof(int));
         for (int l = 0; l < m->cfg.n_layer; l++) caps[l] = n;
         for (int i = 0; i < n; i++) pos[i] = i;
-        kv = fwd_kv_create(m, caps, err, sizeof err);
-        fwd_run(m, kv, ids, pos, n, NULL, logits, 1);
+        kv = fwd_kv_create(cx, caps, err, sizeof err);
+        fwd_run(cx, kv, ids, pos, n, NULL, logits, 1);
         free(caps);
         free(pos);
     }
@@ -166,7 +167,7 @@ int main(int argc, char **argv) {
         sampler smp;
         sampler_init(&smp, &(sample_params){.temp = 0}, vocab);
         gen_seq g;   // run_generate's loop, keeping every step's logits
-        if (gen_begin(&g, s, m, &o, &run, ids, n, greedy, &smp, collect, NULL, NULL, err, sizeof err)) {
+        if (gen_begin(&g, s, cx, &o, &run, ids, n, greedy, &smp, collect, NULL, NULL, err, sizeof err)) {
             fprintf(stderr, "%s\n", err);
             return 1;
         }
@@ -193,6 +194,8 @@ int main(int argc, char **argv) {
     }
     free(logits);
     free(ids);
+    ctx_free(cx);
+    ctx_free(dcx);
     model_free(m);
     model_free(draft);
     bk->destroy(bk);

@@ -259,6 +259,7 @@ static int remainder_cmd(char **argv) {
     backend *bk = backend_cpu_create(0, tool_weights());
     gguf_file *f = gguf_open(argv[2], err, sizeof err);
     model *m = f ? model_load_gguf(f, bk, err, sizeof err) : NULL;
+    context *cx = m ? ctx_new(m, NULL) : NULL;
     FILE *fp = fopen(argv[3], "r");
     if (!m || !fp) return 1;
     const model_config *c = &m->cfg;
@@ -274,7 +275,7 @@ static int remainder_cmd(char **argv) {
     last_q g = {xcalloc((size_t)c->n_layer, sizeof(float *))};
     fwd_hooks hooks = {.ctx = &g, .after_attention = log_last_q};
     prefill_info info = {0};
-    kv_cache *kv = prefill_run(m, ids, n, 0, NULL, &hooks, NULL, &info, err, sizeof err);
+    kv_cache *kv = prefill_run(cx, ids, n, 0, NULL, &hooks, NULL, &info, err, sizeof err);
     if (!kv) return 1;
     int hd = c->head_dim, group = c->n_head / c->n_kv_head;
     printf("n %d K %d maps %s\n| layer | err topk | err topk+phi | remainder share | log(est/true "
@@ -298,7 +299,7 @@ static int remainder_cmd(char **argv) {
     printf("| mean |");
     for (int i = 0; i < 6; i++) printf(" %.4f |", mean[i]);
     printf("\n");
-    kv_free(kv), phi_maps_free(p), model_free(m), gguf_close(f), bk->destroy(bk);
+    kv_free(kv), phi_maps_free(p), ctx_free(cx), model_free(m), gguf_close(f), bk->destroy(bk);
     free(g.q), free(ids);
     return 0;
 }
@@ -336,6 +337,7 @@ static int decode(int argc, char **argv) {
     backend *bk = backend_cpu_create(0, tool_weights());
     gguf_file *f = gguf_open(argv[2], err, sizeof err);
     model *m = f ? model_load_gguf(f, bk, err, sizeof err) : NULL;
+    context *cx = m ? ctx_new(m, NULL) : NULL;
     const strategy *s = strategy_find(sname);
     if (!m || !s || n < 1 || (strategy_check(s, m, &o, err, sizeof err))) {
         fprintf(stderr, "%s\n", !s ? "unknown strategy" : n < 1 ? "no ids" : err);
@@ -344,7 +346,7 @@ static int decode(int argc, char **argv) {
     int vocab = m->cfg.vocab;
     float *logits = xmalloc((size_t)(1 + n_cont) * vocab * sizeof(float));
     prefill_info info = {0};
-    kv_cache *kv = strategy_prefill(s, m, ids, n, n_cont, &o, NULL, logits, &info, err, sizeof err);
+    kv_cache *kv = strategy_prefill(s, cx, ids, n, n_cont, &o, NULL, logits, &info, err, sizeof err);
     if (!kv) {
         fprintf(stderr, "%s\n", err);
         return 1;
@@ -357,7 +359,7 @@ static int decode(int argc, char **argv) {
             for (int j = 1; j < vocab; j++)
                 if (prev[j] > prev[cont[t]]) cont[t] = j;
         }
-        fwd_run(m, kv, &cont[t], &pos, 1, info.decode.attention ? &info.decode : NULL,
+        fwd_run(cx, kv, &cont[t], &pos, 1, info.decode.attention ? &info.decode : NULL,
                 logits + (size_t)(1 + t) * vocab, 0);
     }
     FILE *out = fopen(argv[3], "wb");
@@ -366,6 +368,7 @@ static int decode(int argc, char **argv) {
     fclose(out);
     if (info.note[0]) fprintf(stderr, "note: %s\n", info.note);
     kv_free(kv);
+    ctx_free(cx);
     model_free(m);
     gguf_close(f);
     bk->destroy(bk);
@@ -384,6 +387,7 @@ static int compare_cmd(int argc, char **argv) {
     backend *bk = backend_cpu_create(0, tool_weights());
     gguf_file *f = gguf_open(argv[2], err, sizeof err);
     model *m = f ? model_load_gguf(f, bk, err, sizeof err) : NULL;
+    context *cx = m ? ctx_new(m, NULL) : NULL;
     if (!m) {
         fprintf(stderr, "%s\n", err);
         return 1;
@@ -414,7 +418,7 @@ static int compare_cmd(int argc, char **argv) {
     for (int i = 0; i < n; i++) ids[i] = atoi(argv[a + 1 + i]);
     double *kl = xmalloc((size_t)(n_v ? n_v : 1) * rows * sizeof(double)), agree[32];
     int *full = xmalloc((size_t)rows * sizeof(int)), *fr = xmalloc((size_t)(n_v + 1) * (n_free + 1) * sizeof(int));
-    topk_cmp *cmp = topk_cmp_begin(m, ids, n, pos0, 4, 16, rows, n_free, err, sizeof err);
+    topk_cmp *cmp = topk_cmp_begin(cx, ids, n, pos0, 4, 16, rows, n_free, err, sizeof err);
     if (!cmp) {
         fprintf(stderr, "%s\n", err);
         return 1;
@@ -438,7 +442,7 @@ static int compare_cmd(int argc, char **argv) {
     }
     printf("]}\n");
     for (int i = 0; i < n_v; i++) phi_maps_free(own[i]);
-    model_free(m), gguf_close(f), bk->destroy(bk);
+    ctx_free(cx), model_free(m), gguf_close(f), bk->destroy(bk);
     free(ids), free(kl), free(full), free(fr);
     return 0;
 }

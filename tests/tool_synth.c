@@ -83,21 +83,22 @@ static int forward(char **argv) {
     backend *bk = backend_cpu_create(0, tool_weights());
     model *m = model_load_synth(&sh, bk, err, sizeof err);
     CHECK_INTERNAL(m, "%s", err);
+    context *cx = ctx_new(m, NULL);
     int P = atoi(argv[3]), G = atoi(argv[4]), V = m->cfg.vocab;
     printf("{\"params\":%zu}\n", m->n_params);
     int *caps = xmalloc((size_t)m->cfg.n_layer * sizeof(int)), *ids = xmalloc((size_t)P * sizeof(int));
     int *pos = xmalloc((size_t)P * sizeof(int));
     for (int l = 0; l < m->cfg.n_layer; l++) caps[l] = P + G;
     for (int i = 0; i < P; i++) ids[i] = (int)(synth_mix((uint64_t)i) % (uint64_t)V), pos[i] = i;
-    kv_cache *kv = fwd_kv_create(m, caps, err, sizeof err);
+    kv_cache *kv = fwd_kv_create(cx, caps, err, sizeof err);
     CHECK_INTERNAL(kv, "%s", err);
     float *logits = xmalloc((size_t)V * sizeof(float));
     fwd_hooks hooks = {.after_layer = layer_stats};
-    fwd_run(m, kv, ids, pos, P, &hooks, logits, 0);
+    fwd_run(cx, kv, ids, pos, P, &hooks, logits, 0);
     int tok = logit_stats(0, logits, V);
     for (int t = 1; t <= G; t++) {
         int p = P + t - 1;
-        fwd_run(m, kv, &tok, &p, 1, NULL, logits, 0);
+        fwd_run(cx, kv, &tok, &p, 1, NULL, logits, 0);
         tok = logit_stats(t, logits, V);
     }
     kv_free(kv);
@@ -105,6 +106,7 @@ static int forward(char **argv) {
     free(caps);
     free(ids);
     free(pos);
+    ctx_free(cx);
     model_free(m);
     bk->destroy(bk);
     return 0;
