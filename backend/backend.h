@@ -176,7 +176,7 @@ struct backend {
 };
 
 // n_threads 0: OpenMP's default. The ISA of the quantised products: the best the CPU has, or
-// SIFT_ISA=scalar|avx2|avx512 (qgemm/qgemm.h; a malformed value is ignored here, cli refuses it).
+// SIFT_ISA=scalar|avx2|avx512 (qgemm/qgemm.h; util/tunables.h refuses a malformed value).
 backend *backend_cpu_create(int n_threads, enum bk_weights weights);
 // The CPU's default thread count (what -t means when not given): OMP_NUM_THREADS, else the
 // physical cores less those other processes keep busy, sampled once per process (50 ms);

@@ -110,7 +110,7 @@ void backend_cpu_blas_init(char **argv) {
 
 const char *backend_cpu_blas_core(void) {
     static char s[96];
-    const char *was = getenv("SIFT_BLAS_DETECTED"), *core = openblas_get_corename();
+    const char *was = tunables()->blas_detected, *core = openblas_get_corename();
     if (was) snprintf(s, sizeof s, "%s (OpenBLAS detected %s)", core, was);
     else snprintf(s, sizeof s, "%s", core);
     return s;
@@ -124,18 +124,10 @@ backend *backend_cpu_create(int n_threads, enum bk_weights weights) {
     backend *b = xcalloc(1, sizeof *b);
     cpu_impl *c = xcalloc(1, sizeof *c);
     c->mode = weights;
-    c->isa = q_isa_pick(NULL);
+    c->isa = q_isa_pick();
     c->amx = c->isa == Q_ISA_AVX512 && q_amx_available();
-    const char *path = getenv("SIFT_PREFILL");
-    c->forced = weights == BK_WEIGHTS_EXACT ? Q_PATH_INT8
-                : path && strcmp(path, "int8") == 0    ? Q_PATH_INT8
-                : path && strcmp(path, "sgemm") == 0 ? Q_PATH_SGEMM
-                : path && strcmp(path, "amx") == 0 && q_amx_available() ? Q_PATH_AMX
-                : path && strcmp(path, "vnni") == 0 && c->isa == Q_ISA_AVX512 ? Q_PATH_VNNI
-                : path && strcmp(path, "vnni8") == 0 && c->isa == Q_ISA_AVX512 ? Q_PATH_VNNI8
-                : path && strcmp(path, "tune") == 0  ? -2
-                                                     : -1;
-    c->strip = q_strip_env(NULL);   // (cli_backend refuses another value)
+    c->prefill = weights == BK_WEIGHTS_EXACT ? TUN_PREFILL_INT8 : tunables()->prefill;
+    c->strip = (q_strip_form){tunables()->strip_prefetch, tunables()->strip_rows8};
     c->strip_ms[0] = c->strip_ms[1] = c->strip_ms[2] = NAN;
     if (c->strip.level && c->strip.rows8 >= 0) q_strip_set(c->strip);
     // --weights fast: one activation digit in decode's row kernels too (llama.cpp's precision)
@@ -165,12 +157,8 @@ backend *backend_cpu_create(int n_threads, enum bk_weights weights) {
     else
         snprintf(b->info + used, sizeof b->info - used, "native weights, %s products, prefill path %s",
                  q_isa_name(c->isa), weights == BK_WEIGHTS_EXACT ? "int8 two-digit (--weights exact)"
-                                     : c->forced == Q_PATH_INT8    ? "int8 (SIFT_PREFILL)"
-                                     : c->forced == Q_PATH_SGEMM ? "sgemm (SIFT_PREFILL)"
-                                     : c->forced == Q_PATH_AMX   ? "amx (SIFT_PREFILL)"
-                                     : c->forced == Q_PATH_VNNI  ? "vnni (SIFT_PREFILL)"
-                                     : c->forced == Q_PATH_VNNI8 ? "vnni8 (SIFT_PREFILL)"
-                                     : c->forced == -2           ? "timed per shape (SIFT_PREFILL)"
+                                     : c->prefill == TUN_PREFILL_INT8 ? "int8 (SIFT_PREFILL)"
+                                     : c->prefill == TUN_PREFILL_TUNE ? "timed per shape (SIFT_PREFILL)"
                                      : c->amx                    ? "amx bf16 tiles from 16 rows"
                                      : c->isa == Q_ISA_AVX512 && weights == BK_WEIGHTS_FAST
                                          ? "vnni one-digit gemm from 16 rows (--weights fast)"

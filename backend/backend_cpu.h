@@ -10,6 +10,7 @@
 
 #include "../qgemm/qgemm.h"
 #include "../util/check.h"
+#include "../util/tunables.h"
 #include "backend.h"
 
 #define TUNE_MAX 256   // shapes SIFT_PREFILL=tune times and remembers (gemm_cpu.c)
@@ -25,11 +26,12 @@ typedef struct {
     enum bk_weights mode;
     enum q_isa isa;
     int amx;                     // q_amx_available(): prefill products on AMX tiles
-    int forced;                  // enum q_path SIFT_PREFILL names; -1: the row rule; -2: tune
+    int prefill;                 // -1: the fixed rule (gemm_cpu.c); TUN_PREFILL_INT8: the row kernels on
+                                 // every product (SIFT_PREFILL=int8, --weights exact); _TUNE: timed per shape
     enum q_path rows;            // the row kernels: Q_PATH_INT8 (two digits), _INT8_1 (--weights fast)
     tune_entry tune[TUNE_MAX];
     int n_tune;
-    q_strip_form strip;          // how Q4_K's 16-row blocks run (qgemm.h): each field as its variable set it
+    q_strip_form strip;          // how Q4_K's 16-row blocks run (qgemm.h): each field as its tunable set it
                                  // (SIFT_STRIP_PREFETCH, SIFT_STRIP_ROWS8) or as timed; level 0 / rows8 -1 until then
     double strip_ms[3];          // q_strip_tune's times (strips L1, L2, 8-row groups); NaN unless timed
     q_scratch scratch;

@@ -16,8 +16,8 @@
 // as llama.cpp's own run does); elsewhere sgemm on dequantised tiles from SGEMM_MIN_ROWS (below
 // 64 rows either may win, from 64 sgemm tiles won on every shape measured). A fixed rule, so the
 // same command computes the same numbers every run.
-// SIFT_PREFILL=int8|sgemm|amx|vnni|vnni8 forces one path (int8: two-digit activations on every
-// product, as --weights exact); SIFT_PREFILL=tune times int8 and the wide path on the first product of each
+// SIFT_PREFILL=int8 puts every product on the row kernels (two-digit activations, as --weights
+// exact); SIFT_PREFILL=tune times int8 and the wide path on the first product of each
 // (type, in, out, rows rounded down to a power of two) — on a slice of the weight rows (an eighth,
 // at least 128: each path's cost is linear in them), then the winner on all rows — keeps the
 // faster for that shape, and `sift bench` lists the choices.
@@ -42,10 +42,9 @@ static int floor_log2(int n) {
     return k;
 }
 
-// The path of wide products: the one SIFT_PREFILL forces, else AMX tiles where the CPU has them,
-// else the VNNI GEMM (one digit with --weights fast), else sgemm tiles.
+// The path of wide products: AMX tiles where the CPU has them, else the VNNI GEMM (one digit with
+// --weights fast), else sgemm tiles.
 static enum q_path wide_path(const cpu_impl *c) {
-    if (c->forced > Q_PATH_INT8) return (enum q_path)c->forced;
     if (c->amx) return Q_PATH_AMX;
     if (c->isa == Q_ISA_AVX512) return c->mode == BK_WEIGHTS_FAST ? Q_PATH_VNNI8 : Q_PATH_VNNI;
     return Q_PATH_SGEMM;
@@ -66,8 +65,8 @@ static const char *path_name(enum q_path p) {
 // SIFT_PREFILL=tune times it per shape (pick_path). A type the row kernels take in 16-row strips
 // (Q4_K on AVX-512) keeps them up to 31 rows when the wide path is the two-digit VNNI GEMM.
 static int fixed_path(const cpu_impl *c, int n, uint32_t type) {
-    if (c->forced >= 0) return c->forced != Q_PATH_INT8 && n >= 2 ? c->forced : Q_PATH_INT8;
-    if (c->forced == -1) {
+    if (c->prefill == TUN_PREFILL_INT8) return Q_PATH_INT8;
+    if (c->prefill < 0) {
         enum q_path wide = wide_path(c);
         int min = wide == Q_PATH_VNNI && q_rows_strip(c->isa, type) ? VNNI_STRIP_MIN_ROWS : wide_min_rows(c);
         return n < min ? Q_PATH_INT8 : (int)wide;
@@ -98,7 +97,7 @@ static enum q_path pick_path(cpu_impl *c, const bk_weight *w, int n, int in, int
 // path is timed per row bucket (SIFT_PREFILL=tune).
 int cpu_row_class(backend *b, const bk_weight *w, int n) {
     cpu_impl *c = impl(b);
-    if (w->type == GGML_F32 || c->forced == -2) return -1;
+    if (w->type == GGML_F32 || c->prefill == TUN_PREFILL_TUNE) return -1;
     tune_entry *t;
     enum q_path p = pick_path(c, w, n, (int)w->cols, (int)w->rows, &t);
     CHECK_INTERNAL(!t, "a product timed under a fixed rule");
@@ -195,7 +194,7 @@ int cpu_ceilings(backend *b, double *tflops, double *gbps) {
     // not zeros: this VM read zero-filled pages ~10x faster than any data (221 vs 22 GB/s)
     memset(x, 0x3c, read_n * sizeof(float));
     const cpu_impl *c = impl(b);
-    const enum q_path wide = c->mode != BK_WEIGHTS_F32 && c->forced != Q_PATH_INT8 ? wide_path(c) : Q_PATH_SGEMM;
+    const enum q_path wide = c->mode != BK_WEIGHTS_F32 && c->prefill != TUN_PREFILL_INT8 ? wide_path(c) : Q_PATH_SGEMM;
     double best_mm = 1e30, best_rd = 1e30, peak = 0;
     volatile float sink = 0;
     for (int rep = 0; rep < 3; rep++) {
@@ -232,10 +231,10 @@ void cpu_report(backend *b, FILE *out) {
         if (!isnan(c->strip_ms[0]))
             fprintf(out, " (timed on a Q4_K matrix of 64-256 MiB: strips L1 %.2f ms, L2 %.2f ms, 8-row groups %.2f ms)",
                     c->strip_ms[0], c->strip_ms[1], c->strip_ms[2]);
-        const q_strip_form set = q_strip_env(NULL);   // (the fields its variables fixed)
-        if (set.level || set.rows8 >= 0)
-            fprintf(out, " (set: %s%s%s)", set.level ? "SIFT_STRIP_PREFETCH" : "", set.level && set.rows8 >= 0 ? ", " : "",
-                    set.rows8 >= 0 ? "SIFT_STRIP_ROWS8" : "");
+        const sift_tunables *set = tunables();   // (the fields its variables fixed)
+        if (set->strip_prefetch || set->strip_rows8 >= 0)
+            fprintf(out, " (set: %s%s%s)", set->strip_prefetch ? "SIFT_STRIP_PREFETCH" : "",
+                    set->strip_prefetch && set->strip_rows8 >= 0 ? ", " : "", set->strip_rows8 >= 0 ? "SIFT_STRIP_ROWS8" : "");
         fputc('\n', out);
     }
     if (c->n_tune) fprintf(out, "sift: cpu product paths timed per shape (SIFT_PREFILL=tune):\n");

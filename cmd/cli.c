@@ -14,7 +14,6 @@
 
 #include "../eval/eval.h"
 #include "../model/load.h"
-#include "../qgemm/qgemm.h"
 #include "../weights/dequant.h"
 #include "../util/check.h"
 #include "../util/outfile.h"
@@ -221,17 +220,6 @@ enum bk_weights cli_weights(const char *v) {
 }
 
 backend *cli_backend(const char *device, int threads, enum bk_weights weights) {
-    const char *bad;
-    q_isa_pick(&bad);
-    if (bad) {
-        fprintf(stderr, "sift: error: %s (it is '%s')\n", bad, getenv("SIFT_ISA"));
-        return NULL;
-    }
-    q_strip_env(&bad);
-    if (bad) {
-        fprintf(stderr, "sift: error: %s\n", bad);
-        return NULL;
-    }
     if (strcmp(device, "cpu") == 0) return backend_cpu_create(threads, weights);
 #ifdef SIFT_CUDA
     char msg[512];

@@ -1,7 +1,7 @@
 // qgemm/qgemm.c — q_matmul: a product on quantised weights by the path the caller names (qgemm.h),
-// handed to the file that implements it: the row kernels and sgemm tiles (qgemm_cpu.c), AMX tiles
-// (qgemm_amx.c), the VNNI GEMMs (qgemm_vnni.c). Those three share qgemm_cpu.c's helpers
-// (activation digits, 8-bit weight forms, scratch); none of them calls back here.
+// handed to the file that implements it: the row kernels and sgemm tiles (qgemm_cpu.c's drivers),
+// AMX tiles (qgemm_amx.c), the VNNI GEMMs (qgemm_vnni.c). Those three share the activation digits
+// and 8-bit weight forms (qgemm_forms.c) and the scratch (qgemm_cpu.c); none of them calls back here.
 #include "qgemm.h"
 
 #include "../util/check.h"

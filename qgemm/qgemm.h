@@ -41,9 +41,9 @@ enum q_path { Q_PATH_INT8 = 0, Q_PATH_SGEMM = 1, Q_PATH_AMX = 2, Q_PATH_VNNI = 3
               Q_PATH_INT8_1 = 5 };
 
 // The best ISA this CPU runs (cpuid: AVX-512 F/BW/VL/DQ + VNNI, else AVX2 + FMA + F16C, else
-// scalar); the environment variable SIFT_ISA=scalar|avx2|avx512 lowers it (never raises it
-// beyond what the CPU has). Unknown values of SIFT_ISA: *err set, the detected ISA returned.
-enum q_isa q_isa_pick(const char **err);
+// scalar), lowered by the developer tunable SIFT_ISA=scalar|avx2|avx512 (util/tunables.h; never
+// raised beyond what the CPU has).
+enum q_isa q_isa_pick(void);
 const char *q_isa_name(enum q_isa isa);   // "scalar" | "avx2" | "avx512-vnni"
 // 1 when `type` (enum ggml_type) has a product here: F32 is sgemm's, not this module's.
 int q_type_supported(uint32_t type);
@@ -62,7 +62,8 @@ void *q_scratch_get(q_scratch *s, size_t n);   // at least n bytes (contents not
 void q_matmul(enum q_isa isa, enum q_path path, float *out, const float *x, int n, int in,
               uint32_t type, const void *w, size_t row_bytes, int o, q_scratch *scratch);
 // The int8 / fp16 row kernels (path Q_PATH_INT8 or Q_PATH_INT8_1) or the sgemm tiles
-// (Q_PATH_SGEMM) of qgemm/qgemm_cpu.c, which q_matmul dispatches to.
+// (Q_PATH_SGEMM), which q_matmul dispatches to: qgemm_cpu.c's drivers, the kernels per ISA in
+// qgemm_scalar.c, qgemm_avx2.c, qgemm_avx512.c and qgemm_strip.c (qgemm/internal.h).
 void q_matmul_cpu(enum q_isa isa, enum q_path path, float *out, const float *x, int n, int in,
                   uint32_t type, const void *w, size_t row_bytes, int o, q_scratch *scratch);
 
@@ -88,7 +89,8 @@ int q_rows_strip(enum q_isa isa, uint32_t type);
 // 0 when it goes through the strip too. Which streams faster from DRAM depends on the core
 // (bench/RESULTS.md: L2 about twice L1 on AMD Zen 4, L1 1.1x L2 on Zen 5; the 8-row groups
 // 1.05-1.2x the strips at the 8B shape on Zen 5), so the CPU backend times the forms once per
-// process (q_strip_tune) unless SIFT_STRIP_PREFETCH=l1|l2 and SIFT_STRIP_ROWS8=on|off set them.
+// process (q_strip_tune) unless the developer tunables SIFT_STRIP_PREFETCH=l1|l2 and
+// SIFT_STRIP_ROWS8=on|off set them (util/tunables.h; the backend applies them by q_strip_set).
 // q_strip_tune: the best time in ms of each form over one pass of a Q4_K matrix of 64 MiB or 8x
 // the last-level cache, up to 256 MiB (at 2x, a 32 MiB L3 still held enough of it to favour the
 // strips), one activation row -> ms[0] (strips, L1), ms[1] (strips,
@@ -97,16 +99,12 @@ int q_rows_strip(enum q_isa isa, uint32_t type);
 // and returns the form kept; later calls return the first one's times and form (and set it
 // again); without AVX-512, or when the matrix would take more than an eighth of the memory
 // available (64 MiB at least): {0, -1}, nothing timed or changed (ms NaN).
-// q_strip_env: what SIFT_STRIP_PREFETCH and SIFT_STRIP_ROWS8 name (level 1 or 2, rows8 1 or 0), a
-// field 0 (level) or -1 (rows8) where its variable is unset; another value: *err set (a message for
-// the user, naming the variable and its value).
 typedef struct {
     int level, rows8;
 } q_strip_form;
 q_strip_form q_strip_get(void);
-void q_strip_set(q_strip_form f);
+q_strip_form q_strip_set(q_strip_form f);   // (returns f)
 q_strip_form q_strip_tune(double ms[3]);
-q_strip_form q_strip_env(const char **err);
 
 // The activations' two-digit form, exposed for the tests: row x (cols,) -> q (2 cols,): the high
 // digits, then the low ones; d (cols/32,) = max |x| / 127 / 256 of each 32-block (the unit of

@@ -38,7 +38,7 @@
 #include "../util/check.h"
 #include "../weights/dequant.h"
 #include "../weights/gguf.h"
-#include "kblock.h"
+#include "internal.h"
 #include "qgemm.h"
 
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c")))

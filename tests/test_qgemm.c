@@ -314,7 +314,7 @@ static void test_strip_forms(void) {
 
 int main(void) {
     test_quantize_row();
-    enum q_isa best = q_isa_pick(NULL);
+    enum q_isa best = q_isa_pick();
     printf("test_qgemm: ISA paths up to %s\n", q_isa_name(best));
     test_quantize_isas(best);
     for (int isa = Q_ISA_SCALAR; isa <= (int)best; isa++)

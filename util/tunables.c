@@ -8,7 +8,7 @@
 
 #include "check.h"
 
-const char *const TUN_PREFILL_NAMES[] = {"int8", "sgemm", "amx", "vnni", "vnni8", "tune", NULL};
+const char *const TUN_PREFILL_NAMES[] = {"int8", "tune", NULL};
 const char *const TUN_ATTN_PREFILL_NAMES[] = {"fa2w", "fa2", "wg", "wmma", "flash", NULL};
 const char *const TUN_ATTN_DECODE_NAMES[] = {"group", "split", NULL};
 static const char *const ISA_NAMES[] = {"scalar", "avx2", "avx512", NULL};
@@ -20,16 +20,19 @@ static sift_tunables T;
 static int loaded;
 
 // $name's index among names (NULL-terminated; "" never matches), *out left as it is when unset
-// or empty; -1 + err naming the accepted values when it is none of them.
-static int choice(const char *name, const char *const *names, int *out, char *err, size_t n) {
+// or (unless `set`) empty; -1 + err naming the accepted values when it is none of them.
+static int choice_of(const char *name, const char *const *names, int set, int *out, char *err, size_t n) {
     const char *e = getenv(name);
-    if (!e || !*e) return 0;
+    if (!e || (!*e && !set)) return 0;
     for (int i = 0; names[i]; i++)
         if (*names[i] && strcmp(e, names[i]) == 0) return *out = i, 0;
     char list[160] = "";
     for (int i = 0; names[i]; i++)
         if (*names[i]) snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", *list ? ", " : "", names[i]);
     return err_printf(err, n, "%s='%.64s' is not one of %s", name, e, list);
+}
+static int choice(const char *name, const char *const *names, int *out, char *err, size_t n) {
+    return choice_of(name, names, 0, out, err, n);
 }
 
 // $name as an integer in [lo, hi] into *out (left as it is when unset); -1 + err otherwise.
@@ -61,8 +64,8 @@ int tunables_load(char *err, size_t n) {
     int group = 0, bf16 = 0;
     const char *e;
     if (choice("SIFT_ISA", ISA_NAMES, &t.isa, err, n) || choice("SIFT_PREFILL", TUN_PREFILL_NAMES, &t.prefill, err, n) ||
-        choice("SIFT_STRIP_PREFETCH", PREFETCH_NAMES, &t.strip_prefetch, err, n) ||
-        choice("SIFT_STRIP_ROWS8", ONOFF_NAMES, &t.strip_rows8, err, n) ||
+        choice_of("SIFT_STRIP_PREFETCH", PREFETCH_NAMES, 1, &t.strip_prefetch, err, n) ||
+        choice_of("SIFT_STRIP_ROWS8", ONOFF_NAMES, 1, &t.strip_rows8, err, n) ||
         flag01("SIFT_CUDA_GRAPHS", &t.cuda_graphs, err, n) ||
         choice("SIFT_ATTN_PREFILL", TUN_ATTN_PREFILL_NAMES, &t.attn_prefill, err, n) ||
         choice("SIFT_ATTN_DECODE", TUN_ATTN_DECODE_NAMES, &t.attn_decode, err, n) ||

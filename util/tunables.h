@@ -6,16 +6,17 @@
 #include <stddef.h>
 
 enum tun_way { TUN_WAY_MEASURE, TUN_WAY_TOGETHER, TUN_WAY_ALONE };
+enum tun_prefill { TUN_PREFILL_INT8, TUN_PREFILL_TUNE };   // index into TUN_PREFILL_NAMES
 
 typedef struct {
-    // ---- CPU (qgemm/, backend/backend_cpu.c)
+    // ---- CPU (qgemm/, backend/backend_cpu.c, backend/gemm_cpu.c)
     int isa;              // SIFT_ISA scalar|avx2|avx512: the widest product kernels used (-1: the
                           // best the CPU has; values are enum q_isa's)
-    int prefill;          // SIFT_PREFILL int8|sgemm|amx|vnni|vnni8|tune: the quantised prefill
-                          // product path (-1: chosen per shape); index into TUN_PREFILL_NAMES
-    int strip_prefetch;   // SIFT_STRIP_PREFETCH l1|l2: the decode strip's prefetch level (0: as
-                          // measured at start)
-    int strip_rows8;      // SIFT_STRIP_ROWS8 on|off (-1: as measured)
+    int prefill;          // SIFT_PREFILL int8|tune (enum tun_prefill): every quantised product on
+                          // the int8 row kernels, or the wide path timed per shape (-1: the rule)
+    int strip_prefetch;   // SIFT_STRIP_PREFETCH l1|l2: the Q4_K strips' prefetch level, 1 or 2 (0:
+                          // as timed at the first Q4_K matrix; set but empty is refused)
+    int strip_rows8;      // SIFT_STRIP_ROWS8 on|off: 1 or 0 (-1: as timed; empty is refused)
     const char *blas_detected;   // SIFT_BLAS_DETECTED: the core OpenBLAS detected before sift
                                  // re-ran itself with OPENBLAS_CORETYPE (backend_cpu.c), or NULL
     // ---- CUDA (backend/*_cuda.cu, attn/attn_cuda.cu, model/decode.c)
