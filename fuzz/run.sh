@@ -22,7 +22,7 @@ save_file({"a": np.ones((2, 3), np.float32), "b": np.zeros(4, np.float16)},
 for i, line in enumerate(open("tests/data/tok_strings.jsonl")):
     if i % 10 == 0:
         open(f"build/fuzz/seed_tok/{i}.txt", "w").write(json.loads(line)["text"])
-# argument lists, NUL-separated, shaped like the README's examples
+# argument lists, NUL-separated, shaped like the examples of README and docs/usage.md
 for i, args in enumerate([
         ["-p", "hi", "--chat", "-n", "32", "--temp", "0"],
         ["-f", "a.txt", "-f", "b.txt", "--json", "-q", "--seed", "7", "--top-p", "0.9"],

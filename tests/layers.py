@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """tests/layers.py — sift's rooms (top-level folders; main.c is a room of its own) and the
-include graph between them, checked against one layer order (LAYERS, below; README, "Layout").
+include graph between them, checked against one layer order (LAYERS, below; docs/layout.md).
 
 Reads every `#include "..."` of the C, C++ and CUDA sources outside tests/, fuzz/, bench/ and
 examples/, resolves it (from the including file's folder, then from the root) to the room of the

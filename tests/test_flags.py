@@ -1,10 +1,10 @@
 """The one flag table (cmd/flags.c): every subcommand's --help, the bash and zsh completions, the
-man page and README's table list exactly the table's flags (the table read from `sift
+man page and docs/usage.md's table list exactly the table's flags (the table read from `sift
 --list-flags`, never from the outputs compared); every flag of the table runs through every
 subcommand (accepted where it applies, refused naming the subcommands that take it elsewhere);
-the cases of issue 36 with their messages; bench/gpu.sh's and README's command lines still parse
-(SIFT_PARSE_ONLY=1); make install. Parse errors come before any model is loaded, so most cases
-need none."""
+the cases of issue 36 with their messages; the command lines of bench/gpu.sh, bench/bench.sh,
+README.md and every docs/ page still parse (SIFT_PARSE_ONLY=1); docs/usage.md's exit codes; make
+install. Parse errors come before any model is loaded, so most cases need none."""
 import os
 import re
 import shlex
@@ -145,12 +145,14 @@ def test_man_page_lists_the_table(tmp_path):
         assert g.returncode == 0 and g.stderr == "", g.stderr
 
 
-def test_readme_table_is_the_generated_one():
+def test_usage_doc_table_is_the_generated_one():
     r = sift("--help-markdown")
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    m = re.search(r"<!-- flags:begin \(sift --help-markdown\) -->\n(.*?)<!-- flags:end -->", readme, re.S)
-    assert m, "README has no generated flag table"
+    usage = open(os.path.join(ROOT, "docs", "usage.md")).read()
+    m = re.search(r"<!-- flags:begin \(sift --help-markdown\) -->\n(.*?)<!-- flags:end -->", usage, re.S)
+    assert m, "docs/usage.md has no generated flag table"
     assert m.group(1) == r.stdout
+    # the manual holds the one copy: README links to it rather than keeping another
+    assert "flags:begin" not in open(os.path.join(ROOT, "README.md")).read()
     # one row per flag: every long name of the table has its row
     longs = {n for s in SUBS for n in TABLE[s] if n.startswith("--")}
     rows = set(re.findall(r"^\| `(?:-[\w-]+(?: \(bench\))?, )?(--[\w-]+)", r.stdout, re.M))
@@ -423,9 +425,16 @@ def test_gpu_sh_commands_parse():
         assert "warning: --" not in r.stderr, (c, r.stderr)   # no old spelling left
 
 
-def test_readme_and_bench_sh_commands_parse(workdir):
+def doc_paths():
+    """README.md and every page of the manual (docs/*.md)."""
+    docs = sorted(os.path.join("docs", f) for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md"))
+    assert docs, "docs/ has no pages"
+    return ["README.md"] + docs
+
+
+def test_readme_docs_and_bench_sh_commands_parse(workdir):
     lines = []
-    for path in ("README.md", "bench/bench.sh"):
+    for path in doc_paths() + ["bench/bench.sh"]:
         for line in open(os.path.join(ROOT, path)):
             m = re.match(r"^(?:cat \S+ \| )?\./sift (.*)$", line.strip())
             if m:
@@ -581,9 +590,9 @@ def test_every_usage_error_exits_2(tmp_path):
     assert "more than --n-prompt 100 leaves" in r.stderr
 
 
-def test_readme_has_the_exit_codes():
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    table = dict(re.findall(r"^\| (\d[\d, ]*) \| (.*) \|$", readme, re.M))
+def test_usage_doc_has_the_exit_codes():
+    usage = open(os.path.join(ROOT, "docs", "usage.md")).read()
+    table = dict(re.findall(r"^\| (\d[\d, ]*) \| (.*) \|$", usage, re.M))
     assert set(table) == {"0", "1", "2", "130, 143"}, table
     assert "usage" in table["2"] and "SIGINT" in table["130, 143"] and "128 +" in table["130, 143"]
 

@@ -8,7 +8,7 @@ same test:
   and the rows the section exists for are there — every attention kernel (fa2, wmma, flash,
   group, split); for every strategy of the registry and gpu_check's compositions, on both tiny
   models, its logits row and the kept-positions, decode-step-logits and greedy-prefix rows.
-  `--small` scales the shapes to CI (README, "Tests") and leaves the GGUF model to the sift-simt
+  `--small` scales the shapes to CI (docs/tests.md) and leaves the GGUF model to the sift-simt
   tests below; a "skip:" row is gpu_check's own verdict (kept sets that differ on a near-tie make
   logits incomparable).
 * build/sift-simt --device cuda answers `make run`'s prompt with the CPU backend's text, and a

@@ -174,7 +174,7 @@ def test_cuda_takes_bf16_only():
              "-n", 1, "-ctk", "q8_0")
     if "no CUDA backend" in r.stderr:
         pytest.skip("built without nvcc")
-    assert r.returncode == 2   # a cache type the device cannot take: a usage error (README's exit codes)
+    assert r.returncode == 2   # a cache type the device cannot take: a usage error (docs/usage.md's exit codes)
     assert "--cache-type-k q8_0: the cuda backend's KV cache is bf16 only" in r.stderr
     assert sift("bench", "-m", "synthetic:llama-3.2-1b", "--device", "cuda", "--dry-run", "-p", 128,
                 "-n", 1, "-ctk", "bf16", "-ctv", "bf16").returncode == 0

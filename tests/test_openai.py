@@ -13,7 +13,7 @@ field, on the default model at temperature 0 (deterministic) or a fixed seed:
   OpenAI's formula, and the greedy repetition gone;
 - `/v1/completions`: a text_completion object (cmpl- id, text, logprobs null), the raw prompt
   (no chat template), equal to sift's own raw run;
-- every field, URL and method sift does not implement: that line's error, a code from README's
+- every field, URL and method sift does not implement: that line's error, a code from docs/batch.md's
   list, accepted by the openai client's BatchError model, the whole line valid against a JSON
   Schema of the documented Batch output object (written here); the rest of the job answered;
   fields that change nothing (model, user, metadata, defaults, nulls) accepted;
@@ -35,7 +35,7 @@ TOOL_LOGITS = os.path.join(ROOT, "build", "tests", "tool_logits")
 TOOL_TOKENIZE = os.path.join(ROOT, "build", "tests", "tool_tokenize")
 SIFT_SIMT = os.path.join(ROOT, "build", "sift-simt")
 CODES = {"invalid_request", "unsupported_parameter", "unsupported_url", "unsupported_method",
-         "context_length_exceeded", "server_error", "batch_cancelled"}   # README's list
+         "context_length_exceeded", "server_error", "batch_cancelled"}   # docs/batch.md's list
 COUNT = "Count from one to ten in words."
 REPEAT = "one one one one one one one one"   # greedy continues "-to-many-to-many": a repetition
 
@@ -85,7 +85,7 @@ BATCH_OUTPUT = {
         "error": {"oneOf": [{"type": "null"}, {
             "type": "object", "required": ["code", "message"],
             "properties": {"code": {"enum": sorted(CODES)}, "message": {"type": "string"}}}]},
-        # sift's own documented key (README, "Batch jobs"): what --resume compares
+        # sift's own documented key (docs/batch.md): what --resume compares
         "sift": {"type": "object", "required": ["strategy", "request_digest", "options_digest"],
                  "additionalProperties": False,
                  "properties": {"strategy": {"type": "string"},
