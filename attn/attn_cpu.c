@@ -220,7 +220,8 @@ static void decode_rows(enum kv_type kt, enum kv_type vt, float *out, const floa
 
 // Rows j0 .. j0 + n of a K or V buffer of type t (rows of rb bytes) as fp32: f32 rows in place,
 // others decoded into tile (n <= ATTN_KT).
-static const float *rows_f32(enum kv_type t, const char *p, size_t rb, int j0, int n, int hd, float *tile) {
+static const float *rows_f32(enum kv_type t, const char *p, size_t rb, int j0, int n, int hd,
+                             float *tile) {
     if (t == KV_F32) return (const float *)(p + (size_t)j0 * rb);
     kv_rows_decode(t, tile, p + (size_t)j0 * rb, n, hd);
     return tile;
@@ -324,7 +325,8 @@ void attn_causal_cpu(float *out, const float *q, const int *qpos, int n, int hea
             int h = t % heads, i0 = (t / heads) * ATTN_QB;
             int nb = n - i0 < ATTN_QB ? n - i0 : ATTN_QB;
             size_t o = (size_t)i0 * heads * hd + (size_t)h * hd;
-            attn_rows(out + o, q + o, heads * hd, qpos + i0, 1, nb, kg, kt, vg, vt, pg, len, hd, s, tile);
+            attn_rows(out + o, q + o, heads * hd, qpos + i0, 1, nb, kg, kt, vg, vt, pg, len, hd, s,
+                      tile);
         }
     }
     free(scratch);
@@ -350,8 +352,9 @@ void attn_probs_cpu(float *probs, const float *q, const int *qpos, int n, int he
         // P (rows, m) = scale * Q (rows, hd) @ K_g (m, hd)^T, then the masked softmax per row
         for (int j0 = 0; j0 < m; j0 += step) {
             int jn = m - j0 < step ? m - j0 : step;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, jn, hd, scale, q + (size_t)h0 * hd,
-                        ld, rows_f32(kt, kg, krow, j0, jn, hd, tile), hd, 0.0f, p + j0, ldp);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, jn, hd, scale,
+                        q + (size_t)h0 * hd, ld, rows_f32(kt, kg, krow, j0, jn, hd, tile), hd, 0.0f,
+                        p + j0, ldp);
         }
         for (int r = 0; r < rows; r++) masked_softmax(p + (size_t)r * ldp, pg, m, qpos[decode ? 0 : r]);
     }

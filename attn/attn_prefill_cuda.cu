@@ -550,7 +550,7 @@ static void launch_wg(bf16 *out, const attn_cuda_args *a, int2 *mm, cudaStream_t
 }
 
 void attn_fa2_cuda(void *out, const attn_cuda_args *a, int rows_per_warp, float *work,
-                   cudaStream_t st) {   // rows_per_warp 16 (head dim 128), 32, or 64: the warpgroup kernel
+                   cudaStream_t st) {   // rows_per_warp 16 (head dim 128), 32, 64 (wgmma)
     if (a->n == 0) return;
     int tiles = (a->len + BC - 1) / BC;
     int2 *mm = (int2 *)work;

@@ -10,7 +10,8 @@
 
 // Opens libcublasLt of the major version built against ($SIFT_CUBLASLT first); 0 or -1 + err.
 int lt_load(lt_api *lt, char *err, size_t errlen) {
-    const char *names[] = {tunables()->cublaslt, "libcublasLt.so.13", "/usr/local/cuda/lib64/libcublasLt.so.13",
+    const char *names[] = {tunables()->cublaslt, "libcublasLt.so.13",
+                           "/usr/local/cuda/lib64/libcublasLt.so.13",
                            "/usr/local/cuda-13.0/lib64/libcublasLt.so.13"};
     memset(lt, 0, sizeof *lt);
     if (CUDA_EMULATED) lt->so = dlopen(NULL, RTLD_NOW);   // the emulator's own (simt/)

@@ -46,7 +46,8 @@ def occupancy(threads, regs, smem):
 
 
 def kind(k):
-    for name, what in (("attn_fa2_kernel", "prefill"), ("attn_wg_kernel", "prefill"), ("attn_group_kernel", "decode")):
+    for name, what in (("attn_fa2_kernel", "prefill"), ("attn_wg_kernel", "prefill"),
+                       ("attn_group_kernel", "decode")):
         if k.startswith(name):
             return what
     return None

@@ -484,7 +484,8 @@ typedef struct attn_kernel {
 // other; decode group at 64, 128 and 256, split at any other.
 static int attn_kernels(const attn_case *t, attn_kernel *k) {
     const int hd = t->hd, tc = hd == 64 || hd == 128;
-    if (t->n <= SPLIT_MAX_ROWS) return k[0] = (attn_kernel){tc || hd == 256 ? "group" : "split", 0, 0}, 1;
+    if (t->n <= SPLIT_MAX_ROWS)
+        return k[0] = (attn_kernel){tc || hd == 256 ? "group" : "split", 0, 0}, 1;
     if (!tc) return k[0] = (attn_kernel){"flash", 0, 0}, 1;
     int n = 0;
     k[n++] = (attn_kernel){"fa2w", TUN_ATTN_FA2W, 0};
@@ -800,7 +801,8 @@ static void test_attn_speed(backend *bk[2], int N) {
     const attn_kernel runs[] = {{"fa2w", TUN_ATTN_FA2W, 0}, {"wg", TUN_ATTN_WG, 0}, {"group", 0, 0}};
     for (size_t w = 0; w < sizeof runs / sizeof *runs; w++) {
         int pf = w < 2;
-        double sec = time_attention(g, runs[w], o, dq, pf ? pos : &last, pf ? N : 1, heads, L, pf ? 3 : 20);
+        double sec = time_attention(g, runs[w], o, dq, pf ? pos : &last, pf ? N : 1, heads, L,
+                                    pf ? 3 : 20);
         double rate = pf ? 4.0 * heads * hd * (double)N * N / 2 / sec / 1e12
                          : 2.0 * N * kvd * g->elem_bytes / sec / 1e9;
         double ceil = pf ? ceil_tflops : ceil_gbps;
