@@ -2,29 +2,21 @@
 #pragma once
 #include "../weights/kvrow.h"
 
-// Causal attention by position (fp32, CPU).
-// q (n, heads, hd) at qpos (n,); K, V (n_kv_head, cap, hd) with kpos (n_kv_head, cap), len used.
-// Key j of KV head g is visible to query i iff kpos[g][j] <= qpos[i]; head h reads KV head
-// h / (heads / n_kv_head). out (n, heads, hd) = softmax(q.k / sqrt(hd)) @ v over visible keys.
-void attn_causal_cpu(float *out, const float *q, const int *qpos, int n, int heads,
-                     const float *k, const float *v, const int *kpos, int len, int cap,
-                     int n_kv_head, int hd);
+// Causal attention by position (fp32 arithmetic, CPU).
+// q (n, heads, hd) at qpos (n,); K, V (n_kv_head, cap) rows of types kt and vt (weights/kvrow.h;
+// kv_row_bytes each) with kpos (n_kv_head, cap), len used. Key j of KV head g is visible to query
+// i iff kpos[g][j] <= qpos[i]; head h reads KV head h / (heads / n_kv_head).
+// out (n, heads, hd) = softmax(q.k / sqrt(hd)) @ v over visible keys. Both f32: the reference;
+// otherwise the results are those on the decoded cache (a prefill decodes ATTN_KT keys at a time
+// into a tile and multiplies it by sgemm; a decode step converts rows in registers, or decodes one
+// row at a time and takes every query of the group against it).
+void attn_causal_cpu(float *out, const float *q, const int *qpos, int n, int heads, const void *k,
+                     enum kv_type kt, const void *v, enum kv_type vt, const int *kpos, int len,
+                     int cap, int n_kv_head, int hd);
 
 // Attention probabilities (fp32, CPU), for token scoring.
 // probs (n, heads, m) = softmax_j(q_i,h . k_g,j / sqrt(hd)) over the first m keys of KV head
 // g = h / (heads / n_kv_head), restricted to keys visible to query i (kpos <= qpos[i]);
-// invisible keys get probability 0. K (n_kv_head, cap, hd), kpos (n_kv_head, cap).
-void attn_probs_cpu(float *probs, const float *q, const int *qpos, int n, int heads,
-                    const float *k, const int *kpos, int m, int cap, int n_kv_head, int hd);
-
-// The same two over a cache whose K rows are of type kt and V rows of type vt (weights/kvrow.h;
-// K and V (n_kv_head, cap) rows of kv_row_bytes each). Both f32: the functions above. Otherwise a
-// decode step decodes one key (value) row at a time into a row of scratch and takes every query
-// of the group against it; a prefill decodes ATTN_KT keys at a time into a tile and multiplies it
-// by sgemm. The results are those of the fp32 functions on the decoded cache.
-void attn_causal_cpu_typed(float *out, const float *q, const int *qpos, int n, int heads,
-                           const void *k, enum kv_type kt, const void *v, enum kv_type vt,
-                           const int *kpos, int len, int cap, int n_kv_head, int hd);
-void attn_probs_cpu_typed(float *probs, const float *q, const int *qpos, int n, int heads,
-                          const void *k, enum kv_type kt, const int *kpos, int m, int cap,
-                          int n_kv_head, int hd);
+// invisible keys get probability 0. K (n_kv_head, cap) rows of type kt, kpos (n_kv_head, cap).
+void attn_probs_cpu(float *probs, const float *q, const int *qpos, int n, int heads, const void *k,
+                    enum kv_type kt, const int *kpos, int m, int cap, int n_kv_head, int hd);

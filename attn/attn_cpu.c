@@ -57,50 +57,6 @@ static int visible_prefix(const int *kpos, int len, int qmax) {
     return end;
 }
 
-// nb query rows (row r at q + r*ld, position qpos[r * qstride]) against one KV head's keys:
-// out rows (same layout as q) = softmax(q k^T / sqrt(hd), masked by position) v. s: scratch.
-static void attn_rows(float *out, const float *q, int ld, const int *qpos, int qstride, int nb,
-                      const float *k, const float *v, const int *kpos, int len, int hd, float *s) {
-    int qmax = qpos[0];
-    for (int i = 1; i < nb; i++)
-        if (qpos[i * qstride] > qmax) qmax = qpos[i * qstride];
-    int m = visible_prefix(kpos, len, qmax);
-    if (m == 0) {
-        for (int i = 0; i < nb; i++) memset(out + (size_t)i * ld, 0, hd * sizeof(float));
-        return;
-    }
-    float scale = 1.0f / sqrtf((float)hd);
-    if (nb > ATTN_SMALL) {
-        // S (nb, m) = scale * Q (nb, hd) @ K (m, hd)^T
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, m, hd, scale, q, ld, k, hd, 0.0f, s, m);
-        for (int i = 0; i < nb; i++) masked_softmax(s + (size_t)i * m, kpos, m, qpos[i * qstride]);
-        // O (nb, hd) = P (nb, m) @ V (m, hd)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, hd, m, 1.0f, s, m, v, hd, 0.0f, out, ld);
-        return;
-    }
-    // a decode step's few rows: plain loops (sgemm's packing costs more than the product here)
-    for (int i = 0; i < nb; i++) {
-        const float *qi = q + (size_t)i * ld;
-        float *si = s + (size_t)i * m;
-        for (int j = 0; j < m; j++) {
-            const float *kj = k + (size_t)j * hd;
-            float d = 0;
-#pragma omp simd reduction(+ : d)
-            for (int c = 0; c < hd; c++) d += qi[c] * kj[c];
-            si[j] = d * scale;
-        }
-        masked_softmax(si, kpos, m, qpos[i * qstride]);
-        float *oi = out + (size_t)i * ld;
-        memset(oi, 0, (size_t)hd * sizeof(float));
-        for (int j = 0; j < m; j++) {
-            const float p = si[j], *vj = v + (size_t)j * hd;
-            if (p == 0) continue;   // invisible
-#pragma omp simd
-            for (int c = 0; c < hd; c++) oi[c] += p * vj[c];
-        }
-    }
-}
-
 #ifdef ATTN_X86
 // Elements c..c+7 of a stored row of type t as fp32 (hd a multiple of 8; q8_0: c's block scale).
 static inline __attribute__((always_inline)) __m256 load8(enum kv_type t, const char *row, int c) {
@@ -262,12 +218,25 @@ static void decode_rows(enum kv_type kt, enum kv_type vt, float *out, const floa
 #undef DR
 #endif
 
-// attn_rows over typed K and V rows (krow, vrow bytes each; kvrow.h): the same products on the
-// decoded values. tile: scratch of ATTN_KT * hd floats.
-static void attn_rows_typed(float *out, const float *q, int ld, const int *qpos, int qstride,
-                            int nb, const char *k, enum kv_type kt, const char *v, enum kv_type vt,
-                            const int *kpos, int len, int hd, float *s, float *tile) {
-    size_t krow = kv_row_bytes(kt, hd), vrow = kv_row_bytes(vt, hd);
+// Rows j0 .. j0 + n of a K or V buffer of type t (rows of rb bytes) as fp32: f32 rows in place,
+// others decoded into tile (n <= ATTN_KT).
+static const float *rows_f32(enum kv_type t, const char *p, size_t rb, int j0, int n, int hd,
+                             float *tile) {
+    if (t == KV_F32) return (const float *)(p + (size_t)j0 * rb);
+    kv_rows_decode(t, tile, p + (size_t)j0 * rb, n, hd);
+    return tile;
+}
+
+// nb query rows (row r at q + r*ld, position qpos[r * qstride]) against one KV head's keys, K
+// and V rows of types kt and vt (kv_row_bytes each; kvrow.h): out rows (same layout as q) =
+// softmax(q k^T / sqrt(hd), masked by position) v. s: scratch (nb, len); tile: ATTN_KT * hd floats
+// for decoded rows. The fp32 pair (the reference) reads its rows in place: a prefill is one sgemm
+// each way, a decode step the portable loops below.
+static void attn_rows(float *out, const float *q, int ld, const int *qpos, int qstride, int nb,
+                      const char *k, enum kv_type kt, const char *v, enum kv_type vt,
+                      const int *kpos, int len, int hd, float *s, float *tile) {
+    const size_t krow = kv_row_bytes(kt, hd), vrow = kv_row_bytes(vt, hd);
+    const int f32 = kt == KV_F32 && vt == KV_F32;
     int qmax = qpos[0];
     for (int i = 1; i < nb; i++)
         if (qpos[i * qstride] > qmax) qmax = qpos[i * qstride];
@@ -277,36 +246,36 @@ static void attn_rows_typed(float *out, const float *q, int ld, const int *qpos,
         return;
     }
     float scale = 1.0f / sqrtf((float)hd);
-    if (nb > ATTN_SMALL) {   // prefill: tiles of keys, then of values, through sgemm
-        for (int j0 = 0; j0 < m; j0 += ATTN_KT) {
-            int jn = m - j0 < ATTN_KT ? m - j0 : ATTN_KT;
-            kv_rows_decode(kt, tile, k + (size_t)j0 * krow, jn, hd);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, jn, hd, scale, q, ld, tile, hd,
-                        0.0f, s + j0, m);
+    if (nb > ATTN_SMALL) {   // prefill: S (nb, m) = scale Q K^T, softmax, O (nb, hd) = P V, by sgemm
+        const int step = f32 ? m : ATTN_KT;   // keys (values) per product
+        for (int j0 = 0; j0 < m; j0 += step) {
+            int jn = m - j0 < step ? m - j0 : step;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, jn, hd, scale, q, ld,
+                        rows_f32(kt, k, krow, j0, jn, hd, tile), hd, 0.0f, s + j0, m);
         }
         for (int i = 0; i < nb; i++) masked_softmax(s + (size_t)i * m, kpos, m, qpos[i * qstride]);
-        for (int j0 = 0; j0 < m; j0 += ATTN_KT) {
-            int jn = m - j0 < ATTN_KT ? m - j0 : ATTN_KT;
-            kv_rows_decode(vt, tile, v + (size_t)j0 * vrow, jn, hd);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, hd, jn, 1.0f, s + j0, m, tile,
-                        hd, j0 ? 1.0f : 0.0f, out, ld);
+        for (int j0 = 0; j0 < m; j0 += step) {
+            int jn = m - j0 < step ? m - j0 : step;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, hd, jn, 1.0f, s + j0, m,
+                        rows_f32(vt, v, vrow, j0, jn, hd, tile), hd, j0 ? 1.0f : 0.0f, out, ld);
         }
         return;
     }
 #ifdef ATTN_X86
-    if (hd % 8 == 0) {   // converted in registers, no scratch row
+    if (hd % 8 == 0 && !f32) {   // converted in registers, no scratch row
         decode_rows(kt, vt, out, q, ld, qpos, qstride, nb, k, v, kpos, m, hd, s);
         return;
     }
 #endif
-    // a decode step (portable form): each key row decoded once (into L1) for all nb query rows
+    // a decode step's few rows (sgemm's packing costs more than the product here): each key row
+    // read (decoded into L1) once for all nb query rows
     for (int j = 0; j < m; j++) {
-        kv_row_decode(kt, tile, k + (size_t)j * krow, hd);
+        const float *kj = rows_f32(kt, k, krow, j, 1, hd, tile);
         for (int i = 0; i < nb; i++) {
             const float *qi = q + (size_t)i * ld;
             float d = 0;
 #pragma omp simd reduction(+ : d)
-            for (int c = 0; c < hd; c++) d += qi[c] * tile[c];
+            for (int c = 0; c < hd; c++) d += qi[c] * kj[c];
             s[(size_t)i * m + j] = d * scale;
         }
     }
@@ -318,24 +287,24 @@ static void attn_rows_typed(float *out, const float *q, int ld, const int *qpos,
         int any = 0;
         for (int i = 0; i < nb; i++) any |= s[(size_t)i * m + j] != 0;
         if (!any) continue;   // invisible to every row
-        kv_row_decode(vt, tile, v + (size_t)j * vrow, hd);
+        const float *vj = rows_f32(vt, v, vrow, j, 1, hd, tile);
         for (int i = 0; i < nb; i++) {
             const float p = s[(size_t)i * m + j];
             float *oi = out + (size_t)i * ld;
+            if (p == 0) continue;   // invisible to this row
 #pragma omp simd
-            for (int c = 0; c < hd; c++) oi[c] += p * tile[c];
+            for (int c = 0; c < hd; c++) oi[c] += p * vj[c];
         }
     }
 }
 
-void attn_causal_cpu_typed(float *out, const float *q, const int *qpos, int n, int heads,
-                           const void *k, enum kv_type kt, const void *v, enum kv_type vt,
-                           const int *kpos, int len, int cap, int n_kv_head, int hd) {
-    if (kt == KV_F32 && vt == KV_F32) {
-        attn_causal_cpu(out, q, qpos, n, heads, k, v, kpos, len, cap, n_kv_head, hd);
-        return;
-    }
-    int group = heads / n_kv_head, decode = n == 1;
+void attn_causal_cpu(float *out, const float *q, const int *qpos, int n, int heads, const void *k,
+                     enum kv_type kt, const void *v, enum kv_type vt, const int *kpos, int len,
+                     int cap, int n_kv_head, int hd) {
+    int group = heads / n_kv_head;
+    // prefill: a task per (head, block of ATTN_QB queries); decode: a task per KV head, whose
+    // `group` query heads are consecutive rows sharing one position (K and V read once).
+    int decode = n == 1;
     int rows = decode ? group : ATTN_QB;
     int tasks = decode ? n_kv_head : heads * ((n + ATTN_QB - 1) / ATTN_QB);
     size_t krow = kv_row_bytes(kt, hd), vrow = kv_row_bytes(vt, hd);
@@ -351,53 +320,26 @@ void attn_causal_cpu_typed(float *out, const float *q, const int *qpos, int n, i
         const int *pg = kpos + (size_t)g * cap;
         if (decode) {
             size_t o = (size_t)g * group * hd;
-            attn_rows_typed(out + o, q + o, hd, qpos, 0, group, kg, kt, vg, vt, pg, len, hd, s, tile);
+            attn_rows(out + o, q + o, hd, qpos, 0, group, kg, kt, vg, vt, pg, len, hd, s, tile);
         } else {
             int h = t % heads, i0 = (t / heads) * ATTN_QB;
             int nb = n - i0 < ATTN_QB ? n - i0 : ATTN_QB;
             size_t o = (size_t)i0 * heads * hd + (size_t)h * hd;
-            attn_rows_typed(out + o, q + o, heads * hd, qpos + i0, 1, nb, kg, kt, vg, vt, pg, len, hd,
-                            s, tile);
+            attn_rows(out + o, q + o, heads * hd, qpos + i0, 1, nb, kg, kt, vg, vt, pg, len, hd, s,
+                      tile);
         }
     }
     free(scratch);
 }
 
-void attn_causal_cpu(float *out, const float *q, const int *qpos, int n, int heads,
-                     const float *k, const float *v, const int *kpos, int len, int cap,
-                     int n_kv_head, int hd) {
-    int group = heads / n_kv_head;
-    // prefill: a task per (head, block of ATTN_QB queries); decode: a task per KV head, whose
-    // `group` query heads are consecutive rows sharing one position (K and V read once).
-    int decode = n == 1;
-    int rows = decode ? group : ATTN_QB;
-    int tasks = decode ? n_kv_head : heads * ((n + ATTN_QB - 1) / ATTN_QB);
-    size_t per_thread = (size_t)rows * (size_t)(len > 0 ? len : 1);
-    float *scratch = xmalloc((size_t)omp_get_max_threads() * per_thread * sizeof(float));
-#pragma omp parallel for schedule(dynamic)
-    for (int t = 0; t < tasks; t++) {
-        float *s = scratch + (size_t)omp_get_thread_num() * per_thread;
-        int g = decode ? t : (t % heads) / group;
-        const float *kg = k + (size_t)g * cap * hd, *vg = v + (size_t)g * cap * hd;
-        const int *pg = kpos + (size_t)g * cap;
-        if (decode) {
-            size_t o = (size_t)g * group * hd;
-            attn_rows(out + o, q + o, hd, qpos, 0, group, kg, vg, pg, len, hd, s);
-        } else {
-            int h = t % heads, i0 = (t / heads) * ATTN_QB;
-            int nb = n - i0 < ATTN_QB ? n - i0 : ATTN_QB;
-            size_t o = (size_t)i0 * heads * hd + (size_t)h * hd;
-            attn_rows(out + o, q + o, heads * hd, qpos + i0, 1, nb, kg, vg, pg, len, hd, s);
-        }
-    }
-    free(scratch);
-}
-
-void attn_probs_cpu(float *probs, const float *q, const int *qpos, int n, int heads,
-                    const float *k, const int *kpos, int m, int cap, int n_kv_head, int hd) {
+void attn_probs_cpu(float *probs, const float *q, const int *qpos, int n, int heads, const void *k,
+                    enum kv_type kt, const int *kpos, int m, int cap, int n_kv_head, int hd) {
     int group = heads / n_kv_head, decode = n == 1, tasks = decode ? n_kv_head : heads;
     float scale = 1.0f / sqrtf((float)hd);
+    size_t krow = kv_row_bytes(kt, hd);
     if (m <= 0) return;
+    const int step = kt == KV_F32 ? m : ATTN_KT;   // keys per product: f32 rows read in place
+    float *tiles = xmalloc((size_t)omp_get_max_threads() * ATTN_KT * hd * sizeof(float));
     // decode: a task per KV head, its `group` query heads consecutive rows (K read once);
     // otherwise a task per query head over all n rows (row stride `heads` in q and probs)
 #pragma omp parallel for schedule(dynamic) if (tasks > 1)
@@ -405,39 +347,14 @@ void attn_probs_cpu(float *probs, const float *q, const int *qpos, int n, int he
         int g = decode ? t : t / group, h0 = decode ? t * group : t, rows = decode ? group : n;
         int ld = decode ? hd : heads * hd, ldp = decode ? m : heads * m;
         const int *pg = kpos + (size_t)g * cap;
-        float *p = probs + (size_t)h0 * m;
-        // P (rows, m) = scale * Q (rows, hd) @ K_g (m, hd)^T, then the masked softmax per row
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, m, hd, scale, q + (size_t)h0 * hd,
-                    ld, k + (size_t)g * cap * hd, hd, 0.0f, p, ldp);
-        for (int r = 0; r < rows; r++) masked_softmax(p + (size_t)r * ldp, pg, m, qpos[decode ? 0 : r]);
-    }
-}
-
-void attn_probs_cpu_typed(float *probs, const float *q, const int *qpos, int n, int heads,
-                          const void *k, enum kv_type kt, const int *kpos, int m, int cap,
-                          int n_kv_head, int hd) {
-    if (kt == KV_F32) {
-        attn_probs_cpu(probs, q, qpos, n, heads, k, kpos, m, cap, n_kv_head, hd);
-        return;
-    }
-    int group = heads / n_kv_head, decode = n == 1, tasks = decode ? n_kv_head : heads;
-    float scale = 1.0f / sqrtf((float)hd);
-    size_t krow = kv_row_bytes(kt, hd);
-    if (m <= 0) return;
-    float *tiles = xmalloc((size_t)omp_get_max_threads() * ATTN_KT * hd * sizeof(float));
-    // the tasks of attn_probs_cpu; K_g decoded ATTN_KT rows at a time into the thread's tile
-#pragma omp parallel for schedule(dynamic) if (tasks > 1)
-    for (int t = 0; t < tasks; t++) {
-        int g = decode ? t : t / group, h0 = decode ? t * group : t, rows = decode ? group : n;
-        int ld = decode ? hd : heads * hd, ldp = decode ? m : heads * m;
-        const int *pg = kpos + (size_t)g * cap;
         const char *kg = (const char *)k + (size_t)g * cap * krow;
         float *p = probs + (size_t)h0 * m, *tile = tiles + (size_t)omp_get_thread_num() * ATTN_KT * hd;
-        for (int j0 = 0; j0 < m; j0 += ATTN_KT) {
-            int jn = m - j0 < ATTN_KT ? m - j0 : ATTN_KT;
-            kv_rows_decode(kt, tile, kg + (size_t)j0 * krow, jn, hd);
+        // P (rows, m) = scale * Q (rows, hd) @ K_g (m, hd)^T, then the masked softmax per row
+        for (int j0 = 0; j0 < m; j0 += step) {
+            int jn = m - j0 < step ? m - j0 : step;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, jn, hd, scale,
-                        q + (size_t)h0 * hd, ld, tile, hd, 0.0f, p + j0, ldp);
+                        q + (size_t)h0 * hd, ld, rows_f32(kt, kg, krow, j0, jn, hd, tile), hd, 0.0f,
+                        p + j0, ldp);
         }
         for (int r = 0; r < rows; r++) masked_softmax(p + (size_t)r * ldp, pg, m, qpos[decode ? 0 : r]);
     }

@@ -1,19 +1,20 @@
 // attn/attn_cuda.cu — attention on the GPU (see attn_cuda.h), fp32 softmax and accumulation over
-// bf16 q/K/V: the kernel choice (attn_causal_cuda), the first-generation kernels (kept selectable
-// beside the new ones in attn_prefill_cuda.cu and attn_decode_cuda.cu) and the probabilities. Kernels:
-//  - wmma (head dim 64 and 128, many query rows): tensor-core flash attention, two passes (row
-//    max and sum, then P @ V) so that no tensor-core accumulator needs rescaling.
-//  - flash (other head dims): a block = QPB query rows of one head; K/V tiles of 32 keys staged in shared memory;
-//    lanes over keys for the scores, lanes over dims for P @ V, online softmax. No n x len matrix.
-//  - split: a block = one (query row, head, key chunk) (flash-decoding); warps stride over 32-key
-//    tiles; per-chunk partials (max, sum, unnormalised out) merged by the combine kernel.
+// bf16 q/K/V: the kernel choice (attn_causal_cuda), the kernels for the head dimensions the
+// tensor-core ones (attn_prefill_cuda.cu, attn_decode_cuda.cu) do not take, and the probabilities:
+//  - flash (prefill, head dims other than 64 and 128): a block = QPB query rows of one head; K/V
+//    tiles of 32 keys staged in shared memory; lanes over keys for the scores, lanes over dims for
+//    P @ V, online softmax. No n x len matrix.
+//  - split (decode, head dims other than 64, 128 and 256): a block = one (query row, head, key
+//    chunk) (flash-decoding); warps stride over 32-key tiles; per-chunk partials (max, sum,
+//    unnormalised out) merged by the combine kernel (the group kernel's partials too).
 //  - probs: a block per (row, head) writes the masked softmax over the first m keys.
 #include <limits.h>
-#include <mma.h>
-#include <string.h>
 
 #include "../util/cuda_util.cuh"
 #include "attn_cuda.h"
+extern "C" {
+#include "../util/tunables.h"
+}
 
 #define TILE 32             // keys per tile = lanes per warp
 #define WARPS 4             // warps per block
@@ -154,143 +155,6 @@ attn_flash_kernel(bf16 *out, attn_cuda_args a, float scale) {
     }
 }
 
-// ---- tensor-core flash (WMMA) for hd 64 and 128 -------------------------------------------------
-
-#define WQ 64   // query rows per block, 16 per warp
-#define WK 32   // keys per tile
-
-// Stages keys t0 .. t0 + WK of KV head g for the block: positions to kp (INT_MAX past len), K and
-// (when vs) V rows to shared memory (zeros past len). 0, staging no rows, when no key of the tile
-// is visible to the block's queries (positions up to qmax).
-template <int HD>
-__device__ static inline int stage_tile(bf16 (*ks)[HD], bf16 (*vs)[HD], int *kp,
-                                        const attn_cuda_args &a, int g, int t0, int qmax) {
-    if (threadIdx.x < WK) {
-        int j = t0 + threadIdx.x;
-        kp[threadIdx.x] = j < a.len ? a.kpos[(size_t)g * a.cap + j] : INT_MAX;
-    }
-    if (!__syncthreads_or(threadIdx.x < WK && kp[threadIdx.x] <= qmax)) return 0;
-    const uint4 zero = {0, 0, 0, 0};
-    for (int e = threadIdx.x; e < WK * HD / 8; e += blockDim.x) {   // 8 bf16 per 16-byte load
-        int r = e / (HD / 8), c = e % (HD / 8) * 8, j = t0 + r;
-        size_t o = ((size_t)g * a.cap + j) * HD + c;   // 16-byte aligned: HD % 8 == 0
-        *(uint4 *)&ks[r][c] = j < a.len ? *(const uint4 *)((const bf16 *)a.k + o) : zero;
-        if (vs) *(uint4 *)&vs[r][c] = j < a.len ? *(const uint4 *)((const bf16 *)a.v + o) : zero;
-    }
-    __syncthreads();
-    return 1;
-}
-
-// s (16, WK) fp32 = qw (16, HD) @ kt (WK, HD)^T, on the tensor cores
-template <int HD>
-__device__ static inline void tile_scores(float *s, const bf16 *qw, const bf16 *kt) {
-    using namespace nvcuda;
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> qa;
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> kb;   // K^T: (c, j) at kt[j*HD + c]
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-#pragma unroll
-    for (int nn = 0; nn < WK / 16; nn++) {
-        wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            wmma::load_matrix_sync(qa, qw + kk * 16, HD);
-            wmma::load_matrix_sync(kb, kt + nn * 16 * HD + kk * 16, HD);
-            wmma::mma_sync(acc, qa, kb, acc);
-        }
-        wmma::store_matrix_sync(s + nn * 16, acc, WK, wmma::mem_row_major);
-    }
-}
-
-// q (n, heads, HD), K/V (n_kv_head, cap, HD) -> out (n, heads, HD); grid (ceil(n/WQ), heads).
-// Two passes over the keys, so no accumulator ever needs rescaling: pass 1 finds each row's
-// max m and softmax sum l (online, fp32); pass 2 adds (exp(s - m) / l) @ V on the tensor cores.
-// Lanes 2r and 2r + 1 of a warp own row r of its 16 (columns 0-15 and 16-31 of each tile).
-template <int HD>
-__global__ void __launch_bounds__(WARPS * 32)
-attn_wmma_kernel(bf16 *out, attn_cuda_args a, float scale) {
-    using namespace nvcuda;
-    __shared__ __align__(32) bf16 qs[WQ][HD];
-    __shared__ __align__(32) bf16 ks[WK][HD];
-    __shared__ __align__(32) bf16 vs[WK][HD];
-    __shared__ __align__(32) float sw[WARPS][16][WK];   // a warp's scores, then its output
-    __shared__ __align__(32) bf16 pw[WARPS][16][WK];    // a warp's probabilities
-    __shared__ int kp[WK];
-    __shared__ int qmax_s;
-    const int h = blockIdx.y, g = h / (a.heads / a.n_kv_head), i0 = blockIdx.x * WQ;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 2, c0 = lane % 2 * 16;
-    const bf16 *q = (const bf16 *)a.q;
-    for (int e = threadIdx.x; e < WQ * HD; e += blockDim.x) {
-        int rr = e / HD, c = e % HD, i = i0 + rr;
-        qs[rr][c] = i < a.n ? q[((size_t)i * a.heads + h) * HD + c] : __float2bfloat16(0.0f);
-    }
-    if (threadIdx.x == 0) {
-        int mx = INT_MIN;
-        for (int rr = 0; rr < WQ && i0 + rr < a.n; rr++) mx = max(mx, a.qpos[i0 + rr]);
-        qmax_s = mx;
-    }
-    __syncthreads();
-    const int qmax = qmax_s, row = i0 + warp * 16 + r;
-    const int qp = row < a.n ? a.qpos[row] : INT_MIN;
-    float *s = &sw[warp][0][0];
-    float m = -INFINITY, l = 0;
-    for (int t0 = 0; t0 < a.len; t0 += WK) {   // pass 1: row max and sum
-        if (!stage_tile<HD>(ks, nullptr, kp, a, g, t0, qmax)) continue;
-        tile_scores<HD>(s, qs[warp * 16], &ks[0][0]);
-        __syncwarp();
-        float x[16], tmax = -INFINITY;
-#pragma unroll
-        for (int c = 0; c < 16; c++) {
-            x[c] = kp[c0 + c] <= qp ? s[r * WK + c0 + c] * scale : -INFINITY;
-            tmax = fmaxf(tmax, x[c]);
-        }
-        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
-        float mn = fmaxf(m, tmax), sum = 0;
-#pragma unroll
-        for (int c = 0; c < 16; c++) sum += x[c] == -INFINITY ? 0.0f : expf(x[c] - mn);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        l = mn == -INFINITY ? 0.0f : l * expf(m - mn) + sum;   // m = -inf: expf -> 0
-        m = mn;
-        __syncthreads();   // the tile is read; the next may overwrite it
-    }
-    const float inv_l = l > 0 ? 1.0f / l : 0.0f;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> o[HD / 16];
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> pa;
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> vb;
-#pragma unroll
-    for (int d = 0; d < HD / 16; d++) wmma::fill_fragment(o[d], 0.0f);
-    for (int t0 = 0; t0 < a.len; t0 += WK) {   // pass 2: out += P @ V
-        if (!stage_tile<HD>(ks, vs, kp, a, g, t0, qmax)) continue;
-        tile_scores<HD>(s, qs[warp * 16], &ks[0][0]);
-        __syncwarp();
-#pragma unroll
-        for (int c = 0; c < 16; c++) {
-            float p = kp[c0 + c] <= qp && l > 0 ? expf(s[r * WK + c0 + c] * scale - m) * inv_l : 0.0f;
-            pw[warp][r][c0 + c] = __float2bfloat16(p);
-        }
-        __syncwarp();
-#pragma unroll
-        for (int kk = 0; kk < WK / 16; kk++) {
-            wmma::load_matrix_sync(pa, &pw[warp][0][kk * 16], WK);
-#pragma unroll
-            for (int d = 0; d < HD / 16; d++) {
-                wmma::load_matrix_sync(vb, &vs[kk * 16][d * 16], HD);
-                wmma::mma_sync(o[d], pa, vb, o[d]);
-            }
-        }
-        __syncthreads();
-    }
-#pragma unroll
-    for (int d = 0; d < HD / 16; d++) {   // out, a 16x16 chunk at a time through sw
-        wmma::store_matrix_sync(s, o[d], WK, wmma::mem_row_major);
-        __syncwarp();
-        for (int e = lane; e < 256; e += 32) {
-            int rr = e / 16, cc = e % 16, i = i0 + warp * 16 + rr;
-            if (i < a.n) out[((size_t)i * a.heads + h) * HD + d * 16 + cc] = __float2bfloat16(s[rr * WK + cc]);
-        }
-        __syncwarp();
-    }
-}
-
 // Row i, head h, keys [s*chunk, (s+1)*chunk) -> partial work[((i*heads + h)*splits + s)*(hd+2)]
 // = (max, sum, unnormalised out (hd,)); grid (splits, heads, n).
 template <int DPL>
@@ -400,41 +264,18 @@ static int split_count(const attn_cuda_args *a, int n_sm) {
     return s < 1 ? 1 : s;
 }
 
-enum kernel { K_FA2, K_FA2W, K_WG, K_WMMA, K_FLASH, K_GROUP, K_SPLIT };
-static const char *kernel_names[] = {"fa2", "fa2w", "wg", "wmma", "flash", "group", "split"};
+enum kernel { K_FA2, K_FA2W, K_WG, K_FLASH, K_GROUP, K_SPLIT };
 
-// $name when set to one of the choices, else the first choice; an unknown value is an error.
-static int env_choice(const char *name, const char *const *choices, int n) {
-    const char *e = getenv(name);
-    if (!e || !*e) return 0;
-    for (int i = 0; i < n; i++)
-        if (strcmp(e, choices[i]) == 0) return i;
-    fprintf(stderr, "sift: %s=%s: expected one of", name, e);
-    for (int i = 0; i < n; i++) fprintf(stderr, " %s", choices[i]);
-    fprintf(stderr, "\n");
-    exit(2);
-}
-
-// The kernel for a (see attn_cuda.h): decode rows by SIFT_ATTN_DECODE, prefill by
-// SIFT_ATTN_PREFILL, each falling back where the head dimension is not taken. No default path
-// runs wmma (fa2w and fa2 take the same head dims); only SIFT_ATTN_PREFILL=wmma does.
+// The kernel for a (see attn_cuda.h): decode rows by the group kernel where it takes the head
+// dimension, else split; prefill at head dims 64 and 128 by fa2w (fa2 where fa2w's shared memory
+// does not fit the device), or wg with SIFT_ATTN_PREFILL=wg on compute capability 9.0; any other
+// head dimension by flash.
 static enum kernel pick(const attn_cuda_args *a) {
-    if (a->n <= SPLIT_MAX_ROWS) {
-        static const char *const dec[] = {"group", "split"};
-        int k = env_choice("SIFT_ATTN_DECODE", dec, 2);
-        return k == 0 && attn_group_takes(a) ? K_GROUP : K_SPLIT;
-    }
-    static const char *const pre[] = {"fa2w", "fa2", "wg", "wmma", "flash"};
-    int k = env_choice("SIFT_ATTN_PREFILL", pre, 5);
-    if (k == 0 && attn_fa2_takes(a)) return K_FA2W;
-    if (k == 1 && attn_fa2_takes(a)) return K_FA2;
-    if (k == 2 && attn_wg_takes(a)) return K_WG;
-    if (k == 2 && attn_fa2_takes(a)) return K_FA2W;   // wg's head dims on a GPU without wgmma
-    if (k == 3 && (a->hd == 64 || a->hd == 128)) return K_WMMA;
-    return K_FLASH;
+    if (a->n <= SPLIT_MAX_ROWS) return attn_group_takes(a) ? K_GROUP : K_SPLIT;
+    if (!attn_fa2_takes(a)) return K_FLASH;
+    if (tunables()->attn_prefill == TUN_ATTN_WG && attn_wg_takes(a)) return K_WG;
+    return attn_fa2w_fits(a) ? K_FA2W : K_FA2;
 }
-
-const char *attn_cuda_kernel(const attn_cuda_args *a) { return kernel_names[pick(a)]; }
 
 size_t attn_cuda_work_floats(const attn_cuda_args *a, int n_sm) {
     switch (pick(a)) {
@@ -480,12 +321,6 @@ static void launch_causal(bf16 *out, const attn_cuda_args *a, float *work, int n
     launch_combine(out, a, work, splits, st);
 }
 
-template <int HD>
-static void launch_wmma(bf16 *out, const attn_cuda_args *a, cudaStream_t st) {
-    dim3 grid((unsigned)((a->n + WQ - 1) / WQ), (unsigned)a->heads);
-    CUDA_LAUNCH(attn_wmma_kernel<HD>, grid, WARPS * 32, 0, st, out, *a, 1.0f / sqrtf((float)HD));
-}
-
 void attn_causal_cuda(void *out, const attn_cuda_args *a, float *work, int n_sm,
                       cudaStream_t st) {
     check_args(a);
@@ -502,11 +337,9 @@ void attn_causal_cuda(void *out, const attn_cuda_args *a, float *work, int n_sm,
         attn_fa2_cuda(o, a, k == K_WG ? 64 : k == K_FA2W ? 32 : 16, work, st);
     else if (k == K_GROUP) {
         int splits = attn_group_splits(a, n_sm);
-        attn_group_cuda(work, a, splits, st);
+        attn_group_cuda(work, a, NULL, splits, st);
         launch_combine(o, a, work, splits, st);
-    } else if (k == K_WMMA && a->hd == 64) launch_wmma<64>(o, a, st);
-    else if (k == K_WMMA) launch_wmma<128>(o, a, st);
-    else if (a->hd <= 64) launch_causal<2>(o, a, work, n_sm, split, st);
+    } else if (a->hd <= 64) launch_causal<2>(o, a, work, n_sm, split, st);
     else if (a->hd <= 128) launch_causal<4>(o, a, work, n_sm, split, st);
     else launch_causal<8>(o, a, work, n_sm, split, st);
 }
@@ -531,7 +364,7 @@ void attn_decode_multi_cuda(void *out, const attn_cuda_args *a, const attn_cuda_
         exit(3);
     }
     int splits = attn_group_splits(a, n_sm);
-    attn_group_multi_cuda(work, a, rows, splits, st);
+    attn_group_cuda(work, a, rows, splits, st);
     launch_combine((bf16 *)out, a, work, splits, st);
 }
 

@@ -35,13 +35,12 @@ size_t attn_cuda_work_floats(const attn_cuda_args *a, int n_sm);
 
 // out (n, heads, hd) bf16 = causal attention (see above). Few query rows (decode, <= 16) run
 // flash-decoding through `work`; many (prefill) run a tiled flash kernel (no n x len matrix).
-// The kernel for each case is picked per call; environment variables select the older ones
-// (kept beside the new, so a kernel that fails on a device does not stop the rest of a run):
-//   SIFT_ATTN_PREFILL=fa2w (default; head dims 64, 128; 32 query rows per warp) | fa2 (64, 128;
-//   16 rows per warp) | wg (64, 128; wgmma, 64 rows per warpgroup; compute capability 9.0 only,
-//   elsewhere fa2w) | wmma (64, 128) | flash (any)
-//   SIFT_ATTN_DECODE=group (default; head dims 64, 128, 256) | split (any)
-// A head dimension the chosen kernel does not take runs `flash` or `split`.
+// One kernel per case, by head dimension and device:
+//   prefill: head dims 64, 128: fa2w (32 query rows per warp), or fa2 (16) where fa2w's shared
+//   memory does not fit a block (compute capability 8.6, 8.9: head dim 128); SIFT_ATTN_PREFILL=wg
+//   runs wg instead on compute capability 9.0 (wgmma, 64 rows per warpgroup: the candidate for
+//   Hopper, until a device run measures it against fa2w); other head dims: flash (CUDA cores)
+//   decode: head dims 64, 128, 256: group; others: split
 void attn_causal_cuda(void *out, const attn_cuda_args *a, float *work, int n_sm,
                       cudaStream_t stream);
 
@@ -54,14 +53,11 @@ size_t attn_decode_multi_work_floats(const attn_cuda_args *a, int n_sm);
 void attn_decode_multi_cuda(void *out, const attn_cuda_args *a, const attn_cuda_cache *rows,
                             float *work, int n_sm, cudaStream_t stream);
 
-// The kernel attn_causal_cuda runs for a: "fa2", "fa2w", "wg", "wmma", "flash", "group" or
-// "split".
-const char *attn_cuda_kernel(const attn_cuda_args *a);
-
 // -- the kernels' own files (called through attn_causal_cuda) --
 // attn_prefill_cuda.cu: FlashAttention-2 form, mma.sync tiles, 16 or 32 query rows per warp, or
 // (rows_per_warp 64) wgmma tiles of 64 rows per warpgroup; work: attn_fa2_work_floats.
 int attn_fa2_takes(const attn_cuda_args *a);
+int attn_fa2w_fits(const attn_cuda_args *a);
 int attn_wg_takes(const attn_cuda_args *a);
 size_t attn_fa2_work_floats(const attn_cuda_args *a);
 void attn_fa2_cuda(void *out, const attn_cuda_args *a, int rows_per_warp, float *work,
@@ -70,10 +66,9 @@ void attn_fa2_cuda(void *out, const attn_cuda_args *a, int rows_per_warp, float 
 // writes `splits` partials per (row, head) in the layout attn_combine_kernel merges.
 int attn_group_takes(const attn_cuda_args *a);
 int attn_group_splits(const attn_cuda_args *a, int n_sm);
-void attn_group_cuda(float *work, const attn_cuda_args *a, int splits, cudaStream_t stream);
-// the same over one cache per row (rows: device table of a->n entries)
-void attn_group_multi_cuda(float *work, const attn_cuda_args *a, const attn_cuda_cache *rows,
-                           int splits, cudaStream_t stream);
+// rows: NULL (a's cache), or one cache per row (device table of a->n entries)
+void attn_group_cuda(float *work, const attn_cuda_args *a, const attn_cuda_cache *rows, int splits,
+                     cudaStream_t stream);
 
 // probs (n, heads, m) fp32 = softmax of q.k / sqrt(hd) over the first m keys, restricted to the
 // visible ones (invisible keys get 0; a row with none visible is all 0).

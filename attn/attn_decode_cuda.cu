@@ -1,6 +1,6 @@
 // attn/attn_decode_cuda.cu — decode attention (a few query rows over a long cache) by KV group,
-// flash-decoding style (CPU twin: attn_causal in attn_cpu.c; the older per-head split kernel in
-// attn_cuda.cu stays selectable with SIFT_ATTN_DECODE=split):
+// flash-decoding style, for head dims 64, 128 and 256 (CPU twin: attn_causal_cpu in attn_cpu.c;
+// attn_cuda.cu's per-head split kernel takes the others):
 //  - a block = one (key chunk, KV head g) and up to 16 query vectors of that group (every query
 //    head h of g for every row i: 4 per row on Llama 3), so each K/V row is read from memory
 //    once per group, not once per query head;
@@ -234,14 +234,8 @@ static void launch_hd(float *work, const attn_cuda_args *a, int splits, cudaStre
     }
 }
 
-void attn_group_cuda(float *work, const attn_cuda_args *a, int splits, cudaStream_t st) {
-    if (a->hd == 64) launch_hd<64>(work, a, splits, st, NULL);
-    else if (a->hd == 128) launch_hd<128>(work, a, splits, st, NULL);
-    else launch_hd<256>(work, a, splits, st, NULL);
-}
-
-void attn_group_multi_cuda(float *work, const attn_cuda_args *a, const attn_cuda_cache *rows,
-                           int splits, cudaStream_t st) {
+void attn_group_cuda(float *work, const attn_cuda_args *a, const attn_cuda_cache *rows, int splits,
+                     cudaStream_t st) {
     if (a->hd == 64) launch_hd<64>(work, a, splits, st, rows);
     else if (a->hd == 128) launch_hd<128>(work, a, splits, st, rows);
     else launch_hd<256>(work, a, splits, st, rows);

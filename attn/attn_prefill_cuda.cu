@@ -1,8 +1,9 @@
 // attn/attn_prefill_cuda.cu — prefill attention for head dims 64 and 128 in the FlashAttention-2
-// form (CPU twin: attn_causal in attn_cpu.c; the older kernels in attn_cuda.cu stay selectable
-// with SIFT_ATTN_PREFILL=wmma|flash). One pass over the keys; S and P never leave registers:
-//  - a block = 4 warps of 16 ("fa2") or 32 ("fa2w") query rows of one head; keys in tiles of
-//    BC = 64;
+// form (CPU twin: attn_causal_cpu in attn_cpu.c; attn_cuda.cu's flash kernel takes the other head
+// dims). One pass over the keys; S and P never leave registers:
+//  - a block = 4 warps of 32 ("fa2w") query rows of one head, or of 16 ("fa2": where fa2w's
+//    shared memory at head dim 128, 102.5 KiB, exceeds what a block may have, as the 99 KiB of
+//    compute capability 8.6 and 8.9); keys in tiles of BC = 64;
 //  - Q, K, V tiles in shared memory with rows padded by 16 bytes, so every ldmatrix phase (8 rows
 //    x 16 bytes) hits 8 different bank groups; K/V of the next tile arrive by cp.async while the
 //    current one is computed (two buffers);
@@ -26,6 +27,9 @@
 
 #include "../util/cuda_util.cuh"
 #include "attn_cuda.h"
+extern "C" {
+#include "../util/tunables.h"
+}
 
 #define BC 64    // keys per tile
 #define NW 4     // warps per block
@@ -503,17 +507,32 @@ static void launch(bf16 *out, const attn_cuda_args *a, int2 *mm, cudaStream_t st
 
 int attn_fa2_takes(const attn_cuda_args *a) { return a->hd == 64 || a->hd == 128; }
 
-// wgmma runs on compute capability 9.0 only (the sm_90a code); the emulator runs it anywhere
-int attn_wg_takes(const attn_cuda_args *a) {
-    static int cc90 = -1;
-    if (cc90 < 0) {
+// The device's properties, read once.
+static const cudaDeviceProp *device(void) {
+    static cudaDeviceProp p;
+    static bool read;
+    if (!read) {
         int dev = 0;
-        cudaDeviceProp p;
         CUDA_CHECK(cudaGetDevice(&dev));
         CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
-        cc90 = CUDA_EMULATED || (p.major == 9 && p.minor == 0);
+        read = true;
     }
-    return cc90 && (a->hd == 64 || a->hd == 128);
+    return &p;
+}
+
+// wgmma runs on compute capability 9.0 only (the sm_90a code); the emulator runs it anywhere
+int attn_wg_takes(const attn_cuda_args *a) {
+    const cudaDeviceProp *p = device();
+    return (CUDA_EMULATED || (p->major == 9 && p->minor == 0)) && attn_fa2_takes(a);
+}
+
+// fa2w's shared memory against what a block may opt in to (SIFT_CUDA_SMEM_OPTIN overrides the
+// device's figure: gpu_check runs compute capability 8.6's choice on any device); at head dim 64
+// (54.5 KiB) it fits every device sift runs on
+int attn_fa2w_fits(const attn_cuda_args *a) {
+    const int set = tunables()->cuda_smem_optin;
+    const size_t optin = set ? (size_t)set : device()->sharedMemPerBlockOptin;
+    return a->hd == 64 || sizeof(fa2_smem<128, 2>) <= optin;
 }
 
 template <int HD>
@@ -531,7 +550,7 @@ static void launch_wg(bf16 *out, const attn_cuda_args *a, int2 *mm, cudaStream_t
 }
 
 void attn_fa2_cuda(void *out, const attn_cuda_args *a, int rows_per_warp, float *work,
-                   cudaStream_t st) {   // rows_per_warp 16, 32, or 64: the warpgroup kernel
+                   cudaStream_t st) {   // rows_per_warp 16 (head dim 128), 32, 64 (wgmma)
     if (a->n == 0) return;
     int tiles = (a->len + BC - 1) / BC;
     int2 *mm = (int2 *)work;
@@ -542,5 +561,5 @@ void attn_fa2_cuda(void *out, const attn_cuda_args *a, int rows_per_warp, float 
     bf16 *o = (bf16 *)out;
     if (rows_per_warp == 64) a->hd == 64 ? launch_wg<64>(o, a, mm, st) : launch_wg<128>(o, a, mm, st);
     else if (rows_per_warp == 32) a->hd == 64 ? launch<64, 2>(o, a, mm, st) : launch<128, 2>(o, a, mm, st);
-    else a->hd == 64 ? launch<64, 1>(o, a, mm, st) : launch<128, 1>(o, a, mm, st);
+    else launch<128, 1>(o, a, mm, st);   // fa2: head dim 128 only (attn_fa2w_fits)
 }

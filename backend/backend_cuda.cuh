@@ -21,6 +21,7 @@ extern "C" {
 #include "../attn/phi.h"
 #include "../kv/kv.h"
 #include "../util/check.h"
+#include "../util/tunables.h"
 #include "../weights/dequant.h"
 #include "../weights/synthetic.h"
 #include "backend.h"

@@ -10,8 +10,8 @@
 
 // Opens libcublasLt of the major version built against ($SIFT_CUBLASLT first); 0 or -1 + err.
 int lt_load(lt_api *lt, char *err, size_t errlen) {
-    const char *env = getenv("SIFT_CUBLASLT");
-    const char *names[] = {env, "libcublasLt.so.13", "/usr/local/cuda/lib64/libcublasLt.so.13",
+    const char *names[] = {tunables()->cublaslt, "libcublasLt.so.13",
+                           "/usr/local/cuda/lib64/libcublasLt.so.13",
                            "/usr/local/cuda-13.0/lib64/libcublasLt.so.13"};
     memset(lt, 0, sizeof *lt);
     if (CUDA_EMULATED) lt->so = dlopen(NULL, RTLD_NOW);   // the emulator's own (simt/)
@@ -106,11 +106,10 @@ static int plan_init(cuda_impl *c, mm_plan *p, int n, int in, int o, int ldo) {
 // one refused shape is a failed row rather than the end of the run), one line on stderr and no
 // output written.
 static void gemm_refused(int n, int in, int o, const char *why) {
-    const char *soft = getenv("SIFT_CUDA_SOFT_FAIL");
+    const int soft = tunables()->cuda_soft_fail;
     fprintf(stderr, "sift: %s at %s:%d: cuBLASLt: %s for bf16 (%d x %d) @ (%d x %d)^T\n",
-            soft && *soft == '1' ? "error (soft)" : "internal error", __FILE__, __LINE__, why, n,
-            in, o, in);
-    if (!(soft && *soft == '1')) exit(3);
+            soft ? "error (soft)" : "internal error", __FILE__, __LINE__, why, n, in, o, in);
+    if (!soft) exit(3);
 }
 
 // The cached plan for this shape, made (evicting round-robin when full) if new; NULL when

@@ -30,8 +30,8 @@ void cpu_kv_append(backend *b, kv_layer *L, const void *k, const void *v, const 
 void cpu_attention(backend *b, void *out, const void *q, const int *qpos, int n, int heads,
                    const kv_layer *L) {
     (void)b;
-    attn_causal_cpu_typed(out, q, qpos, n, heads, L->k, L->k_type, L->v, L->v_type, L->pos,
-                          L->len, L->cap, L->n_kv_head, L->head_dim);
+    attn_causal_cpu(out, q, qpos, n, heads, L->k, L->k_type, L->v, L->v_type, L->pos, L->len,
+                    L->cap, L->n_kv_head, L->head_dim);
 }
 
 // The sequences spread over the threads (each one's attention then runs on one thread: the
@@ -46,8 +46,8 @@ void cpu_attention_multi(backend *b, int k, void *const *out, const void *const 
 void cpu_attn_probs(backend *b, float *probs, const void *q, const int *qpos, int n,
                     int heads, const kv_layer *L, int m) {
     (void)b;
-    attn_probs_cpu_typed(probs, q, qpos, n, heads, L->k, L->k_type, L->pos, m, L->cap, L->n_kv_head,
-                         L->head_dim);
+    attn_probs_cpu(probs, q, qpos, n, heads, L->k, L->k_type, L->pos, m, L->cap, L->n_kv_head,
+                   L->head_dim);
 }
 
 // L keeps per KV head g the entries idx[g*k + j], moved into buffers of capacity new_cap (rows

@@ -184,9 +184,7 @@ static bk_weight *weight_new(cuda_impl *c, size_t rows, size_t cols) {
 // Whether t stays in its GGUF blocks on the device: a matrix of a type the kernels take
 // (qmatmul_cuda.cu), unless SIFT_CUDA_WEIGHTS=bf16 asks for the bf16 conversion (A/B runs).
 static int keeps_blocks(bk_tensor t) {
-    const char *e = getenv("SIFT_CUDA_WEIGHTS");
-    if (e && strcmp(e, "bf16") == 0) return 0;
-    return t.rows >= 2 && cuda_qtype(t.type) && t.cols % 32 == 0;
+    return !tunables()->cuda_weights_bf16 && t.rows >= 2 && cuda_qtype(t.type) && t.cols % 32 == 0;
 }
 
 // The device storage of a weight: its blocks or its bf16 values.

@@ -623,12 +623,9 @@ qgemm_kernel(bf16 *out, const bf16 *x, const uint8_t *w, size_t row_bytes, int n
     }
 
 // Which decode kernel takes Q4_K, Q5_K, Q6_K and Q8_0: SIFT_CUDA_QGEMV=chunk (qgemv_k_kernel,
-// qgemv_q8_kernel) or group (qgemv_kernel, as every other type); read at each product, so
-// gpu_check and bench/gpu.sh can A/B them in one process.
-static int k_chunks(void) {
-    const char *e = getenv("SIFT_CUDA_QGEMV");
-    return !(e && strcmp(e, "group") == 0);
-}
+// qgemv_q8_kernel) or group (qgemv_kernel, as every other type), until a device run decides per
+// type; read at each product, so gpu_check can A/B them in one process (tunables_edit).
+static int k_chunks(void) { return !tunables()->cuda_qgemv_group; }
 
 // kernel K<T, nv> for nv = 8, 4, 2 or 1 rows of x
 #define LAUNCH_NV(K)                                                                               \
@@ -679,18 +676,18 @@ static void gemm_tiles(cuda_impl *c, bf16 *out, const bf16 *x, const bk_weight *
     CUDA_LAUNCH(qgemm_kernel<T>, grid, 128, smem, c->stream, out, x, w->q, w->row_bytes, n, in, o);
 }
 
-// x rows up to which qgemm_kernel takes a product (more: dequantise + cuBLASLt); 0 sends every
-// product past QV_ROWS to the dequantisation (bench/gpu.sh's A/B)
+// x rows up to which qgemm_kernel takes a product (more: dequantise + cuBLASLt); 0
+// (SIFT_CUDA_QGEMM_ROWS) sends every product past QV_ROWS to the dequantisation (bench/gpu.sh's A/B)
 static int tile_rows(void) {
-    const char *e = getenv("SIFT_CUDA_QGEMM_ROWS");
-    return e && *e ? atoi(e) : QT_ROWS;
+    const int r = tunables()->cuda_qgemm_rows;
+    return r >= 0 ? r : QT_ROWS;
 }
 
 // Rows per dequantised chunk: what the scratch holds, a multiple of 8 (16-byte aligned output
 // columns); SIFT_CUDA_DQ_ROWS overrides it (gpu_check: several chunks on small weights).
 static int chunk_rows(int in) {
-    const char *e = getenv("SIFT_CUDA_DQ_ROWS");
-    int r = e && atoi(e) > 0 ? atoi(e) : (int)(DQ_SCRATCH / (unsigned)in);
+    const int set = tunables()->cuda_dq_rows;
+    int r = set > 0 ? set : (int)(DQ_SCRATCH / (unsigned)in);
     r -= r % 8;
     return r < 8 ? 8 : r;
 }

@@ -86,7 +86,7 @@ if ! "$SIFT" --version >"$OUT/version.txt" 2>&1 || ! [ -x "$CHECK" ]; then
 fi
 row binaries "$(head -c 60 "$OUT/version.txt")" "$SIFT, $CHECK"
 
-# the fragment tables (mma.m16n8k16, ldmatrix x1/x2/x4 .trans), cp.async groups, shuffles, wmma,
+# the fragment tables (mma.m16n8k16, ldmatrix x1/x2/x4 .trans), cp.async groups, shuffles, wgmma,
 # graphs as tests/test_simt.cpp states them: the emulator passes the same checks in make test
 step "PTX tables on the device (test_simt)" 60 tables.log "$TABLES"
 TINY=$PACK/tiny-llama.gguf

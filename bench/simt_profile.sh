@@ -11,7 +11,7 @@
 # directory and writes per kernel: registers, static shared memory, stack and spill bytes.
 # Finally bench/simt_roofline.py joins the two into markdown tables (bench/CUDA.md).
 # Usage: bench/simt_profile.sh [OUTDIR]   (default build/simt_profile; env SAMPLE, NVCC)
-# Takes 3-6 minutes on a 2-core machine at SAMPLE=4 (the wmma prefill kernel dominates).
+# Takes 3-6 minutes on a 2-core machine at SAMPLE=4.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-build/simt_profile}

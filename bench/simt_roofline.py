@@ -46,8 +46,8 @@ def occupancy(threads, regs, smem):
 
 
 def kind(k):
-    for name, what in (("attn_fa2_kernel", "prefill"), ("attn_wg_kernel", "prefill"), ("attn_wmma_kernel", "prefill"),
-                       ("attn_group_kernel", "decode"), ("attn_split_kernel", "decode")):
+    for name, what in (("attn_fa2_kernel", "prefill"), ("attn_wg_kernel", "prefill"),
+                       ("attn_group_kernel", "decode")):
         if k.startswith(name):
             return what
     return None
@@ -93,23 +93,20 @@ def main():
         sh_bytes = p["shared_read_bytes"] + p["shared_write_bytes"]
         req = p["shared_requests"]
         ideal = max(req, sh_bytes / 128)   # one wavefront moves at most 128 bytes
-        mark = " †" if "wmma" in k else ""
         print(f"| `{k}` | {p['launches']} | {p['threads_per_block']} "
               f"| {p['dyn_smem']} + {smem_static} | {r['regs'] if r else '?'} "
               f"| {r['stack'] if r else '?'} / {r['spill'] if r else '?'} "
               f"| {occ[0]} | {occ[1]} | {occ[2]} "
               f"| {p['barriers'] / p['blocks']:.4g} "
-              f"| {p['shared_wavefronts'] / req if req else 0:.3g}{mark} "
-              f"| {p['shared_wavefronts'] / ideal if req else 0:.3g}{mark} "
+              f"| {p['shared_wavefronts'] / req if req else 0:.3g} "
+              f"| {p['shared_wavefronts'] / ideal if req else 0:.3g} "
               f"| {p['global_sectors'] / p['global_requests'] if p['global_requests'] else 0:.3g} "
               f"| {p['global_bytes'] / p['global_sectors'] if p['global_sectors'] else 0:.3g} "
               f"| {fmt(p['global_bytes'] / p['launches'])} |")
         if kind(k):
             rows.append((k, p))
     print("\nvs ideal: wavefronts over max(requests, shared bytes / 128), 1.0 = no bank conflict "
-          "(a 16-byte access by a warp needs 4 wavefronts at best). † wmma fragments are loaded "
-          "and stored element by element by lane 0 in the emulator, so these two ratios are not "
-          "the hardware's for that kernel.")
+          "(a 16-byte access by a warp needs 4 wavefronts at best).")
 
     print("\n| kernel | keys | FLOP/launch | global bytes/launch (emulated) | compulsory bytes "
           "| shared bytes/launch (emulated) | FLOP/global B | FLOP/shared B "

@@ -14,14 +14,13 @@
 //  - wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16 (sm_90a), A from a descriptor or
 //    registers, B from a descriptor; see "wgmma" below for the layouts; fence, commit_group,
 //    wait_group N;
-//  - ex2.approx.ftz.f32; the nvcuda::wmma operations (whole tiles per lane, mma.h).
+//  - ex2.approx.ftz.f32.
 #include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "include/mma.h"
 #include "ptx.h"
 #include "runtime.h"
 
@@ -434,110 +433,4 @@ void simt_wgmma_wait(int n) {
         wgmma_complete(t, g.front());
         g.erase(g.begin());
     }
-}
-
-// ---- nvcuda::wmma
-// ---------------------------------------------------------------------------------
-
-namespace {
-struct wmma_arg {
-    void *frag;
-    const void *p;
-    unsigned ldm;
-    int rows, cols, elem, col_major;
-    const void *site;
-};
-size_t tile_at(const wmma_arg *a, int r, int c) {
-    return ((size_t)(a->col_major ? c : r) * a->ldm + (a->col_major ? r : c)) * a->elem;
-}
-// Lanes must agree on the pointer and stride; lane 0 acts for the warp.
-bool agree(void *const *args, unsigned mask, const char *what) {
-    const wmma_arg *a0 = (const wmma_arg *)args[0];
-    if (mask != 0xffffffffu) {
-        finding_at(op_lane(0), a0->site, "%s needs the whole warp (mask 0x%08x)", what, mask);
-        return false;
-    }
-    for (int l = 1; l < 32; l++) {
-        const wmma_arg *a = (const wmma_arg *)args[l];
-        if (a->p != a0->p || a->ldm != a0->ldm) {
-            finding_at(op_lane(l), a->site, "%s: lane %d passes %p, stride %u; lane 0 %p, %u", what,
-                       l, a->p, a->ldm, a0->p, a0->ldm);
-            return false;
-        }
-    }
-    // the CUDA programming guide's rules for load/store_matrix_sync: a 256-bit aligned pointer,
-    // and ldm a multiple of 8 elements for 16-bit types, of 4 for float (16 bytes either way)
-    if ((uintptr_t)a0->p % 32) {
-        finding_at(op_lane(0), a0->site, "%s pointer %p is not 32-byte aligned", what, a0->p);
-        return false;
-    }
-    if ((size_t)a0->ldm * a0->elem % 16) {
-        finding_at(op_lane(0), a0->site, "%s: ldm %u is not a multiple of %d elements (16 bytes)",
-                   what, a0->ldm, 16 / a0->elem);
-        return false;
-    }
-    return true;
-}
-void wmma_load_op(void *const *args, unsigned mask) {
-    if (!agree(args, mask, "wmma::load_matrix_sync")) return;
-    const wmma_arg *a = (const wmma_arg *)args[0];
-    for (int r = 0; r < a->rows; r++)
-        for (int c = 0; c < a->cols; c++) {
-            const char *src = (const char *)a->p + tile_at(a, r, c);
-            check_access(op_lane(0), src, a->elem, 0, a->site);
-            memcpy((char *)a->frag + ((size_t)r * a->cols + c) * a->elem, src, a->elem);
-        }
-    for (int l = 1; l < 32; l++)
-        memcpy(((wmma_arg *)args[l])->frag, a->frag, (size_t)a->rows * a->cols * a->elem);
-}
-void wmma_store_op(void *const *args, unsigned mask) {
-    if (!agree(args, mask, "wmma::store_matrix_sync")) return;
-    const wmma_arg *a = (const wmma_arg *)args[0];
-    for (int r = 0; r < a->rows; r++)
-        for (int c = 0; c < a->cols; c++) {
-            char *dst = (char *)a->p + tile_at(a, r, c);
-            check_access(op_lane(0), dst, 4, 1, a->site);
-            memcpy(dst, (const float *)a->frag + (size_t)r * a->cols + c, 4);
-        }
-}
-struct wmma_mma_arg {
-    float *d;
-    const __nv_bfloat16 *a, *b;
-    const float *c;
-    int m, n, k;
-};
-void wmma_mma_op(void *const *args, unsigned mask) {
-    if (mask != 0xffffffffu) return;
-    const wmma_mma_arg *x = (const wmma_mma_arg *)args[0];
-    float d[16 * 16];
-    for (int i = 0; i < x->m; i++)
-        for (int j = 0; j < x->n; j++) {
-            float ra[16], rb[16];
-            for (int k = 0; k < x->k; k++)
-                ra[k] = __bfloat162float(x->a[i * x->k + k]), rb[k] = __bfloat162float(x->b[k * x->n + j]);
-            d[i * x->n + j] = simt_tc_dot(x->c[i * x->n + j], ra, 1, rb, 1, x->k);
-        }
-    for (int l = 0; l < 32; l++)
-        memcpy(((wmma_mma_arg *)args[l])->d, d, (size_t)x->m * x->n * sizeof(float));
-}
-} // namespace
-
-void nvcuda::wmma::simt_wmma_load(void *frag, const void *p, unsigned ldm, int rows, int cols,
-                                  int elem, int col_major) {
-    wmma_arg a = {frag, p, ldm, rows, cols, elem, col_major, __builtin_return_address(0)};
-    simt_warp_op("wmma::load_matrix_sync", 0xffffffffu, &a, wmma_load_op);
-}
-void nvcuda::wmma::simt_wmma_store(void *p, const void *frag, unsigned ldm, int rows, int cols,
-                                   int col_major) {
-    wmma_arg a = {(void *)frag, p, ldm, rows, cols, 4, col_major, __builtin_return_address(0)};
-    simt_warp_op("wmma::store_matrix_sync", 0xffffffffu, &a, wmma_store_op);
-}
-void nvcuda::wmma::simt_wmma_mma(float *d, const __nv_bfloat16 *a, const __nv_bfloat16 *b,
-                                 const float *c, int m, int n, int k) {
-    wmma_mma_arg x = {d, a, b, c, m, n, k};
-    simt_warp_op("wmma::mma_sync", 0xffffffffu, &x, wmma_mma_op);
-}
-void nvcuda::wmma::simt_wmma_fill(void *frag, const void *value, int n, int elem) {
-    for (int i = 0; i < n; i++)
-        memcpy((char *)frag + (size_t)i * elem, value, elem);
 }

@@ -21,7 +21,7 @@ struct allocation {
 };
 
 // Checks an access of n bytes at p made by thread t (NULL: the current fiber's thread) for an
-// emulated instruction (ldmatrix, wmma, cp.async): global bounds or shared-memory rules.
+// emulated instruction (ldmatrix, cp.async): global bounds or shared-memory rules.
 void check_access(thread_rec *t, const void *p, size_t n, int write, const void *site);
 // The state space of p for the instructions that name one (ldmatrix .shared, cp.async .shared
 // and .global): the running block's shared memory, or device memory from cudaMalloc.

@@ -1,6 +1,6 @@
 // simt/simt.h — the CUDA that sift's kernels use, emulated on the CPU (the SIMT emulation
 // build: the same .cu sources compiled as C++ by clang++ with simt/include/ in front of the
-// include path, so <cuda_runtime.h>, <cuda_bf16.h>, <mma.h>, <cublasLt.h> and cub's BlockScan
+// include path, so <cuda_runtime.h>, <cuda_bf16.h>, <cublasLt.h> and cub's BlockScan
 // are ours). What lives here: the qualifiers, built-in variables, vector types, barriers and
 // warp-collective operations, atomics, math intrinsics, the kernel launch, and the runtime API
 // (memory, streams, events, graphs). runtime.cpp implements it: every CUDA thread is a fiber,

@@ -471,10 +471,36 @@ static float *kv_rows(backend *b, const kv_layer *L, const void *p) {
     return out;
 }
 
-// The kernels the CUDA backend can run for a case (attn_cuda.h), picked by environment variable.
-static const char *const prefill_kernels[] = {"fa2", "fa2w", "wg", "wmma", "flash"};
-static const char *const decode_kernels[] = {"group", "split"};
+// A kernel the CUDA backend runs for a case (attn_cuda.h), and the tunables that make it run.
+typedef struct attn_kernel {
+    const char *name;
+    int prefill, smem_optin;   // tunables' attn_prefill and cuda_smem_optin
+} attn_kernel;
 #define SPLIT_MAX_ROWS 16   // attn_cuda.cu: up to this many query rows run a decode kernel
+#define SM86_OPTIN 101376   // 99 KiB: a block's shared memory at most on compute capability 8.6, 8.9
+
+// The kernels for case t, each with its tunables (at most 3): prefill at head dims 64 and 128
+// fa2w, fa2 (at 128: a block's shared memory as on compute capability 8.6) and wg; flash at any
+// other; decode group at 64, 128 and 256, split at any other.
+static int attn_kernels(const attn_case *t, attn_kernel *k) {
+    const int hd = t->hd, tc = hd == 64 || hd == 128;
+    if (t->n <= SPLIT_MAX_ROWS)
+        return k[0] = (attn_kernel){tc || hd == 256 ? "group" : "split", 0, 0}, 1;
+    if (!tc) return k[0] = (attn_kernel){"flash", 0, 0}, 1;
+    int n = 0;
+    k[n++] = (attn_kernel){"fa2w", TUN_ATTN_FA2W, 0};
+    if (hd == 128) k[n++] = (attn_kernel){"fa2", TUN_ATTN_FA2W, SM86_OPTIN};
+    k[n++] = (attn_kernel){"wg", TUN_ATTN_WG, 0};
+    return n;
+}
+
+// Sets the tunables that run kernel k (tunables_edit); returns what they were.
+static attn_kernel attn_kernel_set(attn_kernel k) {
+    sift_tunables *tn = tunables_edit();
+    attn_kernel was = {NULL, tn->attn_prefill, tn->cuda_smem_optin};
+    tn->attn_prefill = k.prefill, tn->cuda_smem_optin = k.smem_optin;
+    return was;
+}
 
 static void test_attention(backend *bk[2], const attn_case *t) {
     // each case's data from its own seed: a check added elsewhere must not change what the
@@ -494,10 +520,9 @@ static void test_attention(backend *bk[2], const attn_case *t) {
         for (int c = 0; p > qmin && c < kvd; c++)
             v[(size_t)j * kvd + c] *= 64;
     }
-    int decode = t->n <= SPLIT_MAX_ROWS, n_var = decode ? 2 : 5;
-    const char *const *vars = decode ? decode_kernels : prefill_kernels;
-    const char *env = decode ? "SIFT_ATTN_DECODE" : "SIFT_ATTN_PREFILL";
-    float *kc[2], *vc[2], *out[2][5], *pr[2][2];
+    attn_kernel vars[3], was = {0};
+    const int n_var = attn_kernels(t, vars);
+    float *kc[2], *vc[2], *out[2][3], *pr[2][2];
     int len = 0, m[2], *posr[2];
     for (int b = 0; b < 2; b++) {
         backend *B = bk[b];
@@ -510,12 +535,12 @@ static void test_attention(backend *bk[2], const attn_case *t) {
             memcpy(posr[b] + (size_t)g * len, L->pos + (size_t)g * L->cap, (size_t)len * sizeof(int));
         void *dq = upload(B, q, t->n, qd), *o = B->alloc(B, (size_t)t->n * qd);
         for (int w = 0; w < (b == GPU ? n_var : 1); w++) {   // the CPU twin once, each GPU kernel
-            setenv(env, vars[w], 1);
+            was = attn_kernel_set(vars[w]);
             poison(B, o, t->n, qd);
             B->attention(B, o, dq, qpos, t->n, t->heads, L);
             out[b][w] = download(B, o, (size_t)t->n * qd);
+            attn_kernel_set(was);
         }
-        unsetenv(env);
         m[0] = len, m[1] = len / 2;
         for (int w = 0; w < 2; w++) {
             size_t np = (size_t)t->n * t->heads * m[w];
@@ -534,7 +559,7 @@ static void test_attention(backend *bk[2], const attn_case *t) {
     report_rows(t->keep ? "kv_append+kv_keep V" : "kv_append V", shape, vc[GPU], vc[CPU], kvn, len * t->nkv, TOL);
     for (int w = 0; w < n_var; w++) {
         char name[40];
-        snprintf(name, sizeof name, "attention [%s]", vars[w]);
+        snprintf(name, sizeof name, "attention [%s]", vars[w].name);
         report_rows(name, shape, out[GPU][w], out[CPU][0], rows * t->hd, rows, TOL);
     }
     for (int w = 0; w < 2; w++) {
@@ -735,18 +760,18 @@ static double now_s(void) {
     return (double)t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-// Seconds per call of attention (n rows at positions qpos over layer L) with kernel `kind` of
-// `env`; the stream is drained by a one-element download.
-static double time_attention(backend *g, const char *env, const char *kind, void *o, const void *q,
-                             const int *qpos, int n, int heads, const kv_layer *L, int reps) {
-    setenv(env, kind, 1);
+// Seconds per call of attention (n rows at positions qpos over layer L) with kernel k; the
+// stream is drained by a one-element download.
+static double time_attention(backend *g, attn_kernel k, void *o, const void *q, const int *qpos,
+                             int n, int heads, const kv_layer *L, int reps) {
+    attn_kernel was = attn_kernel_set(k);
     float one;
     g->attention(g, o, q, qpos, n, heads, L);   // warm-up (plans, shared-memory opt-in)
     g->to_host(g, &one, o, 1);
     double t0 = now_s();
     for (int r = 0; r < reps; r++) g->attention(g, o, q, qpos, n, heads, L);
     g->to_host(g, &one, o, 1);
-    unsetenv(env);
+    attn_kernel_set(was);
     return (now_s() - t0) / reps;
 }
 
@@ -772,21 +797,17 @@ static void test_attn_speed(backend *bk[2], int N) {
     void *dk = upload(g, kh, N, kvd), *dv = upload(g, vh, N, kvd), *dq = upload(g, qh, N, qd);
     void *o = g->alloc(g, (size_t)N * qd);
     g->kv_append(g, L, dk, dv, pos, N);
-    // fa2, fa2w, wg and wmma on N causal rows (the CUDA-core flash kernel is far slower), group
-    // and split on one row
-    struct { const char *env, *kind; int prefill; } runs[] = {
-        {"SIFT_ATTN_PREFILL", prefill_kernels[0], 1}, {"SIFT_ATTN_PREFILL", prefill_kernels[1], 1},
-        {"SIFT_ATTN_PREFILL", prefill_kernels[2], 1}, {"SIFT_ATTN_PREFILL", prefill_kernels[3], 1},
-        {"SIFT_ATTN_DECODE", decode_kernels[0], 0}, {"SIFT_ATTN_DECODE", decode_kernels[1], 0}};
+    // fa2w and wg (its A/B on Hopper) on N causal rows, group on one row
+    const attn_kernel runs[] = {{"fa2w", TUN_ATTN_FA2W, 0}, {"wg", TUN_ATTN_WG, 0}, {"group", 0, 0}};
     for (size_t w = 0; w < sizeof runs / sizeof *runs; w++) {
-        int pf = runs[w].prefill;
-        double sec = time_attention(g, runs[w].env, runs[w].kind, o, dq, pf ? pos : &last,
-                                    pf ? N : 1, heads, L, pf ? 3 : 20);
+        int pf = w < 2;
+        double sec = time_attention(g, runs[w], o, dq, pf ? pos : &last, pf ? N : 1, heads, L,
+                                    pf ? 3 : 20);
         double rate = pf ? 4.0 * heads * hd * (double)N * N / 2 / sec / 1e12
                          : 2.0 * N * kvd * g->elem_bytes / sec / 1e9;
         double ceil = pf ? ceil_tflops : ceil_gbps;
         char name[40], v1[16], v2[16];
-        snprintf(name, sizeof name, "attn %s [%s]", pf ? "prefill" : "decode", runs[w].kind);
+        snprintf(name, sizeof name, "attn %s [%s]", pf ? "prefill" : "decode", runs[w].name);
         snprintf(v1, sizeof v1, pf ? "%.1f TF/s" : "%.0f GB/s", rate);
         snprintf(v2, sizeof v2, "%.0f %%", ceil > 0 ? 100 * rate / ceil : 0.0);
         printf("| %-22s | %-44s | %9s | %9s | %7.3f ms | %7s | info: %s |\n", name, shape, v1, v2,
@@ -830,8 +851,9 @@ static void test_qmatmul_speed(backend *bk[2]) {
         bk_weight *w = g->weight(g, (bk_tensor){type, blocks, (size_t)out, (size_t)in, 0});
         float *xh = rand_host((size_t)n * in, 1);
         void *x = upload(g, xh, n, in), *o = g->alloc(g, (size_t)n * out);
-        if (strcmp(runs[k].kernel, "dq") == 0) setenv("SIFT_CUDA_QGEMM_ROWS", "0", 1);
-        else setenv("SIFT_CUDA_QGEMV", runs[k].kernel, 1);
+        sift_tunables *tn = tunables_edit(), was = *tn;
+        if (strcmp(runs[k].kernel, "dq") == 0) tn->cuda_qgemm_rows = 0;
+        else tn->cuda_qgemv_group = strcmp(runs[k].kernel, "group") == 0;
         float one;
         g->matmul(g, o, x, w, NULL, n, in, out);   // warm-up
         g->to_host(g, &one, o, 1);
@@ -840,7 +862,7 @@ static void test_qmatmul_speed(backend *bk[2]) {
         for (int r = 0; r < reps; r++) g->matmul(g, o, x, w, NULL, n, in, out);
         g->to_host(g, &one, o, 1);
         double sec = (now_s() - t0) / reps, gbps = bytes / sec / 1e9;
-        unsetenv("SIFT_CUDA_QGEMV"), unsetenv("SIFT_CUDA_QGEMM_ROWS");
+        *tn = was;
         char name[40], shape[64], v1[16], v2[16];
         snprintf(name, sizeof name, "%s [%s] %s", n <= 16 ? "qgemv" : "qgemm", runs[k].kernel, gguf_type_name(type));
         snprintf(shape, sizeof shape, "(%d x %d) @ (%d x %d)^T, %.1f MB", n, in, out, in, bytes / 1e6);
@@ -1398,9 +1420,10 @@ static void test_weight_type(backend *bk[2], uint32_t type, int rows, int cols, 
         float *x = rand_host((size_t)n * cols, 1);
         snprintf(name, sizeof name, "weight %s: matmul%s%s", gguf_type_name(type), tag, dq ? " [dq]" : "");
         snprintf(shape, sizeof shape, "(%d x %d) @ (%d x %d)^T", n, cols, rows, cols);
-        if (dq) setenv("SIFT_CUDA_DQ_ROWS", "16", 1), setenv("SIFT_CUDA_QGEMM_ROWS", "0", 1);
+        sift_tunables *tn = tunables_edit(), was = *tn;
+        if (dq) tn->cuda_dq_rows = 16, tn->cuda_qgemm_rows = 0;
         check_op(bk, name, shape, op_matmul, &c, &x, (const int[][2]){{n, cols}}, 1, n, rows);
-        unsetenv("SIFT_CUDA_DQ_ROWS"), unsetenv("SIFT_CUDA_QGEMM_ROWS");
+        *tn = was;
         if (n <= 16 && type != GGML_F16 && type != GGML_BF16) check_int8_bound(bk[GPU], c.w[GPU], deq, x, n, rows, cols, type, tag);
         free(x);
     }
@@ -1425,16 +1448,17 @@ static void test_weight_types(backend *bk[2]) {
     // blocks of 32 (the Q8_0 kernel's warp takes 16 a step, KU = 8 steps at one row of x, 4 at
     // two: full rounds, then 17 blocks; odd and even blocks, whose quants start 4-aligned or not)
     static const char *kernels[] = {"chunk", "group"};
+    const int was = tunables()->cuda_qgemv_group;
     for (int k = 0; k < 2; k++) {
         char tag[16];
         snprintf(tag, sizeof tag, " [%s]", kernels[k]);
-        setenv("SIFT_CUDA_QGEMV", kernels[k], 1);
+        tunables_edit()->cuda_qgemv_group = k;
         test_weight_type(bk, GGML_Q4_K, 37, 19 * 256, tag);
         test_weight_type(bk, GGML_Q5_K, 37, 19 * 256, tag);
         test_weight_type(bk, GGML_Q6_K, 37, 19 * 256, tag);
         test_weight_type(bk, GGML_Q8_0, 37, 145 * 32, tag);
     }
-    unsetenv("SIFT_CUDA_QGEMV");
+    tunables_edit()->cuda_qgemv_group = was;
 }
 
 static void test_ops(backend *bk[2]) {
@@ -1458,8 +1482,8 @@ static void test_ops(backend *bk[2]) {
     test_fused(bk, 3, 96, 36, 12, 60, 0);      // one element per thread
 }
 
-// Prefill cases (more than 16 query rows) run every prefill kernel, decode cases every decode
-// kernel (see test_attention).
+// Each case runs every kernel the backend may pick for its rows and head dimension (attn_kernels);
+// every kernel has a trap case.
 static void test_attention_cases(backend *bk[2]) {
     static const attn_case cases[] = {
         {"prefill GQA 6/2 hd64 causal", 6, 2, 64, 200, 1, 0, 200, 0, 1, 0},
@@ -1472,6 +1496,7 @@ static void test_attention_cases(backend *bk[2]) {
         {"prefill hd256 row w/o keys", 4, 1, 256, 70, 1, 0, 40, -3, 5, 0},
         {"prefill MHA hd96 gap3 kept", 3, 3, 96, 150, 3, 60, 20, 10, 17, 0},
         {"prefill hd10 (not 16-byte rows)", 2, 1, 10, 90, 1, 0, 40, 0, 2, 0},
+        {"prefill GQA 4/2 hd96 trap", 4, 2, 96, 600, 1, 0, 130, 470, 1, 1},
         {"decode hd128 len5000 gap2", 8, 2, 128, 5000, 1, 0, 1, 20000, 1, 0},
         {"decode hd128 masked rows", 8, 2, 128, 3000, 1, 0, 3, 1000, 700, 0},
         {"decode GQA 8/2 hd64 kept trap", 8, 2, 64, 2000, 3, 700, 4, 3000, 1100, 1},
@@ -1481,6 +1506,8 @@ static void test_attention_cases(backend *bk[2]) {
         {"decode hd256 len3000 trap", 8, 2, 256, 3000, 1, 0, 2, 2990, 5, 1},
         {"decode GQA 8/2 hd128 len70000", 8, 2, 128, 70000, 1, 0, 1, 70000, 1, 0},
         {"decode hd36 (not 16-byte rows)", 4, 2, 36, 500, 1, 0, 2, 400, 50, 0},
+        {"decode GQA 8/2 hd96 kept trap", 8, 2, 96, 2000, 3, 700, 4, 3000, 1100, 1},
+        {"decode 16 rows hd160 trap", 4, 1, 160, 2000, 1, 0, 16, 1990, 1, 1},
     };
     // --small: the same kinds of case on fewer keys and rows (prefill 400, decode 1,500), except
     // one decode row past 65,536 keys
@@ -1495,6 +1522,7 @@ static void test_attention_cases(backend *bk[2]) {
         {"prefill hd256 row w/o keys", 4, 1, 256, 70, 1, 0, 40, -3, 5, 0},
         {"prefill MHA hd96 gap3 kept", 3, 3, 96, 150, 3, 60, 20, 10, 17, 0},
         {"prefill hd10 (not 16-byte rows)", 2, 1, 10, 90, 1, 0, 40, 0, 2, 0},
+        {"prefill GQA 4/2 hd96 trap", 4, 2, 96, 300, 1, 0, 130, 170, 1, 1},
         {"decode hd128 len1500 gap2", 8, 2, 128, 1500, 1, 0, 1, 6000, 1, 0},
         {"decode hd128 masked rows", 8, 2, 128, 1500, 1, 0, 3, 500, 350, 0},
         {"decode GQA 8/2 hd64 kept trap", 8, 2, 64, 1200, 3, 500, 4, 1800, 700, 1},
@@ -1504,6 +1532,8 @@ static void test_attention_cases(backend *bk[2]) {
         {"decode hd256 len1500 trap", 8, 2, 256, 1500, 1, 0, 2, 1490, 5, 1},
         {"decode GQA 8/2 hd128 len70000", 8, 2, 128, 70000, 1, 0, 1, 70000, 1, 0},
         {"decode hd36 (not 16-byte rows)", 4, 2, 36, 500, 1, 0, 2, 400, 50, 0},
+        {"decode GQA 8/2 hd96 kept trap", 8, 2, 96, 1200, 3, 500, 4, 1800, 700, 1},
+        {"decode 16 rows hd160 trap", 4, 1, 160, 800, 1, 0, 16, 790, 1, 1},
     };
     const attn_case *list = small ? small_cases : cases;
     size_t n = small ? sizeof small_cases / sizeof *small_cases : sizeof cases / sizeof *cases;
@@ -1549,7 +1579,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "gpu_check: --only %s: expected ops, attention, topk, phi, decode, models, gguf or speed\n", only);
         return 2;
     }
-    setenv("SIFT_CUDA_SOFT_FAIL", "1", 1);   // a GEMM cuBLASLt refuses: a failed row, not the end
+    tunables_edit()->cuda_soft_fail = 1;   // a GEMM cuBLASLt refuses: a failed row, not the end
     backend *bk[2] = {backend_cpu_create(0, BK_WEIGHTS_F32), self ? backend_cpu_create(0, BK_WEIGHTS_F32)
                                                    : backend_cuda_create(msg, sizeof msg)};
     if (!bk[GPU]) {

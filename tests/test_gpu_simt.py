@@ -5,7 +5,7 @@ same test:
 
 * build/tests/gpu_check-simt --small --only SECTION, one test per section (ops, attention, topk,
   phi, decode, models) so that a failure names its section: exit 0, "N passed, 0 failed", no FAIL row,
-  and the rows the section exists for are there — every attention kernel (fa2, wmma, flash,
+  and the rows the section exists for are there — every attention kernel (fa2w, fa2, wg, flash,
   group, split); for every strategy of the registry and gpu_check's compositions, on both tiny
   models, its logits row and the kept-positions, decode-step-logits and greedy-prefix rows.
   `--small` scales the shapes to CI (docs/tests.md) and leaves the GGUF model to the sift-simt
@@ -111,12 +111,12 @@ def test_gpu_check_section(section):
         for t in ("F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"):
             assert {f"weight {t}: embed", f"weight {t}: matmul"} <= checks, t
     elif section == "attention":
-        for k in ("fa2", "fa2w", "wg", "wmma", "flash", "group", "split"):
+        for k in ("fa2", "fa2w", "wg", "flash", "group", "split"):
             assert f"attention [{k}]" in checks, k
         for c in ("kv_append K", "kv_append V", "kv_append+kv_keep K", "attn_probs"):
             assert c in checks, c
         trap = {c for c, s, _ in table if c.startswith("attention [") and "trap" in s}
-        assert len(trap) == 7, trap   # every kernel has a case with keys it must not see
+        assert len(trap) == 6, trap   # every kernel has a case with keys it must not see
     elif section == "topk":
         assert sum(c == "attn_topk (share agreeing)" for c, _, _ in table) >= 4
     elif section == "phi":
@@ -349,7 +349,7 @@ def test_fit_phi_logging_prefill_on_cuda(tmp_path):
 
 @needs_check
 def test_attention_bounds_hold_under_truncating_tensor_cores():
-    """The attention checks under SIMT_TC_ACCUM=trunc: mma.sync and wmma accumulate as the
+    """The attention checks under SIMT_TC_ACCUM=trunc: mma.sync and wgmma accumulate as the
     truncating block FMA measured on NVIDIA tensor cores (simt/ptx.cpp), not fp32 round to nearest;
     every kernel's rows must stay within the bounds the default mode passes."""
     p = subprocess.run([GPU_CHECK, "--small", "--only", "attention"], cwd=ROOT, capture_output=True,

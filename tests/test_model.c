@@ -51,11 +51,11 @@ static void test_attention_hand(void) {
     float q[4] = {1, 0, 0, 0}, k[8] = {0, 0, 0, 0, 2 * logf(3), 0, 0, 0};
     float v[8] = {4, 4, 4, 4, 8, 8, 8, 8}, out[4];
     int qpos[1] = {5}, kpos[2] = {0, 3};
-    attn_causal_cpu(out, q, qpos, 1, 1, k, v, kpos, 2, 2, 1, 4);
+    attn_causal_cpu(out, q, qpos, 1, 1, k, KV_F32, v, KV_F32, kpos, 2, 2, 1, 4);
     for (int c = 0; c < 4; c++) CHECK_CLOSE(out[c], 7.0, 1e-6);
     // the second key in the future of the query: only the first is visible -> 4
     qpos[0] = 2;
-    attn_causal_cpu(out, q, qpos, 1, 1, k, v, kpos, 2, 2, 1, 4);
+    attn_causal_cpu(out, q, qpos, 1, 1, k, KV_F32, v, KV_F32, kpos, 2, 2, 1, 4);
     CHECK_CLOSE(out[0], 4.0, 1e-6);
 }
 
@@ -73,7 +73,7 @@ static void test_attention_random(int n, int len) {
     for (int g = 0; g < hkv; g++)
         for (int j = 0; j < cap; j++) kpos[g * cap + j] = j * (g + 2);
     for (int i = 0; i < n; i++) qpos[i] = (int)((i + 1) * (2.0 * len / n)) + (i % 3);
-    attn_causal_cpu(out, q, qpos, n, heads, k, v, kpos, len, cap, hkv, hd);
+    attn_causal_cpu(out, q, qpos, n, heads, k, KV_F32, v, KV_F32, kpos, len, cap, hkv, hd);
     attn_ref(ref, q, qpos, n, heads, k, v, kpos, len, cap, hkv, hd);
     double worst = 0;
     for (int i = 0; i < n * heads * hd; i++) worst = fmax(worst, fabs(out[i] - ref[i]));

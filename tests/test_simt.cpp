@@ -4,11 +4,10 @@
 // implements). Without arguments: the PTX fragment tables, restated here from the PTX
 // ISA ("Matrix fragments for mma.m16n8k16 with floating point type", "ldmatrix") and checked
 // against what the emulated instructions deliver, on values that identify every element; cp.async
-// group semantics; shuffles, barriers with a predicate, shared atomics, wmma, BlockScan, graph
+// group semantics; shuffles, barriers with a predicate, shared atomics, BlockScan, graph
 // capture and replay. With `--case NAME`: one kernel bug the checkers must report (tests/
 // test_simt.py runs each and reads the report); `--list` names them.
 #include <cub/block/block_scan.cuh>
-#include <mma.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -417,44 +416,6 @@ static void test_shfl_table() {
     free(h);
 }
 
-// nvcuda::wmma: D (16x16) = A (16x16, row-major) B (16x16, column-major) + C.
-__global__ void wmma_kernel(float *D, const __nv_bfloat16 *A, const __nv_bfloat16 *B,
-                            const float *C) {
-    using namespace nvcuda;
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
-    wmma::load_matrix_sync(a, A, 16);
-    wmma::load_matrix_sync(b, B, 16);
-    wmma::load_matrix_sync(c, C, 16, wmma::mem_row_major);
-    wmma::mma_sync(c, a, b, c);
-    wmma::store_matrix_sync(D, c, 16, wmma::mem_row_major);
-}
-
-static void test_wmma() {
-    __nv_bfloat16 A[256], B[256];
-    float a[256], b[256], C[256], D[256];
-    for (int i = 0; i < 256; i++) {
-        a[i] = (float)(i % 7 - 3), b[i] = (float)(i % 5 - 2), C[i] = (float)(i % 3);
-        A[i] = __float2bfloat16_rn(a[i]), B[i] = __float2bfloat16_rn(b[i]);
-    }
-    __nv_bfloat16 *dA = dev<__nv_bfloat16>(256), *dB = dev<__nv_bfloat16>(256);
-    float *dC = dev<float>(256), *dD = dev<float>(256);
-    up(dA, A, 256), up(dB, B, 256), up(dC, C, 256);
-    CUDA_LAUNCH(wmma_kernel, 1, 32, 0, 0, dD, dA, dB, dC);
-    down(D, dD, 256);
-    int bad = 0;
-    for (int i = 0; i < 16; i++)
-        for (int j = 0; j < 16; j++) {
-            float s = C[i * 16 + j];
-            for (int k = 0; k < 16; k++)
-                s += a[i * 16 + k] * b[j * 16 + k]; // B column-major
-            bad += D[i * 16 + j] != s;
-        }
-    EXPECT(bad == 0, "wmma 16x16x16: %d of 256 outputs wrong", bad);
-    cudaFree(dA), cudaFree(dB), cudaFree(dC), cudaFree(dD);
-}
-
 __global__ void inc_kernel(int *x, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += i;
@@ -575,13 +536,6 @@ __global__ void cp_async_src_shared_kernel(int *out) {   // cp.async's source is
     cp_async_wait<0>();
     out[threadIdx.x] = s[1][0];
 }
-__global__ void wmma_misaligned_kernel(float *out, const __nv_bfloat16 *A, int offset, unsigned ldm) {
-    using namespace nvcuda;
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
-    wmma::load_matrix_sync(a, A + offset, ldm);
-    out[threadIdx.x] = __bfloat162float(a.x[0]);
-}
-
 // wgmma's planted bugs: B overwritten by another warpgroup before the issuing one waits; a
 // descriptor past the launch's shared memory (what 1), or starting inside it and running past its
 // end beyond the issuing warp's quarter of B (what 3); a block that is not whole warpgroups
@@ -652,13 +606,7 @@ static int run_case(const char *name) {
         CUDA_LAUNCH(wgmma_case_kernel, 1, what == 2 ? 96 : 256, 4096, 0, d, what);
     } else if (!strcmp(name, "ldnc-shared"))
         CUDA_LAUNCH(ldnc_shared_kernel, 1, 32, 0, 0, d);
-    else if (!strcmp(name, "wmma-misaligned") || !strcmp(name, "wmma-ldm")) {
-        __nv_bfloat16 *A = dev<__nv_bfloat16>(16 * 32 + 16);
-        CUDA_CHECK(cudaMemset(A, 0, (16 * 32 + 16) * sizeof(__nv_bfloat16)));
-        int misaligned = !strcmp(name, "wmma-misaligned");
-        CUDA_LAUNCH(wmma_misaligned_kernel, 1, 32, 0, 0, (float *)d, A, misaligned ? 8 : 0,
-                    misaligned ? 16u : 12u);
-    } else if (!strcmp(name, "host-deref"))
+    else if (!strcmp(name, "host-deref"))
         printf("%d\n", d[3]);
     else if (!strcmp(name, "smem-attribute"))
         CUDA_LAUNCH(dyn_oob_kernel, 1, 16, 64 << 10, 0, d);
@@ -683,7 +631,7 @@ int main(int argc, char **argv) {
     if (argc == 2 && !strcmp(argv[1], "--list")) {
         puts("race uninit partial-barrier divergent-barrier shfl-exited global-oob use-after-free "
              "dyn-shared-oob misaligned async-early async-race host-deref smem-attribute grid-y "
-             "capture-sync ldmatrix-global cp-async-src-shared ldnc-shared wmma-misaligned wmma-ldm "
+             "capture-sync ldmatrix-global cp-async-src-shared ldnc-shared "
              "zero-fill-oob wgmma-changed wgmma-desc-oob wgmma-desc-partial wgmma-warpgroup");
         return 0;
     }
@@ -699,7 +647,6 @@ int main(int argc, char **argv) {
     test_async();
     test_collectives();
     test_shfl_table();
-    test_wmma();
     test_wgmma();
     test_graph();
     printf("test_simt: %d checks, %d failed\n", checks, fails);

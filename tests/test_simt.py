@@ -34,8 +34,6 @@ CASES = {
     "ldmatrix-global": "ldmatrix row address",   # ... is not shared memory
     "cp-async-src-shared": "cp.async source",     # ... is not global memory
     "ldnc-shared": "ld.global.nc address",        # ... is not global memory
-    "wmma-misaligned": "pointer",                 # ... is not 32-byte aligned
-    "wmma-ldm": "ldm 12 is not a multiple of 8 elements (16 bytes)",
     "wgmma-changed": "read by wgmma.mma_async changed before the wait_group that completes it",
     "wgmma-desc-oob": "names shared address 8192, outside this block's shared memory",
     "wgmma-desc-partial": "reaches past this block's shared memory",
@@ -43,11 +41,10 @@ CASES = {
 }
 # the second half of each report the cases above abbreviate (an address sits between)
 TAILS = {"ldmatrix-global": "is not shared memory", "cp-async-src-shared": "is not global memory",
-         "ldnc-shared": "is not global memory",
-         "wmma-misaligned": "is not 32-byte aligned"}
+         "ldnc-shared": "is not global memory"}
 KERNEL_FINDINGS = {"race", "uninit", "partial-barrier", "divergent-barrier", "shfl-exited", "global-oob", "zero-fill-oob",
                    "use-after-free", "dyn-shared-oob", "misaligned", "async-early", "async-race",
-                   "ldmatrix-global", "cp-async-src-shared", "ldnc-shared", "wmma-misaligned", "wmma-ldm",
+                   "ldmatrix-global", "cp-async-src-shared", "ldnc-shared",
                    "wgmma-changed", "wgmma-desc-oob", "wgmma-desc-partial", "wgmma-warpgroup"}
 
 

@@ -9,8 +9,7 @@
 #include "check.h"
 
 const char *const TUN_PREFILL_NAMES[] = {"int8", "tune", NULL};
-const char *const TUN_ATTN_PREFILL_NAMES[] = {"fa2w", "fa2", "wg", "wmma", "flash", NULL};
-const char *const TUN_ATTN_DECODE_NAMES[] = {"group", "split", NULL};
+static const char *const ATTN_NAMES[] = {"fa2w", "wg", NULL};   // index = enum tun_attn
 static const char *const ISA_NAMES[] = {"scalar", "avx2", "avx512", NULL};
 static const char *const WAY_NAMES[] = {"measure", "together", "alone", NULL};
 static const char *const PREFETCH_NAMES[] = {"", "l1", "l2", NULL};   // index = level
@@ -60,15 +59,15 @@ static int flag01(const char *name, int *out, char *err, size_t n) {
 int tunables_load(char *err, size_t n) {
     sift_tunables t = {.isa = -1, .prefill = -1, .strip_rows8 = -1, .cuda_graphs = 1,
                        .cuda_qgemm_rows = -1, .pack_rows = -1, .parallel_way = TUN_WAY_MEASURE};
-    long rows = -1, dq = 0;
+    long rows = -1, dq = 0, optin = 0;
     int group = 0, bf16 = 0;
     const char *e;
     if (choice("SIFT_ISA", ISA_NAMES, &t.isa, err, n) || choice("SIFT_PREFILL", TUN_PREFILL_NAMES, &t.prefill, err, n) ||
         choice_of("SIFT_STRIP_PREFETCH", PREFETCH_NAMES, 1, &t.strip_prefetch, err, n) ||
         choice_of("SIFT_STRIP_ROWS8", ONOFF_NAMES, 1, &t.strip_rows8, err, n) ||
         flag01("SIFT_CUDA_GRAPHS", &t.cuda_graphs, err, n) ||
-        choice("SIFT_ATTN_PREFILL", TUN_ATTN_PREFILL_NAMES, &t.attn_prefill, err, n) ||
-        choice("SIFT_ATTN_DECODE", TUN_ATTN_DECODE_NAMES, &t.attn_decode, err, n) ||
+        choice("SIFT_ATTN_PREFILL", ATTN_NAMES, &t.attn_prefill, err, n) ||
+        integer("SIFT_CUDA_SMEM_OPTIN", 0, 1 << 20, &optin, err, n) ||
         integer("SIFT_CUDA_QGEMM_ROWS", 0, 1 << 20, &rows, err, n) ||
         integer("SIFT_CUDA_DQ_ROWS", 0, 1 << 20, &dq, err, n) ||
         flag01("SIFT_CUDA_SOFT_FAIL", &t.cuda_soft_fail, err, n) ||
@@ -86,7 +85,7 @@ int tunables_load(char *err, size_t n) {
             return err_printf(err, n, "SIFT_CUDA_WEIGHTS='%.64s' is not one of blocks, bf16", e);
         bf16 = strcmp(e, "bf16") == 0;
     }
-    t.cuda_qgemm_rows = (int)rows, t.cuda_dq_rows = (int)dq;
+    t.cuda_qgemm_rows = (int)rows, t.cuda_dq_rows = (int)dq, t.cuda_smem_optin = (int)optin;
     t.cuda_qgemv_group = group, t.cuda_weights_bf16 = bf16;
     t.cublaslt = (e = getenv("SIFT_CUBLASLT")) && *e ? e : NULL;
     t.blas_detected = (e = getenv("SIFT_BLAS_DETECTED")) && *e ? e : NULL;

@@ -7,6 +7,7 @@
 
 enum tun_way { TUN_WAY_MEASURE, TUN_WAY_TOGETHER, TUN_WAY_ALONE };
 enum tun_prefill { TUN_PREFILL_INT8, TUN_PREFILL_TUNE };   // index into TUN_PREFILL_NAMES
+enum tun_attn { TUN_ATTN_FA2W, TUN_ATTN_WG };   // SIFT_ATTN_PREFILL's values
 
 typedef struct {
     // ---- CPU (qgemm/, backend/backend_cpu.c, backend/gemm_cpu.c)
@@ -19,10 +20,12 @@ typedef struct {
     int strip_rows8;      // SIFT_STRIP_ROWS8 on|off: 1 or 0 (-1: as timed; empty is refused)
     const char *blas_detected;   // SIFT_BLAS_DETECTED: the core OpenBLAS detected before sift
                                  // re-ran itself with OPENBLAS_CORETYPE (backend_cpu.c), or NULL
-    // ---- CUDA (backend/*_cuda.cu, attn/attn_cuda.cu, model/decode.c)
+    // ---- CUDA (backend/*_cuda.cu, attn/*_cuda.cu, model/decode.c)
     int cuda_graphs;      // SIFT_CUDA_GRAPHS=0: decode steps never recorded as graphs (default 1)
-    int attn_prefill;     // SIFT_ATTN_PREFILL: index into TUN_ATTN_PREFILL_NAMES (0: default)
-    int attn_decode;      // SIFT_ATTN_DECODE: index into TUN_ATTN_DECODE_NAMES (0: default)
+    int attn_prefill;     // SIFT_ATTN_PREFILL fa2w|wg (enum tun_attn): wg runs the wgmma prefill
+                          // kernel on compute capability 9.0 (the A/B against fa2w, the default)
+    int cuda_smem_optin;  // SIFT_CUDA_SMEM_OPTIN: bytes of shared memory a block may opt in to, for
+                          // the kernels that choose by it (0: the device's figure)
     int cuda_qgemv_group; // SIFT_CUDA_QGEMV=group: K-quant/Q8_0 decode by the group kernel
     int cuda_qgemm_rows;  // SIFT_CUDA_QGEMM_ROWS: x rows up to which the tile kernel takes a
                           // quantised product (-1: the built-in threshold)
@@ -39,8 +42,6 @@ typedef struct {
 } sift_tunables;
 
 extern const char *const TUN_PREFILL_NAMES[];       // NULL-terminated, SIFT_PREFILL's values
-extern const char *const TUN_ATTN_PREFILL_NAMES[];  // NULL-terminated
-extern const char *const TUN_ATTN_DECODE_NAMES[];   // NULL-terminated
 
 // Reads every SIFT_ tunable from the environment into the one struct. 0, or -1 with a one-line
 // reason naming the variable and its accepted values (main exits 2 with it).
