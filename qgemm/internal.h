@@ -4,7 +4,7 @@
 // AVX-512 code takes target attributes, as AVX512 below, so one build runs on either CPU).
 //   qgemm_cpu.c     the ISA choice and the drivers: x quantised once, weight rows to the kernels
 //   qgemm_forms.c   the activations' two digits (and the K form) and the weights' 8-bit form
-//   qgemm_scalar.c  the portable products (SIFT_ISA=scalar; the vector kernels' tails)
+//   qgemm_scalar.c  the portable products (SIFT_ISA=scalar; dot_q8_avx512's last 32 columns)
 //   qgemm_avx2.c    AVX2 products: an unpacked row, F16/BF16 rows, the fused block kernels
 //   qgemm_avx512.c  AVX-512 VNNI products: the same, K-quants with integer sub-block scales
 //   qgemm_strip.c   AVX-512 Q4_K products 16 weight rows at a time, and their forms

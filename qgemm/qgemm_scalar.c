@@ -1,11 +1,12 @@
 // qgemm/qgemm_scalar.c — the portable products, qgemm.h's method in plain C: an unpacked weight row
 // (q_unpack_row's u, s, m) against an activation row's two digits, and an F16 / BF16 row against
-// fp32. SIFT_ISA=scalar runs these alone; dot_q8_avx512 takes a row's last 32 columns here.
+// fp32. A CPU without AVX2 (or SIFT_ISA=scalar) runs these alone; dot_q8_avx512 takes a row's last
+// 32 columns here.
 #include "../weights/dequant.h"
 #include "internal.h"
 
 float dot_q8_scalar(const uint8_t *u, const float *s, const float *m, const int8_t *q,
-                           const int8_t *ql, const float *d, const float *a, int cols) {
+                    const int8_t *ql, const float *d, const float *a, int cols) {
     float acc = 0;
     for (int g = 0; g < cols / G; g++) {
         int32_t p = 0;
