@@ -19,11 +19,17 @@ static const char *const ONOFF_NAMES[] = {"off", "on", NULL};
 static sift_tunables T;
 static int loaded;
 
-// $name's index among names (NULL-terminated; "" never matches), *out left as it is when unset
-// or empty; -1 + err naming the accepted values when it is none of them.
-static int choice(const char *name, const char *const *names, int *out, char *err, size_t n) {
+// $name's value; NULL when unset or empty, but the batch runner's two refuse an empty value.
+static const char *value(const char *name) {
     const char *e = getenv(name);
-    if (!e || !*e) return 0;
+    return e && (*e || !strcmp(name, "SIFT_PACK_ROWS") || !strcmp(name, "SIFT_PARALLEL_WAY")) ? e : NULL;
+}
+
+// $name's index among names (NULL-terminated; "" never matches), *out left as it is when unset
+// (or empty: value); -1 + err naming the accepted values when it is none of them.
+static int choice(const char *name, const char *const *names, int *out, char *err, size_t n) {
+    const char *e = value(name);
+    if (!e) return 0;
     for (int i = 0; names[i]; i++)
         if (*names[i] && strcmp(e, names[i]) == 0) return *out = i, 0;
     char list[160] = "";
@@ -34,8 +40,8 @@ static int choice(const char *name, const char *const *names, int *out, char *er
 
 // $name as an integer in [lo, hi] into *out (left as it is when unset); -1 + err otherwise.
 static int integer(const char *name, long lo, long hi, long *out, char *err, size_t n) {
-    const char *e = getenv(name);
-    if (!e || !*e) return 0;
+    const char *e = value(name);
+    if (!e) return 0;
     char *end;
     errno = 0;
     long v = strtol(e, &end, 10);
