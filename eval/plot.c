@@ -455,18 +455,17 @@ static void legend_draw(FILE *f, const legend_entry *e, int k) {
     }
 }
 
-// A sweep plot laid out: where each point lands, one drawn point per spot, the labels and where
-// they go, the key, the frontier's points left to right.
+// A sweep plot laid out: each point's place (px, py; NaN: a NaN or infinite value, not drawn),
+// the first point at its spot (rep: the one drawn, ringed when a frontier point is there), a drawn
+// point's label (text: every setting at its spot) and where it goes (lb; far: a leader joins it;
+// num: its number in the key, negative when not even that fits; key: its line there), the
+// frontier's m drawn points left to right (idx), whether any label is set apart (leaders).
 typedef struct {
-    int n;
+    int n, *rep, *ring, *far, *num, n_key, *idx, m, leaders;
     axis ax, ay;
-    double *px, *py;        // each point's place (NaN: a NaN or infinite value, not drawn)
-    int *rep, *ring;        // the first point at its spot (the one drawn); a drawn point ringed
-    char **text, **key;     // a drawn point's label (every setting at its spot); a numbered one's key line
-    box *lb;                // where a drawn point's label (or number) goes
-    int *far, *num, n_key;  // set apart (a leader joins it); its number in the key (negative: not
-                            // even the number fits, the key gives its values; 0: labelled); numbered
-    int *idx, m, leaders;   // the frontier's m drawn points, left to right; any label set apart
+    double *px, *py;
+    char **text, **key;
+    box *lb;
     notes ns;
 } scatter;
 
@@ -512,11 +511,10 @@ static void scatter_spots(scatter *s, const pareto_point *p, const char *const *
             }
         fclose(m), fclose(nm);
         s->text[i] = buf;
-        if (members > 1) {
+        if (members > 1)
             note_add(&s->ns, afmt("one point for %d settings %s: %s", members,
                                   same ? "that measured the same (they ran identically)" :
                                          "closer than the plot can separate", note));
-        }
         free(note);
     }
 }

@@ -430,7 +430,7 @@ typedef struct outputs {
 
 // Locks --output and --errors (regular files; a device or pipe is the user's to share), reads and
 // repairs what an earlier run wrote (--resume: the done outcomes into done), and opens them: a
-// new file is created (one there is refused: main.c checked; O_EXCL settles a race), a device or
+// new file is created (one there is refused: cmd/run.c checked; O_EXCL settles a race), a device or
 // pipe is written in place (never truncated, unlinked or renamed), a resumed file is appended to.
 // 0, or -1 (the error printed).
 static int outputs_open(outputs *w, const run_opts *o, const request_list *all, int lo, int hi, int shape,
