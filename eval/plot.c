@@ -556,13 +556,11 @@ static void scatter_place(scatter *s, const pareto_point *p) {
             num[i] = -num[i];   // not even a number fits: the key gives the point's values
     }
     free(order), free(taken);
-    s->key = xcalloc((size_t)n + 1, sizeof *s->key);
-    for (int i = 0; i < n; i++)
+    s->key = xcalloc((size_t)n + 1, sizeof *s->key), s->idx = xmalloc((size_t)(n + 1) * sizeof *s->idx);
+    for (int i = 0; i < n; i++) {
         if (num[i])
             s->key[i] = num[i] > 0 ? afmt("%d  %s", num[i], text[i])
                                    : afmt("%d  %s (%.4g, %.4g)", -num[i], text[i], p[i].x, p[i].y);
-    s->idx = xmalloc((size_t)(n + 1) * sizeof *s->idx);
-    for (int i = 0; i < n; i++) {
         if (text[i] && ring[i]) s->idx[s->m++] = i;
         s->leaders |= text[i] && num[i] >= 0 && far[i];
     }

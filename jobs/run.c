@@ -275,6 +275,13 @@ static void unit_finish(unit *u) {
     u->state = 2;
 }
 
+// u is done: finished (unit_finish), its streamed text's line ended, one fewer left in its job.
+static void unit_done(job *jobs, unit *u) {
+    unit_finish(u);
+    if (u->stream && !u->rc) printf("\n");
+    jobs[u->job].n_left--;
+}
+
 static void unit_free(unit *u) {
     if (u->proto) {   // choice 0's copy that no later choice took (the run was stopped)
         gen_end(u->proto);
@@ -311,9 +318,7 @@ static void interrupt_in_flight(runner *R, job *jobs, int n_jobs, unit **active,
     for (int k = 0; k < n; k++) {
         unit *u = k < n_active ? active[k] : pend[k - n_active];
         u->interrupted = 1;
-        unit_finish(u);
-        if (u->stream) printf("\n");
-        jobs[u->job].n_left--;
+        unit_done(jobs, u);
     }
     for (int j = 0; j < n_jobs; j++) {
         job *J = &jobs[j];
@@ -689,11 +694,7 @@ static int run_setup(run_state *S) {
 static void run_admit(run_state *S) {
     while (!stop_signal && S->n_active + S->n_pend < S->slots && S->next_job < S->n_jobs) {
         job *J = &S->jobs[S->next_job];
-        if (J->rq->error) {
-            S->next_job++;
-            continue;
-        }
-        int k = 0;
+        int k = 0;   // its first unit not started (an error record's job has none)
         while (k < J->n_units && J->u[k].state != 0) k++;
         if (k == J->n_units) {
             S->next_job++;
@@ -712,9 +713,7 @@ static void run_admit(run_state *S) {
         if (u->state == 1 && u->packed) S->pend[S->n_pend++] = u;
         else if (u->state == 1 && !u->g.done) S->active[S->n_active++] = u;
         else {   // failed, or done with its first token: written before anything else starts
-            unit_finish(u);
-            if (stream && !u->rc) printf("\n");
-            J->n_left--;
+            unit_done(S->jobs, u);
             break;
         }
     }
@@ -738,10 +737,7 @@ static void run_prefill(run_state *S) {
         memmove(S->pend + i, S->pend + i + 1, (size_t)(S->n_pend - i - 1) * sizeof *S->pend);   // keep order
         S->n_pend--;
         if (!u->g.done) S->active[S->n_active++] = u;
-        else {   // done with its first token
-            unit_finish(u);
-            S->jobs[u->job].n_left--;
-        }
+        else unit_done(S->jobs, u);   // done with its first token
     }
 }
 
@@ -759,9 +755,7 @@ static void run_decode(run_state *S) {
             i++;
             continue;
         }
-        unit_finish(u);
-        if (u->stream) printf("\n");
-        S->jobs[u->job].n_left--;
+        unit_done(S->jobs, u);
         S->active[i] = S->active[--S->n_active];
     }
 }
