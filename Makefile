@@ -163,9 +163,9 @@ build/fuzz/fuzz_phi: fuzz/fuzz_phi.c attn/phi_file.c attn/phi_cpu.c util/check.c
 	$(FUZZ_CC) $(FUZZ_FLAGS) -I/usr/include/x86_64-linux-gnu/openblas-openmp $(filter %.c,$^) -o $@ \
 	    $(OPENBLAS_A) -lgomp -lm -lpthread
 
-# The CLI parsers: main.c and cmd/*.c are included by the target; the rest of the library is linked.
+# The CLI parsers: cmd/*.c are included by the target; the rest of the library is linked.
 CLI_LIB_SRC := $(filter-out cmd/%,$(LIB_SRC))
-build/fuzz/fuzz_cli: fuzz/fuzz_cli.c main.c $(wildcard cmd/*.c cmd/*.h) $(CLI_LIB_SRC)
+build/fuzz/fuzz_cli: fuzz/fuzz_cli.c $(wildcard cmd/*.c cmd/*.h) $(CLI_LIB_SRC)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -Wno-unknown-pragmas -I/usr/include/x86_64-linux-gnu/openblas-openmp \
 	    fuzz/fuzz_cli.c $(CLI_LIB_SRC) -o $@ $(OPENBLAS_A) $(PCRE2_A) $(JANSSON_A) -lgomp -lm -lpthread

@@ -1,7 +1,7 @@
-// cmd/cmd.h — the sift subcommands and what they share. main.c runs prompts and dispatches
-// `sift bench` (cmd/bench.c) and the other subcommands; cmd/cli.c holds the pieces every command
-// needs: flag parsing that exits 2 with one line on bad usage, the strategy flags, prompt files,
-// JSON strings, and loading a model + tokenizer (+ draft) onto a backend.
+// cmd/cmd.h — the sift subcommands and what they share. main.c dispatches them: prompts (cmd/run.c:
+// `sift` with no subcommand's word), `sift bench` (cmd/bench.c) and the others; cmd/cli.c holds the
+// pieces every command needs: flag parsing that exits 2 with one line on bad usage, the strategy
+// flags, prompt files, JSON strings, and loading a model + tokenizer (+ draft) onto a backend.
 #pragma once
 #include <signal.h>
 #include <stddef.h>
@@ -147,7 +147,8 @@ int cli_refuse_synthetic(const char *path, const char *cmd);
 // err. The caller frees c->inv_freq.
 int cli_config(const char *path, model_config *c, char *err, size_t errlen);
 
-// ---- subcommands: argv[1] is the command's name ----
+// ---- subcommands: argv[1] is the command's name (cmd_run: its first flag or file) ----
+int cmd_run(int argc, char **argv);    // cmd/run.c: `sift [options]`, prompts
 int cmd_bench(int argc, char **argv);
 int cmd_eval(int argc, char **argv);   // cmd/evaluate.c
 int cmd_sweep(int argc, char **argv);  // cmd/sweep.c

@@ -455,26 +455,39 @@ static void legend_draw(FILE *f, const legend_entry *e, int k) {
     }
 }
 
-void eval_write_scatter_svg(FILE *f, const char *x_label, const char *y_label,
-                            const pareto_point *p, const char *const *labels, const int *group,
-                            const int *on, int n) {
-    // axes over the drawable points
+// A sweep plot laid out: each point's place (px, py; NaN: a NaN or infinite value, not drawn),
+// the first point at its spot (rep: the one drawn, ringed when a frontier point is there), a drawn
+// point's label (text: every setting at its spot) and where it goes (lb; far: a leader joins it;
+// num: its number in the key, negative when not even that fits; key: its line there), the
+// frontier's m drawn points left to right (idx), whether any label is set apart (leaders).
+typedef struct {
+    int n, *rep, *ring, *far, *num, n_key, *idx, m, leaders;
+    axis ax, ay;
+    double *px, *py;
+    char **text, **key;
+    box *lb;
+    notes ns;
+} scatter;
+
+// The axes over the drawable points and each point's place; one drawn point per spot (a point
+// within a marker's radius of an earlier one joins it), labelled with every setting there and,
+// when they are several, a note.
+static void scatter_spots(scatter *s, const pareto_point *p, const char *const *labels, const int *on) {
+    int n = s->n;
     double xlo = INFINITY, xhi = -INFINITY, ylo = INFINITY, yhi = -INFINITY;
     for (int i = 0; i < n; i++) {
         if (isnan(p[i].x) || isnan(p[i].y) || isinf(p[i].x) || isinf(p[i].y)) continue;
         xlo = fmin(xlo, p[i].x), xhi = fmax(xhi, p[i].x);
         ylo = fmin(ylo, p[i].y), yhi = fmax(yhi, p[i].y);
     }
-    axis ax = fit_axis(xlo, xhi, 0), ay = fit_axis(ylo, yhi, ylo >= 0 && yhi <= 1);
-    box frame = {SC_LEFT, SC_TOP, SC_LEFT + SC_W, SC_TOP + SC_H};
-    double *px = xmalloc((size_t)(n + 1) * sizeof *px), *py = xmalloc((size_t)(n + 1) * sizeof *py);
+    s->ax = fit_axis(xlo, xhi, 0), s->ay = fit_axis(ylo, yhi, ylo >= 0 && yhi <= 1);
+    double *px = s->px = xmalloc((size_t)(n + 1) * sizeof *px), *py = s->py = xmalloc((size_t)(n + 1) * sizeof *py);
     for (int i = 0; i < n; i++) {
         int ok = !(isnan(p[i].x) || isnan(p[i].y) || isinf(p[i].x) || isinf(p[i].y));
-        px[i] = ok ? sc_x(ax, p[i].x) : NAN;
-        py[i] = ok ? sc_y(ay, p[i].y) : NAN;
+        px[i] = ok ? sc_x(s->ax, p[i].x) : NAN;
+        py[i] = ok ? sc_y(s->ay, p[i].y) : NAN;
     }
-    // one drawn point per spot: a point within a marker's radius of an earlier one joins it
-    int *rep = xmalloc((size_t)(n + 1) * sizeof *rep), *ring = xcalloc((size_t)n + 1, sizeof *ring);
+    int *rep = s->rep = xmalloc((size_t)(n + 1) * sizeof *rep), *ring = s->ring = xcalloc((size_t)n + 1, sizeof *ring);
     for (int i = 0; i < n; i++) {
         rep[i] = i;
         if (isnan(px[i])) continue;
@@ -482,8 +495,7 @@ void eval_write_scatter_svg(FILE *f, const char *x_label, const char *y_label,
             if (rep[j] == j && !isnan(px[j]) && fabs(px[i] - px[j]) < SC_R && fabs(py[i] - py[j]) < SC_R) rep[i] = j;
         if (on[i]) ring[rep[i]] = 1;
     }
-    notes ns = {0};
-    char **text = xcalloc((size_t)n + 1, sizeof *text);   // each drawn point's label
+    s->text = xcalloc((size_t)n + 1, sizeof *s->text);
     for (int i = 0; i < n; i++) {
         if (rep[i] != i || isnan(px[i])) continue;
         char *buf = NULL, *note = NULL;
@@ -498,16 +510,23 @@ void eval_write_scatter_svg(FILE *f, const char *x_label, const char *y_label,
                 members++;
             }
         fclose(m), fclose(nm);
-        text[i] = buf;
-        if (members > 1) {
-            note_add(&ns, afmt("one point for %d settings %s: %s", members,
-                              same ? "that measured the same (they ran identically)" :
-                                     "closer than the plot can separate", note));
-        }
+        s->text[i] = buf;
+        if (members > 1)
+            note_add(&s->ns, afmt("one point for %d settings %s: %s", members,
+                                  same ? "that measured the same (they ran identically)" :
+                                         "closer than the plot can separate", note));
         free(note);
     }
-    // labels: the frontier's first, then in input order; each placed clear of every point and
-    // of the labels before it, else a number at the point and the label in the key
+}
+
+// The labels, the frontier's first, then in input order: each placed clear of every point and of
+// the labels before it, else a number at the point and the label in the key (with the point's
+// values when not even the number fits); then the frontier's drawn points, left to right.
+static void scatter_place(scatter *s, const pareto_point *p) {
+    int n = s->n, *ring = s->ring;
+    char **text = s->text;
+    double *px = s->px, *py = s->py;
+    box frame = {SC_LEFT, SC_TOP, SC_LEFT + SC_W, SC_TOP + SC_H};
     int *order = xmalloc((size_t)(n + 1) * sizeof *order), k = 0;
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < n; i++)
@@ -519,8 +538,8 @@ void eval_write_scatter_svg(FILE *f, const char *x_label, const char *y_label,
             double r = ring[i] ? RING + 1.5 : SC_R + 1;
             taken[n_taken++] = (box){px[i] - r, py[i] - r, px[i] + r, py[i] + r};
         }
-    box *lb = xmalloc((size_t)(n + 1) * sizeof *lb);
-    int *far = xcalloc((size_t)n + 1, sizeof *far), *num = xcalloc((size_t)n + 1, sizeof *num), n_key = 0;
+    box *lb = s->lb = xmalloc((size_t)(n + 1) * sizeof *lb);
+    int *far = s->far = xcalloc((size_t)n + 1, sizeof *far), *num = s->num = xcalloc((size_t)n + 1, sizeof *num);
     double lh = (ASCENT + DESCENT) * LABEL_PT;
     for (int o = 0; o < k; o++) {
         int i = order[o];
@@ -528,7 +547,7 @@ void eval_write_scatter_svg(FILE *f, const char *x_label, const char *y_label,
             taken[n_taken++] = lb[i];
             continue;
         }
-        num[i] = ++n_key;   // the key's number, placed like a label
+        num[i] = ++s->n_key;   // the key's number, placed like a label
         char nb[16];
         snprintf(nb, sizeof nb, "%d", num[i]);
         if (place(px[i], py[i], text_w(nb, LABEL_PT), lh, frame, taken, n_taken, &lb[i], &far[i]))
@@ -536,42 +555,20 @@ void eval_write_scatter_svg(FILE *f, const char *x_label, const char *y_label,
         else
             num[i] = -num[i];   // not even a number fits: the key gives the point's values
     }
-    // the frontier's drawn points, left to right
-    int *idx = xmalloc((size_t)(n + 1) * sizeof *idx), m = 0, leaders = 0;
+    free(order), free(taken);
+    s->key = xcalloc((size_t)n + 1, sizeof *s->key), s->idx = xmalloc((size_t)(n + 1) * sizeof *s->idx);
     for (int i = 0; i < n; i++) {
-        if (text[i] && ring[i]) idx[m++] = i;
-        leaders |= text[i] && num[i] >= 0 && far[i];
+        if (num[i])
+            s->key[i] = num[i] > 0 ? afmt("%d  %s", num[i], text[i])
+                                   : afmt("%d  %s (%.4g, %.4g)", -num[i], text[i], p[i].x, p[i].y);
+        if (text[i] && ring[i]) s->idx[s->m++] = i;
+        s->leaders |= text[i] && num[i] >= 0 && far[i];
     }
-    sort_by_x(px, idx, m);
-    // the key beside the plot, the legend and the notes under it set the figure's size (the
-    // notes wide enough to read in full)
-    char **key = xcalloc((size_t)n + 1, sizeof *key);
-    double key_w = n_key ? text_w("key (numbered points)", 12) + 10 : 0;
-    for (int i = 0; i < n; i++)
-        if (num[i]) {
-            key[i] = num[i] > 0 ? afmt("%d  %s", num[i], text[i])
-                                : afmt("%d  %s (%.4g, %.4g)", -num[i], text[i], p[i].x, p[i].y);
-            key_w = fmax(key_w, text_w(key[i], LABEL_PT) + 10);
-        }
-    legend_entry *leg = xmalloc((size_t)(n + 3) * sizeof *leg);
-    int n_leg = scatter_legend(leg, labels, group, text, n, m, leaders);
-    int w = (int)ceil(SC_LEFT + SC_W + 30 + key_w);
-    for (int i = 0; i < ns.n; i++) w = (int)fmax(w, ceil(SC_LEFT + text_w(ns.line[i], 12) + 10));
-    for (int i = 0; i < n_leg; i++) w = (int)fmax(w, ceil(SC_LEFT + legend_entry_w(&leg[i]) + 10));
-    // the title centred over the plot, or from the left edge when it is wider; it says whether
-    // the frontier is a line or a single point
-    char *title = afmt("%s vs %s%s", y_label, x_label,
-                       m > 1 ? " (Pareto frontier connected)" : m ? " (Pareto frontier: one point, ringed)" : "");
-    double title_x = fmax(6, SC_LEFT + SC_W / 2.0 - text_w(title, 15) / 2);
-    w = (int)fmax(w, ceil(title_x + text_w(title, 15) + 6));
-    double notes_y = (n_leg ? legend_layout(leg, n_leg, w, SC_TOP + SC_H + 58) : SC_TOP + SC_H + 36) + LEGEND_ROW;
-    int h = (int)ceil(notes_y + notes_h(&ns) + 10);
-    if (n_key) h = (int)fmax(h, SC_TOP + 24 + 16 * n_key + 10);
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
-               "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\">\n"
-               "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", w, h, w, h);
-    text_at(f, title_x, SC_TOP - 12 - (ASCENT + DESCENT) * 15, 15, "title", NULL, title);
-    free(title);
+    sort_by_x(px, s->idx, s->m);
+}
+
+// The frame, the grid and ticks of both axes, and the axes' names.
+static void scatter_axes(FILE *f, axis ax, axis ay, const char *x_label, const char *y_label) {
     fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#999\" "
                "class=\"plot-area\"/>\n", SC_LEFT, SC_TOP, SC_W, SC_H);
     char buf[64];
@@ -592,48 +589,87 @@ void eval_write_scatter_svg(FILE *f, const char *x_label, const char *y_label,
                "transform=\"rotate(-90 20 %d)\">", SC_TOP + SC_H / 2, SC_TOP + SC_H / 2);
     xml_text(f, y_label);
     fputs("</text>\n", f);
-    // the frontier's line (two points or more), then points, then labels (on top)
-    if (m > 1) {
+}
+
+// The frontier's line (two points or more), then the points, then the labels (on top), the key.
+static void scatter_marks(FILE *f, const scatter *s, const int *group) {
+    const double *px = s->px, *py = s->py;
+    if (s->m > 1) {
         fputs("<polyline fill=\"none\" stroke=\"" FRONTIER_RED "\" stroke-width=\"2\" class=\"frontier-line\" points=\"", f);
-        for (int i = 0; i < m; i++) fprintf(f, "%s%.1f,%.1f", i ? " " : "", px[idx[i]], py[idx[i]]);
+        for (int i = 0; i < s->m; i++) fprintf(f, "%s%.1f,%.1f", i ? " " : "", px[s->idx[i]], py[s->idx[i]]);
         fputs("\"/>\n", f);
     }
-    for (int i = 0; i < n; i++) {
-        if (!text[i]) continue;
-        if (ring[i])
+    for (int i = 0; i < s->n; i++) {
+        if (!s->text[i]) continue;
+        if (s->ring[i])
             fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%d\" fill=\"none\" stroke=\"" FRONTIER_RED "\" "
                        "stroke-width=\"2\" class=\"frontier\"/>\n", px[i], py[i], RING);
         fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%d\" fill=\"%s\" stroke=\"white\" "
                    "class=\"point\" data-label=\"", px[i], py[i], SC_R, COLORS[group[i] % N_COLORS]);
-        xml_text(f, text[i]);
+        xml_text(f, s->text[i]);
         fputs("\"/>\n", f);
     }
-    for (int i = 0; i < n; i++) {
-        if (!text[i] || num[i] < 0) continue;
-        if (far[i]) {
+    char buf[64];
+    for (int i = 0; i < s->n; i++) {
+        if (!s->text[i] || s->num[i] < 0) continue;
+        if (s->far[i]) {
             double x, y;
-            nearest_on(lb[i], px[i], py[i], &x, &y);
+            nearest_on(s->lb[i], px[i], py[i], &x, &y);
             fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"" LEADER_GREY "\" "
                        "stroke-width=\"0.8\" class=\"leader\"/>\n", px[i], py[i], x, y);
         }
-        snprintf(buf, sizeof buf, "%d", num[i]);
-        text_at(f, lb[i].x0, lb[i].y0, LABEL_PT, num[i] ? "label number" : "label", NULL,
-                num[i] ? buf : text[i]);
+        snprintf(buf, sizeof buf, "%d", s->num[i]);
+        text_at(f, s->lb[i].x0, s->lb[i].y0, LABEL_PT, s->num[i] ? "label number" : "label", NULL,
+                s->num[i] ? buf : s->text[i]);
     }
-    if (n_key) {
+    if (s->n_key) {
         double kx = SC_LEFT + SC_W + 20;
         text_at(f, kx, SC_TOP, 12, "key", NULL, "key (numbered points)");
         int row = 0;
-        for (int i = 0; i < n; i++)
-            if (key[i]) text_at(f, kx, SC_TOP + 22 + 16 * row++, LABEL_PT, "key", NULL, key[i]);
+        for (int i = 0; i < s->n; i++)
+            if (s->key[i]) text_at(f, kx, SC_TOP + 22 + 16 * row++, LABEL_PT, "key", NULL, s->key[i]);
     }
+}
+
+void eval_write_scatter_svg(FILE *f, const char *x_label, const char *y_label,
+                            const pareto_point *p, const char *const *labels, const int *group,
+                            const int *on, int n) {
+    scatter s = {.n = n};
+    scatter_spots(&s, p, labels, on);
+    scatter_place(&s, p);
+    // the key beside the plot, the legend and the notes under it set the figure's size (the
+    // notes wide enough to read in full)
+    double key_w = s.n_key ? text_w("key (numbered points)", 12) + 10 : 0;
+    for (int i = 0; i < n; i++)
+        if (s.key[i]) key_w = fmax(key_w, text_w(s.key[i], LABEL_PT) + 10);
+    legend_entry *leg = xmalloc((size_t)(n + 3) * sizeof *leg);
+    int n_leg = scatter_legend(leg, labels, group, s.text, n, s.m, s.leaders);
+    int w = (int)ceil(SC_LEFT + SC_W + 30 + key_w);
+    for (int i = 0; i < s.ns.n; i++) w = (int)fmax(w, ceil(SC_LEFT + text_w(s.ns.line[i], 12) + 10));
+    for (int i = 0; i < n_leg; i++) w = (int)fmax(w, ceil(SC_LEFT + legend_entry_w(&leg[i]) + 10));
+    // the title centred over the plot, or from the left edge when it is wider; it says whether
+    // the frontier is a line or a single point
+    char *title = afmt("%s vs %s%s", y_label, x_label,
+                       s.m > 1 ? " (Pareto frontier connected)" : s.m ? " (Pareto frontier: one point, ringed)" : "");
+    double title_x = fmax(6, SC_LEFT + SC_W / 2.0 - text_w(title, 15) / 2);
+    w = (int)fmax(w, ceil(title_x + text_w(title, 15) + 6));
+    double notes_y = (n_leg ? legend_layout(leg, n_leg, w, SC_TOP + SC_H + 58) : SC_TOP + SC_H + 36) + LEGEND_ROW;
+    int h = (int)ceil(notes_y + notes_h(&s.ns) + 10);
+    if (s.n_key) h = (int)fmax(h, SC_TOP + 24 + 16 * s.n_key + 10);
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+               "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\">\n"
+               "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", w, h, w, h);
+    text_at(f, title_x, SC_TOP - 12 - (ASCENT + DESCENT) * 15, 15, "title", NULL, title);
+    free(title);
+    scatter_axes(f, s.ax, s.ay, x_label, y_label);
+    scatter_marks(f, &s, group);
     legend_draw(f, leg, n_leg);
-    draw_notes(f, &ns, SC_LEFT, notes_y, "points drawn for several settings (each named in its label)");
+    draw_notes(f, &s.ns, SC_LEFT, notes_y, "points drawn for several settings (each named in its label)");
     for (int i = 0; i < n_leg; i++) free(leg[i].text);
     free(leg);
-    for (int i = 0; i < n; i++) free(text[i]), free(key[i]);
-    free(key), free(text), free(order), free(taken), free(lb), free(far), free(num), free(idx);
-    free(rep), free(ring), free(px), free(py);
-    notes_free(&ns);
+    for (int i = 0; i < n; i++) free(s.text[i]), free(s.key[i]);
+    free(s.key), free(s.text), free(s.lb), free(s.far), free(s.num), free(s.idx);
+    free(s.rep), free(s.ring), free(s.px), free(s.py);
+    notes_free(&s.ns);
     fputs("</svg>\n", f);
 }

@@ -15,16 +15,14 @@ static int fuzz_code;
 static void fuzz_exit(int code) __attribute__((noreturn));
 
 #define exit fuzz_exit
-#define main sift_main
 #include "../cmd/bench.c"
 #include "../cmd/cli.c"
 #include "../cmd/evaluate.c"
 #include "../cmd/ppl.c"
 #include "../cmd/fit_phi.c"
 #include "../cmd/flags.c"
+#include "../cmd/run.c"
 #include "../cmd/sweep.c"
-#include "../main.c"
-#undef main
 #undef exit
 
 static void fuzz_exit(int code) {
@@ -34,7 +32,7 @@ static void fuzz_exit(int code) {
 
 #define FUZZ_MAX_ARGS 32
 
-// The options main() would run with are inside the ranges the help documents.
+// The options cmd_run would run with are inside the ranges the help documents.
 static void check_options(const options *o) {
     const run_opts *r = &o->r;
     if (r->n_strategies < 1 || r->n_strategies > MAX_STRATEGIES) abort();

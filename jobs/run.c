@@ -15,12 +15,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../util/tunables.h"
 #include "internal.h"
 #include "tune.h"
 
-// Rows of one packed prefill pass at most (SIFT_PACK_ROWS overrides): several queued prompts'
-// whole prefills share a pass up to this many rows (a longer prompt runs alone), so that the
-// sequences in flight wait at most about one such pass for their next decode step.
+// Rows of one packed prefill pass at most (SIFT_PACK_ROWS overrides; 0: every prompt alone):
+// several queued prompts' whole prefills share a pass up to this many rows (a longer prompt runs
+// alone), so that the sequences in flight wait at most about one such pass for their next decode step.
 #define PACK_ROWS 2048
 
 // Text written to stdout so far is out: a failed write or flush (a full disk, a closed pipe) ends
@@ -274,6 +275,13 @@ static void unit_finish(unit *u) {
     u->state = 2;
 }
 
+// u is done: finished (unit_finish), its streamed text's line ended, one fewer left in its job.
+static void unit_done(job *jobs, unit *u) {
+    unit_finish(u);
+    if (u->stream && !u->rc) printf("\n");
+    jobs[u->job].n_left--;
+}
+
 static void unit_free(unit *u) {
     if (u->proto) {   // choice 0's copy that no later choice took (the run was stopped)
         gen_end(u->proto);
@@ -306,14 +314,11 @@ void jobs_exit_if_asked(void) {
 // --resume runs them); jobs not begun are left for --resume.
 static void interrupt_in_flight(runner *R, job *jobs, int n_jobs, unit **active, int n_active,
                                 unit **pend, int n_pend) {
-    int n = 0;
-    for (int k = 0; k < n_active + n_pend; k++) {
+    int n = n_active + n_pend;
+    for (int k = 0; k < n; k++) {
         unit *u = k < n_active ? active[k] : pend[k - n_active];
         u->interrupted = 1;
-        unit_finish(u);
-        if (u->stream) printf("\n");
-        jobs[u->job].n_left--;
-        n++;
+        unit_done(jobs, u);
     }
     for (int j = 0; j < n_jobs; j++) {
         job *J = &jobs[j];
@@ -430,7 +435,7 @@ typedef struct outputs {
 
 // Locks --output and --errors (regular files; a device or pipe is the user's to share), reads and
 // repairs what an earlier run wrote (--resume: the done outcomes into done), and opens them: a
-// new file is created (one there is refused: main.c checked; O_EXCL settles a race), a device or
+// new file is created (one there is refused: cmd/run.c checked; O_EXCL settles a race), a device or
 // pipe is written in place (never truncated, unlinked or renamed), a resumed file is appended to.
 // 0, or -1 (the error printed).
 static int outputs_open(outputs *w, const run_opts *o, const request_list *all, int lo, int hi, int shape,
@@ -534,58 +539,59 @@ static int outputs_close(outputs *w, const run_opts *o, const request_list *all,
     return rc;
 }
 
-int jobs_run(const run_opts *o, context *cx, const tok *t, const char *dev, const char *model_name,
-             double load_ms, int n_ctx) {
-    model *m = cx->m;
-    char err[512];
-    // SIFT_PACK_ROWS: rows of a packed prefill pass at most (0: every prompt prefilled alone)
-    long pack_rows = PACK_ROWS;
-    const char *env = getenv("SIFT_PACK_ROWS");
-    if (env) {
-        char *end;
-        errno = 0;
-        pack_rows = strtol(env, &end, 10);
-        if (errno || end == env || *end || pack_rows < 0 || pack_rows > (1 << 20)) {
-            fprintf(stderr, "sift: error: SIFT_PACK_ROWS='%s' is not a row count (0 to %d)\n", env, 1 << 20);
-            return 2;
-        }
-    }
-    par_tune tune;   // each pass shared or one sequence at a time, as measured (jobs/tune.h)
-    if (tune_init(&tune, m, o->parallel, o->quiet)) return 2;
-    request_list all = jobs_collect(o);
-    // this process's shard: a contiguous slice, so shard outputs concatenate in input order
-    int lo = 0, hi = all.n;
+// One jobs_run: what run_setup builds, run_schedule works through and run_finish reports and frees.
+typedef struct {
+    runner R;
+    par_tune tune;          // each pass shared or one sequence at a time, as measured (jobs/tune.h)
+    request_list all;       // every request of the run, in input order
+    int lo, hi, shape;      // this process's shard of them [lo, hi); the records' shape
+    done_set done;          // the outcomes an earlier run wrote (--resume)
+    outputs w;
+    rec_sink out_stdout;
+    job *jobs;              // the shard's requests not done before
+    int n_jobs, slots, json;
+    unit **active, **pend;  // the sequences in flight; opened, not yet prefilled (a packed pass)
+    int n_active, n_pend, next_job, next_write;   // the next job to admit, and to write
+    struct sigaction old_int, old_term, old_xfsz;
+} run_state;
+
+// The shard (a contiguous slice, so shard outputs concatenate in input order), the records'
+// shape, each request's settled values, and n > 1 refused where it cannot be answered.
+static void run_requests(run_state *S) {
+    const run_opts *o = S->R.o;
+    request_list *all = &S->all;
+    *all = jobs_collect(o);
+    S->lo = 0, S->hi = all->n;
     if (o->shard_n > 0) {
-        lo = (int)((long)all.n * o->shard_k / o->shard_n);
-        hi = (int)((long)all.n * (o->shard_k + 1) / o->shard_n);
+        S->lo = (int)((long)all->n * o->shard_k / o->shard_n);
+        S->hi = (int)((long)all->n * (o->shard_k + 1) / o->shard_n);
     }
-    runner R = {.o = o, .cx = cx, .m = m, .t = t, .dev = dev, .model_name = model_name, .load_ms = load_ms,
-                .n_ctx = n_ctx, .t0 = now_ms()};
+    S->R.t0 = now_ms();
     // the records' shape, one per job: --output-format, else the Batch API's when every --prompts
     // line that is JSON is a Batch API request (a line that is not becomes an error record in that
     // shape) and one strategy runs (the Batch API has one response per custom_id)
     int n_batch = 0, n_other = 0;
-    for (int i = 0; i < all.n; i++)
-        if (!all.r[i].line || all.r[i].parsed) {
-            n_batch += all.r[i].openai;
-            n_other += !all.r[i].openai;
+    for (int i = 0; i < all->n; i++)
+        if (!all->r[i].line || all->r[i].parsed) {
+            n_batch += all->r[i].openai;
+            n_other += !all->r[i].openai;
         }
-    R.openai = o->format == RUN_FORMAT_OPENAI ||
-               (o->format == RUN_FORMAT_AUTO && n_batch > 0 && n_other == 0 && o->n_strategies == 1);
-    int shape = R.openai ? SHAPE_OPENAI : SHAPE_SIFT;
-    for (int i = 0; i < all.n; i++)   // the run's flags or OpenAI's defaults, and the digest
-        if (!all.r[i].error) request_settle(&all.r[i], o);
+    S->R.openai = o->format == RUN_FORMAT_OPENAI ||
+                  (o->format == RUN_FORMAT_AUTO && n_batch > 0 && n_other == 0 && o->n_strategies == 1);
+    S->shape = S->R.openai ? SHAPE_OPENAI : SHAPE_SIFT;
+    for (int i = 0; i < all->n; i++)   // the run's flags or OpenAI's defaults, and the digest
+        if (!all->r[i].error) request_settle(&all->r[i], o);
     // n > 1: one record holds every choice, so only the Batch API's shape with one strategy and
     // no --repeat answers it, and the choices copy one prefill's cache, so not a strategy with decode
     // state (topk, topk+phi, X+topk); elsewhere it is the line's error, decided before --resume
     // reads which are done (gen_fork still refuses any other state it cannot copy, at run time)
-    for (int i = 0; i < all.n; i++) {
-        request *q = &all.r[i];
+    for (int i = 0; i < all->n; i++) {
+        request *q = &all->r[i];
         int ns = q->strategy ? 1 : o->n_strategies;
         const strategy *s = q->strategy ? q->strategy : o->strategies[0];
         int decode_state = s->phase == PHASE_DECODE || (s->decode_part && s->decode_part->phase == PHASE_DECODE);
         if (q->error || q->n_choices <= 1) continue;
-        if (!(R.openai && ns == 1 && o->reps <= 1)) {
+        if (!(S->R.openai && ns == 1 && o->reps <= 1)) {
             q->code = "unsupported_parameter";
             q->error = fmt("%s line %d: n > 1 is answered only in the Batch API's output shape, "
                            "one strategy, no --repeat (one record holds every choice)", q->src, q->line);
@@ -596,29 +602,22 @@ int jobs_run(const run_opts *o, context *cx, const tok *t, const char *dev, cons
                            "only its cache (full, or a prefill strategy)", q->src, q->line, s->name);
         }
     }
-    done_set done = {0};
-    outputs w = {.path = {o->output, o->errors}};
-    rec_sink out_stdout = {.f = stdout, .fd = -1, .name = "stdout"};
-    if (outputs_open(&w, o, &all, lo, hi, shape, n_ctx, &done, &R.n_failed_before)) {
-        outputs_close(&w, o, &all, lo, hi, shape, n_ctx, 0);
-        for (int i = 0; i < all.n; i++) req_free(&all.r[i]);
-        free(all.r);
-        done_free(&done);
-        return 1;
-    }
-    R.out = o->output ? &w.sink[0] : &out_stdout;
-    R.errs = o->errors ? &w.sink[1] : NULL;
-    // the jobs: requests of the shard not done before, each with one unit per strategy
-    job *jobs = xcalloc((size_t)(hi - lo + 1), sizeof *jobs);
-    int n_jobs = 0, skipped = 0;
+}
+
+// The jobs: requests of the shard not done before, each with one unit per strategy (and
+// repetition, and choice); said on stderr with --resume or --shard.
+static void run_jobs(run_state *S) {
+    const run_opts *o = S->R.o;
+    int lo = S->lo, hi = S->hi, n_jobs = 0, skipped = 0;
+    job *jobs = S->jobs = xcalloc((size_t)(hi - lo + 1), sizeof *jobs);
     for (int i = lo; i < hi; i++) {
-        request *q = &all.r[i];
+        request *q = &S->all.r[i];
         job *J = &jobs[n_jobs];
         *J = (job){.rq = q};
         int ns = q->strategy ? 1 : o->n_strategies, reps = o->reps > 1 ? o->reps : 1;
         if (q->error) {
             char *k = error_key(q);
-            int had = done_has(&done, k);
+            int had = done_has(&S->done, k);
             free(k);
             if (had) skipped++;
             else n_jobs++;
@@ -628,8 +627,8 @@ int jobs_run(const run_opts *o, context *cx, const tok *t, const char *dev, cons
         for (int r = 0; r < reps; r++)   // repetition r starts at strategy r: rotating order
             for (int s = 0; s < ns; s++) {
                 const strategy *st = q->strategy ? q->strategy : o->strategies[(s + r) % ns];
-                char *k = unit_key(q->id, R.openai ? NULL : st->name);
-                if (!done_has(&done, k))   // n > 1: choice 0, then the choices that copy it
+                char *k = unit_key(q->id, S->R.openai ? NULL : st->name);
+                if (!done_has(&S->done, k))   // n > 1: choice 0, then the choices that copy it
                     for (int c = 0; c < q->n_choices; c++)
                         J->u[J->n_units++] = (unit){.rq = q, .s = st, .job = n_jobs, .rep = r, .choice = c};
                 free(k);
@@ -642,154 +641,202 @@ int jobs_run(const run_opts *o, context *cx, const tok *t, const char *dev, cons
         J->n_left = J->n_units;
         n_jobs++;
     }
-    R.n_req = n_jobs, R.n_skipped = skipped;
+    S->n_jobs = S->R.n_req = n_jobs, S->R.n_skipped = skipped;
     if (!o->quiet && o->resume)
         fprintf(stderr, "sift: %d request%s%s: %d to run, %d done before (--resume)\n", hi - lo,
                 plural_s(hi - lo), o->shard_n > 0 ? " in this shard" : "", n_jobs, skipped);
     else if (!o->quiet && o->shard_n > 0)
         fprintf(stderr, "sift: %d request%s in this shard (--shard %d/%d)\n", hi - lo, plural_s(hi - lo),
                 o->shard_k, o->shard_n);
+}
 
-    struct sigaction sa = {0}, ign = {0}, old_int, old_term, old_xfsz;
+// Everything before the first step: the requests, the records files (opened, --resume read), the
+// jobs, the signals caught, an A/B comparison's warm-up, the slots. 0, or 1 (a records file
+// failed: the error printed).
+static int run_setup(run_state *S) {
+    const run_opts *o = S->R.o;
+    tune_init(&S->tune, S->R.m, o->parallel, o->quiet);
+    run_requests(S);
+    if (outputs_open(&S->w, o, &S->all, S->lo, S->hi, S->shape, S->R.n_ctx, &S->done, &S->R.n_failed_before)) {
+        outputs_close(&S->w, o, &S->all, S->lo, S->hi, S->shape, S->R.n_ctx, 0);
+        return 1;
+    }
+    S->R.out = o->output ? &S->w.sink[0] : &S->out_stdout;
+    S->R.errs = o->errors ? &S->w.sink[1] : NULL;
+    run_jobs(S);
+
+    struct sigaction sa = {0}, ign = {0};
     sa.sa_handler = on_signal;
     sa.sa_flags = SA_RESTART;   // a write to a slow pipe resumes instead of failing
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
+    sigaction(SIGINT, &sa, &S->old_int);
+    sigaction(SIGTERM, &sa, &S->old_term);
     ign.sa_handler = SIG_IGN;   // past a file size limit (ulimit -f) a write fails (EFBIG): reported
-    sigaction(SIGXFSZ, &ign, &old_xfsz);
+    sigaction(SIGXFSZ, &ign, &S->old_xfsz);
 
     int ab = 0;   // an A/B comparison: several strategies (or repetitions) on a prompt
-    for (int j = 0; j < n_jobs; j++) ab |= jobs[j].n_units > 1;
+    for (int j = 0; j < S->n_jobs; j++) ab |= S->jobs[j].n_units > 1;
     // untimed, before an A/B comparison, so that the first strategy is not the one that pays
-    if (ab && !stop_signal) (void)run_warm_up(o->strategies[0], cx, o->so, o->run, 32, err, sizeof err);
-    R.cpu_mark = cpu_now();
-    int slots = o->parallel > 0 ? o->parallel : 1, json = o->json || o->output;
+    char err[512];
+    if (ab && !stop_signal) (void)run_warm_up(o->strategies[0], S->R.cx, o->so, o->run, 32, err, sizeof err);
+    S->R.cpu_mark = cpu_now();
+    S->slots = o->parallel > 0 ? o->parallel : 1, S->json = o->json || o->output;
     // packed prefill: with --parallel, not in an A/B comparison of strategies or repetitions
     // (each strategy's TTFT its own; a request's n > 1 choices are no comparison)
-    R.pack_rows = slots > 1 && o->n_strategies <= 1 && o->reps <= 1 ? pack_rows : 0;
-    unit **active = xmalloc((size_t)(slots + MAX_STRATEGIES * 100) * sizeof *active);
-    unit **pend = xmalloc((size_t)(slots + MAX_STRATEGIES * 100) * sizeof *pend);   // opened, not prefilled
-    int n_active = 0, n_pend = 0, next_job = 0, next_write = 0;
-    for (;;) {
-        if (stop_signal) {   // stop now: what is in flight is written as interrupted
-            interrupt_in_flight(&R, jobs, n_jobs, active, n_active, pend, n_pend);
-            n_active = n_pend = 0;
+    long pack_rows = tunables()->pack_rows < 0 ? PACK_ROWS : tunables()->pack_rows;
+    S->R.pack_rows = S->slots > 1 && o->n_strategies <= 1 && o->reps <= 1 ? (int)pack_rows : 0;
+    S->active = xmalloc((size_t)(S->slots + MAX_STRATEGIES * 100) * sizeof *S->active);
+    S->pend = xmalloc((size_t)(S->slots + MAX_STRATEGIES * 100) * sizeof *S->pend);
+    return 0;
+}
+
+// Admits: fills the free slots with the next units in input order (prefill each, or open it for
+// a packed pass).
+static void run_admit(run_state *S) {
+    while (!stop_signal && S->n_active + S->n_pend < S->slots && S->next_job < S->n_jobs) {
+        job *J = &S->jobs[S->next_job];
+        int k = 0;   // its first unit not started (an error record's job has none)
+        while (k < J->n_units && J->u[k].state != 0) k++;
+        if (k == J->n_units) {
+            S->next_job++;
+            continue;
+        }
+        unit *u = &J->u[k];
+        // repetitions run silently; a text with stop strings or several choices is printed
+        // whole when done (a stop string is cut from it)
+        int stream = !S->json && S->slots == 1 && u->rep == 0 && !J->rq->n_stop && J->rq->n_choices == 1;
+        if (stream && (J->n_units > 1 || S->R.n_req > 1)) {
+            if (J->n_units > 1 && S->R.n_req > 1) printf("==> %s [%s] <==\n", J->rq->id, u->s->name);
+            else printf("==> %s <==\n", J->n_units > 1 ? u->s->name : J->rq->id);
+            stdout_check();
+        }
+        unit_start(&S->R, u, stream);
+        if (u->state == 1 && u->packed) S->pend[S->n_pend++] = u;
+        else if (u->state == 1 && !u->g.done) S->active[S->n_active++] = u;
+        else {   // failed, or done with its first token: written before anything else starts
+            unit_done(S->jobs, u);
             break;
         }
-        // admit: fill the free slots with the next units in input order (prefill each)
-        while (!stop_signal && n_active + n_pend < slots && next_job < n_jobs) {
-            job *J = &jobs[next_job];
-            if (J->rq->error) {
-                next_job++;
-                continue;
-            }
-            int k = 0;
-            while (k < J->n_units && J->u[k].state != 0) k++;
-            if (k == J->n_units) {
-                next_job++;
-                continue;
-            }
-            unit *u = &J->u[k];
-            // repetitions run silently; a text with stop strings or several choices is printed
-            // whole when done (a stop string is cut from it)
-            int stream = !json && slots == 1 && u->rep == 0 && !J->rq->n_stop && J->rq->n_choices == 1;
-            if (stream && (J->n_units > 1 || R.n_req > 1)) {
-                if (J->n_units > 1 && R.n_req > 1) printf("==> %s [%s] <==\n", J->rq->id, u->s->name);
-                else printf("==> %s <==\n", J->n_units > 1 ? u->s->name : J->rq->id);
-                stdout_check();
-            }
-            unit_start(&R, u, stream);
-            if (u->state == 1 && u->packed) pend[n_pend++] = u;
-            else if (u->state == 1 && !u->g.done) active[n_active++] = u;
-            else {   // failed, or done with its first token: written before anything else starts
-                unit_finish(u);
-                if (stream && !u->rc) printf("\n");
-                J->n_left--;
-                break;
-            }
-        }
-        // one pass prefilling the first opened prompt and those that can share its pass (up to
-        // pack_rows rows: the decode steps of the sequences in flight wait one pass at most)
-        if (n_pend > 0) {
-            double t0 = now_ms();
-            gen_seq *gs[FWD_MAX_BATCH];
-            int k = n_pend < FWD_MAX_BATCH ? n_pend : FWD_MAX_BATCH;
-            for (int i = 0; i < k; i++) gs[i] = &pend[i]->g;
-            tune_prefill(&tune, gs, k, R.pack_rows);
-            R.prefill_ms += now_ms() - t0;
-            for (int i = 0; i < n_pend;) {
-                unit *u = pend[i];
-                if (!u->g.fed) {
-                    i++;
-                    continue;
-                }
-                memmove(pend + i, pend + i + 1, (size_t)(n_pend - i - 1) * sizeof *pend);   // keep order
-                n_pend--;
-                if (!u->g.done) active[n_active++] = u;
-                else {   // done with its first token
-                    unit_finish(u);
-                    jobs[u->job].n_left--;
-                }
-            }
-        }
-        // one decode step over every sequence in flight
-        if (n_active > 0) {
-            double t0 = now_ms();
-            gen_seq *gs[FWD_MAX_BATCH];
-            for (int i = 0; i < n_active; i++) gs[i] = &active[i]->g;
-            tune_step(&tune, gs, n_active);
-            R.decode_ms += now_ms() - t0;
-            R.decode_tok += n_active;
-            for (int i = 0; i < n_active;) {
-                unit *u = active[i];
-                if (!u->g.done) {
-                    i++;
-                    continue;
-                }
-                unit_finish(u);
-                if (u->stream) printf("\n");
-                jobs[u->job].n_left--;
-                active[i] = active[--n_active];
-            }
-        }
-        // write what is complete: in input order (the scan stops at the first job not done), or
-        // with --unordered anything done (only jobs admitted so far can be)
-        int lim = o->unordered && next_job + 1 < n_jobs ? next_job + 1 : n_jobs;
-        for (int j = next_write; j < lim; j++) {
-            job *J = &jobs[j];
-            if (J->written) {
-                if (j == next_write) next_write++;
-                continue;
-            }
-            if (J->rq->error) emit_error(&R, J);
-            else if (J->n_left == 0) emit_job(&R, J);
-            else if (!o->unordered) break;
-            if (J->written && j == next_write) next_write++;
-        }
-        progress(&R, n_active + n_pend, 0);
-        if (n_active == 0 && n_pend == 0 && (next_job >= n_jobs || stop_signal)) break;
     }
+}
+
+// One pass prefilling the first opened prompt and those that can share its pass (up to
+// pack_rows rows: the decode steps of the sequences in flight wait one pass at most).
+static void run_prefill(run_state *S) {
+    double t0 = now_ms();
+    gen_seq *gs[FWD_MAX_BATCH];
+    int k = S->n_pend < FWD_MAX_BATCH ? S->n_pend : FWD_MAX_BATCH;
+    for (int i = 0; i < k; i++) gs[i] = &S->pend[i]->g;
+    tune_prefill(&S->tune, gs, k, S->R.pack_rows);
+    S->R.prefill_ms += now_ms() - t0;
+    for (int i = 0; i < S->n_pend;) {
+        unit *u = S->pend[i];
+        if (!u->g.fed) {
+            i++;
+            continue;
+        }
+        memmove(S->pend + i, S->pend + i + 1, (size_t)(S->n_pend - i - 1) * sizeof *S->pend);   // keep order
+        S->n_pend--;
+        if (!u->g.done) S->active[S->n_active++] = u;
+        else unit_done(S->jobs, u);   // done with its first token
+    }
+}
+
+// One decode step over every sequence in flight.
+static void run_decode(run_state *S) {
+    double t0 = now_ms();
+    gen_seq *gs[FWD_MAX_BATCH];
+    for (int i = 0; i < S->n_active; i++) gs[i] = &S->active[i]->g;
+    tune_step(&S->tune, gs, S->n_active);
+    S->R.decode_ms += now_ms() - t0;
+    S->R.decode_tok += S->n_active;
+    for (int i = 0; i < S->n_active;) {
+        unit *u = S->active[i];
+        if (!u->g.done) {
+            i++;
+            continue;
+        }
+        unit_done(S->jobs, u);
+        S->active[i] = S->active[--S->n_active];
+    }
+}
+
+// Writes what is complete: in input order (the scan stops at the first job not done), or with
+// --unordered anything done (only jobs admitted so far can be).
+static void run_write(run_state *S) {
+    int lim = S->R.o->unordered && S->next_job + 1 < S->n_jobs ? S->next_job + 1 : S->n_jobs;
+    for (int j = S->next_write; j < lim; j++) {
+        job *J = &S->jobs[j];
+        if (J->written) {
+            if (j == S->next_write) S->next_write++;
+            continue;
+        }
+        if (J->rq->error) emit_error(&S->R, J);
+        else if (J->n_left == 0) emit_job(&S->R, J);
+        else if (!S->R.o->unordered) break;
+        if (J->written && j == S->next_write) S->next_write++;
+    }
+}
+
+// The scheduler: admit, prefill, one decode step, write, until every job is done or a signal
+// stops the run (what is in flight is then written as interrupted).
+static void run_schedule(run_state *S) {
+    for (;;) {
+        if (stop_signal) {
+            interrupt_in_flight(&S->R, S->jobs, S->n_jobs, S->active, S->n_active, S->pend, S->n_pend);
+            S->n_active = S->n_pend = 0;
+            break;
+        }
+        run_admit(S);
+        if (S->n_pend > 0) run_prefill(S);
+        if (S->n_active > 0) run_decode(S);
+        run_write(S);
+        progress(&S->R, S->n_active + S->n_pend, 0);
+        if (S->n_active == 0 && S->n_pend == 0 && (S->next_job >= S->n_jobs || stop_signal)) break;
+    }
+}
+
+// The end: what is left written, the records files closed, the summary and kept map written, the
+// signals restored. The exit code: 128 + a signal that stopped the run, else 1 when a request or
+// a write failed.
+static int run_finish(run_state *S) {
+    runner *R = &S->R;
+    const run_opts *o = R->o;
     // in input order, a job held back by an unfinished earlier one is written now if complete
-    for (int j = 0; j < n_jobs; j++)
-        if (!jobs[j].written && !jobs[j].rq->error && jobs[j].n_left == 0) emit_job(&R, &jobs[j]);
-        else if (!jobs[j].written && jobs[j].rq->error && !stop_signal) emit_error(&R, &jobs[j]);
-    if (!json) stdout_check();
-    int out_failed = outputs_close(&w, o, &all, lo, hi, shape, n_ctx, !stop_signal) != 0;
-    progress(&R, 0, 1);
-    int summary_failed = write_summary(&R, slots, stop_signal != 0) != 0;
-    int km_failed = o->kept_map && km_write(&R, o->kept_map) != 0;
-    sigaction(SIGINT, &old_int, NULL);
-    sigaction(SIGTERM, &old_term, NULL);
-    sigaction(SIGXFSZ, &old_xfsz, NULL);
-    for (int j = 0; j < n_jobs; j++) {
-        for (int k = 0; k < jobs[j].n_units; k++) unit_free(&jobs[j].u[k]);
-        free(jobs[j].u);
+    for (int j = 0; j < S->n_jobs; j++) {
+        job *J = &S->jobs[j];
+        if (!J->written && !J->rq->error && J->n_left == 0) emit_job(R, J);
+        else if (!J->written && J->rq->error && !stop_signal) emit_error(R, J);
     }
-    free(jobs), free(active), free(pend);
-    for (int i = 0; i < all.n; i++) req_free(&all.r[i]);
-    free(all.r);
-    done_free(&done);
+    if (!S->json) stdout_check();
+    int out_failed = outputs_close(&S->w, o, &S->all, S->lo, S->hi, S->shape, R->n_ctx, !stop_signal) != 0;
+    progress(R, 0, 1);
+    int summary_failed = write_summary(R, S->slots, stop_signal != 0) != 0;
+    int km_failed = o->kept_map && km_write(R, o->kept_map) != 0;
+    sigaction(SIGINT, &S->old_int, NULL);
+    sigaction(SIGTERM, &S->old_term, NULL);
+    sigaction(SIGXFSZ, &S->old_xfsz, NULL);
     if (stop_signal) return 128 + stop_signal;
     // the job's truth: a failure an earlier run recorded (and --resume kept) fails it too
-    return R.n_failed || R.n_failed_before || km_failed || summary_failed || out_failed ? 1 : 0;
+    return R->n_failed || R->n_failed_before || km_failed || summary_failed || out_failed ? 1 : 0;
+}
+
+int jobs_run(const run_opts *o, context *cx, const tok *t, const char *dev, const char *model_name,
+             double load_ms, int n_ctx) {
+    run_state S = {.R = {.o = o, .cx = cx, .m = cx->m, .t = t, .dev = dev, .model_name = model_name,
+                         .load_ms = load_ms, .n_ctx = n_ctx}, .w = {.path = {o->output, o->errors}},
+                   .out_stdout = {.f = stdout, .fd = -1, .name = "stdout"}};
+    int rc = run_setup(&S);
+    if (rc == 0) {
+        run_schedule(&S);
+        rc = run_finish(&S);
+    }
+    for (int j = 0; j < S.n_jobs; j++) {
+        for (int k = 0; k < S.jobs[j].n_units; k++) unit_free(&S.jobs[j].u[k]);
+        free(S.jobs[j].u);
+    }
+    free(S.jobs), free(S.active), free(S.pend);
+    for (int i = 0; i < S.all.n; i++) req_free(&S.all.r[i]);
+    free(S.all.r);
+    done_free(&S.done);
+    return rc;
 }

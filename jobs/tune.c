@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../util/check.h"
+#include "../util/tunables.h"
 
 void tune_add(tune_win *w, double x) {
     w->added++;
@@ -48,18 +49,13 @@ int tune_pick(tune_choice *c, const tune_win *ratio, int min, int *note) {
     return --c->left > 0 ? way : TUNE_PAIR;   // (until that pair's ratio comes, a pair each choice)
 }
 
-int tune_init(par_tune *t, const model *m, int parallel, int quiet) {
+void tune_init(par_tune *t, const model *m, int parallel, int quiet) {
     *t = (par_tune){.quiet = quiet, .slots = parallel};
     for (int b = 0; b < TUNE_BUCKETS; b++) tune_choice_init(&t->dec_c[b]);
     tune_choice_init(&t->pre_c);
-    const char *e = getenv("SIFT_PARALLEL_WAY");
-    if (e && strcmp(e, "measure") != 0 && strcmp(e, "together") != 0 && strcmp(e, "alone") != 0) {
-        fprintf(stderr, "sift: error: SIFT_PARALLEL_WAY='%s' is not measure, together or alone\n", e);
-        return -1;
-    }
-    if (parallel < 2 || strcmp(m->bk->name, "cpu") != 0 || (e && strcmp(e, "together") == 0)) return 0;
-    t->on = e && strcmp(e, "alone") == 0 ? 2 : 1;
-    return 0;
+    int way = tunables()->parallel_way;
+    if (parallel < 2 || strcmp(m->bk->name, "cpu") != 0 || way == TUN_WAY_TOGETHER) return;
+    t->on = way == TUN_WAY_ALONE ? 2 : 1;
 }
 
 static int bucket_of(int B) {

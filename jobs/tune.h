@@ -63,10 +63,10 @@ typedef struct {
 
 // Measuring (t->on 1) for --parallel N (N > 1) on the CPU backend; elsewhere every call below is
 // the plain one (gen_prefill_packed, gen_step): a GPU's recorded decode step is kept per batch,
-// and wins there. SIFT_PARALLEL_WAY (read here, once a run) sets the way instead of measuring it:
+// and wins there. SIFT_PARALLEL_WAY (util/tunables.h) sets the way instead of measuring it:
 // together (the plain calls: every pass shared), alone (t->on 2: every pass one sequence or
-// prompt), measure (the default). 0, or -1 for another value (the error printed).
-int tune_init(par_tune *t, const model *m, int parallel, int quiet);
+// prompt), measure (the default).
+void tune_init(par_tune *t, const model *m, int parallel, int quiet);
 // gen_prefill_packed(g, k, max_rows), or the first prompt alone, as measured; returns the
 // prompts prefilled (g: opened, not yet prefilled; k <= FWD_MAX_BATCH).
 int tune_prefill(par_tune *t, gen_seq *const *g, int k, int max_rows);

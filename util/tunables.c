@@ -18,11 +18,22 @@ static const char *const ONOFF_NAMES[] = {"off", "on", NULL};
 static sift_tunables T;
 static int loaded;
 
-// $name's index among names (NULL-terminated; "" never matches), *out left as it is when unset
-// or (unless `set`) empty; -1 + err naming the accepted values when it is none of them.
-static int choice_of(const char *name, const char *const *names, int set, int *out, char *err, size_t n) {
+// $name's value; NULL when unset or empty, but for the variables whose empty value was always
+// refused (the strip forms, the batch runner's two), where it is a value like any other.
+static const char *value(const char *name) {
+    static const char *const strict[] = {"SIFT_STRIP_PREFETCH", "SIFT_STRIP_ROWS8", "SIFT_PACK_ROWS",
+                                         "SIFT_PARALLEL_WAY"};
     const char *e = getenv(name);
-    if (!e || (!*e && !set)) return 0;
+    for (size_t i = 0; e && !*e && i < sizeof strict / sizeof *strict; i++)
+        if (strcmp(name, strict[i]) == 0) return e;
+    return e && *e ? e : NULL;
+}
+
+// $name's index among names (NULL-terminated; "" never matches), *out left as it is when unset
+// (or empty: value); -1 + err naming the accepted values when it is none of them.
+static int choice(const char *name, const char *const *names, int *out, char *err, size_t n) {
+    const char *e = value(name);
+    if (!e) return 0;
     for (int i = 0; names[i]; i++)
         if (*names[i] && strcmp(e, names[i]) == 0) return *out = i, 0;
     char list[160] = "";
@@ -30,14 +41,11 @@ static int choice_of(const char *name, const char *const *names, int set, int *o
         if (*names[i]) snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", *list ? ", " : "", names[i]);
     return err_printf(err, n, "%s='%.64s' is not one of %s", name, e, list);
 }
-static int choice(const char *name, const char *const *names, int *out, char *err, size_t n) {
-    return choice_of(name, names, 0, out, err, n);
-}
 
 // $name as an integer in [lo, hi] into *out (left as it is when unset); -1 + err otherwise.
 static int integer(const char *name, long lo, long hi, long *out, char *err, size_t n) {
-    const char *e = getenv(name);
-    if (!e || !*e) return 0;
+    const char *e = value(name);
+    if (!e) return 0;
     char *end;
     errno = 0;
     long v = strtol(e, &end, 10);
@@ -63,8 +71,8 @@ int tunables_load(char *err, size_t n) {
     int group = 0, bf16 = 0;
     const char *e;
     if (choice("SIFT_ISA", ISA_NAMES, &t.isa, err, n) || choice("SIFT_PREFILL", TUN_PREFILL_NAMES, &t.prefill, err, n) ||
-        choice_of("SIFT_STRIP_PREFETCH", PREFETCH_NAMES, 1, &t.strip_prefetch, err, n) ||
-        choice_of("SIFT_STRIP_ROWS8", ONOFF_NAMES, 1, &t.strip_rows8, err, n) ||
+        choice("SIFT_STRIP_PREFETCH", PREFETCH_NAMES, &t.strip_prefetch, err, n) ||
+        choice("SIFT_STRIP_ROWS8", ONOFF_NAMES, &t.strip_rows8, err, n) ||
         flag01("SIFT_CUDA_GRAPHS", &t.cuda_graphs, err, n) ||
         choice("SIFT_ATTN_PREFILL", ATTN_NAMES, &t.attn_prefill, err, n) ||
         integer("SIFT_CUDA_SMEM_OPTIN", 0, 1 << 20, &optin, err, n) ||
