@@ -1,6 +1,6 @@
 // main.c — the sift command line: the developer tunables read once, then the subcommand its first
 // word names (cmd/: bench, eval, sweep, ppl, fit-phi, and help), else prompts run (cmd/run.c).
-// Never interactive. Exit codes (README's table): 0 ok, 1 a request, the model or a write failed,
+// Never interactive. Exit codes (docs/usage.md's table): 0 ok, 1 a request, the model or a write failed,
 // 2 bad usage, 128 + the signal's number when interrupted.
 #include <stdio.h>
 #include <string.h>

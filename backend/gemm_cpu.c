@@ -92,7 +92,7 @@ static enum q_path pick_path(cpu_impl *c, const bk_weight *w, int n, int in, int
 }
 
 // The rounding class of a product on w over n rows: the fixed rule's path (the int8 row kernels
-// and the VNNI and AMX GEMMs round each row by itself: README "How the CPU keeps weights"); -1
+// and the VNNI and AMX GEMMs round each row by itself: docs/models.md, "How the CPU keeps weights"); -1
 // where OpenBLAS multiplies (fp32 weights, sgemm tiles: its kernels are chosen by shape) or the
 // path is timed per row bucket (SIFT_PREFILL=tune).
 int cpu_row_class(backend *b, const bk_weight *w, int n) {

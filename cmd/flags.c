@@ -1,6 +1,6 @@
 // cmd/flags.c — the one flag table (cmd/flags.h) and everything made from it: the parser every
 // subcommand uses, --help, did-you-mean, the refusals of llama.cpp flags sift lacks, the old
-// spellings, and the generated outputs (README's table, completions, man page, a flag list).
+// spellings, and the generated outputs (docs/usage.md's table, completions, man page, a flag list).
 #include <errno.h>
 #include <limits.h>
 #include <stdint.h>
@@ -737,7 +737,7 @@ static void md_cell(const char *s) {
     }
 }
 
-// sift --help-markdown: README's flag table and the llama.cpp correspondences.
+// sift --help-markdown: docs/usage.md's flag table and the llama.cpp correspondences.
 static void help_markdown(void) {
     printf("| flag | run | bench | eval | sweep | ppl | fit-phi | default | meaning |\n"
            "|---|:-:|:-:|:-:|:-:|:-:|:-:|---|---|\n");

@@ -2,7 +2,7 @@
 // subcommands it applies to, its type, range, default, environment variable, help), after the
 // model of llama.cpp's common/arg.cpp. Every subcommand parses its argv with flags_parse, which
 // validates types and ranges and answers --help; --help, the bash, zsh and fish completions, the man
-// page and README's flag table are printed from the same rows (sift --help-markdown, --completion
+// page and docs/usage.md's flag table are printed from the same rows (sift --help-markdown, --completion
 // bash|zsh|fish, --man, --list-flags). The strategy parameters are rows too: policies/options.c keeps
 // them (which strategy reads which, the settings echo), and the table takes them in as rows.
 #pragma once

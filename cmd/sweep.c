@@ -28,7 +28,7 @@ enum { SW_SPEED_TOTAL, SW_SPEED_TTFT, SW_SPEED_TPOT };
 static const char *const SW_FIDELITY[] = {"greedy", "first", "accuracy"};
 static const char *const SW_SPEED[] = {"total", "ttft", "tpot"};
 
-// The default grid, one entry per line of README's list; %d: speed's depths ceil(0.75 L) and
+// The default grid, one entry per line of docs/usage.md's list; %d: speed's depths ceil(0.75 L) and
 // ceil(0.875 L); %s: the separate draft (draft-layers=L, or draft=MODEL with --draft). A
 // strategy strategy_find does not know (a composition not built yet) is skipped with a note.
 static const char *const SW_DEFAULT_GRID[] = {

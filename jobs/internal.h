@@ -41,7 +41,7 @@ typedef struct request {
                             // --resume reruns a request whose record holds another
 } request;
 
-// The Batch API error codes sift writes (README lists them): a line that cannot be read or holds a
+// The Batch API error codes sift writes (docs/batch.md lists them): a line that cannot be read or holds a
 // bad value; a field, URL or method sift does not implement; a prompt too long for the context;
 // a failure while running; a request a signal stopped in flight (--resume runs it again).
 #define JOBS_ERROR_CODES "invalid_request", "unsupported_parameter", "unsupported_url", \

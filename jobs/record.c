@@ -166,7 +166,7 @@ static void openai_record(FILE *f, const runner *R, const request *q, const unit
     unsigned long long h = id_hash(q->id, 0);
     fprintf(f, "{\"id\":\"batch_req_%016llx\",\"custom_id\":", h);
     tok_json_str(f, q->id, strlen(q->id));
-    // sift's own key (README: the Batch API's readers ignore it): the strategy and the digests
+    // sift's own key (docs/batch.md: the Batch API's readers ignore it): the strategy and the digests
     // --resume compares (a request line's own error has none: its message is its digest)
     char sift[120] = "";
     if (u) {
@@ -210,7 +210,7 @@ static void openai_record(FILE *f, const runner *R, const request *q, const unit
 }
 
 // Writes the record buf[0..n) to s in one write and flushes it (stdout) or, at most once a second,
-// fsyncs it (a file; the rest at the end of the run: README says what a power cut can cost). A
+// fsyncs it (a file; the rest at the end of the run: docs/batch.md says what a power cut can cost). A
 // failed write ends the run with exit 1, naming the file and the reason, after cutting a regular
 // file back to the end of its last whole record: what was written stays whole.
 static void write_whole(rec_sink *s, const char *buf, size_t n) {

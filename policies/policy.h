@@ -1,5 +1,5 @@
 // policies/policy.h — strategies. Each strategy lives in one file of policies/ and drives the
-// shared forward pass (model/forward.h) through its hooks; this header is what main.c sees:
+// shared forward pass (model/forward.h) through its hooks; this header is what cmd/ and jobs/ see:
 // the registry (registry.c), the per-run options (options.c), and the generation loop every
 // strategy shares (generate.c).
 #pragma once

@@ -6,7 +6,7 @@
 #include "../model/forward.h"
 #include "../backend/sample.h"
 
-// Every strategy's parameters (flags of main.c). A value of 0 / -1 where noted means "the
+// Every strategy's parameters (flags of the one table, cmd/flags.c). A value of 0 / -1 where noted means "the
 // strategy's default for this model", resolved by the strategy from the model's depth.
 typedef struct strategy_opts {
     // speed

@@ -1,6 +1,6 @@
 // simt/runtime.cpp — the SIMT emulator behind simt.h: CUDA threads as fibers, blocks on a
 // pool of worker threads, device memory as bounds-checked host allocations, warp-collective
-// operations, streams, events and graphs, and the checkers (README, "GPU code without a GPU"):
+// operations, streams, events and graphs, and the checkers (docs/gpu.md, "GPU code without a GPU"):
 //  - global memory: an access outside a live allocation, into a freed one, misaligned for its
 //    size, or from host code (kernel, block, thread, address, allocation, source line; exit 3:
 //    a GPU would fault there too);

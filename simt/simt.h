@@ -5,7 +5,7 @@
 // warp-collective operations, atomics, math intrinsics, the kernel launch, and the runtime API
 // (memory, streams, events, graphs). runtime.cpp implements it: every CUDA thread is a fiber,
 // a block's fibers run on one worker thread, blocks run on a small pool of workers; device
-// memory is bounds-checked, shared memory race- and initialisation-checked (README, "GPU code
+// memory is bounds-checked, shared memory race- and initialisation-checked (docs/gpu.md, "GPU code
 // without a GPU"). Only clang++ builds this (ext_vector_type, -fsanitize-coverage hooks).
 #pragma once
 #include <limits.h>
