@@ -144,10 +144,9 @@ void cli_help_line(FILE *out, int indent, const char *head, const char *text) {
     fputc('\n', out);
 }
 
-// The model path: -m, else $SIFT_MODEL, else models/... beside the binary.
+// The model path when neither -m nor $SIFT_MODEL (the flag table's default) names one:
+// models/... beside the binary.
 static char *cli_default_model_path(void) {
-    const char *env = getenv("SIFT_MODEL");
-    if (env && *env) return strdup(env);
     char exe[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n <= 0) return strdup(DEFAULT_MODEL);
@@ -267,7 +266,6 @@ static int check_strategies(const strategy *const *list, int n, const strategy_o
 }
 
 int cli_is_synthetic(const char *path) {
-    if (!path) path = getenv("SIFT_MODEL");
     return path && strncmp(path, SYNTH_PREFIX, strlen(SYNTH_PREFIX)) == 0;
 }
 

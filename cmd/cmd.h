@@ -106,7 +106,7 @@ typedef struct {
     int ubatch;
 } cli_hw;
 
-// The backend for hw, then model/load.h's load_open of path (NULL: $SIFT_MODEL or the default
+// The backend for hw, then model/load.h's load_open of path (-m or $SIFT_MODEL; NULL: the default
 // model beside the binary) and draft_path (may be NULL) with the memory plan for hw->plan_ctx
 // tokens (activations of min(plan_ctx, hw->ubatch) rows when every strategy of list chunks:
 // strategy_prefill_rows) and a run context for each model (L->cx, L->dcx) made with hw's
@@ -138,7 +138,7 @@ uint32_t cli_wtype(const char *v);
 #define CLI_BACKENDS "cpu"
 #endif
 void cli_unload(loaded *L);
-// path (NULL: the default) names a synthetic model: synthetic:NAME[@SEED]. It has no tokenizer
+// path (NULL: the default model) names a synthetic model: synthetic:NAME[@SEED]. It has no tokenizer
 // (L->t stays NULL), so only `sift bench` runs it.
 int cli_is_synthetic(const char *path);
 // 2 (error printed, naming cmd) when path is a synthetic model, which has no tokenizer; else 0.
