@@ -171,6 +171,9 @@ struct fa2_smem {
 
 // q (n, heads, HD), K/V (n_kv_head, cap, HD) -> out (n, heads, HD); grid (ceil(n / ROWS), heads),
 // NW * 32 threads, sizeof(fa2_smem<HD, MT>) dynamic shared memory. mm: tile_minmax_kernel's table.
+// One body of ~150 lines, kept whole on purpose: the accumulators (O fragments, row max and sum)
+// live in registers across the tile loop, and the staging, scores, softmax and P @ V steps read
+// as the FlashAttention-2 loop they are.
 template <int HD, int MT>
 __global__ void __launch_bounds__(NW * 32)
 attn_fa2_kernel(bf16 *out, attn_cuda_args a, const int2 *mm, float scale_log2) {
