@@ -505,10 +505,14 @@ void flags_parse(flag_set *f, int sub, int argc, char **argv, int first) {
     snprintf(help_name, sizeof help_name, "sift%s%s", sub == R ? "" : " ", SUBS[sub_index(sub)].name);
     cli_help_name = help_name;
     *f = (flag_set){.sub = sub, .name = SUBS[sub_index(sub)].name, .so = strategy_opts_default()};
-    for (int i = 0; i < N_ROWS; i++) {   // the defaults: the environment column's variable, else the row's
+    // the defaults: a row's SIFT_ variable (its environment column) where set, else the row's own
+    // (OMP_NUM_THREADS is the CPU backend's to read: -t's default 0 means it)
+    for (int i = 0; i < N_ROWS; i++) {
         char buf[64];
         const char *d = ROWS[i].subs & sub ? row_default(&ROWS[i], sub, buf, sizeof buf) : NULL, *e;
-        if (ROWS[i].subs & sub && ROWS[i].env && (e = getenv(ROWS[i].env)) && *e) d = e;
+        if (ROWS[i].subs & sub && ROWS[i].env && strncmp(ROWS[i].env, "SIFT_", 5) == 0 &&
+            (e = getenv(ROWS[i].env)) && *e)
+            d = e;
         static char keep[FL_COUNT][64];   // the default's text, as the value's
         if (d && ROWS[i].type != FT_STRAT) {
             snprintf(keep[ROWS[i].id], sizeof keep[0], "%s", d);
