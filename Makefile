@@ -163,17 +163,25 @@ build/fuzz/fuzz_phi: fuzz/fuzz_phi.c attn/phi_file.c attn/phi_cpu.c util/check.c
 	$(FUZZ_CC) $(FUZZ_FLAGS) -I/usr/include/x86_64-linux-gnu/openblas-openmp $(filter %.c,$^) -o $@ \
 	    $(OPENBLAS_A) -lgomp -lm -lpthread
 
-# The CLI parsers: cmd/*.c are included by the target; the rest of the library is linked.
+# The CLI parsers: cmd/*.c are included by the target; the rest of the library is linked, from
+# objects compiled once under the same sanitizers (build/fuzzobj/, one per file: shared by
+# fuzz_cli and fuzz_requests, and built in parallel under make -j).
 CLI_LIB_SRC := $(filter-out cmd/%,$(LIB_SRC))
-build/fuzz/fuzz_cli: fuzz/fuzz_cli.c $(wildcard cmd/*.c cmd/*.h) $(CLI_LIB_SRC)
+FUZZ_OBJ := $(CLI_LIB_SRC:%.c=build/fuzzobj/%.o)
+FUZZ_LIB_FLAGS := $(subst -fsanitize=fuzzer,-fsanitize=fuzzer-no-link,$(FUZZ_FLAGS)) -Wno-unknown-pragmas \
+                  -I/usr/include/x86_64-linux-gnu/openblas-openmp
+build/fuzzobj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_LIB_FLAGS) -MMD -MP -c $< -o $@
+build/fuzz/fuzz_cli: fuzz/fuzz_cli.c $(wildcard cmd/*.c cmd/*.h) $(FUZZ_OBJ)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -Wno-unknown-pragmas -I/usr/include/x86_64-linux-gnu/openblas-openmp \
-	    fuzz/fuzz_cli.c $(CLI_LIB_SRC) -o $@ $(OPENBLAS_A) $(PCRE2_A) $(JANSSON_A) -lgomp -lm -lpthread
+	    fuzz/fuzz_cli.c $(FUZZ_OBJ) -o $@ $(OPENBLAS_A) $(PCRE2_A) $(JANSSON_A) -lgomp -lm -lpthread
 # The request reader (--prompts lines of both shapes): the library without the command line.
-build/fuzz/fuzz_requests: fuzz/fuzz_requests.c $(wildcard jobs/*.c jobs/*.h) $(CLI_LIB_SRC)
+build/fuzz/fuzz_requests: fuzz/fuzz_requests.c $(wildcard jobs/*.c jobs/*.h) $(FUZZ_OBJ)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -Wno-unknown-pragmas -I/usr/include/x86_64-linux-gnu/openblas-openmp \
-	    fuzz/fuzz_requests.c $(CLI_LIB_SRC) -o $@ $(OPENBLAS_A) $(PCRE2_A) $(JANSSON_A) -lgomp -lm -lpthread
+	    fuzz/fuzz_requests.c $(FUZZ_OBJ) -o $@ $(OPENBLAS_A) $(PCRE2_A) $(JANSSON_A) -lgomp -lm -lpthread
 # The --resume reader of an earlier run's records (jobs/resume.c), through a FILE* on the input.
 build/fuzz/fuzz_resume: fuzz/fuzz_resume.c jobs/resume.c util/check.c util/outfile.c jobs/internal.h jobs/jobs.h
 	@mkdir -p $(dir $@)
@@ -222,7 +230,7 @@ test-c: $(TEST_BIN)
 test-bins: $(TEST_BIN) $(TOOL_BIN) $(GPU_BIN) $(SIMT_BIN)
 
 test: deps
-	@$(MAKE) --no-print-directory sift test-bins $(FUZZ_BIN) model
+	@$(MAKE) --no-print-directory -j$$(nproc) sift test-bins $(FUZZ_BIN) model
 	@bash tests/run.sh
 
 # One end-to-end prompt per strategy under valgrind memcheck (minutes; not part of `make test`).
@@ -246,5 +254,5 @@ test-gpu-sanitize: $(GPU_BIN)
 clean:
 	rm -rf build sift
 
--include $(LIB_OBJ:.o=.d) build/main.d $(TEST_BIN:%=%.d) $(TOOL_BIN:%=%.d) $(GPU_BIN:%=%.d) \
+-include $(FUZZ_OBJ:.o=.d) $(LIB_OBJ:.o=.d) build/main.d $(TEST_BIN:%=%.d) $(TOOL_BIN:%=%.d) $(GPU_BIN:%=%.d) \
          $(SIMT_KOBJ:.o=.d) $(SIMT_RT:.o=.d)
