@@ -233,14 +233,18 @@ def test_one_signal_stops_a_generation(small, sig):
 
 
 def test_one_signal_json_record(small):
-    proc = start(["-m", small, "-p", "river stone", "-n", "3000", "--temp", "0", "--json"], text=True)
+    # --json streams nothing: the signal comes after a fixed wait, so the generation must outlast it
+    # on a fast CPU too (-n 3000 took 1.4 s on a Zen 4; 30000 tokens at a growing context take far
+    # longer than the wait)
+    proc = start(["-m", small, "-p", "river stone", "-n", "30000", "-c", "32768", "--temp", "0", "--json"],
+                 text=True)
     time.sleep(3)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     rec = json.loads(out)
     assert rec["finish_reason"] == "interrupted" and rec["stop"] == "interrupted"
-    assert 0 < rec["timings"]["predicted_n"] < 3000 and rec["text"]
+    assert 0 < rec["timings"]["predicted_n"] < 30000 and rec["text"]
 
 
 def test_slurm_time_limit_then_resume(small, tmp_path):
