@@ -83,16 +83,9 @@ int tunables_load(char *err, size_t n) {
         choice("SIFT_PARALLEL_WAY", WAY_NAMES, &t.parallel_way, err, n) ||
         flag01("SIFT_PARSE_ONLY", &t.parse_only, err, n))
         return -1;
-    if ((e = getenv("SIFT_CUDA_QGEMV")) && *e) {
-        if (strcmp(e, "chunk") && strcmp(e, "group"))
-            return err_printf(err, n, "SIFT_CUDA_QGEMV='%.64s' is not one of chunk, group", e);
-        group = strcmp(e, "group") == 0;
-    }
-    if ((e = getenv("SIFT_CUDA_WEIGHTS")) && *e) {
-        if (strcmp(e, "bf16") && strcmp(e, "blocks"))
-            return err_printf(err, n, "SIFT_CUDA_WEIGHTS='%.64s' is not one of blocks, bf16", e);
-        bf16 = strcmp(e, "bf16") == 0;
-    }
+    static const char *const QGEMV[] = {"chunk", "group", NULL}, *const WEIGHTS[] = {"blocks", "bf16", NULL};
+    if (choice("SIFT_CUDA_QGEMV", QGEMV, &group, err, n) || choice("SIFT_CUDA_WEIGHTS", WEIGHTS, &bf16, err, n))
+        return -1;
     t.cuda_qgemm_rows = (int)rows, t.cuda_dq_rows = (int)dq, t.cuda_smem_optin = (int)optin;
     t.cuda_qgemv_group = group, t.cuda_weights_bf16 = bf16;
     t.cublaslt = (e = getenv("SIFT_CUBLASLT")) && *e ? e : NULL;
