@@ -64,3 +64,36 @@ int score_topk(const float *s, int n, int k, int *idx) {
         if (s[j] > thr || (s[j] == thr && ties-- > 0)) idx[m++] = j;
     return m;
 }
+
+void score_window_pool(const float *probs, int nq, int heads, int m, int c, int kernel, int avg,
+                       float *out) {
+    float *sum = xmalloc((size_t)(c > 0 ? c : 1) * sizeof(float));
+    for (int h = 0; h < heads; h++) {
+        for (int j = 0; j < c; j++) {
+            float acc = 0;
+            for (int r = 0; r < nq; r++) acc += probs[((size_t)r * heads + h) * m + j];
+            sum[j] = acc;
+        }
+        (avg ? score_avgpool : score_maxpool)(sum, c, kernel, out + (size_t)h * c);
+    }
+    free(sum);
+}
+
+void score_group_sum(const float *in, int heads, int groups, int c, float *out) {
+    int per = heads / groups;
+    for (int g = 0; g < groups; g++)
+        for (int j = 0; j < c; j++) {
+            float acc = 0;
+            for (int h = g * per; h < (g + 1) * per; h++) acc += in[(size_t)h * c + j];
+            out[(size_t)g * c + j] = acc;
+        }
+}
+
+void score_select(const float *s, int rows, int c, int k, int tail, int *idx, int ld) {
+    CHECK_INTERNAL(k >= 0 && k <= c && k + tail <= ld, "select %d of %d (+ %d) into rows of %d",
+                   k, c, tail, ld);
+    for (int r = 0; r < rows; r++) {
+        int *out = idx + (size_t)r * ld, top = score_topk(s + (size_t)r * c, c, k, out);
+        for (int j = 0; j < tail; j++) out[top + j] = c + j;
+    }
+}

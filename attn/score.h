@@ -11,3 +11,17 @@ void score_avgpool(const float *s, int n, int kernel, float *out);
 // idx (k,) = indices of the k largest s[0..n), ties to the lower index, sorted ascending.
 // k is clamped to [0, n]; returns the count written.
 int score_topk(const float *s, int n, int k, int *idx);
+
+// The window scores of FastKV/SnapKV (the CPU twins of the backend ops window_scores,
+// score_group_sum and score_select, backend/backend.h):
+// out (heads, c) from probs (nq, heads, m), the softmax rows of nq query rows over m keys: per
+// head h, s_h[j] = the sum over the rows r (in order, in float) of probs[r][h][j] for j < c,
+// then out[h] = the max-pool (avg 0) or avg-pool (avg 1) of s_h with `kernel` (as above).
+void score_window_pool(const float *probs, int nq, int heads, int m, int c, int kernel, int avg,
+                       float *out);
+// out (groups, c): out[g][j] = the sum of in[h][j] over group g's heads / groups consecutive
+// heads (in order, in float).
+void score_group_sum(const float *in, int heads, int groups, int c, float *out);
+// idx (rows, ld): for each row r of s (rows, c), the top k of its c scores (score_topk: ties to
+// the lower index, ascending) followed by c, c + 1, ..., c + tail - 1 (k + tail <= ld).
+void score_select(const float *s, int rows, int c, int k, int tail, int *idx, int ld);

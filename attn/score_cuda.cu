@@ -1,7 +1,9 @@
-// attn/score_cuda.cu — top-k selection on the device (the CPU twin is score_topk in score.c).
-// One block per row: a radix select finds the k-th largest value in four 8-bit passes over the
-// row (a shared 256-bin histogram each), then one ordered pass writes every index above it and
-// the lowest-indexed ones equal to it, in ascending order (two block scans per tile).
+// attn/score_cuda.cu — token scoring on the device; the CPU twins are in score.c.
+// Top-k selection (score_topk): one block per row, a radix select finds the k-th largest value
+// in four 8-bit passes over the row (a shared 256-bin histogram each), then one ordered pass
+// writes every index above it and the lowest-indexed ones equal to it, in ascending order (two
+// block scans per tile), then the row's tail indices. The window scores (score_window_pool) and
+// group sums (score_group_sum): one thread per output, summing in the CPU twin's order.
 #include <cub/block/block_scan.cuh>
 
 #include "../util/cuda_util.cuh"
@@ -15,12 +17,16 @@ __device__ static unsigned topk_key(float x) {
     return (b & 0x80000000u) ? ~b : b | 0x80000000u;
 }
 
-__global__ void topk_rows_kernel(int *idx, const float *s, size_t stride, int n, int k, int lo) {
+// idx (rows, ld): row r = lo + the top k of s[r * stride + 0 .. n), ascending, then lo + n .. +tail
+__global__ void topk_rows_kernel(int *idx, size_t ld, const float *s, size_t stride, int n, int k,
+                                 int lo, int tail) {
     typedef cub::BlockScan<int, TOPK_THREADS> scan_t;
     __shared__ typename scan_t::TempStorage scan_tmp;
     __shared__ unsigned hist[256], prefix_s, need_s;
     const float *row = s + blockIdx.x * stride;
-    int *out = idx + (size_t)blockIdx.x * k;
+    int *out = idx + (size_t)blockIdx.x * ld;
+    for (int t = threadIdx.x; t < tail; t += blockDim.x) out[k + t] = lo + n + t;
+    if (k == 0) return;
     // the k-th largest key, 8 bits at a time: after each pass `prefix` holds its top bits and
     // `need` how many of the keys sharing them are still to be taken
     unsigned prefix = 0, mask = 0, need = (unsigned)k;
@@ -58,8 +64,52 @@ __global__ void topk_rows_kernel(int *idx, const float *s, size_t stride, int n,
     }
 }
 
-void score_topk_rows_cuda(int *idx, const float *s, size_t stride, int rows, int n, int k, int lo,
+void score_topk_rows_cuda(int *idx, size_t ld, const float *s, size_t stride, int rows, int n,
+                          int k, int lo, int tail, cudaStream_t stream) {
+    if (rows == 0 || k + tail == 0) return;
+    CUDA_LAUNCH(topk_rows_kernel, rows, TOPK_THREADS, 0, stream, idx, ld, s, stride, n, k, lo, tail);
+}
+
+// out (heads, c) from probs (nq, heads, m): thread (h, j) pools s_h over [j - kernel/2, j +
+// kernel/2] ∩ [0, c), each s_h[t] the sum of probs[r][h][t] over r in order (score_window_pool)
+__global__ void window_pool_kernel(float *out, const float *probs, int nq, int heads, int m, int c,
+                                   int kernel, int avg) {
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= (size_t)heads * c) return;
+    int h = (int)(e / c), j = (int)(e % c), r = kernel / 2;
+    int lo = j - r < 0 ? 0 : j - r, hi = j + r >= c ? c - 1 : j + r;
+    float mx = 0;
+    double sum = 0;
+    for (int t = lo; t <= hi; t++) {
+        float acc = 0;
+        for (int i = 0; i < nq; i++) acc += probs[((size_t)i * heads + h) * m + t];
+        if (t == lo || acc > mx) mx = acc;
+        sum += acc;
+    }
+    out[e] = avg ? (float)(sum / kernel) : mx;
+}
+
+void score_window_pool_cuda(float *out, const float *probs, int nq, int heads, int m, int c,
+                            int kernel, int avg, cudaStream_t stream) {
+    size_t total = (size_t)heads * c;
+    if (total == 0) return;
+    CUDA_LAUNCH(window_pool_kernel, cuda_blocks(total, 256), 256, 0, stream, out, probs, nq, heads,
+                m, c, kernel, avg);
+}
+
+// out (groups, c): thread (g, j) sums in[h][j] over group g's heads in order (score_group_sum)
+__global__ void group_sum_kernel(float *out, const float *in, int heads, int groups, int c) {
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= (size_t)groups * c) return;
+    int g = (int)(e / c), j = (int)(e % c), per = heads / groups;
+    float acc = 0;
+    for (int h = g * per; h < (g + 1) * per; h++) acc += in[(size_t)h * c + j];
+    out[e] = acc;
+}
+
+void score_group_sum_cuda(float *out, const float *in, int heads, int groups, int c,
                           cudaStream_t stream) {
-    if (rows == 0 || k == 0) return;
-    CUDA_LAUNCH(topk_rows_kernel, rows, TOPK_THREADS, 0, stream, idx, s, stride, n, k, lo);
+    size_t total = (size_t)groups * c;
+    if (total == 0) return;
+    CUDA_LAUNCH(group_sum_kernel, cuda_blocks(total, 256), 256, 0, stream, out, in, heads, groups, c);
 }

@@ -1,10 +1,17 @@
-// attn/score_cuda.h — CUDA twin of score.h's score_topk (score_cuda.cu), for rows of scores
-// already on the device. Same rule: the k largest, ties to the lower index, ascending.
+// attn/score_cuda.h — CUDA twins of score.h (score_cuda.cu), for scores already on the device.
+// Device pointers; each runs on `stream`, no synchronisation.
 #pragma once
 #include <cuda_runtime.h>
 #include <stddef.h>
 
-// idx (rows, k) = lo + the indices of the k largest of each row's s[r * stride + 0 .. n)
-// (1 <= k <= n; scores are not NaN). Device pointers; runs on `stream`, no synchronisation.
-void score_topk_rows_cuda(int *idx, const float *s, size_t stride, int rows, int n, int k, int lo,
+// idx (rows, ld): row r = lo + the indices of the k largest of s[r * stride + 0 .. n) (score_topk:
+// ties to the lower index, ascending; 0 <= k <= n, scores not NaN), then lo + n .. lo + n + tail - 1
+// (score_select's tail; k + tail <= ld).
+void score_topk_rows_cuda(int *idx, size_t ld, const float *s, size_t stride, int rows, int n,
+                          int k, int lo, int tail, cudaStream_t stream);
+// score_window_pool: out (heads, c) from probs (nq, heads, m)
+void score_window_pool_cuda(float *out, const float *probs, int nq, int heads, int m, int c,
+                            int kernel, int avg, cudaStream_t stream);
+// score_group_sum: out (groups, c) from in (heads, c)
+void score_group_sum_cuda(float *out, const float *in, int heads, int groups, int c,
                           cudaStream_t stream);

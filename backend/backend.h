@@ -16,6 +16,21 @@
 enum rope_style { ROPE_NORM = 0, ROPE_NEOX = 1 };   // adjacent pairs (2j,2j+1) | halves (j, j+hd/2)
 
 typedef struct bk_weight bk_weight;   // a weight matrix or vector on the device
+
+// What a backend has asked of its device so far (backend op `counters`): bytes copied host to
+// device and device to host, stream synchronisations, device allocations (the allocator's
+// calls, not reuses of a freed buffer), launches (kernels, copies on the device, library
+// products) and replays of a recorded step. A backend that moves nothing (the CPU) has none.
+typedef struct bk_counters {
+    unsigned long long h2d_bytes, d2h_bytes, syncs, allocs, launches, graph_replays;
+} bk_counters;
+// a + sign * b, field by field (sign 1 or -1: a sum, or the counts between two readings)
+static inline bk_counters bk_counters_add(bk_counters a, bk_counters b, int sign) {
+    unsigned long long *x = &a.h2d_bytes;
+    const unsigned long long *y = &b.h2d_bytes;
+    for (int i = 0; i < 6; i++) x[i] += sign > 0 ? y[i] : (unsigned long long)0 - y[i];
+    return a;
+}
 typedef struct backend backend;
 typedef struct kv_layer kv_layer;
 typedef struct phi_maps phi_maps;             // attn/phi.h
@@ -122,6 +137,28 @@ struct backend {
                        const kv_layer *L, int m);
     // L keeps, per KV head g, entries idx[g*k + j] (ascending), in buffers of capacity new_cap
     void (*kv_keep)(backend *b, kv_layer *L, const int *idx, int k, int new_cap);
+    // Token scoring whose data never leaves backend memory (the ops FastKV's and SnapKV's
+    // selection compose; fp32 scores and int32 indices in buffers from alloc; attn/score.h holds
+    // the arithmetic, which is what the CPU's ops run):
+    // scores (heads, c) = score_window_pool of attn_probs' softmax rows of q (nq rows at qpos)
+    // over L's first m entries (avg 0: max-pool, 1: avg-pool, over `kernel`)
+    void (*window_scores)(backend *b, float *scores, const void *q, const int *qpos, int nq,
+                          int heads, const kv_layer *L, int m, int c, int kernel, int avg);
+    // out (groups, c) = score_group_sum of in (heads, c)
+    void (*score_group_sum)(backend *b, float *out, const float *in, int heads, int groups, int c);
+    // idx (rows, ld) = score_select of s (rows, c): each row's top k, then the tail c .. c+tail-1
+    void (*score_select)(backend *b, int *idx, int ld, const float *s, int rows, int c, int k,
+                         int tail);
+    // kv_keep with idx in backend memory, into nk, nv (buffers from alloc holding new_cap
+    // entries of L's row types) that replace L's K and V; L's old K and V are left for the
+    // caller to free (after the pass: nothing is freed or allocated here). L's host positions
+    // may be left stale (L->pos_stale: kv_pos_sync makes them current).
+    void (*kv_keep_at)(backend *b, kv_layer *L, const int *idx, int k, int new_cap, void *nk,
+                       void *nv);
+    // dst (n,), host = src (n,) int32 in backend memory (waits for it)
+    void (*ints_to_host)(backend *b, int *dst, const int *src, size_t n);
+    // Optional: L's host positions made current when stale (L->pos_stale, after kv_keep_at).
+    void (*kv_pos_sync)(backend *b, kv_layer *L);
     // A (rows, cols) weight whose element i is offset + scale * synth_uniform(seed, tensor, i)
     // (weights/synthetic.h), made where it lives.
     bk_weight *(*weight_synth)(backend *b, uint64_t seed, uint64_t tensor, size_t rows, size_t cols,
@@ -169,6 +206,9 @@ struct backend {
     // (the CUDA backend: a temperature with more than 1024 candidates): sample on the host.
     int (*sample)(backend *b, int *out, const void *logits, int n, int vocab, const sample_params *p,
                   const uint64_t *state);
+    // Optional: *out = the counts since the backend was made (bk_counters). NULL: none (the
+    // CPU: host and device are one memory).
+    void (*counters)(backend *b, bk_counters *out);
     int (*graph_begin)(backend *b);
     void *(*graph_end)(backend *b);
     int (*graph_launch)(backend *b, void *graph);

@@ -27,8 +27,8 @@ static void cuda_step_bind(backend *b, const int *tokens, const int *pos, int n)
     }
     rope_tables_cover(c, max_pos);   // a replay rotates by these positions without asking
     int *d = (int *)dev_buf_reserve(c, &c->step_dev, 2 * (size_t)n * sizeof(int), "a decode step");
-    CUDA_CHECK(cudaMemcpyAsync(d, tokens, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, c->stream));
-    CUDA_CHECK(cudaMemcpyAsync(d + n, pos, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, c->stream));
+    CUDA_CHECK(cuda_memcpy_async(d, tokens, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, c->stream));
+    CUDA_CHECK(cuda_memcpy_async(d + n, pos, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, c->stream));
     c->step_tok = tokens, c->step_pos = pos, c->step_n = n;
 }
 
@@ -40,6 +40,7 @@ static int cuda_graph_begin(backend *b) {
         return -1;
     }
     c->recording = 1;
+    cuda_counts.capturing = 1;
     return 0;
 }
 
@@ -47,6 +48,7 @@ static void *cuda_graph_end(backend *b) {
     cuda_impl *c = impl(b);
     CHECK_INTERNAL(c->recording, "graph_end without graph_begin");
     c->recording = 0;
+    cuda_counts.capturing = 0;
     cudaGraph_t g = NULL;
     cudaGraphExec_t exec = NULL;
     if (cudaStreamEndCapture(c->stream, &g) != cudaSuccess || !g) {
@@ -70,7 +72,14 @@ static int cuda_graph_launch(backend *b, void *graph) {
     CHECK_INTERNAL(!c->recording && c->step_n > 0, "replaying a decode step needs a bound one");
     if (r->gen != c->gen) return -1;
     CUDA_CHECK(cudaGraphLaunch(r->exec, c->stream));
+    cuda_counts.graph_replays++, cuda_counts.launches++;
     return 0;
+}
+
+static void cuda_counters_get(backend *b, bk_counters *out) {
+    (void)b;
+    const cuda_counts_t *k = &cuda_counts;
+    *out = (bk_counters){k->h2d_bytes, k->d2h_bytes, k->syncs, k->allocs, k->launches, k->graph_replays};
 }
 
 static void cuda_graph_free(backend *b, void *graph) {
@@ -85,7 +94,7 @@ static void cuda_graph_free(backend *b, void *graph) {
 
 static void cuda_destroy(backend *b) {
     cuda_impl *c = impl(b);
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    CUDA_CHECK(cuda_stream_sync(c->stream));
     for (int i = 0; i < c->n_plans; i++) plan_destroy(c, &c->plans[i]);
     LT_CHECK(c, c->lt.destroy(c->lt_handle));
     dev_buf *bufs[] = {&c->attn_work, &c->probs, &c->f32, &c->phi_f, &c->phi_q, &c->phi_sum, &c->topk,
@@ -177,6 +186,12 @@ backend *backend_cuda_create(char *msg, size_t len) {
     b->attention_multi = cuda_attention_multi;
     b->attn_probs = cuda_attn_probs;
     b->kv_keep = cuda_kv_keep;
+    b->window_scores = cuda_window_scores;
+    b->score_group_sum = cuda_score_group_sum;
+    b->score_select = cuda_score_select;
+    b->kv_keep_at = cuda_kv_keep_at;
+    b->ints_to_host = cuda_ints_to_host;
+    b->kv_pos_sync = cuda_kv_pos_sync;
     b->weight_synth = cuda_weight_synth;
     b->ceilings = CUDA_EMULATED ? NULL : cuda_ceilings;   // no speed to measure in the emulator
     b->mem_available = cuda_mem_available;
@@ -193,5 +208,6 @@ backend *backend_cuda_create(char *msg, size_t len) {
     b->graph_end = cuda_graph_end;
     b->graph_launch = cuda_graph_launch;
     b->graph_free = cuda_graph_free;
+    b->counters = cuda_counters_get;
     return b;
 }

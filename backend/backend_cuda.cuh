@@ -203,6 +203,13 @@ void mirror_drop(cuda_impl *c, const void *kbuf);
 void mirror_free_all(cuda_impl *c);
 void cuda_kv_append(backend *b, kv_layer *L, const void *k, const void *v, const int *pos, int n);
 void cuda_kv_keep(backend *b, kv_layer *L, const int *idx, int k, int new_cap);
+void cuda_kv_keep_at(backend *b, kv_layer *L, const int *idx, int k, int new_cap, void *nk, void *nv);
+void cuda_kv_pos_sync(backend *b, kv_layer *L);
+void cuda_window_scores(backend *b, float *scores, const void *q, const int *qpos, int nq, int heads,
+                        const kv_layer *L, int m, int c, int kernel, int avg);
+void cuda_score_group_sum(backend *b, float *out, const float *in, int heads, int groups, int c);
+void cuda_score_select(backend *b, int *idx, int ld, const float *s, int rows, int c, int k, int tail);
+void cuda_ints_to_host(backend *b, int *dst, const int *src, size_t n);
 void cuda_attention(backend *b, void *out, const void *q, const int *qpos, int n, int heads,
                     const kv_layer *L);
 void cuda_attention_multi(backend *b, int k, void *const *out, const void *const *q,

@@ -143,6 +143,7 @@ void gemm_bf16_ld(cuda_impl *c, void *out, int ldo, const void *x, const void *w
         return;
     }
     float one = 1.0f, zero = 0.0f;
+    cuda_counts.launches += !cuda_counts.capturing;
     LT_CHECK(c, c->lt.matmul(c->lt_handle, p->desc, &one, w, p->w, x, p->x, &zero, out, p->out,
                              out, p->out, &p->algo, c->lt_work, LT_WORKSPACE, c->stream));
 }
@@ -292,7 +293,7 @@ static void run_gemm(cuda_impl *c, void *ctx) {
 
 static void run_copy(cuda_impl *c, void *ctx) {
     ceil_bufs *t = (ceil_bufs *)ctx;
-    CUDA_CHECK(cudaMemcpyAsync(t->d, t->a, t->bytes, cudaMemcpyDeviceToDevice, c->stream));
+    CUDA_CHECK(cuda_memcpy_async(t->d, t->a, t->bytes, cudaMemcpyDeviceToDevice, c->stream));
 }
 
 // A bf16 8192^3 GEMM (random operands) and a 1 GiB device-to-device copy; 0, or -1 when the
@@ -302,7 +303,7 @@ int cuda_ceilings(backend *b, double *tflops, double *gbps) {
     ceil_bufs t = {NULL, NULL, NULL, 8192, (size_t)1 << 30};
     size_t mat = (size_t)t.n * t.n * sizeof(bf16);
     *tflops = *gbps = -1;
-    if (cudaMalloc(&t.a, t.bytes) || cudaMalloc(&t.b, mat) || cudaMalloc(&t.d, t.bytes)) {
+    if (cuda_malloc((void **)&t.a, t.bytes) || cuda_malloc((void **)&t.b, mat) || cuda_malloc((void **)&t.d, t.bytes)) {
         cudaGetLastError();
         cudaFree(t.a), cudaFree(t.b), cudaFree(t.d);
         return -1;

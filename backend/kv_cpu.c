@@ -2,6 +2,7 @@
 // kernels of attn/: causal attention, probabilities, selected attention with phi completion.
 #include "../attn/attn.h"
 #include "../attn/phi.h"
+#include "../attn/score.h"
 #include "../kv/kv.h"
 #include "backend_cpu.h"
 
@@ -50,13 +51,36 @@ void cpu_attn_probs(backend *b, float *probs, const void *q, const int *qpos, in
                    L->head_dim);
 }
 
-// L keeps per KV head g the entries idx[g*k + j], moved into buffers of capacity new_cap (rows
-// move as stored: a q8_0 row with its block scales)
-void cpu_kv_keep(backend *b, kv_layer *L, const int *idx, int k, int new_cap) {
+// scores (heads, c): the window rows' probabilities (attn_probs_cpu), summed and pooled
+// (score_window_pool)
+void cpu_window_scores(backend *b, float *scores, const void *q, const int *qpos, int nq, int heads,
+                       const kv_layer *L, int m, int c, int kernel, int avg) {
+    float *probs = xmalloc(((size_t)nq * heads * m + 1) * sizeof(float));
+    cpu_attn_probs(b, probs, q, qpos, nq, heads, L, m);
+    score_window_pool(probs, nq, heads, m, c, kernel, avg, scores);
+    free(probs);
+}
+
+void cpu_score_group_sum(backend *b, float *out, const float *in, int heads, int groups, int c) {
     (void)b;
+    score_group_sum(in, heads, groups, c, out);
+}
+
+void cpu_score_select(backend *b, int *idx, int ld, const float *s, int rows, int c, int k, int tail) {
+    (void)b;
+    score_select(s, rows, c, k, tail, idx, ld);
+}
+
+void cpu_ints_to_host(backend *b, int *dst, const int *src, size_t n) {
+    (void)b;
+    memcpy(dst, src, n * sizeof(int));
+}
+
+// L keeps per KV head g the entries idx[g*k + j], moved into nk, nv of capacity new_cap (rows
+// move as stored: a q8_0 row with its block scales); the old K and V are the caller's
+static void keep_into(kv_layer *L, const int *idx, int k, int new_cap, char *nk, char *nv) {
     int nh = L->n_kv_head;
     size_t n = (size_t)nh * (new_cap > 0 ? new_cap : 1);
-    char *nk = xmalloc(n * L->k_row), *nv = xmalloc(n * L->v_row);
     int *np = xmalloc(n * sizeof(int));
     for (int g = 0; g < nh; g++)
         for (int j = 0; j < k; j++) {
@@ -65,14 +89,26 @@ void cpu_kv_keep(backend *b, kv_layer *L, const int *idx, int k, int new_cap) {
             memcpy(nv + dst * L->v_row, v_row(L, g, idx[g * k + j]), L->v_row);
             np[dst] = L->pos[(size_t)g * L->cap + idx[g * k + j]];
         }
-    free(L->k);
-    free(L->v);
     free(L->pos);
     L->k = nk;
     L->v = nv;
     L->pos = np;
     L->cap = new_cap;
     L->len = k;
+}
+
+void cpu_kv_keep_at(backend *b, kv_layer *L, const int *idx, int k, int new_cap, void *nk, void *nv) {
+    (void)b;
+    keep_into(L, idx, k, new_cap, nk, nv);
+}
+
+void cpu_kv_keep(backend *b, kv_layer *L, const int *idx, int k, int new_cap) {
+    (void)b;
+    size_t n = (size_t)L->n_kv_head * (new_cap > 0 ? new_cap : 1);
+    void *ok = L->k, *ov = L->v;
+    keep_into(L, idx, k, new_cap, xmalloc(n * L->k_row), xmalloc(n * L->v_row));
+    free(ok);
+    free(ov);
 }
 
 // fp32 views of the rows of KV head g that the group's heads select (sel of heads g*group ..

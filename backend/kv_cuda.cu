@@ -32,7 +32,7 @@ static pos_mirror *mirror_find(cuda_impl *c, const void *kbuf) {
 static void mirror_upload(cuda_impl *c, int *dpos, const kv_layer *L, int from, int n) {
     if (n <= 0) return;
     size_t pitch = (size_t)L->cap * sizeof(int);
-    CUDA_CHECK(cudaMemcpy2DAsync(dpos + from, pitch, L->pos + from, pitch, (size_t)n * sizeof(int),
+    CUDA_CHECK(cuda_memcpy_2d_async(dpos + from, pitch, L->pos + from, pitch, (size_t)n * sizeof(int),
                                  (size_t)L->n_kv_head, cudaMemcpyHostToDevice, c->stream));
 }
 
@@ -122,6 +122,7 @@ __global__ void kv_keep_kernel(bf16 *nk, bf16 *nv, const bf16 *k, const bf16 *v,
 void cuda_kv_keep(backend *b, kv_layer *L, const int *idx, int k, int new_cap) {
     cuda_impl *c = impl(b);
     int hd = L->head_dim, nh = L->n_kv_head;
+    if (L->pos_stale) cuda_kv_pos_sync(b, L);   // the kept positions come from the host's
     size_t n = (size_t)nh * (new_cap > 0 ? new_cap : 1);
     bf16 *nk = (bf16 *)cuda_alloc(b, n * hd), *nv = (bf16 *)cuda_alloc(b, n * hd);
     CHECK_INTERNAL(nk && nv, "out of GPU memory keeping %d KV entries per head", k);
@@ -140,6 +141,82 @@ void cuda_kv_keep(backend *b, kv_layer *L, const int *idx, int k, int new_cap) {
     free(L->pos);
     L->k = nk, L->v = nv, L->pos = np, L->cap = new_cap, L->len = k;
     mirror_get(c, L);     // uploads the kept positions
+}
+
+static attn_cuda_args attn_args(cuda_impl *c, const void *q, const int *qpos, int n, int heads,
+                                const kv_layer *L);
+
+// dpos (n_kv_head, cap) -> (n_kv_head, new_cap) in place: entry j of head g = idx[g*k + j], then
+// *len = k. In place is safe in this order: heads ascending, entries ascending in chunks of the
+// block, each chunk read whole before it is written (idx ascending and new_cap <= cap: an entry
+// is written at or below where it, or any entry after it, is read).
+__global__ void kv_pos_keep_kernel(int *dpos, int *len, const int *idx, int n_kv_head, int k,
+                                   int cap, int new_cap) {
+    for (int g = 0; g < n_kv_head; g++)
+        for (int j0 = 0; j0 < k; j0 += blockDim.x) {
+            int j = j0 + threadIdx.x, p = j < k ? dpos[(size_t)g * cap + idx[(size_t)g * k + j]] : 0;
+            __syncthreads();
+            if (j < k) dpos[(size_t)g * new_cap + j] = p;
+            __syncthreads();
+        }
+    if (threadIdx.x == 0) *len = k;
+}
+
+// kv_keep with device indices into the caller's nk, nv: the layer's device positions are kept
+// in place in its mirror (now keyed by nk), the host's left stale; nothing allocated or freed.
+void cuda_kv_keep_at(backend *b, kv_layer *L, const int *didx, int k, int new_cap, void *nk, void *nv) {
+    cuda_impl *c = impl(b);
+    int hd = L->head_dim, nh = L->n_kv_head;
+    CHECK_INTERNAL(new_cap <= L->cap && k <= new_cap, "keep %d of %d entries into %d", k, L->cap, new_cap);
+    mirror_get(c, L);
+    pos_mirror *m = mirror_find(c, L->k);
+    size_t total = (size_t)nh * k * hd;
+    if (total)
+        CUDA_LAUNCH(kv_keep_kernel, cuda_blocks(total, THREADS), THREADS, 0, c->stream, (bf16 *)nk,
+                    (bf16 *)nv, (const bf16 *)L->k, (const bf16 *)L->v, didx, nh, k, hd, L->cap, new_cap);
+    m->dlen = m->dpos + (size_t)nh * new_cap;
+    CUDA_LAUNCH(kv_pos_keep_kernel, 1, 1024, 0, c->stream, m->dpos, m->dlen, didx, nh, k, L->cap, new_cap);
+    m->kbuf = nk;
+    c->gen++;   // a recording that reads this layer is stale
+    L->k = nk, L->v = nv, L->cap = new_cap, L->len = k;
+    L->pos_stale = 1;   // pos keeps its (larger) allocation; kv_pos_sync fills it
+}
+
+// The host's positions of L from its device mirror (the mirror's layout: L->cap per head).
+void cuda_kv_pos_sync(backend *b, kv_layer *L) {
+    cuda_impl *c = impl(b);
+    if (!L->pos_stale) return;
+    const pos_mirror *m = mirror_get(c, L);
+    CUDA_CHECK(cuda_memcpy_async(L->pos, m->dpos, (size_t)L->n_kv_head * L->cap * sizeof(int),
+                                 cudaMemcpyDeviceToHost, c->stream));
+    CUDA_CHECK(cuda_stream_sync(c->stream));
+    L->pos_stale = 0;
+}
+
+void cuda_window_scores(backend *b, float *scores, const void *q, const int *qpos, int nq, int heads,
+                        const kv_layer *L, int m, int c_, int kernel, int avg) {
+    cuda_impl *c = impl(b);
+    size_t total = (size_t)nq * heads * m;
+    if (total == 0 || c_ == 0) return;
+    attn_cuda_args a = attn_args(c, q, qpos, nq, heads, L);
+    float *d = (float *)dev_buf_reserve(c, &c->probs, total * sizeof(float), "attention probabilities");
+    attn_probs_cuda(d, &a, m, c->stream);
+    score_window_pool_cuda(scores, d, nq, heads, m, c_, kernel, avg, c->stream);
+}
+
+void cuda_score_group_sum(backend *b, float *out, const float *in, int heads, int groups, int c_) {
+    score_group_sum_cuda(out, in, heads, groups, c_, impl(b)->stream);
+}
+
+void cuda_score_select(backend *b, int *idx, int ld, const float *s, int rows, int c_, int k, int tail) {
+    score_topk_rows_cuda(idx, (size_t)ld, s, (size_t)c_, rows, c_, k, 0, tail, impl(b)->stream);
+}
+
+void cuda_ints_to_host(backend *b, int *dst, const int *src, size_t n) {
+    cuda_impl *c = impl(b);
+    if (n == 0) return;
+    CUDA_CHECK(cuda_memcpy_async(dst, src, n * sizeof(int), cudaMemcpyDeviceToHost, c->stream));
+    CUDA_CHECK(cuda_stream_sync(c->stream));
 }
 
 // ---- attention --------------------------------------------------------------------------------
@@ -192,13 +269,13 @@ static const attn_cuda_cache *arena_table(cuda_impl *c, const attn_cuda_cache *t
         c->table_len = (int *)xmalloc(ARENA_ROWS * sizeof(int));
     }
     if (c->arena_used + k > ARENA_ROWS) {   // full: start over (recordings that read it are stale)
-        CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        CUDA_CHECK(cuda_stream_sync(c->stream));
         c->arena_used = c->n_tables = 0;
         c->gen++;
     }
     int off = c->arena_used;
     memcpy(c->arena_h + off, t, k * sizeof *t);
-    CUDA_CHECK(cudaMemcpyAsync(c->arena_d + off, c->arena_h + off, k * sizeof *t,
+    CUDA_CHECK(cuda_memcpy_async(c->arena_d + off, c->arena_h + off, k * sizeof *t,
                                cudaMemcpyHostToDevice, c->stream));
     c->table_off[c->n_tables] = off, c->table_len[c->n_tables++] = k;
     c->arena_used += k;
@@ -248,8 +325,8 @@ void cuda_attn_probs(backend *b, float *probs, const void *q, const int *qpos, i
     attn_cuda_args a = attn_args(c, q, qpos, n, heads, L);
     float *d = (float *)dev_buf_reserve(c, &c->probs, total * sizeof(float), "attention probabilities");
     attn_probs_cuda(d, &a, m, c->stream);
-    CUDA_CHECK(cudaMemcpyAsync(probs, d, total * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    CUDA_CHECK(cuda_memcpy_async(probs, d, total * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+    CUDA_CHECK(cuda_stream_sync(c->stream));
 }
 
 // ---- selected decode attention and the phi completion summary (attn/phi_cuda.cu) ----------
@@ -297,8 +374,8 @@ void cuda_phi_summarize(backend *b, phi_summary *out, const phi_maps *p, int lay
     float *dm = d, *du = d + (size_t)nkv * f, *dt = d + (size_t)2 * nkv * f;
     phi_summary_cuda(dm, du, dt, F, L->v, nkv, n, L->cap, lo, hd, f, c->stream);
     float *h = (float *)xmalloc((size_t)nkv * per * sizeof(float));
-    CUDA_CHECK(cudaMemcpyAsync(h, d, (size_t)nkv * per * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    CUDA_CHECK(cuda_memcpy_async(h, d, (size_t)nkv * per * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+    CUDA_CHECK(cuda_stream_sync(c->stream));
     for (int g = 0; g < nkv; g++) {   // out[g] is fresh (fwd_phi_summarize checks): copy in
         phi_summary *s = &out[g];
         memcpy(s->m, h + (size_t)g * f, (size_t)f * sizeof(float));
@@ -329,7 +406,7 @@ void cuda_attn_select(backend *b, void *out, const void *q, int heads, const kv_
     for (int h = 0; h < heads; h++) rows[h] = h, of[h] = h;   // log phi_q of each head's query
     float *F = phi_features(c, p, phi_par_q(p, comp->layer, 0), heads, q, rows, of, heads);
     float *lq = (float *)dev_buf_reserve(c, &c->phi_q, (size_t)heads * f * sizeof(float), "phi queries");
-    CUDA_CHECK(cudaMemcpyAsync(lq, F, (size_t)heads * f * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
+    CUDA_CHECK(cuda_memcpy_async(lq, F, (size_t)heads * f * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
     for (int h = 0; h < heads; h++)   // log phi_k of each head's n_sub retrieved keys
         for (int i = 0; i < n_sub; i++)
             rows[(size_t)h * n_sub + i] = (h / group) * L->cap + sel[(size_t)h * n_sel + i],
@@ -360,7 +437,7 @@ void cuda_attn_topk(backend *b, int *idx, const void *q, int qpos, int heads,
                                         "attention probabilities");
     attn_probs_cuda(d, &a, m, c->stream);
     int *di = (int *)dev_buf_reserve(c, &c->topk, (size_t)heads * k * sizeof(int), "top-K indices");
-    score_topk_rows_cuda(di, d + lo, (size_t)m, heads, n, k, lo, c->stream);
-    CUDA_CHECK(cudaMemcpyAsync(idx, di, (size_t)heads * k * sizeof(int), cudaMemcpyDeviceToHost, c->stream));
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    score_topk_rows_cuda(di, (size_t)k, d + lo, (size_t)m, heads, n, k, lo, 0, c->stream);
+    CUDA_CHECK(cuda_memcpy_async(idx, di, (size_t)heads * k * sizeof(int), cudaMemcpyDeviceToHost, c->stream));
+    CUDA_CHECK(cuda_stream_sync(c->stream));
 }

@@ -25,7 +25,7 @@ size_t cuda_mem_available(backend *b) {
 
 // Frees device memory once the work queued on the stream (which may read it) is done.
 void dev_free_after(cudaStream_t st, void *p) {
-    CUDA_CHECK(cudaStreamSynchronize(st));
+    CUDA_CHECK(cuda_stream_sync(st));
     CUDA_CHECK(cudaFree(p));
 }
 
@@ -39,10 +39,10 @@ void spare_release(cuda_impl *c) {
 void *dev_try_alloc(cuda_impl *c, size_t bytes, const char *what) {
     CHECK_INTERNAL(!c->recording, "allocating %s while recording a decode step", what);
     void *p = NULL;
-    if (cudaMalloc(&p, bytes ? bytes : 1) == cudaSuccess) return p;
+    if (cuda_malloc((void **)&p, bytes ? bytes : 1) == cudaSuccess) return p;
     cudaGetLastError();
     spare_release(c);
-    if (cudaMalloc(&p, bytes ? bytes : 1) == cudaSuccess) return p;
+    if (cuda_malloc((void **)&p, bytes ? bytes : 1) == cudaSuccess) return p;
     report_oom(bytes, what);
     return NULL;
 }
@@ -77,7 +77,7 @@ void *stage(cuda_impl *c, int slot, const void *host, size_t bytes) {
     if (c->stage[slot].bytes == had && bytes == c->stage_last_bytes[slot] &&
         memcmp(c->stage_last[slot], host, bytes) == 0)
         return d;
-    CUDA_CHECK(cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, c->stream));
+    CUDA_CHECK(cuda_memcpy_async(d, host, bytes, cudaMemcpyHostToDevice, c->stream));
     c->stage_last_bytes[slot] = bytes <= STAGE_REUSE_MAX ? bytes : 0;   // 0: nothing to reuse
     if (bytes <= STAGE_REUSE_MAX) {
         c->stage_last[slot] = xrealloc(c->stage_last[slot], bytes);
@@ -161,15 +161,15 @@ void cuda_to_host(backend *b, float *dst, const void *src, size_t n) {
     float *f = (float *)dev_buf_reserve(c, &c->f32, n * sizeof(float), "a copy to the host");
     CUDA_LAUNCH(bf16_to_f32_kernel, cuda_blocks(n, THREADS), THREADS, 0, c->stream, f,
                 (const bf16 *)src, n);
-    CUDA_CHECK(cudaMemcpyAsync(dst, f, n * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    CUDA_CHECK(cuda_memcpy_async(dst, f, n * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+    CUDA_CHECK(cuda_stream_sync(c->stream));
 }
 
 // a vector's fp32 copy (weight_new)
 void cuda_vector_to_host(backend *b, float *out, const bk_weight *w) {
     cuda_impl *c = impl(b);
-    CUDA_CHECK(cudaMemcpyAsync(out, w->f, w->cols * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    CUDA_CHECK(cuda_memcpy_async(out, w->f, w->cols * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+    CUDA_CHECK(cuda_stream_sync(c->stream));
 }
 
 static bk_weight *weight_new(cuda_impl *c, size_t rows, size_t cols) {
@@ -200,9 +200,9 @@ bk_weight *cuda_weight(backend *b, bk_tensor t) {
         bk_weight *w = (bk_weight *)xcalloc(1, sizeof *w);
         w->rows = t.rows, w->cols = t.cols, w->qtype = t.type, w->row_bytes = dq_bytes(t.type, t.cols);
         w->q = (uint8_t *)dev_alloc(c, w->rows * w->row_bytes, "the model's weights");
-        CUDA_CHECK(cudaMemcpyAsync(w->q, t.data, w->rows * w->row_bytes, cudaMemcpyHostToDevice,
+        CUDA_CHECK(cuda_memcpy_async(w->q, t.data, w->rows * w->row_bytes, cudaMemcpyHostToDevice,
                                    c->stream));
-        CUDA_CHECK(cudaStreamSynchronize(c->stream));   // t.data may be freed next
+        CUDA_CHECK(cuda_stream_sync(c->stream));   // t.data may be freed next
         if (t.owned) free((void *)t.data);
         return w;
     }
@@ -225,10 +225,10 @@ bk_weight *cuda_weight(backend *b, bk_tensor t) {
         CUDA_LAUNCH(f32_to_bf16_kernel, cuda_blocks(k, THREADS), THREADS, 0, c->stream,
                     w->h + r0 * cols, d, k);
         if (w->f && r0 == 0)   // a vector: its fp32 copy too
-            CUDA_CHECK(cudaMemcpyAsync(w->f, d, cols * sizeof(float), cudaMemcpyDeviceToDevice,
+            CUDA_CHECK(cuda_memcpy_async(w->f, d, cols * sizeof(float), cudaMemcpyDeviceToDevice,
                                        c->stream));
     }
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    CUDA_CHECK(cuda_stream_sync(c->stream));
     free(buf);
     if (t.owned) free((void *)t.data);
     return w;
@@ -263,7 +263,7 @@ bk_weight *cuda_weight_fuse(backend *b, bk_weight *const *w, int k) {
     else fw->h = (bf16 *)p;
     for (int j = 0, r = 0; j < k; r += (int)w[j]->rows, j++) {
         void *old = storage(w[j]);
-        CUDA_CHECK(cudaMemcpyAsync(p + (size_t)r * rb, old, w[j]->rows * rb, cudaMemcpyDeviceToDevice,
+        CUDA_CHECK(cuda_memcpy_async(p + (size_t)r * rb, old, w[j]->rows * rb, cudaMemcpyDeviceToDevice,
                                    c->stream));
         dev_free_after(c->stream, old);
         if (w[j]->q) w[j]->q = p + (size_t)r * rb;

@@ -159,9 +159,9 @@ static const rope_table *rope_table_get(cuda_impl *c, const float *inv_freq, int
         t->half = half;
         memcpy(t->inv_freq, inv_freq, half * sizeof(float));
         t->dfreq = (float *)dev_alloc(c, half * sizeof(float), "the RoPE table");
-        CUDA_CHECK(cudaMemcpyAsync(t->dfreq, inv_freq, half * sizeof(float), cudaMemcpyHostToDevice,
+        CUDA_CHECK(cuda_memcpy_async(t->dfreq, inv_freq, half * sizeof(float), cudaMemcpyHostToDevice,
                                    c->stream));
-        CUDA_CHECK(cudaStreamSynchronize(c->stream));   // the host array may not outlive the call
+        CUDA_CHECK(cuda_stream_sync(c->stream));   // the host array may not outlive the call
     }
     if (max_pos >= t->rows) rope_table_grow(c, t, rope_rows(t, max_pos));
     return t;

@@ -179,8 +179,8 @@ int cuda_sample(backend *b, int *out, const void *logits, int n, int vocab, cons
         configured = true;
     }
     CUDA_LAUNCH(sample_kernel, n, SAMPLE_THREADS, smem, c->stream, dt, (const bf16 *)logits, vocab, d);
-    CUDA_CHECK(cudaMemcpyAsync(out, dt, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost, c->stream));
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    CUDA_CHECK(cuda_memcpy_async(out, dt, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost, c->stream));
+    CUDA_CHECK(cuda_stream_sync(c->stream));
     free(rows);
     return 0;
 }

@@ -52,6 +52,7 @@ typedef struct {
     double *agg;                     // [reps] aggregate decode tok/s of the B sequences
     size_t kv_bytes;
     long rows_done;
+    char dev_json[640];   // the last repetition's device counts (run_stats_counters_json)
 } cell_stats;
 
 // ---- output: rows of named fields, as a markdown table, one JSON array, JSON lines or CSV ----
@@ -64,6 +65,10 @@ typedef struct {
     const char *fmt;        // printf format of v (and sd)
     const char *sd_name;    // JSON / CSV name of the spread; markdown shows "v ± sd"
 } bench_field;
+// fmt of a field whose str is a JSON value, written as it is (CSV: quoted)
+#define FIELD_JSON "json"
+
+static int is_json(const bench_field *f) { return f->str && f->fmt && strcmp(f->fmt, FIELD_JSON) == 0; }
 
 enum { OUT_MD, OUT_JSON, OUT_JSONL, OUT_CSV };
 
@@ -135,7 +140,8 @@ static void put_row(bench_out *o, const bench_field *f, int n) {
         printf("%s{", o->fmt == OUT_JSON && o->n_rows ? ",\n " : "");
         for (int i = 0; i < n; i++) {
             printf("%s\"%s\":", i ? "," : "", f[i].name);
-            if (f[i].str) tok_json_str(stdout, f[i].str, strlen(f[i].str));
+            if (is_json(&f[i])) fputs(f[i].str, stdout);
+            else if (f[i].str) tok_json_str(stdout, f[i].str, strlen(f[i].str));
             else put_num(f[i].fmt, f[i].v, "null");
             if (f[i].sd_name) {
                 printf(",\"%s\":", f[i].sd_name);
@@ -317,6 +323,15 @@ static void show_cell(bench_progress *p, int tty, int P, int ci, int n_ctx, int 
     if (flag_verbosity >= 1) fprintf(stderr, tty ? "\r%-70s" : "%s\n", p->cell);
 }
 
+// st's device counts into cs->dev_json.
+static void counters_text(cell_stats *cs, const run_stats *st) {
+    FILE *f = fmemopen(cs->dev_json, sizeof cs->dev_json, "w");
+    CHECK_INTERNAL(f, "fmemopen");
+    run_stats_counters_json(f, st);
+    fputc(0, f);
+    fclose(f);
+}
+
 // One strategy run on ids (P,) into cell slot rep; 0 or -1 (message printed).
 static int bench_one(const bench_opts *b, context *cx, const strategy *s, const int *ids, int P,
                      int n_gen, sampler *smp, cell_stats *cs, int rep) {
@@ -335,6 +350,7 @@ static int bench_one(const bench_opts *b, context *cx, const strategy *s, const 
     cs->tg[rep] = st.decode_runs ? per_second(st.decode_runs, st.decode_ms) : NAN;
     cs->kv_bytes = st.kv_bytes;
     cs->rows_done = st.rows_done;
+    counters_text(cs, &st);
     return 0;
 }
 
@@ -384,6 +400,7 @@ static int bench_batch(const bench_opts *b, context *cx, const strategy *s, int 
         cs->agg[rep] = steps ? per_second(steps * B, ms) : NAN;
         cs->kv_bytes = g[0].st.kv_bytes;
         cs->rows_done = g[0].st.rows_done;
+        counters_text(cs, &g[0].st);
     }
     for (int i = 0; i < B && i < started - (rc != 0); i++) {
         gen_end(&g[i]);
@@ -477,6 +494,7 @@ static void print_cell(const bench_opts *b, const context *cx, const bench_env *
         {"decode_gbs", "GB/s", NULL, gbs, 0, "%.2f", NULL},
         {"peak_gbs", NULL, NULL, env->peak_gbs, 0, "%.2f", NULL},
         {"mbu_pct", "MBU %", NULL, 100 * gbs / env->peak_gbs, 0, "%.1f", NULL},
+        {"device_counters", NULL, cs->dev_json[0] ? cs->dev_json : "null", 0, 0, FIELD_JSON, NULL},
     };
     put_row(o, f, sizeof f / sizeof *f);
 }
@@ -534,7 +552,8 @@ static cell_stats *cells_alloc(int n_cells, int reps) {
     double *mem = xcalloc((size_t)n_cells * 5 * reps, sizeof *mem);
     for (int k = 0; k < n_cells; k++) {
         double *p = mem + (size_t)k * 5 * reps;
-        cs[k] = (cell_stats){p, p + reps, p + 2 * reps, p + 3 * reps, p + 4 * reps, 0, 0};
+        cs[k] = (cell_stats){.ttft = p, .pp = p + reps, .tpot = p + 2 * reps, .tg = p + 3 * reps,
+                             .agg = p + 4 * reps};
     }
     return cs;
 }

@@ -27,6 +27,7 @@ struct keptmap {
 
 void km_capture_prefill(unit *u) {
     const kv_cache *kv = u->g.kv;
+    fwd_kv_pos_sync(u->g.cx->m, u->g.kv);   // a keep on the device leaves them there
     keptmap *k = xcalloc(1, sizeof *k);
     k->n_layer = kv->n_layer, k->n_prompt = u->n_ids;
     k->n_kv_head = kv->n_layer ? kv->layers[0].n_kv_head : 0;
@@ -47,6 +48,7 @@ void km_capture_prefill(unit *u) {
 void km_capture_decode(unit *u) {
     keptmap *k = u->km;
     if (!k || !u->g.info.decode_selected || !u->g.kv) return;
+    fwd_kv_pos_sync(u->g.cx->m, u->g.kv);
     k->selected = xcalloc((size_t)k->n_layer * k->n_prompt + 1, sizeof *k->selected);
     k->selected_of = xcalloc((size_t)k->n_layer, sizeof *k->selected_of);
     for (int l = 0; l < k->n_layer; l++)

@@ -125,7 +125,9 @@ static void json_unit(FILE *f, const runner *R, const unit *u) {
     else fprintf(f, "\"kv_read_per_step\":null,");
     if (u->first_agree < 0) fprintf(f, "\"first_token_agree\":null,\"greedy_agree_pct\":null,");
     else fprintf(f, "\"first_token_agree\":%s,\"greedy_agree_pct\":%.2f,", u->first_agree ? "true" : "false", u->greedy_agree);
-    fprintf(f, "\"prefill_shared\":%d,", st->prefill_shared);
+    fprintf(f, "\"prefill_shared\":%d,\"device_counters\":", st->prefill_shared);
+    run_stats_counters_json(f, st);
+    fprintf(f, ",");
     fprintf(f, "\"timings\":{\"prompt_n\":%d,\"prompt_ms\":%.3f,\"prompt_per_token_ms\":%.4f,"
             "\"prompt_per_second\":%.3f,\"predicted_n\":%d,\"predicted_ms\":%.3f,"
             "\"predicted_per_token_ms\":%.4f,\"predicted_per_second\":%.3f}",

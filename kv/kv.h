@@ -17,6 +17,8 @@ typedef struct kv_layer {
     enum kv_type k_type, v_type;
     size_t k_row, v_row;       // bytes of one row: kv_row_bytes(type, head_dim)
     int *pos;                  // (n_kv_head, cap) original positions
+    int pos_stale;             // 1: pos is behind the backend's copy (a keep on the device left
+                               // it there): read it through fwd_kv_pos (model/forward.h)
 } kv_layer;
 
 typedef void *(*kv_alloc_fn)(void *ctx, size_t n_elems);

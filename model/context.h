@@ -31,6 +31,9 @@ typedef struct context {
     long prefill_done, prefill_total;
     struct fwd_run_state *run;     // the forward pass's buffers (model/pass.h; NULL until used)
     struct fwd_decoder *decoder;   // fwd_decode's recorded step (NULL until used)
+    // Device allocations the backend made inside this context's passes (bk_counters.allocs
+    // between a pass's start and end: what its planning did not foresee; 0 on the CPU).
+    unsigned long long pass_allocs;
 } context;
 
 // The K and V row types of the caches a context made with p makes on bk (p->kv_k/kv_v, or the

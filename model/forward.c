@@ -159,7 +159,22 @@ static int head(fwd_pass *p, int all_rows) {
     return k;
 }
 
+static unsigned long long backend_allocs(backend *bk) {
+    bk_counters k = {0};
+    if (bk->counters) bk->counters(bk, &k);
+    return k.allocs;
+}
+
+static int forward_layers(fwd_pass *p, int all_rows);
+
 int fwd_forward(fwd_pass *p, int all_rows) {
+    unsigned long long a0 = backend_allocs(p->m->bk);
+    int rc = forward_layers(p, all_rows);
+    p->cx->pass_allocs += backend_allocs(p->m->bk) - a0;
+    return rc;
+}
+
+static int forward_layers(fwd_pass *p, int all_rows) {
     model *m = p->m;
     backend *bk = m->bk;
     const model_config *c = &m->cfg;
@@ -209,15 +224,52 @@ void fwd_logits_to_host(fwd_pass *p, int all_rows) {
             memcpy(p->seqs[b].logits, p->r->host + j++ * vocab, rows * vocab * sizeof(float));
 }
 
+// The buffers of the entries the pass will keep (hooks->keep_caps), made before it.
+static void keep_reserve(context *cx, const fwd_seq *q) {
+    fwd_run_state *r = cx->run;
+    const kv_cache *kv = q->kv;
+    int L = kv->n_layer;
+    const int *caps = q->hooks ? q->hooks->keep_caps : NULL;
+    r->keep_layers = caps ? L : 0, r->n_spent = 0;
+    if (!caps) return;
+    backend *bk = cx->m->bk;
+    r->keep_k = xcalloc((size_t)L, sizeof(void *)), r->keep_v = xcalloc((size_t)L, sizeof(void *));
+    r->keep_cap = xcalloc((size_t)L, sizeof(int));
+    r->spent = xcalloc(2 * (size_t)L, sizeof(void *));
+    for (int l = 0; l < L; l++) {
+        const kv_layer *y = &kv->layers[l];
+        if (caps[l] <= 0) continue;
+        size_t rows = (size_t)y->n_kv_head * caps[l], e = kv->elem_bytes;
+        r->keep_k[l] = bk->alloc(bk, (rows * y->k_row + e - 1) / e);
+        r->keep_v[l] = bk->alloc(bk, (rows * y->v_row + e - 1) / e);
+        CHECK_INTERNAL(r->keep_k[l] && r->keep_v[l], "out of memory for the kept KV of layer %d", l);
+        r->keep_cap[l] = caps[l];
+    }
+}
+
+// Frees the buffers the pass's keeps replaced and the reserved ones it did not use.
+static void keep_release(context *cx) {
+    fwd_run_state *r = cx->run;
+    backend *bk = cx->m->bk;
+    for (int i = 0; i < r->n_spent; i++) bk->free(bk, r->spent[i]);
+    for (int l = 0; l < r->keep_layers; l++) bk->free(bk, r->keep_k[l]), bk->free(bk, r->keep_v[l]);
+    free(r->keep_k), free(r->keep_v), free(r->keep_cap), free(r->spent);
+    r->keep_k = r->keep_v = r->spent = NULL, r->keep_cap = NULL;
+    r->keep_layers = r->n_spent = 0;
+}
+
 // The pass over B sequences (B = 1: all_rows may ask for every row's logits).
 static int run_pass(context *cx, fwd_seq *seqs, int B, int all_rows) {
     int n = 0;
     for (int b = 0; b < B; b++) n += seqs[b].n;
     fwd_plan(cx, n, all_rows ? n : B);
+    if (B == 1) keep_reserve(cx, &seqs[0]);
     fwd_pass p;
     fwd_pass_begin(&p, cx, seqs, B);
     p.progress = n > 1;
-    if (fwd_forward(&p, all_rows) != 0) return -1;
+    int rc = fwd_forward(&p, all_rows);
+    if (B == 1) keep_release(cx);
+    if (rc != 0) return -1;
     fwd_logits_to_host(&p, all_rows);
     for (int b = 0; b < B; b++) seqs[b].rows_done = p.view[b]->rows_done;
     return 0;
@@ -288,6 +340,74 @@ void fwd_kv_keep(fwd_state *s, int l, const int *idx, int k, int new_cap) {
                                (j == 0 || idx[g * k + j] > idx[g * k + j - 1]),
                            "KV keep indices must be ascending and inside [0, %d)", L->len);
     s->m->bk->kv_keep(s->m->bk, L, idx, k, new_cap);
+}
+
+void *fwd_scratch(const model *m, size_t bytes) {
+    size_t e = m->bk->elem_bytes;
+    void *p = m->bk->alloc(m->bk, (bytes + e - 1) / e);
+    CHECK_INTERNAL(p, "out of %s memory for %zu bytes of token scores", m->bk->name, bytes);
+    return p;
+}
+
+void fwd_scratch_free(const model *m, void *p) { m->bk->free(m->bk, p); }
+
+void fwd_window_scores(fwd_state *s, int l, const void *q, int nq, int m, int c, int kernel,
+                       int avg, float *scores) {
+    backend *bk = s->m->bk;
+    const model_config *cf = &s->m->cfg;
+    CHECK_INTERNAL(nq >= 1 && nq <= s->n && m >= 0 && m <= s->kv->layers[l].len && c >= 0 && c <= m,
+                   "window scores of %d rows over %d entries (%d candidates)", nq, m, c);
+    size_t off = (size_t)(s->n - nq) * cf->n_head * cf->head_dim * bk->elem_bytes;
+    bk->window_scores(bk, scores, (const char *)q + off, s->pos + s->n - nq, nq, cf->n_head,
+                      &s->kv->layers[l], m, c, kernel, avg);
+}
+
+void fwd_score_group_sum(const model *m, float *out, const float *in, int heads, int groups, int c) {
+    CHECK_INTERNAL(groups >= 1 && heads % groups == 0, "%d heads in %d groups", heads, groups);
+    m->bk->score_group_sum(m->bk, out, in, heads, groups, c);
+}
+
+void fwd_score_select(const model *m, int *idx, int ld, const float *s, int rows, int c, int k,
+                      int tail) {
+    CHECK_INTERNAL(k >= 0 && k <= c && tail >= 0 && k + tail <= ld, "select %d of %d (+ %d) into %d",
+                   k, c, tail, ld);
+    m->bk->score_select(m->bk, idx, ld, s, rows, c, k, tail);
+}
+
+void fwd_kv_keep_at(fwd_state *s, int l, const int *idx, int k, int new_cap) {
+    backend *bk = s->m->bk;
+    fwd_run_state *r = s->r;
+    kv_layer *L = &s->kv->layers[l];
+    CHECK_INTERNAL(k >= 0 && k <= L->len && new_cap >= k && new_cap <= L->cap,
+                   "keep %d of %d entries, capacity %d of %d", k, L->len, new_cap, L->cap);
+    void *nk, *nv;
+    if (r && l < r->keep_layers && r->keep_cap[l] == new_cap && r->keep_k[l]) {
+        nk = r->keep_k[l], nv = r->keep_v[l];
+        r->keep_k[l] = r->keep_v[l] = NULL;
+    } else {   // not foreseen: made here (a pass that allocates, counted by the backend)
+        size_t rows = (size_t)L->n_kv_head * new_cap, e = s->kv->elem_bytes;
+        nk = bk->alloc(bk, (rows * L->k_row + e - 1) / e), nv = bk->alloc(bk, (rows * L->v_row + e - 1) / e);
+        CHECK_INTERNAL(nk && nv, "out of memory keeping %d KV entries of layer %d", k, l);
+    }
+    void *ok = L->k, *ov = L->v;
+    bk->kv_keep_at(bk, L, idx, k, new_cap, nk, nv);
+    if (r && r->spent && r->n_spent + 2 <= 2 * r->keep_layers)
+        r->spent[r->n_spent++] = ok, r->spent[r->n_spent++] = ov;
+    else bk->free(bk, ok), bk->free(bk, ov);
+}
+
+void fwd_ints_to_host(const model *m, int *dst, const int *src, size_t n) {
+    m->bk->ints_to_host(m->bk, dst, src, n);
+}
+
+const int *fwd_kv_pos(const model *m, kv_layer *L) {
+    if (L->pos_stale) m->bk->kv_pos_sync(m->bk, L);
+    CHECK_INTERNAL(!L->pos_stale, "stale KV positions");
+    return L->pos;
+}
+
+void fwd_kv_pos_sync(const model *m, kv_cache *kv) {
+    for (int l = 0; l < kv->n_layer; l++) fwd_kv_pos(m, &kv->layers[l]);
 }
 
 void fwd_kv_from_stream(fwd_state *s, int dst, const fwd_kv_term *terms, int n_terms) {
@@ -399,6 +519,7 @@ kv_cache *fwd_kv_create(const context *cx, const int *caps, char *err, size_t er
 
 kv_cache *fwd_kv_copy(const context *cx, const kv_cache *a, char *err, size_t errlen) {
     backend *bk = cx->m->bk;
+    fwd_kv_pos_sync(cx->m, (kv_cache *)a);   // the positions are copied from the host's
     int *caps = xmalloc((size_t)a->n_layer * sizeof(int));
     for (int l = 0; l < a->n_layer; l++) caps[l] = a->layers[l].cap;
     kv_cache *kv = fwd_kv_create(cx, caps, err, errlen);

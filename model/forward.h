@@ -39,6 +39,10 @@ typedef struct fwd_hooks {
     // Optional: replaces layer l's attention of the alive rows: out (n, heads, hd) from their
     // post-RoPE queries q, once their K/V are in layer l's cache. Returns 0 (or -1 to abort).
     int (*attention)(void *ctx, fwd_state *s, int l, const void *q, void *out);
+    // Optional (a one-sequence pass): per layer, the capacity its cache is kept to by
+    // fwd_kv_keep_at in this pass, 0 for none: the kept buffers are made before the pass, so
+    // that the pass allocates nothing.
+    const int *keep_caps;
 } fwd_hooks;
 
 #define FWD_STOP 1
@@ -107,6 +111,34 @@ void fwd_attn_probs(fwd_state *s, int l, const void *q, int nq, int m, float *pr
 // Layer l's cache keeps, for each KV head g, the entries idx[g*k .. g*k+k) (indices into its
 // current entries, ascending), in a new buffer of capacity new_cap >= k (room for decode).
 void fwd_kv_keep(fwd_state *s, int l, const int *idx, int k, int new_cap);
+
+// ---- token scoring in backend memory (backend.h: window_scores ..): what FastKV and SnapKV
+// compose, so that no per-token score or index crosses to the host ----
+
+// Backend memory of `bytes` for scores (fp32) or indices (int32): made before the pass that
+// uses it, freed after with fwd_scratch_free.
+void *fwd_scratch(const model *m, size_t bytes);
+void fwd_scratch_free(const model *m, void *p);
+// scores (heads, c), backend memory: for each query head, the softmax attention of the LAST nq
+// alive rows over the first m entries of layer l (fwd_attn_probs'), summed over the rows for
+// entries j < c, then pooled along j (avg 0: max-pool, 1: avg-pool; kernel): score_window_pool.
+void fwd_window_scores(fwd_state *s, int l, const void *q, int nq, int m, int c, int kernel,
+                       int avg, float *scores);
+// out (groups, c) = score_group_sum of in (heads, c); backend memory.
+void fwd_score_group_sum(const model *m, float *out, const float *in, int heads, int groups, int c);
+// idx (rows, ld) = score_select of s (rows, c): the top k of each row, then c .. c + tail - 1.
+void fwd_score_select(const model *m, int *idx, int ld, const float *s, int rows, int c, int k,
+                      int tail);
+// fwd_kv_keep with idx (n_kv_head, k) in backend memory (fwd_score_select's), into the buffers
+// made for layer l before the pass (fwd_hooks.keep_caps; else new ones); the buffers it replaces
+// are freed when the pass ends.
+void fwd_kv_keep_at(fwd_state *s, int l, const int *idx, int k, int new_cap);
+// dst (n,), host = src (n,) int32 backend memory.
+void fwd_ints_to_host(const model *m, int *dst, const int *src, size_t n);
+// L's host positions, made current first where a keep on the device left them behind.
+const int *fwd_kv_pos(const model *m, kv_layer *L);
+// fwd_kv_pos of every layer of kv (before the host reads kv_layer.pos: a report, a copy).
+void fwd_kv_pos_sync(const model *m, kv_cache *kv);
 
 // One term of a K/V projection from the residual stream (fwd_kv_from_stream); biases may be NULL.
 typedef struct {

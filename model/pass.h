@@ -13,6 +13,13 @@ typedef struct fwd_run_state {
     void *out;               // (out_rows, vocab) logits
     float *host;             // (out_rows, vocab) logits, host
     int *tok, *pos, *pos2;   // (rows,) host: tokens, positions and their spare (fwd_keep_rows)
+    // During a one-sequence pass whose hooks keep entries (fwd_hooks.keep_caps): per layer the
+    // K and V buffers made for its kept entries before the pass (NULL once used), and the
+    // buffers keeps replaced, freed when the pass ends (host arrays, per pass).
+    void **keep_k, **keep_v;
+    int *keep_cap, keep_layers;
+    void **spent;
+    int n_spent;
 } fwd_run_state;
 
 // B sequences' rows packed in the run state: sequence b's start at row off[b]; view[b] is

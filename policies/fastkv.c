@@ -21,7 +21,7 @@ typedef struct {
     int tsp_layer, t, w, kernel, n_gen;   // t: rows propagated past the TSP layer
     enum window_pool pool;
     int b_low, b_up;                      // B_l at or below the TSP layer, and above it
-    float *s_tsp;                         // (N - w) the TSP layer's score over all heads
+    window_buf wb;                        // the scores, in backend memory
 } fastkv;
 
 static int tsp_layer(const model *m, const strategy_opts *o) {
@@ -29,27 +29,31 @@ static int tsp_layer(const model *m, const strategy_opts *o) {
     return l > 0 ? l : 0;
 }
 
+// Layer l's budget B_l for n alive rows (n itself when it holds every token).
+static int layer_budget(const fastkv *f, int l, int n) {
+    int b = l <= f->tsp_layer ? f->b_low : f->b_up;
+    return b >= n ? n : b > f->w ? b : f->w;
+}
+
 // Token scoring and KV compression (stage A steps 2-3, and stage B): scores layer l, compresses
-// its cache to B_l and, at the TSP layer, keeps the layer score for the TSP selection.
+// its cache to B_l; at the TSP layer the scores stay for the TSP selection.
 static int fastkv_after_attention(void *ctx, fwd_state *s, int l, const void *q) {
     fastkv *f = ctx;
-    int n = s->n, b = l <= f->tsp_layer ? f->b_low : f->b_up;
+    int n = s->n, b = layer_budget(f, l, n);
     int tsp = l == f->tsp_layer && f->t < n;
     if (b >= n && !tsp) return 0;   // the budget holds every token
-    float *pooled = window_score_layer(s, l, q, f->w, f->kernel, f->pool);
-    if (b < n) window_compress(s, l, pooled, f->w, b > f->w ? b : f->w, f->n_gen);
-    if (tsp) window_score_groups(pooled, s->m->cfg.n_head, 1, n - f->w, f->s_tsp);
-    free(pooled);
+    window_score_layer(s, l, q, f->w, f->kernel, f->pool, &f->wb);
+    if (b < n) window_compress(s, l, &f->wb, f->w, b, f->n_gen);
     return 0;
 }
 
-// TSP selection (stage A step 4): after layer L_TSP only the top (T - w) rows by S_tsp plus the
-// window go on.
+// TSP selection (stage A step 4): after layer L_TSP only the top (T - w) rows by S_tsp (the
+// layer's scores summed over all heads) plus the window go on.
 static int fastkv_after_layer(void *ctx, fwd_state *s, int l) {
     fastkv *f = ctx;
     if (l != f->tsp_layer || f->t >= s->n) return 0;
     int *idx = xmalloc((size_t)f->t * sizeof(int));
-    window_select(f->s_tsp, 1, s->n, f->w, f->t, idx);
+    window_select_rows(s, &f->wb, f->w, f->t, idx);
     fwd_keep_rows(s, idx, f->t);
     free(idx);
     return 0;
@@ -85,14 +89,17 @@ static kv_cache *fastkv_prefill(context *cx, const int *ids, int n, int n_gen, c
         snprintf(info->note, sizeof info->note,
                  "prompt of %d tokens is too short for fastkv (window %d): ran it without "
                  "compression", n, f.w);
-    int *caps = xmalloc((size_t)L * sizeof(int));
-    for (int l = 0; l < L; l++) caps[l] = (on && l > f.tsp_layer && f.t < n ? f.t : n) + n_gen;
-    f.s_tsp = xmalloc((size_t)n * sizeof(float));
+    int *caps = xmalloc((size_t)L * sizeof(int)), *keep = xmalloc((size_t)L * sizeof(int));
+    for (int l = 0; l < L; l++) {   // each layer's rows and what it keeps of them
+        int rows = on && l > f.tsp_layer && f.t < n ? f.t : n, b = layer_budget(&f, l, rows);
+        caps[l] = rows + n_gen, keep[l] = b < rows ? b + n_gen : 0;
+    }
     fwd_hooks hooks = {.ctx = &f, .after_attention = fastkv_after_attention,
-                       .after_layer = fastkv_after_layer};
+                       .after_layer = fastkv_after_layer, .keep_caps = keep};
+    if (on) f.wb = window_buf_make(m, n, f.w, f.b_low > f.b_up ? f.b_low : f.b_up, f.t);
     kv_cache *kv = prefill_run(cx, ids, n, n_gen, caps, on ? &hooks : NULL, logits, info, err, errlen);
-    free(f.s_tsp);
-    free(caps);
+    window_buf_free(&f.wb);
+    free(caps), free(keep);
     return kv;
 }
 

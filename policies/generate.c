@@ -49,6 +49,38 @@ kv_cache *prefill_run(context *cx, const int *ids, int n, int n_gen, const int *
     return kv;
 }
 
+// The backend's counts now (zero when it keeps none); *allocs = the passes' allocations of cx
+// and of a draft's context.
+static bk_counters counts_now(const context *cx, const strategy_run *run, unsigned long long *allocs) {
+    backend *bk = cx->m->bk;
+    bk_counters k = {0};
+    if (bk->counters) bk->counters(bk, &k);
+    if (allocs) *allocs = cx->pass_allocs + (run && run->draft ? run->draft->pass_allocs : 0);
+    return k;
+}
+
+static void counters_json(FILE *out, bk_counters k, double per) {
+    const unsigned long long *v = &k.h2d_bytes;
+    static const char *const NAMES[] = {"h2d_bytes", "d2h_bytes", "syncs", "allocs", "launches",
+                                        "graph_replays"};
+    for (int i = 0; i < 6; i++)
+        fprintf(out, "%s\"%s\":%.6g", i ? "," : "{", NAMES[i], per > 0 ? v[i] / per : (double)v[i]);
+    fprintf(out, "}");
+}
+
+void run_stats_counters_json(FILE *out, const run_stats *st) {
+    if (!st->has_counters) {
+        fprintf(out, "null");
+        return;
+    }
+    fprintf(out, "{\"prefill\":");
+    counters_json(out, st->dev_prefill, 0);
+    fprintf(out, ",\"decode_step\":");
+    if (st->dev_decode_steps) counters_json(out, st->dev_decode, st->dev_decode_steps);
+    else fprintf(out, "null");
+    fprintf(out, "}");
+}
+
 double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -92,6 +124,8 @@ int gen_begin(gen_seq *g, const strategy *s, context *cx, const strategy_opts *o
     g->st.prompt_n = n, g->st.prefill_shared = 1;
     g->logits = xmalloc((size_t)m->cfg.vocab * sizeof(float));
     double t0 = now_ms();
+    unsigned long long a0, a1;
+    bk_counters k0 = counts_now(cx, run, &a0);
     strategy_run r = run ? *run : (strategy_run){0};   // the request's sampling, for tokens
     r.sampling = smp->p;                                // the strategy draws itself
     g->kv = strategy_prefill(s, cx, ids, n, n_predict, o, &r, g->logits, &g->info, err, errlen);
@@ -107,6 +141,9 @@ int gen_begin(gen_seq *g, const strategy *s, context *cx, const strategy_opts *o
     if (first_logits) memcpy(first_logits, g->logits, (size_t)m->cfg.vocab * sizeof(float));
     gen_first(g, smp, on_token, ctx);
     g->st.prompt_ms = now_ms() - t0;
+    g->st.has_counters = m->bk->counters != NULL;
+    g->st.dev_prefill = bk_counters_add(counts_now(cx, run, &a1), k0, -1);
+    g->st.dev_prefill.allocs = a1 - a0;
     return 0;
 }
 
@@ -216,6 +253,8 @@ int gen_fork(gen_seq *dst, const gen_seq *src, const char *strategy_name, char *
     // the prefill is the source's: the copy's own work starts at its first token
     dst->st.prompt_n = 0, dst->st.prompt_ms = 0, dst->st.rows_done = 0, dst->st.draft_rows = 0;
     dst->st.predicted_n = 0, dst->st.decode_runs = 0, dst->st.decode_ms = 0;
+    dst->st.dev_prefill = (bk_counters){0}, dst->st.dev_decode = (bk_counters){0};
+    dst->st.dev_decode_steps = 0;
     return 0;
 }
 
@@ -244,6 +283,7 @@ void gen_step(gen_seq *const *g, int k) {
             live[i]->read_sum += e;
         }
     double t0 = now_ms();
+    bk_counters k0 = counts_now(live[0]->cx, NULL, NULL);
     fwd_decode(live[0]->cx, seqs, b);
     for (int i = 0; i < b; i++) {
         gen_seq *s = live[i];
@@ -253,7 +293,13 @@ void gen_step(gen_seq *const *g, int k) {
         s->done = (s->on_token && s->on_token(s->ctx, s->tok)) || s->st.predicted_n >= s->n_predict;
     }
     double dt = now_ms() - t0;   // a shared step: each sequence waited all of it
-    for (int i = 0; i < b; i++) live[i]->st.decode_ms += dt;
+    bk_counters dk = bk_counters_add(counts_now(live[0]->cx, NULL, NULL), k0, -1);
+    for (int i = 0; i < b; i++) {
+        live[i]->st.decode_ms += dt;
+        if (live[i]->st.decode_runs >= 2)   // after its first step (which sizes the buffers)
+            live[i]->st.dev_decode = bk_counters_add(live[i]->st.dev_decode, dk, 1),
+            live[i]->st.dev_decode_steps++;
+    }
 }
 
 void gen_end(gen_seq *g) {

@@ -118,9 +118,21 @@ typedef struct run_stats {
     long rows_done;        // prefill rows processed summed over layers (a draft's included)
     long draft_rows;       // of which a draft's (main-model layer-row equivalents)
     double kv_read_per_step;   // mean bytes of KV read per decode step, all layers (0: no step)
+    // The backend's counts (backend.h: bk_counters), when it keeps them (has_counters): over the
+    // prefill up to the first token (allocs: those made inside its passes, context.pass_allocs),
+    // and summed over the decode steps after the first (dev_decode_steps of them: the first
+    // sizes the step's buffers).
+    int has_counters;
+    bk_counters dev_prefill, dev_decode;
+    int dev_decode_steps;
     char label[96];        // prefill_info.label
     char note[800];        // the strategy's remark on this prompt (degenerate form) + decode report
 } run_stats;
+
+// st's device counts as one JSON value: {"prefill":{"h2d_bytes":N,"d2h_bytes":N,"syncs":N,
+// "allocs":N,"launches":N,"graph_replays":N},"decode_step":{...}} (decode_step: the mean per
+// step after the first, null without such steps), or null when the backend keeps none (CPU).
+void run_stats_counters_json(FILE *out, const run_stats *st);
 
 // Called with each generated token; return non-zero to stop after it. NULL: tokens not wanted.
 typedef int (*run_token_fn)(void *ctx, int id);

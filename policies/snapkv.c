@@ -13,13 +13,13 @@
 typedef struct {
     int b, w, kernel, n_gen;
     enum window_pool pool;
+    window_buf wb;   // the scores, in backend memory
 } snapkv;
 
 static int snapkv_after_attention(void *ctx, fwd_state *s, int l, const void *q) {
     snapkv *k = ctx;
-    float *pooled = window_score_layer(s, l, q, k->w, k->kernel, k->pool);
-    window_compress(s, l, pooled, k->w, k->b, k->n_gen);
-    free(pooled);
+    window_score_layer(s, l, q, k->w, k->kernel, k->pool, &k->wb);
+    window_compress(s, l, &k->wb, k->w, k->b, k->n_gen);
     return 0;
 }
 
@@ -28,7 +28,7 @@ static kv_cache *snapkv_prefill(context *cx, const int *ids, int n, int n_gen, c
                                 char *err, size_t errlen) {
     (void)run;
     snapkv k = {o->kv_len ? o->kv_len : window_budget(n, o->kv_rate), o->window, o->pool_kernel,
-                n_gen, (enum window_pool)o->pool};
+                n_gen, (enum window_pool)o->pool, {0}};
     if (o->kv_len && n <= o->kv_len)
         snprintf(info->note, sizeof info->note,
                  "prompt of %d tokens fits --kv-len %d: ran it without compression", n, o->kv_len);
@@ -36,9 +36,15 @@ static kv_cache *snapkv_prefill(context *cx, const int *ids, int n, int n_gen, c
         snprintf(info->note, sizeof info->note,
                  "prompt of %d tokens is too short for snapkv (window %d): ran it without "
                  "compression", n, k.w);
-    fwd_hooks hooks = {.ctx = &k, .after_attention = snapkv_after_attention};
     int on = k.b > k.w && k.b < n;   // b >= n: the budget holds every token
-    return prefill_run(cx, ids, n, n_gen, NULL, on ? &hooks : NULL, logits, info, err, errlen);
+    int L = cx->m->cfg.n_layer, *keep = xmalloc((size_t)L * sizeof(int));
+    for (int l = 0; l < L; l++) keep[l] = k.b + n_gen;
+    fwd_hooks hooks = {.ctx = &k, .after_attention = snapkv_after_attention, .keep_caps = keep};
+    if (on) k.wb = window_buf_make(cx->m, n, k.w, k.b, 0);
+    kv_cache *kv = prefill_run(cx, ids, n, n_gen, NULL, on ? &hooks : NULL, logits, info, err, errlen);
+    window_buf_free(&k.wb);
+    free(keep);
+    return kv;
 }
 
 static int snapkv_check(const model *m, const strategy_opts *o, char *err, size_t errlen) {

@@ -2,7 +2,8 @@
 // attention of the last w prompt rows (the observation window), summed over those rows, pooled
 // (max or average) per head over the prefix candidates [0, n-w), then summed per KV group (KV
 // eviction) or over all heads (TSP); the top-k-plus-window selection; and the budget arithmetic
-// floor(n * rate).
+// floor(n * rate). The scores and indices stay in backend memory (model/forward.h: token
+// scoring; the arithmetic is attn/score.h's): on a GPU nothing per token crosses to the host.
 #pragma once
 #include "../model/forward.h"
 
@@ -19,25 +20,26 @@ int window_budget(int n, float rate);
 // the FastKV authors' code (max_capacity_prompt - window_size > 0). 0, or -1 with a one-line err.
 int window_len_check(const char *flag, int len, int w, char *err, size_t errlen);
 
-// probs (w, heads, n): each window row's softmax over the n keys. pooled (heads, n - w):
-// s_h[j] = sum over the w rows of probs[r][h][j], j < n - w; pooled[h] = the max- or avg-pool
-// (pool, kernel) of s_h over [0, n - w), edges as enum window_pool says.
-void window_score_heads(const float *probs, int w, int heads, int n, int kernel,
-                        enum window_pool pool, float *pooled);
+// One prefill's scoring buffers in backend memory, made before its pass (window_buf_make: n
+// prompt tokens, window w, at most b entries kept per KV head and t rows propagated).
+typedef struct window_buf {
+    const model *m;
+    float *pooled;   // (heads, n - w): the layer's pooled window scores per head
+    float *group;    // (n_kv_head, n - w): summed per KV group; its first row: over all heads
+    int *idx;        // (n_kv_head, max(b, t)): the kept entries (or rows) per group
+} window_buf;
+window_buf window_buf_make(const model *m, int n, int w, int b, int t);
+void window_buf_free(window_buf *wb);
 
-// out (groups, c): out[g][j] = sum of pooled[h][j] over the heads / groups heads of group g
-// (groups = number of KV heads: S_kv; groups = 1: S_tsp, the sum over all heads).
-void window_score_groups(const float *pooled, int heads, int groups, int c, float *out);
-
-// idx (groups, k), w <= k <= n: for each group g, the top (k - w) of scores[g] (the c = n - w
-// candidates; ties to the lower index) followed by the window n-w .. n-1; ascending.
-void window_select(const float *scores, int groups, int n, int w, int k, int *idx);
-
-// pooled (heads, n - w), malloc'd: window_score_heads of layer l's n = s->n entries, from the
+// wb->pooled (heads, n - w) = the pooled window scores of layer l's n = s->n entries, from the
 // post-RoPE queries q of the last w alive rows (prefill: entry i is alive row i).
-float *window_score_layer(fwd_state *s, int l, const void *q, int w, int kernel,
-                          enum window_pool pool);
+void window_score_layer(fwd_state *s, int l, const void *q, int w, int kernel,
+                        enum window_pool pool, window_buf *wb);
 
-// Layer l keeps, per KV head g, the top (b - w) of S_kv[g] (from pooled) plus the window, in a
-// cache of capacity b + n_gen. Needs w <= b <= s->n.
-void window_compress(fwd_state *s, int l, const float *pooled, int w, int b, int n_gen);
+// Layer l keeps, per KV head g, the top (b - w) of S_kv[g] (wb->pooled summed over g's heads;
+// ties to the lower index) plus the window, in a cache of capacity b + n_gen. w <= b <= s->n.
+void window_compress(fwd_state *s, int l, window_buf *wb, int w, int b, int n_gen);
+
+// rows (t,), host = the TSP selection: the top (t - w) of S_tsp (wb->pooled summed over all
+// heads) followed by the window n-w .. n-1, ascending. w <= t <= n = s->n.
+void window_select_rows(fwd_state *s, window_buf *wb, int w, int t, int *rows);

@@ -52,22 +52,22 @@ static void test_window_scores(void) {
     };
     // s_0 = {0.7, 0.3, 0.0, 0.2}; s_1 = {0.1, 0.0, 0.7, 0.0} (keys 4, 5 are the window: excluded)
     float pooled[2][4], p1[2][4] = {{0.7f, 0.3f, 0.0f, 0.2f}, {0.1f, 0.0f, 0.7f, 0.0f}};
-    window_score_heads(&probs[0][0][0], 2, 2, 6, 1, WINDOW_POOL_MAX, &pooled[0][0]);
+    score_window_pool(&probs[0][0][0], 2, 2, 6, 6 - 2, 1, WINDOW_POOL_MAX, &pooled[0][0]);
     for (int h = 0; h < 2; h++)
         for (int j = 0; j < 4; j++) CHECK_CLOSE(pooled[h][j], p1[h][j], 1e-6);
     // kernel 3: max-pool per head BEFORE summing heads
     float p3[2][4] = {{0.7f, 0.7f, 0.3f, 0.2f}, {0.1f, 0.7f, 0.7f, 0.7f}};
-    window_score_heads(&probs[0][0][0], 2, 2, 6, 3, WINDOW_POOL_MAX, &pooled[0][0]);
+    score_window_pool(&probs[0][0][0], 2, 2, 6, 6 - 2, 3, WINDOW_POOL_MAX, &pooled[0][0]);
     for (int h = 0; h < 2; h++)
         for (int j = 0; j < 4; j++) CHECK_CLOSE(pooled[h][j], p3[h][j], 1e-6);
     float all[4], want[4] = {0.8f, 1.4f, 1.0f, 0.9f};
-    window_score_groups(&pooled[0][0], 2, 1, 4, all);
+    score_group_sum(&pooled[0][0], 2, 1, 4, all);
     for (int j = 0; j < 4; j++) CHECK_CLOSE(all[j], want[j], 1e-6);
     // --pool avg, kernel 3: per head, zero padding, every sum / 3:
     // s_0 -> {0+.7+.3, .7+.3+0, .3+0+.2, .2+0+0} / 3; s_1 -> {0+.1+0, .1+0+.7, 0+.7+0, .7+0+0} / 3
     float pa[2][4] = {{1.0f / 3, 1.0f / 3, 0.5f / 3, 0.2f / 3},
                       {0.1f / 3, 0.8f / 3, 0.7f / 3, 0.7f / 3}};
-    window_score_heads(&probs[0][0][0], 2, 2, 6, 3, WINDOW_POOL_AVG, &pooled[0][0]);
+    score_window_pool(&probs[0][0][0], 2, 2, 6, 6 - 2, 3, WINDOW_POOL_AVG, &pooled[0][0]);
     for (int h = 0; h < 2; h++)
         for (int j = 0; j < 4; j++) CHECK_CLOSE(pooled[h][j], pa[h][j], 1e-6);
     // where the two disagree: one head, w = 1, n = 8 (c = 7), s = {0, 5, 0, 0, 3, 3, 3};
@@ -75,17 +75,17 @@ static void test_window_scores(void) {
     // avg-pool 3 -> {5, 5, 5, 3, 6, 9, 6} / 3: top 1 is key 5
     float one[8] = {0, 5, 0, 0, 3, 3, 3, 1}, sc[7];
     int top[2];
-    window_score_heads(one, 1, 1, 8, 3, WINDOW_POOL_MAX, sc);
-    window_select(sc, 1, 8, 1, 2, top);
+    score_window_pool(one, 1, 1, 8, 8 - 1, 3, WINDOW_POOL_MAX, sc);
+    score_select(sc, 1, 8 - 1, 2 - 1, 1, top, 2);
     CHECK(top[0] == 0 && top[1] == 7, "max-pool keeps %d %d", top[0], top[1]);
-    window_score_heads(one, 1, 1, 8, 3, WINDOW_POOL_AVG, sc);
+    score_window_pool(one, 1, 1, 8, 8 - 1, 3, WINDOW_POOL_AVG, sc);
     CHECK_CLOSE(sc[5], 3.0, 1e-6);
-    window_select(sc, 1, 8, 1, 2, top);
+    score_select(sc, 1, 8 - 1, 2 - 1, 1, top, 2);
     CHECK(top[0] == 5 && top[1] == 7, "avg-pool keeps %d %d", top[0], top[1]);
     // 4 heads in 2 KV groups: group g sums heads 2g, 2g+1
     float ph[4][3] = {{1, 2, 3}, {10, 20, 30}, {4, 0, 4}, {0, 4, 1}}, grp[2][3];
     float wg[2][3] = {{11, 22, 33}, {4, 4, 5}};
-    window_score_groups(&ph[0][0], 4, 2, 3, &grp[0][0]);
+    score_group_sum(&ph[0][0], 4, 2, 3, &grp[0][0]);
     for (int g = 0; g < 2; g++)
         for (int j = 0; j < 3; j++)
             CHECK(grp[g][j] == wg[g][j], "group %d, j %d: %g", g, j, grp[g][j]);
@@ -96,17 +96,17 @@ static void test_select_window(void) {
     int n = 10, w = 3, k = 5;
     float sc[2][7] = {{0, 9, 1, 9, 9, 0, 0}, {5, 0, 0, 0, 0, 0, 6}};
     int idx[2][5], want[2][5] = {{1, 3, 7, 8, 9}, {0, 6, 7, 8, 9}};
-    window_select(&sc[0][0], 2, n, w, k, &idx[0][0]);
+    score_select(&sc[0][0], 2, n - w, k - w, w, &idx[0][0], k);
     for (int g = 0; g < 2; g++)
         for (int j = 0; j < k; j++)
             CHECK(idx[g][j] == want[g][j], "g %d: idx[%d] = %d", g, j, idx[g][j]);
     // TSP rows (one group): the window is kept even when the prefix scores are all higher; sorted
     float ts[5] = {3, 1, 4, 1, 5};
     int rows[4], wr[4] = {2, 4, 5, 6};
-    window_select(ts, 1, 7, 2, 4, rows);
+    score_select(ts, 1, 7 - 2, 4 - 2, 2, rows, 4);
     for (int j = 0; j < 4; j++) CHECK(rows[j] == wr[j], "rows[%d] = %d", j, rows[j]);
     // k == w: the window only
-    window_select(ts, 1, 7, 2, 2, rows);
+    score_select(ts, 1, 7 - 2, 2 - 2, 2, rows, 2);
     CHECK(rows[0] == 5 && rows[1] == 6, "window only: %d %d", rows[0], rows[1]);
 }
 
@@ -159,7 +159,9 @@ static void test_layer(void) {
             for (int j = 0; j <= r; j++) sum += e[j] = exp(k[j][g][0] / sqrt(HD));
             for (int j = 0; j < N - W; j++) ref[h][j] += e[j] / sum;
         }
-    float *pooled = window_score_layer(&s, 0, q, W, 3, WINDOW_POOL_MAX);
+    window_buf wb = window_buf_make(&m, N, W, 4, 0);
+    window_score_layer(&s, 0, q, W, 3, WINDOW_POOL_MAX, &wb);
+    const float *pooled = wb.pooled;   // the CPU's backend memory is the host's
     for (int h = 0; h < H; h++)
         for (int j = 0; j < N - W; j++) {
             double mx = ref[h][j];
@@ -168,7 +170,7 @@ static void test_layer(void) {
             CHECK_CLOSE(pooled[h * (N - W) + j], mx, 1e-6);
         }
 
-    window_compress(&s, 0, pooled, W, 4, NGEN);
+    window_compress(&s, 0, &wb, W, 4, NGEN);
     kv_layer *L = &kv->layers[0];
     int want[HKV][4] = {{1, 2, 10, 11}, {5, 6, 10, 11}};
     CHECK(L->len == 4 && L->cap == 4 + NGEN, "len %d cap %d", L->len, L->cap);
@@ -180,7 +182,7 @@ static void test_layer(void) {
             CHECK(p == want[g][j], "KV head %d entry %d: position %d", g, j, p);
             CHECK(((float *)L->v)[(g * L->cap + j) * HD] == (float)p, "V of entry %d moved", j);
         }
-    free(pooled);
+    window_buf_free(&wb);
     kv_free(kv);
     m.bk->destroy(m.bk);
 }

@@ -23,8 +23,48 @@ static inline void cuda_check(cudaError_t e, const char *what, const char *file,
 }
 
 #define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)
-// After every kernel launch: a bad configuration is reported here, not at the next copy.
-#define CUDA_LAUNCHED(kernel) cuda_check(cudaGetLastError(), "launch of " #kernel, __FILE__, __LINE__)
+
+// The CUDA files' own counts of what they ask of the device (backend.h: bk_counters): bytes
+// copied each way, stream synchronisations, device allocations, launches (kernels, device-side
+// copies, cuBLASLt products) and graph replays. Kept here, by the wrappers below and
+// CUDA_LAUNCHED, so that no copy, wait, allocation or launch of the backend goes uncounted: the
+// CUDA files call cuda_memcpy_async, cuda_memcpy_2d_async, cuda_stream_sync and cuda_malloc,
+// never the runtime's functions of those names.
+struct cuda_counts_t {
+    unsigned long long h2d_bytes, d2h_bytes, syncs, allocs, launches, graph_replays;
+    int capturing;   // while a decode step is recorded: its launches run only as the replay
+};
+inline cuda_counts_t cuda_counts;
+
+static inline void cuda_count_copy(size_t bytes, cudaMemcpyKind kind) {
+    if (kind == cudaMemcpyHostToDevice) cuda_counts.h2d_bytes += bytes;
+    else if (kind == cudaMemcpyDeviceToHost) cuda_counts.d2h_bytes += bytes;
+    else cuda_counts.launches += !cuda_counts.capturing;   // a copy on the device: queued work
+}
+static inline cudaError_t cuda_memcpy_async(void *dst, const void *src, size_t bytes,
+                                            cudaMemcpyKind kind, cudaStream_t st) {
+    cuda_count_copy(bytes, kind);
+    return cudaMemcpyAsync(dst, src, bytes, kind, st);
+}
+static inline cudaError_t cuda_memcpy_2d_async(void *dst, size_t dpitch, const void *src,
+                                               size_t spitch, size_t width, size_t height,
+                                               cudaMemcpyKind kind, cudaStream_t st) {
+    cuda_count_copy(width * height, kind);
+    return cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, st);
+}
+static inline cudaError_t cuda_stream_sync(cudaStream_t st) {
+    cuda_counts.syncs++;
+    return cudaStreamSynchronize(st);
+}
+static inline cudaError_t cuda_malloc(void **p, size_t bytes) {
+    cuda_counts.allocs++;
+    return cudaMalloc(p, bytes);
+}
+
+// After every kernel launch (counted): a bad configuration is reported here, not at the next copy.
+#define CUDA_LAUNCHED(kernel)                                                                      \
+    (cuda_counts.launches += !cuda_counts.capturing,                                               \
+     cuda_check(cudaGetLastError(), "launch of " #kernel, __FILE__, __LINE__))
 
 // Blocks of `threads` covering n items (n > 0).
 static inline unsigned cuda_blocks(size_t n, unsigned threads) {
