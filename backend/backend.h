@@ -157,8 +157,13 @@ struct backend {
                        void *nv);
     // dst (n,), host = src (n,) int32 in backend memory (waits for it)
     void (*ints_to_host)(backend *b, int *dst, const int *src, size_t n);
+    // dst (n,) int32 in backend memory = src (n,), host (src may be freed on return)
+    void (*ints_from_host)(backend *b, int *dst, const int *src, size_t n);
     // Optional: L's host positions made current when stale (L->pos_stale, after kv_keep_at).
     void (*kv_pos_sync)(backend *b, kv_layer *L);
+    // Optional: the backend's own state of a new cache layer L (CUDA: its device positions and
+    // length), made when the cache is, so that no pass allocates it.
+    void (*kv_prepare)(backend *b, const kv_layer *L);
     // A (rows, cols) weight whose element i is offset + scale * synth_uniform(seed, tensor, i)
     // (weights/synthetic.h), made where it lives.
     bk_weight *(*weight_synth)(backend *b, uint64_t seed, uint64_t tensor, size_t rows, size_t cols,

@@ -94,6 +94,7 @@ void cpu_score_group_sum(backend *b, float *out, const float *in, int heads, int
 void cpu_score_select(backend *b, int *idx, int ld, const float *s, int rows, int c, int k, int tail);
 void cpu_kv_keep_at(backend *b, kv_layer *L, const int *idx, int k, int new_cap, void *nk, void *nv);
 void cpu_ints_to_host(backend *b, int *dst, const int *src, size_t n);
+void cpu_ints_from_host(backend *b, int *dst, const int *src, size_t n);
 void cpu_attn_select(backend *b, void *out, const void *q, int heads, const kv_layer *L,
                      const int *sel, int n_sel, int n_sub, const phi_completion *comp);
 void cpu_phi_summarize(backend *b, phi_summary *out, const phi_maps *p, int layer,

@@ -80,7 +80,7 @@ typedef struct rope_table {   // cs (rows, half) = (cos, sin) of p * inv_freq[j]
     float2 *cs;
 } rope_table;
 
-enum { STAGE_IDX, STAGE_AUX, STAGE_PAR, STAGE_ROWS, STAGE_OF, STAGE_SUM, STAGES };   // per op
+enum { STAGE_IDX, STAGE_AUX, STAGE_PAR, STAGE_ROWS, STAGE_OF, STAGE_SUM, STAGE_STATE, STAGES };   // per op
 
 #define STAGE_REUSE_MAX (1u << 20)   // uploads up to this size are skipped when unchanged
 #define SPARE_MAX 32   // freed buffers kept for reuse (a decode step frees and allocates the same
@@ -205,11 +205,13 @@ void cuda_kv_append(backend *b, kv_layer *L, const void *k, const void *v, const
 void cuda_kv_keep(backend *b, kv_layer *L, const int *idx, int k, int new_cap);
 void cuda_kv_keep_at(backend *b, kv_layer *L, const int *idx, int k, int new_cap, void *nk, void *nv);
 void cuda_kv_pos_sync(backend *b, kv_layer *L);
+void cuda_kv_prepare(backend *b, const kv_layer *L);
 void cuda_window_scores(backend *b, float *scores, const void *q, const int *qpos, int nq, int heads,
                         const kv_layer *L, int m, int c, int kernel, int avg);
 void cuda_score_group_sum(backend *b, float *out, const float *in, int heads, int groups, int c);
 void cuda_score_select(backend *b, int *idx, int ld, const float *s, int rows, int c, int k, int tail);
 void cuda_ints_to_host(backend *b, int *dst, const int *src, size_t n);
+void cuda_ints_from_host(backend *b, int *dst, const int *src, size_t n);
 void cuda_attention(backend *b, void *out, const void *q, const int *qpos, int n, int heads,
                     const kv_layer *L);
 void cuda_attention_multi(backend *b, int k, void *const *out, const void *const *q,

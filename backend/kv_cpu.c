@@ -71,6 +71,11 @@ void cpu_score_select(backend *b, int *idx, int ld, const float *s, int rows, in
     score_select(s, rows, c, k, tail, idx, ld);
 }
 
+void cpu_ints_from_host(backend *b, int *dst, const int *src, size_t n) {
+    (void)b;
+    memcpy(dst, src, n * sizeof(int));
+}
+
 void cpu_ints_to_host(backend *b, int *dst, const int *src, size_t n) {
     (void)b;
     memcpy(dst, src, n * sizeof(int));

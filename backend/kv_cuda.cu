@@ -60,6 +60,8 @@ static const pos_mirror *mirror_get(cuda_impl *c, const kv_layer *L) {
     return m;
 }
 
+void cuda_kv_prepare(backend *b, const kv_layer *L) { mirror_get(impl(b), L); }
+
 // k, v (n, n_kv_head, hd) -> dk, dv (n_kv_head, cap, hd) and pos (n,) -> dpos (n_kv_head, cap) at
 // entries *len .. *len + n (the device length: a recorded step appends where the cache ends at
 // replay); V8: a thread per 8 elements (hd % 8 == 0), else one
@@ -154,9 +156,13 @@ __global__ void kv_pos_keep_kernel(int *dpos, int *len, const int *idx, int n_kv
                                    int cap, int new_cap) {
     for (int g = 0; g < n_kv_head; g++)
         for (int j0 = 0; j0 < k; j0 += blockDim.x) {
-            int j = j0 + threadIdx.x, p = j < k ? dpos[(size_t)g * cap + idx[(size_t)g * k + j]] : 0;
+            // threads past k read and write the old length's slot (no entry's): no branch
+            // between the barriers
+            int j = j0 + threadIdx.x, in = j < k;
+            size_t spare = (size_t)n_kv_head * cap;
+            int p = dpos[in ? (size_t)g * cap + idx[(size_t)g * k + (in ? j : 0)] : spare];
             __syncthreads();
-            if (j < k) dpos[(size_t)g * new_cap + j] = p;
+            dpos[in ? (size_t)g * new_cap + j : spare] = p;
             __syncthreads();
         }
     if (threadIdx.x == 0) *len = k;
@@ -217,6 +223,13 @@ void cuda_ints_to_host(backend *b, int *dst, const int *src, size_t n) {
     if (n == 0) return;
     CUDA_CHECK(cuda_memcpy_async(dst, src, n * sizeof(int), cudaMemcpyDeviceToHost, c->stream));
     CUDA_CHECK(cuda_stream_sync(c->stream));
+}
+
+// (a copy from pageable host memory returns once the source is read)
+void cuda_ints_from_host(backend *b, int *dst, const int *src, size_t n) {
+    cuda_impl *c = impl(b);
+    CHECK_INTERNAL(!c->recording, "an upload while recording a decode step");
+    if (n) CUDA_CHECK(cuda_memcpy_async(dst, src, n * sizeof(int), cudaMemcpyHostToDevice, c->stream));
 }
 
 // ---- attention --------------------------------------------------------------------------------

@@ -15,10 +15,9 @@
 #define SAMPLE_MAX_K 1024
 
 // The row's sampling settings as the kernel reads them (staged, one per row).
-typedef struct sample_row {
+typedef struct sample_row {   // a row's settings: uploaded only when they change
     float temp, top_p, min_p;
     int k;            // candidates: top_k, or vocab when top-k is off or not smaller
-    uint64_t state;   // PCG32 state before the draw
 } sample_row;
 
 // A key larger for a larger logit, and for the lower id among equal logits: unique per row.
@@ -44,7 +43,7 @@ struct sample_smem {
 
 // out[row] = the token drawn from logits (rows, vocab) bf16; grid (rows), SAMPLE_THREADS threads
 __global__ void __launch_bounds__(SAMPLE_THREADS)
-sample_kernel(int *out, const bf16 *logits, int vocab, const sample_row *rows) {
+sample_kernel(int *out, const bf16 *logits, int vocab, const sample_row *rows, const uint64_t *states) {
     SHARED_DYNAMIC(unsigned char, smem_raw);
     sample_smem &sm = *(sample_smem *)smem_raw;
     const sample_row p = rows[blockIdx.x];
@@ -140,7 +139,7 @@ sample_kernel(int *out, const bf16 *logits, int vocab, const sample_row *rows) {
     }
     double z = 0;
     for (int r = 0; r < m; r++) z += sm.e2[r];
-    uint64_t st = p.state;
+    uint64_t st = states[blockIdx.x];   // the PCG32 state before the draw
     float u = (sample_pcg32(&st) >> 8) * (1.0f / 16777216.0f);   // sample_uniform's draw
     double draw = u * z, acc = 0;
     int tok = sm.id[sm.order[m - 1]];
@@ -167,9 +166,12 @@ int cuda_sample(backend *b, int *out, const void *logits, int n, int vocab, cons
             free(rows);
             return -1;
         }
-        rows[i] = (sample_row){p[i].temp, p[i].top_p, p[i].min_p, k, state[i]};
+        rows[i] = (sample_row){p[i].temp, p[i].top_p, p[i].min_p, k};
     }
+    // the settings are the same step after step (stage skips an unchanged upload); the states
+    // are not (8 bytes a row)
     const sample_row *d = (const sample_row *)stage(c, STAGE_PAR, rows, (size_t)n * sizeof *rows);
+    const uint64_t *ds = (const uint64_t *)stage(c, STAGE_STATE, state, (size_t)n * sizeof *state);
     int *dt = (int *)dev_buf_reserve(c, &c->tokens, (size_t)n * sizeof(int), "sampled tokens");
     size_t smem = sizeof(sample_smem);
     static bool configured;   // over 48 KiB of dynamic shared memory: opt in once
@@ -178,7 +180,7 @@ int cuda_sample(backend *b, int *out, const void *logits, int n, int vocab, cons
                                         (int)smem));
         configured = true;
     }
-    CUDA_LAUNCH(sample_kernel, n, SAMPLE_THREADS, smem, c->stream, dt, (const bf16 *)logits, vocab, d);
+    CUDA_LAUNCH(sample_kernel, n, SAMPLE_THREADS, smem, c->stream, dt, (const bf16 *)logits, vocab, d, ds);
     CUDA_CHECK(cuda_memcpy_async(out, dt, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost, c->stream));
     CUDA_CHECK(cuda_stream_sync(c->stream));
     free(rows);

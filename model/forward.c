@@ -400,6 +400,10 @@ void fwd_ints_to_host(const model *m, int *dst, const int *src, size_t n) {
     m->bk->ints_to_host(m->bk, dst, src, n);
 }
 
+void fwd_ints_from_host(const model *m, int *dst, const int *src, size_t n) {
+    m->bk->ints_from_host(m->bk, dst, src, n);
+}
+
 const int *fwd_kv_pos(const model *m, kv_layer *L) {
     if (L->pos_stale) m->bk->kv_pos_sync(m->bk, L);
     CHECK_INTERNAL(!L->pos_stale, "stale KV positions");
@@ -513,8 +517,10 @@ kv_cache *fwd_kv_create(const context *cx, const int *caps, char *err, size_t er
                  avail / 1073741824.0, m->bk->name);
         return NULL;
     }
-    return kv_create_typed(c->n_layer, c->n_kv_head, c->head_dim, caps, m->bk->elem_bytes, kt, vt,
-                           kv_mem_alloc, kv_mem_free, m->bk, err, errlen);
+    kv_cache *kv = kv_create_typed(c->n_layer, c->n_kv_head, c->head_dim, caps, m->bk->elem_bytes,
+                                   kt, vt, kv_mem_alloc, kv_mem_free, m->bk, err, errlen);
+    for (int l = 0; kv && m->bk->kv_prepare && l < kv->n_layer; l++) m->bk->kv_prepare(m->bk, &kv->layers[l]);
+    return kv;
 }
 
 kv_cache *fwd_kv_copy(const context *cx, const kv_cache *a, char *err, size_t errlen) {

@@ -133,8 +133,9 @@ void fwd_score_select(const model *m, int *idx, int ld, const float *s, int rows
 // made for layer l before the pass (fwd_hooks.keep_caps; else new ones); the buffers it replaces
 // are freed when the pass ends.
 void fwd_kv_keep_at(fwd_state *s, int l, const int *idx, int k, int new_cap);
-// dst (n,), host = src (n,) int32 backend memory.
+// dst (n,), host = src (n,) int32 backend memory; and the other way.
 void fwd_ints_to_host(const model *m, int *dst, const int *src, size_t n);
+void fwd_ints_from_host(const model *m, int *dst, const int *src, size_t n);
 // L's host positions, made current first where a keep on the device left them behind.
 const int *fwd_kv_pos(const model *m, kv_layer *L);
 // fwd_kv_pos of every layer of kv (before the host reads kv_layer.pos: a report, a copy).
