@@ -696,6 +696,79 @@ static void test_attn_topk(backend *bk[2], int heads, int nkv, int hd, int len, 
     free(k_), free(v), free(q), free(got), free(want), free(probs);
 }
 
+// fp32 / int32 buffers of backend memory, as raw 4-byte words (ints_to_host / ints_from_host)
+static void *words_up(backend *b, const void *host, size_t n) {
+    size_t e = b->elem_bytes;
+    void *d = b->alloc(b, (n * 4 + e - 1) / e + 1);
+    CHECK_INTERNAL(d, "out of memory for %zu words", n);
+    b->ints_from_host(b, d, host, n);
+    return d;
+}
+static void words_down(backend *b, void *host, const void *d, size_t n) { b->ints_to_host(b, host, d, n); }
+
+// The window scoring of fastkv and snapkv (backend.h: window_scores, score_group_sum,
+// score_select, kv_keep_at): w query rows at the end of a len-entry cache. The scores and group
+// sums against the CPU's (the probabilities come from bf16 keys: TOL); the selection run on the
+// GPU over the CPU's scores must be the CPU's exactly (levels > 0: the keys take only that many
+// distinct rows, so whole plateaus tie and the lower-index rule decides); the kept cache's
+// positions must be the CPU's, and attention over it the CPU's within TOL.
+static void test_window_select(backend *bk[2], int heads, int nkv, int hd, int len, int w, int b,
+                               int kernel, int avg, int levels) {
+    attn_case t = {"window", heads, nkv, hd, len, 1, 0, w, len - w, 1, 0};
+    int kvd = nkv * hd, c = len - w;
+    float *k_ = rand_host((size_t)(len + 2) * kvd, 2), *v = rand_host((size_t)(len + 2) * kvd, 1);
+    float *q = rand_host((size_t)w * heads * hd, 2);
+    for (int i = 0; levels && i < len + 2; i++)
+        memcpy(k_ + (size_t)i * kvd, k_ + (size_t)(i % levels) * kvd, (size_t)kvd * sizeof(float));
+    int *qpos = xmalloc((size_t)w * sizeof(int));
+    for (int i = 0; i < w; i++) qpos[i] = c + i;
+    float *sc[2], *gs[2], *att[2];
+    int *idx[2], *pos[2];
+    for (int be = 0; be < 2; be++) {
+        backend *x = bk[be];
+        kv_cache *kv = build_cache(x, &t, k_, v, NULL);
+        kv_layer *L = &kv->layers[0];
+        void *dq = upload(x, q, w, heads * hd);
+        sc[be] = xmalloc((size_t)heads * c * sizeof(float)), gs[be] = xmalloc((size_t)nkv * c * sizeof(float));
+        idx[be] = xmalloc((size_t)nkv * b * sizeof(int));
+        void *ds = words_up(x, sc[be], (size_t)heads * c), *dg = words_up(x, gs[be], (size_t)nkv * c);
+        void *di = words_up(x, idx[be], (size_t)nkv * b);
+        x->window_scores(x, ds, dq, qpos, w, heads, L, len, c, kernel, avg);
+        words_down(x, sc[be], ds, (size_t)heads * c);
+        x->score_group_sum(x, dg, ds, heads, nkv, c);
+        words_down(x, gs[be], dg, (size_t)nkv * c);
+        // the selection over the CPU's group sums (exact), then the keep by those indices
+        if (be == GPU) x->ints_from_host(x, dg, (const int *)gs[CPU], (size_t)nkv * c);
+        x->score_select(x, di, b, dg, nkv, c, b - w, w);
+        words_down(x, idx[be], di, (size_t)nkv * b);
+        size_t rows = (size_t)nkv * (b + 4), e = x->elem_bytes;
+        void *nk = x->alloc(x, (rows * L->k_row + e - 1) / e), *nv = x->alloc(x, (rows * L->v_row + e - 1) / e);
+        void *ok = L->k, *ov = L->v;
+        x->kv_keep_at(x, L, di, b, b + 4, nk, nv);
+        x->free(x, ok), x->free(x, ov);
+        if (L->pos_stale) x->kv_pos_sync(x, L);
+        pos[be] = xmalloc((size_t)nkv * b * sizeof(int));
+        for (int g = 0; g < nkv; g++) memcpy(pos[be] + g * b, L->pos + (size_t)g * L->cap, b * sizeof(int));
+        void *dout = x->alloc(x, (size_t)w * heads * hd);
+        x->attention(x, dout, dq, qpos, w, heads, L);   // over the kept entries
+        att[be] = download(x, dout, (size_t)w * heads * hd);
+        x->free(x, dout), x->free(x, dq), x->free(x, ds), x->free(x, dg), x->free(x, di);
+        kv_free(kv);
+    }
+    char shape[120];
+    snprintf(shape, sizeof shape, "%d/%d hd%d len%d w%d keep%d %s%d %s", heads, nkv, hd, len, w, b,
+             avg ? "avg" : "max", kernel, levels ? "ties" : "random");
+    report("window_scores", shape, sc[GPU], sc[CPU], (size_t)heads * c, TOL);
+    report("score_group_sum", shape, gs[GPU], gs[CPU], (size_t)nkv * c, TOL);
+    float same = memcmp(idx[GPU], idx[CPU], (size_t)nkv * b * sizeof(int)) == 0, one = 1;
+    report("score_select (exact)", shape, &same, &one, 1, 0);
+    float kept = memcmp(pos[GPU], pos[CPU], (size_t)nkv * b * sizeof(int)) == 0;
+    report("kv_keep_at positions (exact)", shape, &kept, &one, 1, 0);
+    report("attention over kv_keep_at", shape, att[GPU], att[CPU], (size_t)w * heads * hd, TOL);
+    for (int be = 0; be < 2; be++) free(sc[be]), free(gs[be]), free(idx[be]), free(pos[be]), free(att[be]);
+    free(k_), free(v), free(q), free(qpos);
+}
+
 // --self: the CPU backend has no attn_topk (forward.c selects on the host); this stand-in, the
 // same host selection, lets the harness above run against itself.
 static void self_attn_topk(backend *b, int *idx, const void *q, int qpos, int heads,
@@ -1601,6 +1674,12 @@ int main(int argc, char **argv) {
         if (small) test_attn_topk(bk, 4, 4, 128, 70000, 4, 69980, 70, 0);
         else test_attn_topk(bk, 4, 4, 128, 70000, 4, 69980, 700, 0);
         test_attn_topk(bk, 2, 1, 32, 50, 0, 50, 50, 3);
+    }
+    if (section(only, "topk") && bk[GPU]->window_scores) {
+        test_window_select(bk, 8, 2, 64, 300, 8, 40, 7, 0, 0);
+        test_window_select(bk, 8, 2, 64, 300, 8, 40, 7, 1, 5);    // plateaus: the tie rule
+        test_window_select(bk, 9, 3, 64, small ? 700 : 5000, 8, small ? 70 : 500, 13, 0, 0);
+        test_window_select(bk, 4, 4, 32, 40, 4, 4, 3, 1, 0);      // the window alone
     }
     if (section(only, "phi") && bk[GPU]->attn_select && bk[GPU]->phi_summarize) {
         test_phi_select(bk, PHI_MLP, 9, 3, 64, 64, 300, 12, 12);

@@ -18,9 +18,19 @@ pytestmark = pytest.mark.skipif(not os.path.exists(GPU_CHECK), reason="no SIMT b
 COMBINE = re.compile(r"__global__ void attn_combine_kernel.*?\n}\n", re.S)
 
 # name -> (file, [(old, new, count)] or a function of the text, the gpu_check --small attention
-# case that runs the kernel (or "ops:": the whole ops section, which holds the weight-type rows),
+# case that runs the kernel (or "ops:": the whole ops section, which holds the weight-type rows;
+# "topk:": the topk section, the selectors' and the window scoring's rows),
 # catcher, what)
 PLANTS = {
+    "window-pool-short-edge": (
+        "attn/score_cuda.cu", [("hi = j + r >= c ? c - 1 : j + r;", "hi = j + r >= c ? c - 2 : j + r;", 1)],
+        "topk:", "rows", "the window scores' pooling leaves out the last candidate at the right edge"),
+    "select-tail-shifted": (
+        "attn/score_cuda.cu", [("out[k + t] = lo + n + t;", "out[k + t] = lo + n + t - 1;", 1)],
+        "topk:", "rows", "the selection's window indices start one entry early"),
+    "kv-keep-positions-skip-head-0": (
+        "backend/kv_cuda.cu", [("    for (int g = 0; g < n_kv_head; g++)\n        for (int j0 = 0;", "    for (int g = 1; g < n_kv_head; g++)\n        for (int j0 = 0;", 1)],
+        "topk:", "rows", "a keep by device indices leaves the first KV head's positions where they were"),
     "q4k-scale-of-next-subblock": (
         "backend/qmatmul_cuda.cu", [("k4_scale_min(B + 4, j, &sc, &mn);", "k4_scale_min(B + 4, j ^ 1, &sc, &mn);", 2)],
         "ops:", "rows", "Q4_K/Q5_K groups take the scale and min of their neighbour sub-block"),
@@ -138,7 +148,8 @@ def plant(name):
 def test_planted_bug_is_caught(name):
     _, _, case, want, what = PLANTS[name]
     exe = plant(name)
-    args = ["--only", "ops"] if case == "ops:" else ["--only", "attention", "--case", case]
+    args = (["--only", "ops"] if case == "ops:" else ["--only", "topk"] if case == "topk:"
+            else ["--only", "attention", "--case", case])
     p = subprocess.run([exe, "--small", *args], cwd=ROOT, capture_output=True, text=True, timeout=900)
     failed_rows = [l for l in p.stdout.splitlines() if l.startswith("| ") and l.rstrip().endswith("| FAIL |")]
     checker = re.findall(r"^simt: (.*)$", p.stderr, re.M)
