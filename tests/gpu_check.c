@@ -1078,6 +1078,7 @@ static void test_strategy(model *m[2], const strategy *s, const int *ids, int n,
         for (int i = 0; i < vocab; i++) lg[b][i] = NAN;
         kv[b] = strategy_prefill(s, cx[b], ids, n, n_gen, &so, &run, lg[b], &info[b], err, sizeof err);
         CHECK_INTERNAL(kv[b], "%s prefill: %s", s->name, err);
+        fwd_kv_pos_sync(m[b], kv[b]);   // the host's positions, where a device keep left them stale
     }
     // Logits are compared only where both backends kept the same entries: a selection on bf16
     // scores may take the other side of a near-tie (the emulator showed fastkv and snapkv doing
