@@ -224,6 +224,12 @@ void fwd_logits_to_host(fwd_pass *p, int all_rows) {
             memcpy(p->seqs[b].logits, p->r->host + j++ * vocab, rows * vocab * sizeof(float));
 }
 
+// A K (is_v 0) or V buffer for cap entries of layer y of kv, on the backend (NULL when full).
+static void *layer_buf(backend *bk, const kv_cache *kv, const kv_layer *y, int cap, int is_v) {
+    size_t bytes = (size_t)y->n_kv_head * cap * (is_v ? y->v_row : y->k_row), e = kv->elem_bytes;
+    return bk->alloc(bk, (bytes + e - 1) / e);
+}
+
 // The buffers of the entries the pass will keep (hooks->keep_caps), made before it.
 static void keep_reserve(context *cx, const fwd_seq *q) {
     fwd_run_state *r = cx->run;
@@ -239,9 +245,7 @@ static void keep_reserve(context *cx, const fwd_seq *q) {
     for (int l = 0; l < L; l++) {
         const kv_layer *y = &kv->layers[l];
         if (caps[l] <= 0) continue;
-        size_t rows = (size_t)y->n_kv_head * caps[l], e = kv->elem_bytes;
-        r->keep_k[l] = bk->alloc(bk, (rows * y->k_row + e - 1) / e);
-        r->keep_v[l] = bk->alloc(bk, (rows * y->v_row + e - 1) / e);
+        r->keep_k[l] = layer_buf(bk, kv, y, caps[l], 0), r->keep_v[l] = layer_buf(bk, kv, y, caps[l], 1);
         CHECK_INTERNAL(r->keep_k[l] && r->keep_v[l], "out of memory for the kept KV of layer %d", l);
         r->keep_cap[l] = caps[l];
     }
@@ -385,8 +389,7 @@ void fwd_kv_keep_at(fwd_state *s, int l, const int *idx, int k, int new_cap) {
         nk = r->keep_k[l], nv = r->keep_v[l];
         r->keep_k[l] = r->keep_v[l] = NULL;
     } else {   // not foreseen: made here (a pass that allocates, counted by the backend)
-        size_t rows = (size_t)L->n_kv_head * new_cap, e = s->kv->elem_bytes;
-        nk = bk->alloc(bk, (rows * L->k_row + e - 1) / e), nv = bk->alloc(bk, (rows * L->v_row + e - 1) / e);
+        nk = layer_buf(bk, s->kv, L, new_cap, 0), nv = layer_buf(bk, s->kv, L, new_cap, 1);
         CHECK_INTERNAL(nk && nv, "out of memory keeping %d KV entries of layer %d", k, l);
     }
     void *ok = L->k, *ov = L->v;
