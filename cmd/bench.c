@@ -31,6 +31,8 @@
 
 typedef struct {
     const char *model, *format, *draft_path, *device, *out;   // out: -o FILE (else stdout)
+    const char *rates_arg;     // --rates (dry run): "h200" or four numbers, NULL: by --device
+    cost_rates rates;          // what it says (NaN: none, the predictions are null)
     enum bk_weights weights;   // --weights native|fast|exact|f32 (CPU)
     const char *cache_k, *cache_v;   // --cache-type-k/-v (kvrow.h names; "auto": cli_kv_default)
     int ubatch;                      // --ubatch: rows of one prefill pass (0: one pass)
@@ -163,6 +165,26 @@ static void put_end(const bench_out *o) {
 
 // ---- flags ----
 
+// The rates a prediction is made at (model/cost.h): --rates, else the H200's with --device cuda,
+// else none (NaN: the predictions are null). The H200's, from bench/RESULTS.md "First GPU runs"
+// (the derivation is in bench/CUDA.md, "Predicted ratios"): GEMMs at full's 8K TTFT less its
+// attention, prefill attention at fa2w's 32K rate, weights at full's 8K TPOT less its KV, KV at
+// the group decode kernel's 32K rate. A value of another form is a usage error.
+static const cost_rates RATES_H200 = {610e12, 272.7e12, 2845e9, 1380e9};
+
+static cost_rates dry_rates(const char *arg, int cuda) {
+    const char *s = arg ? arg : cuda ? "h200" : NULL;
+    if (!s) return (cost_rates){NAN, NAN, NAN, NAN};
+    if (strcmp(s, "h200") == 0) return RATES_H200;
+    double v[4];
+    char tail;
+    if (sscanf(s, "%lf,%lf,%lf,%lf%c", &v[0], &v[1], &v[2], &v[3], &tail) != 4 ||
+        !(v[0] > 0 && v[1] > 0 && v[2] > 0 && v[3] > 0 && isfinite(v[0] + v[1] + v[2] + v[3])))
+        cli_usage_error("bench: --rates '%s': expected h200 or four positive numbers "
+                        "GEMM_TFLOPS,ATTN_TFLOPS,WEIGHT_GBS,KV_GBS", s);
+    return (cost_rates){v[0] * 1e12, v[1] * 1e12, v[2] * 1e9, v[3] * 1e9};
+}
+
 static void bench_parse(int argc, char **argv, bench_opts *b) {
     flag_set f;
     flags_parse(&f, SUB_BENCH, argc, argv, 2);
@@ -175,7 +197,7 @@ static void bench_parse(int argc, char **argv, bench_opts *b) {
                       .dry_run = v[FL_DRY_RUN].given > 0, .elem_bytes = (int)v[FL_ELEM_BYTES].i,
                       .elem_given = v[FL_ELEM_BYTES].given > 0,
                       .n_ctx = v[FL_N_PROMPT].n, .n_par = v[FL_PARALLEL].n, .n_thr = v[FL_THREADS].n,
-                      .so = f.so, .draft_path = f.so.draft_path};
+                      .so = f.so, .draft_path = f.so.draft_path, .rates_arg = v[FL_RATES].s};
     memcpy(b->ctx, v[FL_N_PROMPT].list, sizeof b->ctx);
     memcpy(b->par, v[FL_PARALLEL].list, sizeof b->par);
     memcpy(b->thr, v[FL_THREADS].list, sizeof b->thr);
@@ -193,6 +215,9 @@ static void bench_parse(int argc, char **argv, bench_opts *b) {
         cli_usage_error("bench: --wtype applies to synthetic models (a file has its own types)");
     if (b->elem_given && !b->dry_run)
         cli_usage_error("bench: --elem-bytes only applies to --dry-run (a run uses the backend's)");
+    if (b->rates_arg && !b->dry_run)
+        cli_usage_error("bench: --rates only applies to --dry-run (a run measures its own)");
+    b->rates = dry_rates(b->rates_arg, b->device && strcmp(b->device, "cuda") == 0);
     if (b->threads == 0) b->threads = backend_cpu_default_threads(NULL);
     if (b->n_thr == 0) b->thr[0] = b->threads, b->n_thr = 1;
     flags_done(&f);
@@ -216,6 +241,26 @@ static long plan_rows(const bench_opts *b, long P) {
 }
 
 // ---- dry run: the formulas only ----
+
+// The shape the strategies' costs are stated for (cost_shape): the model, --draft's config and
+// decode weights when one is given, and the cache's K and V rows. 0, or 1 after an error line.
+static int dry_shape(const bench_opts *b, const model_config *c, model_config *dc, double w_step,
+                     int typed, enum kv_type kt, enum kv_type vt, double e, cost_shape *sh) {
+    *sh = (cost_shape){.c = c, .weight_bytes = w_step,
+                       .k_row = typed ? (double)kv_row_bytes(kt, c->head_dim) : e * c->head_dim,
+                       .v_row = typed ? (double)kv_row_bytes(vt, c->head_dim) : e * c->head_dim};
+    if (!b->draft_path) return 0;
+    char err[512];
+    double dw;
+    if (cli_config(b->draft_path, dc, err, sizeof err) != 0 ||
+        cli_plan_weight_bytes(b->draft_path, b->device, b->weights, b->wtype, &dw, err, sizeof err) != 0) {
+        fprintf(stderr, "sift: error: bench: --draft: %s\n", err);
+        return 1;
+    }
+    sh->draft = dc;
+    sh->draft_weight_bytes = cost_decode_weight_bytes(dc, 1) * (dw / cost_n_params(dc));
+    return 0;
+}
 
 static int bench_dry_run(const bench_opts *b, const model_config *c) {
     bench_out o = {out_format(b->format), 0};
@@ -252,11 +297,25 @@ static int bench_dry_run(const bench_opts *b, const model_config *c) {
     char types[32];
     snprintf(types, sizeof types, "%s/%s", typed ? kv_type_name(kt) : e == 2 ? "bf16" : e == 4 ? "f32" : "elem",
              typed ? kv_type_name(vt) : e == 2 ? "bf16" : e == 4 ? "f32" : "elem");
-    for (int i = 0; i < b->n_ctx; i++) {
-        long P = b->ctx[i], R = plan_rows(b, P);
+    double w_step = cost_decode_weight_bytes(c, 1) * (weights / cost_n_params(c));
+    const cost_rates rt = b->rates;
+    cost_shape sh;
+    model_config dc = {0};
+    if (dry_shape(b, c, &dc, w_step, typed, kt, vt, e, &sh) != 0) return 1;
+
+    for (int i = 0; i < b->n_ctx * b->n_strategies; i++) {
+        long P = b->ctx[i / b->n_strategies], R = plan_rows(b, P);
+        const strategy *st = b->strategies[i % b->n_strategies];
+        // the strategy's work at this length, its predicted times and their ratios to full's
+        cost_work wk, wf;
+        sh.n = P, sh.n_gen = b->n_gen;
+        strategy_cost(st, &sh, &b->so, &wk);
+        strategy_cost(strategy_find("full"), &sh, &b->so, &wf);
+        double ttft = cost_ttft(&wk, &rt), tpot = cost_tpot(&wk, &rt);
         bench_field f[] = {
             {"model", "model", name, 0, 0, NULL, NULL},
             {"device", "device", cuda ? "cuda" : "cpu", 0, 0, NULL, NULL},
+            {"strategy", "strategy", st->name, 0, 0, NULL, NULL},
             {"n_params", "params", NULL, cost_n_params(c), 0, "%.0f", NULL},
             {"elem_bytes", "elem bytes", NULL, e, 0, "%.0f", NULL},
             {"kv_types", "KV K/V", types, 0, 0, NULL, NULL},
@@ -280,10 +339,18 @@ static int bench_dry_run(const bench_opts *b, const model_config *c) {
             {"decode_plan_bytes", "plan (weights + KV)", NULL, weights + (P + b->n_gen) * kv_tok, 0,
              "%.0f", NULL},
             {"mem_available_bytes", "available", NULL, avail > 0 ? avail : NAN, 0, "%.0f", NULL},
+            // the strategy's work by formula (its cost hooks, policies/strategy.h) at the rates
+            {"pred_prefill_flops", NULL, NULL, wk.gemm_flops + wk.attn_flops, 0, "%.12e", NULL},
+            {"pred_decode_kv_bytes", NULL, NULL, wk.kv_bytes, 0, "%.0f", NULL},
+            {"pred_ttft_ms", "TTFT ms (pred)", NULL, 1e3 * ttft, 0, "%.1f", NULL},
+            {"pred_tpot_ms", "TPOT ms (pred)", NULL, 1e3 * tpot, 0, "%.2f", NULL},
+            {"pred_ttft_x_full", "TTFT x full (pred)", NULL, cost_ttft(&wf, &rt) / ttft, 0, "%.3f", NULL},
+            {"pred_tpot_x_full", "TPOT x full (pred)", NULL, cost_tpot(&wf, &rt) / tpot, 0, "%.3f", NULL},
         };
         put_row(&o, f, sizeof f / sizeof *f);
     }
     put_end(&o);
+    free(dc.inv_freq);
     return 0;
 }
 

@@ -187,6 +187,9 @@ static const flag_row BASE[] = {
     {FL_ELEM_BYTES, B, NULL, "--elem-bytes", NULL, "N", FT_INT, 1, 8, NULL, "4", NULL,
      "--dry-run's bytes per parameter, activation and KV element (not given: the weights as "
      "kept, the KV cache as --cache-type-k/-v)", 0, 0, NULL, NULL},
+    {FL_RATES, B, NULL, "--rates", NULL, "R", FT_STR, 0, 0, NULL, NULL, NULL,
+     "--dry-run's rates for the predicted TTFT and TPOT per strategy: h200 (measured, "
+     "bench/CUDA.md; the default with --device cuda) or GEMM_TFLOPS,ATTN_TFLOPS,WEIGHT_GBS,KV_GBS", 0, 0, NULL, NULL},
     {FL_CHUNKS, P, NULL, "--chunks", NULL, "N", FT_INT, 1, INT_MAX, NULL, NULL, NULL,
      "score at most the first N chunks (default: all; llama-perplexity's --chunks)", 0, 0, NULL, NULL},
     {FL_DATA, F, NULL, "--data", NULL, "TEXT", FT_PATH, 0, 0, NULL, NULL, NULL,

@@ -45,3 +45,38 @@ double cost_prefill_mem_bytes_rows(const model_config *c, long n, long n_gen, lo
 double cost_prefill_mem_bytes(const model_config *c, long n, long n_gen, size_t elem) {
     return cost_prefill_mem_bytes_rows(c, n, n_gen, n, elem, cost_kv_token_bytes(c, elem));
 }
+
+double cost_attn_flops(const model_config *c, double pairs) { return 4.0 * q_dim(c) * pairs; }
+
+double cost_causal_pairs(double n) { return n * (n + 1) / 2; }
+
+double cost_lm_head_flops(const model_config *c) { return 2.0 * c->d_model * c->vocab; }
+
+void cost_add_layers(const model_config *c, cost_work *w, double layers, double rows, double pairs) {
+    w->gemm_flops += layers * rows * cost_layer_row_flops(c);
+    w->attn_flops += layers * cost_attn_flops(c, pairs);
+}
+
+void cost_full_prefill(const cost_shape *sh, cost_work *w) {
+    const model_config *c = sh->c;
+    double n = (double)sh->n;
+    *w = (cost_work){.gemm_flops = cost_lm_head_flops(c), .kv_entries = c->n_layer * n};
+    cost_add_layers(c, w, c->n_layer, n, cost_causal_pairs(n));
+}
+
+void cost_dense_decode(const cost_shape *sh, cost_work *w) {
+    const model_config *c = sh->c;
+    w->weight_bytes = sh->weight_bytes;
+    w->kv_bytes = (w->kv_entries + c->n_layer * sh->n_gen / 2.0) * c->n_kv_head * (sh->k_row + sh->v_row);
+}
+
+double cost_kv_proj_flops(const model_config *c) { return 4.0 * c->d_model * kv_dim(c); }
+
+double cost_ttft(const cost_work *w, const cost_rates *r) {
+    return w->gemm_flops / r->gemm + w->attn_flops / r->attn + w->step_bytes / r->weight_bw +
+           w->step_kv_bytes / r->kv_bw;
+}
+
+double cost_tpot(const cost_work *w, const cost_rates *r) {
+    return w->weight_bytes / r->weight_bw + w->kv_bytes / r->kv_bw;
+}

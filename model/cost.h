@@ -41,3 +41,59 @@ double cost_prefill_mem_bytes(const model_config *c, long n, long n_gen, size_t 
 // rows = min(n, U), while its KV cache still grows to n + n_gen tokens.
 double cost_prefill_mem_bytes_rows(const model_config *c, long n, long n_gen, long rows,
                                    size_t elem, double kv_tok);
+
+// ---- a run's cost by kind of work, and its time at given rates ----
+// What one prefill and the decode steps after it do, in four kinds of work that run at four
+// different rates on any backend: products of many rows (GEMMs), prefill attention, steps of one
+// token inside the prefill (a draft's lookahead: bandwidth-bound), and a decode step's reads.
+// A strategy states its work (policies/strategy.h cost_prefill, cost_decode); `sift bench
+// --dry-run` turns it into predicted TTFT and TPOT.
+typedef struct cost_work {
+    double gemm_flops;     // prefill: projections, MLP, LM head, feature maps (a draft's too)
+    double attn_flops;     // prefill: attention's QK^T and PV (and a strategy's scoring of them)
+    double step_bytes;     // prefill: weight bytes read by one-token steps (specprefill's
+                           // lookahead), at the decode weight rate
+    double step_kv_bytes;  // prefill: the KV those steps read, at the decode KV rate
+    double kv_entries;     // after prefill: the cache entries a decode step's attention reads,
+                           // summed over the query layers (one KV head's count)
+    double weight_bytes;   // a decode step: weights read
+    double kv_bytes;       // a decode step: KV (and strategy state) read, at mid-decode depth
+} cost_work;
+
+// The shape a cost is stated for: the model (and a separate draft), the prompt and decode
+// lengths, and the bytes of what a step reads.
+typedef struct cost_shape {
+    const model_config *c;
+    const model_config *draft;     // specprefill --draft, or NULL (a self-draft)
+    long n, n_gen;                 // prompt tokens; tokens decoded
+    double weight_bytes;           // weights one decode step of c reads (cost_decode_weight_bytes)
+    double draft_weight_bytes;     // the same for draft (0 without one)
+    double k_row, v_row;           // bytes of one cached K row and one V row (one KV head)
+} cost_shape;
+
+// Rates: FLOP/s of GEMMs and of prefill attention; read B/s of weights in a decode step and of
+// its attention's KV reads.
+typedef struct cost_rates {
+    double gemm, attn, weight_bw, kv_bw;
+} cost_rates;
+
+// FLOPs of one layer's attention over `pairs` query-key pairs: QK^T and PV, 2 * 2 * qd each.
+double cost_attn_flops(const model_config *c, double pairs);
+// Causal query-key pairs of n rows attending to each other: n (n + 1) / 2.
+double cost_causal_pairs(double n);
+// FLOPs of the LM head on one row: 2 d vocab.
+double cost_lm_head_flops(const model_config *c);
+// Adds to w's prefill `layers` layers of c, each with `rows` rows through the projections and
+// MLP and attention over `pairs` query-key pairs.
+void cost_add_layers(const model_config *c, cost_work *w, double layers, double rows, double pairs);
+// full's prefill of sh->n tokens: every row through every layer, the LM head on the last row,
+// and a cache of n entries per layer; equals cost_prefill_flops in gemm + attn.
+void cost_full_prefill(const cost_shape *sh, cost_work *w);
+// A decode step that reads every cached entry: w->weight_bytes of weights and the K and V rows
+// of w->kv_entries + n_gen / 2 entries per layer (mid-decode depth) over every KV head.
+void cost_dense_decode(const cost_shape *sh, cost_work *w);
+// FLOPs of the K and V projections of one row in one layer: 2 * 2 d kvd.
+double cost_kv_proj_flops(const model_config *c);
+// Predicted time to first token and per output token, in seconds.
+double cost_ttft(const cost_work *w, const cost_rates *r);
+double cost_tpot(const cost_work *w, const cost_rates *r);

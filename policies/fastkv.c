@@ -24,10 +24,28 @@ typedef struct {
     window_buf wb;                        // the scores, in backend memory
 } fastkv;
 
-static int tsp_layer(const model *m, const strategy_opts *o) {
-    int l = o->tsp_layer >= 0 ? o->tsp_layer : m->cfg.n_layer / 2 - 1;
+static int tsp_layer_of(int L, const strategy_opts *o) {
+    int l = o->tsp_layer >= 0 ? o->tsp_layer : L / 2 - 1;
     return l > 0 ? l : 0;
 }
+static int tsp_layer(const model *m, const strategy_opts *o) { return tsp_layer_of(m->cfg.n_layer, o); }
+
+// The budgets for a prompt of n tokens on L layers (above), and whether it is long enough to
+// compress at all (else it runs full).
+static fastkv fastkv_plan(int L, int n, int n_gen, const strategy_opts *o, int *on) {
+    int t = o->tsp_len ? o->tsp_len : window_budget(n, o->tsp_rate), n_up = t < n ? t : n;
+    int b_up = o->kv_len    ? o->kv_len
+               : o->tsp_len ? window_budget(n, o->kv_rate)
+                            : window_budget(n_up, o->kv_rate / o->tsp_rate);
+    fastkv f = {.tsp_layer = tsp_layer_of(L, o), .t = t, .w = o->window, .kernel = o->pool_kernel,
+                .n_gen = n_gen, .pool = (enum window_pool)o->pool,
+                .b_low = o->kv_len ? o->kv_len : window_budget(n, o->kv_rate), .b_up = b_up};
+    *on = f.t > f.w && f.b_low > f.w;
+    return f;
+}
+
+// Rows layer l runs (n, or T above the TSP layer) and what its cache keeps of them (0: all).
+static int layer_rows(const fastkv *f, int on, int l, int n) { return on && l > f->tsp_layer && f->t < n ? f->t : n; }
 
 // Layer l's budget B_l for n alive rows (n itself when it holds every token).
 static int layer_budget(const fastkv *f, int l, int n) {
@@ -76,14 +94,8 @@ static kv_cache *fastkv_prefill(context *cx, const int *ids, int n, int n_gen, c
     model *m = cx->m;
     (void)run;
     int L = m->cfg.n_layer;
-    int t = o->tsp_len ? o->tsp_len : window_budget(n, o->tsp_rate), n_up = t < n ? t : n;
-    int b_up = o->kv_len    ? o->kv_len
-               : o->tsp_len ? window_budget(n, o->kv_rate)
-                            : window_budget(n_up, o->kv_rate / o->tsp_rate);
-    fastkv f = {.tsp_layer = tsp_layer(m, o), .t = t, .w = o->window, .kernel = o->pool_kernel,
-                .n_gen = n_gen, .pool = (enum window_pool)o->pool,
-                .b_low = o->kv_len ? o->kv_len : window_budget(n, o->kv_rate), .b_up = b_up};
-    int on = f.t > f.w && f.b_low > f.w;   // else too short: run it full
+    int on;
+    fastkv f = fastkv_plan(L, n, n_gen, o, &on);
     fits_note(info, n, o);
     if (!on)
         snprintf(info->note, sizeof info->note,
@@ -91,7 +103,7 @@ static kv_cache *fastkv_prefill(context *cx, const int *ids, int n, int n_gen, c
                  "compression", n, f.w);
     int *caps = xmalloc((size_t)L * sizeof(int)), *keep = xmalloc((size_t)L * sizeof(int));
     for (int l = 0; l < L; l++) {   // each layer's rows and what it keeps of them
-        int rows = on && l > f.tsp_layer && f.t < n ? f.t : n, b = layer_budget(&f, l, rows);
+        int rows = layer_rows(&f, on, l, n), b = layer_budget(&f, l, rows);
         caps[l] = rows + n_gen, keep[l] = b < rows ? b + n_gen : 0;
     }
     fwd_hooks hooks = {.ctx = &f, .after_attention = fastkv_after_attention,
@@ -117,6 +129,21 @@ static void fastkv_resolve(const model *m, const strategy_run *run, strategy_opt
     o->tsp_layer = tsp_layer(m, o);
 }
 
+// The work: each layer's rows, attention among them and the window rows' scores over them
+// (QK^T again: 2 qd per pair), and the cache its budget keeps.
+static void fastkv_cost(const cost_shape *sh, const strategy_opts *o, cost_work *w) {
+    const model_config *c = sh->c;
+    int L = c->n_layer, n = (int)sh->n, on;
+    fastkv f = fastkv_plan(L, n, (int)sh->n_gen, o, &on);
+    *w = (cost_work){.gemm_flops = cost_lm_head_flops(c)};
+    for (int l = 0; l < L; l++) {
+        int rows = layer_rows(&f, on, l, n), b = on ? layer_budget(&f, l, rows) : rows;
+        cost_add_layers(c, w, 1, rows, cost_causal_pairs(rows));
+        if (on) w->attn_flops += cost_attn_flops(c, (double)f.w * rows) / 2;
+        w->kv_entries += b;
+    }
+}
+
 const strategy strategy_fastkv = {
     .name = "fastkv",
     .resolve = fastkv_resolve,
@@ -124,4 +151,5 @@ const strategy strategy_fastkv = {
     .prefill = fastkv_prefill,
     .check = fastkv_check,
     .phase = PHASE_PREFILL,
+    .cost_prefill = fastkv_cost,
 };

@@ -14,6 +14,9 @@
 kv_cache *strategy_prefill(const strategy *s, context *cx, const int *ids, int n, int n_gen,
                            const strategy_opts *o, const strategy_run *run, float *logits,
                            prefill_info *info, char *err, size_t errlen);
+// The work of s's prefill and decode steps on shape sh with options o (its parts' for a composed
+// strategy; a decode strategy alone after a full prefill), by formula: model/cost.h.
+void strategy_cost(const strategy *s, const cost_shape *sh, const strategy_opts *o, cost_work *w);
 // s's option check (both parts' for a composed strategy): 0, or -1 with err.
 int strategy_check(const strategy *s, const model *m, const strategy_opts *o, char *err,
                    size_t errlen);

@@ -84,6 +84,15 @@ kv_cache *strategy_prefill(const strategy *s, context *cx, const int *ids, int n
     return s->prefill(cx, ids, n, n_gen, o, run, logits, info, err, errlen);
 }
 
+void strategy_cost(const strategy *s, const cost_shape *sh, const strategy_opts *o, cost_work *w) {
+    const strategy *p = s->prefill_part ? s->prefill_part : s, *d = s->decode_part ? s->decode_part : s;
+    *w = (cost_work){0};
+    if (p->cost_prefill) p->cost_prefill(sh, o, w);
+    else cost_full_prefill(sh, w);
+    if (d->cost_decode) d->cost_decode(sh, o, w);
+    else cost_dense_decode(sh, w);
+}
+
 int strategy_chunks(const strategy *s) {
     if (s->prefill_part) return strategy_chunks(s->prefill_part);   // full+Y runs Y's prefill
     return s->phase == PHASE_NONE || s->phase == PHASE_DECODE;

@@ -52,10 +52,22 @@ static int snapkv_check(const model *m, const strategy_opts *o, char *err, size_
     return window_len_check("--kv-len", o->kv_len, o->window, err, errlen);
 }
 
+// The work: full's prefill, the window rows' scores over every row in every layer (QK^T again),
+// and a cache of the budget per layer.
+static void snapkv_cost(const cost_shape *sh, const strategy_opts *o, cost_work *w) {
+    const model_config *c = sh->c;
+    int n = (int)sh->n, b = o->kv_len ? o->kv_len : window_budget(n, o->kv_rate);
+    cost_full_prefill(sh, w);
+    if (b <= o->window || b >= n) return;
+    w->attn_flops += c->n_layer * cost_attn_flops(c, (double)o->window * n) / 2;
+    w->kv_entries = (double)c->n_layer * b;
+}
+
 const strategy strategy_snapkv = {
     .name = "snapkv",
     .about = "every layer keeps its KV per KV head by window attention, no propagation (SnapKV)",
     .prefill = snapkv_prefill,
     .check = snapkv_check,
     .phase = PHASE_PREFILL,
+    .cost_prefill = snapkv_cost,
 };

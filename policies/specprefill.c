@@ -244,6 +244,35 @@ static void specprefill_resolve(const model *m, const strategy_run *run, strateg
     o->draft_layers = run && run->draft ? 0 : spec_depth(m, o, NULL);
 }
 
+// The work: the speculator's D layers over the n prompt rows and the last row's scores over them
+// (QK^T again, per layer), its lookahead - 1 one-token steps (D layers' weights, or the draft's,
+// and their KV), then the main model over the kept chunks: ceil(chunks * keep) and the last, at
+// their expected count (which chunks win is the prompt's).
+static void specprefill_cost(const cost_shape *sh, const strategy_opts *o, cost_work *w) {
+    const model_config *c = sh->c, *dc = sh->draft ? sh->draft : c;
+    long n = sh->n;
+    if (n <= o->chunk) {
+        cost_full_prefill(sh, w);
+        return;
+    }
+    int L = c->n_layer, D = sh->draft ? dc->n_layer : o->draft_layers > 0 ? o->draft_layers : (L + 1) / 2;
+    int steps = o->lookahead - 1;
+    double nc = ceil((double)n / o->chunk), kc = ceil(nc * o->keep * (1 - 1e-6)) + o->keep_last;
+    double m = fmin((double)n, fmin(kc, nc) * o->chunk), step_w = sh->draft ? sh->draft_weight_bytes
+                                                                  : sh->weight_bytes * D / L;
+    *w = (cost_work){.gemm_flops = cost_lm_head_flops(c) + (steps > 0) * cost_lm_head_flops(dc),
+                     .kv_entries = L * m};
+    cost_add_layers(dc, w, D, (double)n, cost_causal_pairs((double)n));
+    w->attn_flops += D * cost_attn_flops(dc, (double)n) / 2;   // row 0's scores
+    for (int t = 0; t < steps; t++) {   // each step: D layers of one row over n + t + 1 keys
+        double keys = (double)n + t + 1;
+        w->step_bytes += step_w;
+        w->step_kv_bytes += D * keys * dc->n_kv_head * (sh->k_row + sh->v_row);
+        w->gemm_flops += cost_lm_head_flops(dc) * (t + 1 < steps);
+    }
+    cost_add_layers(c, w, L, m, cost_causal_pairs(m));
+}
+
 const strategy strategy_specprefill = {
     .name = "specprefill",
     .resolve = specprefill_resolve,
@@ -252,4 +281,5 @@ const strategy strategy_specprefill = {
     .prefill = specprefill_prefill,
     .check = specprefill_check,
     .phase = PHASE_PREFILL,
+    .cost_prefill = specprefill_cost,
 };

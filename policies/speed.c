@@ -14,10 +14,10 @@ typedef struct {
     int anchors;   // |A|: 1 (the first prompt token) or 0
 } speed_plan;
 
-static int speed_depth(const model *m, const strategy_opts *o) {
-    int L = m->cfg.n_layer;
+static int depth_of(int L, const strategy_opts *o) {
     return o->speed_depth > 0 ? o->speed_depth : (7 * L + 7) / 8;   // ceil(0.875 L)
 }
+static int speed_depth(const model *m, const strategy_opts *o) { return depth_of(m->cfg.n_layer, o); }
 
 // Prefill 2-4: after layer K-1 the prompt stops; only the anchor row and the last row (the first
 // output token's) go deep.
@@ -58,6 +58,16 @@ static void speed_resolve(const model *m, const strategy_run *run, strategy_opts
     o->speed_depth = speed_depth(m, o);
 }
 
+// The work: K layers of n rows; above, the anchor and the last row, which the cache keeps.
+static void speed_cost(const cost_shape *sh, const strategy_opts *o, cost_work *w) {
+    const model_config *c = sh->c;
+    int L = c->n_layer, K = depth_of(L, o) < L ? depth_of(L, o) : L;
+    double n = (double)sh->n, deep = (o->anchor && sh->n > 1) + 1;
+    *w = (cost_work){.gemm_flops = cost_lm_head_flops(c), .kv_entries = K * n + (L - K) * deep};
+    cost_add_layers(c, w, K, n, cost_causal_pairs(n));
+    cost_add_layers(c, w, L - K, deep, cost_causal_pairs(deep));
+}
+
 const strategy strategy_speed = {
     .name = "speed",
     .resolve = speed_resolve,
@@ -65,4 +75,5 @@ const strategy strategy_speed = {
     .prefill = speed_prefill,
     .check = speed_check,
     .phase = PHASE_PREFILL,
+    .cost_prefill = speed_cost,
 };

@@ -3,6 +3,7 @@
 // registry and generation loop (policy.h), the strategies and their composition (compose.c) all
 // stand on it without standing on each other.
 #pragma once
+#include "../model/cost.h"
 #include "../model/forward.h"
 #include "../backend/sample.h"
 
@@ -115,5 +116,12 @@ typedef struct strategy {
     // means "the default for this model", above) by what it runs with on m (run: its draft),
     // for the settings echo. A value decided per prompt stays as it is.
     void (*resolve)(const model *m, const strategy_run *run, strategy_opts *o);
+    // Optional, for `sift bench --dry-run` (model/cost.h): what the strategy's prefill of sh->n
+    // tokens does (w's prefill terms and kv_entries; NULL: cost_full_prefill), and what one of
+    // its decode steps reads over the w->kv_entries some prefill left (weight_bytes, kv_bytes, and
+    // any prefill work its attach adds; NULL: cost_dense_decode). From the shape alone: what a
+    // strategy decides per prompt (specprefill's chunks) is taken at its expected count.
+    void (*cost_prefill)(const cost_shape *sh, const strategy_opts *o, cost_work *w);
+    void (*cost_decode)(const cost_shape *sh, const strategy_opts *o, cost_work *w);
 } strategy;
 

@@ -51,9 +51,17 @@ static kv_cache *streaming_prefill(context *cx, const int *ids, int n, int n_gen
     return kv;
 }
 
+// The work: full's prefill, then a cache of the budget per layer.
+static void streaming_cost(const cost_shape *sh, const strategy_opts *o, cost_work *w) {
+    int b = window_budget((int)sh->n, o->kv_rate);
+    cost_full_prefill(sh, w);
+    if (b > SINKS && b < sh->n) w->kv_entries = (double)sh->c->n_layer * b;
+}
+
 const strategy strategy_streamingllm = {
     .name = "streamingllm",
     .about = "every layer keeps 4 sink tokens + the most recent KV, no scoring (StreamingLLM)",
     .prefill = streaming_prefill,
     .phase = PHASE_PREFILL,
+    .cost_prefill = streaming_cost,
 };

@@ -266,6 +266,20 @@ static void swiftkv_resolve(const model *m, const strategy_run *run, strategy_op
     o->swiftkv_fold = !is_checkpoint(m) && o->swiftkv_fold == 1;
 }
 
+// The work (the training-free init: each SwiftKV layer's own K/V projection of the stream): l
+// layers of n rows; every row's K and V for the L - l layers above; the last row through those
+// layers over n keys. The cache holds n entries a layer (a group's layers read their leader's).
+static void swiftkv_cost(const cost_shape *sh, const strategy_opts *o, cost_work *w) {
+    const model_config *c = sh->c;
+    int L = c->n_layer, l = o->swiftkv_layers ? o->swiftkv_layers : L / 2;
+    double n = (double)sh->n;
+    l = l < L ? l : L;
+    *w = (cost_work){.gemm_flops = cost_lm_head_flops(c) + (L - l) * n * cost_kv_proj_flops(c),
+                     .kv_entries = L * n};
+    cost_add_layers(c, w, l, n, cost_causal_pairs(n));
+    cost_add_layers(c, w, L - l, 1, n);
+}
+
 const strategy strategy_swiftkv = {
     .name = "swiftkv",
     .resolve = swiftkv_resolve,
@@ -275,4 +289,5 @@ const strategy strategy_swiftkv = {
     .check = swiftkv_check,
     .supplies_qkv = 1,
     .phase = PHASE_PREFILL,
+    .cost_prefill = swiftkv_cost,
 };

@@ -74,15 +74,18 @@ phi_maps *topk_phi_fallback_maps(const model *m, int d_phi) {
 // --budget is never below TOPK_MIN_K (nor the mid region): the floor reads more than the budget,
 // and *raised says by how much so that the note can say so. An explicit --topk stands as given.
 #define TOPK_MIN_K 16
-static int budget_k(const strategy_opts *o, int n, const phi_maps *maps, int *raised) {
+static int budget_k_of(const strategy_opts *o, int n, int cache_tokens, int *raised) {
     *raised = 0;
     if (o->topk >= 0) return o->topk;
     int total = (int)ceil((double)o->budget * n);
-    int k = total - o->sink - o->tail - (maps ? topk_phi_cache_tokens(maps) : 0);
+    int k = total - o->sink - o->tail - cache_tokens;
     k = k > 0 ? k : 0;
     int n_mid = n - o->sink - o->tail, floor_k = TOPK_MIN_K < n_mid ? TOPK_MIN_K : n_mid;
     if (k < floor_k) *raised = floor_k - k, k = floor_k;
     return k;
+}
+static int budget_k(const strategy_opts *o, int n, const phi_maps *maps, int *raised) {
+    return budget_k_of(o, n, maps ? topk_phi_cache_tokens(maps) : 0, raised);
 }
 
 // GQA: per KV head, entries read exactly this step = the union of its query heads' selections
@@ -345,6 +348,30 @@ static int topk_phi_check(const model *m, const strategy_opts *o, char *err, siz
     return p ? 0 : -1;
 }
 
+// The work of a decode step (the exhaustive selector) over the entries a prefill left, per layer
+// and KV head: every mid entry's K row scored; the union of the group's top K (at most group x K
+// distinct entries), the anchors and the decode tokens read exactly (K and V); with phi, the
+// summary (d_phi x (head_dim + 2) floats) too, and at prefill each mid key's features
+// (d_phi x head_dim) folded into it. d_phi: the training-free maps' head_dim.
+static void topk_cost_run(const cost_shape *sh, const strategy_opts *o, cost_work *w, int with_phi) {
+    const model_config *c = sh->c;
+    int L = c->n_layer, hd = c->head_dim, group = c->n_head / c->n_kv_head, raised;
+    double e = w->kv_entries / L, mid = fmax(e - o->sink - o->tail, 0), d_phi = hd;
+    int k = budget_k_of(o, (int)sh->n, with_phi ? (int)ceil(d_phi / 2 + d_phi / hd) : 0, &raised);
+    double exact = fmin(mid, (double)group * k) + fmin(e, (double)o->sink + o->tail) + sh->n_gen / 2.0;
+    w->weight_bytes = sh->weight_bytes;
+    w->kv_bytes = (double)L * c->n_kv_head * (mid * sh->k_row + exact * (sh->k_row + sh->v_row));
+    if (!with_phi) return;
+    w->kv_bytes += (double)L * c->n_kv_head * d_phi * (hd + 2) * 4;
+    w->gemm_flops += (double)L * c->n_kv_head * mid * (2 * hd * d_phi + 2 * d_phi * (hd + 2));
+}
+static void topk_phi_cost(const cost_shape *sh, const strategy_opts *o, cost_work *w) {
+    topk_cost_run(sh, o, w, 1);
+}
+static void topk_only_cost(const cost_shape *sh, const strategy_opts *o, cost_work *w) {
+    topk_cost_run(sh, o, w, 0);
+}
+
 const strategy strategy_topk_phi = {
     .name = "topk+phi",
     .about = "decode reads sink + tail + top-K KV exactly, the rest from a phi summary (--phi)",
@@ -352,6 +379,7 @@ const strategy strategy_topk_phi = {
     .check = topk_phi_check,
     .phase = PHASE_DECODE,
     .attach = topk_phi_attach,
+    .cost_decode = topk_phi_cost,
 };
 
 const strategy strategy_topk = {
@@ -361,4 +389,5 @@ const strategy strategy_topk = {
     .check = topk_check,
     .phase = PHASE_DECODE,
     .attach = topk_only_attach,
+    .cost_decode = topk_only_cost,
 };

@@ -220,6 +220,91 @@ def test_dry_run_formulas_tiny(tiny):
         assert f["prefill_mem_bytes"] == 512 * 14 + (10 * (64 + 64 + 64 + 64 + 64 + 256) + 262) * 4
 
 
+def test_dry_run_predicted_times_by_hand():
+    """--dry-run --strategy LIST: each strategy's predicted TTFT and TPOT (model/cost.c and the
+    strategies' cost hooks) against the work worked out here from the specs, for the Llama-3.1-8B
+    shape (2 bytes an element) at 32K with unit rates (1 TFLOP/s, 1 GB/s: seconds = TFLOP + GB)."""
+    n, g, L, d, qd, kvd, kvh, hd, vocab = 32768, 32, 32, 4096, 4096, 1024, 8, 128, 128256
+    lin = 2 * (d * qd + 2 * d * kvd + qd * d + 3 * d * 14336)   # a row through one layer
+    head = 2 * d * vocab                                         # the LM head on one row
+
+    def attn(pairs):                                             # one layer's QK^T and PV
+        return 4 * qd * pairs
+
+    def causal(r):
+        return r * (r + 1) / 2
+
+    W = (8_030_261_248 - vocab * d) * 2        # a decode step's weights (untied: no embedding)
+    row = kvh * 2 * hd * 2                     # one entry's K and V over the KV heads, bf16
+
+    def kv(entries):                           # a step's KV at mid-decode: prompt + g / 2 a layer
+        return (entries + L * g / 2) * row
+
+    sink, tail, k, T, B = 4, 16, 100, 2048, 1024
+    D, chunk, steps = 16, 32, 7                # specprefill: self-draft ceil(L/2), lookahead 8
+    m = (-(-(n // chunk) * 3 // 10) + 1) * chunk   # ceil(0.3 chunks) + the last: 309 chunks
+    mid = n - sink - tail
+    want = {  # strategy: (prefill FLOPs, prefill step bytes, decode bytes)
+        "full": (L * (n * lin + attn(causal(n))) + head, 0, W + kv(L * n)),
+        # K = ceil(0.875 L) = 28 layers of n rows; above, the anchor and the last row
+        "speed": (28 * (n * lin + attn(causal(n))) + 4 * (2 * lin + attn(3)) + head, 0,
+                  W + kv(28 * n + 4 * 2)),
+        # layers 0..15 n rows, 16..31 T rows; each scores its rows by the 8-row window (QK^T)
+        # and keeps B
+        "fastkv": (16 * (n * lin + attn(causal(n)) + attn(8 * n) / 2)
+                   + 16 * (T * lin + attn(causal(T)) + attn(8 * T) / 2) + head, 0, W + kv(L * B)),
+        # l = 16 layers of n rows, every row's K/V for the 16 above, the last row through them
+        "swiftkv": (16 * (n * lin + attn(causal(n))) + 16 * n * 4 * d * kvd
+                    + 16 * (lin + attn(n)) + head, 0, W + kv(L * n)),
+        # D layers of n rows and row 0's scores; 7 lookahead steps (D / L of the weights and
+        # their KV); the draft's LM head for each lookahead token (the prompt pass's row and 6
+        # steps: the last step's token is never drawn); the main model on m rows
+        "specprefill": (D * (n * lin + attn(causal(n)) + attn(n) / 2) + 7 * head
+                        + L * (m * lin + attn(causal(m))) + head,
+                        steps * W * D / L + sum(D * (n + t + 1) * row for t in range(steps)),
+                        W + kv(L * m)),
+        # the selector reads every mid K row; the union of 4 query heads' top 100, the anchors
+        # and the decode tokens exactly
+        "topk": (L * (n * lin + attn(causal(n))) + head, 0,
+                 W + L * kvh * (mid * hd * 2 + (4 * k + sink + tail + g / 2) * hd * 4)),
+    }
+    r = run("bench", "-m", "synthetic:llama-3.1-8b", "--elem-bytes", "2", "--dry-run", "-p", str(n),
+            "-n", str(g), "--strategy", ",".join(want), "--rates", "1,1,1,1", "--tsp-len", str(T),
+            "--kv-len", str(B), "--topk", str(k), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    rows = {x["strategy"]: x for x in json.loads(r.stdout)}
+    assert list(rows) == list(want)
+    for name, (flops, step, dec) in want.items():
+        x = rows[name]
+        assert x["pred_prefill_flops"] == pytest.approx(flops, rel=1e-9), name
+        assert x["pred_ttft_ms"] == pytest.approx(1e3 * (flops / 1e12 + step / 1e9), rel=1e-6), name
+        assert x["pred_tpot_ms"] == pytest.approx(1e3 * dec / 1e9, rel=1e-6), name
+        assert x["pred_ttft_x_full"] == pytest.approx(rows["full"]["pred_ttft_ms"] / x["pred_ttft_ms"],
+                                                      abs=1e-3)
+    # full's prediction is the plan's own FLOPs; without rates (the CPU) the times are null
+    assert rows["full"]["pred_prefill_flops"] == pytest.approx(rows["full"]["prefill_flops"], rel=1e-6)
+    r = run("bench", "-m", "synthetic:llama-3.1-8b", "--dry-run", "-p", "1024", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    x = json.loads(r.stdout)[0]
+    assert x["strategy"] == "full" and x["pred_ttft_ms"] is None and x["pred_tpot_x_full"] is None
+    # a 1B draft for the 8B: its 16 layers over the prompt, its weights for the lookahead
+    r = run("bench", "-m", "synthetic:llama-3.1-8b", "--device", "cuda", "--dry-run", "-p", str(n),
+            "-n", str(g), "--strategy", "full,specprefill", "--draft", "synthetic:llama-3.2-1b",
+            "--format", "json")
+    assert r.returncode == 0, r.stderr
+    self_draft = rows["specprefill"]["pred_prefill_flops"]
+    drafted = json.loads(r.stdout)[1]
+    assert drafted["pred_prefill_flops"] < 0.6 * self_draft and drafted["pred_ttft_x_full"] > 2
+
+
+@pytest.mark.parametrize("rates", ["1,2,3", "1,2,3,0", "h100", "1,2,3,4,5", "1,2,3,inf"])
+def test_dry_run_bad_rates(rates):
+    assert_error(run("bench", "-m", "synthetic:llama-3.1-8b", "--dry-run", "-p", "64", "--rates",
+                     rates), "--rates", code=2)
+    assert_error(run("bench", "-m", "synthetic:llama-3.1-8b", "-p", "64", "--rates", "h200"),
+                 "--rates only applies to --dry-run", code=2)
+
+
 def test_dry_run_bf16_bytes():
     r = run("bench", "-m", "synthetic:llama-3.1-8b", "-p", "130944", "-n", "128", "--dry-run",
             "--elem-bytes", "2", "--format", "json")

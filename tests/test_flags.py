@@ -161,7 +161,7 @@ def test_usage_doc_table_is_the_generated_one():
 
 # ---- every flag through every subcommand ---------------------------------------------------------
 
-VALUES = {"--n-prompt": "128", "-p": "128", "--queries": "8", "--positions": "128", "-c": "128",
+VALUES = {"--rates": "h200", "--n-prompt": "128", "-p": "128", "--queries": "8", "--positions": "128", "-c": "128",
           "--ctx-size": "128", "--shard": "0/2", "--grid": "fastkv:kv-rate=0.1", "--plot": "p.svg",
           "--fidelity": "first", "--device": "cpu", "--min-agreement": "0.5", "--seed": "3",
           "-s": "3", "--tasks": "niah", "--strategy": "full", "--output-format": "sift",
@@ -208,6 +208,7 @@ ALL = {n: v for s in SUBS for n, v in TABLE[s].items()}
 # flags whose parse needs a partner flag
 PARTNERS = {"--resume": ["-o", "r.jsonl"], "--retry-failed": ["--resume", "-o", "r.jsonl"],
             "--errors": ["--json"], "--unordered": ["--json"], "--elem-bytes": ["--dry-run"],
+            "--rates": ["--dry-run"],
             "--wtype": ["-m", "synthetic:smollm2-135m"]}
 
 
