@@ -14,10 +14,12 @@
 set -u
 BENCH=(
     "-m synthetic:llama-3.1-8b --device cuda --strategy full -p 8192,32768 -n 64 -r 2"
-    "-m synthetic:llama-3.1-8b --device cuda --strategy full,speed,fastkv,swiftkv,specprefill,topk,topk+phi -p 32768 -n 32 -r 1"
     "-m synthetic:llama-3.1-8b --wtype q4_k --device cuda --strategy full -p 1024,8192 -n 32 -r 2"
     "-m synthetic:llama-3.1-8b --device cuda --strategy full -p 1024 -n 32 -r 1 --parallel 1,8,64"
     "-m synthetic:llama-3.1-8b --wtype q4_k --device cuda --strategy full -p 1024 -n 32 -r 1 --parallel 1,8,16,64"
+    "-m synthetic:llama-3.1-8b --device cuda --strategy all -p 8192,32768 -n 32 -r 1"
+    "-m synthetic:llama-3.1-8b --device cuda --strategy full,specprefill --draft synthetic:llama-3.2-1b -p 32768 -n 32 -r 1"
+    "-m synthetic:llama-3.1-8b --wtype q4_k --device cuda --strategy all -p 32768 -n 32 -r 1"
 )
 LIMIT_S=${GPU_LIMIT_S:-530}   # stop starting new steps after this many seconds
 PACK=.gpu
@@ -56,6 +58,12 @@ step() {
     row "$name" "$([ $rc = 0 ] && echo ok || echo "FAIL rc=$rc")" "$((SECONDS - t0)) s, $OUT/$log"
     return $rc
 }
+
+# the strategies' predicted times (sift bench --dry-run, the H200's rates: bench/CUDA.md "Predicted
+# ratios") to read beside bench 5-7's measured ones, and bench 5's device counters per strategy
+# (h2d/d2h bytes, syncs, allocations, launches, graph replays: issue 57's counters test, on hardware)
+PREDICT="-m synthetic:llama-3.1-8b --device cuda --dry-run --strategy all -p 8192,32768 -n 32"
+COUNTERS="-m synthetic:llama-3.1-8b --device cuda --strategy all -p 8192 -n 8 -r 1 --format jsonl"
 
 # cuBLASLt 13: sift dlopens it; point SIFT_CUBLASLT at a copy when the loader cannot find one
 if ! ldconfig -p 2>/dev/null | grep -q 'libcublasLt.so.13' && [ ! -e /usr/local/cuda/lib64/libcublasLt.so.13 ]; then
@@ -110,14 +118,22 @@ for b in "${BENCH[@]}"; do
         step "sift bench 1, SIFT_ATTN_PREFILL=wg" 120 bench_1_wg.log env SIFT_ATTN_PREFILL=wg \
             "$SIFT" bench $b
     fi
-    if [ $i = 5 ]; then   # batched Q4_K decode by dequantisation + cuBLASLt, the A/B of the tile kernel
+    if [ $i = 5 ]; then   # the device counters of every strategy (one JSON line each)
         # shellcheck disable=SC2086
-        step "sift bench 5, SIFT_CUDA_QGEMM_ROWS=0" 120 bench_5_dq.log env SIFT_CUDA_QGEMM_ROWS=0 \
+        step "sift bench, device counters" 90 counters.jsonl "$SIFT" bench $COUNTERS
+    fi
+    if [ $i = 4 ]; then   # batched Q4_K decode by dequantisation + cuBLASLt, the A/B of the tile kernel
+        # shellcheck disable=SC2086
+        step "sift bench 4, SIFT_CUDA_QGEMM_ROWS=0" 120 bench_4_dq.log env SIFT_CUDA_QGEMM_ROWS=0 \
             "$SIFT" bench $b
     fi
-    if [ $i = 3 ]; then   # Q4_K decode by the group kernel, the A/B of the chunk kernel (the default)
+    if [ $i = 4 ]; then   # the strategy rows come next: their predictions first (no GPU work)
         # shellcheck disable=SC2086
-        step "sift bench 3, SIFT_CUDA_QGEMV=group" 120 bench_3_group.log env SIFT_CUDA_QGEMV=group \
+        step "sift bench --dry-run (predicted)" 30 bench_0_predicted.log "$SIFT" bench $PREDICT
+    fi
+    if [ $i = 2 ]; then   # Q4_K decode by the group kernel, the A/B of the chunk kernel (the default)
+        # shellcheck disable=SC2086
+        step "sift bench 2, SIFT_CUDA_QGEMV=group" 120 bench_2_group.log env SIFT_CUDA_QGEMV=group \
             "$SIFT" bench $b
     fi
 done
@@ -125,9 +141,9 @@ step "compute-sanitizer memcheck+racecheck" 150 sanitize.log bash tests/gpu_sani
 step "sift --device cpu (tiny GGUF)" 60 smoke_cpu.log "$SIFT" -m "$TINY" --device cpu \
     -p "the cat sat on the mat" -n 24 --temp 0 --strategy full,speed,fastkv,snapkv,streamingllm,specprefill
 
-# bench 3's GGUF blocks against the same weights converted to bf16 at load (the A/B of
+# bench 2's GGUF blocks against the same weights converted to bf16 at load (the A/B of
 # backend/qmatmul_cuda.cu)
-step "sift bench 3, SIFT_CUDA_WEIGHTS=bf16" 120 bench_3_bf16.log env SIFT_CUDA_WEIGHTS=bf16 "$SIFT" bench \
+step "sift bench 2, SIFT_CUDA_WEIGHTS=bf16" 120 bench_2_bf16.log env SIFT_CUDA_WEIGHTS=bf16 "$SIFT" bench \
     -m synthetic:llama-3.1-8b --wtype q4_k --device cuda --strategy full -p 1024,8192 -n 32 -r 2
 
 # what holds the GGUF-block decode kernel back (issue 38: Q4_K decode read 29 % of the bandwidth
@@ -169,6 +185,10 @@ grep -h "FAIL" "$OUT"/test_gpu.log 2>/dev/null | head -n 20
 grep -h "ERROR SUMMARY\|failed" "$OUT"/sanitize.log 2>/dev/null | head -n 6
 for dev in cpu cuda; do echo "fit-phi $dev: $(grep -h "^| mean" "$OUT/fit_$dev.log" 2>/dev/null)"; done
 grep -h "^| attn \(prefill\|decode\)\|^| ceilings" "$OUT"/test_gpu.log 2>/dev/null
+[ -f "$OUT/counters.jsonl" ] && python3 -c "import json, sys
+for l in open(sys.argv[1]):
+    if l.startswith('{'):
+        r = json.loads(l); print('counters', r['strategy'], json.dumps(r.get('device_counters')))" "$OUT/counters.jsonl"
 for f in "$OUT"/bench_*.log "$OUT"/torch.log; do
     [ -f "$f" ] && echo "$(basename "$f"):" && grep -h "^|" "$f" | grep -v "^|---"
 done

@@ -65,29 +65,59 @@ static double synth_weight_bytes(backend *bk, const model_config *c, uint32_t wt
 
 // Makes synthetic:NAME[@SEED] on L->bk, refusing up front weights that would not fit in the
 // memory the backend says is available; its line into L->note. 0 or -1 + err.
-static int load_synthetic(loaded *L, uint32_t wtype, char *err, size_t errlen) {
+// A synthetic model `path` on bk (weights of wtype), its description in note; NULL + err.
+static model *synth_load(const char *path, backend *bk, uint32_t wtype, char *note, size_t note_len,
+                         char *err, size_t errlen) {
     char why[400];
     synth_shape s;
-    if (synth_parse(L->path, &s, err, errlen) != 0) return -1;
+    if (synth_parse(path, &s, err, errlen) != 0) return NULL;
     s.wtype = wtype;
     model_config c;
     model_config_synth(&s, &c);
     if (synth_wtype_check(&c, wtype, why, sizeof why) != 0) {
         free(c.inv_freq);
-        return err_printf(err, errlen, "%s: %s", L->path, why);
+        err_printf(err, errlen, "%s: %s", path, why);
+        return NULL;
     }
-    double params = cost_n_params(&c), bytes = synth_weight_bytes(L->bk, &c, wtype);
-    double avail = L->bk->mem_available ? (double)L->bk->mem_available(L->bk) : -1;
+    double params = cost_n_params(&c), bytes = synth_weight_bytes(bk, &c, wtype);
+    double avail = bk->mem_available ? (double)bk->mem_available(bk) : -1;
     free(c.inv_freq);
-    snprintf(L->note, sizeof L->note, "synthetic %s (seed %llu, %s): %.1fM params, %.2f GiB of "
-             "weights on %s", s.name, (unsigned long long)s.seed, gguf_type_name(wtype), params / 1e6,
-            bytes / 1073741824.0, L->bk->name);
-    if (avail > 0 && bytes > avail)
-        return err_printf(err, errlen, "%s needs %.2f GiB for its weights on %s (%s) but only %.2f "
-                          "GiB of memory is available", L->path, bytes / 1073741824.0, L->bk->name,
-                          gguf_type_name(wtype), avail / 1073741824.0);
-    if (!(L->m = model_load_synth(&s, L->bk, why, sizeof why)))
-        return err_printf(err, errlen, "%s: %s", L->path, why);
+    snprintf(note, note_len, "synthetic %s (seed %llu, %s): %.1fM params, %.2f GiB of weights on %s",
+             s.name, (unsigned long long)s.seed, gguf_type_name(wtype), params / 1e6,
+             bytes / 1073741824.0, bk->name);
+    if (avail > 0 && bytes > avail) {
+        err_printf(err, errlen, "%s needs %.2f GiB for its weights on %s (%s) but only %.2f GiB of "
+                   "memory is available", path, bytes / 1073741824.0, bk->name,
+                   gguf_type_name(wtype), avail / 1073741824.0);
+        return NULL;
+    }
+    model *m = model_load_synth(&s, bk, why, sizeof why);
+    if (!m) err_printf(err, errlen, "%s: %s", path, why);
+    return m;
+}
+
+// A synthetic model and, with --draft, a synthetic draft (`sift bench`'s speculator at real
+// shapes: neither has a tokenizer, so the draft must be synthetic too and have the model's
+// vocabulary, which the random prompt tokens are drawn from). 0, or -1 + err.
+static int load_synthetic(loaded *L, const char *draft_path, uint32_t wtype, char *err, size_t errlen) {
+    if (draft_path && !is_synthetic(draft_path))
+        return err_printf(err, errlen, "--draft %s: a synthetic model has no tokenizer to match a "
+                          "draft file's; use a synthetic draft (--draft synthetic:NAME) or "
+                          "--draft-layers", draft_path);
+    if (!(L->m = synth_load(L->path, L->bk, wtype, L->note, sizeof L->note, err, errlen))) return -1;
+    if (!draft_path) return 0;
+    synth_shape s;   // the vocabulary first, before any weight is made
+    model_config dc;
+    if (synth_parse(draft_path, &s, err, errlen) != 0) return -1;
+    model_config_synth(&s, &dc);
+    free(dc.inv_freq);
+    if (dc.vocab != L->m->cfg.vocab)
+        return err_printf(err, errlen, "--draft %s has a vocabulary of %d tokens, the model %d: a "
+                          "draft must share the model's", draft_path, dc.vocab, L->m->cfg.vocab);
+    char note[256];
+    if (!(L->draft = synth_load(draft_path, L->bk, wtype, note, sizeof note, err, errlen))) return -1;
+    size_t used = strlen(L->note);
+    snprintf(L->note + used, sizeof L->note - used, "; draft: %s", note);
     return 0;
 }
 
@@ -292,10 +322,7 @@ static int make_context(const load_req *r, const char *path, model *m, context *
 int load_open(loaded *L, const load_req *r, char *err, size_t errlen) {
     *L = (loaded){.path = strdup(r->path), .bk = r->bk};
     if (is_synthetic(L->path)) {
-        if (r->draft_path)
-            return err_printf(err, errlen, "--draft needs a tokenizer to match; a synthetic model "
-                              "has none (use --draft-layers)") - 1;
-        if (load_synthetic(L, r->synth_wtype, err, errlen) != 0) return -1;
+        if (load_synthetic(L, r->draft_path, r->synth_wtype, err, errlen) != 0) return -1;
     } else {
         if (load_model(L, r, err, errlen) != 0) return -1;
         if (tok_n_vocab(L->t) > L->m->cfg.vocab)

@@ -34,7 +34,7 @@ typedef struct loaded {
     backend *bk;
     model *m, *draft;
     context *cx, *dcx;        // a run context over m and over draft (NULL without one)
-    char note[256];           // a synthetic model's line (seed, type, params, bytes), or ""
+    char note[512];           // a synthetic model's line (seed, type, params, bytes), or ""
 } loaded;
 
 // Loads r into L. 0; -1 + err when the load fails or does not fit (the plan's numbers and

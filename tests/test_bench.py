@@ -305,6 +305,26 @@ def test_dry_run_bad_rates(rates):
                  "--rates only applies to --dry-run", code=2)
 
 
+def test_synthetic_draft(tiny):
+    """specprefill --draft synthetic:NAME in a real bench run (the paper's configuration at real
+    shapes without weight files): the draft's prompt pass counts in the rows (a same-shape draft:
+    all of the prompt's rows plus the kept chunks' of the main model); refusals name the cause."""
+    r = run("bench", "-m", "synthetic:smollm2-135m", "--strategy", "full,specprefill", "--draft",
+            "synthetic:smollm2-135m@2", "-p", "256", "-n", "2", "-r", "1", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    full, spec = json.loads(r.stdout)
+    assert full["rows_pct_of_full"] == 100
+    # the draft's 30 layers over 256 rows (+ 7 lookahead rows each), then 3 + 1 of 8 chunks kept:
+    # 128 of 256 rows through the main model
+    assert spec["rows_pct_of_full"] == pytest.approx(100 * (256 + 7 + 128) / 256, abs=0.1)
+    assert "draft: synthetic smollm2-135m" in r.stderr
+    assert_error(run("bench", "-m", "synthetic:smollm2-135m", "--strategy", "specprefill", "--draft",
+                     tiny, "-p", "64", "-n", "2"), "no tokenizer", "synthetic:NAME", code=1)
+    assert_error(run("bench", "-m", "synthetic:smollm2-135m", "--strategy", "specprefill", "--draft",
+                     "synthetic:llama-3.2-1b", "-p", "64", "-n", "2"), "vocabulary of 128256",
+                 "the model 49152", code=1)
+
+
 def test_dry_run_bf16_bytes():
     r = run("bench", "-m", "synthetic:llama-3.1-8b", "-p", "130944", "-n", "128", "--dry-run",
             "--elem-bytes", "2", "--format", "json")
