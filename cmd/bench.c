@@ -52,6 +52,7 @@ typedef struct {
 typedef struct {
     double *ttft, *pp, *tpot, *tg;   // [reps]; with --parallel B: per sequence (mean TTFT)
     double *agg;                     // [reps] aggregate decode tok/s of the B sequences
+    double *hook;                    // [reps] ms of TTFT in the strategy's hooks (run_stats.hook_ms)
     size_t kv_bytes;
     long rows_done;
     char dev_json[640];   // the last repetition's device counts (run_stats_counters_json)
@@ -412,6 +413,7 @@ static int bench_one(const bench_opts *b, context *cx, const strategy *s, const 
     }
     if (!cs) return 0;
     cs->ttft[rep] = st.prompt_ms;
+    cs->hook[rep] = st.hook_ms;
     cs->pp[rep] = per_second(P, st.prompt_ms);
     cs->tpot[rep] = st.decode_runs ? st.decode_ms / st.decode_runs : NAN;
     cs->tg[rep] = st.decode_runs ? per_second(st.decode_runs, st.decode_ms) : NAN;
@@ -438,7 +440,7 @@ static int bench_batch(const bench_opts *b, context *cx, const strategy *s, int 
     sampler *smp = xcalloc((size_t)B, sizeof *smp);
     char err[512];
     int rc = 0, started = 0;
-    double ttft = 0;
+    double ttft = 0, hook = 0;
     for (; started < B && rc == 0; started++) {
         sampler_init(&smp[started], &(sample_params){.temp = 0}, m->cfg.vocab);
         gp[started] = &g[started];
@@ -449,7 +451,7 @@ static int bench_batch(const bench_opts *b, context *cx, const strategy *s, int 
                     s->name, P, B, err);
             sampler_free(&smp[started]);
         } else
-            ttft += g[started].st.prompt_ms;
+            ttft += g[started].st.prompt_ms, hook += g[started].st.hook_ms;
     }
     if (rc == 0) {
         double t0 = now_ms();
@@ -461,6 +463,7 @@ static int bench_batch(const bench_opts *b, context *cx, const strategy *s, int 
         }
         double ms = now_ms() - t0;
         cs->ttft[rep] = ttft / B;
+        cs->hook[rep] = hook / B;
         cs->pp[rep] = per_second(P, ttft / B);
         cs->tpot[rep] = steps ? ms / steps : NAN;
         cs->tg[rep] = steps ? per_second(steps, ms) : NAN;
@@ -523,6 +526,11 @@ static void print_cell(const bench_opts *b, const context *cx, const bench_env *
     if (full) mean_sd(full->tg, R, &ftg, &sd);
     double agg, agg_sd, agg1 = NAN;
     mean_sd(cs->agg, R, &agg, &agg_sd);
+    // the hooks' share of TTFT: their own work on the CPU; on a device their host time only
+    // (kernels run asynchronously), so not reported
+    double hook, hook_sd;
+    mean_sd(cs->hook, R, &hook, &hook_sd);
+    if (strcmp(m->bk->name, "cpu") != 0) hook = NAN;
     if (par1) mean_sd(par1->agg, R, &agg1, &sd);
     double flops = cost_prefill_flops(c, P), tflops = flops / (ttft * 1e-3) / 1e12;
     enum kv_type kt, vt;
@@ -549,6 +557,8 @@ static void print_cell(const bench_opts *b, const context *cx, const bench_env *
         {"agg_x_par1", "agg x par1", NULL, agg / agg1, 0, "%.2f", NULL},
         {"kv_bytes", NULL, NULL, (double)cs->kv_bytes, 0, "%.0f", NULL},
         {"kv_gib", "KV GiB", NULL, cs->kv_bytes / GIB, 0, "%.4f", NULL},
+        {"hook_ms", NULL, NULL, hook, 0, "%.1f", NULL},
+        {"hook_pct_of_ttft", "hooks % TTFT", NULL, 100 * hook / ttft, 0, "%.1f", NULL},
         {"rows_pct_of_full", "rows %", NULL, 100.0 * cs->rows_done / ((double)P * c->n_layer), 0,
          "%.1f", NULL},
         {"pp_x_full", "pp x full", NULL, pp / fpp, 0, "%.2f", NULL},
@@ -616,11 +626,11 @@ static void measure_ceilings(backend *bk, bench_env *env) {
 // Per strategy: its repetitions' slots in one block (freed by the caller through cs[0].ttft).
 static cell_stats *cells_alloc(int n_cells, int reps) {
     cell_stats *cs = xcalloc((size_t)n_cells, sizeof *cs);
-    double *mem = xcalloc((size_t)n_cells * 5 * reps, sizeof *mem);
+    double *mem = xcalloc((size_t)n_cells * 6 * reps, sizeof *mem);
     for (int k = 0; k < n_cells; k++) {
-        double *p = mem + (size_t)k * 5 * reps;
+        double *p = mem + (size_t)k * 6 * reps;
         cs[k] = (cell_stats){.ttft = p, .pp = p + reps, .tpot = p + 2 * reps, .tg = p + 3 * reps,
-                             .agg = p + 4 * reps};
+                             .agg = p + 4 * reps, .hook = p + 5 * reps};
     }
     return cs;
 }

@@ -34,6 +34,10 @@ typedef struct context {
     // Device allocations the backend made inside this context's passes (bk_counters.allocs
     // between a pass's start and end: what its planning did not foresee; 0 on the CPU).
     unsigned long long pass_allocs;
+    // Wall time spent in strategies' hooks after a layer's attention or block (scoring,
+    // selection, keeps), summed over this context's passes: on the CPU the hooks' work itself;
+    // on a device the host's time in them (their kernels run asynchronously).
+    double hook_ms;
 } context;
 
 // The K and V row types of the caches a context made with p makes on bk (p->kv_k/kv_v, or the

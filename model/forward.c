@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../util/check.h"
 
@@ -129,9 +130,15 @@ static int hooks_after(fwd_pass *p, int l, int block) {
         const fwd_hooks *h = p->hooks[b];
         fwd_state *v = p->view[b];
         int n = v->n;
-        if (h && !block && h->after_attention)
-            rc = h->after_attention(h->ctx, v, l, row_ptr(bk, p->r->q, p->off[b], c->n_head * c->head_dim));
-        if (h && block && h->after_layer) rc = h->after_layer(h->ctx, v, l);
+        int (*aa)(void *, fwd_state *, int, const void *) = h && !block ? h->after_attention : NULL;
+        int (*al)(void *, fwd_state *, int) = h && block ? h->after_layer : NULL;
+        if (!aa && !al) continue;
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        rc = aa ? aa(h->ctx, v, l, row_ptr(bk, p->r->q, p->off[b], c->n_head * c->head_dim))
+                : al(h->ctx, v, l);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        p->cx->hook_ms += (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
         CHECK_INTERNAL((p->B == 1 || (rc != FWD_STOP && v->x == row_ptr(bk, p->all.x, p->off[b], c->d_model))) &&
                            (block || v->n == n), "a hook dropped rows inside a batched pass or attention");
     }

@@ -126,6 +126,8 @@ int gen_begin(gen_seq *g, const strategy *s, context *cx, const strategy_opts *o
     double t0 = now_ms();
     unsigned long long a0, a1;
     bk_counters k0 = counts_now(cx, run, &a0);
+    context *dcx = run && run->draft && run->draft != cx ? run->draft : NULL;
+    double h0 = cx->hook_ms + (dcx ? dcx->hook_ms : 0);
     strategy_run r = run ? *run : (strategy_run){0};   // the request's sampling, for tokens
     r.sampling = smp->p;                                // the strategy draws itself
     g->kv = strategy_prefill(s, cx, ids, n, n_predict, o, &r, g->logits, &g->info, err, errlen);
@@ -135,6 +137,7 @@ int gen_begin(gen_seq *g, const strategy *s, context *cx, const strategy_opts *o
     }
     g->st.rows_done = g->info.rows_done;
     g->st.draft_rows = g->info.draft_rows;
+    g->st.hook_ms = cx->hook_ms + (dcx ? dcx->hook_ms : 0) - h0;
     memcpy(g->st.note, g->info.note, sizeof g->info.note);
     memcpy(g->st.label, g->info.label, sizeof g->info.label);
     g->st.kv_bytes = kv_bytes(g->kv);
@@ -251,7 +254,7 @@ int gen_fork(gen_seq *dst, const gen_seq *src, const char *strategy_name, char *
     dst->smp = NULL, dst->on_token = NULL, dst->ctx = NULL;
     dst->tok = -1, dst->done = 0, dst->read_sum = 0;
     // the prefill is the source's: the copy's own work starts at its first token
-    dst->st.prompt_n = 0, dst->st.prompt_ms = 0, dst->st.rows_done = 0, dst->st.draft_rows = 0;
+    dst->st.prompt_n = 0, dst->st.prompt_ms = 0, dst->st.rows_done = 0, dst->st.draft_rows = 0, dst->st.hook_ms = 0;
     dst->st.predicted_n = 0, dst->st.decode_runs = 0, dst->st.decode_ms = 0;
     dst->st.dev_prefill = (bk_counters){0}, dst->st.dev_decode = (bk_counters){0};
     dst->st.dev_decode_steps = 0;

@@ -120,6 +120,8 @@ typedef struct run_stats {
     size_t kv_bytes;       // measured from the cache after prefill
     long rows_done;        // prefill rows processed summed over layers (a draft's included)
     long draft_rows;       // of which a draft's (main-model layer-row equivalents)
+    double hook_ms;        // of prompt_ms, the time in the strategy's prefill hooks (scoring,
+                           // selection, keeps; a draft's included): context.hook_ms
     double kv_read_per_step;   // mean bytes of KV read per decode step, all layers (0: no step)
     // The backend's counts (backend.h: bk_counters), when it keeps them (has_counters): over the
     // prefill up to the first token (allocs: those made inside its passes, context.pass_allocs),

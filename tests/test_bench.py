@@ -325,6 +325,18 @@ def test_synthetic_draft(tiny):
                  "the model 49152", code=1)
 
 
+def test_hook_time_share():
+    """hook_ms: the time of TTFT in the strategy's prefill hooks; full has none, fastkv's window
+    scoring some, and it is a part of TTFT."""
+    r = run("bench", "-m", "synthetic:smollm2-135m", "--strategy", "full,fastkv", "-p", "512", "-n",
+            "2", "-r", "1", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    full, fastkv = json.loads(r.stdout)
+    assert full["hook_ms"] == 0 and full["hook_pct_of_ttft"] == 0
+    assert 0 < fastkv["hook_ms"] < fastkv["ttft_ms"]
+    assert fastkv["hook_pct_of_ttft"] == pytest.approx(100 * fastkv["hook_ms"] / fastkv["ttft_ms"], abs=0.2)
+
+
 def test_dry_run_bf16_bytes():
     r = run("bench", "-m", "synthetic:llama-3.1-8b", "-p", "130944", "-n", "128", "--dry-run",
             "--elem-bytes", "2", "--format", "json")
@@ -388,7 +400,8 @@ def test_thread_list_runs_the_table_per_count():
 
 FIELDS = ["model", "strategy", "backend", "threads", "n_prompt", "n_gen", "parallel", "reps", "ttft_ms",
           "ttft_stddev_ms", "pp_avg_ts", "pp_stddev_ts", "tpot_ms", "tpot_stddev_ms", "tg_avg_ts",
-          "tg_stddev_ts", "agg_tg_ts", "agg_tg_stddev_ts", "agg_x_par1", "kv_bytes", "kv_gib", "rows_pct_of_full", "pp_x_full", "tg_x_full",
+          "tg_stddev_ts", "agg_tg_ts", "agg_tg_stddev_ts", "agg_x_par1", "kv_bytes", "kv_gib", "hook_ms", "hook_pct_of_ttft", "rows_pct_of_full", "pp_x_full",
+          "tg_x_full",
           "prefill_flops_full_eq", "prefill_tflops_full_eq", "peak_tflops", "mfu_pct_full_eq",
           "decode_bytes_per_token", "decode_gbs", "peak_gbs", "mbu_pct", "device_counters"]
 BENCH = ["-p", "16,24", "-n", "4", "-r", "2", "--strategy", "full,streamingllm"]
