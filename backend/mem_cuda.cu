@@ -149,12 +149,6 @@ __global__ void bf16_to_f32_kernel(float *dst, const bf16 *src, size_t n) {
     if (i < n) dst[i] = __bfloat162float(src[i]);
 }
 
-// fp32 (n,) -> bf16 (n,), round to nearest even
-__global__ void f32_to_bf16_kernel(bf16 *dst, const float *src, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dst[i] = __float2bfloat16_rn(src[i]);
-}
-
 void cuda_to_host(backend *b, float *dst, const void *src, size_t n) {
     cuda_impl *c = impl(b);
     if (n == 0) return;
@@ -190,10 +184,21 @@ static int keeps_blocks(bk_tensor t) {
 // The device storage of a weight: its blocks or its bf16 values.
 static void *storage(const bk_weight *w) { return w->q ? (void *)w->q : (void *)w->h; }
 
+// fp32 (n,) -> bf16 (n,) on the host, round to nearest even (__float2bfloat16_rn's, NaN to
+// CUDA's canonical 0x7fff)
+static void f32_to_bf16_host(uint16_t *dst, const float *src, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &src[i], 4);
+        dst[i] = (u & 0x7fffffffu) > 0x7f800000u ? 0x7fff
+                                                 : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+}
+
 // t in its file encoding. Kept in blocks: the file's bytes copied as they are. Otherwise whole
 // rows are dequantised on the host into one fp32 chunk of at most WEIGHT_CHUNK elements (an F32
-// tensor is read in place), uploaded, rounded to bf16 on the device; peak host memory is one
-// chunk, not the tensor.
+// tensor is read in place), rounded to bf16 on the host and uploaded (half the bytes of fp32, no
+// kernel: the emulation build's load is a copy too); peak host memory is one chunk, not the tensor.
 bk_weight *cuda_weight(backend *b, bk_tensor t) {
     cuda_impl *c = impl(b);
     if (keeps_blocks(t)) {
@@ -209,9 +214,9 @@ bk_weight *cuda_weight(backend *b, bk_tensor t) {
     bk_weight *w = weight_new(c, t.rows, t.cols);
     size_t cols = t.cols, row_bytes = dq_bytes(t.type, cols);
     size_t chunk_rows = cols >= WEIGHT_CHUNK ? 1 : WEIGHT_CHUNK / cols;
-    float *buf = t.type == GGML_F32 ? NULL
-                                    : (float *)xmalloc((chunk_rows < w->rows ? chunk_rows : w->rows) *
-                                                       cols * sizeof(float));
+    size_t buf_rows = chunk_rows < w->rows ? chunk_rows : w->rows;
+    float *buf = t.type == GGML_F32 ? NULL : (float *)xmalloc(buf_rows * cols * sizeof(float));
+    uint16_t *h = (uint16_t *)xmalloc(buf_rows * cols * sizeof(uint16_t));
     for (size_t r0 = 0; r0 < w->rows; r0 += chunk_rows) {
         size_t nr = w->rows - r0 < chunk_rows ? w->rows - r0 : chunk_rows, k = nr * cols;
         const float *src = (const float *)((const uint8_t *)t.data + r0 * row_bytes);
@@ -221,15 +226,16 @@ bk_weight *cuda_weight(backend *b, bk_tensor t) {
                           cols);
             src = buf;
         }
-        float *d = (float *)stage(c, STAGE_AUX, src, k * sizeof(float));
-        CUDA_LAUNCH(f32_to_bf16_kernel, cuda_blocks(k, THREADS), THREADS, 0, c->stream,
-                    w->h + r0 * cols, d, k);
+        f32_to_bf16_host(h, src, k);
+        CUDA_CHECK(cuda_memcpy_async(w->h + r0 * cols, h, k * sizeof(bf16), cudaMemcpyHostToDevice,
+                                   c->stream));
         if (w->f && r0 == 0)   // a vector: its fp32 copy too
-            CUDA_CHECK(cuda_memcpy_async(w->f, d, cols * sizeof(float), cudaMemcpyDeviceToDevice,
+            CUDA_CHECK(cuda_memcpy_async(w->f, src, cols * sizeof(float), cudaMemcpyHostToDevice,
                                        c->stream));
+        CUDA_CHECK(cuda_stream_sync(c->stream));   // h and buf are refilled next
     }
-    CUDA_CHECK(cuda_stream_sync(c->stream));
     free(buf);
+    free(h);
     if (t.owned) free((void *)t.data);
     return w;
 }

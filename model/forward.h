@@ -43,6 +43,11 @@ typedef struct fwd_hooks {
     // fwd_kv_keep_at in this pass, 0 for none: the kept buffers are made before the pass, so
     // that the pass allocates nothing.
     const int *keep_caps;
+    // Set when the hooks' decode-step work (one row) is device ops on the pass's buffers that
+    // read no host data, edit no cache but by appends (fwd_kv_from_stream) and issue the same
+    // launches every step (kv_source's answers fixed): such a step may be recorded as a CUDA
+    // graph and replayed, as a dense one is (fwd_decode).
+    int recordable;
 } fwd_hooks;
 
 #define FWD_STOP 1
@@ -85,11 +90,13 @@ int fwd_run_batch(context *cx, fwd_seq *seqs, int B);
 int fwd_row_class(const model *m, int n);
 
 // A decode step: fwd_run_batch for B sequences of one row each. Where the backend records
-// steps (backend.h: step_bind, graph_*) and no sequence's hooks act at decode (none, or hooks
-// with no functions: a dense decode over the cache the strategy kept), the step runs in the
+// steps (backend.h: step_bind, graph_*) and no sequence's hooks act at decode (none, hooks with
+// no functions: a dense decode over the cache the strategy kept, or recordable hooks), the step
+// runs in the
 // context's pass buffers (planned for B rows) on the same caches, reads its token and positions
 // from one upload and the caches' lengths from the device, and is recorded on its second call
-// on the same caches and buffers and replayed after (SIFT_CUDA_GRAPHS=0: never recorded). A replay gives the logits the same
+// on the same caches and buffers and replayed after (SIFT_CUDA_GRAPHS=0: never recorded); a replay
+// appends to the cache layers the recorded step appended to. A replay gives the logits the same
 // launches give eagerly, bit for bit. Elsewhere it is fwd_run_batch. With samplers
 // (fwd_seq.smp) it draws the next tokens. 0, or -1 (a hook aborted).
 int fwd_decode(context *cx, fwd_seq *seqs, int B);

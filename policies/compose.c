@@ -65,6 +65,11 @@ static double pair_read(void *ctx) {
     return p->b_read(p->b.ctx);
 }
 
+// Whether h's decode work may be recorded as a graph: it says so, or it does nothing.
+static int recordable(const fwd_hooks *h) {
+    return h->recordable || (!h->after_attention && !h->after_layer && !h->kv_source && !h->attention);
+}
+
 // info->decode (etc.) := a's hooks then b's (the decode strategy's, with its read accounting).
 static void pair_hooks(prefill_info *info, const prefill_info *a) {
     hook_pair *p = xcalloc(1, sizeof *p);
@@ -75,6 +80,7 @@ static void pair_hooks(prefill_info *info, const prefill_info *a) {
     if (p->a.after_layer || p->b.after_layer) info->decode.after_layer = pair_after_layer;
     if (p->a.kv_source || p->b.kv_source) info->decode.kv_source = pair_kv_source;
     if (p->a.attention || p->b.attention) info->decode.attention = pair_attention;
+    info->decode.recordable = recordable(&p->a) && recordable(&p->b);
     info->decode_free = free;
     info->decode_report = pair_report;
     info->decode_read_bytes = p->b_read ? pair_read : NULL;

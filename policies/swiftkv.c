@@ -231,8 +231,10 @@ static kv_cache *swiftkv_prefill(context *cx, const int *ids, int n, int n_gen, 
     int *caps = xmalloc((size_t)p->L * sizeof(int));
     for (int j = 0; j < p->L; j++)
         caps[j] = j < p->l || (j - p->l) % p->G == 0 ? n + n_gen : 0;   // non-leaders: none
+    // recordable: a decode step's group K/V are device products appended to the leaders' caches,
+    // and kv_source's answers are the plan's: the same launches every step (a CUDA graph)
     fwd_hooks hooks = {.ctx = (void *)p, .after_layer = swiftkv_after_layer,
-                       .kv_source = swiftkv_kv_source};
+                       .kv_source = swiftkv_kv_source, .recordable = 1};
     kv_cache *kv = prefill_run(cx, ids, n, n_gen, caps, &hooks, logits, info, err, errlen);
     free(caps);
     if (!kv) return NULL;

@@ -159,9 +159,12 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
 
 
 def squeue(env, job):
-    """{task: state} of the array job's tasks still known to squeue."""
+    """{task: state} of the array job's tasks still known to squeue; None when squeue itself
+    failed (a busy slurmctld answers "Socket timed out"): no answer is not "no tasks left"."""
     r = subprocess.run(["squeue", "-h", "-j", job, "-o", "%K %T"], env=env, capture_output=True,
                        text=True, timeout=20)
+    if r.returncode != 0:
+        return None
     return dict(line.split() for line in r.stdout.splitlines() if line.strip())
 
 
@@ -212,7 +215,7 @@ def test_array_job_with_a_cancelled_and_requeued_task(slurm, tmp_path):
         # cancel task 1 once it has written its first record: mid-shard (6 requests)
         wait("task 1's first record", lambda: lines(victim) >= 1)
         subprocess.run(["scancel", f"{job}_1"], env=slurm, check=True, timeout=30)
-        wait("task 1 to stop", lambda: "1" not in squeue(slurm, job))
+        wait("task 1 to stop", lambda: (q := squeue(slurm, job)) is not None and "1" not in q)
         # the request in flight when SIGTERM came is written as interrupted (it runs again)
         recs = [json.loads(l) for l in victim.read_text().splitlines()]
         cut = sum(x.get("stop") != "interrupted" for x in recs)
@@ -225,10 +228,15 @@ def test_array_job_with_a_cancelled_and_requeued_task(slurm, tmp_path):
             timeout=30).stdout).group(1)
         subprocess.run(["scontrol", "update", f"jobid={task}", "StartTime=now"], env=slurm,
                        check=True, timeout=30)
-        wait("the array to finish", lambda: not squeue(slurm, job), timeout=300)
+        # the requeued task must have started again (its log says so) before "no task left in
+        # squeue" means the array is done: requeueing is asynchronous
+        log_path = tmp_path / f"sift-{job}_1.log"
+        wait("the requeued task to start",
+             lambda: log_path.exists() and "restart 1" in log_path.read_text(), timeout=300)
+        wait("the array to finish", lambda: squeue(slurm, job) == {}, timeout=300)
     finally:
         subprocess.run(["scancel", job], env=slurm, timeout=30)
-    log = (tmp_path / f"sift-{job}_1.log").read_text()
+    log = log_path.read_text()
     assert "restart 1" in log, log[-3000:]
     assert f"6 requests in this shard: {6 - cut} to run, {cut} done before (--resume)" in log, log[-3000:]
 
