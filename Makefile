@@ -55,7 +55,7 @@ GPU_BIN := build/tests/gpu_check build/tests/gpu_tables
 SIMT_CXX ?= $(shell command -v clang++ 2>/dev/null)
 endif
 ifneq ($(strip $(SIMT_CXX)),)
-SIMT_FLAGS := -std=c++17 -DSIFT_SIMT -D__CUDACC__ -Isimt/include -O2 -g -fno-pie \
+SIMT_FLAGS := -std=c++17 -DSIFT_SIMT -D__CUDACC__ -Isimt/include -O2 -gline-tables-only -fno-pie \
               -ffp-contract=off -fno-vectorize -fno-slp-vectorize -fno-optimize-sibling-calls \
               -Wall -Wextra -Werror -MMD -MP
 SIMT_COV   := -fsanitize-coverage=func,trace-loads,trace-stores -fno-builtin
