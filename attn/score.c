@@ -79,6 +79,16 @@ void score_window_pool(const float *probs, int nq, int heads, int m, int c, int 
     free(sum);
 }
 
+void score_fold_max(const float *in, int heads, int c, float *row_max, float *sum, int last) {
+    for (int j = 0; j < c; j++) {
+        float m = row_max[j];
+        for (int h = 0; h < heads; h++)
+            if (in[(size_t)h * c + j] > m) m = in[(size_t)h * c + j];
+        if (last) sum[j] += m, m = 0;
+        row_max[j] = m;
+    }
+}
+
 void score_group_sum(const float *in, int heads, int groups, int c, float *out) {
     int per = heads / groups;
     for (int g = 0; g < groups; g++)

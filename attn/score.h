@@ -19,6 +19,11 @@ int score_topk(const float *s, int n, int k, int *idx);
 // then out[h] = the max-pool (avg 0) or avg-pool (avg 1) of s_h with `kernel` (as above).
 void score_window_pool(const float *probs, int nq, int heads, int m, int c, int kernel, int avg,
                        float *out);
+// SpecPrefill's fold (the CPU twin of the backend op score_fold_max): row_max (c,) = the max of
+// row_max and of in[h][j] over the heads h of in (heads, c); when last (the query row's last
+// layer), sum (c,) += row_max and row_max = 0, so that sum holds, over the rows, each row's max
+// over (layer, head).
+void score_fold_max(const float *in, int heads, int c, float *row_max, float *sum, int last);
 // out (groups, c): out[g][j] = the sum of in[h][j] over group g's heads / groups consecutive
 // heads (in order, in float).
 void score_group_sum(const float *in, int heads, int groups, int c, float *out);

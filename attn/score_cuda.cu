@@ -97,6 +97,25 @@ void score_window_pool_cuda(float *out, const float *probs, int nq, int heads, i
                 m, c, kernel, avg);
 }
 
+// row_max, sum (c,): thread j takes the max of row_max[j] and in[h][j] over the heads; at the
+// row's last layer adds it to sum[j] and clears row_max[j] (score_fold_max)
+__global__ void fold_max_kernel(float *row_max, float *sum, const float *in, int heads, int c,
+                                int last) {
+    size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= (size_t)c) return;
+    float m = row_max[j];
+    for (int h = 0; h < heads; h++) m = fmaxf(m, in[(size_t)h * c + j]);
+    if (last) sum[j] += m, m = 0;
+    row_max[j] = m;
+}
+
+void score_fold_max_cuda(float *row_max, float *sum, const float *in, int heads, int c, int last,
+                         cudaStream_t stream) {
+    if (c <= 0) return;
+    CUDA_LAUNCH(fold_max_kernel, cuda_blocks((size_t)c, 256), 256, 0, stream, row_max, sum, in,
+                heads, c, last);
+}
+
 // out (groups, c): thread (g, j) sums in[h][j] over group g's heads in order (score_group_sum)
 __global__ void group_sum_kernel(float *out, const float *in, int heads, int groups, int c) {
     size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;

@@ -12,6 +12,9 @@ void score_topk_rows_cuda(int *idx, size_t ld, const float *s, size_t stride, in
 // score_window_pool: out (heads, c) from probs (nq, heads, m)
 void score_window_pool_cuda(float *out, const float *probs, int nq, int heads, int m, int c,
                             int kernel, int avg, cudaStream_t stream);
+// score_fold_max: row_max, sum (c,) folded with in (heads, c)
+void score_fold_max_cuda(float *row_max, float *sum, const float *in, int heads, int c, int last,
+                         cudaStream_t stream);
 // score_group_sum: out (groups, c) from in (heads, c)
 void score_group_sum_cuda(float *out, const float *in, int heads, int groups, int c,
                           cudaStream_t stream);

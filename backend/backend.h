@@ -146,6 +146,10 @@ struct backend {
                           int heads, const kv_layer *L, int m, int c, int kernel, int avg);
     // out (groups, c) = score_group_sum of in (heads, c)
     void (*score_group_sum)(backend *b, float *out, const float *in, int heads, int groups, int c);
+    // row_max, sum (c,) folded with in (heads, c) as score_fold_max (SpecPrefill's max over
+    // layers and heads, summed over query rows at each row's last layer)
+    void (*score_fold_max)(backend *b, float *row_max, float *sum, const float *in, int heads,
+                           int c, int last);
     // idx (rows, ld) = score_select of s (rows, c): each row's top k, then the tail c .. c+tail-1
     void (*score_select)(backend *b, int *idx, int ld, const float *s, int rows, int c, int k,
                          int tail);

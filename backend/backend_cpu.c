@@ -145,6 +145,7 @@ backend *backend_cpu_create(int n_threads, enum bk_weights weights) {
         .attention_multi = cpu_attention_multi, .attn_probs = cpu_attn_probs,
         .kv_keep = cpu_kv_keep, .mem_available = cpu_mem_available,
         .window_scores = cpu_window_scores, .score_group_sum = cpu_score_group_sum,
+        .score_fold_max = cpu_score_fold_max,
         .score_select = cpu_score_select, .kv_keep_at = cpu_kv_keep_at,
         .ints_to_host = cpu_ints_to_host, .ints_from_host = cpu_ints_from_host,
         .weight_synth = cpu_weight_synth, .ceilings = cpu_ceilings, .attn_select = cpu_attn_select,

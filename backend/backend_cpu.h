@@ -91,6 +91,8 @@ void cpu_kv_keep(backend *b, kv_layer *L, const int *idx, int k, int new_cap);
 void cpu_window_scores(backend *b, float *scores, const void *q, const int *qpos, int nq, int heads,
                        const kv_layer *L, int m, int c, int kernel, int avg);
 void cpu_score_group_sum(backend *b, float *out, const float *in, int heads, int groups, int c);
+void cpu_score_fold_max(backend *b, float *row_max, float *sum, const float *in, int heads, int c,
+                        int last);
 void cpu_score_select(backend *b, int *idx, int ld, const float *s, int rows, int c, int k, int tail);
 void cpu_kv_keep_at(backend *b, kv_layer *L, const int *idx, int k, int new_cap, void *nk, void *nv);
 void cpu_ints_to_host(backend *b, int *dst, const int *src, size_t n);

@@ -188,6 +188,7 @@ backend *backend_cuda_create(char *msg, size_t len) {
     b->kv_keep = cuda_kv_keep;
     b->window_scores = cuda_window_scores;
     b->score_group_sum = cuda_score_group_sum;
+    b->score_fold_max = cuda_score_fold_max;
     b->score_select = cuda_score_select;
     b->kv_keep_at = cuda_kv_keep_at;
     b->ints_to_host = cuda_ints_to_host;

@@ -209,6 +209,8 @@ void cuda_kv_prepare(backend *b, const kv_layer *L);
 void cuda_window_scores(backend *b, float *scores, const void *q, const int *qpos, int nq, int heads,
                         const kv_layer *L, int m, int c, int kernel, int avg);
 void cuda_score_group_sum(backend *b, float *out, const float *in, int heads, int groups, int c);
+void cuda_score_fold_max(backend *b, float *row_max, float *sum, const float *in, int heads, int c,
+                         int last);
 void cuda_score_select(backend *b, int *idx, int ld, const float *s, int rows, int c, int k, int tail);
 void cuda_ints_to_host(backend *b, int *dst, const int *src, size_t n);
 void cuda_ints_from_host(backend *b, int *dst, const int *src, size_t n);

@@ -66,6 +66,12 @@ void cpu_score_group_sum(backend *b, float *out, const float *in, int heads, int
     score_group_sum(in, heads, groups, c, out);
 }
 
+void cpu_score_fold_max(backend *b, float *row_max, float *sum, const float *in, int heads, int c,
+                        int last) {
+    (void)b;
+    score_fold_max(in, heads, c, row_max, sum, last);
+}
+
 void cpu_score_select(backend *b, int *idx, int ld, const float *s, int rows, int c, int k, int tail) {
     (void)b;
     score_select(s, rows, c, k, tail, idx, ld);

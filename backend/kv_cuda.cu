@@ -214,6 +214,11 @@ void cuda_score_group_sum(backend *b, float *out, const float *in, int heads, in
     score_group_sum_cuda(out, in, heads, groups, c_, impl(b)->stream);
 }
 
+void cuda_score_fold_max(backend *b, float *row_max, float *sum, const float *in, int heads, int c_,
+                         int last) {
+    score_fold_max_cuda(row_max, sum, in, heads, c_, last, impl(b)->stream);
+}
+
 void cuda_score_select(backend *b, int *idx, int ld, const float *s, int rows, int c_, int k, int tail) {
     score_topk_rows_cuda(idx, (size_t)ld, s, (size_t)c_, rows, c_, k, 0, tail, impl(b)->stream);
 }

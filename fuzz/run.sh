@@ -87,19 +87,36 @@ for f in tests/data/resume_seed_*.jsonl; do
       head -n 1 "$f" | tr -d '\n'; echo; tail -n +2 "$f"; } > "$out/seed_resume/$b.long.jsonl"   # past the target's line bound
 done
 export SIFT_FUZZ_MODEL="$(realpath "${SIFT_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}")"
-for target in gguf tok safetensors phi cli requests resume; do
-    log="$out/fuzz_$target.log"
+# one target per core at a time (each for SECONDS, on its own core: the same executions as one
+# after another, in a fraction of the wall time)
+fuzz_one() {
+    local target=$1 log="$out/fuzz_$1.log"
     # the CLI target: a usage error's allocations are left behind on purpose (the process would
     # exit), and the help and error text it prints is muted
-    flags="-detect_leaks=1" asan=""
+    local flags="-detect_leaks=1" asan=""
     [ "$target" = cli ] && flags="-detect_leaks=0 -close_fd_mask=3" asan="detect_leaks=0"
     if ! (cd "$out" && ASAN_OPTIONS="$asan" "./fuzz_$target" -max_total_time="$secs" -max_len=70000 -print_final_stats=1 \
             $flags \
             "corpus_$target" "seed_$target") > "$log" 2>&1; then
         tail -n 30 "$log" >&2
         echo "fuzz_$target: FAILED after $secs s (input in $out/crash-*)" >&2
-        exit 1
+        return 1
     fi
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
     echo "fuzz_$target: $runs executions in $secs s, no crash"
+}
+jobs_max=$(nproc)
+rc=0 running=0
+for target in gguf tok safetensors phi cli requests resume; do
+    if [ "$running" -ge "$jobs_max" ]; then
+        wait -n || rc=1
+        running=$((running - 1))
+    fi
+    fuzz_one "$target" &
+    running=$((running + 1))
 done
+while [ "$running" -gt 0 ]; do
+    wait -n || rc=1
+    running=$((running - 1))
+done
+exit $rc

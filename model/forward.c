@@ -378,6 +378,12 @@ void fwd_score_group_sum(const model *m, float *out, const float *in, int heads,
     m->bk->score_group_sum(m->bk, out, in, heads, groups, c);
 }
 
+void fwd_score_fold_max(const model *m, float *row_max, float *sum, const float *in, int heads,
+                        int c, int last) {
+    CHECK_INTERNAL(heads >= 1 && c >= 0, "fold %d heads over %d entries", heads, c);
+    m->bk->score_fold_max(m->bk, row_max, sum, in, heads, c, last);
+}
+
 void fwd_score_select(const model *m, int *idx, int ld, const float *s, int rows, int c, int k,
                       int tail) {
     CHECK_INTERNAL(k >= 0 && k <= c && tail >= 0 && k + tail <= ld, "select %d of %d (+ %d) into %d",
@@ -412,6 +418,15 @@ void fwd_ints_to_host(const model *m, int *dst, const int *src, size_t n) {
 
 void fwd_ints_from_host(const model *m, int *dst, const int *src, size_t n) {
     m->bk->ints_from_host(m->bk, dst, src, n);
+}
+
+void fwd_floats_to_host(const model *m, float *dst, const float *src, size_t n) {
+    _Static_assert(sizeof(float) == sizeof(int), "4-byte words");
+    m->bk->ints_to_host(m->bk, (int *)dst, (const int *)src, n);
+}
+
+void fwd_floats_from_host(const model *m, float *dst, const float *src, size_t n) {
+    m->bk->ints_from_host(m->bk, (int *)dst, (const int *)src, n);
 }
 
 const int *fwd_kv_pos(const model *m, kv_layer *L) {

@@ -119,8 +119,8 @@ void fwd_attn_probs(fwd_state *s, int l, const void *q, int nq, int m, float *pr
 // current entries, ascending), in a new buffer of capacity new_cap >= k (room for decode).
 void fwd_kv_keep(fwd_state *s, int l, const int *idx, int k, int new_cap);
 
-// ---- token scoring in backend memory (backend.h: window_scores ..): what FastKV and SnapKV
-// compose, so that no per-token score or index crosses to the host ----
+// ---- token scoring in backend memory (backend.h: window_scores ..): what FastKV, SnapKV and
+// SpecPrefill compose, so that no per-token score or index crosses to the host in a pass ----
 
 // Backend memory of `bytes` for scores (fp32) or indices (int32): made before the pass that
 // uses it, freed after with fwd_scratch_free.
@@ -133,6 +133,10 @@ void fwd_window_scores(fwd_state *s, int l, const void *q, int nq, int m, int c,
                        int avg, float *scores);
 // out (groups, c) = score_group_sum of in (heads, c); backend memory.
 void fwd_score_group_sum(const model *m, float *out, const float *in, int heads, int groups, int c);
+// row_max, sum (c,) folded with in (heads, c): score_fold_max (at the query row's last layer,
+// sum += row_max and row_max = 0); backend memory.
+void fwd_score_fold_max(const model *m, float *row_max, float *sum, const float *in, int heads,
+                        int c, int last);
 // idx (rows, ld) = score_select of s (rows, c): the top k of each row, then c .. c + tail - 1.
 void fwd_score_select(const model *m, int *idx, int ld, const float *s, int rows, int c, int k,
                       int tail);
@@ -143,6 +147,9 @@ void fwd_kv_keep_at(fwd_state *s, int l, const int *idx, int k, int new_cap);
 // dst (n,), host = src (n,) int32 backend memory; and the other way.
 void fwd_ints_to_host(const model *m, int *dst, const int *src, size_t n);
 void fwd_ints_from_host(const model *m, int *dst, const int *src, size_t n);
+// The same for fp32 scores (4-byte words copied as they are).
+void fwd_floats_to_host(const model *m, float *dst, const float *src, size_t n);
+void fwd_floats_from_host(const model *m, float *dst, const float *src, size_t n);
 // L's host positions, made current first where a keep on the device left them behind.
 const int *fwd_kv_pos(const model *m, kv_layer *L);
 // fwd_kv_pos of every layer of kv (before the host reads kv_layer.pos: a report, a copy).

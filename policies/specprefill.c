@@ -20,16 +20,6 @@
 #include "../util/check.h"
 #include "policy.h"
 
-void specprefill_fold_row(const float *probs, int heads, int m, int pool, float *row_max) {
-    float *pooled = xmalloc((size_t)m * sizeof(float));
-    for (int h = 0; h < heads; h++) {
-        score_avgpool(probs + (size_t)h * m, m, pool, pooled);
-        for (int i = 0; i < m; i++)
-            if (pooled[i] > row_max[i]) row_max[i] = pooled[i];
-    }
-    free(pooled);
-}
-
 int specprefill_select(const float *score, int m, int chunk, float keep, int keep_last, int *idx) {
     int nc = (m + chunk - 1) / chunk;
     float *cs = xmalloc((size_t)nc * sizeof(float));
@@ -52,30 +42,29 @@ int specprefill_select(const float *score, int m, int chunk, float keep, int kee
 }
 
 // Steps A-E: s_j for the current query row is built in row_max while the speculator runs;
-// score accumulates the sum over rows.
+// score accumulates the sum over rows, on the speculator's backend; one copy to the host at E.
 typedef struct {
-    int m, pool, depth;      // context keys, pooling kernel, speculator layers
-    float *probs;            // (heads, m) one row's attention at one layer
-    float *row_max, *score;  // (m,) each
+    int m, pool, depth;
+    float *pooled;           // (heads, m) backend memory: one row's pooled attention at one layer
+    float *row_max, *score;  // (m,) backend memory each: D's max so far, the sum over rows
     int rows;
 } spec_scorer;
 
+// D: the row's attention over the m prompt keys at layer l, each head's average-pooled
+// (fwd_window_scores over every key: score_window_pool of one row), folded into the max over
+// (layer, head); at the speculator's last layer the row's max goes into the sum over rows.
+// Backend memory throughout: nothing per token crosses to the host until E.
 static int spec_after_attention(void *ctx, fwd_state *s, int l, const void *q) {
     spec_scorer *sc = ctx;
-    fwd_attn_probs(s, l, q, 1, sc->m, sc->probs);
-    specprefill_fold_row(sc->probs, s->m->cfg.n_head, sc->m, sc->pool, sc->row_max);
+    fwd_window_scores(s, l, q, 1, sc->m, sc->m, sc->pool, 1, sc->pooled);
+    fwd_score_fold_max(s->m, sc->row_max, sc->score, sc->pooled, s->m->cfg.n_head, sc->m,
+                       l == sc->depth - 1);
     return 0;
 }
 
 static int spec_after_layer(void *ctx, fwd_state *s, int l) {
     (void)s;
     return l == ((spec_scorer *)ctx)->depth - 1 ? FWD_STOP : 0;
-}
-
-static void spec_end_row(spec_scorer *sc) {
-    for (int i = 0; i < sc->m; i++) sc->score[i] += sc->row_max[i];
-    memset(sc->row_max, 0, (size_t)sc->m * sizeof(float));
-    sc->rows++;
 }
 
 // Layers of the speculator: all of a --draft's; --draft-layers of the main model's; by default
@@ -117,31 +106,34 @@ static float *speculate(context *main_cx, const int *ids, int m, const strategy_
         free(pos);
         return NULL;
     }
+    float *score = xcalloc((size_t)m, sizeof(float));   // zeros, then the result
     spec_scorer sc = {.m = m, .pool = o->spec_pool, .depth = depth,
-                      .probs = xmalloc((size_t)s->cfg.n_head * m * sizeof(float)),
-                      .row_max = xcalloc((size_t)m, sizeof(float)),
-                      .score = xcalloc((size_t)m, sizeof(float))};
+                      .pooled = fwd_scratch(s, (size_t)s->cfg.n_head * m * sizeof(float)),
+                      .row_max = fwd_scratch(s, (size_t)m * sizeof(float)),
+                      .score = fwd_scratch(s, (size_t)m * sizeof(float))};
+    fwd_floats_from_host(s, sc.row_max, score, (size_t)m);
+    fwd_floats_from_host(s, sc.score, score, (size_t)m);
     fwd_hooks hooks = {.ctx = &sc, .after_attention = spec_after_attention,
                        .after_layer = spec_after_layer};
     float *logits = steps > 0 ? xmalloc((size_t)s->cfg.vocab * sizeof(float)) : NULL;
     sampler smp;
     lookahead_sampler(&smp, run, s->cfg.vocab);
     *rows = fwd_run(sx, kv, ids, pos, m, &hooks, logits, 0);   // A: the last prompt token is row 0
-    spec_end_row(&sc);
+    sc.rows++;
     for (int t = 0; t < steps; t++) {                          // B: lookahead rows 1..N-1
         int tok = sample_next(&smp, logits), p = m + t;
         if (run->is_eog && run->is_eog(run->eog_ctx, tok)) break;
         *rows += fwd_run(sx, kv, &tok, &p, 1, &hooks, t + 1 < steps ? logits : NULL, 0);
-        spec_end_row(&sc);
+        sc.rows++;
     }
-    for (int i = 0; i < m; i++) sc.score[i] /= sc.rows;   // E: mean over rows
+    fwd_floats_to_host(s, score, sc.score, (size_t)m);    // E: the sums, once per request
+    for (int i = 0; i < m; i++) score[i] /= sc.rows;      //    then the mean over rows
     sampler_free(&smp);
     kv_free(kv);
     free(logits);
-    free(sc.probs);
-    free(sc.row_max);
+    fwd_scratch_free(s, sc.pooled), fwd_scratch_free(s, sc.row_max), fwd_scratch_free(s, sc.score);
     free(pos);
-    return sc.score;
+    return score;
 }
 
 // [D] The speculator's work in main-model layer rows: a self-draft's layers are the main

@@ -1,11 +1,8 @@
-// policies/specprefill.h — the token-importance arithmetic of `specprefill` (specs/specprefill.md
-// steps D-F), pure functions on host arrays, exposed for the unit tests.
+// policies/specprefill.h — the chunk selection of `specprefill` (specs/specprefill.md step F), a
+// pure function on host arrays, exposed for the unit tests. Steps D-E (pooling each head's
+// attention and folding it into the max over layers and heads) are the backend ops the strategy
+// composes: attn/score.h score_window_pool and score_fold_max are their CPU arithmetic.
 #pragma once
-
-// Folds one speculator query row's attention at one layer into s_j: each head's probabilities
-// probs (heads, m) over the m context keys are average-pooled (kernel pool, zero padding, always
-// divided by pool), then row_max[i] = max(row_max[i], pooled[h][i]) over the heads.
-void specprefill_fold_row(const float *probs, int heads, int m, int pool, float *row_max);
 
 // Chunks of `chunk` tokens from 0 (the last may be shorter) scored by the mean of score (m,)
 // over their actual length; keeps the top ceil(num_chunks * keep) chunks (ties to the earlier

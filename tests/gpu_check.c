@@ -769,6 +769,69 @@ static void test_window_select(backend *bk[2], int heads, int nkv, int hd, int l
     free(k_), free(v), free(q), free(qpos);
 }
 
+// SpecPrefill's scoring (backend.h: window_scores over every key of one query row, then
+// score_fold_max): `layers` layers of one query row (each a different query against a
+// len-entry cache; the row at position len + 2, a lookahead row, sees every key), folded into the
+// max over layers and heads and at the last layer into the sum, whose start is random (earlier
+// rows'). score_fold_max alone, over the CPU's pooled scores, must give the CPU's maxima and sums
+// exactly (a max and one addition per entry); the whole row within TOL (bf16 keys).
+static void test_spec_fold(backend *bk[2], int heads, int nkv, int hd, int len, int kernel,
+                           int layers) {
+    attn_case t = {"fold", heads, nkv, hd, len, 1, 0, 1, len + 2, 1, 0};
+    int kvd = nkv * hd;
+    float *k_ = rand_host((size_t)(len + 2) * kvd, 2), *v = rand_host((size_t)(len + 2) * kvd, 1);
+    float *q = rand_host((size_t)layers * heads * hd, 2), *start = rand_host((size_t)len, 1);
+    int qpos = len + 2;
+    float *pooled[2][8], *sum[2], *rmax[2], *exact_sum[2], *exact_max[2];
+    CHECK_INTERNAL(layers >= 1 && layers <= 8, "%d layers", layers);
+    for (int be = 0; be < 2; be++) {
+        backend *x = bk[be];
+        kv_cache *kv = build_cache(x, &t, k_, v, NULL);
+        float *zero = xcalloc((size_t)len, sizeof(float));
+        float *hp = xcalloc((size_t)heads * len, sizeof(float));
+        void *dpool = words_up(x, hp, (size_t)heads * len), *dmax = words_up(x, zero, (size_t)len),
+             *dsum = words_up(x, start, (size_t)len);
+        for (int l = 0; l < layers; l++) {
+            void *dq = upload(x, q + (size_t)l * heads * hd, 1, heads * hd);
+            x->window_scores(x, dpool, dq, &qpos, 1, heads, &kv->layers[0], len, len, kernel, 1);
+            pooled[be][l] = xmalloc((size_t)heads * len * sizeof(float));
+            words_down(x, pooled[be][l], dpool, (size_t)heads * len);
+            x->score_fold_max(x, dmax, dsum, dpool, heads, len, l == layers - 1);
+            x->free(x, dq);
+        }
+        sum[be] = xmalloc((size_t)len * sizeof(float)), rmax[be] = xmalloc((size_t)len * sizeof(float));
+        words_down(x, sum[be], dsum, (size_t)len), words_down(x, rmax[be], dmax, (size_t)len);
+        // the fold alone over the CPU's pooled scores: exact
+        x->ints_from_host(x, dmax, (const int *)zero, (size_t)len);
+        x->ints_from_host(x, dsum, (const int *)start, (size_t)len);
+        for (int l = 0; l < layers; l++) {
+            x->ints_from_host(x, dpool, (const int *)pooled[CPU][l], (size_t)heads * len);
+            x->score_fold_max(x, dmax, dsum, dpool, heads, len, l == layers - 1);
+        }
+        exact_sum[be] = xmalloc((size_t)len * sizeof(float)), exact_max[be] = xmalloc((size_t)len * sizeof(float));
+        words_down(x, exact_sum[be], dsum, (size_t)len), words_down(x, exact_max[be], dmax, (size_t)len);
+        x->free(x, dpool), x->free(x, dmax), x->free(x, dsum);
+        free(zero), free(hp);
+        kv_free(kv);
+    }
+    char shape[120];
+    snprintf(shape, sizeof shape, "%d/%d hd%d len%d avg%d, %d layers", heads, nkv, hd, len, kernel, layers);
+    report("spec fold: pooled row", shape, pooled[GPU][layers - 1], pooled[CPU][layers - 1],
+           (size_t)heads * len, TOL);
+    report("spec fold: sum over rows", shape, sum[GPU], sum[CPU], (size_t)len, TOL);
+    float one = 1, same = memcmp(exact_sum[GPU], exact_sum[CPU], (size_t)len * sizeof(float)) == 0 &&
+                          memcmp(exact_max[GPU], exact_max[CPU], (size_t)len * sizeof(float)) == 0;
+    float cleared = 1;
+    for (int j = 0; j < len; j++) cleared = cleared && rmax[GPU][j] == 0 && exact_max[GPU][j] == 0;
+    report("score_fold_max (exact)", shape, &same, &one, 1, 0);
+    report("score_fold_max clears the row", shape, &cleared, &one, 1, 0);
+    for (int be = 0; be < 2; be++) {
+        for (int l = 0; l < layers; l++) free(pooled[be][l]);
+        free(sum[be]), free(rmax[be]), free(exact_sum[be]), free(exact_max[be]);
+    }
+    free(k_), free(v), free(q), free(start);
+}
+
 // --self: the CPU backend has no attn_topk (forward.c selects on the host); this stand-in, the
 // same host selection, lets the harness above run against itself.
 static void self_attn_topk(backend *b, int *idx, const void *q, int qpos, int heads,
@@ -1681,6 +1744,11 @@ int main(int argc, char **argv) {
         test_window_select(bk, 8, 2, 64, 300, 8, 40, 7, 1, 5);    // plateaus: the tie rule
         test_window_select(bk, 9, 3, 64, small ? 700 : 5000, 8, small ? 70 : 500, 13, 0, 0);
         test_window_select(bk, 4, 4, 32, 40, 4, 4, 3, 1, 0);      // the window alone
+    }
+    if (section(only, "topk") && bk[GPU]->window_scores && bk[GPU]->score_fold_max) {
+        test_spec_fold(bk, 8, 2, 64, 300, 13, 3);   // specprefill's default kernel 13
+        test_spec_fold(bk, 9, 3, 64, small ? 700 : 5000, 13, 2);
+        test_spec_fold(bk, 4, 4, 32, 40, 1, 1);     // kernel 1, one layer: no pooling, no max over layers
     }
     if (section(only, "phi") && bk[GPU]->attn_select && bk[GPU]->phi_summarize) {
         test_phi_select(bk, PHI_MLP, 9, 3, 64, 64, 300, 12, 12);

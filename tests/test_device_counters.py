@@ -22,9 +22,12 @@ record's "device_counters" must show a strategy that keeps its work on the devic
 EXPECTED_FAIL lists the strategies whose device path does not meet a bound yet, with the bound:
 the test fails when one of them starts meeting it (update the list) as when any other misses
 one. They are issue 57's remaining work: topk's hooked decode steps leave the graph (topk,
-topk+phi and the compositions decoding with topk) and specprefill scores its probabilities on the
-host. swiftkv's decode hooks are recordable (device products appended to the group leaders'
-caches): its steps replay."""
+topk+phi and the compositions decoding with topk) and topk+phi builds its maps and summaries on
+the host. swiftkv's decode hooks are recordable (device products appended to the group leaders'
+caches): its steps replay. specprefill pools and folds its speculator's attention on the device
+(window_scores, score_fold_max) and copies the prompt's scores to the host once; what it still
+sends to the host is each lookahead row's logits (the lookahead token is drawn on the host:
+7 x vocab x 4 bytes here), to go when the lookahead steps run through the decode recorder."""
 import json
 import os
 import subprocess

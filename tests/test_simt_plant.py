@@ -28,6 +28,9 @@ PLANTS = {
     "select-tail-shifted": (
         "attn/score_cuda.cu", [("out[k + t] = lo + n + t;", "out[k + t] = lo + n + t - 1;", 1)],
         "topk:", "rows", "the selection's window indices start one entry early"),
+    "fold-max-skips-last-head": (
+        "attn/score_cuda.cu", [("for (int h = 0; h < heads; h++) m = fmaxf(", "for (int h = 0; h < heads - 1; h++) m = fmaxf(", 1)],
+        "topk:", "rows", "specprefill's fold leaves the last head out of the max over heads"),
     "kv-keep-positions-skip-head-0": (
         "backend/kv_cuda.cu", [("    for (int g = 0; g < n_kv_head; g++)\n        for (int j0 = 0;", "    for (int g = 1; g < n_kv_head; g++)\n        for (int j0 = 0;", 1)],
         "topk:", "rows", "a keep by device indices leaves the first KV head's positions where they were"),

@@ -5,6 +5,7 @@
 // indices).
 #include <stdlib.h>
 
+#include "../attn/score.h"
 #include "../policies/specprefill.h"
 #include "check.h"
 
@@ -74,26 +75,37 @@ static void test_select(void) {
     CHECK(n == 64 && is_ranges(idx, n, (int[]){0, 64}, 1), "n %d", n);
 }
 
+// Steps D-E as the strategy composes them (score_window_pool of one query row over every key,
+// then score_fold_max), against hand-computed pooling, maxima and sums.
 static void test_fold(void) {
     // one layer, 2 heads over 5 keys, kernel 3 (padding 1, always / 3)
     float probs[2][5] = {{0.6f, 0.3f, 0.1f, 0, 0}, {0, 0, 0.2f, 0.2f, 0.6f}};
-    float row[5] = {0};
-    specprefill_fold_row(&probs[0][0], 2, 5, 3, row);
+    float pooled[2][5], row[5] = {0}, sum[5] = {0};
+    score_window_pool(&probs[0][0], 1, 2, 5, 5, 3, 1, &pooled[0][0]);
+    score_fold_max(&pooled[0][0], 2, 5, row, sum, 0);
     // head 0 pooled: .9/3 1/3 .4/3 .1/3 0 ; head 1 pooled: 0 .2/3 .4/3 1/3 .8/3
     double want[5] = {0.3, 1.0 / 3, 0.4 / 3, 1.0 / 3, 0.8 / 3};
-    for (int i = 0; i < 5; i++) CHECK_CLOSE(row[i], want[i], 1e-6);
+    for (int i = 0; i < 5; i++) {
+        CHECK_CLOSE(row[i], want[i], 1e-6);
+        CHECK(sum[i] == 0, "sum %d", i);
+    }
 
-    // a second layer folds into the same row: max over layers too
+    // the row's last layer folds into the same row (max over layers too), then goes into the sum
     float probs2[1][5] = {{0, 0, 0, 0, 1}};
-    specprefill_fold_row(&probs2[0][0], 1, 5, 3, row);   // pooled 0 0 0 1/3 1/3
+    score_window_pool(&probs2[0][0], 1, 1, 5, 5, 3, 1, &pooled[0][0]);   // 0 0 0 1/3 1/3
+    score_fold_max(&pooled[0][0], 1, 5, row, sum, 1);
     want[4] = 1.0 / 3;
-    for (int i = 0; i < 5; i++) CHECK_CLOSE(row[i], want[i], 1e-6);
+    for (int i = 0; i < 5; i++) {
+        CHECK_CLOSE(sum[i], want[i], 1e-6);
+        CHECK(row[i] == 0, "row %d", i);
+    }
 
-    // a second query row, then the mean over rows is the score
-    float row2[5] = {0}, probs3[1][5] = {{1, 0, 0, 0, 0}};
-    specprefill_fold_row(&probs3[0][0], 1, 5, 1, row2);   // kernel 1: no smoothing
+    // a second query row (one layer), then the mean over rows is the score
+    float probs3[1][5] = {{1, 0, 0, 0, 0}};
+    score_window_pool(&probs3[0][0], 1, 1, 5, 5, 1, 1, &pooled[0][0]);   // kernel 1: no smoothing
+    score_fold_max(&pooled[0][0], 1, 5, row, sum, 1);
     double score[5] = {(0.3 + 1) / 2, 1.0 / 6, 0.2 / 3, 1.0 / 6, 1.0 / 6};
-    for (int i = 0; i < 5; i++) CHECK_CLOSE((row[i] + row2[i]) / 2, score[i], 1e-6);
+    for (int i = 0; i < 5; i++) CHECK_CLOSE(sum[i] / 2, score[i], 1e-6);
 }
 
 int main(void) {
