@@ -20,3 +20,9 @@ void attn_causal_cpu(float *out, const float *q, const int *qpos, int n, int hea
 // invisible keys get probability 0. K (n_kv_head, cap) rows of type kt, kpos (n_kv_head, cap).
 void attn_probs_cpu(float *probs, const float *q, const int *qpos, int n, int heads, const void *k,
                     enum kv_type kt, const int *kpos, int m, int cap, int n_kv_head, int hd);
+
+// Raw scores (fp32, CPU), for topk's decode selector (the CPU twin of score_dots_cuda):
+// s (nq, n) = q_i . k_j for nq query rows (row i at q + i * ld) against n stored key rows k of
+// type kt (kv_row_bytes each), converted in registers where the CPU can (hd a multiple of 8).
+void attn_scores_cpu(float *s, const float *q, int nq, int ld, const void *k, enum kv_type kt,
+                     int n, int hd);

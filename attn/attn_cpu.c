@@ -360,3 +360,38 @@ void attn_probs_cpu(float *probs, const float *q, const int *qpos, int n, int he
     }
     free(tiles);
 }
+
+void attn_scores_cpu(float *s, const float *q, int nq, int ld, const void *k, enum kv_type kt,
+                     int n, int hd) {
+    const size_t krow = kv_row_bytes(kt, hd);
+#ifdef ATTN_X86
+    if (hd % 8 == 0) {   // qk_pair: four query rows against two keys at a time
+        for (int i0 = 0; i0 < nq; i0 += 4) {
+            const int ni = nq - i0 < 4 ? nq - i0 : 4;
+            const float *qi = q + (size_t)i0 * ld;
+            float *si = s + (size_t)i0 * n;
+            for (int j = 0; j < n; j += 2) {
+                const int two = j + 1 < n;
+                switch (ni) {
+                case 1: qk_pair(1, kt, qi, ld, k, krow, j, two, hd, 1.0f, si, n); break;
+                case 2: qk_pair(2, kt, qi, ld, k, krow, j, two, hd, 1.0f, si, n); break;
+                case 3: qk_pair(3, kt, qi, ld, k, krow, j, two, hd, 1.0f, si, n); break;
+                default: qk_pair(4, kt, qi, ld, k, krow, j, two, hd, 1.0f, si, n); break;
+                }
+            }
+        }
+        return;
+    }
+#endif
+    float *row = xmalloc((size_t)hd * sizeof(float));
+    for (int j = 0; j < n; j++) {   // each key row decoded once for every query row
+        kv_row_decode(kt, row, (const char *)k + (size_t)j * krow, hd);
+        for (int i = 0; i < nq; i++) {
+            const float *qi = q + (size_t)i * ld;
+            float d = 0;
+            for (int c = 0; c < hd; c++) d += qi[c] * row[c];
+            s[(size_t)i * n + j] = d;
+        }
+    }
+    free(row);
+}

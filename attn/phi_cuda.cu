@@ -187,3 +187,48 @@ void phi_select_cuda(void *out, const void *q, const void *k, const void *v, int
                 (const bf16 *)k, (const bf16 *)v, cap, heads, n_kv, hd, sel, n_sel, n_sub, lq, fsel,
                 m, u, t, d_phi, n_region, work);
 }
+
+// topk's step (backend op attn_topk_step): phi_attend_head's selection-only math over an
+// implicit selection, so that a recorded step serves every length: query head h attends to
+// idx[h * k .. + k), the anchors [0, sink) and [sink + n, len), len = *dlen when dlen is given
+// (a bound decode step). grid heads, block PHI_THREADS, shared hd floats; work (heads, ld) with
+// ld >= k + sink + len - sink - n.
+__global__ void topk_attend_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int cap,
+                                   int heads, int n_kv, int hd, const int *idx, int kk, int sink,
+                                   int n, int len, const int *dlen, float *work, size_t ld) {
+    __shared__ float red[32];
+    SHARED_DYNAMIC(float, qs);
+    if (dlen) len = *dlen;
+    int h = blockIdx.x, g = h / (heads / n_kv), n_sel = kk + len - n;
+    const bf16 *kg = k + (size_t)g * cap * hd, *vg = v + (size_t)g * cap * hd;
+    const int *top = idx + (size_t)h * kk;
+    float *sc = work + (size_t)h * ld;
+#define TOPK_ENTRY(i) ((i) < kk ? top[i] : (i) - kk < sink ? (i) - kk : (i) - kk + n)
+    for (int j = threadIdx.x; j < hd; j += blockDim.x) qs[j] = __bfloat162float(q[(size_t)h * hd + j]);
+    __syncthreads();
+    float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY, z = 0;
+    for (int i = threadIdx.x; i < n_sel; i += blockDim.x) {
+        const bf16 *ki = kg + (size_t)TOPK_ENTRY(i) * hd;
+        float dot = 0;
+        for (int j = 0; j < hd; j++) dot += qs[j] * __bfloat162float(ki[j]);
+        sc[i] = dot * scale;
+        mx = fmaxf(mx, sc[i]);
+    }
+    mx = block_reduce(mx, red, 1);
+    for (int i = threadIdx.x; i < n_sel; i += blockDim.x) z += (sc[i] = expf(sc[i] - mx));
+    z = block_reduce(z, red, 0);   // its barrier also publishes sc to the block
+    for (int j = threadIdx.x; j < hd; j += blockDim.x) {
+        float acc = 0;
+        for (int i = 0; i < n_sel; i++) acc += sc[i] * __bfloat162float(vg[(size_t)TOPK_ENTRY(i) * hd + j]);
+        out[(size_t)h * hd + j] = __float2bfloat16(n_sel > 0 ? acc / z : 0.0f);
+    }
+#undef TOPK_ENTRY
+}
+
+void topk_attend_cuda(void *out, const void *q, const void *k, const void *v, int cap, int heads,
+                      int n_kv, int hd, const int *idx, int kk, int sink, int n, int len,
+                      const int *dlen, float *work, size_t ld, cudaStream_t stream) {
+    CUDA_LAUNCH(topk_attend_kernel, heads, PHI_THREADS, (size_t)hd * sizeof(float), stream,
+                (bf16 *)out, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, cap, heads, n_kv,
+                hd, idx, kk, sink, n, len, dlen, work, ld);
+}

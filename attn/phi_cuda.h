@@ -34,3 +34,10 @@ void phi_select_cuda(void *out, const void *q, const void *k, const void *v, int
                      int n_kv, int hd, const int *sel, int n_sel, int n_sub, const float *lq,
                      float *fsel, const float *m, const float *u, const float *t, int d_phi,
                      int n_region, float *work, cudaStream_t stream);
+
+// topk's step: out (heads, hd) bf16 = query head h's softmax attention over idx[h * kk .. + kk)
+// (device), the anchors [0, sink) and [sink + n, len) of its KV head (len = *dlen when dlen is not
+// NULL: a recorded step reads the length at replay). work (heads, ld), ld >= kk + len - n.
+void topk_attend_cuda(void *out, const void *q, const void *k, const void *v, int cap, int heads,
+                      int n_kv, int hd, const int *idx, int kk, int sink, int n, int len,
+                      const int *dlen, float *work, size_t ld, cudaStream_t stream);

@@ -30,3 +30,8 @@ void score_group_sum(const float *in, int heads, int groups, int c, float *out);
 // idx (rows, ld): for each row r of s (rows, c), the top k of its c scores (score_topk: ties to
 // the lower index, ascending) followed by c, c + 1, ..., c + tail - 1 (k + tail <= ld).
 void score_select(const float *s, int rows, int c, int k, int tail, int *idx, int ld);
+
+// topk's decode selector (backend op attn_topk_step; its scores: attn/attn.h attn_scores_cpu):
+// the number of distinct entries in `lists` ascending lists of k entries each, idx (lists, k):
+// an entry counts in the first list that holds it.
+int score_union_count(const int *idx, int lists, int k);

@@ -132,3 +132,77 @@ void score_group_sum_cuda(float *out, const float *in, int heads, int groups, in
     if (total == 0) return;
     CUDA_LAUNCH(group_sum_kernel, cuda_blocks(total, 256), 256, 0, stream, out, in, heads, groups, c);
 }
+
+// ---- topk's decode selector (backend op attn_topk_step; CPU twins attn/attn.h attn_scores_cpu
+// and score_union_count) ----
+
+#define DOTS_WARPS 8
+
+// out (heads, n): a warp per key j of [lo, lo + n) of KV head blockIdx.x, its lanes striding
+// over the head dim, the key's dots with each of the group's query heads (queries in shared,
+// group x hd floats) summed across the warp. grid (n_kv, key blocks), block DOTS_WARPS x 32.
+__global__ void dots_kernel(float *out, const bf16 *q, const bf16 *k, int cap, int group, int hd,
+                            int lo, int n) {
+    SHARED_DYNAMIC(float, qs);
+    int g = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int i = threadIdx.x; i < group * hd; i += blockDim.x)
+        qs[i] = __bfloat162float(q[(size_t)g * group * hd + i]);
+    __syncthreads();
+    for (int j = blockIdx.y * DOTS_WARPS + warp; j < n; j += gridDim.y * DOTS_WARPS) {
+        const bf16 *kj = k + ((size_t)g * cap + lo + j) * hd;
+        for (int h = 0; h < group; h++) {
+            float acc = 0;
+            for (int i = lane; i < hd; i += 32) acc += qs[h * hd + i] * __bfloat162float(kj[i]);
+            acc = warp_sum(acc);
+            if (lane == 0) out[(size_t)(g * group + h) * n + j] = acc;
+        }
+    }
+}
+
+void score_dots_cuda(float *out, const void *q, const void *k, int cap, int heads, int n_kv,
+                     int hd, int lo, int n, cudaStream_t stream) {
+    if (n <= 0) return;
+    int group = heads / n_kv, blocks = (n + DOTS_WARPS * 4 - 1) / (DOTS_WARPS * 4);   // ~4 keys a warp
+    blocks = blocks > 4096 ? 4096 : blocks;
+    CUDA_LAUNCH(dots_kernel, dim3(n_kv, blocks), DOTS_WARPS * 32, (size_t)group * hd * sizeof(float),
+                stream, out, (const bf16 *)q, (const bf16 *)k, cap, group, hd, lo, n);
+}
+
+// whether e is in the ascending list a (k,)
+__device__ static int sorted_has(const int *a, int k, int e) {
+    int lo = 0, hi = k;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (a[mid] < e) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < k && a[lo] == e;
+}
+
+// stats (3,) += the step's exact reads (score_union_count per KV head + the anchors), entries
+// cached, 1; one block, the length from the device when dlen is given.
+__global__ void union_stats_kernel(double *stats, const int *idx, int n_kv, int group, int k,
+                                   int n, int len, const int *dlen) {
+    __shared__ int count;
+    if (threadIdx.x == 0) count = 0;
+    __syncthreads();
+    int mine = 0;
+    for (int t = threadIdx.x; t < n_kv * group * k; t += blockDim.x) {
+        int list = t / k, first = list - list % group, e = idx[t], seen = 0;
+        for (int p = first; p < list && !seen; p++) seen = sorted_has(idx + (size_t)p * k, k, e);
+        mine += !seen;
+    }
+    atomicAdd(&count, mine);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int L = dlen ? *dlen : len;
+        stats[0] += (double)count + (double)n_kv * (L - n);   // the anchors: sink + tail + decode's
+        stats[1] += (double)L * n_kv;
+        stats[2] += 1;
+    }
+}
+
+void score_union_stats_cuda(double *stats, const int *idx, int n_kv, int group, int k, int n,
+                            int len, const int *dlen, cudaStream_t stream) {
+    CUDA_LAUNCH(union_stats_kernel, 1, 256, 0, stream, stats, idx, n_kv, group, k, n, len, dlen);
+}

@@ -18,3 +18,11 @@ void score_fold_max_cuda(float *row_max, float *sum, const float *in, int heads,
 // score_group_sum: out (groups, c) from in (heads, c)
 void score_group_sum_cuda(float *out, const float *in, int heads, int groups, int c,
                           cudaStream_t stream);
+// topk's selector: out (heads, n) = the raw scores (attn/attn.h attn_scores_cpu) of each query
+// head of q (heads, hd) against the keys [lo, lo + n) of its KV head in k (n_kv, cap, hd), bf16
+void score_dots_cuda(float *out, const void *q, const void *k, int cap, int heads, int n_kv,
+                     int hd, int lo, int n, cudaStream_t stream);
+// stats (3,) += {score_union_count over each KV head's group of the lists idx (n_kv x group, k)
+// + n_kv x (len - n) anchors, len x n_kv, 1}; len = *dlen when dlen is not NULL
+void score_union_stats_cuda(double *stats, const int *idx, int n_kv, int group, int k, int n,
+                            int len, const int *dlen, cudaStream_t stream);

@@ -181,12 +181,16 @@ struct backend {
     // Optional: the ceilings measured now — a large GEMM in the backend's precision (TFLOP/s)
     // and a large read (GB/s: CPU a read-only pass; CUDA a copy, read + write). 0, or -1.
     int (*ceilings)(backend *b, double *tflops, double *gbps);
-    // Optional: idx (heads, k), host = for each query head of the one row q (position qpos), the
-    // k entries of [lo, lo + n) with the largest attention probability over the first m
-    // entries (attn_probs' softmax), ties to the lower index, ascending (score_topk's rule).
-    // NULL: fwd_attn_topk computes attn_probs on the host and selects there.
-    void (*attn_topk)(backend *b, int *idx, const void *q, int qpos, int heads, const kv_layer *L,
-                      int m, int lo, int n, int k);
+    // Optional: topk's decode attention of the one row q (position qpos), in backend memory and
+    // recordable. Selection: idx (heads, k) = per query head h the k entries of the mid region
+    // [sink, sink + n) of L with the largest raw score q_h . k (score_topk: ties to the lower
+    // index, ascending; each K row read once for its KV head's query heads). Then, unless out is
+    // NULL, out (heads, hd) = softmax attention over those k entries, the anchors [0, sink) and
+    // every entry from sink + n to L's length (the device's while a step is bound), and stats
+    // (3,) += {entries read exactly: per KV head the union of its query heads' selections plus
+    // the anchors, summed over KV heads; entries cached: length x KV heads; 1}.
+    void (*attn_topk_step)(backend *b, void *out, int *idx, double *stats, const void *q, int qpos,
+                           int heads, const kv_layer *L, int sink, int n, int k);
     // Optional: decode attention of one row over selected entries. out (heads, hd): query head h
     // attends exactly to entries sel[h*n_sel .. +n_sel) of its KV head in L; with comp, the first
     // n_sub of them lie in the region comp->sum summarises and the rest of that region is

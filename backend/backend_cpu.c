@@ -149,7 +149,7 @@ backend *backend_cpu_create(int n_threads, enum bk_weights weights) {
         .score_select = cpu_score_select, .kv_keep_at = cpu_kv_keep_at,
         .ints_to_host = cpu_ints_to_host, .ints_from_host = cpu_ints_from_host,
         .weight_synth = cpu_weight_synth, .ceilings = cpu_ceilings, .attn_select = cpu_attn_select,
-        .phi_summarize = cpu_phi_summarize,
+        .phi_summarize = cpu_phi_summarize, .attn_topk_step = cpu_attn_topk_step,
     };
     int used = 0;
     if (busy)

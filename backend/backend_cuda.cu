@@ -199,7 +199,7 @@ backend *backend_cuda_create(char *msg, size_t len) {
     b->ceilings = CUDA_EMULATED ? NULL : cuda_ceilings;   // no speed to measure in the emulator
     b->mem_available = cuda_mem_available;
     b->attn_select = cuda_attn_select;
-    b->attn_topk = cuda_attn_topk;
+    b->attn_topk_step = cuda_attn_topk_step;
     b->phi_summarize = cuda_phi_summarize;
     b->sample = cuda_sample;
     b->matmul_multi = cuda_matmul_multi;

@@ -225,5 +225,5 @@ void cuda_phi_summarize(backend *b, phi_summary *out, const phi_maps *p, int lay
                         const kv_layer *L, int lo, int hi);
 void cuda_attn_select(backend *b, void *out, const void *q, int heads, const kv_layer *L,
                       const int *sel, int n_sel, int n_sub, const phi_completion *comp);
-void cuda_attn_topk(backend *b, int *idx, const void *q, int qpos, int heads, const kv_layer *L,
-                    int m, int lo, int n, int k);
+void cuda_attn_topk_step(backend *b, void *out, int *idx, double *stats, const void *q, int qpos,
+                         int heads, const kv_layer *L, int sink, int n, int k);

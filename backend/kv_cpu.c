@@ -177,6 +177,45 @@ void cpu_attn_select(backend *b, void *out, const void *q, int heads, const kv_l
     free(vb);
 }
 
+// topk's step (backend.h attn_topk_step): per KV head the mid region's K rows read once and
+// scored against the group's query heads (attn_scores_cpu), each head's top k (score_topk), then
+// attention over the selection and the anchors as attn_select computes it.
+void cpu_attn_topk_step(backend *b, void *out, int *idx, double *stats, const void *q, int qpos,
+                        int heads, const kv_layer *L, int sink, int n, int k) {
+    (void)qpos;
+    int hd = L->head_dim, nh = L->n_kv_head, group = heads / nh, len = L->len;
+    CHECK_INTERNAL(sink >= 0 && n >= 0 && k >= 0 && k <= n && sink + n <= len,
+                   "top-%d of [%d, %d + %d) over %d entries", k, sink, sink, n, len);
+    if (k > 0) {
+#pragma omp parallel for if (nh > 1)
+        for (int g = 0; g < nh; g++) {
+            float *s = xmalloc((size_t)group * n * sizeof(float));
+            attn_scores_cpu(s, (const float *)q + (size_t)g * group * hd, group, hd, k_row(L, g, sink),
+                            L->k_type, n, hd);
+            for (int i = 0; i < group; i++) {
+                int *top = idx + (size_t)(g * group + i) * k, got = score_topk(s + (size_t)i * n, n, k, top);
+                CHECK_INTERNAL(got == k, "top-%d of %d gave %d", k, n, got);
+                for (int j = 0; j < k; j++) top[j] += sink;
+            }
+            free(s);
+        }
+    }
+    if (!out) return;
+    int tail = len - sink - n, n_sel = k + sink + tail;   // K(q), the sink, the tail and decode's
+    int *sel = xmalloc(((size_t)heads * n_sel + 1) * sizeof(int));
+    for (int h = 0; h < heads; h++) {
+        int *e = sel + (size_t)h * n_sel, j = k;
+        memcpy(e, idx + (size_t)h * k, (size_t)k * sizeof(int));
+        for (int i = 0; i < sink; i++) e[j++] = i;
+        for (int i = sink + n; i < len; i++) e[j++] = i;
+    }
+    cpu_attn_select(b, out, q, heads, L, sel, n_sel, k, NULL);
+    free(sel);
+    double read = 0;
+    for (int g = 0; g < nh; g++) read += score_union_count(idx + (size_t)g * group * k, group, k) + sink + tail;
+    stats[0] += read, stats[1] += (double)len * nh, stats[2] += 1;
+}
+
 // Summaries read K and V of [lo, hi) once each: typed rows are decoded into fp32 first.
 void cpu_phi_summarize(backend *b, phi_summary *out, const phi_maps *p, int layer,
                        const kv_layer *L, int lo, int hi) {

@@ -444,18 +444,28 @@ void cuda_attn_select(backend *b, void *out, const void *q, int heads, const kv_
     free(rows), free(of), free(h);
 }
 
-// Top K of one decode row's attention probabilities per head, selected on the device: only the
-// (heads, k) indices come back, not the (heads, m) probabilities.
-void cuda_attn_topk(backend *b, int *idx, const void *q, int qpos, int heads,
-                           const kv_layer *L, int m, int lo, int n, int k) {
+// topk's step on the device (backend.h attn_topk_step): the mid region's raw scores (each K
+// row read once per KV head), each head's top k into idx, the attention over those and the
+// anchors, and the read counts; the length from the device in a bound step, so a recording
+// replays at every length. Nothing crosses to the host; the scratch is sized by the capacity.
+void cuda_attn_topk_step(backend *b, void *out, int *idx, double *stats, const void *q, int qpos,
+                         int heads, const kv_layer *L, int sink, int n, int k) {
     cuda_impl *c = impl(b);
-    if (k == 0) return;
-    attn_cuda_args a = attn_args(c, q, &qpos, 1, heads, L);
-    float *d = (float *)dev_buf_reserve(c, &c->probs, (size_t)heads * m * sizeof(float),
-                                        "attention probabilities");
-    attn_probs_cuda(d, &a, m, c->stream);
-    int *di = (int *)dev_buf_reserve(c, &c->topk, (size_t)heads * k * sizeof(int), "top-K indices");
-    score_topk_rows_cuda(di, (size_t)k, d + lo, (size_t)m, heads, n, k, lo, 0, c->stream);
-    CUDA_CHECK(cuda_memcpy_async(idx, di, (size_t)heads * k * sizeof(int), cudaMemcpyDeviceToHost, c->stream));
-    CUDA_CHECK(cuda_stream_sync(c->stream));
+    int nkv = L->n_kv_head, hd = L->head_dim;
+    CHECK_INTERNAL(sink >= 0 && n >= 0 && k >= 0 && k <= n && sink + n <= L->len,
+                   "top-%d of [%d, %d + %d) over %d entries", k, sink, sink, n, L->len);
+    const pos_mirror *m = mirror_get(c, L);
+    const int *dlen = in_step(c, &qpos, 1) ? m->dlen : NULL;
+    if (k > 0) {
+        float *d = (float *)dev_buf_reserve(c, &c->probs, (size_t)heads * n * sizeof(float), "top-K scores");
+        score_dots_cuda(d, q, L->k, L->cap, heads, nkv, hd, sink, n, c->stream);
+        score_topk_rows_cuda(idx, (size_t)k, d, (size_t)n, heads, n, k, sink, 0, c->stream);
+    }
+    if (!out) return;
+    size_t ld = (size_t)k + L->cap - n;   // the selection at full capacity
+    float *work = (float *)dev_buf_reserve(c, &c->attn_work, ((size_t)heads * ld + 1) * sizeof(float),
+                                           "selected attention scores");
+    topk_attend_cuda(out, q, L->k, L->v, L->cap, heads, nkv, hd, idx, k, sink, n, L->len, dlen, work,
+                     ld, c->stream);
+    score_union_stats_cuda(stats, idx, nkv, heads / nkv, k, n, L->len, dlen, c->stream);
 }

@@ -52,6 +52,7 @@ static uint64_t step_key(const fwd_seq *seqs, int B, const fwd_run_state *r) {
         const fwd_hooks *hk = seqs[b].hooks;
         MIX((uintptr_t)(hk ? hk->ctx : NULL)), MIX((uintptr_t)(hk ? hk->after_layer : NULL));
         MIX((uintptr_t)(hk ? hk->kv_source : NULL));
+        MIX((uintptr_t)(hk ? hk->attention : NULL));
     }
     const void *bufs[] = {r->x, r->xb, r->q, r->k, r->v, r->att, r->hb, r->hb2, r->out, r->tok, r->pos};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) MIX((uintptr_t)bufs[i]);

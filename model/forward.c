@@ -429,6 +429,15 @@ void fwd_floats_from_host(const model *m, float *dst, const float *src, size_t n
     m->bk->ints_from_host(m->bk, (int *)dst, (const int *)src, n);
 }
 
+void fwd_doubles_to_host(const model *m, double *dst, const double *src, size_t n) {
+    _Static_assert(sizeof(double) == 2 * sizeof(int), "8-byte words");
+    m->bk->ints_to_host(m->bk, (int *)dst, (const int *)src, 2 * n);
+}
+
+void fwd_doubles_from_host(const model *m, double *dst, const double *src, size_t n) {
+    m->bk->ints_from_host(m->bk, (int *)dst, (const int *)src, 2 * n);
+}
+
 const int *fwd_kv_pos(const model *m, kv_layer *L) {
     if (L->pos_stale) m->bk->kv_pos_sync(m->bk, L);
     CHECK_INTERNAL(!L->pos_stale, "stale KV positions");
@@ -471,24 +480,14 @@ bk_weight *fwd_vector_sum(model *m, const bk_weight *const *ws, int k, int n, fl
 
 void fwd_weight_free(model *m, bk_weight *w) { m->bk->weight_free(m->bk, w); }
 
-void fwd_attn_topk(fwd_state *s, int l, const void *q, int m, int lo, int n, int k, int *idx) {
+void fwd_attn_topk_step(fwd_state *s, int l, const void *q, int sink, int n, int k, int *idx,
+                        double *stats, void *out) {
     backend *bk = s->m->bk;
-    int heads = s->m->cfg.n_head;
-    CHECK_INTERNAL(s->n == 1 && lo >= 0 && n >= 0 && lo + n <= m && m <= s->kv->layers[l].len &&
-                       k >= 0 && k <= n, "top-%d of [%d, %d + %d) over %d entries", k, lo, lo, n, m);
-    if (k == 0) return;
-    if (bk->attn_topk) {
-        bk->attn_topk(bk, idx, q, s->pos[0], heads, &s->kv->layers[l], m, lo, n, k);
-        return;
-    }
-    float *probs = xmalloc((size_t)heads * m * sizeof(float));
-    fwd_attn_probs(s, l, q, 1, m, probs);   // softmax keeps the scores' order
-    for (int h = 0; h < heads; h++) {
-        int *out = idx + (size_t)h * k, got = score_topk(probs + (size_t)h * m + lo, n, k, out);
-        CHECK_INTERNAL(got == k, "top-%d of %d gave %d", k, n, got);
-        for (int i = 0; i < k; i++) out[i] += lo;
-    }
-    free(probs);
+    const kv_layer *L = &s->kv->layers[l];
+    CHECK_INTERNAL(s->n == 1 && sink >= 0 && n >= 0 && sink + n <= L->len && k >= 0 && k <= n &&
+                       bk->attn_topk_step, "top-%d of [%d, %d + %d) over %d entries", k, sink, sink,
+                   n, L->len);
+    bk->attn_topk_step(bk, out, idx, stats, q, s->pos[0], s->m->cfg.n_head, L, sink, n, k);
 }
 
 void fwd_attn_select(fwd_state *s, int l, const void *q, const int *sel, int n_sel, int n_sub,

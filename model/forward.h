@@ -147,9 +147,11 @@ void fwd_kv_keep_at(fwd_state *s, int l, const int *idx, int k, int new_cap);
 // dst (n,), host = src (n,) int32 backend memory; and the other way.
 void fwd_ints_to_host(const model *m, int *dst, const int *src, size_t n);
 void fwd_ints_from_host(const model *m, int *dst, const int *src, size_t n);
-// The same for fp32 scores (4-byte words copied as they are).
+// The same for fp32 scores and fp64 counts (their words copied as they are).
 void fwd_floats_to_host(const model *m, float *dst, const float *src, size_t n);
 void fwd_floats_from_host(const model *m, float *dst, const float *src, size_t n);
+void fwd_doubles_to_host(const model *m, double *dst, const double *src, size_t n);
+void fwd_doubles_from_host(const model *m, double *dst, const double *src, size_t n);
 // L's host positions, made current first where a keep on the device left them behind.
 const int *fwd_kv_pos(const model *m, kv_layer *L);
 // fwd_kv_pos of every layer of kv (before the host reads kv_layer.pos: a report, a copy).
@@ -169,10 +171,14 @@ void fwd_kv_from_stream(fwd_state *s, int dst, const fwd_kv_term *terms, int n_t
 // on m's backend (read back with the backend's vector_to_host). Free with fwd_weight_free.
 bk_weight *fwd_vector_sum(model *m, const bk_weight *const *ws, int k, int n, float scale);
 void fwd_weight_free(model *m, bk_weight *w);
-// idx (heads, k) for the one alive row: per query head the k entries of [lo, lo + n) of layer l
-// with the highest attention probability over the first m entries (fwd_attn_probs), ties to the
-// lower index, ascending (absolute entry indices). k <= n. On the device when the backend can.
-void fwd_attn_topk(fwd_state *s, int l, const void *q, int m, int lo, int n, int k, int *idx);
+// topk's decode attention for the one alive row over layer l (backend op attn_topk_step): idx
+// (heads, k), backend memory = per query head the k entries of the mid region [sink, sink + n)
+// with the largest raw score (ties to the lower index, ascending; absolute entry indices); then,
+// unless out is NULL, out (heads, hd) = attention over those, [0, sink) and every entry after
+// the mid region, and stats (3,), backend memory, += the entries read exactly, the entries
+// cached, 1. Recordable: in a bound decode step the length is the device's.
+void fwd_attn_topk_step(fwd_state *s, int l, const void *q, int sink, int n, int k, int *idx,
+                        double *stats, void *out);
 
 // out (heads, hd) for the one alive row: attention over selected entries of layer l's cache,
 // optionally completed by summaries (backend op attn_select, see backend/backend.h).

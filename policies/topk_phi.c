@@ -27,6 +27,7 @@ typedef struct {
 } topk_layer;
 
 typedef struct {
+    const model *m;
     int n_layer, n_kv_head, head_dim;
     double entry_bytes;            // one cached entry's K and V rows, as stored
     topk_layer *ly;                // (n_layer,)
@@ -36,6 +37,11 @@ typedef struct {
     int *sel, *mark;               // scratch: (heads, n_sel) selections then (heads, k) top K,
                                    // (len,) union stamps
     int cap, stamp;
+    // Backend memory: the top K of the step's layer (heads, max K) and, on the device path,
+    // the read counts (read_entries, full_entries, layer_steps) that the steps add to there.
+    int *didx;
+    double *dstats;
+    int device;                    // steps run whole in backend memory (topk without --kept-map)
     double read_entries, full_entries;   // exact entries read / held, summed over steps, layers
     long layer_steps;
     // --kept-map (strategy_run.count_selected): per cache layer and KV head, how often each
@@ -55,6 +61,8 @@ static void topk_state_free(void *ctx) {
     free(t->mark);
     free(t->counts);
     free(t->steps);
+    fwd_scratch_free(t->m, t->didx);
+    fwd_scratch_free(t->m, t->dstats);
     free(t);
 }
 
@@ -132,15 +140,24 @@ static void ensure_scratch(topk_state *t, int heads, int len) {
 }
 
 // One decode step, query layer l over cache layer kl (its own, or a shared one). A layer
-// without mid entries reads every entry exactly.
+// without mid entries reads every entry exactly. `topk` runs whole in backend memory
+// (recordable: the anchors and decode tokens are implicit, the length the device's); topk+phi
+// and --kept-map bring the top K to the host and complete or count there.
 static int topk_attention(void *ctx, fwd_state *s, int kl, const void *q, void *out) {
     topk_state *t = ctx;
     const topk_layer *y = &t->ly[kl];
+    if (t->device) {
+        fwd_attn_topk_step(s, kl, q, y->sink, y->n_mid, y->k, t->didx, t->dstats, out);
+        return 0;
+    }
     int heads = s->m->cfg.n_head, len = s->kv->layers[kl].len;
     int n_sel = y->k + y->sink + (len - (y->np - y->tail));
     ensure_scratch(t, heads, len);
     int *top = t->sel + (size_t)heads * n_sel;   // 1-2: exhaustive scores over M, K(q) per head
-    if (y->k > 0) fwd_attn_topk(s, kl, q, len, y->sink, y->n_mid, y->k, top);
+    if (y->k > 0) {
+        fwd_attn_topk_step(s, kl, q, y->sink, y->n_mid, y->k, t->didx, NULL, NULL);
+        fwd_ints_to_host(s->m, top, t->didx, (size_t)heads * y->k);
+    }
     // 3: the exact set E = K(q) U A U decode tokens
     for (int h = 0; h < heads; h++) {
         int *sel = t->sel + (size_t)h * n_sel, j = y->k;
@@ -155,14 +172,24 @@ static int topk_attention(void *ctx, fwd_state *s, int kl, const void *q, void *
     return 0;
 }
 
+// The device path's counts, read back (after the steps: a copy and a wait).
+static void stats_sync(topk_state *t) {
+    if (!t->device) return;
+    double st[3];
+    fwd_doubles_to_host(t->m, st, t->dstats, 3);
+    t->read_entries = st[0], t->full_entries = st[1], t->layer_steps = (long)st[2];
+}
+
 static double topk_read_bytes(void *ctx) {   // mean per decode step, all layers
     topk_state *t = ctx;
+    stats_sync(t);
     double steps = (double)t->layer_steps / t->n_layer;
     return steps > 0 ? t->read_entries * t->entry_bytes / steps : 0;
 }
 
 static void topk_report(void *ctx, char *buf, size_t len) {
     topk_state *t = ctx;
+    stats_sync(t);
     if (t->layer_steps == 0) return;
     double per_entry = t->entry_bytes;
     double read = t->read_entries / t->layer_steps * per_entry / 1024;
@@ -202,14 +229,15 @@ static phi_maps *load_maps(const model *m, const strategy_opts *o, char *err, si
 // Decode state over kv, whose entries now are all prompt entries (a full prefill, or whatever a
 // prefill strategy kept): per layer the index sets, K (clamped to M) and, with maps, the
 // completion cache over M (m, u~, T~: fp32, one pass per layer and KV head). Attached to kv as
-// its side data (freed with it, own_maps too).
+// its side data (freed with it, own_maps too). With device, topk's steps count in backend memory.
 static topk_state *topk_attach(model *m, kv_cache *kv, int sink, int tail, int k,
-                               const phi_maps *maps, phi_maps *own_maps) {
+                               const phi_maps *maps, phi_maps *own_maps, int device) {
     const model_config *c = &m->cfg;
     topk_state *t = xcalloc(1, sizeof *t);
-    *t = (topk_state){.n_layer = kv->n_layer, .n_kv_head = c->n_kv_head, .head_dim = c->head_dim,
+    *t = (topk_state){.m = m, .n_layer = kv->n_layer, .n_kv_head = c->n_kv_head, .head_dim = c->head_dim,
                       .entry_bytes = (double)(kv->layers[0].k_row + kv->layers[0].v_row), .maps = maps, .own_maps = own_maps,
                       .ly = xcalloc((size_t)kv->n_layer, sizeof(topk_layer))};
+    int kmax = 0;
     for (int l = 0; l < kv->n_layer; l++) {
         topk_layer *y = &t->ly[l];
         y->np = kv->layers[l].len;
@@ -217,6 +245,14 @@ static topk_state *topk_attach(model *m, kv_cache *kv, int sink, int tail, int k
         y->tail = tail < y->np - y->sink ? tail : y->np - y->sink;
         y->n_mid = y->np - y->sink - y->tail;
         y->k = k < y->n_mid ? k : y->n_mid;
+        kmax = y->k > kmax ? y->k : kmax;
+    }
+    t->didx = fwd_scratch(m, (size_t)c->n_head * (kmax > 0 ? kmax : 1) * sizeof(int));
+    t->device = device && !maps;
+    if (t->device) {
+        const double zero[3] = {0, 0, 0};
+        t->dstats = fwd_scratch(m, sizeof zero);
+        fwd_doubles_from_host(m, t->dstats, zero, 3);
     }
     kv->side = t;
     kv->side_free = topk_state_free;
@@ -234,7 +270,8 @@ static topk_state *topk_attach(model *m, kv_cache *kv, int sink, int tail, int k
 }
 
 fwd_hooks topk_phi_hooks(model *m, kv_cache *kv, int sink, int tail, int k, const phi_maps *maps) {
-    return (fwd_hooks){.ctx = topk_attach(m, kv, sink, tail, k, maps, NULL), .attention = topk_attention};
+    topk_state *t = topk_attach(m, kv, sink, tail, k, maps, NULL, 1);
+    return (fwd_hooks){.ctx = t, .attention = topk_attention, .recordable = t->device};
 }
 
 // attach (policy.h) for topk and topk+phi: n is the prompt's length (for --budget).
@@ -247,8 +284,8 @@ static int topk_attach_run(context *cx, kv_cache *kv, int n, const strategy_opts
     phi_maps *maps = with_phi ? load_maps(m, o, err, errlen) : NULL;
     if (with_phi && !maps) return -1;
     int raised, k = budget_k(o, n, maps, &raised);
-    topk_state *t = topk_attach(m, kv, o->sink, o->tail, k, maps, maps);
-    info->decode = (fwd_hooks){.ctx = t, .attention = topk_attention};
+    topk_state *t = topk_attach(m, kv, o->sink, o->tail, k, maps, maps, !run->count_selected);
+    info->decode = (fwd_hooks){.ctx = t, .attention = topk_attention, .recordable = t->device};
     info->decode_report = topk_report;
     info->decode_read_bytes = topk_read_bytes;
     if (run->count_selected) {

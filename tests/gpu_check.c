@@ -646,56 +646,6 @@ static void test_phi_select(backend *bk[2], int kind, int heads, int nkv, int hd
     free(k), free(v), free(q), free(sel);
 }
 
-// attn_topk on the GPU against attn_probs + score_topk on the CPU. levels > 0: the keys take only
-// that many distinct rows, so whole groups of entries tie exactly and the tie rule (lower index
-// first) decides; then the index sets must be equal. levels 0: random keys, near-ties can fall
-// either way in fp32, so >= 99 % of the indices must agree.
-static void test_attn_topk(backend *bk[2], int heads, int nkv, int hd, int len, int lo, int n,
-                           int k, int levels) {
-    attn_case t = {"topk", heads, nkv, hd, len, 1, 0, 1, len, 1, 0};
-    int kvd = nkv * hd;
-    float *k_ = rand_host((size_t)(len + 2) * kvd, 2), *v = rand_host((size_t)(len + 2) * kvd, 1);
-    float *q = rand_host((size_t)heads * hd, 2);
-    for (int i = 0; levels && i < len + 2; i++)   // row i repeats row i % levels
-        memcpy(k_ + (size_t)i * kvd, k_ + (size_t)(i % levels) * kvd, (size_t)kvd * sizeof(float));
-    int *got = xmalloc((size_t)heads * k * sizeof(int)), *want = xmalloc((size_t)heads * k * sizeof(int));
-    float *probs = xmalloc((size_t)heads * len * sizeof(float));
-    int qpos = len;
-    for (int b = 0; b < 2; b++) {
-        kv_cache *kv = build_cache(bk[b], &t, k_, v, NULL);
-        void *dq = upload(bk[b], q, 1, heads * hd);
-        if (b == GPU) {
-            for (int i = 0; i < heads * k; i++) got[i] = -1;
-            bk[b]->attn_topk(bk[b], got, dq, qpos, heads, &kv->layers[0], len, lo, n, k);
-        } else {
-            bk[b]->attn_probs(bk[b], probs, dq, &qpos, 1, heads, &kv->layers[0], len);
-            for (int h = 0; h < heads; h++) {
-                score_topk(probs + (size_t)h * len + lo, n, k, want + (size_t)h * k);
-                for (int i = 0; i < k; i++) want[(size_t)h * k + i] += lo;
-            }
-        }
-        bk[b]->free(bk[b], dq);
-        kv_free(kv);
-    }
-    int same = 0, ascending = 1;   // sets compared by merging (both ascending)
-    for (int h = 0; h < heads; h++) {
-        const int *g = got + (size_t)h * k, *w = want + (size_t)h * k;
-        for (int i = 1; i < k; i++) ascending &= g[i] > g[i - 1];
-        for (int i = 0, j = 0; i < k && j < k;)
-            if (g[i] == w[j]) same++, i++, j++;
-            else if (g[i] < w[j]) i++;
-            else j++;
-    }
-    char shape[120];
-    snprintf(shape, sizeof shape, "%d/%d hd%d len%d [%d,+%d) k%d %s", heads, nkv, hd, len, lo, n, k,
-             levels ? "ties" : "random");
-    float agree = (float)same / (heads * k), need = levels ? 1.0f : 0.99f, one = 1;
-    float pass = ascending && agree >= need;
-    report("attn_topk (share agreeing)", shape, &pass, &one, 1, 0);
-    if (!pass) printf("|   %.4f of the indices agree (need %.2f), ascending %d |||||\n", agree, need, ascending);
-    free(k_), free(v), free(q), free(got), free(want), free(probs);
-}
-
 // fp32 / int32 buffers of backend memory, as raw 4-byte words (ints_to_host / ints_from_host)
 static void *words_up(backend *b, const void *host, size_t n) {
     size_t e = b->elem_bytes;
@@ -705,6 +655,80 @@ static void *words_up(backend *b, const void *host, size_t n) {
     return d;
 }
 static void words_down(backend *b, void *host, const void *d, size_t n) { b->ints_to_host(b, host, d, n); }
+
+// attn_topk_step (topk's decode step) on the GPU against the CPU twin: the mid region
+// [sink, sink + n) of a len-entry cache, the tail after it. The selections: levels > 0, the keys
+// take only that many distinct rows, so whole groups of entries tie exactly and the tie rule
+// (lower index first) decides, and the sets must be equal; levels 0, random keys, near-ties can
+// fall either way in fp32, so >= 99 % of the indices must agree. The attention: the GPU's output
+// against the CPU's attn_select over the GPU's own selection and the anchors (the same set:
+// TOL). The read counts: the GPU's against the union of the GPU's selections counted here.
+static void test_attn_topk_step(backend *bk[2], int heads, int nkv, int hd, int len, int sink, int n,
+                                int k, int levels) {
+    attn_case t = {"topk", heads, nkv, hd, len, 1, 0, 1, len, 1, 0};
+    int kvd = nkv * hd, group = heads / nkv, tail = len - sink - n, n_sel = k + sink + tail;
+    float *k_ = rand_host((size_t)(len + 2) * kvd, 2), *v = rand_host((size_t)(len + 2) * kvd, 1);
+    float *q = rand_host((size_t)heads * hd, 2);
+    for (int i = 0; levels && i < len + 2; i++)   // row i repeats row i % levels
+        memcpy(k_ + (size_t)i * kvd, k_ + (size_t)(i % levels) * kvd, (size_t)kvd * sizeof(float));
+    int *idx[2], *sel = xmalloc(((size_t)heads * n_sel + 1) * sizeof(int));
+    float *y[2], *ref = NULL;
+    double stats[2][3];
+    for (int i = 0; i < 2; i++) {   // the GPU first: the CPU's reference reads its selection
+        int b = i ? CPU : GPU;
+        backend *B = bk[b];
+        kv_cache *kv = build_cache(B, &t, k_, v, NULL);
+        void *dq = upload(B, q, 1, heads * hd), *o = B->alloc(B, (size_t)heads * hd);
+        poison(B, o, 1, heads * hd);
+        idx[b] = xmalloc(((size_t)heads * k + 1) * sizeof(int));
+        for (int i = 0; i < heads * k; i++) idx[b][i] = -1;
+        const double zero[6] = {0};
+        void *di = words_up(B, idx[b], (size_t)heads * k), *ds = words_up(B, zero, 6);
+        B->attn_topk_step(B, o, di, ds, dq, len, heads, &kv->layers[0], sink, n, k);
+        words_down(B, idx[b], di, (size_t)heads * k);
+        words_down(B, stats[b], ds, 6);
+        y[b] = download(B, o, (size_t)heads * hd);
+        if (b == CPU) {   // the CPU's attention over the GPU's selection and the anchors
+            for (int h = 0; h < heads; h++) {
+                int *e = sel + (size_t)h * n_sel, j = k;
+                memcpy(e, idx[GPU] + (size_t)h * k, (size_t)k * sizeof(int));
+                for (int i = 0; i < sink; i++) e[j++] = i;
+                for (int i = sink + n; i < len; i++) e[j++] = i;
+            }
+            poison(B, o, 1, heads * hd);
+            B->attn_select(B, o, dq, heads, &kv->layers[0], sel, n_sel, k, NULL);
+            ref = download(B, o, (size_t)heads * hd);
+        }
+        B->free(B, di), B->free(B, ds), B->free(B, o), B->free(B, dq);
+        kv_free(kv);
+    }
+    int same = 0, ascending = 1, inside = 1;   // sets compared by merging (both ascending)
+    for (int h = 0; h < heads; h++) {
+        const int *g = idx[GPU] + (size_t)h * k, *w = idx[CPU] + (size_t)h * k;
+        for (int i = 0; i < k; i++) inside &= g[i] >= sink && g[i] < sink + n && (i == 0 || g[i] > g[i - 1]);
+        for (int i = 1; i < k; i++) ascending &= w[i] > w[i - 1];
+        for (int i = 0, j = 0; i < k && j < k;)
+            if (g[i] == w[j]) same++, i++, j++;
+            else if (g[i] < w[j]) i++;
+            else j++;
+    }
+    double reads = 0;   // the GPU's selection's exact reads, counted here
+    for (int g = 0; g < nkv && inside; g++) reads += score_union_count(idx[GPU] + (size_t)g * group * k, group, k) + len - n;
+    char shape[120];
+    snprintf(shape, sizeof shape, "%d/%d hd%d len%d [%d,+%d) k%d %s", heads, nkv, hd, len, sink, n, k,
+             levels ? "ties" : "random");
+    float agree = k ? (float)same / (heads * k) : 1, need = levels ? 1.0f : 0.99f, one = 1;
+    float pass = ascending && inside && agree >= need;
+    report("attn_topk (share agreeing)", shape, &pass, &one, 1, 0);
+    if (!pass) printf("|   %.4f of the indices agree (need %.2f), ascending %d, inside %d |||||\n", agree, need,
+                      ascending, inside);
+    report("attn_topk_step out", shape, y[GPU], ref, (size_t)heads * hd, TOL);
+    float counts[2][3] = {{(float)stats[GPU][0], (float)stats[GPU][1], (float)stats[GPU][2]},
+                          {(float)reads, (float)len * nkv, 1}};
+    report("attn_topk_step reads", shape, counts[0], counts[1], 3, 0);
+    for (int b = 0; b < 2; b++) free(idx[b]), free(y[b]);
+    free(ref), free(sel), free(k_), free(v), free(q);
+}
 
 // The window scoring of fastkv and snapkv (backend.h: window_scores, score_group_sum,
 // score_select, kv_keep_at): w query rows at the end of a len-entry cache. The scores and group
@@ -830,19 +854,6 @@ static void test_spec_fold(backend *bk[2], int heads, int nkv, int hd, int len, 
         free(sum[be]), free(rmax[be]), free(exact_sum[be]), free(exact_max[be]);
     }
     free(k_), free(v), free(q), free(start);
-}
-
-// --self: the CPU backend has no attn_topk (forward.c selects on the host); this stand-in, the
-// same host selection, lets the harness above run against itself.
-static void self_attn_topk(backend *b, int *idx, const void *q, int qpos, int heads,
-                           const kv_layer *L, int m, int lo, int n, int k) {
-    float *probs = xmalloc((size_t)heads * m * sizeof(float));
-    b->attn_probs(b, probs, q, &qpos, 1, heads, L, m);
-    for (int h = 0; h < heads; h++) {
-        score_topk(probs + (size_t)h * m + lo, n, k, idx + (size_t)h * k);
-        for (int i = 0; i < k; i++) idx[(size_t)h * k + i] += lo;
-    }
-    free(probs);
 }
 
 // --self-fault: the second CPU backend's attention lets each query see one position too far
@@ -1117,7 +1128,7 @@ static void test_strategy(model *m[2], const strategy *s, const int *ids, int n,
     // topk, topk+phi: K = 0 (sink + tail, and topk+phi's completion over the rest), so that both
     // backends read the same keys at decode: on these tiny models bf16 scores tie often at the
     // top-K boundary, and a tie taken the other way makes the logits incomparable. The top-K
-    // itself is checked in the topk section (attn_topk against score_topk).
+    // itself is checked in the topk section (attn_topk_step against the CPU twin).
     so.topk = 0;
     char err[512], label[96];
     snprintf(label, sizeof label, "%s, %d tokens", model_name, n);
@@ -1727,17 +1738,17 @@ int main(int argc, char **argv) {
     printf("gpu_check: %s\n\n| %-22s | %-44s | %9s | %9s | %9s | %7s | result |\n"
            "|---|---|---:|---:|---:|---:|---|\n", msg, "check", "shape", "rel err", "worst row",
            "max abs", "ulps");
-    if (self) bk[GPU]->attn_topk = self_attn_topk;
     if (fault) cpu_attention = bk[GPU]->attention, bk[GPU]->attention = off_by_one_attention;
     if (section(only, "ops")) test_ops(bk);
     if (section(only, "attention")) test_attention_cases(bk);
     if (section(only, "ops") && bk[GPU]->weight_synth) test_weight_synth(bk, 33, 70);
-    if (section(only, "topk") && bk[GPU]->attn_topk) {
-        test_attn_topk(bk, 8, 2, 64, 3000, 4, 2980, 60, 0);
-        test_attn_topk(bk, 8, 2, 64, 3000, 4, 2980, 60, 7);
-        if (small) test_attn_topk(bk, 4, 4, 128, 70000, 4, 69980, 70, 0);
-        else test_attn_topk(bk, 4, 4, 128, 70000, 4, 69980, 700, 0);
-        test_attn_topk(bk, 2, 1, 32, 50, 0, 50, 50, 3);
+    if (section(only, "topk") && bk[GPU]->attn_topk_step) {
+        test_attn_topk_step(bk, 8, 2, 64, 3000, 4, 2980, 60, 0);
+        test_attn_topk_step(bk, 8, 2, 64, 3000, 4, 2976, 60, 7);   // 20 entries after the mid region
+        if (small) test_attn_topk_step(bk, 4, 4, 128, 70000, 4, 69980, 70, 0);
+        else test_attn_topk_step(bk, 4, 4, 128, 70000, 4, 69980, 700, 0);
+        test_attn_topk_step(bk, 2, 1, 32, 50, 0, 50, 50, 3);
+        test_attn_topk_step(bk, 6, 2, 64, 40, 4, 20, 0, 0);        // --topk 0: the anchors only
     }
     if (section(only, "topk") && bk[GPU]->window_scores) {
         test_window_select(bk, 8, 2, 64, 300, 8, 40, 7, 0, 0);

@@ -21,10 +21,12 @@ record's "device_counters" must show a strategy that keeps its work on the devic
 
 EXPECTED_FAIL lists the strategies whose device path does not meet a bound yet, with the bound:
 the test fails when one of them starts meeting it (update the list) as when any other misses
-one. They are issue 57's remaining work: topk's hooked decode steps leave the graph (topk,
-topk+phi and the compositions decoding with topk) and topk+phi builds its maps and summaries on
-the host. swiftkv's decode hooks are recordable (device products appended to the group leaders'
-caches): its steps replay. specprefill pools and folds its speculator's attention on the device
+one. They are issue 57's remaining work: topk+phi's decode steps leave the graph (its
+completion brings each layer's top K to the host and stages the summaries back) and it builds its
+maps and summaries on the host. topk's steps run whole in backend memory (attn_topk_step: the
+selection, the attention over it and the anchors, the read counts; the length the device's) and
+replay, alone and composed; swiftkv's decode hooks are recordable (device products appended to
+the group leaders' caches): its steps replay. specprefill pools and folds its speculator's attention on the device
 (window_scores, score_fold_max) and copies the prompt's scores to the host once; what it still
 sends to the host is each lookahead row's logits (the lookahead token is drawn on the host:
 7 x vocab x 4 bytes here), to go when the lookahead steps run through the decode recorder."""
@@ -48,17 +50,13 @@ PROMPT = ("Note: The train to Lyon leaves at 7:40 from platform 3. Marie's cat i
 N_PREDICT = 5   # the first token from the prefill, then 4 steps: 3 counted after the first
 
 # strategy -> the bounds it does not meet yet (names as check() reports them)
-# (a hooked decode step runs eagerly: logits to the host, no replay; topk's selection also copies
-# its indices back and forth every layer; topk+phi builds its maps and summaries on the host)
-EAGER = {"decode_replays", "decode_d2h"}
-TOPK = EAGER | {"decode_syncs", "decode_h2d"}
+# (topk+phi's hooked decode step runs eagerly: logits to the host, no replay; its top K comes to
+# the host and its summaries go back every layer; it builds its maps and summaries on the host)
+PHI = {"decode_replays", "decode_d2h", "decode_syncs", "decode_h2d"}
 EXPECTED_FAIL = {
-    "topk": TOPK,
-    "topk+phi": TOPK | {"prefill_allocs", "prefill_d2h"},
-    "fastkv+topk": TOPK,
-    "speed+topk": TOPK,
+    "topk+phi": PHI | {"prefill_allocs", "prefill_d2h"},
     "specprefill": {"prefill_d2h"},
-    "specprefill+topk+phi": TOPK | {"prefill_d2h"},
+    "specprefill+topk+phi": PHI | {"prefill_d2h"},
 }
 
 

@@ -3,7 +3,7 @@
 // scores from hand-made probabilities (max- and avg-pooled), per-KV-group and all-head sums, top-k
 // plus window (ties to the lower index, ascending), the budget arithmetic and the fixed budgets'
 // window rule, and one attention layer end to end: window softmax scores vs a float64 reference
-// and the per-KV-head cache it keeps.
+// and the per-KV-head cache it keeps; topk's decode step (its selection, reads and attention).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -187,6 +187,57 @@ static void test_layer(void) {
     m.bk->destroy(m.bk);
 }
 
+// topk's decode step (backend op attn_topk_step, the CPU twin): 4 query heads over 2 KV heads
+// (hd 2), 12 entries, sink 2, mid [2, 9), the tail and decode tokens [9, 12), K = 2. KV head 0:
+// head 0 (q = (1, 0)) scores a_j, two 5s at 3 and 5; head 1 (q = (0, 1)) scores b_j, 4s at 2, 4
+// and 8: the lower two, {2, 4}; their union is 4 entries. KV head 1: every mid key 0, so both
+// heads take {2, 3} (ties to the lower index), a union of 2. Reads: 4 + 2 + 2 x (2 + 3) anchors
+// = 16 of 24 cached. The output against a float64 softmax over each head's set.
+static void test_topk_step(void) {
+    enum { N = 12, H = 4, HKV = 2, HD = 2, SINK = 2, MID = 7, K = 2 };
+    model m = {.cfg = {.n_layer = 1, .n_head = H, .n_kv_head = HKV, .head_dim = HD}};
+    m.bk = backend_cpu_create(1, BK_WEIGHTS_NATIVE);
+    char err[200];
+    int cap = N, pos[N];
+    context cx = {.m = &m};
+    kv_cache *kv = fwd_kv_create(&cx, &cap, err, sizeof err);
+    const float a[N] = {3, 1, 1, 5, 2, 5, 0, 3, 0, 2, 1, 0}, b[N] = {0, 2, 4, 0, 4, 0, 1, 0, 4, 1, 3, 2};
+    float k[N][HKV][HD] = {{{0}}}, v[N][HKV][HD], q[H][HD] = {{1, 0}, {0, 1}, {1, 0}, {-1, 0}};
+    for (int i = 0; i < N; i++) {
+        pos[i] = i;
+        k[i][0][0] = a[i], k[i][0][1] = b[i];
+        if (i < SINK || i >= SINK + MID) k[i][1][0] = (float)i;   // KV head 1: mid keys all 0
+        for (int g = 0; g < HKV; g++) v[i][g][0] = (float)i, v[i][g][1] = (float)(g + 1);
+    }
+    m.bk->kv_append(m.bk, &kv->layers[0], k, v, pos, N);
+    fwd_state s = {.cx = &cx, .m = &m, .kv = kv, .n = 1, .pos = &pos[N - 1]};
+    int idx[H * K];
+    double stats[3] = {0, 0, 0};
+    float out[H][HD];
+    fwd_attn_topk_step(&s, 0, q, SINK, MID, K, idx, stats, out);
+    const int want[H][K] = {{3, 5}, {2, 4}, {2, 3}, {2, 3}};
+    for (int h = 0; h < H; h++)
+        for (int j = 0; j < K; j++)
+            CHECK(idx[h * K + j] == want[h][j], "head %d: top %d is %d, not %d", h, j, idx[h * K + j], want[h][j]);
+    CHECK(stats[0] == 16 && stats[1] == 24 && stats[2] == 1, "reads %g of %g, steps %g", stats[0], stats[1], stats[2]);
+    for (int h = 0; h < H; h++) {   // float64: softmax over the top K, [0, 2) and [9, 12)
+        int g = h / (H / HKV), set[K + SINK + 3], n = 0;
+        for (int j = 0; j < K; j++) set[n++] = want[h][j];
+        for (int j = 0; j < SINK; j++) set[n++] = j;
+        for (int j = SINK + MID; j < N; j++) set[n++] = j;
+        double e[K + SINK + 3], z = 0, y[HD] = {0};
+        for (int i = 0; i < n; i++)
+            z += e[i] = exp((q[h][0] * k[set[i]][g][0] + q[h][1] * k[set[i]][g][1]) / sqrt(HD));
+        for (int i = 0; i < n; i++)
+            for (int c = 0; c < HD; c++) y[c] += e[i] / z * v[set[i]][g][c];
+        for (int c = 0; c < HD; c++) CHECK_CLOSE(out[h][c], y[c], 1e-5);
+    }
+    fwd_attn_topk_step(&s, 0, q, SINK, MID, 0, idx, stats, out);   // K = 0: the anchors alone
+    CHECK(stats[0] == 16 + 10 && stats[1] == 48 && stats[2] == 2, "K 0: reads %g of %g", stats[0], stats[1]);
+    kv_free(kv);
+    m.bk->destroy(m.bk);
+}
+
 int main(void) {
     test_maxpool_edges();
     test_avgpool();
@@ -194,5 +245,6 @@ int main(void) {
     test_select_window();
     test_budget();
     test_layer();
+    test_topk_step();
     return check_summary("test_select");
 }

@@ -31,6 +31,15 @@ PLANTS = {
     "fold-max-skips-last-head": (
         "attn/score_cuda.cu", [("for (int h = 0; h < heads; h++) m = fmaxf(", "for (int h = 0; h < heads - 1; h++) m = fmaxf(", 1)],
         "topk:", "rows", "specprefill's fold leaves the last head out of the max over heads"),
+    "topk-scores-first-head-query": (
+        "attn/score_cuda.cu", [("acc += qs[h * hd + i]", "acc += qs[i]", 1)],
+        "topk:", "rows", "topk's selector scores every query head of a group with the group's first query"),
+    "topk-reads-count-duplicates": (
+        "attn/score_cuda.cu", [("mine += !seen;", "mine += 1;", 1)],
+        "topk:", "rows", "topk's read counts count an entry once per query head that selects it"),
+    "topk-attend-drops-last-entry": (
+        "attn/phi_cuda.cu", [("n_sel = kk + len - n;", "n_sel = kk + len - n - 1;", 1)],
+        "topk:", "rows", "topk's step leaves the newest cache entry out of the attention"),
     "kv-keep-positions-skip-head-0": (
         "backend/kv_cuda.cu", [("    for (int g = 0; g < n_kv_head; g++)\n        for (int j0 = 0;", "    for (int g = 1; g < n_kv_head; g++)\n        for (int j0 = 0;", 1)],
         "topk:", "rows", "a keep by device indices leaves the first KV head's positions where they were"),
