@@ -97,7 +97,7 @@ static void cuda_destroy(backend *b) {
     CUDA_CHECK(cuda_stream_sync(c->stream));
     for (int i = 0; i < c->n_plans; i++) plan_destroy(c, &c->plans[i]);
     LT_CHECK(c, c->lt.destroy(c->lt_handle));
-    dev_buf *bufs[] = {&c->attn_work, &c->probs, &c->f32, &c->phi_f, &c->phi_q, &c->phi_sum, &c->topk,
+    dev_buf *bufs[] = {&c->attn_work, &c->probs, &c->f32, &c->phi_f, &c->phi_q, &c->phi_sum,
                        &c->step_dev, &c->tokens, &c->fused_out};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]->p) CUDA_CHECK(cudaFree(bufs[i]->p));

@@ -100,7 +100,7 @@ typedef struct cuda_impl {
     void *lt_work;
     mm_plan plans[MM_PLANS];
     int n_plans, next_evict;
-    dev_buf stage[STAGES], attn_work, probs, f32, phi_f, phi_q, phi_sum, topk, tokens;
+    dev_buf stage[STAGES], attn_work, probs, f32, phi_f, phi_q, phi_sum, tokens;
     dev_buf fused_out;               // a fused product's output before it is split
     dev_buf qx, dq;                  // quantised products: x widened to fp32; dequantised rows
     void *stage_last[STAGES];        // host copy of each stage buffer's last small upload

@@ -60,21 +60,6 @@ static uint64_t step_key(const fwd_seq *seqs, int B, const fwd_run_state *r) {
     return h;
 }
 
-// Every sequence's next token drawn on the backend from the step's logits out (B, vocab): 0, or
-// -1 (nothing drawn) when a sequence has no sampler or the backend does not take its settings.
-static int device_draw(backend *bk, const void *out, fwd_seq *seqs, int B, int vocab) {
-    sample_params p[FWD_MAX_BATCH];
-    uint64_t state[FWD_MAX_BATCH];
-    int tok[FWD_MAX_BATCH];
-    for (int b = 0; b < B; b++) {
-        if (!seqs[b].smp) return -1;
-        p[b] = seqs[b].smp->p, state[b] = seqs[b].smp->state;
-    }
-    if (!bk->sample || bk->sample(bk, tok, out, B, vocab, p, state) != 0) return -1;
-    for (int b = 0; b < B; b++) seqs[b].token = tok[b], sample_skip(seqs[b].smp);
-    return 0;
-}
-
 // The step on the context's run state: bound, then replayed, recorded or run eagerly.
 static void step_fixed(context *cx, struct fwd_decoder *d, fwd_seq *seqs, int B) {
     const model *m = cx->m;
@@ -130,7 +115,7 @@ static void step_fixed(context *cx, struct fwd_decoder *d, fwd_seq *seqs, int B)
     bk->step_bind(bk, NULL, NULL, 0);
     d->fixed++;
     for (int b = 0; b < B; b++) seqs[b].rows_done = L;
-    if (device_draw(bk, r->out, seqs, B, m->cfg.vocab) != 0) fwd_logits_to_host(&p, 0);
+    if (fwd_device_draw(bk, r->out, seqs, B, m->cfg.vocab) != 0) fwd_logits_to_host(&p, 0);
 }
 
 int fwd_decode(context *cx, fwd_seq *seqs, int B) {

@@ -231,6 +231,19 @@ void fwd_logits_to_host(fwd_pass *p, int all_rows) {
             memcpy(p->seqs[b].logits, p->r->host + j++ * vocab, rows * vocab * sizeof(float));
 }
 
+int fwd_device_draw(backend *bk, const void *out, fwd_seq *seqs, int B, int vocab) {
+    sample_params p[FWD_MAX_BATCH];
+    uint64_t state[FWD_MAX_BATCH];
+    int tok[FWD_MAX_BATCH];
+    for (int b = 0; b < B; b++) {
+        if (!seqs[b].smp) return -1;
+        p[b] = seqs[b].smp->p, state[b] = seqs[b].smp->state;
+    }
+    if (!bk->sample || bk->sample(bk, tok, out, B, vocab, p, state) != 0) return -1;
+    for (int b = 0; b < B; b++) seqs[b].token = tok[b], sample_skip(seqs[b].smp);
+    return 0;
+}
+
 // A K (is_v 0) or V buffer for cap entries of layer y of kv, on the backend (NULL when full).
 static void *layer_buf(backend *bk, const kv_cache *kv, const kv_layer *y, int cap, int is_v) {
     size_t bytes = (size_t)y->n_kv_head * cap * (is_v ? y->v_row : y->k_row), e = kv->elem_bytes;
@@ -281,7 +294,15 @@ static int run_pass(context *cx, fwd_seq *seqs, int B, int all_rows) {
     int rc = fwd_forward(&p, all_rows);
     if (B == 1) keep_release(cx);
     if (rc != 0) return -1;
-    fwd_logits_to_host(&p, all_rows);
+    // sequences with samplers (fwd_decode's eager steps, fwd_run_draw) have their tokens drawn
+    // where the logits are: on the backend when every one has one and logits, else on the host
+    int all = !all_rows;
+    for (int b = 0; b < B; b++) all &= seqs[b].smp && seqs[b].logits;
+    if (!all || fwd_device_draw(cx->m->bk, p.r->out, seqs, B, cx->m->cfg.vocab) != 0) {
+        fwd_logits_to_host(&p, all_rows);
+        for (int b = 0; b < B; b++)
+            if (seqs[b].smp && seqs[b].logits) seqs[b].token = sample_next(seqs[b].smp, seqs[b].logits);
+    }
     for (int b = 0; b < B; b++) seqs[b].rows_done = p.view[b]->rows_done;
     return 0;
 }
@@ -293,6 +314,14 @@ long fwd_run(context *cx, kv_cache *kv, const int *tokens, const int *pos, int n
 }
 
 int fwd_run_batch(context *cx, fwd_seq *seqs, int B) { return run_pass(cx, seqs, B, 0); }
+
+long fwd_run_draw(context *cx, kv_cache *kv, const int *tokens, const int *pos, int n,
+                  const fwd_hooks *hooks, float *logits, sampler *smp, int *token) {
+    fwd_seq one = {kv, tokens, pos, n, hooks, logits, 0, smp, -1};
+    if (run_pass(cx, &one, 1, 0) < 0) return -1;
+    *token = one.token;
+    return one.rows_done;
+}
 
 int fwd_row_class(const model *m, int n) {
     backend *bk = m->bk;

@@ -68,9 +68,10 @@ typedef struct fwd_seq {
     const fwd_hooks *hooks;
     float *logits;
     long rows_done;
-    // fwd_decode only (may be NULL): the sequence's sampler. token is set to the next token
-    // sample_next draws from the logits, the sampler advanced; drawn where the logits are when
-    // every sequence of the step has a sampler and the backend samples (logits then not written).
+    // fwd_decode, fwd_run_batch (may be NULL): the sequence's sampler. token is set to the next
+    // token sample_next draws from the logits, the sampler advanced; drawn where the logits are
+    // when every sequence of the pass has a sampler and logits and the backend samples (logits
+    // then not written).
     sampler *smp;
     int token;
 } fwd_seq;
@@ -82,6 +83,13 @@ typedef struct fwd_seq {
 // logits equal what fwd_run gives it alone, up to the backend's rounding of a product over more
 // rows. 0, or -1 when a hook aborted.
 int fwd_run_batch(context *cx, fwd_seq *seqs, int B);
+
+// fwd_run of one sequence, then the next token after its last row drawn by smp into *token: on
+// the backend when it samples with smp's settings (only the token crosses to the host; logits
+// left unwritten), else into logits (host, vocab) and by sample_next. Rows processed over
+// layers, or -1 (a hook aborted).
+long fwd_run_draw(context *cx, kv_cache *kv, const int *tokens, const int *pos, int n,
+                  const fwd_hooks *hooks, float *logits, sampler *smp, int *token);
 
 // The rounding class of m's products over n rows (the backend's row_class, over every matrix
 // weight of m): rows run through passes of two row counts of one class >= 0 get the same products

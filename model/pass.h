@@ -46,5 +46,9 @@ void fwd_pass_begin(fwd_pass *p, context *cx, fwd_seq *seqs, int B);
 int fwd_forward(fwd_pass *p, int all_rows);
 // The sequences' logits from r->out to their hosts' buffers.
 void fwd_logits_to_host(fwd_pass *p, int all_rows);
+// Every sequence's next token drawn on the backend from the logits out (B, vocab) of a pass:
+// 0, or -1 (nothing drawn) when a sequence has no sampler or the backend does not take its
+// settings. Drawn: fwd_seq.token set, each sampler advanced as a host draw would.
+int fwd_device_draw(backend *bk, const void *out, fwd_seq *seqs, int B, int vocab);
 // Frees the recorded decode step (decode.c).
 void fwd_decode_free(context *cx);

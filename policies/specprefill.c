@@ -118,12 +118,18 @@ static float *speculate(context *main_cx, const int *ids, int m, const strategy_
     float *logits = steps > 0 ? xmalloc((size_t)s->cfg.vocab * sizeof(float)) : NULL;
     sampler smp;
     lookahead_sampler(&smp, run, s->cfg.vocab);
-    *rows = fwd_run(sx, kv, ids, pos, m, &hooks, logits, 0);   // A: the last prompt token is row 0
+    // A: the last prompt token is row 0; B: lookahead rows 1..N-1, each token drawn where the
+    // logits are (on a GPU only the token comes back)
+    int tok = -1;
+    *rows = steps > 0 ? fwd_run_draw(sx, kv, ids, pos, m, &hooks, logits, &smp, &tok)
+                      : fwd_run(sx, kv, ids, pos, m, &hooks, NULL, 0);
     sc.rows++;
-    for (int t = 0; t < steps; t++) {                          // B: lookahead rows 1..N-1
-        int tok = sample_next(&smp, logits), p = m + t;
+    for (int t = 0; t < steps; t++) {
+        int p = m + t, next = -1;
         if (run->is_eog && run->is_eog(run->eog_ctx, tok)) break;
-        *rows += fwd_run(sx, kv, &tok, &p, 1, &hooks, t + 1 < steps ? logits : NULL, 0);
+        *rows += t + 1 < steps ? fwd_run_draw(sx, kv, &tok, &p, 1, &hooks, logits, &smp, &next)
+                               : fwd_run(sx, kv, &tok, &p, 1, &hooks, NULL, 0);
+        tok = next;
         sc.rows++;
     }
     fwd_floats_to_host(s, score, sc.score, (size_t)m);    // E: the sums, once per request

@@ -26,10 +26,10 @@ completion brings each layer's top K to the host and stages the summaries back) 
 maps and summaries on the host. topk's steps run whole in backend memory (attn_topk_step: the
 selection, the attention over it and the anchors, the read counts; the length the device's) and
 replay, alone and composed; swiftkv's decode hooks are recordable (device products appended to
-the group leaders' caches): its steps replay. specprefill pools and folds its speculator's attention on the device
-(window_scores, score_fold_max) and copies the prompt's scores to the host once; what it still
-sends to the host is each lookahead row's logits (the lookahead token is drawn on the host:
-7 x vocab x 4 bytes here), to go when the lookahead steps run through the decode recorder."""
+the group leaders' caches): its steps replay. specprefill pools and folds its speculator's
+attention on the device (window_scores, score_fold_max), copies the prompt's scores to the host
+once, and draws each lookahead token where the logits are (fwd_run_draw: the token comes back,
+not the logits); specprefill+topk+phi misses for topk+phi's part."""
 import json
 import os
 import subprocess
@@ -55,7 +55,6 @@ N_PREDICT = 5   # the first token from the prefill, then 4 steps: 3 counted afte
 PHI = {"decode_replays", "decode_d2h", "decode_syncs", "decode_h2d"}
 EXPECTED_FAIL = {
     "topk+phi": PHI | {"prefill_allocs", "prefill_d2h"},
-    "specprefill": {"prefill_d2h"},
     "specprefill+topk+phi": PHI | {"prefill_d2h"},
 }
 
