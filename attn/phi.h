@@ -42,7 +42,15 @@ typedef struct phi_completion {
     const phi_maps *maps;
     int layer;
     phi_summary *sum;   // (n_kv_head,); the CPU backend memoises retrieved keys' features in it
+    // The same in backend memory (what a GPU reads; phi_summary_flat's layout for dsum): the
+    // maps' parameters (maps->q, maps->k as laid out there) and this layer's summaries.
+    const float *par_q, *par_k, *dsum;
 } phi_completion;
+// Floats of one layer's summaries in backend memory: m (n_kv_head, d_phi), then u
+// (n_kv_head, d_phi), then t (n_kv_head, d_phi, hd).
+static inline size_t phi_summary_flat(int n_kv_head, int d_phi, int hd) {
+    return (size_t)n_kv_head * d_phi * (hd + 2);
+}
 
 #define PHI_EPS 1e-6f   // clamp of u~ after subtraction (units of the largest term, exp(0) = 1)
 

@@ -26,12 +26,29 @@ __device__ static void phi_affine(float *y, const float *w, const float *b, cons
 
 // grid n, block PHI_THREADS, shared (d_in + 2 d_emb + d_hid) floats.
 // out (n, d_phi) = log phi(x_r), phi_log_features' math.
-__global__ void phi_features_kernel(float *out, const bf16 *x, const int *rows, const int *par_of,
-                                    const float *par, phi_cuda_shape s) {
+// Rows without arrays (phi_rows): rows NULL and idx NULL, row r and block r (each query head's
+// own query); idx (heads, kk), row r = head h = r / kk's KV head g = h / group, entry idx[r] of
+// it (g * cap + idx[r]) and block g (the retrieved keys of a device selection).
+typedef struct {
+    const int *rows, *par_of, *idx;
+    int kk, group, cap;
+} phi_rows;
+
+__device__ static void phi_row_of(const phi_rows &w, int r, int *row, int *block) {
+    if (w.rows) *row = w.rows[r], *block = w.par_of[r];
+    else if (w.idx) {
+        int g = r / w.kk / w.group;
+        *row = g * w.cap + w.idx[r], *block = g;
+    } else *row = *block = r;
+}
+
+__global__ void phi_features_kernel(float *out, const bf16 *x, phi_rows w, const float *par,
+                                    phi_cuda_shape s) {
     SHARED_DYNAMIC(float, sh);
-    int d = s.d_in, e = s.d_emb, h = s.d_hid, f = s.d_phi;
-    const bf16 *xr = x + (size_t)rows[blockIdx.x] * d;
-    const float *p = par + (size_t)par_of[blockIdx.x] * s.n_par;
+    int d = s.d_in, e = s.d_emb, h = s.d_hid, f = s.d_phi, row, block;
+    phi_row_of(w, blockIdx.x, &row, &block);
+    const bf16 *xr = x + (size_t)row * d;
+    const float *p = par + (size_t)block * s.n_par;
     float *o = out + (size_t)blockIdx.x * f, *xs = sh;
     for (int j = threadIdx.x; j < d; j += blockDim.x) xs[j] = __bfloat162float(xr[j]);
     __syncthreads();
@@ -55,12 +72,22 @@ __global__ void phi_features_kernel(float *out, const bf16 *x, const int *rows, 
     phi_affine(o, wo, bo, g1, f, e);    // log phi = Wo g1 + bo
 }
 
-void phi_features_cuda(float *out, const void *x, const int *rows, const int *par_of, int n,
-                       const float *par, phi_cuda_shape s, cudaStream_t stream) {
+static void features(float *out, const void *x, phi_rows w, int n, const float *par,
+                     phi_cuda_shape s, cudaStream_t stream) {
     if (n == 0) return;
     size_t shared = (size_t)(s.d_in + 2 * s.d_emb + s.d_hid) * sizeof(float);
-    CUDA_LAUNCH(phi_features_kernel, n, PHI_THREADS, shared, stream, out, (const bf16 *)x, rows,
-                par_of, par, s);
+    CUDA_LAUNCH(phi_features_kernel, n, PHI_THREADS, shared, stream, out, (const bf16 *)x, w, par, s);
+}
+
+void phi_features_cuda(float *out, const void *x, const int *rows, const int *par_of, int n,
+                       const float *par, phi_cuda_shape s, cudaStream_t stream) {
+    features(out, x, phi_rows{rows, par_of, NULL, 0, 0, 0}, n, par, s, stream);
+}
+
+void phi_features_sel_cuda(float *out, const void *x, const int *idx, int heads, int kk, int group,
+                           int cap, const float *par, phi_cuda_shape s, cudaStream_t stream) {
+    if (idx) features(out, x, phi_rows{NULL, NULL, idx, kk, group, cap}, heads * kk, par, s, stream);
+    else features(out, x, phi_rows{NULL, NULL, NULL, 0, 0, 0}, heads, par, s, stream);
 }
 
 // grid (d_phi, n_kv), block PHI_THREADS, shared (32 + PHI_THREADS) floats; hd <= PHI_THREADS.
@@ -102,24 +129,44 @@ void phi_summary_cuda(float *m, float *u, float *t, const float *F, const void *
                 (const bf16 *)v, n, cap, lo, hd, d_phi);
 }
 
+// The selected entries of query head h: a list sel (heads, n_sel) (attn_select), or topk's
+// step with the anchors implicit (attn_topk_step): idx[h * kk .. + kk), then [0, sink), then
+// [sink + n, len), len = *dlen in a bound step (read at replay).
+struct sel_list {
+    const int *sel;
+    int n_sel;
+    __device__ int count() const { return n_sel; }
+    __device__ int at(int h, int i) const { return sel[(size_t)h * n_sel + i]; }
+};
+struct sel_topk {
+    const int *idx;
+    int kk, sink, n, len;
+    const int *dlen;
+    __device__ int count() const { return kk + (dlen ? *dlen : len) - n; }
+    __device__ int at(int h, int i) const {
+        return i < kk ? idx[(size_t)h * kk + i] : i - kk < sink ? i - kk : i - kk + n;
+    }
+};
+
 // grid heads, block PHI_THREADS, shared (2 hd + 2 d_phi) floats. phi_attend_head's math:
-// exact part over the selection (scores in work), then, with lq, the completion from the
-// summary minus the first n_sub selected entries, merged by one normalisation in the log domain.
+// exact part over the selection (scores in work, ld floats a head), then, with lq, the
+// completion from the summary minus the first n_sub selected entries, merged by one
+// normalisation in the log domain.
+template <class S>
 __global__ void phi_select_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int cap,
-                                  int heads, int n_kv, int hd, const int *sel, int n_sel, int n_sub,
-                                  const float *lq, float *fsel, const float *m, const float *u,
-                                  const float *t, int d_phi, int n_region, float *work) {
+                                  int heads, int n_kv, int hd, S sel, int n_sub, const float *lq,
+                                  float *fsel, const float *m, const float *u, const float *t,
+                                  int d_phi, int n_region, float *work, size_t ld) {
     __shared__ float red[32];
     SHARED_DYNAMIC(float, sh);
-    int h = blockIdx.x, g = h / (heads / n_kv);
+    int h = blockIdx.x, g = h / (heads / n_kv), n_sel = sel.count();
     const bf16 *kg = k + (size_t)g * cap * hd, *vg = v + (size_t)g * cap * hd;
-    const int *s = sel + (size_t)h * n_sel;
-    float *sc = work + (size_t)h * n_sel, *qs = sh, *ye = qs + hd, *ur = ye + hd, *a = ur + d_phi;
+    float *sc = work + (size_t)h * ld, *qs = sh, *ye = qs + hd, *ur = ye + hd, *a = ur + d_phi;
     for (int j = threadIdx.x; j < hd; j += blockDim.x) qs[j] = __bfloat162float(q[(size_t)h * hd + j]);
     __syncthreads();
     float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY, z = 0, mn = INFINITY;
     for (int i = threadIdx.x; i < n_sel; i += blockDim.x) {   // q (hd,) . K (n_sel rows) -> sc
-        const bf16 *ki = kg + (size_t)s[i] * hd;
+        const bf16 *ki = kg + (size_t)sel.at(h, i) * hd;
         float dot = 0;
         for (int j = 0; j < hd; j++) dot += qs[j] * __bfloat162float(ki[j]);
         sc[i] = dot * scale;
@@ -132,7 +179,7 @@ __global__ void phi_select_kernel(bf16 *out, const bf16 *q, const bf16 *k, const
     z = block_reduce(z, red, 0);   // its barrier also publishes sc to the block
     for (int j = threadIdx.x; j < hd; j += blockDim.x) {   // softmax (n_sel,) @ V -> y_E
         float acc = 0;
-        for (int i = 0; i < n_sel; i++) acc += sc[i] * __bfloat162float(vg[(size_t)s[i] * hd + j]);
+        for (int i = 0; i < n_sel; i++) acc += sc[i] * __bfloat162float(vg[(size_t)sel.at(h, i) * hd + j]);
         ye[j] = n_sel > 0 ? acc / z : 0.0f;
     }
     float lze = n_sel > 0 ? mx + logf(z) : -INFINITY;
@@ -173,7 +220,7 @@ __global__ void phi_select_kernel(bf16 *out, const bf16 *q, const bf16 *k, const
     for (int j = threadIdx.x; j < hd; j += blockDim.x) {
         float acc = 0;
         for (int f = 0; f < d_phi; f++) acc += a[f] * tg[(size_t)f * hd + j];
-        for (int i = 0; i < n_sub; i++) acc -= sc[i] * __bfloat162float(vg[(size_t)s[i] * hd + j]);
+        for (int i = 0; i < n_sub; i++) acc -= sc[i] * __bfloat162float(vg[(size_t)sel.at(h, i) * hd + j]);
         out[(size_t)h * hd + j] = __float2bfloat16((we * ye[j] + wr * acc / za) / (we + wr));
     }
 }
@@ -183,52 +230,17 @@ void phi_select_cuda(void *out, const void *q, const void *k, const void *v, int
                      float *fsel, const float *m, const float *u, const float *t, int d_phi,
                      int n_region, float *work, cudaStream_t stream) {
     size_t shared = (size_t)(2 * hd + 2 * (lq ? d_phi : 0)) * sizeof(float);
-    CUDA_LAUNCH(phi_select_kernel, heads, PHI_THREADS, shared, stream, (bf16 *)out, (const bf16 *)q,
-                (const bf16 *)k, (const bf16 *)v, cap, heads, n_kv, hd, sel, n_sel, n_sub, lq, fsel,
-                m, u, t, d_phi, n_region, work);
-}
-
-// topk's step (backend op attn_topk_step): phi_attend_head's selection-only math over an
-// implicit selection, so that a recorded step serves every length: query head h attends to
-// idx[h * k .. + k), the anchors [0, sink) and [sink + n, len), len = *dlen when dlen is given
-// (a bound decode step). grid heads, block PHI_THREADS, shared hd floats; work (heads, ld) with
-// ld >= k + sink + len - sink - n.
-__global__ void topk_attend_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int cap,
-                                   int heads, int n_kv, int hd, const int *idx, int kk, int sink,
-                                   int n, int len, const int *dlen, float *work, size_t ld) {
-    __shared__ float red[32];
-    SHARED_DYNAMIC(float, qs);
-    if (dlen) len = *dlen;
-    int h = blockIdx.x, g = h / (heads / n_kv), n_sel = kk + len - n;
-    const bf16 *kg = k + (size_t)g * cap * hd, *vg = v + (size_t)g * cap * hd;
-    const int *top = idx + (size_t)h * kk;
-    float *sc = work + (size_t)h * ld;
-#define TOPK_ENTRY(i) ((i) < kk ? top[i] : (i) - kk < sink ? (i) - kk : (i) - kk + n)
-    for (int j = threadIdx.x; j < hd; j += blockDim.x) qs[j] = __bfloat162float(q[(size_t)h * hd + j]);
-    __syncthreads();
-    float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY, z = 0;
-    for (int i = threadIdx.x; i < n_sel; i += blockDim.x) {
-        const bf16 *ki = kg + (size_t)TOPK_ENTRY(i) * hd;
-        float dot = 0;
-        for (int j = 0; j < hd; j++) dot += qs[j] * __bfloat162float(ki[j]);
-        sc[i] = dot * scale;
-        mx = fmaxf(mx, sc[i]);
-    }
-    mx = block_reduce(mx, red, 1);
-    for (int i = threadIdx.x; i < n_sel; i += blockDim.x) z += (sc[i] = expf(sc[i] - mx));
-    z = block_reduce(z, red, 0);   // its barrier also publishes sc to the block
-    for (int j = threadIdx.x; j < hd; j += blockDim.x) {
-        float acc = 0;
-        for (int i = 0; i < n_sel; i++) acc += sc[i] * __bfloat162float(vg[(size_t)TOPK_ENTRY(i) * hd + j]);
-        out[(size_t)h * hd + j] = __float2bfloat16(n_sel > 0 ? acc / z : 0.0f);
-    }
-#undef TOPK_ENTRY
+    CUDA_LAUNCH(phi_select_kernel<sel_list>, heads, PHI_THREADS, shared, stream, (bf16 *)out,
+                (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, cap, heads, n_kv, hd,
+                sel_list{sel, n_sel}, n_sub, lq, fsel, m, u, t, d_phi, n_region, work, (size_t)n_sel);
 }
 
 void topk_attend_cuda(void *out, const void *q, const void *k, const void *v, int cap, int heads,
                       int n_kv, int hd, const int *idx, int kk, int sink, int n, int len,
-                      const int *dlen, float *work, size_t ld, cudaStream_t stream) {
-    CUDA_LAUNCH(topk_attend_kernel, heads, PHI_THREADS, (size_t)hd * sizeof(float), stream,
-                (bf16 *)out, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, cap, heads, n_kv,
-                hd, idx, kk, sink, n, len, dlen, work, ld);
+                      const int *dlen, const float *lq, float *fsel, const float *m, const float *u,
+                      const float *t, int d_phi, float *work, size_t ld, cudaStream_t stream) {
+    size_t shared = (size_t)(2 * hd + 2 * (lq ? d_phi : 0)) * sizeof(float);
+    CUDA_LAUNCH(phi_select_kernel<sel_topk>, heads, PHI_THREADS, shared, stream, (bf16 *)out,
+                (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, cap, heads, n_kv, hd,
+                sel_topk{idx, kk, sink, n, len, dlen}, kk, lq, fsel, m, u, t, d_phi, n, work, ld);
 }

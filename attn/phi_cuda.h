@@ -18,6 +18,13 @@ typedef struct phi_cuda_shape {
 void phi_features_cuda(float *out, const void *x, const int *rows, const int *par_of, int n,
                        const float *par, phi_cuda_shape s, cudaStream_t stream);
 
+// The same with the rows implied, so that nothing is uploaded per call: idx NULL, the heads rows
+// of x (each query head's query, block h of par); else x holds the cache's keys (n_kv, cap,
+// d_in) and the rows are each head's retrieved keys idx (heads, kk) (row h * kk + i: entry
+// idx[h * kk + i] of KV head h / group, block h / group). out (rows, d_phi).
+void phi_features_sel_cuda(float *out, const void *x, const int *idx, int heads, int kk, int group,
+                           int cap, const float *par, phi_cuda_shape s, cudaStream_t stream);
+
 // The summaries of n_kv KV heads over n entries: F (n_kv, n, d_phi) their log features,
 // v (n_kv, cap, hd) bf16 read from row lo. m, u (n_kv, d_phi), t (n_kv, d_phi, hd) fp32:
 // m = max of F, u = sum exp(F - m), t = sum exp(F - m) v (two passes: max, then the sums).
@@ -35,9 +42,12 @@ void phi_select_cuda(void *out, const void *q, const void *k, const void *v, int
                      float *fsel, const float *m, const float *u, const float *t, int d_phi,
                      int n_region, float *work, cudaStream_t stream);
 
-// topk's step: out (heads, hd) bf16 = query head h's softmax attention over idx[h * kk .. + kk)
-// (device), the anchors [0, sink) and [sink + n, len) of its KV head (len = *dlen when dlen is not
-// NULL: a recorded step reads the length at replay). work (heads, ld), ld >= kk + len - n.
+// topk's step: out (heads, hd) bf16 = phi_select_cuda over query head h's selection idx[h * kk
+// .. + kk) (device), the anchors [0, sink) and [sink + n, len) of its KV head (len = *dlen when
+// dlen is not NULL: a recorded step reads the length at replay); with lq, completed from the
+// summaries m, u, t of the mid region [sink, sink + n) (fsel (heads, kk, d_phi): log phi_k of
+// the retrieved keys, overwritten). work (heads, ld), ld >= kk + len - n.
 void topk_attend_cuda(void *out, const void *q, const void *k, const void *v, int cap, int heads,
                       int n_kv, int hd, const int *idx, int kk, int sink, int n, int len,
-                      const int *dlen, float *work, size_t ld, cudaStream_t stream);
+                      const int *dlen, const float *lq, float *fsel, const float *m, const float *u,
+                      const float *t, int d_phi, float *work, size_t ld, cudaStream_t stream);

@@ -189,18 +189,23 @@ struct backend {
     // every entry from sink + n to L's length (the device's while a step is bound), and stats
     // (3,) += {entries read exactly: per KV head the union of its query heads' selections plus
     // the anchors, summed over KV heads; entries cached: length x KV heads; 1}.
+    // With comp (topk+phi), out is completed from comp's summaries of the mid region
+    // (attn_select's completion, the first k selected entries the retrieved ones).
     void (*attn_topk_step)(backend *b, void *out, int *idx, double *stats, const void *q, int qpos,
-                           int heads, const kv_layer *L, int sink, int n, int k);
+                           int heads, const kv_layer *L, int sink, int n, int k,
+                           const phi_completion *comp);
     // Optional: decode attention of one row over selected entries. out (heads, hd): query head h
     // attends exactly to entries sel[h*n_sel .. +n_sel) of its KV head in L; with comp, the first
     // n_sub of them lie in the region comp->sum summarises and the rest of that region is
     // estimated from the summary (attn/phi.h). comp NULL: softmax over the selection only.
     void (*attn_select)(backend *b, void *out, const void *q, int heads, const kv_layer *L,
                         const int *sel, int n_sel, int n_sub, const phi_completion *comp);
-    // Optional: out (n_kv_head,) = host summaries of entries [lo, hi) of L under p's key maps of
-    // `layer` (attn/phi.h; out fresh from phi_summary_alloc, by the caller)
-    void (*phi_summarize)(backend *b, phi_summary *out, const phi_maps *p, int layer,
-                          const kv_layer *L, int lo, int hi);
+    // Optional: the summaries of entries [lo, hi) of L under p's key maps of `layer` (attn/phi.h)
+    // into dsum (backend memory, phi_summary_flat floats), par_k = p->k in backend memory; and
+    // into out (n_kv_head,) (fresh from phi_summary_alloc, by the caller) where decode reads them
+    // from the host (the CPU); out[g].n is set on every backend.
+    void (*phi_summarize)(backend *b, phi_summary *out, float *dsum, const phi_maps *p,
+                          const float *par_k, int layer, const kv_layer *L, int lo, int hi);
     // Optional, together (NULL = not offered): a decode step recorded once and replayed (CUDA
     // graphs). step_bind(b, tokens, pos, n) copies the host arrays tokens and pos (n,) to the
     // device, once; until the next step_bind (NULL, NULL, 0 unbinds), an op given an index

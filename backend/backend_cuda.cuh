@@ -221,9 +221,10 @@ void cuda_attention_multi(backend *b, int k, void *const *out, const void *const
 void arena_free(cuda_impl *c);
 void cuda_attn_probs(backend *b, float *probs, const void *q, const int *qpos, int n, int heads,
                      const kv_layer *L, int m);
-void cuda_phi_summarize(backend *b, phi_summary *out, const phi_maps *p, int layer,
-                        const kv_layer *L, int lo, int hi);
+void cuda_phi_summarize(backend *b, phi_summary *out, float *dsum, const phi_maps *p,
+                        const float *par_k, int layer, const kv_layer *L, int lo, int hi);
 void cuda_attn_select(backend *b, void *out, const void *q, int heads, const kv_layer *L,
                       const int *sel, int n_sel, int n_sub, const phi_completion *comp);
 void cuda_attn_topk_step(backend *b, void *out, int *idx, double *stats, const void *q, int qpos,
-                         int heads, const kv_layer *L, int sink, int n, int k);
+                         int heads, const kv_layer *L, int sink, int n, int k,
+                         const phi_completion *comp);

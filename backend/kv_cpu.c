@@ -181,7 +181,8 @@ void cpu_attn_select(backend *b, void *out, const void *q, int heads, const kv_l
 // scored against the group's query heads (attn_scores_cpu), each head's top k (score_topk), then
 // attention over the selection and the anchors as attn_select computes it.
 void cpu_attn_topk_step(backend *b, void *out, int *idx, double *stats, const void *q, int qpos,
-                        int heads, const kv_layer *L, int sink, int n, int k) {
+                        int heads, const kv_layer *L, int sink, int n, int k,
+                        const phi_completion *comp) {
     (void)qpos;
     int hd = L->head_dim, nh = L->n_kv_head, group = heads / nh, len = L->len;
     CHECK_INTERNAL(sink >= 0 && n >= 0 && k >= 0 && k <= n && sink + n <= len,
@@ -209,17 +210,18 @@ void cpu_attn_topk_step(backend *b, void *out, int *idx, double *stats, const vo
         for (int i = 0; i < sink; i++) e[j++] = i;
         for (int i = sink + n; i < len; i++) e[j++] = i;
     }
-    cpu_attn_select(b, out, q, heads, L, sel, n_sel, k, NULL);
+    cpu_attn_select(b, out, q, heads, L, sel, n_sel, k, comp);
     free(sel);
     double read = 0;
     for (int g = 0; g < nh; g++) read += score_union_count(idx + (size_t)g * group * k, group, k) + sink + tail;
     stats[0] += read, stats[1] += (double)len * nh, stats[2] += 1;
 }
 
-// Summaries read K and V of [lo, hi) once each: typed rows are decoded into fp32 first.
-void cpu_phi_summarize(backend *b, phi_summary *out, const phi_maps *p, int layer,
-                       const kv_layer *L, int lo, int hi) {
-    (void)b;
+// Summaries read K and V of [lo, hi) once each: typed rows are decoded into fp32 first; out is
+// what decode reads, dsum its copy in the flat layout (gpu_check compares it with the GPU's).
+void cpu_phi_summarize(backend *b, phi_summary *out, float *dsum, const phi_maps *p,
+                       const float *par_k, int layer, const kv_layer *L, int lo, int hi) {
+    (void)b, (void)par_k;
     int hd = L->head_dim, n = hi - lo;
     int typed = L->k_type != KV_F32 || L->v_type != KV_F32;
 #pragma omp parallel for
@@ -236,5 +238,11 @@ void cpu_phi_summarize(backend *b, phi_summary *out, const phi_maps *p, int laye
                           vf ? vf : (const float *)v_row(L, g, lo), n, hd, hd);
         free(kf);
         free(vf);
+    }
+    int nh = L->n_kv_head, f = p->d_phi;
+    for (int g = 0; dsum && g < nh; g++) {
+        memcpy(dsum + (size_t)g * f, out[g].m, (size_t)f * sizeof(float));
+        memcpy(dsum + (size_t)(nh + g) * f, out[g].u, (size_t)f * sizeof(float));
+        memcpy(dsum + (size_t)2 * nh * f + (size_t)g * f * hd, out[g].t, (size_t)f * hd * sizeof(float));
     }
 }

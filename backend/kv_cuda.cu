@@ -363,12 +363,10 @@ static void phi_dims_check(const phi_maps *p, int hd) {
                    hd, p->d_in);
 }
 
-// Device log features of n rows of x (row index rows[r], parameter block of[r] of par, host
-// arrays; par has n_blocks blocks): the phi_f buffer, (n, d_phi).
-static float *phi_features(cuda_impl *c, const phi_maps *p, const float *par, int n_blocks,
-                           const void *x, const int *rows, const int *of, int n) {
-    size_t np = (size_t)phi_n_par(p);
-    const float *dpar = (const float *)stage(c, STAGE_PAR, par, (size_t)n_blocks * np * sizeof(float));
+// Device log features of n rows of x (row index rows[r], parameter block of[r] of dpar, host
+// arrays; dpar in device memory): the phi_f buffer, (n, d_phi).
+static float *phi_features(cuda_impl *c, const phi_maps *p, const float *dpar, const void *x,
+                           const int *rows, const int *of, int n) {
     const int *drows = (const int *)stage(c, STAGE_ROWS, rows, (size_t)n * sizeof(int));
     const int *dof = (const int *)stage(c, STAGE_OF, of, (size_t)n * sizeof(int));
     float *F = (float *)dev_buf_reserve(c, &c->phi_f, ((size_t)n * p->d_phi + 1) * sizeof(float),
@@ -377,37 +375,46 @@ static float *phi_features(cuda_impl *c, const phi_maps *p, const float *par, in
     return F;
 }
 
-void cuda_phi_summarize(backend *b, phi_summary *out, const phi_maps *p, int layer,
-                               const kv_layer *L, int lo, int hi) {
+// The summaries into dsum (device, phi_summary_flat): every mid key's features (its KV head's
+// parameter block of par_k, device), then one block per (feature, KV head). Nothing comes back.
+void cuda_phi_summarize(backend *b, phi_summary *out, float *dsum, const phi_maps *p,
+                        const float *par_k, int layer, const kv_layer *L, int lo, int hi) {
     cuda_impl *c = impl(b);
     int n = hi - lo, nkv = L->n_kv_head, hd = L->head_dim, f = p->d_phi;
     phi_dims_check(p, hd);
+    CHECK_INTERNAL(dsum && par_k, "phi summaries on CUDA need their device buffers");
+    for (int g = 0; g < nkv; g++) out[g].n = n;
     if (n <= 0) return;
     int *rows = (int *)xmalloc((size_t)nkv * n * sizeof(int)), *of = (int *)xmalloc((size_t)nkv * n * sizeof(int));
     for (int g = 0; g < nkv; g++)
         for (int i = 0; i < n; i++) rows[(size_t)g * n + i] = g * L->cap + lo + i, of[(size_t)g * n + i] = g;
-    float *F = phi_features(c, p, phi_par_k(p, layer, 0), nkv, L->k, rows, of, nkv * n);
-    size_t per = (size_t)f * (hd + 2);   // m, u, t of one KV head
-    float *d = (float *)dev_buf_reserve(c, &c->phi_sum, (size_t)nkv * per * sizeof(float), "phi summary");
-    float *dm = d, *du = d + (size_t)nkv * f, *dt = d + (size_t)2 * nkv * f;
-    phi_summary_cuda(dm, du, dt, F, L->v, nkv, n, L->cap, lo, hd, f, c->stream);
-    float *h = (float *)xmalloc((size_t)nkv * per * sizeof(float));
-    CUDA_CHECK(cuda_memcpy_async(h, d, (size_t)nkv * per * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
-    CUDA_CHECK(cuda_stream_sync(c->stream));
-    for (int g = 0; g < nkv; g++) {   // out[g] is fresh (fwd_phi_summarize checks): copy in
-        phi_summary *s = &out[g];
-        memcpy(s->m, h + (size_t)g * f, (size_t)f * sizeof(float));
-        memcpy(s->u, h + (size_t)(nkv + g) * f, (size_t)f * sizeof(float));
-        memcpy(s->t, h + (size_t)2 * nkv * f + (size_t)g * f * hd, (size_t)f * hd * sizeof(float));
-        s->n = n;
-    }
-    free(rows), free(of), free(h);
+    const float *par = par_k + (size_t)layer * nkv * phi_n_par(p);
+    float *F = phi_features(c, p, par, L->k, rows, of, nkv * n);
+    phi_summary_cuda(dsum, dsum + (size_t)nkv * f, dsum + (size_t)2 * nkv * f, F, L->v, nkv, n, L->cap,
+                     lo, hd, f, c->stream);
+    free(rows), free(of);
+}
+
+// The completion's device inputs for one decode row: lq (heads, d_phi) = log phi_q of each
+// head's query, fsel (heads, k, d_phi) = log phi_k of each head's retrieved keys, from the
+// device selection idx (heads, k); the summaries and parameters already in device memory.
+static void phi_inputs(cuda_impl *c, const phi_completion *comp, const void *q, int heads,
+                       const kv_layer *L, const int *idx, int k, float **lq, float **fsel) {
+    const phi_maps *p = comp->maps;
+    int nkv = L->n_kv_head, f = p->d_phi;
+    size_t np = (size_t)phi_n_par(p);
+    *lq = (float *)dev_buf_reserve(c, &c->phi_q, ((size_t)heads * f + 1) * sizeof(float), "phi queries");
+    phi_features_sel_cuda(*lq, q, NULL, heads, 0, 0, 0, comp->par_q + (size_t)comp->layer * heads * np,
+                          phi_shape(p), c->stream);
+    *fsel = (float *)dev_buf_reserve(c, &c->phi_f, ((size_t)heads * k * f + 1) * sizeof(float), "phi features");
+    phi_features_sel_cuda(*fsel, L->k, idx, heads, k, heads / nkv, L->cap,
+                          comp->par_k + (size_t)comp->layer * nkv * np, phi_shape(p), c->stream);
 }
 
 void cuda_attn_select(backend *b, void *out, const void *q, int heads, const kv_layer *L,
-                             const int *sel, int n_sel, int n_sub, const phi_completion *comp) {
+                      const int *sel, int n_sel, int n_sub, const phi_completion *comp) {
     cuda_impl *c = impl(b);
-    int nkv = L->n_kv_head, hd = L->head_dim, group = heads / nkv;
+    int nkv = L->n_kv_head, hd = L->head_dim;
     CHECK_INTERNAL(hd <= 256, "selected attention on head dim %d (CUDA: <= 256)", hd);
     const int *dsel = (const int *)stage(c, STAGE_IDX, sel, ((size_t)heads * n_sel + 1) * sizeof(int));
     float *work = (float *)dev_buf_reserve(c, &c->attn_work, ((size_t)heads * n_sel + 1) * sizeof(float),
@@ -419,29 +426,16 @@ void cuda_attn_select(backend *b, void *out, const void *q, int heads, const kv_
         return;
     }
     phi_dims_check(p, hd);
-    int f = p->d_phi, *rows = (int *)xmalloc(((size_t)heads * n_sub + heads) * sizeof(int));
-    int *of = (int *)xmalloc(((size_t)heads * n_sub + heads) * sizeof(int));
-    for (int h = 0; h < heads; h++) rows[h] = h, of[h] = h;   // log phi_q of each head's query
-    float *F = phi_features(c, p, phi_par_q(p, comp->layer, 0), heads, q, rows, of, heads);
-    float *lq = (float *)dev_buf_reserve(c, &c->phi_q, (size_t)heads * f * sizeof(float), "phi queries");
-    CUDA_CHECK(cuda_memcpy_async(lq, F, (size_t)heads * f * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
-    for (int h = 0; h < heads; h++)   // log phi_k of each head's n_sub retrieved keys
-        for (int i = 0; i < n_sub; i++)
-            rows[(size_t)h * n_sub + i] = (h / group) * L->cap + sel[(size_t)h * n_sel + i],
-            of[(size_t)h * n_sub + i] = h / group;
-    float *fsel = phi_features(c, p, phi_par_k(p, comp->layer, 0), nkv, L->k, rows, of, heads * n_sub);
-    size_t per = (size_t)f * (hd + 2);
-    float *h = (float *)xmalloc((size_t)nkv * per * sizeof(float));
-    for (int g = 0; g < nkv; g++) {   // the summaries, laid out as phi_summary_cuda writes them
-        const phi_summary *s = &comp->sum[g];
-        memcpy(h + (size_t)g * f, s->m, (size_t)f * sizeof(float));
-        memcpy(h + (size_t)(nkv + g) * f, s->u, (size_t)f * sizeof(float));
-        memcpy(h + (size_t)2 * nkv * f + (size_t)g * f * hd, s->t, (size_t)f * hd * sizeof(float));
-    }
-    const float *d = (const float *)stage(c, STAGE_SUM, h, (size_t)nkv * per * sizeof(float));
+    int f = p->d_phi, *top = (int *)xmalloc(((size_t)heads * n_sub + 1) * sizeof(int));
+    for (int h = 0; h < heads; h++)   // each head's first n_sub selected: the retrieved keys
+        memcpy(top + (size_t)h * n_sub, sel + (size_t)h * n_sel, (size_t)n_sub * sizeof(int));
+    const int *dtop = (const int *)stage(c, STAGE_ROWS, top, ((size_t)heads * n_sub + 1) * sizeof(int));
+    float *lq, *fsel;
+    phi_inputs(c, comp, q, heads, L, dtop, n_sub, &lq, &fsel);
+    const float *d = comp->dsum;
     phi_select_cuda(out, q, L->k, L->v, L->cap, heads, nkv, hd, dsel, n_sel, n_sub, lq, fsel, d,
                     d + (size_t)nkv * f, d + (size_t)2 * nkv * f, f, comp->sum[0].n, work, c->stream);
-    free(rows), free(of), free(h);
+    free(top);
 }
 
 // topk's step on the device (backend.h attn_topk_step): the mid region's raw scores (each K
@@ -449,7 +443,8 @@ void cuda_attn_select(backend *b, void *out, const void *q, int heads, const kv_
 // anchors, and the read counts; the length from the device in a bound step, so a recording
 // replays at every length. Nothing crosses to the host; the scratch is sized by the capacity.
 void cuda_attn_topk_step(backend *b, void *out, int *idx, double *stats, const void *q, int qpos,
-                         int heads, const kv_layer *L, int sink, int n, int k) {
+                         int heads, const kv_layer *L, int sink, int n, int k,
+                         const phi_completion *comp) {
     cuda_impl *c = impl(b);
     int nkv = L->n_kv_head, hd = L->head_dim;
     CHECK_INTERNAL(sink >= 0 && n >= 0 && k >= 0 && k <= n && sink + n <= L->len,
@@ -465,7 +460,15 @@ void cuda_attn_topk_step(backend *b, void *out, int *idx, double *stats, const v
     size_t ld = (size_t)k + L->cap - n;   // the selection at full capacity
     float *work = (float *)dev_buf_reserve(c, &c->attn_work, ((size_t)heads * ld + 1) * sizeof(float),
                                            "selected attention scores");
-    topk_attend_cuda(out, q, L->k, L->v, L->cap, heads, nkv, hd, idx, k, sink, n, L->len, dlen, work,
-                     ld, c->stream);
+    float *lq = NULL, *fsel = NULL, *d = NULL;
+    int f = 0;
+    if (comp && comp->maps && n > k) {   // topk+phi: the rest of the mid region from its summaries
+        phi_dims_check(comp->maps, hd);
+        phi_inputs(c, comp, q, heads, L, idx, k, &lq, &fsel);
+        d = (float *)comp->dsum, f = comp->maps->d_phi;
+    }
+    topk_attend_cuda(out, q, L->k, L->v, L->cap, heads, nkv, hd, idx, k, sink, n, L->len, dlen, lq,
+                     fsel, d, d ? d + (size_t)nkv * f : NULL, d ? d + (size_t)2 * nkv * f : NULL, f,
+                     work, ld, c->stream);
     score_union_stats_cuda(stats, idx, nkv, heads / nkv, k, n, L->len, dlen, c->stream);
 }

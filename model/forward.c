@@ -510,13 +510,13 @@ bk_weight *fwd_vector_sum(model *m, const bk_weight *const *ws, int k, int n, fl
 void fwd_weight_free(model *m, bk_weight *w) { m->bk->weight_free(m->bk, w); }
 
 void fwd_attn_topk_step(fwd_state *s, int l, const void *q, int sink, int n, int k, int *idx,
-                        double *stats, void *out) {
+                        double *stats, const phi_completion *comp, void *out) {
     backend *bk = s->m->bk;
     const kv_layer *L = &s->kv->layers[l];
     CHECK_INTERNAL(s->n == 1 && sink >= 0 && n >= 0 && sink + n <= L->len && k >= 0 && k <= n &&
                        bk->attn_topk_step, "top-%d of [%d, %d + %d) over %d entries", k, sink, sink,
                    n, L->len);
-    bk->attn_topk_step(bk, out, idx, stats, q, s->pos[0], s->m->cfg.n_head, L, sink, n, k);
+    bk->attn_topk_step(bk, out, idx, stats, q, s->pos[0], s->m->cfg.n_head, L, sink, n, k, comp);
 }
 
 void fwd_attn_select(fwd_state *s, int l, const void *q, const int *sel, int n_sel, int n_sub,
@@ -531,13 +531,13 @@ void fwd_attn_select(fwd_state *s, int l, const void *q, const int *sel, int n_s
     s->m->bk->attn_select(s->m->bk, out, q, heads, L, sel, n_sel, n_sub, comp);
 }
 
-void fwd_phi_summarize(model *m, kv_cache *kv, int l, const phi_maps *p, int lo, int hi,
-                       phi_summary *out) {
+void fwd_phi_summarize(model *m, kv_cache *kv, int l, const phi_maps *p, const float *par_k, int lo,
+                       int hi, phi_summary *out, float *dsum) {
     kv_layer *L = &kv->layers[l];
     CHECK_INTERNAL(lo >= 0 && lo <= hi && hi <= L->len, "summary of [%d, %d) of %d", lo, hi, L->len);
     for (int g = 0; g < L->n_kv_head; g++)
         CHECK_INTERNAL(out[g].n == 0, "phi summary %d is not fresh (%d entries)", g, out[g].n);
-    m->bk->phi_summarize(m->bk, out, p, l, L, lo, hi);
+    m->bk->phi_summarize(m->bk, out, dsum, p, par_k, l, L, lo, hi);
 }
 
 static void *kv_mem_alloc(void *ctx, size_t n) {

@@ -184,18 +184,21 @@ void fwd_weight_free(model *m, bk_weight *w);
 // with the largest raw score (ties to the lower index, ascending; absolute entry indices); then,
 // unless out is NULL, out (heads, hd) = attention over those, [0, sink) and every entry after
 // the mid region, and stats (3,), backend memory, += the entries read exactly, the entries
-// cached, 1. Recordable: in a bound decode step the length is the device's.
+// cached, 1; with comp (topk+phi), completed from its summaries of the mid region. Recordable:
+// in a bound decode step the length is the device's.
 void fwd_attn_topk_step(fwd_state *s, int l, const void *q, int sink, int n, int k, int *idx,
-                        double *stats, void *out);
+                        double *stats, const phi_completion *comp, void *out);
 
 // out (heads, hd) for the one alive row: attention over selected entries of layer l's cache,
 // optionally completed by summaries (backend op attn_select, see backend/backend.h).
 void fwd_attn_select(fwd_state *s, int l, const void *q, const int *sel, int n_sel, int n_sub,
                      const phi_completion *comp, void *out);
 
-// out (n_kv_head,) = summaries of entries [lo, hi) of layer l of kv under p (backend op).
-void fwd_phi_summarize(model *m, kv_cache *kv, int l, const phi_maps *p, int lo, int hi,
-                       phi_summary *out);
+// The summaries of entries [lo, hi) of layer l of kv under p (backend op phi_summarize): into
+// dsum (backend memory, phi_summary_flat floats; par_k = p->k in backend memory) and, where
+// decode reads them from the host, out (n_kv_head,); out[g].n always.
+void fwd_phi_summarize(model *m, kv_cache *kv, int l, const phi_maps *p, const float *par_k, int lo,
+                       int hi, phi_summary *out, float *dsum);
 
 // A KV cache on the model's backend with capacity caps[l] per layer, rows of the context's
 // types (NULL + err if out of memory).

@@ -199,9 +199,27 @@ void model_fuse(model *m) {
     }
 }
 
+void *model_derived_get(const model *m, const void *kind) {
+    for (const model_derived *d = m->derived; d; d = d->next)
+        if (d->kind == kind) return d->state;
+    return NULL;
+}
+
+void model_derived_put(model *m, const void *kind, void *state, void (*free_state)(void *state)) {
+    CHECK_INTERNAL(!model_derived_get(m, kind), "the model already keeps state of this kind");
+    model_derived *d = xmalloc(sizeof *d);
+    *d = (model_derived){kind, state, free_state, m->derived};
+    m->derived = d;
+}
+
 void model_free(model *m) {
     if (!m) return;
-    if (m->derived) m->derived_free(m->derived);
+    for (model_derived *d = m->derived, *next; d; d = next) {
+        next = d->next;
+        d->free(d->state);
+        free(d);
+    }
+    m->derived = NULL;
     backend *bk = m->bk;
     if (m->layers)
         for (int l = 0; l < m->cfg.n_layer; l++) {

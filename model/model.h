@@ -61,9 +61,22 @@ typedef struct model {
     int n_extra;
     // A run's state (pass buffers, recorded decode step, KV row types, chunk size, progress)
     // lives in a run context (model/context.h), never here.
-    void *derived;   // a strategy's state derived once from these weights (e.g. a layer plan)
-    void (*derived_free)(void *derived);   // frees it first thing in model_free
+    struct model_derived *derived;   // strategies' states derived once from these weights
 } model;
+
+// A strategy's state derived once from a model's weights (swiftkv's layer plans, topk+phi's
+// fallback maps), found by its owner's kind (the address of a static in the owner's file);
+// freed first thing in model_free.
+typedef struct model_derived {
+    const void *kind;
+    void *state;
+    void (*free)(void *state);
+    struct model_derived *next;
+} model_derived;
+// The state of this kind kept with m, or NULL.
+void *model_derived_get(const model *m, const void *kind);
+// Keeps state (of a kind m holds none of yet) with m until model_free, which calls free(state).
+void model_derived_put(model *m, const void *kind, void *state, void (*free)(void *state));
 
 // Fuses each layer's q/k/v and gate/up weights where the backend offers weight_fuse (the loaders
 // call it last; a model built by hand may too).

@@ -156,7 +156,9 @@ static void plan_training_free(swiftkv_plan *p) {
     }
 }
 
-static void plans_free(void *first) {   // the model's plans (model.derived_free)
+static const char plans_kind = 0;   // model_derived's tag of swiftkv's plans
+
+static void plans_free(void *first) {   // the model's plans (model_derived_put)
     for (swiftkv_plan *p = first, *next; p; p = next) {
         next = p->next;
         for (int i = 0; i < p->n_owned; i++) fwd_weight_free(p->m, p->owned[i]);
@@ -169,12 +171,12 @@ static void plans_free(void *first) {   // the model's plans (model.derived_free
 }
 
 // The plan for o on m: built on first use (the options check at load) and kept with the model
-// (model.derived), so no prompt builds it again. NULL + err when o or the checkpoint is wrong.
+// (model_derived), so no prompt builds it again. NULL + err when o or the checkpoint is wrong.
 static const swiftkv_plan *plan_for(model *m, const strategy_opts *o, char *err, size_t errlen) {
     int l, G, fold = !is_checkpoint(m) && o->swiftkv_fold == 1;
     if (swiftkv_shape(m, o, &l, &G, err, errlen) != 0) return NULL;
-    CHECK_INTERNAL(!m->derived || m->derived_free == plans_free, "model state of another kind");
-    for (const swiftkv_plan *p = m->derived; p; p = p->next)
+    swiftkv_plan *first = model_derived_get(m, &plans_kind);
+    for (const swiftkv_plan *p = first; p; p = p->next)
         if (p->l == l && p->G == G && p->fold == fold) return p;
     swiftkv_plan *p = xcalloc(1, sizeof *p);
     int L = m->cfg.n_layer;
@@ -188,8 +190,8 @@ static const swiftkv_plan *plan_for(model *m, const strategy_opts *o, char *err,
         plans_free(p);
         return NULL;
     }
-    p->next = m->derived;
-    m->derived = p, m->derived_free = plans_free;
+    if (first) p->next = first->next, first->next = p;   // the list the model keeps, its head kept
+    else model_derived_put(m, &plans_kind, p, plans_free);
     return p;
 }
 

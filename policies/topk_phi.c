@@ -34,6 +34,11 @@ typedef struct {
     const phi_maps *maps;          // NULL: selection only (`topk`)
     phi_maps *own_maps;            // maps when freed with the state, else NULL
     phi_summary *sum;              // (n_layer, n_kv_head) over each layer's mid region
+    // Backend memory (topk+phi): the maps' q and k parameters, and every layer's summaries
+    // (phi_summary_flat floats a layer), which a GPU's decode reads instead of sum.
+    float *dpar_q, *dpar_k, *dsum;
+    int own_dpar;                  // dpar_q, dpar_k freed with the state (else the model's)
+    size_t flat;
     int *sel, *mark;               // scratch: (heads, n_sel) selections then (heads, k) top K,
                                    // (len,) union stamps
     int cap, stamp;
@@ -63,6 +68,8 @@ static void topk_state_free(void *ctx) {
     free(t->steps);
     fwd_scratch_free(t->m, t->didx);
     fwd_scratch_free(t->m, t->dstats);
+    if (t->own_dpar) fwd_scratch_free(t->m, t->dpar_q), fwd_scratch_free(t->m, t->dpar_k);
+    fwd_scratch_free(t->m, t->dsum);
     free(t);
 }
 
@@ -73,6 +80,43 @@ int topk_phi_cache_tokens(const phi_maps *maps) {
 phi_maps *topk_phi_fallback_maps(const model *m, int d_phi) {
     const model_config *c = &m->cfg;
     return phi_maps_prf(c->n_layer, c->n_head, c->n_kv_head, c->head_dim, d_phi, PRF_SEED);
+}
+
+// Maps with their parameters in the model's backend memory (q and k blocks as phi_maps lays
+// them out): what topk+phi's decode reads on a device.
+typedef struct {
+    const model *m;
+    phi_maps *maps;
+    float *dpar_q, *dpar_k;
+} resident_maps;
+
+static resident_maps resident_upload(const model *m, phi_maps *maps) {
+    size_t nq = (size_t)maps->n_layer * maps->n_head * phi_n_par(maps);
+    size_t nk = (size_t)maps->n_layer * maps->n_kv_head * phi_n_par(maps);
+    resident_maps r = {m, maps, fwd_scratch(m, nq * sizeof(float)), fwd_scratch(m, nk * sizeof(float))};
+    fwd_floats_from_host(m, r.dpar_q, maps->q, nq);
+    fwd_floats_from_host(m, r.dpar_k, maps->k, nk);
+    return r;
+}
+
+static const char fallback_kind = 0;   // model_derived's tag of the fallback maps
+
+static void fallback_free(void *state) {
+    resident_maps *r = state;
+    fwd_scratch_free(r->m, r->dpar_q), fwd_scratch_free(r->m, r->dpar_k);
+    phi_maps_free(r->maps);
+    free(r);
+}
+
+// The training-free maps of m (d_phi = head dim), drawn, orthogonalised and uploaded once per
+// model and kept with it (model_derived): no prompt builds or stages them again.
+static const resident_maps *fallback_for(model *m) {
+    resident_maps *r = model_derived_get(m, &fallback_kind);
+    if (r) return r;
+    r = xmalloc(sizeof *r);
+    *r = resident_upload(m, topk_phi_fallback_maps(m, m->cfg.head_dim));
+    model_derived_put(m, &fallback_kind, r, fallback_free);
+    return r;
 }
 
 // Budgets: n = ceil(f N) exact reads; the phi cache costs R_phi token-equivalents, so
@@ -141,13 +185,17 @@ static void ensure_scratch(topk_state *t, int heads, int len) {
 
 // One decode step, query layer l over cache layer kl (its own, or a shared one). A layer
 // without mid entries reads every entry exactly. `topk` runs whole in backend memory
-// (recordable: the anchors and decode tokens are implicit, the length the device's); topk+phi
-// and --kept-map bring the top K to the host and complete or count there.
+// (recordable: the anchors and decode tokens are implicit, the length the device's; topk+phi's
+// completion reads the summaries and maps there); --kept-map brings the top K to the host and
+// counts there.
 static int topk_attention(void *ctx, fwd_state *s, int kl, const void *q, void *out) {
     topk_state *t = ctx;
     const topk_layer *y = &t->ly[kl];
+    phi_completion comp = {t->maps, kl, t->sum + (size_t)kl * t->n_kv_head, t->dpar_q, t->dpar_k,
+                           t->dsum ? t->dsum + kl * t->flat : NULL};
+    const phi_completion *c = t->maps && y->n_mid > 0 ? &comp : NULL;
     if (t->device) {
-        fwd_attn_topk_step(s, kl, q, y->sink, y->n_mid, y->k, t->didx, t->dstats, out);
+        fwd_attn_topk_step(s, kl, q, y->sink, y->n_mid, y->k, t->didx, t->dstats, c, out);
         return 0;
     }
     int heads = s->m->cfg.n_head, len = s->kv->layers[kl].len;
@@ -155,7 +203,7 @@ static int topk_attention(void *ctx, fwd_state *s, int kl, const void *q, void *
     ensure_scratch(t, heads, len);
     int *top = t->sel + (size_t)heads * n_sel;   // 1-2: exhaustive scores over M, K(q) per head
     if (y->k > 0) {
-        fwd_attn_topk_step(s, kl, q, y->sink, y->n_mid, y->k, t->didx, NULL, NULL);
+        fwd_attn_topk_step(s, kl, q, y->sink, y->n_mid, y->k, t->didx, NULL, NULL, NULL);
         fwd_ints_to_host(s->m, top, t->didx, (size_t)heads * y->k);
     }
     // 3: the exact set E = K(q) U A U decode tokens
@@ -166,8 +214,7 @@ static int topk_attention(void *ctx, fwd_state *s, int kl, const void *q, void *
         for (int i = y->np - y->tail; i < len; i++) sel[j++] = i;   // tail, then decode tokens
     }
     // 4-6 (topk+phi): the rest of M from its completion cache minus K(q), one normalisation
-    phi_completion comp = {t->maps, kl, t->sum + (size_t)kl * t->n_kv_head};
-    fwd_attn_select(s, kl, q, t->sel, n_sel, y->k, t->maps && y->n_mid > 0 ? &comp : NULL, out);
+    fwd_attn_select(s, kl, q, t->sel, n_sel, y->k, c, out);
     account(t, kl, heads, n_sel, len);
     return 0;
 }
@@ -209,10 +256,9 @@ static void topk_report(void *ctx, char *buf, size_t len) {
     if (n >= 0 && (size_t)n < len) snprintf(buf + n, len - n, "; selector scored all keys");
 }
 
-// The feature maps topk+phi uses: --phi FILE, shapes checked against m, or random features.
+// The feature maps of --phi FILE, shapes checked against m.
 static phi_maps *load_maps(const model *m, const strategy_opts *o, char *err, size_t errlen) {
     const model_config *c = &m->cfg;
-    if (!o->phi_path) return topk_phi_fallback_maps(m, c->head_dim);
     phi_maps *p = phi_maps_load(o->phi_path, err, errlen);
     if (p && (p->n_layer != c->n_layer || p->n_head != c->n_head ||
               p->n_kv_head != c->n_kv_head || p->d_in != c->head_dim)) {
@@ -230,8 +276,10 @@ static phi_maps *load_maps(const model *m, const strategy_opts *o, char *err, si
 // prefill strategy kept): per layer the index sets, K (clamped to M) and, with maps, the
 // completion cache over M (m, u~, T~: fp32, one pass per layer and KV head). Attached to kv as
 // its side data (freed with it, own_maps too). With device, topk's steps count in backend memory.
+// maps' parameters in backend memory come with them (res, the model's) or are uploaded here.
 static topk_state *topk_attach(model *m, kv_cache *kv, int sink, int tail, int k,
-                               const phi_maps *maps, phi_maps *own_maps, int device) {
+                               const phi_maps *maps, phi_maps *own_maps, const resident_maps *res,
+                               int device) {
     const model_config *c = &m->cfg;
     topk_state *t = xcalloc(1, sizeof *t);
     *t = (topk_state){.m = m, .n_layer = kv->n_layer, .n_kv_head = c->n_kv_head, .head_dim = c->head_dim,
@@ -248,7 +296,7 @@ static topk_state *topk_attach(model *m, kv_cache *kv, int sink, int tail, int k
         kmax = y->k > kmax ? y->k : kmax;
     }
     t->didx = fwd_scratch(m, (size_t)c->n_head * (kmax > 0 ? kmax : 1) * sizeof(int));
-    t->device = device && !maps;
+    t->device = device;
     if (t->device) {
         const double zero[3] = {0, 0, 0};
         t->dstats = fwd_scratch(m, sizeof zero);
@@ -257,20 +305,24 @@ static topk_state *topk_attach(model *m, kv_cache *kv, int sink, int tail, int k
     kv->side = t;
     kv->side_free = topk_state_free;
     if (maps) {
+        resident_maps r = res ? *res : resident_upload(m, (phi_maps *)maps);
+        t->dpar_q = r.dpar_q, t->dpar_k = r.dpar_k, t->own_dpar = !res;
+        t->flat = phi_summary_flat(c->n_kv_head, maps->d_phi, c->head_dim);
+        t->dsum = fwd_scratch(m, (size_t)kv->n_layer * t->flat * sizeof(float));
         t->sum = xmalloc((size_t)kv->n_layer * c->n_kv_head * sizeof *t->sum);
         for (int i = 0; i < kv->n_layer * c->n_kv_head; i++)
             t->sum[i] = phi_summary_alloc(maps->d_phi, c->head_dim);
         for (int l = 0; l < kv->n_layer; l++)
             if (t->ly[l].n_mid > 0)
-                fwd_phi_summarize(m, kv, l, maps, t->ly[l].sink, t->ly[l].sink + t->ly[l].n_mid,
-                                  t->sum + (size_t)l * c->n_kv_head);
+                fwd_phi_summarize(m, kv, l, maps, t->dpar_k, t->ly[l].sink, t->ly[l].sink + t->ly[l].n_mid,
+                                  t->sum + (size_t)l * c->n_kv_head, t->dsum + l * t->flat);
         kv->side_bytes = (size_t)kv->n_layer * c->n_kv_head * maps->d_phi * (c->head_dim + 2) * sizeof(float);
     }
     return t;
 }
 
 fwd_hooks topk_phi_hooks(model *m, kv_cache *kv, int sink, int tail, int k, const phi_maps *maps) {
-    topk_state *t = topk_attach(m, kv, sink, tail, k, maps, NULL, 1);
+    topk_state *t = topk_attach(m, kv, sink, tail, k, maps, NULL, NULL, 1);
     return (fwd_hooks){.ctx = t, .attention = topk_attention, .recordable = t->device};
 }
 
@@ -281,10 +333,12 @@ static int topk_attach_run(context *cx, kv_cache *kv, int n, const strategy_opts
     model *m = cx->m;
     if (kv->side)
         return err_printf(err, errlen, "the cache already carries another strategy's decode state");
-    phi_maps *maps = with_phi ? load_maps(m, o, err, errlen) : NULL;
+    const resident_maps *res = with_phi && !o->phi_path ? fallback_for(m) : NULL;
+    phi_maps *own = with_phi && o->phi_path ? load_maps(m, o, err, errlen) : NULL;
+    const phi_maps *maps = res ? res->maps : own;
     if (with_phi && !maps) return -1;
     int raised, k = budget_k(o, n, maps, &raised);
-    topk_state *t = topk_attach(m, kv, o->sink, o->tail, k, maps, maps, !run->count_selected);
+    topk_state *t = topk_attach(m, kv, o->sink, o->tail, k, maps, own, res, !run->count_selected);
     info->decode = (fwd_hooks){.ctx = t, .attention = topk_attention, .recordable = t->device};
     info->decode_report = topk_report;
     info->decode_read_bytes = topk_read_bytes;
@@ -379,7 +433,7 @@ static int topk_check(const model *m, const strategy_opts *o, char *err, size_t 
 
 static int topk_phi_check(const model *m, const strategy_opts *o, char *err, size_t errlen) {
     if (topk_check(m, o, err, errlen) != 0) return -1;
-    if (!o->phi_path) return 0;
+    if (!o->phi_path) return 0;   // the fallback maps: built at the first attach
     phi_maps *p = load_maps(m, o, err, errlen);   // validates the file against the model once
     phi_maps_free(p);
     return p ? 0 : -1;

@@ -574,6 +574,16 @@ static void test_attention(backend *bk[2], const attn_case *t) {
     free(k), free(v), free(q), free(idx), free(qpos);
 }
 
+// fp32 / int32 buffers of backend memory, as raw 4-byte words (ints_to_host / ints_from_host)
+static void *words_up(backend *b, const void *host, size_t n) {
+    size_t e = b->elem_bytes;
+    void *d = b->alloc(b, (n * 4 + e - 1) / e + 1);
+    CHECK_INTERNAL(d, "out of memory for %zu words", n);
+    b->ints_from_host(b, d, host, n);
+    return d;
+}
+static void words_down(backend *b, void *host, const void *d, size_t n) { b->ints_to_host(b, host, d, n); }
+
 // ---- topk+phi: phi_summarize and attn_select -------------------------------------------------
 
 // Maps of one layer: random MLP blocks (weights ~ 1/sqrt(fan-in), ReZero alpha 0.5) or random
@@ -607,21 +617,21 @@ static void test_phi_select(backend *bk[2], int kind, int heads, int nkv, int hd
             sel[h * n_sel + j] = e < 0 ? lo + (h * 31 + j * step) % (hi - lo) : e < lo ? e : hi + (e - lo);
         }
     float *sum[2], *y[2][2];
-    size_t per = (size_t)f * (hd + 2);
+    size_t np = (size_t)phi_n_par(p), flat = phi_summary_flat(nkv, f, hd);
     for (int b = 0; b < 2; b++) {
         backend *B = bk[b];
         kv_cache *kv = build_cache(B, &t, k, v, NULL);
         kv_layer *L = &kv->layers[0];
         phi_summary *s = xmalloc((size_t)nkv * sizeof *s);
         for (int g = 0; g < nkv; g++) s[g] = phi_summary_alloc(f, hd);
-        B->phi_summarize(B, s, p, 0, L, lo, hi);
-        sum[b] = xmalloc((size_t)nkv * per * sizeof(float));
-        for (int g = 0; g < nkv; g++) {
-            memcpy(sum[b] + g * per, s[g].m, (size_t)f * sizeof(float));
-            memcpy(sum[b] + g * per + f, s[g].u, (size_t)f * sizeof(float));
-            memcpy(sum[b] + g * per + 2 * f, s[g].t, (size_t)f * hd * sizeof(float));
-        }
-        phi_completion comp = {p, 0, s};
+        float *dpq = words_up(B, p->q, (size_t)heads * np), *dpk = words_up(B, p->k, (size_t)nkv * np);
+        float *ds = words_up(B, p->k, flat);   // (any words: the summaries overwrite them)
+        B->phi_summarize(B, s, ds, p, dpk, 0, L, lo, hi);
+        sum[b] = xmalloc(flat * sizeof(float));   // the flat layout, as the backend holds it
+        words_down(B, sum[b], ds, flat);
+        for (int g = 0; g < nkv; g++)
+            if (s[g].n != hi - lo) n_fail++, printf("| phi_summarize n | %d entries, not %d |||||\n", s[g].n, hi - lo);
+        phi_completion comp = {p, 0, s, dpq, dpk, ds};
         void *dq = upload(B, q, 1, heads * hd);
         for (int c = 0; c < 2; c++) {
             void *o = B->alloc(B, (size_t)heads * hd);
@@ -630,7 +640,7 @@ static void test_phi_select(backend *bk[2], int kind, int heads, int nkv, int hd
             y[b][c] = download(B, o, (size_t)heads * hd);
             B->free(B, o);
         }
-        B->free(B, dq);
+        B->free(B, dq), B->free(B, dpq), B->free(B, dpk), B->free(B, ds);
         for (int g = 0; g < nkv; g++) phi_summary_free(&s[g]);
         free(s);
         kv_free(kv);
@@ -638,7 +648,7 @@ static void test_phi_select(backend *bk[2], int kind, int heads, int nkv, int hd
     char shape[120];
     snprintf(shape, sizeof shape, "%s %d/%d hd%d phi%d len%d K%d", kind == PHI_MLP ? "mlp" : "prf",
              heads, nkv, hd, f, len, n_sub);
-    report("phi_summarize m,u,T", shape, sum[GPU], sum[CPU], (size_t)nkv * per, TOL);
+    report("phi_summarize m,u,T", shape, sum[GPU], sum[CPU], flat, TOL);
     report("attn_select", shape, y[GPU][0], y[CPU][0], (size_t)heads * hd, TOL);
     report("attn_select + phi", shape, y[GPU][1], y[CPU][1], (size_t)heads * hd, TOL);
     for (int b = 0; b < 2; b++) free(sum[b]), free(y[b][0]), free(y[b][1]);
@@ -646,15 +656,6 @@ static void test_phi_select(backend *bk[2], int kind, int heads, int nkv, int hd
     free(k), free(v), free(q), free(sel);
 }
 
-// fp32 / int32 buffers of backend memory, as raw 4-byte words (ints_to_host / ints_from_host)
-static void *words_up(backend *b, const void *host, size_t n) {
-    size_t e = b->elem_bytes;
-    void *d = b->alloc(b, (n * 4 + e - 1) / e + 1);
-    CHECK_INTERNAL(d, "out of memory for %zu words", n);
-    b->ints_from_host(b, d, host, n);
-    return d;
-}
-static void words_down(backend *b, void *host, const void *d, size_t n) { b->ints_to_host(b, host, d, n); }
 
 // attn_topk_step (topk's decode step) on the GPU against the CPU twin: the mid region
 // [sink, sink + n) of a len-entry cache, the tail after it. The selections: levels > 0, the keys
@@ -663,8 +664,10 @@ static void words_down(backend *b, void *host, const void *d, size_t n) { b->int
 // fall either way in fp32, so >= 99 % of the indices must agree. The attention: the GPU's output
 // against the CPU's attn_select over the GPU's own selection and the anchors (the same set:
 // TOL). The read counts: the GPU's against the union of the GPU's selections counted here.
+// kind (PHI_PRF, PHI_MLP; 0 none): topk+phi, completed from each backend's summaries of the mid
+// region under test_maps with d_phi f (the CPU's reference: attn_select with its completion).
 static void test_attn_topk_step(backend *bk[2], int heads, int nkv, int hd, int len, int sink, int n,
-                                int k, int levels) {
+                                int k, int levels, int kind, int f) {
     attn_case t = {"topk", heads, nkv, hd, len, 1, 0, 1, len, 1, 0};
     int kvd = nkv * hd, group = heads / nkv, tail = len - sink - n, n_sel = k + sink + tail;
     float *k_ = rand_host((size_t)(len + 2) * kvd, 2), *v = rand_host((size_t)(len + 2) * kvd, 1);
@@ -674,6 +677,8 @@ static void test_attn_topk_step(backend *bk[2], int heads, int nkv, int hd, int 
     int *idx[2], *sel = xmalloc(((size_t)heads * n_sel + 1) * sizeof(int));
     float *y[2], *ref = NULL;
     double stats[2][3];
+    phi_maps *p = kind ? test_maps(kind, heads, nkv, hd, f) : NULL;
+    size_t np = p ? (size_t)phi_n_par(p) : 0, flat = p ? phi_summary_flat(nkv, f, hd) : 0;
     for (int i = 0; i < 2; i++) {   // the GPU first: the CPU's reference reads its selection
         int b = i ? CPU : GPU;
         backend *B = bk[b];
@@ -684,7 +689,16 @@ static void test_attn_topk_step(backend *bk[2], int heads, int nkv, int hd, int 
         for (int i = 0; i < heads * k; i++) idx[b][i] = -1;
         const double zero[6] = {0};
         void *di = words_up(B, idx[b], (size_t)heads * k), *ds = words_up(B, zero, 6);
-        B->attn_topk_step(B, o, di, ds, dq, len, heads, &kv->layers[0], sink, n, k);
+        phi_summary *sum = NULL;
+        phi_completion comp = {p, 0, NULL, NULL, NULL, NULL};
+        if (p) {   // the mid region's summaries, as topk+phi builds them
+            sum = xmalloc((size_t)nkv * sizeof *sum);
+            for (int g = 0; g < nkv; g++) sum[g] = phi_summary_alloc(f, hd);
+            comp.sum = sum, comp.par_q = words_up(B, p->q, (size_t)heads * np);
+            comp.par_k = words_up(B, p->k, (size_t)nkv * np), comp.dsum = words_up(B, p->k, flat);
+            B->phi_summarize(B, sum, (float *)comp.dsum, p, comp.par_k, 0, &kv->layers[0], sink, sink + n);
+        }
+        B->attn_topk_step(B, o, di, ds, dq, len, heads, &kv->layers[0], sink, n, k, p ? &comp : NULL);
         words_down(B, idx[b], di, (size_t)heads * k);
         words_down(B, stats[b], ds, 6);
         y[b] = download(B, o, (size_t)heads * hd);
@@ -696,8 +710,13 @@ static void test_attn_topk_step(backend *bk[2], int heads, int nkv, int hd, int 
                 for (int i = sink + n; i < len; i++) e[j++] = i;
             }
             poison(B, o, 1, heads * hd);
-            B->attn_select(B, o, dq, heads, &kv->layers[0], sel, n_sel, k, NULL);
+            B->attn_select(B, o, dq, heads, &kv->layers[0], sel, n_sel, k, p ? &comp : NULL);
             ref = download(B, o, (size_t)heads * hd);
+        }
+        if (p) {
+            B->free(B, (void *)comp.par_q), B->free(B, (void *)comp.par_k), B->free(B, (void *)comp.dsum);
+            for (int g = 0; g < nkv; g++) phi_summary_free(&sum[g]);
+            free(sum);
         }
         B->free(B, di), B->free(B, ds), B->free(B, o), B->free(B, dq);
         kv_free(kv);
@@ -715,8 +734,8 @@ static void test_attn_topk_step(backend *bk[2], int heads, int nkv, int hd, int 
     double reads = 0;   // the GPU's selection's exact reads, counted here
     for (int g = 0; g < nkv && inside; g++) reads += score_union_count(idx[GPU] + (size_t)g * group * k, group, k) + len - n;
     char shape[120];
-    snprintf(shape, sizeof shape, "%d/%d hd%d len%d [%d,+%d) k%d %s", heads, nkv, hd, len, sink, n, k,
-             levels ? "ties" : "random");
+    snprintf(shape, sizeof shape, "%d/%d hd%d len%d [%d,+%d) k%d %s%s", heads, nkv, hd, len, sink, n, k,
+             levels ? "ties" : "random", !p ? "" : kind == PHI_MLP ? " +phi mlp" : " +phi prf");
     float agree = k ? (float)same / (heads * k) : 1, need = levels ? 1.0f : 0.99f, one = 1;
     float pass = ascending && inside && agree >= need;
     report("attn_topk (share agreeing)", shape, &pass, &one, 1, 0);
@@ -728,6 +747,7 @@ static void test_attn_topk_step(backend *bk[2], int heads, int nkv, int hd, int 
     report("attn_topk_step reads", shape, counts[0], counts[1], 3, 0);
     for (int b = 0; b < 2; b++) free(idx[b]), free(y[b]);
     free(ref), free(sel), free(k_), free(v), free(q);
+    phi_maps_free(p);
 }
 
 // The window scoring of fastkv and snapkv (backend.h: window_scores, score_group_sum,
@@ -1743,12 +1763,15 @@ int main(int argc, char **argv) {
     if (section(only, "attention")) test_attention_cases(bk);
     if (section(only, "ops") && bk[GPU]->weight_synth) test_weight_synth(bk, 33, 70);
     if (section(only, "topk") && bk[GPU]->attn_topk_step) {
-        test_attn_topk_step(bk, 8, 2, 64, 3000, 4, 2980, 60, 0);
-        test_attn_topk_step(bk, 8, 2, 64, 3000, 4, 2976, 60, 7);   // 20 entries after the mid region
-        if (small) test_attn_topk_step(bk, 4, 4, 128, 70000, 4, 69980, 70, 0);
-        else test_attn_topk_step(bk, 4, 4, 128, 70000, 4, 69980, 700, 0);
-        test_attn_topk_step(bk, 2, 1, 32, 50, 0, 50, 50, 3);
-        test_attn_topk_step(bk, 6, 2, 64, 40, 4, 20, 0, 0);        // --topk 0: the anchors only
+        test_attn_topk_step(bk, 8, 2, 64, 3000, 4, 2980, 60, 0, 0, 0);
+        test_attn_topk_step(bk, 8, 2, 64, 3000, 4, 2976, 60, 7, 0, 0);   // 20 entries after the mid region
+        if (small) test_attn_topk_step(bk, 4, 4, 128, 70000, 4, 69980, 70, 0, 0, 0);
+        else test_attn_topk_step(bk, 4, 4, 128, 70000, 4, 69980, 700, 0, 0, 0);
+        test_attn_topk_step(bk, 2, 1, 32, 50, 0, 50, 50, 3, 0, 0);
+        test_attn_topk_step(bk, 6, 2, 64, 40, 4, 20, 0, 0, 0, 0);        // --topk 0: the anchors only
+        test_attn_topk_step(bk, 8, 2, 64, 600, 4, 580, 12, 0, PHI_PRF, 64);   // topk+phi
+        test_attn_topk_step(bk, 4, 2, 32, 300, 4, 280, 8, 0, PHI_MLP, 48);
+        test_attn_topk_step(bk, 4, 2, 32, 60, 4, 40, 0, 0, PHI_PRF, 32);     // K 0: all of the mid estimated
     }
     if (section(only, "topk") && bk[GPU]->window_scores) {
         test_window_select(bk, 8, 2, 64, 300, 8, 40, 7, 0, 0);

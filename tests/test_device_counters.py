@@ -21,15 +21,14 @@ record's "device_counters" must show a strategy that keeps its work on the devic
 
 EXPECTED_FAIL lists the strategies whose device path does not meet a bound yet, with the bound:
 the test fails when one of them starts meeting it (update the list) as when any other misses
-one. They are issue 57's remaining work: topk+phi's decode steps leave the graph (its
-completion brings each layer's top K to the host and stages the summaries back) and it builds its
-maps and summaries on the host. topk's steps run whole in backend memory (attn_topk_step: the
-selection, the attention over it and the anchors, the read counts; the length the device's) and
-replay, alone and composed; swiftkv's decode hooks are recordable (device products appended to
-the group leaders' caches): its steps replay. specprefill pools and folds its speculator's
-attention on the device (window_scores, score_fold_max), copies the prompt's scores to the host
-once, and draws each lookahead token where the logits are (fwd_run_draw: the token comes back,
-not the logits); specprefill+topk+phi misses for topk+phi's part."""
+one. It is empty: every strategy and composition keeps its work on the device. topk's and
+topk+phi's steps run whole in backend memory (attn_topk_step: the selection, the attention over
+it and the anchors, topk+phi's completion from summaries and maps resident there, the read
+counts; the length the device's) and replay, alone and composed; swiftkv's decode hooks are
+recordable (device products appended to the group leaders' caches); specprefill pools and folds
+its speculator's attention on the device (window_scores, score_fold_max), copies the prompt's
+scores to the host once, and draws each lookahead token where the logits are (fwd_run_draw: the
+token comes back, not the logits)."""
 import json
 import os
 import subprocess
@@ -50,13 +49,7 @@ PROMPT = ("Note: The train to Lyon leaves at 7:40 from platform 3. Marie's cat i
 N_PREDICT = 5   # the first token from the prefill, then 4 steps: 3 counted after the first
 
 # strategy -> the bounds it does not meet yet (names as check() reports them)
-# (topk+phi's hooked decode step runs eagerly: logits to the host, no replay; its top K comes to
-# the host and its summaries go back every layer; it builds its maps and summaries on the host)
-PHI = {"decode_replays", "decode_d2h", "decode_syncs", "decode_h2d"}
-EXPECTED_FAIL = {
-    "topk+phi": PHI | {"prefill_allocs", "prefill_d2h"},
-    "specprefill+topk+phi": PHI | {"prefill_d2h"},
-}
+EXPECTED_FAIL = {}
 
 
 def check(dc):

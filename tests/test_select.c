@@ -214,7 +214,7 @@ static void test_topk_step(void) {
     int idx[H * K];
     double stats[3] = {0, 0, 0};
     float out[H][HD];
-    fwd_attn_topk_step(&s, 0, q, SINK, MID, K, idx, stats, out);
+    fwd_attn_topk_step(&s, 0, q, SINK, MID, K, idx, stats, NULL, out);
     const int want[H][K] = {{3, 5}, {2, 4}, {2, 3}, {2, 3}};
     for (int h = 0; h < H; h++)
         for (int j = 0; j < K; j++)
@@ -232,7 +232,7 @@ static void test_topk_step(void) {
             for (int c = 0; c < HD; c++) y[c] += e[i] / z * v[set[i]][g][c];
         for (int c = 0; c < HD; c++) CHECK_CLOSE(out[h][c], y[c], 1e-5);
     }
-    fwd_attn_topk_step(&s, 0, q, SINK, MID, 0, idx, stats, out);   // K = 0: the anchors alone
+    fwd_attn_topk_step(&s, 0, q, SINK, MID, 0, idx, stats, NULL, out);   // K = 0: the anchors alone
     CHECK(stats[0] == 16 + 10 && stats[1] == 48 && stats[2] == 2, "K 0: reads %g of %g", stats[0], stats[1]);
     kv_free(kv);
     m.bk->destroy(m.bk);

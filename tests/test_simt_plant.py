@@ -38,8 +38,11 @@ PLANTS = {
         "attn/score_cuda.cu", [("mine += !seen;", "mine += 1;", 1)],
         "topk:", "rows", "topk's read counts count an entry once per query head that selects it"),
     "topk-attend-drops-last-entry": (
-        "attn/phi_cuda.cu", [("n_sel = kk + len - n;", "n_sel = kk + len - n - 1;", 1)],
+        "attn/phi_cuda.cu", [("return kk + (dlen ? *dlen : len) - n; }", "return kk + (dlen ? *dlen : len) - n - 1; }", 1)],
         "topk:", "rows", "topk's step leaves the newest cache entry out of the attention"),
+    "phi-retrieved-keys-of-wrong-kv-head": (
+        "attn/phi_cuda.cu", [("int g = r / w.kk / w.group;", "int g = r / w.kk / w.group / 2;", 1)],
+        "topk:", "rows", "topk+phi's device step maps the retrieved keys of another KV head"),
     "kv-keep-positions-skip-head-0": (
         "backend/kv_cuda.cu", [("    for (int g = 0; g < n_kv_head; g++)\n        for (int j0 = 0;", "    for (int g = 1; g < n_kv_head; g++)\n        for (int j0 = 0;", 1)],
         "topk:", "rows", "a keep by device indices leaves the first KV head's positions where they were"),
