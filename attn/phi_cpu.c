@@ -193,6 +193,12 @@ void phi_summary_free(phi_summary *s) {
 
 // m, u~, T~ over rows 0..n: a running max per feature; when a key's log feature a exceeds m,
 // the sums so far are rescaled by exp(m - a) and the key enters with weight 1.
+// expf(x) for x <= 0, but 0 where it would underflow (x <= -87: below 1.7e-38 of the largest
+// term, exp(0) = 1, which every sum here holds): libm's expf takes a slow path that sets errno for
+// those, and the random features' log values put most (key, feature) pairs there (perf: 3 % of
+// topk+phi's whole 1B-shape run at 4,096 tokens was expf and its underflow path).
+static inline float exp_le0(float x) { return x > -87.0f ? expf(x) : 0.0f; }
+
 void phi_summary_build(phi_summary *s, const phi_maps *p, const float *par, const float *k,
                        const float *v, int n, int hd, int stride) {
     int nf = p->d_phi;
@@ -205,12 +211,12 @@ void phi_summary_build(phi_summary *s, const phi_maps *p, const float *par, cons
             for (int f = 0; f < nf; f++) {
                 float *tf = s->t + (size_t)f * hd, w = 1.0f;
                 if (a[f] > s->m[f]) {
-                    float r = s->m[f] == -INFINITY ? 0.0f : expf(s->m[f] - a[f]);
+                    float r = s->m[f] == -INFINITY ? 0.0f : exp_le0(s->m[f] - a[f]);
                     s->u[f] *= r;
                     for (int j = 0; j < hd; j++) tf[j] *= r;
                     s->m[f] = a[f];
                 } else
-                    w = expf(a[f] - s->m[f]);
+                    w = exp_le0(a[f] - s->m[f]);
                 s->u[f] += w;
                 for (int j = 0; j < hd; j++) tf[j] += w * vi[j];
             }
@@ -300,7 +306,7 @@ static float completion_part(float *y, const float *q, const float *k, const flo
             lk = s->feat + (size_t)s->slot[e] * nf;
         else
             phi_log_features(p, par_k, k + (size_t)e * hd, ak);
-        for (int f = 0; f < nf; f++) ur[f] += w[(size_t)i * nf + f] = expf(lk[f] - s->m[f]);
+        for (int f = 0; f < nf; f++) ur[f] += w[(size_t)i * nf + f] = exp_le0(lk[f] - s->m[f]);
     }
     phi_log_features(p, par_q, q, lq);
     float amax = -INFINITY;

@@ -184,16 +184,6 @@ static int keeps_blocks(bk_tensor t) {
 // The device storage of a weight: its blocks or its bf16 values.
 static void *storage(const bk_weight *w) { return w->q ? (void *)w->q : (void *)w->h; }
 
-// fp32 (n,) -> bf16 (n,) on the host, round to nearest even (__float2bfloat16_rn's, NaN to
-// CUDA's canonical 0x7fff)
-static void f32_to_bf16_host(uint16_t *dst, const float *src, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &src[i], 4);
-        dst[i] = (u & 0x7fffffffu) > 0x7f800000u ? 0x7fff
-                                                 : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    }
-}
 
 // t in its file encoding. Kept in blocks: the file's bytes copied as they are. Otherwise whole
 // rows are dequantised on the host into one fp32 chunk of at most WEIGHT_CHUNK elements (an F32
@@ -226,7 +216,7 @@ bk_weight *cuda_weight(backend *b, bk_tensor t) {
                           cols);
             src = buf;
         }
-        f32_to_bf16_host(h, src, k);
+        for (size_t i = 0; i < k; i++) h[i] = kv_f32_to_bf16(src[i]);   // the cache rows' rounding
         CUDA_CHECK(cuda_memcpy_async(w->h + r0 * cols, h, k * sizeof(bf16), cudaMemcpyHostToDevice,
                                    c->stream));
         if (w->f && r0 == 0)   // a vector: its fp32 copy too
