@@ -108,23 +108,12 @@ void score_select(const float *s, int rows, int c, int k, int tail, int *idx, in
     }
 }
 
-// whether e is in the ascending list a (k,)
-static int sorted_has(const int *a, int k, int e) {
-    int lo = 0, hi = k;
-    while (lo < hi) {
-        int mid = (lo + hi) / 2;
-        if (a[mid] < e) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo < k && a[lo] == e;
-}
-
 int score_union_count(const int *idx, int lists, int k) {
     int n = 0;
     for (int h = 0; h < lists; h++)
         for (int i = 0; i < k; i++) {
             int e = idx[(size_t)h * k + i], seen = 0;
-            for (int p = 0; p < h && !seen; p++) seen = sorted_has(idx + (size_t)p * k, k, e);
+            for (int p = 0; p < h && !seen; p++) seen = score_sorted_has(idx + (size_t)p * k, k, e);
             n += !seen;
         }
     return n;

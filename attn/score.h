@@ -3,6 +3,12 @@
 // them.
 #pragma once
 
+#if defined(__CUDACC__)
+#define SCORE_FN __host__ __device__ static inline
+#else
+#define SCORE_FN static inline
+#endif
+
 // out[j] = max of s[t] over t in [j - kernel/2, j + kernel/2] ∩ [0, n)  (padding ignored)
 void score_maxpool(const float *s, int n, int kernel, float *out);
 // out[j] = (sum of s[t] over t in [j - kernel/2, j + kernel/2] ∩ [0, n)) / kernel
@@ -35,3 +41,14 @@ void score_select(const float *s, int rows, int c, int k, int tail, int *idx, in
 // the number of distinct entries in `lists` ascending lists of k entries each, idx (lists, k):
 // an entry counts in the first list that holds it.
 int score_union_count(const int *idx, int lists, int k);
+// Whether e is in the ascending list a (k,): score_union_count's test, the same on the host and
+// on the device (attn/score_cuda.cu's count of topk's reads).
+SCORE_FN int score_sorted_has(const int *a, int k, int e) {
+    int lo = 0, hi = k;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (a[mid] < e) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < k && a[lo] == e;
+}

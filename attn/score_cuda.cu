@@ -8,6 +8,9 @@
 
 #include "../util/cuda_util.cuh"
 #include "score_cuda.h"
+extern "C" {
+#include "score.h"
+}
 
 #define TOPK_THREADS 512
 
@@ -168,17 +171,6 @@ void score_dots_cuda(float *out, const void *q, const void *k, int cap, int head
                 stream, out, (const bf16 *)q, (const bf16 *)k, cap, group, hd, lo, n);
 }
 
-// whether e is in the ascending list a (k,)
-__device__ static int sorted_has(const int *a, int k, int e) {
-    int lo = 0, hi = k;
-    while (lo < hi) {
-        int mid = (lo + hi) / 2;
-        if (a[mid] < e) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo < k && a[lo] == e;
-}
-
 // stats (3,) += the step's exact reads (score_union_count per KV head + the anchors), entries
 // cached, 1; one block, the length from the device when dlen is given.
 __global__ void union_stats_kernel(double *stats, const int *idx, int n_kv, int group, int k,
@@ -189,7 +181,7 @@ __global__ void union_stats_kernel(double *stats, const int *idx, int n_kv, int 
     int mine = 0;
     for (int t = threadIdx.x; t < n_kv * group * k; t += blockDim.x) {
         int list = t / k, first = list - list % group, e = idx[t], seen = 0;
-        for (int p = first; p < list && !seen; p++) seen = sorted_has(idx + (size_t)p * k, k, e);
+        for (int p = first; p < list && !seen; p++) seen = score_sorted_has(idx + (size_t)p * k, k, e);
         mine += !seen;
     }
     atomicAdd(&count, mine);
