@@ -22,7 +22,13 @@ void attn_probs_cpu(float *probs, const float *q, const int *qpos, int n, int he
                     enum kv_type kt, const int *kpos, int m, int cap, int n_kv_head, int hd);
 
 // Raw scores (fp32, CPU), for topk's decode selector (the CPU twin of score_dots_cuda):
-// s (nq, n) = q_i . k_j for nq query rows (row i at q + i * ld) against n stored key rows k of
-// type kt (kv_row_bytes each), converted in registers where the CPU can (hd a multiple of 8).
-void attn_scores_cpu(float *s, const float *q, int nq, int ld, const void *k, enum kv_type kt,
-                     int n, int hd);
+// s (nq, lds) columns [0, n) = q_i . k_j for nq query rows (row i at q + i * ld) against n stored
+// key rows k of type kt (kv_row_bytes each), converted in registers where the CPU can (hd a
+// multiple of 8). Each score's arithmetic is the same whatever n and wherever the row lies.
+void attn_scores_cpu(float *s, int lds, const float *q, int nq, int ld, const void *k,
+                     enum kv_type kt, int n, int hd);
+// Page bounds (attn/pages.h; the CPU twin of score_page_bounds_cuda): ub (n_pages,) = per page
+// of b ((n_pages, 2) rows lo, hi of type bt) the largest over the nq query rows of
+// sum_c max(q_c lo_c, q_c hi_c) — the bound of the best key of the page for any of them.
+void attn_page_bounds_cpu(float *ub, const float *q, int nq, int ld, const void *b, enum kv_type bt,
+                          int n_pages, int hd);

@@ -361,7 +361,7 @@ void attn_probs_cpu(float *probs, const float *q, const int *qpos, int n, int he
     free(tiles);
 }
 
-void attn_scores_cpu(float *s, const float *q, int nq, int ld, const void *k, enum kv_type kt,
+void attn_scores_cpu(float *s, int lds, const float *q, int nq, int ld, const void *k, enum kv_type kt,
                      int n, int hd) {
     const size_t krow = kv_row_bytes(kt, hd);
 #ifdef ATTN_X86
@@ -369,14 +369,14 @@ void attn_scores_cpu(float *s, const float *q, int nq, int ld, const void *k, en
         for (int i0 = 0; i0 < nq; i0 += 4) {
             const int ni = nq - i0 < 4 ? nq - i0 : 4;
             const float *qi = q + (size_t)i0 * ld;
-            float *si = s + (size_t)i0 * n;
+            float *si = s + (size_t)i0 * lds;
             for (int j = 0; j < n; j += 2) {
                 const int two = j + 1 < n;
                 switch (ni) {
-                case 1: qk_pair(1, kt, qi, ld, k, krow, j, two, hd, 1.0f, si, n); break;
-                case 2: qk_pair(2, kt, qi, ld, k, krow, j, two, hd, 1.0f, si, n); break;
-                case 3: qk_pair(3, kt, qi, ld, k, krow, j, two, hd, 1.0f, si, n); break;
-                default: qk_pair(4, kt, qi, ld, k, krow, j, two, hd, 1.0f, si, n); break;
+                case 1: qk_pair(1, kt, qi, ld, k, krow, j, two, hd, 1.0f, si, lds); break;
+                case 2: qk_pair(2, kt, qi, ld, k, krow, j, two, hd, 1.0f, si, lds); break;
+                case 3: qk_pair(3, kt, qi, ld, k, krow, j, two, hd, 1.0f, si, lds); break;
+                default: qk_pair(4, kt, qi, ld, k, krow, j, two, hd, 1.0f, si, lds); break;
                 }
             }
         }
@@ -390,8 +390,57 @@ void attn_scores_cpu(float *s, const float *q, int nq, int ld, const void *k, en
             const float *qi = q + (size_t)i * ld;
             float d = 0;
             for (int c = 0; c < hd; c++) d += qi[c] * row[c];
-            s[(size_t)i * n + j] = d;
+            s[(size_t)i * lds + j] = d;
         }
     }
     free(row);
+}
+
+void attn_page_bounds_cpu(float *ub, const float *q, int nq, int ld, const void *b, enum kv_type bt,
+                          int n_pages, int hd) {
+    const size_t brow = kv_row_bytes(bt, hd);
+#ifdef ATTN_X86
+    if (hd % 8 == 0 && bt != KV_Q8_0) {   // the two bound rows converted in registers
+        for (int p = 0; p < n_pages; p++) {
+            const char *lo = (const char *)b + (size_t)p * 2 * brow, *hi = lo + brow;
+            float best = -INFINITY;
+            for (int i0 = 0; i0 < nq; i0 += 4) {
+                const int ni = nq - i0 < 4 ? nq - i0 : 4;
+                __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                                 _mm256_setzero_ps()};
+                for (int c = 0; c < hd; c += 8) {
+                    const __m256 l = load8(bt, lo, c), h = load8(bt, hi, c);
+                    for (int i = 0; i < ni; i++) {
+                        const __m256 qi = _mm256_loadu_ps(q + (size_t)(i0 + i) * ld + c);
+                        acc[i] = _mm256_add_ps(acc[i], _mm256_max_ps(_mm256_mul_ps(qi, l),
+                                                                     _mm256_mul_ps(qi, h)));
+                    }
+                }
+                for (int i = 0; i < ni; i++) {
+                    float u = hsum8(acc[i]);
+                    best = u > best ? u : best;
+                }
+            }
+            ub[p] = best;
+        }
+        return;
+    }
+#endif
+    float *lo = xmalloc((size_t)hd * 2 * sizeof(float)), *hi = lo + hd;
+    for (int p = 0; p < n_pages; p++) {
+        kv_row_decode(bt, lo, (const char *)b + (size_t)p * 2 * brow, hd);
+        kv_row_decode(bt, hi, (const char *)b + ((size_t)p * 2 + 1) * brow, hd);
+        float best = -INFINITY;
+        for (int i = 0; i < nq; i++) {
+            const float *qi = q + (size_t)i * ld;
+            float u = 0;
+            for (int c = 0; c < hd; c++) {
+                float a = qi[c] * lo[c], z = qi[c] * hi[c];
+                u += a > z ? a : z;
+            }
+            best = u > best ? u : best;
+        }
+        ub[p] = best;
+    }
+    free(lo);
 }

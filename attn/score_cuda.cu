@@ -171,22 +171,144 @@ void score_dots_cuda(float *out, const void *q, const void *k, int cap, int head
                 stream, out, (const bf16 *)q, (const bf16 *)k, cap, group, hd, lo, n);
 }
 
-// stats (3,) += the step's exact reads (score_union_count per KV head + the anchors), entries
-// cached, 1; one block, the length from the device when dlen is given.
-__global__ void union_stats_kernel(double *stats, const int *idx, int n_kv, int group, int k,
-                                   int n, int len, const int *dlen) {
-    __shared__ int count;
-    if (threadIdx.x == 0) count = 0;
+// ---- the page-bound selector (attn/pages.h; CPU twins pages_build_cpu, attn_page_bounds_cpu
+// and kv_cpu.c's select_group) ----
+
+// out (n_kv, n_pages, 2, hd): per page of `size` keys of [lo, lo + n) of KV head blockIdx.x, the
+// element-wise minimum and maximum (bf16 in and out: exact). grid (n_kv, pages), a thread an
+// element.
+__global__ void pages_build_kernel(bf16 *out, const bf16 *k, int cap, int hd, int lo, int n,
+                                   int size, int n_pages) {
+    int g = blockIdx.x, p = blockIdx.y, j0 = p * size, j1 = j0 + size < n ? j0 + size : n;
+    for (int c = threadIdx.x; c < hd; c += blockDim.x) {
+        float mn = INFINITY, mx = -INFINITY;
+        for (int j = j0; j < j1; j++) {
+            float x = __bfloat162float(k[((size_t)g * cap + lo + j) * hd + c]);
+            mn = fminf(mn, x), mx = fmaxf(mx, x);
+        }
+        bf16 *b = out + (((size_t)g * n_pages + p) * 2) * hd;
+        b[c] = __float2bfloat16(mn), b[hd + c] = __float2bfloat16(mx);
+    }
+}
+
+void pages_build_cuda(void *out, const void *k, int cap, int n_kv, int hd, int lo, int n, int size,
+                      cudaStream_t stream) {
+    int n_pages = n > 0 ? (n + size - 1) / size : 0;
+    if (n_pages == 0) return;
+    CUDA_LAUNCH(pages_build_kernel, dim3(n_kv, n_pages), hd < 128 ? hd : 128, 0, stream, (bf16 *)out,
+                (const bf16 *)k, cap, hd, lo, n, size, n_pages);
+}
+
+// out (n_kv, n_pages): a warp per page of KV head blockIdx.x, the largest over the group's
+// query heads of sum_c max(q_c lo_c, q_c hi_c). grid (n_kv, page blocks), block DOTS_WARPS x 32.
+__global__ void page_bounds_kernel(float *out, const bf16 *q, const bf16 *b, int group, int hd,
+                                   int n_pages) {
+    SHARED_DYNAMIC(float, qs);
+    int g = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int i = threadIdx.x; i < group * hd; i += blockDim.x)
+        qs[i] = __bfloat162float(q[(size_t)g * group * hd + i]);
     __syncthreads();
-    int mine = 0;
-    for (int t = threadIdx.x; t < n_kv * group * k; t += blockDim.x) {
+    for (int p = blockIdx.y * DOTS_WARPS + warp; p < n_pages; p += gridDim.y * DOTS_WARPS) {
+        const bf16 *lo = b + ((size_t)g * n_pages + p) * 2 * hd, *hi = lo + hd;
+        float best = -INFINITY;
+        for (int h = 0; h < group; h++) {
+            float acc = 0;
+            for (int i = lane; i < hd; i += 32) {
+                float x = qs[h * hd + i];
+                acc += fmaxf(x * __bfloat162float(lo[i]), x * __bfloat162float(hi[i]));
+            }
+            best = fmaxf(best, warp_sum(acc));
+        }
+        if (lane == 0) out[(size_t)g * n_pages + p] = best;
+    }
+}
+
+void score_page_bounds_cuda(float *out, const void *q, const void *bounds, int heads, int n_kv,
+                            int hd, int n_pages, cudaStream_t stream) {
+    if (n_pages <= 0) return;
+    int group = heads / n_kv, blocks = (n_pages + DOTS_WARPS * 4 - 1) / (DOTS_WARPS * 4);
+    blocks = blocks > 4096 ? 4096 : blocks;
+    CUDA_LAUNCH(page_bounds_kernel, dim3(n_kv, blocks), DOTS_WARPS * 32, (size_t)group * hd * sizeof(float),
+                stream, out, (const bf16 *)q, (const bf16 *)bounds, group, hd, n_pages);
+}
+
+// The entry (from the mid region's start) of candidate c of KV head g: the (c / size)-th of the
+// pages pidx (n_kv, read) picked, element c % size; n or more past the region's end.
+__device__ static int page_entry(const int *pidx, int read, int size, int g, int c) {
+    return pidx[(size_t)g * read + c / size] * size + c % size;
+}
+
+// out (heads, read x size): a warp per candidate of KV head blockIdx.x, its dots with each of
+// the group's query heads (dots_kernel's arithmetic); candidates past the region -inf.
+__global__ void page_dots_kernel(float *out, const bf16 *q, const bf16 *k, int cap, int group,
+                                 int hd, int lo, int n, const int *pidx, int read, int size) {
+    SHARED_DYNAMIC(float, qs);
+    int g = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32, nc = read * size;
+    for (int i = threadIdx.x; i < group * hd; i += blockDim.x)
+        qs[i] = __bfloat162float(q[(size_t)g * group * hd + i]);
+    __syncthreads();
+    for (int c = blockIdx.y * DOTS_WARPS + warp; c < nc; c += gridDim.y * DOTS_WARPS) {
+        int j = page_entry(pidx, read, size, g, c);
+        const bf16 *kj = k + ((size_t)g * cap + lo + j) * hd;
+        for (int h = 0; h < group; h++) {
+            float acc = 0;
+            if (j < n)
+                for (int i = lane; i < hd; i += 32) acc += qs[h * hd + i] * __bfloat162float(kj[i]);
+            acc = warp_sum(acc);
+            if (lane == 0) out[(size_t)(g * group + h) * nc + c] = j < n ? acc : -INFINITY;
+        }
+    }
+}
+
+void score_page_dots_cuda(float *out, const void *q, const void *k, int cap, int heads, int n_kv,
+                          int hd, int lo, int n, const int *pidx, int read, int size,
+                          cudaStream_t stream) {
+    int group = heads / n_kv, nc = read * size, blocks = (nc + DOTS_WARPS * 4 - 1) / (DOTS_WARPS * 4);
+    if (nc <= 0) return;
+    blocks = blocks > 4096 ? 4096 : blocks;
+    CUDA_LAUNCH(page_dots_kernel, dim3(n_kv, blocks), DOTS_WARPS * 32, (size_t)group * hd * sizeof(float),
+                stream, out, (const bf16 *)q, (const bf16 *)k, cap, group, hd, lo, n, pidx, read, size);
+}
+
+// idx (heads, k): candidate positions (ascending) -> entries lo + page_entry (still ascending).
+__global__ void page_map_kernel(int *idx, const int *pidx, int group, int k, int lo, int read,
+                                int size, int total) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t < total) idx[t] = lo + page_entry(pidx, read, size, t / k / group, idx[t]);
+}
+
+void score_page_map_cuda(int *idx, const int *pidx, int heads, int n_kv, int k, int lo, int read,
+                         int size, cudaStream_t stream) {
+    int total = heads * k;
+    if (total == 0) return;
+    CUDA_LAUNCH(page_map_kernel, cuda_blocks(total, 256), 256, 0, stream, idx, pidx, heads / n_kv, k,
+                lo, read, size, total);
+}
+
+// stats (4,) += the step's exact reads (score_union_count per KV head + the anchors), entries
+// cached, 1, and the selector's bytes sel_bytes less short_bytes for each KV head whose pages
+// pidx (n_kv, read) hold the partial last page `last` (pidx NULL: none); one block, the length
+// from the device when dlen is given. only_sel: stats[3] alone.
+__global__ void union_stats_kernel(double *stats, const int *idx, int n_kv, int group, int k,
+                                   int n, int len, const int *dlen, double sel_bytes,
+                                   const int *pidx, int read, int last, double short_bytes,
+                                   int only_sel) {
+    __shared__ int count, shorts;
+    if (threadIdx.x == 0) count = 0, shorts = 0;
+    __syncthreads();
+    int mine = 0, mine_short = 0;
+    for (int t = threadIdx.x; !only_sel && t < n_kv * group * k; t += blockDim.x) {
         int list = t / k, first = list - list % group, e = idx[t], seen = 0;
         for (int p = first; p < list && !seen; p++) seen = score_sorted_has(idx + (size_t)p * k, k, e);
         mine += !seen;
     }
+    for (int t = threadIdx.x; pidx && t < n_kv * read; t += blockDim.x) mine_short += pidx[t] == last;
     atomicAdd(&count, mine);
+    atomicAdd(&shorts, mine_short);
     __syncthreads();
     if (threadIdx.x == 0) {
+        stats[3] += sel_bytes - shorts * short_bytes;
+        if (only_sel) return;
         int L = dlen ? *dlen : len;
         stats[0] += (double)count + (double)n_kv * (L - n);   // the anchors: sink + tail + decode's
         stats[1] += (double)L * n_kv;
@@ -195,6 +317,8 @@ __global__ void union_stats_kernel(double *stats, const int *idx, int n_kv, int 
 }
 
 void score_union_stats_cuda(double *stats, const int *idx, int n_kv, int group, int k, int n,
-                            int len, const int *dlen, cudaStream_t stream) {
-    CUDA_LAUNCH(union_stats_kernel, 1, 256, 0, stream, stats, idx, n_kv, group, k, n, len, dlen);
+                            int len, const int *dlen, double sel_bytes, const int *pidx, int read,
+                            int last, double short_bytes, int only_sel, cudaStream_t stream) {
+    CUDA_LAUNCH(union_stats_kernel, 1, 256, 0, stream, stats, idx, n_kv, group, k, n, len, dlen,
+                sel_bytes, pidx, read, last, short_bytes, only_sel);
 }

@@ -36,6 +36,7 @@ typedef struct kv_layer kv_layer;
 typedef struct phi_maps phi_maps;             // attn/phi.h
 typedef struct phi_summary phi_summary;
 typedef struct phi_completion phi_completion;
+typedef struct topk_pages topk_pages;         // attn/pages.h
 
 // A weight as a file stores it: rows x cols elements of ggml `type` (enum ggml_type; GGML_F32 for
 // plain floats), row-major, each row dq_bytes(type, cols) bytes (weights/dequant.h). Borrowed
@@ -184,16 +185,26 @@ struct backend {
     // Optional: topk's decode attention of the one row q (position qpos), in backend memory and
     // recordable. Selection: idx (heads, k) = per query head h the k entries of the mid region
     // [sink, sink + n) of L with the largest raw score q_h . k (score_topk: ties to the lower
-    // index, ascending; each K row read once for its KV head's query heads). Then, unless out is
-    // NULL, out (heads, hd) = softmax attention over those k entries, the anchors [0, sink) and
-    // every entry from sink + n to L's length (the device's while a step is bound), and stats
-    // (3,) += {entries read exactly: per KV head the union of its query heads' selections plus
-    // the anchors, summed over KV heads; entries cached: length x KV heads; 1}.
+    // index, ascending; each K row read once for its KV head's query heads) — among every mid
+    // entry (pg NULL: the exact selector), or (pg, attn/pages.h) among the entries of the
+    // pg->read pages per KV head whose bound, the largest over the group's heads, is largest
+    // (score_topk over the bounds; then exactly what the exact selector would pick whenever
+    // those pages hold its choice; pg->read * pg->size >= k + pg->size or every page). Then,
+    // unless out is NULL, out (heads, hd) = softmax attention over those k entries, the anchors
+    // [0, sink) and every entry from sink + n to L's length (the device's while a step is
+    // bound), and stats (4,) += {entries read exactly: per KV head the union of its query
+    // heads' selections plus the anchors, summed over KV heads; entries cached: length x KV
+    // heads; 1; the selector's bytes: the K rows it scored and the bounds it read}; with out
+    // NULL only stats[3], when stats is not NULL.
     // With comp (topk+phi), out is completed from comp's summaries of the mid region
     // (attn_select's completion, the first k selected entries the retrieved ones).
     void (*attn_topk_step)(backend *b, void *out, int *idx, double *stats, const void *q, int qpos,
                            int heads, const kv_layer *L, int sink, int n, int k,
-                           const phi_completion *comp);
+                           const topk_pages *pg, const phi_completion *comp);
+    // Optional (with attn_topk_step): the page bounds of entries [lo, lo + n) of L, per KV head
+    // pages of `size` entries (attn/pages.h pages_build_cpu), into out (n_kv_head, n_pages, 2)
+    // rows of pages_bound_type(L->k_type), backend memory.
+    void (*kv_pages_build)(backend *b, void *out, const kv_layer *L, int lo, int n, int size);
     // Optional: decode attention of one row over selected entries. out (heads, hd): query head h
     // attends exactly to entries sel[h*n_sel .. +n_sel) of its KV head in L; with comp, the first
     // n_sub of them lie in the region comp->sum summarises and the rest of that region is

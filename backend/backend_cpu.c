@@ -150,6 +150,7 @@ backend *backend_cpu_create(int n_threads, enum bk_weights weights) {
         .ints_to_host = cpu_ints_to_host, .ints_from_host = cpu_ints_from_host,
         .weight_synth = cpu_weight_synth, .ceilings = cpu_ceilings, .attn_select = cpu_attn_select,
         .phi_summarize = cpu_phi_summarize, .attn_topk_step = cpu_attn_topk_step,
+        .kv_pages_build = cpu_kv_pages_build,
     };
     int used = 0;
     if (busy)

@@ -100,8 +100,9 @@ void cpu_ints_from_host(backend *b, int *dst, const int *src, size_t n);
 void cpu_attn_select(backend *b, void *out, const void *q, int heads, const kv_layer *L,
                      const int *sel, int n_sel, int n_sub, const phi_completion *comp);
 void cpu_attn_topk_step(backend *b, void *out, int *idx, double *stats, const void *q, int qpos,
-                        int heads, const kv_layer *L, int sink, int n, int k,
+                        int heads, const kv_layer *L, int sink, int n, int k, const topk_pages *pg,
                         const phi_completion *comp);
+void cpu_kv_pages_build(backend *b, void *out, const kv_layer *L, int lo, int n, int size);
 void cpu_phi_summarize(backend *b, phi_summary *out, float *dsum, const phi_maps *p,
                        const float *par_k, int layer, const kv_layer *L, int lo, int hi);
 

@@ -97,7 +97,7 @@ static void cuda_destroy(backend *b) {
     CUDA_CHECK(cuda_stream_sync(c->stream));
     for (int i = 0; i < c->n_plans; i++) plan_destroy(c, &c->plans[i]);
     LT_CHECK(c, c->lt.destroy(c->lt_handle));
-    dev_buf *bufs[] = {&c->attn_work, &c->probs, &c->f32, &c->phi_f, &c->phi_q, &c->phi_sum,
+    dev_buf *bufs[] = {&c->attn_work, &c->probs, &c->f32, &c->phi_f, &c->phi_q, &c->page_score, &c->page_idx,
                        &c->step_dev, &c->tokens, &c->fused_out};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]->p) CUDA_CHECK(cudaFree(bufs[i]->p));
@@ -200,6 +200,7 @@ backend *backend_cuda_create(char *msg, size_t len) {
     b->mem_available = cuda_mem_available;
     b->attn_select = cuda_attn_select;
     b->attn_topk_step = cuda_attn_topk_step;
+    b->kv_pages_build = cuda_kv_pages_build;
     b->phi_summarize = cuda_phi_summarize;
     b->sample = cuda_sample;
     b->matmul_multi = cuda_matmul_multi;

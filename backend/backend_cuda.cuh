@@ -18,6 +18,7 @@
 #include "../attn/score_cuda.h"
 #include "../util/cuda_util.cuh"
 extern "C" {
+#include "../attn/pages.h"
 #include "../attn/phi.h"
 #include "../kv/kv.h"
 #include "../util/check.h"
@@ -80,7 +81,7 @@ typedef struct rope_table {   // cs (rows, half) = (cos, sin) of p * inv_freq[j]
     float2 *cs;
 } rope_table;
 
-enum { STAGE_IDX, STAGE_AUX, STAGE_PAR, STAGE_ROWS, STAGE_OF, STAGE_SUM, STAGE_STATE, STAGES };   // per op
+enum { STAGE_IDX, STAGE_AUX, STAGE_PAR, STAGE_ROWS, STAGE_OF, STAGE_STATE, STAGES };   // per op
 
 #define STAGE_REUSE_MAX (1u << 20)   // uploads up to this size are skipped when unchanged
 #define SPARE_MAX 32   // freed buffers kept for reuse (a decode step frees and allocates the same
@@ -100,7 +101,8 @@ typedef struct cuda_impl {
     void *lt_work;
     mm_plan plans[MM_PLANS];
     int n_plans, next_evict;
-    dev_buf stage[STAGES], attn_work, probs, f32, phi_f, phi_q, phi_sum, tokens;
+    dev_buf stage[STAGES], attn_work, probs, f32, phi_f, phi_q, tokens;
+    dev_buf page_score, page_idx;    // topk's page selector: bounds (n_kv, pages), picked pages
     dev_buf fused_out;               // a fused product's output before it is split
     dev_buf qx, dq;                  // quantised products: x widened to fp32; dequantised rows
     void *stage_last[STAGES];        // host copy of each stage buffer's last small upload
@@ -225,6 +227,7 @@ void cuda_phi_summarize(backend *b, phi_summary *out, float *dsum, const phi_map
                         const float *par_k, int layer, const kv_layer *L, int lo, int hi);
 void cuda_attn_select(backend *b, void *out, const void *q, int heads, const kv_layer *L,
                       const int *sel, int n_sel, int n_sub, const phi_completion *comp);
+void cuda_kv_pages_build(backend *b, void *out, const kv_layer *L, int lo, int n, int size);
 void cuda_attn_topk_step(backend *b, void *out, int *idx, double *stats, const void *q, int qpos,
-                         int heads, const kv_layer *L, int sink, int n, int k,
+                         int heads, const kv_layer *L, int sink, int n, int k, const topk_pages *pg,
                          const phi_completion *comp);

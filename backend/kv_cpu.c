@@ -1,6 +1,7 @@
 // backend/kv_cpu.c — the CPU backend's KV cache (append, keep) and the glue to the attention
 // kernels of attn/: causal attention, probabilities, selected attention with phi completion.
 #include "../attn/attn.h"
+#include "../attn/pages.h"
 #include "../attn/phi.h"
 #include "../attn/score.h"
 #include "../kv/kv.h"
@@ -177,31 +178,79 @@ void cpu_attn_select(backend *b, void *out, const void *q, int heads, const kv_l
     free(vb);
 }
 
-// topk's step (backend.h attn_topk_step): per KV head the mid region's K rows read once and
-// scored against the group's query heads (attn_scores_cpu), each head's top k (score_topk), then
-// attention over the selection and the anchors as attn_select computes it.
+// One KV head's selector: idx (group, k) = each query head's top k of the mid region's K rows
+// kb (n of them, entry indices from sink), scored against the group's heads q (group, hd) —
+// over every row, or (pg) over the rows of the pg->read pages with the largest bounds; the
+// bytes it read added to *bytes.
+static void select_group(int *idx, const float *q, int group, const char *kb, enum kv_type kt,
+                         int sink, int n, int k, const char *bounds, const topk_pages *pg,
+                         int hd, double *bytes) {
+    size_t krow = kv_row_bytes(kt, hd);
+    if (!pg || pg->read >= pg->n_pages) {   // exhaustive: every mid key
+        float *s = xmalloc((size_t)group * n * sizeof(float));
+        attn_scores_cpu(s, n, q, group, hd, kb, kt, n, hd);
+        for (int i = 0; i < group; i++) {
+            int *top = idx + (size_t)i * k, got = score_topk(s + (size_t)i * n, n, k, top);
+            CHECK_INTERNAL(got == k, "top-%d of %d gave %d", k, n, got);
+            for (int j = 0; j < k; j++) top[j] += sink;
+        }
+        free(s);
+        *bytes += (double)n * krow;
+        return;
+    }
+    int P = pg->size, np = pg->n_pages, r = pg->read;
+    CHECK_INTERNAL(r >= 1 && (long)r * P >= (long)k + P, "%d pages of %d for the top %d", r, P, k);
+    float *ub = xmalloc((size_t)np * sizeof(float));
+    int *pages = xmalloc((size_t)r * sizeof(int));
+    attn_page_bounds_cpu(ub, q, group, hd, bounds, pg->type, np, hd);
+    score_topk(ub, np, r, pages);   // ascending, so the candidates below are too
+    int *cand = xmalloc((size_t)r * P * sizeof(int)), nc = 0;   // the pages' entries, ascending
+    for (int i = 0; i < r; i++)
+        for (int j = pages[i] * P; j < (pages[i] + 1) * P && j < n; j++) cand[nc++] = j;
+    float *s = xmalloc((size_t)group * nc * sizeof(float));
+    for (int i = 0, off = 0; i < r; i++) {   // (the last page may be partial)
+        int j0 = pages[i] * P, m = j0 + P <= n ? P : n - j0;
+        attn_scores_cpu(s + off, nc, q, group, hd, kb + (size_t)j0 * krow, kt, m, hd);
+        off += m;
+    }
+    for (int i = 0; i < group; i++) {
+        int *top = idx + (size_t)i * k, got = score_topk(s + (size_t)i * nc, nc, k, top);
+        CHECK_INTERNAL(got == k, "top-%d of %d candidates gave %d", k, nc, got);
+        for (int j = 0; j < k; j++) top[j] = sink + cand[top[j]];
+    }
+    *bytes += (double)nc * krow + (double)np * 2 * kv_row_bytes(pg->type, hd);
+    free(s);
+    free(cand);
+    free(pages);
+    free(ub);
+}
+
+// topk's step (backend.h attn_topk_step): per KV head the selector (select_group: the mid
+// region's K rows read once for the group's query heads, or the bounds and the best pages'
+// rows), each head's top k (score_topk), then attention over the selection and the anchors as
+// attn_select computes it.
 void cpu_attn_topk_step(backend *b, void *out, int *idx, double *stats, const void *q, int qpos,
-                        int heads, const kv_layer *L, int sink, int n, int k,
+                        int heads, const kv_layer *L, int sink, int n, int k, const topk_pages *pg,
                         const phi_completion *comp) {
     (void)qpos;
     int hd = L->head_dim, nh = L->n_kv_head, group = heads / nh, len = L->len;
     CHECK_INTERNAL(sink >= 0 && n >= 0 && k >= 0 && k <= n && sink + n <= len,
                    "top-%d of [%d, %d + %d) over %d entries", k, sink, sink, n, len);
+    CHECK_INTERNAL(!pg || pg->n_pages == pages_count(n, pg->size), "%d pages of %d over %d entries",
+                   pg ? pg->n_pages : 0, pg ? pg->size : 0, n);
+    double sel_bytes = 0;
     if (k > 0) {
-#pragma omp parallel for if (nh > 1)
-        for (int g = 0; g < nh; g++) {
-            float *s = xmalloc((size_t)group * n * sizeof(float));
-            attn_scores_cpu(s, (const float *)q + (size_t)g * group * hd, group, hd, k_row(L, g, sink),
-                            L->k_type, n, hd);
-            for (int i = 0; i < group; i++) {
-                int *top = idx + (size_t)(g * group + i) * k, got = score_topk(s + (size_t)i * n, n, k, top);
-                CHECK_INTERNAL(got == k, "top-%d of %d gave %d", k, n, got);
-                for (int j = 0; j < k; j++) top[j] += sink;
-            }
-            free(s);
-        }
+        size_t per = pg ? (size_t)pg->n_pages * 2 * kv_row_bytes(pg->type, hd) : 0;
+#pragma omp parallel for if (nh > 1) reduction(+ : sel_bytes)
+        for (int g = 0; g < nh; g++)
+            select_group(idx + (size_t)g * group * k, (const float *)q + (size_t)g * group * hd,
+                         group, (const char *)k_row(L, g, sink), L->k_type, sink, n, k,
+                         pg ? (const char *)pg->bounds + g * per : NULL, pg, hd, &sel_bytes);
     }
-    if (!out) return;
+    if (!out) {
+        if (stats) stats[3] += sel_bytes;
+        return;
+    }
     int tail = len - sink - n, n_sel = k + sink + tail;   // K(q), the sink, the tail and decode's
     int *sel = xmalloc(((size_t)heads * n_sel + 1) * sizeof(int));
     for (int h = 0; h < heads; h++) {
@@ -214,7 +263,15 @@ void cpu_attn_topk_step(backend *b, void *out, int *idx, double *stats, const vo
     free(sel);
     double read = 0;
     for (int g = 0; g < nh; g++) read += score_union_count(idx + (size_t)g * group * k, group, k) + sink + tail;
-    stats[0] += read, stats[1] += (double)len * nh, stats[2] += 1;
+    stats[0] += read, stats[1] += (double)len * nh, stats[2] += 1, stats[3] += sel_bytes;
+}
+
+void cpu_kv_pages_build(backend *b, void *out, const kv_layer *L, int lo, int n, int size) {
+    (void)b;
+    size_t per = pages_bytes(L->k_type, n, size, L->head_dim);
+#pragma omp parallel for if (L->n_kv_head > 1)
+    for (int g = 0; g < L->n_kv_head; g++)
+        pages_build_cpu((char *)out + g * per, k_row(L, g, lo), L->k_type, n, size, L->head_dim);
 }
 
 // Summaries read K and V of [lo, hi) once each: typed rows are decoded into fp32 first; out is

@@ -443,7 +443,7 @@ void cuda_attn_select(backend *b, void *out, const void *q, int heads, const kv_
 // anchors, and the read counts; the length from the device in a bound step, so a recording
 // replays at every length. Nothing crosses to the host; the scratch is sized by the capacity.
 void cuda_attn_topk_step(backend *b, void *out, int *idx, double *stats, const void *q, int qpos,
-                         int heads, const kv_layer *L, int sink, int n, int k,
+                         int heads, const kv_layer *L, int sink, int n, int k, const topk_pages *pg,
                          const phi_completion *comp) {
     cuda_impl *c = impl(b);
     int nkv = L->n_kv_head, hd = L->head_dim;
@@ -451,12 +451,34 @@ void cuda_attn_topk_step(backend *b, void *out, int *idx, double *stats, const v
                    "top-%d of [%d, %d + %d) over %d entries", k, sink, sink, n, L->len);
     const pos_mirror *m = mirror_get(c, L);
     const int *dlen = in_step(c, &qpos, 1) ? m->dlen : NULL;
-    if (k > 0) {
+    const int paged = pg && pg->read < pg->n_pages && k > 0;
+    const int *pidx = NULL;
+    double krow = (double)L->k_row, sel_bytes = k > 0 ? (double)n * krow * nkv : 0, short_bytes = 0;
+    if (paged) {   // bounds, the best pages per KV head, the exact scores of their entries
+        int np = pg->n_pages, r = pg->read, P = pg->size;
+        float *ub = (float *)dev_buf_reserve(c, &c->page_score, (size_t)nkv * np * sizeof(float), "page bounds");
+        int *pi = (int *)dev_buf_reserve(c, &c->page_idx, (size_t)nkv * r * sizeof(int), "picked pages");
+        float *d = (float *)dev_buf_reserve(c, &c->probs, (size_t)heads * r * P * sizeof(float), "page scores");
+        score_page_bounds_cuda(ub, q, pg->bounds, heads, nkv, hd, np, c->stream);
+        score_topk_rows_cuda(pi, (size_t)r, ub, (size_t)np, nkv, np, r, 0, 0, c->stream);
+        score_page_dots_cuda(d, q, L->k, L->cap, heads, nkv, hd, sink, n, pi, r, P, c->stream);
+        score_topk_rows_cuda(idx, (size_t)k, d, (size_t)r * P, heads, r * P, k, 0, 0, c->stream);
+        score_page_map_cuda(idx, pi, heads, nkv, k, sink, r, P, c->stream);
+        pidx = pi;
+        sel_bytes = ((double)r * P * krow + (double)np * 2 * kv_row_bytes(pg->type, hd)) * nkv;
+        short_bytes = (double)(np * P - n) * krow;   // the last page's missing entries
+    } else if (k > 0) {
         float *d = (float *)dev_buf_reserve(c, &c->probs, (size_t)heads * n * sizeof(float), "top-K scores");
         score_dots_cuda(d, q, L->k, L->cap, heads, nkv, hd, sink, n, c->stream);
         score_topk_rows_cuda(idx, (size_t)k, d, (size_t)n, heads, n, k, sink, 0, c->stream);
     }
-    if (!out) return;
+    int last = pg ? pg->n_pages - 1 : -1;
+    if (!out) {
+        if (stats)
+            score_union_stats_cuda(stats, idx, nkv, heads / nkv, k, n, L->len, dlen, sel_bytes, pidx,
+                                   paged ? pg->read : 0, last, short_bytes, 1, c->stream);
+        return;
+    }
     size_t ld = (size_t)k + L->cap - n;   // the selection at full capacity
     float *work = (float *)dev_buf_reserve(c, &c->attn_work, ((size_t)heads * ld + 1) * sizeof(float),
                                            "selected attention scores");
@@ -470,5 +492,15 @@ void cuda_attn_topk_step(backend *b, void *out, int *idx, double *stats, const v
     topk_attend_cuda(out, q, L->k, L->v, L->cap, heads, nkv, hd, idx, k, sink, n, L->len, dlen, lq,
                      fsel, d, d ? d + (size_t)nkv * f : NULL, d ? d + (size_t)2 * nkv * f : NULL, f,
                      work, ld, c->stream);
-    score_union_stats_cuda(stats, idx, nkv, heads / nkv, k, n, L->len, dlen, c->stream);
+    score_union_stats_cuda(stats, idx, nkv, heads / nkv, k, n, L->len, dlen, sel_bytes, pidx,
+                           paged ? pg->read : 0, last, short_bytes, 0, c->stream);
+}
+
+// Page bounds on the device (bf16 keys, bf16 bounds: exact), pages_build_cuda per KV head.
+void cuda_kv_pages_build(backend *b, void *out, const kv_layer *L, int lo, int n, int size) {
+    cuda_impl *c = impl(b);
+    CHECK_INTERNAL(L->k_type == KV_BF16 && lo >= 0 && n >= 0 && lo + n <= L->len && size > 0,
+                   "pages of %d over [%d, %d + %d) of %d (%s keys)", size, lo, lo, n, L->len,
+                   kv_type_name(L->k_type));
+    pages_build_cuda(out, L->k, L->cap, L->n_kv_head, L->head_dim, lo, n, size, c->stream);
 }

@@ -123,6 +123,8 @@ static void json_unit(FILE *f, const runner *R, const unit *u) {
             st->rows_done, st->draft_rows, u->rows_pct);
     if (st->decode_runs) fprintf(f, "\"kv_read_per_step\":%.0f,", st->kv_read_per_step);
     else fprintf(f, "\"kv_read_per_step\":null,");
+    if (st->decode_runs && st->selector_recall >= 0) fprintf(f, "\"selector_recall\":%.4f,", st->selector_recall);
+    else fprintf(f, "\"selector_recall\":null,");
     if (u->first_agree < 0) fprintf(f, "\"first_token_agree\":null,\"greedy_agree_pct\":null,");
     else fprintf(f, "\"first_token_agree\":%s,\"greedy_agree_pct\":%.2f,", u->first_agree ? "true" : "false", u->greedy_agree);
     fprintf(f, "\"prefill_shared\":%d,\"device_counters\":", st->prefill_shared);

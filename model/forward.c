@@ -5,6 +5,7 @@
 // state it works in (model/pass.h), planned once per run context. Below the pass: the mechanisms the
 // hooks call (fwd_keep_rows, fwd_attn_probs, fwd_kv_keep, fwd_kv_from_stream, ...).
 #include "pass.h"
+#include "../attn/pages.h"
 #include "../attn/phi.h"
 #include "../attn/score.h"
 
@@ -510,13 +511,24 @@ bk_weight *fwd_vector_sum(model *m, const bk_weight *const *ws, int k, int n, fl
 void fwd_weight_free(model *m, bk_weight *w) { m->bk->weight_free(m->bk, w); }
 
 void fwd_attn_topk_step(fwd_state *s, int l, const void *q, int sink, int n, int k, int *idx,
-                        double *stats, const phi_completion *comp, void *out) {
+                        double *stats, const topk_pages *pg, const phi_completion *comp, void *out) {
     backend *bk = s->m->bk;
     const kv_layer *L = &s->kv->layers[l];
     CHECK_INTERNAL(s->n == 1 && sink >= 0 && n >= 0 && sink + n <= L->len && k >= 0 && k <= n &&
                        bk->attn_topk_step, "top-%d of [%d, %d + %d) over %d entries", k, sink, sink,
                    n, L->len);
-    bk->attn_topk_step(bk, out, idx, stats, q, s->pos[0], s->m->cfg.n_head, L, sink, n, k, comp);
+    CHECK_INTERNAL(!pg || (pg->n_pages == pages_count(n, pg->size) &&
+                           (pg->read >= pg->n_pages || (long)pg->read * pg->size >= (long)k + pg->size)),
+                   "%d of %d pages of %d for the top %d of %d", pg ? pg->read : 0, pg ? pg->n_pages : 0,
+                   pg ? pg->size : 0, k, n);
+    bk->attn_topk_step(bk, out, idx, stats, q, s->pos[0], s->m->cfg.n_head, L, sink, n, k, pg, comp);
+}
+
+void fwd_kv_pages_build(model *m, kv_cache *kv, int l, int lo, int n, int size, void *out) {
+    const kv_layer *L = &kv->layers[l];
+    CHECK_INTERNAL(lo >= 0 && n >= 0 && lo + n <= L->len && size > 0 && m->bk->kv_pages_build,
+                   "pages of %d over [%d, %d + %d) of %d", size, lo, lo, n, L->len);
+    m->bk->kv_pages_build(m->bk, out, L, lo, n, size);
 }
 
 void fwd_attn_select(fwd_state *s, int l, const void *q, const int *sel, int n_sel, int n_sub,

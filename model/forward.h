@@ -181,13 +181,17 @@ bk_weight *fwd_vector_sum(model *m, const bk_weight *const *ws, int k, int n, fl
 void fwd_weight_free(model *m, bk_weight *w);
 // topk's decode attention for the one alive row over layer l (backend op attn_topk_step): idx
 // (heads, k), backend memory = per query head the k entries of the mid region [sink, sink + n)
-// with the largest raw score (ties to the lower index, ascending; absolute entry indices); then,
-// unless out is NULL, out (heads, hd) = attention over those, [0, sink) and every entry after
-// the mid region, and stats (3,), backend memory, += the entries read exactly, the entries
-// cached, 1; with comp (topk+phi), completed from its summaries of the mid region. Recordable:
-// in a bound decode step the length is the device's.
+// with the largest raw score (ties to the lower index, ascending; absolute entry indices), among
+// all of them (pg NULL) or among the best pages' (pg, attn/pages.h); then, unless out is NULL,
+// out (heads, hd) = attention over those, [0, sink) and every entry after the mid region, and
+// stats (4,), backend memory, += the entries read exactly, the entries cached, 1, the
+// selector's bytes (out NULL: the last alone); with comp (topk+phi), completed from its
+// summaries of the mid region. Recordable: in a bound decode step the length is the device's.
 void fwd_attn_topk_step(fwd_state *s, int l, const void *q, int sink, int n, int k, int *idx,
-                        double *stats, const phi_completion *comp, void *out);
+                        double *stats, const topk_pages *pg, const phi_completion *comp, void *out);
+// The page bounds of entries [lo, lo + n) of layer l of kv, pages of `size` (backend op
+// kv_pages_build), into out, backend memory of n_kv_head x pages_bytes(...).
+void fwd_kv_pages_build(model *m, kv_cache *kv, int l, int lo, int n, int size, void *out);
 
 // out (heads, hd) for the one alive row: attention over selected entries of layer l's cache,
 // optionally completed by summaries (backend op attn_select, see backend/backend.h).

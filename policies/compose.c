@@ -24,6 +24,7 @@ typedef struct {
     fwd_hooks a, b;
     void (*a_report)(void *, char *, size_t), (*b_report)(void *, char *, size_t);
     double (*b_read)(void *);
+    double (*b_recall)(void *);
 } hook_pair;
 
 static int pair_after_attention(void *ctx, fwd_state *s, int l, const void *q) {
@@ -65,6 +66,11 @@ static double pair_read(void *ctx) {
     return p->b_read(p->b.ctx);
 }
 
+static double pair_recall(void *ctx) {
+    hook_pair *p = ctx;
+    return p->b_recall(p->b.ctx);
+}
+
 // Whether h's decode work may be recorded as a graph: it says so, or it does nothing.
 static int recordable(const fwd_hooks *h) {
     return h->recordable || (!h->after_attention && !h->after_layer && !h->kv_source && !h->attention);
@@ -74,7 +80,7 @@ static int recordable(const fwd_hooks *h) {
 static void pair_hooks(prefill_info *info, const prefill_info *a) {
     hook_pair *p = xcalloc(1, sizeof *p);
     *p = (hook_pair){a->decode, info->decode, a->decode_report, info->decode_report,
-                     info->decode_read_bytes};
+                     info->decode_read_bytes, info->decode_recall};
     info->decode = (fwd_hooks){.ctx = p};
     if (p->a.after_attention || p->b.after_attention) info->decode.after_attention = pair_after_attention;
     if (p->a.after_layer || p->b.after_layer) info->decode.after_layer = pair_after_layer;
@@ -84,6 +90,7 @@ static void pair_hooks(prefill_info *info, const prefill_info *a) {
     info->decode_free = free;
     info->decode_report = pair_report;
     info->decode_read_bytes = p->b_read ? pair_read : NULL;
+    info->decode_recall = p->b_recall ? pair_recall : NULL;
 }
 
 kv_cache *compose_prefill(const strategy *pre, const strategy *dec, context *cx, const int *ids,
@@ -95,7 +102,7 @@ kv_cache *compose_prefill(const strategy *pre, const strategy *dec, context *cx,
     if (!kv) return NULL;
     prefill_info mine = *info;   // the prefill part's own decode hooks, if any
     info->decode = (fwd_hooks){0};
-    info->decode_report = NULL, info->decode_read_bytes = NULL;
+    info->decode_report = NULL, info->decode_read_bytes = NULL, info->decode_recall = NULL;
     if (dec->attach(cx, kv, n, o, run, info, err, errlen) != 0) {
         kv_free(kv);
         return NULL;

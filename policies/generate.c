@@ -309,6 +309,7 @@ void gen_end(gen_seq *g) {
     run_stats *st = &g->st;
     if (g->info.decode_read_bytes) st->kv_read_per_step = g->info.decode_read_bytes(g->info.decode.ctx);
     else if (st->decode_runs) st->kv_read_per_step = g->read_sum / st->decode_runs;
+    st->selector_recall = g->info.decode_recall ? g->info.decode_recall(g->info.decode.ctx) : -1;
     if (g->info.decode_report) {
         size_t used = strlen(st->note);
         if (used && used + 2 < sizeof st->note) used += (size_t)snprintf(st->note + used, 3, "; ");

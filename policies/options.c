@@ -66,6 +66,17 @@ static const opt_def OPTS[] = {
      "min(16, mid tokens) when lower (a short prompt), and the note says so"},
     {"--phi", "FILE", OPT_PATH, OFF(phi_path), 0, 0, NULL, 0, "random features", "topk+phi",
      "fitted maps (sift fit-phi)"},
+    {"--selector", "exact|pages", OPT_CHOICE, OFF(selector), 0, 0, "exact=0|pages=1", 0, NULL,
+     "topk+phi, topk", "how decode finds the top K: exact scores every mid key; pages reads "
+     "per-page key bounds and scores only the best pages' keys"},
+    {"--page-size", "P", OPT_INT, OFF(page_size), 1, 4096, NULL, 16, NULL, "topk+phi, topk",
+     "keys per page of bounds (--selector pages)"},
+    {"--pages", "N", OPT_INT, OFF(pages), 1, 1 << 24, NULL, -1, "max(2048, 8 K) keys' worth",
+     "topk+phi, topk", "pages scored exactly per KV head (--selector pages); raised to "
+     "ceil(K / P) + 1"},
+    {"--selector-recall", "on|off", OPT_CHOICE, OFF(selector_recall), 0, 0, "on=1|off=0", 0, NULL,
+     "topk+phi, topk", "also run the exact selector each step and report the recall of its "
+     "top K (slower: the steps leave the graph)"},
 };
 #define N_OPTS (int)(sizeof OPTS / sizeof *OPTS)
 

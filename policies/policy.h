@@ -123,6 +123,7 @@ typedef struct run_stats {
     double hook_ms;        // of prompt_ms, the time in the strategy's prefill hooks (scoring,
                            // selection, keeps; a draft's included): context.hook_ms
     double kv_read_per_step;   // mean bytes of KV read per decode step, all layers (0: no step)
+    double selector_recall;    // topk's mean recall of the exhaustive top K (-1: not measured)
     // The backend's counts (backend.h: bk_counters), when it keeps them (has_counters): over the
     // prefill up to the first token (allocs: those made inside its passes, context.pass_allocs),
     // and summed over the decode steps after the first (dev_decode_steps of them: the first

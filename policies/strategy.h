@@ -40,6 +40,10 @@ typedef struct strategy_opts {
     int topk;               // retrieved entries per query head; -1 = from budget
     float budget;           // 0.02 of the prompt (exact reads incl. anchors and the phi cache)
     const char *phi_path;   // --phi FILE (fitted maps) or NULL: positive random features
+    int selector;           // the decode selector: 0 exact (every mid key scored), 1 pages
+    int page_size;          // P: keys per page of bounds (--selector pages)
+    int pages;              // pages scored exactly per KV head; -1 = from K (max(2048, 8 K) keys)
+    int selector_recall;    // 1: each step also runs the exact selector and counts the recall
 } strategy_opts;
 
 // The context a strategy runs in: not a parameter of any strategy, but what the command line
@@ -77,6 +81,9 @@ typedef struct prefill_info {
     // Optional: mean bytes of KV the decode steps so far read exactly per step, all layers
     // (NULL: every cached entry is read, which gen_step counts itself).
     double (*decode_read_bytes)(void *ctx);
+    // Optional: the mean recall of the exhaustive top K by the steps' selector so far (in [0,
+    // 1]), or -1 when not measured (--selector-recall off).
+    double (*decode_recall)(void *ctx);
     // Optional (strategy_run.count_selected): for cache layer `layer` (kl: that layer of the
     // cache), adds to sel[pos] how often decode read prompt position pos's key exactly, over the
     // steps so far and the KV heads (pos < n_prompt); returns what each count is out of (steps x

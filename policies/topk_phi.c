@@ -6,11 +6,16 @@
 // from the summary minus the retrieved tokens, merged by one normalisation (attn/phi.h).
 // `topk` is the same selection renormalised without completion; --topk 0 is sink + tail only.
 // Maps: --phi FILE (fitted by `sift fit-phi`) or positive random features (training-free).
+// The selector (beyond the paper, which leaves its cost out of the budget): `exact` scores every
+// mid key; `pages` (Quest's bounds, attn/pages.h) keeps per page of P mid keys their element-wise
+// min and max, built here at attach (over whatever entries a prefill strategy kept), reads the
+// bounds each step and scores exactly only the keys of the pages with the largest bounds.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../attn/pages.h"
 #include "../attn/phi.h"
 #include "../util/check.h"
 #include "policy.h"
@@ -24,6 +29,8 @@
 typedef struct {
     int np, n_mid, k;              // prompt entries, mid entries [sink, sink + n_mid), retrieved
     int sink, tail;
+    topk_pages pg;                 // --selector pages: the mid region's bounds (backend memory)
+                                   // and the pages a step reads; pg.bounds NULL: exact
 } topk_layer;
 
 typedef struct {
@@ -48,7 +55,13 @@ typedef struct {
     double *dstats;
     int device;                    // steps run whole in backend memory (topk without --kept-map)
     double read_entries, full_entries;   // exact entries read / held, summed over steps, layers
+    double sel_bytes;              // the selector's reads (K rows scored, bounds), summed
     long layer_steps;
+    // --selector-recall: the exact selector's top K of the step's layer (backend memory), both
+    // selections on the host, and per layer the recall summed over steps and query heads.
+    int *didx_exact, *h_sel, *h_exact;
+    double *recall_sum;
+    long *recall_n;
     // --kept-map (strategy_run.count_selected): per cache layer and KV head, how often each
     // entry was read exactly (n_layer, n_kv_head, cap_max); steps per cache layer.
     int *counts, cap_max;
@@ -61,15 +74,19 @@ static void topk_state_free(void *ctx) {
         for (int i = 0; i < t->n_layer * t->n_kv_head; i++) phi_summary_free(&t->sum[i]);
     free(t->sum);
     phi_maps_free(t->own_maps);
-    free(t->ly);
     free(t->sel);
     free(t->mark);
     free(t->counts);
     free(t->steps);
+    free(t->h_sel), free(t->h_exact), free(t->recall_sum), free(t->recall_n);
+    for (int l = 0; l < t->n_layer; l++)
+        if (t->ly[l].pg.bounds) fwd_scratch_free(t->m, (void *)t->ly[l].pg.bounds);
+    if (t->didx_exact) fwd_scratch_free(t->m, t->didx_exact);
     fwd_scratch_free(t->m, t->didx);
     fwd_scratch_free(t->m, t->dstats);
     if (t->own_dpar) fwd_scratch_free(t->m, t->dpar_q), fwd_scratch_free(t->m, t->dpar_k);
     fwd_scratch_free(t->m, t->dsum);
+    free(t->ly);
     free(t);
 }
 
@@ -183,28 +200,51 @@ static void ensure_scratch(topk_state *t, int heads, int len) {
     t->stamp = 0;
 }
 
+// --selector-recall: the share of the exact selector's top K (didx_exact) the step's own
+// selection (didx) holds, per query head; both ascending.
+static void recall_count(topk_state *t, int kl, int heads, int k) {
+    fwd_ints_to_host(t->m, t->h_sel, t->didx, (size_t)heads * k);
+    fwd_ints_to_host(t->m, t->h_exact, t->didx_exact, (size_t)heads * k);
+    for (int h = 0; h < heads; h++) {
+        const int *a = t->h_sel + (size_t)h * k, *e = t->h_exact + (size_t)h * k;
+        int both = 0;
+        for (int i = 0, j = 0; i < k && j < k;)
+            if (a[i] == e[j]) both++, i++, j++;
+            else if (a[i] < e[j]) i++;
+            else j++;
+        t->recall_sum[kl] += (double)both / k;
+    }
+    t->recall_n[kl] += heads;
+}
+
 // One decode step, query layer l over cache layer kl (its own, or a shared one). A layer
 // without mid entries reads every entry exactly. `topk` runs whole in backend memory
 // (recordable: the anchors and decode tokens are implicit, the length the device's; topk+phi's
 // completion reads the summaries and maps there); --kept-map brings the top K to the host and
-// counts there.
+// counts there; --selector-recall also runs the exact selector and compares on the host.
 static int topk_attention(void *ctx, fwd_state *s, int kl, const void *q, void *out) {
     topk_state *t = ctx;
     const topk_layer *y = &t->ly[kl];
     phi_completion comp = {t->maps, kl, t->sum + (size_t)kl * t->n_kv_head, t->dpar_q, t->dpar_k,
                            t->dsum ? t->dsum + kl * t->flat : NULL};
     const phi_completion *c = t->maps && y->n_mid > 0 ? &comp : NULL;
+    const topk_pages *pg = y->pg.bounds ? &y->pg : NULL;
+    int heads = s->m->cfg.n_head, recall = t->recall_sum && pg && y->k > 0;
+    if (recall)   // the exhaustive top K, to compare with
+        fwd_attn_topk_step(s, kl, q, y->sink, y->n_mid, y->k, t->didx_exact, NULL, NULL, NULL, NULL);
     if (t->device) {
-        fwd_attn_topk_step(s, kl, q, y->sink, y->n_mid, y->k, t->didx, t->dstats, c, out);
+        fwd_attn_topk_step(s, kl, q, y->sink, y->n_mid, y->k, t->didx, t->dstats, pg, c, out);
+        if (recall) recall_count(t, kl, heads, y->k);
         return 0;
     }
-    int heads = s->m->cfg.n_head, len = s->kv->layers[kl].len;
+    int len = s->kv->layers[kl].len;
     int n_sel = y->k + y->sink + (len - (y->np - y->tail));
     ensure_scratch(t, heads, len);
-    int *top = t->sel + (size_t)heads * n_sel;   // 1-2: exhaustive scores over M, K(q) per head
+    int *top = t->sel + (size_t)heads * n_sel;   // 1-2: scores over M (or its best pages), K(q)
     if (y->k > 0) {
-        fwd_attn_topk_step(s, kl, q, y->sink, y->n_mid, y->k, t->didx, NULL, NULL, NULL);
+        fwd_attn_topk_step(s, kl, q, y->sink, y->n_mid, y->k, t->didx, t->dstats, pg, NULL, NULL);
         fwd_ints_to_host(s->m, top, t->didx, (size_t)heads * y->k);
+        if (recall) recall_count(t, kl, heads, y->k);
     }
     // 3: the exact set E = K(q) U A U decode tokens
     for (int h = 0; h < heads; h++) {
@@ -219,30 +259,47 @@ static int topk_attention(void *ctx, fwd_state *s, int kl, const void *q, void *
     return 0;
 }
 
-// The device path's counts, read back (after the steps: a copy and a wait).
+// The counts in backend memory, read back (after the steps: a copy and a wait): all four on
+// the device path; the selector's bytes alone where the host counts the rest (--kept-map).
 static void stats_sync(topk_state *t) {
-    if (!t->device) return;
-    double st[3];
-    fwd_doubles_to_host(t->m, st, t->dstats, 3);
-    t->read_entries = st[0], t->full_entries = st[1], t->layer_steps = (long)st[2];
+    double st[4];
+    fwd_doubles_to_host(t->m, st, t->dstats, 4);
+    if (t->device) t->read_entries = st[0], t->full_entries = st[1], t->layer_steps = (long)st[2];
+    t->sel_bytes = st[3];
 }
 
 static double topk_read_bytes(void *ctx) {   // mean per decode step, all layers
     topk_state *t = ctx;
     stats_sync(t);
     double steps = (double)t->layer_steps / t->n_layer;
-    return steps > 0 ? t->read_entries * t->entry_bytes / steps : 0;
+    return steps > 0 ? (t->read_entries * t->entry_bytes + t->sel_bytes) / steps : 0;
+}
+
+static double topk_recall(void *ctx) {   // mean over layers, steps and query heads
+    topk_state *t = ctx;
+    double sum = 0;
+    long n = 0;
+    for (int l = 0; l < t->n_layer; l++) sum += t->recall_sum[l], n += t->recall_n[l];
+    return n ? sum / n : -1;
 }
 
 static void topk_report(void *ctx, char *buf, size_t len) {
     topk_state *t = ctx;
     stats_sync(t);
     if (t->layer_steps == 0) return;
-    double per_entry = t->entry_bytes;
-    double read = t->read_entries / t->layer_steps * per_entry / 1024;
-    double full = t->full_entries / t->layer_steps * per_entry / 1024;
-    int n = snprintf(buf, len, "decode read %.1f KiB of KV per step per layer exactly (cached "
-                     "%.1f KiB, %.1f%%)", read, full, 100 * read / full);
+    double exact = t->read_entries / t->layer_steps * t->entry_bytes / 1024;
+    double sel = t->sel_bytes / t->layer_steps / 1024;
+    double full = t->full_entries / t->layer_steps * t->entry_bytes / 1024;
+    int n = snprintf(buf, len, "decode read %.1f KiB of KV per step per layer (cached %.1f KiB, "
+                     "%.1f%%): exactly %.1f KiB, selector %.1f KiB", exact + sel, full,
+                     100 * (exact + sel) / full, exact, sel);
+    const topk_pages *pg = NULL;
+    for (int l = 0; l < t->n_layer && !pg; l++) pg = t->ly[l].pg.bounds ? &t->ly[l].pg : NULL;
+    if (n >= 0 && (size_t)n < len)
+        n += pg ? snprintf(buf + n, len - n, " (pages: bounds of %d-key pages, then the keys of %d "
+                           "of their %d%s)", pg->size, pg->read, pg->n_pages,
+                           t->n_layer > 1 ? " in the first paged layer" : "")
+                : snprintf(buf + n, len - n, " (exact: every mid key scored)");
     if (t->maps && n >= 0 && (size_t)n < len) {
         size_t memo = 0;   // retrieved keys' features the CPU kept (0 on the GPU)
         for (int i = 0; i < t->n_layer * t->n_kv_head; i++)
@@ -253,7 +310,16 @@ static void topk_report(void *ctx, char *buf, size_t len) {
             n += snprintf(buf + n, len - n, " (+ %.1f KiB/layer of memoised key features)",
                           (double)memo / t->n_layer / 1024);
     }
-    if (n >= 0 && (size_t)n < len) snprintf(buf + n, len - n, "; selector scored all keys");
+    double r = t->recall_sum ? topk_recall(t) : -1;
+    if (r >= 0 && n >= 0 && (size_t)n < len) {   // the mean, then the lowest layer's
+        int worst = -1;
+        for (int l = 0; l < t->n_layer; l++)
+            if (t->recall_n[l] && (worst < 0 || t->recall_sum[l] / t->recall_n[l] <
+                                                    t->recall_sum[worst] / t->recall_n[worst]))
+                worst = l;
+        snprintf(buf + n, len - n, "; selector recall of the exact top K %.3f (lowest: layer %d, "
+                 "%.3f)", r, worst, t->recall_sum[worst] / t->recall_n[worst]);
+    }
 }
 
 // The feature maps of --phi FILE, shapes checked against m.
@@ -277,9 +343,19 @@ static phi_maps *load_maps(const model *m, const strategy_opts *o, char *err, si
 // completion cache over M (m, u~, T~: fp32, one pass per layer and KV head). Attached to kv as
 // its side data (freed with it, own_maps too). With device, topk's steps count in backend memory.
 // maps' parameters in backend memory come with them (res, the model's) or are uploaded here.
+// Pages a step reads per KV head (--selector pages): --pages, or enough for max(2048, 8 K)
+// keys; never fewer than ceil(K / P) + 1 (so that the pages' entries always hold K), nor more
+// than there are (then the step is exact).
+static int pages_read(const strategy_opts *o, int k, int n_pages) {
+    int P = o->page_size, r = o->pages > 0 ? o->pages : (int)((fmax(2048, 8.0 * k) + P - 1) / P);
+    int floor_r = (k + P - 1) / P + 1;
+    r = r > floor_r ? r : floor_r;
+    return r < n_pages ? r : n_pages;
+}
+
 static topk_state *topk_attach(model *m, kv_cache *kv, int sink, int tail, int k,
                                const phi_maps *maps, phi_maps *own_maps, const resident_maps *res,
-                               int device) {
+                               int device, const strategy_opts *sel) {
     const model_config *c = &m->cfg;
     topk_state *t = xcalloc(1, sizeof *t);
     *t = (topk_state){.m = m, .n_layer = kv->n_layer, .n_kv_head = c->n_kv_head, .head_dim = c->head_dim,
@@ -295,15 +371,34 @@ static topk_state *topk_attach(model *m, kv_cache *kv, int sink, int tail, int k
         y->k = k < y->n_mid ? k : y->n_mid;
         kmax = y->k > kmax ? y->k : kmax;
     }
-    t->didx = fwd_scratch(m, (size_t)c->n_head * (kmax > 0 ? kmax : 1) * sizeof(int));
+    size_t nidx = (size_t)c->n_head * (kmax > 0 ? kmax : 1);
+    t->didx = fwd_scratch(m, nidx * sizeof(int));
     t->device = device;
-    if (t->device) {
-        const double zero[3] = {0, 0, 0};
-        t->dstats = fwd_scratch(m, sizeof zero);
-        fwd_doubles_from_host(m, t->dstats, zero, 3);
-    }
+    const double zero[4] = {0, 0, 0, 0};
+    t->dstats = fwd_scratch(m, sizeof zero);
+    fwd_doubles_from_host(m, t->dstats, zero, 4);
     kv->side = t;
     kv->side_free = topk_state_free;
+    size_t side = 0;
+    if (sel && sel->selector == 1)   // the page bounds of each layer's mid region
+        for (int l = 0; l < kv->n_layer; l++) {
+            topk_layer *y = &t->ly[l];
+            if (y->k == 0) continue;   // nothing to select
+            enum kv_type bt = pages_bound_type(kv->layers[l].k_type);
+            size_t bytes = (size_t)c->n_kv_head * pages_bytes(kv->layers[l].k_type, y->n_mid, sel->page_size,
+                                                                c->head_dim);
+            int np = pages_count(y->n_mid, sel->page_size);
+            void *b = fwd_scratch(m, bytes);
+            fwd_kv_pages_build(m, kv, l, y->sink, y->n_mid, sel->page_size, b);
+            y->pg = (topk_pages){b, bt, sel->page_size, np, pages_read(sel, y->k, np)};
+            side += bytes;
+        }
+    if (sel && sel->selector_recall && sel->selector == 1) {
+        t->didx_exact = fwd_scratch(m, nidx * sizeof(int));
+        t->h_sel = xmalloc(nidx * sizeof(int)), t->h_exact = xmalloc(nidx * sizeof(int));
+        t->recall_sum = xcalloc((size_t)kv->n_layer, sizeof(double));
+        t->recall_n = xcalloc((size_t)kv->n_layer, sizeof(long));
+    }
     if (maps) {
         resident_maps r = res ? *res : resident_upload(m, (phi_maps *)maps);
         t->dpar_q = r.dpar_q, t->dpar_k = r.dpar_k, t->own_dpar = !res;
@@ -316,13 +411,14 @@ static topk_state *topk_attach(model *m, kv_cache *kv, int sink, int tail, int k
             if (t->ly[l].n_mid > 0)
                 fwd_phi_summarize(m, kv, l, maps, t->dpar_k, t->ly[l].sink, t->ly[l].sink + t->ly[l].n_mid,
                                   t->sum + (size_t)l * c->n_kv_head, t->dsum + l * t->flat);
-        kv->side_bytes = (size_t)kv->n_layer * c->n_kv_head * maps->d_phi * (c->head_dim + 2) * sizeof(float);
+        side += (size_t)kv->n_layer * c->n_kv_head * maps->d_phi * (c->head_dim + 2) * sizeof(float);
     }
+    kv->side_bytes = side;
     return t;
 }
 
 fwd_hooks topk_phi_hooks(model *m, kv_cache *kv, int sink, int tail, int k, const phi_maps *maps) {
-    topk_state *t = topk_attach(m, kv, sink, tail, k, maps, NULL, NULL, 1);
+    topk_state *t = topk_attach(m, kv, sink, tail, k, maps, NULL, NULL, 1, NULL);
     return (fwd_hooks){.ctx = t, .attention = topk_attention, .recordable = t->device};
 }
 
@@ -338,10 +434,12 @@ static int topk_attach_run(context *cx, kv_cache *kv, int n, const strategy_opts
     const phi_maps *maps = res ? res->maps : own;
     if (with_phi && !maps) return -1;
     int raised, k = budget_k(o, n, maps, &raised);
-    topk_state *t = topk_attach(m, kv, o->sink, o->tail, k, maps, own, res, !run->count_selected);
-    info->decode = (fwd_hooks){.ctx = t, .attention = topk_attention, .recordable = t->device};
+    topk_state *t = topk_attach(m, kv, o->sink, o->tail, k, maps, own, res, !run->count_selected, o);
+    info->decode = (fwd_hooks){.ctx = t, .attention = topk_attention,
+                               .recordable = t->device && !t->recall_sum};
     info->decode_report = topk_report;
     info->decode_read_bytes = topk_read_bytes;
+    if (t->recall_sum) info->decode_recall = topk_recall;
     if (run->count_selected) {
         for (int l = 0; l < kv->n_layer; l++)
             t->cap_max = kv->layers[l].cap > t->cap_max ? kv->layers[l].cap : t->cap_max;
@@ -366,6 +464,12 @@ static int topk_attach_run(context *cx, kv_cache *kv, int n, const strategy_opts
                           "entries%s", o->sink, o->tail, kmax, mid, !maps ? "" : o->phi_path ?
                           "; phi: fitted maps (--phi)" : "; phi: random features (training-free "
                           "fallback, no --phi)");
+    const topk_pages *pg = NULL;
+    for (int l = 0; l < kv->n_layer && !pg; l++) pg = t->ly[l].pg.bounds ? &t->ly[l].pg : NULL;
+    if (pg && w < sizeof info->note)
+        w += (size_t)snprintf(info->note + w, sizeof info->note - w, "; selector pages: %d keys a "
+                              "page, %d of %d pages scored exactly%s", pg->size, pg->read, pg->n_pages,
+                              pg->read >= pg->n_pages ? " (all: exact)" : "");
     if (raised && w < sizeof info->note)   // the budget left fewer keys than the floor
         w += (size_t)snprintf(info->note + w, sizeof info->note - w, "; K raised by %d to the "
                               "floor %d: --budget %g of %d tokens left %d after sink + tail%s",
@@ -426,8 +530,13 @@ static kv_cache *topk_prefill(context *cx, const int *ids, int n, int n_gen, con
 }
 
 static int topk_check(const model *m, const strategy_opts *o, char *err, size_t errlen) {
-    (void)m;
     if (o->sink < 0 || o->tail < 0) return err_printf(err, errlen, "--sink and --tail must be >= 0");
+    if (o->selector_recall && o->selector != 1)
+        return err_printf(err, errlen, "--selector-recall on compares --selector pages with the exact "
+                          "selector: add --selector pages");
+    if (o->selector == 1 && !m->bk->kv_pages_build)
+        return err_printf(err, errlen, "--selector pages: the %s backend has no page bounds",
+                          m->bk->name);
     return 0;
 }
 
@@ -450,8 +559,13 @@ static void topk_cost_run(const cost_shape *sh, const strategy_opts *o, cost_wor
     double e = w->kv_entries / L, mid = fmax(e - o->sink - o->tail, 0), d_phi = hd;
     int k = budget_k_of(o, (int)sh->n, with_phi ? (int)ceil(d_phi / 2 + d_phi / hd) : 0, &raised);
     double exact = fmin(mid, (double)group * k) + fmin(e, (double)o->sink + o->tail) + sh->n_gen / 2.0;
+    double scored = mid;   // K rows the selector reads: every mid key, or (pages) the bounds'
+    if (o->selector == 1 && k > 0) {   // share (2 rows a page) and the best pages' keys
+        int np = pages_count((int)mid, o->page_size);
+        scored = fmin(mid, (double)pages_read(o, k, np) * o->page_size) + 2.0 * np;
+    }
     w->weight_bytes = sh->weight_bytes;
-    w->kv_bytes = (double)L * c->n_kv_head * (mid * sh->k_row + exact * (sh->k_row + sh->v_row));
+    w->kv_bytes = (double)L * c->n_kv_head * (scored * sh->k_row + exact * (sh->k_row + sh->v_row));
     if (!with_phi) return;
     w->kv_bytes += (double)L * c->n_kv_head * d_phi * (hd + 2) * 4;
     w->gemm_flops += (double)L * c->n_kv_head * mid * (2 * hd * d_phi + 2 * d_phi * (hd + 2));

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "../attn/pages.h"
 #include "../attn/phi.h"
 #include "../attn/score.h"
 #include "../backend/backend.h"
@@ -666,41 +667,82 @@ static void test_phi_select(backend *bk[2], int kind, int heads, int nkv, int hd
 // TOL). The read counts: the GPU's against the union of the GPU's selections counted here.
 // kind (PHI_PRF, PHI_MLP; 0 none): topk+phi, completed from each backend's summaries of the mid
 // region under test_maps with d_phi f (the CPU's reference: attn_select with its completion).
+// P > 0: the page selector (pages of P, `read` of them scored; keys and queries rounded to bf16
+// first, so that both backends bound the same values), its bytes (in K rows) against the CPU's;
+// hot > 0: the keys of `hot` pages (the last, partial one among them) point along their group's
+// queries, so they hold every head's exhaustive top k and have the largest bounds: the paged
+// selection must be the exact selector's on each backend, index for index.
 static void test_attn_topk_step(backend *bk[2], int heads, int nkv, int hd, int len, int sink, int n,
-                                int k, int levels, int kind, int f) {
+                                int k, int levels, int kind, int f, int P, int read, int hot) {
     attn_case t = {"topk", heads, nkv, hd, len, 1, 0, 1, len, 1, 0};
     int kvd = nkv * hd, group = heads / nkv, tail = len - sink - n, n_sel = k + sink + tail;
+    int np = P ? (n + P - 1) / P : 0;
     float *k_ = rand_host((size_t)(len + 2) * kvd, 2), *v = rand_host((size_t)(len + 2) * kvd, 1);
     float *q = rand_host((size_t)heads * hd, 2);
     for (int i = 0; levels && i < len + 2; i++)   // row i repeats row i % levels
         memcpy(k_ + (size_t)i * kvd, k_ + (size_t)(i % levels) * kvd, (size_t)kvd * sizeof(float));
-    int *idx[2], *sel = xmalloc(((size_t)heads * n_sel + 1) * sizeof(int));
+    for (int h = 0; h < hot; h++) {   // pages np - 1, then 1, 3, 5, ...: group-aligned keys
+        int pg = h == 0 ? np - 1 : 2 * h - 1;
+        for (int j = sink + pg * P; j < sink + (pg + 1) * P && j < sink + n; j++)
+            for (int g = 0; g < nkv; g++)
+                for (int c = 0; c < hd; c++) {
+                    float m = 0;
+                    for (int i = g * group; i < (g + 1) * group; i++) m += q[(size_t)i * hd + c];
+                    k_[(size_t)j * kvd + g * hd + c] = 20 * m / group + 0.1f * k_[(size_t)j * kvd + g * hd + c];
+                }
+    }
+    for (size_t i = 0; P && i < (size_t)(len + 2) * kvd; i++) k_[i] = bf16_round(k_[i]);
+    for (size_t i = 0; P && i < (size_t)heads * hd; i++) q[i] = bf16_round(q[i]);
+    int *idx[2], *exact[2], *sel = xmalloc(((size_t)heads * n_sel + 1) * sizeof(int));
     float *y[2], *ref = NULL;
-    double stats[2][3];
+    double stats[2][4];
+    size_t krow[2];
+    float *bounds[2] = {NULL, NULL};   // (nkv, np, 2, hd) as fp32
     phi_maps *p = kind ? test_maps(kind, heads, nkv, hd, f) : NULL;
-    size_t np = p ? (size_t)phi_n_par(p) : 0, flat = p ? phi_summary_flat(nkv, f, hd) : 0;
+    size_t npar = p ? (size_t)phi_n_par(p) : 0, flat = p ? phi_summary_flat(nkv, f, hd) : 0;
     for (int i = 0; i < 2; i++) {   // the GPU first: the CPU's reference reads its selection
         int b = i ? CPU : GPU;
         backend *B = bk[b];
         kv_cache *kv = build_cache(B, &t, k_, v, NULL);
+        const kv_layer *L = &kv->layers[0];
+        krow[b] = L->k_row;
         void *dq = upload(B, q, 1, heads * hd), *o = B->alloc(B, (size_t)heads * hd);
         poison(B, o, 1, heads * hd);
         idx[b] = xmalloc(((size_t)heads * k + 1) * sizeof(int));
+        exact[b] = xmalloc(((size_t)heads * k + 1) * sizeof(int));
         for (int i = 0; i < heads * k; i++) idx[b][i] = -1;
-        const double zero[6] = {0};
-        void *di = words_up(B, idx[b], (size_t)heads * k), *ds = words_up(B, zero, 6);
+        const double zero[8] = {0};
+        void *di = words_up(B, idx[b], (size_t)heads * k), *ds = words_up(B, zero, 8);
+        void *de = words_up(B, idx[b], (size_t)heads * k), *dbound = NULL;
+        topk_pages pg = {0};
+        if (P) {   // the bounds, as topk builds them at attach
+            size_t bytes = (size_t)nkv * pages_bytes(L->k_type, n, P, hd);
+            int *zeros = xcalloc(bytes / 4 + 1, sizeof(int));
+            dbound = words_up(B, zeros, bytes / 4 + 1);
+            free(zeros);
+            B->kv_pages_build(B, dbound, L, sink, n, P);
+            pg = (topk_pages){dbound, pages_bound_type(L->k_type), P, np, read};
+            char *hb = xmalloc(bytes + 4);
+            words_down(B, hb, dbound, bytes / 4 + 1);
+            bounds[b] = xmalloc((size_t)nkv * np * 2 * hd * sizeof(float));
+            kv_rows_decode(pg.type, bounds[b], hb, nkv * np * 2, hd);
+            free(hb);
+        }
         phi_summary *sum = NULL;
         phi_completion comp = {p, 0, NULL, NULL, NULL, NULL};
         if (p) {   // the mid region's summaries, as topk+phi builds them
             sum = xmalloc((size_t)nkv * sizeof *sum);
             for (int g = 0; g < nkv; g++) sum[g] = phi_summary_alloc(f, hd);
-            comp.sum = sum, comp.par_q = words_up(B, p->q, (size_t)heads * np);
-            comp.par_k = words_up(B, p->k, (size_t)nkv * np), comp.dsum = words_up(B, p->k, flat);
-            B->phi_summarize(B, sum, (float *)comp.dsum, p, comp.par_k, 0, &kv->layers[0], sink, sink + n);
+            comp.sum = sum, comp.par_q = words_up(B, p->q, (size_t)heads * npar);
+            comp.par_k = words_up(B, p->k, (size_t)nkv * npar), comp.dsum = words_up(B, p->k, flat);
+            B->phi_summarize(B, sum, (float *)comp.dsum, p, comp.par_k, 0, L, sink, sink + n);
         }
-        B->attn_topk_step(B, o, di, ds, dq, len, heads, &kv->layers[0], sink, n, k, p ? &comp : NULL);
+        if (P)   // the exact selector alone, to compare with
+            B->attn_topk_step(B, NULL, de, NULL, dq, len, heads, L, sink, n, k, NULL, NULL);
+        B->attn_topk_step(B, o, di, ds, dq, len, heads, L, sink, n, k, P ? &pg : NULL, p ? &comp : NULL);
         words_down(B, idx[b], di, (size_t)heads * k);
-        words_down(B, stats[b], ds, 6);
+        words_down(B, exact[b], P ? de : di, (size_t)heads * k);
+        words_down(B, stats[b], ds, 8);
         y[b] = download(B, o, (size_t)heads * hd);
         if (b == CPU) {   // the CPU's attention over the GPU's selection and the anchors
             for (int h = 0; h < heads; h++) {
@@ -710,7 +752,7 @@ static void test_attn_topk_step(backend *bk[2], int heads, int nkv, int hd, int 
                 for (int i = sink + n; i < len; i++) e[j++] = i;
             }
             poison(B, o, 1, heads * hd);
-            B->attn_select(B, o, dq, heads, &kv->layers[0], sel, n_sel, k, p ? &comp : NULL);
+            B->attn_select(B, o, dq, heads, L, sel, n_sel, k, p ? &comp : NULL);
             ref = download(B, o, (size_t)heads * hd);
         }
         if (p) {
@@ -718,7 +760,8 @@ static void test_attn_topk_step(backend *bk[2], int heads, int nkv, int hd, int 
             for (int g = 0; g < nkv; g++) phi_summary_free(&sum[g]);
             free(sum);
         }
-        B->free(B, di), B->free(B, ds), B->free(B, o), B->free(B, dq);
+        if (dbound) B->free(B, dbound);
+        B->free(B, di), B->free(B, de), B->free(B, ds), B->free(B, o), B->free(B, dq);
         kv_free(kv);
     }
     int same = 0, ascending = 1, inside = 1;   // sets compared by merging (both ascending)
@@ -733,19 +776,29 @@ static void test_attn_topk_step(backend *bk[2], int heads, int nkv, int hd, int 
     }
     double reads = 0;   // the GPU's selection's exact reads, counted here
     for (int g = 0; g < nkv && inside; g++) reads += score_union_count(idx[GPU] + (size_t)g * group * k, group, k) + len - n;
-    char shape[120];
+    char shape[140];
     snprintf(shape, sizeof shape, "%d/%d hd%d len%d [%d,+%d) k%d %s%s", heads, nkv, hd, len, sink, n, k,
-             levels ? "ties" : "random", !p ? "" : kind == PHI_MLP ? " +phi mlp" : " +phi prf");
+             levels ? "ties" : hot ? "hot pages" : "random", !p ? "" : kind == PHI_MLP ? " +phi mlp" : " +phi prf");
+    if (P) snprintf(shape + strlen(shape), sizeof shape - strlen(shape), " pages %d of %d x%d", read, np, P);
     float agree = k ? (float)same / (heads * k) : 1, need = levels ? 1.0f : 0.99f, one = 1;
     float pass = ascending && inside && agree >= need;
     report("attn_topk (share agreeing)", shape, &pass, &one, 1, 0);
     if (!pass) printf("|   %.4f of the indices agree (need %.2f), ascending %d, inside %d |||||\n", agree, need,
                       ascending, inside);
+    if (hot) {   // where the pages hold the exhaustive top k: the exact selector's own choice
+        float held = 1;
+        for (int b = 0; b < 2; b++)
+            held = held && memcmp(idx[b], exact[b], (size_t)heads * k * sizeof(int)) == 0;
+        report("attn_topk pages = exact (hot pages)", shape, &held, &one, 1, 0);
+    }
+    if (P)   // the same bf16 keys: the GPU's bf16 bounds are the CPU's fp32 ones exactly
+        report("kv_pages_build bounds", shape, bounds[GPU], bounds[CPU], (size_t)nkv * np * 2 * hd, 0);
     report("attn_topk_step out", shape, y[GPU], ref, (size_t)heads * hd, TOL);
-    float counts[2][3] = {{(float)stats[GPU][0], (float)stats[GPU][1], (float)stats[GPU][2]},
-                          {(float)reads, (float)len * nkv, 1}};
-    report("attn_topk_step reads", shape, counts[0], counts[1], 3, 0);
-    for (int b = 0; b < 2; b++) free(idx[b]), free(y[b]);
+    float counts[2][4] = {{(float)stats[GPU][0], (float)stats[GPU][1], (float)stats[GPU][2],
+                           (float)(stats[GPU][3] / krow[GPU])},
+                          {(float)reads, (float)len * nkv, 1, (float)(stats[CPU][3] / krow[CPU])}};
+    report("attn_topk_step reads", shape, counts[0], counts[1], 4, 0);
+    for (int b = 0; b < 2; b++) free(idx[b]), free(exact[b]), free(y[b]), free(bounds[b]);
     free(ref), free(sel), free(k_), free(v), free(q);
     phi_maps_free(p);
 }
@@ -1763,15 +1816,22 @@ int main(int argc, char **argv) {
     if (section(only, "attention")) test_attention_cases(bk);
     if (section(only, "ops") && bk[GPU]->weight_synth) test_weight_synth(bk, 33, 70);
     if (section(only, "topk") && bk[GPU]->attn_topk_step) {
-        test_attn_topk_step(bk, 8, 2, 64, 3000, 4, 2980, 60, 0, 0, 0);
-        test_attn_topk_step(bk, 8, 2, 64, 3000, 4, 2976, 60, 7, 0, 0);   // 20 entries after the mid region
-        if (small) test_attn_topk_step(bk, 4, 4, 128, 70000, 4, 69980, 70, 0, 0, 0);
-        else test_attn_topk_step(bk, 4, 4, 128, 70000, 4, 69980, 700, 0, 0, 0);
-        test_attn_topk_step(bk, 2, 1, 32, 50, 0, 50, 50, 3, 0, 0);
-        test_attn_topk_step(bk, 6, 2, 64, 40, 4, 20, 0, 0, 0, 0);        // --topk 0: the anchors only
-        test_attn_topk_step(bk, 8, 2, 64, 600, 4, 580, 12, 0, PHI_PRF, 64);   // topk+phi
-        test_attn_topk_step(bk, 4, 2, 32, 300, 4, 280, 8, 0, PHI_MLP, 48);
-        test_attn_topk_step(bk, 4, 2, 32, 60, 4, 40, 0, 0, PHI_PRF, 32);     // K 0: all of the mid estimated
+        test_attn_topk_step(bk, 8, 2, 64, 3000, 4, 2980, 60, 0, 0, 0, 0, 0, 0);
+        test_attn_topk_step(bk, 8, 2, 64, 3000, 4, 2976, 60, 7, 0, 0, 0, 0, 0);   // 20 entries after the mid region
+        if (small) test_attn_topk_step(bk, 4, 4, 128, 70000, 4, 69980, 70, 0, 0, 0, 0, 0, 0);
+        else test_attn_topk_step(bk, 4, 4, 128, 70000, 4, 69980, 700, 0, 0, 0, 0, 0, 0);
+        test_attn_topk_step(bk, 2, 1, 32, 50, 0, 50, 50, 3, 0, 0, 0, 0, 0);
+        test_attn_topk_step(bk, 6, 2, 64, 40, 4, 20, 0, 0, 0, 0, 0, 0, 0);        // --topk 0: the anchors only
+        test_attn_topk_step(bk, 8, 2, 64, 600, 4, 580, 12, 0, PHI_PRF, 64, 0, 0, 0);   // topk+phi
+        test_attn_topk_step(bk, 4, 2, 32, 300, 4, 280, 8, 0, PHI_MLP, 48, 0, 0, 0);
+        test_attn_topk_step(bk, 4, 2, 32, 60, 4, 40, 0, 0, PHI_PRF, 32, 0, 0, 0);     // K 0: all of the mid estimated
+        // the page selector: random keys; hot pages (the partial last among them) equal to exact;
+        // every page read (the exact path); with topk+phi's completion; a page of one key
+        test_attn_topk_step(bk, 8, 2, 64, 3000, 4, 2980, 60, 0, 0, 0, 16, 40, 0);
+        test_attn_topk_step(bk, 8, 2, 64, 3000, 4, 2970, 40, 0, 0, 0, 16, 5, 3);
+        test_attn_topk_step(bk, 4, 2, 64, 600, 4, 580, 20, 0, 0, 0, 32, 19, 0);
+        test_attn_topk_step(bk, 8, 2, 64, 600, 4, 580, 12, 0, PHI_PRF, 64, 16, 6, 2);
+        test_attn_topk_step(bk, 4, 1, 32, 300, 4, 280, 8, 0, 0, 0, 1, 40, 0);
     }
     if (section(only, "topk") && bk[GPU]->window_scores) {
         test_window_select(bk, 8, 2, 64, 300, 8, 40, 7, 0, 0);

@@ -455,7 +455,8 @@ def test_settings_echo_shows_what_ran(tmp_path):
         "speed": {"speed_depth": 6, "anchor": "bos"},
         "specprefill": {"keep": pytest.approx(0.3), "lookahead": 8, "chunk": 32, "spec_pool": 13,
                         "draft": None, "draft_layers": 3, "keep_last": "on"},
-        "topk": {"sink": 4, "tail": 16, "topk": None, "budget": pytest.approx(0.02)},
+        "topk": {"sink": 4, "tail": 16, "topk": None, "budget": pytest.approx(0.02),
+                 "selector": "exact", "page_size": 16, "pages": None, "selector_recall": "off"},
         "swiftkv": {"swiftkv_layers": 3, "swiftkv_group": 1, "swiftkv_norm": "shared"}}
     # the same in the text echo of the timing block; given values stand as given
     r = sift("-m", m, "-p", "the cat sat on the mat " * 4, "-n", "2", "-t", "1", "--temp", "0",
@@ -464,4 +465,5 @@ def test_settings_echo_shows_what_ran(tmp_path):
     assert stderr_lines(r, "settings:") == [
         "sift: fastkv settings: tsp_layer 4, tsp_rate 0.2, kv_rate 0.1, window 8, pool_kernel 7, "
         "pool avg, kv_len 0, tsp_len 0",
-        "sift: topk settings: sink 4, tail 16, topk 5, budget 0.02"], r.stderr
+        "sift: topk settings: sink 4, tail 16, topk 5, budget 0.02, selector exact, page_size 16, "
+        "pages unset (max(2048, 8 K) keys' worth), selector_recall off"], r.stderr

@@ -190,7 +190,7 @@ def test_refused_composition_in_prompts_file(tiny, tmp_path):
 
 FASTKV_KEYS = {"tsp_layer", "tsp_rate", "kv_rate", "window", "pool_kernel", "pool", "kv_len",
                "tsp_len"}
-TOPK_KEYS = {"sink", "tail", "topk", "budget"}
+TOPK_KEYS = {"sink", "tail", "topk", "budget", "selector", "page_size", "pages", "selector_recall"}
 SPEC_KEYS = {"keep", "lookahead", "chunk", "spec_pool", "draft", "draft_layers", "keep_last"}
 
 

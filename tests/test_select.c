@@ -5,10 +5,14 @@
 // window rule, and one attention layer end to end: window softmax scores vs a float64 reference
 // and the per-KV-head cache it keeps; topk's decode step (its selection, reads and attention).
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../attn/attn.h"
+#include "../attn/pages.h"
 #include "../attn/score.h"
+#include "../util/check.h"
 #include "../model/forward.h"
 #include "../policies/window_score.h"
 #include "check.h"
@@ -212,14 +216,16 @@ static void test_topk_step(void) {
     m.bk->kv_append(m.bk, &kv->layers[0], k, v, pos, N);
     fwd_state s = {.cx = &cx, .m = &m, .kv = kv, .n = 1, .pos = &pos[N - 1]};
     int idx[H * K];
-    double stats[3] = {0, 0, 0};
+    double stats[4] = {0, 0, 0, 0};
     float out[H][HD];
-    fwd_attn_topk_step(&s, 0, q, SINK, MID, K, idx, stats, NULL, out);
+    fwd_attn_topk_step(&s, 0, q, SINK, MID, K, idx, stats, NULL, NULL, out);
     const int want[H][K] = {{3, 5}, {2, 4}, {2, 3}, {2, 3}};
     for (int h = 0; h < H; h++)
         for (int j = 0; j < K; j++)
             CHECK(idx[h * K + j] == want[h][j], "head %d: top %d is %d, not %d", h, j, idx[h * K + j], want[h][j]);
     CHECK(stats[0] == 16 && stats[1] == 24 && stats[2] == 1, "reads %g of %g, steps %g", stats[0], stats[1], stats[2]);
+    // the exact selector scored every mid K row of both KV heads: 7 x 2 rows of 8 bytes
+    CHECK(stats[3] == 112, "selector bytes %g", stats[3]);
     for (int h = 0; h < H; h++) {   // float64: softmax over the top K, [0, 2) and [9, 12)
         int g = h / (H / HKV), set[K + SINK + 3], n = 0;
         for (int j = 0; j < K; j++) set[n++] = want[h][j];
@@ -232,10 +238,98 @@ static void test_topk_step(void) {
             for (int c = 0; c < HD; c++) y[c] += e[i] / z * v[set[i]][g][c];
         for (int c = 0; c < HD; c++) CHECK_CLOSE(out[h][c], y[c], 1e-5);
     }
-    fwd_attn_topk_step(&s, 0, q, SINK, MID, 0, idx, stats, NULL, out);   // K = 0: the anchors alone
-    CHECK(stats[0] == 16 + 10 && stats[1] == 48 && stats[2] == 2, "K 0: reads %g of %g", stats[0], stats[1]);
+    fwd_attn_topk_step(&s, 0, q, SINK, MID, 0, idx, stats, NULL, NULL, out);   // K = 0: the anchors alone
+    CHECK(stats[0] == 16 + 10 && stats[1] == 48 && stats[2] == 2 && stats[3] == 112, "K 0: reads %g of %g",
+          stats[0], stats[1]);
+
+    // The page selector over the same cache, pages of 2 over the mid region [2, 9): {2, 3},
+    // {4, 5}, {6, 7}, {8}. KV head 0's bounds (lo, hi) = ((1, 0), (5, 4)), ((2, 0), (5, 4)),
+    // ((0, 0), (3, 1)), ((0, 4), (0, 4)): for head 0 (q = (1, 0)) 5, 5, 3, 0 and for head 1
+    // (q = (0, 1)) 4, 4, 1, 4, so the pages' bounds are 5, 5, 3, 4. KV head 1: all 0 (ties: the
+    // lower pages).
+    char *bounds = xmalloc(2 * pages_bytes(KV_F32, MID, 2, HD));
+    fwd_kv_pages_build(&m, kv, 0, SINK, MID, 2, bounds);
+    const float want_b[4][2][HD] = {{{1, 0}, {5, 4}}, {{2, 0}, {5, 4}}, {{0, 0}, {3, 1}}, {{0, 4}, {0, 4}}};
+    CHECK(memcmp(bounds, want_b, sizeof want_b) == 0, "KV head 0's page bounds");
+    // Two pages read: {2..5}, which hold every head's exact top 2: the exact selection, index
+    // for index; the selector read 4 bound pages x 2 rows + 4 keys per KV head.
+    topk_pages pg = {bounds, KV_F32, 2, 4, 2};
+    double ps[4] = {0, 0, 0, 0};
+    int pidx[H * K];
+    fwd_attn_topk_step(&s, 0, q, SINK, MID, K, pidx, ps, &pg, NULL, out);
+    for (int i = 0; i < H * K; i++) CHECK(pidx[i] == want[i / K][i % K], "pages: head %d's %d is %d", i / K, i % K, pidx[i]);
+    CHECK(ps[0] == 16 && ps[3] == 2 * (8 + 4) * 8, "pages: reads %g, selector bytes %g", ps[0], ps[3]);
+    // K = 3, three pages read: KV head 0 takes pages 0, 1 and 3 (bounds 5, 5, 4: head 1's 4 at
+    // entry 8 outbids page 2's 3), so head 0 gets the top 3 of a over {2..5, 8} = {3, 4, 5}
+    // where the exact selector gives {3, 5, 7}; head 1 gets {2, 4, 8}, as exact; KV head 1
+    // pages 0..2, {2, 3, 4} for both heads, as exact. Bytes: (8 + 5 + 8 + 6) rows of 8.
+    enum { K3 = 3 };
+    int p3[H * K3];
+    const int want3[H][K3] = {{3, 4, 5}, {2, 4, 8}, {2, 3, 4}, {2, 3, 4}};
+    pg.read = 3;
+    ps[3] = 0;
+    fwd_attn_topk_step(&s, 0, q, SINK, MID, K3, p3, ps, &pg, NULL, NULL);
+    for (int i = 0; i < H * K3; i++)
+        CHECK(p3[i] == want3[i / K3][i % K3], "pages K 3: head %d's %d is %d", i / K3, i % K3, p3[i]);
+    CHECK(ps[3] == (8 + 5 + 8 + 6) * 8, "pages K 3 (selection alone): selector bytes %g", ps[3]);
+    free(bounds);
     kv_free(kv);
     m.bk->destroy(m.bk);
+}
+
+// Page bounds by hand: attn_page_bounds_cpu's sum of max(q lo, q hi) per query, the largest of
+// them; pages_round's outward rounding (f16, bf16) at a value between two neighbours, at 0, and
+// past f16's range; pages_build_cpu over q8_0 keys (f16 bounds): every decoded key inside.
+static void test_pages(void) {
+    // q0 = (1, -2): max(-1, 2) + max(0, -6) = 2; q1 = (-1, 1): max(1, -2) + max(0, 3) = 4
+    const float q[2][8] = {{1, -2}, {-1, 1}}, b[2][8] = {{-1, 0}, {2, 3}};
+    float ub;
+    attn_page_bounds_cpu(&ub, q[0], 2, 8, b, KV_F32, 1, 8);
+    CHECK(ub == 4, "page bound %g, not 4", ub);
+    attn_page_bounds_cpu(&ub, q[0], 1, 8, b, KV_F32, 1, 8);
+    CHECK(ub == 2, "one query's page bound %g, not 2", ub);
+    for (int t = 0; t < 2; t++) {   // 1/3 lies strictly between two neighbours in f16 and bf16
+        enum kv_type ty = t ? KV_BF16 : KV_F16;
+        uint16_t lo, hi;
+        float flo, fhi, third = 1.0f / 3;
+        pages_round(ty, third, 0, &lo), pages_round(ty, third, 1, &hi);
+        kv_row_decode(ty, &flo, &lo, 1), kv_row_decode(ty, &fhi, &hi, 1);
+        CHECK(flo < third && fhi > third && hi == lo + 1, "%s: 1/3 rounded to [%g, %g]", kv_type_name(ty), flo, fhi);
+        pages_round(ty, -third, 0, &lo), pages_round(ty, -third, 1, &hi);
+        kv_row_decode(ty, &flo, &lo, 1), kv_row_decode(ty, &fhi, &hi, 1);
+        CHECK(flo < -third && fhi > -third, "%s: -1/3 rounded to [%g, %g]", kv_type_name(ty), flo, fhi);
+        pages_round(ty, 0.5f, 1, &hi);   // representable: unchanged
+        kv_row_decode(ty, &fhi, &hi, 1);
+        CHECK(fhi == 0.5f, "%s: 0.5 rounded up to %g", kv_type_name(ty), fhi);
+    }
+    uint16_t h;
+    float f;
+    pages_round(KV_F16, 1e-9f, 1, &h);   // below the smallest subnormal: up to it
+    CHECK(h == 0x0001, "f16 1e-9 up: %04x", h);
+    pages_round(KV_F16, 70000.0f, 0, &h);   // past the largest finite: down to it (65504)
+    kv_row_decode(KV_F16, &f, &h, 1);
+    CHECK(f == 65504.0f, "f16 70000 down: %g", f);
+    enum { N = 37, HD = 64, P = 8 };   // q8_0 keys, f16 bounds rounded outward
+    float x[N][HD], row[HD];
+    size_t kr = kv_row_bytes(KV_Q8_0, HD), br = kv_row_bytes(KV_F16, HD);
+    char *k = xmalloc(N * kr), *bd = xmalloc(pages_bytes(KV_Q8_0, N, P, HD));
+    uint64_t st = 7;
+    for (int j = 0; j < N; j++) {
+        for (int c = 0; c < HD; c++) st = st * 6364136223846793005ull + 1, x[j][c] = (float)((int64_t)(st >> 11) % 20001) / 7777.0f;
+        kv_row_encode(KV_Q8_0, k + j * kr, x[j], HD);
+    }
+    pages_build_cpu(bd, k, KV_Q8_0, N, P, HD);
+    CHECK(pages_count(N, P) == 5 && pages_bytes(KV_Q8_0, N, P, HD) == 5 * 2 * br, "pages of q8_0 keys");
+    int inside = 1;
+    for (int j = 0; j < N; j++) {
+        float lo[HD], hi[HD];
+        kv_row_decode(KV_F16, lo, bd + (j / P) * 2 * br, HD);
+        kv_row_decode(KV_F16, hi, bd + ((j / P) * 2 + 1) * br, HD);
+        kv_row_decode(KV_Q8_0, row, k + j * kr, HD);
+        for (int c = 0; c < HD; c++) inside &= lo[c] <= row[c] && row[c] <= hi[c];
+    }
+    CHECK(inside, "a q8_0 key outside its page's f16 bounds");
+    free(k), free(bd);
 }
 
 int main(void) {
@@ -246,5 +340,6 @@ int main(void) {
     test_budget();
     test_layer();
     test_topk_step();
+    test_pages();
     return check_summary("test_select");
 }

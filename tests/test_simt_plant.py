@@ -43,6 +43,17 @@ PLANTS = {
     "phi-retrieved-keys-of-wrong-kv-head": (
         "attn/phi_cuda.cu", [("int g = r / w.kk / w.group;", "int g = r / w.kk / w.group / 2;", 1)],
         "topk:", "rows", "topk+phi's device step maps the retrieved keys of another KV head"),
+    "pages-bound-rounded-inward": (
+        "attn/score_cuda.cu", [("b[hd + c] = __float2bfloat16(mx);", "b[hd + c] = __float2bfloat16(mx * 0.99f);", 1)],
+        "topk:", "rows", "topk's page bounds put a page's maximum below its largest key"),
+    "pages-tail-page-skipped": (
+        "attn/score_cuda.cu", [("p < n_pages; p += gridDim.y * DOTS_WARPS) {\n        const bf16 *lo",
+                                "p < n_pages - 1; p += gridDim.y * DOTS_WARPS) {\n        const bf16 *lo", 1)],
+        "topk:", "rows", "topk's page selector never bounds the last (partial) page"),
+    "pages-candidates-of-first-kv-head": (
+        "attn/score_cuda.cu", [("t < total) idx[t] = lo + page_entry(pidx, read, size, t / k / group, idx[t]);",
+                                "t < total) idx[t] = lo + page_entry(pidx, read, size, t / k / group / 8, idx[t]);", 1)],
+        "topk:", "rows", "topk's page selector names every KV head's entries from the first head's pages"),
     "kv-keep-positions-skip-head-0": (
         "backend/kv_cuda.cu", [("    for (int g = 0; g < n_kv_head; g++)\n        for (int j0 = 0;", "    for (int g = 1; g < n_kv_head; g++)\n        for (int j0 = 0;", 1)],
         "topk:", "rows", "a keep by device indices leaves the first KV head's positions where they were"),
