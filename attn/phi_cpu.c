@@ -263,9 +263,10 @@ size_t phi_summary_memo_bytes(const phi_summary *s, int d_phi) {
 static float exact_part(float *y, const float *q, const float *k, const float *v, const int *idx,
                         int n, int hd, int n_sub, float *smin) {
     float sc[n], mx = -INFINITY, scale = 1.0f / sqrtf((float)hd);
-    for (int i = 0; i < n; i++) {   // q (hd,) . K (n, hd) -> s (n,)
+    for (int i = 0; i < n; i++) {   // q (hd,) . K (n, hd) -> s (n,), in vector lanes
         const float *ki = k + (size_t)idx[i] * hd;
         float dot = 0;
+#pragma omp simd reduction(+ : dot)
         for (int j = 0; j < hd; j++) dot += q[j] * ki[j];
         sc[i] = dot * scale;
         mx = sc[i] > mx ? sc[i] : mx;
@@ -278,9 +279,13 @@ static float exact_part(float *y, const float *q, const float *k, const float *v
     double acc[hd];
     memset(acc, 0, sizeof acc);
     for (int i = 0; i < n; i++) {   // softmax (n,) @ V (n, hd) -> y (hd,)
-        double w = exp(sc[i] - mx);
+        // (below -708 exp underflows through libm's slow path; a weight under 1e-307 against
+        // the largest one's 1 changes neither z nor acc)
+        float d = sc[i] - mx;
+        double w = d < -708 ? 0 : exp(d);
         const float *vi = v + (size_t)idx[i] * hd;
         z += w;
+#pragma omp simd
         for (int j = 0; j < hd; j++) acc[j] += w * vi[j];
     }
     for (int j = 0; j < hd; j++) y[j] = (float)(acc[j] / z);

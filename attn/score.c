@@ -49,15 +49,49 @@ static float kth_largest(float *v, int n, int k) {
     return v[want];
 }
 
+// The k-th largest of s[0..n) for k small against n: a min-heap of the k largest so far, so
+// most values cost one comparison with its root (1 <= k <= n).
+static float kth_largest_heap(const float *s, int n, int k) {
+    float *h = xmalloc((size_t)k * sizeof *h);
+    for (int i = 0; i < k; i++) {   // heapify the first k
+        int c = i;
+        h[c] = s[i];
+        while (c > 0 && h[(c - 1) / 2] > h[c]) {
+            float t = h[c];
+            h[c] = h[(c - 1) / 2], h[(c - 1) / 2] = t, c = (c - 1) / 2;
+        }
+    }
+    for (int i = k; i < n; i++) {
+        if (!(s[i] > h[0])) continue;
+        int c = 0;   // replace the root and sift it down
+        h[0] = s[i];
+        for (;;) {
+            int l = 2 * c + 1, r = l + 1, m = c;
+            if (l < k && h[l] < h[m]) m = l;
+            if (r < k && h[r] < h[m]) m = r;
+            if (m == c) break;
+            float t = h[c];
+            h[c] = h[m], h[m] = t, c = m;
+        }
+    }
+    float thr = h[0];
+    free(h);
+    return thr;
+}
+
 // Everything above the k-th largest value, then the values equal to it in index order until k:
 // ties go to the lower index, and the indices come out ascending.
 int score_topk(const float *s, int n, int k, int *idx) {
     if (k > n) k = n;
     if (k <= 0) return 0;
-    float *v = xmalloc((size_t)n * sizeof *v);
-    memcpy(v, s, (size_t)n * sizeof *v);
-    float thr = kth_largest(v, n, k);
-    free(v);
+    float thr;
+    if ((long)k * 4 <= n) thr = kth_largest_heap(s, n, k);   // decode's selector: K << N
+    else {
+        float *v = xmalloc((size_t)n * sizeof *v);
+        memcpy(v, s, (size_t)n * sizeof *v);
+        thr = kth_largest(v, n, k);
+        free(v);
+    }
     int above = 0, m = 0;
     for (int j = 0; j < n; j++) above += s[j] > thr;
     for (int j = 0, ties = k - above; j < n; j++)

@@ -141,6 +141,20 @@ void score_group_sum_cuda(float *out, const float *in, int heads, int groups, in
 
 #define DOTS_WARPS 8
 
+// qs (group, hd) = KV head g's query heads of q (heads, hd), bf16 -> fp32 in shared memory.
+__device__ static void group_queries(float *qs, const bf16 *q, int g, int group, int hd) {
+    for (int i = threadIdx.x; i < group * hd; i += blockDim.x)
+        qs[i] = __bfloat162float(q[(size_t)g * group * hd + i]);
+    __syncthreads();
+}
+
+// q_h . k_j over a warp, its lanes striding over the head dim; the sum in every lane.
+__device__ static float warp_dot(const float *qh, const bf16 *kj, int hd, int lane) {
+    float acc = 0;
+    for (int i = lane; i < hd; i += 32) acc += qh[i] * __bfloat162float(kj[i]);
+    return warp_sum(acc);
+}
+
 // out (heads, n): a warp per key j of [lo, lo + n) of KV head blockIdx.x, its lanes striding
 // over the head dim, the key's dots with each of the group's query heads (queries in shared,
 // group x hd floats) summed across the warp. grid (n_kv, key blocks), block DOTS_WARPS x 32.
@@ -148,15 +162,11 @@ __global__ void dots_kernel(float *out, const bf16 *q, const bf16 *k, int cap, i
                             int lo, int n) {
     SHARED_DYNAMIC(float, qs);
     int g = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int i = threadIdx.x; i < group * hd; i += blockDim.x)
-        qs[i] = __bfloat162float(q[(size_t)g * group * hd + i]);
-    __syncthreads();
+    group_queries(qs, q, g, group, hd);
     for (int j = blockIdx.y * DOTS_WARPS + warp; j < n; j += gridDim.y * DOTS_WARPS) {
         const bf16 *kj = k + ((size_t)g * cap + lo + j) * hd;
         for (int h = 0; h < group; h++) {
-            float acc = 0;
-            for (int i = lane; i < hd; i += 32) acc += qs[h * hd + i] * __bfloat162float(kj[i]);
-            acc = warp_sum(acc);
+            float acc = warp_dot(qs + h * hd, kj, hd, lane);
             if (lane == 0) out[(size_t)(g * group + h) * n + j] = acc;
         }
     }
@@ -205,9 +215,7 @@ __global__ void page_bounds_kernel(float *out, const bf16 *q, const bf16 *b, int
                                    int n_pages) {
     SHARED_DYNAMIC(float, qs);
     int g = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int i = threadIdx.x; i < group * hd; i += blockDim.x)
-        qs[i] = __bfloat162float(q[(size_t)g * group * hd + i]);
-    __syncthreads();
+    group_queries(qs, q, g, group, hd);
     for (int p = blockIdx.y * DOTS_WARPS + warp; p < n_pages; p += gridDim.y * DOTS_WARPS) {
         const bf16 *lo = b + ((size_t)g * n_pages + p) * 2 * hd, *hi = lo + hd;
         float best = -INFINITY;
@@ -244,18 +252,13 @@ __global__ void page_dots_kernel(float *out, const bf16 *q, const bf16 *k, int c
                                  int hd, int lo, int n, const int *pidx, int read, int size) {
     SHARED_DYNAMIC(float, qs);
     int g = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32, nc = read * size;
-    for (int i = threadIdx.x; i < group * hd; i += blockDim.x)
-        qs[i] = __bfloat162float(q[(size_t)g * group * hd + i]);
-    __syncthreads();
+    group_queries(qs, q, g, group, hd);
     for (int c = blockIdx.y * DOTS_WARPS + warp; c < nc; c += gridDim.y * DOTS_WARPS) {
         int j = page_entry(pidx, read, size, g, c);
         const bf16 *kj = k + ((size_t)g * cap + lo + j) * hd;
-        for (int h = 0; h < group; h++) {
-            float acc = 0;
-            if (j < n)
-                for (int i = lane; i < hd; i += 32) acc += qs[h * hd + i] * __bfloat162float(kj[i]);
-            acc = warp_sum(acc);
-            if (lane == 0) out[(size_t)(g * group + h) * nc + c] = j < n ? acc : -INFINITY;
+        for (int h = 0; h < group; h++) {   // (j is the warp's: all its lanes or none)
+            float acc = j < n ? warp_dot(qs + h * hd, kj, hd, lane) : -INFINITY;
+            if (lane == 0) out[(size_t)(g * group + h) * nc + c] = acc;
         }
     }
 }

@@ -15,6 +15,7 @@
 static void cpu_destroy(backend *b) {
     q_scratch_free(&impl(b)->scratch);
     free(impl(b)->rope.pos), free(impl(b)->rope.inv_freq), free(impl(b)->rope.cs);
+    free(impl(b)->sel_rows);
     free(b->impl);
     free(b);
 }

@@ -40,6 +40,8 @@ typedef struct {
         int *pos;
         float *inv_freq, *cs;    // (n, half) cosines then (n, half) sines
     } rope;
+    float *sel_rows;             // cpu_attn_select's fp32 rows, (2 x KV heads, entries, hd), kept
+    size_t sel_cap;              // across steps (grown, never shrunk): floats
 } cpu_impl;
 
 struct bk_weight {

@@ -124,32 +124,39 @@ void cpu_kv_keep(backend *b, kv_layer *L, const int *idx, int k, int new_cap) {
 }
 
 // fp32 views of the rows of KV head g that the group's heads select (sel of heads g*group ..
-// +group, n_sel each): a buffer of L->len rows (stride hd) where only those rows are decoded (the
-// others are never read; their pages are never touched), so a step decodes what it reads.
-static float *decode_selected(const kv_layer *L, int is_v, int g, const int *sel, int group,
-                              int n_sel) {
+// +group, n_sel each) in f, a buffer of L->len rows (stride hd) where only those rows are decoded
+// (the others are never read), so a step decodes what it reads.
+static void decode_selected(float *f, const kv_layer *L, int is_v, int g, const int *sel, int group,
+                            int n_sel) {
     int hd = L->head_dim;
-    float *f = xmalloc((size_t)(L->len > 0 ? L->len : 1) * hd * sizeof(float));
     const int *s = sel + (size_t)g * group * n_sel;
     for (int i = 0; i < group * n_sel; i++)
         kv_row_decode(is_v ? L->v_type : L->k_type, f + (size_t)s[i] * hd,
                       is_v ? v_row(L, g, s[i]) : k_row(L, g, s[i]), hd);
-    return f;
 }
 
 void cpu_attn_select(backend *b, void *out, const void *q, int heads, const kv_layer *L,
                      const int *sel, int n_sel, int n_sub, const phi_completion *comp) {
-    (void)b;
+    cpu_impl *c = impl(b);
     int hd = L->head_dim, nh = L->n_kv_head, group = heads / nh;
     int typed = L->k_type != KV_F32 || L->v_type != KV_F32;
     // per KV head the fp32 rows the kernels read: the cache itself, or the selected rows decoded
+    // into the backend's buffer, kept across steps (its pages stay mapped: a fresh one per step
+    // faulted in every page a selected row lands on)
+    size_t per = (size_t)(L->len > 0 ? L->len : 1) * hd;
+    if (typed && 2 * nh * per > c->sel_cap) {
+        free(c->sel_rows);
+        c->sel_cap = 2 * nh * per + (2 * nh * per) / 2;
+        c->sel_rows = xmalloc(c->sel_cap * sizeof(float));
+    }
     const float **kb = xmalloc((size_t)nh * sizeof *kb), **vb = xmalloc((size_t)nh * sizeof *vb);
-    float **own = xcalloc((size_t)2 * nh, sizeof *own);
 #pragma omp parallel for if (typed && nh > 1)
     for (int g = 0; g < nh; g++) {
         if (typed) {
-            kb[g] = own[2 * g] = decode_selected(L, 0, g, sel, group, n_sel);
-            vb[g] = own[2 * g + 1] = decode_selected(L, 1, g, sel, group, n_sel);
+            float *fk = c->sel_rows + 2 * g * per, *fv = fk + per;
+            decode_selected(fk, L, 0, g, sel, group, n_sel);
+            decode_selected(fv, L, 1, g, sel, group, n_sel);
+            kb[g] = fk, vb[g] = fv;
         } else {
             kb[g] = (const float *)L->k + (size_t)g * L->cap * hd;
             vb[g] = (const float *)L->v + (size_t)g * L->cap * hd;
@@ -172,8 +179,6 @@ void cpu_attn_select(backend *b, void *out, const void *q, int heads, const kv_l
                         p ? phi_par_q(p, comp->layer, h) : NULL,
                         p ? phi_par_k(p, comp->layer, g) : NULL, comp ? &comp->sum[g] : NULL);
     }
-    for (int i = 0; i < 2 * nh; i++) free(own[i]);
-    free(own);
     free(kb);
     free(vb);
 }

@@ -14,6 +14,10 @@
 //                       (cost_decode_weight_bytes) + the KV the step reads at mid-decode depth
 //                       (the measured cache bytes less the n_gen/2 slots not yet filled).
 //   MBU %             = GB/s / the read ceiling of this run (CPU: a read-only pass; CUDA: a copy).
+//   KV read MiB       = the KV of those decode bytes: a decode strategy's own count of what its
+//                       steps read (kv_read_per_step: topk's selector and exact set), else the
+//                       mid-decode cache as above.
+//   roofline ms       = decode bytes / the read ceiling: the TPOT of a step at that ceiling.
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -54,6 +58,7 @@ typedef struct {
     double *agg;                     // [reps] aggregate decode tok/s of the B sequences
     double *hook;                    // [reps] ms of TTFT in the strategy's hooks (run_stats.hook_ms)
     size_t kv_bytes;
+    double kv_read;       // run_stats.kv_read_per_step of the last repetition
     long rows_done;
     char dev_json[640];   // the last repetition's device counts (run_stats_counters_json)
 } cell_stats;
@@ -418,6 +423,7 @@ static int bench_one(const bench_opts *b, context *cx, const strategy *s, const 
     cs->tpot[rep] = st.decode_runs ? st.decode_ms / st.decode_runs : NAN;
     cs->tg[rep] = st.decode_runs ? per_second(st.decode_runs, st.decode_ms) : NAN;
     cs->kv_bytes = st.kv_bytes;
+    cs->kv_read = st.kv_read_per_step;
     cs->rows_done = st.rows_done;
     counters_text(cs, &st);
     return 0;
@@ -469,6 +475,7 @@ static int bench_batch(const bench_opts *b, context *cx, const strategy *s, int 
         cs->tg[rep] = steps ? per_second(steps, ms) : NAN;
         cs->agg[rep] = steps ? per_second(steps * B, ms) : NAN;
         cs->kv_bytes = g[0].st.kv_bytes;
+        cs->kv_read = g[0].st.kv_read_per_step;
         cs->rows_done = g[0].st.rows_done;
         counters_text(cs, &g[0].st);
     }
@@ -537,6 +544,8 @@ static void print_cell(const bench_opts *b, const context *cx, const bench_env *
     fwd_kv_types(cx, &kt, &vt);
     double kv_tok = cost_kv_token_bytes_typed(c, kt, vt);
     double kv_read = fmax(0, (double)cs->kv_bytes - b->n_gen / 2.0 * kv_tok);
+    const strategy *s = b->strategies[k];   // a decode strategy counts what its steps read
+    if ((s->phase == PHASE_DECODE || s->decode_part) && cs->kv_read > 0) kv_read = cs->kv_read;
     // the weights as loaded (a quantised file reads its blocks), the untied embedding one row
     double dec_bytes = m->weight_bytes - (c->tied ? 0 : m->embd_bytes) + kv_read;
     double gbs = dec_bytes / (tpot * 1e-3) / 1e9;
@@ -571,6 +580,8 @@ static void print_cell(const bench_opts *b, const context *cx, const bench_env *
         {"decode_gbs", "GB/s", NULL, gbs, 0, "%.2f", NULL},
         {"peak_gbs", NULL, NULL, env->peak_gbs, 0, "%.2f", NULL},
         {"mbu_pct", "MBU %", NULL, 100 * gbs / env->peak_gbs, 0, "%.1f", NULL},
+        {"kv_read_mib", "KV read MiB", NULL, kv_read / 1048576, 0, "%.1f", NULL},
+        {"roofline_ms", "roofline ms", NULL, dec_bytes / env->peak_gbs / 1e6, 0, "%.4g", NULL},
         {"device_counters", NULL, cs->dev_json[0] ? cs->dev_json : "null", 0, 0, FIELD_JSON, NULL},
     };
     put_row(o, f, sizeof f / sizeof *f);

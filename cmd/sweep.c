@@ -33,8 +33,8 @@ static const char *const SW_SPEED[] = {"total", "ttft", "tpot"};
 // strategy strategy_find does not know (a composition not built yet) is skipped with a note.
 static const char *const SW_DEFAULT_GRID[] = {
     "speed:speed-depth=%d,%d", "fastkv:kv-rate=0.05,0.1,0.2", "specprefill:keep=0.1,0.3",
-    "specprefill:keep=0.1,0.3:%s", "topk:budget=0.02,0.05", "topk+phi:budget=0.02", "fastkv+topk",
-    "specprefill+topk+phi:budget=0.02"};
+    "specprefill:keep=0.1,0.3:%s", "topk:budget=0.02,0.05", "topk:selector=pages:page-size=16,32",
+    "topk+phi:budget=0.02", "topk+phi:selector=pages", "fastkv+topk", "specprefill+topk+phi:budget=0.02"};
 #define SW_N_DEFAULT (int)(sizeof SW_DEFAULT_GRID / sizeof *SW_DEFAULT_GRID)
 
 // Is name (n chars) a strategy of the default grid?

@@ -403,7 +403,8 @@ FIELDS = ["model", "strategy", "backend", "threads", "n_prompt", "n_gen", "paral
           "tg_stddev_ts", "agg_tg_ts", "agg_tg_stddev_ts", "agg_x_par1", "kv_bytes", "kv_gib", "hook_ms", "hook_pct_of_ttft", "rows_pct_of_full", "pp_x_full",
           "tg_x_full",
           "prefill_flops_full_eq", "prefill_tflops_full_eq", "peak_tflops", "mfu_pct_full_eq",
-          "decode_bytes_per_token", "decode_gbs", "peak_gbs", "mbu_pct", "device_counters"]
+          "decode_bytes_per_token", "decode_gbs", "peak_gbs", "mbu_pct", "kv_read_mib", "roofline_ms",
+          "device_counters"]
 BENCH = ["-p", "16,24", "-n", "4", "-r", "2", "--strategy", "full,streamingllm"]
 
 

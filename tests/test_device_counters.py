@@ -113,3 +113,31 @@ def test_every_strategy_keeps_its_work_on_the_device(tmp_path):
     full = recs["full"]["device_counters"]
     assert full["prefill"]["d2h_bytes"] >= 4 * VOCAB and full["prefill"]["launches"] > 30
     assert full["decode_step"]["d2h_bytes"] >= 4 and full["decode_step"]["syncs"] == 1
+
+
+@pytest.mark.skipif(not os.path.exists(SIFT_SIMT) or not os.path.exists(SIFT),
+                    reason="no SIMT build (clang++ missing) or no ./sift")
+@pytest.mark.skipif(not os.path.exists(MODEL), reason=f"{MODEL} absent (make model)")
+def test_page_selector_keeps_its_work_on_the_device(tmp_path):
+    """--selector pages (attn/pages.h): the bounds built at attach, each step's page bounds, page
+    top-k, exact scores of the chosen pages and the attention all in the recorded step. Pages of
+    8 over the ~40-entry mid region, 2 of 5 read: the paged path, not every page (the note says
+    which)."""
+    names = ["topk", "topk+phi", "speed+topk"]
+    reqs = [("warm-up", "full")] + [(s, s) for s in names]
+    path = tmp_path / "requests.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "messages": [{"role": "user", "content": PROMPT}],
+                                        "strategy": s, "n_predict": N_PREDICT}) + "\n"
+                            for i, s in reqs))
+    env = dict(os.environ, SIFT_CUDA_WEIGHTS="bf16")
+    p = subprocess.run([SIFT_SIMT, "-m", MODEL, "--device", "cuda", "--temp", "0", "--prompts",
+                        str(path), "--parallel", "1", "--json", "-q", *SETTINGS, "--selector", "pages",
+                        "--page-size", "8", "--pages", "2"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=900, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    recs = {r["id"]: r for r in map(json.loads, p.stdout.splitlines())}
+    for s in names:
+        r = recs[s]
+        assert "error" not in r and r["device"] == "cuda", r
+        assert "selector pages: 8 keys a page, 2 of" in r["note"] and "(all: exact)" not in r["note"], r["note"]
+        assert check(r["device_counters"]) == set(), (s, r["device_counters"])

@@ -277,6 +277,31 @@ static void test_topk_step(void) {
     m.bk->destroy(m.bk);
 }
 
+// score_topk against a brute-force rule (entry j is taken iff fewer than k entries beat it:
+// larger, or equal and at a lower index), over random rows with many ties, k both far below n
+// (k <= n / 4: the heap's range) and near it (quickselect's).
+static void test_topk_rule(void) {
+    uint64_t st = 11;
+    int bad = 0;
+    for (int t = 0; t < 300; t++) {
+        st = st * 6364136223846793005ull + 1;
+        int n = 1 + (int)((st >> 33) % 700), levels = 1 + (int)((st >> 20) % 40);
+        int k = t % 3 == 0 ? n : 1 + (int)((st >> 45) % (uint64_t)(t % 3 == 1 ? n : (n / 4 > 0 ? n / 4 : 1)));
+        float *x = xmalloc((size_t)n * sizeof *x);
+        int *got = xmalloc((size_t)n * sizeof *got), m = 0;
+        for (int j = 0; j < n; j++) st = st * 6364136223846793005ull + 1, x[j] = (float)((st >> 30) % (uint64_t)levels) - 7;
+        int w = score_topk(x, n, k, got);
+        for (int j = 0; j < n; j++) {
+            int beat = 0;
+            for (int i = 0; i < n; i++) beat += x[i] > x[j] || (x[i] == x[j] && i < j);
+            if (beat < k) bad += m >= w || got[m++] != j;
+        }
+        bad += m != w || w != k;
+        free(x), free(got);
+    }
+    CHECK(bad == 0, "score_topk disagrees with the rule %d times", bad);
+}
+
 // Page bounds by hand: attn_page_bounds_cpu's sum of max(q lo, q hi) per query, the largest of
 // them; pages_round's outward rounding (f16, bf16) at a value between two neighbours, at 0, and
 // past f16's range; pages_build_cpu over q8_0 keys (f16 bounds): every decoded key inside.
@@ -341,5 +366,6 @@ int main(void) {
     test_layer();
     test_topk_step();
     test_pages();
+    test_topk_rule();
     return check_summary("test_select");
 }

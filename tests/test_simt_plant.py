@@ -32,7 +32,7 @@ PLANTS = {
         "attn/score_cuda.cu", [("for (int h = 0; h < heads; h++) m = fmaxf(", "for (int h = 0; h < heads - 1; h++) m = fmaxf(", 1)],
         "topk:", "rows", "specprefill's fold leaves the last head out of the max over heads"),
     "topk-scores-first-head-query": (
-        "attn/score_cuda.cu", [("acc += qs[h * hd + i]", "acc += qs[i]", 1)],
+        "attn/score_cuda.cu", [("warp_dot(qs + h * hd,", "warp_dot(qs,", 2)],
         "topk:", "rows", "topk's selector scores every query head of a group with the group's first query"),
     "topk-reads-count-duplicates": (
         "attn/score_cuda.cu", [("mine += !seen;", "mine += 1;", 1)],
