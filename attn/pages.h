@@ -16,6 +16,11 @@ typedef struct topk_pages {
     int size;              // P, entries per page
     int n_pages;           // ceil(mid entries / P)
     int read;              // pages scored exactly per KV head (>= n_pages: every key, as exact)
+    // Backend memory for a step's work, planned with the state (no allocation inside a pass):
+    // the bounds' scores (n_kv_head, n_pages), the picked pages (n_kv_head, read) and the
+    // candidates' scores (heads, read x size). NULL: the backend finds its own (the CPU's).
+    float *work_bounds, *work_cand;
+    int *work_pages;
 } topk_pages;
 
 // The row type bounds are kept in for keys of type kt: the keys' own (f32, bf16, f16); f16 for

@@ -456,9 +456,12 @@ void cuda_attn_topk_step(backend *b, void *out, int *idx, double *stats, const v
     double krow = (double)L->k_row, sel_bytes = k > 0 ? (double)n * krow * nkv : 0, short_bytes = 0;
     if (paged) {   // bounds, the best pages per KV head, the exact scores of their entries
         int np = pg->n_pages, r = pg->read, P = pg->size;
-        float *ub = (float *)dev_buf_reserve(c, &c->page_score, (size_t)nkv * np * sizeof(float), "page bounds");
-        int *pi = (int *)dev_buf_reserve(c, &c->page_idx, (size_t)nkv * r * sizeof(int), "picked pages");
-        float *d = (float *)dev_buf_reserve(c, &c->probs, (size_t)heads * r * P * sizeof(float), "page scores");
+        float *ub = pg->work_bounds ? pg->work_bounds
+                    : (float *)dev_buf_reserve(c, &c->page_score, (size_t)nkv * np * sizeof(float), "page bounds");
+        int *pi = pg->work_pages ? pg->work_pages
+                  : (int *)dev_buf_reserve(c, &c->page_idx, (size_t)nkv * r * sizeof(int), "picked pages");
+        float *d = pg->work_cand ? pg->work_cand
+                   : (float *)dev_buf_reserve(c, &c->probs, (size_t)heads * r * P * sizeof(float), "page scores");
         score_page_bounds_cuda(ub, q, pg->bounds, heads, nkv, hd, np, c->stream);
         score_topk_rows_cuda(pi, (size_t)r, ub, (size_t)np, nkv, np, r, 0, 0, c->stream);
         score_page_dots_cuda(d, q, L->k, L->cap, heads, nkv, hd, sink, n, pi, r, P, c->stream);

@@ -20,6 +20,8 @@ BENCH=(
     "-m synthetic:llama-3.1-8b --device cuda --strategy all -p 8192,32768 -n 32 -r 1"
     "-m synthetic:llama-3.1-8b --device cuda --strategy full,specprefill --draft synthetic:llama-3.2-1b -p 32768 -n 32 -r 1"
     "-m synthetic:llama-3.1-8b --wtype q4_k --device cuda --strategy all -p 32768 -n 32 -r 1"
+    "-m synthetic:llama-3.1-8b --wtype q4_k --device cuda --strategy full,topk,topk+phi --selector pages -p 32768 -n 32 -r 1"
+    "-m synthetic:llama-3.1-8b --wtype q4_k --device cuda --strategy full,topk --selector pages -p 131000 -n 32 -r 1"
 )
 LIMIT_S=${GPU_LIMIT_S:-530}   # stop starting new steps after this many seconds
 PACK=.gpu

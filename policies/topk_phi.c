@@ -60,6 +60,8 @@ typedef struct {
     // --selector-recall: the exact selector's top K of the step's layer (backend memory), both
     // selections on the host, and per layer the recall summed over steps and query heads.
     int *didx_exact, *h_sel, *h_exact;
+    float *work_bounds, *work_cand;   // --selector pages: a step's work (topk_pages), backend memory
+    int *work_pages;
     double *recall_sum;
     long *recall_n;
     // --kept-map (strategy_run.count_selected): per cache layer and KV head, how often each
@@ -82,6 +84,9 @@ static void topk_state_free(void *ctx) {
     for (int l = 0; l < t->n_layer; l++)
         if (t->ly[l].pg.bounds) fwd_scratch_free(t->m, (void *)t->ly[l].pg.bounds);
     if (t->didx_exact) fwd_scratch_free(t->m, t->didx_exact);
+    if (t->work_bounds)
+        fwd_scratch_free(t->m, t->work_bounds), fwd_scratch_free(t->m, t->work_pages),
+        fwd_scratch_free(t->m, t->work_cand);
     fwd_scratch_free(t->m, t->didx);
     fwd_scratch_free(t->m, t->dstats);
     if (t->own_dpar) fwd_scratch_free(t->m, t->dpar_q), fwd_scratch_free(t->m, t->dpar_k);
@@ -380,6 +385,7 @@ static topk_state *topk_attach(model *m, kv_cache *kv, int sink, int tail, int k
     kv->side = t;
     kv->side_free = topk_state_free;
     size_t side = 0;
+    int np_max = 0, read_max = 0;
     if (sel && sel->selector == 1)   // the page bounds of each layer's mid region
         for (int l = 0; l < kv->n_layer; l++) {
             topk_layer *y = &t->ly[l];
@@ -390,9 +396,20 @@ static topk_state *topk_attach(model *m, kv_cache *kv, int sink, int tail, int k
             int np = pages_count(y->n_mid, sel->page_size);
             void *b = fwd_scratch(m, bytes);
             fwd_kv_pages_build(m, kv, l, y->sink, y->n_mid, sel->page_size, b);
-            y->pg = (topk_pages){b, bt, sel->page_size, np, pages_read(sel, y->k, np)};
+            y->pg = (topk_pages){b, bt, sel->page_size, np, pages_read(sel, y->k, np), NULL, NULL, NULL};
             side += bytes;
+            np_max = np > np_max ? np : np_max;
+            read_max = y->pg.read > read_max ? y->pg.read : read_max;
         }
+    if (np_max > 0) {   // one step's work, shared by the layers (planned here, not in a pass)
+        t->work_bounds = fwd_scratch(m, (size_t)c->n_kv_head * np_max * sizeof(float));
+        t->work_pages = fwd_scratch(m, (size_t)c->n_kv_head * read_max * sizeof(int));
+        t->work_cand = fwd_scratch(m, (size_t)c->n_head * read_max * sel->page_size * sizeof(float));
+        for (int l = 0; l < kv->n_layer; l++)
+            if (t->ly[l].pg.bounds)
+                t->ly[l].pg.work_bounds = t->work_bounds, t->ly[l].pg.work_pages = t->work_pages,
+                t->ly[l].pg.work_cand = t->work_cand;
+    }
     if (sel && sel->selector_recall && sel->selector == 1) {
         t->didx_exact = fwd_scratch(m, nidx * sizeof(int));
         t->h_sel = xmalloc(nidx * sizeof(int)), t->h_exact = xmalloc(nidx * sizeof(int));

@@ -721,7 +721,7 @@ static void test_attn_topk_step(backend *bk[2], int heads, int nkv, int hd, int 
             dbound = words_up(B, zeros, bytes / 4 + 1);
             free(zeros);
             B->kv_pages_build(B, dbound, L, sink, n, P);
-            pg = (topk_pages){dbound, pages_bound_type(L->k_type), P, np, read};
+            pg = (topk_pages){dbound, pages_bound_type(L->k_type), P, np, read, NULL, NULL, NULL};
             char *hb = xmalloc(bytes + 4);
             words_down(B, hb, dbound, bytes / 4 + 1);
             bounds[b] = xmalloc((size_t)nkv * np * 2 * hd * sizeof(float));

@@ -253,7 +253,7 @@ static void test_topk_step(void) {
     CHECK(memcmp(bounds, want_b, sizeof want_b) == 0, "KV head 0's page bounds");
     // Two pages read: {2..5}, which hold every head's exact top 2: the exact selection, index
     // for index; the selector read 4 bound pages x 2 rows + 4 keys per KV head.
-    topk_pages pg = {bounds, KV_F32, 2, 4, 2};
+    topk_pages pg = {bounds, KV_F32, 2, 4, 2, NULL, NULL, NULL};
     double ps[4] = {0, 0, 0, 0};
     int pidx[H * K];
     fwd_attn_topk_step(&s, 0, q, SINK, MID, K, pidx, ps, &pg, NULL, out);
