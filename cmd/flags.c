@@ -674,6 +674,11 @@ static void row_text(const flag_row *r, int sub, char *buf, size_t len) {
 }
 
 void flags_help(FILE *out, int sub) {
+    // the help written whole at the end (cli_finish_stdout): in 4 KiB pieces a piece that fails
+    // mid-text keeps no errno, and the final flush could only say that an earlier write failed.
+    // Help is the first output of its process, so the stream may still take a buffer.
+    static char whole[1 << 16];   // (glibc takes a size only with a buffer)
+    if (out == stdout) setvbuf(stdout, whole, _IOFBF, sizeof whole);
     rows_init();
     int k = sub_index(sub);
     fprintf(out, "usage: %s\n\n", SUBS[k].usage);
