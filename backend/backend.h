@@ -100,6 +100,12 @@ struct backend {
     // call); -1: a row's rounding may depend on the row count (never pack rows of separate
     // requests into one product, model/forward.h: fwd_row_class). NULL: -1.
     int (*row_class)(backend *b, const bk_weight *w, int n);
+    // Set by the forward pass around a pass's layers (context.rows_as), 0 otherwise: products over
+    // fewer rows choose their path (the CPU's int8 row kernels or its wide GEMM) as a product over
+    // rows_as rows would, so that a prompt's rows computed in a shorter pass (a suffix prefilled
+    // after a reused prefix) round as they do in the pass of the whole chunk. The CUDA backend
+    // reads it not (cuBLAS chooses by shape).
+    int rows_as;
     // rotate x (n, heads, hd) in place at positions pos (n,)
     void (*rope)(backend *b, void *x, const int *pos, int n, int heads, int hd, const float *inv_freq,
                  enum rope_style style);

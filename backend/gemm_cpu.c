@@ -95,6 +95,9 @@ static enum q_path pick_path(cpu_impl *c, const bk_weight *w, int n, int in, int
 // and the VNNI and AMX GEMMs round each row by itself: docs/models.md, "How the CPU keeps weights"); -1
 // where OpenBLAS multiplies (fp32 weights, sgemm tiles: its kernels are chosen by shape) or the
 // path is timed per row bucket (SIFT_PREFILL=tune).
+// The rows a product of n rows chooses its path for: backend.rows_as when more.
+static int path_rows(const backend *b, int n) { return b->rows_as > n ? b->rows_as : n; }
+
 int cpu_row_class(backend *b, const bk_weight *w, int n) {
     cpu_impl *c = impl(b);
     if (w->type == GGML_F32 || c->prefill == TUN_PREFILL_TUNE) return -1;
@@ -110,7 +113,7 @@ void cpu_matmul(backend *b, void *out, const void *x, const bk_weight *w,
     float *y = out;
     if (w->type != GGML_F32) {
         tune_entry *t;
-        enum q_path path = pick_path(c, w, n, in, o, &t);
+        enum q_path path = pick_path(c, w, path_rows(b, n), in, o, &t);
         q_scratch local = {0};   // the shared arena is for the forward pass's own thread
         q_scratch *sc = omp_in_parallel() ? &local : &c->scratch;
         if (t) {   // a new shape: both paths timed on a slice of W's rows, into a scratch output
@@ -144,11 +147,11 @@ void cpu_matmul_multi(backend *b, int k, void *const *out, const void *x,
     cpu_impl *c = impl(b);
     // the int8 row kernels or the VNNI GEMM by the fixed rules (not timed per shape), the same
     // path for every matrix (Q4_K's may differ from the others' at 16-31 rows)
-    int path = fixed_path(c, n, w[0]->type), few = path == Q_PATH_INT8;
+    int rows = path_rows(b, n), path = fixed_path(c, rows, w[0]->type), few = path == Q_PATH_INT8;
     int vnni = (path == Q_PATH_VNNI || path == Q_PATH_VNNI8) && c->isa == Q_ISA_AVX512;
     int shared = k <= Q_MULTI_MAX && (few || vnni) && !omp_in_parallel();
     for (int j = 0; j < k && shared; j++)
-        shared = w[j]->type != GGML_F32 && fixed_path(c, n, w[j]->type) == path &&
+        shared = w[j]->type != GGML_F32 && fixed_path(c, rows, w[j]->type) == path &&
                  (few || q_vnni_supported(w[j]->type));
     if (!shared) {
         for (int j = 0; j < k; j++) cpu_matmul(b, out[j], x, w[j], bias[j], n, in, o[j]);

@@ -228,6 +228,12 @@ static const flag_row BASE[] = {
      "run the K-th (0-based) of N contiguous slices of the input", 0, 0, NULL, NULL},
     {FL_UNORDERED, R, NULL, "--unordered", NULL, NULL, FT_SWITCH, 0, 0, NULL, NULL, NULL,
      "write each record when it finishes, not in input order", 0, 0, NULL, NULL},
+    {FL_PREFIX_CACHE, R, NULL, "--prefix-cache", NULL, "M", FT_ENUM, 0, 0, "auto|on|off", "auto",
+     NULL, "requests whose tokens start alike (one document, many questions) prefill the shared "
+     "part once and each its own rest (strategies full, topk, topk+phi: answers as without); auto: "
+     "on, but off in an A/B comparison (each strategy's TTFT its own)", 0, 0, NULL, NULL},
+    {FL_PREFIX_MIN, R, NULL, "--prefix-min", NULL, "N", FT_INT, 1, MODEL_MAX_CTX, NULL, "256", NULL,
+     "the fewest shared tokens worth a shared prefix", 0, 0, NULL, NULL},
     {FL_KEPT_MAP, R, NULL, "--kept-map", NULL, "FILE", FT_PATH, 0, 0, NULL, NULL, NULL,
      "draw what each strategy kept into FILE (an HTML page) and FILE.json", 0, 0, NULL, NULL},
     {FL_SUMMARY, R, NULL, "--summary", NULL, "FILE", FT_PATH, 0, 0, NULL, NULL, NULL,

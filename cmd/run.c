@@ -71,6 +71,7 @@ static void parse_args(int argc, char **argv, options *o) {
                     .resume = v[FL_RESUME].given > 0, .errors = v[FL_ERRORS].s,
                     .retry_failed = v[FL_RETRY].given > 0, .wait_lock = v[FL_WAIT_LOCK].given > 0,
                     .unordered = v[FL_UNORDERED].given > 0, .kept_map = v[FL_KEPT_MAP].s,
+                    .prefix_cache = v[FL_PREFIX_CACHE].i == 0 ? -1 : v[FL_PREFIX_CACHE].i == 1, .prefix_min = (int)v[FL_PREFIX_MIN].i,
                     .summary = v[FL_SUMMARY].s, .json = v[FL_JSON].given > 0,
                     .format = (int)v[FL_OUTPUT_FORMAT].i == 0 ? RUN_FORMAT_AUTO
                               : v[FL_OUTPUT_FORMAT].i == 1 ? RUN_FORMAT_SIFT : RUN_FORMAT_OPENAI,

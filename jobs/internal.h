@@ -37,6 +37,7 @@ typedef struct request {
     int parsed;             // --prompts: the line is JSON (a line that is not is no vote on the format)
     int announced;          // its "N prompt tokens" line is out (once per prompt, not per strategy
                             // or repetition)
+    int prefix_group;       // its shared prefix (jobs/prefix.c): group + 1; 0: none
     char digest[17];        // the request as normalised (request_settle): its records carry it, and
                             // --resume reruns a request whose record holds another
 } request;
@@ -105,6 +106,7 @@ typedef struct unit {
     size_t shown;            // bytes of its text on stdout (streamed)
     const struct unit *reps; // --repeat: its job's units (the other repetitions' timings), or NULL
     int n_reps_units;
+    int prefix_counted;      // its use of its request's shared prefix is counted (prefix_put)
 } unit;
 
 // Signals (jobs/run.c): how many arrived, and whether a record is being written (a second signal
@@ -139,6 +141,14 @@ typedef struct runner {
                                                        // + the other prompts' TTFT
     int pack_rows;           // rows of a packed prefill pass at most (0: each prompt alone)
     cpu_sample cpu_mark;     // the machine's CPU time at the last A/B table (or the start)
+    // --prefix-cache (jobs/prefix.c): on for this run; the groups planned; what was built and is
+    // held now (bytes), its peak, and the prefixes' prefill time (not in any request's TTFT)
+    int prefix_on;
+    struct prefix_group *prefix_group;
+    int n_prefix_group, prefix_planned, prefix_built;
+    long prefix_planned_tok, prefix_tok, prefix_reused_tok;
+    size_t prefix_bytes, prefix_peak;
+    double prefix_ms;
 } runner;
 
 // A request of this run and its sequences (one per strategy).
@@ -148,6 +158,21 @@ typedef struct job {
     int n_units, n_left;     // units, and those not done
     int written;
 } job;
+
+// ---- jobs/run.c ----
+// q's prompt tokens: its text (a file read now), in the chat template when asked. n, or -1 + err.
+int jobs_prompt_ids(const runner *R, request *q, int **ids, char *err, size_t errlen);
+
+// ---- jobs/prefix.c (--prefix-cache) ----
+// Plans the shared prefixes of the jobs' requests (R->prefix_on): each request's group (its
+// prefix_group), said on stderr.
+void prefix_plan(runner *R, job *jobs, int n_jobs);
+// The shared prefix unit u (its tokens u->ids) may copy, built now by its group's first user;
+// NULL: none (not a user, no group, tokens not as planned, or it could not be kept).
+const kv_prefix *prefix_take(runner *R, unit *u);
+// u's use of its prefix is over (copied, or it failed first): the prefix freed after its last.
+void prefix_put(runner *R, unit *u);
+void prefix_plan_free(runner *R);
 
 // ---- jobs/request.c ----
 // A formatted string (malloc'd; out of memory is an internal failure).

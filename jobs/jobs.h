@@ -35,6 +35,8 @@ typedef struct run_opts {
     int retry_failed, wait_lock;   // --retry-failed (with --resume), --wait-lock
     int shard_k, shard_n;          // --shard K/N (0-based K; n 0: no sharding)
     int parallel;                  // --parallel N: sequences in flight
+    int prefix_cache;              // --prefix-cache: -1 auto (on but in an A/B comparison), 1 on, 0 off
+    int prefix_min;                // --prefix-min N: the fewest tokens a shared prefix has
     int reps;                      // --repeat N: each strategy N times per prompt, in rotating order
     int n_predict, chat, json, quiet, threads;
     long long seed;

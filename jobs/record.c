@@ -127,7 +127,8 @@ static void json_unit(FILE *f, const runner *R, const unit *u) {
     else fprintf(f, "\"selector_recall\":null,");
     if (u->first_agree < 0) fprintf(f, "\"first_token_agree\":null,\"greedy_agree_pct\":null,");
     else fprintf(f, "\"first_token_agree\":%s,\"greedy_agree_pct\":%.2f,", u->first_agree ? "true" : "false", u->greedy_agree);
-    fprintf(f, "\"prefill_shared\":%d,\"device_counters\":", st->prefill_shared);
+    fprintf(f, "\"prefill_shared\":%d,\"prefix_tokens\":%d,\"device_counters\":", st->prefill_shared,
+            st->prefix_n);
     run_stats_counters_json(f, st);
     fprintf(f, ",");
     fprintf(f, "\"timings\":{\"prompt_n\":%d,\"prompt_ms\":%.3f,\"prompt_per_token_ms\":%.4f,"
@@ -279,6 +280,11 @@ int write_summary(runner *R, int slots, int interrupted) {
                 "%.1f tok/s, decode %ld token%s at %.1f tok/s (aggregate)%s\n", done,
                 plural_s(done), R->n_failed, wall, slots, R->prompt_tok, plural_s(R->prompt_tok),
                 pp, R->decode_tok, plural_s(R->decode_tok), tg, interrupted ? "; interrupted" : "");
+    if (!o->quiet && R->prefix_built)
+        fprintf(stderr, "sift: prefix cache: %d shared prefix%s (%ld tokens) prefilled once in %.2f s, "
+                "%ld prompt tokens copied instead of prefilled (peak %.1f MiB held)\n", R->prefix_built,
+                R->prefix_built == 1 ? "" : "es", R->prefix_tok, R->prefix_ms / 1e3, R->prefix_reused_tok,
+                R->prefix_peak / 1048576.0);
     if (R->n_failed_before)   // even with -q: an exit 1 with nothing run says why
         fprintf(stderr, "sift: %d failure%s recorded by an earlier run (kept; --retry-failed reruns "
                 "them): the job is not clean\n", R->n_failed_before, plural_s(R->n_failed_before));
@@ -300,6 +306,12 @@ int write_summary(runner *R, int slots, int interrupted) {
     fprintf(mem, ",\"format\":\"%s\",\"output\":", R->openai ? "openai" : "sift");
     if (o->output) tok_json_str(mem, o->output, strlen(o->output));
     else fprintf(mem, "null");
+    // --prefix-cache: what was shared (null: off); its prefills' time is in wall_s, not prefill_ms
+    if (R->prefix_on)
+        fprintf(mem, ",\"prefix_cache\":{\"prefixes\":%d,\"prefix_tokens\":%ld,\"prefill_ms\":%.3f,"
+                "\"reused_tokens\":%ld,\"peak_bytes\":%zu}", R->prefix_built, R->prefix_tok,
+                R->prefix_ms, R->prefix_reused_tok, R->prefix_peak);
+    else fprintf(mem, ",\"prefix_cache\":null");
     if (o->shard_n > 0) fprintf(mem, ",\"shard\":[%d,%d]}\n", o->shard_k, o->shard_n);
     else fprintf(mem, ",\"shard\":null}\n");
     fclose(mem);

@@ -81,9 +81,7 @@ static int on_token(void *ctx, int id) {
     return 0;
 }
 
-// The request's prompt tokens: its text (read from its file now), in the chat template when
-// asked. n, or -1 with err.
-static int prompt_ids(const runner *R, request *q, int **ids, char *err, size_t errlen) {
+int jobs_prompt_ids(const runner *R, request *q, int **ids, char *err, size_t errlen) {
     size_t len = 0;
     const char *what = q->file ? "prompt file" : "prompt";
     if (q->file && !q->text) {
@@ -129,7 +127,7 @@ int jobs_read_prompts(const run_opts *o, const tok *t, run_prompt **out, char *e
     for (int i = 0; i < all.n && !bad; i++) {
         request *q = &all.r[i];
         if (q->error) bad = err_printf(err, errlen, "%s", q->error);
-        else if ((p[n].n_ids = prompt_ids(&R, q, &p[n].ids, err, errlen)) < 0) bad = -1;
+        else if ((p[n].n_ids = jobs_prompt_ids(&R, q, &p[n].ids, err, errlen)) < 0) bad = -1;
         else p[n++].id = strdup(q->id);
     }
     for (int i = 0; i < all.n; i++) req_free(&all.r[i]);
@@ -198,11 +196,11 @@ static int choice_start(unit *u) {
 // choice of an n > 1 request copies choice 0's prefill instead (choice_start). With packing on
 // (R->pack_rows), a plain prefill (gen_packs) of a one-answer request with no kept map is only
 // opened (u->packed): the loop runs it in a pass shared with other queued prompts.
-static int unit_start(runner *R, unit *u, int stream) {
+static int unit_begin(runner *R, unit *u, int stream) {
     const run_opts *o = R->o;
     request *q = u->rq;
     u->ans.t = R->t;
-    u->n_ids = prompt_ids(R, q, &u->ids, u->err, sizeof u->err);
+    u->n_ids = jobs_prompt_ids(R, q, &u->ids, u->err, sizeof u->err);
     int want = q->n_predict;   // settled (request_settle): -1 up to the context
     u->n_gen = want < 0 ? R->n_ctx - u->n_ids : want;
     if (u->n_ids >= 0 && (u->n_gen < 1 || (long)u->n_ids + u->n_gen > R->n_ctx)) {
@@ -223,13 +221,17 @@ static int unit_start(runner *R, unit *u, int stream) {
     sampler_init(&u->smp, &sp, R->m->cfg.vocab);
     // once per prompt: every strategy and repetition of it has the same tokens, budget and seed
     if (!o->quiet && R->o->parallel == 1 && u->choice == 0 && !q->announced)
-        fprintf(stderr, "sift: %s: %d prompt token%s, up to %d new (seed %llu)\n", q->id, u->n_ids,
-                plural_s(u->n_ids), u->n_gen, u->seed);
+        fprintf(stderr, "sift: %s: %d prompt token%s%s, up to %d new (seed %llu)\n", q->id, u->n_ids,
+                plural_s(u->n_ids), q->prefix_group ? " (starting with a shared prefix)" : "",
+                u->n_gen, u->seed);
     q->announced = 1;
     u->stream = stream;
     u->state = 1;
     if (u->choice > 0) return choice_start(u);
-    if (R->pack_rows > 0 && q->n_choices == 1 && !o->kept_map && !stream && gen_packs(u->s)) {
+    // a shared prefix (--prefix-cache): copied, its rest prefilled alone (not packed)
+    strategy_run run = o->run ? *o->run : (strategy_run){0};
+    run.prefix = prefix_take(R, u);
+    if (!run.prefix && R->pack_rows > 0 && q->n_choices == 1 && !o->kept_map && !stream && gen_packs(u->s)) {
         if (gen_open(&u->g, u->s, R->cx, u->ids, u->n_ids, u->n_gen, &u->smp, on_token, u, u->err,
                      sizeof u->err)) {
             sampler_free(&u->smp);
@@ -238,11 +240,12 @@ static int unit_start(runner *R, unit *u, int stream) {
         u->packed = 1;
         return 0;
     }
-    if (gen_begin(&u->g, u->s, R->cx, o->so, o->run, u->ids, u->n_ids, u->n_gen, &u->smp, on_token, u, NULL,
+    if (gen_begin(&u->g, u->s, R->cx, o->so, &run, u->ids, u->n_ids, u->n_gen, &u->smp, on_token, u, NULL,
                   u->err, sizeof u->err)) {
         sampler_free(&u->smp);
         return unit_failed(u, "server_error");
     }
+    R->prefix_reused_tok += u->g.st.prefix_n;
     if (q->n_choices > 1) {   // the later choices copy this prefill (before any decode step)
         u->proto = xmalloc(sizeof *u->proto);
         int rc = gen_fork(u->proto, &u->g, u->s->name, u->err, sizeof u->err);
@@ -256,6 +259,13 @@ static int unit_start(runner *R, unit *u, int stream) {
     }
     if (o->kept_map && u->rep == 0) km_capture_prefill(u);
     return 0;
+}
+
+// unit_begin, and u's use of a shared prefix counted whatever became of it.
+static int unit_start(runner *R, unit *u, int stream) {
+    int rc = unit_begin(R, u, stream);
+    prefix_put(R, u);
+    return rc;
 }
 
 // u is done (or stopped): its cache freed; an answer that ends inside a character (the token
@@ -664,6 +674,9 @@ static int run_setup(run_state *S) {
     S->R.out = o->output ? &S->w.sink[0] : &S->out_stdout;
     S->R.errs = o->errors ? &S->w.sink[1] : NULL;
     run_jobs(S);
+    // --prefix-cache: auto shares except in an A/B comparison (each strategy's TTFT its own)
+    S->R.prefix_on = o->prefix_cache > 0 || (o->prefix_cache < 0 && o->n_strategies <= 1 && o->reps <= 1);
+    prefix_plan(&S->R, S->jobs, S->n_jobs);
 
     struct sigaction sa = {0}, ign = {0};
     sa.sa_handler = on_signal;
@@ -834,6 +847,7 @@ int jobs_run(const run_opts *o, context *cx, const tok *t, const char *dev, cons
         for (int k = 0; k < S.jobs[j].n_units; k++) unit_free(&S.jobs[j].u[k]);
         free(S.jobs[j].u);
     }
+    prefix_plan_free(&S.R);
     free(S.jobs), free(S.active), free(S.pend);
     for (int i = 0; i < S.all.n; i++) req_free(&S.all.r[i]);
     free(S.all.r);

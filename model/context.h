@@ -29,6 +29,15 @@ typedef struct context {
     // While a chunked prefill runs: the prompt's rows before the current pass and its length
     // (for on_layer's display; both 0 outside a chunked prefill).
     long prefill_done, prefill_total;
+    // While a pass runs rows of a prompt in a shorter pass than its chunk would be (a suffix after
+    // a reused prefix, policies/generate.c): the chunk's rows, for the products' path
+    // (backend.rows_as; 0: the pass's own rows).
+    int rows_as;
+    // While a strategy's prefill runs for a request that may reuse a shared prefix (gen_begin,
+    // from strategy_run.prefix): that prefix (policies/policy.h: kv_prefix), which a plain
+    // prefill (prefill_run without hooks or capacities) takes instead of recomputing it, and
+    // then clears. NULL otherwise.
+    const struct kv_prefix *prefix;
     struct fwd_run_state *run;     // the forward pass's buffers (model/pass.h; NULL until used)
     struct fwd_decoder *decoder;   // fwd_decode's recorded step (NULL until used)
     // Device allocations the backend made inside this context's passes (bk_counters.allocs

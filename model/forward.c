@@ -192,6 +192,7 @@ static int forward_layers(fwd_pass *p, int all_rows) {
     float eps = c->rms_eps;
 
     bk->embed(bk, st->x, m->tok_embd, r->tok, st->n, d);   // x (n, d)
+    bk->rows_as = p->cx->rows_as;   // the layers' products (not the head's): backend.h
     for (int l = 0; l < c->n_layer && st->n > 0 && rc == 0; l++) {
         const layer_weights *w = &m->layers[l];
         int n = st->n;
@@ -200,7 +201,7 @@ static int forward_layers(fwd_pass *p, int all_rows) {
         qkv(p, l);
         bk->rope(bk, r->q, st->pos, n, c->n_head, hd, c->inv_freq, c->rope);
         bk->rope(bk, r->k, st->pos, n, c->n_kv_head, hd, c->inv_freq, c->rope);
-        if (attend(p, l) != 0 || hooks_after(p, l, 0) != 0) return -1;
+        if (attend(p, l) != 0 || hooks_after(p, l, 0) != 0) return bk->rows_as = 0, -1;
         bk->matmul(bk, r->xb, r->att, w->wo, NULL, n, qd, d);
         // MLP: x += W_down . (silu(W_gate . h) * (W_up . h)), h = rmsnorm(x)
         if (bk->add_rmsnorm) bk->add_rmsnorm(bk, r->xb, st->x, r->xb, w->ffn_norm, n, d, eps);
@@ -217,6 +218,7 @@ static int forward_layers(fwd_pass *p, int all_rows) {
         rc = hooks_after(p, l, 1);   // may drop rows (B = 1) or stop the pass (FWD_STOP)
         if (p->cx->on_layer && p->progress) p->cx->on_layer(p->cx->on_layer_ctx, l, c->n_layer, st->n);
     }
+    bk->rows_as = 0;
     if (rc < 0) return -1;
     head(p, all_rows);   // logits (k, vocab) = lm_head . rmsnorm(x[wanted rows])
     return 0;
@@ -589,12 +591,20 @@ kv_cache *fwd_kv_create(const context *cx, const int *caps, char *err, size_t er
 }
 
 kv_cache *fwd_kv_copy(const context *cx, const kv_cache *a, char *err, size_t errlen) {
-    backend *bk = cx->m->bk;
-    fwd_kv_pos_sync(cx->m, (kv_cache *)a);   // the positions are copied from the host's
     int *caps = xmalloc((size_t)a->n_layer * sizeof(int));
     for (int l = 0; l < a->n_layer; l++) caps[l] = a->layers[l].cap;
-    kv_cache *kv = fwd_kv_create(cx, caps, err, errlen);
+    kv_cache *kv = fwd_kv_copy_caps(cx, a, caps, err, errlen);
     free(caps);
+    return kv;
+}
+
+kv_cache *fwd_kv_copy_caps(const context *cx, const kv_cache *a, const int *caps, char *err,
+                           size_t errlen) {
+    backend *bk = cx->m->bk;
+    fwd_kv_pos_sync(cx->m, (kv_cache *)a);   // the positions are copied from the host's
+    for (int l = 0; l < a->n_layer; l++)
+        CHECK_INTERNAL(caps[l] >= a->layers[l].len, "a KV copy of %d entries into %d", a->layers[l].len, caps[l]);
+    kv_cache *kv = fwd_kv_create(cx, caps, err, errlen);
     if (!kv) return NULL;
     // each layer's K and V, head by head: the first len rows (head_dim elements each) copied on
     // the backend, with the positions they hold
@@ -611,11 +621,12 @@ kv_cache *fwd_kv_copy(const context *cx, const kv_cache *a, char *err, size_t er
         int kd = (int)(x->k_row / a->elem_bytes), vd = (int)(x->v_row / a->elem_bytes);
         for (int g = 0; g < x->n_kv_head; g++) {
             size_t ko = (size_t)g * x->cap * x->k_row, vo = (size_t)g * x->cap * x->v_row;
+            size_t yk = (size_t)g * y->cap * y->k_row, yv = (size_t)g * y->cap * y->v_row;
             if (x->len) {
-                bk->gather_rows(bk, (char *)y->k + ko, (const char *)x->k + ko, idx, x->len, kd);
-                bk->gather_rows(bk, (char *)y->v + vo, (const char *)x->v + vo, idx, x->len, vd);
+                bk->gather_rows(bk, (char *)y->k + yk, (const char *)x->k + ko, idx, x->len, kd);
+                bk->gather_rows(bk, (char *)y->v + yv, (const char *)x->v + vo, idx, x->len, vd);
             }
-            memcpy(y->pos + (size_t)g * x->cap, x->pos + (size_t)g * x->cap, (size_t)x->len * sizeof(int));
+            memcpy(y->pos + (size_t)g * y->cap, x->pos + (size_t)g * x->cap, (size_t)x->len * sizeof(int));
         }
         y->len = x->len;
     }

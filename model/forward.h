@@ -210,6 +210,9 @@ kv_cache *fwd_kv_create(const context *cx, const int *caps, char *err, size_t er
 // A copy of cache a (made in cx) with the same capacities, entries and positions, its rows
 // copied on the backend (NULL + err if out of memory).
 kv_cache *fwd_kv_copy(const context *cx, const kv_cache *a, char *err, size_t errlen);
+// The same into a cache of capacity caps[l] per layer (each at least a's length there).
+kv_cache *fwd_kv_copy_caps(const context *cx, const kv_cache *a, const int *caps, char *err,
+                           size_t errlen);
 // The K and V row types of the caches fwd_kv_create makes in cx (its kv_k/kv_v, or the
 // backend's own element).
 void fwd_kv_types(const context *cx, enum kv_type *k, enum kv_type *v);

@@ -10,27 +10,71 @@
 #include "../util/check.h"
 #include "policy.h"
 
-// ids (n,) at pos (n,; NULL: 0 .. n-1) into kv without hooks, in passes of at most
-// cx->p.ubatch rows (0: one pass); only the last pass computes logits (its last row's, into
-// logits: may be NULL). Rows over layers, as fwd_run.
-static long run_chunked(context *cx, kv_cache *kv, const int *ids, const int *pos, int n,
-                        float *logits) {
-    int U = cx->p.ubatch > 0 && cx->p.ubatch < n ? cx->p.ubatch : n;
+// Rows [lo, hi) of a prompt (ids; pos: its positions, NULL: 0 .. hi-1) into kv, which holds
+// its rows before lo, without hooks, in passes along the prompt's chunk grid: the chunks [kU,
+// (k+1)U) of U = cx->p.ubatch rows (0: the whole prompt one chunk), cut at lo and hi. Only the
+// last pass computes logits (its last row's, into logits: may be NULL). A pass shorter than its
+// chunk of a prompt of n_as rows, [kU, min(n_as, (k+1)U)), chooses its products' path as that
+// chunk does (context.rows_as): a suffix after a reused prefix, or a prefix's last rows, round
+// as in the prompt's own prefill. Rows over layers, as fwd_run.
+static long run_span(context *cx, kv_cache *kv, const int *ids, const int *pos, int lo, int hi,
+                     int n_as, float *logits) {
+    int U = cx->p.ubatch > 0 && cx->p.ubatch < n_as ? cx->p.ubatch : 0;
     long rows = 0;
     int *own = NULL;
     if (!pos) {
-        pos = own = xmalloc((size_t)n * sizeof(int));
-        for (int i = 0; i < n; i++) own[i] = i;
+        pos = own = xmalloc((size_t)hi * sizeof(int));
+        for (int i = 0; i < hi; i++) own[i] = i;
     }
-    if (U < n) cx->prefill_total = n;
-    for (int b = 0; b < n; b += U) {
-        int nb = n - b < U ? n - b : U;
-        cx->prefill_done = U < n ? b : 0;
-        rows += fwd_run(cx, kv, ids + b, pos + b, nb, NULL, b + nb == n ? logits : NULL, 0);
+    int chunked = U > 0 && U < hi - lo;
+    if (chunked) cx->prefill_total = hi;
+    for (int b = lo; b < hi;) {
+        int c0 = U ? b / U * U : 0, c1 = U ? c0 + U : n_as;
+        if (c1 > n_as) c1 = n_as;
+        int e = U && c0 + U < hi ? c0 + U : hi;
+        cx->prefill_done = chunked ? b : 0;
+        cx->rows_as = e - b < c1 - c0 ? c1 - c0 : 0;
+        rows += fwd_run(cx, kv, ids + b, pos + b, e - b, NULL, e == hi ? logits : NULL, 0);
+        b = e;
     }
+    cx->rows_as = 0;
     cx->prefill_done = cx->prefill_total = 0;
     free(own);
     return rows;
+}
+
+// ids (n,) at pos (n,; NULL: 0 .. n-1) into the empty kv: run_span of the whole prompt.
+static long run_chunked(context *cx, kv_cache *kv, const int *ids, const int *pos, int n,
+                        float *logits) {
+    return run_span(cx, kv, ids, pos, 0, n, n, logits);
+}
+
+int prefix_aligned(int n, int ubatch) {
+    int k0 = ubatch > 0 ? n / ubatch * ubatch : 0;
+    return k0 + (n - k0) / PREFIX_ALIGN * PREFIX_ALIGN;
+}
+
+kv_prefix *prefix_build(context *cx, const int *ids, int n, int n_as, char *err, size_t errlen) {
+    double t0 = now_ms();
+    int L = cx->m->cfg.n_layer, *caps = xmalloc((size_t)L * sizeof(int));
+    for (int l = 0; l < L; l++) caps[l] = n;
+    kv_cache *kv = fwd_kv_create(cx, caps, err, errlen);
+    free(caps);
+    if (!kv) return NULL;
+    kv_prefix *p = xcalloc(1, sizeof *p);
+    p->kv = kv, p->n = n;
+    p->ids = xmalloc((size_t)n * sizeof(int));
+    memcpy(p->ids, ids, (size_t)n * sizeof(int));
+    run_span(cx, kv, ids, NULL, 0, n, n_as > n ? n_as : n, NULL);
+    p->ms = now_ms() - t0;
+    return p;
+}
+
+void prefix_free(kv_prefix *p) {
+    if (!p) return;
+    kv_free(p->kv);
+    free(p->ids);
+    free(p);
 }
 
 kv_cache *prefill_run(context *cx, const int *ids, int n, int n_gen, const int *caps,
@@ -41,9 +85,14 @@ kv_cache *prefill_run(context *cx, const int *ids, int n, int n_gen, const int *
     int *all = xmalloc((size_t)L * sizeof(int)), *pos = xmalloc((size_t)n * sizeof(int));
     for (int l = 0; l < L; l++) all[l] = caps ? caps[l] : n + n_gen;
     for (int i = 0; i < n; i++) pos[i] = i;
-    kv_cache *kv = fwd_kv_create(cx, all, err, errlen);
+    // a shared prefix this prompt starts with (gen_begin): copied, the rest prefilled after it;
+    // taken by this prefill alone (a plain one: no hooks, every layer's capacity the prompt's)
+    const kv_prefix *pf = cx->prefix;
+    cx->prefix = NULL;
+    int P = pf && !hooks && !caps && pf->n < n && !memcmp(pf->ids, ids, (size_t)pf->n * sizeof(int)) ? pf->n : 0;
+    kv_cache *kv = P ? fwd_kv_copy_caps(cx, pf->kv, all, err, errlen) : fwd_kv_create(cx, all, err, errlen);
     if (kv && hooks) info->rows_done = fwd_run(cx, kv, ids, pos, n, hooks, logits, 0);
-    else if (kv) info->rows_done = run_chunked(cx, kv, ids, pos, n, logits);
+    else if (kv) info->rows_done = run_span(cx, kv, ids, pos, P, n, n, logits), info->prefix_n = P;
     free(all);
     free(pos);
     return kv;
@@ -130,13 +179,16 @@ int gen_begin(gen_seq *g, const strategy *s, context *cx, const strategy_opts *o
     double h0 = cx->hook_ms + (dcx ? dcx->hook_ms : 0);
     strategy_run r = run ? *run : (strategy_run){0};   // the request's sampling, for tokens
     r.sampling = smp->p;                                // the strategy draws itself
+    cx->prefix = r.prefix;   // for a plain prefill to take (prefill_run), cleared after
     g->kv = strategy_prefill(s, cx, ids, n, n_predict, o, &r, g->logits, &g->info, err, errlen);
+    cx->prefix = NULL;
     if (!g->kv) {
         free(g->logits);
         return -1;
     }
     g->st.rows_done = g->info.rows_done;
     g->st.draft_rows = g->info.draft_rows;
+    g->st.prefix_n = g->info.prefix_n;
     g->st.hook_ms = cx->hook_ms + (dcx ? dcx->hook_ms : 0) - h0;
     memcpy(g->st.note, g->info.note, sizeof g->info.note);
     memcpy(g->st.label, g->info.label, sizeof g->info.label);

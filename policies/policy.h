@@ -46,10 +46,35 @@ long strategies_prefill_rows(const strategy *const *list, int n, long n_tok, int
 // rows before the pass included), only the last pass computing logits: the same cache and
 // logits as one pass up to the rounding of products over fewer rows (fwd_row_class) and of
 // attention's summation order, in the activations of U rows. A degenerate form of a strategy
-// with hooks (too short a prompt: "ran full") takes this path too.
+// with hooks (too short a prompt: "ran full") takes this path too. Without hooks or caps, and
+// with a shared prefix in cx->prefix (gen_begin's, from strategy_run.prefix) that ids start with
+// and that is shorter than n: its cache copied, only rows [prefix n, n) run, along the same chunk
+// grid (info->prefix_n set); cx->prefix is cleared either way.
 kv_cache *prefill_run(context *cx, const int *ids, int n, int n_gen, const int *caps,
                       const fwd_hooks *hooks, float *logits, prefill_info *info, char *err,
                       size_t errlen);
+
+// A shared prefix: tokens prefilled once (by prefix_build, plainly: every row through every
+// layer) whose cache the requests that start with them copy (strategy_run.prefix), each then
+// prefilling only its own rest at its true positions. The prefix ends on a boundary of the
+// prompts' chunk grid or of an attention block (PREFIX_ALIGN rows past one), and every pass
+// of a request's rest chooses its products' path as the chunk it lies in would (context.rows_as):
+// so on the CPU a request answers bit for bit as its own whole prefill does.
+typedef struct kv_prefix {
+    kv_cache *kv;   // capacity n: the prefix's K and V at positions 0 .. n-1
+    int *ids, n;    // its tokens
+    double ms;      // its prefill's wall time
+} kv_prefix;
+// The alignment of a prefix's end past the chunk grid: the CPU's attention block (attn_cpu.c
+// ATTN_QB), a multiple of the device kernels' query tiles.
+#define PREFIX_ALIGN 128
+// The longest prefix length <= n that a prompt's prefill with chunks of ubatch rows (0: one
+// pass) may stop at: a multiple of PREFIX_ALIGN past the last chunk boundary at or below n.
+int prefix_aligned(int n, int ubatch);
+// ids (n,) prefilled into a new prefix of capacity n, its last chunk's products taking the path
+// of the chunk the shortest request using it (n_as tokens) runs: NULL + err (out of memory).
+kv_prefix *prefix_build(context *cx, const int *ids, int n, int n_as, char *err, size_t errlen);
+void prefix_free(kv_prefix *p);
 
 // Every strategy parameter's one home (options.c's table): its flag, where it lives in
 // strategy_opts, its type, range and default, the strategies that read it, and its help line.
@@ -114,6 +139,8 @@ typedef struct run_stats {
     double prompt_ms;      // prefill + first token = time to first token (a packed prefill's:
                            // from gen_open, its wait for the shared pass included)
     int prefill_shared;    // prompts prefilled in the pass that prefilled this one (1: alone)
+    int prefix_n;          // of prompt_n, the tokens copied from a shared prefix's cache
+                           // (prefill_info.prefix_n; the prefix's own prefill not in prompt_ms)
     int predicted_n;       // tokens generated (sampled), including a final end-of-generation one
     int decode_runs;       // forward passes after the first token
     double decode_ms;      // time of those passes and their sampling

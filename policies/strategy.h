@@ -61,6 +61,10 @@ typedef struct strategy_run {
     // the request's sampling settings, for tokens a strategy draws itself (specprefill
     // lookahead); gen_begin copies them from the request's sampler. Zero: greedy.
     sample_params sampling;
+    // a prefix of the request's tokens prefilled once for the requests that share it (the job
+    // runner's prefix cache, jobs/prefix.c; policy.h: kv_prefix), which a plain prefill copies
+    // instead of recomputing (gen_begin hands it to the context); NULL: none
+    const struct kv_prefix *prefix;
 } strategy_run;
 
 // What a prefill reports besides the cache and logits.
@@ -70,6 +74,8 @@ typedef struct prefill_info {
     char label[96];         // the variant that ran, where the name alone does not say it
                             // ("self-draft: first 15 of 30 layers"); shown beside the name
     long draft_rows;        // a draft's work in main-model layer rows (counted in rows_done too)
+    int prefix_n;           // prompt tokens taken from a shared prefix's cache (strategy_run.prefix:
+                            // not computed, not in rows_done); 0: none
     // Optional: hooks every decode step must run with (zero: none; a strategy keeps their ctx
     // where it outlives them: the cache's side data, the model), how to free their ctx after the
     // last step (NULL; a composition's pair of hooks: set), and a report of decode work appended

@@ -1,0 +1,156 @@
+"""Shared prefixes in batch jobs (--prefix-cache, jobs/prefix.c; policies/generate.c prefix_build,
+prefill_run): requests whose tokens start alike prefill the shared part once and copy its cache.
+The reference is the same job with --prefix-cache off (every request prefilled whole): the texts
+must be equal, greedy and seeded, for full, topk and topk+phi, in one pass and in chunks
+(--ubatch); the prefix's length is checked against the longest common prefix of the requests'
+tokens computed here from the tokenizer (build/tests/tool_tokenize), aligned as the plan says
+(a multiple of 128 past the chunk grid), and the work each record reports against it."""
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_cli import MODEL, need_model, sift  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOKENIZE = os.path.join(ROOT, "build", "tests", "tool_tokenize")
+WORDS = "the river city market bridge winter council harbor record merchant tower garden".split()
+QUESTIONS = ["What is the secret code?", "Who is the harbor master?", "Summarize the report.",
+             "Which word appears most often?", "Name one building in the report."]
+N_LAYER = 30   # SmolLM2-135M
+
+pytestmark = need_model
+
+
+def document(words, seed):
+    import random
+    r = random.Random(seed)
+    body = " ".join(r.choice(WORDS) for _ in range(words))
+    return f"Report:\n{body}.\nThe secret code is 4417. The harbor master is named Ilse.\n"
+
+
+def write_job(path, seeded, other=True):
+    doc = document(700, 3)
+    reqs = []
+    for i, q in enumerate(QUESTIONS):
+        r = {"id": f"q{i}", "prompt": f"{doc}Question: {q}\nAnswer:", "n_predict": 24 + 4 * i}
+        r.update({"temp": 0.9, "seed": 100 + i} if seeded else {"temp": 0})
+        reqs.append(r)
+    if other:   # a request over another document: shares nothing worth a prefix
+        reqs.insert(2, {"id": "other", "prompt": document(300, 9) + "Question: Who?\nAnswer:",
+                        "n_predict": 16, "temp": 0})
+    with open(path, "w") as f:
+        for r in reqs:
+            f.write(json.dumps(r) + "\n")
+    return reqs
+
+
+def tokens(texts):
+    data = b"".join(struct.pack("<I", len(t.encode())) + t.encode() for t in texts)
+    out = subprocess.run([TOKENIZE, MODEL], input=data, capture_output=True, check=True).stdout
+    return [[int(x) for x in line.split()] for line in out.decode().splitlines()]
+
+
+def run(path, *flags):
+    summary = path + ".summary.json"
+    r = sift("-m", MODEL, "--prompts", path, "--json", "--summary", summary, *flags)
+    assert r.returncode == 0, r.stderr
+    recs = {}
+    for line in r.stdout.splitlines():
+        if line.strip():
+            j = json.loads(line)
+            recs[(j["id"], j["strategy"])] = j
+    with open(summary) as f:
+        return recs, json.load(f), r.stderr
+
+
+def prefix_len(toks, bos, ubatch=2048):
+    """The plan's prefix from the tokens: the longest common prefix of the requests' tokens (BOS,
+    when the prompt gets one, shared too), at most the shortest prompt less two rows, aligned down
+    to a multiple of 128 past the last chunk boundary at or below it."""
+    lcp = min(next((i for i, (a, b) in enumerate(zip(x, toks[0])) if a != b), min(len(x), len(toks[0])))
+              for x in toks[1:]) + bos
+    lcp = min(lcp, min(len(t) for t in toks) + bos - 2)
+    k0 = lcp // ubatch * ubatch
+    return k0 + (lcp - k0) // 128 * 128
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("strategy", ["full", "topk", "topk+phi"])
+def test_shared_prefix_answers_as_without(tmp_path, strategy, seeded):
+    path = str(tmp_path / "job.jsonl")
+    reqs = write_job(path, seeded)
+    on, s_on, err = run(path, "--strategy", strategy)
+    off, s_off, _ = run(path, "--strategy", strategy, "--prefix-cache", "off")
+    toks = tokens([r["prompt"] for r in reqs if r["id"] != "other"])
+    bos = on[("q0", strategy)]["timings"]["prompt_n"] - len(toks[0])   # 1 when BOS is added
+    want = prefix_len(toks, bos)
+    assert want >= 256, want
+    assert "1 shared prefix" in err, err
+    for r in reqs:
+        a, b = on[(r["id"], strategy)], off[(r["id"], strategy)]
+        assert a["text"] == b["text"], (r["id"], a["text"], b["text"])
+        assert b["prefix_tokens"] == 0
+        n = a["timings"]["prompt_n"]
+        if r["id"] == "other":
+            assert a["prefix_tokens"] == 0 and a["rows_processed"] == b["rows_processed"]
+            continue
+        got = a["prefix_tokens"]
+        # the shared tokens as counted here (BOS, when added, is shared too)
+        assert got == want, (got, want)
+        assert got % 128 == 0 and got <= n - 2
+        # the prefix's rows are copied, not computed: the rest's rows over every layer
+        assert a["rows_processed"] == b["rows_processed"] - got * N_LAYER, (a["rows_processed"], b["rows_processed"])
+    pc = s_on["prefix_cache"]
+    assert pc["prefixes"] == 1 and pc["reused_tokens"] == 5 * got and pc["peak_bytes"] > 0
+    assert s_off["prefix_cache"] is None
+
+
+def test_chunked_prefix_on_the_grid(tmp_path):
+    """--ubatch 256: the prompts run in chunks of 256 rows; the prefix ends on the grid (or 128
+    past it) and each request's rest continues along the same grid: answers as without."""
+    path = str(tmp_path / "job.jsonl")
+    reqs = write_job(path, False, other=False)
+    on, _, _ = run(path, "--ubatch", "256", "-n", "24")
+    off, _, _ = run(path, "--ubatch", "256", "-n", "24", "--prefix-cache", "off")
+    toks = tokens([r["prompt"] for r in reqs])
+    bos = on[("q0", "full")]["timings"]["prompt_n"] - len(toks[0])
+    want = prefix_len(toks, bos, ubatch=256)
+    for r in reqs:
+        a, b = on[(r["id"], "full")], off[(r["id"], "full")]
+        assert a["text"] == b["text"], r["id"]
+        assert a["prefix_tokens"] == want
+
+
+def test_ab_comparison_shares_only_when_asked(tmp_path):
+    """auto is off in an A/B comparison (each strategy's TTFT its own); --prefix-cache on shares
+    there too, every strategy that prefills plainly copying the one prefix, and fastkv (which
+    compresses its prefill) prefilling whole."""
+    path = str(tmp_path / "job.jsonl")
+    write_job(path, False, other=False)
+    auto, s_auto, _ = run(path, "--strategy", "full,fastkv", "-n", "8")
+    assert s_auto["prefix_cache"] is None
+    assert all(r["prefix_tokens"] == 0 for r in auto.values())
+    on, s_on, _ = run(path, "--strategy", "full,fastkv", "-n", "8", "--prefix-cache", "on")
+    assert s_on["prefix_cache"]["prefixes"] == 1
+    for (i, s), r in on.items():
+        assert (r["prefix_tokens"] > 0) == (s == "full"), (i, s)
+        assert r["text"] == auto[(i, s)]["text"], (i, s)
+
+
+def test_prefix_min(tmp_path):
+    """A shared part shorter than --prefix-min is not shared."""
+    path = str(tmp_path / "job.jsonl")
+    write_job(path, False, other=False)
+    recs, s, err = run(path, "-n", "4", "--prefix-min", "100000")
+    assert all(r["prefix_tokens"] == 0 for r in recs.values())
+    assert s["prefix_cache"]["prefixes"] == 0 and "shared prefix" not in err
+
+
+def test_bad_prefix_cache_value():
+    r = sift("-m", MODEL, "-p", "hi", "--prefix-cache", "maybe")
+    assert r.returncode == 2 and "--prefix-cache" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
