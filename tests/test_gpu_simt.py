@@ -319,6 +319,31 @@ def test_chunked_prefill_same_text_on_cuda():
 
 
 @needs_sift
+@needs_model
+def test_shared_prefix_same_text_on_cuda(tmp_path):
+    """--prefix-cache on the emulated device: two requests over one 150-token preamble share a
+    prefix of 128 tokens (--prefix-min 128), copied on the device (fwd_kv_copy_caps' row gathers)
+    and each request's rest prefilled after it: the texts of --prefix-cache off on the device and
+    of the CPU's run."""
+    doc = ("The river runs past the old mill and into the valley, where the farmers grow wheat "
+           "and barley. In spring the water rises and the children watch the boats go by. Every "
+           "autumn the village holds a fair. ") * 3
+    path = tmp_path / "job.jsonl"
+    with open(path, "w") as f:
+        for i, q in enumerate(["Where does the river run?", "What do the farmers grow?"]):
+            f.write(json.dumps({"id": f"s{i}", "prompt": doc + "Question: " + q + "\nAnswer:",
+                                "n_predict": 4, "temp": 0}) + "\n")
+    args = ["--prompts", str(path), "--json", "-q", "--prefix-min", "128"]
+    on, _ = sift(SIFT_SIMT, "cuda", *args)
+    off, _ = sift(SIFT_SIMT, "cuda", *args, "--prefix-cache", "off")
+    cpu, _ = sift(SIFT, "cpu", *args)
+    recs = [[json.loads(x) for x in out.strip().splitlines()] for out in (on, off, cpu)]
+    for a, b, c in zip(*recs):
+        assert a["device"] == "cuda" and a["prefix_tokens"] == 128 and b["prefix_tokens"] == 0, (a, b)
+        assert a["text"] == b["text"] == c["text"], (a["text"], b["text"], c["text"])
+
+
+@needs_sift
 def test_fit_phi_logging_prefill_on_cuda(tmp_path):
     """fit-phi with --device cuda: the logging prefill and the held-out check (topk's decode
     steps, each comparison rewinding the cache's length on the host) on the emulated backend,
