@@ -145,8 +145,8 @@ typedef struct runner {
     // held now (bytes), its peak, and the prefixes' prefill time (not in any request's TTFT)
     int prefix_on;
     struct prefix_group *prefix_group;
-    int n_prefix_group, prefix_planned, prefix_built;
-    long prefix_planned_tok, prefix_tok, prefix_reused_tok;
+    int n_prefix_group, prefix_built;
+    long prefix_tok, prefix_reused_tok;
     size_t prefix_bytes, prefix_peak;
     double prefix_ms;
 } runner;

@@ -1,14 +1,14 @@
 // jobs/prefix.c — the job's shared prefixes (--prefix-cache): requests whose tokens start
 // alike (one document, many questions; one long system message) prefill what they share once.
 // Sharing is found from the tokens: every request of the job tokenized up front, the token
-// sequences sorted, each request's longest common prefix with its neighbours (the longest it
-// shares with any request), aligned to where a prompt's prefill may stop and resume bit for bit
-// (policies/policy.h: prefix_aligned); requests with the same aligned prefix of at least
-// --prefix-min tokens form a group. A group's prefix is prefilled when its first request starts
-// (policies/generate.c: prefix_build), each unit whose strategy prefills plainly (full, topk,
-// topk+phi, full+Y: strategy_chunks) copies its cache and prefills only its own rest, and it is
-// freed when its last unit has copied it: a prefix's cache is held from its first request's start
-// to its last one's.
+// sequences sorted, runs of neighbours sharing --prefix-min tokens grouped on what they all share
+// (a part of a run sharing --prefix-min more grouped on its own), each group's prefix cut where a
+// prefill may stop and resume bit for bit (policies/policy.h: prefix_cut). A group's prefix is
+// prefilled when its first request starts (policies/generate.c: prefix_build), each unit whose
+// strategy prefills plainly (full, topk, topk+phi, full+Y: strategy_chunks) copies its cache and
+// prefills only its own rest, and it is freed when its last unit has copied it: a prefix's cache
+// is held from its first request's start to its last one's.
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,7 +17,6 @@
 struct prefix_group {
     int n;              // the prefix's tokens
     int *ids;           // them (the first request's)
-    unsigned long long hash;
     int n_req, users;   // requests in the group; units still to copy it
     int n_as;           // the shortest prefill among its users (for its last chunk's products)
     kv_prefix *pf;      // built by its first user; NULL before, and after its last
@@ -26,12 +25,6 @@ struct prefix_group {
 
 // A unit that would copy its request's prefix: choice 0 of a strategy that prefills plainly.
 static int is_user(const unit *u) { return u->choice == 0 && strategy_chunks(u->s); }
-
-static unsigned long long fnv(const int *v, int n) {
-    unsigned long long h = 1469598103934665603ULL;
-    for (int i = 0; i < n; i++) h = (h ^ (unsigned)v[i]) * 1099511628211ULL;
-    return h;
-}
 
 typedef struct { int *ids, n, job; } seq_ref;
 
@@ -47,6 +40,68 @@ static int lcp(const seq_ref *x, const seq_ref *y) {
     int n = x->n < y->n ? x->n : y->n, i = 0;
     while (i < n && x->ids[i] == y->ids[i]) i++;
     return i;
+}
+
+typedef struct {
+    runner *R;
+    job *jobs;
+    seq_ref *s;     // the requests' tokens, sorted
+    int *lcp;       // lcp[i]: tokens s[i] and s[i + 1] share
+    char *grouped;  // s[i] has its group
+    struct prefix_group *g;
+    int ng, cap;
+} planner;
+
+// A group of the requests s[i] of `members` (not yet grouped) on their first m shared tokens,
+// cut where a prefill may stop and resume (prefix_cut) for the shortest of them; none when that
+// leaves fewer than --prefix-min tokens.
+static void group(planner *pl, const int *members, int k, int m) {
+    runner *R = pl->R;
+    int n_as = INT_MAX;   // the shortest prefill among the members' users (topk's: n - 1)
+    for (int i = 0; i < k; i++) {
+        const seq_ref *x = &pl->s[members[i]];
+        const job *J = &pl->jobs[x->job];
+        for (int u = 0; u < J->n_units; u++)
+            if (is_user(&J->u[u])) {
+                int np = J->u[u].s->phase == PHASE_NONE && !J->u[u].s->decode_part ? x->n : x->n - 1;
+                n_as = np < n_as ? np : n_as;
+            }
+    }
+    int P = prefix_cut(m, n_as, R->cx->p.ubatch);
+    if (k < 2 || P < R->o->prefix_min) return;
+    if (pl->ng == pl->cap) pl->g = xrealloc(pl->g, (size_t)(pl->cap = pl->cap ? 2 * pl->cap : 8) * sizeof *pl->g);
+    struct prefix_group *g = &pl->g[pl->ng++];
+    *g = (struct prefix_group){.n = P, .n_req = k, .n_as = n_as};
+    g->ids = xmalloc((size_t)P * sizeof(int));
+    memcpy(g->ids, pl->s[members[0]].ids, (size_t)P * sizeof(int));
+    for (int i = 0; i < k; i++) {
+        job *J = &pl->jobs[pl->s[members[i]].job];
+        J->rq->prefix_group = pl->ng;
+        pl->grouped[members[i]] = 1;
+        for (int u = 0; u < J->n_units; u++) g->users += is_user(&J->u[u]);
+    }
+}
+
+// The sorted requests s[a, b) (b - a >= 2), each sharing at least --prefix-min tokens with its
+// neighbour: their common prefix (m, the least of their neighbours' shares) is theirs, unless a
+// sub-run between the places where the share is m shares --prefix-min tokens more (one document
+// of several after one system message): such a sub-run is grouped on its own (recursively), the
+// run's others on m.
+static void plan_run(planner *pl, int a, int b) {
+    int m = INT_MAX;
+    for (int i = a; i < b - 1; i++) m = pl->lcp[i] < m ? pl->lcp[i] : m;
+    for (int c = a, d; c < b; c = d) {
+        d = c + 1;
+        while (d < b && pl->lcp[d - 1] > m) d++;
+        int mm = INT_MAX;
+        for (int i = c; i < d - 1; i++) mm = pl->lcp[i] < mm ? pl->lcp[i] : mm;
+        if (d - c >= 2 && mm - m >= pl->R->o->prefix_min) plan_run(pl, c, d);
+    }
+    int *rest = xmalloc((size_t)(b - a) * sizeof(int)), k = 0;
+    for (int i = a; i < b; i++)
+        if (!pl->grouped[i]) rest[k++] = i;
+    group(pl, rest, k, m);
+    free(rest);
 }
 
 void prefix_plan(runner *R, job *jobs, int n_jobs) {
@@ -65,48 +120,24 @@ void prefix_plan(runner *R, job *jobs, int n_jobs) {
         s[n++] = (seq_ref){ids, m, j};
     }
     qsort(s, (size_t)n, sizeof *s, seq_cmp);
-    int U = R->cx->p.ubatch, cap = 16;
-    struct prefix_group *g = xcalloc((size_t)cap, sizeof *g);
-    int ng = 0;
-    for (int i = 0; i < n; i++) {
-        int share = 0;   // the longest prefix it shares with another request
-        if (i > 0) share = lcp(&s[i - 1], &s[i]);
-        if (i + 1 < n) {
-            int b = lcp(&s[i], &s[i + 1]);
-            share = b > share ? b : share;
-        }
-        // at least two of its rows left to prefill (a decode strategy prefills all but the last)
-        if (share > s[i].n - 2) share = s[i].n - 2;
-        int P = share > 0 ? prefix_aligned(share, U) : 0;
-        if (P < R->o->prefix_min || P < 1) continue;
-        unsigned long long h = fnv(s[i].ids, P);
-        int k = 0;
-        while (k < ng && !(g[k].n == P && g[k].hash == h && !memcmp(g[k].ids, s[i].ids, (size_t)P * sizeof(int)))) k++;
-        if (k == ng) {
-            if (ng == cap) g = xrealloc(g, (size_t)(cap *= 2) * sizeof *g);
-            g[ng] = (struct prefix_group){.n = P, .hash = h, .n_as = s[i].n};
-            g[ng].ids = xmalloc((size_t)P * sizeof(int));
-            memcpy(g[ng].ids, s[i].ids, (size_t)P * sizeof(int));
-            ng++;
-        }
-        g[k].n_req++;
-        job *J = &jobs[s[i].job];
-        J->rq->prefix_group = k + 1;
-        for (int u = 0; u < J->n_units; u++) g[k].users += is_user(&J->u[u]);
-        // a decode strategy's prefill is one token shorter than the prompt
-        if (s[i].n - 1 < g[k].n_as) g[k].n_as = s[i].n - 1;
+    planner pl = {.R = R, .jobs = jobs, .s = s};
+    pl.lcp = xcalloc((size_t)(n > 0 ? n : 1), sizeof(int));
+    pl.grouped = xcalloc((size_t)(n > 0 ? n : 1), 1);
+    for (int i = 0; i + 1 < n; i++) pl.lcp[i] = lcp(&s[i], &s[i + 1]);
+    for (int a = 0, b; a < n; a = b) {   // runs whose neighbours share --prefix-min tokens
+        b = a + 1;
+        while (b < n && pl.lcp[b - 1] >= R->o->prefix_min) b++;
+        if (b - a >= 2) plan_run(&pl, a, b);
     }
     for (int i = 0; i < n; i++) free(s[i].ids);
-    free(s);
-    // a prefix one request holds (its tokens matched another's only unaligned) is no saving
-    for (int j = 0; j < n_jobs; j++)
-        if (jobs[j].rq->prefix_group && g[jobs[j].rq->prefix_group - 1].n_req < 2) jobs[j].rq->prefix_group = 0;
-    R->prefix_group = g, R->n_prefix_group = ng;
-    for (int k = 0; k < ng; k++)
-        if (g[k].n_req >= 2) R->prefix_planned++, R->prefix_planned_tok += g[k].n;
-    if (!R->o->quiet && R->prefix_planned)
+    free(s), free(pl.lcp), free(pl.grouped);
+    R->prefix_group = pl.g, R->n_prefix_group = pl.ng;
+    long tok = 0;
+    int reqs = 0;
+    for (int k = 0; k < pl.ng; k++) tok += pl.g[k].n, reqs += pl.g[k].n_req;
+    if (!R->o->quiet && pl.ng)
         fprintf(stderr, "sift: prefix cache: %d shared prefix%s (%ld tokens) among %d requests\n",
-                R->prefix_planned, R->prefix_planned == 1 ? "" : "es", R->prefix_planned_tok, n);
+                pl.ng, pl.ng == 1 ? "" : "es", tok, reqs);
 }
 
 const kv_prefix *prefix_take(runner *R, unit *u) {

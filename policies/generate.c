@@ -49,9 +49,11 @@ static long run_chunked(context *cx, kv_cache *kv, const int *ids, const int *po
     return run_span(cx, kv, ids, pos, 0, n, n, logits);
 }
 
-int prefix_aligned(int n, int ubatch) {
-    int k0 = ubatch > 0 ? n / ubatch * ubatch : 0;
-    return k0 + (n - k0) / PREFIX_ALIGN * PREFIX_ALIGN;
+int prefix_cut(int share, int n_min, int ubatch) {
+    int P = share < n_min - PREFIX_REST ? share : n_min - PREFIX_REST;
+    if (P <= 0) return 0;
+    int k0 = ubatch > 0 ? P / ubatch * ubatch : 0;
+    return k0 + (P - k0) / PREFIX_ALIGN * PREFIX_ALIGN;
 }
 
 kv_prefix *prefix_build(context *cx, const int *ids, int n, int n_as, char *err, size_t errlen) {

@@ -56,23 +56,30 @@ kv_cache *prefill_run(context *cx, const int *ids, int n, int n_gen, const int *
 
 // A shared prefix: tokens prefilled once (by prefix_build, plainly: every row through every
 // layer) whose cache the requests that start with them copy (strategy_run.prefix), each then
-// prefilling only its own rest at its true positions. The prefix ends on a boundary of the
-// prompts' chunk grid or of an attention block (PREFIX_ALIGN rows past one), and every pass
-// of a request's rest chooses its products' path as the chunk it lies in would (context.rows_as):
-// so on the CPU a request answers bit for bit as its own whole prefill does.
+// prefilling only its own rest at its true positions, along the chunk grid its whole prefill
+// would take. The prefix ends a whole number of attention blocks past a chunk boundary, so that
+// every row's attention runs in a block of the same rows as in the whole prefill, and a pass of
+// the rest (and the prefix's last chunk) chooses its products' path as the chunk it lies in
+// would (context.rows_as): so on the CPU a request answers bit for bit as its own whole
+// prefill does.
 typedef struct kv_prefix {
     kv_cache *kv;   // capacity n: the prefix's K and V at positions 0 .. n-1
     int *ids, n;    // its tokens
     double ms;      // its prefill's wall time
 } kv_prefix;
-// The alignment of a prefix's end past the chunk grid: the CPU's attention block (attn_cpu.c
-// ATTN_QB), a multiple of the device kernels' query tiles.
+// A prefix ends a multiple of PREFIX_ALIGN rows past a chunk boundary: the CPU's attention block
+// (attn_cpu.c ATTN_QB: a block's rows share one sgemm, whose rounding may depend on how many
+// rows it holds), a multiple of the device kernels' query tiles.
 #define PREFIX_ALIGN 128
-// The longest prefix length <= n that a prompt's prefill with chunks of ubatch rows (0: one
-// pass) may stop at: a multiple of PREFIX_ALIGN past the last chunk boundary at or below n.
-int prefix_aligned(int n, int ubatch);
+// The fewest rows a prefix leaves to the shortest prefill using it (more than a decode step's,
+// so that the rest's rows take the prefill kernels, as in the whole prefill).
+#define PREFIX_REST 16
+// Where a prefix of `share` tokens shared by prefills of at least n_min rows ends, for chunks of
+// ubatch rows (0: one pass): at most n_min - PREFIX_REST, cut down to a multiple of PREFIX_ALIGN
+// past the chunk boundary at or below that. 0: none.
+int prefix_cut(int share, int n_min, int ubatch);
 // ids (n,) prefilled into a new prefix of capacity n, its last chunk's products taking the path
-// of the chunk the shortest request using it (n_as tokens) runs: NULL + err (out of memory).
+// of the chunk of the shortest prefill using it (n_as rows): NULL + err (out of memory).
 kv_prefix *prefix_build(context *cx, const int *ids, int n, int n_as, char *err, size_t errlen);
 void prefix_free(kv_prefix *p);
 

@@ -3,9 +3,9 @@
 // weights whose products take the CPU's int8 row kernels for few rows and its wide GEMM for
 // many: the first token's logits and those of the decode steps after it, in one pass and
 // along a chunk grid (--ubatch), with the prefix ending 128 rows past a chunk boundary (its last
-// chunk and the rest each shorter than the chunk they lie in: context.rows_as). The prefix's
-// length from prefix_aligned against hand-computed cases; a prefix the prompt does not start
-// with, or one as long as the prompt, is not taken.
+// chunk and the rest each shorter than the chunk they lie in: context.rows_as). Where a prefix
+// ends (prefix_cut) against hand-computed cases; a prefix the prompt does not start with,
+// or one as long as the prompt, is not taken.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +26,16 @@ static model *tiny(backend *bk) {
     return m;
 }
 
+// The caches' row types of the contexts below (zero: the backend's own, f32 on the CPU; the
+// run's default f16 is set in main).
+static ctx_params base;
+
+static context *context_of(model *m, int ubatch) {
+    ctx_params p = base;
+    p.ubatch = ubatch;
+    return ctx_new(m, &p);
+}
+
 static int argmax(const float *x) {
     int b = 0;
     for (int i = 1; i < VOCAB; i++) b = x[i] > x[b] ? i : b;
@@ -37,7 +47,7 @@ static int argmax(const float *x) {
 // taken from the prefix returned.
 static int generate(model *m, int ubatch, const int *ids, int n, const kv_prefix *pf,
                     float out[][VOCAB]) {
-    context *cx = ctx_new(m, &(ctx_params){.ubatch = ubatch});
+    context *cx = context_of(m, ubatch);
     char err[256];
     prefill_info info = {0};
     cx->prefix = pf;
@@ -59,7 +69,7 @@ static int generate(model *m, int ubatch, const int *ids, int n, const kv_prefix
 static void same_as_whole(model *m, int ubatch, const int *ids, int P) {
     static float whole[STEPS + 1][VOCAB], reused[STEPS + 1][VOCAB];
     generate(m, ubatch, ids, N, NULL, whole);
-    context *pcx = ctx_new(m, &(ctx_params){.ubatch = ubatch});   // the job's context
+    context *pcx = context_of(m, ubatch);   // the job's context
     char err[256];
     kv_prefix *pf = prefix_build(pcx, ids, P, N - 1, err, sizeof err);
     CHECK(pf != NULL && pf->n == P && pf->kv->layers[0].len == P, "prefix built: %s", err);
@@ -77,27 +87,40 @@ static void same_as_whole(model *m, int ubatch, const int *ids, int P) {
 }
 
 int main(void) {
-    // the alignment: a multiple of 128 past the last chunk boundary at or below n
-    CHECK(prefix_aligned(436, 0) == 384, "one pass: %d", prefix_aligned(436, 0));
-    CHECK(prefix_aligned(436, 300) == 428, "chunks of 300: %d", prefix_aligned(436, 300));
-    CHECK(prefix_aligned(8190, 2048) == 8064, "chunks of 2048: %d", prefix_aligned(8190, 2048));
-    CHECK(prefix_aligned(8192, 2048) == 8192, "on the grid: %d", prefix_aligned(8192, 2048));
-    CHECK(prefix_aligned(127, 0) == 0, "too short: %d", prefix_aligned(127, 0));
+    // where a prefix ends: at most the shortest prefill less PREFIX_REST (16) rows, cut to a
+    // multiple of 128 past the chunk boundary at or below that
+    CHECK(prefix_cut(400, 438, 0) == 384, "one pass: %d", prefix_cut(400, 438, 0));
+    CHECK(prefix_cut(430, 438, 300) == 300, "chunks of 300: %d", prefix_cut(430, 438, 300));
+    CHECK(prefix_cut(438, 460, 300) == 428, "128 past 300: %d", prefix_cut(438, 460, 300));
+    CHECK(prefix_cut(8000, 7990, 2048) == 7936, "a short prompt: %d", prefix_cut(8000, 7990, 2048));
+    CHECK(prefix_cut(8200, 8300, 2048) == 8192, "on the grid: %d", prefix_cut(8200, 8300, 2048));
+    CHECK(prefix_cut(127, 200, 0) == 0, "too short: %d", prefix_cut(127, 200, 0));
+    CHECK(prefix_cut(5, 10, 0) == 0, "nothing left to share: %d", prefix_cut(5, 10, 0));
 
     backend *bk = backend_cpu_create(1, BK_WEIGHTS_NATIVE);
     model *m = tiny(bk);
     if (!m) return check_summary("test_prefix");
     int ids[N];
     for (int i = 0; i < N; i++) ids[i] = (i * 37 + 11) % VOCAB;
+    base = (ctx_params){.kv_typed = 1, .kv_k = KV_F16, .kv_v = KV_F16};   // the CPU's default
+    // one pass of 438 rows (the wide GEMM) against a prefix of 401 and a rest of 37 rows, and a
+    // rest of 16 (below every wide path's threshold, its attention blocks not the whole's)
     // one pass of 438 rows (the wide GEMM) against a prefix of 384 and a rest of 54 rows
-    same_as_whole(m, 0, ids, prefix_aligned(N - 2, 0));
+    same_as_whole(m, 0, ids, prefix_cut(N, N, 0));
     // chunks of 300: the prefix's last chunk [300, 428) and the rest [428, 438) each shorter than
-    // their chunk [300, 438), the rest's 10 rows below every wide path's threshold
-    same_as_whole(m, 300, ids, prefix_aligned(N - 2, 300));
+    // their chunk [300, 438); the rest's 10 rows take the int8 row kernels here unless they take
+    // the chunk's path (context.rows_as: without it this fails); a prefix on the grid
+    same_as_whole(m, 300, ids, 428);
+    same_as_whole(m, 300, ids, 300);
+    // an fp32 cache (attention's sgemm over the rows in place)
+    base = (ctx_params){.kv_typed = 1, .kv_k = KV_F32, .kv_v = KV_F32};
+    same_as_whole(m, 0, ids, 384);
+    same_as_whole(m, 300, ids, 428);
+    base = (ctx_params){.kv_typed = 1, .kv_k = KV_F16, .kv_v = KV_F16};
 
     // not taken: a prompt that does not start with the prefix, and a prefix as long as the prompt
     char err[256];
-    context *pcx = ctx_new(m, NULL);
+    context *pcx = context_of(m, 0);
     kv_prefix *pf = prefix_build(pcx, ids, 256, N, err, sizeof err);
     CHECK(pf != NULL, "%s", err);
     static float out[STEPS + 1][VOCAB];

@@ -3,8 +3,9 @@ prefill_run): requests whose tokens start alike prefill the shared part once and
 The reference is the same job with --prefix-cache off (every request prefilled whole): the texts
 must be equal, greedy and seeded, for full, topk and topk+phi, in one pass and in chunks
 (--ubatch); the prefix's length is checked against the longest common prefix of the requests'
-tokens computed here from the tokenizer (build/tests/tool_tokenize), aligned as the plan says
-(a multiple of 128 past the chunk grid), and the work each record reports against it."""
+tokens computed here from the tokenizer (build/tests/tool_tokenize), cut as the plan says (16
+rows before the shortest prefill ends, then to 128-row blocks past the chunk grid), and the work
+each record reports against it."""
 import json
 import os
 import struct
@@ -68,15 +69,15 @@ def run(path, *flags):
         return recs, json.load(f), r.stderr
 
 
-def prefix_len(toks, bos, ubatch=2048):
-    """The plan's prefix from the tokens: the longest common prefix of the requests' tokens (BOS,
-    when the prompt gets one, shared too), at most the shortest prompt less two rows, aligned down
-    to a multiple of 128 past the last chunk boundary at or below it."""
+def prefix_len(toks, bos, ubatch=2048, decode=False):
+    """The plan's prefix from the tokens: the longest prefix all the requests' tokens share (BOS,
+    when the prompt gets one, shared too), at most the shortest prefill (a decode strategy's is the
+    prompt less its last token) less 16 rows, cut to a multiple of 128 past the chunk boundary."""
     lcp = min(next((i for i, (a, b) in enumerate(zip(x, toks[0])) if a != b), min(len(x), len(toks[0])))
               for x in toks[1:]) + bos
-    lcp = min(lcp, min(len(t) for t in toks) + bos - 2)
-    k0 = lcp // ubatch * ubatch
-    return k0 + (lcp - k0) // 128 * 128
+    p = min(lcp, min(len(t) for t in toks) + bos - (1 if decode else 0) - 16)
+    k0 = p // ubatch * ubatch
+    return k0 + (p - k0) // 128 * 128
 
 
 @pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
@@ -88,7 +89,7 @@ def test_shared_prefix_answers_as_without(tmp_path, strategy, seeded):
     off, s_off, _ = run(path, "--strategy", strategy, "--prefix-cache", "off")
     toks = tokens([r["prompt"] for r in reqs if r["id"] != "other"])
     bos = on[("q0", strategy)]["timings"]["prompt_n"] - len(toks[0])   # 1 when BOS is added
-    want = prefix_len(toks, bos)
+    want = prefix_len(toks, bos, decode=strategy != "full")
     assert want >= 256, want
     assert "1 shared prefix" in err, err
     for r in reqs:
@@ -102,7 +103,7 @@ def test_shared_prefix_answers_as_without(tmp_path, strategy, seeded):
         got = a["prefix_tokens"]
         # the shared tokens as counted here (BOS, when added, is shared too)
         assert got == want, (got, want)
-        assert got % 128 == 0 and got <= n - 2
+        assert got % 128 == 0 and got <= n - 16
         # the prefix's rows are copied, not computed: the rest's rows over every layer
         assert a["rows_processed"] == b["rows_processed"] - got * N_LAYER, (a["rows_processed"], b["rows_processed"])
     pc = s_on["prefix_cache"]
@@ -154,3 +155,28 @@ def test_prefix_min(tmp_path):
 def test_bad_prefix_cache_value():
     r = sift("-m", MODEL, "-p", "hi", "--prefix-cache", "maybe")
     assert r.returncode == 2 and "--prefix-cache" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_two_documents_after_one_preamble(tmp_path):
+    """Two documents, three questions each, after one preamble of a few hundred tokens that all six
+    share: two prefixes (each document's, the preamble inside both), not one on the preamble."""
+    pre = "Instructions: " + document(250, 5)
+    docs = [document(400, 11), document(400, 12)]
+    path = str(tmp_path / "job.jsonl")
+    reqs = []
+    with open(path, "w") as f:
+        for d in range(2):
+            for i, q in enumerate(QUESTIONS[:3]):
+                r = {"id": f"d{d}q{i}", "prompt": f"{pre}{docs[d]}Question: {q}\nAnswer:", "n_predict": 8, "temp": 0}
+                reqs.append(r)
+                f.write(json.dumps(r) + "\n")
+    on, s, err = run(path)
+    off, _, _ = run(path, "--prefix-cache", "off")
+    assert s["prefix_cache"]["prefixes"] == 2, (s, err)
+    toks = tokens([r["prompt"] for r in reqs])
+    bos = on[("d0q0", "full")]["timings"]["prompt_n"] - len(toks[0])
+    for d in range(2):
+        want = prefix_len(toks[3 * d:3 * d + 3], bos)
+        for i in range(3):
+            a, b = on[(f"d{d}q{i}", "full")], off[(f"d{d}q{i}", "full")]
+            assert a["prefix_tokens"] == want and a["text"] == b["text"], (d, i, a["prefix_tokens"], want)
