@@ -187,8 +187,13 @@ build/fuzz/fuzz_resume: fuzz/fuzz_resume.c jobs/resume.c util/check.c util/outfi
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -I/usr/include/x86_64-linux-gnu/openblas-openmp $(filter %.c,$^) -o $@ \
 	    $(JANSSON_A) -lm
+# The --prompt-cache reader (policies/prompt_cache.c), on the library built for fuzz_cli.
+build/fuzz/fuzz_pcache: fuzz/fuzz_pcache.c policies/prompt_cache.h $(FUZZ_OBJ)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -Wno-unknown-pragmas -I/usr/include/x86_64-linux-gnu/openblas-openmp \
+	    fuzz/fuzz_pcache.c $(FUZZ_OBJ) -o $@ $(OPENBLAS_A) $(PCRE2_A) $(JANSSON_A) -lgomp -lm -lpthread
 FUZZ_BIN := build/fuzz/fuzz_gguf build/fuzz/fuzz_tok build/fuzz/fuzz_safetensors build/fuzz/fuzz_phi \
-            build/fuzz/fuzz_cli build/fuzz/fuzz_requests build/fuzz/fuzz_resume
+            build/fuzz/fuzz_cli build/fuzz/fuzz_requests build/fuzz/fuzz_resume build/fuzz/fuzz_pcache
 
 fuzz: $(FUZZ_BIN) $(MODEL)
 	@bash fuzz/run.sh $(FUZZ_SECONDS)

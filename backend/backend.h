@@ -172,6 +172,10 @@ struct backend {
     void (*ints_from_host)(backend *b, int *dst, const int *src, size_t n);
     // Optional: L's host positions made current when stale (L->pos_stale, after kv_keep_at).
     void (*kv_pos_sync)(backend *b, kv_layer *L);
+    // Optional: the backend's copy of L's positions made the host's, after the host wrote them
+    // (a copied or loaded cache: model/forward.c fwd_kv_copy_caps, fwd_kv_write). NULL: the
+    // host's are the backend's (CPU).
+    void (*kv_pos_upload)(backend *b, const kv_layer *L);
     // Optional: the backend's own state of a new cache layer L (CUDA: its device positions and
     // length), made when the cache is, so that no pass allocates it.
     void (*kv_prepare)(backend *b, const kv_layer *L);

@@ -195,6 +195,7 @@ backend *backend_cuda_create(char *msg, size_t len) {
     b->ints_from_host = cuda_ints_from_host;
     b->kv_pos_sync = cuda_kv_pos_sync;
     b->kv_prepare = cuda_kv_prepare;
+    b->kv_pos_upload = cuda_kv_pos_upload;
     b->weight_synth = cuda_weight_synth;
     b->ceilings = CUDA_EMULATED ? NULL : cuda_ceilings;   // no speed to measure in the emulator
     b->mem_available = cuda_mem_available;

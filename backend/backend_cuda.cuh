@@ -208,6 +208,7 @@ void cuda_kv_keep(backend *b, kv_layer *L, const int *idx, int k, int new_cap);
 void cuda_kv_keep_at(backend *b, kv_layer *L, const int *idx, int k, int new_cap, void *nk, void *nv);
 void cuda_kv_pos_sync(backend *b, kv_layer *L);
 void cuda_kv_prepare(backend *b, const kv_layer *L);
+void cuda_kv_pos_upload(backend *b, const kv_layer *L);
 void cuda_window_scores(backend *b, float *scores, const void *q, const int *qpos, int nq, int heads,
                         const kv_layer *L, int m, int c, int kernel, int avg);
 void cuda_score_group_sum(backend *b, float *out, const float *in, int heads, int groups, int c);

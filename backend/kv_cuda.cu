@@ -62,6 +62,12 @@ static const pos_mirror *mirror_get(cuda_impl *c, const kv_layer *L) {
 
 void cuda_kv_prepare(backend *b, const kv_layer *L) { mirror_get(impl(b), L); }
 
+void cuda_kv_pos_upload(backend *b, const kv_layer *L) {
+    cuda_impl *c = impl(b);
+    const pos_mirror *m = mirror_get(c, L);
+    mirror_upload(c, m->dpos, L, 0, L->len);
+}
+
 // k, v (n, n_kv_head, hd) -> dk, dv (n_kv_head, cap, hd) and pos (n,) -> dpos (n_kv_head, cap) at
 // entries *len .. *len + n (the device length: a recorded step appends where the cache ends at
 // replay); V8: a thread per 8 elements (hd % 8 == 0), else one

@@ -234,6 +234,13 @@ static const flag_row BASE[] = {
      "on, but off in an A/B comparison (each strategy's TTFT its own)", 0, 0, NULL, NULL},
     {FL_PREFIX_MIN, R, NULL, "--prefix-min", NULL, "N", FT_INT, 1, MODEL_MAX_CTX, NULL, "256", NULL,
      "the fewest shared tokens worth a shared prefix", 0, 0, NULL, NULL},
+    {FL_PROMPT_CACHE, R, NULL, "--prompt-cache", NULL, "FILE", FT_PATH, 0, 0, NULL, NULL, NULL,
+     "a prompt's plain prefill on disk (llama.cpp's name): a prompt that starts with FILE's tokens "
+     "loads them and prefills only the rest; the run's first prompt is saved to FILE when it does "
+     "not hold it (full, topk, topk+phi); a FILE of another model, cache type, backend, --weights "
+     "or --ubatch, or a damaged one, is refused", 0, 0, NULL, NULL},
+    {FL_PROMPT_CACHE_RO, R, NULL, "--prompt-cache-ro", NULL, NULL, FT_SWITCH, 0, 0, NULL, NULL, NULL,
+     "read --prompt-cache FILE, never write it", 0, 0, NULL, NULL},
     {FL_KEPT_MAP, R, NULL, "--kept-map", NULL, "FILE", FT_PATH, 0, 0, NULL, NULL, NULL,
      "draw what each strategy kept into FILE (an HTML page) and FILE.json", 0, 0, NULL, NULL},
     {FL_SUMMARY, R, NULL, "--summary", NULL, "FILE", FT_PATH, 0, 0, NULL, NULL, NULL,

@@ -72,6 +72,8 @@ static void parse_args(int argc, char **argv, options *o) {
                     .retry_failed = v[FL_RETRY].given > 0, .wait_lock = v[FL_WAIT_LOCK].given > 0,
                     .unordered = v[FL_UNORDERED].given > 0, .kept_map = v[FL_KEPT_MAP].s,
                     .prefix_cache = v[FL_PREFIX_CACHE].i == 0 ? -1 : v[FL_PREFIX_CACHE].i == 1, .prefix_min = (int)v[FL_PREFIX_MIN].i,
+                    .prompt_cache = v[FL_PROMPT_CACHE].s, .prompt_cache_ro = v[FL_PROMPT_CACHE_RO].given > 0,
+                    .weights = v[FL_WEIGHTS].s,
                     .summary = v[FL_SUMMARY].s, .json = v[FL_JSON].given > 0,
                     .format = (int)v[FL_OUTPUT_FORMAT].i == 0 ? RUN_FORMAT_AUTO
                               : v[FL_OUTPUT_FORMAT].i == 1 ? RUN_FORMAT_SIFT : RUN_FORMAT_OPENAI,
@@ -87,6 +89,8 @@ static void parse_args(int argc, char **argv, options *o) {
         r->n_stop = f.n_stops;
     }
     if (v[FL_SHARD].s) parse_shard(v[FL_SHARD].s, r);
+    if (r->prompt_cache_ro && !r->prompt_cache)
+        cli_usage_error("--prompt-cache-ro reads a --prompt-cache FILE: give one");
     if (r->parallel > FWD_MAX_BATCH - MAX_STRATEGIES)
         cli_usage_error("--parallel %d: at most %d in sift run", r->parallel, FWD_MAX_BATCH - MAX_STRATEGIES);
     if (r->n_predict < -1) cli_usage_error("-n %d: use -1 (until end of text) or a positive count", r->n_predict);

@@ -9,7 +9,8 @@ secs=${1:-10}
 out=build/fuzz
 mkdir -p "$out"/seed_gguf "$out"/seed_tok "$out"/seed_cli "$out"/corpus_gguf "$out"/corpus_tok \
     "$out"/corpus_cli "$out"/seed_safetensors "$out"/corpus_safetensors "$out"/seed_phi "$out"/corpus_phi \
-    "$out"/seed_requests "$out"/corpus_requests "$out"/seed_resume "$out"/corpus_resume
+    "$out"/seed_requests "$out"/corpus_requests "$out"/seed_resume "$out"/corpus_resume \
+    "$out"/seed_pcache "$out"/corpus_pcache
 .venv/bin/python - <<'PY'
 import json, sys
 sys.path.insert(0, "tests")
@@ -75,6 +76,32 @@ shapes = [
 for i, rows in enumerate(shapes):
     text = "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows)
     open(f"build/fuzz/seed_requests/{i}.jsonl", "wb").write(bytes([i]) + text.encode())
+# --prompt-cache files (policies/prompt_cache.h's layout) of tiny shapes: f32, f16 and q8_0 rows,
+# whole, cut short, and with a byte of the rows changed (its checksum no longer holds)
+import struct
+def fnv_words(b):
+    h, M = 1469598103934665603, (1 << 64) - 1
+    i = 0
+    while i + 8 <= len(b):
+        h = ((h ^ int.from_bytes(b[i:i + 8], "little")) * 1099511628211) & M
+        i += 8
+    for c in b[i:]:
+        h = ((h ^ c) * 1099511628211) & M
+    return h
+ROW = {0: lambda hd: 4 * hd, 2: lambda hd: 2 * hd, 3: lambda hd: hd // 32 * 34}
+for kt, vt, layers, heads, hd, n in [(0, 0, 1, 1, 32, 3), (2, 2, 2, 2, 32, 5), (3, 2, 1, 2, 64, 4)]:
+    names = [b"tiny", b"cpu", b"native"]
+    head = b"SIFTKVC\0" + struct.pack("<11I", 1, layers, heads, hd, kt, vt, 2048, n, *map(len, names))
+    head += struct.pack("<Q", 0x1234) + b"".join(names) + struct.pack(f"<{n}I", *range(1, n + 1))
+    body = bytes((7 * i) % 251 for i in range(layers * heads * n * (ROW[kt](hd) + ROW[vt](hd))))
+    f = head + body
+    f += struct.pack("<Q", fnv_words(f))
+    tag = f"{kt}{vt}_{layers}x{heads}x{hd}_{n}"
+    open(f"build/fuzz/seed_pcache/{tag}.bin", "wb").write(f)
+    open(f"build/fuzz/seed_pcache/{tag}.cut.bin", "wb").write(f[:-20])
+    bad = bytearray(f)
+    bad[len(head) + 1] ^= 1
+    open(f"build/fuzz/seed_pcache/{tag}.bad.bin", "wb").write(bytes(bad))
 PY
 # the resume reader: real records of both shapes (tests/data/resume_seed_*.jsonl), whole and as
 # an interrupted run leaves them (a last line cut short, a damaged middle line)
@@ -107,7 +134,7 @@ fuzz_one() {
 }
 jobs_max=$(nproc)
 rc=0 running=0
-for target in gguf tok safetensors phi cli requests resume; do
+for target in gguf tok safetensors phi cli requests resume pcache; do
     if [ "$running" -ge "$jobs_max" ]; then
         wait -n || rc=1
         running=$((running - 1))

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <stdio.h>
 
+#include "../policies/prompt_cache.h"
 #include "../util/check.h"
 #include "jobs.h"
 
@@ -149,6 +150,15 @@ typedef struct runner {
     long prefix_tok, prefix_reused_tok;
     size_t prefix_bytes, prefix_peak;
     double prefix_ms;
+    // --prompt-cache: the file read and checked (pc_valid), its prefix loaded for the length
+    // last taken, what was loaded and saved
+    unsigned char *pc_buf;
+    size_t pc_len;
+    struct pcache_view pc_view;
+    int pc_valid, pc_saved, pc_failed, pc_saved_tok;
+    kv_prefix *pc_prefix;
+    long pc_loaded_tok;
+    double pc_load_ms;
 } runner;
 
 // A request of this run and its sequences (one per strategy).
@@ -173,6 +183,12 @@ const kv_prefix *prefix_take(runner *R, unit *u);
 // u's use of its prefix is over (copied, or it failed first): the prefix freed after its last.
 void prefix_put(runner *R, unit *u);
 void prefix_plan_free(runner *R);
+// --prompt-cache: the file read and checked against this run (absent: made later). 0, or -1 +
+// err (unreadable, damaged, or made by another model, row type, backend, weights or --ubatch).
+int prefix_file_open(runner *R, char *err, size_t errlen);
+// After u's prefill: the run's first plain prefill saved to the file (its longest cut), unless
+// the file holds it already or is read-only.
+void prefix_file_save(runner *R, unit *u);
 
 // ---- jobs/request.c ----
 // A formatted string (malloc'd; out of memory is an internal failure).

@@ -37,6 +37,9 @@ typedef struct run_opts {
     int parallel;                  // --parallel N: sequences in flight
     int prefix_cache;              // --prefix-cache: -1 auto (on but in an A/B comparison), 1 on, 0 off
     int prefix_min;                // --prefix-min N: the fewest tokens a shared prefix has
+    const char *prompt_cache;      // --prompt-cache FILE (a plain prefill on disk), or NULL
+    int prompt_cache_ro;           // --prompt-cache-ro: read it, never write it
+    const char *weights;           // --weights as given (a prompt cache names it)
     int reps;                      // --repeat N: each strategy N times per prompt, in rotating order
     int n_predict, chat, json, quiet, threads;
     long long seed;

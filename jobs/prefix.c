@@ -12,6 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <errno.h>
+#include <sys/stat.h>
+
+#include "../policies/prompt_cache.h"
 #include "internal.h"
 
 struct prefix_group {
@@ -25,6 +29,12 @@ struct prefix_group {
 
 // A unit that would copy its request's prefix: choice 0 of a strategy that prefills plainly.
 static int is_user(const unit *u) { return u->choice == 0 && strategy_chunks(u->s); }
+
+// The rows u's strategy prefills plainly of a prompt of n tokens: all (full), or all but the
+// last (a decode strategy, alone or after full, runs the last one through its decode hooks).
+static int prefill_rows(const unit *u, int n) {
+    return u->s->phase == PHASE_NONE && !u->s->decode_part ? n : n - 1;
+}
 
 typedef struct { int *ids, n, job; } seq_ref;
 
@@ -63,7 +73,7 @@ static void group(planner *pl, const int *members, int k, int m) {
         const job *J = &pl->jobs[x->job];
         for (int u = 0; u < J->n_units; u++)
             if (is_user(&J->u[u])) {
-                int np = J->u[u].s->phase == PHASE_NONE && !J->u[u].s->decode_part ? x->n : x->n - 1;
+                int np = prefill_rows(&J->u[u], x->n);
                 n_as = np < n_as ? np : n_as;
             }
     }
@@ -140,9 +150,37 @@ void prefix_plan(runner *R, job *jobs, int n_jobs) {
                 pl.ng, pl.ng == 1 ? "" : "es", tok, reqs);
 }
 
+// The --prompt-cache file's prefix for u: the longest cut (prefix_cut) of what its tokens share
+// with the file's, loaded for that length (kept while later requests take the same); NULL: none.
+static const kv_prefix *file_prefix(runner *R, unit *u, int at_least) {
+    if (!R->pc_valid || !is_user(u)) return NULL;
+    const pcache_view *v = &R->pc_view;
+    int n = u->n_ids < v->n_tok ? u->n_ids : v->n_tok, share = 0;
+    while (share < n && u->ids[share] == pcache_token(v, share)) share++;
+    int P = prefix_cut(share, prefill_rows(u, u->n_ids), R->cx->p.ubatch);
+    if (P < 1 || P < at_least) return NULL;
+    if (!R->pc_prefix || R->pc_prefix->n != P) {
+        prefix_free(R->pc_prefix);
+        char err[512];
+        R->pc_prefix = pcache_prefix(R->cx, v, P, err, sizeof err);
+        if (!R->pc_prefix) {
+            if (!R->o->quiet) fprintf(stderr, "sift: prompt cache: not loaded (%s)\n", err);
+            R->pc_valid = 0;
+            return NULL;
+        }
+        R->pc_load_ms += R->pc_prefix->ms;
+    }
+    R->pc_loaded_tok += P;
+    return R->pc_prefix;
+}
+
 const kv_prefix *prefix_take(runner *R, unit *u) {
     int k = u->rq->prefix_group - 1;
-    if (k < 0 || !is_user(u) || u->prefix_counted) return NULL;
+    if (u->prefix_counted) return NULL;
+    int group_n = k >= 0 && is_user(u) ? R->prefix_group[k].n : 0;
+    const kv_prefix *f = file_prefix(R, u, group_n);
+    if (f) return f;
+    if (k < 0 || !is_user(u)) return NULL;
     struct prefix_group *g = &R->prefix_group[k];
     if (g->failed || u->n_ids <= g->n || memcmp(u->ids, g->ids, (size_t)g->n * sizeof(int)))
         return NULL;   // its tokens changed since the plan (a file rewritten): it prefills alone
@@ -175,7 +213,81 @@ void prefix_put(runner *R, unit *u) {
     g->pf = NULL;
 }
 
+int prefix_file_open(runner *R, char *err, size_t errlen) {
+    const run_opts *o = R->o;
+    if (!o->prompt_cache) return 0;
+    int plain = 0;
+    for (int i = 0; i < o->n_strategies; i++) plain |= strategy_chunks(o->strategies[i]);
+    if (!plain)
+        return err_printf(err, errlen, "--prompt-cache holds a plain prefill, which strategy '%s' "
+                          "does not run (full, topk, topk+phi and full+Y read one)", o->strategies[0]->name) - 1;
+    FILE *f = fopen(o->prompt_cache, "rb");
+    if (!f && errno == ENOENT) {
+        if (o->prompt_cache_ro)
+            return err_printf(err, errlen, "--prompt-cache-ro: %s does not exist", o->prompt_cache) - 1;
+        return 0;   // made after the first prompt's prefill
+    }
+    if (!f) return err_printf(err, errlen, "--prompt-cache %s: %s", o->prompt_cache, strerror(errno)) - 1;
+    struct stat st;
+    double t0 = now_ms();
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        return err_printf(err, errlen, "--prompt-cache %s: not a regular file", o->prompt_cache) - 1;
+    }
+    R->pc_len = (size_t)st.st_size;
+    R->pc_buf = malloc(R->pc_len ? R->pc_len : 1);
+    if (!R->pc_buf) {
+        fclose(f);
+        return err_printf(err, errlen, "--prompt-cache %s: out of memory for %zu bytes", o->prompt_cache, R->pc_len) - 1;
+    }
+    size_t got = fread(R->pc_buf, 1, R->pc_len, f);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad || got != R->pc_len)
+        return err_printf(err, errlen, "--prompt-cache %s: read %zu of %zu bytes", o->prompt_cache, got, R->pc_len) - 1;
+    pcache_meta want = pcache_meta_of(R->cx, o->weights);
+    if (pcache_parse(R->pc_buf, R->pc_len, o->prompt_cache, 0, &R->pc_view, err, errlen) ||
+        pcache_match(&R->pc_view, &want, o->prompt_cache, err, errlen) ||
+        pcache_check_tokens(&R->pc_view, R->m->cfg.vocab, o->prompt_cache, err, errlen))
+        return -1;
+    R->pc_valid = 1;
+    R->pc_load_ms = now_ms() - t0;   // read and checked; each prefix's upload adds its time
+    if (!o->quiet)
+        fprintf(stderr, "sift: prompt cache: %s holds %d tokens (%.1f MiB)\n", o->prompt_cache,
+                R->pc_view.n_tok, R->pc_len / 1048576.0);
+    return 0;
+}
+
+void prefix_file_save(runner *R, unit *u) {
+    const run_opts *o = R->o;
+    if (!o->prompt_cache || o->prompt_cache_ro || R->pc_saved || !is_user(u)) return;
+    int S = prefix_cut(u->n_ids, prefill_rows(u, u->n_ids), R->cx->p.ubatch);
+    if (S < 1) return;
+    R->pc_saved = 1;   // the run's first plain prefill, whatever comes of it
+    if (R->pc_valid && R->pc_view.n_tok >= S) {   // the file holds these tokens already?
+        int same = 1;
+        for (int i = 0; i < S && same; i++) same = pcache_token(&R->pc_view, i) == u->ids[i];
+        if (same) return;
+    }
+    char err[600];
+    pcache_meta meta = pcache_meta_of(R->cx, o->weights);
+    double t0 = now_ms();
+    if (pcache_save(o->prompt_cache, &meta, R->cx, u->g.kv, u->ids, S, err, sizeof err) != 0) {
+        fprintf(stderr, "sift: error: %s\n", err);
+        R->pc_failed = 1;
+        return;
+    }
+    R->pc_saved_tok = S;
+    if (!o->quiet)
+        fprintf(stderr, "sift: prompt cache: the first %d tokens of '%s' saved to %s in %.2f s\n", S,
+                u->rq->id, o->prompt_cache, (now_ms() - t0) / 1e3);
+}
+
 void prefix_plan_free(runner *R) {
+    prefix_free(R->pc_prefix);
+    R->pc_prefix = NULL;
+    free(R->pc_buf);
+    R->pc_buf = NULL;
     for (int k = 0; k < R->n_prefix_group; k++) {
         prefix_free(R->prefix_group[k].pf);
         free(R->prefix_group[k].ids);

@@ -312,6 +312,12 @@ int write_summary(runner *R, int slots, int interrupted) {
                 "\"reused_tokens\":%ld,\"peak_bytes\":%zu}", R->prefix_built, R->prefix_tok,
                 R->prefix_ms, R->prefix_reused_tok, R->prefix_peak);
     else fprintf(mem, ",\"prefix_cache\":null");
+    if (o->prompt_cache) {   // --prompt-cache: what was loaded from it and saved to it
+        fprintf(mem, ",\"prompt_cache\":{\"path\":");
+        tok_json_str(mem, o->prompt_cache, strlen(o->prompt_cache));
+        fprintf(mem, ",\"file_tokens\":%d,\"loaded_tokens\":%ld,\"load_ms\":%.3f,\"saved_tokens\":%d}",
+                R->pc_valid ? R->pc_view.n_tok : 0, R->pc_loaded_tok, R->pc_load_ms, R->pc_saved_tok);
+    } else fprintf(mem, ",\"prompt_cache\":null");
     if (o->shard_n > 0) fprintf(mem, ",\"shard\":[%d,%d]}\n", o->shard_k, o->shard_n);
     else fprintf(mem, ",\"shard\":null}\n");
     fclose(mem);

@@ -246,6 +246,7 @@ static int unit_begin(runner *R, unit *u, int stream) {
         return unit_failed(u, "server_error");
     }
     R->prefix_reused_tok += u->g.st.prefix_n;
+    prefix_file_save(R, u);   // --prompt-cache: the run's first plain prefill, before any step
     if (q->n_choices > 1) {   // the later choices copy this prefill (before any decode step)
         u->proto = xmalloc(sizeof *u->proto);
         int rc = gen_fork(u->proto, &u->g, u->s->name, u->err, sizeof u->err);
@@ -677,6 +678,12 @@ static int run_setup(run_state *S) {
     // --prefix-cache: auto shares except in an A/B comparison (each strategy's TTFT its own)
     S->R.prefix_on = o->prefix_cache > 0 || (o->prefix_cache < 0 && o->n_strategies <= 1 && o->reps <= 1);
     prefix_plan(&S->R, S->jobs, S->n_jobs);
+    char why[700];
+    if (prefix_file_open(&S->R, why, sizeof why) != 0) {
+        fprintf(stderr, "sift: error: %s\n", why);
+        outputs_close(&S->w, o, &S->all, S->lo, S->hi, S->shape, S->R.n_ctx, 0);
+        return 1;
+    }
 
     struct sigaction sa = {0}, ign = {0};
     sa.sa_handler = on_signal;
@@ -830,7 +837,8 @@ static int run_finish(run_state *S) {
     sigaction(SIGXFSZ, &S->old_xfsz, NULL);
     if (stop_signal) return 128 + stop_signal;
     // the job's truth: a failure an earlier run recorded (and --resume kept) fails it too
-    return R->n_failed || R->n_failed_before || km_failed || summary_failed || out_failed ? 1 : 0;
+    return R->n_failed || R->n_failed_before || km_failed || summary_failed || out_failed ||
+           R->pc_failed ? 1 : 0;
 }
 
 int jobs_run(const run_opts *o, context *cx, const tok *t, const char *dev, const char *model_name,

@@ -598,6 +598,61 @@ kv_cache *fwd_kv_copy(const context *cx, const kv_cache *a, char *err, size_t er
     return kv;
 }
 
+int fwd_kv_read(const context *cx, kv_cache *kv, int l, int n, void *k, void *v, char *err,
+                size_t errlen) {
+    backend *bk = cx->m->bk;
+    fwd_kv_pos_sync(cx->m, kv);
+    const kv_layer *L = &kv->layers[l];
+    if (n > L->len) return err_printf(err, errlen, "layer %d holds %d entries, not %d", l, L->len, n) - 1;
+    if ((size_t)n * L->k_row % 4 || (size_t)n * L->v_row % 4)
+        return err_printf(err, errlen, "%d rows of %zu and %zu bytes are not whole 4-byte words", n,
+                          L->k_row, L->v_row) - 1;
+    for (int g = 0; g < L->n_kv_head; g++) {
+        for (int j = 0; j < n; j++)
+            if (L->pos[(size_t)g * L->cap + j] != j)
+                return err_printf(err, errlen, "layer %d, KV head %d: entry %d holds position %d (not "
+                                  "a plain prefill's)", l, g, j, L->pos[(size_t)g * L->cap + j]) - 1;
+        bk->ints_to_host(bk, (int *)((char *)k + (size_t)g * n * L->k_row),
+                         (const int *)((const char *)L->k + (size_t)g * L->cap * L->k_row), (size_t)n * L->k_row / 4);
+        bk->ints_to_host(bk, (int *)((char *)v + (size_t)g * n * L->v_row),
+                         (const int *)((const char *)L->v + (size_t)g * L->cap * L->v_row), (size_t)n * L->v_row / 4);
+    }
+    return 0;
+}
+
+kv_cache *fwd_kv_write(const context *cx, int n, const void *const *k, const void *const *v,
+                       char *err, size_t errlen) {
+    backend *bk = cx->m->bk;
+    int nl = cx->m->cfg.n_layer, *caps = xmalloc((size_t)nl * sizeof(int));
+    for (int l = 0; l < nl; l++) caps[l] = n;
+    kv_cache *kv = fwd_kv_create(cx, caps, err, errlen);
+    free(caps);
+    if (!kv) return NULL;
+    int *pos = xmalloc((size_t)(n > 0 ? n : 1) * sizeof(int));
+    for (int j = 0; j < n; j++) pos[j] = j;
+    for (int l = 0; l < nl; l++) {
+        kv_layer *L = &kv->layers[l];
+        if ((size_t)n * L->k_row % 4 || (size_t)n * L->v_row % 4) {
+            err_printf(err, errlen, "%d rows of %zu and %zu bytes are not whole 4-byte words", n,
+                       L->k_row, L->v_row);
+            free(pos);
+            kv_free(kv);
+            return NULL;
+        }
+        for (int g = 0; g < L->n_kv_head; g++) {   // rows as stored, then the positions (host)
+            bk->ints_from_host(bk, (int *)((char *)L->k + (size_t)g * L->cap * L->k_row),
+                               (const int *)((const char *)k[l] + (size_t)g * n * L->k_row), (size_t)n * L->k_row / 4);
+            bk->ints_from_host(bk, (int *)((char *)L->v + (size_t)g * L->cap * L->v_row),
+                               (const int *)((const char *)v[l] + (size_t)g * n * L->v_row), (size_t)n * L->v_row / 4);
+            memcpy(L->pos + (size_t)g * L->cap, pos, (size_t)n * sizeof(int));
+        }
+        L->len = n;
+        if (bk->kv_pos_upload) bk->kv_pos_upload(bk, L);
+    }
+    free(pos);
+    return kv;
+}
+
 kv_cache *fwd_kv_copy_caps(const context *cx, const kv_cache *a, const int *caps, char *err,
                            size_t errlen) {
     backend *bk = cx->m->bk;
@@ -629,6 +684,7 @@ kv_cache *fwd_kv_copy_caps(const context *cx, const kv_cache *a, const int *caps
             memcpy(y->pos + (size_t)g * y->cap, x->pos + (size_t)g * x->cap, (size_t)x->len * sizeof(int));
         }
         y->len = x->len;
+        if (bk->kv_pos_upload) bk->kv_pos_upload(bk, y);
     }
     free(idx);
     return kv;

@@ -213,6 +213,16 @@ kv_cache *fwd_kv_copy(const context *cx, const kv_cache *a, char *err, size_t er
 // The same into a cache of capacity caps[l] per layer (each at least a's length there).
 kv_cache *fwd_kv_copy_caps(const context *cx, const kv_cache *a, const int *caps, char *err,
                            size_t errlen);
+// The first n entries of layer l of kv, K and V rows as stored, each KV head's n rows in turn,
+// into k (n_kv_head * n * k_row bytes) and v, on the host; their positions must be 0 .. n-1
+// (a plain prefill's). 0, or -1 + err (positions not in order; rows that are not a whole
+// number of 4-byte words: the backend copies words).
+int fwd_kv_read(const context *cx, kv_cache *kv, int l, int n, void *k, void *v, char *err,
+                size_t errlen);
+// A new cache of capacity n per layer holding n entries at positions 0 .. n-1, layer l's rows
+// from k[l], v[l] (as fwd_kv_read writes them). NULL + err (out of memory, or rows as above).
+kv_cache *fwd_kv_write(const context *cx, int n, const void *const *k, const void *const *v,
+                       char *err, size_t errlen);
 // The K and V row types of the caches fwd_kv_create makes in cx (its kv_k/kv_v, or the
 // backend's own element).
 void fwd_kv_types(const context *cx, enum kv_type *k, enum kv_type *v);

@@ -14,6 +14,28 @@
 
 static int is_synthetic(const char *path) { return strncmp(path, SYNTH_PREFIX, strlen(SYNTH_PREFIX)) == 0; }
 
+// FNV-1a, 64 bits, over n bytes, continuing h.
+static unsigned long long fnv_bytes(unsigned long long h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ULL;
+    return h;
+}
+
+// A file's fingerprint, continuing h: its size, its first `head` bytes (a GGUF's whole header:
+// metadata and tensor table) and 4 KiB at 64 places spread through the rest (the weights, sampled:
+// reading a file of gigabytes whole would cost seconds).
+static unsigned long long file_digest(unsigned long long h, const unsigned char *map, size_t size,
+                                      size_t head) {
+    h = fnv_bytes(h, &size, sizeof size);
+    if (head > size) head = size;
+    h = fnv_bytes(h, map, head);
+    for (int i = 0; i < 64 && size > head; i++) {
+        size_t at = head + (size - head) / 64 * (size_t)i, n = size - at < 4096 ? size - at : 4096;
+        h = fnv_bytes(h, map + at, n);
+    }
+    return h;
+}
+
 int load_config(const char *p, model_config *c, char *err, size_t errlen) {
     synth_shape s;
     int rc = -1;
@@ -93,6 +115,8 @@ static model *synth_load(const char *path, backend *bk, uint32_t wtype, char *no
     }
     model *m = model_load_synth(&s, bk, why, sizeof why);
     if (!m) err_printf(err, errlen, "%s: %s", path, why);
+    else m->digest = fnv_bytes(fnv_bytes(fnv_bytes(1469598103934665603ULL, s.name, strlen(s.name)),
+                                         &s.seed, sizeof s.seed), &wtype, sizeof wtype);
     return m;
 }
 
@@ -270,6 +294,10 @@ static int load_model(loaded *L, const load_req *r, char *err, size_t errlen) {
     if (L->hf) L->m = model_load_hf(L->hf, L->bk, why, sizeof why);
     else L->m = L->t ? model_load_gguf(L->f, L->bk, why, sizeof why) : NULL;
     if (!L->m) snprintf(err, errlen, "%s: %s", L->path, why);
+    if (L->m && L->f) L->m->digest = file_digest(1469598103934665603ULL, L->f->map, L->f->size, L->f->data_offset);
+    for (int i = 0; L->m && L->hf && i < L->hf->n_shards; i++)
+        L->m->digest = file_digest(i ? L->m->digest : 1469598103934665603ULL, L->hf->shards[i]->map,
+                                   L->hf->shards[i]->size, 1 << 20);
     return L->m ? 0 : -1;
 }
 

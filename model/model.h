@@ -53,6 +53,9 @@ typedef struct model {
     bk_weight *lm_head;     // (vocab, d); == tok_embd when tied
     layer_weights *layers;  // [n_layer]
     char *name;             // general.name or file base name
+    unsigned long long digest;   // the weights' fingerprint (model/load.c: the file's header and
+                                 // bytes sampled through it; a synthetic shape's name, seed and
+                                 // type): a --prompt-cache file names the model by it
     size_t n_params;
     double weight_bytes;    // resident bytes of all weights on the backend (model_weight)
     double embd_bytes;      // of which the token embedding

@@ -180,3 +180,94 @@ def test_two_documents_after_one_preamble(tmp_path):
         for i in range(3):
             a, b = on[(f"d{d}q{i}", "full")], off[(f"d{d}q{i}", "full")]
             assert a["prefix_tokens"] == want and a["text"] == b["text"], (d, i, a["prefix_tokens"], want)
+
+
+# ---- --prompt-cache ---------------------------------------------------------------------------
+
+def one_request(path, i=0, **kw):
+    reqs = write_job(str(path) + ".all", False, other=False)
+    r = dict(reqs[i], **kw)
+    with open(path, "w") as f:
+        f.write(json.dumps(r) + "\n")
+    return r
+
+
+def run_one(path, *flags):
+    r = sift("-m", MODEL, "--prompts", str(path), "--json", "--summary", str(path) + ".s.json", *flags)
+    out = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
+    s = json.load(open(str(path) + ".s.json")) if r.returncode == 0 else None
+    return r, out, s
+
+
+@pytest.mark.parametrize("strategy", ["full", "topk"])
+def test_prompt_cache_saved_then_loaded(tmp_path, strategy):
+    """The first run saves its prompt's plain prefill (the longest cut of it); a second run of
+    another question over the same document loads it and answers as a run without the file,
+    and the file's size is its rows plus a small header."""
+    cache = tmp_path / "ctx.bin"
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    one_request(a, 0)
+    rb = one_request(b, 1)
+    r1, out1, s1 = run_one(a, "--strategy", strategy, "--prompt-cache", str(cache))
+    assert r1.returncode == 0, r1.stderr
+    saved = s1["prompt_cache"]["saved_tokens"]
+    assert saved > 256 and saved % 128 == 0 and out1[0]["prefix_tokens"] == 0
+    # K and V rows of every layer: 30 layers x 3 KV heads x 64 x 2 (f16) bytes each, per token
+    rows = saved * N_LAYER * 3 * 64 * 2 * 2
+    size = os.path.getsize(cache)
+    assert rows < size < rows + 4 * saved + 256, (size, rows)
+    r2, out2, s2 = run_one(b, "--strategy", strategy, "--prompt-cache", str(cache))
+    ref, outr, _ = run_one(b, "--strategy", strategy)
+    assert r2.returncode == 0 and ref.returncode == 0, r2.stderr
+    toks = tokens([rb["prompt"], one_request(tmp_path / "c.jsonl", 0)["prompt"]])
+    bos = out2[0]["timings"]["prompt_n"] - len(toks[0])
+    assert out2[0]["prefix_tokens"] == min(saved, prefix_len(toks, bos, decode=strategy != "full"))
+    assert out2[0]["text"] == outr[0]["text"]
+    assert s2["prompt_cache"]["loaded_tokens"] == out2[0]["prefix_tokens"]
+    assert s2["prompt_cache"]["saved_tokens"] == 0   # the file held this prompt's shared part
+
+
+def test_prompt_cache_refusals(tmp_path):
+    """A damaged, truncated or foreign file is refused with one line naming the problem, before any
+    request runs (exit non-zero); --prompt-cache-ro never writes; a prefill strategy is refused."""
+    cache = tmp_path / "ctx.bin"
+    a = tmp_path / "a.jsonl"
+    one_request(a, 0, n_predict=2)
+    r, _, _ = run_one(a, "--prompt-cache", str(cache))
+    assert r.returncode == 0, r.stderr
+    good = cache.read_bytes()
+
+    def refused(data, *flags, want):
+        cache.write_bytes(data)
+        r = sift("-m", MODEL, "--prompts", str(a), "--json", "--prompt-cache", str(cache), *flags)
+        errs = [l for l in r.stderr.splitlines() if l.startswith("sift: error")]
+        assert r.returncode != 0 and len(errs) == 1 and want in errs[0], r.stderr
+        assert r.stdout == ""   # nothing ran
+
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 0x40
+    refused(bytes(bad), want="checksum mismatch")
+    refused(good[:-100], want="truncated or damaged")
+    refused(b"GGUF" + good[4:], want="not a sift prompt cache")
+    refused(good[:8] + b"\x09" + good[9:], want="version 9")
+    refused(good, "--cache-type-k", "f32", want="K f16, V f16 rows")
+    refused(good, "--ubatch", "512", want="--ubatch 2048")
+    refused(good, "--weights", "f32", want="--weights native")
+    # another model: the same file under the tiny test model
+    import tiny_gguf
+    tiny = str(tmp_path / "tiny.gguf")
+    tiny_gguf.write(tiny, n_layer=2, ctx=2048)
+    cache.write_bytes(good)
+    r = sift("-m", tiny, "-p", "hello there", "-n", "2", "--prompt-cache", str(cache))
+    assert r.returncode != 0 and "another model" in r.stderr, r.stderr
+    # read-only: a missing file is an error, an unrelated prompt leaves the file as it was
+    r = sift("-m", MODEL, "-p", "hi", "-n", "2", "--prompt-cache", str(tmp_path / "none.bin"), "--prompt-cache-ro")
+    assert r.returncode != 0 and "does not exist" in r.stderr
+    cache.write_bytes(good)
+    r = sift("-m", MODEL, "-p", "Completely different text. " * 60, "-n", "2", "--prompt-cache", str(cache),
+             "--prompt-cache-ro")
+    assert r.returncode == 0 and cache.read_bytes() == good, r.stderr
+    r = sift("-m", MODEL, "-p", "hi", "--prompt-cache-ro")
+    assert r.returncode == 2 and "--prompt-cache" in r.stderr
+    r = sift("-m", MODEL, "-p", "hi", "--strategy", "fastkv", "--prompt-cache", str(cache))
+    assert r.returncode != 0 and "plain prefill" in r.stderr, r.stderr
