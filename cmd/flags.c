@@ -172,6 +172,10 @@ static const flag_row BASE[] = {
      "prompts per task and length", 0, 0, NULL, NULL},
     {FL_HAYSTACK, E | W, NULL, "--haystack", NULL, "FILE", FT_PATH, 0, 0, NULL, NULL, NULL,
      "the filler text's sentences (default: built in)", 0, 0, NULL, NULL},
+    {FL_QUERY_AGNOSTIC, E, NULL, "--query-agnostic", NULL, NULL, FT_SWITCH, 0, 0, NULL, NULL, NULL,
+     "snapkv, streamingllm and fastkv (and their compositions) compress the context without the "
+     "question, which is prefilled after it (a batch job's --prefix-cache on); the others run as "
+     "without", 0, 0, NULL, NULL},
     {FL_DUMP, E, NULL, "--dump-prompts", NULL, NULL, FT_SWITCH, 0, 0, NULL, NULL, NULL,
      "print the prompts (JSON Lines) without running any strategy", 0, 0, NULL, NULL},
     {FL_GRID, W, NULL, "--grid", NULL, "SPEC", FT_STR, 0, 0, NULL, NULL, NULL,
@@ -230,8 +234,10 @@ static const flag_row BASE[] = {
      "write each record when it finishes, not in input order", 0, 0, NULL, NULL},
     {FL_PREFIX_CACHE, R, NULL, "--prefix-cache", NULL, "M", FT_ENUM, 0, 0, "auto|on|off", "auto",
      NULL, "requests whose tokens start alike (one document, many questions) prefill the shared "
-     "part once and each its own rest (strategies full, topk, topk+phi: answers as without); auto: "
-     "on, but off in an A/B comparison (each strategy's TTFT its own)", 0, 0, NULL, NULL},
+     "part once and each its own rest: auto: strategies full, topk, topk+phi and full+Y (answers as "
+     "without), but not in an A/B comparison (each strategy's TTFT its own); on: those, and the "
+     "shared part compressed once by snapkv, streamingllm or fastkv, query-agnostically (labelled), "
+     "in an A/B comparison too", 0, 0, NULL, NULL},
     {FL_PREFIX_MIN, R, NULL, "--prefix-min", NULL, "N", FT_INT, 1, MODEL_MAX_CTX, NULL, "256", NULL,
      "the fewest shared tokens worth a shared prefix", 0, 0, NULL, NULL},
     {FL_PROMPT_CACHE, R, NULL, "--prompt-cache", NULL, "FILE", FT_PATH, 0, 0, NULL, NULL, NULL,

@@ -45,6 +45,8 @@ typedef struct eval_prompt {
     char answers[EVAL_MAX_ANSWERS][32];
     int n_answers;
     double depth;                 // niah, multikey: depth of the asked needle in [0,1]; else -1
+    int n_context;                // the tokens before the question (those the prompt shares with
+                                  // its text cut before the question: `eval --query-agnostic`)
 } eval_prompt;
 
 // What fixes a prompt: task, token budget, the user's seed, sample index and count (niah and
@@ -102,6 +104,8 @@ typedef struct eval_report {
     const eval_record *recs;
     int n_recs;
     int complete;                           // 0: interrupted
+    int query_agnostic;                     // --query-agnostic: the context compressed without
+                                            // the question (prefill strategies that compress)
 } eval_report;
 
 // Markdown tables: per strategy x task x ctx cells, then the per-strategy summary and the cells

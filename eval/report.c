@@ -124,8 +124,9 @@ static void json_record(FILE *out, const eval_record *x) {
 void eval_write_json(FILE *out, const eval_report *r) {
     fputs("{\"schema\":\"sift-eval/1\",\"model\":", out);
     json_str(out, r->model);
-    fprintf(out, ",\"seed\":%llu,\"samples\":%d,\"complete\":%s,\"strategies\":[",
-            (unsigned long long)r->seed, r->samples, r->complete ? "true" : "false");
+    fprintf(out, ",\"seed\":%llu,\"samples\":%d,\"complete\":%s,\"query_agnostic\":%s,\"strategies\":[",
+            (unsigned long long)r->seed, r->samples, r->complete ? "true" : "false",
+            r->query_agnostic ? "true" : "false");
     for (int s = 0; s < r->n_strategies; s++) fprintf(out, "%s\"%s\"", s ? "," : "", r->strategies[s]);
     fputs("],\"tasks\":[", out);
     for (int t = 0; t < r->n_tasks; t++) fprintf(out, "%s\"%s\"", t ? "," : "", eval_task_name(r->tasks[t]));

@@ -353,7 +353,17 @@ int eval_make_prompt(const tok *t, const eval_haystack *h, const eval_spec *spec
     if (k < 0) return (int)k;
     p->text = build(&pl, t, k);
     p->n_ids = tok_encode_prompt(t, p->text, strlen(p->text), 1, &p->ids, err, errlen);
-    return p->n_ids < 0 ? -1 : 0;
+    if (p->n_ids < 0) return -1;
+    // the context: the tokens the prompt shares with its text cut before the question
+    plan cut = pl;
+    cut.question[0] = 0, cut.prefix[0] = 0;
+    char *text = build(&cut, t, k);
+    int *ids = NULL, n = tok_encode_prompt(t, text, strlen(text), 1, &ids, err, errlen);
+    free(text);
+    if (n < 0) return -1;
+    while (p->n_context < n && p->n_context < p->n_ids && ids[p->n_context] == p->ids[p->n_context]) p->n_context++;
+    free(ids);
+    return 0;
 }
 
 void eval_prompt_free(eval_prompt *p) {

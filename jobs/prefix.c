@@ -18,22 +18,63 @@
 #include "../policies/prompt_cache.h"
 #include "internal.h"
 
+// One prefix of a group as a kind of unit copies it: plain (by NULL) or compressed by the prefill
+// strategy `by` (--prefix-cache on: compress once, ask many).
+typedef struct prefix_entry {
+    const strategy *by;
+    kv_prefix *pf;      // built by its first user; NULL before, and after its last
+    int users;          // units still to copy it
+    int failed;         // building it failed (out of memory): its units prefill alone
+} prefix_entry;
+
 struct prefix_group {
     int n;              // the prefix's tokens
     int *ids;           // them (the first request's)
-    int n_req, users;   // requests in the group; units still to copy it
+    int n_req;          // requests in the group
     int n_as;           // the shortest prefill among its users (for its last chunk's products)
-    kv_prefix *pf;      // built by its first user; NULL before, and after its last
-    int failed;         // building it failed (out of memory): its units prefill alone
+    prefix_entry e[MAX_STRATEGIES + 1];
+    int n_e;
 };
 
-// A unit that would copy its request's prefix: choice 0 of a strategy that prefills plainly.
-static int is_user(const unit *u) { return u->choice == 0 && strategy_chunks(u->s); }
+// Whether u would copy its request's prefix, and which (*by: NULL a plain one, for a strategy that
+// prefills plainly: full, topk, topk+phi, full+Y; else, with --prefix-cache on, the prefill
+// strategy that compresses one: its prefill part's, compresses_prefix). Only choice 0 of a request.
+static int user_of(const runner *R, const unit *u, const strategy **by) {
+    *by = NULL;
+    if (u->choice != 0) return 0;
+    if (strategy_chunks(u->s)) return 1;
+    const strategy *pre = u->s->prefill_part ? u->s->prefill_part : u->s;
+    if (R->o->prefix_cache > 0 && pre->compresses_prefix) {
+        *by = pre;
+        return 1;
+    }
+    return 0;
+}
+static int is_user(const runner *R, const unit *u) {
+    const strategy *by;
+    return user_of(R, u, &by);
+}
+static int plain_user(const runner *R, const unit *u) {
+    const strategy *by;
+    return user_of(R, u, &by) && !by;
+}
 
-// The rows u's strategy prefills plainly of a prompt of n tokens: all (full), or all but the
-// last (a decode strategy, alone or after full, runs the last one through its decode hooks).
-static int prefill_rows(const unit *u, int n) {
-    return u->s->phase == PHASE_NONE && !u->s->decode_part ? n : n - 1;
+// The rows u's strategy prefills of a prompt of n tokens before its rest may start: all (full, a
+// prefill strategy), or all but the last (a decode strategy alone or after full runs the last one
+// through its decode hooks).
+static int prefill_rows(const runner *R, const unit *u, int n) {
+    const strategy *by;
+    user_of(R, u, &by);
+    return by || (u->s->phase == PHASE_NONE && !u->s->decode_part) ? n : n - 1;
+}
+
+// The entry of group g for prefixes by `by` (made when missing).
+static prefix_entry *entry(struct prefix_group *g, const strategy *by) {
+    for (int i = 0; i < g->n_e; i++)
+        if (g->e[i].by == by) return &g->e[i];
+    CHECK_INTERNAL(g->n_e < MAX_STRATEGIES + 1, "a shared prefix of %d kinds", g->n_e + 1);
+    g->e[g->n_e] = (prefix_entry){.by = by};
+    return &g->e[g->n_e++];
 }
 
 typedef struct { int *ids, n, job; } seq_ref;
@@ -72,8 +113,8 @@ static void group(planner *pl, const int *members, int k, int m) {
         const seq_ref *x = &pl->s[members[i]];
         const job *J = &pl->jobs[x->job];
         for (int u = 0; u < J->n_units; u++)
-            if (is_user(&J->u[u])) {
-                int np = prefill_rows(&J->u[u], x->n);
+            if (is_user(R, &J->u[u])) {
+                int np = prefill_rows(R, &J->u[u], x->n);
                 n_as = np < n_as ? np : n_as;
             }
     }
@@ -88,7 +129,10 @@ static void group(planner *pl, const int *members, int k, int m) {
         job *J = &pl->jobs[pl->s[members[i]].job];
         J->rq->prefix_group = pl->ng;
         pl->grouped[members[i]] = 1;
-        for (int u = 0; u < J->n_units; u++) g->users += is_user(&J->u[u]);
+        for (int u = 0; u < J->n_units; u++) {
+            const strategy *by;
+            if (user_of(R, &J->u[u], &by)) entry(g, by)->users++;
+        }
     }
 }
 
@@ -123,7 +167,7 @@ void prefix_plan(runner *R, job *jobs, int n_jobs) {
     for (int j = 0; j < n_jobs; j++) {   // the requests with a unit that would copy a prefix
         job *J = &jobs[j];
         int users = 0;
-        for (int k = 0; k < J->n_units; k++) users += is_user(&J->u[k]);
+        for (int k = 0; k < J->n_units; k++) users += is_user(R, &J->u[k]);
         if (J->rq->error || users == 0) continue;
         int *ids = NULL, m = jobs_prompt_ids(R, J->rq, &ids, err, sizeof err);
         if (m < 0) continue;   // its unit says why when it starts
@@ -153,11 +197,11 @@ void prefix_plan(runner *R, job *jobs, int n_jobs) {
 // The --prompt-cache file's prefix for u: the longest cut (prefix_cut) of what its tokens share
 // with the file's, loaded for that length (kept while later requests take the same); NULL: none.
 static const kv_prefix *file_prefix(runner *R, unit *u, int at_least) {
-    if (!R->pc_valid || !is_user(u)) return NULL;
+    if (!R->pc_valid || !plain_user(R, u)) return NULL;
     const pcache_view *v = &R->pc_view;
     int n = u->n_ids < v->n_tok ? u->n_ids : v->n_tok, share = 0;
     while (share < n && u->ids[share] == pcache_token(v, share)) share++;
-    int P = prefix_cut(share, prefill_rows(u, u->n_ids), R->cx->p.ubatch);
+    int P = prefix_cut(share, prefill_rows(R, u, u->n_ids), R->cx->p.ubatch);
     if (P < 1 || P < at_least) return NULL;
     if (!R->pc_prefix || R->pc_prefix->n != P) {
         prefix_free(R->pc_prefix);
@@ -176,41 +220,43 @@ static const kv_prefix *file_prefix(runner *R, unit *u, int at_least) {
 
 const kv_prefix *prefix_take(runner *R, unit *u) {
     int k = u->rq->prefix_group - 1;
-    if (u->prefix_counted) return NULL;
-    int group_n = k >= 0 && is_user(u) ? R->prefix_group[k].n : 0;
-    const kv_prefix *f = file_prefix(R, u, group_n);
-    if (f) return f;
-    if (k < 0 || !is_user(u)) return NULL;
+    const strategy *by;
+    if (u->prefix_counted || !user_of(R, u, &by)) return NULL;
+    const kv_prefix *f = by ? NULL : file_prefix(R, u, k >= 0 ? R->prefix_group[k].n : 0);
+    if (f || k < 0) return f;
     struct prefix_group *g = &R->prefix_group[k];
-    if (g->failed || u->n_ids <= g->n || memcmp(u->ids, g->ids, (size_t)g->n * sizeof(int)))
+    prefix_entry *e = entry(g, by);
+    if (e->failed || u->n_ids <= g->n || memcmp(u->ids, g->ids, (size_t)g->n * sizeof(int)))
         return NULL;   // its tokens changed since the plan (a file rewritten): it prefills alone
-    if (!g->pf) {
+    if (!e->pf) {
         char err[512];
-        g->pf = prefix_build(R->cx, g->ids, g->n, g->n_as, err, sizeof err);
-        if (!g->pf) {
-            g->failed = 1;
+        e->pf = by ? prefix_build_with(R->cx, by, R->o->so, R->o->run, g->ids, g->n, err, sizeof err)
+                   : prefix_build(R->cx, g->ids, g->n, g->n_as, err, sizeof err);
+        if (!e->pf) {
+            e->failed = 1;
             if (!R->o->quiet)
-                fprintf(stderr, "sift: prefix cache: a shared prefix of %d tokens not kept (%s): its "
-                        "requests prefill it each\n", g->n, err);
+                fprintf(stderr, "sift: prefix cache: a shared prefix of %d tokens%s%s not kept (%s): its "
+                        "requests prefill it each\n", g->n, by ? " compressed by " : "", by ? by->name : "", err);
             return NULL;
         }
-        R->prefix_built++, R->prefix_tok += g->n, R->prefix_ms += g->pf->ms;
-        size_t b = kv_bytes(g->pf->kv);
+        R->prefix_built++, R->prefix_tok += g->n, R->prefix_ms += e->pf->ms;
+        size_t b = kv_bytes(e->pf->kv);
         R->prefix_bytes += b;
         if (R->prefix_bytes > R->prefix_peak) R->prefix_peak = R->prefix_bytes;
     }
-    return g->pf;
+    return e->pf;
 }
 
 void prefix_put(runner *R, unit *u) {
     int k = u->rq->prefix_group - 1;
-    if (k < 0 || !is_user(u) || u->prefix_counted) return;
+    const strategy *by;
+    if (k < 0 || u->prefix_counted || !user_of(R, u, &by)) return;
     u->prefix_counted = 1;
-    struct prefix_group *g = &R->prefix_group[k];
-    if (--g->users > 0 || !g->pf) return;
-    R->prefix_bytes -= kv_bytes(g->pf->kv);
-    prefix_free(g->pf);   // its last user has its copy
-    g->pf = NULL;
+    prefix_entry *e = entry(&R->prefix_group[k], by);
+    if (--e->users > 0 || !e->pf) return;
+    R->prefix_bytes -= kv_bytes(e->pf->kv);
+    prefix_free(e->pf);   // its last user has its copy
+    e->pf = NULL;
 }
 
 int prefix_file_open(runner *R, char *err, size_t errlen) {
@@ -260,8 +306,8 @@ int prefix_file_open(runner *R, char *err, size_t errlen) {
 
 void prefix_file_save(runner *R, unit *u) {
     const run_opts *o = R->o;
-    if (!o->prompt_cache || o->prompt_cache_ro || R->pc_saved || !is_user(u)) return;
-    int S = prefix_cut(u->n_ids, prefill_rows(u, u->n_ids), R->cx->p.ubatch);
+    if (!o->prompt_cache || o->prompt_cache_ro || R->pc_saved || !plain_user(R, u)) return;
+    int S = prefix_cut(u->n_ids, prefill_rows(R, u, u->n_ids), R->cx->p.ubatch);
     if (S < 1) return;
     R->pc_saved = 1;   // the run's first plain prefill, whatever comes of it
     if (R->pc_valid && R->pc_view.n_tok >= S) {   // the file holds these tokens already?
@@ -289,7 +335,7 @@ void prefix_plan_free(runner *R) {
     free(R->pc_buf);
     R->pc_buf = NULL;
     for (int k = 0; k < R->n_prefix_group; k++) {
-        prefix_free(R->prefix_group[k].pf);
+        for (int i = 0; i < R->prefix_group[k].n_e; i++) prefix_free(R->prefix_group[k].e[i].pf);
         free(R->prefix_group[k].ids);
     }
     free(R->prefix_group);

@@ -127,8 +127,9 @@ static void json_unit(FILE *f, const runner *R, const unit *u) {
     else fprintf(f, "\"selector_recall\":null,");
     if (u->first_agree < 0) fprintf(f, "\"first_token_agree\":null,\"greedy_agree_pct\":null,");
     else fprintf(f, "\"first_token_agree\":%s,\"greedy_agree_pct\":%.2f,", u->first_agree ? "true" : "false", u->greedy_agree);
-    fprintf(f, "\"prefill_shared\":%d,\"prefix_tokens\":%d,\"device_counters\":", st->prefill_shared,
-            st->prefix_n);
+    fprintf(f, "\"prefill_shared\":%d,\"prefix_tokens\":%d,\"prefix\":%s,\"device_counters\":",
+            st->prefill_shared, st->prefix_n, !st->prefix_n ? "null" : st->prefix_compressed
+            ? "\"compressed, query-agnostic\"" : "\"exact\"");
     run_stats_counters_json(f, st);
     fprintf(f, ",");
     fprintf(f, "\"timings\":{\"prompt_n\":%d,\"prompt_ms\":%.3f,\"prompt_per_token_ms\":%.4f,"

@@ -151,5 +151,6 @@ const strategy strategy_fastkv = {
     .prefill = fastkv_prefill,
     .check = fastkv_check,
     .phase = PHASE_PREFILL,
+    .compresses_prefix = 1,
     .cost_prefill = fastkv_cost,
 };

@@ -72,6 +72,45 @@ kv_prefix *prefix_build(context *cx, const int *ids, int n, int n_as, char *err,
     return p;
 }
 
+kv_prefix *prefix_build_with(context *cx, const strategy *s, const strategy_opts *o,
+                             const strategy_run *run, const int *ids, int n, char *err, size_t errlen) {
+    CHECK_INTERNAL(s->compresses_prefix, "a prefix compressed by '%s'", s->name);
+    double t0 = now_ms();
+    float *logits = xmalloc((size_t)cx->m->cfg.vocab * sizeof(float));   // not wanted
+    prefill_info info = {0};
+    cx->prefix = NULL;
+    kv_cache *kv = s->prefill(cx, ids, n, 0, o, run, logits, &info, err, errlen);
+    free(logits);
+    if (!kv) return NULL;
+    kv_prefix *p = xcalloc(1, sizeof *p);
+    p->kv = kv, p->n = n, p->by = s;
+    p->ids = xmalloc((size_t)n * sizeof(int));
+    memcpy(p->ids, ids, (size_t)n * sizeof(int));
+    snprintf(p->note, sizeof p->note, "%.199s", info.note);
+    p->ms = now_ms() - t0;
+    return p;
+}
+
+kv_cache *prefix_resume(context *cx, const kv_prefix *pf, const int *ids, int n, int n_gen,
+                        float *logits, prefill_info *info, char *err, size_t errlen) {
+    CHECK_INTERNAL(pf->n < n && !memcmp(pf->ids, ids, (size_t)pf->n * sizeof(int)),
+                   "a prompt of %d tokens resumed from a prefix of %d it does not start with", n, pf->n);
+    int L = cx->m->cfg.n_layer, *caps = xmalloc((size_t)L * sizeof(int)), *pos = xmalloc((size_t)n * sizeof(int));
+    for (int l = 0; l < L; l++) caps[l] = pf->kv->layers[l].len + (n - pf->n) + n_gen;
+    for (int i = 0; i < n; i++) pos[i] = i;
+    kv_cache *kv = fwd_kv_copy_caps(cx, pf->kv, caps, err, errlen);
+    if (kv) {
+        info->rows_done = run_span(cx, kv, ids, pos, pf->n, n, n, logits);
+        info->prefix_n = pf->n, info->prefix_compressed = 1;
+        snprintf(info->note, sizeof info->note, "the first %d tokens compressed once by %s for the "
+                 "requests that share them, query-agnostic (scored by their own last tokens)%s%.150s",
+                 pf->n, pf->by->name, pf->note[0] ? ": " : "", pf->note);
+    }
+    free(caps);
+    free(pos);
+    return kv;
+}
+
 void prefix_free(kv_prefix *p) {
     if (!p) return;
     kv_free(p->kv);
@@ -191,6 +230,7 @@ int gen_begin(gen_seq *g, const strategy *s, context *cx, const strategy_opts *o
     g->st.rows_done = g->info.rows_done;
     g->st.draft_rows = g->info.draft_rows;
     g->st.prefix_n = g->info.prefix_n;
+    g->st.prefix_compressed = g->info.prefix_compressed;
     g->st.hook_ms = cx->hook_ms + (dcx ? dcx->hook_ms : 0) - h0;
     memcpy(g->st.note, g->info.note, sizeof g->info.note);
     memcpy(g->st.label, g->info.label, sizeof g->info.label);

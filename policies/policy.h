@@ -63,9 +63,14 @@ kv_cache *prefill_run(context *cx, const int *ids, int n, int n_gen, const int *
 // would (context.rows_as): so on the CPU a request answers bit for bit as its own whole
 // prefill does.
 typedef struct kv_prefix {
-    kv_cache *kv;   // capacity n: the prefix's K and V at positions 0 .. n-1
+    kv_cache *kv;   // capacity n: the prefix's K and V at positions 0 .. n-1 (compressed: the
+                    // entries its strategy kept, per layer and KV head)
     int *ids, n;    // its tokens
     double ms;      // its prefill's wall time
+    // NULL: a plain prefill; else the prefill strategy (compresses_prefix) that compressed it
+    // alone, query-agnostically, for the requests of that strategy (or of compositions of it)
+    const struct strategy *by;
+    char note[200];  // by's remark on the prefix (a degenerate form), or ""
 } kv_prefix;
 // A prefix ends a multiple of PREFIX_ALIGN rows past a chunk boundary: the CPU's attention block
 // (attn_cpu.c ATTN_QB: a block's rows share one sgemm, whose rounding may depend on how many
@@ -81,6 +86,15 @@ int prefix_cut(int share, int n_min, int ubatch);
 // ids (n,) prefilled into a new prefix of capacity n, its last chunk's products taking the path
 // of the chunk of the shortest prefill using it (n_as rows): NULL + err (out of memory).
 kv_prefix *prefix_build(context *cx, const int *ids, int n, int n_as, char *err, size_t errlen);
+// The same compressed by prefill strategy s (s->compresses_prefix) with options o: s's prefill
+// of ids (n,) as though they were the whole prompt. NULL + err.
+kv_prefix *prefix_build_with(context *cx, const strategy *s, const strategy_opts *o,
+                             const strategy_run *run, const int *ids, int n, char *err, size_t errlen);
+// A prefill that starts from compressed prefix pf (ids start with its tokens, n > pf->n): pf's
+// cache copied with room for the rest and n_gen, the rest prefilled plainly at its true positions
+// (logits: the last row's), info's prefix fields and note set. NULL + err.
+kv_cache *prefix_resume(context *cx, const kv_prefix *pf, const int *ids, int n, int n_gen,
+                        float *logits, prefill_info *info, char *err, size_t errlen);
 void prefix_free(kv_prefix *p);
 
 // Every strategy parameter's one home (options.c's table): its flag, where it lives in
@@ -148,6 +162,7 @@ typedef struct run_stats {
     int prefill_shared;    // prompts prefilled in the pass that prefilled this one (1: alone)
     int prefix_n;          // of prompt_n, the tokens copied from a shared prefix's cache
                            // (prefill_info.prefix_n; the prefix's own prefill not in prompt_ms)
+    int prefix_compressed; // that prefix compressed once, query-agnostically (prefill_info)
     int predicted_n;       // tokens generated (sampled), including a final end-of-generation one
     int decode_runs;       // forward passes after the first token
     double decode_ms;      // time of those passes and their sampling

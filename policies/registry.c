@@ -78,6 +78,17 @@ kv_cache *strategy_prefill(const strategy *s, context *cx, const int *ids, int n
                            prefill_info *info, char *err, size_t errlen) {
     static const strategy_run none;   // no draft, no end test, greedy, nothing counted
     if (!run) run = &none;
+    const strategy *pre = s->prefill_part ? s->prefill_part : s;
+    const kv_prefix *pf = run->prefix;
+    if (pf && pf->by && pf->by == pre && pf->n < n) {   // compress once, ask many: pre's part done
+        cx->prefix = NULL;
+        kv_cache *kv = prefix_resume(cx, pf, ids, n, n_gen, logits, info, err, errlen);
+        if (kv && s->decode_part && s->decode_part->attach(cx, kv, n, o, run, info, err, errlen) != 0) {
+            kv_free(kv);
+            return NULL;
+        }
+        return kv;
+    }
     if (s->decode_part)
         return compose_prefill(s->prefill_part, s->decode_part, cx, ids, n, n_gen, o, run, logits,
                                info, err, errlen);

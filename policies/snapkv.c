@@ -69,5 +69,6 @@ const strategy strategy_snapkv = {
     .prefill = snapkv_prefill,
     .check = snapkv_check,
     .phase = PHASE_PREFILL,
+    .compresses_prefix = 1,
     .cost_prefill = snapkv_cost,
 };

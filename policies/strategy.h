@@ -76,6 +76,8 @@ typedef struct prefill_info {
     long draft_rows;        // a draft's work in main-model layer rows (counted in rows_done too)
     int prefix_n;           // prompt tokens taken from a shared prefix's cache (strategy_run.prefix:
                             // not computed, not in rows_done); 0: none
+    int prefix_compressed;  // 1: that prefix was compressed once by the strategy's prefill part,
+                            // query-agnostically (kv_prefix.by)
     // Optional: hooks every decode step must run with (zero: none; a strategy keeps their ctx
     // where it outlives them: the cache's side data, the model), how to free their ctx after the
     // last step (NULL; a composition's pair of hooks: set), and a report of decode work appended
@@ -123,6 +125,11 @@ typedef struct strategy {
     // it is not in kv yet). 0, or -1 with err (kv untouched).
     int (*attach)(context *cx, kv_cache *kv, int n, const strategy_opts *o, const strategy_run *run,
                   prefill_info *info, char *err, size_t errlen);
+    // PHASE_PREFILL: 1 when its prefill only keeps entries per layer and KV head of a cache
+    // whose every layer is there (snapkv, streamingllm, fastkv), so that a shared prefix it
+    // compressed alone (query-agnostically: scored by the prefix's own last window) takes any
+    // rest prefilled plainly after it (jobs/prefix.c: compress once, ask many).
+    int compresses_prefix;
     // A composed strategy PREFILL+DECODE (strategy_find makes them): its two parts; NULL else.
     const struct strategy *prefill_part, *decode_part;
     // Optional: replaces in o each value this strategy decides from the model (a 0 / -1 that

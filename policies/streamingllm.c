@@ -63,5 +63,6 @@ const strategy strategy_streamingllm = {
     .about = "every layer keeps 4 sink tokens + the most recent KV, no scoring (StreamingLLM)",
     .prefill = streaming_prefill,
     .phase = PHASE_PREFILL,
+    .compresses_prefix = 1,
     .cost_prefill = streaming_cost,
 };

@@ -208,7 +208,7 @@ ALL = {n: v for s in SUBS for n, v in TABLE[s].items()}
 # flags whose parse needs a partner flag
 PARTNERS = {"--resume": ["-o", "r.jsonl"], "--retry-failed": ["--resume", "-o", "r.jsonl"],
             "--errors": ["--json"], "--unordered": ["--json"], "--elem-bytes": ["--dry-run"],
-            "--rates": ["--dry-run"],
+            "--rates": ["--dry-run"], "--prompt-cache-ro": ["--prompt-cache", "c.bin"],
             "--wtype": ["-m", "synthetic:smollm2-135m"]}
 
 

@@ -271,3 +271,57 @@ def test_prompt_cache_refusals(tmp_path):
     assert r.returncode == 2 and "--prompt-cache" in r.stderr
     r = sift("-m", MODEL, "-p", "hi", "--strategy", "fastkv", "--prompt-cache", str(cache))
     assert r.returncode != 0 and "plain prefill" in r.stderr, r.stderr
+
+
+# ---- compress once, ask many (--prefix-cache on) ------------------------------------------------
+
+@pytest.mark.parametrize("strategy", ["snapkv", "streamingllm", "fastkv", "snapkv+topk"])
+def test_compressed_prefix_query_agnostic(tmp_path, strategy):
+    """--prefix-cache on: a prefill strategy compresses the shared prefix once, scored by its own
+    last tokens, and each request prefills its rest plainly over the kept entries: labelled in the
+    record and note, the rest's rows alone computed, the cache as small as the strategy keeps;
+    auto leaves such a strategy's requests whole."""
+    path = str(tmp_path / "job.jsonl")
+    reqs = write_job(path, False)
+    on, s_on, err = run(path, "--strategy", strategy, "--prefix-cache", "on", "-n", "8")
+    auto, s_auto, _ = run(path, "--strategy", strategy, "-n", "8")
+    full, _, _ = run(path, "-n", "8", "--prefix-cache", "off")
+    toks = tokens([r["prompt"] for r in reqs if r["id"] != "other"])
+    bos = on[("q0", strategy)]["timings"]["prompt_n"] - len(toks[0])
+    want = prefix_len(toks, bos)   # a prefill strategy prefills every prompt row
+    assert s_on["prefix_cache"]["prefixes"] == 1, err
+    assert s_auto["prefix_cache"]["prefixes"] == 0
+    pre = strategy.split("+")[0]
+    for r in reqs:
+        a, b = on[(r["id"], strategy)], auto[(r["id"], strategy)]
+        assert b["prefix_tokens"] == 0 and b["prefix"] is None
+        if r["id"] == "other":
+            assert a["prefix_tokens"] == 0 and a["prefix"] is None
+            continue
+        assert a["prefix_tokens"] == want and a["prefix"] == "compressed, query-agnostic", a
+        assert f"the first {want} tokens compressed once by {pre}" in a["note"], a["note"]
+        assert a["rows_processed"] == (a["timings"]["prompt_n"] - want) * N_LAYER
+        # the kept prefix plus the rest: a fraction of full's cache (kv_rate 0.1 of the prompt)
+        assert a["kv_bytes"] < 0.35 * full[(r["id"], "full")]["kv_bytes"], (a["kv_bytes"], full[(r["id"], "full")]["kv_bytes"])
+
+
+def test_eval_query_agnostic(tmp_path):
+    """sift eval --query-agnostic: a prefill strategy's context is compressed without the question
+    (its note says so and the report's flag), full and topk run as by default (the same answers)."""
+    out_d, out_q = tmp_path / "d.json", tmp_path / "q.json"
+    args = ["eval", "-m", MODEL, "--strategy", "snapkv,topk", "--n-prompt", "512", "--samples", "1",
+            "--tasks", "niah"]
+    rd = sift(*args, "-o", str(out_d))
+    rq = sift(*args, "--query-agnostic", "-o", str(out_q))
+    assert rd.returncode == 0 and rq.returncode == 0, rq.stderr
+    d, q = json.load(open(out_d)), json.load(open(out_q))
+    assert d["query_agnostic"] is False and q["query_agnostic"] is True
+    recs_d = {r["strategy"]: r for r in d["records"]}
+    recs_q = {r["strategy"]: r for r in q["records"]}
+    assert recs_q["full"]["answer"] == recs_d["full"]["answer"]
+    assert recs_q["topk"]["answer"] == recs_d["topk"]["answer"]
+    assert "compressed once by snapkv" in recs_q["snapkv"]["note"], recs_q["snapkv"]["note"]
+    assert "compressed once" not in recs_d["snapkv"]["note"]
+    # the first token's distribution: exactly full's when the question is in the window's pass
+    # (its rows see every key), not so when the question is prefilled over the compressed context
+    assert recs_d["snapkv"]["kl"] == 0 and recs_q["snapkv"]["kl"] > 0
