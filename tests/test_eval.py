@@ -187,7 +187,7 @@ def test_e2e_full_finds_the_needle(e2e):
 def test_json_schema_is_stable(e2e):
     d, _ = e2e
     res = json.loads((d / "r.json").read_text())
-    assert list(res) == ["schema", "model", "seed", "samples", "complete", "strategies", "tasks",
+    assert list(res) == ["schema", "model", "seed", "samples", "complete", "query_agnostic", "strategies", "tasks",
                          "ctx", "summary", "cells", "records"]
     assert res["schema"] == "sift-eval/1" and res["complete"] is True
     assert (res["strategies"], res["tasks"], res["ctx"], res["seed"]) == (["full"], ["niah"], [1024], 1)

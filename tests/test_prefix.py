@@ -129,18 +129,20 @@ def test_chunked_prefix_on_the_grid(tmp_path):
 
 def test_ab_comparison_shares_only_when_asked(tmp_path):
     """auto is off in an A/B comparison (each strategy's TTFT its own); --prefix-cache on shares
-    there too, every strategy that prefills plainly copying the one prefix, and fastkv (which
-    compresses its prefill) prefilling whole."""
+    there too: full's requests the one plain prefix (answers as without), fastkv's the prefix
+    fastkv compressed once (a second prefix, labelled query-agnostic)."""
     path = str(tmp_path / "job.jsonl")
     write_job(path, False, other=False)
     auto, s_auto, _ = run(path, "--strategy", "full,fastkv", "-n", "8")
     assert s_auto["prefix_cache"] is None
     assert all(r["prefix_tokens"] == 0 for r in auto.values())
     on, s_on, _ = run(path, "--strategy", "full,fastkv", "-n", "8", "--prefix-cache", "on")
-    assert s_on["prefix_cache"]["prefixes"] == 1
+    assert s_on["prefix_cache"]["prefixes"] == 2
     for (i, s), r in on.items():
-        assert (r["prefix_tokens"] > 0) == (s == "full"), (i, s)
-        assert r["text"] == auto[(i, s)]["text"], (i, s)
+        assert r["prefix_tokens"] > 0, (i, s)
+        assert r["prefix"] == ("exact" if s == "full" else "compressed, query-agnostic"), (i, s)
+        if s == "full":
+            assert r["text"] == auto[(i, s)]["text"], (i, s)
 
 
 def test_prefix_min(tmp_path):
