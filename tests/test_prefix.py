@@ -327,3 +327,19 @@ def test_eval_query_agnostic(tmp_path):
     # the first token's distribution: exactly full's when the question is in the window's pass
     # (its rows see every key), not so when the question is prefilled over the compressed context
     assert recs_d["snapkv"]["kl"] == 0 and recs_q["snapkv"]["kl"] > 0
+
+
+def test_batch_api_job_over_one_document(tmp_path):
+    """The Batch API's shape (chat requests over one document): the chat template and document are
+    one shared prefix, each output object still validates (the schema and the openai client's own
+    models, test_openai.run_batch), and the answers equal those of --prefix-cache off."""
+    import test_openai
+    doc = document(600, 4)
+    rows = [test_openai.chat(f"c{i}", content=f"{doc}\nQuestion: {q}", max_tokens=12)
+            for i, q in enumerate(QUESTIONS[:4])]
+    on, s_on, _ = test_openai.run_batch(tmp_path, rows, name="on")
+    off, s_off, _ = test_openai.run_batch(tmp_path, rows, "--prefix-cache", "off", name="off")
+    assert s_on["prefix_cache"]["prefixes"] == 1 and s_on["prefix_cache"]["reused_tokens"] > 4 * 500
+    assert s_off["prefix_cache"] is None
+    for cid in on:
+        assert test_openai.content(on[cid]) == test_openai.content(off[cid]), cid
