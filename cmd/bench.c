@@ -48,6 +48,8 @@ typedef struct {
     int thr[MAX_CTX], n_thr;   // -t 1,2,...: CPU thread counts, each a pass of the whole table
     const strategy *strategies[MAX_STRATEGIES];
     int n_strategies;
+    int prefix;                          // --prefix N: the reuse rows' shared tokens (0: none)
+    int prefix_row[MAX_STRATEGIES];      // row k is strategies[k] starting from a shared prefix
     strategy_opts so;
     strategy_run run;          // the draft and end-of-generation test (cli_load)
 } bench_opts;
@@ -60,6 +62,7 @@ typedef struct {
     size_t kv_bytes;
     double kv_read;       // run_stats.kv_read_per_step of the last repetition
     long rows_done;
+    int prefix_n;         // prompt tokens taken from a shared prefix (bench --prefix rows)
     char dev_json[640];   // the last repetition's device counts (run_stats_counters_json)
 } cell_stats;
 
@@ -210,6 +213,27 @@ static void bench_parse(int argc, char **argv, bench_opts *b) {
     b->threads = b->n_thr ? b->thr[0] : 0;
     b->n_strategies = cli_strategies(v[FL_STRATEGY].s, b->strategies);
     flags_check_strategy_params(&f, b->strategies, b->n_strategies);
+    b->prefix = (int)v[FL_BENCH_PREFIX].i;
+    if (b->prefix > 0) {   // a reuse row after each strategy's own row, for those that reuse
+        int n = b->n_strategies;
+        for (int k = 0; k < n; k++) {
+            const strategy *s = b->strategies[k], *pre = s->prefill_part ? s->prefill_part : s;
+            if (!strategy_chunks(s) && !pre->compresses_prefix) continue;
+            if (b->n_strategies == MAX_STRATEGIES)
+                cli_usage_error("bench --prefix: more than %d rows", MAX_STRATEGIES);
+            b->prefix_row[b->n_strategies] = 1;
+            b->strategies[b->n_strategies++] = s;
+        }
+        if (b->n_strategies == n)
+            cli_usage_error("bench --prefix: none of the strategies reuses a shared prefix (full, topk, "
+                            "topk+phi, snapkv, streamingllm, fastkv and their compositions do)");
+        for (int i = 0; i < b->n_ctx; i++)
+            if (b->ctx[i] < b->prefix + PREFIX_REST + 1)
+                cli_usage_error("bench --prefix %d: -p %d leaves fewer than %d tokens after it", b->prefix,
+                                b->ctx[i], PREFIX_REST + 1);
+        for (int i = 0; i < b->n_par; i++)
+            if (b->par[i] != 1) cli_usage_error("bench --prefix: with --parallel 1 only");
+    }
     // -o was the table's format before it was the output file everywhere: refused, not a file "md"
     static const char *const FORMATS[] = {"md", "json", "jsonl", "csv"};
     for (int i = 0; i < 4 && b->out; i++)
@@ -405,12 +429,15 @@ static void counters_text(cell_stats *cs, const run_stats *st) {
     fclose(f);
 }
 
-// One strategy run on ids (P,) into cell slot rep; 0 or -1 (message printed).
+// One strategy run on ids (P,) into cell slot rep (prefix: its first tokens' shared prefix, or
+// NULL); 0 or -1 (message printed).
 static int bench_one(const bench_opts *b, context *cx, const strategy *s, const int *ids, int P,
-                     int n_gen, sampler *smp, cell_stats *cs, int rep) {
+                     int n_gen, sampler *smp, cell_stats *cs, int rep, const kv_prefix *prefix) {
     run_stats st;
     char err[512];
-    if (run_generate(s, cx, &b->so, &b->run, ids, P, n_gen, smp, NULL, NULL, &st, NULL, err,
+    strategy_run run = b->run;
+    run.prefix = prefix;
+    if (run_generate(s, cx, &b->so, &run, ids, P, n_gen, smp, NULL, NULL, &st, NULL, err,
                      sizeof err)) {
         fprintf(stderr, "%ssift: error: bench: %s at ctx %d: %s\n", isatty(2) ? "\n" : "",
                 s->name, P, err);
@@ -425,8 +452,26 @@ static int bench_one(const bench_opts *b, context *cx, const strategy *s, const 
     cs->kv_bytes = st.kv_bytes;
     cs->kv_read = st.kv_read_per_step;
     cs->rows_done = st.rows_done;
+    cs->prefix_n = st.prefix_n;
     counters_text(cs, &st);
     return 0;
+}
+
+// Row k's shared prefix of ids (P,), built untimed as a batch job builds one (jobs/prefix.c): N =
+// --prefix cut where a prefill may resume (prefix_cut), plain or compressed by k's prefill part.
+// NULL + message when it cannot be made.
+static kv_prefix *bench_prefix(const bench_opts *b, context *cx, int k, const int *ids, int P) {
+    const strategy *s = b->strategies[k], *pre = s->prefill_part ? s->prefill_part : s;
+    int chunks = strategy_chunks(s);
+    int rows = chunks && (s->phase == PHASE_DECODE || s->decode_part) ? P - 1 : P;
+    int n = prefix_cut(b->prefix, rows, cx->p.ubatch);
+    char err[512];
+    kv_prefix *pf = n < 1 ? NULL : chunks ? prefix_build(cx, ids, n, rows, err, sizeof err)
+                                          : prefix_build_with(cx, pre, &b->so, &b->run, ids, n, err, sizeof err);
+    if (!pf)
+        fprintf(stderr, "%ssift: error: bench: %s at ctx %d: no prefix of %d tokens: %s\n",
+                isatty(2) ? "\n" : "", s->name, P, b->prefix, n < 1 ? "too short a prompt" : err);
+    return pf;
 }
 
 // P seeded random token ids for repetition rep.
@@ -502,7 +547,10 @@ static int bench_ctx(const bench_opts *b, context *cx, int ci, cell_stats *cs, b
                 cell_stats *c = &cs[pi * b->n_strategies + k];
                 show_cell(pr, tty, P, ci, b->n_ctx, r, b->reps, b->strategies[k]->name);
                 if (B == 1) {
-                    rc = bench_one(b, cx, b->strategies[k], ids[0], P, b->n_gen, &smp[0], c, r);
+                    kv_prefix *pf = b->prefix_row[k] ? bench_prefix(b, cx, k, ids[0], P) : NULL;
+                    rc = b->prefix_row[k] && !pf ? -1
+                         : bench_one(b, cx, b->strategies[k], ids[0], P, b->n_gen, &smp[0], c, r, pf);
+                    prefix_free(pf);
                     if (rc == 0) c->agg[r] = c->tg[r];
                 } else
                     rc = bench_batch(b, cx, b->strategies[k], ids, P, B, c, r);
@@ -583,6 +631,7 @@ static void print_cell(const bench_opts *b, const context *cx, const bench_env *
         {"kv_read_mib", "KV read MiB", NULL, kv_read / 1048576, 0, "%.1f", NULL},
         {"roofline_ms", "roofline ms", NULL, dec_bytes / env->peak_gbs / 1e6, 0, "%.4g", NULL},
         {"device_counters", NULL, cs->dev_json[0] ? cs->dev_json : "null", 0, 0, FIELD_JSON, NULL},
+        {"prefix_tokens", "prefix", NULL, cs->prefix_n, 0, "%.0f", NULL},   // --prefix rows
     };
     put_row(o, f, sizeof f / sizeof *f);
 }
@@ -662,8 +711,8 @@ static int bench_run(const bench_opts *b, loaded *L) {
     if (rc == 0 && (rc = run_warm_up(b->strategies[0], cx, &b->so, &b->run, warm, err, sizeof err)))
         fprintf(stderr, "%ssift: error: bench: %s at ctx %d: %s\n", tty ? "\n" : "",
                 b->strategies[0]->name, warm, err);
-    for (int k = 0; k < b->n_strategies; k++)
-        if (strcmp(b->strategies[k]->name, "full") == 0) full = k;
+    for (int k = 0; k < b->n_strategies; k++)   // the reference: full's own row (not its reuse row)
+        if (!b->prefix_row[k] && strcmp(b->strategies[k]->name, "full") == 0) full = k;
     bench_out o = {out_format(b->format), 0};
     int ns = b->n_strategies, p1 = -1;
     for (int pi = 0; pi < b->n_par; pi++)

@@ -186,6 +186,10 @@ static const flag_row BASE[] = {
      "the frontier's speedup", 0, 0, NULL, NULL},
     {FL_MIN_AGREE, W, NULL, "--min-agreement", NULL, "X", FT_FLOAT, 0, 1, NULL, NULL, NULL,
      "print the fastest setting whose fidelity is at least X", 0, 0, NULL, NULL},
+    {FL_BENCH_PREFIX, B, NULL, "--prefix", NULL, "N", FT_INT, 0, MODEL_MAX_CTX, NULL, "0", NULL,
+     "a reuse row for each strategy that can take a shared prefix: the prompt's first N tokens "
+     "prefilled once, untimed (a batch job's --prefix-cache: exact for full, topk, topk+phi; "
+     "compressed for snapkv, streamingllm, fastkv), the rest prefilled after them", 0, 0, NULL, NULL},
     {FL_DRY_RUN, B, NULL, "--dry-run", NULL, NULL, FT_SWITCH, 0, 0, NULL, NULL, NULL,
      "parameters, FLOPs and bytes by formula, without loading weights", 0, 0, "bench and ppl", NULL},
     {FL_ELEM_BYTES, B, NULL, "--elem-bytes", NULL, "N", FT_INT, 1, 8, NULL, "4", NULL,

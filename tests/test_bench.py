@@ -404,7 +404,7 @@ FIELDS = ["model", "strategy", "backend", "threads", "n_prompt", "n_gen", "paral
           "tg_x_full",
           "prefill_flops_full_eq", "prefill_tflops_full_eq", "peak_tflops", "mfu_pct_full_eq",
           "decode_bytes_per_token", "decode_gbs", "peak_gbs", "mbu_pct", "kv_read_mib", "roofline_ms",
-          "device_counters"]
+          "device_counters", "prefix_tokens"]
 BENCH = ["-p", "16,24", "-n", "4", "-r", "2", "--strategy", "full,streamingllm"]
 
 
@@ -540,3 +540,18 @@ def test_synthetic_takes_no_prompt():
     assert_error(run("-m", "synthetic:smollm2-135m", "-p", "hi"), "no tokenizer", "sift bench",
                  code=2)
     assert_error(run("bench", "-m", "synthetic:smollm2-135m", "--draft", "x.gguf"), "tokenizer")
+
+
+def test_prefix_rows():
+    """--prefix N: after each strategy's own row, one whose prefill starts from the prompt's first N
+    tokens prefilled once (untimed): its rows processed are the rest's alone, counted against the
+    row's own prompt, and full's own row stays the reference (pp x full 1.00 on it)."""
+    r = run("bench", "-m", "synthetic:smollm2-135m", "-p", "600", "-n", "2", "-r", "1", "--strategy",
+            "full,topk", "--prefix", "512", "--format", "jsonl")
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
+    assert [(x["strategy"], x["prefix_tokens"]) for x in rows] == [("full", 0), ("topk", 0), ("full", 512), ("topk", 512)]
+    assert rows[0]["pp_x_full"] == 1 and rows[2]["pp_x_full"] > 1
+    assert abs(rows[2]["rows_pct_of_full"] - 100 * (600 - 512) / 600) < 0.1, rows[2]["rows_pct_of_full"]
+    bad = run("bench", "-m", "synthetic:smollm2-135m", "-p", "520", "--prefix", "512")
+    assert bad.returncode == 2 and "leaves fewer than 17 tokens" in bad.stderr, bad.stderr
