@@ -123,15 +123,15 @@ int pcache_match(const pcache_view *v, const pcache_meta *w, const char *path, c
         m->head_dim != w->head_dim)
         return err_printf(err, errlen, "--prompt-cache %s was made by another model ('%s'; this run's "
                           "is '%s'): remove it or give another file", path, m->model, w->model) - 1;
+    if (strcmp(m->backend, w->backend) || strcmp(m->weights, w->weights))
+        return err_printf(err, errlen, "--prompt-cache %s was made on %s with --weights %s; this run "
+                          "is on %s with --weights %s", path, m->backend, m->weights, w->backend,
+                          w->weights) - 1;
     if (m->k_type != w->k_type || m->v_type != w->v_type)
         return err_printf(err, errlen, "--prompt-cache %s holds K %s, V %s rows; this run's cache is K "
                           "%s, V %s (--cache-type-k/-v)", path, kv_type_name((enum kv_type)m->k_type),
                           kv_type_name((enum kv_type)m->v_type), kv_type_name((enum kv_type)w->k_type),
                           kv_type_name((enum kv_type)w->v_type)) - 1;
-    if (strcmp(m->backend, w->backend) || strcmp(m->weights, w->weights))
-        return err_printf(err, errlen, "--prompt-cache %s was made on %s with --weights %s; this run "
-                          "is on %s with --weights %s", path, m->backend, m->weights, w->backend,
-                          w->weights) - 1;
     if (m->ubatch != w->ubatch)
         return err_printf(err, errlen, "--prompt-cache %s was made with --ubatch %d; this run's is %d "
                           "(its rows would round otherwise)", path, m->ubatch, w->ubatch) - 1;

@@ -321,13 +321,13 @@ def test_chunked_prefill_same_text_on_cuda():
 @needs_sift
 @needs_model
 def test_shared_prefix_same_text_on_cuda(tmp_path):
-    """--prefix-cache on the emulated device: two requests over one 150-token preamble share a
+    """--prefix-cache on the emulated device: two requests over one 175-token preamble share a
     prefix of 128 tokens (--prefix-min 128), copied on the device (fwd_kv_copy_caps' row gathers)
     and each request's rest prefilled after it: the texts of --prefix-cache off on the device and
     of the CPU's run."""
     doc = ("The river runs past the old mill and into the valley, where the farmers grow wheat "
            "and barley. In spring the water rises and the children watch the boats go by. Every "
-           "autumn the village holds a fair. ") * 3
+           "autumn the village holds a fair. ") * 4
     path = tmp_path / "job.jsonl"
     with open(path, "w") as f:
         for i, q in enumerate(["Where does the river run?", "What do the farmers grow?"]):
@@ -341,6 +341,30 @@ def test_shared_prefix_same_text_on_cuda(tmp_path):
     for a, b, c in zip(*recs):
         assert a["device"] == "cuda" and a["prefix_tokens"] == 128 and b["prefix_tokens"] == 0, (a, b)
         assert a["text"] == b["text"] == c["text"], (a["text"], b["text"], c["text"])
+
+
+@needs_sift
+@needs_model
+def test_prompt_cache_round_trip_on_cuda(tmp_path):
+    """--prompt-cache on the emulated device: a prompt's prefill saved from the device's cache
+    (fwd_kv_read: its bf16 rows), a second question over the same preamble loading it (fwd_kv_write,
+    the device's positions uploaded) answers as without the file; the file names the backend, so
+    the CPU refuses it."""
+    doc = ("The river runs past the old mill and into the valley, where the farmers grow wheat "
+           "and barley. In spring the water rises and the children watch the boats go by. Every "
+           "autumn the village holds a fair. ") * 4
+    cache = tmp_path / "ctx.bin"
+    base = ["-n", "4", "--json", "-q", "--prompt-cache", str(cache)]
+    sift(SIFT_SIMT, "cuda", "-p", doc + "Question: Where does the river run?\nAnswer:", *base)
+    assert cache.exists()
+    q = ["-p", doc + "Question: What do the farmers grow?\nAnswer:", "-n", "4", "--json", "-q"]
+    loaded, _ = sift(SIFT_SIMT, "cuda", *q, "--prompt-cache", str(cache), "--prompt-cache-ro")
+    plain, _ = sift(SIFT_SIMT, "cuda", *q)
+    a, b = (json.loads(x.strip().splitlines()[-1]) for x in (loaded, plain))
+    assert a["prefix_tokens"] == 128 and b["prefix_tokens"] == 0, (a["prefix_tokens"], b["prefix_tokens"])
+    assert a["text"] == b["text"], (a["text"], b["text"])
+    p = subprocess.run([SIFT, "-m", MODEL, *q, "--prompt-cache", str(cache)], capture_output=True, text=True)
+    assert p.returncode != 0 and "was made on cuda" in p.stderr, p.stderr
 
 
 @needs_sift
